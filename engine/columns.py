@@ -1,0 +1,397 @@
+"""Column sources: row key -> value for one column, with previous values during a cycle.
+
+Every source answers ``get(keys)`` (current values) and, while a cycle is updating,
+``get_prev(keys)`` for keys of the *previous* key space (DESIGN.md §2). Writable sources
+remember the old content of a slot the first time it is overwritten in a cycle, so
+previous values cost memory only for what changed, and :meth:`end_cycle` drops them.
+
+* :class:`NumpyColumnSource` — fixed-width types (ints, uints, floats, bool, timestamps,
+  dates, durations) in a dense numpy array indexed by row key, plus a validity array
+  created on the first null.
+* :class:`ArrowColumnSource` — every other type (strings first of all): values live in
+  append-only Arrow chunks, a dense int64 *slot* array maps row key -> value, and
+  compaction at cycle end drops values no row points at. Gathers are Arrow ``take``.
+* :class:`RemappedColumnSource` — a view of another source through a vectorized key map
+  (ring buffers: key -> key % capacity).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.errors import SchemaError
+from engine.rowset import KeyArray
+
+__all__ = [
+    "ArrowColumnSource",
+    "ColumnSource",
+    "NumpyColumnSource",
+    "RemappedColumnSource",
+    "WritableColumnSource",
+    "make_column_source",
+    "numpy_storage_dtype",
+]
+
+
+def numpy_storage_dtype(t: pa.DataType) -> np.dtype[Any] | None:
+    """The numpy dtype that stores ``t`` bit for bit, or None if ``t`` is not fixed-width."""
+    if pa.types.is_boolean(t):
+        return np.dtype(np.bool_)
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        if pa.types.is_float16(t):
+            return None
+        return np.dtype(t.to_pandas_dtype())
+    if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_date64(t):
+        return np.dtype(np.int64)
+    if pa.types.is_date32(t):
+        return np.dtype(np.int32)
+    return None
+
+
+def _as_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        return values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    return values
+
+
+class ColumnSource:
+    """Read side of a column: current and previous values by row key."""
+
+    type: pa.DataType
+
+    def get(self, keys: KeyArray) -> pa.Array:
+        """Current values at ``keys`` (current key space), as an Arrow array."""
+        raise NotImplementedError
+
+    def get_prev(self, keys: KeyArray) -> pa.Array:
+        """Values at ``keys`` (previous key space) as of the start of the cycle."""
+        raise NotImplementedError
+
+
+class WritableColumnSource(ColumnSource):
+    """A column source that owns its storage and tracks previous values while asked to."""
+
+    def set(self, keys: KeyArray, values: pa.Array | pa.ChunkedArray) -> None:
+        raise NotImplementedError
+
+    def move(self, src: KeyArray, dst: KeyArray) -> None:
+        """Bulk move for shifts: ``dst[i]`` takes the value of ``src[i]`` (all at once)."""
+        self.set(dst, self.get(src))
+
+    def ensure_capacity(self, n: int) -> None:
+        raise NotImplementedError
+
+    def begin_cycle(self) -> None:
+        """From now until :meth:`end_cycle`, overwritten values are kept as previous."""
+        raise NotImplementedError
+
+    def end_cycle(self) -> None:
+        """Release previous values."""
+        raise NotImplementedError
+
+
+class _PrevSlots:
+    """Old contents of slots overwritten this cycle: sorted keys + their old values."""
+
+    __slots__ = ("keys", "values", "valid")
+
+    def __init__(self) -> None:
+        self.keys: KeyArray = np.empty(0, dtype=np.int64)
+        self.values: npt.NDArray[Any] | None = None
+        self.valid: npt.NDArray[np.bool_] | None = None
+
+    def new_keys(self, keys: KeyArray) -> KeyArray:
+        """The distinct keys among ``keys`` not saved yet."""
+        k = np.unique(keys)
+        if self.keys.size:
+            k = k[~_member(self.keys, k)]
+        return k
+
+    def add(self, keys: KeyArray, values: npt.NDArray[Any], valid: npt.NDArray[np.bool_]) -> None:
+        if self.values is None or self.keys.size == 0:
+            self.keys, self.values, self.valid = keys, values, valid
+            return
+        assert self.valid is not None
+        k = np.concatenate((self.keys, keys))
+        order = np.argsort(k, kind="stable")
+        self.keys = k[order]
+        self.values = np.concatenate((self.values, values))[order]
+        self.valid = np.concatenate((self.valid, valid))[order]
+
+    def lookup(self, keys: KeyArray) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.intp]]:
+        pos = np.searchsorted(self.keys, keys)
+        hit = pos < self.keys.size
+        hit[hit] = self.keys[pos[hit]] == keys[hit]
+        return hit, pos
+
+
+def _member(sorted_keys: KeyArray, keys: KeyArray) -> npt.NDArray[np.bool_]:
+    pos = np.searchsorted(sorted_keys, keys)
+    hit = pos < sorted_keys.size
+    hit[hit] = sorted_keys[pos[hit]] == keys[hit]
+    return hit
+
+
+class NumpyColumnSource(WritableColumnSource):
+    """Fixed-width values in a dense numpy array indexed by row key.
+
+    Keys are offsets into the array, so use it for dense key spaces (sources, op-owned
+    slots); sparse key spaces go through a redirection.
+    """
+
+    def __init__(self, type: pa.DataType, capacity: int = 0) -> None:
+        dtype = numpy_storage_dtype(type)
+        if dtype is None:
+            raise SchemaError(f"type {type} is not fixed-width; use ArrowColumnSource")
+        self.type = type
+        self.dtype = dtype
+        self._values: npt.NDArray[Any] = np.zeros(max(capacity, 16), dtype=dtype)
+        self._valid: npt.NDArray[np.bool_] | None = None
+        self._prev: _PrevSlots | None = None
+
+    # storage --------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return int(self._values.size)
+
+    def ensure_capacity(self, n: int) -> None:
+        if n <= self._values.size:
+            return
+        cap = max(n, self._values.size * 2)
+        grown = np.zeros(cap, dtype=self.dtype)
+        grown[: self._values.size] = self._values
+        self._values = grown
+        if self._valid is not None:
+            valid = np.ones(cap, dtype=bool)
+            valid[: self._valid.size] = self._valid
+            self._valid = valid
+
+    def _split(self, values: pa.Array | pa.ChunkedArray) -> tuple[npt.NDArray[Any], npt.NDArray[np.bool_] | None]:
+        arr = _as_array(values)
+        if arr.type != self.type:
+            try:
+                arr = arr.cast(self.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise SchemaError(f"cannot store {arr.type} in a {self.type} column") from exc
+        valid = None
+        if arr.null_count:
+            valid = arr.is_valid().to_numpy(zero_copy_only=False)
+        if pa.types.is_boolean(arr.type):
+            data = (pc.fill_null(arr, False) if arr.null_count else arr).to_numpy(zero_copy_only=False)
+        else:
+            buf = arr.buffers()[1]
+            data = np.frombuffer(buf, dtype=self.dtype, count=arr.offset + len(arr))[arr.offset :]
+        return data, valid
+
+    def _to_arrow(self, data: npt.NDArray[Any], valid: npt.NDArray[np.bool_] | None) -> pa.Array:
+        n = data.size
+        if valid is not None and valid.all():
+            valid = None
+        if pa.types.is_boolean(self.type):
+            return pa.array(data, type=pa.bool_(), mask=None if valid is None else ~valid)
+        mask_buf = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        null_count = 0 if valid is None else int(n - np.count_nonzero(valid))
+        data = np.ascontiguousarray(data)
+        return pa.Array.from_buffers(self.type, n, [mask_buf, pa.py_buffer(data)], null_count)
+
+    # reading ----------------------------------------------------------------------
+    def get_numpy(self, keys: KeyArray) -> tuple[npt.NDArray[Any], npt.NDArray[np.bool_] | None]:
+        """Current ``(values, validity or None)`` at ``keys``."""
+        return self._values[keys], None if self._valid is None else self._valid[keys]
+
+    def get_prev_numpy(self, keys: KeyArray) -> tuple[npt.NDArray[Any], npt.NDArray[np.bool_] | None]:
+        """Previous ``(values, validity or None)`` at previous-key-space ``keys``."""
+        values, valid = self.get_numpy(keys)
+        p = self._prev
+        if p is None or p.keys.size == 0:
+            return values, valid
+        hit, pos = p.lookup(keys)
+        if hit.any():
+            assert p.values is not None and p.valid is not None
+            values = values.copy()
+            values[hit] = p.values[pos[hit]]
+            if valid is not None or not p.valid.all():
+                valid = np.ones(keys.size, dtype=bool) if valid is None else valid.copy()
+                valid[hit] = p.valid[pos[hit]]
+        return values, valid
+
+    def get(self, keys: KeyArray) -> pa.Array:
+        return self._to_arrow(*self.get_numpy(keys))
+
+    def get_prev(self, keys: KeyArray) -> pa.Array:
+        return self._to_arrow(*self.get_prev_numpy(keys))
+
+    # writing ----------------------------------------------------------------------
+    def _save_prev(self, keys: KeyArray) -> None:
+        p = self._prev
+        if p is None:
+            return
+        new = p.new_keys(keys)
+        if new.size:
+            valid = np.ones(new.size, dtype=bool) if self._valid is None else self._valid[new]
+            p.add(new, self._values[new], valid)
+
+    def set(self, keys: KeyArray, values: pa.Array | pa.ChunkedArray) -> None:
+        data, valid = self._split(values)
+        self.set_numpy(keys, data, valid)
+
+    def set_numpy(
+        self, keys: KeyArray, data: npt.NDArray[Any], valid: npt.NDArray[np.bool_] | None = None
+    ) -> None:
+        """Write raw values (and validity, None meaning all valid) at ``keys``."""
+        if keys.size == 0:
+            return
+        self.ensure_capacity(int(keys.max()) + 1)
+        self._save_prev(keys)
+        self._values[keys] = data
+        if valid is not None and not valid.all():
+            if self._valid is None:
+                self._valid = np.ones(self._values.size, dtype=bool)
+            self._valid[keys] = valid
+        elif self._valid is not None:
+            self._valid[keys] = True
+
+    def move(self, src: KeyArray, dst: KeyArray) -> None:
+        if src.size == 0:
+            return
+        data, valid = self.get_numpy(src)
+        self.set_numpy(dst, data.copy(), None if valid is None else valid.copy())
+
+    def begin_cycle(self) -> None:
+        if self._prev is None:
+            self._prev = _PrevSlots()
+
+    def end_cycle(self) -> None:
+        self._prev = None
+
+
+class _ArrowStore:
+    """Append-only Arrow values in a few geometrically sized chunks (cheap ``take``)."""
+
+    def __init__(self, type: pa.DataType) -> None:
+        self.type = type
+        self.chunks: list[pa.Array] = [pa.nulls(1, type)]  # slot 0 is the null default
+        self.offsets: npt.NDArray[np.int64] = np.array([0, 1], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def append(self, values: pa.Array) -> npt.NDArray[np.int64]:
+        start = len(self)
+        self.chunks.append(values)
+        # binary-counter merging keeps chunk sizes geometric (each over 2x the next):
+        # O(log n) chunks to take from, O(log n) amortized copies per value
+        while len(self.chunks) >= 2 and 2 * len(self.chunks[-1]) >= len(self.chunks[-2]):
+            tail = pa.concat_arrays(self.chunks[-2:])
+            self.chunks[-2:] = [tail]
+        self.offsets = np.concatenate(([0], np.cumsum([len(c) for c in self.chunks]))).astype(np.int64)
+        return np.arange(start, start + len(values), dtype=np.int64)
+
+    def take(self, slots: npt.NDArray[np.int64]) -> pa.Array:
+        if slots.size == 0:
+            return pa.array([], type=self.type)
+        if len(self.chunks) == 1:
+            return self.chunks[0].take(pa.array(slots))
+        which = np.searchsorted(self.offsets, slots, side="right") - 1
+        if which.size and which.min() == which.max():
+            c = int(which[0])
+            return self.chunks[c].take(pa.array(slots - self.offsets[c]))
+        order = np.argsort(which, kind="stable")
+        sorted_which = which[order]
+        bounds = np.searchsorted(sorted_which, np.arange(len(self.chunks) + 1))
+        parts = []
+        for c in range(len(self.chunks)):  # one take per chunk (a handful of chunks)
+            lo, hi = bounds[c], bounds[c + 1]
+            if hi > lo:
+                parts.append(self.chunks[c].take(pa.array(slots[order[lo:hi]] - self.offsets[c])))
+        gathered = pa.concat_arrays(parts)
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        return gathered.take(pa.array(inverse))
+
+
+class ArrowColumnSource(WritableColumnSource):
+    """Any Arrow type, values in append-only chunks and a slot per row key.
+
+    Overwriting a row appends its new value and repoints the slot, so previous values
+    are still in the store for the rest of the cycle; :meth:`end_cycle` compacts the
+    store when more than half of it is unreachable.
+    """
+
+    def __init__(self, type: pa.DataType, capacity: int = 0) -> None:
+        self.type = type
+        self._store = _ArrowStore(type)
+        self._slots = NumpyColumnSource(pa.int64(), capacity)
+        self._live = 0
+
+    def ensure_capacity(self, n: int) -> None:
+        self._slots.ensure_capacity(n)
+
+    def _cast(self, values: pa.Array | pa.ChunkedArray) -> pa.Array:
+        arr = _as_array(values)
+        if arr.type != self.type:
+            try:
+                arr = arr.cast(self.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise SchemaError(f"cannot store {arr.type} in a {self.type} column") from exc
+        return arr
+
+    def get(self, keys: KeyArray) -> pa.Array:
+        return self._store.take(self._slots.get_numpy(keys)[0])
+
+    def get_prev(self, keys: KeyArray) -> pa.Array:
+        return self._store.take(self._slots.get_prev_numpy(keys)[0])
+
+    def set(self, keys: KeyArray, values: pa.Array | pa.ChunkedArray) -> None:
+        if keys.size == 0:
+            return
+        slots = self._store.append(self._cast(values))
+        self._slots.set_numpy(keys, slots)
+
+    def move(self, src: KeyArray, dst: KeyArray) -> None:
+        if src.size:
+            self._slots.set_numpy(dst, self._slots.get_numpy(src)[0].copy())
+
+    def begin_cycle(self) -> None:
+        self._slots.begin_cycle()
+
+    def end_cycle(self) -> None:
+        self._slots.end_cycle()
+
+    def needs_compaction(self, live: int) -> bool:
+        """True when most of the store is unreachable from ``live`` rows."""
+        return len(self._store) > 2 * max(live, 1024)
+
+    def compact(self, live_keys: KeyArray) -> None:
+        """Rewrite the store to hold only the values of ``live_keys`` (outside a cycle)."""
+        values = self.get(live_keys)
+        self._store = _ArrowStore(self.type)
+        self._slots.set_numpy(live_keys, self._store.append(values))
+
+
+class RemappedColumnSource(ColumnSource):
+    """Reads another source through a vectorized key map (e.g. ring slots)."""
+
+    def __init__(self, inner: ColumnSource, key_map: Callable[[KeyArray], KeyArray]) -> None:
+        self.inner = inner
+        self.type = inner.type
+        self._map = key_map
+
+    def get(self, keys: KeyArray) -> pa.Array:
+        return self.inner.get(self._map(keys))
+
+    def get_prev(self, keys: KeyArray) -> pa.Array:
+        return self.inner.get_prev(self._map(keys))
+
+
+def make_column_source(type: pa.DataType, capacity: int = 0) -> WritableColumnSource:
+    """The best writable source for ``type``."""
+    if numpy_storage_dtype(type) is not None:
+        return NumpyColumnSource(type, capacity)
+    return ArrowColumnSource(type, capacity)

@@ -1,0 +1,104 @@
+"""The one exception hierarchy of Ticktable (re-exported as ``ticktable.errors``).
+
+Split by whose fault it is::
+
+    TicktableError
+    ├── InputError                  the caller sent something we cannot use
+    │   ├── SchemaError             wrong column names or types
+    │   ├── KeyError_               bad keys: nulls in key columns, negative row keys
+    │   ├── ExpressionError         an expression names a missing column or has the wrong type
+    │   ├── ProtocolError           malformed wire metadata
+    │   └── TableNotFound           no table of that name
+    ├── AccessError                 who you are or what you may do
+    │   ├── Unauthenticated
+    │   └── PermissionDenied
+    ├── ServiceError                the service cannot do it now
+    │   ├── Overloaded
+    │   └── TableFailed             the table (or a parent) raised in an earlier cycle
+    └── UpdateInvariantError        an update broke DESIGN.md §2: our bug, never the caller's
+
+Every message names the thing (table, column, key) and, where there is one, the way out.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AccessError",
+    "ExpressionError",
+    "InputError",
+    "InvalidKeyError",
+    "Overloaded",
+    "PermissionDenied",
+    "ProtocolError",
+    "SchemaError",
+    "ServiceError",
+    "TableFailed",
+    "TableNotFound",
+    "TicktableError",
+    "Unauthenticated",
+    "UpdateInvariantError",
+]
+
+
+class TicktableError(Exception):
+    """Base of every error Ticktable raises on purpose."""
+
+
+class InputError(TicktableError):
+    """The caller sent something we cannot use; nothing was changed."""
+
+
+class SchemaError(InputError):
+    """Column names or types do not match the table's schema."""
+
+
+class InvalidKeyError(InputError):
+    """Keys we cannot accept: nulls in key columns, negative or unknown row keys."""
+
+
+class ExpressionError(InputError):
+    """An expression names a missing column or has the wrong type."""
+
+
+class ProtocolError(InputError):
+    """Wire metadata that cannot be parsed or does not fit the protocol."""
+
+
+class TableNotFound(InputError):
+    """No table of that name exists."""
+
+
+class AccessError(TicktableError):
+    """The caller is not known, or may not do this."""
+
+
+class Unauthenticated(AccessError):
+    """No valid credentials were presented."""
+
+
+class PermissionDenied(AccessError):
+    """Valid credentials, but not for this."""
+
+
+class ServiceError(TicktableError):
+    """The service cannot do it now, through no fault of the caller."""
+
+
+class Overloaded(ServiceError):
+    """Too busy, or shutting down; retry later."""
+
+
+class TableFailed(ServiceError):
+    """The table, or one of its parents, raised while updating; it no longer updates."""
+
+
+class UpdateInvariantError(TicktableError):
+    """An update broke an invariant of the update model (DESIGN.md §2).
+
+    ``invariant`` names the rule (``I1``..``I5``, ``S1``..``S4``) so tests and logs can
+    say which one; the message quotes at most ten offending keys.
+    """
+
+    def __init__(self, invariant: str, message: str) -> None:
+        super().__init__(f"{invariant}: {message}")
+        self.invariant = invariant

@@ -1,0 +1,279 @@
+"""UpdateGraph: the logical clock, the cycle, and the listener DAG (DESIGN.md §2).
+
+A cycle takes the exclusive side of the graph's lock, advances ``step``, lets every source
+apply its pending changes, then visits the tables in dependency order: a derived table is
+notified once, after all its parents are satisfied (updated this cycle, or provably silent
+because the visit order puts every parent first). A table whose listener raises is
+*failed*, and so are its descendants; the rest of the graph keeps running. Terminal
+listeners run at the end of the cycle, then previous values are released.
+
+Readers outside the cycle take the shared side (:meth:`UpdateGraph.shared_lock`) for a
+consistent snapshot across tables. Tables are visited in creation order, which is a
+topological order because a table can only be created after its parents.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from engine.errors import TableFailed
+
+if TYPE_CHECKING:
+    from engine.columns import WritableColumnSource
+    from engine.table import Table
+
+__all__ = ["UpdateGraph"]
+
+log = logging.getLogger(__name__)
+
+
+class _SharedLock:
+    """Many readers or one writer; the writer (the cycle) waits for readers to leave.
+
+    New readers wait while a writer is waiting, so a steady stream of snapshots cannot
+    starve the cycle.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer: int | None = None
+        self._writers_waiting = 0
+
+    def acquire_shared(self) -> None:
+        with self._cond:
+            while self._writer is not None or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+
+    def release_shared(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            if self._readers == 0:
+                self._cond.notify_all()
+
+    def acquire_exclusive(self) -> None:
+        with self._cond:
+            self._writers_waiting += 1
+            while self._writer is not None or self._readers:
+                self._cond.wait()
+            self._writers_waiting -= 1
+            self._writer = threading.get_ident()
+
+    def release_exclusive(self) -> None:
+        with self._cond:
+            self._writer = None
+            self._cond.notify_all()
+
+    def held_exclusive_by_me(self) -> bool:
+        return self._writer == threading.get_ident()
+
+
+class UpdateGraph:
+    """Logical clock and cycle driver for a DAG of tables.
+
+    Parameters
+    ----------
+    validate
+        Check every update with :meth:`TableUpdate.validate` (tests switch this on).
+
+    Examples
+    --------
+    >>> g = UpdateGraph()
+    >>> t = g.append_only_table(pa.schema([("x", pa.int64())]))
+    >>> t.append(pa.table({"x": [1, 2]})); g.run_cycle(); t.size
+    2
+    """
+
+    def __init__(self, *, validate: bool = False) -> None:
+        self.step = 0
+        self.phase = "idle"
+        self.validate = validate
+        self.last_cycle_seconds = 0.0
+        self._lock = _SharedLock()
+        self._nodes: list[Table] = []
+        self._nodes_mutex = threading.Lock()
+        self._tracked: dict[int, WritableColumnSource] = {}
+        self._terminal: list[Callable[[int], None]] = []
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+
+    # registration -----------------------------------------------------------------
+    def _add_node(self, table: Table) -> None:
+        with self._nodes_mutex:
+            self._nodes.append(table)
+
+    def _remove_node(self, table: Table) -> None:
+        with self._nodes_mutex:
+            if table in self._nodes:
+                self._nodes.remove(table)
+
+    @property
+    def tables(self) -> list[Table]:
+        """All live tables in dependency order."""
+        with self._nodes_mutex:
+            return list(self._nodes)
+
+    def track(self, source: WritableColumnSource) -> None:
+        """Keep ``source``'s overwritten values as previous values until the cycle ends."""
+        if id(source) not in self._tracked:
+            source.begin_cycle()
+            self._tracked[id(source)] = source
+
+    def add_terminal_listener(self, callback: Callable[[int], None]) -> Callable[[], None]:
+        """Call ``callback(step)`` at the end of every cycle; returns a function that removes it."""
+        self._terminal.append(callback)
+
+        def remove() -> None:
+            if callback in self._terminal:
+                self._terminal.remove(callback)
+
+        return remove
+
+    # locking ----------------------------------------------------------------------
+    @contextmanager
+    def shared_lock(self) -> Iterator[None]:
+        """Hold off cycles while reading several tables consistently (re-entrant in a cycle)."""
+        if self._lock.held_exclusive_by_me():
+            yield
+            return
+        self._lock.acquire_shared()
+        try:
+            yield
+        finally:
+            self._lock.release_shared()
+
+    @contextmanager
+    def exclusive_lock(self) -> Iterator[None]:
+        """Run outside any cycle with nothing reading (DAG changes, staged commits)."""
+        if self._lock.held_exclusive_by_me():
+            yield
+            return
+        self._lock.acquire_exclusive()
+        try:
+            yield
+        finally:
+            self._lock.release_exclusive()
+
+    # the cycle --------------------------------------------------------------------
+    def run_cycle(self) -> int:
+        """Run one update cycle now; returns the new step."""
+        with self.exclusive_lock():
+            t0 = time.perf_counter()
+            self.step += 1
+            self.phase = "updating"
+            touched: list[Table] = []
+            try:
+                for node in self.tables:
+                    self._visit(node, touched)
+                for callback in list(self._terminal):
+                    try:
+                        callback(self.step)
+                    except Exception:
+                        log.exception("terminal listener %r raised; removed", callback)
+                        self._terminal.remove(callback)
+            finally:
+                for source in self._tracked.values():
+                    source.end_cycle()
+                self._tracked.clear()
+                for node in touched:
+                    node._end_cycle()
+                self.phase = "idle"
+                self.last_cycle_seconds = time.perf_counter() - t0
+            log.debug("cycle %d: %d tables updated in %.3f ms", self.step, len(touched),
+                      self.last_cycle_seconds * 1e3)
+            return self.step
+
+    def _visit(self, node: Table, touched: list[Table]) -> None:
+        if node.failure is not None:
+            return
+        failed_parent = next((p for p in node.parents if p.failure is not None), None)
+        if failed_parent is not None:
+            node._fail(TableFailed(f"parent table {failed_parent.name!r} failed"),
+                       cause=failed_parent.failure)
+            return
+        if node.parents and all(p._update is None for p in node.parents):
+            return  # every parent is silent this cycle, so is this table
+        try:
+            update = node._compute_update()
+        except Exception as exc:
+            log.error("table %r failed in cycle %d", node.name, self.step, exc_info=True)
+            node._fail(exc)
+            return
+        if update is None or update.empty():
+            node._refresh()
+            return
+        try:
+            node._commit(update, validate=self.validate)
+        except Exception as exc:
+            log.error("table %r produced a bad update in cycle %d", node.name, self.step,
+                      exc_info=True)
+            node._fail(exc)
+            return
+        touched.append(node)
+        node._notify(update)
+
+    # periodic mode ----------------------------------------------------------------
+    def start(self, interval: float = 0.1) -> None:
+        """Run cycles every ``interval`` seconds on a background thread until :meth:`stop`."""
+        if self._thread is not None:
+            raise RuntimeError("the update graph is already running")
+        self._stop.clear()
+
+        def loop() -> None:
+            next_at = time.monotonic()
+            while not self._stop.is_set():
+                try:
+                    self.run_cycle()
+                except Exception:
+                    log.exception("update cycle %d raised", self.step)
+                next_at += interval
+                delay = next_at - time.monotonic()
+                if delay < 0:
+                    next_at = time.monotonic()
+                    delay = 0
+                self._wake.wait(delay)
+                self._wake.clear()
+
+        self._thread = threading.Thread(target=loop, name="ticktable-cycle", daemon=True)
+        self._thread.start()
+
+    def request_cycle(self) -> None:
+        """Wake the periodic thread to run the next cycle now."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop periodic mode and wait for the running cycle to finish."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> UpdateGraph:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # table factories (the sources live in engine.sources) ---------------------------
+    def append_only_table(self, schema: object, name: str | None = None) -> Table:
+        from engine.sources import AppendOnlyTable
+
+        return AppendOnlyTable(self, schema, name=name)
+
+    def keyed_table(self, schema: object, keys: list[str] | str, name: str | None = None) -> Table:
+        from engine.sources import KeyedTable
+
+        return KeyedTable(self, schema, keys, name=name)
+
+    def ring_table(self, schema: object, capacity: int, name: str | None = None) -> Table:
+        from engine.sources import RingTable
+
+        return RingTable(self, schema, capacity, name=name)

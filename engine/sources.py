@@ -1,0 +1,441 @@
+"""Source tables: where changes enter the graph.
+
+Writes (``append``, ``upsert``, ``delete``) may come from any thread. They are checked at
+once — a bad batch raises and stages nothing — and applied together at the start of the
+next cycle, as one update.
+
+* :class:`AppendOnlyTable` — rows only arrive; keys ``0..n-1`` in arrival order.
+* :class:`KeyedTable` — upsert and delete by key columns. A key keeps its row key for its
+  whole life; row keys freed by deletes are reused in later cycles (so row order is row
+  key order, not arrival order). Within one cycle the last write to a key wins, in the
+  order the batches were staged and, inside a batch, the order of its rows. A modify is
+  reported only for rows whose values really changed, and ``modified_columns`` names
+  exactly the columns that changed.
+* :class:`RingTable` — append-only with a bound: the oldest rows are removed.
+* :class:`TimerTable` — one row per tick, for demos.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine._keyindex import KeyIndex
+from engine.columns import (
+    ArrowColumnSource,
+    ColumnSource,
+    RemappedColumnSource,
+    WritableColumnSource,
+    make_column_source,
+)
+from engine.errors import InvalidKeyError, SchemaError, TicktableError
+from engine.rowset import KeyArray, RowSet
+from engine.table import Table
+from engine.update import TableUpdate
+
+if TYPE_CHECKING:
+    from engine.graph import UpdateGraph
+
+__all__ = ["AppendOnlyTable", "KeyedTable", "RingTable", "TimerTable", "as_schema", "conform"]
+
+TableLike = pa.Table | pa.RecordBatch | pd.DataFrame | dict[str, Any]
+
+
+def as_schema(schema: Any) -> pa.Schema:
+    """Accept a ``pa.Schema``, a list of ``(name, type)`` pairs or a ``{name: type}`` dict."""
+    if isinstance(schema, pa.Schema):
+        return schema
+    if isinstance(schema, dict):
+        return pa.schema(list(schema.items()))
+    return pa.schema(schema)
+
+
+def _to_arrow(data: TableLike) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, pd.DataFrame):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    if isinstance(data, dict):
+        return pa.table(data)
+    raise SchemaError(f"expected a pyarrow Table/RecordBatch, a pandas DataFrame or a dict, got {type(data).__name__}")
+
+
+def conform(table_name: str, schema: pa.Schema, data: TableLike, columns: list[str] | None = None) -> pa.Table:
+    """Check ``data`` against ``schema`` (or its ``columns``) and return it in schema order.
+
+    Column order may differ; types are cast when the cast is safe (no overflow or loss).
+
+    Raises
+    ------
+    SchemaError
+        Naming the missing, unexpected or mistyped columns.
+    """
+    t = _to_arrow(data)
+    want = columns if columns is not None else schema.names
+    have = t.column_names
+    missing = [c for c in want if c not in have]
+    extra = [c for c in have if c not in want]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing column(s) {missing}")
+        if extra:
+            parts.append(f"unknown column(s) {extra}")
+        raise SchemaError(f"table {table_name!r}: {' and '.join(parts)} (expected: {want})")
+    arrays = []
+    for name in want:
+        col = t.column(name)
+        ftype = schema.field(name).type
+        if col.type != ftype:
+            try:
+                col = col.cast(ftype, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise SchemaError(
+                    f"table {table_name!r}: column {name!r} has type {col.type}, "
+                    f"expected {ftype} ({exc})"
+                ) from exc
+        arrays.append(col)
+    return pa.Table.from_arrays(arrays, schema=pa.schema([schema.field(n) for n in want]))
+
+
+class _SourceTable(Table):
+    """Shared staging for source tables: writers stage, the cycle applies."""
+
+    def __init__(self, graph: UpdateGraph, schema: Any, *, name: str | None = None,
+                 columns: dict[str, ColumnSource] | None = None) -> None:
+        sch = as_schema(schema)
+        if len(set(sch.names)) != len(sch.names):
+            raise SchemaError(f"duplicate column names in {sch.names}")
+        self._storage: dict[str, WritableColumnSource] = {f.name: make_column_source(f.type) for f in sch}
+        super().__init__(graph, sch, columns if columns is not None else dict(self._storage), name=name)
+        self._pending: list[tuple[str, pa.Table]] = []
+        self._pending_lock = threading.Lock()
+
+    def _stage(self, kind: str, batch: pa.Table) -> None:
+        self._check_alive()
+        with self._pending_lock:
+            self._pending.append((kind, batch))
+
+    def _take_pending(self) -> list[tuple[str, pa.Table]]:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        return pending
+
+    @property
+    def pending_rows(self) -> int:
+        with self._pending_lock:
+            return sum(b.num_rows for _, b in self._pending)
+
+
+class AppendOnlyTable(_SourceTable):
+    """Rows only arrive; row keys are ``0..size-1`` in arrival order."""
+
+    def append(self, data: TableLike) -> None:
+        """Stage rows to appear in the next cycle.
+
+        Raises
+        ------
+        SchemaError
+            If columns are missing, unknown or of a type that cannot be cast safely.
+        """
+        self._stage("append", conform(self.name, self.schema, data))
+
+    def _compute_update(self) -> TableUpdate | None:
+        pending = self._take_pending()
+        if not pending:
+            return None
+        batch = pa.concat_tables([b for _, b in pending])
+        n = batch.num_rows
+        if n == 0:
+            return None
+        start = self.rowset.last() + 1 if self.rowset else 0
+        keys = np.arange(start, start + n, dtype=np.int64)
+        for name, src in self._storage.items():
+            src.ensure_capacity(start + n)
+            src.set(keys, batch.column(name))  # new keys: nothing previous to keep
+        return TableUpdate.of(added=RowSet.from_range(start, start + n))
+
+
+class RingTable(_SourceTable):
+    """Append-only, keeping the newest ``capacity`` rows; older rows are removed.
+
+    Row keys keep increasing; row key ``k`` is stored in slot ``k % capacity``.
+    """
+
+    def __init__(self, graph: UpdateGraph, schema: Any, capacity: int, *, name: str | None = None) -> None:
+        if capacity <= 0:
+            raise SchemaError(f"ring capacity must be positive, got {capacity}")
+        self.capacity = capacity
+        sch = as_schema(schema)
+        cap = np.int64(capacity)
+
+        def slot(k: KeyArray) -> KeyArray:
+            return k % cap
+
+        self._slot = slot
+        storage = {f.name: make_column_source(f.type, capacity) for f in sch}
+        views: dict[str, ColumnSource] = {n: RemappedColumnSource(s, slot) for n, s in storage.items()}
+        super().__init__(graph, sch, name=name, columns=views)
+        self._storage = storage
+        self._next = 0
+
+    def append(self, data: TableLike) -> None:
+        """Stage rows; if more than ``capacity`` arrive in one cycle only the newest stay."""
+        self._stage("append", conform(self.name, self.schema, data))
+
+    def _compute_update(self) -> TableUpdate | None:
+        pending = self._take_pending()
+        if not pending:
+            return None
+        batch = pa.concat_tables([b for _, b in pending])
+        n = batch.num_rows
+        if n == 0:
+            return None
+        end = self._next + n
+        keep_from = max(0, n - self.capacity)
+        first_new = self._next + keep_from
+        keys = np.arange(first_new, end, dtype=np.int64)
+        for name, src in self._storage.items():
+            self.graph.track(src)  # slots of removed rows are overwritten
+            src.set(self._slot(keys), batch.column(name).slice(keep_from))
+        self._next = end
+        new_start = max(0, end - self.capacity)
+        removed = self.rowset & RowSet.from_range(0, new_start) if self.rowset else RowSet()
+        return TableUpdate.of(added=RowSet.from_range(first_new, end), removed=removed)
+
+
+def _key_hashes(t: pa.Table, keys: list[str]) -> npt.NDArray[np.uint64]:
+    """One uint64 per row identifying its key; exact for a single integer key column."""
+    if len(keys) == 1 and pa.types.is_integer(t.schema.field(keys[0]).type):
+        col = t.column(keys[0])
+        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        return arr.cast(pa.int64()).to_numpy().view(np.uint64)
+    h = np.zeros(t.num_rows, dtype=np.uint64)
+    for k in keys:  # one pass per key column
+        col = t.column(k).to_pandas()
+        with np.errstate(over="ignore"):
+            h = h * np.uint64(0x100000001B3) ^ pd.util.hash_array(col.to_numpy())
+    return h
+
+
+class KeyedTable(_SourceTable):
+    """Upsert and delete rows by key columns (DESIGN.md §2 keyed source).
+
+    Parameters
+    ----------
+    keys
+        The key column name(s). Key values may not be null.
+
+    Notes
+    -----
+    Several key columns, or a non-integer key, are identified by a 64-bit hash; two
+    distinct keys with equal hashes (about 1 in 10**6 odds at 10M keys) are detected and
+    refused with an error rather than merged.
+    """
+
+    def __init__(self, graph: UpdateGraph, schema: Any, keys: list[str] | str, *, name: str | None = None) -> None:
+        super().__init__(graph, schema, name=name)
+        key_list = [keys] if isinstance(keys, str) else list(keys)
+        unknown = [k for k in key_list if k not in self.schema.names]
+        if not key_list or unknown:
+            raise SchemaError(f"key column(s) {unknown or key_list} not in {self.schema.names}")
+        self.keys = key_list
+        self._values = [n for n in self.schema.names if n not in key_list]
+        self._index = KeyIndex()
+        self._free: KeyArray = np.empty(0, dtype=np.int64)
+        self._freed_now: KeyArray = np.empty(0, dtype=np.int64)
+        self._next_key = 0
+
+    def _check_keys(self, t: pa.Table) -> None:
+        for k in self.keys:
+            nulls = t.column(k).null_count
+            if nulls:
+                raise InvalidKeyError(f"table {self.name!r}: key column {k!r} has {nulls} null value(s)")
+
+    def upsert(self, data: TableLike) -> None:
+        """Stage inserts-or-updates by key; all columns must be given.
+
+        Raises
+        ------
+        SchemaError
+            If columns are missing, unknown or mistyped.
+        InvalidKeyError
+            If a key column holds nulls.
+        """
+        t = conform(self.name, self.schema, data)
+        self._check_keys(t)
+        self._stage("upsert", t)
+
+    def delete(self, keys: TableLike) -> None:
+        """Stage deletes; ``keys`` has exactly the key columns. Absent keys are ignored."""
+        t = conform(self.name, self.schema, keys, columns=self.keys)
+        self._check_keys(t)
+        self._stage("delete", t)
+
+    def _compute_update(self) -> TableUpdate | None:
+        if self._freed_now.size:
+            self._free = np.concatenate((self._free, self._freed_now))
+            self._freed_now = np.empty(0, dtype=np.int64)
+        pending = self._take_pending()
+        if not pending:
+            return None
+        # all staged writes as one table of (keys, op, row in the upsert data); last wins
+        ups = [b for kind, b in pending if kind == "upsert"]
+        data = pa.concat_tables(ups) if ups else None
+        key_parts, is_up, row_of = [], [], []
+        offset = 0
+        for kind, b in pending:  # one step per staged batch
+            key_parts.append(b.select(self.keys))
+            up = kind == "upsert"
+            is_up.append(np.full(b.num_rows, up))
+            row_of.append(np.arange(offset, offset + b.num_rows) if up else np.full(b.num_rows, -1))
+            offset += b.num_rows if up else 0
+        keys_t = pa.concat_tables(key_parts)
+        if keys_t.num_rows == 0:
+            return None
+        h = _key_hashes(keys_t, self.keys)
+        rev_first = np.unique(h[::-1], return_index=True)[1]
+        last = np.sort(h.size - 1 - rev_first)  # last write per key, in staging order
+        hashed = not (len(self.keys) == 1 and pa.types.is_integer(self.schema.field(self.keys[0]).type))
+        if hashed and last.size != h.size:
+            self._check_batch_collisions(keys_t, h)
+        h = h[last]
+        up_mask = np.concatenate(is_up)[last]
+        rows = np.concatenate(row_of)[last]
+        found = self._index.lookup(h)
+        if hashed and (found >= 0).any():
+            self._check_index_collisions(keys_t.take(pa.array(last)), found)
+
+        # deletes of present keys -> removed
+        del_sel = ~up_mask & (found >= 0)
+        removed_keys = np.sort(found[del_sel])
+        self._index.delete(h[del_sel])
+        self._freed_now = removed_keys
+
+        # upserts of present keys -> modifies where a value really changed
+        mod_sel = up_mask & (found >= 0)
+        mod_keys, mod_rows = found[mod_sel], rows[mod_sel]
+        order = np.argsort(mod_keys)
+        mod_keys, mod_rows = mod_keys[order], mod_rows[order]
+        changed_any = np.zeros(mod_keys.size, dtype=bool)
+        changed_cols: list[str] = []
+        if mod_keys.size:
+            assert data is not None
+            new_vals = data.take(pa.array(mod_rows))
+            for name in self._values:  # one pass per column
+                src = self._storage[name]
+                new = new_vals.column(name)
+                old = src.get(mod_keys)
+                diff = _differs(old, new)
+                if diff.any():
+                    changed_cols.append(name)
+                    changed_any |= diff
+                    self.graph.track(src)
+                    src.set(mod_keys[diff], new.filter(pa.array(diff)))
+        modified = mod_keys[changed_any]
+
+        # upserts of absent keys -> added, on reused or fresh row keys
+        add_sel = up_mask & (found < 0)
+        n_add = int(add_sel.sum())
+        added_keys = self._allocate(n_add)
+        if n_add:
+            assert data is not None
+            add_rows = rows[add_sel]
+            self._index.insert(h[add_sel], added_keys)
+            order = np.argsort(added_keys)
+            added_keys, add_rows = added_keys[order], add_rows[order]
+            new_rows = data.take(pa.array(add_rows))
+            for name, src in self._storage.items():
+                # reused keys were freed in an earlier cycle: no previous value to keep
+                src.ensure_capacity(self._next_key)
+                src.set(added_keys, new_rows.column(name))
+        return TableUpdate.of(
+            added=RowSet.from_keys(added_keys, assume_sorted=True),
+            removed=RowSet.from_keys(removed_keys, assume_sorted=True),
+            modified=RowSet.from_keys(modified, assume_sorted=True),
+            modified_columns=changed_cols,
+        )
+
+    def _allocate(self, n: int) -> KeyArray:
+        take = min(n, self._free.size)
+        reused = self._free[:take]
+        self._free = self._free[take:]
+        fresh = np.arange(self._next_key, self._next_key + n - take, dtype=np.int64)
+        self._next_key += n - take
+        return np.concatenate((reused, fresh))
+
+    def _check_batch_collisions(self, keys_t: pa.Table, h: npt.NDArray[np.uint64]) -> None:
+        order = np.argsort(h, kind="stable")
+        same = np.flatnonzero(h[order][1:] == h[order][:-1])
+        if same.size == 0:
+            return
+        a = keys_t.take(pa.array(order[same]))
+        b = keys_t.take(pa.array(order[same + 1]))
+        self._raise_if_differ(a, b)
+
+    def _check_index_collisions(self, keys_t: pa.Table, found: KeyArray) -> None:
+        present = found >= 0
+        a = keys_t.filter(pa.array(present))
+        b = pa.Table.from_arrays([self._storage[k].get(found[present]) for k in self.keys], names=self.keys)
+        self._raise_if_differ(a, b)
+
+    def _raise_if_differ(self, a: pa.Table, b: pa.Table) -> None:
+        for k in self.keys:
+            diff = _differs(a.column(k), b.column(k))
+            if diff.any():
+                i = int(np.flatnonzero(diff)[0])
+                raise TicktableError(
+                    f"table {self.name!r}: keys {a.slice(i, 1).to_pylist()} and "
+                    f"{b.slice(i, 1).to_pylist()} have equal 64-bit hashes; use an integer key"
+                )
+
+    def _end_cycle(self) -> None:
+        super()._end_cycle()
+        stale = [s for s in self._storage.values()
+                 if isinstance(s, ArrowColumnSource) and s.needs_compaction(self.size)]
+        if stale:
+            live = self.rowset.keys()
+            for src in stale:
+                src.compact(live)
+
+
+def _differs(old: pa.Array | pa.ChunkedArray, new: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+    """Per row: do the values differ (null equals null; NaN equals NaN)?"""
+    eq = pc.equal(old, new)
+    both_null = pc.and_(pc.is_null(old), pc.is_null(new))
+    same = pc.or_kleene(pc.fill_null(eq, False), both_null)
+    if pa.types.is_floating(old.type):
+        same = pc.or_(same, pc.and_(pc.fill_null(pc.is_nan(old), False), pc.fill_null(pc.is_nan(new), False)))
+    out = pc.invert(same)
+    if isinstance(out, pa.ChunkedArray):
+        out = out.combine_chunks()
+    return np.asarray(out.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+class TimerTable(AppendOnlyTable):
+    """Adds one row ``(Timestamp, Tick)`` per cycle once ``period`` seconds have passed."""
+
+    def __init__(self, graph: UpdateGraph, period: float = 1.0, *, name: str | None = None) -> None:
+        super().__init__(graph, pa.schema([("Timestamp", pa.timestamp("ns")), ("Tick", pa.int64())]), name=name)
+        self.period = period
+        self._last = 0.0
+        self._tick = 0
+
+    def _compute_update(self) -> TableUpdate | None:
+        now = time.time()
+        if now - self._last >= self.period:
+            self._last = now
+            self.append(pa.table({"Timestamp": pa.array([int(now * 1e9)], pa.timestamp("ns")),
+                                  "Tick": pa.array([self._tick], pa.int64())}))
+            self._tick += 1
+        return super()._compute_update()
+

@@ -1,0 +1,235 @@
+"""Table: a RowSet and named column sources that change once per cycle.
+
+Source tables (``engine.sources``) take writes from outside and apply them at the start
+of a cycle; derived tables (``engine.ops``) own a listener that turns their parents'
+updates into their own. Either way the graph commits the update: the previous RowSet is
+kept until the cycle ends, the update is validated when the graph asks, and the table's
+listeners are told.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pandas as pd
+import pyarrow as pa
+
+from engine.errors import SchemaError, TableFailed
+from engine.rowset import RowSet
+
+if TYPE_CHECKING:
+    from engine.columns import ColumnSource
+    from engine.graph import UpdateGraph
+    from engine.update import TableUpdate
+
+__all__ = ["DerivedTable", "Listener", "ListenerHandle", "Table"]
+
+log = logging.getLogger(__name__)
+
+_names = itertools.count(1)
+
+UpdateCallback = Callable[["TableUpdate", "Table"], None]
+FailureCallback = Callable[[BaseException, "Table"], None]
+
+
+class Listener(Protocol):
+    """Turns parent updates (``None`` for a silent parent) into the child's update."""
+
+    def on_update(self, *updates: TableUpdate | None) -> TableUpdate | None: ...
+
+
+class ListenerHandle:
+    """Returned by :meth:`Table.listen`; :meth:`remove` stops the notifications."""
+
+    def __init__(self, table: Table, entry: tuple[UpdateCallback, FailureCallback | None]) -> None:
+        self._table = table
+        self._entry = entry
+
+    def remove(self) -> None:
+        if self._entry in self._table._listeners:
+            self._table._listeners.remove(self._entry)
+
+
+class Table:
+    """A live table: ``rowset`` (row keys in order) plus one column source per column.
+
+    Read it consistently from any thread with :meth:`to_arrow` / :meth:`to_pandas`
+    (they take the graph's shared lock). ``prev_rowset`` is the RowSet at the start of
+    the running cycle and equals ``rowset`` outside cycles.
+    """
+
+    def __init__(
+        self,
+        graph: UpdateGraph,
+        schema: pa.Schema,
+        columns: dict[str, ColumnSource],
+        rowset: RowSet | None = None,
+        *,
+        parents: Sequence[Table] = (),
+        name: str | None = None,
+    ) -> None:
+        if [f.name for f in schema] != list(columns):
+            raise SchemaError(f"columns {list(columns)} do not match schema {schema.names}")
+        self.graph = graph
+        self.schema = schema
+        self.name = name or f"table_{next(_names)}"
+        self.parents: tuple[Table, ...] = tuple(parents)
+        self._columns = dict(columns)
+        self.rowset = rowset if rowset is not None else RowSet()
+        self._prev_rowset: RowSet | None = None
+        self._update: TableUpdate | None = None
+        self.failure: BaseException | None = None
+        self.last_step = graph.step
+        self._listeners: list[tuple[UpdateCallback, FailureCallback | None]] = []
+        graph._add_node(self)
+
+    # reading ------------------------------------------------------------------------
+    @property
+    def column_names(self) -> list[str]:
+        return list(self._columns)
+
+    @property
+    def size(self) -> int:
+        return len(self.rowset)
+
+    def __len__(self) -> int:
+        return len(self.rowset)
+
+    @property
+    def prev_rowset(self) -> RowSet:
+        return self._prev_rowset if self._prev_rowset is not None else self.rowset
+
+    @property
+    def update(self) -> TableUpdate | None:
+        """This cycle's update, while the cycle runs and after this table was visited."""
+        return self._update
+
+    def column(self, name: str) -> ColumnSource:
+        """The column source named ``name``.
+
+        Raises
+        ------
+        SchemaError
+            If there is no such column.
+        """
+        try:
+            return self._columns[name]
+        except KeyError:
+            raise SchemaError(
+                f"table {self.name!r} has no column {name!r} (has: {', '.join(self._columns)})"
+            ) from None
+
+    @property
+    def columns(self) -> dict[str, ColumnSource]:
+        return dict(self._columns)
+
+    def _check_alive(self) -> None:
+        if self.failure is not None:
+            raise TableFailed(f"table {self.name!r} failed: {self.failure}") from self.failure
+
+    def to_arrow(self, columns: Iterable[str] | None = None) -> pa.Table:
+        """A consistent snapshot of the current rows, in row-key order.
+
+        Raises
+        ------
+        TableFailed
+            If the table failed in an earlier cycle.
+        """
+        names = list(columns) if columns is not None else self.column_names
+        with self.graph.shared_lock():
+            self._check_alive()
+            keys = self.rowset.keys()
+            arrays = [self.column(n).get(keys) for n in names]
+        fields = [self.schema.field(n) for n in names]
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+    def to_pandas(self, columns: Iterable[str] | None = None) -> pd.DataFrame:
+        """:meth:`to_arrow` as a pandas DataFrame."""
+        return self.to_arrow(columns).to_pandas()
+
+    def rows(self, keys: Any, columns: Iterable[str] | None = None, *, prev: bool = False) -> pa.Table:
+        """Values at row ``keys`` (previous key space and values when ``prev``)."""
+        from engine.rowset import _as_keys
+
+        k = _as_keys(keys)
+        names = list(columns) if columns is not None else self.column_names
+        get = (lambda n: self.column(n).get_prev(k)) if prev else (lambda n: self.column(n).get(k))
+        return pa.Table.from_arrays([get(n) for n in names],
+                                    schema=pa.schema([self.schema.field(n) for n in names]))
+
+    def __repr__(self) -> str:
+        state = "failed" if self.failure is not None else f"{self.size} rows"
+        return f"<{type(self).__name__} {self.name!r}: {state}, columns={self.column_names}>"
+
+    # listening ----------------------------------------------------------------------
+    def listen(
+        self, on_update: UpdateCallback, on_failure: FailureCallback | None = None
+    ) -> ListenerHandle:
+        """Call ``on_update(update, table)`` inside every cycle in which this table changes.
+
+        The callback runs on the cycle thread after the table committed its update, so it
+        may read current and previous values. If it raises, it is removed (and
+        ``on_failure`` told); the table is unaffected.
+        """
+        entry = (on_update, on_failure)
+        self._listeners.append(entry)
+        return ListenerHandle(self, entry)
+
+    # the graph's side ---------------------------------------------------------------
+    def _compute_update(self) -> TableUpdate | None:
+        raise NotImplementedError
+
+    def _commit(self, update: TableUpdate, *, validate: bool) -> None:
+        prev = self.rowset
+        cur = update.apply(prev)
+        if validate:
+            update.validate(prev, cur, self._columns)
+        self._prev_rowset = prev
+        self.rowset = cur
+        self._update = update
+        self.last_step = self.graph.step
+
+    def _refresh(self) -> None:
+        """Called when the table had nothing to report this cycle."""
+
+    def _notify(self, update: TableUpdate) -> None:
+        for entry in list(self._listeners):
+            try:
+                entry[0](update, self)
+            except Exception as exc:
+                log.error("listener %r on table %r raised; removed", entry[0], self.name,
+                          exc_info=True)
+                self._listeners.remove(entry)
+                if entry[1] is not None:
+                    entry[1](exc, self)
+
+    def _fail(self, exc: BaseException, cause: BaseException | None = None) -> None:
+        if cause is not None:
+            exc.__cause__ = cause
+        self.failure = exc
+        for _, on_failure in list(self._listeners):
+            if on_failure is not None:
+                try:
+                    on_failure(exc, self)
+                except Exception:
+                    log.exception("failure listener on table %r raised", self.name)
+
+    def _end_cycle(self) -> None:
+        self._prev_rowset = None
+        self._update = None
+
+    def close(self) -> None:
+        """Detach from the graph: no more updates (children stop updating too)."""
+        self.graph._remove_node(self)
+
+
+class DerivedTable(Table):
+    """A table computed from parents by a :class:`Listener`."""
+
+    listener: Listener
+
+    def _compute_update(self) -> TableUpdate | None:
+        return self.listener.on_update(*(p._update for p in self.parents))

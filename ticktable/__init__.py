@@ -1,0 +1,35 @@
+"""Ticktable: live tables with precise deltas.
+
+``import ticktable as tt`` gives the public API; the engine lives in ``engine`` and is
+re-exported here so user code does not depend on the internal layout.
+"""
+
+from __future__ import annotations
+
+from engine import errors as errors
+from engine.graph import UpdateGraph as UpdateGraph
+from engine.rowset import RowSet as RowSet
+from engine.rowset import RowSetShiftData as RowSetShiftData
+from engine.sources import AppendOnlyTable as AppendOnlyTable
+from engine.sources import KeyedTable as KeyedTable
+from engine.sources import RingTable as RingTable
+from engine.sources import TimerTable as TimerTable
+from engine.table import Table as Table
+from engine.update import TableUpdate as TableUpdate
+from engine.update import compose as compose
+
+__all__ = [
+    "AppendOnlyTable",
+    "KeyedTable",
+    "RingTable",
+    "RowSet",
+    "RowSetShiftData",
+    "Table",
+    "TableUpdate",
+    "TimerTable",
+    "UpdateGraph",
+    "compose",
+    "errors",
+]
+
+__version__ = "0.1.0"
