@@ -221,6 +221,127 @@ class Table:
         self._prev_rowset = None
         self._update = None
 
+    # fluent operations (each family lives in engine/ops/<family>.py) ---------------
+    def where(self, predicate: Any) -> Table:
+        """Keep the rows for which the boolean ``pyarrow.compute`` expression is true."""
+        from engine.ops.filter import where
+
+        return where(self, predicate)
+
+    def update(self, **exprs: Any) -> Table:
+        """Add or replace columns computed from ``pyarrow.compute`` expressions."""
+        from engine.ops.select import update
+
+        return update(self, **exprs)
+
+    def view(self, *columns: str, **exprs: Any) -> Table:
+        """Keep ``columns`` plus computed ``exprs``, in that order (computed on read)."""
+        from engine.ops.select import view
+
+        return view(self, *columns, **exprs)
+
+    def select(self, *columns: str, **exprs: Any) -> Table:
+        """Keep ``columns`` plus computed ``exprs``, in that order (computed and stored)."""
+        from engine.ops.select import select
+
+        return select(self, *columns, **exprs)
+
+    def drop_columns(self, *columns: str) -> Table:
+        """All columns but ``columns``."""
+        from engine.ops.select import drop_columns
+
+        return drop_columns(self, *columns)
+
+    def rename_columns(self, mapping: dict[str, str]) -> Table:
+        """Rename columns ``{old: new}``."""
+        from engine.ops.select import rename_columns
+
+        return rename_columns(self, mapping)
+
+    def sort(self, by: str | Sequence[str], descending: bool | Sequence[bool] = False) -> Table:
+        """Rows ordered by ``by`` (stable; see engine.ops.sort for nulls)."""
+        from engine.ops.sort import sort
+
+        return sort(self, by, descending)
+
+    def head(self, n: int) -> Table:
+        """The first ``n`` rows."""
+        from engine.ops.slice import head
+
+        return head(self, n)
+
+    def tail(self, n: int) -> Table:
+        """The last ``n`` rows."""
+        from engine.ops.slice import tail
+
+        return tail(self, n)
+
+    def slice(self, start: int, stop: int | None) -> Table:
+        """Rows at positions ``start <= p < stop`` (negative counts from the end)."""
+        from engine.ops.slice import slice_
+
+        return slice_(self, start, stop)
+
+    def natural_join(self, right: Table, on: str | Sequence[str], joins: Sequence[str] | None = None) -> Table:
+        """Each row plus the columns ``joins`` of the right row with equal ``on`` (null if none)."""
+        from engine.ops.join import natural_join
+
+        return natural_join(self, right, on, joins)
+
+    def exact_join(self, right: Table, on: str | Sequence[str], joins: Sequence[str] | None = None) -> Table:
+        """Like :meth:`natural_join`, but every row must have exactly one match."""
+        from engine.ops.join import exact_join
+
+        return exact_join(self, right, on, joins)
+
+    def join(self, right: Table, on: str | Sequence[str], joins: Sequence[str] | None = None) -> Table:
+        """Many-to-many inner join on ``on``."""
+        from engine.ops.join import join
+
+        return join(self, right, on, joins)
+
+    def left_outer_join(self, right: Table, on: str | Sequence[str], joins: Sequence[str] | None = None) -> Table:
+        """Many-to-many join keeping left rows without a match (right columns null)."""
+        from engine.ops.join import left_outer_join
+
+        return left_outer_join(self, right, on, joins)
+
+    def agg_by(self, aggs: Any, by: str | Sequence[str] = ()) -> Table:
+        """One row per group of ``by`` with the aggregations ``aggs`` (engine.ops.aggregate)."""
+        from engine.ops.aggregate import agg_by
+
+        return agg_by(self, aggs, by)
+
+    def first_by(self, by: str | Sequence[str]) -> Table:
+        """The first row of each group."""
+        from engine.ops.aggregate import first_by
+
+        return first_by(self, by)
+
+    def last_by(self, by: str | Sequence[str]) -> Table:
+        """The last row of each group."""
+        from engine.ops.aggregate import last_by
+
+        return last_by(self, by)
+
+    def count_by(self, name: str, by: str | Sequence[str] = ()) -> Table:
+        """Row count per group, in column ``name``."""
+        from engine.ops.aggregate import count_by
+
+        return count_by(self, name, by)
+
+    def merge(self, *others: Table) -> Table:
+        """This table's rows followed by each of ``others`` (same schema)."""
+        from engine.ops.merge import merge
+
+        return merge(self, *others)
+
+    def snapshot(self) -> Table:
+        """A static copy of the current rows; it never updates."""
+        from engine.ops.merge import snapshot
+
+        return snapshot(self)
+
     def close(self) -> None:
         """Detach from the graph: no more updates (children stop updating too)."""
         self.graph._remove_node(self)
