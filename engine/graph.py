@@ -33,23 +33,30 @@ log = logging.getLogger(__name__)
 
 
 class _SharedLock:
-    """Many readers or one writer; the writer (the cycle) waits for readers to leave.
+    """Many readers or one writer (the cycle), fair both ways.
 
-    New readers wait while a writer is waiting, so a steady stream of snapshots cannot
-    starve the cycle.
+    New readers wait while a writer waits, so snapshots cannot starve the cycle; when a
+    writer leaves, the readers already waiting go first, so cycles cannot starve readers.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._readers = 0
+        self._readers_waiting = 0
+        self._reader_turn = False
         self._writer: int | None = None
         self._writers_waiting = 0
 
     def acquire_shared(self) -> None:
         with self._cond:
-            while self._writer is not None or self._writers_waiting:
+            self._readers_waiting += 1
+            while self._writer is not None or (self._writers_waiting and not self._reader_turn):
                 self._cond.wait()
+            self._readers_waiting -= 1
             self._readers += 1
+            if self._readers_waiting == 0:
+                self._reader_turn = False
+                self._cond.notify_all()
 
     def release_shared(self) -> None:
         with self._cond:
@@ -60,7 +67,7 @@ class _SharedLock:
     def acquire_exclusive(self) -> None:
         with self._cond:
             self._writers_waiting += 1
-            while self._writer is not None or self._readers:
+            while self._writer is not None or self._readers or self._reader_turn:
                 self._cond.wait()
             self._writers_waiting -= 1
             self._writer = threading.get_ident()
@@ -68,6 +75,8 @@ class _SharedLock:
     def release_exclusive(self) -> None:
         with self._cond:
             self._writer = None
+            if self._readers_waiting:
+                self._reader_turn = True
             self._cond.notify_all()
 
     def held_exclusive_by_me(self) -> bool:

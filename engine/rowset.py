@@ -55,6 +55,10 @@ def _bitmap_from_ranges(starts: KeyArray, stops: KeyArray) -> BitMap64:
     starts, stops = starts[keep], stops[keep]
     if starts.size == 0:
         return BitMap64()
+    touching = starts[1:] == stops[:-1]
+    if touching.any():  # Roaring runs must not touch: merge adjacent ranges
+        starts = starts[np.concatenate(([True], ~touching))]
+        stops = stops[np.concatenate((~touching, [True]))]
     s = starts.astype(np.uint64)
     e = stops.astype(np.uint64)
     first_chunk = s >> np.uint64(16)

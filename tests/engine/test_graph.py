@@ -1,0 +1,181 @@
+"""UpdateGraph: dependency order, one notification per table, failure, locks, periodic mode."""
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from engine.errors import TableFailed
+from engine.graph import UpdateGraph
+from engine.rowset import RowSet
+from engine.table import DerivedTable
+from engine.update import TableUpdate
+
+SCHEMA = pa.schema([("x", pa.int64())])
+
+
+class Mirror:
+    """Child listener that mirrors the sum of its parents' adds as its own adds."""
+
+    def __init__(self, name, log, fail_on=None):
+        self.name, self.log, self.fail_on, self.table = name, log, fail_on, None
+
+    def on_update(self, *ups):
+        self.log.append((self.name, tuple(u is not None for u in ups)))
+        if self.fail_on is not None and self.table.graph.step == self.fail_on:
+            raise ValueError(f"{self.name} broke")
+        n = sum(len(u.added) for u in ups if u is not None)
+        start = self.table.rowset.last() + 1 if self.table.rowset else 0
+        return TableUpdate.of(added=RowSet.from_range(start, start + n))
+
+
+def derived(g, parents, name, log, fail_on=None):
+    from engine.columns import NumpyColumnSource
+
+    t = DerivedTable(g, SCHEMA, {"x": NumpyColumnSource(pa.int64())}, parents=parents, name=name)
+    t.listener = Mirror(name, log, fail_on)
+    t.listener.table = t
+    return t
+
+
+def test_diamond_notified_once_after_both_parents():
+    g = UpdateGraph(validate=True)
+    log = []
+    a = g.append_only_table(SCHEMA, name="a")
+    b = derived(g, [a], "b", log)
+    c = derived(g, [a], "c", log)
+    d = derived(g, [b, c], "d", log)
+    a.append({"x": [1, 2]})
+    g.run_cycle()
+    assert log == [("b", (True,)), ("c", (True,)), ("d", (True, True))]
+    assert d.size == 4 and d.last_step == g.step == 1
+
+
+def test_silent_parents_mean_no_notification():
+    g = UpdateGraph(validate=True)
+    log = []
+    a = g.append_only_table(SCHEMA, name="a")
+    e = g.append_only_table(SCHEMA, name="e")
+    j = derived(g, [a, e], "j", log)
+    g.run_cycle()
+    assert log == []
+    e.append({"x": [1]})
+    g.run_cycle()
+    assert log == [("j", (False, True))]
+    assert j.size == 1
+
+
+def test_failing_listener_fails_table_and_descendants_only():
+    g = UpdateGraph(validate=True)
+    log, failures = [], []
+    a = g.append_only_table(SCHEMA, name="a")
+    bad = derived(g, [a], "bad", log, fail_on=2)
+    below = derived(g, [bad], "below", log)
+    fine = derived(g, [a], "fine", log)
+    below.listen(lambda u, t: None, lambda exc, t: failures.append((t.name, str(exc))))
+    for _ in range(3):
+        a.append({"x": [1]})
+        g.run_cycle()
+    assert isinstance(bad.failure, ValueError)
+    assert isinstance(below.failure, TableFailed)
+    assert fine.failure is None and fine.size == 3
+    assert failures == [("below", "parent table 'bad' failed")]
+    with pytest.raises(TableFailed, match="bad"):
+        bad.to_arrow()
+
+
+def test_user_listener_that_raises_is_removed_not_the_table():
+    g = UpdateGraph()
+    a = g.append_only_table(SCHEMA)
+    calls = []
+
+    def boom(u, t):
+        calls.append(1)
+        raise RuntimeError("listener bug")
+
+    a.listen(boom)
+    for _ in range(2):
+        a.append({"x": [1]})
+        g.run_cycle()
+    assert calls == [1] and a.failure is None and a.size == 2
+
+
+def test_terminal_listeners_run_each_cycle_after_tables():
+    g = UpdateGraph()
+    a = g.append_only_table(SCHEMA)
+    seen = []
+    remove = g.add_terminal_listener(lambda step: seen.append((step, a.size, g.phase)))
+    a.append({"x": [1]})
+    g.run_cycle()
+    g.run_cycle()
+    remove()
+    g.run_cycle()
+    assert seen == [(1, 1, "updating"), (2, 1, "updating")]
+
+
+def test_previous_values_visible_in_cycle_and_released_after():
+    g = UpdateGraph(validate=True)
+    k = g.keyed_table(pa.schema([("k", pa.int64()), ("v", pa.int64())]), "k")
+    k.upsert({"k": [1], "v": [10]})
+    g.run_cycle()
+    seen = []
+    k.listen(lambda u, t: seen.append((t.rows(u.modified.keys(), ["v"], prev=True).column("v").to_pylist(),
+                                       t.rows(u.modified.keys(), ["v"]).column("v").to_pylist())))
+    k.upsert({"k": [1], "v": [11]})
+    g.run_cycle()
+    assert seen == [([10], [11])]
+    assert k.rows([0], ["v"], prev=True).column("v").to_pylist() == [11]
+
+
+def test_shared_lock_gives_consistent_snapshots_in_periodic_mode():
+    """Two tables written in the same cycle are always read at equal sizes under the lock."""
+    g = UpdateGraph()
+    a = g.append_only_table(SCHEMA)
+    b = g.append_only_table(SCHEMA)
+    stop = threading.Event()
+    torn = []
+
+    def writer():
+        while not stop.is_set():
+            with g.exclusive_lock():  # stage both in between cycles
+                a.append({"x": [1]})
+                b.append({"x": [1]})
+
+    def reader():
+        for _ in range(300):
+            with g.shared_lock():
+                if a.size != b.size:
+                    torn.append((a.size, b.size))
+
+    g.start(interval=0.001)
+    w = threading.Thread(target=writer)
+    w.start()
+    readers = [threading.Thread(target=reader) for _ in range(3)]
+    for r in readers:
+        r.start()
+    for r in readers:
+        r.join()
+    stop.set()
+    w.join()
+    g.stop()
+    assert torn == []
+    assert a.size == b.size > 0 and g.step > 0
+
+
+def test_periodic_mode_stops_cleanly():
+    g = UpdateGraph()
+    a = g.append_only_table(SCHEMA)
+    done = threading.Event()
+    a.listen(lambda u, t: done.set())
+    g.start(interval=0.01)
+    a.append({"x": np.arange(3)})
+    assert done.wait(5)
+    g.stop()
+    step = g.step
+    assert a.size == 3
+    with pytest.raises(RuntimeError):
+        g.start(0.01)
+        g.start(0.01)
+    g.stop()
+    assert g.step >= step
