@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.errors import SchemaError
-from engine.rowset import KeyArray
+from engine.rowset import KeyArray, unique_keys
 
 __all__ = [
     "ArrowColumnSource",
@@ -108,7 +108,7 @@ class _PrevSlots:
 
     def new_keys(self, keys: KeyArray) -> KeyArray:
         """The distinct keys among ``keys`` not saved yet."""
-        k = np.unique(keys)
+        k = unique_keys(keys)
         if self.keys.size:
             k = k[~_member(self.keys, k)]
         return k

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.errors import UpdateInvariantError
-from engine.rowset import KeyArray, RowSet, RowSetShiftData
+from engine.rowset import KeyArray, RowSet, RowSetShiftData, unique_keys
 
 __all__ = ["TableUpdate", "compose"]
 
@@ -134,7 +134,7 @@ def _compose_shift(
         return s1
     p1, _ = s1.moved_keys(survivors)
     p2mid, _ = s2.moved_keys(s1.apply(survivors))
-    movers = np.union1d(p1, s1.unapply_keys(p2mid))
+    movers = unique_keys(np.concatenate((p1, s1.unapply_keys(p2mid))))
     if movers.size == 0:
         return RowSetShiftData.empty()
     i1 = _range_index(s1, movers)

@@ -28,7 +28,7 @@ class ReplayChecker:
         self.updates += 1
         keys, data = self.keys, self.data
         if up.removed:
-            keep = ~np.isin(keys, up.removed.keys())
+            keep = up.removed.positions_of(keys) < 0
             keys, data = keys[keep], data.filter(pa.array(keep))
         if up.shifted:
             keys = up.shifted.apply_keys(keys)

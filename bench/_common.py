@@ -1,0 +1,72 @@
+"""Shared helpers for the benchmark scripts: timing stats, tables, JSON with versions."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def stats_ms(samples_ns: list[int]) -> dict[str, float]:
+    ms = np.array(samples_ns, dtype=float) / 1e6
+    return {
+        "median_ms": float(np.median(ms)),
+        "mean_ms": float(ms.mean()),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "n": int(ms.size),
+    }
+
+
+def timed(fn, *args: Any) -> int:
+    t = time.perf_counter_ns()
+    fn(*args)
+    return time.perf_counter_ns() - t
+
+
+def print_table(title: str, rows: list[dict[str, Any]], cols: list[str]) -> None:
+    print(f"\n== {title}")
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols]
+    print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).rjust(w) for c, w in zip(cols, widths)))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return "" if v is None else str(v)
+
+
+def write_json(name: str, payload: dict[str, Any], path: str | None = None) -> Path:
+    import pandas
+    import pyarrow
+    import pyroaring
+
+    out = Path(path) if path else RESULTS / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": name,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "nproc": os.cpu_count(),
+        "python": platform.python_version(),
+        "versions": {"numpy": np.__version__, "pyarrow": pyarrow.__version__,
+                     "pandas": pandas.__version__, "pyroaring": pyroaring.__version__},
+        **payload,
+    }
+    out.write_text(json.dumps(payload, indent=2))
+    print(f"\nJSON written to {out}")
+    return out
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs))

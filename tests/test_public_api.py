@@ -1,0 +1,45 @@
+"""The promised API is what ticktable re-exports (httpx-style guard), and the CLI runs."""
+
+import subprocess
+import sys
+
+import ticktable as tt
+
+
+def test_all_is_sorted_and_complete():
+    assert tt.__all__ == sorted(tt.__all__)
+    public = {n for n in dir(tt) if not n.startswith("_")} - {"annotations", "cli", "java_check"}
+    assert public == set(tt.__all__)
+
+
+def test_readme_example_runs():
+    import pyarrow as pa
+
+    graph = tt.UpdateGraph(validate=True)
+    quotes = graph.keyed_table(pa.schema([("Sym", pa.string()), ("Px", pa.float64())]), keys="Sym")
+    seen = []
+    quotes.listen(lambda update, table: seen.append(update))
+    quotes.upsert({"Sym": ["AAPL", "MSFT"], "Px": [190.0, 410.0]})
+    graph.run_cycle()
+    quotes.upsert({"Sym": ["AAPL"], "Px": [191.5]})
+    graph.run_cycle()
+    assert seen[1].modified.keys().tolist() == [0] and seen[1].modified_columns == {"Px"}
+    assert quotes.to_pandas()["Px"].tolist() == [191.5, 410.0]
+
+
+def test_cli_demo_prints_a_changing_table():
+    out = subprocess.run([sys.executable, "-m", "ticktable.cli", "demo", "--cycles", "3", "--interval", "0",
+                          "--seed", "2", "--validate"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("step ") == 3
+    assert "Sym" in out.stdout and "added" in out.stdout
+
+
+def test_cli_help():
+    out = subprocess.run([sys.executable, "-m", "ticktable.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "demo" in out.stdout
+
+
+def test_java_check_reports():
+    out = subprocess.run([sys.executable, "-m", "ticktable.java_check"], capture_output=True, text=True)
+    assert ("ok" in out.stdout) if out.returncode == 0 else ("needs Java 17" in out.stderr)
