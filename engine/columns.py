@@ -46,7 +46,8 @@ def numpy_storage_dtype(t: pa.DataType) -> np.dtype[Any] | None:
     if pa.types.is_integer(t) or pa.types.is_floating(t):
         if pa.types.is_float16(t):
             return None
-        return np.dtype(t.to_pandas_dtype())
+        dtype: np.dtype[Any] = np.dtype(t.to_pandas_dtype())
+        return dtype
     if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_date64(t):
         return np.dtype(np.int64)
     if pa.types.is_date32(t):

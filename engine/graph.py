@@ -25,6 +25,7 @@ from engine.errors import TableFailed
 
 if TYPE_CHECKING:
     from engine.columns import WritableColumnSource
+    from engine.sources import AppendOnlyTable, KeyedTable, RingTable
     from engine.table import Table
 
 __all__ = ["UpdateGraph"]
@@ -272,17 +273,17 @@ class UpdateGraph:
         self.stop()
 
     # table factories (the sources live in engine.sources) ---------------------------
-    def append_only_table(self, schema: object, name: str | None = None) -> Table:
+    def append_only_table(self, schema: object, name: str | None = None) -> AppendOnlyTable:
         from engine.sources import AppendOnlyTable
 
         return AppendOnlyTable(self, schema, name=name)
 
-    def keyed_table(self, schema: object, keys: list[str] | str, name: str | None = None) -> Table:
+    def keyed_table(self, schema: object, keys: list[str] | str, name: str | None = None) -> KeyedTable:
         from engine.sources import KeyedTable
 
         return KeyedTable(self, schema, keys, name=name)
 
-    def ring_table(self, schema: object, capacity: int, name: str | None = None) -> Table:
+    def ring_table(self, schema: object, capacity: int, name: str | None = None) -> RingTable:
         from engine.sources import RingTable
 
         return RingTable(self, schema, capacity, name=name)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AppendOnlyTable", "KeyedTable", "RingTable", "TimerTable", "as_schema", "conform"]
 
-TableLike = pa.Table | pa.RecordBatch | pd.DataFrame | dict[str, Any]
+TableLike: TypeAlias = "pa.Table | pa.RecordBatch | pd.DataFrame | dict[str, Any]"
 
 
 def as_schema(schema: Any) -> pa.Schema:
@@ -218,7 +218,8 @@ def _key_hashes(t: pa.Table, keys: list[str]) -> npt.NDArray[np.uint64]:
     if len(keys) == 1 and pa.types.is_integer(t.schema.field(keys[0]).type):
         col = t.column(keys[0])
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-        return arr.cast(pa.int64()).to_numpy().view(np.uint64)
+        out: npt.NDArray[np.uint64] = arr.cast(pa.int64()).to_numpy().view(np.uint64)
+        return out
     h = np.zeros(t.num_rows, dtype=np.uint64)
     for k in keys:  # one pass per key column
         col = t.column(k).to_pandas()

@@ -36,9 +36,14 @@ FailureCallback = Callable[[BaseException, "Table"], None]
 
 
 class Listener(Protocol):
-    """Turns parent updates (``None`` for a silent parent) into the child's update."""
+    """Turns parent updates into the child's update.
 
-    def on_update(self, *updates: TableUpdate | None) -> TableUpdate | None: ...
+    ``on_update`` takes one positional argument per parent (``None`` for a parent that is
+    silent this cycle) and returns the child's update, or ``None`` when it has none.
+    """
+
+    @property
+    def on_update(self) -> Callable[..., TableUpdate | None]: ...
 
 
 class ListenerHandle:
@@ -103,7 +108,7 @@ class Table:
         return self._prev_rowset if self._prev_rowset is not None else self.rowset
 
     @property
-    def update(self) -> TableUpdate | None:
+    def cycle_update(self) -> TableUpdate | None:
         """This cycle's update, while the cycle runs and after this table was visited."""
         return self._update
 
@@ -148,7 +153,8 @@ class Table:
 
     def to_pandas(self, columns: Iterable[str] | None = None) -> pd.DataFrame:
         """:meth:`to_arrow` as a pandas DataFrame."""
-        return self.to_arrow(columns).to_pandas()
+        df: pd.DataFrame = self.to_arrow(columns).to_pandas()
+        return df
 
     def rows(self, keys: Any, columns: Iterable[str] | None = None, *, prev: bool = False) -> pa.Table:
         """Values at row ``keys`` (previous key space and values when ``prev``)."""
@@ -156,9 +162,8 @@ class Table:
 
         k = _as_keys(keys)
         names = list(columns) if columns is not None else self.column_names
-        get = (lambda n: self.column(n).get_prev(k)) if prev else (lambda n: self.column(n).get(k))
-        return pa.Table.from_arrays([get(n) for n in names],
-                                    schema=pa.schema([self.schema.field(n) for n in names]))
+        arrays = [self.column(n).get_prev(k) if prev else self.column(n).get(k) for n in names]
+        return pa.Table.from_arrays(arrays, schema=pa.schema([self.schema.field(n) for n in names]))
 
     def __repr__(self) -> str:
         state = "failed" if self.failure is not None else f"{self.size} rows"
