@@ -1,0 +1,812 @@
+"""The incremental state behind every join in :mod:`engine.ops.join`.
+
+One :class:`JoinState` keeps, for a ``(left, right)`` pair and its ``on`` columns:
+
+* **slots** — a dense internal id per left row and per right row, stable for the row's
+  life. Shifts move row keys, not slots, so the indexes below never see a shift: a
+  shift only rewrites the row-key <-> slot maps of the rows it moves.
+* **groups** — one *group id* (gid) per distinct key hash seen on either side
+  (``KeyIndex`` hash -> gid). A right group is a region of the append-only ``pool``
+  holding its right slots in right row-key order (the right table's order; shifts never
+  reorder, so the order survives them). A changed group is rewritten copy-on-write at
+  the end of the pool, so the region of the previous cycle stays readable for
+  ``get_prev``; the pool is compacted at the start of a later cycle.
+* **the left group index** — gid -> left slots, for "which left rows does this right
+  change touch": sorted ``gid << 32 | slot`` codes in a large base plus a small sorted
+  delta, deletions lazy (an entry is live when its slot is live and still in that gid);
+  merged and rebuilt with amortized cost.
+
+Per left row the match list is therefore ``left key -> left slot -> gid -> pool region ->
+right slot -> right row key``: a per-left-row redirection whose right end survives right
+shifts without touching left rows. The arrays read by ``get_prev`` (left slot -> gid,
+gid -> region, right slot -> right key) are :class:`NumpyColumnSource` instances tracked
+by the graph, so values at the start of the cycle stay readable until it ends.
+
+Key hashing (:func:`hash_keys`) is exact for one integer column, as
+:func:`engine.sources._key_hashes`, and a 64-bit hash otherwise, computed in numpy over
+Arrow's buffers (pandas' ``hash_array`` costs ~1 ms per call even for ten strings). A row with a null in any key column belongs to no group: null
+keys never match. Float keys are matched by value, ``-0.0 == 0.0`` and NaN equal to NaN
+(as pandas does).
+
+Every per-cycle step is whole-array numpy work whose size follows the change (plus the
+sizes of the right groups that changed); there is no Python loop per row, key or group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine._keyindex import KeyIndex
+from engine.columns import NumpyColumnSource
+from engine.errors import SchemaError
+from engine.rowset import KeyArray, RowSet
+from engine.sources import _key_hashes
+
+if TYPE_CHECKING:
+    from engine.table import Table
+    from engine.update import TableUpdate
+
+U64 = npt.NDArray[np.uint64]
+Mask = npt.NDArray[np.bool_]
+
+_EMPTY = np.empty(0, dtype=np.int64)
+_SLOT_BITS = 32
+
+# amortization thresholds (module attributes so tests can shrink them)
+SPARSE_SLACK = 65536  # KeyMap: dense while live keys span <= 4 * count + this
+INDEX_MIN_DELTA = 16384  # GroupIndex: merge the delta into the base past max(this, base / 8)
+INDEX_MIN_STALE = 16384  # GroupIndex: rebuild once dead entries pass max(this, live rows)
+POOL_MIN_GARBAGE = 65536  # pool: compact once dead entries pass max(this, live entries)
+
+
+# helpers --------------------------------------------------------------------------------
+def sorted_unique(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``np.unique`` by sorting (numpy 2.4's ``np.unique`` is ~50x slower on 1M int64)."""
+    if a.size < 2:
+        return a.copy()
+    s = np.sort(a)
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+def rowset_of(keys: KeyArray, span: int = 0) -> RowSet:
+    """RowSet of unsorted keys with repeats; ``span`` (keys below it) enables a mark array.
+
+    Many keys in a small span are marked in a bool array instead of sorted, and runs of
+    consecutive keys go in as ranges (building a bitmap key by key costs ~25 ms per 1M).
+    """
+    if keys.size == 0:
+        return RowSet()
+    if span and keys.size * 8 > span:
+        mark = np.zeros(span, dtype=bool)
+        mark[keys] = True
+        k = np.flatnonzero(mark).astype(np.int64)
+    else:
+        k = sorted_unique(keys)
+    brk = np.flatnonzero(np.diff(k) != 1)
+    if brk.size * 4 < k.size:
+        starts = np.concatenate((k[:1], k[brk + 1]))
+        stops = np.concatenate((k[brk] + 1, k[-1:] + 1))
+        return RowSet.from_ranges(starts, stops)
+    return RowSet.from_keys(k, assume_sorted=True)
+
+
+def member(sorted_arr: npt.NDArray[Any], q: npt.NDArray[Any]) -> Mask:
+    """Which of ``q`` are in the sorted array ``sorted_arr`` (searchsorted, no ``np.isin``)."""
+    if sorted_arr.size == 0 or q.size == 0:
+        return np.zeros(q.size, dtype=bool)
+    pos = np.searchsorted(sorted_arr, q)
+    pos[pos == sorted_arr.size] = 0
+    out: Mask = sorted_arr[pos] == q
+    return out
+
+
+def expand(starts: KeyArray, counts: KeyArray) -> tuple[KeyArray, KeyArray, KeyArray]:
+    """Ranges ``[starts[i], starts[i] + counts[i])`` flattened: ``(values, i, offset)``."""
+    counts = counts.astype(np.int64, copy=False)
+    total = int(counts.sum()) if counts.size else 0
+    if total == 0:
+        return _EMPTY, _EMPTY, _EMPTY
+    q = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return starts[q] + within, q, within
+
+
+def _as_array(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(col, pa.ChunkedArray):
+        return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return col
+
+
+def key_kind(t: pa.DataType) -> str:
+    """What a key column is compared as; both sides of a pair must have the same kind."""
+    if pa.types.is_dictionary(t):
+        return key_kind(t.value_type)
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        return "integer"
+    if pa.types.is_floating(t):
+        return "floating"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "binary"
+    return str(t)
+
+
+_P = np.uint64(0x100000001B3)
+_POW = np.ones(1, dtype=np.uint64)
+
+
+def _mix(z: U64) -> U64:
+    """splitmix64's finalizer: spreads every input bit over the output (wrapping)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _powers(n: int) -> U64:
+    global _POW
+    if _POW.size < n:
+        p = np.full(max(n, 2 * _POW.size), _P, dtype=np.uint64)
+        p[0] = 1
+        _POW = np.cumprod(p, dtype=np.uint64)
+    return _POW
+
+
+def _hash_bytes(arr: pa.Array) -> U64:
+    """Polynomial hash of each string/binary value over its bytes, in Arrow's buffers.
+
+    ``sum(byte[i] * P**i)`` per value with ``np.add.reduceat``, mixed with the length:
+    no per-value Python and no conversion to Python objects.
+    """
+    t = pa.large_binary() if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type) \
+        else pa.large_string()
+    if arr.type != t:
+        arr = arr.cast(t)
+    n = len(arr)
+    bufs = arr.buffers()
+    off = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
+    o0, o1 = int(off[0]), int(off[-1])
+    lens = np.diff(off)
+    h = np.zeros(n, dtype=np.uint64)
+    if o1 > o0:
+        data = np.frombuffer(bufs[2], dtype=np.uint8, count=o1 - o0, offset=o0)
+        ne = lens > 0
+        start = off[:-1][ne] - o0
+        pos = np.arange(data.size, dtype=np.int64) - np.repeat(start, lens[ne])
+        h[ne] = np.add.reduceat(data.astype(np.uint64) * _powers(int(lens.max()))[pos], start)
+    return _mix(h ^ (lens.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
+
+
+def hash_keys(cols: list[pa.Array | pa.ChunkedArray]) -> tuple[U64, Mask]:
+    """``(hash, valid)`` per row of the key columns; ``valid`` is False where any is null.
+
+    One integer (or boolean) column is its own exact "hash": the int64 value, as
+    :func:`engine.sources._key_hashes` does. Otherwise each column hashes to 64 bits —
+    integers by value, floats by value (``-0.0`` as ``0.0``, every NaN alike), strings and
+    binaries over their bytes in Arrow's buffers, other types through ``_key_hashes`` —
+    and the columns are combined with a multiply-and-mix. Two different keys can share a
+    64-bit hash (about 1e-8 odds at 1e5 distinct keys): they would match each other.
+    """
+    n = len(cols[0])
+    valid = np.ones(n, dtype=bool)
+    if n == 0:
+        return np.empty(0, dtype=np.uint64), valid
+    parts: list[U64] = []
+    exact = len(cols) == 1
+    for col in cols:
+        arr = _as_array(col)
+        if pa.types.is_dictionary(arr.type):
+            arr = arr.dictionary_decode()
+        if arr.null_count:
+            valid &= arr.is_valid().to_numpy(zero_copy_only=False)
+        kind = key_kind(arr.type)
+        if kind == "integer":
+            arr = arr.cast(pa.int64())
+            if arr.null_count:
+                arr = pc.fill_null(arr, 0)
+            parts.append(arr.to_numpy().view(np.uint64))
+            continue
+        exact = False
+        if kind == "floating":
+            f = pc.fill_null(arr.cast(pa.float64()), 0.0).to_numpy() + 0.0  # -0.0 -> 0.0
+            f[np.isnan(f)] = np.nan
+            parts.append(_mix(f.view(np.uint64)))
+        elif kind in ("string", "binary"):
+            parts.append(_hash_bytes(arr))
+        else:
+            parts.append(_key_hashes(pa.table({"k": arr}), ["k"]))
+    if exact:
+        return parts[0], valid
+    h = np.zeros(n, dtype=np.uint64)
+    for p in parts:  # one step per key column
+        h = _mix(h * _P + p)
+    return h, valid
+
+
+# structures -------------------------------------------------------------------------------
+class KeyMap:
+    """Row key -> non-negative int64 (``-1`` when absent), vectorized.
+
+    Dense (an array over a sliding window of key space) while keys are dense, which covers
+    sources, ring tables and most derived tables; a hash map (:class:`KeyIndex`) once the
+    live keys span more than ``4 * count + SPARSE_SLACK`` keys (sparse key spaces, such
+    as a many-to-many join's blocks).
+    """
+
+    def __init__(self) -> None:
+        self._base = 0
+        self._vals = np.full(1024, -1, dtype=np.int64)
+        self._hash: KeyIndex | None = None
+        self.count = 0
+
+    def lookup(self, keys: KeyArray) -> KeyArray:
+        if self._hash is not None:
+            return self._hash.lookup(keys.view(np.uint64))
+        idx = keys - self._base
+        ok = (idx >= 0) & (idx < self._vals.size)
+        if ok.all():
+            return self._vals[idx]
+        out = np.full(keys.size, -1, dtype=np.int64)
+        out[ok] = self._vals[idx[ok]]
+        return out
+
+    def assign(self, keys: KeyArray, values: KeyArray) -> None:
+        """Map keys that are absent now."""
+        if keys.size == 0:
+            return
+        self.count += keys.size
+        if self._hash is None:
+            self._fit(int(keys.min()), int(keys.max()))
+        if self._hash is not None:
+            self._hash.insert(keys.view(np.uint64), values)
+        else:
+            self._vals[keys - self._base] = values
+
+    def delete(self, keys: KeyArray) -> None:
+        """Unmap keys that are present now."""
+        if keys.size == 0:
+            return
+        self.count -= keys.size
+        if self._hash is not None:
+            self._hash.delete(keys.view(np.uint64))
+        else:
+            self._vals[keys - self._base] = -1
+
+    def move(self, old: KeyArray, new: KeyArray) -> KeyArray:
+        """Remap ``old[i] -> new[i]`` all at once; returns the moved values."""
+        vals = self.lookup(old)
+        self.delete(old)
+        self.assign(new, vals)
+        return vals
+
+    def _fit(self, lo: int, hi: int) -> None:
+        """Make the dense window cover ``[lo, hi]`` (or switch to the hash map)."""
+        base, size = self._base, self._vals.size
+        if lo >= base and hi < base + size:
+            return
+        live = np.flatnonzero(self._vals >= 0)  # amortized: the window at least doubles
+        if live.size:
+            lo, hi = min(lo, base + int(live[0])), max(hi, base + int(live[-1]))
+        span = hi - lo + 1
+        if span > 4 * self.count + SPARSE_SLACK:
+            index = KeyIndex(max(self.count, 1024))
+            if live.size:
+                index.insert((live + base).astype(np.int64).view(np.uint64), self._vals[live])
+            self._hash = index
+            self._vals = _EMPTY
+            return
+        new_base = max(0, lo - span // 4)
+        vals = np.full(max(2 * span, 1024), -1, dtype=np.int64)
+        vals[live + base - new_base] = self._vals[live]
+        self._base, self._vals = new_base, vals
+
+
+class SlotAllocator:
+    """Dense ids with reuse; ids freed in a cycle are reused from the next one on."""
+
+    def __init__(self) -> None:
+        self.next = 0
+        self._free = _EMPTY
+        self._later: list[KeyArray] = []
+
+    def release_deferred(self) -> None:
+        if self._later:
+            self._free = np.concatenate([self._free, *self._later])
+            self._later = []
+
+    def allocate(self, n: int) -> KeyArray:
+        take = min(n, self._free.size)
+        reused, self._free = self._free[:take], self._free[take:]
+        fresh = np.arange(self.next, self.next + n - take, dtype=np.int64)
+        self.next += n - take
+        return np.concatenate((reused, fresh)) if take else fresh
+
+    def free(self, ids: KeyArray) -> None:
+        if ids.size:
+            self._later.append(ids)
+
+
+class GroupIndex:
+    """gid -> member slots as sorted ``gid << 32 | slot`` codes: base + sorted delta.
+
+    Deletion is lazy: :meth:`query` keeps an entry only when ``live[slot]`` and
+    ``gid_of[slot] == gid``; :attr:`stale` counts dead entries so the owner can rebuild.
+    """
+
+    def __init__(self) -> None:
+        self.base = _EMPTY
+        self.delta = _EMPTY
+        self.stale = 0
+
+    def __len__(self) -> int:
+        return int(self.base.size + self.delta.size)
+
+    def reset(self, gids: KeyArray, slots: KeyArray) -> None:
+        self.base = np.sort((gids << _SLOT_BITS) | slots)
+        self.delta = _EMPTY
+        self.stale = 0
+
+    def insert(self, gids: KeyArray, slots: KeyArray) -> None:
+        if gids.size == 0:
+            return
+        codes = np.sort((gids << _SLOT_BITS) | slots)
+        self.delta = np.insert(self.delta, np.searchsorted(self.delta, codes), codes)
+        if self.delta.size > max(INDEX_MIN_DELTA, self.base.size // 8):
+            self.base = np.insert(self.base, np.searchsorted(self.base, self.delta), self.delta)
+            self.delta = _EMPTY
+
+    def query(self, gids: KeyArray, gid_of: KeyArray, live: Mask) -> KeyArray:
+        """Live slots in the sorted distinct ``gids``, sorted and distinct."""
+        if gids.size == 0:
+            return _EMPTY
+        parts = []
+        for codes in (self.base, self.delta):  # two sorted runs
+            if codes.size == 0:
+                continue
+            lo = np.searchsorted(codes, gids << _SLOT_BITS)
+            hi = np.searchsorted(codes, (gids + 1) << _SLOT_BITS)
+            pos, _, _ = expand(lo, hi - lo)
+            if pos.size:
+                parts.append(codes[pos])
+        if not parts:
+            return _EMPTY
+        codes = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        slots = codes & ((1 << _SLOT_BITS) - 1)
+        ok = live[slots] & (gid_of[slots] == (codes >> _SLOT_BITS))
+        slots = slots[ok]
+        if slots.size > live.size // 8:  # dense result: a mark array beats sorting
+            mark = np.zeros(live.size, dtype=bool)
+            mark[slots] = True
+            return np.flatnonzero(mark).astype(np.int64)
+        return sorted_unique(slots)
+
+
+def _tracked(capacity: int = 1024) -> NumpyColumnSource:
+    src = NumpyColumnSource(pa.int64(), capacity)
+    return src
+
+
+@dataclass
+class Delta:
+    """What :meth:`JoinState.apply` changed, for the listeners to describe."""
+
+    changed: KeyArray = field(default_factory=lambda: _EMPTY)  # gids whose right list changed
+    rvm_slots: KeyArray = field(default_factory=lambda: _EMPTY)  # right slots modified in place
+    rvm_cols: frozenset[str] = frozenset()  # right source columns they changed
+    removed_keys: KeyArray = field(default_factory=lambda: _EMPTY)  # left, previous space
+    removed_gid: KeyArray = field(default_factory=lambda: _EMPTY)  # their previous gid
+    added_keys: KeyArray = field(default_factory=lambda: _EMPTY)  # left, current space
+    added_slots: KeyArray = field(default_factory=lambda: _EMPTY)
+    regroup_slots: KeyArray = field(default_factory=lambda: _EMPTY)  # left rows whose gid changed
+    regroup_keys: KeyArray = field(default_factory=lambda: _EMPTY)  # their current keys
+    regroup_old: KeyArray = field(default_factory=lambda: _EMPTY)  # previous gid
+    regroup_new: KeyArray = field(default_factory=lambda: _EMPTY)  # current gid
+
+
+class JoinState:
+    """Slots, groups and indexes of one join (see the module docstring)."""
+
+    def __init__(self, left: Table, right: Table, left_on: list[str], right_on: list[str],
+                 joins_src: list[str]) -> None:
+        for lc, rc in zip(left_on, right_on, strict=True):
+            lk, rk = key_kind(left.schema.field(lc).type), key_kind(right.schema.field(rc).type)
+            if lk != rk:
+                raise SchemaError(
+                    f"join key {lc!r} of {left.name!r} is {left.schema.field(lc).type} but "
+                    f"{rc!r} of {right.name!r} is {right.schema.field(rc).type}; cast one side "
+                    f"first (e.g. with update())"
+                )
+        self.graph = left.graph
+        self.left, self.right = left, right
+        self.left_on, self.right_on = left_on, right_on
+        self.joins_src = frozenset(joins_src)
+        # groups
+        self.gids = KeyIndex()
+        self.gid_alloc = SlotAllocator()
+        self.gid_hash = np.zeros(1024, dtype=np.uint64)
+        self.g_left = np.zeros(1024, dtype=np.int64)  # live left rows per gid
+        self.g_start = _tracked()
+        self.g_count = _tracked()
+        self.pool = np.zeros(1024, dtype=np.int64)
+        self.pool_end = 0
+        self.pool_live = 0
+        # right rows
+        self.rmap = KeyMap()
+        self.r_alloc = SlotAllocator()
+        self.r_rkey = _tracked()
+        self.r_gid = np.full(1024, -1, dtype=np.int64)
+        # left rows
+        self.lmap = KeyMap()
+        self.l_alloc = SlotAllocator()
+        self.l_key = np.zeros(1024, dtype=np.int64)
+        self.l_gid = _tracked()
+        self.l_live = np.zeros(1024, dtype=bool)
+        self.l_step = np.full(1024, -1, dtype=np.int64)  # step the slot was born or regrouped
+        self.l_mod = np.full(1024, -1, dtype=np.int64)  # step the slot was last modified
+        self.l_index = GroupIndex()
+        self._over_step = -1
+        self._fresh_step = -1  # last step in which some slot became fresh
+        self._lmod_step = -1  # last step with left modifies (``l_mod`` marks them)
+        self._over_keys = _EMPTY
+        self._over_slots = _EMPTY
+
+    # capacity -------------------------------------------------------------------------------
+    @staticmethod
+    def _grow(arr: npt.NDArray[Any], n: int, fill: Any) -> npt.NDArray[Any]:
+        if n <= arr.size:
+            return arr
+        out = np.full(max(n, 2 * arr.size), fill, dtype=arr.dtype)
+        out[: arr.size] = arr
+        return out
+
+    def _fit_gids(self) -> None:
+        n = self.gid_alloc.next
+        self.gid_hash = self._grow(self.gid_hash, n, 0)
+        self.g_left = self._grow(self.g_left, n, 0)
+        self.g_start.ensure_capacity(n)
+        self.g_count.ensure_capacity(n)
+
+    def _fit_right(self) -> None:
+        n = self.r_alloc.next
+        self.r_gid = self._grow(self.r_gid, n, -1)
+        self.r_rkey.ensure_capacity(n)
+
+    def _fit_left(self) -> None:
+        n = self.l_alloc.next
+        self.l_key = self._grow(self.l_key, n, 0)
+        self.l_live = self._grow(self.l_live, n, False)
+        self.l_step = self._grow(self.l_step, n, -1)
+        self.l_mod = self._grow(self.l_mod, n, -1)
+        self.l_gid.ensure_capacity(n)
+
+    # reading -----------------------------------------------------------------------------------
+    @property
+    def l_gid_now(self) -> KeyArray:
+        return self.l_gid._values
+
+    def left_slots(self, keys: KeyArray, prev: bool = False) -> KeyArray:
+        """Left slot per left row key (previous key space when ``prev``)."""
+        if prev and self._over_step == self.graph.step and self.graph.phase == "updating":
+            out = self.lmap.lookup(keys)
+            hit = member(self._over_keys, keys)
+            if hit.any():
+                out[hit] = self._over_slots[np.searchsorted(self._over_keys, keys[hit])]
+            return out
+        return self.lmap.lookup(keys)
+
+    def counts(self, gids: KeyArray, prev: bool = False) -> KeyArray:
+        """Right rows per gid (0 for ``-1``)."""
+        ok = gids >= 0
+        src = self.g_count.get_prev_numpy if prev else self.g_count.get_numpy
+        return np.where(ok, src(np.where(ok, gids, 0))[0], 0)
+
+    def first_match(self, gids: KeyArray, prev: bool = False) -> KeyArray:
+        """The first right slot of each group (``-1`` for none), for natural joins."""
+        cnt = self.counts(gids, prev)
+        src = self.g_start.get_prev_numpy if prev else self.g_start.get_numpy
+        start = src(np.where(gids >= 0, gids, 0))[0]
+        return np.where(cnt > 0, self.pool[np.where(cnt > 0, start, 0)], -1)
+
+    def right_keys(self, keys: KeyArray, bits: int, prev: bool) -> tuple[KeyArray, Mask]:
+        """Right row key under each output key ``left_key << bits | match``, and where one is."""
+        lk = keys >> bits if bits else keys
+        j = keys & ((1 << bits) - 1) if bits else np.zeros(keys.size, dtype=np.int64)
+        s = self.left_slots(lk, prev)
+        ok = s >= 0
+        s = np.where(ok, s, 0)
+        g = (self.l_gid.get_prev_numpy(s) if prev else self.l_gid.get_numpy(s))[0]
+        ok &= g >= 0
+        g = np.where(ok, g, 0)
+        cnt = (self.g_count.get_prev_numpy(g) if prev else self.g_count.get_numpy(g))[0]
+        start = (self.g_start.get_prev_numpy(g) if prev else self.g_start.get_numpy(g))[0]
+        ok &= j < cnt
+        rs = self.pool[np.where(ok, start + j, 0)]
+        rk = (self.r_rkey.get_prev_numpy(rs) if prev else self.r_rkey.get_numpy(rs))[0]
+        return rk, ok
+
+    def left_members(self, gids: KeyArray) -> KeyArray:
+        """Live left slots whose current gid is in the sorted distinct ``gids``."""
+        return self.l_index.query(gids, self.l_gid_now, self.l_live)
+
+    def group_index(self, groups: KeyArray, gids: KeyArray) -> KeyArray:
+        """Position of each of ``gids`` in the sorted ``groups`` (all present)."""
+        n = self.gid_alloc.next
+        if gids.size * 4 > n:  # many lookups: a dense table beats binary search
+            table = np.zeros(n, dtype=np.int64)
+            table[groups] = np.arange(groups.size, dtype=np.int64)
+            return table[gids]
+        return np.searchsorted(groups, gids)
+
+    def left_modified(self, slots: KeyArray) -> Mask:
+        """Left slots the left update of the running cycle modified."""
+        if self._lmod_step != self.graph.step:
+            return np.zeros(slots.size, dtype=bool)
+        out: Mask = self.l_mod[slots] == self.graph.step
+        return out
+
+    def fresh(self, slots: KeyArray) -> Mask:
+        """Left slots born or regrouped in the running cycle."""
+        if self._fresh_step != self.graph.step:
+            return np.zeros(slots.size, dtype=bool)
+        out: Mask = self.l_step[slots] == self.graph.step
+        return out
+
+    def group_entries(self, gids: KeyArray, prev: bool = False) -> tuple[KeyArray, KeyArray, KeyArray]:
+        """``(right slot, group index, position)`` of every member of ``gids``, in order."""
+        get_s = self.g_start.get_prev_numpy if prev else self.g_start.get_numpy
+        cnt = self.counts(gids, prev)
+        start = get_s(np.where(gids >= 0, gids, 0))[0]
+        pos, q, within = expand(start, cnt)
+        return self.pool[pos], q, within
+
+    # gids ---------------------------------------------------------------------------------------
+    def _gids_for(self, h: U64, valid: Mask) -> KeyArray:
+        """Gid per hash (``-1`` where not valid), allocating gids for new hashes."""
+        g = np.full(h.size, -1, dtype=np.int64)
+        if not valid.any():
+            return g
+        hv = h[valid]
+        found = self.gids.lookup(hv)
+        missing = found < 0
+        if missing.any():
+            new_h = sorted_unique(hv[missing])
+            new_g = self.gid_alloc.allocate(new_h.size)
+            self._fit_gids()
+            self.gids.insert(new_h, new_g)
+            self.gid_hash[new_g] = new_h
+            self.g_left[new_g] = 0
+            self.g_start.set_numpy(new_g, np.zeros(new_g.size, dtype=np.int64))
+            self.g_count.set_numpy(new_g, np.zeros(new_g.size, dtype=np.int64))
+            found[missing] = self.gids.lookup(hv[missing])
+        g[valid] = found
+        return g
+
+    def _hash_rows(self, table: Table, cols: list[str], keys: KeyArray) -> tuple[U64, Mask]:
+        return hash_keys([table.column(c).get(keys) for c in cols])
+
+    # the cycle ------------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Start of a cycle's work: release deferred ids, compact, then track prev arrays."""
+        self.gid_alloc.release_deferred()
+        self.r_alloc.release_deferred()
+        self.l_alloc.release_deferred()
+        if self.pool_end - self.pool_live > max(self.pool_live, POOL_MIN_GARBAGE):
+            self._compact_pool()  # before tracking: prev and current stay identical
+        live = int(self.lmap.count)
+        if self.l_index.stale > max(live, INDEX_MIN_STALE):
+            slots = np.flatnonzero(self.l_live[: self.l_alloc.next]).astype(np.int64)
+            g = self.l_gid_now[slots]
+            self.l_index.reset(g[g >= 0], slots[g >= 0])
+        for src in (self.g_start, self.g_count, self.r_rkey, self.l_gid):
+            self.graph.track(src)
+
+    def _compact_pool(self) -> None:
+        n = self.gid_alloc.next
+        gids = np.arange(n, dtype=np.int64)
+        cnt = self.g_count.get_numpy(gids)[0]
+        start = self.g_start.get_numpy(gids)[0]
+        pos, _, _ = expand(start, cnt)
+        self.pool = np.concatenate((self.pool[pos], np.zeros(max(1024, pos.size), dtype=np.int64)))
+        self.pool_end = int(pos.size)
+        self.g_start.set_numpy(gids, np.cumsum(cnt) - cnt)
+
+    def _pool_append(self, slots: KeyArray) -> int:
+        at = self.pool_end
+        self.pool = self._grow(self.pool, at + slots.size, 0)
+        self.pool[at : at + slots.size] = slots
+        self.pool_end += slots.size
+        return at
+
+    def apply(self, lu: TableUpdate | None, ru: TableUpdate | None) -> Delta:
+        """Bring the state to the current cycle; what changed is returned for the listener."""
+        self.begin()
+        d = Delta()
+        touched: list[KeyArray] = []
+        if ru is not None:
+            self._apply_right(ru, d)
+            touched.append(d.changed)
+        if lu is not None:
+            self._apply_left(lu, d)
+            touched += [d.removed_gid, d.regroup_old]
+        self._free_gids(touched)
+        return d
+
+    def _apply_right(self, ru: TableUpdate, d: Delta) -> None:
+        right = self.right
+        changed: list[KeyArray] = []
+        new_s: list[KeyArray] = []
+        new_g: list[KeyArray] = []
+        # removed rows (previous key space)
+        if ru.removed:
+            rk = ru.removed.keys()
+            rs = self.rmap.lookup(rk)
+            self.rmap.delete(rk)
+            g = self.r_gid[rs]
+            changed.append(g[g >= 0])
+            self.r_gid[rs] = -1
+            self.r_alloc.free(rs)
+        # shifts: row keys move, slots (and so groups) stay
+        if ru.shifted:
+            pk, ck = ru.shifted.moved_keys(right.prev_rowset - ru.removed)
+            if pk.size:
+                self.r_rkey.set_numpy(self.rmap.move(pk, ck), ck)
+        # modified rows (current key space): key changes move between groups
+        if ru.modified and ru.modified_columns & (self.joins_src | set(self.right_on)):
+            mk = ru.modified.keys()
+            ms = self.rmap.lookup(mk)
+            stay = np.ones(mk.size, dtype=bool)
+            if ru.modified_columns & set(self.right_on):
+                g_new = self._gids_for(*self._hash_rows(right, self.right_on, mk))
+                g_old = self.r_gid[ms]
+                moved = g_new != g_old
+                if moved.any():
+                    changed += [g_old[moved & (g_old >= 0)], g_new[moved & (g_new >= 0)]]
+                    self.r_gid[ms[moved]] = g_new[moved]
+                    into = moved & (g_new >= 0)
+                    new_s.append(ms[into])
+                    new_g.append(g_new[into])
+                    stay = ~moved
+            vm = ru.modified_columns & self.joins_src
+            if vm:
+                vs = ms[stay]
+                d.rvm_slots = np.sort(vs[self.r_gid[vs] >= 0])
+                d.rvm_cols = frozenset(vm)
+        # added rows (current key space)
+        if ru.added:
+            ak = ru.added.keys()
+            slots = self.r_alloc.allocate(ak.size)
+            self._fit_right()
+            self.rmap.assign(ak, slots)
+            self.r_rkey.set_numpy(slots, ak)
+            g = self._gids_for(*self._hash_rows(right, self.right_on, ak))
+            self.r_gid[slots] = g
+            changed.append(g[g >= 0])
+            new_s.append(slots[g >= 0])
+            new_g.append(g[g >= 0])
+        if changed:
+            d.changed = sorted_unique(np.concatenate(changed))
+            if d.changed.size:
+                self._rebuild_groups(d.changed, _cat(new_s), _cat(new_g))
+
+    def _rebuild_groups(self, gids: KeyArray, new_s: KeyArray, new_g: KeyArray) -> None:
+        """Rewrite the regions of ``gids`` (sorted): survivors plus arrivals, in row-key order."""
+        old_s, q, _ = self.group_entries(gids)  # nothing rewritten yet: current == previous
+        keep = self.r_gid[old_s] == gids[q]
+        s_all = np.concatenate((old_s[keep], new_s))
+        q_all = np.concatenate((q[keep], np.searchsorted(gids, new_g)))
+        rk = self.r_rkey.get_numpy(s_all)[0]
+        order = np.lexsort((rk, q_all))
+        s_all, q_all = s_all[order], q_all[order]
+        cnt = np.bincount(q_all, minlength=gids.size).astype(np.int64)
+        at = self._pool_append(s_all)
+        self.g_start.set_numpy(gids, at + np.cumsum(cnt) - cnt)
+        self.g_count.set_numpy(gids, cnt)
+        self.pool_live += int(cnt.sum()) - int(old_s.size)
+
+    def _apply_left(self, lu: TableUpdate, d: Delta) -> None:
+        left, step = self.left, self.graph.step
+        over_k: list[KeyArray] = []
+        over_s: list[KeyArray] = []
+        if lu.removed:
+            pk = lu.removed.keys()
+            ls = self.lmap.lookup(pk)
+            self.lmap.delete(pk)
+            g = self.l_gid_now[ls]
+            d.removed_keys, d.removed_gid = pk, g
+            over_k.append(pk)
+            over_s.append(ls)
+            self.l_live[ls] = False
+            self._ref(g, -1)
+            self.l_index.stale += int(np.count_nonzero(g >= 0))
+            self.l_alloc.free(ls)
+        if lu.shifted:
+            pk, ck = lu.shifted.moved_keys(self.left.prev_rowset - lu.removed)
+            if pk.size:
+                ls = self.lmap.move(pk, ck)
+                self.l_key[ls] = ck
+                over_k.append(pk)
+                over_s.append(ls)
+        if over_k:
+            k, s = _cat(over_k), _cat(over_s)
+            order = np.argsort(k)
+            self._over_step, self._over_keys, self._over_slots = step, k[order], s[order]
+        if lu.modified:
+            self.l_mod[self.lmap.lookup(lu.modified.keys())] = step
+            self._lmod_step = step
+        if lu.modified and lu.modified_columns & set(self.left_on):
+            mk = lu.modified.keys()
+            ms = self.lmap.lookup(mk)
+            g_new = self._gids_for(*self._hash_rows(left, self.left_on, mk))
+            g_old = self.l_gid_now[ms]
+            moved = g_new != g_old
+            if moved.any():
+                ms, g_old, g_new = ms[moved], g_old[moved], g_new[moved]
+                self.l_gid.set_numpy(ms, g_new)
+                self.l_step[ms] = step
+                self._fresh_step = step
+                self._ref(g_old, -1)
+                self._ref(g_new, +1)
+                self.l_index.stale += int(np.count_nonzero(g_old >= 0))
+                self.l_index.insert(g_new[g_new >= 0], ms[g_new >= 0])
+                d.regroup_slots, d.regroup_keys = ms, mk[moved]
+                d.regroup_old, d.regroup_new = g_old, g_new
+        if lu.added:
+            ak = lu.added.keys()
+            slots = self.l_alloc.allocate(ak.size)
+            self._fit_left()
+            self.lmap.assign(ak, slots)
+            self.l_key[slots] = ak
+            self.l_live[slots] = True
+            self.l_step[slots] = step
+            self._fresh_step = step
+            g = self._gids_for(*self._hash_rows(left, self.left_on, ak))
+            self.l_gid.set_numpy(slots, g)
+            self._ref(g, +1)
+            self.l_index.insert(g[g >= 0], slots[g >= 0])
+            d.added_keys, d.added_slots = ak, slots
+
+    def _ref(self, g: KeyArray, delta: int) -> None:
+        g = g[g >= 0]
+        if g.size:
+            np.add.at(self.g_left, g, delta)
+
+    def _free_gids(self, touched: list[KeyArray]) -> None:
+        """Forget groups no row on either side refers to (ids reused from the next cycle)."""
+        if not touched:
+            return
+        g = sorted_unique(_cat(touched))
+        g = g[g >= 0]
+        if g.size == 0:
+            return
+        dead = g[(self.g_left[g] == 0) & (self.g_count.get_numpy(g)[0] == 0)]
+        if dead.size:
+            self.gids.delete(self.gid_hash[dead])
+            self.gid_alloc.free(dead)
+
+    # initial state ------------------------------------------------------------------------------
+    def build(self) -> None:
+        """Index the parents' current rows (outside a cycle, under the shared lock)."""
+        from engine.update import TableUpdate
+
+        d = Delta()
+        if self.right.rowset:
+            self._apply_right(TableUpdate.of(added=self.right.rowset), d)
+        if self.left.rowset:
+            self._apply_left(TableUpdate.of(added=self.left.rowset), d)
+        self.l_step[: self.l_alloc.next] = -1  # nothing is "fresh" outside a cycle
+        self._fresh_step = -1
+
+
+def _cat(parts: list[KeyArray]) -> KeyArray:
+    if not parts:
+        return _EMPTY
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]

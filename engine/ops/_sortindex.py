@@ -1,0 +1,680 @@
+"""The live sort's index: rows in sort order on a gapped slot space (engine.ops.sort).
+
+A *slot* is an output row key of the sorted table; slot order is sort order. Slots live
+in a dense space ``[0, capacity)`` (a power of two) with free slots between rows, in the
+manner of a packed-memory array (PMA), so that these arrays are indexed by output key
+(building blocks in engine.ops._sortslots):
+
+* ``codes[j][slot]``: the sort code of key column ``j`` (engine.ops._sortkeys), plus a
+  *fence* holding ``codes[0]`` at every 64th slot;
+* ``Redirection[slot]``: the parent row key (the sorted table's columns read through it);
+* ``LiveBits``: which slots hold a row (successor/predecessor, counts per window).
+
+A free slot between rows is a *ghost*: it holds the codes and parent key of the next live
+slot (Invariant G: *between the first and the last row, each ghost holds its successor's
+codes and parent key*). So ``codes[0]`` is sorted over that span and a new row's place is
+a two-level ``searchsorted`` (fence, then one 64-slot block); ties on ``codes[0]`` go to a
+vectorized bisection over the other codes and the parent key (and the values, where codes
+are inexact). G also names each slot's successor: ``pk_index[pk[slot]]``. Removes and
+parent shifts record the slots they change and :meth:`SortIndex._refill` restores G over
+the runs that end there; placements fill the ghosts they create directly.
+
+Placing new rows (cost follows the change; rows with the same place form a group):
+
+1. a gap with room takes the group in free slots: an add, nothing moves;
+2. a gap one slot short pushes the run of at most 8 rows beside it (the nearer side) by
+   one slot: an add and one shift range, like the seed's SortedKVTable (D shifted by 1);
+3. other full gaps take the smallest aligned window of ``2**l`` slots (``l >= 4``) around
+   them whose density, new rows included, is at most ``tau(l)`` (0.9 for 16 slots
+   falling to 0.7 for the whole space) and re-spread it: half of its free slots evenly,
+   half next to its insertion points, by group size (a point that keeps receiving rows,
+   e.g. the end of a group when sorting by a low-cardinality column, gets more room);
+   the window's survivors move, one shift range per run of equal delta;
+4. rows after the last row are appended two slots apart (the space grows at the end);
+   rows before the first take the free slots in front of it;
+5. when the rows fill more than 65% of the slots between the first and the last row (a
+   PMA's resize), or the front has no room left, everything is laid out again, two slots
+   apart: every row moves, amortized over the inserts that filled the space.
+
+Parent keys map to slots through ``PkIndex`` (dense array, or hash map for sparse keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from engine.columns import ColumnSource
+from engine.errors import UpdateInvariantError
+from engine.ops._sortkeys import MAX_CODE, KeyEncoder, as_arrow, order_batch
+from engine.ops._sortslots import (
+    LiveBits,
+    PkIndex,
+    Redirection,
+    expand,
+    member,
+    pow2_at_least,
+    shift_from_runs,
+    unique_sorted,
+)
+from engine.rowset import RowSetShiftData
+
+__all__ = ["SortIndex"]
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+
+_ONE = np.uint64(1)
+_EMPTY = np.empty(0, dtype=np.int64)
+
+MIN_LEVEL = 4          # smallest re-spread window: 16 slots
+TAU_LEAF = 0.9         # density allowed in the smallest window ...
+TAU_ROOT = 0.7         # ... falling linearly to this for the whole slot space
+TAU_SPAN = 0.65        # rows per slot between the first and last row that calls for a new layout
+SPACING = 2            # slots per row when laying out or appending
+MAX_PUSH = 8           # longest run of rows pushed aside to widen a gap by one slot
+MIN_FRONT = 64         # free slots in front of the first row after a full layout
+
+
+# the index ------------------------------------------------------------------------------
+class SortIndex:
+    """Parent rows kept in sort order on gapped slots (see the module docstring).
+
+    Parameters
+    ----------
+    encoders
+        One per sort column, in priority order.
+    columns
+        The parent's column sources of those columns (current values are read for new
+        rows, and for ties that codes cannot settle).
+    redirection
+        Slot -> parent key storage shared with the sorted table's columns.
+    """
+
+    def __init__(self, encoders: Sequence[KeyEncoder], columns: Sequence[ColumnSource],
+                 redirection: Redirection) -> None:
+        self.encoders = list(encoders)
+        self._columns = list(columns)
+        self._redir = redirection
+        self.capacity = 64
+        self._codes: list[U64] = [np.zeros(64, dtype=np.uint64) for _ in self.encoders]
+        self._fence = np.zeros(1, dtype=np.uint64)  # codes[0] at every 64th slot
+        self._live = LiveBits(64)
+        self._pks = PkIndex()
+        self._events: list[I64] = []
+        self.size = 0
+        self.moved = 0  # survivors moved by the last insert (for benchmarks and tests)
+
+    # reading ---------------------------------------------------------------------------
+    def slots_of(self, pks: I64) -> I64:
+        """Slots of parent keys (``-1`` where absent)."""
+        return self._pks.lookup(pks)
+
+    def codes_at(self, j: int, slots: I64) -> U64:
+        return self._codes[j][slots]
+
+    def live_slots(self) -> I64:
+        """Every live slot, sorted (O(capacity); for layouts and tests)."""
+        return self._live.all_live()
+
+    def encode(self, pks: I64) -> tuple[list[U64], list[pa.Array]]:
+        """Codes and current values of the sort columns at parent keys ``pks``."""
+        values = [as_arrow(col.get(pks)) for col in self._columns]
+        return [enc.encode(v) for enc, v in zip(self.encoders, values, strict=True)], values
+
+    # changing ---------------------------------------------------------------------------
+    def build(self, pks: I64) -> I64:
+        """Lay out the parent's rows (``pks`` sorted); returns their slots, sorted."""
+        codes, values = self.encode(pks)
+        order = order_batch(self.encoders, values, codes, pks, pks_sorted=True)
+        slots, _ = self._relayout([c[order] for c in codes], pks[order],
+                                  np.zeros(pks.size, dtype=np.int64), MIN_FRONT)
+        return slots
+
+    def remove(self, pks: I64) -> I64:
+        """Take rows out by parent key (previous parent key space); returns their slots."""
+        if pks.size == 0:
+            return _EMPTY
+        slots = self._pks.lookup(pks)
+        if (slots < 0).any():
+            bad = pks[slots < 0][:10].tolist()
+            raise UpdateInvariantError("I1", f"sort: parent removed or re-keyed rows it never had: {bad}")
+        self._pks.delete(pks)
+        self._live.clear(slots)
+        self.size -= slots.size
+        self._events.append(slots)
+        return slots
+
+    def repoint(self, prev_pks: I64, cur_pks: I64) -> None:
+        """Follow a parent shift: rows at ``prev_pks`` now have parent keys ``cur_pks``.
+
+        Keys no longer present (removed or re-keyed this cycle) are skipped. Shifts keep the
+        parent's order, so the rows' order among ties (by parent key) is unchanged.
+        """
+        slots = self._pks.lookup(prev_pks)
+        ok = slots >= 0
+        if not ok.any():
+            return
+        slots, prev_pks, cur_pks = slots[ok], prev_pks[ok], cur_pks[ok]
+        self._pks.delete(prev_pks)
+        self._pks.insert(cur_pks, slots)
+        self._redir.write(slots, cur_pks)
+        self._events.append(slots)
+
+    def insert(self, pks: I64) -> tuple[I64, RowSetShiftData]:
+        """Add rows by current parent key; returns their slots (aligned with ``pks``) and
+        the shift of the survivors that had to move to make room."""
+        self.moved = 0
+        if pks.size == 0:
+            self._refill()
+            return _EMPTY, RowSetShiftData.empty()
+        self._refill()  # invariant G before searching
+        codes, values = self.encode(pks)
+        order = order_batch(self.encoders, values, codes, pks)
+        codes = [c[order] for c in codes]
+        if not all(enc.exact for enc in self.encoders):  # values settle ties codes cannot
+            values = [v.take(pa.array(order)) for v in values]
+        pks_o = pks[order]
+        slots, shift = self._place(codes, values, pks_o)
+        self._refill()
+        out = np.empty(pks.size, dtype=np.int64)
+        out[order] = slots
+        return out, shift
+
+    def finish(self) -> None:
+        """Restore invariant G after removes and repoints (when nothing was inserted)."""
+        self._refill()
+
+    # search -----------------------------------------------------------------------------
+    def _search(self, codes: list[U64], values: list[pa.Array], pks: I64, lo: int, hi: int) -> I64:
+        """For rows sorted by key: the first slot in ``[lo, hi)`` sorting after each (or ``hi``)."""
+        q0 = codes[0]
+        out = self._lower_bound(q0, lo, hi)
+        inb = np.flatnonzero(out < hi)
+        tie = inb[self._codes[0][out[inb]] == q0[inb]]
+        if tie.size:
+            qt = q0[tie]
+            top = qt == MAX_CODE  # no code above it: its ties run to the end
+            b = np.full(tie.size, hi, dtype=np.int64)
+            b[~top] = self._lower_bound(qt[~top] + _ONE, lo, hi)
+            out[tie] = self._narrow(out[tie], b, tie, codes, values, pks)
+        return out
+
+    def _lower_bound(self, q: U64, lo: int, hi: int) -> I64:
+        """First slot in ``[lo, hi)`` whose first code is ``>= q`` (else ``hi``).
+
+        Two levels: ``searchsorted`` on the fence (every 64th code, small enough to stay
+        in cache), then six branchless bisection steps inside one block of 64 slots (slots
+        from ``hi`` on count as larger than every code).
+        """
+        c0 = self._codes[0]
+        f0, f1 = (lo + 63) >> 6, (hi + 63) >> 6  # fence entries inside [lo, hi)
+        j = np.searchsorted(self._fence[f0:f1], q, side="left")
+        # codes before base are < q; the answer is within base .. base + 64
+        base = np.where(j > 0, ((f0 + j - 1) << 6) + 1, lo)
+        top = c0.size - 1
+        for half in (32, 16, 8, 4, 2, 1):
+            probe = base + half - 1
+            below = (probe < hi) & (c0[np.minimum(probe, top)] < q)
+            base = np.where(below, base + half, base)
+        below = (base < hi) & (c0[np.minimum(base, top)] < q)
+        return np.asarray(np.minimum(base + below, hi), dtype=np.int64)
+
+    def _narrow(self, lo: I64, hi: I64, q: I64, codes: list[U64], values: list[pa.Array],
+                pks: I64) -> I64:
+        """Binary search, all queries at once, inside ranges where the first code ties."""
+        lo, hi = lo.copy(), hi.copy()
+        act = np.arange(q.size)
+        while act.size:
+            mid = (lo[act] + hi[act]) >> 1
+            after = self._slot_after(mid, q[act], codes, values, pks)
+            hi[act[after]] = mid[after]
+            lo[act[~after]] = mid[~after] + 1
+            act = act[lo[act] < hi[act]]
+        return lo
+
+    def _slot_after(self, slots: I64, q: I64, codes: list[U64], values: list[pa.Array],
+                    pks: I64) -> Mask:
+        """Whether the row (or ghost) at each slot sorts after query row ``q``; first codes tie."""
+        after = np.zeros(slots.size, dtype=bool)
+        open_ = np.ones(slots.size, dtype=bool)
+        for j, enc in enumerate(self.encoders):
+            cq = codes[j][q]
+            if j:
+                cs = self._codes[j][slots]
+                after |= open_ & (cs > cq)
+                open_ &= cs == cq
+            if not enc.exact:
+                amb = np.flatnonzero(open_ & enc.ambiguous(cq))
+                if amb.size:
+                    here = as_arrow(self._columns[j].get(self._redir.pk(slots[amb])))
+                    cmp = enc.compare(here, values[j].take(pa.array(q[amb])))
+                    after[amb[cmp > 0]] = True
+                    open_[amb[cmp != 0]] = False
+        rest = np.flatnonzero(open_)
+        after[rest] = self._redir.pk(slots[rest]) > pks[q[rest]]
+        return after
+
+    # placing ------------------------------------------------------------------------------
+    def _tau(self, level: int) -> float:
+        top = max(self.capacity.bit_length() - 1, MIN_LEVEL + 1)
+        return TAU_LEAF - (TAU_LEAF - TAU_ROOT) * (level - MIN_LEVEL) / (top - MIN_LEVEL)
+
+    def _place(self, codes: list[U64], values: list[pa.Array], pks: I64) -> tuple[I64, RowSetShiftData]:
+        """Slots for rows sorted by key (see the module docstring for the policy)."""
+        m = pks.size
+        if self.size == 0:
+            return self._relayout(codes, pks, np.zeros(m, dtype=np.int64), MIN_FRONT)
+        first, last = self._live.first(), self._live.last()
+        ins = self._search(codes, values, pks, first, last + 1)
+        if self.size + m > TAU_SPAN * (last - first + 1) and self.size + m > 1024:
+            # the table got dense everywhere (a PMA's resize): windows would have to grow
+            # to a good part of it to find room, so lay everything out again
+            return self._relayout_with(codes, pks, ins)
+        # rows with the same insertion slot form a group, placed together in one gap
+        gstart = np.flatnonzero(np.concatenate(([True], np.diff(ins) != 0)))
+        gi = ins[gstart]
+        gr = np.diff(np.append(gstart, m))
+        back = gi == last + 1
+        front = gi == first
+        t = np.full(gi.size, -1, dtype=np.int64)
+        # by invariant G a slot holds its successor's parent key: no bit-tree walk needed
+        t[~back] = self._pks.lookup(self._redir.pk(gi[~back]))
+        p = np.where(front, -1, gi - 1)  # the live row before the gap (Invariant G)
+        middle = ~front & ~back
+        short = middle & (t - p - 1 < gr)  # gaps without room
+
+        # a gap one slot short borrows a free slot next to it by pushing a short run of rows
+        push_lo, push_hi, push_by = self._pushes(gi, p, t, short & (t - p == gr), front, back)
+        pushing = push_by != 0
+
+        windows = np.empty((0, 2), dtype=np.int64)  # (level, index) of re-spread windows
+        starts = stops = _EMPTY
+        win = np.full(gi.size, -1, dtype=np.int64)
+        inside = np.zeros(gi.size, dtype=bool)
+        cap = t
+        pending = np.flatnonzero(short & ~pushing)
+        cum = np.concatenate(([0], np.cumsum(gr))) if pending.size else _EMPTY
+        while pending.size:
+            found = self._windows(gi, cum, pending)
+            if found is None:
+                return self._relayout_with(codes, pks, ins)
+            windows = self._outermost(np.concatenate((windows, found)))
+            starts, stops, win, inside, cap = self._membership(windows, gi, t)
+            # a push into a window gives way to it; a gap that runs into a window may only
+            # use its part before the window
+            k = np.searchsorted(starts, push_hi, side="right") - 1
+            into = pushing & (k >= 0) & (stops[np.maximum(k, 0)] > push_lo)
+            pushing &= ~(into | inside)
+            pending = np.flatnonzero(middle & ~inside & ~pushing & (cap - p - 1 < gr))
+        if (front & ~inside & (t < gr)).any():
+            return self._relayout_with(codes, pks, ins, front=True)
+
+        slots = np.empty(m, dtype=np.int64)
+        grp = np.repeat(np.arange(gi.size), gr)
+        j = np.arange(m) - gstart[grp]
+        r = gr[grp]
+        # 1. gaps with room: evenly inside a block of at most 2r+1 free slots
+        rows = (middle & ~inside & ~pushing)[grp]
+        if rows.any():
+            g = grp[rows]
+            f = cap[g] - p[g] - 1
+            bs = np.minimum(f, 2 * r[rows] + 1)
+            off = np.minimum((f - bs) // 2, bs)
+            slots[rows] = p[g] + off + ((j[rows] + 1) * (bs + 1)) // (r[rows] + 1)
+        # 2. pushed gaps: every slot of the widened gap
+        rows = pushing[grp]
+        if rows.any():
+            g = grp[rows]
+            slots[rows] = p[g] + np.minimum(push_by[g], 0) + 1 + j[rows]
+        # 3. before the first row: a block ending right before it
+        rows = (front & ~inside)[grp]
+        if rows.any():
+            g = grp[rows]
+            bs = np.minimum(t[g], 2 * r[rows] + 1)
+            slots[rows] = t[g] - bs - 1 + ((j[rows] + 1) * (bs + 1)) // (r[rows] + 1)
+        # 4. after the last row: spacing 2, growing the space
+        rows = (back & ~inside)[grp]
+        if rows.any():
+            slots[rows] = last + SPACING * (j[rows] + 1)
+            self._grow(int(slots[rows].max()) + 1)
+        # 5. survivors that make room: pushed runs, and re-spread windows
+        old: list[I64] = []
+        new: list[I64] = []
+        owner: list[I64] = []
+        g = np.flatnonzero(pushing)
+        if g.size:
+            run_lo = np.where(push_by[g] > 0, t[g], push_lo[g] + 1)
+            run_n = np.where(push_by[g] > 0, push_hi[g] - t[g], p[g] - push_lo[g])
+            old.append(expand(run_lo, run_n))
+            new.append(old[0] + np.repeat(push_by[g], run_n))
+            owner.append(np.repeat(np.arange(g.size, dtype=np.int64), run_n))
+        laid = whose = _EMPTY
+        if starts.size:
+            s_old, s_new, s_own, laid, whose = self._respread(starts, stops, inside, win, gi, gr,
+                                                             gstart, grp, slots)
+            old.append(s_old)
+            new.append(s_new)
+            owner.append(s_own + g.size)
+        shift = RowSetShiftData.empty()
+        if old:
+            old_a, new_a, own_a = np.concatenate(old), np.concatenate(new), np.concatenate(owner)
+            order = np.argsort(old_a, kind="stable")
+            old_a, new_a, own_a = old_a[order], new_a[order], own_a[order]
+            self._move(old_a, new_a)
+            shift = shift_from_runs(old_a, new_a, own_a)
+        self._store(slots, codes, pks)
+        # Invariant G outside windows: each new row fills the ghosts between it and the row
+        # before it in its group (or the gap's live row before); a block in front of the
+        # first row also fills the run up to that row. Pushed runs keep G by themselves
+        # (each ghost still precedes the same row); windows are filled below.
+        direct = ~inside[grp]
+        if direct.any():
+            k = np.flatnonzero(direct)
+            g = grp[k]
+            before = np.where(j[k] > 0, slots[np.maximum(k - 1, 0)], np.where(front[g], -1, p[g]))
+            before = np.where(pushing[g] & (j[k] == 0), slots[k] - 1, before)
+            n = slots[k] - before - 1
+            sel = (before >= 0) & (n > 0)
+            self._copy(expand(before[sel] + 1, n[sel]), np.repeat(slots[k][sel], n[sel]))
+            tail = k[(front[g]) & (j[k] == r[k] - 1)]
+            n = t[grp[tail]] - slots[tail] - 1
+            sel = n > 0
+            self._copy(expand(slots[tail][sel] + 1, n[sel]), np.repeat(t[grp[tail]][sel], n[sel]))
+        if starts.size:
+            self._fill_windows(starts, stops, laid, whose)
+        return slots, shift
+
+    def _fill_windows(self, starts: I64, stops: I64, laid: I64, whose: I64) -> None:
+        """Invariant G over re-spread windows (``laid``: their rows, sorted, by window).
+
+        Inside a window every ghost takes the next row's values; the run before a window
+        takes its first row's, and the ghosts after its last row take those at the slot
+        just past the window (the next row's, by G) unless the window ends the table.
+        """
+        head = np.flatnonzero(np.concatenate(([True], whose[1:] != whose[:-1])))
+        prev = np.empty(laid.size, dtype=np.int64)
+        prev[1:] = laid[:-1]
+        prev[head] = self._live.pred(starts[whose[head]] - 1)  # the live row before the window
+        n = laid - prev - 1
+        sel = (prev >= 0) & (n > 0)
+        self._copy(expand(prev[sel] + 1, n[sel]), np.repeat(laid[sel], n[sel]))
+        tail_end = np.append(head[1:], laid.size) - 1
+        end = stops[whose[tail_end]]
+        n = end - laid[tail_end] - 1
+        sel = (n > 0) & (end <= self._live.last())
+        self._copy(expand(laid[tail_end][sel] + 1, n[sel]), np.repeat(end[sel], n[sel]))
+
+    def _pushes(self, gi: I64, p: I64, t: I64, cand: Mask, front: Mask, back: Mask
+                ) -> tuple[I64, I64, I64]:
+        """For gaps one slot short: the run of rows to push into the nearest free slot.
+
+        Returns per group the claimed slots ``[lo, hi]`` (gap, run and the free slot) and
+        the direction ``+1``/``-1`` (``0``: no push). A push needs a run of at most
+        ``MAX_PUSH`` rows and a claim that touches no other group's gap or claim.
+        """
+        n = gi.size
+        lo = np.zeros(n, dtype=np.int64)
+        hi = np.full(n, -1, dtype=np.int64)
+        by = np.zeros(n, dtype=np.int64)
+        c = np.flatnonzero(cand)
+        if c.size == 0:
+            return lo, hi, by
+        z = self._live.free_succ(t[c])   # right: rows t..z-1 move up by one
+        y = self._live.free_pred(p[c])   # left: rows y+1..p move down by one
+        right = np.where(z >= 0, z - t[c], MAX_PUSH + 1)
+        left = np.where(y >= 0, p[c] - y, MAX_PUSH + 1)
+        go_right = (right <= left) & (right <= MAX_PUSH)
+        go_left = ~go_right & (left <= MAX_PUSH)
+        by[c[go_right]] = 1
+        by[c[go_left]] = -1
+        lo[c] = np.where(go_right, gi[c], y)
+        hi[c] = np.where(go_right, z, t[c] - 1)
+        # every group occupies its gap [p + 1, t - 1] (or its claim); claims must not overlap
+        end = np.where(back, np.iinfo(np.int64).max, t - 1)
+        a = np.where(by != 0, lo, np.where(front, 0, gi))
+        b = np.where(by != 0, hi, end)
+        order = np.argsort(a, kind="stable")
+        a_s, b_s = a[order], b[order]
+        reach = np.maximum.accumulate(b_s)
+        clash = np.zeros(n, dtype=bool)
+        clash[1:] = a_s[1:] <= reach[:-1]
+        clash[:-1] |= b_s[:-1] >= a_s[1:]
+        by[order[clash]] = 0
+        return lo, hi, by
+
+    @staticmethod
+    def _membership(windows: npt.NDArray[np.int64], gi: I64, t: I64
+                    ) -> tuple[I64, I64, I64, Mask, I64]:
+        """Window bounds; for each group its window (or -1), whether it is inside one, and
+        the end of its usable gap (its successor, or the start of the next window)."""
+        starts = windows[:, 1] << windows[:, 0]
+        stops = starts + (1 << windows[:, 0])
+        nxt = np.searchsorted(starts, gi, side="right")
+        win = nxt - 1
+        if starts.size:
+            inside = (win >= 0) & (gi < stops[np.maximum(win, 0)])
+        else:
+            inside = np.zeros(gi.size, dtype=bool)
+        win[~inside] = -1
+        cap = t.copy()
+        has = nxt < starts.size
+        cap[has] = np.minimum(t[has], starts[nxt[has]])
+        return starts, stops, win, inside, cap
+
+    def _windows(self, gi: I64, cum: I64, pending: I64) -> npt.NDArray[np.int64] | None:
+        """Smallest aligned window around each pending group whose density is allowed.
+
+        Returns ``(level, index)`` rows, or None when even the whole space is too dense.
+        """
+        top = self.capacity.bit_length() - 1
+        out = []
+        for level in range(MIN_LEVEL, top + 1):  # one step per window size, not per group
+            w = unique_sorted(gi[pending] >> level)
+            lo = np.searchsorted(gi, w << level)
+            hi = np.searchsorted(gi, (w + 1) << level)
+            load = self._live.count(level, w) + cum[hi] - cum[lo]
+            ok = load <= self._tau(level) * (1 << level)
+            if ok.any():
+                out.append(np.column_stack((np.full(int(ok.sum()), level), w[ok])))
+            pending = pending[~member(w[ok], gi[pending] >> level)]
+            if pending.size == 0:
+                return np.concatenate(out).astype(np.int64)
+        return None
+
+    @staticmethod
+    def _outermost(windows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Drop windows inside other windows; aligned windows are nested or disjoint."""
+        lv, ix = windows[:, 0], windows[:, 1]
+        keep = np.ones(lv.size, dtype=bool)
+        for level in np.unique(lv):  # one step per window size
+            at = unique_sorted(ix[lv == level])
+            lower = np.flatnonzero(lv < level)
+            keep[lower[member(at, ix[lower] >> (level - lv[lower]))]] = False
+        w = windows[keep]
+        starts = w[:, 1] << w[:, 0]
+        order = np.argsort(starts, kind="stable")
+        w, starts = w[order], starts[order]
+        first = np.concatenate(([True], starts[1:] != starts[:-1]))
+        return w[first]
+
+    def _respread(self, starts: I64, stops: I64, inside: Mask, win: I64, gi: I64, gr: I64,
+                  gstart: I64, grp: I64, slots: I64) -> tuple[I64, I64, I64, I64, I64]:
+        """Lay out each window's survivors and new rows again.
+
+        Fills ``slots`` of the windows' new rows; returns the survivors' old and new slots
+        and their window, and all the windows' rows' new slots (sorted) with their window.
+        """
+        surv, owner = self._live.live_in(starts, stops)
+        rows = np.flatnonzero(inside[grp])
+        n_s = surv.size
+        key = np.concatenate((2 * surv + 1, 2 * gi[grp[rows]]))  # new rows go before slot gi
+        whose = np.concatenate((owner, win[grp[rows]]))
+        order = np.argsort(key, kind="stable")
+        whose = whose[order]
+        total = order.size
+        n_w = np.bincount(whose, minlength=starts.size)
+        head = np.minimum(np.cumsum(n_w) - n_w, max(total - 1, 0))
+        local = np.arange(total) - head[whose]
+        mem = np.flatnonzero(inside)
+        wg = win[mem]
+        load = np.bincount(wg, weights=gr[mem], minlength=starts.size).astype(np.int64)
+        # half of the free slots go evenly, half next to the insertion points
+        free = (stops - starts) - n_w
+        hot = free // 2
+        uni = (free - hot)[whose]
+        nw1 = (n_w + 1)[whose]
+        gaps = (uni * (local + 1)) // nw1 - (uni * local) // nw1
+        at = np.empty(total, dtype=np.int64)
+        at[order] = np.arange(total)
+        share = hot[wg] * gr[mem] // np.maximum(load[wg], 1)
+        row_pos = np.empty(slots.size, dtype=np.int64)
+        row_pos[rows] = at[n_s + np.arange(rows.size)]
+        first_pos = row_pos[gstart[mem]]
+        after_pos = row_pos[gstart[mem] + gr[mem] - 1] + 1
+        np.add.at(gaps, first_pos, share // 2)
+        ok = after_pos < total
+        ok[ok] = whose[after_pos[ok]] == wg[ok]
+        np.add.at(gaps, after_pos[ok], (share - share // 2)[ok])
+        c = np.cumsum(gaps + 1)
+        placed = starts[whose] + c - (c[head] - gaps[head])[whose]
+        new_at = np.empty(total, dtype=np.int64)
+        new_at[order] = placed
+        slots[rows] = new_at[n_s:]
+        return surv, new_at[:n_s], owner, placed, whose
+
+    def _move(self, old: I64, new: I64) -> None:
+        """Move survivors ``old -> new`` (all at once; sources may be other rows' targets)."""
+        moving = old != new
+        self.moved = int(moving.sum())
+        if not self.moved:
+            return
+        src, dst = old[moving], new[moving]
+        old_codes = [c_[src] for c_ in self._codes]
+        old_pk = self._redir.pk(src)
+        self._live.clear(src)
+        self._put(dst, old_codes, old_pk)
+        self._pks.update(old_pk, dst)
+        self._live.set(dst)
+
+    def _put(self, slots: I64, codes: list[U64], pks: I64) -> None:
+        """Write codes and parent keys at ``slots`` (and the fence)."""
+        for c_, new in zip(self._codes, codes, strict=True):
+            c_[slots] = new
+        self._redir.write(slots, pks)
+        at = (slots & 63) == 0
+        if at.any():
+            self._fence[slots[at] >> 6] = codes[0][at]
+
+    def _copy(self, dst: I64, src: I64) -> None:
+        """Give slots ``dst`` the codes and parent keys of slots ``src``."""
+        if dst.size:
+            self._put(dst, [c_[src] for c_ in self._codes], self._redir.pk(src))
+
+    def _store(self, slots: I64, codes: list[U64], pks: I64) -> None:
+        self._put(slots, codes, pks)
+        self._pks.insert(pks, slots)
+        self._live.set(slots)
+        self.size += slots.size
+
+    def _grow(self, need: int) -> None:
+        if need <= self.capacity:
+            return
+        cap = pow2_at_least(max(need, 2 * self.capacity))
+        for j, c_ in enumerate(self._codes):
+            grown = np.zeros(cap, dtype=np.uint64)
+            grown[: c_.size] = c_
+            self._codes[j] = grown
+        self._fence = self._codes[0][::64].copy()
+        self._live.grow(cap)
+        self._redir.ensure_capacity(cap)
+        self.capacity = cap
+
+    # full layouts -------------------------------------------------------------------------
+    def _relayout_with(self, codes: list[U64], pks: I64, ins: I64, front: bool = False
+                       ) -> tuple[I64, RowSetShiftData]:
+        n = self.size + pks.size
+        room = max(MIN_FRONT, n // 4) if front else max(MIN_FRONT, min(self._live.first(), n // 4))
+        return self._relayout(codes, pks, ins, room)
+
+    def _relayout(self, codes: list[U64], pks: I64, ins: I64, front: int
+                  ) -> tuple[I64, RowSetShiftData]:
+        """Every row (survivors and new rows sorted by key, new row ``i`` going before slot
+        ``ins[i]``) at slots ``front + 2k``; every survivor moves."""
+        surv = self._live.all_live() if self.size else _EMPTY
+        n_s, m = surv.size, pks.size
+        n = n_s + m
+        laid_out = front + SPACING * np.arange(n, dtype=np.int64)
+        # merge two sorted sequences: new row i goes before the survivors at slots >= ins[i]
+        before = np.searchsorted(surv, ins, side="left")
+        new = laid_out[before + np.arange(m)]
+        surv_new = laid_out[np.arange(n_s) + np.searchsorted(before, np.arange(n_s), side="right")]
+        cap = pow2_at_least(front + SPACING * n + 64)
+        old_pk = self._redir.pk(surv)
+        for j, c_ in enumerate(self._codes):
+            fresh = np.zeros(cap, dtype=np.uint64)
+            fresh[surv_new] = c_[surv]
+            fresh[new] = codes[j]
+            self._codes[j] = fresh
+        pk = np.zeros(cap, dtype=np.int64)
+        pk[surv_new] = old_pk
+        pk[new] = pks
+        laid = laid_out[1:]
+        for c_ in self._codes:  # Invariant G: the ghost before each row holds its values
+            c_[laid - 1] = c_[laid]
+        pk[laid - 1] = pk[laid]
+        self._redir.replace(pk)
+        self._fence = self._codes[0][::64].copy()
+        self._live = LiveBits.from_slots(cap, np.concatenate((surv_new, new)))
+        self.capacity = cap
+        self._pks.update(old_pk, surv_new)
+        self._pks.insert(pks, new)
+        self.size = n
+        self._events = []
+        self.moved = n_s
+        return new, shift_from_runs(surv, surv_new, np.zeros(n_s, dtype=np.int64))
+
+    # invariant G ----------------------------------------------------------------------------
+    def _refill(self) -> None:
+        """Give every ghost in a run touched since the last call its successor's values."""
+        if not self._events:
+            return
+        ev = unique_sorted(np.concatenate(self._events))
+        self._events = []
+        t = self._live.succ(ev)
+        t = unique_sorted(t[t >= 0])
+        p = self._live.pred(t - 1)
+        n = t - p - 1
+        sel = (p >= 0) & (n > 0)  # ghosts before the first row are never searched
+        if not sel.any():
+            return
+        self._copy(expand(p[sel] + 1, n[sel]), np.repeat(t[sel], n[sel]))
+
+    # checking -------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise UpdateInvariantError if the index is inconsistent (slow; for tests)."""
+        live = self._live.all_live()
+        if live.size != self.size:
+            raise UpdateInvariantError("sort", f"{live.size} live slots but size {self.size}")
+        if live.size == 0:
+            return
+        lo, hi = int(live[0]), int(live[-1]) + 1
+        succ = live[np.searchsorted(live, np.arange(lo, hi))]
+        for j, c_ in enumerate(self._codes):
+            if not np.array_equal(c_[lo:hi], c_[succ]):
+                raise UpdateInvariantError("sort", f"ghost codes of column {j} break invariant G")
+        pk = self._redir.pk(np.arange(lo, hi))
+        if not np.array_equal(pk, self._redir.pk(succ)):
+            raise UpdateInvariantError("sort", "ghost parent keys break invariant G")
+        if all(enc.exact for enc in self.encoders):  # else ties may need the values
+            keys = [self._redir.pk(live)] + [c_[live] for c_ in reversed(self._codes)]
+            if not np.array_equal(np.lexsort(keys), np.arange(live.size)):
+                raise UpdateInvariantError("sort", "rows are not in (codes, parent key) order")
+        back = self._pks.lookup(self._redir.pk(live))
+        if not np.array_equal(back, live):
+            raise UpdateInvariantError("sort", "parent key index disagrees with the redirection")
+

@@ -1,0 +1,449 @@
+"""Building blocks of the sort index (engine.ops._sortindex), all vectorized.
+
+* :class:`LiveBits`: which slots of a dense slot space hold a row, as bit words plus
+  64-ary summary levels; successor/predecessor queries and counts per aligned window for
+  whole arrays of slots at once;
+* :class:`Redirection`: output row key -> parent row key, dense by output key, keeping the
+  value each slot had at the start of the cycle (the sorted table's ``get_prev``);
+* :class:`PkIndex`: parent row key -> output row key, dense while the parent's keys are
+  dense, a hash map (:class:`~engine._keyindex.KeyIndex`) when they are not;
+* small helpers (sort-based unique, membership, range expansion, bit scans, shift ranges).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from engine._keyindex import KeyIndex
+from engine.columns import WritableColumnSource
+from engine.ops._sortkeys import as_arrow
+from engine.rowset import RowSetShiftData
+
+__all__ = ["LiveBits", "PkIndex", "Redirection", "expand", "member", "pow2_at_least",
+           "shift_from_runs", "unique_sorted"]
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+
+_ONE = np.uint64(1)
+_ALL = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+# small vectorized helpers -------------------------------------------------------------
+def unique_sorted(a: I64) -> I64:
+    """Sorted distinct values (sort-based: numpy 2.4's hash ``np.unique`` is ~15x slower here)."""
+    if a.size < 2:
+        return a.copy()
+    s = np.sort(a)
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+def member(sorted_arr: I64, q: I64) -> Mask:
+    """``q[i] in sorted_arr`` for each ``i``."""
+    pos = np.searchsorted(sorted_arr, q)
+    hit = pos < sorted_arr.size
+    hit[hit] = sorted_arr[pos[hit]] == q[hit]
+    return hit
+
+
+def expand(starts: I64, counts: I64) -> I64:
+    """Concatenated ``arange(starts[i], starts[i] + counts[i])``."""
+    total = int(counts.sum())
+    if total == 0:
+        return _EMPTY
+    offs = np.cumsum(counts) - counts
+    return np.repeat(starts - offs, counts) + np.arange(total, dtype=np.int64)
+
+
+def _ctz(m: U64) -> I64:
+    """Index of the lowest set bit of each (non-zero) word."""
+    low = m & (~m + _ONE)
+    return (np.frexp(low.astype(np.float64))[1] - 1).astype(np.int64)
+
+
+def _msb(m: U64) -> I64:
+    """Index of the highest set bit of each (non-zero) word."""
+    e = np.clip(np.frexp(m.astype(np.float64))[1] - 1, 0, 63).astype(np.int64)
+    # the float conversion may round up to the next power of two
+    e -= (_ONE << e.astype(np.uint64)) > m
+    return np.asarray(e, dtype=np.int64)
+
+
+def pow2_at_least(n: int) -> int:
+    return 1 << max(6, int(n - 1).bit_length())
+
+
+def shift_from_runs(old: I64, new: I64, group: I64) -> RowSetShiftData:
+    """Shift ranges for survivors moving ``old -> new``; a range never spans two groups.
+
+    ``old`` is sorted and lists every survivor of each group (movers and non-movers), so a
+    range ``[old[a], old[b]]`` holds exactly the survivors ``a..b``.
+    """
+    if old.size == 0:
+        return RowSetShiftData.empty()
+    d = new - old
+    brk = np.flatnonzero((np.diff(d) != 0) | (np.diff(group) != 0))
+    first = np.concatenate(([0], brk + 1))
+    last = np.concatenate((brk, [old.size - 1]))
+    nz = d[first] != 0
+    return RowSetShiftData.from_arrays(old[first[nz]], old[last[nz]], d[first[nz]])
+
+
+# which slots hold a row ----------------------------------------------------------------
+def _levels_for(words0: U64) -> list[U64]:
+    levels = [words0]
+    while levels[-1].size > 1:
+        nz = levels[-1] != 0
+        pad = (-nz.size) % 64
+        if pad:
+            nz = np.concatenate((nz, np.zeros(pad, dtype=bool)))
+        levels.append(np.packbits(nz, bitorder="little").view(np.uint64))
+    return levels
+
+
+class LiveBits:
+    """The set of live slots in ``[0, capacity)``: bit words plus 64-ary summary levels.
+
+    ``levels[0]`` has one bit per slot; bit ``i`` of ``levels[k + 1]`` says whether word
+    ``i`` of ``levels[k]`` is non-zero. Successor and predecessor queries climb only as far
+    as the nearest non-empty word, whole arrays of queries at a time.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._levels = _levels_for(np.zeros(capacity // 64, dtype=np.uint64))
+
+    @property
+    def words(self) -> U64:
+        return self._levels[0]
+
+    @classmethod
+    def from_slots(cls, capacity: int, slots: I64) -> LiveBits:
+        out = cls.__new__(cls)
+        out.capacity = capacity
+        flags = np.zeros(capacity, dtype=bool)
+        flags[slots] = True
+        out._levels = _levels_for(np.packbits(flags, bitorder="little").view(np.uint64))
+        return out
+
+    def grow(self, capacity: int) -> None:
+        words = np.zeros(capacity // 64, dtype=np.uint64)
+        words[: self._levels[0].size] = self._levels[0]
+        self.capacity = capacity
+        self._levels = _levels_for(words)
+
+    def set(self, slots: I64) -> None:
+        pos = slots
+        for words in self._levels:
+            if pos.size == 0:
+                return
+            w = pos >> 6
+            was_empty = words[w] == 0
+            np.bitwise_or.at(words, w, _ONE << (pos & 63).astype(np.uint64))
+            pos = unique_sorted(w[was_empty])  # only newly non-empty words change one level up
+
+    def clear(self, slots: I64) -> None:
+        pos = slots
+        for words in self._levels:
+            if pos.size == 0:
+                return
+            w = pos >> 6
+            np.bitwise_and.at(words, w, ~(_ONE << (pos & 63).astype(np.uint64)))
+            w = w[words[w] == 0]
+            pos = unique_sorted(w)  # words that emptied clear their bit one level up
+
+    def succ(self, pos: I64) -> I64:
+        """Smallest live slot ``>= pos`` for each query, ``-1`` if there is none."""
+        return self._succ(0, np.maximum(pos, 0))
+
+    def _succ(self, lvl: int, pos: I64) -> I64:
+        words = self._levels[lvl]
+        ok = pos < words.size * 64
+        p = np.where(ok, pos, 0)
+        w = p >> 6
+        m = words[w] & (_ALL << (p & 63).astype(np.uint64))
+        hit = ok & (m != 0)
+        out = np.where(hit, (w << 6) + _ctz(m), -1)
+        miss = np.flatnonzero(ok & ~hit)
+        if miss.size and lvl + 1 < len(self._levels):
+            nxt = self._succ(lvl + 1, w[miss] + 1)
+            found = nxt >= 0
+            out[miss[found]] = (nxt[found] << 6) + _ctz(words[nxt[found]])
+        return out
+
+    def pred(self, pos: I64) -> I64:
+        """Largest live slot ``<= pos`` for each query, ``-1`` if there is none."""
+        return self._pred(0, np.minimum(pos, self.capacity - 1))
+
+    def _pred(self, lvl: int, pos: I64) -> I64:
+        words = self._levels[lvl]
+        ok = pos >= 0
+        p = np.where(ok, pos, 0)
+        w = p >> 6
+        m = words[w] & (_ALL >> (63 - (p & 63)).astype(np.uint64))
+        hit = ok & (m != 0)
+        out = np.where(hit, (w << 6) + _msb(m), -1)
+        miss = np.flatnonzero(ok & ~hit)
+        if miss.size and lvl + 1 < len(self._levels):
+            prv = self._pred(lvl + 1, w[miss] - 1)
+            found = prv >= 0
+            out[miss[found]] = (prv[found] << 6) + _msb(words[prv[found]])
+        return out
+
+    def free_succ(self, pos: I64) -> I64:
+        """First free slot ``>= pos`` within the word of ``pos`` or the next one, else ``-1``."""
+        words = self._levels[0]
+        out = np.full(pos.size, -1, dtype=np.int64)
+        w = pos >> 6
+        m = ~words[w] & (_ALL << (pos & 63).astype(np.uint64))
+        hit = m != 0
+        out[hit] = (w[hit] << 6) + _ctz(m[hit])
+        nxt = np.flatnonzero(~hit & (w + 1 < words.size))
+        m = ~words[w[nxt] + 1]
+        ok = m != 0
+        out[nxt[ok]] = ((w[nxt[ok]] + 1) << 6) + _ctz(m[ok])
+        return out
+
+    def free_pred(self, pos: I64) -> I64:
+        """Last free slot ``<= pos`` within the word of ``pos`` or the one before, else ``-1``."""
+        words = self._levels[0]
+        out = np.full(pos.size, -1, dtype=np.int64)
+        w = pos >> 6
+        m = ~words[w] & (_ALL >> (63 - (pos & 63)).astype(np.uint64))
+        hit = m != 0
+        out[hit] = (w[hit] << 6) + _msb(m[hit])
+        prv = np.flatnonzero(~hit & (w > 0))
+        m = ~words[w[prv] - 1]
+        ok = m != 0
+        out[prv[ok]] = ((w[prv[ok]] - 1) << 6) + _msb(m[ok])
+        return out
+
+    def first(self) -> int:
+        """The smallest live slot, or -1 (one query: plain integers, a step per level)."""
+        top = len(self._levels) - 1
+        if not int(self._levels[top][0]):
+            return -1
+        w = 0
+        for lvl in range(top, -1, -1):
+            word = int(self._levels[lvl][w])
+            w = (w << 6) + ((word & -word).bit_length() - 1)
+        return w
+
+    def last(self) -> int:
+        """The largest live slot, or -1."""
+        top = len(self._levels) - 1
+        if not int(self._levels[top][0]):
+            return -1
+        w = 0
+        for lvl in range(top, -1, -1):
+            w = (w << 6) + (int(self._levels[lvl][w]).bit_length() - 1)
+        return w
+
+    def count(self, level: int, windows: I64) -> I64:
+        """Live slots in each aligned window ``[w << level, (w + 1) << level)``."""
+        words = self._levels[0]
+        if level >= 6:
+            block = words.reshape(-1, 1 << (level - 6))[windows]
+            return np.asarray(np.bitwise_count(block).sum(axis=1), dtype=np.int64)
+        start = windows << level
+        bits = (words[start >> 6] >> (start & 63).astype(np.uint64)) & np.uint64((1 << (1 << level)) - 1)
+        return np.asarray(np.bitwise_count(bits), dtype=np.int64)
+
+    def live_in(self, starts: I64, stops: I64) -> tuple[I64, I64]:
+        """Live slots of sorted disjoint windows ``[starts[i], stops[i])`` and their window ``i``."""
+        w0 = starts >> 6
+        nw = ((stops + 63) >> 6) - w0
+        widx = expand(w0, nw)
+        bits = np.unpackbits(self._levels[0][widx].view(np.uint8), bitorder="little")
+        pos = np.flatnonzero(bits)
+        slots = widx[pos >> 6] * 64 + (pos & 63)
+        owner = np.repeat(np.arange(starts.size, dtype=np.int64), nw)[pos >> 6]
+        keep = (slots >= starts[owner]) & (slots < stops[owner])
+        return slots[keep], owner[keep]
+
+    def all_live(self) -> I64:
+        bits = np.unpackbits(self._levels[0].view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits).astype(np.int64)
+
+
+# output key -> parent key ---------------------------------------------------------------
+class Redirection(WritableColumnSource):
+    """Output row key -> parent row key, dense by output key, with previous values.
+
+    Register it with ``graph.track`` before the first write of a cycle: from then until
+    :meth:`end_cycle` the value a slot had at the start of the cycle is kept the first time
+    the slot is overwritten (a mark per slot says which are kept, so a write costs what it
+    writes), and :meth:`prev_pk` answers in the previous key space, with parent keys of
+    the parent's previous key space. A full layout swaps the whole array; the old one then
+    serves previous values.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.type = pa.int64()
+        self._pk = np.zeros(capacity, dtype=np.int64)
+        self._marked = np.zeros(capacity, dtype=bool)
+        self._tracking = False
+        self._kept_keys: list[I64] = []
+        self._kept_vals: list[I64] = []
+        self._lookup: tuple[I64, I64] | None = None
+        self._before: I64 | None = None
+
+    def pk(self, keys: I64) -> I64:
+        """Current parent keys at output ``keys``."""
+        return self._pk[keys]
+
+    def prev_pk(self, keys: I64) -> I64:
+        """Parent keys (previous key spaces) at previous output ``keys``."""
+        if not self._kept_keys and self._before is None:
+            return self._pk[keys]
+        base = self._before if self._before is not None else self._pk
+        out = base[np.minimum(keys, base.size - 1)]
+        if self._kept_keys:
+            if self._lookup is None:
+                k = np.concatenate(self._kept_keys)
+                order = np.argsort(k, kind="stable")
+                self._lookup = (k[order], np.concatenate(self._kept_vals)[order])
+            kk, kv = self._lookup
+            hit = member(kk, keys)
+            if hit.any():
+                out = out.copy()
+                out[hit] = kv[np.searchsorted(kk, keys[hit])]
+        return out
+
+    def write(self, keys: I64, values: I64) -> None:
+        """Set distinct ``keys`` (current output keys) to parent keys ``values``."""
+        if keys.size == 0:
+            return
+        if self._tracking and self._before is None:
+            fresh = keys[~self._marked[keys]]
+            if fresh.size:
+                self._marked[fresh] = True
+                self._kept_keys.append(fresh)
+                self._kept_vals.append(self._pk[fresh])
+                self._lookup = None
+        self._pk[keys] = values
+
+    def replace(self, pk: I64) -> None:
+        """Swap in a whole new array (a full layout)."""
+        if self._tracking and self._before is None:
+            self._before = self._pk
+        self._pk = pk
+        if self._marked.size < pk.size:
+            self._marked = np.zeros(pk.size, dtype=bool)
+            for k in self._kept_keys:
+                self._marked[k] = True
+
+    # WritableColumnSource ---------------------------------------------------------------
+    def get(self, keys: I64) -> pa.Array:
+        return pa.array(self.pk(keys), type=pa.int64())
+
+    def get_prev(self, keys: I64) -> pa.Array:
+        return pa.array(self.prev_pk(keys), type=pa.int64())
+
+    def set(self, keys: I64, values: pa.Array | pa.ChunkedArray) -> None:
+        self.write(keys, np.asarray(as_arrow(values).to_numpy(zero_copy_only=False), dtype=np.int64))
+
+    def ensure_capacity(self, n: int) -> None:
+        if n > self._pk.size:
+            grown = np.zeros(n, dtype=np.int64)
+            grown[: self._pk.size] = self._pk
+            self._pk = grown
+        if n > self._marked.size:  # a full layout may have left _marked larger than _pk
+            marked = np.zeros(n, dtype=bool)
+            marked[: self._marked.size] = self._marked
+            self._marked = marked
+
+    def begin_cycle(self) -> None:
+        self._tracking = True
+
+    def end_cycle(self) -> None:
+        for k in self._kept_keys:
+            self._marked[k] = False
+        self._tracking = False
+        self._kept_keys, self._kept_vals = [], []
+        self._lookup = None
+        self._before = None
+
+
+# parent key -> slot -------------------------------------------------------------------
+class PkIndex:
+    """Parent row key -> slot (``-1`` when absent).
+
+    Dense (an array over ``[base, base + len)``) while the parent's keys are dense, as
+    for source tables and sorted parents; a :class:`~engine._keyindex.KeyIndex` hash map
+    once they are not (merge regions, or a ring table whose keys keep growing and whose
+    window the dense array would have to follow).
+    """
+
+    def __init__(self) -> None:
+        self._base = 0
+        self._arr = np.full(0, -1, dtype=np.int64)
+        self._hash: KeyIndex | None = None
+        self.count = 0
+
+    def lookup(self, pks: I64) -> I64:
+        if self._hash is not None:
+            return self._hash.lookup(pks.view(np.uint64))
+        idx = pks - self._base
+        inside = (idx >= 0) & (idx < self._arr.size)
+        out = np.full(pks.size, -1, dtype=np.int64)
+        out[inside] = self._arr[idx[inside]]
+        return out
+
+    def delete(self, pks: I64) -> None:
+        """Forget keys that are present."""
+        if pks.size == 0:
+            return
+        if self._hash is not None:
+            self._hash.delete(pks.view(np.uint64))
+        else:
+            self._arr[pks - self._base] = -1
+        self.count -= pks.size
+
+    def insert(self, pks: I64, slots: I64) -> None:
+        """Add distinct keys that are absent."""
+        if pks.size == 0:
+            return
+        self.count += pks.size
+        if self._hash is None:
+            self._cover(int(pks.min()), int(pks.max()))
+        if self._hash is not None:
+            self._hash.insert(pks.view(np.uint64), slots)
+        else:
+            self._arr[pks - self._base] = slots
+
+    def update(self, pks: I64, slots: I64) -> None:
+        """Point present keys at new slots."""
+        if pks.size == 0:
+            return
+        if self._hash is not None:
+            self._hash.set_values(pks.view(np.uint64), slots)
+        else:
+            self._arr[pks - self._base] = slots
+
+    def _cover(self, lo: int, hi: int) -> None:
+        if lo >= self._base and hi < self._base + self._arr.size:
+            return
+        present = np.flatnonzero(self._arr >= 0)
+        if present.size:
+            lo = min(lo, int(present[0]) + self._base)
+            hi = max(hi, int(present[-1]) + self._base)
+        span = hi - lo + 1
+        if span > 4 * self.count + (1 << 20):
+            index = KeyIndex(max(1024, 2 * self.count))
+            if present.size:
+                index.insert((present + self._base).astype(np.int64).view(np.uint64), self._arr[present])
+            self._hash = index
+            self._arr = np.full(0, -1, dtype=np.int64)
+            return
+        base = max(0, lo - span // 8)
+        arr = np.full(hi - base + 1 + span // 2 + 1024, -1, dtype=np.int64)
+        arr[present + self._base - base] = self._arr[present]
+        self._base, self._arr = base, arr

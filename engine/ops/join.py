@@ -1,0 +1,709 @@
+"""Joins of two live tables: ``natural_join``, ``exact_join``, ``join``, ``left_outer_join``.
+
+Semantics shared by all four:
+
+* ``on`` names key columns present in both tables (``"Sym"`` or ``["Sym", "Venue"]``), or
+  pairs with different names, ``"LeftCol=RightCol"``. Key types must agree: integers of
+  any width match each other, floats match floats, strings match strings.
+* ``joins`` names the right columns to add, by default every right column that is not a
+  right key column; ``"New=Old"`` adds right column ``Old`` under the name ``New``. A name
+  that clashes with a left column is a :class:`SchemaError`.
+* **Null keys never match** (SQL semantics): a row with a null in any key column has no
+  match, on either side. (pandas ``merge`` matches NaN/None keys with each other; we do
+  not.) Float keys match by value with ``-0.0 == 0.0`` and NaN equal to NaN.
+* One integer key column is compared exactly; other keys by a 64-bit hash
+  (:func:`engine.ops._joinstate.hash_keys`): two different keys with equal hashes
+  (odds ~n**2 / 2**65 for n distinct keys) would match each other.
+
+``natural_join`` / ``exact_join`` keep exactly the left table's rows, with the left row
+keys (left shifts pass straight through). Right columns are read through a per-left-row
+redirection (left row -> group of its key -> the one right row), so right shifts only
+remap right rows. Row changes:
+
+* a left row whose key changes, or whose key's right row is added, removed, re-keyed or
+  replaced, is *modified* in all joined columns;
+* a right row modified in some ``joins`` columns (key unchanged) modifies exactly the left
+  rows pointing at it, with ``modified_columns`` those columns only;
+* left modifies pass through with their ``modified_columns``.
+
+More than one right row with the same (non-null) key fails the natural join's table
+(:class:`InvalidKeyError` naming the key; use ``join`` for many matches); a left row
+without a match fails an ``exact_join``. At construction the same conditions raise.
+
+``join`` (inner, many-to-many) and ``left_outer_join`` give one row per (left row,
+matching right row), ordered by left row, then by right row within a left row; the outer
+join gives a left row without matches one row with null right columns.
+**Row-key scheme**: output row key ``(left_key << R) | j`` where ``j`` is the position of
+the match among that left row's matches (right-table order): each left row owns a block
+of ``2**R`` keys, so left order then right order is key order, and left shifts move whole
+blocks. When a left row gains or loses matches, its later matches *shift* inside its
+block and no other row is touched. A left row whose key changes removes its old rows and
+adds its new ones.
+
+``R`` follows the data: it starts at the bits the largest match count needs, plus one
+(at least 1), and when a left row outgrows its block it grows the same way, re-keying
+every row with one shift in that cycle (O(rows), and each growth at least doubles the
+room). Small ``R`` matters: RowSets are Roaring bitmaps with one container per 2**16
+keys, so ``R = 16`` would put every left row in its own container and make each RowSet
+operation on a 1M-row result cost ~1 s instead of ~1 ms. ``match_bits=`` fixes ``R``
+instead; more than ``2**R`` matches then fail the table. Left row keys must stay below
+``2**(63 - R)``.
+
+The state (slots, groups, indexes) lives in :mod:`engine.ops._joinstate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from engine.columns import ColumnSource
+from engine.errors import InvalidKeyError, SchemaError
+from engine.ops._joinstate import JoinState, expand, member, rowset_of, sorted_unique
+from engine.rowset import KeyArray, RowSet, RowSetShiftData
+from engine.table import DerivedTable, Table
+from engine.update import TableUpdate, compose
+
+if TYPE_CHECKING:
+    from engine.graph import UpdateGraph
+    from engine.ops._joinstate import Delta
+
+__all__ = [
+    "JoinListener",
+    "NaturalJoinListener",
+    "exact_join",
+    "join",
+    "left_outer_join",
+    "natural_join",
+]
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+# parsing -------------------------------------------------------------------------------------
+def _pair(spec: str) -> tuple[str, str]:
+    if "=" in spec:
+        a, b = (s.strip() for s in spec.split("=", 1))
+        return a, b
+    return spec.strip(), spec.strip()
+
+
+def _parse(
+    left: Table, right: Table, on: str | Sequence[str], joins: Sequence[str] | None, op: str
+) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+    """``(left_on, right_on, [(out_name, right_col)])``, checked against both schemas."""
+    if left.graph is not right.graph:
+        raise SchemaError(f"{op}: {left.name!r} and {right.name!r} belong to different update graphs")
+    specs = [on] if isinstance(on, str) else list(on)
+    if not specs:
+        raise SchemaError(f"{op}: 'on' names no key column")
+    pairs = [_pair(s) for s in specs]
+    left_on, right_on = [p[0] for p in pairs], [p[1] for p in pairs]
+    for names, table, side in ((left_on, left, "left"), (right_on, right, "right")):
+        missing = [c for c in names if c not in table.schema.names]
+        if missing:
+            raise SchemaError(
+                f"{op}: {side} table {table.name!r} has no key column(s) {missing} "
+                f"(has: {', '.join(table.schema.names)})"
+            )
+    if joins is None:
+        out = [(c, c) for c in right.schema.names if c not in right_on]
+    else:
+        out = [_pair(j) for j in ([joins] if isinstance(joins, str) else joins)]
+        missing = [src for _, src in out if src not in right.schema.names]
+        if missing:
+            raise SchemaError(
+                f"{op}: right table {right.name!r} has no column(s) {missing} "
+                f"(has: {', '.join(right.schema.names)})"
+            )
+    names = [o for o, _ in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise SchemaError(f"{op}: joins names output column(s) {dup} more than once")
+    clash = [o for o in names if o in left.schema.names]
+    if clash:
+        hint = ", ".join(f'"{o}_right={src}"' for o, src in out if o in clash)
+        raise SchemaError(
+            f"{op}: right column(s) {clash} clash with left columns of {left.name!r}; "
+            f"rename them with joins=[{hint}] (\"New=Old\")"
+        )
+    return left_on, right_on, out
+
+
+def _schema(left: Table, right: Table, out: list[tuple[str, str]]) -> pa.Schema:
+    fields = list(left.schema)
+    fields += [right.schema.field(src).with_name(name).with_nullable(True) for name, src in out]
+    return pa.schema(fields)
+
+
+# column views -----------------------------------------------------------------------------------
+class MatchBits:
+    """``R``, the bits of a many-to-many output key holding the match position.
+
+    It only grows; in the cycle it grows, reads of previous values use the old ``R``.
+    """
+
+    def __init__(self, graph: UpdateGraph, bits: int) -> None:
+        self.graph, self.now, self._old, self._step = graph, bits, bits, -1
+
+    def prev(self) -> int:
+        g = self.graph
+        return self._old if self._step == g.step and g.phase == "updating" else self.now
+
+    def grow(self, bits: int) -> None:
+        self._old, self._step, self.now = self.now, self.graph.step, bits
+
+
+class _LeftView(ColumnSource):
+    """A left column of a many-to-many join: output key ``k`` reads left row ``k >> R``."""
+
+    def __init__(self, source: ColumnSource, bits: MatchBits) -> None:
+        self.source, self.bits, self.type = source, bits, source.type
+
+    def get(self, keys: KeyArray) -> pa.Array:
+        return self.source.get(np.asarray(keys, dtype=np.int64) >> self.bits.now)
+
+    def get_prev(self, keys: KeyArray) -> pa.Array:
+        return self.source.get_prev(np.asarray(keys, dtype=np.int64) >> self.bits.prev())
+
+
+class _RightView(ColumnSource):
+    """A right column seen through the join: output row key -> right row key -> value."""
+
+    def __init__(self, state: JoinState, source: ColumnSource, bits: MatchBits | None) -> None:
+        self.state, self.source, self.bits = state, source, bits
+        self.type = source.type
+
+    def _read(self, keys: KeyArray, prev: bool) -> pa.Array:
+        keys = np.asarray(keys, dtype=np.int64)
+        bits = 0 if self.bits is None else self.bits.prev() if prev else self.bits.now
+        rk, ok = self.state.right_keys(keys, bits, prev)
+        get = self.source.get_prev if prev else self.source.get
+        if ok.all():
+            return get(rk)
+        values = get(rk[ok])
+        idx = np.cumsum(ok) - 1
+        return values.take(pa.array(np.maximum(idx, 0), mask=~ok))
+
+    def get(self, keys: KeyArray) -> pa.Array:
+        return self._read(keys, False)
+
+    def get_prev(self, keys: KeyArray) -> pa.Array:
+        return self._read(keys, True)
+
+
+def _columns(state: JoinState, left: Table, right: Table, out: list[tuple[str, str]],
+             bits: MatchBits | None) -> dict[str, ColumnSource]:
+    if bits is not None:
+        cols: dict[str, ColumnSource] = {n: _LeftView(left.column(n), bits) for n in left.column_names}
+    else:
+        cols = dict(left.columns)
+    for name, src in out:
+        cols[name] = _RightView(state, right.column(src), bits)
+    return cols
+
+
+def _key_text(table: Table, cols: list[str], key: int, prev: bool = False) -> str:
+    row = table.rows(np.array([key], dtype=np.int64), cols, prev=prev).to_pylist()[0]
+    return ", ".join(f"{c}={v!r}" for c, v in row.items())
+
+
+# natural / exact ---------------------------------------------------------------------------------
+class NaturalJoinListener:
+    """Keeps a natural (or exact) join equal to its recomputation, one cycle at a time."""
+
+    def __init__(self, state: JoinState, out: list[tuple[str, str]], exact: bool, name: str) -> None:
+        self.state = state
+        self.exact = exact
+        self.name = name
+        self.right_out = frozenset(o for o, _ in out)
+        self.out_of: dict[str, set[str]] = {}
+        for o, src in out:
+            self.out_of.setdefault(src, set()).add(o)
+
+    def check(self, gids: KeyArray) -> None:
+        """Raise if a group has two right rows (or, exact, a left row has none)."""
+        st = self.state
+        if gids.size == 0:
+            return
+        cnt = st.counts(gids)
+        dup = gids[cnt > 1]
+        if dup.size:
+            s, _, _ = st.group_entries(dup[:1])
+            keys = st.r_rkey.get_numpy(s)[0]
+            raise InvalidKeyError(
+                f"{self.name}: right table {st.right.name!r} has {keys.size} rows with key "
+                f"({_key_text(st.right, st.right_on, int(keys[0]))}) at row keys "
+                f"{sorted(keys.tolist())[:10]}; a natural join allows one right row per key "
+                f"(use join() for many matches)"
+            )
+        if self.exact:
+            miss = gids[(cnt == 0) & (st.g_left[gids] > 0)]
+            if miss.size:
+                slots = st.left_members(miss[:1])
+                self._missing(int(st.l_key[slots[0]]))
+
+    def _missing(self, left_key: int) -> None:
+        st = self.state
+        raise InvalidKeyError(
+            f"{self.name}: left row {left_key} ({_key_text(st.left, st.left_on, left_key)}) of "
+            f"{st.left.name!r} has no match in {st.right.name!r}; exact_join needs exactly one "
+            f"(use natural_join to get nulls instead; null keys never match)"
+        )
+
+    def _check_matched(self, keys: KeyArray, matches: KeyArray) -> None:
+        if self.exact and (matches < 0).any():
+            self._missing(int(keys[np.flatnonzero(matches < 0)[0]]))
+
+    def on_update(self, lu: TableUpdate | None, ru: TableUpdate | None) -> TableUpdate | None:
+        st = self.state
+        d = st.apply(lu, ru)
+        self.check(d.changed)
+        mods: list[KeyArray] = []
+        cols: set[str] = set()
+        if d.added_slots.size:  # current key space from here on
+            self._check_matched(d.added_keys, st.first_match(st.l_gid_now[d.added_slots]))
+        if d.regroup_slots.size:
+            m0 = st.first_match(d.regroup_old, prev=True)
+            m1 = st.first_match(d.regroup_new)
+            self._check_matched(d.regroup_keys, m1)
+            hit = m0 != m1
+            if hit.any():
+                mods.append(d.regroup_keys[hit])
+                cols |= self.right_out
+        if d.changed.size:
+            m0 = st.first_match(d.changed, prev=True)
+            m1 = st.first_match(d.changed)
+            moved = d.changed[m0 != m1]
+            if moved.size:
+                slots = st.left_members(moved)
+                slots = slots[~st.fresh(slots)]
+                if slots.size:
+                    mods.append(st.l_key[slots])
+                    cols |= self.right_out
+        if d.rvm_slots.size:
+            slots = st.left_members(sorted_unique(st.r_gid[d.rvm_slots]))
+            slots = slots[~st.fresh(slots)]
+            if slots.size:
+                mods.append(st.l_key[slots])
+                for c in d.rvm_cols:
+                    cols |= self.out_of.get(c, set())
+        span = st.left.rowset.last() + 1 if st.left.rowset else 0
+        modified = rowset_of(np.concatenate(mods), span) if mods else RowSet()
+        if lu is not None and lu.modified:
+            modified = modified | lu.modified
+            cols |= lu.modified_columns
+        if lu is None:
+            return TableUpdate.of(modified=modified, modified_columns=cols)
+        return TableUpdate.of(lu.added, lu.removed, modified, lu.shifted, cols)
+
+
+def _natural(left: Table, right: Table, on: str | Sequence[str], joins: Sequence[str] | None,
+             exact: bool) -> Table:
+    op = "exact_join" if exact else "natural_join"
+    left_on, right_on, out = _parse(left, right, on, joins, op)
+    with left.graph.shared_lock():
+        state = JoinState(left, right, left_on, right_on, [src for _, src in out])
+        state.build()
+        name = f"{left.name}.{op}({right.name})"
+        listener = NaturalJoinListener(state, out, exact, name)
+        listener.check(np.arange(state.gid_alloc.next, dtype=np.int64))
+        if exact and left.rowset:
+            lk = left.rowset.keys()
+            listener._check_matched(lk, state.first_match(state.l_gid_now[state.lmap.lookup(lk)]))
+        child = DerivedTable(left.graph, _schema(left, right, out), _columns(state, left, right, out, None),
+                             left.rowset, parents=[left, right], name=name)
+        child.listener = listener
+    return child
+
+
+def natural_join(left: Table, right: Table, on: str | Sequence[str],
+                 joins: Sequence[str] | None = None) -> Table:
+    """Each left row plus the ``joins`` columns of the right row with equal ``on`` keys.
+
+    The result has exactly the left table's rows, in its order and with its row keys; right
+    columns are null where no right row matches. Live: see the module docstring for which
+    rows a change modifies.
+
+    Parameters
+    ----------
+    left, right
+        Tables of the same update graph.
+    on
+        Key column(s) present in both, or ``"LeftCol=RightCol"`` pairs.
+    joins
+        Right columns to add (``"New=Old"`` renames); default: all right non-key columns.
+
+    Returns
+    -------
+    Table
+        Left columns followed by the ``joins`` columns.
+
+    Raises
+    ------
+    SchemaError
+        If a key column is missing, key types differ, or an added column clashes with a
+        left column.
+    InvalidKeyError
+        If the right table holds two rows with one key (later: the table fails).
+
+    Examples
+    --------
+    >>> px = g.keyed_table({"Sym": pa.string(), "Px": pa.float64()}, "Sym")
+    >>> trades.natural_join(px, "Sym").column_names
+    ['Sym', 'Qty', 'Px']
+    """
+    return _natural(left, right, on, joins, exact=False)
+
+
+def exact_join(left: Table, right: Table, on: str | Sequence[str],
+               joins: Sequence[str] | None = None) -> Table:
+    """Like :func:`natural_join`, but every left row must match exactly one right row.
+
+    A left row without a match (a null key never matches) raises at construction and
+    fails the table in a later cycle.
+
+    Raises
+    ------
+    SchemaError
+        As :func:`natural_join`.
+    InvalidKeyError
+        If a left row has no match, or a right key appears twice.
+    """
+    return _natural(left, right, on, joins, exact=True)
+
+
+# many-to-many ------------------------------------------------------------------------------------
+class _Transition:
+    """How the right lists of changed groups moved, positions per group index ``q``."""
+
+    def __init__(self, st: JoinState, gids: KeyArray, rvm: KeyArray, outer: bool) -> None:
+        s_o, q_o, i_o = _entries(st, gids, True, outer)
+        s_n, q_n, i_n = _entries(st, gids, False, outer)
+        code_o = (q_o << 33) | (s_o + 1)
+        code_n = (q_n << 33) | (s_n + 1)
+        order = np.argsort(code_n, kind="stable")
+        cs = code_n[order]
+        if cs.size:
+            p = np.minimum(np.searchsorted(cs, code_o), cs.size - 1)
+            hit = cs[p] == code_o
+        else:
+            p = np.zeros(code_o.size, dtype=np.int64)
+            hit = np.zeros(code_o.size, dtype=bool)
+        matched = np.zeros(code_n.size, dtype=bool)
+        matched[order[p[hit]]] = True
+        self.rem_q, self.rem_i = q_o[~hit], i_o[~hit]
+        self.add_q, self.add_i = q_n[~matched], i_n[~matched]
+        self.surv_q, self.surv_i = q_n[matched], i_n[matched]
+        # survivors in old order: runs of one delta inside one group
+        sq, si = q_o[hit], i_o[hit]
+        dl = i_n[order[p[hit]]] - si
+        if sq.size:
+            brk = np.flatnonzero((np.diff(sq) != 0) | (np.diff(dl) != 0))
+            first = np.concatenate(([0], brk + 1))
+            last = np.concatenate((brk, [sq.size - 1]))
+            self.run_q, self.run_a, self.run_b, self.run_d = sq[first], si[first], si[last], dl[first]
+        else:
+            self.run_q = self.run_a = self.run_b = self.run_d = _EMPTY
+        vm = matched & member(rvm, s_n)
+        self.vm_q, self.vm_i = q_n[vm], i_n[vm]
+
+
+def _entries(st: JoinState, gids: KeyArray, prev: bool, outer: bool) -> tuple[KeyArray, KeyArray, KeyArray]:
+    """Group members ``(slot, q, position)``; the outer join's null row is slot ``-1``."""
+    s, q, i = st.group_entries(gids, prev)
+    if outer:
+        empty = np.flatnonzero(st.counts(gids, prev) == 0).astype(np.int64)
+        if empty.size:
+            s = np.concatenate((s, np.full(empty.size, -1, dtype=np.int64)))
+            q = np.concatenate((q, empty))
+            i = np.concatenate((i, np.zeros(empty.size, dtype=np.int64)))
+            order = np.argsort(q, kind="stable")
+            s, q, i = s[order], q[order], i[order]
+    return s, q, i
+
+
+def _broadcast(row_q: KeyArray, ent_q: KeyArray, ngroups: int) -> tuple[KeyArray, KeyArray]:
+    """Every (row, entry) pair where the entry belongs to the row's group (``ent_q`` sorted)."""
+    off = np.searchsorted(ent_q, np.arange(ngroups + 1, dtype=np.int64))
+    pos, r, _ = expand(off[row_q], off[row_q + 1] - off[row_q])
+    return r, pos
+
+
+class _Parts:
+    """Keys and half-open ranges collected for one RowSet of the update."""
+
+    def __init__(self) -> None:
+        self.keys: list[KeyArray] = []
+        self.starts: list[KeyArray] = []
+        self.stops: list[KeyArray] = []
+
+    def rowset(self) -> RowSet:
+        out = RowSet()
+        if self.starts:
+            s, e = np.concatenate(self.starts), np.concatenate(self.stops)
+            keep = e > s
+            s, e = s[keep], e[keep]
+            order = np.argsort(s)
+            out = RowSet.from_ranges(s[order], e[order])
+        if self.keys:
+            out = out | rowset_of(np.concatenate(self.keys))
+        return out
+
+
+class JoinListener:
+    """Keeps ``join`` / ``left_outer_join`` equal to recomputation (row keys: module docstring)."""
+
+    def __init__(self, state: JoinState, out: list[tuple[str, str]], bits: MatchBits,
+                 fixed: bool, outer: bool, name: str) -> None:
+        self.state, self.match_bits, self.fixed = state, bits, fixed
+        self.outer, self.name = outer, name
+        self.table: Table | None = None
+        self.out_of: dict[str, set[str]] = {}
+        for o, src in out:
+            self.out_of.setdefault(src, set()).add(o)
+
+    @property
+    def bits(self) -> int:
+        return self.match_bits.now
+
+    def n_rows(self, gids: KeyArray, prev: bool = False) -> KeyArray:
+        """Output rows per left row in group ``gids``."""
+        n = self.state.counts(gids, prev)
+        return np.maximum(n, 1) if self.outer else n
+
+    def needed_bits(self, gids: KeyArray) -> int:
+        """Bits to hold the matches of the groups ``gids`` that have left rows.
+
+        Raises
+        ------
+        InvalidKeyError
+            When they exceed a fixed ``match_bits``, or left row keys leave no room.
+        """
+        st = self.state
+        gids = gids[gids >= 0]
+        cnt = st.counts(gids)
+        big = cnt > (1 << self.bits)
+        big &= st.g_left[gids] > 0
+        need = self.bits
+        if big.any():
+            top = int(cnt[big].max())
+            if self.fixed:
+                s, _, _ = st.group_entries(gids[big][:1])
+                k = int(st.r_rkey.get_numpy(s[:1])[0][0])
+                raise InvalidKeyError(
+                    f"{self.name}: key ({_key_text(st.right, st.right_on, k)}) has {s.size} "
+                    f"right rows, more than the {1 << self.bits} matches per left row that "
+                    f"match_bits={self.bits} allows; pass more bits, or match_bits=None"
+                )
+            need = (top - 1).bit_length() + 1  # grow with room to spare (amortized)
+        if st.left.rowset and st.left.rowset.last() >= 1 << (63 - need):
+            raise InvalidKeyError(
+                f"{self.name}: left row key {st.left.rowset.last()} is too large for "
+                f"{need} match bits (left keys must be below 2**{63 - need})"
+            )
+        return need
+
+    def _rekey(self, bits: int) -> TableUpdate:
+        """The shift moving every row from ``R = self.bits`` to ``bits`` match bits (O(rows))."""
+        assert self.table is not None
+        k = self.table.rowset.keys()  # the previous rows: not committed yet this cycle
+        moved = ((k >> self.bits) << bits) | (k & ((1 << self.bits) - 1))
+        self.match_bits.grow(bits)
+        return TableUpdate.of(shifted=RowSetShiftData.from_moves(k, moved))
+
+    def on_update(self, lu: TableUpdate | None, ru: TableUpdate | None) -> TableUpdate | None:
+        st = self.state
+        d = st.apply(lu, ru)
+        need = self.needed_bits(np.concatenate((d.changed, st.l_gid_now[d.added_slots], d.regroup_new)))
+        rekey = self._rekey(need) if need > self.bits else None
+        up = self._update(d, lu)
+        if rekey is None:
+            return up
+        assert self.table is not None
+        return compose(rekey, up, self.table.rowset)
+
+    def _update(self, d: Delta, lu: TableUpdate | None) -> TableUpdate:
+        """The update in the key space of the current ``R`` (previous keys re-keyed too)."""
+        st, R = self.state, self.bits
+        lshift = lu.shifted if lu is not None else RowSetShiftData.empty()
+        lmod = lu.modified if lu is not None else RowSet()
+        removed, added, modified = _Parts(), _Parts(), _Parts()
+        cols: set[str] = set()
+        vm_cols: set[str] = set()
+        for c in d.rvm_cols:
+            vm_cols |= self.out_of.get(c, set())
+
+        def block(parts: _Parts, lkeys: KeyArray, n: KeyArray) -> None:
+            parts.starts.append(lkeys << R)
+            parts.stops.append((lkeys << R) + n)
+
+        # left rows removed (previous space), added, or moved to another group
+        if d.removed_keys.size:
+            block(removed, d.removed_keys, self.n_rows(d.removed_gid, prev=True))
+        if d.added_keys.size:
+            block(added, d.added_keys, self.n_rows(st.l_gid_now[d.added_slots]))
+        if d.regroup_slots.size:
+            block(removed, lshift.unapply_keys(d.regroup_keys), self.n_rows(d.regroup_old, prev=True))
+            block(added, d.regroup_keys, self.n_rows(d.regroup_new))
+        # stable left rows of groups whose right list changed
+        punch, runs = _EMPTY, (_EMPTY, _EMPTY, _EMPTY)
+        G = d.changed
+        if G.size:
+            slots = st.left_members(G)
+            slots = slots[~st.fresh(slots)]
+            if slots.size:
+                tr = _Transition(st, G, d.rvm_slots, self.outer)
+                q = st.group_index(G, st.l_gid_now[slots])
+                lc = st.l_key[slots]
+                lp = lshift.unapply_keys(lc)
+                r, e = _broadcast(q, tr.rem_q, G.size)
+                removed.keys.append((lp[r] << R) | tr.rem_i[e])
+                r, e = _broadcast(q, tr.add_q, G.size)
+                added.keys.append((lc[r] << R) | tr.add_i[e])
+                r, e = _broadcast(q, tr.run_q, G.size)
+                base = lp[r] << R
+                runs = (base | tr.run_a[e], base | tr.run_b[e],
+                        ((lc[r] - lp[r]) << R) + tr.run_d[e])
+                punch = lp
+                r, e = _broadcast(q, tr.vm_q, G.size)
+                if r.size:
+                    modified.keys.append((lc[r] << R) | tr.vm_i[e])
+                    cols |= vm_cols
+                if lmod:
+                    lm = st.left_modified(slots)
+                    if lm.any():
+                        r, e = _broadcast(q[lm], tr.surv_q, G.size)
+                        if r.size:
+                            modified.keys.append((lc[lm][r] << R) | tr.surv_i[e])
+                            cols |= lu.modified_columns if lu is not None else set()
+        # stable left rows of unchanged groups: left modifies and right in-place modifies
+        if lmod:
+            mk = lmod.keys()
+            ms = st.lmap.lookup(mk)
+            g = st.l_gid_now[ms]
+            keep = ~st.fresh(ms) & ~member(G, g)
+            if keep.any():
+                n = self.n_rows(g[keep])
+                if n.any():
+                    block(modified, mk[keep], n)
+                    cols |= lu.modified_columns if lu is not None else set()
+        if d.rvm_slots.size:
+            g = st.r_gid[d.rvm_slots]
+            gv = sorted_unique(g[~member(G, g)])
+            gv = gv[st.g_left[gv] > 0]
+            if gv.size:
+                s_e, q_e, i_e = st.group_entries(gv)
+                vm = member(d.rvm_slots, s_e)
+                slots = st.left_members(gv)
+                slots = slots[~st.fresh(slots)]
+                r, e = _broadcast(st.group_index(gv, st.l_gid_now[slots]), q_e[vm], gv.size)
+                if r.size:
+                    modified.keys.append((st.l_key[slots][r] << R) | i_e[vm][e])
+                    cols |= vm_cols
+        shifted = self._shifts(lshift, punch, runs)
+        mod = modified.rowset()
+        return TableUpdate.of(added.rowset(), removed.rowset(), mod, shifted, cols if mod else ())
+
+    def _shifts(self, lshift: RowSetShiftData, punch: KeyArray,
+                runs: tuple[KeyArray, KeyArray, KeyArray]) -> RowSetShiftData:
+        """Left shifts as whole blocks, minus the blocks of ``punch`` rows, plus ``runs``."""
+        R = self.bits
+        bs, es, ds = [runs[0]], [runs[1]], [runs[2]]
+        if lshift:
+            b, e, dd = lshift.begins, lshift.ends, lshift.deltas
+            prev = self.state.left.prev_rowset
+            if prev:
+                e = np.minimum(e, prev.last())
+            ok = b <= e
+            b, e, dd = b[ok], e[ok], dd[ok]
+            p = sorted_unique(punch)
+            idx = np.searchsorted(b, p, side="right") - 1
+            inside = (idx >= 0) & (p <= e[np.maximum(idx, 0)])
+            p = p[inside]
+            seg_s = np.sort(np.concatenate((b, p + 1)))
+            seg_e = np.sort(np.concatenate((p - 1, e)))
+            ok = seg_s <= seg_e
+            seg_s, seg_e = seg_s[ok], seg_e[ok]
+            seg_d = dd[np.searchsorted(b, seg_s, side="right") - 1]
+            bs.append(seg_s << R)
+            es.append((seg_e << R) | ((1 << R) - 1))
+            ds.append(seg_d << R)
+        b, e, dd = np.concatenate(bs), np.concatenate(es), np.concatenate(ds)
+        if b.size == 0:
+            return RowSetShiftData.empty()
+        order = np.argsort(b)
+        return RowSetShiftData.from_arrays(b[order], e[order], dd[order])
+
+
+def _many(left: Table, right: Table, on: str | Sequence[str], joins: Sequence[str] | None,
+          outer: bool, match_bits: int | None) -> Table:
+    op = "left_outer_join" if outer else "join"
+    if match_bits is not None and not 0 < match_bits < 48:
+        raise SchemaError(f"{op}: match_bits must be between 1 and 47, got {match_bits}")
+    left_on, right_on, out = _parse(left, right, on, joins, op)
+    with left.graph.shared_lock():
+        state = JoinState(left, right, left_on, right_on, [src for _, src in out])
+        state.build()
+        name = f"{left.name}.{op}({right.name})"
+        bits = MatchBits(left.graph, match_bits or 1)
+        listener = JoinListener(state, out, bits, match_bits is not None, outer, name)
+        bits.now = listener.needed_bits(np.arange(state.gid_alloc.next, dtype=np.int64))
+        lk = left.rowset.keys()
+        n = listener.n_rows(state.l_gid_now[state.lmap.lookup(lk)])
+        keep = n > 0
+        starts = lk[keep] << bits.now
+        rowset = RowSet.from_ranges(starts, starts + n[keep])
+        child = DerivedTable(left.graph, _schema(left, right, out),
+                             _columns(state, left, right, out, bits),
+                             rowset, parents=[left, right], name=name)
+        child.listener = listener
+        listener.table = child
+    return child
+
+
+def join(left: Table, right: Table, on: str | Sequence[str], joins: Sequence[str] | None = None,
+         *, match_bits: int | None = None) -> Table:
+    """Many-to-many inner join: one row per (left row, matching right row).
+
+    Rows come in left order, then right order within a left row; left rows without a
+    match (null keys included) are dropped. Row keys are ``left_key << R | j`` (module
+    docstring).
+
+    Parameters
+    ----------
+    left, right, on, joins
+        As :func:`natural_join`.
+    match_bits
+        ``R``, fixed: at most ``2**match_bits`` matches per left row, more fail the table.
+        By default ``R`` follows the data: it starts at what the largest match count needs
+        (plus one bit) and grows when a left row outgrows it.
+
+    Raises
+    ------
+    SchemaError
+        As :func:`natural_join`, or ``match_bits`` out of range.
+    InvalidKeyError
+        If a left row has too many matches or a left row key is too large for the scheme.
+
+    Examples
+    --------
+    >>> orders.join(fills, "OrderId", joins=["FillQty=Qty"]).size
+    3
+    """
+    return _many(left, right, on, joins, outer=False, match_bits=match_bits)
+
+
+def left_outer_join(left: Table, right: Table, on: str | Sequence[str],
+                    joins: Sequence[str] | None = None, *, match_bits: int | None = None) -> Table:
+    """Like :func:`join`, but a left row without matches keeps one row of null right columns.
+
+    Raises
+    ------
+    SchemaError, InvalidKeyError
+        As :func:`join`.
+    """
+    return _many(left, right, on, joins, outer=True, match_bits=match_bits)

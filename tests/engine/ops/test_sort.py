@@ -1,0 +1,438 @@
+"""sort: example cycles with exact updates, the index's building blocks, then the oracle.
+
+Row keys of a sorted table are its layout's choice; the examples pin them (rows start at
+slot 64, two slots apart) because the point is to see exactly which keys an insert adds
+and which it shifts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from engine.errors import InputError, SchemaError
+from engine.graph import UpdateGraph
+from engine.ops._sortkeys import KeyEncoder
+from engine.ops._sortslots import LiveBits, PkIndex, Redirection
+from engine.rowset import RowSet, RowSetShiftData
+from engine.table import Table
+from engine.update import TableUpdate
+from tests.engine.ops.test_filter import run_shifting_oracle
+from tests.oracle import run_oracle
+from tests.replay import ReplayChecker
+
+SCHEMA = pa.schema([("Id", pa.int64()), ("K", pa.string()), ("Price", pa.float64())])
+
+
+def keyed(g: UpdateGraph, ids, ks, prices) -> Table:
+    t = g.keyed_table(SCHEMA, "Id")
+    t.upsert(pa.table({"Id": ids, "K": ks, "Price": prices}, schema=SCHEMA))
+    g.run_cycle()
+    return t
+
+
+def record(table: Table) -> list[TableUpdate]:
+    seen: list[TableUpdate] = []
+    table.listen(lambda up, _t: seen.append(up))
+    return seen
+
+
+def assert_update(up: TableUpdate, added=(), removed=(), modified=(), shifted=((), (), ()),
+                  modified_columns=()) -> None:
+    assert up.added.keys().tolist() == list(added), f"added {up.added}"
+    assert up.removed.keys().tolist() == list(removed), f"removed {up.removed}"
+    assert up.modified.keys().tolist() == list(modified), f"modified {up.modified}"
+    assert up.shifted == RowSetShiftData.from_arrays(*shifted), f"shifted {up.shifted}"
+    assert up.modified_columns == frozenset(modified_columns), f"cols {up.modified_columns}"
+
+
+def col(table: Table, name: str) -> list:
+    """A column's values in row order (None for nulls)."""
+    return table.to_arrow([name]).column(name).to_pylist()
+
+
+def moved(up: TableUpdate, prev: RowSet) -> int:
+    """Surviving rows whose key the update shifts."""
+    return int(up.shifted.moved_keys(prev - up.removed)[0].size)
+
+
+def sorted_frame(by: list[str], descending: list[bool]):
+    """The recomputation: stable, null (and NaN) the largest value, per-column direction."""
+
+    def expected(df: pd.DataFrame) -> pd.DataFrame:
+        keys = []
+        for col, desc in zip(by, descending, strict=True):
+            s = df[col]
+            null = s.isna().to_numpy()
+            present = s[~null].to_numpy()
+            uniq = np.unique(present)
+            rank = np.full(len(df), uniq.size, dtype=np.int64)  # null after every value
+            rank[~null] = np.searchsorted(uniq, present)
+            keys.append(-rank if desc else rank)
+        order = np.lexsort([np.arange(len(df))] + keys[::-1])  # ties keep row-key order
+        return df.iloc[order]
+
+    return expected
+
+
+def checked(table: Table) -> Table:
+    """The sorted table, with the index's own invariants checked after every cycle."""
+    inner = table.listener.on_update
+
+    def on_update(*updates):
+        out = inner(*updates)
+        table.listener.index.check()
+        return out
+
+    table.listener.on_update = on_update
+    return table
+
+
+# ---------------------------------------------------------------------------------------
+# examples
+
+
+def test_insert_between_rows_is_an_add_then_an_add_and_a_shift():
+    """The seed's SortedKVTable: A, B, D sorted; C fits in a gap; CC needs D to move up."""
+    g = UpdateGraph(validate=True)
+    t = keyed(g, [0, 1, 2], ["A", "B", "D"], [1.0, 2.0, 3.0])
+    s = t.sort("K")
+    seen = record(s)
+    assert s.rowset.keys().tolist() == [64, 66, 68]
+
+    t.upsert(pa.table({"Id": [3], "K": ["C"], "Price": [4.0]}, schema=SCHEMA))
+    g.run_cycle()
+    assert_update(seen[-1], added=[67])  # a free slot between B and D: nothing moves
+
+    t.upsert(pa.table({"Id": [4], "K": ["CC"], "Price": [5.0]}, schema=SCHEMA))
+    g.run_cycle()
+    assert_update(seen[-1], added=[68], shifted=([68], [68], [1]))  # D: 68 -> 69
+    assert col(s, "K") == ["A", "B", "C", "CC", "D"]
+    assert s.rowset.keys().tolist() == [64, 66, 67, 68, 69]
+
+
+def test_modify_of_other_columns_is_a_modify_at_the_current_key():
+    g = UpdateGraph(validate=True)
+    t = keyed(g, [0, 1, 2], ["A", "B", "D"], [1.0, 2.0, 3.0])
+    s = t.sort("K")
+    seen = record(s)
+    t.upsert(pa.table({"Id": [1], "K": ["B"], "Price": [20.0]}, schema=SCHEMA))
+    g.run_cycle()
+    assert_update(seen[-1], modified=[66], modified_columns=["Price"])
+    assert col(s, "Price") == [1.0, 20.0, 3.0]
+
+
+def test_new_sort_key_is_a_remove_and_an_add():
+    g = UpdateGraph(validate=True)
+    t = keyed(g, [0, 1, 2], ["A", "B", "D"], [1.0, 2.0, 3.0])
+    s = t.sort("Price")
+    seen = record(s)
+    t.upsert(pa.table({"Id": [0], "K": ["A"], "Price": [9.0]}, schema=SCHEMA))
+    g.run_cycle()
+    assert_update(seen[-1], added=[70], removed=[64])  # appended after D
+    assert col(s, "K") == ["B", "D", "A"]
+    # a modify of the sort column that keeps the value keeps the row
+    t.upsert(pa.table({"Id": [0, 1], "K": ["a", "B"], "Price": [9.0, 2.5]}, schema=SCHEMA))
+    g.run_cycle()
+    assert_update(seen[-1], added=[66], removed=[66], modified=[70],
+                  modified_columns=["K", "Price"])
+    assert col(s, "K") == ["B", "D", "a"]
+
+
+def test_delete_is_a_remove():
+    g = UpdateGraph(validate=True)
+    t = keyed(g, [0, 1, 2], ["A", "B", "D"], [1.0, 2.0, 3.0])
+    s = t.sort("K", descending=True)
+    seen = record(s)
+    t.delete(pa.table({"Id": [1]}))
+    g.run_cycle()
+    assert_update(seen[-1], removed=[66])
+    assert col(s, "K") == ["D", "A"]
+
+
+def test_nulls_are_largest_and_ties_keep_row_key_order():
+    g = UpdateGraph(validate=True)
+    price = pa.array([2.0, None, -0.0, float("nan"), 0.0, 2.0, None], pa.float64())
+    t = keyed(g, list(range(7)), list("abcdefg"), price)
+    asc = t.sort("Price")
+    desc = t.sort("Price", descending=True)
+    # -0.0 ties with 0.0 (rows c, e); NaN and null tie (rows b, d, g), all in row-key order
+    assert col(asc, "K") == list("ceafbdg")
+    assert col(desc, "K") == list("bdgafce")
+    by_pandas = t.to_pandas().sort_values("Price", kind="stable", na_position="last")
+    assert col(asc, "K") == by_pandas.K.tolist()
+
+
+def test_several_columns_each_with_its_direction():
+    g = UpdateGraph(validate=True)
+    t = keyed(g, list(range(6)), ["x", "y", "x", None, "y", "x"], [3.0, 1.0, 5.0, 2.0, None, 3.0])
+    s = t.sort(["K", "Price"], descending=[True, False])
+    assert list(zip(col(s, "K"), col(s, "Price"), strict=True)) == [
+        (None, 2.0), ("y", 1.0), ("y", None), ("x", 3.0), ("x", 3.0), ("x", 5.0)]
+    assert col(s, "Id") == [3, 1, 4, 0, 5, 2]
+
+
+def test_long_strings_and_64_bit_extremes_that_codes_cannot_settle():
+    """Strings sharing 7+ leading bytes and int64 max vs null are settled on the values."""
+    g = UpdateGraph(validate=True)
+    schema = pa.schema([("Id", pa.int64()), ("S", pa.string()), ("N", pa.int64())])
+    t = g.keyed_table(schema, "Id")
+    imax, imin = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    t.upsert(pa.table({"Id": [0, 1, 2, 3], "S": ["instrument/b", "instrument/d", "instr", None],
+                       "N": [imax, None, imin, 5]}, schema=schema))
+    g.run_cycle()
+    by_s = checked(t.sort("S"))
+    by_n = checked(t.sort("N", descending=True))
+    assert col(by_n, "Id") == [1, 0, 3, 2]
+    t.upsert(pa.table({"Id": [4, 5, 6], "S": ["instrument/c", "instrument/a", "instrument/cc"],
+                       "N": [None, imax, imax - 1]}, schema=schema))
+    g.run_cycle()
+    assert col(by_s, "S") == [
+        "instr", "instrument/a", "instrument/b", "instrument/c", "instrument/cc",
+        "instrument/d", None]
+    assert col(by_n, "Id") == [1, 4, 0, 5, 6, 3, 2]
+
+
+def test_one_insert_in_the_middle_of_100k_rows_moves_few_keys():
+    g = UpdateGraph(validate=True)
+    n = 100_000
+    schema = pa.schema([("Id", pa.int64()), ("Price", pa.float64())])
+    t = g.keyed_table(schema, "Id")
+    t.upsert(pa.table({"Id": np.arange(n), "Price": np.arange(n) * 1.0}, schema=schema))
+    g.run_cycle()
+    s = t.sort("Price")
+    seen = record(s)
+    # every insert lands right after 50,000.0 (and before the previous one): the worst
+    # spot, the gap keeps being full
+    for i in range(60):
+        prev = s.rowset
+        t.upsert(pa.table({"Id": [n + i], "Price": [50_000.0 + 0.5 / (i + 1)]}, schema=schema))
+        g.run_cycle()
+        up = seen[-1]
+        assert len(up.added) == 1 and not up.modified and not up.removed
+        assert moved(up, prev) < n // 100, f"insert {i} moved {moved(up, prev)} keys"
+    got = s.to_pandas().Price.to_numpy()
+    assert np.all(np.diff(got) >= 0) and got.size == n + 60
+
+
+def test_a_table_grown_dense_is_laid_out_again():
+    """Random inserts fill the gaps; past 65% of the span every row moves (a PMA resize)."""
+    g = UpdateGraph(validate=True)
+    rng = np.random.default_rng(5)
+    schema = pa.schema([("Id", pa.int64()), ("Price", pa.float64())])
+    t = g.keyed_table(schema, "Id")
+    t.upsert(pa.table({"Id": np.arange(4000), "Price": rng.random(4000)}, schema=schema))
+    g.run_cycle()
+    s = checked(t.sort("Price"))
+    replay = ReplayChecker(s)
+    relaid = 0
+    for i in range(12):
+        prev = s.rowset
+        ids = np.arange(4000 + 300 * i, 4300 + 300 * i)
+        t.upsert(pa.table({"Id": ids, "Price": rng.random(300)}, schema=schema))
+        g.run_cycle()
+        replay.check()
+        relaid += s.listener.index.moved == len(prev)  # a layout counts every survivor
+    assert 1 <= relaid <= 3  # 4,000 -> 7,600 rows: once per ~30% of growth
+    want = t.to_pandas().sort_values("Price", kind="stable").Id.tolist()
+    assert col(s, "Id") == want
+
+
+def test_parent_shift_moves_no_output_key():
+    """Sorting a sorted table: the parent's shifts only re-point the redirection."""
+    g = UpdateGraph(validate=True)
+    t = keyed(g, [0, 1, 2, 3], ["A", "B", "D", "E"], [4.0, 3.0, 2.0, 1.0])
+    by_k = t.sort("K")
+    by_price = by_k.sort("Price")
+    seen_k, seen_p = record(by_k), record(by_price)
+    t.upsert(pa.table({"Id": [4], "K": ["C"], "Price": [1.5]}, schema=SCHEMA))
+    g.run_cycle()
+    t.upsert(pa.table({"Id": [5], "K": ["CC"], "Price": [0.5]}, schema=SCHEMA))
+    g.run_cycle()
+    assert seen_k[-1].shifted  # D moved up in by_k ...
+    assert_update(seen_p[-1], added=[62])  # ... by_price only gains the new row, in front
+    assert col(by_price, "K") == ["CC", "E", "C", "D", "B", "A"]
+
+
+def test_previous_values_read_through_the_previous_redirection():
+    g = UpdateGraph(validate=True)
+    t = keyed(g, [0, 1, 2], ["A", "B", "D"], [1.0, 2.0, 3.0])
+    s = t.sort("Price")
+    prev_rows: list[pa.Table] = []
+    s.listen(lambda up, tb: prev_rows.append(tb.rows(up.removed.keys(), prev=True)))
+    # A moves to the end (remove + add), B gets deleted
+    t.upsert(pa.table({"Id": [0], "K": ["A"], "Price": [10.0]}, schema=SCHEMA))
+    t.delete(pa.table({"Id": [1]}))
+    g.run_cycle()
+    assert prev_rows[-1].to_pydict() == {"Id": [0, 1], "K": ["A", "B"], "Price": [1.0, 2.0]}
+    assert col(s, "K") == ["D", "A"]
+
+
+def test_bad_arguments_say_what_is_wrong():
+    g = UpdateGraph(validate=True)
+    t = keyed(g, [0], ["A"], [1.0])
+    with pytest.raises(SchemaError, match="no such column.*has: Id, K, Price"):
+        t.sort("Prize")
+    with pytest.raises(InputError, match="at least one column"):
+        t.sort([])
+    with pytest.raises(InputError, match="appear twice"):
+        t.sort(["K", "K"])
+    with pytest.raises(InputError, match="one bool per column"):
+        t.sort(["K", "Price"], descending=[True])
+    lists = g.append_only_table(pa.schema([("L", pa.list_(pa.int64()))]))
+    with pytest.raises(SchemaError, match="cannot sort by column 'L'"):
+        lists.sort("L")
+
+
+# ---------------------------------------------------------------------------------------
+# building blocks
+
+
+def test_live_bits_successor_and_predecessor_match_brute_force():
+    rng = np.random.default_rng(3)
+    cap = 1 << 14
+    for density in (0.001, 0.05, 0.5, 0.97):
+        slots = np.flatnonzero(rng.random(cap) < density)
+        bits = LiveBits(cap)
+        bits.set(slots)
+        drop = rng.choice(slots, slots.size // 3, replace=False)
+        bits.clear(drop)
+        live = np.setdiff1d(slots, drop)
+        assert np.array_equal(bits.all_live(), live)
+        q = rng.integers(-3, cap + 3, 2000)
+        i = np.searchsorted(live, q, side="left")
+        succ = np.where(i < live.size, live[np.minimum(i, live.size - 1)], -1)
+        j = np.searchsorted(live, q, side="right") - 1
+        pred = np.where(j >= 0, live[np.maximum(j, 0)], -1)
+        assert np.array_equal(bits.succ(q), succ)
+        assert np.array_equal(bits.pred(q), pred)
+        if live.size:
+            assert (bits.first(), bits.last()) == (live[0], live[-1])
+        for level in (4, 6, 9):
+            w = np.arange(cap >> level)
+            want = np.bincount(live >> level, minlength=w.size)
+            assert np.array_equal(bits.count(level, w), want)
+
+
+def test_pk_index_goes_from_dense_to_hash_when_keys_spread():
+    idx = PkIndex()
+    idx.insert(np.arange(10, 20), np.arange(100, 110))
+    assert idx.lookup(np.array([9, 10, 19, 20])).tolist() == [-1, 100, 109, -1]
+    idx.delete(np.array([12]))
+    idx.update(np.array([13]), np.array([7]))
+    far = np.array([1 << 40, (1 << 40) + 5])
+    idx.insert(far, np.array([1, 2]))  # too sparse for an array: a hash map now
+    assert idx.lookup(np.array([12, 13, 19, 1 << 40, (1 << 40) + 5, 3])).tolist() == [-1, 7, 109, 1, 2, -1]
+    assert idx.count == 11
+
+
+def test_redirection_keeps_values_of_the_cycle_start():
+    r = Redirection(16)
+    r.write(np.arange(4), np.array([10, 11, 12, 13]))
+    r.begin_cycle()
+    r.write(np.array([1, 2]), np.array([21, 22]))
+    r.write(np.array([2, 3]), np.array([32, 33]))
+    assert r.pk(np.arange(4)).tolist() == [10, 21, 32, 33]
+    assert r.prev_pk(np.arange(4)).tolist() == [10, 11, 12, 13]
+    r.replace(np.array([5, 6, 7, 8, 9]))  # a full layout mid-cycle
+    assert r.prev_pk(np.arange(4)).tolist() == [10, 11, 12, 13]
+    r.end_cycle()
+    assert r.prev_pk(np.arange(4)).tolist() == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("values", [
+    pa.array([3, None, -7, 0, np.iinfo(np.int64).max, np.iinfo(np.int64).min], pa.int64()),
+    pa.array([1.5, None, -0.0, float("inf"), float("-inf"), float("nan"), 0.0], pa.float64()),
+    pa.array(["", "a", None, "ab", "a\x00", "abcdefg", "abcdefgh", "abcdefgz", "é"], pa.string()),
+    pa.array([True, None, False], pa.bool_()),
+    pa.array([5, None, 0, 255], pa.uint8()),
+    pa.array([0, None, -10**15], pa.timestamp("us")),
+])
+def test_codes_order_like_the_values(values, descending):
+    enc = KeyEncoder("x", values.type, descending)
+    codes = enc.encode(values)
+    sign = -1 if descending else 1
+    for i in range(len(values)):
+        for j in range(len(values)):
+            a, b = values[i].as_py(), values[j].as_py()
+            a = None if isinstance(a, float) and np.isnan(a) else a
+            b = None if isinstance(b, float) and np.isnan(b) else b
+            want = 0 if a == b else (1 if a is None else -1 if b is None else (1 if a > b else -1))
+            got = int(np.sign(int(codes[i]) - int(codes[j])))
+            if got == 0 and not enc.exact and enc.ambiguous(codes[i:i + 1])[0]:
+                got = int(enc.compare(values.slice(i, 1), values.slice(j, 1))[0])  # sort order too
+            assert got == sign * want, (a, b, descending)
+
+
+# ---------------------------------------------------------------------------------------
+# the oracle: random sources (append, keyed, ring), recomputed and replayed every cycle
+
+
+def test_oracle_by_price():
+    run_oracle(lambda t: checked(t.sort("Price")), sorted_frame(["Price"], [False]), seed=21)
+
+
+def test_oracle_by_sym_descending():
+    run_oracle(lambda t: checked(t.sort("Sym", descending=True)), sorted_frame(["Sym"], [True]),
+               seed=22)
+
+
+def test_oracle_by_sym_then_price_mixed():
+    run_oracle(lambda t: checked(t.sort(["Sym", "Price"], descending=[False, True])),
+               sorted_frame(["Sym", "Price"], [False, True]), seed=23)
+
+
+CHAIN_CYCLES = 500  # chains reuse the paths above; the three runs above are the long ones
+
+
+def test_oracle_where_then_sort():
+    run_oracle(lambda t: t.where(pc.field("Qty") > 20).sort(["Price", "Qty"], [True, False]),
+               lambda df: sorted_frame(["Price", "Qty"], [True, False])(df[df.Qty > 20]),
+               seed=24, n_cycles=CHAIN_CYCLES)
+
+
+def test_oracle_sort_of_a_sort():
+    run_oracle(lambda t: checked(t.sort("Price").sort("Sym")),
+               lambda df: sorted_frame(["Sym"], [False])(sorted_frame(["Price"], [False])(df)),
+               seed=25, n_cycles=CHAIN_CYCLES)
+
+
+def test_oracle_sort_of_a_merge():
+    """Merge regions are 2**40 keys apart: the parent-key index is a hash map there."""
+    big, small = pc.field("Qty") > 50, pc.field("Qty") <= 50
+    run_oracle(lambda t: checked(t.where(big).merge(t.where(small)).sort("Price", descending=True)),
+               lambda df: sorted_frame(["Price"], [True])(pd.concat([df[df.Qty > 50], df[df.Qty <= 50]])),
+               seed=29, n_cycles=CHAIN_CYCLES)
+
+
+def test_oracle_sort_then_head_and_where():
+    run_oracle(lambda t: t.sort("Qty", descending=True).where(pc.field("Price") < 60).head(5),
+               lambda df: sorted_frame(["Qty"], [True])(df).query("Price < 60").head(5),
+               seed=26, n_cycles=CHAIN_CYCLES)
+
+
+LONG = pc.Expression._call("binary_join_element_wise",
+                           [pc.scalar("instrument/"), pc.field("Sym"), pc.scalar("")])
+
+
+def test_oracle_long_strings_after_update():
+    """Values sharing a 7+ byte prefix: every comparison goes back to the strings."""
+
+    def expected(df: pd.DataFrame) -> pd.DataFrame:
+        df = df.assign(L=df.Sym.map(lambda s: "instrument/" + s if isinstance(s, str) else None))
+        return sorted_frame(["L", "Qty"], [True, False])(df)
+
+    run_oracle(lambda t: checked(t.update(L=LONG).sort(["L", "Qty"], [True, False])), expected,
+               seed=27, n_cycles=CHAIN_CYCLES)
+
+
+def test_oracle_parent_that_shifts():
+    """A source whose updates carry shifts (shared with the filter tests)."""
+    run_shifting_oracle([
+        (lambda t: checked(t.sort("Price")), sorted_frame(["Price"], [False])),
+        (lambda t: checked(t.sort(["Sym", "Qty"], [True, False])), sorted_frame(["Sym", "Qty"], [True, False])),
+    ], seed=28, n_cycles=400)
