@@ -1,0 +1,436 @@
+"""Per-group aggregation states for ``engine.ops.aggregate`` (vectorized, incremental).
+
+Every state keeps arrays indexed by *group slot* (the output row key) and takes one
+batch of events per cycle: ``minus`` rows leaving a group (previous values) and ``plus``
+rows joining one (current values). A modified row that stays in its group is a minus and a
+plus of the same slot. Per-group deltas come from ``np.bincount`` / ``np.add.at`` over the
+inverse of ``np.unique(slots)``: the cost follows the events, never the table.
+
+* :class:`Moments` — count of valid values, sum (int64 exact; float64 with a two-sum
+  compensation carried across cycles) and, for ``std``, compensated sums of ``x - K`` and
+  ``(x - K)**2`` about a per-group reference ``K``. ``K`` is a *data value* (the group's
+  first value, re-chosen as the batch value nearest the mean when the mean drifts away),
+  so ``x - K`` is small, exact for data on a grid, and the textbook cancellation of
+  ``sum(x**2) - sum(x)**2/n`` does not happen. What running sums cannot avoid — the
+  rounding left by values far larger than the group's current spread — is bounded and
+  healed from the column's :class:`Extremes`: min == max resets to an exact 0, and a
+  group whose error bound passes :attr:`Moments.TOLERANCE` is recomputed from its values.
+  ``+inf``/``-inf`` are counted apart, so removing an infinity restores a finite sum.
+* :class:`Extremes` — min and max through a :class:`ValueMultiset` of order-preserving
+  ``uint64`` encodings.
+* :class:`Distinct` — per ``(group, value)`` counts in a hash index (:class:`U64Map`);
+  a group's distinct count changes when a count crosses zero.
+
+Null semantics follow pandas ``groupby``: nulls (and float NaN, which pandas cannot tell
+from null) are skipped by every state here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from engine.columns import numpy_storage_dtype
+from engine.errors import TicktableError, UpdateInvariantError
+from engine.ops._aggkeys import (
+    U64Map,
+    column_hash,
+    decode,
+    encode,
+    mix64,
+    numeric_bits,
+    numpy_of,
+    valid_mask,
+)
+from engine.ops._sortedset import ValueMultiset
+
+__all__ = ["Cycle", "Distinct", "Events", "Extremes", "Moments"]
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+F64 = npt.NDArray[np.float64]
+Mask = npt.NDArray[np.bool_]
+NumPair = tuple[npt.NDArray[Any], Mask | None]
+
+_EMPTY_I = np.empty(0, dtype=np.int64)
+
+
+# states ---------------------------------------------------------------------------------
+class Events:
+    """One cycle's events for a set of inputs: rows leaving groups (``minus``, previous key
+    space, the first ``nm``) then rows joining groups (``plus``, current key space), with
+    ``touched = unique(slots)`` and ``inv`` its inverse, computed once for every state."""
+
+    __slots__ = ("minus_keys", "plus_keys", "slots", "sign", "nm", "touched", "inv")
+
+    def __init__(self, minus_keys: I64, minus_slots: I64, plus_keys: I64, plus_slots: I64) -> None:
+        self.minus_keys, self.plus_keys = minus_keys, plus_keys
+        self.slots = np.concatenate((minus_slots, plus_slots))
+        self.nm = minus_slots.size
+        self.sign = np.ones(self.slots.size, dtype=np.int64)
+        self.sign[: self.nm] = -1
+        self.touched, self.inv = _unique_slots(self.slots)
+
+    def split(self) -> tuple[I64, I64]:
+        return self.slots[: self.nm], self.slots[self.nm :]
+
+
+class Cycle:
+    """One cycle's row movements: slots and parent row keys of removed, added and modified
+    rows, and the :class:`Events` views the states consume."""
+
+    __slots__ = ("r_keys", "r_slot", "a_keys", "a_slot", "m_keys", "m_prev", "m_old", "m_new",
+                 "moved", "modcols", "_events")
+
+    def __init__(self, modcols: frozenset[str]) -> None:
+        self.r_keys = self.r_slot = self.a_keys = self.a_slot = _EMPTY_I
+        self.m_keys = self.m_prev = self.m_old = self.m_new = _EMPTY_I
+        self.moved = np.empty(0, dtype=bool)
+        self.modcols = modcols
+        self._events: dict[bool, Events] = {}
+
+    def events(self, stay: bool = False) -> Events:
+        """Membership events (removed, added, moved rows); with ``stay`` also the modified
+        rows that kept their group, as a minus and a plus of it (for inputs they modified)."""
+        stay = stay and self.moved.size > 0 and not self.moved.all()
+        if stay not in self._events:
+            sel = slice(None) if stay else self.moved
+            self._events[stay] = Events(
+                np.concatenate((self.r_keys, self.m_prev[sel])), np.concatenate((self.r_slot, self.m_old[sel])),
+                np.concatenate((self.a_keys, self.m_keys[sel])), np.concatenate((self.a_slot, self.m_new[sel])),
+            )
+        return self._events[stay]
+
+
+def _unique_slots(slots: I64) -> tuple[I64, I64]:
+    """``np.unique(slots, return_inverse=True)``; by counting when slots are dense (O(n))."""
+    if slots.size < 256:
+        return np.unique(slots, return_inverse=True)
+    top = int(slots.max()) + 1
+    if top > 4 * slots.size:
+        return np.unique(slots, return_inverse=True)
+    present = np.bincount(slots, minlength=top) > 0
+    touched = np.flatnonzero(present)
+    rank = np.cumsum(present) - 1
+    return touched, rank[slots]
+
+
+def _two_sum(hi: F64, lo: F64, at: I64, b: npt.NDArray[Any]) -> None:
+    """``hi[at] + lo[at] += b`` keeping the rounding error of the addition in ``lo``
+    (Knuth's two-sum: ``s + err == a + b`` exactly), so sums carried across cycles do
+    not drift: a value added in one cycle and removed in another leaves no trace."""
+    a = hi[at]
+    s = a + b
+    bb = s - a
+    hi[at] = s
+    lo[at] += (a - (s - bb)) + (b - bb)
+
+
+def _grow(arr: npt.NDArray[Any], cap: int) -> npt.NDArray[Any]:
+    if cap <= arr.size:
+        return arr
+    out = np.zeros(max(cap, 2 * arr.size), dtype=arr.dtype)
+    out[: arr.size] = arr
+    return out
+
+
+class Moments:
+    """Count, sum and spread of one numeric column per group (for sum, mean and std).
+
+    For ``std`` it also reads the column's :class:`Extremes` (kept by the caller, updated
+    before :meth:`apply`): a group whose min equals its max is reset to an exact zero
+    spread, and a group whose error bound — ``eps`` times the magnitude of everything its
+    sum of squares ever absorbed (``mag``) — passes ``1e-10`` of that sum is recomputed
+    from its values (cost: the group's distinct values; rare, as it takes a history tens
+    of thousands of times the group's current spread, or a change of scale).
+    """
+
+    #: relative error of the sum of squared deviations above which a group is recomputed
+    TOLERANCE = 1e-10
+
+    def __init__(self, dtype: np.dtype[Any], want_std: bool, values: Extremes | None = None) -> None:
+        self.is_float = dtype.kind == "f"
+        self.want_std = want_std
+        assert values is not None or not want_std
+        self.values = values
+        self.n = np.zeros(16, dtype=np.int64)  # valid values (infinities included)
+        self.pinf = np.zeros(16, dtype=np.int64)
+        self.ninf = np.zeros(16, dtype=np.int64)
+        self.s_int = np.zeros(16, dtype=np.int64)
+        self.s_hi = np.zeros(16, dtype=np.float64)
+        self.s_lo = np.zeros(16, dtype=np.float64)
+        self.k = np.zeros(16, dtype=np.float64)
+        self.sk = np.zeros(16, dtype=np.float64)  # sum of x - k, and its two-sum residue
+        self.sk_lo = np.zeros(16, dtype=np.float64)
+        self.qk = np.zeros(16, dtype=np.float64)  # sum of (x - k)**2, and its residue
+        self.qk_lo = np.zeros(16, dtype=np.float64)
+        self.mag = np.zeros(16, dtype=np.float64)  # sum of |terms| the sum of squares absorbed
+
+    def _ensure(self, cap: int) -> None:
+        for name in ("n", "pinf", "ninf", "s_int", "s_hi", "s_lo", "k", "sk", "sk_lo", "qk", "qk_lo", "mag"):
+            setattr(self, name, _grow(getattr(self, name), cap))
+
+    def apply(self, ev: Events, minus: NumPair, plus: NumPair) -> I64:
+        """Fold one cycle's events in; returns the slots touched."""
+        touched, inv, sign, nm = ev.touched, ev.inv, ev.sign, ev.nm
+        if touched.size == 0:
+            return touched
+        self._ensure(int(touched[-1]) + 1)
+        vals = np.concatenate((minus[0], plus[0]))
+        ok = np.concatenate((valid_mask(*minus), valid_mask(*plus)))
+        nt = touched.size
+
+        def count(mask: Mask) -> I64:
+            return np.bincount(inv, weights=np.where(mask, sign, 0), minlength=nt).round().astype(np.int64)
+
+        n_old = self.n[touched]
+        n_new = n_old + count(ok)
+        self.n[touched] = n_new
+        if self.is_float:
+            x = vals.astype(np.float64)
+            fin = ok & np.isfinite(x)
+            nfin_old = n_old - self.pinf[touched] - self.ninf[touched]
+            if not fin.all() and (ok & ~fin).any():
+                self.pinf[touched] += count(ok & (x == np.inf))
+                self.ninf[touched] += count(ok & (x == -np.inf))
+            _two_sum(self.s_hi, self.s_lo, touched,
+                     np.bincount(inv, weights=np.where(fin, x * sign, 0.0), minlength=nt))
+        else:
+            fin = ok
+            nfin_old = n_old
+            ds = np.zeros(nt, dtype=np.int64)
+            np.add.at(ds, inv[ok], vals[ok].astype(np.int64) * sign[ok])
+            self.s_int[touched] += ds
+        if self.want_std:
+            nfin_new = n_new - self.pinf[touched] - self.ninf[touched]
+            self._apply_spread(touched, inv, sign, vals.astype(np.float64), fin, nm, nfin_old, nfin_new)
+            self._heal(touched, nfin_new)
+        empty = touched[n_new == 0]
+        if empty.size:  # exact zeros for a group that lost its last value
+            for arr in (self.s_int, self.s_hi, self.s_lo, self.k, self.sk, self.sk_lo, self.qk,
+                        self.qk_lo, self.mag, self.pinf, self.ninf):
+                arr[empty] = 0
+        return touched
+
+    def _apply_spread(self, touched: I64, inv: I64, sign: I64, x: F64, fin: Mask, nm: int,
+                      nfin_old: I64, nfin_new: I64) -> None:
+        nt = touched.size
+        plus_fin = fin.copy()
+        plus_fin[:nm] = False
+        # a group without finite values takes the first new value as its reference K
+        fresh = nfin_old <= 0
+        if fresh.any():
+            cand = np.flatnonzero(plus_fin & fresh[inv])
+            u, first = np.unique(inv[cand], return_index=True)
+            t = touched[u]
+            self.k[t] = x[cand[first]]
+            for arr in (self.sk, self.sk_lo, self.qk, self.qk_lo, self.mag):
+                arr[t] = 0.0
+        k = self.k[touched][inv]
+        d = np.where(fin, x - k, 0.0)
+        dd = d * d
+        _two_sum(self.sk, self.sk_lo, touched, np.bincount(inv, weights=d * sign, minlength=nt))
+        _two_sum(self.qk, self.qk_lo, touched, np.bincount(inv, weights=dd * sign, minlength=nt))
+        self.mag[touched] += np.bincount(inv, weights=dd, minlength=nt)
+        # re-centre where the mean drifted away from K (the squares would cancel): the new
+        # K is the batch value nearest the mean, so for data on a grid x - K stays exact
+        nf = nfin_new.astype(np.float64)
+        sk = self.sk[touched] + self.sk_lo[touched]
+        qk = self.qk[touched] + self.qk_lo[touched]
+        drift = (nf > 0) & (sk * sk > 0.5 * qk * np.maximum(nf, 1.0))
+        if drift.any():
+            mean = self.k[touched] + sk / np.maximum(nf, 1.0)
+            cand = np.flatnonzero(plus_fin & drift[inv])
+            if cand.size:
+                dist = np.abs(x[cand] - mean[inv[cand]])
+                order = cand[np.lexsort((dist, inv[cand]))]
+                u, first = np.unique(inv[order], return_index=True)
+                pick = order[first]
+                better = np.abs(x[pick] - mean[u]) < np.abs(self.k[touched[u]] - mean[u])
+                u, pick = u[better], pick[better]
+                t = touched[u]
+                delta = x[pick] - self.k[t]
+                nfu, sku, qku = nf[u], sk[u], qk[u]
+                self.mag[t] += np.abs(2.0 * delta * sku) + nfu * delta * delta
+                self.qk[t] = np.maximum(qku - 2.0 * delta * sku + nfu * delta * delta, 0.0)
+                self.sk[t] = sku - nfu * delta
+                self.sk_lo[t] = self.qk_lo[t] = 0.0
+                self.k[t] = x[pick]
+        gone = touched[nfin_new <= 0]
+        for arr in (self.sk, self.sk_lo, self.qk, self.qk_lo, self.mag):
+            arr[gone] = 0.0
+
+    def _heal(self, touched: I64, nfin: I64) -> None:
+        """Exact zero spread where min == max; recompute groups whose error bound is too big."""
+        assert self.values is not None
+        only_finite = (nfin > 0) & (self.pinf[touched] == 0) & (self.ninf[touched] == 0)
+        t = touched[only_finite]
+        if t.size == 0:
+            return
+        lo, _ = self.values.min(t)
+        hi, _ = self.values.max(t)
+        flat = lo == hi
+        f = t[flat]
+        self.k[f] = lo[flat].astype(np.float64)
+        for arr in (self.sk, self.sk_lo, self.qk, self.qk_lo, self.mag):
+            arr[f] = 0.0
+        t = t[~flat]
+        qk = np.maximum(self.qk[t] + self.qk_lo[t], 0.0)
+        bad = t[8.0 * np.finfo(np.float64).eps * self.mag[t] > self.TOLERANCE * qk]
+        if bad.size:
+            self._recompute(bad)
+
+    def _recompute(self, groups: I64) -> None:
+        """Rebuild the spread of ``groups`` from their values, two-pass about the mean."""
+        assert self.values is not None
+        owner, enc, cnt = self.values.set.entries(groups)
+        x = decode(enc, self.values.dtype).astype(np.float64)
+        c = cnt.astype(np.float64)
+        n = np.bincount(owner, weights=c, minlength=groups.size)
+        mean = np.bincount(owner, weights=c * x, minlength=groups.size) / np.maximum(n, 1.0)
+        d = x - mean[owner]
+        self.k[groups] = mean
+        self.sk[groups] = np.bincount(owner, weights=c * d, minlength=groups.size)
+        self.qk[groups] = self.mag[groups] = np.bincount(owner, weights=c * d * d, minlength=groups.size)
+        self.sk_lo[groups] = self.qk_lo[groups] = 0.0
+
+    def _special(self, slots: I64) -> tuple[Mask, Mask, Mask]:
+        p, m = self.pinf[slots] > 0, self.ninf[slots] > 0
+        return p & m, p & ~m, m & ~p
+
+    def sum(self, slots: I64) -> NumPair:
+        if not self.is_float:
+            return self.s_int[slots], None
+        nan, pos, neg = self._special(slots)
+        out = self.s_hi[slots] + self.s_lo[slots]
+        out = np.where(nan, np.nan, np.where(pos, np.inf, np.where(neg, -np.inf, out)))
+        return out, None
+
+    def mean(self, slots: I64) -> NumPair:
+        n = self.n[slots]
+        total = self.sum(slots)[0].astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = total / np.maximum(n, 1)
+        return out, n > 0
+
+    def std(self, slots: I64) -> NumPair:
+        n = self.n[slots]
+        nfin = n - self.pinf[slots] - self.ninf[slots]
+        nf = np.maximum(nfin, 2).astype(np.float64)
+        sk = self.sk[slots] + self.sk_lo[slots]
+        qk = self.qk[slots] + self.qk_lo[slots]
+        var = np.maximum(qk - sk * sk / nf, 0.0) / (nf - 1.0)
+        out = np.where(nfin < n, np.nan, np.sqrt(var))
+        return out, n > 1
+
+
+class Extremes:
+    """Min and max of one numeric column per group."""
+
+    def __init__(self, dtype: np.dtype[Any]) -> None:
+        self.dtype = dtype
+        self.set = ValueMultiset()
+
+    def apply(self, ev: Events, minus: NumPair, plus: NumPair) -> I64:
+        if ev.slots.size == 0:
+            return ev.touched
+        vals = np.concatenate((minus[0], plus[0]))
+        ok = np.concatenate((valid_mask(*minus), valid_mask(*plus)))
+        if ok.all():
+            self.set.update(ev.slots, encode(vals), ev.sign)
+        else:
+            self.set.update(ev.slots[ok], encode(vals[ok]), ev.sign[ok])
+        return ev.touched
+
+    def min(self, slots: I64) -> NumPair:
+        enc, found = self.set.min_of(slots)
+        return decode(enc, self.dtype), found
+
+    def max(self, slots: I64) -> NumPair:
+        enc, found = self.set.max_of(slots)
+        return decode(enc, self.dtype), found
+
+
+class Distinct:
+    """Number of distinct valid values of one column per group.
+
+    ``(slot, value)`` pairs are keyed by a 64-bit hash and verified by the slot and a
+    second, independent 64-bit hash of the value (exact bits for numbers), so two pairs
+    are merged only if 128 bits agree; a 64-bit clash raises instead of miscounting.
+    """
+
+    def __init__(self) -> None:
+        self.index = U64Map()
+        self.e_slot = np.zeros(1024, dtype=np.int64)
+        self.e_h2 = np.zeros(1024, dtype=np.uint64)
+        self.e_cnt = np.zeros(1024, dtype=np.int64)
+        self.next_id = 0
+        self.free: I64 = _EMPTY_I
+        self.nd = np.zeros(16, dtype=np.int64)
+
+    def _alloc(self, n: int) -> I64:
+        take = min(n, self.free.size)
+        ids = np.concatenate((self.free[:take], np.arange(self.next_id, self.next_id + n - take)))
+        self.free = self.free[take:]
+        self.next_id += n - take
+        self.e_slot = _grow(self.e_slot, self.next_id)
+        self.e_h2 = _grow(self.e_h2, self.next_id)
+        self.e_cnt = _grow(self.e_cnt, self.next_id)
+        return ids.astype(np.int64)
+
+    @staticmethod
+    def _value_hashes(arr: pa.Array) -> tuple[U64, U64, Mask]:
+        if numpy_storage_dtype(arr.type) is not None:
+            values, valid = numpy_of(arr)
+            bits = numeric_bits(values)
+            return mix64(bits ^ np.uint64(0xA5A5A5A5)), bits, valid_mask(values, valid)
+        h1, h2, _ = column_hash(arr)
+        ok = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else np.ones(len(arr), dtype=bool)
+        return h1, h2, ok
+
+    def apply(self, ev: Events, minus: pa.Array, plus: pa.Array) -> I64:
+        if ev.slots.size == 0:
+            return ev.touched
+        self.nd = _grow(self.nd, int(ev.touched[-1]) + 1)
+        h1m, h2m, okm = self._value_hashes(minus)
+        h1p, h2p, okp = self._value_hashes(plus)
+        ok = np.concatenate((okm, okp))
+        s, h2, sign = ev.slots[ok], np.concatenate((h2m, h2p))[ok], ev.sign[ok]
+        with np.errstate(over="ignore"):
+            key = mix64(np.concatenate((h1m, h1p))[ok] ^ mix64(s.view(np.uint64) + np.uint64(0x51ED)))
+        uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        us, uh2 = s[first], h2[first]
+        if (s != us[inv]).any() or (h2 != uh2[inv]).any():
+            raise TicktableError("count_distinct: two different values have equal 64-bit hashes")
+        net = np.bincount(inv, weights=sign).round().astype(np.int64)
+        nz = net != 0
+        uk, us, uh2, net = uk[nz], us[nz], uh2[nz], net[nz]
+        ids = self.index.lookup(uk)
+        found = ids >= 0
+        fid = ids[found]
+        if ((self.e_slot[fid] != us[found]) | (self.e_h2[fid] != uh2[found])).any():
+            raise TicktableError("count_distinct: two different values have equal 64-bit hashes")
+        c0 = np.zeros(uk.size, dtype=np.int64)
+        c0[found] = self.e_cnt[fid]
+        c1 = c0 + net
+        if (c1 < 0).any():
+            raise UpdateInvariantError("A1", "count_distinct removed a value its group does not hold")
+        self.e_cnt[fid] = c1[found]
+        gone = found & (c1 == 0)
+        if gone.any():
+            self.index.delete(uk[gone])
+            self.free = np.concatenate((self.free, ids[gone]))
+        new = ~found
+        nid = self._alloc(int(new.sum()))
+        if nid.size:
+            self.e_slot[nid], self.e_h2[nid], self.e_cnt[nid] = us[new], uh2[new], c1[new]
+            self.index.insert(uk[new], nid)
+        step = (c1 > 0).astype(np.int64) - (c0 > 0).astype(np.int64)
+        np.add.at(self.nd, us, step)
+        return ev.touched
+
+    def count(self, slots: I64) -> NumPair:
+        return self.nd[slots], None

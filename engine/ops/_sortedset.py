@@ -1,0 +1,528 @@
+"""Per-group sorted sets: the state behind incremental min, max, first and last.
+
+Both structures here hold pairs ``(group, value)`` — ``value`` a ``uint64`` whose unsigned
+order is the order wanted — and answer "smallest / largest live value of each of these
+groups" for a whole batch of groups at once:
+
+* :class:`ValueMultiset` — values with multiplicities (order-preserving encodings of
+  numbers, for min/max); entries are found by vectorized binary search, no hashing;
+* :class:`RowKeySet` — parent row keys, each in one group (for first/last); entries are
+  found through a hash of the row key, and :meth:`RowKeySet.shift` follows parent shifts.
+
+Layout, an LSM tree of two levels, so that every cost follows the change:
+
+* **base** — pairs sorted by ``(group, value)``; group ``g`` owns positions
+  ``[gstart[g], gend[g])``. An entry whose count drops to zero stays in place as a
+  tombstone and its bit in a hierarchical bitset (:class:`_LiveBits`) is cleared, so
+  "first live position at or after ``gstart[g]``" is one vectorized next-set-bit search
+  of ``O(log64 N)`` numpy calls per batch, however many tombstones the group holds (a
+  group of a million rows losing its maximum every cycle costs what any group costs).
+* **delta** — a sorted array of the pairs created since the last merge, rebuilt in
+  ``O(delta)`` in the cycles it changes.
+
+When the delta passes ``max(MERGE_MIN, N/8)`` entries, or tombstones pass the live
+entries, delta and base are merged in ``O(N)`` (amortized ``O(1)`` per change, as in any
+LSM tree; the merge itself is a pause of tens of milliseconds per million entries).
+
+Row keys shift (the parent moves surviving rows without reordering them), so in a
+:class:`RowKeySet` live entries stay sorted when their keys are rewritten in place;
+tombstones keep stale keys, but they are never searched (skipped by the bitset, dropped
+at merge), so their order does not matter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.errors import UpdateInvariantError
+from engine.ops._aggkeys import U64Map
+
+__all__ = ["RowKeySet", "ValueMultiset", "lex_order"]
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+Mask = npt.NDArray[np.bool_]
+T = TypeVar("T", bound=np.generic)
+
+_ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
+_ONE = np.uint64(1)
+_SIX = np.int64(6)
+_63 = np.int64(63)
+_2_53 = np.uint64(1 << 53)
+_EMPTY_I = np.empty(0, dtype=np.int64)
+_EMPTY_U = np.empty(0, dtype=np.uint64)
+
+
+def lex_order(g: I64, v: U64) -> I64:
+    """Permutation sorting pairs by ``(g, v)`` (two argsorts beat ``lexsort`` on small batches)."""
+    o = np.argsort(v, kind="stable")
+    return o[np.argsort(g[o], kind="stable")]
+
+
+def _grow(arr: npt.NDArray[T], cap: int, fill: int = 0) -> npt.NDArray[T]:
+    if cap <= arr.size:
+        return arr
+    out = np.full(max(cap, 2 * arr.size), fill, dtype=arr.dtype)
+    out[: arr.size] = arr
+    return out
+
+
+# bit tricks -------------------------------------------------------------------------------
+def _hsb(x: U64) -> I64:
+    """Index of the highest set bit of each (non-zero) word."""
+    big = x >= _2_53
+    # float64 holds 53 bits exactly; shift bigger words down first so rounding cannot carry
+    _, e = np.frexp(np.where(big, x >> np.uint64(11), x).astype(np.float64))
+    return e.astype(np.int64) - 1 + np.where(big, 11, 0)
+
+
+def _ctz(x: U64) -> I64:
+    """Index of the lowest set bit of each (non-zero) word."""
+    with np.errstate(over="ignore"):
+        return _hsb(x & (~x + _ONE))
+
+
+def _pack(flags: Mask) -> U64:
+    padded = np.zeros((flags.size + 63) // 64 * 64, dtype=bool)
+    padded[: flags.size] = flags
+    return np.packbits(padded, bitorder="little").view("<u8").astype(np.uint64)
+
+
+class _LiveBits:
+    """A bitset over ``n`` positions (all set at first) with summary levels, for
+    vectorized next/prev-set-bit: level ``k+1`` has a bit per non-zero word of level ``k``,
+    and a search climbs only as far as it must."""
+
+    def __init__(self, n: int) -> None:
+        levels = [_pack(np.ones(n, dtype=bool))]
+        while levels[-1].size > 1:
+            levels.append(_pack(levels[-1] != 0))
+        self.levels = levels
+
+    def set(self, pos: I64) -> None:
+        for words in self.levels:
+            if pos.size == 0:
+                return
+            w = pos >> _SIX
+            np.bitwise_or.at(words, w, _ONE << (pos & _63).astype(np.uint64))
+            pos = np.unique(w)
+
+    def clear(self, pos: I64) -> None:
+        for words in self.levels:
+            if pos.size == 0:
+                return
+            w = pos >> _SIX
+            np.bitwise_and.at(words, w, ~(_ONE << (pos & _63).astype(np.uint64)))
+            uw = np.unique(w)
+            pos = uw[words[uw] == 0]
+
+    def next_set(self, pos: I64, level: int = 0) -> I64:
+        """Smallest set position ``>= pos`` for each query, ``-1`` where there is none."""
+        words = self.levels[level]
+        out = np.full(pos.size, -1, dtype=np.int64)
+        w = pos >> _SIX
+        inb = w < words.size
+        word = np.zeros(pos.size, dtype=np.uint64)
+        word[inb] = words[w[inb]] & (_ALL << (pos[inb] & _63).astype(np.uint64))
+        hit = word != 0
+        out[hit] = (w[hit] << _SIX) + _ctz(word[hit])
+        miss = np.flatnonzero(~hit)
+        if miss.size and level + 1 < len(self.levels):
+            up = self.next_set(w[miss] + 1, level + 1)
+            ok = up >= 0
+            out[miss[ok]] = (up[ok] << _SIX) + _ctz(words[up[ok]])
+        return out
+
+    def prev_set(self, pos: I64, level: int = 0) -> I64:
+        """Largest set position ``<= pos`` for each query, ``-1`` where there is none."""
+        words = self.levels[level]
+        out = np.full(pos.size, -1, dtype=np.int64)
+        w = pos >> _SIX
+        inb = (pos >= 0) & (w < words.size)
+        word = np.zeros(pos.size, dtype=np.uint64)
+        word[inb] = words[w[inb]] & (_ALL >> (_63 - (pos[inb] & _63)).astype(np.uint64))
+        hit = word != 0
+        out[hit] = (w[hit] << _SIX) + _hsb(word[hit])
+        miss = np.flatnonzero(~hit & (pos >= 0))
+        if miss.size and level + 1 < len(self.levels):
+            up = self.prev_set(w[miss] - 1, level + 1)
+            ok = up >= 0
+            out[miss[ok]] = (up[ok] << _SIX) + _hsb(words[up[ok]])
+        return out
+
+
+def _segment_search(vals: U64, lo: I64, hi: I64, q: U64) -> I64:
+    """First position in ``[lo, hi)`` with ``vals >= q`` (``vals`` sorted in each segment).
+
+    One vectorized bisection round per bit of the widest segment (a loop over bits, not
+    over queries).
+    """
+    lo, hi = lo.copy(), hi.copy()
+    if lo.size == 0 or vals.size == 0:
+        return lo
+    last = vals.size - 1
+    for _ in range(int((hi - lo).max()).bit_length()):
+        active = lo < hi
+        mid = (lo + hi) >> 1
+        lt = vals[np.minimum(mid, last)] < q
+        lo = np.where(active & lt, mid + 1, lo)
+        hi = np.where(active & ~lt, mid, hi)
+    return lo
+
+
+def _find(vals: U64, lo: I64, hi: I64, q: U64) -> tuple[I64, Mask]:
+    """``(position, found)`` of each ``q`` in its segment ``[lo, hi)`` of sorted ``vals``
+    (the position is where ``q`` would be inserted when absent)."""
+    pos = _segment_search(vals, lo, hi, q)
+    found = pos < hi
+    found[found] = vals[pos[found]] == q[found]
+    return pos, found
+
+
+def _expand(lo: I64, hi: I64) -> tuple[I64, I64]:
+    """All positions of the ranges ``[lo[i], hi[i])``, with the ``i`` each belongs to."""
+    lens = np.maximum(hi - lo, 0)
+    owner = np.repeat(np.arange(lo.size, dtype=np.int64), lens)
+    starts = np.cumsum(lens) - lens
+    return owner, np.arange(owner.size, dtype=np.int64) - starts[owner] + lo[owner]
+
+
+class _Merger:
+    """Interleaves sorted base columns with delta values going in at positions ``at``
+    (non-decreasing): one mask, then two scatters per column (``np.insert`` sorts)."""
+
+    def __init__(self, at: I64) -> None:
+        self._dpos = at + np.arange(at.size, dtype=np.int64)
+        self._mask: Mask | None = None
+
+    def __call__(self, base: npt.NDArray[T], delta: npt.NDArray[Any]) -> npt.NDArray[T]:
+        n = base.size + delta.size
+        if self._mask is None:
+            self._mask = np.ones(n, dtype=bool)
+            self._mask[self._dpos] = False
+        out = np.empty(n, dtype=base.dtype)
+        out[self._dpos] = delta
+        out[self._mask] = base
+        return out
+
+
+class _Sorted:
+    """The base + delta layout and the min/max queries shared by both structures.
+
+    Searches by ``(group, value)`` go through a *coarse key*, one sortable ``uint64``:
+    the group in the high 32 bits and the value, clipped to the range seen at the last
+    merge and shifted down to 32 bits, in the low ones. It is monotone in ``(group,
+    value)``, so ``np.searchsorted`` on it narrows each query to the few entries sharing
+    its coarse key, and a short bisection on the full value finishes.
+    """
+
+    #: the delta is merged once it holds more than ``max(MERGE_MIN, N/8)`` entries
+    MERGE_MIN = 4096
+
+    def __init__(self) -> None:
+        self._b_v: U64 = _EMPTY_U  # base values, sorted within each group's segment
+        self._b_k: U64 = _EMPTY_U  # base coarse keys (non-decreasing)
+        self._gstart: I64 = _EMPTY_I
+        self._gend: I64 = _EMPTY_I
+        self._bits = _LiveBits(0)
+        self._dead = 0
+        self._d_g: I64 = _EMPTY_I  # delta, sorted by (group, value)
+        self._d_v: U64 = _EMPTY_U
+        self._d_k: U64 = _EMPTY_U
+        self._vmin, self._vmax, self._vshift = np.uint64(0), _ALL, np.uint64(32)
+
+    def __len__(self) -> int:
+        """Number of live entries."""
+        return int(self._b_v.size - self._dead + self._d_g.size)
+
+    def _coarse(self, g: I64, v: U64) -> U64:
+        low = (np.clip(v, self._vmin, self._vmax) - self._vmin) >> self._vshift
+        return (g.astype(np.uint64) << np.uint64(32)) | low
+
+    @staticmethod
+    def _locate(keys: U64, vals: U64, qk: U64, qv: U64) -> tuple[I64, Mask]:
+        """``(position, found)`` of each query among sorted ``(keys, vals)``; the position
+        is the insertion point when absent.
+
+        One ``searchsorted`` settles a query whose coarse key is absent or whose first
+        entry is the match (the usual case); only the rest pay for a second search and a
+        bisection of their tie range."""
+        pos = np.searchsorted(keys, qk, "left")
+        if keys.size == 0:
+            return pos, np.zeros(qk.size, dtype=bool)
+        at = np.minimum(pos, keys.size - 1)
+        tie = (pos < keys.size) & (keys[at] == qk)
+        found = tie & (vals[at] == qv)
+        more = np.flatnonzero(tie & ~found)
+        if more.size:
+            hi = np.searchsorted(keys, qk[more], "right")
+            pos[more], found[more] = _find(vals, pos[more], hi, qv[more])
+        return pos, found
+
+    def _segments(self, g: I64) -> tuple[I64, I64]:
+        """Base segment ``[lo, hi)`` of each group (empty for groups newer than the base)."""
+        ok = g < self._gstart.size
+        lo = np.zeros(g.size, dtype=np.int64)
+        hi = np.zeros(g.size, dtype=np.int64)
+        lo[ok], hi[ok] = self._gstart[g[ok]], self._gend[g[ok]]
+        return lo, hi
+
+    def _delta_insert(self, g: I64, v: U64, k: U64, at: I64 | None, *extra: tuple[I64, I64]) -> list[I64]:
+        """Insert pairs sorted by ``(g, v)`` (absent from the delta, coarse keys ``k``) into
+        the delta at positions ``at`` (found here when None); each ``(column, values)`` of
+        ``extra`` is inserted alongside. Returns the new extra columns."""
+        if at is None:
+            at = self._locate(self._d_k, self._d_v, k, v)[0]
+        merge = _Merger(at)
+        self._d_g, self._d_v, self._d_k = merge(self._d_g, g), merge(self._d_v, v), merge(self._d_k, k)
+        return [merge(col, vals) for col, vals in extra]
+
+    def _delta_keep(self, keep: Mask) -> None:
+        self._d_g, self._d_v, self._d_k = self._d_g[keep], self._d_v[keep], self._d_k[keep]
+
+    def _should_merge(self) -> bool:
+        live = self._b_v.size - self._dead
+        return self._d_g.size > max(self.MERGE_MIN, live // 8) or self._dead > max(self.MERGE_MIN, live)
+
+    def _merge_base(self, alive: Mask) -> _Merger:
+        """Replace the base by its ``alive`` entries plus the delta; clears the delta.
+
+        Returns the :class:`_Merger` that interleaves the subclass's own columns the same
+        way."""
+        b_g = np.repeat(np.arange(self._gstart.size, dtype=np.int64), self._gend - self._gstart)
+        b_v = self._b_v
+        if not alive.all():
+            b_g, b_v = b_g[alive], b_v[alive]
+        d_g, d_v = self._d_g, self._d_v
+        if b_v.size or d_v.size:  # a fresh coarse transform over the current values
+            lo = min(int(b_v.min()) if b_v.size else 2**64 - 1, int(d_v.min()) if d_v.size else 2**64 - 1)
+            hi = max(int(b_v.max()) if b_v.size else 0, int(d_v.max()) if d_v.size else 0)
+            self._vmin, self._vmax = np.uint64(lo), np.uint64(hi)
+            self._vshift = np.uint64(max(0, (hi - lo).bit_length() - 32))
+        b_k, d_k = self._coarse(b_g, b_v), self._coarse(d_g, d_v)
+        merger = _Merger(self._locate(b_k, b_v, d_k, d_v)[0])
+        ngroups = max(self._gstart.size, int(d_g[-1]) + 1 if d_g.size else 0)
+        counts = np.bincount(b_g, minlength=ngroups) + np.bincount(d_g, minlength=ngroups)
+        self._gend = np.cumsum(counts)
+        self._gstart = self._gend - counts
+        self._b_v, self._b_k = merger(b_v, d_v), merger(b_k, d_k)
+        self._bits = _LiveBits(self._b_v.size)
+        self._dead = 0
+        self._d_g, self._d_v, self._d_k = _EMPTY_I, _EMPTY_U, _EMPTY_U
+        return merger
+
+    def _extreme(self, groups: I64, largest: bool) -> tuple[U64, Mask]:
+        val = np.zeros(groups.size, dtype=np.uint64)
+        found = np.zeros(groups.size, dtype=bool)
+        if self._b_v.size:
+            lo, hi = self._segments(groups)
+            sel = np.flatnonzero(lo < hi)
+            lo, hi = lo[sel], hi[sel]
+            if largest:
+                p = self._bits.prev_set(hi - 1)
+                ok = (p >= 0) & (p >= lo)
+            else:
+                p = self._bits.next_set(lo)
+                ok = (p >= 0) & (p < hi)
+            val[sel[ok]] = self._b_v[p[ok]]
+            found[sel[ok]] = True
+        if self._d_g.size:
+            lo = np.searchsorted(self._d_g, groups, "left")
+            hi = np.searchsorted(self._d_g, groups, "right")
+            has = np.flatnonzero(lo < hi)
+            dv = self._d_v[(hi - 1 if largest else lo)[has]]
+            cur, had = val[has], found[has]
+            better = ~had | ((dv > cur) if largest else (dv < cur))
+            val[has] = np.where(better, dv, cur)
+            found[has] = True
+        return val, found
+
+    def min_of(self, groups: I64) -> tuple[U64, Mask]:
+        """Smallest live value of each group, and whether the group holds any."""
+        return self._extreme(groups, largest=False)
+
+    def max_of(self, groups: I64) -> tuple[U64, Mask]:
+        """Largest live value of each group, and whether the group holds any."""
+        return self._extreme(groups, largest=True)
+
+
+class ValueMultiset(_Sorted):
+    """Values with multiplicities per group; min and max per group, vectorized."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._b_c: I64 = _EMPTY_I  # count per base position (0: tombstone)
+        self._d_c: I64 = _EMPTY_I
+
+    def update(self, g: I64, v: U64, d: I64) -> None:
+        """Add ``d[i]`` (may be negative) to the count of ``(g[i], v[i])``.
+
+        Raises
+        ------
+        UpdateInvariantError
+            If a count would go negative (a value removed that the group does not hold).
+        """
+        if g.size == 0:
+            return
+        o = lex_order(g, v)
+        g, v, d = g[o], v[o], d[o]
+        first = np.flatnonzero(np.concatenate(([True], (g[1:] != g[:-1]) | (v[1:] != v[:-1]))))
+        g, v, net = g[first], v[first], np.add.reduceat(d, first)
+        nz = net != 0
+        g, v, net = g[nz], v[nz], net[nz]
+        k = self._coarse(g, v)
+        if self._b_v.size:  # base: counts change in place, the bitset follows
+            pos, hit = self._locate(self._b_k, self._b_v, k, v)
+            bp = pos[hit]
+            c0 = self._b_c[bp]
+            c1 = c0 + net[hit]
+            if (c1 < 0).any():
+                raise UpdateInvariantError("A1", "a value was removed from a group that does not hold it")
+            self._b_c[bp] = c1
+            died, born = bp[(c0 > 0) & (c1 == 0)], bp[(c0 == 0) & (c1 > 0)]
+            self._bits.clear(died)
+            self._bits.set(born)
+            self._dead += died.size - born.size
+            rest = ~hit
+            g, v, k, net = g[rest], v[rest], k[rest], net[rest]
+        if g.size:  # delta: counts in place, new pairs inserted, zero counts dropped
+            pos, hit = self._locate(self._d_k, self._d_v, k, v)
+            self._d_c[pos[hit]] += net[hit]
+            new = ~hit
+            if (net[new] < 0).any() or (self._d_c[pos[hit]] < 0).any():
+                raise UpdateInvariantError("A1", "a value was removed from a group that does not hold it")
+            if new.any():
+                (self._d_c,) = self._delta_insert(g[new], v[new], k[new], pos[new], (self._d_c, net[new]))
+            keep = self._d_c != 0
+            if not keep.all():
+                self._delta_keep(keep)
+                self._d_c = self._d_c[keep]
+        if self._should_merge():
+            self._merge()
+
+    def entries(self, groups: I64) -> tuple[I64, U64, I64]:
+        """Every live ``(value, count)`` of ``groups``: ``(index into groups, value, count)``.
+
+        Costs the size of those groups (it is how a group is recomputed from scratch)."""
+        owner, pos = _expand(*self._segments(groups))
+        c = self._b_c[pos]
+        keep = c > 0
+        d_owner, d_pos = _expand(np.searchsorted(self._d_g, groups, "left"),
+                                 np.searchsorted(self._d_g, groups, "right"))
+        return (np.concatenate((owner[keep], d_owner)), np.concatenate((self._b_v[pos[keep]], self._d_v[d_pos])),
+                np.concatenate((c[keep], self._d_c[d_pos])))
+
+    def _merge(self) -> None:
+        """Fold the delta into the base and drop tombstones (O(N), amortized over changes)."""
+        alive = self._b_c > 0
+        b_c, d_c = self._b_c[alive], self._d_c
+        self._b_c = self._merge_base(alive)(b_c, d_c)
+        self._d_c = _EMPTY_I
+
+
+class RowKeySet(_Sorted):
+    """Parent row keys per group, following parent shifts; first and last row per group."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._map = U64Map()  # row key -> entry id
+        self._eg = np.zeros(1024, dtype=np.int64)  # entry -> group
+        self._epos = np.full(1024, -1, dtype=np.int64)  # entry -> base position, or -2 - delta position
+        self._next_id = 0
+        self._free: I64 = _EMPTY_I
+        self._b_ids: I64 = _EMPTY_I
+        self._d_ids: I64 = _EMPTY_I
+
+    def _alloc(self, n: int) -> I64:
+        take = min(n, self._free.size)
+        ids = np.concatenate((self._free[:take],
+                              np.arange(self._next_id, self._next_id + n - take, dtype=np.int64)))
+        self._free = self._free[take:]
+        self._next_id += n - take
+        self._eg = _grow(self._eg, self._next_id)
+        self._epos = _grow(self._epos, self._next_id, -1)
+        return ids
+
+    def _ids(self, keys: I64, what: str) -> I64:
+        ids = self._map.lookup(keys.view(np.uint64))
+        if (ids < 0).any():
+            raise UpdateInvariantError("A1", f"{what} row keys {keys[ids < 0][:10].tolist()} are in no group")
+        return ids
+
+    def _index_delta(self) -> None:
+        self._epos[self._d_ids] = -2 - np.arange(self._d_ids.size, dtype=np.int64)
+
+    def groups_of(self, keys: I64) -> I64:
+        """The group of each row key (``-1`` where absent)."""
+        ids = self._map.lookup(keys.view(np.uint64))
+        return np.where(ids >= 0, self._eg[np.maximum(ids, 0)], -1)
+
+    def insert_keys(self, g: I64, keys: I64) -> None:
+        """Add row ``keys`` (absent, distinct) to groups ``g``."""
+        if keys.size == 0:
+            return
+        v = keys.view(np.uint64)
+        ids = self._alloc(keys.size)
+        self._eg[ids] = g
+        self._map.insert(v, ids)
+        o = lex_order(g, v)
+        g, v = g[o], v[o]
+        (self._d_ids,) = self._delta_insert(g, v, self._coarse(g, v), None, (self._d_ids, ids[o]))
+        self._index_delta()
+        if self._should_merge():
+            self._merge()
+
+    def remove_keys(self, keys: I64) -> None:
+        """Remove row ``keys`` (present, distinct)."""
+        if keys.size == 0:
+            return
+        ids = self._ids(keys, "removed")
+        self._map.delete(keys.view(np.uint64))
+        pos = self._epos[ids]
+        inbase = pos >= 0
+        self._bits.clear(pos[inbase])  # base ids stay taken until the merge drops them
+        self._dead += int(inbase.sum())
+        if not inbase.all():
+            keep = np.ones(self._d_ids.size, dtype=bool)
+            keep[-2 - pos[~inbase]] = False
+            self._epos[ids[~inbase]] = -1
+            self._free = np.concatenate((self._free, ids[~inbase]))
+            self._delta_keep(keep)
+            self._d_ids = self._d_ids[keep]
+            self._index_delta()
+        if self._should_merge():
+            self._merge()
+
+    def shift(self, prev: I64, cur: I64) -> None:
+        """Row keys ``prev[i]`` (present) are now ``cur[i]``; relative order is unchanged."""
+        if prev.size == 0:
+            return
+        ids = self._ids(prev, "shifted")
+        c = cur.view(np.uint64)
+        self._map.delete(prev.view(np.uint64))
+        self._map.insert(c, ids)
+        pos = self._epos[ids]
+        k = self._coarse(self._eg[ids], c)
+        b, d = pos >= 0, -2 - pos[pos < 0]
+        self._b_v[pos[b]], self._b_k[pos[b]] = c[b], k[b]
+        self._d_v[d], self._d_k[d] = c[~b], k[~b]
+
+    def _merge(self) -> None:
+        """Fold the delta into the base and drop tombstones (O(N), amortized over changes)."""
+        alive = self._live_mask()
+        dead = self._b_ids[~alive]
+        if dead.size:  # removed rows' ids are free once the base forgets them
+            self._epos[dead] = -1
+            self._free = np.concatenate((self._free, dead))
+        b_ids, d_ids = self._b_ids[alive], self._d_ids
+        self._b_ids = self._merge_base(alive)(b_ids, d_ids)
+        self._d_ids = _EMPTY_I
+        self._epos[self._b_ids] = np.arange(self._b_ids.size, dtype=np.int64)
+
+    def _live_mask(self) -> Mask:
+        """Base positions whose bit is set (rows still present)."""
+        words = self._bits.levels[0].astype("<u8")
+        return np.unpackbits(words.view(np.uint8), bitorder="little")[: self._b_v.size].astype(bool)

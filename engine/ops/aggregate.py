@@ -1,0 +1,641 @@
+"""Aggregation by group: ``agg_by``, ``first_by``, ``last_by``, ``count_by`` (DESIGN.md §3).
+
+The result has one row per group of equal ``by`` values: the ``by`` columns, then one
+column per :class:`Agg`. It is kept current one cycle at a time, at a cost that follows the
+parent's change, never the parent's size.
+
+Semantics (pandas ``groupby(by, dropna=False)`` where pandas has an answer):
+
+* **Groups.** Null keys form their own group (one per distinct combination of nulls and
+  values). Floats: ``-0.0`` and ``0.0`` are one key, every NaN is one key (distinct from
+  null). ``by=()`` makes one group of the whole table; like Deephaven, it has *no row*
+  while the parent is empty.
+* **Nulls.** ``sum``, ``mean``, ``std``, ``min``, ``max`` and ``count_distinct`` skip
+  nulls and float NaN (pandas cannot tell them apart); ``count`` counts rows. The sum of a
+  group without values is 0, its mean/min/max null, its std null below two values
+  (sample std, ``ddof=1``). ``+inf`` and ``-inf`` follow IEEE (``inf - inf`` is NaN).
+  ``first``/``last`` take the value of the group's first/last row, null or not.
+* **Types.** ``sum`` of integers or bools is int64 (wrapping like numpy), of floats
+  float64; ``mean``/``std`` float64; ``count``/``count_distinct`` int64; ``min``/``max``
+  keep the type of any fixed-width column (numbers, bools, timestamps, dates, durations);
+  ``first``/``last`` keep any type.
+* **First and last** are by parent row order (row-key order): ``first`` is the row with
+  the smallest row key in the group.
+
+Row keys and order of the result: a group's row key is assigned when the group appears and
+kept for its whole life, so the rows are in order of first appearance (for the initial
+build: parent row order). A group whose last row leaves is removed; its key is freed and
+reused from the next cycle on, so a later group may take an earlier position. A group's
+row is modified only when one of its aggregate values changed, and ``modified_columns``
+names exactly the aggregates that changed in some row (key columns never change). Nothing
+shifts.
+
+How a cycle runs (every step is numpy over the changed rows, no loop per row or group):
+
+1. Rows are grouped by hashing their ``by`` values (:func:`~engine.ops._aggkeys.hash_arrays`:
+   exact bits for one fixed-width column, a 64-bit hash otherwise) and looking the hash
+   up in a :class:`~engine.ops._aggkeys.U64Map` (hash -> slot); new groups get slots.
+   Added and modified rows are hashed once, together, in the current key space; removed
+   rows (and modified rows whose ``by`` values changed) in the previous one — or, when
+   first/last keep a row-key index anyway, looked up there without reading any key.
+   Hashes that are not exact (strings, several keys, nulls) come with a second,
+   independent 64-bit hash, checked against the group's: two keys sharing the first hash
+   raise instead of merging (both agree by chance with odds 2**-128).
+2. Each row leaving a group is a *minus* event (previous values), each row joining one a
+   *plus* event (current values); a modify that keeps its group is both, and only for the
+   aggregations whose input it modified. A cycle that touches nothing the aggregation reads
+   returns no update at all.
+3. States (``engine.ops._aggstate``) fold the events in per touched group with
+   ``np.unique``/``np.bincount``; min/max (and std, see below) keep a per-group sorted
+   multiset of values and first/last a per-group sorted set of parent row keys that
+   follows the parent's shifts (``engine.ops._sortedset``).
+4. New values of touched groups are compared with the current output; only real changes
+   are written (with previous values tracked) and reported.
+
+Costs per cycle: ``O(changed rows + touched groups)`` numpy work, plus for min/max/std and
+first/last the sorted structures, which are LSM trees: ``O(log N)`` searches per change
+and an ``O(N)`` merge every ``N/8`` new entries (amortized ``O(1)`` per change; the merge
+itself pauses a cycle by tens of milliseconds per million rows). A parent shift costs
+first/last ``O(rows moved)``. Memory: the group index and per-group state arrays, and for
+min/max/std ~40 bytes per distinct value per group, for first/last ~120 bytes per parent
+row (a row-key hash and the sorted set).
+
+Precision: integer sums are exact. Float sums are carried across cycles with two-sum
+compensation (a value added in one cycle and removed in another leaves no trace). ``std``
+sums deviations from a per-group reference value chosen among the data near the mean
+(``Moments``), snaps to an exact 0 when a group's min equals its max, and recomputes a
+group from its values when an error bound says its state lost precision (after a change
+of scale, say). Within one cycle, the values a group receives are summed plainly, so an
+incremental float result can differ from a fresh one in the last bits, as any two
+summation orders do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from engine.columns import (
+    ArrowColumnSource,
+    ColumnSource,
+    NumpyColumnSource,
+    WritableColumnSource,
+    make_column_source,
+    numpy_storage_dtype,
+)
+from engine.errors import SchemaError, TicktableError, UpdateInvariantError
+from engine.ops._aggkeys import (
+    U64Map,
+    arrow_equal,
+    fetch,
+    fetch_numpy,
+    hash_arrays,
+    unique_first,
+    values_equal,
+)
+from engine.ops._aggstate import Cycle, Distinct, Extremes, Moments
+from engine.ops._sortedset import RowKeySet
+from engine.rowset import RowSet
+from engine.table import DerivedTable, Table
+from engine.update import TableUpdate
+
+__all__ = [
+    "Agg",
+    "AggListener",
+    "agg_by",
+    "count",
+    "count_by",
+    "count_distinct",
+    "first",
+    "first_by",
+    "last",
+    "last_by",
+    "max_",
+    "mean",
+    "min_",
+    "std",
+    "sum_",
+]
+
+log = logging.getLogger(__name__)
+
+I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+NumPair = tuple[npt.NDArray[Any], Mask | None]
+_Values: TypeAlias = "NumPair | pa.Array"  # new output values: numpy if fixed-width, else Arrow
+_EMPTY_I = np.empty(0, dtype=np.int64)
+_KINDS = ("sum", "count", "min", "max", "mean", "std", "first", "last", "count_distinct")
+
+
+# the aggregation spec ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Agg:
+    """One aggregation: ``kind`` of ``column``, written to the output column ``name``.
+
+    Build it with the constructors (:func:`sum_`, :func:`count`, ...), re-exported as
+    ``tt.agg.sum`` and friends.
+    """
+
+    kind: str
+    column: str | None
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise SchemaError(f"unknown aggregation {self.kind!r} (known: {', '.join(_KINDS)})")
+        if (self.column is None) != (self.kind == "count"):
+            raise SchemaError(f"aggregation {self.kind!r} needs {'no' if self.kind == 'count' else 'a'} column")
+
+
+def sum_(col: str, name: str | None = None) -> Agg:
+    """Sum of ``col`` per group (nulls skipped; 0 for a group without values)."""
+    return Agg("sum", col, name or col)
+
+
+def count(name: str = "count") -> Agg:
+    """Number of rows per group (nulls included), in column ``name``."""
+    return Agg("count", None, name)
+
+
+def min_(col: str, name: str | None = None) -> Agg:
+    """Smallest non-null value of ``col`` per group (null if none)."""
+    return Agg("min", col, name or col)
+
+
+def max_(col: str, name: str | None = None) -> Agg:
+    """Largest non-null value of ``col`` per group (null if none)."""
+    return Agg("max", col, name or col)
+
+
+def mean(col: str, name: str | None = None) -> Agg:
+    """Mean of the non-null values of ``col`` per group (null if none)."""
+    return Agg("mean", col, name or col)
+
+
+def std(col: str, name: str | None = None) -> Agg:
+    """Sample standard deviation (``ddof=1``) of ``col`` per group (null below two values)."""
+    return Agg("std", col, name or col)
+
+
+def first(col: str, name: str | None = None) -> Agg:
+    """Value of ``col`` in the group's first row (smallest parent row key), null or not."""
+    return Agg("first", col, name or col)
+
+
+def last(col: str, name: str | None = None) -> Agg:
+    """Value of ``col`` in the group's last row (largest parent row key), null or not."""
+    return Agg("last", col, name or col)
+
+
+def count_distinct(col: str, name: str | None = None) -> Agg:
+    """Number of distinct non-null values of ``col`` per group."""
+    return Agg("count_distinct", col, name or col)
+
+
+# building ---------------------------------------------------------------------------------
+def _as_list(by: str | Sequence[str]) -> list[str]:
+    return [by] if isinstance(by, str) else list(by)
+
+
+def _output_type(agg: Agg, t: pa.DataType, table: Table) -> pa.DataType:
+    """The output type of ``agg`` over a column of type ``t``, or a SchemaError."""
+    numeric = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+    if agg.kind in ("sum", "mean", "std"):
+        if not numeric or numpy_storage_dtype(t) is None:
+            raise SchemaError(
+                f"{agg.kind}({agg.column!r}) needs a numeric column, but {agg.column!r} of "
+                f"table {table.name!r} is {t}; use count/count_distinct/first/last instead"
+            )
+        if agg.kind == "sum":
+            return pa.float64() if pa.types.is_floating(t) else pa.int64()
+        return pa.float64()
+    if agg.kind in ("min", "max"):
+        if numpy_storage_dtype(t) is None:
+            raise SchemaError(
+                f"{agg.kind}({agg.column!r}) needs a fixed-width column (numbers, bools, "
+                f"timestamps), but {agg.column!r} of table {table.name!r} is {t}; "
+                f"use first/last or sort then first_by instead"
+            )
+        return t
+    if agg.kind in ("first", "last"):
+        return t
+    return pa.int64()  # count_distinct
+
+
+def agg_by(table: Table, aggs: Agg | Sequence[Agg], by: str | Sequence[str] = ()) -> Table:
+    """One row per group of ``by`` with the aggregations ``aggs``, kept live.
+
+    See the module docstring for null semantics, types and row order.
+
+    Parameters
+    ----------
+    table
+        The parent table.
+    aggs
+        One :class:`Agg` or a sequence of them (``tt.agg.sum("Qty")``, ...).
+    by
+        Group-by column name(s); ``()`` aggregates the whole table into at most one row.
+
+    Returns
+    -------
+    Table
+        Columns ``by`` (in order) then one column per aggregation.
+
+    Raises
+    ------
+    SchemaError
+        If a column is missing, an aggregation does not fit its column's type, or two
+        output columns share a name.
+
+    Examples
+    --------
+    >>> from engine.ops import agg
+    >>> t.agg_by([agg.sum("Qty"), agg.max("Price", "Hi")], by="Sym").to_pandas()
+        Sym  Qty     Hi
+    0  AAPL   30  101.5
+    """
+    specs = [aggs] if isinstance(aggs, Agg) else list(aggs)
+    by_list = _as_list(by)
+    if not specs and not by_list:
+        raise SchemaError("agg_by needs at least one aggregation or one group-by column")
+    for a in specs:
+        if not isinstance(a, Agg):
+            raise SchemaError(f"aggs must be Agg values (tt.agg.sum(...), ...), got {a!r}")
+    names = table.column_names
+    for c in by_list + [a.column for a in specs if a.column is not None]:
+        if c not in names:
+            raise SchemaError(f"table {table.name!r} has no column {c!r} (has: {', '.join(names)})")
+    out_names = by_list + [a.name for a in specs]
+    dup = sorted({n for n in out_names if out_names.count(n) > 1})
+    if dup:
+        raise SchemaError(f"agg_by would create duplicate output column(s) {dup}; pass name= to rename")
+    fields = [table.schema.field(k) for k in by_list]
+    for a in specs:
+        t = pa.int64() if a.column is None else _output_type(a, table.schema.field(a.column).type, table)
+        fields.append(pa.field(a.name, t))
+    schema = pa.schema(fields)
+    with table.graph.shared_lock():
+        listener = AggListener(table, by_list, specs, schema)
+        columns: dict[str, ColumnSource] = dict(listener.key_cols)
+        columns.update(listener.out_cols)
+        child = _AggTable(table.graph, schema, columns, listener.initial_rowset,
+                          parents=[table], name=f"{table.name}.agg_by")
+        child.listener = listener
+    return child
+
+
+def first_by(table: Table, by: str | Sequence[str]) -> Table:
+    """The first row (smallest row key) of each group: ``by`` columns, then the others."""
+    by_list = _as_list(by)
+    return agg_by(table, [first(c) for c in table.column_names if c not in by_list], by_list)
+
+
+def last_by(table: Table, by: str | Sequence[str]) -> Table:
+    """The last row (largest row key) of each group: ``by`` columns, then the others."""
+    by_list = _as_list(by)
+    return agg_by(table, [last(c) for c in table.column_names if c not in by_list], by_list)
+
+
+def count_by(table: Table, name: str, by: str | Sequence[str] = ()) -> Table:
+    """Number of rows per group of ``by``, in column ``name``."""
+    return agg_by(table, [count(name)], by)
+
+
+class _AggTable(DerivedTable):
+    """The result table; compacts its Arrow-backed columns after a cycle when they bloat."""
+
+    def _end_cycle(self) -> None:
+        super()._end_cycle()
+        stale = [s for s in self._columns.values()
+                 if isinstance(s, ArrowColumnSource) and s.needs_compaction(self.size)]
+        if stale:
+            live = self.rowset.keys()
+            for src in stale:
+                src.compact(live)
+
+
+# the listener -----------------------------------------------------------------------------
+class AggListener:
+    """Keeps the result of :func:`agg_by` equal to a recomputation, one cycle at a time."""
+
+    def __init__(self, parent: Table, by: list[str], aggs: list[Agg], schema: pa.Schema) -> None:
+        self.parent = parent
+        self.graph = parent.graph
+        self.by = by
+        self.by_set = frozenset(by)
+        self.aggs = aggs
+        self.inputs = frozenset(a.column for a in aggs if a.column is not None)
+        self.key_cols: dict[str, WritableColumnSource] = {
+            k: make_column_source(parent.schema.field(k).type) for k in by
+        }
+        self.out_cols: dict[str, WritableColumnSource] = {
+            a.name: make_column_source(schema.field(a.name).type) for a in aggs
+        }
+        self.moments: dict[str, Moments] = {}
+        self.extremes: dict[str, Extremes] = {}
+        self.distinct: dict[str, Distinct] = {}
+        std_cols = {a.column for a in aggs if a.kind == "std"}
+        for a in aggs:
+            if a.column is None:
+                continue
+            dtype = numpy_storage_dtype(parent.schema.field(a.column).type)
+            if a.kind in ("min", "max") or a.column in std_cols:  # std heals from the values
+                assert dtype is not None
+                self.extremes.setdefault(a.column, Extremes(dtype))
+            if a.kind in ("sum", "mean", "std") and a.column not in self.moments:
+                assert dtype is not None
+                std = a.column in std_cols
+                self.moments[a.column] = Moments(dtype, std, self.extremes[a.column] if std else None)
+            elif a.kind == "count_distinct":
+                self.distinct.setdefault(a.column, Distinct())
+        self.rows = RowKeySet() if any(a.kind in ("first", "last") for a in aggs) else None
+        self.index = U64Map()  # group key hash -> slot
+        self.size = np.zeros(16, dtype=np.int64)
+        self.slot_hash = np.zeros(16, dtype=np.uint64)
+        self.slot_hash2 = np.zeros(16, dtype=np.uint64)
+        self.next_slot = 0
+        self.free: I64 = _EMPTY_I
+        self.freed_now: I64 = _EMPTY_I
+        self._in_cycle = False
+        added, _, _, _ = self._process(TableUpdate.of(added=parent.rowset))
+        self.initial_rowset = RowSet.from_keys(added, assume_sorted=True)
+
+    # groups ------------------------------------------------------------------------------
+    def _alloc(self, n: int) -> I64:
+        take = min(n, self.free.size)
+        slots = np.concatenate((self.free[:take],
+                                np.arange(self.next_slot, self.next_slot + n - take, dtype=np.int64)))
+        self.free = self.free[take:]
+        self.next_slot += n - take
+        if self.next_slot > self.size.size:
+            cap = max(self.next_slot, 2 * self.size.size)
+            for name in ("size", "slot_hash", "slot_hash2"):
+                old = getattr(self, name)
+                grown = np.zeros(cap, dtype=old.dtype)
+                grown[: old.size] = old
+                setattr(self, name, grown)
+        return slots
+
+    def _key_arrays(self, keys: I64, prev: bool) -> list[pa.Array]:
+        return [fetch(self.parent.column(k), keys, prev) for k in self.by]
+
+    def _lookup(self, keys: I64) -> I64:
+        """Slots of rows (previous key space and values) whose group exists."""
+        if keys.size == 0:
+            return _EMPTY_I
+        if self.rows is not None:  # the row-key structure knows every row's group
+            slots = self.rows.groups_of(keys)
+        else:
+            h, _, _ = hash_arrays(self._key_arrays(keys, True), keys.size)
+            slots = self.index.lookup(h)
+        if (slots < 0).any():
+            raise UpdateInvariantError(
+                "A1", f"rows {keys[slots < 0][:10].tolist()} of {self.parent.name!r} belong to no group"
+            )
+        return slots
+
+    def _assign(self, keys: I64) -> I64:
+        """Slots of rows (current key space and values); new groups get slots.
+
+        Groups are indexed by ``h1``; unless ``h1`` is exact, a row joins a group only if
+        its independent ``h2`` matches the group's too (a 2**-128 chance for two different
+        keys), else it raises rather than merge two groups."""
+        if keys.size == 0:
+            return _EMPTY_I
+        arrays = self._key_arrays(keys, prev=False)
+        h, h2, exact = hash_arrays(arrays, keys.size)
+        slots = self.index.lookup(h)
+        new = np.flatnonzero(slots < 0)
+        if new.size:
+            # slots in order of first appearance, so keys follow the parent's row order
+            uh, first_at, inv = unique_first(h[new])
+            fresh = self._alloc(uh.size)
+            self.index.insert(uh, fresh)
+            rows = new[first_at]
+            self.slot_hash[fresh], self.slot_hash2[fresh] = uh, h2[rows]
+            for k, arr in zip(self.by, arrays, strict=True):  # one write per key column
+                self.key_cols[k].set(fresh, arr.take(pa.array(rows)))
+            slots[new] = fresh[inv]
+        if not exact:
+            clash = np.flatnonzero(self.slot_hash2[slots] != h2)
+            if clash.size:
+                i = int(clash[0])
+                stored = [self.key_cols[k].get(slots[i:i + 1])[0].as_py() for k in self.by]
+                raise TicktableError(
+                    f"agg_by over {self.parent.name!r}: keys "
+                    f"{[arr[i].as_py() for arr in arrays]!r} and {stored!r} of {self.by} have equal "
+                    f"64-bit hashes"
+                )
+        return slots
+
+    # the cycle ---------------------------------------------------------------------------
+    def on_update(self, *updates: TableUpdate | None) -> TableUpdate | None:
+        up = updates[0]
+        if up is None:
+            return None
+        if self.freed_now.size:  # keys freed last cycle may be reused from now on
+            self.free = np.sort(np.concatenate((self.free, self.freed_now)))
+            self.freed_now = _EMPTY_I
+        self._in_cycle = True
+        try:
+            added, removed, modified, cols = self._process(up)
+        finally:
+            self._in_cycle = False
+        if not (added.size or removed.size or modified.size):
+            return None
+        return TableUpdate.of(
+            added=RowSet.from_keys(added, assume_sorted=True),
+            removed=RowSet.from_keys(removed, assume_sorted=True),
+            modified=RowSet.from_keys(modified, assume_sorted=True),
+            modified_columns=cols,
+        )
+
+    def _cycle(self, up: TableUpdate) -> Cycle | None:
+        """Group every changed row; None when nothing this aggregation reads changed."""
+        cy = Cycle(up.modified_columns)
+        key_mod = bool(cy.modcols & self.by_set)
+        use_mod = bool(up.modified) and (key_mod or bool(cy.modcols & self.inputs))
+        if not (up.added or up.removed or use_mod):
+            return None
+        cy.r_keys = up.removed.keys()
+        cy.a_keys = up.added.keys()
+        if use_mod:
+            cy.m_keys = up.modified.keys()
+            cy.m_prev = up.shifted.unapply_keys(cy.m_keys)
+        # previous key space: removed rows and, if a key column changed, modified rows
+        old = self._lookup(np.concatenate((cy.r_keys, cy.m_prev)) if key_mod else cy.r_keys)
+        # current key space: added and modified rows (one hash and lookup for both)
+        cur = self._assign(np.concatenate((cy.a_keys, cy.m_keys)))
+        cy.r_slot, cy.a_slot = old[: cy.r_keys.size], cur[: cy.a_keys.size]
+        if use_mod:
+            cy.m_new = cur[cy.a_keys.size :]
+            cy.m_old = old[cy.r_keys.size :] if key_mod else cy.m_new
+            cy.moved = cy.m_old != cy.m_new
+        return cy
+
+    def _process(self, up: TableUpdate) -> tuple[I64, I64, I64, frozenset[str]]:
+        """Fold ``up`` in; returns (added, removed, modified) slots and modified columns."""
+        cy = self._cycle(up)
+        if cy is None:
+            if up.shifted and self.rows is not None:
+                self._shift_rows(up)
+            return _EMPTY_I, _EMPTY_I, _EMPTY_I, frozenset()
+        members = cy.events()
+        touched = members.touched
+        size_old = self.size[touched]
+        size_new = size_old + np.bincount(members.inv, weights=members.sign,
+                                          minlength=touched.size).round().astype(np.int64)
+        self.size[touched] = size_new
+        if self.rows is not None:
+            self._move_rows(up, cy)
+        state_touched = self._apply_states(cy)
+        fl = self._first_last(cy, touched) if self.rows is not None else {}
+        existed_cache: dict[int, tuple[I64, Mask, Mask]] = {}
+        changed: list[I64] = []
+        cols: set[str] = set()
+        for a in self.aggs:
+            if a.kind == "count":
+                t = touched
+            elif a.kind in ("first", "last"):
+                t = fl[a.name][0]
+            else:
+                t = state_touched[(a.kind, a.column)]
+            if id(t) not in existed_cache:
+                existed_cache[id(t)] = self._live(t, touched, size_old)
+            mod = self._write(a, existed_cache[id(t)], fl.get(a.name))
+            if mod.size:
+                changed.append(mod)
+                cols.add(a.name)
+        added = touched[(size_old == 0) & (size_new > 0)]
+        removed = touched[(size_old > 0) & (size_new == 0)]
+        if removed.size:
+            self.index.delete(self.slot_hash[removed])
+            self.freed_now = removed
+        modified = np.unique(np.concatenate(changed)) if len(changed) > 1 else (changed[0] if changed else _EMPTY_I)
+        return added, removed, modified, frozenset(cols)
+
+    def _apply_states(self, cy: Cycle) -> dict[tuple[str, str | None], I64]:
+        """Feed each state its events; returns the touched slots per (kind, column)."""
+        out: dict[tuple[str, str | None], I64] = {}
+        values: dict[str, tuple[NumPair, NumPair]] = {}
+        for col, ex in self.extremes.items():  # first: std reads them to heal
+            ev = cy.events(col in cy.modcols)
+            src = self.parent.column(col)
+            values[col] = (fetch_numpy(src, ev.minus_keys, True), fetch_numpy(src, ev.plus_keys, False))
+            out[("min", col)] = out[("max", col)] = ex.apply(ev, *values[col])
+        for col, st in self.moments.items():
+            ev = cy.events(col in cy.modcols)
+            src = self.parent.column(col)
+            vals = values.get(col) or (fetch_numpy(src, ev.minus_keys, True), fetch_numpy(src, ev.plus_keys, False))
+            t = st.apply(ev, *vals)
+            for kind in ("sum", "mean", "std"):
+                out[(kind, col)] = t
+        for col, di in self.distinct.items():
+            ev = cy.events(col in cy.modcols)
+            src = self.parent.column(col)
+            out[("count_distinct", col)] = di.apply(ev, fetch(src, ev.minus_keys, True),
+                                                    fetch(src, ev.plus_keys, False))
+        return out
+
+    # first / last ----------------------------------------------------------------------
+    def _shift_rows(self, up: TableUpdate) -> None:
+        assert self.rows is not None
+        if up.shifted and self._in_cycle:
+            prev, cur = up.shifted.moved_keys(self.parent.prev_rowset - up.removed)
+            self.rows.shift(prev, cur)
+
+    def _move_rows(self, up: TableUpdate, cy: Cycle) -> None:
+        """Row-key structure: removals (previous keys), shift, moves and adds (current keys)."""
+        assert self.rows is not None
+        self.rows.remove_keys(cy.r_keys)
+        self._shift_rows(up)
+        mk = cy.m_keys[cy.moved]
+        self.rows.remove_keys(mk)
+        self.rows.insert_keys(np.concatenate((cy.m_new[cy.moved], cy.a_slot)), np.concatenate((mk, cy.a_keys)))
+
+    def _first_last(self, cy: Cycle, touched: I64) -> dict[str, tuple[I64, _Values]]:
+        """Per first/last aggregation: slots to refresh and their current values.
+
+        Membership changes refresh a group; a modify that kept its group refreshes it for
+        the columns it modified (whether the row is first or last is cheaper to ignore)."""
+        assert self.rows is not None
+        stay = np.unique(cy.m_new[~cy.moved]) if cy.moved.size else _EMPTY_I
+        every = np.union1d(touched, stay) if stay.size else touched
+        every = every[self.size[every] > 0]
+        in_touched = np.isin(every, touched) if stay.size else np.ones(every.size, dtype=bool)
+        ends: dict[str, I64] = {}
+        out: dict[str, tuple[I64, _Values]] = {}
+        for a in self.aggs:
+            if a.kind not in ("first", "last"):
+                continue
+            assert a.column is not None
+            if a.kind not in ends:
+                found = self.rows.min_of(every) if a.kind == "first" else self.rows.max_of(every)
+                ends[a.kind] = found[0].view(np.int64)
+            rk = ends[a.kind]
+            if a.column in cy.modcols or in_touched.all():
+                t, keys = every, rk
+            else:
+                t, keys = every[in_touched], rk[in_touched]
+            src = self.parent.column(a.column)
+            fixed = numpy_storage_dtype(src.type) is not None
+            out[a.name] = (t, fetch_numpy(src, keys, False) if fixed else fetch(src, keys, False))
+        return out
+
+    # output ------------------------------------------------------------------------------
+    def _live(self, t: I64, touched: I64, size_old: I64) -> tuple[I64, Mask, Mask]:
+        """``(slots of t still alive, mask of those in t, which of them existed before)``."""
+        live = self.size[t] > 0
+        slots = t[live]
+        existed = np.ones(slots.size, dtype=bool)
+        if touched.size:  # membership-touched slots existed iff they had rows before
+            pos = np.minimum(np.searchsorted(touched, slots), touched.size - 1)
+            existed = (touched[pos] != slots) | (size_old[pos] > 0)
+        return slots, live, existed
+
+    def _new_values(self, a: Agg, slots: I64) -> NumPair:
+        if a.kind == "count":
+            return self.size[slots], None
+        assert a.column is not None
+        if a.kind in ("sum", "mean", "std"):
+            return getattr(self.moments[a.column], a.kind)(slots)  # type: ignore[no-any-return]
+        if a.kind in ("min", "max"):
+            return getattr(self.extremes[a.column], a.kind)(slots)  # type: ignore[no-any-return]
+        return self.distinct[a.column].count(slots)
+
+    def _write(self, a: Agg, live: tuple[I64, Mask, Mask], fl: tuple[I64, _Values] | None) -> I64:
+        """Write the new values of ``a`` where they changed; return the modified slots."""
+        slots, _, existed = live
+        if slots.size == 0:
+            return _EMPTY_I
+        # first/last come with values for exactly the live slots; the others are computed
+        new = fl[1] if fl is not None else self._new_values(a, slots)
+        src = self.out_cols[a.name]
+        ex = np.flatnonzero(existed)
+        same = np.zeros(slots.size, dtype=bool)
+        if isinstance(new, tuple):
+            assert isinstance(src, NumpyColumnSource)
+            vals, valid = new
+            if ex.size:
+                same[ex] = values_equal(src.get_numpy(slots[ex]), (vals[ex], None if valid is None else valid[ex]))
+            write = np.flatnonzero(~same)
+            if write.size:
+                if self._in_cycle:
+                    self.graph.track(src)
+                src.set_numpy(slots[write], np.asarray(vals[write], dtype=src.dtype),
+                              None if valid is None else valid[write])
+        else:  # variable-width first/last: Arrow all the way
+            if ex.size:
+                same[ex] = arrow_equal(src.get(slots[ex]), new if ex.size == slots.size else new.take(pa.array(ex)))
+            write = np.flatnonzero(~same)
+            if write.size:
+                if self._in_cycle:
+                    self.graph.track(src)
+                src.set(slots[write], new if write.size == slots.size else new.take(pa.array(write)))
+        return slots[existed & ~same]
