@@ -33,6 +33,7 @@ class KeyIndex:
         self._mask = np.uint64((1 << bits) - 1)
         self._hashes = np.zeros(1 << bits, dtype=np.uint64)
         self._values = np.full(1 << bits, _EMPTY, dtype=np.int64)
+        self._claim = np.zeros(1 << bits, dtype=np.int64)  # scratch for inserts
         self._dead = 0
 
     def __len__(self) -> int:
@@ -79,11 +80,11 @@ class KeyIndex:
         s = self._home(h)
         while idx.size:
             v = self._values[s]
-            free = v < 0
-            # among keys probing the same free slot this round, the first claims it
-            cand = np.flatnonzero(free)
-            _, first = np.unique(s[cand], return_index=True)
-            win = cand[first]
+            cand = np.flatnonzero(v < 0)
+            # among keys probing the same free slot this round, one claims it: each scatters
+            # its index into the slot and keeps the slot if it reads itself back (no sort)
+            self._claim[s[cand]] = cand
+            win = cand[self._claim[s[cand]] == cand]
             ws = s[win]
             self._dead -= int(np.count_nonzero(self._values[ws] == _DEAD))
             self._hashes[ws] = h[idx[win]]

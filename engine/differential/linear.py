@@ -1,0 +1,417 @@
+"""Linear operators on Z-set batches, fused: map, filter, flat_map, explode, negate,
+the general ``join_function`` and the temporal filter built on it (seed 001).
+
+An operator ``OP`` is *linear* when ``OP(x + y) == OP(x) + OP(y)``: it can be applied to
+each update of a batch on its own, so it needs no state and passes frontiers through
+unchanged. TODO(#4): the dataflow graph (collections, frontiers, ``iterate``) runs a
+:class:`LinearOperator` as one node; it only needs ``__call__`` on each batch. Seed 001 shows they are all one operator: ``join_function(logic)``, where
+``logic`` maps a record to updates ``(record2, time2, diff2)`` and the input update
+``(record, time, diff)`` becomes ``(record2, time.join(time2), diff * diff2)``. Here
+``logic`` works on a whole Arrow table of records at once and returns an
+:class:`Expansion`: the output records, the input row (``parents``) each came from, and
+optionally a time and a weight per output row.
+
+A :class:`LinearOperator` is a chain of such stages, built fluently and applied in one
+pass (``followed_by`` composes two chains): consecutive expression stages (``map`` with
+``pyarrow.compute`` expressions, ``filter`` with a predicate expression) run as a single
+Acero plan, and every stage only gathers numpy weights and times by ``parents``; no
+intermediate batch is built, consolidated or checked between stages. Callables are
+vectorized functions of an Arrow table, never per-record Python. Outputs are not
+consolidated (use :meth:`ZSet.consolidate`).
+
+Null handling: a filter keeps a record only where its predicate is true (null is false).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.acero as acero
+import pyarrow.compute as pc
+
+from engine.differential.zset import DIFF, TIME, ZSet
+from engine.errors import ExpressionError, InputError
+
+__all__ = ["Expansion", "LinearOperator"]
+
+I64 = npt.NDArray[np.int64]
+_ROW = "__row"
+
+ArrayResult: TypeAlias = "npt.ArrayLike | pa.Array | pa.ChunkedArray"
+TableFn: TypeAlias = Callable[[pa.Table], pa.Table]
+MaskFn: TypeAlias = Callable[[pa.Table], ArrayResult]
+IntSpec: TypeAlias = "pc.Expression | str | Callable[[pa.Table], ArrayResult]"
+
+
+@dataclass(frozen=True, slots=True)
+class Expansion:
+    """What ``logic`` makes of a table of ``n`` records (the general linear operator).
+
+    Attributes
+    ----------
+    parents
+        Per output row, the input row (``0 <= p < n``) it comes from; any number of
+        output rows per input row, in any order.
+    data
+        The output records.
+    times
+        Optional ``(m, d)`` int64 versions, joined (coordinate-wise max) with the input
+        row's time. ``None`` keeps the input time.
+    diffs
+        Optional int64 weights, multiplied with the input row's weight. ``None`` is 1.
+    """
+
+    parents: npt.ArrayLike
+    data: pa.Table
+    times: npt.ArrayLike | None = None
+    diffs: npt.ArrayLike | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Project:
+    exprs: tuple[tuple[str, pc.Expression], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    predicate: pc.Expression
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    fn: TableFn
+
+
+@dataclass(frozen=True, slots=True)
+class _Mask:
+    fn: MaskFn
+
+
+@dataclass(frozen=True, slots=True)
+class _Expand:
+    logic: Callable[[pa.Table], Expansion]
+    what: str
+    times: bool
+    diffs: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Temporal:
+    lower: IntSpec
+    upper: IntSpec
+
+
+@dataclass(frozen=True, slots=True)
+class _Negate:
+    pass
+
+
+_Stage: TypeAlias = "_Project | _Where | _Call | _Mask | _Expand | _Temporal | _Negate"
+
+
+class _State:
+    """Records flowing through the stages, with the weights and times they carry."""
+
+    __slots__ = ("data", "diffs", "times")
+
+    def __init__(self, data: pa.Table, diffs: I64, times: I64 | None) -> None:
+        self.data, self.diffs, self.times = data, diffs, times
+
+    def gather(self, rows: I64, data: pa.Table) -> None:
+        self.data = data
+        self.diffs = self.diffs[rows]
+        self.times = None if self.times is None else self.times[rows]
+
+
+class LinearOperator:
+    """A fused chain of linear stages, applied to a batch in one pass.
+
+    Build it fluently from the identity, then call it on batches. Each method returns a
+    new operator; the chain itself is immutable and can be shared.
+
+    Examples
+    --------
+    Seed 001's ``map(|x| (x, x.len()))`` over a collection of names:
+
+    >>> names = ZSet.from_triples([("frank", 6, 1), ("frank", 8, 1), ("david", 8, 1),
+    ...                            ("frank", 9, -2)], ["name"])
+    >>> op = LinearOperator().map({"name": "name", "len": pc.utf8_length(pc.field("name"))})
+    >>> op(names).to_triples()[:2]
+    [(('frank', 5), (6,), 1), (('frank', 5), (8,), 1)]
+    """
+
+    __slots__ = ("stages",)
+
+    def __init__(self, stages: Sequence[_Stage] = ()) -> None:
+        self.stages: tuple[_Stage, ...] = tuple(stages)
+
+    def __repr__(self) -> str:
+        return f"LinearOperator({', '.join(type(s).__name__.lstrip('_').lower() for s in self.stages)})"
+
+    def _then(self, stage: _Stage) -> LinearOperator:
+        return LinearOperator(self.stages + (stage,))
+
+    def followed_by(self, other: LinearOperator) -> LinearOperator:
+        """This chain, then ``other``'s, as one operator (seed 001's ``followed_by``)."""
+        return LinearOperator(self.stages + other.stages)
+
+    # stages -------------------------------------------------------------------------
+    def map(self, f: Mapping[str, pc.Expression | str] | TableFn) -> LinearOperator:
+        """Replace each record by a new one.
+
+        Parameters
+        ----------
+        f
+            ``{name: expression or column name}`` giving the output columns in order, or a
+            function from a table of records to a table with as many rows.
+        """
+        if callable(f):
+            return self._then(_Call(f))
+        exprs = tuple((name, pc.field(e) if isinstance(e, str) else e) for name, e in f.items())
+        if not exprs:
+            raise ExpressionError("map needs at least one output column")
+        for name, e in exprs:
+            if not isinstance(e, pc.Expression):
+                raise ExpressionError(
+                    f"map column {name!r}: expected a pyarrow.compute.Expression or a column name, "
+                    f"got {type(e).__name__}"
+                )
+            if name in (DIFF, TIME, _ROW):
+                raise ExpressionError(f"map cannot make a column named {name!r} (reserved)")
+        return self._then(_Project(exprs))
+
+    def filter(self, predicate: pc.Expression | MaskFn) -> LinearOperator:
+        """Keep the records for which ``predicate`` is true (a boolean expression, or a
+        function from a table to a boolean array)."""
+        if isinstance(predicate, pc.Expression):
+            return self._then(_Where(predicate))
+        if callable(predicate):
+            return self._then(_Mask(predicate))
+        raise ExpressionError(
+            f"filter: expected a pyarrow.compute.Expression or a callable, got {type(predicate).__name__}"
+        )
+
+    def flat_map(self, f: Callable[[pa.Table], Expansion]) -> LinearOperator:
+        """Replace each record by any number of records (``f`` returns an
+        :class:`Expansion` without times or diffs)."""
+        return self._then(_Expand(f, "flat_map", times=False, diffs=False))
+
+    def explode(self, f: Callable[[pa.Table], Expansion]) -> LinearOperator:
+        """Replace each record by weighted records (``f`` returns an :class:`Expansion`
+        with ``diffs``, multiplied with the input weights; negative flips the sign)."""
+        return self._then(_Expand(f, "explode", times=False, diffs=True))
+
+    def join_function(self, logic: Callable[[pa.Table], Expansion]) -> LinearOperator:
+        """The general linear operator: join the batch with the updates ``logic`` makes.
+
+        Each output row gets time ``input_time.join(time2)`` and weight
+        ``input_diff * diff2``.
+        """
+        return self._then(_Expand(logic, "join_function", times=True, diffs=True))
+
+    def temporal_filter(self, lower: IntSpec | None, upper: IntSpec | None) -> LinearOperator:
+        """Keep each record only at versions whose first coordinate ``c`` has
+        ``lower <= c < upper``.
+
+        ``lower``/``upper`` are integer expressions, column names or functions of the
+        records; either may be ``None`` (no bound), and a null value means no bound for
+        that record. An upper bound at or below the lower one keeps the record never.
+        Built on :meth:`join_function`: a record becomes ``(record, (lower, 0..), +1)``
+        and ``(record, (upper, 0..), -1)``; pairs that cancel (both land at the input
+        time) are dropped. The input must be timed.
+        """
+        if lower is None and upper is None:
+            return self
+        return self._then(_Temporal(lower, upper))
+
+    def negate(self) -> LinearOperator:
+        """Flip every weight."""
+        return self._then(_Negate())
+
+    # applying -----------------------------------------------------------------------
+    def __call__(self, batch: ZSet) -> ZSet:
+        """Apply the chain to ``batch``.
+
+        Raises
+        ------
+        ExpressionError
+            If an expression does not fit the records, or a function breaks its contract.
+        InputError
+            If times are produced for an untimed batch, or their dimension differs.
+        """
+        st = _State(batch.data, batch.diffs, batch.times)
+        i = 0
+        stages = self.stages
+        while i < len(stages):
+            j = i
+            while j < len(stages) and isinstance(stages[j], (_Project, _Where)):
+                j += 1
+            if j > i:  # a run of expression stages: one Acero plan
+                _run_plan(st, stages[i:j])  # type: ignore[arg-type]
+                i = j
+                continue
+            _apply(st, stages[i])
+            i += 1
+        return ZSet(st.data, st.diffs, st.times)
+
+
+def _columns(t: pa.Table) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in t.schema)
+
+
+def _run_plan(st: _State, stages: Sequence[_Project | _Where]) -> None:
+    table = st.data.append_column(_ROW, pa.array(np.arange(st.data.num_rows, dtype=np.int64)))
+    decls = [acero.Declaration("table_source", acero.TableSourceNodeOptions(table))]
+    for s in stages:
+        if isinstance(s, _Where):
+            decls.append(acero.Declaration("filter", acero.FilterNodeOptions(s.predicate)))
+        else:
+            names = [n for n, _ in s.exprs] + [_ROW]
+            decls.append(acero.Declaration(
+                "project", acero.ProjectNodeOptions([e for _, e in s.exprs] + [pc.field(_ROW)], names)))
+    try:
+        # one thread keeps the output rows in input order
+        out = acero.Declaration.from_sequence(decls).to_table(use_threads=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError) as exc:
+        text = "; ".join(
+            f"filter {s.predicate}" if isinstance(s, _Where)
+            else "map " + ", ".join(f"{n}={e}" for n, e in s.exprs) for s in stages
+        )
+        raise ExpressionError(f"{text} failed on records ({_columns(st.data)}): {exc}") from exc
+    rows = np.asarray(out.column(_ROW).to_numpy(), dtype=np.int64)
+    st.gather(rows, out.drop_columns([_ROW]))
+
+
+def _as_numpy(values: npt.ArrayLike | pa.Array | pa.ChunkedArray) -> npt.NDArray[np.generic]:
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array):
+        if values.null_count:
+            if pa.types.is_boolean(values.type):
+                values = values.fill_null(False)
+            else:
+                raise ExpressionError(f"expected no nulls, got {values.null_count}")
+        return np.asarray(values.to_numpy(zero_copy_only=False))
+    return np.asarray(values)
+
+
+def _apply(st: _State, s: _Stage) -> None:
+    n = st.data.num_rows
+    if isinstance(s, _Negate):
+        st.diffs = -st.diffs
+    elif isinstance(s, _Call):
+        out = s.fn(st.data)
+        if not isinstance(out, pa.Table) or out.num_rows != n:
+            got = f"{out.num_rows} rows" if isinstance(out, pa.Table) else type(out).__name__
+            raise ExpressionError(f"map function {s.fn!r} must return a pyarrow Table of {n} rows, got {got}")
+        bad = [c for c in out.column_names if c in (DIFF, TIME)]
+        if bad:
+            raise ExpressionError(f"map function {s.fn!r} returned reserved column(s) {bad}")
+        st.data = out
+    elif isinstance(s, _Mask):
+        mask = _as_numpy(s.fn(st.data))
+        if mask.dtype != np.bool_ or mask.shape != (n,):
+            raise ExpressionError(f"filter function {s.fn!r} must return {n} booleans, got {mask.dtype} {mask.shape}")
+        rows = np.flatnonzero(mask)
+        st.gather(rows, st.data.take(rows))
+    elif isinstance(s, _Expand):
+        _expand(st, s.logic(st.data), s)
+    elif isinstance(s, _Temporal):
+        _temporal(st, s)
+    else:  # expression stages run as plans in __call__
+        _run_plan(st, [s])
+
+
+def _expand(st: _State, exp: Expansion, s: _Expand) -> None:
+    n = st.data.num_rows
+    what = s.what
+    if not isinstance(exp, Expansion):
+        raise ExpressionError(f"{what} logic must return an Expansion, got {type(exp).__name__}")
+    m = exp.data.num_rows
+    parents = np.asarray(exp.parents, dtype=np.int64).reshape(-1)
+    if parents.size != m:
+        raise ExpressionError(f"{what} logic returned {parents.size} parents for {m} output rows")
+    if m and (parents.min() < 0 or parents.max() >= n):
+        raise ExpressionError(f"{what} logic returned parents outside 0..{n - 1}")
+    bad = [c for c in exp.data.column_names if c in (DIFF, TIME)]
+    if bad:
+        raise ExpressionError(f"{what} logic returned reserved column(s) {bad}")
+    diffs = st.diffs[parents]
+    if exp.diffs is not None:
+        if not s.diffs:
+            raise ExpressionError(f"{what} logic may not return diffs (use explode or join_function)")
+        d2 = np.asarray(exp.diffs, dtype=np.int64).reshape(-1)
+        if d2.size != m:
+            raise ExpressionError(f"{what} logic returned {d2.size} diffs for {m} output rows")
+        diffs = diffs * d2
+    times = None if st.times is None else st.times[parents]
+    if exp.times is not None:
+        if not s.times:
+            raise ExpressionError(f"{what} logic may not return times (use join_function)")
+        t2 = np.asarray(exp.times, dtype=np.int64)
+        if t2.ndim == 1:
+            t2 = t2.reshape(-1, 1)
+        if times is None:
+            raise InputError(f"{what} logic returned times but the batch is untimed")
+        if t2.shape != times.shape:
+            raise InputError(f"{what} logic returned times of shape {t2.shape}, expected {times.shape}")
+        times = np.maximum(times, t2)  # the lattice join of versions
+    st.data, st.diffs, st.times = exp.data, diffs, times
+
+
+def _int_values(spec: IntSpec, data: pa.Table, what: str) -> tuple[I64, npt.NDArray[np.bool_]]:
+    """Evaluate a bound: ``(values, valid)``, nulls invalid."""
+    if isinstance(spec, str):
+        spec = pc.field(spec)
+    if isinstance(spec, pc.Expression):
+        st = _State(data, np.zeros(data.num_rows, dtype=np.int64), None)
+        _run_plan(st, [_Project(((what, spec),))])
+        arr: object = st.data.column(0)
+    else:
+        arr = spec(data)
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if isinstance(arr, pa.Array):
+        if not pa.types.is_integer(arr.type):
+            raise ExpressionError(f"temporal_filter {what} bound must be an integer, got {arr.type}")
+        valid = arr.is_valid().to_numpy(zero_copy_only=False)
+        vals = np.asarray(arr.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        return vals, np.asarray(valid, dtype=bool)
+    vals = np.asarray(arr)
+    if vals.dtype.kind not in "iu" or vals.shape != (data.num_rows,):
+        raise ExpressionError(f"temporal_filter {what} bound must give {data.num_rows} integers")
+    return vals.astype(np.int64), np.ones(vals.size, dtype=bool)
+
+
+def _temporal(st: _State, s: _Temporal) -> None:
+    if st.times is None:
+        raise InputError("temporal_filter needs a timed batch (its bounds are versions)")
+    n, d = st.times.shape
+    data = st.data
+    lo, lo_ok = _int_values(s.lower, data, "lower") if s.lower is not None else \
+        (np.zeros(n, np.int64), np.zeros(n, bool))
+    hi, hi_ok = _int_values(s.upper, data, "upper") if s.upper is not None else \
+        (np.zeros(n, np.int64), np.zeros(n, bool))
+    lo = np.where(lo_ok, np.maximum(lo, 0), 0)
+    hi = np.maximum(hi, lo)                      # an empty interval: the pair cancels
+    up = np.flatnonzero(hi_ok)
+    parents = np.concatenate((np.arange(n, dtype=np.int64), up))
+    t2 = np.zeros((parents.size, d), dtype=np.int64)
+    t2[:n, 0] = lo
+    t2[n:, 0] = hi[up]
+    d2 = np.concatenate((np.ones(n, np.int64), -np.ones(up.size, np.int64)))
+    times = np.maximum(st.times[parents], t2)
+    # a record retracted no later than it appears never shows: drop both rows of the pair
+    cancel = (times[n:] == times[up]).all(axis=1)
+    keep = np.ones(parents.size, dtype=bool)
+    keep[up[cancel]] = False
+    keep[n + np.flatnonzero(cancel)] = False
+    rows = parents[keep]
+    st.data = data.take(rows)
+    st.diffs = st.diffs[rows] * d2[keep]
+    st.times = times[keep]

@@ -1,0 +1,486 @@
+"""Indexed batches and traces (arrangements): a collection's history, indexed by key.
+
+An :class:`IndexedZSet` is a timed batch whose rows are sorted so that the rows of one key
+are contiguous. The sort key is one ``uint64`` per row: the key hash's high 40 bits over
+the record hash's low 24 bits, so rows of one key sit together and, within them, equal
+records sit together (which lets merges consolidate by comparing neighbours). A lookup
+of a whole array of keys goes through a bucket directory (the sort key's top bits ->
+first row, built once per batch with one ``bincount``): two gathers per probe instead of
+two binary searches. Keys whose hashes share the high bits interleave; lookups filter on
+the full key hash and, unless the key hash is exact, on the key values, so a collision
+never returns a wrong row.
+
+A :class:`Trace` accumulates indexed batches in a *spine*, merged size-tiered: once the
+last ``_FANOUT`` (4) batches are of one size class (``_FANOUT`` x apart, from
+``_BASE`` rows), they are merged into one. Every update is merged ``O(log n)`` times and
+a lookup probes about ``_FANOUT`` batches per size class. (Merging two batches whenever
+the newer is half the older, the binary-counter policy, measured about twice the merge
+work per update in the upsert benchmark, for fewer batches to probe.) Merges *compact*:
+every time is advanced by the trace's compaction frontier (:func:`advance_times`) and
+equal (record, time) neighbours are summed, zeros dropped; accumulations at versions
+beyond the frontier are unchanged by this. Rows merged as equal are confirmed equal by
+value unless the record hash is exact (:func:`exact_records`).
+
+A trace is shared: each operator that reads it holds a :class:`TraceReader` whose
+frontier says which versions it will still ask about. The trace compacts to the meet of
+the open readers' frontiers, so no reader loses history it may still need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from engine.differential._hashing import (
+    combine,
+    exact_hash,
+    group_equal,
+    hash_rows,
+    rows_equal,
+    same_rows,
+)
+from engine.differential.version import Antichain, Version, VersionLike, advance_times, as_version
+from engine.differential.zset import ZSet, concat
+from engine.errors import InputError, SchemaError
+
+__all__ = ["IndexedZSet", "Lookup", "Trace", "TraceReader", "exact_records", "index_with"]
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+
+_LO_BITS = 24
+_FANOUT = 4       # batches merged at once; a lookup probes about _FANOUT per size class
+_BASE = 1024      # rows in the smallest size class
+_LO = np.uint64((1 << _LO_BITS) - 1)
+_HI = ~_LO
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class IndexedZSet:
+    """A timed batch indexed by ``keys`` (seed 003's Indexed Z-Set).
+
+    Attributes
+    ----------
+    keys
+        The key columns (part of the records).
+    batch
+        The updates, sorted by ``order_key``.
+    key_hash, rec_hash
+        Per row: stable hash of the key columns, and of the whole record.
+    order_key
+        Per row, ascending: ``key_hash`` high bits over ``rec_hash`` low bits.
+    """
+
+    keys: tuple[str, ...]
+    batch: ZSet
+    key_hash: U64
+    rec_hash: U64
+    order_key: U64
+    _directory: tuple[int, I64] | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return self.batch.num_rows
+
+    def _bucket_starts(self) -> tuple[int, I64]:
+        """``(shift, starts)``: rows of bucket ``b = order_key >> shift`` are
+        ``starts[b]:starts[b + 1]``; at most about one key per bucket (built on first lookup)."""
+        if self._directory is None:
+            bits = int(min(40, max(1, np.ceil(np.log2(len(self) + 1)) + 1)))  # <= 1/2 row per bucket
+            shift = 64 - bits
+            top = self.order_key >> np.uint64(shift)
+            starts = np.zeros((1 << bits) + 1, dtype=np.int64)
+            np.cumsum(np.bincount(top.astype(np.int64), minlength=1 << bits), out=starts[1:])
+            object.__setattr__(self, "_directory", (shift, starts))
+        assert self._directory is not None
+        return self._directory
+
+    @classmethod
+    def build(cls, batch: ZSet, keys: Sequence[str]) -> IndexedZSet:
+        """Index ``batch`` by the columns ``keys``.
+
+        Raises
+        ------
+        SchemaError
+            If a key column is missing.
+        """
+        keys = tuple(keys)
+        missing = [k for k in keys if k not in batch.schema.names]
+        if not keys or missing:
+            raise SchemaError(f"key column(s) {missing or list(keys)} not in {batch.schema.names}")
+        kh = hash_rows(batch.data, keys)
+        values = [c for c in batch.schema.names if c not in keys]
+        rh = combine(kh, hash_rows(batch.data, values)) if values else kh
+        ok = (kh & _HI) | (rh & _LO)
+        order = np.argsort(ok)
+        if np.all(order[1:] > order[:-1]):
+            return cls(keys, batch, kh, rh, ok)
+        return cls(keys, batch.take(order), kh[order], rh[order], ok[order])
+
+    def locate(self, probe_hash: U64) -> tuple[I64, I64]:
+        """Rows whose key hash equals a probe's: ``(probe index, row)`` pairs, grouped by probe."""
+        # the bucket's rows, then the rows of the probe's key among them
+        shift, starts = self._bucket_starts()
+        b = (probe_hash >> np.uint64(shift)).astype(np.int64)
+        lo = starts[b]
+        counts = starts[b + 1] - lo
+        probe = np.flatnonzero(counts)             # probes whose bucket holds rows
+        lo, counts = lo[probe], counts[probe]
+        if probe.size and counts.max() > 1:        # expand buckets of several rows
+            probe = np.repeat(probe, counts)
+            ends = np.cumsum(counts)
+            rows = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - counts - lo, counts)
+        else:
+            rows = lo
+        hit = self.key_hash[rows] == probe_hash[probe]
+        return probe[hit], rows[hit]
+
+
+def index_with(batch: ZSet, keys: Sequence[str]) -> IndexedZSet:
+    """Index a batch by key columns (seed 003's Index With).
+
+    To index by a computed key, add it as a column first (``LinearOperator.map``).
+    """
+    return IndexedZSet.build(batch, keys)
+
+
+def _merged_order(parts: Sequence[IndexedZSet]) -> I64:
+    """The permutation of the concatenated parts that sorts them by order key (stable)."""
+    if len(parts) == 2:
+        a, b = parts
+        na, nb = len(a), len(b)
+        # b's rows go after the a rows with an equal or smaller order key
+        pos_b = np.searchsorted(a.order_key, b.order_key, "right") + np.arange(nb)
+        from_b = np.zeros(na + nb, dtype=bool)
+        from_b[pos_b] = True
+        src = np.empty(na + nb, dtype=np.int64)
+        src[from_b] = np.arange(na, na + nb)
+        src[~from_b] = np.arange(na)
+        return src
+    # timsort finds the sorted runs and merges them
+    return np.argsort(np.concatenate([p.order_key for p in parts]), kind="stable")
+
+
+def _merge(parts: Sequence[IndexedZSet], since: Antichain) -> IndexedZSet:
+    """Merge indexed batches (in arrival order), advance times by ``since``, consolidate."""
+    src = _merged_order(parts)
+    both = concat(*(p.batch for p in parts))
+    assert both.times is not None
+    order_key = np.concatenate([p.order_key for p in parts])[src]
+    rec_hash = np.concatenate([p.rec_hash for p in parts])[src]
+    times = both.times[src]
+    if since:
+        times = advance_times(times, since)
+    # equal records are neighbours (same order key); runs of 3+ rows may hold several
+    # times in any order, so sort those rows by time inside their run
+    same = (order_key[1:] == order_key[:-1]) & (rec_hash[1:] == rec_hash[:-1])
+    if (same[1:] & same[:-1]).any():
+        run = np.cumsum(np.concatenate(([True], ~same))) - 1
+        long_run = np.bincount(run)[run] >= 3
+        pos = np.flatnonzero(long_run)
+        o = np.lexsort(tuple(times[pos, j] for j in range(times.shape[1] - 1, -1, -1)) + (run[pos],))
+        src[pos] = src[pos[o]]
+        times[pos] = times[pos[o]]
+    if times.shape[1] == 1:
+        same &= times[1:, 0] == times[:-1, 0]
+    else:
+        same &= (times[1:] == times[:-1]).all(axis=1)
+    key_hash = np.concatenate([p.key_hash for p in parts])
+    cand = np.flatnonzero(same)
+    if cand.size:  # confirm: equal hashes are proof only when the record hash is exact
+        a, b = src[cand], src[cand + 1]
+        if exact_records(both.schema, parts[0].keys):
+            same[cand] = key_hash[a] == key_hash[b]
+        else:
+            same[cand] = same_rows(both.data, a, b)
+    starts = np.flatnonzero(np.concatenate(([True], ~same)))
+    sums = np.add.reduceat(both.diffs[src], starts)
+    nz = sums != 0
+    keep = starts[nz]
+    rows = src[keep]
+    out = ZSet(both.data.take(rows), sums[nz], times[keep])
+    return IndexedZSet(parts[0].keys, out, key_hash[rows], rec_hash[keep], order_key[keep])
+
+
+def exact_records(schema: pa.Schema, keys: Sequence[str]) -> bool:
+    """Whether equal (key hash, record hash) pairs prove equal records.
+
+    True when the key hash and the value hash are both exact (one integer-like column
+    each, or no value column): the record hash then separates the values of one key.
+    """
+    values = [n for n in schema.names if n not in keys]
+    return exact_hash(schema, keys) and (not values or exact_hash(schema, values))
+
+
+def _level(n: int) -> int:
+    """Size class of a batch: batches of one class are merged ``_FANOUT`` at a time."""
+    return int(np.log(max(n, _BASE) / _BASE) / np.log(_FANOUT))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Lookup:
+    """What a trace holds for some probe keys, gathered lazily.
+
+    The per-entry arrays are numpy; the records themselves are taken from the trace's
+    batches only when asked for (:meth:`records`), so an operator that needs few of them
+    (the live value of each key, say) does not gather the rest.
+
+    Attributes
+    ----------
+    probe
+        Per entry, the index of the probe key it belongs to.
+    rec_hash
+        Per entry, the record hash (equal records have equal hashes).
+    diffs
+        Per entry, its weight (versions: :attr:`times`).
+    """
+
+    probe: I64
+    rec_hash: U64
+    diffs: I64
+    _batches: tuple[IndexedZSet, ...]
+    _which: I64      # per entry: index into _batches
+    _rows: I64       # per entry: row in that batch
+    _schema: pa.Schema
+    _dims: int
+
+    def __len__(self) -> int:
+        return int(self.probe.size)
+
+    def records(self, sel: npt.ArrayLike | None = None) -> pa.Table:
+        """The records of the entries ``sel`` (all by default), in that order."""
+        idx = np.arange(self.probe.size) if sel is None else np.asarray(sel, dtype=np.int64)
+        if idx.size == 0:
+            return self._schema.empty_table()
+        which = self._which[idx]
+        groups = [np.flatnonzero(which == b) for b in range(len(self._batches))]  # a counting sort
+        parts = [self._batches[b].batch.data.take(self._rows[idx[g]])
+                 for b, g in enumerate(groups) if g.size]  # one take per trace batch
+        order = np.concatenate(groups)
+        gathered = pa.concat_tables(parts)
+        if np.all(order[1:] > order[:-1]):
+            return gathered
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        return gathered.take(inverse)
+
+    @property
+    def times(self) -> I64:
+        """Per entry, its version (gathered on demand)."""
+        parts = [b.batch.times[self._rows[self._which == i]] for i, b in enumerate(self._batches)]  # type: ignore[index]
+        out = np.empty((self.probe.size, self._dims), dtype=np.int64)
+        for i, p in enumerate(parts):  # a loop per trace batch
+            out[self._which == i] = p
+        return out
+
+    @property
+    def entries(self) -> ZSet:
+        """Every entry as a timed batch (not consolidated across trace batches)."""
+        return ZSet(self.records(), self.diffs, self.times)
+
+
+class TraceReader:
+    """One operator's hold on a :class:`Trace`: the versions it may still ask about.
+
+    The trace compacts no further than the meet of its open readers' frontiers.
+    """
+
+    def __init__(self, trace: Trace, since: Antichain) -> None:
+        self.trace = trace
+        self.since = since
+        self.closed = False
+
+    def set_logical_compaction(self, frontier: Antichain) -> None:
+        """Promise to ask only about versions beyond ``frontier`` from now on.
+
+        Raises
+        ------
+        InputError
+            If ``frontier`` is behind the reader's current one.
+        """
+        self.since.check_advance(frontier)
+        self.since = frontier
+
+    def close(self) -> None:
+        """Release the hold; the trace may compact past this reader's frontier."""
+        if not self.closed:
+            self.closed = True
+            self.trace._readers.remove(self)
+
+
+class Trace:
+    """A collection's updates by key and version, compacted below a frontier.
+
+    Parameters
+    ----------
+    schema
+        The record columns.
+    keys
+        The key columns the trace is indexed by.
+    dims
+        Coordinates per version.
+
+    Examples
+    --------
+    >>> tr = Trace(pa.schema([("k", pa.int64()), ("v", pa.string())]), ["k"])
+    >>> tr.insert(ZSet.from_triples([((1, "a"), 0, 1), ((1, "a"), 1, -1), ((1, "b"), 1, 1)], ["k", "v"]))
+    >>> tr.accumulate(at=0).to_triples(), tr.accumulate(at=1).to_triples()
+    ([((1, 'a'), None, 1)], [((1, 'b'), None, 1)])
+    """
+
+    def __init__(self, schema: pa.Schema, keys: Sequence[str] | str, *, dims: int = 1) -> None:
+        self.schema = schema
+        self.keys = (keys,) if isinstance(keys, str) else tuple(keys)
+        missing = [k for k in self.keys if k not in schema.names]
+        if not self.keys or missing:
+            raise SchemaError(f"key column(s) {missing or list(self.keys)} not in {schema.names}")
+        if dims < 1:
+            raise InputError(f"a trace's versions need at least one coordinate, got dims={dims}")
+        self.dims = dims
+        self.exact_keys = exact_hash(schema, self.keys)
+        self._spine: list[IndexedZSet] = []
+        self._readers: list[TraceReader] = []
+        self._since = Antichain([Version((0,) * dims)])
+
+    # sharing ------------------------------------------------------------------------
+    def reader(self) -> TraceReader:
+        """A new hold on this trace, starting at its current compaction frontier."""
+        r = TraceReader(self, self.since)
+        self._readers.append(r)
+        return r
+
+    @property
+    def since(self) -> Antichain:
+        """The compaction frontier: the meet of the open readers' frontiers."""
+        if self._readers:
+            f = self._readers[0].since
+            for r in self._readers[1:]:
+                f = f.meet(r.since)
+            self._since = f
+        return self._since
+
+    # writing ------------------------------------------------------------------------
+    def insert(self, batch: ZSet | IndexedZSet) -> None:
+        """Add a timed batch of updates (merging batches as the spine requires).
+
+        Raises
+        ------
+        SchemaError
+            If the batch's columns are not the trace's.
+        InputError
+            If the batch is untimed or its versions have another dimension.
+        """
+        z = batch.batch if isinstance(batch, IndexedZSet) else batch
+        if z.schema.names != self.schema.names or z.schema.types != self.schema.types:
+            raise SchemaError(f"batch columns {z.schema} do not match the trace's {self.schema}")
+        if z.times is None or z.times.shape[1] != self.dims:
+            raise InputError(f"trace batches need times of {self.dims} coordinate(s), got {z.dims}")
+        if z.num_rows == 0:
+            return
+        ib = batch if isinstance(batch, IndexedZSet) and batch.keys == self.keys \
+            else IndexedZSet.build(z, self.keys)
+        self._spine.append(ib)
+        since = self.since
+        # size-tiered: the last _FANOUT batches merge once they are all of one size class
+        while len(self._spine) >= _FANOUT and \
+                _level(len(self._spine[-_FANOUT])) <= _level(len(self._spine[-1])):
+            parts = self._spine[-_FANOUT:]
+            del self._spine[-_FANOUT:]
+            merged = _merge(parts, since)
+            if len(merged):
+                self._spine.append(merged)
+
+    def compact(self) -> None:
+        """Merge every batch into one, advancing times to the frontier and consolidating."""
+        if not self._spine:
+            return
+        parts = self._spine
+        if len(parts) == 1:
+            only = parts[0]
+            parts = [only, IndexedZSet(only.keys, ZSet.empty(self.schema, self.dims), only.key_hash[:0],
+                                       only.rec_hash[:0], only.order_key[:0])]
+        merged = _merge(parts, self.since)
+        self._spine = [merged] if len(merged) else []
+
+    # reading ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Updates stored (after the consolidation merges have done so far)."""
+        return sum(len(b) for b in self._spine)
+
+    @property
+    def batches(self) -> tuple[IndexedZSet, ...]:
+        return tuple(self._spine)
+
+    def to_zset(self) -> ZSet:
+        """Every stored update, with times (not consolidated across batches)."""
+        if not self._spine:
+            return ZSet.empty(self.schema, self.dims)
+        return concat(*(b.batch for b in self._spine))
+
+    def lookup(self, keys: pa.Table) -> Lookup:
+        """Every stored update of the keys in ``keys`` (a table of the key columns).
+
+        Raises
+        ------
+        SchemaError
+            If ``keys`` lacks a key column.
+        """
+        missing = [k for k in self.keys if k not in keys.column_names]
+        if missing:
+            raise SchemaError(f"lookup keys lack column(s) {missing} (trace keys: {list(self.keys)})")
+        ph = hash_rows(keys, self.keys)
+        batches = tuple(self._spine)
+        found = [b.locate(ph) for b in batches]  # one probe per spine batch
+        if not found:
+            e = np.empty(0, np.int64)
+            return Lookup(e, np.empty(0, np.uint64), e, (), e, e, self.schema, self.dims)
+        probe = np.concatenate([p for p, _ in found])
+        rows = np.concatenate([r for _, r in found])
+        which = np.repeat(np.arange(len(batches), dtype=np.int64), [r.size for _, r in found])
+        rec_hash = np.concatenate([b.rec_hash[r] for b, (_, r) in zip(batches, found, strict=True)])
+        diffs = np.concatenate([b.batch.diffs[r] for b, (_, r) in zip(batches, found, strict=True)])
+        out = Lookup(probe, rec_hash, diffs, batches, which, rows, self.schema, self.dims)
+        if probe.size and not self.exact_keys:  # different keys with one hash: drop them
+            names = list(self.keys)
+            ok = rows_equal(out.records().select(names), keys.select(names).take(probe))
+            if not ok.all():
+                out = Lookup(probe[ok], rec_hash[ok], diffs[ok], batches, which[ok], rows[ok],
+                             self.schema, self.dims)
+        return out
+
+    def _distinct(self, keys: pa.Table) -> pa.Table:
+        """``keys`` without repeated keys (a lookup answers once per probe)."""
+        k = keys.select(list(self.keys))
+
+        def same(i: I64, j: I64) -> npt.NDArray[np.bool_]:
+            return same_rows(k, i, j)
+
+        order, starts = group_equal(hash_rows(k, self.keys), None if self.exact_keys else same)
+        if starts.size == k.num_rows:
+            return k
+        return k.take(np.sort(np.minimum.reduceat(order, starts)))
+
+    def accumulate(self, at: VersionLike | None = None, keys: pa.Table | None = None) -> ZSet:
+        """The collection at version ``at`` (all updates with time ``<= at``), untimed.
+
+        ``at=None`` sums every update (seed 003's Consolidate of a trace). With ``keys``,
+        only those keys.
+
+        Raises
+        ------
+        InputError
+            If ``at`` is not beyond the compaction frontier (that history is compacted).
+        """
+        z = self.to_zset() if keys is None else self.lookup(self._distinct(keys)).entries
+        if at is None:
+            return z.accumulate()
+        v = as_version(at)
+        if not self.since.less_equal_version(v):
+            raise InputError(
+                f"cannot accumulate at {v!r}: the trace is compacted to {self.since!r}; "
+                f"hold a TraceReader to keep older versions"
+            )
+        return z.accumulate(v)

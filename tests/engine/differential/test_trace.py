@@ -1,0 +1,173 @@
+"""Indexed batches and traces: seed 003 examples (Consolidate of a trace, Index With),
+lookups, sharing and compaction, then an oracle over >= 500 random versions with
+partially ordered (two-coordinate) times and advancing frontiers."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from engine.differential import trace as trace_module
+from engine.differential.trace import Trace, index_with
+from engine.differential.version import Antichain, Version
+from engine.differential.zset import ZSet
+from engine.errors import InputError, SchemaError
+from tests.engine.differential._reference import SCHEMA, counter, key, random_batch
+
+KV = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+
+# ---------------------------------------------------------------------------------------
+# examples
+
+
+def test_seed003_consolidate_a_trace():
+    rows = [(0, 0, 0, 1), (0, 0, 0, -1), (0, 1, 0, 1), (0, 1, 0, 1), (1, 2, 0, 2),
+            (1, 3, 0, 1), (1, 3, 0, -1), (1, 4, 0, -1), (2, 2, 0, 1), (2, 4, 0, 1)]
+    tr = Trace(KV, ["k"])
+    for k, v, t, w in rows:  # one batch per update: the spine merges them as it goes
+        tr.insert(ZSet.from_triples([((k, v), t, w)], KV))
+    got = tr.accumulate()
+    assert sorted(got.to_triples()) == [((0, 1), None, 2), ((1, 2), None, 2), ((1, 4), None, -1),
+                                        ((2, 2), None, 1), ((2, 4), None, 1)]
+    assert len(tr.batches) <= 4                       # O(log n) batches
+
+
+def test_seed003_index_with():
+    edges = ZSet.from_triples([((0, 1, 1), 0, 1), ((1, 2, 1), 1, 1), ((1, 3, 2), 1, -1)], ["src", "dst", "cost"])
+    ib = index_with(edges, ["src"])
+    assert sorted(ib.batch.to_triples()) == sorted(edges.to_triples())
+    probe = pa.table({"src": [1, 0, 7]})
+    p, rows = ib.locate(trace_module.hash_rows(probe, ["src"]))
+    got = sorted((int(i), ib.batch.take([r]).to_triples()[0]) for i, r in zip(p, rows, strict=True))
+    assert got == [(0, ((1, 2, 1), (1,), 1)), (0, ((1, 3, 2), (1,), -1)), (1, ((0, 1, 1), (0,), 1))]
+    # the rows of one key are contiguous
+    src = ib.batch.data.column("src").to_pylist()
+    assert src == sorted(src, key=src.index)
+
+
+def test_lookup_and_accumulate_across_batches():
+    tr = Trace(KV, "k")
+    tr.insert(ZSet.from_triples([((1, 10), 0, 1), ((2, 20), 0, 1)], KV))
+    tr.insert(ZSet.from_triples([((1, 10), 1, -1), ((1, 11), 1, 1)], KV))
+    tr.insert(ZSet.from_triples([((3, 30), 2, 1)], KV))
+    found = tr.lookup(pa.table({"k": [1, 4]}))
+    assert set(found.probe.tolist()) == {0}
+    assert counter(found.entries) == Counter({((1, 10), (0,)): 1, ((1, 10), (1,)): -1, ((1, 11), (1,)): 1})
+    assert sorted(tr.accumulate(at=0).to_triples()) == [((1, 10), None, 1), ((2, 20), None, 1)]
+    assert sorted(tr.accumulate(at=2).to_triples()) == [((1, 11), None, 1), ((2, 20), None, 1), ((3, 30), None, 1)]
+    assert tr.accumulate(at=1, keys=pa.table({"k": [1]})).to_triples() == [((1, 11), None, 1)]
+
+
+def test_readers_hold_back_compaction():
+    tr = Trace(KV, "k")
+    fast, slow = tr.reader(), tr.reader()
+    for t in range(6):
+        tr.insert(ZSet.from_triples([((1, t), t, 1)] + ([((1, t - 1), t, -1)] if t else []), KV))
+    fast.set_logical_compaction(Antichain([5]))
+    slow.set_logical_compaction(Antichain([2]))
+    assert tr.since == Antichain([2])
+    tr.compact()
+    assert tr.accumulate(at=3).to_triples() == [((1, 3), None, 1)]   # still exact beyond 2
+    with pytest.raises(InputError, match="compacted"):
+        tr.accumulate(at=1)
+    slow.close()
+    assert tr.since == Antichain([5])
+    tr.compact()
+    assert tr.to_zset().to_triples() == [((1, 5), (5,), 1)]   # everything collapsed onto 5
+    with pytest.raises(InputError, match="go back"):
+        fast.set_logical_compaction(Antichain([4]))
+
+
+def test_bad_inserts():
+    tr = Trace(KV, "k", dims=2)
+    with pytest.raises(InputError, match="coordinate"):
+        tr.insert(ZSet.from_triples([((1, 1), 0, 1)], KV))
+    with pytest.raises(SchemaError, match="do not match"):
+        tr.insert(ZSet.from_triples([((1, "x"), (0, 0), 1)], ["k", "v"]))
+    with pytest.raises(SchemaError, match="not in"):
+        Trace(KV, "nope")
+    with pytest.raises(SchemaError, match="lack"):
+        tr.lookup(pa.table({"v": [1]}))
+
+
+def test_colliding_key_hashes_return_only_the_right_key(monkeypatch):
+    # every key hashes alike (string keys, so the trace must verify by value)
+    real = trace_module.hash_rows
+
+    def collide(table, names=None):
+        h = real(table, names)
+        return np.zeros_like(h) if names == ("Sym",) or names == ["Sym"] else h
+
+    monkeypatch.setattr(trace_module, "hash_rows", collide)
+    rng = np.random.default_rng(3)
+    tr = Trace(SCHEMA, "Sym")
+    raw = []
+    for v in range(12):
+        b = random_batch(rng, 20, times=(v,))
+        raw.append(b)
+        tr.insert(b)
+    all_in = Counter()
+    for b in raw:
+        all_in.update(counter(b))
+    for sym in ["a", "b", None]:
+        want = Counter({k: w for k, w in all_in.items() if k[0][0] == sym})
+        got = counter(tr.lookup(pa.table({"Sym": pa.array([sym], pa.string())})).entries)
+        assert got == Counter({k: w for k, w in want.items() if w})
+
+
+# ---------------------------------------------------------------------------------------
+# oracle: >= 500 versions, two-coordinate times, frontiers that advance as antichains
+
+
+def _beyond(rng: np.random.Generator, frontier: Antichain, spread: int = 3) -> tuple[int, int]:
+    e = frontier.elements[int(rng.integers(0, len(frontier)))]
+    return (e[0] + int(rng.integers(0, spread + 1)), e[1] + int(rng.integers(0, spread + 1)))
+
+
+@pytest.mark.parametrize("key_col", ["K", "Sym"])
+def test_trace_oracle_over_random_versions(key_col):
+    rng = np.random.default_rng(17 if key_col == "K" else 18)
+    tr = Trace(SCHEMA, key_col, dims=2)
+    reader = tr.reader()
+    frontier = Antichain([(0, 0)])
+    history: Counter = Counter()          # every update ever inserted, uncompacted
+    for v in range(520):
+        t = _beyond(rng, frontier)
+        batch = random_batch(rng, int(rng.integers(0, 15)), times=t, time_spread=1, keys=5)
+        tr.insert(batch)
+        for (rec, tt), w in counter(batch).items():
+            history[(rec, tt)] += w
+        if rng.random() < 0.3:  # advance: every new element is beyond an old one
+            picks = rng.choice(len(frontier), size=int(rng.integers(1, len(frontier) + 1)), replace=False)
+            new = Antichain([
+                Version(frontier.elements[int(i)][0] + int(rng.integers(0, 3)),
+                        frontier.elements[int(i)][1] + int(rng.integers(0, 3)))
+                for i in picks
+            ] + ([Version(*_beyond(rng, frontier))] if rng.random() < 0.3 else []))
+            frontier.check_advance(new)
+            reader.set_logical_compaction(new)
+            frontier = new
+        if rng.random() < 0.05:
+            tr.compact()
+        # the collection at a version beyond the frontier is exact
+        u = Version(*_beyond(rng, frontier, spread=4))
+        want: Counter = Counter()
+        for (rec, tt), w in history.items():
+            if tt[0] <= u[0] and tt[1] <= u[1]:
+                want[(rec, None)] += w
+        want = Counter({k: w for k, w in want.items() if w})
+        assert counter(tr.accumulate(at=u), times=False) == want, f"version {v} at {u}"
+        if v % 10 == 0:  # and so is a lookup of some keys
+            probe = batch.data.select([key_col]).slice(0, 3) if batch.num_rows else \
+                pa.table({key_col: pa.array([], SCHEMA.field(key_col).type)})
+            keys = {key((x,))[0] for x in probe.column(key_col).to_pylist()}
+            got = counter(tr.accumulate(at=u, keys=probe), times=False)
+            idx = SCHEMA.get_field_index(key_col)
+            assert got == Counter({k: w for k, w in want.items() if k[0][idx] in keys})
+    # compaction bounds the trace: one row per distinct (record, advanced time)
+    tr.compact()
+    distinct = {(rec, Version(tt).advance_by(frontier)) for (rec, tt), w in history.items()}
+    assert len(tr) <= len(distinct)

@@ -1,0 +1,206 @@
+"""Upserts to triples: seed 000's frank/oz sequence, no-ops, sharing the trace, errors,
+hash collisions, then an oracle over >= 500 random steps against a dictionary model."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from engine.differential import trace as trace_module
+from engine.differential import upsert as upsert_module
+from engine.differential.linear import LinearOperator
+from engine.differential.trace import Trace
+from engine.differential.upsert import DELETE, Upsert
+from engine.differential.version import Antichain
+from engine.differential.zset import TIME, ZSet
+from engine.errors import InputError, InvalidKeyError, SchemaError
+from tests.engine.differential._reference import counter
+
+NAMES = pa.schema([("first", pa.string()), ("last", pa.string())])
+SEQ = ["mcsherry", "zappa", None, "oz", "oz", None]
+EXPECTED = [(("frank", "mcsherry"), (0,), 1), (("frank", "mcsherry"), (1,), -1), (("frank", "zappa"), (1,), 1),
+            (("frank", "zappa"), (2,), -1), (("frank", "oz"), (3,), 1), (("frank", "oz"), (5,), -1)]
+
+
+def _events(first, last, *, times=None) -> pa.Table:
+    cols = {"first": pa.array(first, pa.string()), "last": pa.array(last, pa.string()),
+            DELETE: pa.array([v is None for v in last])}
+    if times is not None:
+        cols[TIME] = pa.array(times, pa.int64())
+    return pa.table(cols)
+
+
+# ---------------------------------------------------------------------------------------
+# examples
+
+
+def test_seed000_one_event_per_time():
+    up = Upsert(NAMES, "first")
+    out = []
+    for t, last in enumerate(SEQ):
+        out += up.step(_events(["frank"], [last]), t).to_triples()
+    assert out == EXPECTED
+    assert up.trace.accumulate().to_triples() == []
+
+
+def test_seed000_all_times_in_one_batch():
+    up = Upsert(NAMES, "first")
+    got = up.step(_events(["frank"] * 6, SEQ, times=list(range(6))))
+    assert got.to_triples() == EXPECTED
+
+
+def test_seed000_downstream_filter_and_projection():
+    # seed 000: filtering the differential updates keeps (frank, zappa) at 1 and 2 only
+    up = Upsert(NAMES, "first")
+    out = up.step(_events(["frank"] * 6, SEQ, times=list(range(6))))
+    zs = LinearOperator().filter(pc.starts_with(pc.field("last"), "z"))(out)
+    assert zs.to_triples() == [(("frank", "zappa"), (1,), 1), (("frank", "zappa"), (2,), -1)]
+    last = LinearOperator().map({"last": "last"})(out)
+    assert [(r[0], t[0], d) for r, t, d in last.to_triples()] == [
+        ("mcsherry", 0, 1), ("mcsherry", 1, -1), ("zappa", 1, 1), ("zappa", 2, -1), ("oz", 3, 1), ("oz", 5, -1)]
+
+
+def test_repeats_and_absent_deletes_say_nothing():
+    up = Upsert(NAMES, "first")
+    up.step(_events(["a", "b"], ["x", "y"]), 0)
+    assert up.step(_events(["a", "b"], ["x", "y"]), 1).num_rows == 0        # identical upserts
+    assert up.step(_events(["zz", "qq"], [None, None]), 2).num_rows == 0    # absent keys
+    # within one batch and time the last event per key wins; a change and its undo cancel
+    got = up.step(_events(["a", "a", "b", "b", "c"], ["q", "x", "w", None, None]), 3)
+    assert got.to_triples() == [(("b", "y"), (3,), -1)]
+
+
+def test_several_key_columns_and_nulls_in_values():
+    schema = pa.schema([("k1", pa.int64()), ("k2", pa.string()), ("v", pa.float64())])
+    up = Upsert(schema, ["k1", "k2"])
+    ev = pa.table({"k1": [1, 1, 2], "k2": ["a", "b", "a"], "v": [None, 1.0, float("nan")]})
+    assert len(up.step(ev, 0)) == 3
+    assert up.step(ev, 1).num_rows == 0           # null == null, NaN == NaN: no change
+    ev2 = pa.table({"k1": [1], "k2": ["a"], "v": [2.0]})
+    assert up.step(ev2, 2).to_triples() == [((1, "a", None), (2,), -1), ((1, "a", 2.0), (2,), 1)]
+
+
+def test_the_trace_is_the_shared_arrangement():
+    trace = Trace(NAMES, "first")
+    other = trace.reader()                   # another operator reading the same arrangement
+    up = Upsert(NAMES, "first", trace=trace)
+    up.step(_events(["frank", "moon"], ["zappa", "unit"]), 0)
+    up.step(_events(["frank"], ["oz"]), 1)
+    assert sorted(trace.accumulate(at=0).to_triples()) == [(("frank", "zappa"), None, 1), (("moon", "unit"), None, 1)]
+    assert sorted(trace.accumulate(at=1).to_triples()) == [(("frank", "oz"), None, 1), (("moon", "unit"), None, 1)]
+    other.set_logical_compaction(Antichain([1]))
+    trace.compact()
+    assert len(trace) == 2                   # compacted to the live rows
+    with pytest.raises(SchemaError, match="does not fit"):
+        Upsert(NAMES, "last", trace=trace)
+
+
+def test_errors():
+    up = Upsert(NAMES, "first")
+    up.step(_events(["a"], ["x"]), 5)
+    with pytest.raises(InputError, match="go back"):
+        up.step(_events(["a"], ["y"]), 4)
+    with pytest.raises(InputError, match="need a time"):
+        up.step(_events(["a"], ["y"]))
+    with pytest.raises(InvalidKeyError, match="null"):
+        up.step(_events([None], ["y"]), 6)
+    with pytest.raises(SchemaError, match="missing"):
+        up.step(pa.table({"first": ["a"]}), 6)
+    with pytest.raises(SchemaError, match="boolean"):
+        up.step(pa.table({"first": ["a"], "last": ["b"], DELETE: [1]}), 6)
+    bad = Trace(NAMES, "first")
+    bad.insert(ZSet.from_triples([(("a", "x"), 0, 2)], NAMES))
+    with pytest.raises(InputError, match="weight 2"):
+        Upsert(NAMES, "first", trace=bad).step(_events(["a"], ["y"]), 1)
+
+
+def test_colliding_key_hashes(monkeypatch):
+    # every key hashes alike: events of different keys must still stay apart
+    def zero(table, names=None):
+        return np.zeros(table.num_rows, np.uint64)
+
+    monkeypatch.setattr(upsert_module, "hash_rows", zero)
+    monkeypatch.setattr(trace_module, "hash_rows", zero)
+    up = Upsert(NAMES, "first")
+    assert len(up.step(_events(["a", "b", "c"], ["1", "2", "3"]), 0)) == 3
+    got = up.step(_events(["b", "d", "a"], ["2", "4", None]), 1)
+    assert sorted(got.to_triples()) == [(("a", "1"), (1,), -1), (("d", "4"), (1,), 1)]
+
+
+# ---------------------------------------------------------------------------------------
+# oracle: >= 500 random steps against a dictionary
+
+
+SCHEMA = pa.schema([("key", pa.string()), ("n", pa.int64()), ("s", pa.string())])
+KEYS = [f"k{i}" for i in range(25)]
+
+
+def _expected(state: dict, events: list) -> Counter:
+    """Seed 000 semantics, one key at a time: last event per (key, time), in time order."""
+    last: dict = {}
+    for k, val, t in events:
+        last[(k, t)] = val
+    out: Counter = Counter()
+    for (k, t) in sorted(last, key=lambda kt: (kt[0], kt[1])):
+        new, old = last[(k, t)], state.get(k)
+        if new != old:
+            if old is not None:
+                out[((k,) + old, (t,))] -= 1
+            if new is not None:
+                out[((k,) + new, (t,))] += 1
+        if new is None:
+            state.pop(k, None)
+        else:
+            state[k] = new
+    return Counter({x: w for x, w in out.items() if w})
+
+
+def test_upsert_oracle_over_random_steps():
+    rng = np.random.default_rng(23)
+    up = Upsert(SCHEMA, "key")
+    follower = up.trace.reader()            # a second reader keeping up with the steps
+    state: dict = {}
+    acc: Counter = Counter()
+    time = 0
+    for step in range(520):
+        n = int(rng.integers(0, 30))
+        multi = rng.random() < 0.3
+        events = []
+        for _ in range(n):
+            k = KEYS[int(rng.integers(0, len(KEYS)))]
+            roll = rng.random()
+            if roll < 0.2:
+                val = None                                     # delete (maybe absent)
+            elif roll < 0.35 and k in state:
+                val = state[k]                                 # repeat the current value
+            else:
+                s = [None, "x", "y"][int(rng.integers(0, 3))]
+                val = (int(rng.integers(0, 3)), s)
+            t = time + (int(rng.integers(0, 3)) if multi else 0)
+            events.append((k, val, t))
+        table = pa.table({
+            "key": pa.array([e[0] for e in events], pa.string()),
+            "n": pa.array([e[1][0] if e[1] else 0 for e in events], pa.int64()),
+            "s": pa.array([e[1][1] if e[1] else None for e in events], pa.string()),
+            DELETE: pa.array([e[1] is None for e in events], pa.bool_()),
+            TIME: pa.array([e[2] for e in events], pa.int64()),
+        })
+        out = up.step(table)
+        want = _expected(state, events)
+        got = counter(out)
+        assert got == want, f"step {step}"
+        assert len(out) == len(want) and set(out.diffs.tolist()) <= {-1, 1}
+        for x, w in got.items():
+            acc[(x[0], None)] += w
+        time = max([time] + [e[2] for e in events]) + 1
+        follower.set_logical_compaction(Antichain([time - 1]))
+        live = Counter({((k,) + v, None): 1 for k, v in state.items()})
+        assert Counter({x: w for x, w in acc.items() if w}) == live, f"step {step}"
+        if step % 20 == 0:
+            assert counter(up.trace.accumulate(at=time - 1), times=False) == live
+    up.trace.compact()
+    assert len(up.trace) == len(state)        # compaction leaves the live rows only
