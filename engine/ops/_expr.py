@@ -1,0 +1,203 @@
+"""Expression helpers shared by the ops: bind a ``pyarrow.compute.Expression`` to a schema,
+list the columns it reads, and evaluate it on the rows an update touches.
+
+Why these choices (measured with pyarrow 26, median):
+
+* **Evaluation** goes through one Acero plan, ``table_source -> project``, with
+  ``use_threads=False`` so the output keeps row order. It costs ~0.07 ms of fixed overhead
+  plus the kernels (~0.1 ms for 2,000 rows, ~2 ms for 1M rows); ``pyarrow.dataset`` is
+  ~4x slower per call and ``Table.filter(expr)`` returns rows, not a mask aligned with keys.
+  Most of a small evaluation is the plan's fixed cost, so callers batch rows (added and
+  modified together) and expressions (:func:`evaluate_many`) into as few plans as they can.
+* **Referenced columns**: pyarrow does not expose an expression's tree to Python, and
+  ``str(expr)`` is not a parser. So :func:`bind` *probes*: the expression is bound on an
+  empty table of the schema (this also checks names and kernel types), then once more per
+  column with that column renamed; a column is an input exactly when the expression no
+  longer binds without it. That is ``1 + ncols`` tiny evaluations, paid once per operation
+  when the table is built, never per cycle.
+* Columns must be referenced **by name**: a positional reference (``pc.field(0)``) would
+  silently point at another column in the narrow tables we evaluate on, so it is refused
+  (it shows as ``FieldPath(`` in the expression's text).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.acero as acero
+import pyarrow.compute as pc
+
+from engine.columns import ColumnSource
+from engine.errors import ExpressionError
+from engine.rowset import KeyArray
+
+__all__ = ["BoundExpression", "bind", "evaluate", "evaluate_many", "gather", "predicate_mask"]
+
+# evaluation tables need at least one column to carry the row count of a constant expression
+_ROWS = "__ticktable_rows__"
+_PROBE = "__ticktable_probe__"
+_NO_MATCH = re.compile(r"No match for FieldRef\.Name\((.*?)\) in ")
+
+
+@dataclass(frozen=True, slots=True)
+class BoundExpression:
+    """An expression checked against a schema.
+
+    Attributes
+    ----------
+    expr
+        The expression.
+    inputs
+        The columns it reads, in schema order (empty for a constant).
+    type
+        The type of its result.
+    text
+        ``str(expr)``, for error messages.
+    """
+
+    expr: pc.Expression
+    inputs: tuple[str, ...]
+    type: pa.DataType
+    text: str
+
+
+def _project(table: pa.Table, exprs: list[pc.Expression]) -> pa.Table:
+    decl = acero.Declaration.from_sequence([
+        acero.Declaration("table_source", acero.TableSourceNodeOptions(table)),
+        acero.Declaration("project", acero.ProjectNodeOptions(exprs, [f"out{i}" for i in range(len(exprs))])),
+    ])
+    # one thread keeps the output in input order
+    return decl.to_table(use_threads=False)
+
+
+def _empty(schema: pa.Schema) -> pa.Table:
+    if len(schema) == 0:
+        return pa.table({_ROWS: pa.nulls(0)})
+    return schema.empty_table()
+
+
+def bind(expr: object, schema: pa.Schema, *, table_name: str, what: str) -> BoundExpression:
+    """Check ``expr`` against ``schema`` and find the columns it reads.
+
+    Parameters
+    ----------
+    expr
+        A ``pyarrow.compute.Expression`` (``pc.field("Price") * 2``).
+    schema
+        The columns the expression may read.
+    table_name
+        The table the columns belong to, for messages.
+    what
+        What the expression is for (``"predicate"``, ``"column 'X'"``), for messages.
+
+    Raises
+    ------
+    ExpressionError
+        If ``expr`` is not an expression, refers to a column by position, names a column
+        that is not in ``schema``, or applies a function to types it does not accept.
+    """
+    if not isinstance(expr, pc.Expression):
+        raise ExpressionError(
+            f"{what} on table {table_name!r}: expected a pyarrow.compute.Expression, got "
+            f"{type(expr).__name__} {expr!r} (wrap columns in pc.field(...), constants in "
+            f"pc.scalar(...))"
+        )
+    text = str(expr)
+    if "FieldPath(" in text and not any("FieldPath(" in n for n in schema.names):
+        raise ExpressionError(
+            f"{what} on table {table_name!r} refers to a column by position ({text}); "
+            f"use pc.field(name) (columns: {', '.join(schema.names)})"
+        )
+    try:
+        out = _project(_empty(schema), [expr]).column(0)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError) as exc:
+        msg = str(exc)
+        m = _NO_MATCH.search(msg)
+        if m:
+            raise ExpressionError(
+                f"{what} on table {table_name!r} names column {m.group(1)!r}, which does not "
+                f"exist (has: {', '.join(schema.names)})"
+            ) from exc
+        raise ExpressionError(f"{what} on table {table_name!r} is invalid: {text}: {msg}") from exc
+    inputs = []
+    for i, name in enumerate(schema.names):  # one probe per column, once per operation
+        probe = _empty(schema.set(i, pa.field(_PROBE, schema.field(i).type)))
+        try:
+            _project(probe, [expr])
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError):
+            inputs.append(name)
+    return BoundExpression(expr, tuple(inputs), out.type, text)
+
+
+def gather(
+    sources: Mapping[str, ColumnSource], names: Sequence[str], keys: KeyArray, *, prev: bool = False
+) -> dict[str, pa.Array]:
+    """Current (or, with ``prev``, previous) values of ``names`` at ``keys``."""
+    if prev:
+        return {n: sources[n].get_prev(keys) for n in names}
+    return {n: sources[n].get(keys) for n in names}
+
+
+def evaluate(
+    bound: BoundExpression, columns: Mapping[str, pa.Array | pa.ChunkedArray], n: int
+) -> pa.Array:
+    """Evaluate ``bound`` on ``n`` rows whose input columns are given.
+
+    ``columns`` must hold every name in ``bound.inputs`` (extra names are ignored).
+
+    Raises
+    ------
+    ExpressionError
+        If a kernel fails on these values (overflow, division by zero, a failing cast).
+    """
+    return evaluate_many([bound], columns, n)[0]
+
+
+def evaluate_many(
+    bounds: Sequence[BoundExpression], columns: Mapping[str, pa.Array | pa.ChunkedArray], n: int
+) -> list[pa.Array]:
+    """Evaluate several expressions over the same ``n`` rows in one plan.
+
+    One plan has a fixed cost of ~0.05 ms and each expression ~0.03 ms more (1,000 rows),
+    so independent expressions are cheaper together. A name means one column for all of
+    ``bounds``.
+
+    Raises
+    ------
+    ExpressionError
+        If a kernel fails on these values (overflow, division by zero, a failing cast).
+    """
+    names = list(dict.fromkeys(c for b in bounds for c in b.inputs))
+    if names:
+        table = pa.Table.from_arrays([columns[c] for c in names], names=names)
+    else:
+        table = pa.table({_ROWS: pa.nulls(n)})
+    try:
+        out = _project(table, [b.expr for b in bounds])
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        texts = " / ".join(b.text for b in bounds)
+        raise ExpressionError(f"evaluating {texts} failed: {exc}") from exc
+    return [_single(out.column(i), b.type) for i, b in enumerate(bounds)]
+
+
+def _single(col: pa.ChunkedArray, type: pa.DataType) -> pa.Array:
+    if col.num_chunks == 1:
+        return col.chunk(0)
+    if col.num_chunks == 0:
+        return pa.array([], type=type)
+    return col.combine_chunks()
+
+
+def predicate_mask(
+    bound: BoundExpression, columns: Mapping[str, pa.Array | pa.ChunkedArray], n: int
+) -> npt.NDArray[np.bool_]:
+    """Evaluate a boolean expression as a numpy mask; null counts as false (SQL WHERE)."""
+    out = evaluate(bound, columns, n)
+    if out.null_count:
+        out = pc.fill_null(out, False)
+    return np.asarray(out.to_numpy(zero_copy_only=False), dtype=bool)
