@@ -97,7 +97,7 @@ def bench_compose(n: int, repeat: int, rng: np.random.Generator) -> dict:
                             added=RowSet.from_range(n // 2, n // 2 + 10),
                             modified=RowSet.from_keys(rng.choice(n // 2, k, replace=False)) & mid,
                             modified_columns=["Qty"])
-        samples.append(time_ns(lambda: compose(u1, u2, prev)))
+        samples.append(time_ns(lambda u1=u1, u2=u2: compose(u1, u2, prev)))
     return {"size": n, "update_rows": 3 * k, **stats_ms(samples)}
 
 

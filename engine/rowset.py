@@ -419,7 +419,7 @@ class RowSetShiftData:
         raise TypeError("RowSetShiftData is unhashable")
 
     def __repr__(self) -> str:
-        triples = list(zip(self.begins.tolist(), self.ends.tolist(), self.deltas.tolist()))
+        triples = list(zip(self.begins.tolist(), self.ends.tolist(), self.deltas.tolist(), strict=False))
         if len(triples) > 6:
             return f"RowSetShiftData({triples[:6]}... {len(triples)} ranges)"
         return f"RowSetShiftData({triples})"
@@ -446,7 +446,7 @@ class RowSetShiftData:
 
     def _quote(self, idx: npt.NDArray[np.intp]) -> str:
         i = idx[:10]
-        return str(list(zip(self.begins[i].tolist(), self.ends[i].tolist(), self.deltas[i].tolist())))
+        return str(list(zip(self.begins[i].tolist(), self.ends[i].tolist(), self.deltas[i].tolist(), strict=False)))
 
     # applying ----------------------------------------------------------------------
     def _delta_of(self, keys: KeyArray, begins: KeyArray, ends: KeyArray, deltas: KeyArray) -> KeyArray:

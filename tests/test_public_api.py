@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import ticktable as tt
 
 
@@ -25,6 +27,17 @@ def test_readme_example_runs():
     graph.run_cycle()
     assert seen[1].modified.keys().tolist() == [0] and seen[1].modified_columns == {"Px"}
     assert quotes.to_pandas()["Px"].tolist() == [191.5, 410.0]
+
+    import pyarrow.compute as pc
+
+    rich = quotes.where(pc.field("Px") > 200).update(Lot=pc.field("Px") * 100)
+    by_sym = rich.sort("Px", descending=True)
+    stats = quotes.agg_by([tt.agg.mean("Px"), tt.agg.max("Px", "Hi"), tt.agg.count("N")])
+    quotes.upsert({"Sym": ["NVDA"], "Px": [950.0]})
+    graph.run_cycle()
+    assert by_sym.to_pandas()["Sym"].tolist() == ["NVDA", "MSFT"]
+    assert by_sym.to_pandas()["Lot"].tolist() == [95000.0, 41000.0]
+    assert stats.to_pandas().iloc[0].tolist() == [pytest.approx((191.5 + 410 + 950) / 3), 950.0, 3]
 
 
 def test_cli_demo_prints_a_changing_table():

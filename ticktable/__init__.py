@@ -7,6 +7,7 @@ re-exported here so user code does not depend on the internal layout.
 from __future__ import annotations
 
 from engine import errors as errors
+from engine.ops import agg as agg
 from engine.graph import UpdateGraph as UpdateGraph
 from engine.rowset import RowSet as RowSet
 from engine.rowset import RowSetShiftData as RowSetShiftData
@@ -28,6 +29,7 @@ __all__ = [
     "TableUpdate",
     "TimerTable",
     "UpdateGraph",
+    "agg",
     "compose",
     "errors",
 ]

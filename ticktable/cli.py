@@ -28,7 +28,7 @@ def _demo(args: argparse.Namespace) -> int:
         "Sym", name="quotes",
     )
     rng = np.random.default_rng(args.seed)
-    mid = dict(zip(SYMS.tolist(), rng.uniform(50, 500, SYMS.size)))
+    mid = dict(zip(SYMS.tolist(), rng.uniform(50, 500, SYMS.size), strict=False))
 
     def tick() -> None:
         n = int(rng.integers(1, 4))

@@ -6,7 +6,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from engine.columns import ArrowColumnSource, NumpyColumnSource, RemappedColumnSource, make_column_source
+from engine.columns import (
+    ArrowColumnSource,
+    NumpyColumnSource,
+    RemappedColumnSource,
+    make_column_source,
+)
 from engine.errors import SchemaError
 
 K = lambda *k: np.array(k, dtype=np.int64)  # noqa: E731

@@ -174,11 +174,11 @@ def test_keyed_large_batch_vectorized_equivalence():
         ks = rng.integers(0, 20_000, 50_000)
         vs = rng.integers(0, 5, 50_000)
         t.upsert({"k": ks, "v": vs})
-        model.update(dict(zip(ks.tolist(), vs.tolist())))
+        model.update(dict(zip(ks.tolist(), vs.tolist(), strict=False)))
         dels = rng.integers(0, 20_000, 3_000)
         t.delete({"k": dels})
         for d in dels.tolist():
             model.pop(d, None)
         g.run_cycle()
-        got = dict(zip(*[c.to_pylist() for c in t.to_arrow().columns]))
+        got = dict(zip(*[c.to_pylist() for c in t.to_arrow().columns], strict=False))
         assert got == model

@@ -70,7 +70,7 @@ def step(draw, prev_keys):
     modified = sorted(draw(st.sets(st.sampled_from(new), max_size=len(new))) if new else [])
     cols = draw(st.sets(st.sampled_from(["a", "b"]), min_size=1)) if modified else set()
     up = TableUpdate.of(R(*added), R(*removed), R(*modified), shift, cols)
-    return up, dict(zip(surv, new))
+    return up, dict(zip(surv, new, strict=False))
 
 
 def _apply(state, up, moves, tick):
@@ -106,7 +106,7 @@ def test_compose_equals_sequential(start, data):
     s0 = {k: 0 for k in start}
     s2 = _apply(_apply(s0, u1, m1, 1), u2, m2, 2)
     cm = dict(zip(*[a.tolist() for a in (lambda p: (p, c.shifted.apply_keys(p)))(
-        np.array(sorted(k for k in start if k not in set(c.removed.keys().tolist())), dtype=np.int64))]))
+        np.array(sorted(k for k in start if k not in set(c.removed.keys().tolist())), dtype=np.int64))], strict=False))
     replay = _apply(s0, c, cm, None)
     for k, v in s2.items():
         if v == 0:
