@@ -1,0 +1,168 @@
+"""bench_ops — benchmark W1 of issue 3: a live chain against pandas recomputing it.
+
+Source: a keyed table of N rows (Sym: string, 1,000 distinct; Key: int64 unique;
+Price: float64; Qty: int64). Chain::
+
+    f = src.where(Price > 50)
+    u = f.update(Notional = Price * Qty)
+    s = u.sort("Notional")
+    a = u.agg_by([sum(Notional), count, mean(Price)], by="Sym")
+
+Each cycle modifies K random rows' Price and appends 1,000 rows. Printed per (N, K): the
+per-cycle median / mean / p99 of the whole chain and of each op, and, in the same run, the
+median time for pandas to recompute the chain from scratch on the same data.
+
+Run: python bench/bench_ops.py [--sizes 1000000 10000000] [--changes 1000 100000] [--cycles 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import print_table, stats_ms, write_json  # noqa: E402
+from engine.graph import UpdateGraph  # noqa: E402
+from engine.ops import agg  # noqa: E402
+
+SCHEMA = pa.schema([("Sym", pa.string()), ("Key", pa.int64()), ("Price", pa.float64()), ("Qty", pa.int64())])
+SYMS = pa.array([f"S{i:04d}" for i in range(1000)])
+APPEND = 1000
+
+
+def rows(rng: np.random.Generator, keys: np.ndarray) -> pa.Table:
+    n = keys.size
+    return pa.table({"Sym": SYMS.take(pa.array(rng.integers(0, 1000, n))), "Key": keys,
+                     "Price": rng.random(n) * 100, "Qty": rng.integers(1, 100, n)}, schema=SCHEMA)
+
+
+def pandas_chain(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    f = df[df["Price"] > 50]
+    u = f.assign(Notional=f["Price"] * f["Qty"])
+    s = u.sort_values("Notional", kind="stable")
+    a = u.groupby("Sym", sort=False).agg(Notional=("Notional", "sum"), count=("Key", "size"),
+                                          Price=("Price", "mean"))
+    return s, a
+
+
+class _Timed:
+    """Wraps a derived table's listener to time its on_update."""
+
+    def __init__(self, table):
+        self.inner = table.listener
+        self.samples: list[int] = []
+        table.listener = self
+
+    def on_update(self, *ups):
+        t = time.perf_counter_ns()
+        out = self.inner.on_update(*ups)
+        self._last = time.perf_counter_ns() - t
+        return out
+
+    def take(self) -> int:
+        v, self._last = getattr(self, "_last", 0), 0
+        return v
+
+
+def run(n: int, k: int, cycles: int, rng: np.random.Generator, check: bool) -> dict:
+    g = UpdateGraph()
+    src = g.keyed_table(SCHEMA, "Key", name="src")
+    t0 = time.perf_counter()
+    for s in range(0, n, 1_000_000):
+        src.upsert(rows(rng, np.arange(s, min(n, s + 1_000_000))))
+        g.run_cycle()
+    load_src = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    f = src.where(pc.field("Price") > 50)
+    u = f.update(Notional=pc.field("Price") * pc.field("Qty"))
+    s = u.sort("Notional")
+    a = u.agg_by([agg.sum("Notional"), agg.count("count"), agg.mean("Price")], by="Sym")
+    build = time.perf_counter() - t0
+    timers = {name: _Timed(t) for name, t in [("where", f), ("update", u), ("sort", s), ("agg_by", a)]}
+    per_op: dict[str, list[int]] = {name: [] for name in timers}
+    whole, src_cycle, pandas_ns = [], [], []
+    next_key = n
+    for c in range(cycles + 2):
+        mod = rng.integers(0, next_key, k)
+        batch = rows(rng, np.concatenate((mod, np.arange(next_key, next_key + APPEND))))
+        # keep Sym and Qty of modified rows: only Price changes for them
+        cur = src.rows(_row_keys(src, mod), ["Sym", "Qty"])
+        batch = batch.set_column(0, "Sym", pa.concat_arrays([cur.column("Sym").combine_chunks(),
+                                                             batch.column("Sym").slice(k).combine_chunks()]))
+        batch = batch.set_column(3, "Qty", pa.concat_arrays([cur.column("Qty").combine_chunks(),
+                                                             batch.column("Qty").slice(k).combine_chunks()]))
+        next_key += APPEND
+        src.upsert(batch)
+        t = time.perf_counter_ns()
+        g.run_cycle()
+        total = time.perf_counter_ns() - t
+        ops = {name: tm.take() for name, tm in timers.items()}
+        if c >= 2:  # warm-up cycles dropped
+            whole.append(total)
+            for name, v in ops.items():
+                per_op[name].append(v)
+            src_cycle.append(total - sum(ops.values()))
+            if c < 2 + min(cycles, 7):  # pandas: a few recomputations are enough for a median
+                df = src.to_pandas()
+                t = time.perf_counter_ns()
+                pandas_chain(df)
+                pandas_ns.append(time.perf_counter_ns() - t)
+    if check:
+        ps, pa_ = pandas_chain(src.to_pandas())
+        got = s.to_pandas()
+        assert np.allclose(got["Notional"].to_numpy(), ps["Notional"].to_numpy())
+        assert len(a) == len(pa_)
+    out = {"N": n, "K": k, "load_src_s": load_src, "build_chain_s": build, "chain": stats_ms(whole),
+           "source_apply": stats_ms(src_cycle), "ops": {m: stats_ms(v) for m, v in per_op.items()},
+           "pandas": stats_ms(pandas_ns)}
+    out["speedup_vs_pandas"] = out["pandas"]["median_ms"] / out["chain"]["median_ms"]
+    return out
+
+
+def _row_keys(src, keys: np.ndarray) -> np.ndarray:
+    """Row keys of ``keys`` in the keyed source (their Key values are unique)."""
+    from engine.sources import _key_hashes
+
+    return src._index.lookup(_key_hashes(pa.table({"Key": keys}), ["Key"]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    ap.add_argument("--changes", type=int, nargs="+", default=[1000, 100_000])
+    ap.add_argument("--cycles", type=int, default=20)
+    ap.add_argument("--check", action="store_true", help="compare the final result with pandas")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rng = np.random.default_rng(7)
+    results = []
+    for n in args.sizes:
+        for k in args.changes:
+            if k >= n:
+                continue
+            r = run(n, k, args.cycles, rng, args.check)
+            results.append(r)
+            row = {"N": n, "K": k, "chain_med": r["chain"]["median_ms"], "chain_mean": r["chain"]["mean_ms"],
+                   "chain_p99": r["chain"]["p99_ms"], "source": r["source_apply"]["median_ms"],
+                   **{f"{m}_med": r["ops"][m]["median_ms"] for m in r["ops"]},
+                   "pandas_med": r["pandas"]["median_ms"], "speedup": r["speedup_vs_pandas"]}
+            print_table(f"W1 N={n:,} K={k:,} (cycle = K Price modifies + {APPEND:,} appends; ms)", [row],
+                        list(row))
+    base = {r["K"]: r["chain"]["median_ms"] for r in results if r["N"] == min(args.sizes)}
+    summary = [{"N": r["N"], "K": r["K"], "chain_med_ms": r["chain"]["median_ms"],
+                "ratio_to_smallest_N": r["chain"]["median_ms"] / base[r["K"]] if r["K"] in base else None,
+                "pandas_med_ms": r["pandas"]["median_ms"], "speedup": r["speedup_vs_pandas"]} for r in results]
+    print_table("W1 summary", summary, list(summary[0]))
+    write_json("bench_ops", {"args": vars(args), "results": results}, args.json)
+
+
+if __name__ == "__main__":
+    main()
