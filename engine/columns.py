@@ -61,6 +61,16 @@ def _as_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     return values
 
 
+def _as_typed_array(values: pa.Array | pa.ChunkedArray, type: pa.DataType) -> pa.Array:
+    arr = _as_array(values)
+    if arr.type != type:
+        try:
+            arr = arr.cast(type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SchemaError(f"cannot store {arr.type} in a {type} column") from exc
+    return arr
+
+
 class ColumnSource:
     """Read side of a column: current and previous values by row key."""
 
@@ -174,12 +184,7 @@ class NumpyColumnSource(WritableColumnSource):
             self._valid = valid
 
     def _split(self, values: pa.Array | pa.ChunkedArray) -> tuple[npt.NDArray[Any], npt.NDArray[np.bool_] | None]:
-        arr = _as_array(values)
-        if arr.type != self.type:
-            try:
-                arr = arr.cast(self.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise SchemaError(f"cannot store {arr.type} in a {self.type} column") from exc
+        arr = _as_typed_array(values, self.type)
         valid = None
         if arr.null_count:
             valid = arr.is_valid().to_numpy(zero_copy_only=False)
@@ -334,15 +339,6 @@ class ArrowColumnSource(WritableColumnSource):
     def ensure_capacity(self, n: int) -> None:
         self._slots.ensure_capacity(n)
 
-    def _cast(self, values: pa.Array | pa.ChunkedArray) -> pa.Array:
-        arr = _as_array(values)
-        if arr.type != self.type:
-            try:
-                arr = arr.cast(self.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise SchemaError(f"cannot store {arr.type} in a {self.type} column") from exc
-        return arr
-
     def get(self, keys: KeyArray) -> pa.Array:
         return self._store.take(self._slots.get_numpy(keys)[0])
 
@@ -352,7 +348,7 @@ class ArrowColumnSource(WritableColumnSource):
     def set(self, keys: KeyArray, values: pa.Array | pa.ChunkedArray) -> None:
         if keys.size == 0:
             return
-        slots = self._store.append(self._cast(values))
+        slots = self._store.append(_as_typed_array(values, self.type))
         self._slots.set_numpy(keys, slots)
 
     def move(self, src: KeyArray, dst: KeyArray) -> None:
