@@ -7,8 +7,8 @@ re-exported here so user code does not depend on the internal layout.
 from __future__ import annotations
 
 from engine import errors as errors
-from engine.ops import agg as agg
 from engine.graph import UpdateGraph as UpdateGraph
+from engine.ops import agg as agg
 from engine.rowset import RowSet as RowSet
 from engine.rowset import RowSetShiftData as RowSetShiftData
 from engine.sources import AppendOnlyTable as AppendOnlyTable

@@ -13,7 +13,8 @@ from engine.ops import _expr
 from engine.ops.select import _RowSlots
 from engine.rowset import RowSetShiftData
 from engine.update import TableUpdate
-from tests.engine.ops.test_filter import (
+from tests.oracle import SCHEMA, run_oracle
+from tests.shifting import (
     ScriptedTable,
     assert_update,
     keyed,
@@ -22,7 +23,6 @@ from tests.engine.ops.test_filter import (
     rs,
     run_shifting_oracle,
 )
-from tests.oracle import SCHEMA, run_oracle
 
 P, Q, S = pc.field("Price"), pc.field("Qty"), pc.field("Sym")
 

@@ -10,7 +10,8 @@ from engine.errors import InputError
 from engine.graph import UpdateGraph
 from engine.rowset import RowSetShiftData
 from engine.update import TableUpdate
-from tests.engine.ops.test_filter import (
+from tests.oracle import SCHEMA, run_oracle
+from tests.shifting import (
     ScriptedTable,
     assert_update,
     keyed,
@@ -19,7 +20,6 @@ from tests.engine.ops.test_filter import (
     rs,
     run_shifting_oracle,
 )
-from tests.oracle import SCHEMA, run_oracle
 
 
 def test_head_window_follows_removes_and_passes_modifies():

@@ -20,9 +20,9 @@ from engine.ops._sortslots import LiveBits, PkIndex, Redirection
 from engine.rowset import RowSet, RowSetShiftData
 from engine.table import Table
 from engine.update import TableUpdate
-from tests.engine.ops.test_filter import run_shifting_oracle
 from tests.oracle import run_oracle
 from tests.replay import ReplayChecker
+from tests.shifting import run_shifting_oracle
 
 SCHEMA = pa.schema([("Id", pa.int64()), ("K", pa.string()), ("Price", pa.float64())])
 
