@@ -27,6 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine._hashing import hash_rows
 from engine._keyindex import KeyIndex
 from engine.columns import (
     ArrowColumnSource,
@@ -214,18 +215,17 @@ class RingTable(_SourceTable):
 
 
 def _key_hashes(t: pa.Table, keys: list[str]) -> npt.NDArray[np.uint64]:
-    """One uint64 per row identifying its key; exact for a single integer key column."""
+    """One uint64 per row identifying its key; exact for a single integer key column.
+
+    Other keys use the shared numpy row hash (``engine._hashing``); callers verify
+    values where hashes match, so a collision is detected, never merged.
+    """
     if len(keys) == 1 and pa.types.is_integer(t.schema.field(keys[0]).type):
         col = t.column(keys[0])
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-        out: npt.NDArray[np.uint64] = arr.cast(pa.int64()).to_numpy().view(np.uint64)
+        out: npt.NDArray[np.uint64] = arr.cast(pa.int64()).fill_null(0).to_numpy().view(np.uint64)
         return out
-    h = np.zeros(t.num_rows, dtype=np.uint64)
-    for k in keys:  # one pass per key column
-        col = t.column(k).to_pandas()
-        with np.errstate(over="ignore"):
-            h = h * np.uint64(0x100000001B3) ^ pd.util.hash_array(col.to_numpy())
-    return h
+    return hash_rows(t, keys)
 
 
 class KeyedTable(_SourceTable):

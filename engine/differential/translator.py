@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine.differential._hashing import exact_hash, group_equal, hash_rows, rows_equal, same_rows
+from engine._hashing import exact_hash, group_equal, hash_rows, rows_equal, same_rows
 from engine.differential.version import VersionLike
 from engine.differential.zset import ZSet, concat
 from engine.errors import InputError

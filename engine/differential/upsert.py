@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine.differential._hashing import (
+from engine._hashing import (
     exact_hash,
     group_equal,
     hash_rows,

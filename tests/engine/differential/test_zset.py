@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.differential import _hashing
+from engine import _hashing
 from engine.differential import zset as zset_module
 from engine.differential.zset import DIFF, TIME, ZSet, concat, consolidate, minus, negate, plus
 from engine.errors import InputError, SchemaError

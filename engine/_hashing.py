@@ -1,6 +1,7 @@
-"""Row hashes, row equality and exact grouping for Z-set records, whole columns at a time.
+"""Row hashes, row equality and exact grouping, whole columns at a time.
 
-Consolidation, indexing and traces group rows by their values. Each row is hashed to a
+Shared by keyed sources (key -> row) and the differential layer (consolidation, indexing
+and traces group rows by their values). Each row is hashed to a
 ``uint64`` with numpy, and the hash is *stable*: the same values hash the same in every
 batch, so a key found in one batch is found by its hash in a trace built from others.
 Grouping sorts by hash and then **verifies** that rows grouped together are equal
