@@ -1,7 +1,8 @@
 """The ``ticktable`` command line.
 
-Until the Flight server lands, ``ticktable demo`` runs an in-process live market table and
-prints it changing, cycle by cycle, with each update's size.
+Until the Flight server lands, ``ticktable demo`` runs an in-process live market table, a
+sorted board derived from it and an aggregate, and prints the board changing cycle by
+cycle with each update's size.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from engine.graph import UpdateGraph
-from engine.table import Table
+from engine.ops import agg
 from engine.update import TableUpdate
 
 SYMS = np.array(["AAPL", "MSFT", "GOOG", "AMZN", "META", "NVDA", "IBM", "ORCL"], dtype=object)
@@ -41,12 +43,25 @@ def _demo(args: argparse.Namespace) -> int:
         quotes.upsert({"Sym": syms, "Bid": bid, "Ask": np.round(bid * 1.001, 2),
                        "Size": rng.integers(1, 50, n) * 100})
 
-    def show(update: TableUpdate, table: Table) -> None:
-        print(f"\nstep {table.graph.step}: +{len(update.added)} added, ~{len(update.modified)} modified "
-              f"({', '.join(sorted(update.modified_columns)) or '-'}), -{len(update.removed)} removed")
-        print(table.to_pandas().to_string(index=False))
+    # derived live tables: each cycle they get one precise update from the quotes' update
+    board = quotes.update(Spread=pc.field("Ask") - pc.field("Bid")).sort("Bid", descending=True)
+    stats = quotes.agg_by([agg.count("Symbols"), agg.mean("Bid", "MeanBid"), agg.max("Size", "MaxSize")])
 
-    quotes.listen(show)
+    seen: list[TableUpdate] = []
+
+    def show(step: int) -> None:
+        # a terminal listener: runs once every table of the cycle has updated
+        if not seen:
+            return
+        update = seen.pop()
+        print(f"\nstep {step}: +{len(update.added)} added, ~{len(update.modified)} modified "
+              f"({', '.join(sorted(update.modified_columns)) or '-'}), -{len(update.removed)} removed, "
+              f"{len(update.shifted)} shifted range(s)")
+        print(board.to_pandas().to_string(index=False))
+        print(stats.to_pandas().to_string(index=False))
+
+    board.listen(lambda update, table: seen.append(update))
+    graph.add_terminal_listener(show)
     print("ticktable demo: a live 'quotes' table updated every "
           f"{args.interval:g}s (Ctrl-C to stop)")
     cycles = 0
