@@ -9,7 +9,6 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from engine.columns import WritableColumnSource, make_column_source
 from engine.differential.translator import apply_triples, snapshot_to_triples, update_to_triples
 from engine.differential.zset import ZSet
 from engine.errors import InputError
@@ -18,6 +17,7 @@ from engine.rowset import RowSet, RowSetShiftData
 from engine.table import Table
 from engine.update import TableUpdate
 from tests.oracle import KINDS, SCHEMA, RandomSource
+from tests.shifting import ScriptedTable
 
 
 def _row(sym, key, price, qty):
@@ -53,39 +53,10 @@ def test_keyed_source_cycles_to_triples():
     assert snap.to_triples() == [(("A", 1, 11.0, 5), (7,), 1)]
 
 
-class _Scripted(Table):
-    """A source whose next update (shifts included) and writes are given exactly."""
-
-    def __init__(self, graph: UpdateGraph, keys, rows: pa.Table) -> None:
-        self._storage: dict[str, WritableColumnSource] = {f.name: make_column_source(f.type) for f in SCHEMA}
-        k = np.asarray(keys, dtype=np.int64)
-        super().__init__(graph, SCHEMA, dict(self._storage), RowSet.from_keys(k), name="scripted")
-        for name, src in self._storage.items():
-            src.ensure_capacity(int(k.max()) + 100)
-            src.set(k, rows.column(name))
-        self._staged = None
-
-    def stage(self, update: TableUpdate, writes) -> None:
-        self._staged = (update, writes)
-
-    def _compute_update(self):
-        update, writes = self._staged
-        self._staged = None
-        for src in self._storage.values():
-            self.graph.track(src)
-        prev_keys, cur_keys = update.shifted.moved_keys(self.rowset - update.removed)
-        for src in self._storage.values():
-            src.move(prev_keys, cur_keys)
-        for keys, rows in writes:
-            for name in rows.column_names:
-                self._storage[name].set(np.asarray(keys, dtype=np.int64), rows.column(name))
-        return update
-
-
 def test_modifies_under_a_shift_read_the_unshifted_previous_row():
     g = UpdateGraph(validate=True)
     rows = pa.concat_tables([_row("A", 1, 1.0, 1), _row("B", 2, 2.0, 2), _row("C", 3, 3.0, 3)])
-    t = _Scripted(g, [10, 20, 30], rows)
+    t = ScriptedTable(g, SCHEMA, [10, 20, 30], rows)
     seen = _capture(t)
     # remove 10, shift 20..30 down by 5 (to 15, 25), modify 25 (was 30), add 40
     up = TableUpdate.of(removed=RowSet.from_keys([10]), added=RowSet.from_keys([40]),
@@ -99,7 +70,7 @@ def test_modifies_under_a_shift_read_the_unshifted_previous_row():
 
 def test_an_unchanged_modify_and_a_remove_readd_say_nothing():
     g = UpdateGraph(validate=True)
-    t = _Scripted(g, [1, 2], pa.concat_tables([_row("A", 1, 1.0, 1), _row("B", 2, 2.0, 2)]))
+    t = ScriptedTable(g, SCHEMA, [1, 2], pa.concat_tables([_row("A", 1, 1.0, 1), _row("B", 2, 2.0, 2)]))
     seen = _capture(t)
     # key 1 "modified" to the same values; key 2 removed and an identical row added at 5
     t.stage(TableUpdate.of(removed=RowSet.from_keys([2]), added=RowSet.from_keys([5]),
