@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint java-check clean
+.PHONY: run test bench lint proto java-check clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,9 @@ test: $(STAMP) java-check
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_core.py
+
+proto: $(STAMP)
+	$(BIN)/python proto/generate.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check engine ticktable tests bench

@@ -254,6 +254,11 @@ class UpdateGraph:
         self._thread = threading.Thread(target=loop, name="ticktable-cycle", daemon=True)
         self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        """Whether cycles run periodically on the background thread (:meth:`start`)."""
+        return self._thread is not None
+
     def request_cycle(self) -> None:
         """Wake the periodic thread to run the next cycle now."""
         self._wake.set()

@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC modules (``make proto``); do not edit."""

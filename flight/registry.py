@@ -1,0 +1,326 @@
+"""The server's named tables and, per table, the publisher that numbers its updates.
+
+A :class:`TableEntry` is a live table the server exposes under a name: a source table
+writers push into (``append``, ``keyed``, ``ring``) or a table derived server-side. Each
+entry has a :class:`Publisher`, which listens to the table inside every cycle, gives each
+update the table's next *sequence number*, keeps a bounded history of recent updates (for
+subscribers resuming after a dropped connection) and hands the update to every subscriber.
+
+The history holds row sets only (updates and the row set before each), never values: a
+subscriber resuming or catching up composes the updates it missed and reads the values
+of the rows they touch from the table's current state, under the graph's shared lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import pyarrow as pa
+
+from engine.errors import InputError, SchemaError, TableNotFound
+from engine.graph import UpdateGraph
+from engine.rowset import RowSet
+from engine.sources import AppendOnlyTable, KeyedTable, RingTable
+from engine.table import Table
+from engine.update import TableUpdate, compose
+
+__all__ = ["HistoryEntry", "Publisher", "TableEntry", "TableRegistry", "UpdateSink"]
+
+log = logging.getLogger(__name__)
+
+KINDS = ("append", "keyed", "ring")
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One update of a table: its sequence number, step, and the row set before it."""
+
+    sequence: int
+    step: int
+    update: TableUpdate
+    prev: RowSet
+
+
+class UpdateSink(Protocol):
+    """What a publisher feeds: called inside the cycle, after the table committed."""
+
+    def on_table_update(self, entry: HistoryEntry) -> None: ...
+
+    def on_table_failure(self, exc: BaseException) -> None: ...
+
+
+class Publisher:
+    """Numbers a table's updates, keeps a bounded history and fans out to subscribers.
+
+    Parameters
+    ----------
+    table
+        The table to publish.
+    history_updates
+        How many recent updates to keep for resuming subscribers.
+    history_rows
+        Bound on the total rows (added + removed + modified) the kept updates touch.
+    """
+
+    def __init__(self, table: Table, *, history_updates: int = 256,
+                 history_rows: int = 2_000_000) -> None:
+        self.table = table
+        self.epoch = uuid.uuid4().hex[:16]
+        self.sequence = 0
+        self.history_updates = history_updates
+        self.history_rows = history_rows
+        self._history: collections.deque[HistoryEntry] = collections.deque()
+        self._history_rows = 0
+        self._sinks: list[UpdateSink] = []
+        self._lock = threading.Lock()
+        self._handle = table.listen(self._on_update, self._on_failure)
+
+    # inside the cycle ----------------------------------------------------------------
+    def _on_update(self, update: TableUpdate, table: Table) -> None:
+        with self._lock:
+            self.sequence += 1
+            entry = HistoryEntry(self.sequence, table.graph.step, update, table.prev_rowset)
+            self._history.append(entry)
+            self._history_rows += _touched(update)
+            while self._history and (len(self._history) > self.history_updates
+                                     or self._history_rows > self.history_rows):
+                old = self._history.popleft()
+                self._history_rows -= _touched(old.update)
+            sinks = list(self._sinks)
+        for sink in sinks:
+            try:
+                sink.on_table_update(entry)
+            except Exception:  # one broken subscriber must not stop the others or the cycle
+                log.exception("subscriber %r on table %r failed; removed", sink, table.name)
+                self.unsubscribe(sink)
+
+    def _on_failure(self, exc: BaseException, table: Table) -> None:
+        with self._lock:
+            sinks = list(self._sinks)
+        for sink in sinks:
+            try:
+                sink.on_table_failure(exc)
+            except Exception:
+                log.exception("subscriber %r could not be told of the failure", sink)
+
+    # subscribers (call under the graph's shared lock so no update is missed) ----------
+    def subscribe(self, sink: UpdateSink) -> int:
+        """Start feeding ``sink``; returns the sequence number of the state it starts from."""
+        with self._lock:
+            self._sinks.append(sink)
+            return self.sequence
+
+    def unsubscribe(self, sink: UpdateSink) -> None:
+        with self._lock:
+            if sink in self._sinks:
+                self._sinks.remove(sink)
+
+    @property
+    def subscribers(self) -> list[UpdateSink]:
+        with self._lock:
+            return list(self._sinks)
+
+    def missed_since(self, sequence: int) -> tuple[TableUpdate, RowSet, int] | None:
+        """The updates after ``sequence`` composed into one, with the row set before them.
+
+        Returns ``(update, prev, count)``, or ``None`` when some of them are no longer held.
+        Call under the graph's shared lock (the result then leads to the current state).
+        """
+        with self._lock:
+            if sequence > self.sequence:
+                return None
+            if sequence == self.sequence:
+                return TableUpdate(), self.table.rowset, 0
+            if not self._history or self._history[0].sequence > sequence + 1:
+                return None
+            entries = [e for e in self._history if e.sequence > sequence]
+        first = entries[0]
+        total, prev = first.update, first.prev
+        for e in entries[1:]:
+            total = compose(total, e.update, prev)
+        return total, prev, len(entries)
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def _touched(update: TableUpdate) -> int:
+    return len(update.added) + len(update.removed) + len(update.modified)
+
+
+@dataclass(slots=True)
+class TableEntry:
+    """A table the server exposes by name."""
+
+    name: str
+    table: Table
+    kind: str  # "append", "keyed", "ring" or "derived"
+    keys: list[str] = field(default_factory=list)
+    parents: list[str] = field(default_factory=list)
+    publisher: Publisher | None = None
+    children: set[str] = field(default_factory=set)
+
+    @property
+    def is_source(self) -> bool:
+        return self.kind in KINDS
+
+
+class TableRegistry:
+    """The server's tables by name (thread-safe).
+
+    Parameters
+    ----------
+    graph
+        The update graph every table lives in.
+    history_updates
+        Per table, how many recent updates are kept for resuming subscribers.
+    """
+
+    def __init__(self, graph: UpdateGraph, *, history_updates: int = 256,
+                 history_rows: int = 2_000_000) -> None:
+        self.graph = graph
+        self.history_updates = history_updates
+        self.history_rows = history_rows
+        self._entries: dict[str, TableEntry] = {}
+        self._lock = threading.RLock()
+        self.on_drop: list[Callable[[str], None]] = []
+
+    def get(self, name: str) -> TableEntry:
+        """The entry called ``name``.
+
+        Raises
+        ------
+        TableNotFound
+            Naming the tables that do exist.
+        """
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is None:
+                have = ", ".join(sorted(self._entries)) or "none"
+                raise TableNotFound(f"no table {name!r} (tables: {have}); create it first "
+                                    f"(create_table) or check the name")
+            return entry
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._entries)
+
+    def entries(self) -> list[TableEntry]:
+        with self._lock:
+            return [self._entries[n] for n in sorted(self._entries)]
+
+    def add(self, name: str, table: Table, kind: str, *, keys: list[str] | None = None,
+            parents: list[str] | None = None, replace: bool = False) -> TableEntry:
+        """Expose ``table`` as ``name``.
+
+        Raises
+        ------
+        InputError
+            If the name is taken (and ``replace`` is false) or empty.
+        """
+        _check_name(name)
+        with self._lock:
+            if name in self._entries:
+                if not replace:
+                    raise InputError(f"table {name!r} already exists; drop it first or pick "
+                                     f"another name")
+                self.drop(name)
+            table.name = name
+            entry = TableEntry(name, table, kind, list(keys or []), list(parents or []))
+            entry.publisher = Publisher(table, history_updates=self.history_updates,
+                                        history_rows=self.history_rows)
+            self._entries[name] = entry
+            for parent in entry.parents:
+                if parent in self._entries:
+                    self._entries[parent].children.add(name)
+            return entry
+
+    def create_source(self, name: str, schema: pa.Schema, kind: str, *,
+                      keys: list[str] | None = None, capacity: int = 0,
+                      if_not_exists: bool = False) -> TableEntry:
+        """Create a source table writers can push into.
+
+        Raises
+        ------
+        InputError
+            Unknown kind, missing keys for a keyed table, bad capacity, or the name is taken
+            by a table of another schema or kind (with ``if_not_exists``) or at all.
+        SchemaError
+            If ``keys`` name columns that are not in ``schema``.
+        """
+        _check_name(name)
+        if kind not in KINDS:
+            raise InputError(f"unknown table kind {kind!r} for {name!r}; use one of {KINDS}")
+        keys = list(keys or [])
+        with self._lock:
+            existing = self._entries.get(name)
+            if existing is not None and if_not_exists:
+                if (existing.kind != kind or not existing.table.schema.equals(schema)
+                        or existing.keys != keys):
+                    raise InputError(
+                        f"table {name!r} exists as a {existing.kind} table with schema "
+                        f"{existing.table.schema} and keys {existing.keys}, not as requested")
+                return existing
+            if existing is not None:
+                raise InputError(f"table {name!r} already exists; drop it first or pass "
+                                 f"if_not_exists")
+            table: Table
+            with self.graph.exclusive_lock():
+                if kind == "append":
+                    if keys:
+                        raise InputError(f"append table {name!r} takes no keys; use kind "
+                                         f"'keyed' for upserts")
+                    table = AppendOnlyTable(self.graph, schema, name=name)
+                elif kind == "keyed":
+                    if not keys:
+                        raise InputError(f"keyed table {name!r} needs key columns (keys=...)")
+                    missing = [k for k in keys if k not in schema.names]
+                    if missing:
+                        raise SchemaError(f"keyed table {name!r}: key columns {missing} are not "
+                                          f"in the schema {schema.names}")
+                    table = KeyedTable(self.graph, schema, keys, name=name)
+                else:
+                    if capacity <= 0:
+                        raise InputError(f"ring table {name!r} needs capacity > 0")
+                    table = RingTable(self.graph, schema, capacity, name=name)
+                return self.add(name, table, kind, keys=keys)
+
+    def drop(self, name: str) -> bool:
+        """Drop ``name``; returns False when no such table existed.
+
+        Raises
+        ------
+        InputError
+            If other tables are derived from it (drop those first).
+        """
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is None:
+                return False
+            live = sorted(c for c in entry.children if c in self._entries)
+            if live:
+                raise InputError(f"table {name!r} has derived tables {live}; drop them first")
+            del self._entries[name]
+            for parent in entry.parents:
+                if parent in self._entries:
+                    self._entries[parent].children.discard(name)
+        with self.graph.exclusive_lock():
+            if entry.publisher is not None:
+                for sink in entry.publisher.subscribers:
+                    sink.on_table_failure(TableNotFound(f"table {name!r} was dropped"))
+                entry.publisher.close()
+            entry.table.close()
+        for callback in list(self.on_drop):
+            callback(name)
+        return True
+
+
+def _check_name(name: str) -> None:
+    if not name or len(name) > 200 or "\x00" in name:
+        raise InputError(f"bad table name {name!r}: use 1-200 characters")

@@ -1,0 +1,57 @@
+"""Compile ``proto/ticktable/v1/*.proto`` into ``flight/pb/`` (``make proto``).
+
+protoc names generated imports after the proto path (``from ticktable.v1 import ...``), which
+would collide with the ``ticktable`` facade package, so the imports are rewritten to
+``flight.pb``. ``tests/flight/test_proto.py`` regenerates into a temporary directory and fails
+when the committed files differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from grpc_tools import protoc
+
+ROOT = Path(__file__).resolve().parent
+PROTOS = sorted((ROOT / "ticktable" / "v1").glob("*.proto"))
+_IMPORT = re.compile(r"^from ticktable\.v1 import ", re.MULTILINE)
+
+
+def generate(out: Path) -> list[Path]:
+    """Write the generated modules into ``out``; returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "_protoc"
+    tmp.mkdir(exist_ok=True)
+    include = Path(protoc.__file__).resolve().parent / "_proto"
+    bindir = Path(sys.executable).parent  # the venv's protoc-gen-mypy plugins
+    plugins = [f"--plugin=protoc-gen-{n}={bindir / ('protoc-gen-' + n)}" for n in ("mypy", "mypy_grpc")]
+    args = ["protoc", *plugins, f"-I{ROOT}", f"-I{include}", f"--python_out={tmp}", f"--mypy_out={tmp}",
+            f"--grpc_python_out={tmp}", f"--mypy_grpc_out={tmp}"]
+    if protoc.main(args + [str(p.relative_to(ROOT)) for p in PROTOS]) != 0:
+        raise SystemExit("protoc failed")
+    written = []
+    for f in sorted((tmp / "ticktable" / "v1").iterdir()):
+        text = _IMPORT.sub("from flight.pb import ", f.read_text())
+        target = out / f.name
+        target.write_text(text)
+        written.append(target)
+        f.unlink()
+    for d in (tmp / "ticktable" / "v1", tmp / "ticktable", tmp):
+        d.rmdir()
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT.parent / "flight" / "pb")
+    args = parser.parse_args(argv)
+    for f in generate(args.out):
+        print(f"wrote {f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
