@@ -16,7 +16,7 @@ java-check:
 	@$(BIN)/python -m ticktable.java_check
 
 run: $(STAMP)
-	$(BIN)/ticktable demo
+	$(BIN)/ticktable serve --demo
 
 test: $(STAMP) java-check
 	$(BIN)/python -m pytest

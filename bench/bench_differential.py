@@ -14,7 +14,18 @@ max, and the trace's size.
 Linear: one fused chain (filter, map, flat_map, negate) and consolidate over batches of
 ``--linear-sizes`` rows: median ms and rows/s.
 
-Run: python bench/bench_differential.py [--sizes 10000 100000 1000000] [--events 1000000]
+D1: orders(order_id, cust_id, amount) JOIN customers(cust_id, region) -> count and
+sum(amount) by region, through the dataflow (delta join against both traces, root-scope
+count/sum). Each step inserts 1% orders, deletes 0.5% and moves 0.1% of the customers;
+pandas recomputes the whole result per step (merge + groupby) for the first
+``--pandas-steps`` steps. The final result is checked against pandas.
+
+D2: reachability from node 0 by ``iterate`` over a random directed graph of E edges on
+E/4 nodes; each step adds and removes ``--d2-change`` edges; the recompute baseline is a
+vectorized numpy BFS (CSR rebuilt from the edge arrays each step). Checked at the end.
+
+Run: python bench/bench_differential.py [--only d1 d2 d3 linear] [--d1-sizes 100000 1000000]
+     [--d2-sizes 10000 100000] [--steps 50] [--sizes 10000 100000 1000000] [--events 1000000]
      [--batch 10000] [--linear-sizes 10000 100000 1000000] [--repeat 5] [--json PATH]
 """
 
@@ -34,6 +45,7 @@ import pyarrow.compute as pc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import print_table, stats_ms, write_json  # noqa: E402
+from engine.differential.dataflow import Dataflow  # noqa: E402
 from engine.differential.linear import Expansion, LinearOperator  # noqa: E402
 from engine.differential.upsert import DELETE, Upsert  # noqa: E402
 from engine.differential.zset import ZSet  # noqa: E402
@@ -118,6 +130,182 @@ def run_linear(n: int, repeat: int) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------------------
+# D1: orders JOIN customers, count and sum(amount) by region
+
+
+ORDERS = pa.schema([("order_id", pa.int64()), ("cust_id", pa.int64()), ("amount", pa.int64())])
+CUSTOMERS = pa.schema([("cust_id", pa.int64()), ("region", pa.int64())])
+N_CUSTOMERS = 10_000
+N_REGIONS = 50
+
+
+def _zset(schema: pa.Schema, cols: list[np.ndarray], diffs: np.ndarray, step: int) -> ZSet:
+    data = pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(cols, schema, strict=True)], schema=schema)
+    return ZSet(data, diffs.astype(np.int64), np.full((data.num_rows, 1), step, dtype=np.int64))
+
+
+def _d1_pandas(cust: np.ndarray, amount: np.ndarray, live: np.ndarray, region: np.ndarray) -> pd.DataFrame:
+    orders = pd.DataFrame({"cust_id": cust[live], "amount": amount[live]})
+    customers = pd.DataFrame({"cust_id": np.arange(region.size), "region": region})
+    j = orders.merge(customers, on="cust_id")
+    return j.groupby("region").agg(n=("amount", "size"), total=("amount", "sum"))
+
+
+def run_d1(n: int, args: argparse.Namespace) -> dict:
+    rng = np.random.default_rng(n)
+    cap = n + int(n * 0.01) * (args.steps + 1)
+    cust = rng.integers(0, N_CUSTOMERS, cap)
+    amount = rng.integers(1, 1000, cap)
+    live = np.zeros(cap, dtype=bool)
+    live[:n] = True
+    next_id = n
+    region = rng.integers(0, N_REGIONS, N_CUSTOMERS)
+
+    df = Dataflow()
+    orders, io = df.input(ORDERS)
+    customers, ic = df.input(CUSTOMERS)
+    probe = orders.join(customers, "cust_id").reduce("region", {"n": ("count",), "total": ("sum", "amount")}).probe()
+
+    def close(step: int) -> None:
+        io.advance_to(step + 1)
+        ic.advance_to(step + 1)
+        df.step()
+
+    t0 = time.perf_counter()
+    ids = np.arange(n)
+    io.send(_zset(ORDERS, [ids, cust[:n], amount[:n]], np.ones(n), 0))
+    ic.send(_zset(CUSTOMERS, [np.arange(N_CUSTOMERS), region], np.ones(N_CUSTOMERS), 0))
+    close(0)
+    load_s = time.perf_counter() - t0
+
+    wall: list[int] = []
+    pandas_ns: list[int] = []
+    n_ins, n_del, n_move = int(n * 0.01), int(n * 0.005), int(N_CUSTOMERS * 0.001)
+    for step in range(1, args.steps + 1):
+        # prepare the change (not timed): new orders, deleted live orders, moved customers
+        new = np.arange(next_id, next_id + n_ins)
+        next_id += n_ins
+        live_ids = np.flatnonzero(live)
+        gone = rng.choice(live_ids, n_del, replace=False)
+        moved = rng.choice(N_CUSTOMERS, n_move, replace=False)
+        old_region = region[moved]
+        new_region = (old_region + rng.integers(1, N_REGIONS, n_move)) % N_REGIONS
+        od = _zset(ORDERS, [np.concatenate((new, gone)), cust[np.concatenate((new, gone))],
+                            amount[np.concatenate((new, gone))]],
+                   np.concatenate((np.ones(n_ins), -np.ones(n_del))), step)
+        cd = _zset(CUSTOMERS, [np.concatenate((moved, moved)), np.concatenate((old_region, new_region))],
+                   np.concatenate((-np.ones(n_move), np.ones(n_move))), step)
+        live[new] = True
+        live[gone] = False
+        region[moved] = new_region
+        t = time.perf_counter_ns()
+        io.send(od)
+        ic.send(cd)
+        close(step)
+        wall.append(time.perf_counter_ns() - t)
+        if step <= args.pandas_steps:
+            t = time.perf_counter_ns()
+            _d1_pandas(cust, amount, live, region)
+            pandas_ns.append(time.perf_counter_ns() - t)
+    want = _d1_pandas(cust, amount, live, region)
+    got = probe.accumulate().to_pandas().set_index("region").sort_index()
+    if not (np.array_equal(got["n"].to_numpy(), want["n"].to_numpy())
+            and np.array_equal(got["total"].to_numpy(), want["total"].to_numpy())):
+        raise AssertionError(f"D1 N={n}: counts/sums by region differ from pandas")
+    st, sp = stats_ms(wall), stats_ms(pandas_ns)
+    return {"orders": n, "load_s": load_s, "step_median_ms": st["median_ms"], "step_mean_ms": st["mean_ms"],
+            "step_p99_ms": st["p99_ms"], "pandas_median_ms": sp["median_ms"],
+            "speedup": sp["median_ms"] / st["median_ms"]}
+
+
+# ---------------------------------------------------------------------------------------
+# D2: reachability from a root over a random directed graph, 10 edges added + 10 removed per step
+
+
+EDGES = pa.schema([("node", pa.int64()), ("dst", pa.int64())])
+NODES = pa.schema([("node", pa.int64())])
+
+
+def _bfs_numpy(src: np.ndarray, dst: np.ndarray, n_nodes: int, root: int) -> np.ndarray:
+    """Vectorized BFS (numpy, CSR rebuilt from the edge arrays): a loop per level only."""
+    order = np.argsort(src, kind="stable")
+    s, d = src[order], dst[order]
+    starts = np.searchsorted(s, np.arange(n_nodes + 1))
+    seen = np.zeros(n_nodes, dtype=bool)
+    seen[root] = True
+    frontier = np.array([root])
+    while frontier.size:
+        lo, hi = starts[frontier], starts[frontier + 1]
+        cnt = hi - lo
+        if cnt.sum() == 0:
+            break
+        idx = np.repeat(lo - np.concatenate(([0], np.cumsum(cnt)[:-1])), cnt) + np.arange(cnt.sum())
+        nxt = np.unique(d[idx])
+        nxt = nxt[~seen[nxt]]
+        seen[nxt] = True
+        frontier = nxt
+    return np.flatnonzero(seen)
+
+
+def run_d2(e: int, args: argparse.Namespace) -> dict:
+    rng = np.random.default_rng(e)
+    n_nodes = max(e // 4, 2)
+    code = np.unique(rng.integers(0, n_nodes, 2 * e) * n_nodes + rng.integers(0, n_nodes, 2 * e))
+    code = rng.permutation(code)[:e]
+    edges = set(code.tolist())
+
+    df = Dataflow()
+    ecoll, ie = df.input(EDGES)
+    roots, ir = df.input(NODES)
+    reach = roots.iterate(lambda r: r.join(ecoll, "node").map({"node": "dst"}).concat(roots).distinct())
+    probe = reach.probe()
+
+    def close(step: int) -> None:
+        ie.advance_to(step + 1)
+        ir.advance_to(step + 1)
+        df.step()
+
+    t0 = time.perf_counter()
+    ie.send(_zset(EDGES, [code // n_nodes, code % n_nodes], np.ones(code.size), 0))
+    ir.send(_zset(NODES, [np.array([0])], np.ones(1), 0))
+    close(0)
+    load_s = time.perf_counter() - t0
+    reached = int(probe.accumulate().num_rows)
+
+    wall: list[int] = []
+    bfs_ns: list[int] = []
+    for step in range(1, args.steps + 1):
+        add: list[int] = []
+        while len(add) < args.d2_change:
+            c = int(rng.integers(n_nodes)) * n_nodes + int(rng.integers(n_nodes))
+            if c not in edges and c not in add:
+                add.append(c)
+        cur = np.fromiter(edges, dtype=np.int64, count=len(edges))
+        rem = rng.choice(cur, args.d2_change, replace=False)
+        edges.difference_update(rem.tolist())
+        edges.update(add)
+        ch = np.concatenate((np.array(add, dtype=np.int64), rem))
+        batch = _zset(EDGES, [ch // n_nodes, ch % n_nodes],
+                      np.concatenate((np.ones(len(add)), -np.ones(rem.size))), step)
+        t = time.perf_counter_ns()
+        ie.send(batch)
+        close(step)
+        wall.append(time.perf_counter_ns() - t)
+        cur = np.fromiter(edges, dtype=np.int64, count=len(edges))
+        t = time.perf_counter_ns()
+        want = _bfs_numpy(cur // n_nodes, cur % n_nodes, n_nodes, 0)
+        bfs_ns.append(time.perf_counter_ns() - t)
+    got = np.sort(probe.accumulate().data.column("node").to_numpy())
+    if not np.array_equal(got, want):
+        raise AssertionError(f"D2 E={e}: reachable set differs from BFS")
+    st, sb = stats_ms(wall), stats_ms(bfs_ns)
+    return {"edges": e, "nodes": n_nodes, "reached": int(got.size), "reached_at_load": reached,
+            "load_s": load_s, "step_median_ms": st["median_ms"], "step_mean_ms": st["mean_ms"],
+            "step_p99_ms": st["p99_ms"], "bfs_numpy_median_ms": sb["median_ms"],
+            "speedup": sb["median_ms"] / st["median_ms"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000],
@@ -127,10 +315,40 @@ def main() -> None:
     ap.add_argument("--deletes", type=float, default=0.1)
     ap.add_argument("--linear-sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--only", nargs="+", choices=["d1", "d2", "d3", "linear"],
+                    default=["d1", "d2", "d3", "linear"])
+    ap.add_argument("--d1-sizes", type=int, nargs="+", default=[100_000, 1_000_000], help="orders for D1")
+    ap.add_argument("--d2-sizes", type=int, nargs="+", default=[10_000, 100_000], help="edges for D2")
+    ap.add_argument("--steps", type=int, default=50, help="timed steps for D1 and D2")
+    ap.add_argument("--pandas-steps", type=int, default=10, help="D1 steps also timed with pandas")
+    ap.add_argument("--d2-change", type=int, default=10, help="D2 edges added and removed per step")
     ap.add_argument("--json", default=None, help="output path (default bench/results/bench_differential.json)")
     args = ap.parse_args()
 
     load = os.getloadavg()[0]
+    out: dict = {"args": vars(args), "load_average": load}
+    if "d1" in args.only:
+        d1 = out["d1"] = [run_d1(n, args) for n in args.d1_sizes]
+        print_table(f"D1: orders JOIN customers ({N_CUSTOMERS:,}), count + sum(amount) by region "
+                    f"({N_REGIONS} regions); per step +1% orders, -0.5%, 0.1% customers move; "
+                    f"pandas merge+groupby from scratch per step (load average {load:.1f})", d1,
+                    ["orders", "load_s", "step_median_ms", "step_mean_ms", "step_p99_ms",
+                     "pandas_median_ms", "speedup"])
+    if "d2" in args.only:
+        d2 = out["d2"] = [run_d2(e, args) for e in args.d2_sizes]
+        print_table(f"D2: reachability from node 0, E edges over E/4 nodes, {args.d2_change} added + "
+                    f"{args.d2_change} removed per step; recompute = vectorized numpy BFS "
+                    f"(CSR rebuilt per step)", d2,
+                    ["edges", "nodes", "reached", "load_s", "step_median_ms", "step_mean_ms",
+                     "step_p99_ms", "bfs_numpy_median_ms", "speedup"])
+    if "d3" in args.only:
+        out["d3"] = _d3(args, load)
+    if "linear" in args.only:
+        out["linear"] = _linear(args)
+    write_json("bench_differential", out, args.json)
+
+
+def _d3(args: argparse.Namespace, load: float) -> list[dict]:
     d3 = [run_d3(k, args) for k in args.sizes]
     base = d3[0]["batch_median_ms"]
     for r in d3:
@@ -139,14 +357,17 @@ def main() -> None:
                 f"+ count by bucket (load average {load:.1f} on {os.cpu_count()} CPUs)", d3,
                 ["keys", "events_per_s", "events_per_cpu_s", "batch_median_ms", "batch_p99_ms",
                  "batch_max_ms", "trace_rows", "trace_batches", "ratio"])
+    return d3
+
+
+def _linear(args: argparse.Namespace) -> list[dict]:
     lin = [run_linear(n, args.repeat) for n in args.linear_sizes]
     for r in lin:
         r["ratio"] = r["fused_chain_ms"] / lin[0]["fused_chain_ms"]
     print_table("Linear: fused filter/map/flat_map/negate and consolidate, one batch", lin,
                 ["rows", "fused_chain_ms", "fused_chain_rows_per_s", "consolidate_ms",
                  "consolidate_rows_per_s", "ratio"])
-    write_json("bench_differential", {"args": vars(args), "load_average": load, "d3": d3, "linear": lin},
-               args.json)
+    return lin
 
 
 if __name__ == "__main__":

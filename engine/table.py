@@ -22,6 +22,7 @@ from engine.rowset import RowSet
 
 if TYPE_CHECKING:
     from engine.columns import ColumnSource
+    from engine.differential.dataflow import Collection, Dataflow
     from engine.graph import UpdateGraph
     from engine.update import TableUpdate
 
@@ -346,6 +347,18 @@ class Table:
         from engine.ops.merge import snapshot
 
         return snapshot(self)
+
+    def to_collection(self, dataflow: Dataflow | None = None,
+                      columns: Sequence[str] | None = None) -> Collection:
+        """Feed this table's changes into a dataflow as a collection of its rows.
+
+        The collection starts with the current rows at ``(step,)`` and receives each
+        cycle's changes as triples; ``collection.to_table(keys=...)`` brings a result back
+        as a live table updated in the same cycle (:mod:`engine.differential.bridge`).
+        """
+        from engine.differential.bridge import to_collection
+
+        return to_collection(self, dataflow, columns)
 
     def close(self) -> None:
         """Detach from the graph: no more updates (children stop updating too)."""

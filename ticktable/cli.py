@@ -1,16 +1,21 @@
 """The ``ticktable`` command line.
 
-Until the Flight server lands, ``ticktable demo`` runs an in-process live market table, a
-sorted board derived from it and an aggregate, and prints the board changing cycle by
-cycle with each update's size.
+``ticktable serve`` runs the Arrow Flight server (and the gRPC TableService) over one update
+graph; ``--demo`` adds a ticking ``quotes`` table, a sorted ``board`` and an aggregate
+``stats`` derived from it. ``ticktable demo`` runs the same tables in-process and prints
+the board changing cycle by cycle with each update's size.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -18,18 +23,20 @@ import pyarrow.compute as pc
 
 from engine.graph import UpdateGraph
 from engine.ops import agg
+from engine.sources import KeyedTable
+from engine.table import Table
 from engine.update import TableUpdate
 
 SYMS = np.array(["AAPL", "MSFT", "GOOG", "AMZN", "META", "NVDA", "IBM", "ORCL"], dtype=object)
 
 
-def _demo(args: argparse.Namespace) -> int:
-    graph = UpdateGraph(validate=args.validate)
-    quotes = graph.keyed_table(
-        pa.schema([("Sym", pa.string()), ("Bid", pa.float64()), ("Ask", pa.float64()), ("Size", pa.int64())]),
-        "Sym", name="quotes",
-    )
-    rng = np.random.default_rng(args.seed)
+QUOTES = pa.schema([("Sym", pa.string()), ("Bid", pa.float64()), ("Ask", pa.float64()),
+                    ("Size", pa.int64())])
+
+
+def _ticker(quotes: KeyedTable, seed: int | None) -> Callable[[], None]:
+    """A function that upserts a few random quotes (the demo's market data)."""
+    rng = np.random.default_rng(seed)
     mid = dict(zip(SYMS.tolist(), rng.uniform(50, 500, SYMS.size), strict=False))
 
     def tick() -> None:
@@ -43,9 +50,23 @@ def _demo(args: argparse.Namespace) -> int:
         quotes.upsert({"Sym": syms, "Bid": bid, "Ask": np.round(bid * 1.001, 2),
                        "Size": rng.integers(1, 50, n) * 100})
 
-    # derived live tables: each cycle they get one precise update from the quotes' update
+    return tick
+
+
+def _demo_tables(quotes: Table) -> tuple[Table, Table]:
     board = quotes.update(Spread=pc.field("Ask") - pc.field("Bid")).sort("Bid", descending=True)
-    stats = quotes.agg_by([agg.count("Symbols"), agg.mean("Bid", "MeanBid"), agg.max("Size", "MaxSize")])
+    stats = quotes.agg_by([agg.count("Symbols"), agg.mean("Bid", "MeanBid"),
+                           agg.max("Size", "MaxSize")])
+    return board, stats
+
+
+def _demo(args: argparse.Namespace) -> int:
+    graph = UpdateGraph(validate=args.validate)
+    quotes = graph.keyed_table(QUOTES, "Sym", name="quotes")
+    tick = _ticker(quotes, args.seed)
+
+    # derived live tables: each cycle they get one precise update from the quotes' update
+    board, stats = _demo_tables(quotes)
 
     seen: list[TableUpdate] = []
 
@@ -76,6 +97,58 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from flight.server import ServerConfig, TicktableServer
+
+    token = args.token or os.environ.get("TICKTABLE_TOKEN") or None
+    graph = UpdateGraph()
+    config = ServerConfig(host=args.host, port=args.port,
+                          grpc_port=None if args.grpc_port < 0 else args.grpc_port, token=token,
+                          tls_cert=_read(args.tls_cert), tls_key=_read(args.tls_key))
+    server = TicktableServer(graph, config).start()
+    stop = threading.Event()
+    if args.demo:
+        quotes = server.registry.create_source("quotes", QUOTES, "keyed", keys=["Sym"])
+        tick = _ticker(quotes.table, args.seed)  # type: ignore[arg-type]
+        board, stats = _demo_tables(quotes.table)
+        server.registry.add("board", board, "derived", parents=["quotes"])
+        server.registry.add("stats", stats, "derived", parents=["quotes"])
+
+        def ticking() -> None:
+            while not stop.wait(args.interval):
+                tick()
+
+        tick()
+        threading.Thread(target=ticking, name="ticktable-demo", daemon=True).start()
+    graph.start(args.interval)
+    print(f"ticktable serving Flight at {server.location}"
+          + (f", TableService on port {server.grpc_port}" if server.grpc_port else ""),
+          flush=True)
+    if args.demo:
+        print("tables: quotes (ticking), board (sorted by Bid), stats (aggregate). From Python:\n"
+              f"  python -c \"import pyarrow.flight as fl; print(fl.connect('{server.location}')"
+              f".do_get(fl.Ticket(b'board')).read_pandas())\"", flush=True)
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not stop.wait(0.2):
+        pass
+    server.shutdown()
+    graph.stop()
+    print("ticktable stopped", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ticktable", description="Ticktable: live tables with precise deltas.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -86,6 +159,23 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seed", type=int, default=None)
     demo.add_argument("--validate", action="store_true", help="validate every update")
     demo.set_defaults(func=_demo)
+    serve = sub.add_parser("serve", help="run the Arrow Flight server",
+                           description="Serve live tables over Arrow Flight (and the gRPC "
+                                       "TableService) until SIGTERM/Ctrl-C.")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8815, help="Flight port (0: any free port)")
+    serve.add_argument("--grpc-port", type=int, default=8816,
+                       help="TableService port (0: any free port, -1: do not start it)")
+    serve.add_argument("--token", default=None,
+                       help="bearer token every call must carry (or set TICKTABLE_TOKEN)")
+    serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file (enables TLS)")
+    serve.add_argument("--tls-key", default=None, help="PEM private key file")
+    serve.add_argument("--interval", type=float, default=0.1,
+                       help="seconds between update cycles (default 0.1)")
+    serve.add_argument("--demo", action="store_true",
+                       help="add a ticking 'quotes' table and tables derived from it")
+    serve.add_argument("--seed", type=int, default=None, help="demo data seed")
+    serve.set_defaults(func=_serve)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -3,8 +3,8 @@ the general ``join_function`` and the temporal filter built on it (seed 001).
 
 An operator ``OP`` is *linear* when ``OP(x + y) == OP(x) + OP(y)``: it can be applied to
 each update of a batch on its own, so it needs no state and passes frontiers through
-unchanged. TODO(#4): the dataflow graph (collections, frontiers, ``iterate``) runs a
-:class:`LinearOperator` as one node; it only needs ``__call__`` on each batch. Seed 001 shows they are all one operator: ``join_function(logic)``, where
+unchanged. The dataflow graph (:mod:`engine.differential.dataflow`) runs a chain of them
+as one node, fusing consecutive ones. Seed 001 shows they are all one operator: ``join_function(logic)``, where
 ``logic`` maps a record to updates ``(record2, time2, diff2)`` and the input update
 ``(record, time, diff)`` becomes ``(record2, time.join(time2), diff * diff2)``. Here
 ``logic`` works on a whole Arrow table of records at once and returns an
@@ -75,6 +75,7 @@ class Expansion:
 @dataclass(frozen=True, slots=True)
 class _Project:
     exprs: tuple[tuple[str, pc.Expression], ...]
+    columns: tuple[str, ...] | None = None   # set when every output is an input column by name
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +184,8 @@ class LinearOperator:
                 )
             if name in (DIFF, TIME, _ROW):
                 raise ExpressionError(f"map cannot make a column named {name!r} (reserved)")
-        return self._then(_Project(exprs))
+        renames = tuple(e for e in f.values() if isinstance(e, str))
+        return self._then(_Project(exprs, renames if len(renames) == len(exprs) else None))
 
     def filter(self, predicate: pc.Expression | MaskFn) -> LinearOperator:
         """Keep the records for which ``predicate`` is true (a boolean expression, or a
@@ -252,7 +254,11 @@ class LinearOperator:
             while j < len(stages) and isinstance(stages[j], (_Project, _Where)):
                 j += 1
             if j > i:  # a run of expression stages: one Acero plan
-                _run_plan(st, stages[i:j])  # type: ignore[arg-type]
+                run = stages[i:j]
+                if all(isinstance(s, _Project) and s.columns is not None for s in run):
+                    _select(st, run)  # type: ignore[arg-type]
+                else:
+                    _run_plan(st, run)  # type: ignore[arg-type]
                 i = j
                 continue
             _apply(st, stages[i])
@@ -285,6 +291,19 @@ def _run_plan(st: _State, stages: Sequence[_Project | _Where]) -> None:
         raise ExpressionError(f"{text} failed on records ({_columns(st.data)}): {exc}") from exc
     rows = np.asarray(out.column(_ROW).to_numpy(), dtype=np.int64)
     st.gather(rows, out.drop_columns([_ROW]))
+
+
+def _select(st: _State, stages: Sequence[_Project]) -> None:
+    """Projections that only pick and rename columns: no plan needed (small batches pay
+    most of an Acero plan's cost in setting it up)."""
+    data = st.data
+    for s in stages:
+        assert s.columns is not None
+        missing = [c for c in s.columns if c not in data.column_names]
+        if missing:
+            raise ExpressionError(f"map: no column(s) {missing} in the records ({_columns(data)})")
+        data = pa.Table.from_arrays([data.column(c) for c in s.columns], names=[n for n, _ in s.exprs])
+    st.data = data
 
 
 def _as_numpy(values: npt.ArrayLike | pa.Array | pa.ChunkedArray) -> npt.NDArray[np.generic]:

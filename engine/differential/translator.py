@@ -14,9 +14,9 @@ consolidation, at most one of each per key and time, and every ``-1`` retracting
 row the key holds at that point (the table's current row, or the key's ``+1`` at its
 previous time in the batch).
 
-TODO(#4): the bridges ``table.to_collection()`` and ``collection.to_table(keys=...)`` are
-a listener calling :func:`update_to_triples` each cycle (after one
-:func:`snapshot_to_triples`) and a sink calling :func:`apply_triples`.
+The bridges (:mod:`engine.differential.bridge`) are a listener calling
+:func:`update_to_triples` each cycle (after one :func:`snapshot_to_triples`) and a keyed
+table calling :func:`apply_triples` with a dataflow's output in the same cycle.
 """
 
 from __future__ import annotations

@@ -18,6 +18,17 @@ Why these choices (measured with pyarrow 26, median):
 * Columns must be referenced **by name**: a positional reference (``pc.field(0)``) would
   silently point at another column in the narrow tables we evaluate on, so it is refused
   (it shows as ``FieldPath(`` in the expression's text).
+* The one exception is a :class:`PositionalExpression`: an expression together with the
+  *base schema* its positions refer to, which is what a decoded Substrait expression is
+  (``pyarrow.substrait.deserialize_expressions`` gives ``FieldPath(i)`` into the schema
+  the expression was serialized against). Its inputs are **all** base-schema columns, in
+  base order, and it is evaluated on a table of exactly those columns in exactly that
+  order, so position ``i`` is the base column ``i`` by construction: no tree walking, no
+  guessing which positions are read. Each base column must exist in the bound schema
+  with the same type. Over-approximating the inputs costs at most a spurious
+  re-evaluation when an unread base column changes; it can never give a wrong value.
+  (Encoders that want precise inputs serialize against the referenced columns only, as
+  ``flight.substrait.encode`` does.)
 """
 
 from __future__ import annotations
@@ -36,12 +47,50 @@ from engine.columns import ColumnSource
 from engine.errors import ExpressionError
 from engine.rowset import KeyArray
 
-__all__ = ["BoundExpression", "bind", "evaluate", "evaluate_many", "gather", "predicate_mask"]
+__all__ = [
+    "BoundExpression",
+    "PositionalExpression",
+    "bind",
+    "evaluate",
+    "evaluate_many",
+    "gather",
+    "predicate_mask",
+]
 
 # evaluation tables need at least one column to carry the row count of a constant expression
 _ROWS = "__ticktable_rows__"
 _PROBE = "__ticktable_probe__"
 _NO_MATCH = re.compile(r"No match for FieldRef\.Name\((.*?)\) in ")
+_FIELD_PATH = re.compile(r"FieldPath\((\d+)\)")
+
+
+@dataclass(frozen=True, slots=True)
+class PositionalExpression:
+    """An expression whose column references are positions into ``base``.
+
+    What a decoded Substrait expression is: ``FieldPath(i)`` means column ``i`` of the
+    schema it was serialized against. :func:`bind` accepts it wherever it accepts a
+    ``pyarrow.compute.Expression``.
+
+    Attributes
+    ----------
+    expr
+        The expression, referencing columns by position.
+    base
+        The schema the positions refer to; its names must be distinct.
+    """
+
+    expr: pc.Expression
+    base: pa.Schema
+
+    def __str__(self) -> str:
+        names = self.base.names
+
+        def name(m: re.Match[str]) -> str:
+            i = int(m.group(1))
+            return names[i] if i < len(names) else m.group(0)
+
+        return _FIELD_PATH.sub(name, str(self.expr))
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +107,16 @@ class BoundExpression:
         The type of its result.
     text
         ``str(expr)``, for error messages.
+    positional
+        True when ``expr`` reads columns by position: it must be evaluated on a table of
+        exactly ``inputs``, in that order (see :class:`PositionalExpression`).
     """
 
     expr: pc.Expression
     inputs: tuple[str, ...]
     type: pa.DataType
     text: str
+    positional: bool = False
 
 
 def _project(table: pa.Table, exprs: list[pc.Expression]) -> pa.Table:
@@ -87,7 +140,8 @@ def bind(expr: object, schema: pa.Schema, *, table_name: str, what: str) -> Boun
     Parameters
     ----------
     expr
-        A ``pyarrow.compute.Expression`` (``pc.field("Price") * 2``).
+        A ``pyarrow.compute.Expression`` (``pc.field("Price") * 2``), or a
+        :class:`PositionalExpression` (a decoded Substrait expression).
     schema
         The columns the expression may read.
     table_name
@@ -99,8 +153,12 @@ def bind(expr: object, schema: pa.Schema, *, table_name: str, what: str) -> Boun
     ------
     ExpressionError
         If ``expr`` is not an expression, refers to a column by position, names a column
-        that is not in ``schema``, or applies a function to types it does not accept.
+        that is not in ``schema``, or applies a function to types it does not accept; for
+        a :class:`PositionalExpression`, also if a base-schema column is missing from
+        ``schema`` or has another type there.
     """
+    if isinstance(expr, PositionalExpression):
+        return _bind_positional(expr, schema, table_name=table_name, what=what)
     if not isinstance(expr, pc.Expression):
         raise ExpressionError(
             f"{what} on table {table_name!r}: expected a pyarrow.compute.Expression, got "
@@ -134,6 +192,45 @@ def bind(expr: object, schema: pa.Schema, *, table_name: str, what: str) -> Boun
     return BoundExpression(expr, tuple(inputs), out.type, text)
 
 
+def _bind_positional(
+    pexpr: PositionalExpression, schema: pa.Schema, *, table_name: str, what: str
+) -> BoundExpression:
+    """Bind a positional expression: every base column is an input, checked by name and type."""
+    base = pexpr.base
+    text = str(pexpr)
+    if not isinstance(pexpr.expr, pc.Expression) or not isinstance(base, pa.Schema):
+        raise ExpressionError(
+            f"{what} on table {table_name!r}: a PositionalExpression needs a "
+            f"pyarrow.compute.Expression and a pyarrow.Schema"
+        )
+    dup = sorted({n for n in base.names if base.names.count(n) > 1})
+    if dup:
+        raise ExpressionError(
+            f"{what} on table {table_name!r}: its base schema names column(s) {dup} more than "
+            f"once; serialize it against a schema with distinct names"
+        )
+    for field in base:
+        i = schema.get_field_index(field.name)
+        if i < 0:
+            raise ExpressionError(
+                f"{what} on table {table_name!r} names column {field.name!r}, which does not "
+                f"exist (has: {', '.join(schema.names)})"
+            )
+        have = schema.field(i).type
+        if not have.equals(field.type):
+            raise ExpressionError(
+                f"{what} on table {table_name!r} was built for column {field.name!r} of type "
+                f"{field.type}, but the table's {field.name!r} is {have}; build the "
+                f"expression against the table's schema"
+            )
+    try:
+        # exactly the evaluation layout: the base columns, in base order
+        out = _project(_empty(base), [pexpr.expr]).column(0)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError) as exc:
+        raise ExpressionError(f"{what} on table {table_name!r} is invalid: {text}: {exc}") from exc
+    return BoundExpression(pexpr.expr, tuple(base.names), out.type, text, positional=True)
+
+
 def gather(
     sources: Mapping[str, ColumnSource], names: Sequence[str], keys: KeyArray, *, prev: bool = False
 ) -> dict[str, pa.Array]:
@@ -165,14 +262,37 @@ def evaluate_many(
 
     One plan has a fixed cost of ~0.05 ms and each expression ~0.03 ms more (1,000 rows),
     so independent expressions are cheaper together. A name means one column for all of
-    ``bounds``.
+    ``bounds``. Positional expressions need their own column layout, so they share a plan
+    only with positional expressions of the same inputs.
 
     Raises
     ------
     ExpressionError
         If a kernel fails on these values (overflow, division by zero, a failing cast).
     """
-    names = list(dict.fromkeys(c for b in bounds for c in b.inputs))
+    if not any(b.positional for b in bounds):
+        names = list(dict.fromkeys(c for b in bounds for c in b.inputs))
+        return _evaluate_plan(bounds, names, columns, n)
+    # one plan per layout: the named expressions together, positional ones by their inputs
+    plans: dict[tuple[str, ...] | None, list[int]] = {}
+    for i, b in enumerate(bounds):
+        plans.setdefault(b.inputs if b.positional else None, []).append(i)
+    results: dict[int, pa.Array] = {}
+    for layout, members in plans.items():
+        group = [bounds[i] for i in members]
+        names = list(layout) if layout is not None else list(
+            dict.fromkeys(c for b in group for c in b.inputs))
+        results.update(zip(members, _evaluate_plan(group, names, columns, n), strict=True))
+    return [results[i] for i in range(len(bounds))]
+
+
+def _evaluate_plan(
+    bounds: Sequence[BoundExpression],
+    names: list[str],
+    columns: Mapping[str, pa.Array | pa.ChunkedArray],
+    n: int,
+) -> list[pa.Array]:
+    """Evaluate ``bounds`` in one plan over a table of ``names``, in that order."""
     if names:
         table = pa.Table.from_arrays([columns[c] for c in names], names=names)
     else:

@@ -298,7 +298,8 @@ def _plan(
         bound = _expr.bind(expr, pa.schema(list(fields.values())), table_name=table.name,
                            what=f"column {name!r}")
         alias = bound.inputs[0] if len(bound.inputs) == 1 else None
-        if alias is not None and bound.expr.equals(pc.field(alias)):
+        # a positional expression (decoded Substrait) reads its only input as position 0
+        if alias is not None and bound.expr.equals(pc.field(0) if bound.positional else pc.field(alias)):
             # a plain reference shares the column it names
             src, dep, typ = sources[alias], deps[alias], fields[alias].type
             if alias in computed_at:

@@ -14,6 +14,16 @@ from flight.decoder import ReferenceView, StreamEnded, TriplesView, read_message
 from flight.pb import flight_pb2 as pb
 from flight.server import ServerConfig, TicktableServer
 
+OPEN: list[Sub] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_streams() -> Iterator[None]:
+    """Close every subscription a test opened (an open stream keeps its client busy)."""
+    yield
+    while OPEN:
+        OPEN.pop().close()
+
 
 @pytest.fixture
 def graph() -> UpdateGraph:
@@ -31,6 +41,8 @@ def server(graph: UpdateGraph) -> Iterator[TicktableServer]:
 def client(server: TicktableServer) -> Iterator[fl.FlightClient]:
     c = fl.connect(server.location)
     yield c
+    while OPEN:
+        OPEN.pop().close()
     c.close()
 
 
@@ -39,6 +51,7 @@ class Sub:
 
     def __init__(self, client: fl.FlightClient, table: str, **request: Any) -> None:
         self.writer, self.reader = client.do_exchange(fl.FlightDescriptor.for_path(table))
+        OPEN.append(self)
         req = pb.SubscriptionRequest(table=table, **request)
         self.writer.begin(pa.schema([]))
         self.writer.write_metadata(pa.py_buffer(

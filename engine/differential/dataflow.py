@@ -1,0 +1,573 @@
+"""Dataflow graphs over Z-set batches: inputs with frontiers, operators, probes, and the
+scheduler that runs them one closed version at a time (seed 002, v2-v5).
+
+A :class:`Dataflow` holds nodes in *scopes*. The root scope's versions are ``(step,)``
+(one coordinate, totally ordered); an ``iterate`` opens a nested scope whose versions are
+``(step, iteration)`` under the product partial order (seed 002 v5). Every edge carries
+batches of ``(record, time, diff)`` (:class:`~engine.differential.zset.ZSet`: an Arrow
+table of records, int64 weights, an ``(n, d)`` int64 time array).
+
+Scheduling. A scope keeps the set of times at which some node has pending input (or has
+asked to run, as a reduce re-evaluating keys at a later iteration does). It repeatedly
+takes the least pending time ``t`` in lexicographic order (a linear extension of the
+product order) and visits its nodes in creation order (a topological order: a node is
+created after its inputs), handing each node *all* of its input at ``t`` at once.
+Operators only ever emit at times ``>= t`` (a join with history at a later iteration emits
+at that later iteration), so when ``t`` is processed every update at a time ``<= t`` has
+already been delivered: each node sees each of its times complete, once. The root scope
+processes the times that the inputs' frontiers have closed; an iterate node runs its inner
+scope for one outer version until no time is pending (the fixed point).
+
+Frontiers. An :class:`InputHandle` accepts data only at versions at or beyond its frontier
+(an :class:`~engine.differential.version.Antichain`), and :meth:`InputHandle.advance_to`
+only moves it forward. :meth:`Dataflow.step` processes every version the inputs closed; a
+:class:`Probe` then reports the same frontier (everything before it is final).
+
+Linear operators (``map``, ``filter``, ``flat_map``, ``explode``, ``join_function``,
+``temporal_filter``, ``negate``) are fused: applying one to the output of another builds
+one :class:`~engine.differential.linear.LinearOperator` chain run in one pass, and a node
+nobody reads (the unfused intermediate) is dropped when the graph is finalized, at the
+first step. The graph must be complete by then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.differential.linear import Expansion, IntSpec, LinearOperator, MaskFn, TableFn
+from engine.differential.version import Antichain, Version, VersionLike, as_version
+from engine.differential.zset import ZSet, concat
+from engine.errors import InputError, SchemaError
+
+if TYPE_CHECKING:
+    from engine.differential.join import Arranged
+    from engine.differential.reduce import Agg
+
+__all__ = ["Collection", "Dataflow", "InputHandle", "Probe"]
+
+Time: TypeAlias = tuple[int, ...]
+I64 = npt.NDArray[np.int64]
+
+
+def split_by_time(batch: ZSet) -> list[tuple[Time, ZSet]]:
+    """The rows of a timed batch grouped by time (a loop per distinct time only)."""
+    assert batch.times is not None
+    times = batch.times
+    first = times[0]
+    if (times == first).all():
+        return [(tuple(int(c) for c in first), batch)]
+    if times.shape[1] == 2 and (times[:, 0] == first[0]).all():  # one outer version
+        last, inverse = np.unique(times[:, 1], return_inverse=True)
+        uniq = np.column_stack((np.full(last.size, first[0]), last))
+    else:
+        uniq, inverse = np.unique(times, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(uniq.shape[0] + 1))
+    return [(tuple(int(c) for c in uniq[g]), batch.take(order[bounds[g]:bounds[g + 1]]))
+            for g in range(uniq.shape[0])]
+
+
+def extend_times(batch: ZSet, coord: int) -> ZSet:
+    """Enter a nested scope: append a coordinate to every time."""
+    assert batch.times is not None
+    extra = np.full((batch.num_rows, 1), coord, dtype=np.int64)
+    return ZSet(batch.data, batch.diffs, np.hstack((batch.times, extra)))
+
+
+class _Scope:
+    """Nodes sharing one version type, and the times at which some node has work."""
+
+    def __init__(self, dataflow: Dataflow, parent: _Scope | None, dims: int) -> None:
+        self.dataflow = dataflow
+        self.parent = parent
+        self.dims = dims
+        self.nodes: list[_Node] = []
+        self.times: set[Time] = set()
+        self.rounds = 0
+        self.entered: dict[int, tuple[_Node, _Node]] = {}   # outer node id -> (outer, inner)
+
+    @property
+    def nested(self) -> bool:
+        return self.parent is not None
+
+    def join_since(self, t: Time) -> Antichain:
+        """How far a join's traces may compact while ``t`` is processed: lub with any later
+        time is unchanged by advancing history to the current outer version."""
+        return Antichain([t[:-1] + (0,)]) if self.nested else Antichain([t])
+
+    def reduce_since(self, t: Time) -> Antichain:
+        """How far a reduce's trace may compact at ``t``: it must still tell the previous
+        outer version (``t[0] - 1``) from the current one."""
+        return Antichain([(max(t[0] - 1, 0),) + (0,) * (self.dims - 1)])
+
+    def run(self, limit: int | None = None, max_rounds: int | None = None) -> None:
+        """Process pending times in order (root: those whose outer version is < ``limit``)."""
+        while True:
+            ready = self.times if limit is None else {t for t in self.times if t[0] < limit}
+            if not ready:
+                return
+            t = min(ready)
+            self.rounds += 1
+            if max_rounds is not None and self.rounds > max_rounds:
+                raise InputError(
+                    f"iterate did not reach a fixed point in {max_rounds} rounds (at {t}); "
+                    f"make sure the body consolidates (distinct/reduce/consolidate) and converges"
+                )
+            for node in self.nodes:  # a loop per operator per time
+                if node.has_work(t):
+                    node.step(t)
+            self.times.discard(t)
+
+
+class _Node:
+    """One operator: ``process(t, batches)`` sees all of its input at ``t`` at once."""
+
+    n_inputs = 1
+    is_sink = False
+    scope: _Scope
+
+    def __init__(self, scope: _Scope, inputs: Sequence[_Node], schema: pa.Schema) -> None:
+        if scope.dataflow._finalized:
+            raise InputError("the dataflow already ran: build every operator before the first step")
+        for i in inputs:
+            if i.scope is not scope:
+                raise InputError("operator inputs must be in the operator's scope (enter them first)")
+        self.scope = scope
+        self.inputs = list(inputs)
+        self.schema = schema
+        self.consumers: list[tuple[_Node, int]] = []
+        self._pending: dict[Time, list[list[ZSet]]] = {}
+        self._arrangements: dict[tuple[str, ...], Any] = {}
+        scope.nodes.append(self)
+
+    def push(self, port: int, t: Time, batch: ZSet) -> None:
+        if batch.num_rows == 0:
+            return
+        slot = self._pending.get(t)
+        if slot is None:
+            slot = self._pending[t] = [[] for _ in range(max(self.n_inputs, 1))]
+        slot[port].append(batch)
+        self.scope.times.add(t)
+
+    def has_work(self, t: Time) -> bool:
+        return t in self._pending
+
+    def step(self, t: Time) -> None:
+        parts = self._pending.pop(t, None)
+        batches: list[ZSet | None] = [None] * max(self.n_inputs, 1) if parts is None else \
+            [concat(*p) if p else None for p in parts]
+        out = self.process(t, batches)
+        if out is not None and out.num_rows:
+            self.emit(out)
+
+    def emit(self, out: ZSet) -> None:
+        for tt, b in split_by_time(out):  # a loop per distinct output time
+            for node, port in self.consumers:
+                node.push(port, tt, b)
+
+    def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
+        raise NotImplementedError
+
+    def finalize(self) -> None:
+        """Called once, after consumers are wired (nested scopes wire theirs here)."""
+
+
+class _InputNode(_Node):
+    n_inputs = 1
+
+    def __init__(self, scope: _Scope, schema: pa.Schema) -> None:
+        super().__init__(scope, [], schema)
+
+    def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
+        return batches[0]
+
+
+class _LinearNode(_Node):
+    def __init__(self, scope: _Scope, source: _Node, op: LinearOperator) -> None:
+        probe = op(ZSet.empty(source.schema, scope.dims))
+        super().__init__(scope, [source], probe.schema)
+        self.op = op
+
+    def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
+        b = batches[0]
+        return None if b is None else self.op(b)
+
+
+class _ConcatNode(_Node):
+    def __init__(self, scope: _Scope, inputs: Sequence[_Node]) -> None:
+        schema = inputs[0].schema
+        for i in inputs[1:]:
+            if i.schema.names != schema.names or i.schema.types != schema.types:
+                raise SchemaError(f"concat: collections have different columns: {schema} vs {i.schema}")
+        super().__init__(scope, inputs, schema)
+        self.n_inputs = len(inputs)
+
+    def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
+        parts = [b for b in batches if b is not None]
+        return concat(*parts) if parts else None
+
+
+class _ConsolidateNode(_Node):
+    def __init__(self, scope: _Scope, source: _Node) -> None:
+        super().__init__(scope, [source], source.schema)
+
+    def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
+        b = batches[0]
+        return None if b is None else b.consolidate()
+
+
+class _InspectNode(_Node):
+    def __init__(self, scope: _Scope, source: _Node, fn: Callable[[Version, ZSet], None]) -> None:
+        super().__init__(scope, [source], source.schema)
+        self.fn = fn
+
+    def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
+        b = batches[0]
+        if b is not None:
+            self.fn(Version(t), b)
+        return b
+
+
+class _ProbeNode(_Node):
+    is_sink = True
+
+    def __init__(self, scope: _Scope, source: _Node) -> None:
+        super().__init__(scope, [source], source.schema)
+        self.batches: list[ZSet] = []
+        self.new: list[ZSet] = []
+
+    def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
+        b = batches[0]
+        if b is not None:
+            self.batches.append(b)
+            self.new.append(b)
+        return None
+
+
+class Probe:
+    """The output end of a collection: its batches so far and how far they are final.
+
+    Everything at versions before :attr:`frontier` has been delivered.
+    """
+
+    def __init__(self, node: _ProbeNode) -> None:
+        self._node = node
+
+    @property
+    def frontier(self) -> Antichain:
+        return self._node.scope.dataflow.frontier
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._node.schema
+
+    @property
+    def batches(self) -> list[ZSet]:
+        """Every output batch so far (one per processed version that changed the output)."""
+        return list(self._node.batches)
+
+    def drain(self) -> ZSet:
+        """The output batches since the previous drain, as one timed batch (consolidated)."""
+        new, self._node.new = self._node.new, []
+        if not new:
+            return ZSet.empty(self.schema, 1)
+        return concat(*new).consolidate()
+
+    def accumulate(self, at: VersionLike | None = None) -> ZSet:
+        """The output collection at version ``at`` (every version so far by default)."""
+        if not self._node.batches:
+            return ZSet.empty(self.schema)
+        return concat(*self._node.batches).accumulate(None if at is None else as_version(at))
+
+    def less_than(self, v: VersionLike) -> bool:
+        """Whether the output may still change at versions ``<= v`` (seed 002's
+        ``probe_frontier_less_than``)."""
+        f = self.frontier
+        return bool(f) and f.less_equal_version(as_version(v))
+
+
+class InputHandle:
+    """Where data enters a dataflow: batches at versions, and a frontier that advances.
+
+    Examples
+    --------
+    >>> df = Dataflow()
+    >>> coll, inp = df.input(pa.schema([("x", pa.int64())]))
+    >>> probe = coll.map({"y": pc.field("x") * 2}).probe()
+    >>> inp.send(ZSet.from_triples([(1, 0, 1), (2, 0, 1)], ["x"])); inp.advance_to(1); df.step()
+    >>> sorted(probe.accumulate().to_triples())
+    [((2,), None, 1), ((4,), None, 1)]
+    """
+
+    def __init__(self, node: _InputNode) -> None:
+        self._node = node
+        self.frontier = Antichain([Version(0)])
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._node.schema
+
+    def send(self, batch: ZSet, time: VersionLike | None = None) -> None:
+        """Stage ``batch`` (its own times, else ``time``, else the frontier's version).
+
+        Raises
+        ------
+        InputError
+            If a version is behind the frontier or has more than one coordinate.
+        SchemaError
+            If the columns differ from the input's.
+        """
+        s = self._node.schema
+        if batch.schema.names != s.names or batch.schema.types != s.types:
+            raise SchemaError(f"input batch columns {batch.schema} do not match the input's {s}")
+        if batch.times is None:
+            if time is None:
+                if not self.frontier:
+                    raise InputError("the input is closed (empty frontier): it takes no more data")
+                time = self.frontier.elements[0]
+            batch = batch.with_time(time)
+        assert batch.times is not None
+        if batch.times.shape[1] != 1:
+            raise InputError(f"root inputs take one-coordinate versions, got {batch.times.shape[1]}")
+        if batch.num_rows == 0:
+            return
+        lo = Version(int(batch.times[:, 0].min()))
+        self.frontier.check_version(lo)
+        for t, b in split_by_time(batch):
+            self._node.push(0, t, b)
+
+    def advance_to(self, frontier: VersionLike | Antichain) -> None:
+        """Promise that no more data comes before ``frontier`` (an empty antichain closes)."""
+        new = frontier if isinstance(frontier, Antichain) else Antichain([as_version(frontier)])
+        self.frontier.check_advance(new)
+        self.frontier = new
+
+    def close(self) -> None:
+        """No more data at all."""
+        self.advance_to(Antichain())
+
+
+class Dataflow:
+    """A graph of differential operators over collections (seed 002), run by :meth:`step`.
+
+    Build it with :meth:`input` and the :class:`Collection` methods, attach probes, then
+    send data, advance the inputs' frontiers and call :meth:`step`.
+    """
+
+    def __init__(self) -> None:
+        self.root = _Scope(self, None, 1)
+        self.inputs: list[InputHandle] = []
+        self._finalized = False
+        self.frontier = Antichain([Version(0)])
+        self.bridges: list[Any] = []   # table bridges (engine.differential.bridge)
+
+    def input(self, schema: pa.Schema) -> tuple[Collection, InputHandle]:
+        """A new input: the collection it feeds and the handle to send to it."""
+        if not isinstance(schema, pa.Schema) or len(schema) == 0:
+            raise SchemaError("a dataflow input needs a pyarrow schema with at least one column")
+        node = _InputNode(self.root, schema)
+        handle = InputHandle(node)
+        self.inputs.append(handle)
+        return Collection(node), handle
+
+    def _finalize(self) -> None:
+        if self._finalized:
+            return
+        _wire(self.root)
+        self._finalized = True
+
+    def step(self) -> None:
+        """Process every version the inputs' frontiers have closed."""
+        self._finalize()
+        f = Antichain()
+        for h in self.inputs:
+            f = f.meet(h.frontier)
+        self.root.run(limit=f.elements[0][0] if f else None)
+        self.frontier = f
+
+
+def _wire(scope: _Scope) -> None:
+    """Keep the nodes some sink depends on, and connect each to its consumers."""
+    live: set[int] = set()
+    stack = [n for n in scope.nodes if n.is_sink]
+    while stack:
+        n = stack.pop()
+        if id(n) in live:
+            continue
+        live.add(id(n))
+        stack.extend(n.inputs)
+    scope.nodes = [n for n in scope.nodes if id(n) in live]
+    for n in scope.nodes:
+        for port, i in enumerate(n.inputs):
+            i.consumers.append((n, port))
+    for n in scope.nodes:
+        n.finalize()
+
+
+class Collection:
+    """A changing multiset of records: the output of one dataflow node.
+
+    Methods build new operators and return their collections; nothing runs until
+    :meth:`Dataflow.step`. Records are compared by value (null equals null, NaN equals
+    NaN). Despite the names, collections are unordered.
+    """
+
+    def __init__(self, node: _Node) -> None:
+        self.node = node
+
+    @property
+    def scope(self) -> _Scope:
+        return self.node.scope
+
+    @property
+    def dataflow(self) -> Dataflow:
+        return self.node.scope.dataflow
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.node.schema
+
+    def __repr__(self) -> str:
+        return f"Collection({type(self.node).__name__.lstrip('_')}, columns={self.schema.names})"
+
+    def _local(self, other: Collection) -> _Node:
+        """``other``'s node in this collection's scope (entering it into an iterate)."""
+        if other.dataflow is not self.dataflow:
+            raise InputError("collections of different dataflows cannot be combined")
+        if other.scope is self.scope:
+            return other.node
+        from engine.differential.iterate import enter
+
+        return enter(other.node, self.scope)
+
+    # linear ---------------------------------------------------------------------------
+    def _linear(self, op: LinearOperator) -> Collection:
+        node = self.node
+        if isinstance(node, _LinearNode):  # fuse into the upstream chain
+            return Collection(_LinearNode(self.scope, node.inputs[0], node.op.followed_by(op)))
+        return Collection(_LinearNode(self.scope, node, op))
+
+    def map(self, f: Mapping[str, pc.Expression | str] | TableFn) -> Collection:
+        """New records from expressions (``{name: expr}``) or a table function."""
+        return self._linear(LinearOperator().map(f))
+
+    def filter(self, predicate: pc.Expression | MaskFn) -> Collection:
+        """Keep the records for which ``predicate`` is true."""
+        return self._linear(LinearOperator().filter(predicate))
+
+    def flat_map(self, f: Callable[[pa.Table], Expansion]) -> Collection:
+        """Any number of records per record (see :class:`LinearOperator.flat_map`)."""
+        return self._linear(LinearOperator().flat_map(f))
+
+    def explode(self, f: Callable[[pa.Table], Expansion]) -> Collection:
+        """Weighted records per record (weights multiply)."""
+        return self._linear(LinearOperator().explode(f))
+
+    def join_function(self, logic: Callable[[pa.Table], Expansion]) -> Collection:
+        """The general linear operator (seed 001): times join, weights multiply."""
+        return self._linear(LinearOperator().join_function(logic))
+
+    def temporal_filter(self, lower: IntSpec | None, upper: IntSpec | None) -> Collection:
+        """Each record only at versions ``lower <= v[0] < upper``."""
+        return self._linear(LinearOperator().temporal_filter(lower, upper))
+
+    def negate(self) -> Collection:
+        """Every weight's sign flipped."""
+        return self._linear(LinearOperator().negate())
+
+    # unions ---------------------------------------------------------------------------
+    def concat(self, *others: Collection) -> Collection:
+        """The union of the collections (weights add), not consolidated."""
+        return Collection(_ConcatNode(self.scope, [self.node] + [self._local(o) for o in others]))
+
+    plus = concat
+
+    def minus(self, other: Collection) -> Collection:
+        """This collection minus ``other`` (weights subtract)."""
+        return self.concat(Collection(self._local(other)).negate())
+
+    def consolidate(self) -> Collection:
+        """One row per (record, time) in every batch, zero weights dropped."""
+        return Collection(_ConsolidateNode(self.scope, self.node))
+
+    def inspect(self, fn: Callable[[Version, ZSet], None]) -> Collection:
+        """Call ``fn(version, batch)`` on every batch passing through (debugging, tests)."""
+        return Collection(_InspectNode(self.scope, self.node, fn))
+
+    # keyed ----------------------------------------------------------------------------
+    def index_with(self, keys: Sequence[str] | str) -> Arranged:
+        """This collection arranged by ``keys`` (a trace shared by every join on them)."""
+        from engine.differential.join import arrange
+
+        return arrange(self.node, (keys,) if isinstance(keys, str) else tuple(keys))
+
+    def join(self, other: Collection | Arranged, on: Sequence[str] | str) -> Collection:
+        """Pairs of records with equal ``on`` columns: this collection's columns, then
+        ``other``'s others. Weights multiply, times join."""
+        from engine.differential.join import join
+
+        return join(self, other, (on,) if isinstance(on, str) else tuple(on))
+
+    def reduce(self, by: Sequence[str] | str, aggs: Mapping[str, Agg]) -> Collection:
+        """Aggregates per group of ``by`` columns: ``{name: ("count",) | ("sum", col) |
+        ("min", col) | ("max", col)}``; see :mod:`engine.differential.reduce`."""
+        from engine.differential.reduce import reduce
+
+        return reduce(self, (by,) if isinstance(by, str) else tuple(by), aggs)
+
+    def count(self, by: Sequence[str] | str, name: str = "count") -> Collection:
+        """Total weight per group (groups of total weight 0 are absent)."""
+        return self.reduce(by, {name: ("count",)})
+
+    def sum(self, by: Sequence[str] | str, column: str, name: str | None = None) -> Collection:
+        """Weighted sum of ``column`` per group."""
+        return self.reduce(by, {name or f"sum_{column}": ("sum", column)})
+
+    def min(self, by: Sequence[str] | str, column: str, name: str | None = None) -> Collection:
+        """Least ``column`` among the group's records of positive weight."""
+        return self.reduce(by, {name or f"min_{column}": ("min", column)})
+
+    def max(self, by: Sequence[str] | str, column: str, name: str | None = None) -> Collection:
+        """Greatest ``column`` among the group's records of positive weight."""
+        return self.reduce(by, {name or f"max_{column}": ("max", column)})
+
+    def distinct(self) -> Collection:
+        """Each record of positive weight once (weight 1)."""
+        from engine.differential.reduce import distinct
+
+        return distinct(self)
+
+    def iterate(self, body: Callable[[Collection], Collection], *,
+                max_rounds: int | None = None) -> Collection:
+        """The fixed point of ``body`` from this collection (seed 002 v5).
+
+        Inside, versions are ``(step, iteration)``: the variable starts as this collection
+        and at iteration ``i + 1`` is ``body``'s result at ``i``; the output is the result
+        once nothing changes. Collections from outside used in ``body`` enter the loop
+        unchanged at every iteration. The body must consolidate (``distinct``, a reduce or
+        ``consolidate``) for the loop to notice it has converged.
+        """
+        from engine.differential.iterate import iterate
+
+        return iterate(self, body, max_rounds)
+
+    # output ---------------------------------------------------------------------------
+    def probe(self) -> Probe:
+        """An output probe on this collection (root scope)."""
+        if self.scope.nested:
+            raise InputError("probe a collection outside the iterate (or use inspect inside)")
+        return Probe(_ProbeNode(self.scope, self.node))
+
+    def to_table(self, keys: Sequence[str] | str, name: str | None = None) -> Any:
+        """This collection as a live keyed table (see :mod:`engine.differential.bridge`)."""
+        from engine.differential.bridge import collection_to_table
+
+        return collection_to_table(self, keys, name=name)
+

@@ -1,0 +1,212 @@
+"""Joins: arrangements (``index_with``), ``join_stream``/``join_trace`` on batches, and the
+delta join operator of the dataflow (seed 002 v1/v5, seed 003's Join Stream/Join Trace).
+
+The join of two collections is bilinear, so its change at a time is the change of each
+side joined with the other side's history: with ``A``/``B`` the traces *including* this
+time's deltas ``dA``/``dB``,
+
+    d(A join B) = dA join B + A join dB - dA join dB
+
+and each pair of updates ``(a, ta, wa)``, ``(b, tb, wb)`` contributes ``(a ++ b, ta.join(tb),
+wa * wb)`` exactly once. The traces are probed by key for the delta rows only (see
+:meth:`engine.differential.trace.Trace.lookup`), so a step costs the size of the change
+and of the matches it finds. An arrangement (:func:`arrange`) is shared: every join (and
+reduce) on the same collection and keys reads one trace, each through its own
+:class:`~engine.differential.trace.TraceReader`, which lets the trace compact history up to
+the current outer version (a time's join with any later time is unchanged by that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from engine.differential.dataflow import Collection, Time, _Node, _Scope
+from engine.differential.trace import Trace, TraceReader
+from engine.differential.zset import ZSet, concat
+from engine.errors import InputError, SchemaError
+
+__all__ = ["Arranged", "join_stream", "join_trace"]
+
+
+class _ArrangeNode(_Node):
+    """Inserts each batch into a trace keyed by ``keys`` and passes it on."""
+
+    def __init__(self, scope: _Scope, source: _Node, keys: tuple[str, ...]) -> None:
+        missing = [k for k in keys if k not in source.schema.names]
+        if not keys or missing:
+            raise SchemaError(f"index_with: key column(s) {missing or list(keys)} not in "
+                              f"{source.schema.names}")
+        super().__init__(scope, [source], source.schema)
+        self.keys = keys
+        self.trace = Trace(source.schema, keys, dims=scope.dims)
+        self._hold = self.trace.reader()  # released once the consumers hold their own
+
+    def reader(self) -> TraceReader:
+        return self.trace.reader()
+
+    def finalize(self) -> None:
+        self._hold.close()
+
+    def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
+        b = batches[0]
+        if b is not None:
+            self.trace.insert(b)
+        return b
+
+
+@dataclass(frozen=True)
+class Arranged:
+    """A collection indexed by key columns (seed 003's Indexed Z-Set over time).
+
+    Made by :meth:`Collection.index_with`; join it with :meth:`Collection.join`.
+    """
+
+    node: _ArrangeNode
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.node.keys
+
+    @property
+    def collection(self) -> Collection:
+        return Collection(self.node)
+
+
+def arrange(node: _Node, keys: tuple[str, ...]) -> Arranged:
+    """The (shared) arrangement of ``node``'s output by ``keys``."""
+    found = node._arrangements.get(keys)
+    if found is None:
+        found = node._arrangements[keys] = _ArrangeNode(node.scope, node, keys)
+    return Arranged(found)
+
+
+def _output_schema(left: pa.Schema, right: pa.Schema, on: tuple[str, ...]) -> pa.Schema:
+    missing = [k for k in on if k not in left.names or k not in right.names]
+    if not on or missing:
+        raise SchemaError(f"join: key column(s) {missing or list(on)} must be in both sides "
+                          f"({left.names} and {right.names}); rename them first")
+    for k in on:
+        if left.field(k).type != right.field(k).type:
+            raise SchemaError(f"join: key column {k!r} is {left.field(k).type} on the left and "
+                              f"{right.field(k).type} on the right; cast one side first")
+    clash = [n for n in right.names if n not in on and n in left.names]
+    if clash:
+        raise SchemaError(f"join: column(s) {clash} are on both sides but not join keys; rename "
+                          f"them on one side first")
+    return pa.schema(list(left) + [f for f in right if f.name not in on])
+
+
+def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], batch_left: bool) -> ZSet | None:
+    """``batch`` joined with every update in ``trace`` (``batch`` on the left or right)."""
+    found = trace.lookup(batch.data.select(list(on)))
+    if len(found) == 0:
+        return None
+    rows = found.probe
+    mine = batch.data.take(rows)
+    theirs = found.records()
+    diffs = batch.diffs[rows] * found.diffs
+    times = None
+    if batch.times is not None:
+        times = np.maximum(batch.times[rows], found.times)  # the lattice join of versions
+    if batch_left:
+        left, right = mine, theirs
+    else:
+        left, right = theirs, mine
+    cols = list(left.columns) + [right.column(n) for n in right.column_names if n not in on]
+    names = left.column_names + [n for n in right.column_names if n not in on]
+    return ZSet(pa.Table.from_arrays(cols, names=names), diffs, times)
+
+
+def _conform(out: ZSet, schema: pa.Schema) -> ZSet:
+    if out.data.schema.equals(schema):
+        return out
+    return ZSet(out.data.cast(schema), out.diffs, out.times)
+
+
+def join_trace(batch: ZSet, trace: Trace, on: Sequence[str] | None = None) -> ZSet:
+    """``batch`` joined with every update of ``trace`` (seed 003's Join Trace).
+
+    Output records are ``batch``'s columns then the trace's non-key columns; weights
+    multiply and times join (coordinate-wise max).
+
+    Parameters
+    ----------
+    batch
+        The updates of this time (timed with the trace's dimension).
+    trace
+        The other side's history.
+    on
+        The key columns (the trace's keys by default).
+    """
+    keys = tuple(on) if on is not None else trace.keys
+    schema = _output_schema(batch.schema, trace.schema, keys)
+    out = _pairs(batch, trace, keys, True)
+    return _conform(out, schema) if out is not None else ZSet.empty(schema, batch.dims)
+
+
+def join_stream(a: ZSet, b: ZSet, on: Sequence[str]) -> ZSet:
+    """Every pair of updates of ``a`` and ``b`` with equal ``on`` columns (seed 003's Join
+    Stream): ``a``'s columns then ``b``'s others, weights multiplied, times joined."""
+    keys = tuple(on)
+    dims = a.dims or 1
+    tr = Trace(b.schema, keys, dims=dims)
+    bb = b if b.times is not None else b.with_time((0,) * dims)
+    tr.insert(bb)
+    out = join_trace(a if a.times is not None else a.with_time((0,) * dims), tr, keys)
+    return out if a.times is not None else out.without_times()
+
+
+class _JoinNode(_Node):
+    n_inputs = 2
+
+    def __init__(self, scope: _Scope, left: _ArrangeNode, right: _ArrangeNode,
+                 on: tuple[str, ...]) -> None:
+        super().__init__(scope, [left, right], _output_schema(left.schema, right.schema, on))
+        self.on = on
+        self.left, self.right = left, right
+        self._readers = (left.reader(), right.reader())
+
+    def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
+        since = self.scope.join_since(t)
+        for r in self._readers:
+            if r.since != since:
+                r.set_logical_compaction(since)
+        dl, dr = batches
+        parts = []
+        if dl is not None:       # dA join B (B includes dB: its arrangement ran first)
+            p = _pairs(dl, self.right.trace, self.on, True)
+            if p is not None:
+                parts.append(p)
+        if dr is not None:       # A join dB
+            p = _pairs(dr, self.left.trace, self.on, False)
+            if p is not None:
+                parts.append(p)
+        if dl is not None and dr is not None:   # dA join dB was counted twice
+            p = join_stream(dl, dr, self.on)
+            if p.num_rows:
+                parts.append(p.negate())
+        if not parts:
+            return None
+        return _conform(concat(*[_conform(p, self.schema) for p in parts]), self.schema)
+
+
+def join(left: Collection, right: Collection | Arranged, on: tuple[str, ...]) -> Collection:
+    """The delta join of two collections on ``on`` (see the module docstring)."""
+    scope = left.scope
+    if isinstance(right, Arranged):
+        if right.keys != on:
+            raise InputError(f"join on {list(on)} with a collection arranged by {list(right.keys)}; "
+                             f"arrange it by the join keys")
+        rnode: _Node = right.node.inputs[0]
+        if rnode.scope is not scope:
+            rnode = left._local(Collection(rnode))
+    else:
+        rnode = left._local(right)
+    _output_schema(left.schema, rnode.schema, on)
+    la = arrange(left.node, on).node
+    ra = arrange(rnode, on).node
+    return Collection(_JoinNode(scope, la, ra, on))
