@@ -302,6 +302,9 @@ class _ArrowStore:
     def take(self, slots: npt.NDArray[np.int64]) -> pa.Array:
         if slots.size == 0:
             return pa.array([], type=self.type)
+        first = int(slots[0])
+        if int(slots[-1]) - first == slots.size - 1 and np.all(np.diff(slots) == 1):
+            return self._run(first, slots.size)  # e.g. a whole append-only table: slices
         if len(self.chunks) == 1:
             return self.chunks[0].take(pa.array(slots))
         which = np.searchsorted(self.offsets, slots, side="right") - 1
@@ -320,6 +323,19 @@ class _ArrowStore:
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
         return gathered.take(pa.array(inverse))
+
+
+    def _run(self, first: int, n: int) -> pa.Array:
+        """Slots ``first .. first + n - 1``: chunk slices, no gather."""
+        c = int(np.searchsorted(self.offsets, first, side="right")) - 1
+        parts = []
+        pos, left = first, n
+        while left > 0:  # one slice per chunk the run crosses
+            off = int(self.offsets[c])
+            take = min(left, len(self.chunks[c]) - (pos - off))
+            parts.append(self.chunks[c].slice(pos - off, take))
+            pos, left, c = pos + take, left - take, c + 1
+        return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
 
 
 class ArrowColumnSource(WritableColumnSource):
