@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -70,3 +71,20 @@ def write_json(name: str, payload: dict[str, Any], path: str | None = None) -> P
 
 def median(xs: list[float]) -> float:
     return float(statistics.median(xs))
+
+
+# the benchmarks' shared 4-column table (int64, string, float64, int64)
+SCHEMA = pa.schema([("Key", pa.int64()), ("Sym", pa.string()), ("Price", pa.float64()),
+                    ("Qty", pa.int64())])
+SYMS = pa.array([f"SYM{i:04d}" for i in range(1000)])
+
+
+def batch(rng: np.random.Generator, keys: np.ndarray) -> pa.Table:
+    """Rows of :data:`SCHEMA` for ``keys`` with random symbols, prices and quantities."""
+    n = keys.size
+    return pa.table({
+        "Key": pa.array(keys, pa.int64()),
+        "Sym": SYMS.take(pa.array(rng.integers(0, 1000, n))),
+        "Price": pa.array(rng.random(n) * 100),
+        "Qty": pa.array(rng.integers(1, 1000, n)),
+    }, schema=SCHEMA)

@@ -46,24 +46,11 @@ import pyarrow.flight as fl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import median, print_table, stats_ms, write_json  # noqa: E402
+from bench._common import SCHEMA, batch, median, print_table, stats_ms, write_json  # noqa: E402
 from engine.graph import UpdateGraph  # noqa: E402
 from flight.decoder import ReferenceView, StreamEnded, read_message  # noqa: E402
 from flight.pb import flight_pb2 as pb  # noqa: E402
 from flight.server import ServerConfig, TicktableServer  # noqa: E402
-
-SCHEMA = pa.schema([("Key", pa.int64()), ("Sym", pa.string()), ("Price", pa.float64()), ("Qty", pa.int64())])
-SYMS = pa.array([f"SYM{i:04d}" for i in range(1000)])
-
-
-def batch(rng: np.random.Generator, keys: np.ndarray) -> pa.Table:
-    n = keys.size
-    return pa.table({
-        "Key": pa.array(keys, pa.int64()),
-        "Sym": SYMS.take(pa.array(rng.integers(0, 1000, n))),
-        "Price": pa.array(rng.random(n) * 100),
-        "Qty": pa.array(rng.integers(1, 1000, n)),
-    }, schema=SCHEMA)
 
 
 # ---------------------------------------------------------------------------- server side
