@@ -34,6 +34,8 @@ def graph() -> UpdateGraph:
 def server(graph: UpdateGraph) -> Iterator[TicktableServer]:
     srv = TicktableServer(graph, ServerConfig(grpc_port=None)).start()
     yield srv
+    while OPEN:  # a stream still open at shutdown would wait out the end-of-stream grace
+        OPEN.pop().close()
     srv.shutdown()
 
 
