@@ -83,7 +83,10 @@ class ServerConfig:
     stage_ttl
         Seconds after which an untouched staged write is dropped.
     end_grace_seconds
-        How long a subscription ended by the server waits for its client to finish writing.
+        How long a subscription ended by the server waits for its client to finish writing
+        before a warning is logged (the handler keeps waiting; see :meth:`TicktableServer.shutdown`).
+    shutdown_timeout
+        How long :meth:`TicktableServer.shutdown` waits for in-flight calls to finish.
     """
 
     host: str = "127.0.0.1"
@@ -99,6 +102,7 @@ class ServerConfig:
     max_pending: int = 32
     stage_ttl: float = 600.0
     end_grace_seconds: float = 10.0
+    shutdown_timeout: float = 30.0
 
 
 def _parse(message: Any, data: bytes | None, what: str) -> Any:
@@ -197,30 +201,51 @@ class _FlightService(flight.FlightServerBase):  # type: ignore[misc]
             entry = self.server.registry.get(req.table)
             sub = Subscription(entry, req, self.server.sub_options)
             self.server._track(sub, +1)
-            t = threading.Thread(target=self._read_changes, args=(reader, sub), daemon=True,
-                                 name=f"ticktable-sub-{entry.name}")
+            reading = threading.Event()  # set when the reader thread is done with `reader`
+            t = threading.Thread(target=self._read_changes, args=(reader, sub, reading),
+                                 daemon=True, name=f"ticktable-sub-{entry.name}")
             t.start()
             try:
                 sub.run(writer, context)
             except Exception as exc:
-                # The stream ends from our side. A reader thread blocked in read_chunk must
-                # not outlive this handler (the reader is freed when it returns), so tell the
-                # client to finish writing and wait for it before returning.
+                # The stream ends from our side: tell the client to finish writing.
                 if not context.is_cancelled():
                     try:
                         sub.send_end(writer, str(exc))
                     except Exception:
                         log.debug("could not send end of stream", exc_info=True)
-                t.join(self.server.config.end_grace_seconds)
-                if t.is_alive():
-                    log.warning("subscriber to %r did not finish writing after end of stream; "
-                                "closing anyway", entry.name)
                 raise
             finally:
                 sub.close()
                 self.server._track(sub, -1)
+                # pyarrow frees the reader when this handler returns, and it has no server-side
+                # cancel, so a reader thread still blocked in read_chunk would then touch freed
+                # memory. Never return before it is done: it ends when the client finishes
+                # writing, cancels, or its connection drops.
+                self._wait_reader(reading, entry.name, context)
 
-    def _read_changes(self, reader: Any, sub: Subscription) -> None:
+    def _wait_reader(self, reading: threading.Event, name: str, context: Any) -> None:
+        # An Event, not Thread.join: join registers this gRPC thread as a dummy Python thread.
+        grace = self.server.config.end_grace_seconds
+        if reading.wait(grace):
+            return
+        with self.server._subs_lock:
+            self.server._stuck_readers += 1
+        try:
+            while not reading.wait(grace):
+                log.warning("subscriber %s to %r has not finished writing; holding its handler "
+                            "until it does or disconnects", context.peer(), name)
+        finally:
+            with self.server._subs_lock:
+                self.server._stuck_readers -= 1
+
+    def _read_changes(self, reader: Any, sub: Subscription, reading: threading.Event) -> None:
+        try:
+            self._read_change_loop(reader, sub)
+        finally:
+            reading.set()
+
+    def _read_change_loop(self, reader: Any, sub: Subscription) -> None:
         limit = self.server.config.max_metadata_bytes
         while True:
             try:
@@ -328,6 +353,7 @@ class TicktableServer:
                                                max_pending=self.config.max_pending)
         self._subs: dict[int, Subscription] = {}
         self._subs_lock = threading.Lock()
+        self._stuck_readers = 0
         self._cycle_ms: collections.deque[float] = collections.deque(maxlen=1000)
         self._remove_terminal = graph.add_terminal_listener(self._on_cycle)
         self._flight: _FlightService | None = None
@@ -380,8 +406,14 @@ class TicktableServer:
         assert self._flight is not None
         self._flight.serve()
 
-    def shutdown(self) -> None:
-        """Stop serving: subscriptions end, staged writes are dropped."""
+    def shutdown(self) -> bool:
+        """Stop serving: subscriptions end, staged writes are dropped.
+
+        Every subscriber is sent an end-of-stream message. A client that never finishes writing
+        holds its call open (pyarrow cannot cancel a call from the server side), so this waits
+        at most ``config.shutdown_timeout`` for in-flight calls and returns ``False`` if some are
+        still open then (the process should exit; the port stays bound until it does).
+        """
         with self._subs_lock:
             subs = list(self._subs.values())
         for sub in subs:
@@ -389,11 +421,21 @@ class TicktableServer:
         if self._grpc is not None:
             self._grpc.stop(grace=1.0)
             self._grpc = None
+        clean = True
         if self._flight is not None:
-            self._flight.shutdown()
+            stopper = threading.Thread(target=self._flight.shutdown, daemon=True,
+                                       name="ticktable-flight-shutdown")
+            stopper.start()
+            stopper.join(self.config.shutdown_timeout)
+            if stopper.is_alive():
+                clean = False
+                log.error("Flight shutdown still waits for %d call(s) after %.0f s (clients that "
+                          "never finished writing); giving up", self._stuck_readers or len(subs),
+                          self.config.shutdown_timeout)
             self._flight = None
         self.ingestor.stop()
         self._remove_terminal()
+        return clean
 
     def __enter__(self) -> TicktableServer:
         return self.start() if self._flight is None else self

@@ -14,7 +14,7 @@ import pytest
 from engine.graph import UpdateGraph
 from flight.pb import flight_pb2 as pb
 from flight.server import ServerConfig, TicktableServer
-from tests.flight.conftest import Sub
+from tests.flight.conftest import OPEN, Sub
 
 KV = pa.schema([("k", pa.int64()), ("s", pa.string()), ("v", pa.float64())])
 
@@ -227,3 +227,36 @@ def test_server_shutdown_ends_subscriptions(graph):
     done.join(15)
     assert not done.is_alive()
     _ = UpdateGraph
+
+
+def test_a_client_that_never_finishes_writing_cannot_hurt_the_server(graph):
+    """The server ends a stream; its client ignores that. The handler must keep waiting (its
+    reader thread is still in read_chunk, which pyarrow frees on return), everyone else is
+    served, a bounded shutdown gives up on it, and the client's eventual close is clean."""
+    srv = TicktableServer(graph, ServerConfig(grpc_port=None, end_grace_seconds=0.2,
+                                              shutdown_timeout=1.0)).start()
+    srv.registry.create_source("t", KV, "keyed", keys=["k"])
+    srv.registry.create_source("u", KV, "keyed", keys=["k"])
+    stubborn_client = fl.connect(srv.location)
+    stubborn = Sub(stubborn_client, "t")
+    stubborn.read()
+    srv.registry.drop("t")  # the server ends the stubborn stream; it never calls done_writing
+    time.sleep(1.0)  # several end-of-stream graces pass
+    other = fl.connect(srv.location)
+    w, _ = other.do_put(fl.FlightDescriptor.for_path("u"), KV)
+    w.write_table(kv([1], [1.0]))
+    w.close()
+    graph.run_cycle()
+    assert other.do_get(fl.Ticket(b"u")).read_all().num_rows == 1
+    watcher = Sub(other, "u")
+    watcher.read()
+    assert watcher.view.to_arrow().num_rows == 1
+    watcher.close()
+    t0 = time.monotonic()
+    assert srv.shutdown() is False  # the stubborn call is still open
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(KeyError, match="dropped"):
+        stubborn.read()  # it finally reads its end of stream and finishes writing
+    OPEN.remove(stubborn)
+    stubborn_client.close()
+    other.close()
