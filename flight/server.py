@@ -186,7 +186,10 @@ class _FlightService(flight.FlightServerBase):  # type: ignore[misc]
     def do_exchange(self, context: Any, descriptor: flight.FlightDescriptor, reader: Any,
                     writer: Any) -> None:
         with flight_errors():
-            first = reader.read_chunk()
+            try:
+                first = reader.read_chunk()
+            except StopIteration:  # the client closed without sending anything: nothing to do
+                return
             meta = first.app_metadata
             if meta is not None and meta.size > self.server.config.max_metadata_bytes:
                 raise ProtocolError(f"metadata of {meta.size} bytes exceeds the limit "
@@ -273,7 +276,10 @@ class _FlightService(flight.FlightServerBase):  # type: ignore[misc]
         with flight_errors():
             name = _table_name(descriptor)
             entry = self.server.registry.get(name)
-            first = reader.read_chunk()
+            try:
+                first = reader.read_chunk()
+            except StopIteration:  # the client closed without sending anything: nothing to do
+                return
             meta = first.app_metadata
             limit = self.server.config.max_metadata_bytes
             if meta is not None and meta.size > limit:
@@ -498,7 +504,8 @@ class TicktableServer:
         out = pb.Stats(step=self.graph.step, last_cycle_ms=self.graph.last_cycle_seconds * 1e3,
                        cycle_p50_ms=float(np.median(ms)) if ms.size else 0.0,
                        cycle_p99_ms=float(np.percentile(ms, 99)) if ms.size else 0.0,
-                       open_stages=self.ingestor.open_stages)
+                       open_stages=self.ingestor.open_stages,
+                       table_service_port=self.grpc_port or 0)
         subs = self.subscriptions
         for e in self.registry.entries():
             mine = [s for s in subs if s.entry is e]

@@ -6,6 +6,9 @@ re-exported here so user code does not depend on the internal layout.
 
 from __future__ import annotations
 
+from clients.client import Client as Client
+from clients.client import connect as connect
+from clients.remote import RemoteTable as RemoteTable
 from engine import errors as errors
 from engine.graph import UpdateGraph as UpdateGraph
 from engine.ops import agg as agg
@@ -21,7 +24,9 @@ from engine.update import compose as compose
 
 __all__ = [
     "AppendOnlyTable",
+    "Client",
     "KeyedTable",
+    "RemoteTable",
     "RingTable",
     "RowSet",
     "RowSetShiftData",
@@ -31,6 +36,7 @@ __all__ = [
     "UpdateGraph",
     "agg",
     "compose",
+    "connect",
     "errors",
 ]
 

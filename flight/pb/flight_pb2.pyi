@@ -716,11 +716,14 @@ class Stats(_message.Message):
     CYCLE_P99_MS_FIELD_NUMBER: _builtins.int
     TABLES_FIELD_NUMBER: _builtins.int
     OPEN_STAGES_FIELD_NUMBER: _builtins.int
+    TABLE_SERVICE_PORT_FIELD_NUMBER: _builtins.int
     step: _builtins.int
     last_cycle_ms: _builtins.float
     cycle_p50_ms: _builtins.float
     cycle_p99_ms: _builtins.float
     open_stages: _builtins.int
+    table_service_port: _builtins.int
+    """the gRPC TableService's port on the same host (0: not running)"""
     @_builtins.property
     def tables(self) -> _containers.RepeatedCompositeFieldContainer[Global___TableStats]: ...
     def __init__(
@@ -732,10 +735,11 @@ class Stats(_message.Message):
         cycle_p99_ms: _builtins.float = ...,
         tables: _abc.Iterable[Global___TableStats] | None = ...,
         open_stages: _builtins.int = ...,
+        table_service_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cycle_p50_ms", b"cycle_p50_ms", "cycle_p99_ms", b"cycle_p99_ms", "last_cycle_ms", b"last_cycle_ms", "open_stages", b"open_stages", "step", b"step", "tables", b"tables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cycle_p50_ms", b"cycle_p50_ms", "cycle_p99_ms", b"cycle_p99_ms", "last_cycle_ms", b"last_cycle_ms", "open_stages", b"open_stages", "step", b"step", "table_service_port", b"table_service_port", "tables", b"tables"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

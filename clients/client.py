@@ -1,0 +1,463 @@
+"""The Python client: ``tt.connect(uri)`` and what a connection can do.
+
+A :class:`Client` wraps one Arrow Flight connection (and, lazily, a gRPC channel to the
+server's TableService for :meth:`Client.table` compositions). Every call carries the bearer
+token; errors are the server's, raised as pyarrow raises them: ``KeyError`` for an unknown
+table, ``pyarrow.ArrowInvalid`` for input the server refused (the message names the table or
+column and the way out), ``pyarrow.flight.FlightUnauthenticatedError`` for a missing or wrong
+token, ``pyarrow.flight.FlightUnavailableError`` when the server cannot be reached. An
+expression that does not fit a table's schema is refused before anything is sent, with
+``ticktable.errors.ExpressionError``.
+
+>>> import ticktable as tt
+>>> client = tt.connect("grpc://127.0.0.1:8815")          # doctest: +SKIP
+>>> client.push("trades", df, mode="upsert", keys=["id"])  # doctest: +SKIP
+>>> live = client.subscribe("trades")                      # doctest: +SKIP
+>>> live.df                                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.flight as fl
+
+from clients._wire import Endpoint, PutSummary, action, chunks, put_batches
+from flight.pb import flight_pb2 as pb
+
+if TYPE_CHECKING:
+    from clients.live import LiveTable
+    from clients.remote import RemoteTable
+
+__all__ = ["Client", "PutSummary", "connect"]
+
+PutData: TypeAlias = (pd.DataFrame | pa.Table | pa.RecordBatch | pa.RecordBatchReader
+           | Iterable[pd.DataFrame | pa.Table | pa.RecordBatch])
+Mode = Literal["append", "upsert", "delete", "diff"]
+_MODES = {"append": pb.PUT_MODE_APPEND, "upsert": pb.PUT_MODE_UPSERT,
+          "delete": pb.PUT_MODE_DELETE, "diff": pb.PUT_MODE_DIFF}
+log = logging.getLogger(__name__)
+_KINDS = {"append": pb.TABLE_KIND_APPEND, "keyed": pb.TABLE_KIND_KEYED,
+          "ring": pb.TABLE_KIND_RING}
+#: Columns with a meaning in a put mode, passed through as they are (not table columns).
+_SPECIAL = {"upsert": ("__delete",), "diff": ("__diff", "__time")}
+
+
+def connect(uri: str = "grpc://127.0.0.1:8815", token: str | None = None,
+            tls: bool | bytes | str = False, *, verify: bool = True,
+            timeout: float | None = 60.0) -> Client:
+    """Connect to a Ticktable server.
+
+    Parameters
+    ----------
+    uri
+        ``grpc://host:port``, ``grpc+tls://host:port`` or ``host[:port]`` (port 8815).
+    token
+        Bearer token (default: the ``TICKTABLE_TOKEN`` environment variable, if set).
+    tls
+        ``True`` for TLS with the system's roots, or the root certificate(s): PEM ``bytes``
+        or the path of a PEM file.
+    verify
+        ``False`` skips server certificate verification (self-signed test setups only).
+    timeout
+        Seconds for each unary call (listings, actions); streams have no limit.
+
+    Returns
+    -------
+    Client
+        A connected client; the server is contacted on the first call.
+
+    Examples
+    --------
+    >>> with tt.connect("grpc://127.0.0.1:8815") as client:   # doctest: +SKIP
+    ...     print(client.tables())
+    ['board', 'quotes', 'stats']
+    """
+    return Client(Endpoint(uri, token=token, tls=tls, verify=verify, timeout=timeout))
+
+
+class Client:
+    """One connection to a Ticktable server (see :func:`connect`).
+
+    Thread-safe: calls may come from several threads; subscriptions use connections of
+    their own so a slow stream never delays a call.
+    """
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self._flight, _ = endpoint.connect()
+        self._grpc: Any = None
+        self._grpc_channel: Any = None
+        self._live: list[LiveTable] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Close every subscription opened here, then the connection."""
+        for live in list(self._live):
+            live.close()
+        self._live.clear()
+        if self._grpc_channel is not None:
+            self._grpc_channel.close()
+            self._grpc_channel = None
+        self._flight.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ticktable.Client {self.endpoint.location}>"
+
+    def _opts(self) -> fl.FlightCallOptions:
+        return self.endpoint.options()
+
+    # ------------------------------------------------------------------ metadata
+    def tables(self) -> list[str]:
+        """Names of every table on the server, sorted."""
+        names = []
+        for info in self._flight.list_flights(b"", self._opts()):
+            raw = info.descriptor.path[0]
+            names.append(raw.decode() if isinstance(raw, bytes) else str(raw))
+        return sorted(names)
+
+    def schema(self, name: str) -> pa.Schema:
+        """The Arrow schema of table ``name`` (``KeyError`` if there is none)."""
+        res = self._flight.get_schema(fl.FlightDescriptor.for_path(name), self._opts())
+        return res.schema
+
+    def stats(self) -> pd.DataFrame:
+        """Per table: size, last step, kind, subscribers and their lag, update sequence.
+
+        The server's cycle figures (``step``, ``cycle_p50_ms``, ``cycle_p99_ms``,
+        ``open_stages``) are in the frame's ``attrs``.
+        """
+        st: pb.Stats = action(self._flight, self._opts(), "stats", None, pb.Stats)
+        rows = [{"name": t.name, "kind": t.kind, "size": t.size, "last_step": t.last_step,
+                 "subscribers": t.subscribers, "max_lag_steps": t.max_lag_steps,
+                 "sequence": t.sequence} for t in st.tables]
+        cols = ["name", "kind", "size", "last_step", "subscribers", "max_lag_steps", "sequence"]
+        df = pd.DataFrame(rows, columns=cols)
+        df.attrs.update(step=st.step, cycle_p50_ms=st.cycle_p50_ms, cycle_p99_ms=st.cycle_p99_ms,
+                        last_cycle_ms=st.last_cycle_ms, open_stages=st.open_stages)
+        return df
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self, name: str, columns: Sequence[str] | None = None,
+                 filter: pc.Expression | None = None,
+                 as_: Literal["pandas", "arrow"] = "pandas") -> pd.DataFrame | pa.Table:
+        """A consistent snapshot of table ``name`` (one cycle's state, in row order).
+
+        Parameters
+        ----------
+        columns
+            Columns to fetch (default: all).
+        filter
+            A ``pyarrow.compute`` boolean expression evaluated on the server, e.g.
+            ``pc.field("Price") > 50`` (sent as Substrait).
+        as_
+            ``"pandas"`` for a DataFrame, ``"arrow"`` for a ``pyarrow.Table``.
+
+        Raises
+        ------
+        KeyError
+            If there is no such table.
+        pyarrow.ArrowInvalid
+            If a column is unknown or the filter does not fit the table.
+        """
+        if as_ not in ("pandas", "arrow"):
+            raise ValueError(f"as_ must be 'pandas' or 'arrow', not {as_!r}")
+        req = pb.SnapshotRequest(table=name, columns=list(columns or ()))
+        if filter is not None:
+            from flight import substrait
+
+            req.filter = substrait.encode({"filter": filter}, self.schema(name))
+        reader = self._flight.do_get(fl.Ticket(req.SerializeToString()), self._opts())
+        table = reader.read_all()
+        return table.to_pandas() if as_ == "pandas" else table
+
+    # ------------------------------------------------------------------ tables
+    def create_table(self, name: str, schema: pa.Schema | pd.DataFrame | pa.Table,
+                     kind: Literal["append", "keyed", "ring"] = "append",
+                     keys: Sequence[str] | None = None, *, capacity: int = 0,
+                     if_not_exists: bool = False) -> None:
+        """Create a source table that :meth:`push` (and Spark) can write to.
+
+        Parameters
+        ----------
+        schema
+            An Arrow schema, or data whose schema to take (a DataFrame or Arrow table).
+        kind
+            ``"append"`` (rows only added), ``"keyed"`` (upserts and deletes by ``keys``) or
+            ``"ring"`` (the last ``capacity`` rows).
+        if_not_exists
+            Do nothing if a table of that name already exists.
+        """
+        if kind not in _KINDS:
+            raise ValueError(f"kind must be one of {sorted(_KINDS)}, not {kind!r}")
+        if kind == "keyed" and not keys:
+            raise ValueError(f"a keyed table needs keys (the columns that identify a row); "
+                             f"e.g. create_table({name!r}, schema, 'keyed', keys=['id'])")
+        sch = _schema_of(schema)
+        req = pb.CreateTableRequest(name=name, schema=sch.serialize().to_pybytes(),
+                                    kind=_KINDS[kind], keys=list(keys or ()), capacity=capacity,
+                                    if_not_exists=if_not_exists)
+        action(self._flight, self._opts(), "create_table", req)
+
+    def drop_table(self, name: str) -> None:
+        """Drop table ``name``; its subscribers are told the table is gone."""
+        action(self._flight, self._opts(), "drop_table", pb.DropTableRequest(name=name))
+
+    def push(self, name: str, data: PutData, mode: Mode = "append",
+             keys: Sequence[str] | None = None, *, create: bool = True,
+             progress: bool | Callable[[int], None] = False,
+             chunk_rows: int = 1 << 17, atomic: bool = True) -> PutSummary:
+        """Write rows into table ``name``, all visible in one server cycle.
+
+        By default the rows are sent as one staged write and committed when all arrived: the
+        server applies them in a single cycle (subscribers see one update), and a push that
+        fails half-way (bad batch, lost connection) leaves nothing behind. When the server
+        runs cycles periodically, ``push`` returns once they are visible (``step`` in the
+        result says which cycle).
+
+        Parameters
+        ----------
+        data
+            A DataFrame, an Arrow table or record batch, a ``RecordBatchReader``, or an
+            iterable of any of these (streamed: nothing is collected in memory). Columns are
+            matched by name and cast to the table's types.
+        mode
+            ``"append"`` adds rows; ``"upsert"`` inserts or replaces rows by key (a bool
+            ``__delete`` column marks keys to delete); ``"delete"`` removes the keys given
+            (key columns only); ``"diff"`` applies differential triples (an int64 ``__diff``
+            weight column: +1 insert, -1 retract).
+        keys
+            Key columns, used when the table does not exist yet and ``create`` is true: the
+            table is created keyed on them (else append-only).
+        create
+            Create the table from the data's schema when it does not exist.
+        progress
+            ``True`` shows a tqdm progress bar of rows sent; a callable receives the rows of
+            each batch as it is sent.
+        chunk_rows
+            Rows per record batch on the wire (large frames are sent in chunks).
+        atomic
+            ``False`` streams the rows straight into the table instead: each batch is
+            applied from the next cycle after it arrives (for unbounded iterables), and a
+            failure leaves the batches before it applied.
+
+        Returns
+        -------
+        PutSummary
+            Rows and batches the server acknowledged.
+
+        Raises
+        ------
+        KeyError
+            If the table does not exist and ``create`` is false.
+        pyarrow.ArrowInvalid
+            If the server refuses the rows: a missing or mistyped column, a mode that does
+            not fit the table, null keys. Nothing of a refused batch is applied.
+        """
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {sorted(_MODES)}, not {mode!r}")
+        first, rest = _peek(_batches(data))
+        try:
+            target = self.schema(name)
+        except KeyError:
+            if not create or first is None:
+                raise
+            data_schema = _strip(first.schema, mode)
+            self.create_table(name, data_schema, "keyed" if keys else "append", keys,
+                              if_not_exists=True)
+            target = self.schema(name)
+        wire = _wire_schema(target, first.schema if first is not None else target, mode)
+        stream = (_conform(b, wire, name) for b in _chain(first, rest))
+        bar = None
+        cb: Callable[[int], None] | None = None
+        if progress is True:
+            from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+            bar = tqdm(unit="rows", unit_scale=True, desc=f"push {name}")
+            cb = bar.update
+        elif callable(progress):
+            cb = progress
+        request = pb.PutRequest(mode=_MODES[mode])
+        if atomic:
+            request.write_id = f"push-{uuid.uuid4().hex}"
+        try:
+            summary = put_batches(self._flight, self.endpoint.options(timeout=None), name, wire,
+                                  chunks(stream, chunk_rows), request, cb)
+            if not atomic:
+                return summary
+            done: pb.CommitResult = action(
+                self._flight, self.endpoint.options(timeout=None), "commit",
+                pb.CommitRequest(write_id=request.write_id, all_slots=True), pb.CommitResult)
+            return PutSummary(rows=int(done.rows), batches=summary.batches, staged=True,
+                              step=int(done.step))
+        except BaseException:
+            if atomic:
+                self._abort_quietly(request.write_id)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _abort_quietly(self, write_id: str) -> None:
+        """Drop a failed push's staged rows (the server also expires them on its own)."""
+        try:
+            action(self._flight, self._opts(), "abort", pb.AbortRequest(write_id=write_id))
+        except (fl.FlightError, pa.ArrowException, OSError) as exc:
+            log.warning("could not abort write %r (%s); the server drops it when it expires",
+                        write_id, exc)
+
+    # ------------------------------------------------------------------ live
+    def subscribe(self, name: str, columns: Sequence[str] | None = None,
+                  viewport: Sequence[tuple[int, int]] | None = None,
+                  on_update: Callable[[Any], None] | None = None, **options: Any) -> LiveTable:
+        """Subscribe to table ``name``: a :class:`~clients.live.LiveTable` kept current.
+
+        Parameters
+        ----------
+        columns
+            Columns to receive (default: all).
+        viewport
+            Position ranges ``[(begin, end), ...]`` (end exclusive) whose rows to hold; the
+            rest of the table is tracked by key only.
+        on_update
+            Called with each applied :class:`~clients.live.Update`.
+        options
+            Passed to :class:`~clients.live.LiveTable` (``min_update_interval_ms``,
+            ``max_batch_rows``, ``reconnect``...).
+        """
+        from clients.live import LiveTable
+
+        live = LiveTable(self.endpoint.connect, name, columns=columns, viewport=viewport,
+                         on_update=on_update, **options)
+        self._live = [x for x in self._live if not x.closed]
+        self._live.append(live)
+        return live
+
+    def table(self, name: str) -> RemoteTable:
+        """A server-side table to compose from: ``client.table("t").where(...).agg_by(...)``.
+
+        The operations run on the server as live tables; see :class:`~clients.remote.RemoteTable`.
+        """
+        from clients.remote import RemoteTable
+
+        return RemoteTable._root(self, name)
+
+    # ------------------------------------------------------------------ TableService
+    def _table_service(self) -> tuple[Any, list[tuple[str, str]]]:
+        """The TableService stub (connected on first use) and the call metadata."""
+        if self._grpc is None:
+            import grpc
+
+            from flight.pb import table_service_pb2_grpc as tgrpc
+
+            st: pb.Stats = action(self._flight, self._opts(), "stats", None, pb.Stats)
+            if not st.table_service_port:
+                raise RuntimeError(f"the server at {self.endpoint.location} runs no TableService "
+                                   f"(started with --grpc-port -1); compositions need it")
+            target = f"{self.endpoint.host}:{st.table_service_port}"
+            if self.endpoint.location.startswith("grpc+tls"):
+                creds = grpc.ssl_channel_credentials(root_certificates=self.endpoint._roots())
+                self._grpc_channel = grpc.secure_channel(target, creds)
+            else:
+                self._grpc_channel = grpc.insecure_channel(target)
+            self._grpc = tgrpc.TableServiceStub(self._grpc_channel)
+        meta = [(k.decode(), v.decode()) for k, v in self.endpoint.headers()]
+        return self._grpc, meta
+
+
+# ---------------------------------------------------------------------- data helpers
+def _schema_of(obj: pa.Schema | pd.DataFrame | pa.Table) -> pa.Schema:
+    if isinstance(obj, pa.Schema):
+        return obj
+    if isinstance(obj, pd.DataFrame):
+        return pa.Schema.from_pandas(obj, preserve_index=False)
+    if isinstance(obj, (pa.Table, pa.RecordBatch)):
+        return obj.schema
+    raise TypeError(f"expected a pyarrow.Schema, DataFrame or Arrow table, got {type(obj).__name__}")
+
+
+def _batches(data: PutData) -> Iterator[pa.RecordBatch]:
+    """Every record batch of ``data`` (lazily, for iterables and readers)."""
+    if isinstance(data, pd.DataFrame):
+        yield from pa.Table.from_pandas(data, preserve_index=False).to_batches()
+    elif isinstance(data, pa.Table):
+        yield from data.to_batches()
+    elif isinstance(data, pa.RecordBatch):
+        yield data
+    elif isinstance(data, pa.RecordBatchReader):
+        yield from data
+    elif isinstance(data, Iterable) and not isinstance(data, (str, bytes, dict)):
+        for part in data:
+            if isinstance(part, Iterable) and not isinstance(
+                    part, (pd.DataFrame, pa.Table, pa.RecordBatch)):
+                raise TypeError("push takes an iterable of DataFrames, Arrow tables or record "
+                                "batches, not nested iterables")
+            yield from _batches(part)
+    else:
+        raise TypeError(f"cannot push a {type(data).__name__}: pass a DataFrame, an Arrow table "
+                        f"or record batch, a RecordBatchReader, or an iterable of these")
+
+
+def _peek(it: Iterator[pa.RecordBatch]) -> tuple[pa.RecordBatch | None, Iterator[pa.RecordBatch]]:
+    for first in it:
+        return first, it
+    return None, it
+
+
+def _chain(first: pa.RecordBatch | None,
+           rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    if first is not None:
+        yield first
+        yield from rest
+
+
+def _strip(schema: pa.Schema, mode: str) -> pa.Schema:
+    special = _SPECIAL.get(mode, ())
+    return pa.schema([f for f in schema if f.name not in special])
+
+
+def _wire_schema(target: pa.Schema, data: pa.Schema, mode: str) -> pa.Schema:
+    """The schema batches are sent in: the table's columns the data has, plus mode columns.
+
+    Columns the table lacks are kept (the server names them in its error); in ``delete``
+    mode only the given (key) columns are sent.
+    """
+    fields = []
+    for f in data:
+        if f.name in _SPECIAL.get(mode, ()):
+            fields.append(pa.field(f.name, pa.bool_() if f.name == "__delete" else pa.int64()))
+        elif f.name in target.names:
+            fields.append(target.field(f.name))
+        else:
+            fields.append(f)
+    if mode in ("append", "upsert"):
+        order = {n: i for i, n in enumerate(target.names)}
+        fields.sort(key=lambda f: order.get(f.name, len(order)))
+    return pa.schema(fields)
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema, table: str) -> pa.RecordBatch:
+    if batch.schema.names != schema.names and set(batch.schema.names) == set(schema.names):
+        batch = batch.select(schema.names)
+    if batch.schema.equals(schema):
+        return batch
+    if batch.schema.names != schema.names:
+        raise pa.ArrowInvalid(f"push into {table!r}: every batch must have the columns "
+                              f"{schema.names}; got {batch.schema.names}")
+    try:
+        return batch.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise pa.ArrowInvalid(f"push into {table!r}: cannot convert the data to the table's "
+                              f"types ({exc})") from exc
