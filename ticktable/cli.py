@@ -1,6 +1,7 @@
 """The ``ticktable`` command line.
 
-``ticktable serve`` runs the Arrow Flight server (and the gRPC TableService) over one update
+``ticktable ls``, ``tail TABLE`` and ``push FILE TABLE`` are clients of a running server
+(:mod:`clients.commands`). ``ticktable serve`` runs the Arrow Flight server (and the gRPC TableService) over one update
 graph; ``--demo`` adds a ticking ``quotes`` table, a sorted ``board`` and an aggregate
 ``stats`` derived from it. ``ticktable demo`` runs the same tables in-process and prints
 the board changing cycle by cycle with each update's size.
@@ -132,9 +133,12 @@ def _serve(args: argparse.Namespace) -> int:
           + (f", TableService on port {server.grpc_port}" if server.grpc_port else ""),
           flush=True)
     if args.demo:
-        print("tables: quotes (ticking), board (sorted by Bid), stats (aggregate). From Python:\n"
-              f"  python -c \"import pyarrow.flight as fl; print(fl.connect('{server.location}')"
-              f".do_get(fl.Ticket(b'board')).read_pandas())\"", flush=True)
+        print("tables: quotes (ticking), board (sorted by Bid), stats (aggregate). "
+              "Watch one from pandas:\n"
+              f"  {sys.executable} -c \"import ticktable as tt, time; "
+              f"live = tt.connect('{server.location}').subscribe('board'); "
+              f"[print(live.df, end='\\n\\n') or time.sleep(1) for _ in range(5)]\"\n"
+              f"or from a terminal: ticktable tail board --uri {server.location}", flush=True)
 
     def on_signal(signum: int, frame: object) -> None:
         stop.set()
@@ -154,6 +158,23 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _health(args: argparse.Namespace) -> int:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    target = f"{args.host}:{args.port}"
+    try:
+        with grpc.insecure_channel(target) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                              timeout=args.timeout)
+    except grpc.RpcError as exc:
+        print(f"ticktable health: {target}: {exc.code().name}", file=sys.stderr)
+        return 1
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{target}: {name}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ticktable", description="Ticktable: live tables with precise deltas.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -167,10 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the Arrow Flight server",
                            description="Serve live tables over Arrow Flight (and the gRPC "
                                        "TableService) until SIGTERM/Ctrl-C.")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8815, help="Flight port (0: any free port)")
-    serve.add_argument("--grpc-port", type=int, default=8816,
-                       help="TableService port (0: any free port, -1: do not start it)")
+    serve.add_argument("--host", default=os.environ.get("TICKTABLE_HOST", "127.0.0.1"),
+                       help="address to bind (default $TICKTABLE_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=int(os.environ.get("TICKTABLE_PORT", 8815)),
+                       help="Flight port (0: any free port; default $TICKTABLE_PORT or 8815)")
+    serve.add_argument("--grpc-port", type=int,
+                       default=int(os.environ.get("TICKTABLE_GRPC_PORT", 8816)),
+                       help="TableService port (0: any free port, -1: do not start it; "
+                            "default $TICKTABLE_GRPC_PORT or 8816)")
     serve.add_argument("--token", default=None,
                        help="bearer token every call must carry (or set TICKTABLE_TOKEN)")
     serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file (enables TLS)")
@@ -181,6 +206,18 @@ def main(argv: list[str] | None = None) -> int:
                        help="add a ticking 'quotes' table and tables derived from it")
     serve.add_argument("--seed", type=int, default=None, help="demo data seed")
     serve.set_defaults(func=_serve)
+    health = sub.add_parser("health", help="exit 0 when a server reports SERVING (gRPC health)",
+                            description="Ask the gRPC health service on the TableService port "
+                                        "(the container health check).")
+    health.add_argument("--host", default="127.0.0.1", help="server address (default 127.0.0.1)")
+    health.add_argument("--port", type=int,
+                        default=int(os.environ.get("TICKTABLE_GRPC_PORT", 8816)),
+                        help="TableService port (default $TICKTABLE_GRPC_PORT or 8816)")
+    health.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
+    health.set_defaults(func=_health)
+    from clients.commands import add_commands
+
+    add_commands(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
