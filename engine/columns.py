@@ -95,6 +95,11 @@ class WritableColumnSource(ColumnSource):
         """Bulk move for shifts: ``dst[i]`` takes the value of ``src[i]`` (all at once)."""
         self.set(dst, self.get(src))
 
+    def set_new_range(self, start: int, values: pa.Array | pa.ChunkedArray) -> None:
+        """Write ``values`` at keys ``start, start + 1, ...`` that held no row before this
+        cycle (an append), so there is no previous value to keep."""
+        self.set(np.arange(start, start + len(values), dtype=np.int64), values)
+
     def ensure_capacity(self, n: int) -> None:
         raise NotImplementedError
 
@@ -263,6 +268,26 @@ class NumpyColumnSource(WritableColumnSource):
         elif self._valid is not None:
             self._valid[keys] = True
 
+    def set_new_range(self, start: int, values: pa.Array | pa.ChunkedArray) -> None:
+        data, valid = self._split(values)
+        self.set_new_range_numpy(start, data, valid)
+
+    def set_new_range_numpy(self, start: int, data: npt.NDArray[Any],
+                            valid: npt.NDArray[np.bool_] | None = None) -> None:
+        """:meth:`set_new_range` of raw values: slice writes, nothing saved as previous."""
+        n = data.size
+        if n == 0:
+            return
+        end = start + n
+        self.ensure_capacity(end)
+        self._values[start:end] = data
+        if valid is not None and not valid.all():
+            if self._valid is None:
+                self._valid = np.ones(self._values.size, dtype=bool)
+            self._valid[start:end] = valid
+        elif self._valid is not None:
+            self._valid[start:end] = True
+
     def move(self, src: KeyArray, dst: KeyArray) -> None:
         if src.size == 0:
             return
@@ -366,6 +391,11 @@ class ArrowColumnSource(WritableColumnSource):
             return
         slots = self._store.append(_as_typed_array(values, self.type))
         self._slots.set_numpy(keys, slots)
+
+    def set_new_range(self, start: int, values: pa.Array | pa.ChunkedArray) -> None:
+        if len(values):
+            self._slots.set_new_range_numpy(start, self._store.append(
+                _as_typed_array(values, self.type)))
 
     def move(self, src: KeyArray, dst: KeyArray) -> None:
         if src.size:

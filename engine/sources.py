@@ -159,10 +159,8 @@ class AppendOnlyTable(_SourceTable):
         if n == 0:
             return None
         start = self.rowset.last() + 1 if self.rowset else 0
-        keys = np.arange(start, start + n, dtype=np.int64)
         for name, src in self._storage.items():
-            src.ensure_capacity(start + n)
-            src.set(keys, batch.column(name))  # new keys: nothing previous to keep
+            src.set_new_range(start, batch.column(name))  # new keys: nothing previous to keep
         return TableUpdate.of(added=RowSet.from_range(start, start + n))
 
 

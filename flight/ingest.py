@@ -193,6 +193,8 @@ class Ingestor:
                 self._hold(request.write_id, slot, parts, batch.num_rows)
             elif kind == "diff":
                 self._apply_diff_now(entry, parts)
+            elif len(parts) == 1:  # the table's own pending lock makes one part atomic
+                _stage(entry, parts)
             else:
                 with self.graph.shared_lock():  # one cycle takes all parts; no commit in between
                     _stage(entry, parts)
