@@ -28,7 +28,7 @@ proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check engine ticktable tests bench
+	$(BIN)/ruff check engine flight clients ticktable tests bench examples
 	$(BIN)/mypy
 
 clean:

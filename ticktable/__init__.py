@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from clients.client import Client as Client
 from clients.client import connect as connect
+from clients.live import LiveTable as LiveTable
+from clients.live import Update as Update
 from clients.remote import RemoteTable as RemoteTable
 from engine import errors as errors
 from engine.graph import UpdateGraph as UpdateGraph
@@ -26,6 +28,7 @@ __all__ = [
     "AppendOnlyTable",
     "Client",
     "KeyedTable",
+    "LiveTable",
     "RemoteTable",
     "RingTable",
     "RowSet",
@@ -33,6 +36,7 @@ __all__ = [
     "Table",
     "TableUpdate",
     "TimerTable",
+    "Update",
     "UpdateGraph",
     "agg",
     "compose",

@@ -1,0 +1,231 @@
+"""bench_live: what a LiveTable pays per update, and for a snapshot into pandas.
+
+1. Apply cost. A keyed table (Key int64, Sym string, Price float64, Qty int64) of each of
+   --sizes rows gets --updates cycles of --change rows each: half modifies of existing
+   keys, a quarter new keys, a quarter deletes. A raw subscriber on a real server
+   (127.0.0.1) reads one message per cycle; the decoded messages are then applied,
+   offline, to the client state (``clients._livestate._State.apply``), timing each apply with
+   ``perf_counter_ns`` after --warmup untimed ones. Median, mean, p99 and max per update
+   for every size side by side, and the ratio of medians to the smallest size: cost
+   should follow the change, not the table. The mean includes the amortized compactions
+   (counted) that reclaim dead slots.
+2. Snapshot into pandas. A server in a spawned subprocess (its own GIL, as deployed)
+   holds a keyed table of --snap-sizes rows (and 10M with --big); the client times
+   ``LiveTable(...)`` until the snapshot is applied (``wait_for``), then the first ``.df``,
+   a cached ``.df``, one --change-row update (round trip: the server's cycle, the send,
+   the apply) and ``.df`` again after it.
+
+Run: python bench/bench_live.py [--quick] [--big] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import SCHEMA, batch, print_table, stats_ms, write_json  # noqa: E402
+from clients._livestate import _State  # noqa: E402
+from clients._wire import Endpoint  # noqa: E402
+from clients.live import LiveTable  # noqa: E402
+from engine.graph import UpdateGraph  # noqa: E402
+from flight.decoder import Message, read_message  # noqa: E402
+from flight.pb import flight_pb2 as pb  # noqa: E402
+from flight.server import ServerConfig, TicktableServer  # noqa: E402
+
+LOAD_ROWS = 1 << 18  # rows per upsert while filling a table
+
+
+def _fill(graph: UpdateGraph, table: Any, n: int, rng: np.random.Generator) -> None:
+    for start in range(0, n, LOAD_ROWS):
+        table.upsert(batch(rng, np.arange(start, min(n, start + LOAD_ROWS))))
+        graph.run_cycle()
+
+
+class _Workload:
+    """Each cycle: ``change/2`` modifies, ``change/4`` new keys, ``change/4`` deletes."""
+
+    def __init__(self, n: int, change: int, rng: np.random.Generator) -> None:
+        self.live = np.arange(n, dtype=np.int64)  # keys present (unordered)
+        self.next_key = n
+        self.change, self.rng = change, rng
+
+    def step(self, table: Any) -> None:
+        r, c = self.rng, self.change
+        pick = r.choice(self.live.size, c // 2 + c // 4, replace=False)
+        modify, delete = self.live[pick[: c // 2]], self.live[pick[c // 2:]]
+        new = np.arange(self.next_key, self.next_key + c // 4, dtype=np.int64)
+        self.next_key += new.size
+        keep = np.ones(self.live.size, dtype=bool)
+        keep[pick[c // 2:]] = False
+        self.live = np.concatenate([self.live[keep], new])
+        table.upsert(batch(r, np.concatenate([modify, new])))
+        table.delete(pa.table({"Key": delete}))
+
+
+def capture(n: int, updates: int, change: int, seed: int) -> list[Message]:
+    """The snapshot and one message per cycle, as a subscriber on a real server reads them."""
+    rng = np.random.default_rng(seed)
+    graph = UpdateGraph()
+    server = TicktableServer(graph, ServerConfig(grpc_port=None, history_updates=4)).start()
+    client = fl.connect(server.location)
+    try:
+        table = server.registry.create_source("t", SCHEMA, "keyed", keys=["Key"]).table
+        _fill(graph, table, n, rng)
+        writer, reader = client.do_exchange(fl.FlightDescriptor.for_path("t"))
+        writer.begin(pa.schema([]))
+        req = pb.SubscriptionRequest(table="t")
+        writer.write_metadata(pa.py_buffer(pb.ClientMessage(subscribe=req).SerializeToString()))
+        schema = reader.schema
+        messages = [read_message(reader, schema)]
+        work = _Workload(n, change, rng)
+        for _ in range(updates):
+            work.step(table)
+            graph.run_cycle()
+            messages.append(read_message(reader, schema))  # read each: nothing coalesces
+        reader.cancel()
+        try:
+            writer.close()  # (else its destructor logs the cancelled call's status)
+        except fl.FlightError:
+            pass
+        return messages
+    finally:
+        client.close()
+        server.shutdown()
+
+
+def time_apply(messages: list[Message], warmup: int) -> dict[str, Any]:
+    state = _State(messages[0].added.schema)
+    t = time.perf_counter_ns()
+    state.apply(messages[0].meta, messages[0].added, messages[0].modified)
+    snap_ms = (time.perf_counter_ns() - t) / 1e6
+    samples: list[int] = []
+    compactions = 0
+    gc.disable()  # a collection inside one apply would be billed to it
+    try:
+        for i, m in enumerate(messages[1:]):
+            store = state.store
+            t = time.perf_counter_ns()
+            state.apply(m.meta, m.added, m.modified)
+            dt = time.perf_counter_ns() - t
+            compactions += state.store is not store
+            if i >= warmup:
+                samples.append(dt)
+    finally:
+        gc.enable()
+    t = time.perf_counter_ns()
+    df = state.to_arrow().to_pandas()
+    df_ms = (time.perf_counter_ns() - t) / 1e6
+    return {**stats_ms(samples), "max_ms": max(samples) / 1e6, "snapshot_apply_ms": snap_ms,
+            "compactions": compactions, "rows": int(len(df)), "df_ms": df_ms}
+
+
+# ---------------------------------------------------------------------------- snapshots
+def _serve(n: int, change: int, conn: Any) -> None:
+    """The server process: a keyed table of ``n`` rows; one update per 'update' command."""
+    rng = np.random.default_rng(0)
+    graph = UpdateGraph()
+    server = TicktableServer(graph, ServerConfig(grpc_port=None)).start()
+    table = server.registry.create_source("t", SCHEMA, "keyed", keys=["Key"]).table
+    _fill(graph, table, n, rng)
+    work = _Workload(n, change, rng)
+    conn.send(server.location)
+    while (cmd := conn.recv()) != "stop":
+        assert cmd == "update"
+        work.step(table)
+        graph.run_cycle()
+        publisher = server.registry.get("t").publisher
+        assert publisher is not None
+        conn.send(publisher.sequence)
+    server.shutdown()
+    conn.send("stopped")
+
+
+def time_snapshot(n: int, change: int) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(n, change, child), daemon=True)
+    proc.start()
+    try:
+        location = parent.recv()
+        t0 = time.perf_counter()
+        live = LiveTable(Endpoint(location).connect, "t")
+        assert live.wait_for(timeout=600), "no snapshot"
+        t1 = time.perf_counter()
+        df = live.df
+        t2 = time.perf_counter()
+        assert live.df is df and len(df) == n
+        t3 = time.perf_counter()
+        parent.send("update")
+        sequence = parent.recv()
+        assert live.wait_for(sequence=sequence, timeout=60)
+        t4 = time.perf_counter()
+        assert len(live.df) == n
+        t5 = time.perf_counter()
+        live.close()
+        parent.send("stop")
+        parent.recv()
+        return {"rows": n, "subscribe_s": t1 - t0, "first_df_s": t2 - t1,
+                "cached_df_ms": (t3 - t2) * 1e3, "update_roundtrip_ms": (t4 - t3) * 1e3,
+                "df_after_update_s": t5 - t4, "total_s": t2 - t0}
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="10000,1000000", help="table sizes for the apply cost")
+    ap.add_argument("--change", type=int, default=1000, help="rows per update")
+    ap.add_argument("--updates", type=int, default=2500, help="timed cycles per size")
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--snap-sizes", default="1000000")
+    ap.add_argument("--big", action="store_true", help="also snapshot 10M rows (minutes)")
+    ap.add_argument("--quick", action="store_true", help="small run to check it works")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    snaps = [int(s) for s in args.snap_sizes.split(",")] + ([10_000_000] if args.big else [])
+    if args.quick:
+        sizes, snaps, args.updates, args.warmup = [10_000, 100_000], [100_000], 300, 20
+
+    rows = []
+    for n in sizes:
+        t = time.perf_counter()
+        messages = capture(n, args.updates + args.warmup, args.change, seed=n)
+        print(f"captured {len(messages)} messages of a {n:,}-row table in "
+              f"{time.perf_counter() - t:.1f} s", flush=True)
+        rows.append({"size": n, **time_apply(messages, args.warmup)})
+        del messages
+    base = rows[0]["median_ms"]
+    for r in rows:
+        r["ratio"] = r["median_ms"] / base
+    print_table(f"apply one {args.change}-row update (500 modified, 250 added, 250 removed), "
+                f"{args.updates} timed", rows,
+                ["size", "median_ms", "mean_ms", "p99_ms", "max_ms", "ratio", "compactions",
+                 "snapshot_apply_ms", "df_ms"])
+
+    snap_rows = []
+    for n in snaps:
+        snap_rows.append(time_snapshot(n, args.change))
+        print(f"snapshot of {n:,} rows done", flush=True)
+    print_table("subscribe -> snapshot applied -> .df (server in another process)", snap_rows,
+                ["rows", "subscribe_s", "first_df_s", "total_s", "cached_df_ms",
+                 "update_roundtrip_ms", "df_after_update_s"])
+    write_json("bench_live", {"args": vars(args), "apply": rows, "snapshot": snap_rows},
+               args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,693 @@
+"""The client-side state of a live subscription: keys, values and the updates applied.
+
+:class:`_State` applies one subscription message (:mod:`flight.decoder` defines them) at a
+cost that follows the message, not the table:
+
+* the table's row keys as a Roaring bitmap (positions, the viewport, validation);
+* the values as an append-only log of Arrow arrays per column (:class:`_Store`): an
+  added or modified row is appended (zero-copy from the received batches) and its key
+  pointed at the new *slot*; dead slots are reclaimed by a compaction once they
+  outnumber the live ones (amortized O(1) per row);
+* ``row key -> slot`` in :class:`_SlotIndex`: a sorted base (a snapshot's keys, probed by
+  binary search, written in place) plus a vectorized hash map for keys added since.
+
+:class:`Update` is what one applied message changed, with its DataFrames built lazily.
+:mod:`clients.live` runs the stream, reconnects and hands updates to users.
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+from pyroaring import BitMap64
+
+from flight.pb import flight_pb2 as pb
+
+__all__ = ["Update"]
+
+log = logging.getLogger(__name__)
+
+I64 = npt.NDArray[np.int64]
+Ranges = list[tuple[int, int]]
+_EMPTY_KEYS: I64 = np.empty(0, dtype=np.int64)
+_RESUMED = {pb.RESUME_NONE: "none", pb.RESUME_DELTAS: "deltas", pb.RESUME_SNAPSHOT: "snapshot"}
+
+
+class _ProtocolViolation(ValueError):
+    """The stream does not follow the protocol (or the state lost rows): reconnect."""
+
+
+# ------------------------------------------------------------------ row sets and shifts
+def _bitmap(data: bytes) -> BitMap64:
+    return BitMap64.deserialize(data) if data else BitMap64()
+
+
+def _keys(bm: BitMap64) -> I64:
+    return np.frombuffer(bm.to_array(), dtype=np.int64) if bm else _EMPTY_KEYS
+
+
+def _from_keys(keys: I64) -> BitMap64:
+    return BitMap64(array.array("Q", np.ascontiguousarray(keys, dtype=np.int64).tobytes()))
+
+
+def _shift_keys(keys: I64, begins: I64, ends: I64, deltas: I64) -> I64:
+    """``keys`` (sorted) moved by the inclusive ranges ``[begin, end]`` they fall in."""
+    i = np.searchsorted(begins, keys, side="right") - 1
+    inside = (i >= 0) & (keys <= ends[np.maximum(i, 0)])
+    out = keys.copy()
+    out[inside] += deltas[i[inside]]
+    return out
+
+
+def _shift_bitmap(bm: BitMap64, shifts: tuple[I64, I64, I64]) -> tuple[I64, I64]:
+    """Apply ``shifts`` to ``bm`` in place; returns the keys that moved, before and after."""
+    begins, ends, deltas = shifts
+    if not begins.size or not bm:
+        return _EMPTY_KEYS, _EMPTY_KEYS
+    ranges = BitMap64()
+    for b, e in zip(begins.tolist(), ends.tolist(), strict=True):  # one C call per range
+        ranges.add_range(b, e + 1)
+    moving = bm & ranges
+    if not moving:
+        return _EMPTY_KEYS, _EMPTY_KEYS
+    src = _keys(moving)
+    dst = _shift_keys(src, begins, ends, deltas)
+    bm.difference_update(ranges)  # every range is emptied before any key lands
+    bm.update(_from_keys(dst))
+    return src, dst
+
+
+def _keys_at(bm: BitMap64, viewport: Ranges) -> BitMap64:
+    """The keys at the viewport's positions (ranges clipped to the table)."""
+    n = len(bm)
+    out = BitMap64()
+    for b, e in viewport:
+        b, e = min(b, n), min(e, n)
+        if b < e:
+            r = BitMap64()
+            r.add_range(bm[b], bm[e - 1] + 1)  # select the ends, then one range intersection
+            out |= bm & r
+    return out
+
+
+def _positions(viewport: Ranges | None, n: int) -> I64 | None:
+    if viewport is None:
+        return None
+    parts = [np.arange(min(b, n), min(e, n), dtype=np.int64) for b, e in viewport]
+    return np.unique(np.concatenate(parts)) if parts else _EMPTY_KEYS
+
+
+def _check_viewport(ranges: Sequence[tuple[int, int]] | None) -> Ranges | None:
+    if ranges is None:
+        return None
+    out = [(int(b), int(e)) for b, e in ranges]
+    bad = [r for r in out if not 0 <= r[0] <= r[1]]
+    if bad:
+        raise ValueError(f"bad viewport range(s) {bad}: each is (begin, end) with "
+                         f"0 <= begin <= end, end exclusive")
+    return out
+
+
+# ------------------------------------------------------------------ key -> slot index
+class _HashMap:
+    """Open addressing (linear probing) from int64 keys to int64 slots, whole arrays at once."""
+
+    _FREE, _DEAD = -1, -2
+    _MULT = np.uint64(0x9E3779B97F4A7C15)
+
+    def __init__(self, capacity: int = 0) -> None:
+        self._alloc(capacity)
+        self.count = 0
+
+    def _alloc(self, capacity: int) -> None:
+        bits = max(6, int(np.ceil(np.log2(max(capacity, 2) * 3))))  # load <= 1/3 after growth
+        self._shift = np.uint64(64 - bits)
+        self._mask = (1 << bits) - 1
+        self._k = np.full(1 << bits, self._FREE, dtype=np.int64)
+        self._v = np.empty(1 << bits, dtype=np.int64)
+        self._claim = np.empty(1 << bits, dtype=np.int64)
+        self._dead = 0
+
+    def _find(self, q: I64) -> I64:
+        """Table position of each key; -1 where absent."""
+        out = np.full(q.size, -1, dtype=np.int64)
+        idx = np.flatnonzero(q >= 0)  # row keys are >= 0; negatives would match the markers
+        q = q[idx]
+        with np.errstate(over="ignore"):
+            pos = ((q.view(np.uint64) * self._MULT) >> self._shift).astype(np.int64)
+        while idx.size:
+            k = self._k[pos]
+            hit = k == q
+            out[idx[hit]] = pos[hit]
+            go = ~hit & (k != self._FREE)
+            idx, q, pos = idx[go], q[go], (pos[go] + 1) & self._mask
+        return out
+
+    def get(self, q: I64) -> I64:
+        at = self._find(q)
+        return np.where(at >= 0, self._v[np.maximum(at, 0)], -1)
+
+    def pop(self, q: I64) -> I64:
+        at = self._find(q)
+        out = np.where(at >= 0, self._v[np.maximum(at, 0)], -1)
+        hit = at[at >= 0]
+        self._k[hit] = self._DEAD
+        self.count -= hit.size
+        self._dead += hit.size
+        return out
+
+    def put(self, q: I64, v: I64) -> None:
+        """Insert or overwrite (keys distinct)."""
+        at = self._find(q)
+        old = at >= 0
+        self._v[at[old]] = v[old]
+        if not old.all():
+            self._insert(q[~old], v[~old])
+
+    def _insert(self, q: I64, v: I64) -> None:
+        if (self.count + self._dead + q.size) * 2 > self._k.size:
+            live = self._k >= 0
+            k0, v0 = self._k[live], self._v[live]
+            self._alloc(self.count + q.size)
+            self.count = 0
+            if k0.size:
+                self._insert(k0, v0)
+        idx = np.arange(q.size)
+        with np.errstate(over="ignore"):
+            pos = ((q.view(np.uint64) * self._MULT) >> self._shift).astype(np.int64)
+        while idx.size:
+            free = np.flatnonzero(self._k[pos] < 0)
+            fp = pos[free]
+            self._claim[fp] = free  # several keys may want one position: the last write wins
+            won = free[self._claim[fp] == free]
+            wp = pos[won]
+            self._dead -= int(np.count_nonzero(self._k[wp] == self._DEAD))
+            self._k[wp] = q[idx[won]]
+            self._v[wp] = v[idx[won]]
+            self.count += won.size
+            rest = np.ones(idx.size, dtype=bool)
+            rest[won] = False
+            idx, pos = idx[rest], (pos[rest] + 1) & self._mask
+
+    def items(self) -> tuple[I64, I64]:
+        live = self._k >= 0
+        return self._k[live], self._v[live]
+
+
+class _SlotIndex:
+    """``row key -> slot``: a sorted base written in place, plus a hash map for new keys.
+
+    A snapshot's keys arrive sorted with consecutive slots, so the base costs nothing to
+    build and probing it is a binary search. Keys that are not in the base go to the hash
+    map; a key removed from the base is flagged dead (and revived in place if it returns).
+    Both are merged into a new base when the hash map or the dead entries grow past the
+    live base (amortized O(1) per key).
+    """
+
+    REBUILD_MIN = 1024  # merge no sooner than this many hash-map or dead entries
+
+    def __init__(self, keys: I64 = _EMPTY_KEYS, slots: I64 = _EMPTY_KEYS) -> None:
+        self._reset(keys, slots)
+
+    def _reset(self, keys: I64, slots: I64) -> None:
+        self._bk = keys
+        self._bs = np.array(slots, dtype=np.int64)
+        self._alive = np.ones(keys.size, dtype=bool)
+        self._dead = 0
+        self._over = _HashMap()
+        # Keys of a snapshot are often dense (a source table's): then a direct array from
+        # key to base position replaces the binary search, for at most 8 bytes per row.
+        self._lo = int(keys[0]) if keys.size else 0
+        span = int(keys[-1]) - self._lo + 1 if keys.size else 0
+        self._direct: npt.NDArray[np.int32] | None = None
+        if 0 < span <= 2 * keys.size and keys.size < 2**31:
+            self._direct = np.full(span, -1, dtype=np.int32)
+            self._direct[keys - self._lo] = np.arange(keys.size, dtype=np.int32)
+
+    def __len__(self) -> int:
+        return self._bk.size - self._dead + self._over.count
+
+    def _base(self, q: I64) -> I64:
+        """Base position of each key (alive or not); -1 where absent."""
+        if not self._bk.size:
+            return np.full(q.size, -1, dtype=np.int64)
+        if self._direct is not None:
+            d = q - self._lo
+            inside = (d >= 0) & (d < self._direct.size)
+            return np.where(inside, self._direct[np.where(inside, d, 0)], -1).astype(np.int64)
+        p = np.minimum(np.searchsorted(self._bk, q), self._bk.size - 1)
+        return np.where(self._bk[p] == q, p, -1)
+
+    def _alive_at(self, q: I64) -> tuple[I64, npt.NDArray[np.bool_], I64]:
+        """Base position, whether alive there, and slot (-1 where not) of each key."""
+        p = self._base(q)
+        ok = p >= 0
+        ok[ok] = self._alive[p[ok]]
+        out = np.full(q.size, -1, dtype=np.int64)
+        out[ok] = self._bs[p[ok]]
+        return p, ok, out
+
+    def get(self, q: I64) -> I64:
+        _, ok, out = self._alive_at(q)
+        if self._over.count and not ok.all():
+            out[~ok] = self._over.get(q[~ok])
+        return out
+
+    def pop(self, q: I64) -> I64:
+        p, ok, out = self._alive_at(q)
+        self._alive[p[ok]] = False
+        self._dead += int(np.count_nonzero(ok))
+        if self._over.count and not ok.all():
+            out[~ok] = self._over.pop(q[~ok])
+        return out
+
+    def put(self, q: I64, v: I64) -> None:
+        p = self._base(q)
+        inb = p >= 0
+        pb_ = p[inb]
+        self._dead -= int(np.count_nonzero(~self._alive[pb_]))
+        self._alive[pb_] = True
+        self._bs[pb_] = v[inb]
+        if not inb.all():
+            self._over.put(q[~inb], v[~inb])
+
+    def items(self) -> tuple[I64, I64]:
+        """Every ``(key, slot)``, keys ascending."""
+        if self._dead:
+            k, s = self._bk[self._alive], self._bs[self._alive]
+        else:
+            k, s = self._bk, self._bs.copy()
+        if self._over.count:
+            k2, s2 = self._over.items()
+            k, s = np.concatenate([k, k2]), np.concatenate([s, s2])
+            order = np.argsort(k, kind="stable")
+            k, s = k[order], s[order]
+        return k, s
+
+    def maybe_rebuild(self) -> None:
+        live = len(self)
+        least = self.REBUILD_MIN
+        if self._over.count > max(least, live // 2) or self._dead > max(least, live):
+            self._reset(*self.items())
+
+
+# ------------------------------------------------------------------ value storage
+class _Frozen:
+    """An immutable view of the value log: columns of Arrow chunks and their offsets."""
+
+    __slots__ = ("chunks", "offsets", "sizes", "rows", "schema")
+
+    def __init__(self, schema: pa.Schema, chunks: tuple[tuple[Any, ...], ...],
+                 sizes: list[int]) -> None:
+        self.schema, self.chunks = schema, chunks
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.offsets = np.cumsum(self.sizes) - self.sizes
+        self.rows = int(self.sizes.sum())
+
+    def take(self, slots: I64) -> pa.Table:
+        """The rows at ``slots`` (in that order) as a table.
+
+        Runs of consecutive slots (a snapshot's rows, a batch appended together) become
+        zero-copy slices of the chunks; scattered slots are gathered.
+        """
+        n = slots.size
+        if n == 0:
+            return self.schema.empty_table()
+        starts = np.flatnonzero(np.diff(slots) != 1) + 1
+        if starts.size < max(1, n // 32):
+            cols = self._slices(slots, np.concatenate(([0], starts)))
+        elif len(self.sizes) == 1 or n * 8 >= self.rows:  # Arrow concatenates: O(rows)
+            idx = pa.array(slots)
+            cols = [pa.chunked_array(c, type=f.type).take(idx)
+                    for c, f in zip(self.chunks, self.schema, strict=True)]
+        else:  # a few scattered rows: take from the chunks they live in
+            cid = np.searchsorted(self.offsets, slots, side="right") - 1
+            order = np.argsort(cid, kind="stable")
+            cs = cid[order]
+            cuts = np.flatnonzero(np.diff(cs)) + 1
+            inverse = np.empty(n, dtype=np.int64)
+            inverse[order] = np.arange(n)
+            groups = [(int(cs[a]), pa.array(slots[order[a:b]] - self.offsets[cs[a]]))
+                      for a, b in zip(np.concatenate(([0], cuts)).tolist(),
+                                      np.concatenate((cuts, [n])).tolist(), strict=True)]
+            inv = pa.array(inverse)
+            cols = [pa.concat_arrays([c[g].take(local) for g, local in groups]).take(inv)
+                    for c in self.chunks]
+        return pa.Table.from_arrays(cols, schema=self.schema)
+
+    def _slices(self, slots: I64, run_at: I64) -> list[Any]:
+        """Columns made of slices, one per run of slots and chunk it crosses."""
+        first = slots[run_at]
+        last = slots[np.concatenate((run_at[1:], [slots.size])) - 1]
+        c0 = np.searchsorted(self.offsets, first, side="right") - 1
+        c1 = np.searchsorted(self.offsets, last, side="right") - 1
+        pieces = c1 - c0 + 1
+        chunk = np.repeat(c0, pieces) + (np.arange(pieces.sum()) - np.repeat(
+            np.cumsum(pieces) - pieces, pieces))
+        lo = np.maximum(np.repeat(first, pieces), self.offsets[chunk])
+        hi = np.minimum(np.repeat(last, pieces) + 1, self.offsets[chunk] + self.sizes[chunk])
+        spans = list(zip(chunk.tolist(), (lo - self.offsets[chunk]).tolist(),
+                         (hi - lo).tolist(), strict=True))
+        return [pa.chunked_array([c[i].slice(at, size) for i, at, size in spans], type=f.type)
+                for c, f in zip(self.chunks, self.schema, strict=True)]
+
+
+class _Store:
+    """Append-only log of row values by slot, one list of Arrow arrays per column."""
+
+    _SMALL = 32_768  # tail chunks below this are merged geometrically (O(log) chunks)
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self._chunks: list[list[Any]] = [[] for _ in schema]
+        self._sizes: list[int] = []
+        self.rows = 0
+        self.dead = 0
+        self._frozen: _Frozen | None = None
+
+    def append(self, table: pa.Table) -> int:
+        """Append ``table``'s rows (in this store's columns); returns the first slot."""
+        first = self.rows
+        if table.num_rows == 0:
+            return first
+        table = table.select(self.schema.names)
+        for batch in table.to_batches():
+            if batch.num_rows:
+                for col, arr in zip(self._chunks, batch.columns, strict=True):
+                    col.append(arr)
+                self._sizes.append(batch.num_rows)
+                self.rows += batch.num_rows
+        s = self._sizes
+        while len(s) >= 2 and s[-1] < self._SMALL and s[-2] <= 2 * s[-1]:
+            for col in self._chunks:
+                col[-2:] = [pa.concat_arrays(col[-2:])]
+            s[-2:] = [s[-2] + s[-1]]
+        self._frozen = None
+        return first
+
+    def frozen(self) -> _Frozen:
+        if self._frozen is None:
+            self._frozen = _Frozen(self.schema, tuple(tuple(c) for c in self._chunks),
+                                   self._sizes)
+        return self._frozen
+
+
+# ------------------------------------------------------------------ updates
+class _Rows:
+    """Rows of an update, materialized on first access (slots into a frozen log)."""
+
+    __slots__ = ("_frozen", "_slots", "count", "_table", "_df")
+
+    def __init__(self, frozen: _Frozen, slots: I64 | Callable[[], I64], count: int) -> None:
+        self._frozen, self._slots, self.count = frozen, slots, count
+        self._table: pa.Table | None = None
+        self._df: pd.DataFrame | None = None
+
+    def arrow(self) -> pa.Table:
+        if self._table is None:
+            slots = self._slots() if callable(self._slots) else self._slots
+            self._table = self._frozen.take(slots)
+        return self._table
+
+    def df(self) -> pd.DataFrame:
+        if self._df is None:
+            self._df = self.arrow().to_pandas()
+        return self._df
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Update:
+    """One applied message of a subscription, as the held rows it changed.
+
+    The frames are built on first access (an update nobody looks at costs nothing) and
+    are cached; treat them as read-only. Each lists rows in table order (ascending row
+    key) under a plain ``RangeIndex``, in the subscribed columns.
+
+    With a viewport they cover held rows only: ``added`` are rows that entered the view
+    (new rows, or rows that moved into it), ``removed`` rows that left it (deleted, or moved
+    out). When ``is_snapshot`` is true, ``added`` is the whole view: replace what you hold
+    (``removed`` then lists the rows held before; it is empty for a consumer's catch-up
+    snapshot, see ``skipped``).
+
+    Attributes
+    ----------
+    step, sequence
+        The server's graph step and the table's sequence number this message reached.
+    is_snapshot
+        The message replaced the whole state (first message, column change, resume).
+    resumed
+        ``"none"``, or how a reconnect resumed: ``"deltas"`` (missed updates composed into
+        this one) or ``"snapshot"`` (history was gone: a new snapshot).
+    modified_columns
+        Columns whose values may have changed in ``modified``.
+    skipped
+        For an iterator that fell behind: how many updates this catch-up snapshot replaces.
+    """
+
+    step: int
+    sequence: int
+    is_snapshot: bool
+    resumed: str
+    modified_columns: tuple[str, ...]
+    skipped: int
+    _added: _Rows
+    _removed: _Rows
+    _modified: _Rows
+    _previous: _Rows
+
+    @property
+    def added(self) -> pd.DataFrame:
+        """Values of the rows added (or that entered the viewport)."""
+        return self._added.df()
+
+    @property
+    def removed(self) -> pd.DataFrame:
+        """Previous values of the rows removed (or that left the viewport)."""
+        return self._removed.df()
+
+    @property
+    def modified(self) -> pd.DataFrame:
+        """Current values of the modified rows."""
+        return self._modified.df()
+
+    @property
+    def modified_previous(self) -> pd.DataFrame:
+        """Previous values of the modified rows, row for row with :attr:`modified`."""
+        return self._previous.df()
+
+    def __repr__(self) -> str:
+        kind = " snapshot" if self.is_snapshot else ""
+        return (f"<Update{kind} seq={self.sequence} step={self.step} +{self._added.count} "
+                f"-{self._removed.count} ~{self._modified.count} resumed={self.resumed}>")
+
+
+# ------------------------------------------------------------------ client state
+class _State:
+    """The subscriber's view, rebuilt from ``UPDATES`` messages (cost per message follows it).
+
+    Invariants (checked while applying; a message breaking them raises ValueError):
+      S1  ``held`` (None: every key) is the keys at the viewport's positions in ``keys``
+      S2  ``index`` maps exactly the held keys to slots of ``store``
+      S3  ``len(keys)`` is the table size the server reported
+    """
+
+    COMPACT_SLACK = 65_536  # dead slots tolerated beyond the live ones
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema  # of the columns held
+        self.table_schema = schema  # of the stream: every column of the table
+        self.columns: list[str] = list(schema.names)
+        self.keys = BitMap64()
+        self.held: BitMap64 | None = None
+        self.viewport: Ranges | None = None
+        self.store = _Store(schema)
+        self.index = _SlotIndex()
+        self.epoch, self.sequence, self.step, self.messages = "", 0, 0, 0
+
+    @property
+    def size(self) -> int:
+        return len(self.keys)
+
+    def apply(self, meta: pb.UpdateMetadata, added: pa.Table, modified: pa.Table) -> Update:
+        """Apply one message; returns what it changed in the held rows.
+
+        Raises
+        ------
+        ValueError
+            If the message does not fit the state (the stream is broken). The state may
+            then be half-applied: discard it.
+        """
+        if meta.format != pb.DELTA_FORMAT_UPDATES:
+            raise _ProtocolViolation("LiveTable reads the UPDATES format")
+        ad_bm, md_bm = _bitmap(meta.added_data_rows), _bitmap(meta.modified_data_rows)
+        if len(ad_bm) != added.num_rows or len(md_bm) != modified.num_rows:
+            raise _ProtocolViolation(f"data rows announced {len(ad_bm)} + {len(md_bm)}, sent "
+                                f"{added.num_rows} + {modified.num_rows}")
+        viewport = [(r.begin, r.end) for r in meta.viewport] if meta.has_viewport else None
+        update = (self._snapshot(meta, added, ad_bm, md_bm, viewport) if meta.is_snapshot
+                  else self._delta(meta, added, modified, ad_bm, md_bm, viewport))
+        self.viewport = viewport
+        self.epoch, self.sequence, self.step = meta.epoch, meta.sequence, meta.step
+        self.messages += 1
+        return update
+
+    def _snapshot(self, meta: pb.UpdateMetadata, added: pa.Table, data: BitMap64,
+                  md_bm: BitMap64, viewport: Ranges | None) -> Update:
+        keys = _bitmap(meta.added_rows)
+        held = None if viewport is None else _keys_at(keys, viewport)
+        if meta.removed_rows or md_bm or meta.shifts.begins:
+            raise _ProtocolViolation("a snapshot carries added rows only")
+        if data != (keys if held is None else held) or len(keys) != meta.table_size:
+            raise _ProtocolViolation("snapshot: the data rows are not the held rows")
+        columns = list(meta.columns)
+        if not set(columns) <= set(added.schema.names):
+            raise _ProtocolViolation(f"snapshot: columns {columns} not in the stream schema")
+        old_frozen, old_index = self.store.frozen(), self.index
+        self.table_schema = added.schema
+        self.schema = pa.schema([added.schema.field(c) for c in columns])
+        self.columns = columns
+        self.store = _Store(self.schema)
+        self.store.append(added)
+        k = _keys(data)
+        self.index = _SlotIndex(k, np.arange(k.size, dtype=np.int64))
+        self.keys, self.held = keys, held
+        frozen = self.store.frozen()
+        empty = _Rows(frozen, _EMPTY_KEYS, 0)
+        return Update(meta.step, meta.sequence, True, _RESUMED.get(meta.resume, "none"), (), 0,
+                      _Rows(frozen, np.arange(k.size, dtype=np.int64), k.size),
+                      _Rows(old_frozen, lambda: old_index.items()[1], len(old_index)),
+                      empty, empty)
+
+    def _delta(self, meta: pb.UpdateMetadata, added: pa.Table, modified: pa.Table,
+               ad_bm: BitMap64, md_bm: BitMap64, viewport: Ranges | None) -> Update:
+        if list(meta.columns) != self.columns or not self.messages:
+            raise _ProtocolViolation(f"a delta for columns {list(meta.columns)}, held "
+                                f"{self.columns} (columns change only by a snapshot)")
+        removed, added_rows = _bitmap(meta.removed_rows), _bitmap(meta.added_rows)
+        s = meta.shifts
+        shifts = (np.asarray(s.begins, dtype=np.int64), np.asarray(s.ends, dtype=np.int64),
+                  np.asarray(s.deltas, dtype=np.int64))
+        if not removed.issubset(self.keys):
+            raise _ProtocolViolation("removed rows that are not in the table")
+        expected = len(self.keys) - len(removed) + len(added_rows)
+        keys = self.keys  # changed in place from here on
+        keys.difference_update(removed)
+        if self.held is None:
+            removed_held, held = removed, None
+        else:
+            removed_held, held = removed & self.held, self.held - removed
+        k_src, k_dst = _shift_bitmap(keys, shifts)
+        if not added_rows.isdisjoint(keys):
+            raise _ProtocolViolation("added rows that already exist")
+        keys.update(added_rows)
+        if len(keys) != expected or len(keys) != meta.table_size:
+            raise _ProtocolViolation(f"table size {len(keys)} after the update, server says "
+                                f"{meta.table_size} (shifts collided?)")
+        h_src, h_dst = (k_src, k_dst) if held is None else _shift_bitmap(held, shifts)
+        held_new = None if viewport is None else _keys_at(keys, viewport)
+        # which held rows are new, dropped (viewport) or re-sent (resume with a viewport)
+        if held is None and held_new is None:
+            newly, dropped = added_rows, BitMap64()
+        else:
+            before = held if held is not None else keys - added_rows  # held, current keys
+            target = held_new if held_new is not None else keys
+            newly, dropped = target - before, before - target
+        if not (newly.issubset(ad_bm) and ad_bm.issubset(held_new if held_new is not None
+                                                          else keys)
+                and md_bm.issubset(keys) and md_bm.isdisjoint(newly)):
+            raise _ProtocolViolation("data rows do not match the rows held")
+        resent = ad_bm - newly
+        if held_new is not None and not md_bm.issubset(held_new):
+            raise _ProtocolViolation("modified data for rows outside the viewport")
+        # row key -> slot: remove (previous key space), shift, drop, then write the data
+        index = self.index
+        rem_k = _keys(removed_held)
+        rem_s = _require(index.pop(rem_k), "removed")
+        if h_src.size:
+            index.put(h_dst, _require(index.pop(h_src), "shifted"))
+        drop_k = _keys(dropped)
+        drop_s = _require(index.pop(drop_k), "dropped")
+        ad, md, rs = _keys(ad_bm), _keys(md_bm), _keys(resent)
+        md_prev = _require(index.get(md), "modified")
+        rs_prev = _require(index.get(rs), "re-sent")
+        ad_s = self.store.append(added) + np.arange(ad.size, dtype=np.int64)
+        md_s = self.store.append(modified) + np.arange(md.size, dtype=np.int64)
+        index.put(ad, ad_s)
+        index.put(md, md_s)
+        self.store.dead += rem_k.size + drop_k.size + md.size + rs.size
+        self.held = held_new
+        # the update's parts, in key order (removed in the previous key space)
+        frozen = self.store.frozen()
+        if rs.size:
+            new_s = ad_s[np.searchsorted(ad, _keys(newly))]
+            mod_k = np.concatenate([md, rs])
+            order = np.argsort(mod_k, kind="stable")
+            mod_s = np.concatenate([md_s, ad_s[np.searchsorted(ad, rs)]])[order]
+            prev_s = np.concatenate([md_prev, rs_prev])[order]
+        else:
+            new_s, mod_s, prev_s = ad_s, md_s, md_prev
+        if drop_k.size:
+            b, e, d = shifts
+            pre = _shift_keys(drop_k, b + d, e + d, -d) if b.size else drop_k
+            order = np.argsort(np.concatenate([rem_k, pre]), kind="stable")
+            rem_s = np.concatenate([rem_s, drop_s])[order]
+        cols = tuple(c.column for c in meta.modified) if md.size else ()
+        if rs.size:
+            cols = tuple(self.columns)
+        update = Update(meta.step, meta.sequence, False, _RESUMED.get(meta.resume, "none"),
+                        cols, 0, _Rows(frozen, new_s, new_s.size),
+                        _Rows(frozen, rem_s, rem_s.size), _Rows(frozen, mod_s, mod_s.size),
+                        _Rows(frozen, prev_s, prev_s.size))
+        self._maybe_compact()
+        return update
+
+    def _maybe_compact(self) -> None:
+        """Reclaim dead slots once they outnumber the live ones (amortized O(1) per row)."""
+        live = len(self.index)
+        if self.store.dead > live + self.COMPACT_SLACK:
+            keys, slots = self.index.items()
+            table = self.store.frozen().take(slots)
+            self.store = _Store(self.schema)
+            self.store.append(table)
+            self.index = _SlotIndex(keys, np.arange(keys.size, dtype=np.int64))
+        else:
+            self.index.maybe_rebuild()
+
+    def held_slots(self) -> tuple[I64, I64]:
+        """``(keys, slots)`` of the held rows, keys ascending."""
+        if self.held is None:
+            keys, slots = self.index.items()
+        else:
+            keys = _keys(self.held)
+            slots = self.index.get(keys)
+        if keys.size != (len(self.keys) if self.held is None else len(self.held)):
+            raise _ProtocolViolation("the client state lost rows (a bug): resubscribe")
+        return keys, _require(slots, "held")
+
+    def to_arrow(self) -> pa.Table:
+        return self.store.frozen().take(self.held_slots()[1])
+
+    def catch_up(self, skipped: int) -> Update:
+        """A snapshot update of the current view (an iterator that fell behind)."""
+        frozen = self.store.frozen()
+        slots = self.held_slots()[1]
+        empty = _Rows(frozen, _EMPTY_KEYS, 0)
+        return Update(self.step, self.sequence, True, "none", (), skipped,
+                      _Rows(frozen, slots, slots.size), empty, empty, empty)
+
+
+def _require(slots: I64, what: str) -> I64:
+    if slots.size and int(slots.min()) < 0:
+        raise _ProtocolViolation(f"{what} rows that the client does not hold")
+    return slots
+
+
+# ------------------------------------------------------------------ errors

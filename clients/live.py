@@ -1,0 +1,725 @@
+"""A live subscription: a table kept current in the background (DESIGN.md §5-6).
+
+:class:`LiveTable` runs one reader thread per subscription. It opens a ``DoExchange``
+stream, applies every message the server sends (:mod:`flight.decoder` is the protocol's
+definition) to a columnar, keyed client state, and hands each applied message to
+callbacks and iterators as an :class:`Update`. When the stream breaks it reconnects with
+backoff and resumes from the last applied message (the server answers with one composed
+delta, or a new snapshot when it no longer holds the missed updates).
+
+Cost follows the update, not the table: the state lives in :mod:`clients._livestate`
+(keys in a Roaring bitmap, values in an append-only log of Arrow arrays, a vectorized
+``key -> slot`` index).
+
+A DataFrame is built only when asked for (:attr:`LiveTable.df`, the parts of an
+:class:`Update`), once per applied message, in O(rows held).
+
+Threads. The reader thread applies a message under the state lock and bumps a version;
+readers materialize under the same lock, so they never see half an update. Callbacks
+run on the reader thread after the lock is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from clients._livestate import _RESUMED, Update, _check_viewport, _positions, _State
+from flight.decoder import StreamEnded, read_message
+from flight.pb import flight_pb2 as pb
+
+__all__ = ["LiveTable", "Update"]
+
+log = logging.getLogger(__name__)
+
+I64 = npt.NDArray[np.int64]
+Ranges = list[tuple[int, int]]
+_C = TypeVar("_C", bound="_Consumer")
+Connect = Callable[[], tuple[fl.FlightClient, fl.FlightCallOptions]]
+
+
+_PERMANENT = (KeyError, pa.ArrowInvalid, fl.FlightUnauthenticatedError,
+              fl.FlightUnauthorizedError, fl.FlightServerError)
+
+
+def _clean(exc: BaseException) -> BaseException:
+    """``exc`` with the server's message only (pyarrow appends the server's traceback after
+    ``". Detail:"``), as the same type, chained to the original."""
+    text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+    short = text.split(". Detail:")[0].split(". gRPC client debug context:")[0].strip('"')
+    if short == text:
+        return exc
+    try:
+        out = type(exc)(short)
+    except Exception:
+        return exc
+    out.__cause__ = exc
+    return out
+
+
+def _is_permanent(exc: BaseException) -> bool:
+    """A failure that reconnecting cannot fix: the table is gone (``KeyError``), the request
+    was refused (``ArrowInvalid``), access was denied, or the table failed on the server.
+    Anything else (unavailable, cancelled, a broken stream) is worth another try."""
+    return isinstance(exc, _PERMANENT)
+
+
+class _Finished(Exception):
+    """The subscription is closed and every queued update was delivered."""
+
+
+# ------------------------------------------------------------------ iterators
+class _Consumer:
+    """One iterator's bounded queue of updates.
+
+    Past ``maxsize`` queued updates the queue is dropped and the consumer stops receiving
+    until it reads again; its next item is then a catch-up snapshot of the view (an
+    :class:`Update` with ``is_snapshot`` and ``skipped`` = the number of updates dropped).
+    """
+
+    def __init__(self, live: LiveTable, maxsize: int, snapshot: bool) -> None:
+        if maxsize < 1:
+            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
+        self._live = live
+        self._maxsize = maxsize
+        self._queue: collections.deque[Update] = collections.deque()
+        self._skipped = 0  # updates dropped since the queue overflowed
+        self._catch_up = snapshot  # the next item is a snapshot of the view
+        self._cond = threading.Condition()
+        self._wake: Callable[[], None] | None = None
+
+    def offer(self, update: Update) -> None:
+        """Called by the reader thread, under the live table's state lock."""
+        with self._cond:
+            if self._catch_up:
+                self._skipped += 1
+            elif len(self._queue) >= self._maxsize:
+                self._skipped = len(self._queue) + 1
+                self._catch_up = True
+                self._queue.clear()
+            else:
+                self._queue.append(update)
+            self._cond.notify_all()
+        if self._wake is not None:
+            self._wake()
+
+    def wake(self) -> None:
+        """Wake a waiting reader (the subscription ended)."""
+        with self._cond:
+            self._cond.notify_all()
+        if self._wake is not None:
+            self._wake()
+
+    def _poll(self) -> Update | None:
+        """The next update, None if there is none yet; raises when the stream is over."""
+        with self._cond:
+            if self._queue:
+                return self._queue.popleft()
+            catch_up = self._catch_up
+        if catch_up:
+            return self._live._catch_up(self)
+        self._live._raise_if_over()
+        return None
+
+
+class _Updates(_Consumer):
+    """A blocking iterator of updates (see :meth:`LiveTable.updates`)."""
+
+    def __init__(self, live: LiveTable, maxsize: int, snapshot: bool,
+                 timeout: float | None) -> None:
+        super().__init__(live, maxsize, snapshot)
+        self._timeout = timeout
+
+    def __iter__(self) -> Iterator[Update]:
+        return self
+
+    def __next__(self) -> Update:
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        while True:
+            try:
+                update = self._poll()
+            except _Finished:
+                raise StopIteration from None
+            if update is not None:
+                return update
+            with self._cond:
+                if self._queue or self._catch_up or self._live._over():
+                    continue
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"no update of {self._live.table!r} within "
+                                       f"{self._timeout} s")
+                self._cond.wait(left)
+
+
+class _AsyncUpdates(_Consumer):
+    """An ``async for`` iterator of updates, woken from the reader thread."""
+
+    def __init__(self, live: LiveTable, maxsize: int, snapshot: bool) -> None:
+        super().__init__(live, maxsize, snapshot)
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        self._event = event
+
+        def wake() -> None:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+
+        self._wake = wake
+
+    def __aiter__(self) -> AsyncIterator[Update]:
+        return self
+
+    async def __anext__(self) -> Update:
+        while True:
+            self._event.clear()
+            try:
+                update = self._poll()
+            except _Finished:
+                raise StopAsyncIteration from None
+            if update is not None:
+                return update
+            await self._event.wait()
+
+
+# ------------------------------------------------------------------ the live table
+class _View:
+    """The materialized view of one applied message (the DataFrame is built on demand)."""
+
+    __slots__ = ("version", "table", "positions", "frame")
+
+    def __init__(self, version: int, table: pa.Table, positions: I64 | None) -> None:
+        self.version, self.table, self.positions = version, table, positions
+        self.frame: pd.DataFrame | None = None
+
+
+class LiveTable:
+    """A server table kept current in the background: a DataFrame plus a stream of updates.
+
+    A reader thread subscribes (``DoExchange``), applies every message the server sends
+    and reconnects with backoff when the stream breaks, resuming where it left off (the
+    server sends the missed updates composed into one, or a new snapshot). It stops for
+    good only on :meth:`close` or a permanent error (table dropped, access denied, bad
+    request), which is then :attr:`error`. Applying an update costs work proportional to
+    the update, not the table; a DataFrame is built only when asked for.
+
+    Each applied message is an :class:`Update`, handed to callbacks (:meth:`on_update`) and
+    to every iterator (``for update in live``, ``async for update in live``,
+    :meth:`updates`). An iterator receives every update from the moment it started, in a
+    bounded queue; one that falls more than ``maxsize`` behind gets a catch-up snapshot
+    instead of the updates it missed (see :meth:`updates`).
+
+    Parameters
+    ----------
+    connect
+        Returns a new ``FlightClient`` and the call options (auth headers) for one stream;
+        called again on every reconnect (the previous client is closed).
+    table
+        The table's name.
+    columns
+        Subscribe to these columns only (``None``: all). The view keeps the table's order.
+    viewport
+        Hold values only for rows at these position ranges ``[begin, end)``: a scrolling
+        window over a large (e.g. sorted) table. Row keys are tracked for the whole table.
+    on_update
+        A callback for every applied message (see :meth:`on_update`).
+    min_update_interval_ms
+        The server coalesces updates to at most one message per interval.
+    max_batch_rows
+        Rows per record batch (0: the server's default).
+    reconnect
+        Reconnect after a broken stream; if false, the first failure is :attr:`error`.
+    reconnect_delay, max_reconnect_delay
+        Backoff: the first wait, doubled after each failed attempt up to the maximum.
+    start
+        Start the reader thread now (else call :meth:`start`).
+
+    Examples
+    --------
+    >>> live = LiveTable(connect, "trades", columns=["sym", "px"])  # doctest: +SKIP
+    >>> live.wait_for()                      # the first snapshot  # doctest: +SKIP
+    True
+    >>> for update in live:                  # every update from now on  # doctest: +SKIP
+    ...     print(update.added)
+    """
+
+    QUEUE_SIZE = 1024
+    """Default bound of an iterator's queue (see :meth:`updates`)."""
+    FIRST_SNAPSHOT_TIMEOUT = 60.0
+    """How long :attr:`df` and :meth:`to_arrow` wait for the first snapshot."""
+
+    def __init__(self, connect: Connect, table: str, *, columns: Sequence[str] | None = None,
+                 viewport: Sequence[tuple[int, int]] | None = None,
+                 on_update: Callable[[Update], None] | None = None,
+                 min_update_interval_ms: int = 0, max_batch_rows: int = 0,
+                 reconnect: bool = True, reconnect_delay: float = 0.2,
+                 max_reconnect_delay: float = 5.0, start: bool = True) -> None:
+        self.table = table
+        self._connect = connect
+        self._want_columns = list(columns) if columns is not None else None
+        self._want_viewport = _check_viewport(viewport)
+        self._interval = int(min_update_interval_ms)
+        self._batch_rows = int(max_batch_rows)
+        self._reconnect = reconnect
+        self._delay = (float(reconnect_delay), float(max_reconnect_delay))
+        self._callbacks: list[Callable[[Update], None]] = [on_update] if on_update else []
+        self._lock = threading.Lock()  # the state, the cache, the consumers
+        self._applied = threading.Condition(self._lock)
+        self._state: _State | None = None
+        self._version = 0
+        self._cache: _View | None = None
+        self._consumers: weakref.WeakSet[_Consumer] = weakref.WeakSet()
+        self._send_lock = threading.Lock()  # wanted columns/viewport, the writer, writes
+        self._writer: Any = None
+        self._stream_lock = threading.Lock()  # the reader to cancel
+        self._reader: Any = None
+        self._closing = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._connected = False
+        self._reconnects = 0
+        if start:
+            self.start()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> LiveTable:
+        """Start the reader thread (once)."""
+        with self._lock:
+            if self._thread is None and not self._closing.is_set():
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name=f"ticktable-live-{self.table}")
+                self._thread.start()
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        """End the subscription and wait (up to ``timeout``) for the reader thread."""
+        with self._stream_lock:
+            self._closing.set()
+            if self._reader is not None:
+                self._reader.cancel()
+        thread = self._thread
+        if thread is None:
+            self._finish()
+        elif thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def __enter__(self) -> LiveTable:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _drop_connection(self) -> None:
+        """Break the current stream as a network failure would (tests: forces a resume)."""
+        with self._stream_lock:
+            if self._reader is not None:
+                self._reader.cancel()
+
+    # ------------------------------------------------------------------ the view
+    @property
+    def df(self) -> pd.DataFrame:
+        """The held rows in table order as a DataFrame (built once per applied message).
+
+        Consistent as of :attr:`step`. The index is each row's position in the table
+        (a ``RangeIndex`` without a viewport). Before the first snapshot this waits for it
+        (up to :attr:`FIRST_SNAPSHOT_TIMEOUT` seconds). Cached and shared: treat it as
+        read-only.
+
+        Raises
+        ------
+        TimeoutError
+            If no snapshot arrived in time.
+        Exception
+            :attr:`error`, if the subscription failed before its first snapshot.
+        """
+        view = self._view()
+        if view.frame is None:  # pandas outside the lock: the table is immutable
+            frame = view.table.to_pandas()
+            if view.positions is not None:
+                frame.index = pd.Index(view.positions, name="position")
+            view.frame = frame
+        return view.frame
+
+    def to_arrow(self) -> pa.Table:
+        """The held rows in table order as a pyarrow Table (see :attr:`df`)."""
+        return self._view().table
+
+    def _view(self) -> _View:
+        if not self._get(lambda s: True, False) and not self.wait_for(
+                timeout=self.FIRST_SNAPSHOT_TIMEOUT) and not self._done.is_set():
+            raise TimeoutError(f"no snapshot of {self.table!r} within "
+                               f"{self.FIRST_SNAPSHOT_TIMEOUT} s ({self!r})")
+        with self._lock:
+            if self._cache is None or self._cache.version != self._version:
+                st = self._state
+                if st is None or not st.messages:  # closed before any snapshot
+                    self._cache = _View(self._version, pa.table({}), None)
+                else:
+                    self._cache = _View(self._version, st.to_arrow(),
+                                        _positions(st.viewport, st.size))
+            return self._cache
+
+    def _get(self, fn: Callable[[_State], Any], default: Any) -> Any:
+        with self._lock:
+            st = self._state
+            return default if st is None or not st.messages else fn(st)
+
+    @property
+    def step(self) -> int:
+        """The server's graph step as of the last applied message (0 before any)."""
+        return int(self._get(lambda s: s.step, 0))
+
+    @property
+    def sequence(self) -> int:
+        """The table's update sequence number as of the last applied message."""
+        return int(self._get(lambda s: s.sequence, 0))
+
+    @property
+    def size(self) -> int:
+        """The table's row count, rows outside the viewport included."""
+        return int(self._get(lambda s: s.size, 0))
+
+    @property
+    def columns(self) -> list[str]:
+        """The columns held (as applied; empty before the first snapshot)."""
+        return list(self._get(lambda s: s.columns, []))
+
+    @property
+    def viewport(self) -> Ranges | None:
+        """The viewport as applied (``None``: every row is held)."""
+        vp = self._get(lambda s: s.viewport, None)
+        return None if vp is None else list(vp)
+
+    @property
+    def connected(self) -> bool:
+        """Whether a stream is open and has delivered its first message."""
+        return self._connected
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the reader tried to open the stream again after a failure."""
+        return self._reconnects
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the subscription stopped for good (``None`` while it runs or after close).
+
+        The exception as pyarrow raised it: ``KeyError`` (``pyarrow.ArrowKeyError``) when
+        the table is gone, ``pyarrow.ArrowInvalid`` for a refused request, a
+        ``pyarrow.flight.FlightError`` for access or a failed table; with
+        ``reconnect=False``, whatever broke the stream.
+        """
+        return self._error
+
+    @property
+    def closed(self) -> bool:
+        """Whether the reader thread has stopped (closed, or failed: see :attr:`error`)."""
+        return self._done.is_set()
+
+    def __repr__(self) -> str:
+        state = ("failed" if self._error else "closed" if self._done.is_set()
+                 else "connected" if self._connected else "connecting")
+        vp = "" if self.viewport is None else f" viewport={self.viewport}"
+        return (f"<LiveTable {self.table!r} {state} size={self.size} step={self.step} "
+                f"sequence={self.sequence}{vp}>")
+
+    # ------------------------------------------------------------------ waiting
+    def wait_for(self, sequence: int | None = None, step: int | None = None,
+                 timeout: float | None = 10.0) -> bool:
+        """Wait until the view has applied at least ``sequence`` and ``step``.
+
+        With neither, wait for the first snapshot. A table that does not change sends
+        nothing, so a later graph step may never arrive: prefer ``sequence`` (the table's
+        own update counter, e.g. the server publisher's).
+
+        Returns
+        -------
+        bool
+            False on timeout or when the subscription was closed.
+
+        Raises
+        ------
+        Exception
+            :attr:`error`, if the subscription failed for good.
+        """
+        if threading.current_thread() is self._thread:  # a callback: it would wait on itself
+            timeout = 0
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._applied:
+            while True:
+                st = self._state
+                if (st is not None and st.messages and (sequence is None or st.sequence >= sequence)
+                        and (step is None or st.step >= step)):
+                    return True
+                if self._error is not None:
+                    raise self._error
+                if self._done.is_set() or self._closing.is_set():
+                    return False
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._applied.wait(left)
+
+    # ------------------------------------------------------------------ updates
+    def on_update(self, callback: Callable[[Update], None]) -> Callable[[Update], None]:
+        """Call ``callback(update)`` for every applied message (usable as a decorator).
+
+        Callbacks run on the reader thread after the view moved on (so :attr:`df` already
+        shows the update); a slow callback delays the next message. An exception is logged
+        and does not end the subscription.
+        """
+        self._callbacks.append(callback)
+        return callback
+
+    def updates(self, timeout: float | None = None, *, maxsize: int = QUEUE_SIZE,
+                snapshot: bool = False) -> Iterator[Update]:
+        """Iterate over every update applied from now on (blocking).
+
+        Parameters
+        ----------
+        timeout
+            Raise ``TimeoutError`` when no update arrives within this many seconds.
+        maxsize
+            Updates queued for this iterator at most. When it falls further behind, the
+            queue is dropped and the next item is a catch-up snapshot of the view
+            (``is_snapshot``, ``skipped`` = updates dropped), then updates continue.
+        snapshot
+            Start with a snapshot of the current view, atomically with subscribing.
+
+        Raises
+        ------
+        Exception
+            :attr:`error` once the queued updates are consumed, if the subscription failed.
+            The iteration ends after :meth:`close`.
+        """
+        return self._register(_Updates(self, maxsize, snapshot, timeout))
+
+    def __iter__(self) -> Iterator[Update]:
+        return self.updates()
+
+    def __aiter__(self) -> AsyncIterator[Update]:
+        """``async for update in live``: as :meth:`updates`, woken on the running loop."""
+        return self._register(_AsyncUpdates(self, self.QUEUE_SIZE, False))
+
+    def _register(self, consumer: _C) -> _C:
+        with self._lock:
+            self._consumers.add(consumer)
+        return consumer
+
+    def _catch_up(self, consumer: _Consumer) -> Update | None:
+        with self._lock, consumer._cond:
+            skipped, consumer._skipped, consumer._catch_up = consumer._skipped, 0, False
+            st = self._state
+            if st is None or not st.messages:
+                return None  # nothing to show yet: the first snapshot will follow
+            return st.catch_up(skipped)
+
+    def _over(self) -> bool:
+        return self._done.is_set()
+
+    def _raise_if_over(self) -> None:
+        if self._done.is_set():
+            if self._error is not None:
+                raise self._error
+            raise _Finished
+
+    # ------------------------------------------------------------------ changes
+    def set_viewport(self, ranges: Sequence[tuple[int, int]] | None,
+                     timeout: float | None = 10.0) -> bool:
+        """Hold only the rows at these position ranges ``[begin, end)`` (``None``: all).
+
+        Sent on the open stream (or with the next subscribe). Waits up to ``timeout``
+        seconds (0: not at all) for the server's message that applies it.
+
+        Returns
+        -------
+        bool
+            Whether :attr:`viewport` shows the new ranges on return.
+        """
+        vp = _check_viewport(ranges)
+        change = pb.SubscriptionChange(set_viewport=True, has_viewport=vp is not None)
+        change.viewport.extend(pb.PositionRange(begin=b, end=e) for b, e in vp or [])
+        with self._send_lock:
+            self._want_viewport = vp
+            self._send(change)
+        return self._wait_applied(lambda st: st.viewport == vp, timeout)
+
+    def set_columns(self, columns: Sequence[str] | None, timeout: float | None = 10.0) -> bool:
+        """Subscribe to these columns (``None``: all); the server sends a new snapshot.
+
+        Returns
+        -------
+        bool
+            Whether :attr:`columns` shows the new columns on return (see :meth:`set_viewport`).
+        """
+        want = list(columns) if columns is not None else None
+        change = pb.SubscriptionChange(set_columns=True, columns=want or [])
+        with self._send_lock:
+            self._want_columns = want
+            self._send(change)
+        return self._wait_applied(lambda st: self._columns_match(st, want), timeout)
+
+    def _send(self, change: pb.SubscriptionChange) -> None:
+        if self._writer is None:
+            return  # the next subscribe carries it
+        body = pb.ClientMessage(change=change).SerializeToString()
+        try:
+            self._writer.write_metadata(pa.py_buffer(body))
+        except Exception:  # the stream is breaking: the reconnect subscribes with it
+            log.debug("could not send a change to %r", self.table, exc_info=True)
+
+    def _wait_applied(self, done: Callable[[_State], bool], timeout: float | None) -> bool:
+        if threading.current_thread() is self._thread:  # a callback: it would wait on itself
+            timeout = 0
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._applied:
+            while True:
+                st = self._state
+                if st is not None and st.messages and done(st):
+                    return True
+                left = None if deadline is None else deadline - time.monotonic()
+                if self._done.is_set() or (left is not None and left <= 0):
+                    return False
+                self._applied.wait(left)
+
+    @staticmethod
+    def _columns_match(st: _State, want: list[str] | None) -> bool:
+        if want is None:
+            return st.columns == list(st.table_schema.names)
+        return set(st.columns) == set(want)
+
+    # ------------------------------------------------------------------ the reader thread
+    def _run(self) -> None:
+        delay = self._delay[0]
+        try:
+            while not self._closing.is_set():
+                try:
+                    self._session()
+                except Exception as raw:
+                    if self._closing.is_set():
+                        break
+                    exc = _clean(raw)
+                    if _is_permanent(exc) or not self._reconnect:
+                        log.error("subscription to %r failed: %s", self.table, exc)
+                        self._error = exc
+                        break
+                    if self._connected:  # it worked for a while: start the backoff over
+                        delay = self._delay[0]
+                    log.warning("subscription to %r broke (%s: %s); reconnecting in %.1f s",
+                                self.table, type(exc).__name__, exc, delay)
+                    log.debug("the failure", exc_info=raw)
+                finally:
+                    self._connected = False
+                if self._closing.wait(delay):
+                    break
+                delay = min(delay * 2, self._delay[1])
+                self._reconnects += 1
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        self._done.set()
+        with self._lock:
+            self._applied.notify_all()
+            consumers = list(self._consumers)
+        for c in consumers:
+            c.wake()
+
+    def _session(self) -> None:
+        """One stream, until it breaks (raises) or the table is closed (returns)."""
+        client, options = self._connect()
+        writer = reader = None
+        try:
+            writer, reader = client.do_exchange(fl.FlightDescriptor.for_path(self.table), options)
+            with self._stream_lock:
+                if self._closing.is_set():
+                    return
+                self._reader = reader
+            with self._send_lock:  # a change is sent after the subscribe, or carried in it
+                writer.begin(pa.schema([]))
+                request = self._request()
+                writer.write_metadata(pa.py_buffer(
+                    pb.ClientMessage(subscribe=request).SerializeToString()))
+                self._writer = writer
+            schema = reader.schema
+            while not self._closing.is_set():
+                try:
+                    msg = read_message(reader, schema)
+                except StreamEnded as end:
+                    writer.done_writing()  # the protocol: finish writing, then read the status
+                    reader.read_chunk()  # raises the call's error
+                    raise ConnectionError(f"the server ended the stream: {end}") from None
+                except StopIteration:
+                    raise ConnectionError("the stream ended") from None
+                self._apply(msg.meta, msg.added, msg.modified)
+                if not self._connected:
+                    self._connected = True
+                    log.info("subscribed to %r (%s)", self.table,
+                             _RESUMED.get(msg.meta.resume, "none"))
+        finally:
+            with self._send_lock:
+                self._writer = None
+            with self._stream_lock:
+                self._reader = None
+            # cancel first (a finished call returns at once), then close the writer here so
+            # its destructor does not log the call's status again
+            for fn in (getattr(reader, "cancel", None), getattr(writer, "close", None),
+                       client.close):
+                if fn is not None:
+                    try:
+                        fn()
+                    except Exception:
+                        pass
+
+    def _request(self) -> pb.SubscriptionRequest:
+        """The subscribe message: what is wanted now, and where to resume from."""
+        req = pb.SubscriptionRequest(table=self.table, columns=self._want_columns or [],
+                                     min_update_interval_ms=self._interval,
+                                     max_batch_rows=self._batch_rows)
+        if self._want_viewport is not None:
+            req.has_viewport = True
+            req.viewport.extend(pb.PositionRange(begin=b, end=e) for b, e in self._want_viewport)
+        with self._lock:
+            st = self._state
+            # A resume sends only what changed, so it needs the same columns, and (without a
+            # viewport now) every row held before: the server resends a viewport in full.
+            if (st is not None and st.messages and st.epoch
+                    and self._columns_match(st, self._want_columns)
+                    and (self._want_viewport is not None or st.viewport is None)):
+                req.resume, req.resume_epoch, req.resume_sequence = True, st.epoch, st.sequence
+        return req
+
+    def _apply(self, meta: pb.UpdateMetadata, added: pa.Table, modified: pa.Table) -> None:
+        with self._lock:
+            if self._state is None:
+                self._state = _State(added.schema)
+            try:
+                update = self._state.apply(meta, added, modified)
+            except BaseException:  # maybe half-applied: start over from a new snapshot
+                self._state = _State(self._state.table_schema)
+                self._version += 1
+                raise
+            self._version += 1
+            self._applied.notify_all()
+            for consumer in list(self._consumers):
+                consumer.offer(update)
+        for callback in list(self._callbacks):
+            try:
+                callback(update)
+            except Exception:
+                log.exception("an on_update callback of %r failed", self.table)

@@ -1,0 +1,546 @@
+"""LiveTable over a real server: exact updates, the randomized oracle (keyed and sorted
+tables, columns, moving viewports, forced reconnects resuming by deltas and by snapshot),
+iterators, shutdown and permanent errors.
+
+Cycles run by hand (``graph.run_cycle()``); the test then waits for the view to apply the
+table's sequence (``wait_for``), never sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from pyroaring import BitMap64
+
+from clients._livestate import Update, _HashMap, _SlotIndex, _State, _Store
+from clients._wire import Endpoint
+from clients.live import LiveTable
+from engine.graph import UpdateGraph
+from engine.sources import KeyedTable
+from flight.pb import flight_pb2 as pb
+from flight.server import ServerConfig, TicktableServer
+from tests.clients.conftest import KV, Gate, assert_view, kv
+from tests.oracle import SCHEMA, RandomSource
+
+
+def keyed(server: TicktableServer, name: str) -> KeyedTable:
+    """A new keyed source table ``name`` (k int64 key, s string, v float64)."""
+    table = server.registry.create_source(name, KV, "keyed", keys=["k"]).table
+    assert isinstance(table, KeyedTable)
+    return table
+
+
+def seq(server: TicktableServer, name: str) -> int:
+    publisher = server.registry.get(name).publisher
+    assert publisher is not None
+    return publisher.sequence
+
+
+def frame(rows: list[tuple[int, str, float]], columns: tuple[str, ...] = ("k", "s", "v")) -> pd.DataFrame:
+    t = kv([r[0] for r in rows], [r[2] for r in rows], [r[1] for r in rows])
+    out: pd.DataFrame = t.select(list(columns)).to_pandas()
+    return out
+
+
+def same(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), want.reset_index(drop=True))
+
+
+# ------------------------------------------------------------------ examples
+def test_snapshot_then_exact_updates(server, graph, subscribe):
+    t = keyed(server, "t")
+    t.upsert(kv([1, 2, 3], [1.0, 2.0, 3.0]))
+    graph.run_cycle()
+    got: list[Update] = []
+    live = subscribe("t", on_update=got.append)
+    assert live.wait_for() and live.size == 3 and live.sequence == 1
+    same(live.df, frame([(1, "s1", 1.0), (2, "s2", 2.0), (3, "s3", 3.0)]))
+    assert isinstance(live.df.index, pd.RangeIndex)
+    t.upsert(kv([2, 9], [20.0, 9.0]))  # modify 2 (v only), add 9
+    t.delete(pa.table({"k": [1]}))
+    graph.run_cycle()
+    assert live.wait_for(sequence=2)
+    u = next(x for x in got if x.sequence == 2)
+    assert not u.is_snapshot and u.resumed == "none" and u.step == graph.step
+    same(u.added, frame([(9, "s9", 9.0)]))
+    same(u.removed, frame([(1, "s1", 1.0)]))
+    same(u.modified, frame([(2, "s2", 20.0)]))
+    same(u.modified_previous, frame([(2, "s2", 2.0)]))
+    assert u.modified_columns == ("v",)
+    same(live.df, frame([(2, "s2", 20.0), (3, "s3", 3.0), (9, "s9", 9.0)]))
+    assert live.df is live.df  # cached per applied message
+    assert repr(live) == "<LiveTable 't' connected size=3 step=2 sequence=2>"
+    assert repr(u) == "<Update seq=2 step=2 +1 -1 ~1 resumed=none>"
+    t.delete(pa.table({"k": [2, 3, 9]}))  # delete everything, then add again
+    graph.run_cycle()
+    assert live.wait_for(sequence=3)
+    t.upsert(kv([4], [4.0]))
+    graph.run_cycle()
+    assert live.wait_for(sequence=4)
+    same(got[-2].removed, frame([(2, "s2", 20.0), (3, "s3", 3.0), (9, "s9", 9.0)]))
+    assert live.size == 1 and got[-1].added.k.tolist() == [4]
+
+
+def test_column_subset_and_set_columns(server, graph, subscribe):
+    t = keyed(server, "t")
+    t.upsert(kv([1, 2], [1.0, 2.0]))
+    graph.run_cycle()
+    got: list[Update] = []
+    live = subscribe("t", columns=["v", "k"], on_update=got.append)
+    assert live.wait_for() and live.columns == ["k", "v"]  # the table's order
+    same(live.df, frame([(1, "s1", 1.0), (2, "s2", 2.0)], ("k", "v")))
+    t.upsert(kv([1], [1.0], ["changed"]))  # only an unsubscribed column changes
+    graph.run_cycle()
+    assert live.wait_for(sequence=2)  # (else the server may compose both cycles into one)
+    t.upsert(kv([2], [5.0]))
+    graph.run_cycle()
+    assert live.wait_for(sequence=3)
+    assert [len(u.modified) for u in got[1:]] == [0, 1] and got[-1].modified_columns == ("v",)
+    assert live.set_columns(["s"])
+    assert live.columns == ["s"] and got[-1].is_snapshot
+    same(live.df, frame([(1, "changed", 1.0), (2, "s2", 5.0)], ("s",)))
+    same(got[-1].removed, frame([(1, "changed", 1.0), (2, "s2", 5.0)], ("k", "v")))
+    assert live.set_columns(None) and live.columns == ["k", "s", "v"]
+
+
+def test_viewport_updates_cover_held_rows_only(server, graph, subscribe):
+    src = keyed(server, "t")
+    src.upsert(kv(list(range(10)), [float(i) for i in range(10)]))
+    graph.run_cycle()
+    board = src.sort("v", descending=True)
+    server.registry.add("board", board, "derived", parents=["t"])
+    got: list[Update] = []
+    live = subscribe("board", viewport=[(0, 3)], on_update=got.append)
+    assert live.wait_for() and live.size == 10
+    same(live.df, frame([(9, "s9", 9.0), (8, "s8", 8.0), (7, "s7", 7.0)]))
+    assert live.df.index.tolist() == [0, 1, 2] and live.viewport == [(0, 3)]
+    # 3 enters at the top, 7 leaves; 8 is modified (not in the sort key: it stays put)
+    src.upsert(kv([3, 8], [100.0, 8.0], ["s3", "x8"]))
+    graph.run_cycle()
+    assert live.wait_for(sequence=1)
+    u = got[-1]
+    same(u.added, frame([(3, "s3", 100.0)]))
+    same(u.removed, frame([(7, "s7", 7.0)]))
+    same(u.modified, frame([(8, "x8", 8.0)]))
+    same(u.modified_previous, frame([(8, "s8", 8.0)]))
+    assert "s" in u.modified_columns  # (the server may list more: "may have changed")
+    src.upsert(kv([0], [0.5]))  # outside the viewport: no held row changes
+    graph.run_cycle()
+    assert live.wait_for(sequence=2)
+    assert len(got[-1].added) == len(got[-1].removed) == len(got[-1].modified) == 0
+    assert live.set_viewport([(8, 20), (0, 1)])
+    assert live.df.index.tolist() == [0, 8, 9]
+    same(live.df, frame([(3, "s3", 100.0), (1, "s1", 1.0), (0, "s0", 0.5)]))
+    src.upsert(kv([9], [-1.0]))  # moves from position 1 to the end, into the viewport
+    graph.run_cycle()
+    assert live.wait_for(sequence=3)
+    same(got[-1].added, frame([(9, "s9", -1.0)]))
+    same(got[-1].removed, frame([(1, "s1", 1.0)]))
+    assert live.df.k.tolist() == [3, 0, 9]
+    assert live.set_viewport(None) and live.df.shape == (10, 3)
+    with pytest.raises(ValueError, match="bad viewport"):
+        live.set_viewport([(5, 2)])
+
+
+# ------------------------------------------------------------------ the oracle
+def _replay(state: dict[int, dict[Any, Any]], u: Update) -> None:
+    """Apply an update to a dict keyed by the ``Key`` column (a consumer's own copy)."""
+    if u.is_snapshot:  # replace everything held
+        state.clear()
+    else:
+        for key in u.removed["Key"].tolist():
+            del state[key]
+    for part in (u.added, u.modified):
+        for row in part.to_dict("records"):
+            state[row["Key"]] = row
+
+
+def _as_frame(state: dict[int, dict[Any, Any]]) -> pd.DataFrame:
+    return pd.DataFrame([state[k] for k in sorted(state)], columns=SCHEMA.names)
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_oracle_random_cycles(server, graph, subscribe, monkeypatch, seed):
+    """Random writes to a keyed table and a sorted derived table; after every cycle each
+    view equals the server's table: all columns, a column subset, a moving viewport over
+    the sorted table, the whole sorted table (shifts). Mid-run the streams are broken and
+    resume from the history; the values log and the key index compact and rebuild often
+    (lowered thresholds), and a consumer replaying every update onto a dict ends equal."""
+    monkeypatch.setattr(_State, "COMPACT_SLACK", 16)
+    monkeypatch.setattr(_SlotIndex, "REBUILD_MIN", 8)
+    monkeypatch.setattr(_Store, "_SMALL", 16)
+    rng = np.random.default_rng(seed)
+    src = RandomSource(graph, "keyed", rng, max_rows=150)
+    server.registry.add("src", src.table, "keyed", keys=["Key"])
+    board = src.table.sort(["Price", "Key"], descending=[True, False])
+    server.registry.add("board", board, "derived", parents=["src"])
+    full = subscribe("src", max_batch_rows=7)
+    some = subscribe("src", columns=["Price", "Key"])
+    ranges = [(0, 10)]
+    window = subscribe("board", viewport=ranges)
+    ordered = subscribe("board")
+    replayed: dict[int, dict[Any, Any]] = {}
+    replayed_to = -1
+    resumed: list[str] = []
+    updates = full.updates(timeout=10, snapshot=True)  # from the current view on
+    views = [(full, src.table, None, "src"), (some, src.table, ["Key", "Price"], "src"),
+             (window, board, None, "board"), (ordered, board, None, "board")]
+    cycles = 260
+    for cycle in range(cycles):
+        src.step()
+        graph.run_cycle()
+        if cycle in (60, 200):  # a broken stream: resumed from the server's history
+            for live in (full, window, ordered):
+                live._drop_connection()
+        if rng.random() < 0.08:
+            b = int(rng.integers(0, 40))
+            ranges = [(b, b + int(rng.integers(0, 15)))]
+            if rng.random() < 0.3:
+                ranges.append((b + 20, b + 25))
+            assert window.set_viewport(ranges), f"cycle {cycle}: viewport not applied"
+        if cycle == 130:
+            assert some.set_columns(["Sym", "Key"])
+            views[1] = (some, src.table, ["Sym", "Key"], "src")
+        for live, table, columns, name in views:
+            assert live.wait_for(sequence=seq(server, name)), f"cycle {cycle}: {live!r}"
+            vp = ranges if live is window else None
+            assert_view(live, table.to_arrow(columns), vp, f"seed {seed} cycle {cycle}")
+        while replayed_to < full.sequence:
+            u = next(updates)
+            _replay(replayed, u)
+            replayed_to = u.sequence
+            resumed.append(u.resumed)
+    same(_as_frame(replayed), full.df.sort_values("Key"))  # (row keys are not in Key order)
+    assert full.reconnects == 2 and window.reconnects == 2 and some.reconnects == 0
+    assert resumed.count("deltas") == 2 and "snapshot" not in resumed
+    assert src.table.size > 0 and board.size > 0
+
+
+def test_resume_by_snapshot_when_history_is_gone(graph, lives):
+    srv = TicktableServer(graph, ServerConfig(grpc_port=None, history_updates=3)).start()
+    try:
+        t = keyed(srv, "t")
+        t.upsert(kv([1, 2], [1.0, 2.0]))
+        graph.run_cycle()
+        gate = Gate(srv.location)
+        got: list[Update] = []
+        live = LiveTable(gate, "t", on_update=got.append, reconnect_delay=0.01)
+        lives.append(live)
+        assert live.wait_for()
+        gate.open.clear()  # the client cannot come back until the history is gone
+        live._drop_connection()
+        for i in range(6):
+            t.upsert(kv([10 + i], [float(i)]))
+            t.delete(pa.table({"k": [1]}))
+            graph.run_cycle()
+        gate.open.set()
+        assert live.wait_for(sequence=seq(srv, "t"))
+        assert got[-1].is_snapshot and got[-1].resumed == "snapshot" and live.reconnects >= 1
+        same(got[-1].removed, frame([(1, "s1", 1.0), (2, "s2", 2.0)]))
+        assert_view(live, t.to_arrow(), None, "after the snapshot resume")
+        t.upsert(kv([2], [-2.0]))
+        graph.run_cycle()
+        assert live.wait_for(sequence=seq(srv, "t"))
+        assert got[-1].resumed == "none" and got[-1].modified.v.tolist() == [-2.0]
+        live.close()
+    finally:
+        srv.shutdown()
+
+
+def test_resume_by_deltas_with_a_viewport(server, graph, subscribe):
+    src = keyed(server, "t")
+    src.upsert(kv(list(range(20)), [float(i) for i in range(20)]))
+    graph.run_cycle()
+    server.registry.add("board", src.sort("v"), "derived", parents=["t"])
+    gate = Gate(server.location)
+    got: list[Update] = []
+    live = subscribe("board", connect=gate, viewport=[(0, 4)], on_update=got.append,
+                     reconnect_delay=0.01)
+    assert live.wait_for()
+    gate.open.clear()
+    live._drop_connection()
+    src.upsert(kv([15, 30, 2], [-1.0, -2.0, 2.5]))  # two rows enter the top 4, 2 is modified
+    graph.run_cycle()
+    gate.open.set()
+    assert live.wait_for(sequence=1)
+    u = got[-1]
+    assert u.resumed == "deltas" and not u.is_snapshot
+    assert sorted(u.added.k.tolist()) == [15, 30] and sorted(u.removed.k.tolist()) == [2, 3]
+    assert_view(live, server.registry.get("board").table.to_arrow(), [(0, 4)], "resumed")
+
+
+def test_server_restart_resumes_by_snapshot(graph, lives):
+    """The server goes away (its shutdown ends the stream as unavailable); the client keeps
+    trying and subscribes to the new server's table, a new epoch: a snapshot."""
+    first = TicktableServer(graph, ServerConfig(grpc_port=None)).start()
+    t = keyed(first, "t")
+    t.upsert(kv([1], [1.0]))
+    graph.run_cycle()
+    gate = Gate(first.location)
+    live = LiveTable(gate, "t", reconnect_delay=0.01, max_reconnect_delay=0.05)
+    lives.append(live)
+    assert live.wait_for()
+    gate.open.clear()
+    assert first.shutdown()
+    g2 = UpdateGraph(validate=True)
+    second = TicktableServer(g2, ServerConfig(grpc_port=None)).start()
+    try:
+        t2 = keyed(second, "t")
+        for i in range(3):  # (the old view is at sequence 1: go past it)
+            t2.upsert(kv([5, 6 + i], [5.0, 6.0]))
+            g2.run_cycle()
+        gate.location = second.location
+        gate.open.set()
+        assert live.wait_for(sequence=3) and live.size == 4
+        assert_view(live, t2.to_arrow(), None, "after the restart")
+        assert live.error is None and live.reconnects >= 1
+        live.close()
+    finally:
+        second.shutdown()
+
+
+def test_a_failed_apply_starts_over_from_a_snapshot(server, graph, subscribe, monkeypatch):
+    """A reader exception mid-apply (injected once) discards the possibly half-applied
+    state and resubscribes without resuming: the next message is a snapshot."""
+    t = keyed(server, "t")
+    t.upsert(kv([1, 2], [1.0, 2.0]))
+    graph.run_cycle()
+    got: list[Update] = []
+    live = subscribe("t", reconnect_delay=0.01)
+    live.on_update(got.append)
+    assert live.wait_for() and live.connected
+    real = _State.apply
+    failures: list[int] = []
+
+    def once(self, meta, added, modified):
+        if meta.sequence == 2 and not failures:
+            failures.append(meta.sequence)
+            self.keys.clear()  # half-applied, then the failure
+            raise ValueError("protocol: injected")
+        return real(self, meta, added, modified)
+
+    monkeypatch.setattr(_State, "apply", once)
+    t.upsert(kv([3], [3.0]))
+    graph.run_cycle()
+    assert live.wait_for(sequence=2)
+    assert failures == [2] and live.reconnects == 1
+    assert got[-1].is_snapshot and got[-1].resumed == "none"
+    assert live.to_arrow().equals(t.to_arrow())
+    with pytest.raises(ValueError, match="announced"):  # the state checks what it is sent
+        st = _State(KV)
+        meta = pb.UpdateMetadata(is_snapshot=True, added_data_rows=BitMap64([1]).serialize())
+        st.apply(meta, KV.empty_table(), KV.empty_table())
+
+
+def test_df_waits_for_the_first_snapshot(server, graph, subscribe, monkeypatch):
+    t = keyed(server, "t")
+    t.upsert(kv([1, 2], [1.0, 2.0]))
+    graph.run_cycle()
+    gate = Gate(server.location)
+    gate.open.clear()
+    live = subscribe("t", connect=gate)
+    monkeypatch.setattr(LiveTable, "FIRST_SNAPSHOT_TIMEOUT", 0.1)
+    with pytest.raises(TimeoutError, match="no snapshot of 't'"):
+        live.to_arrow()
+    assert live.size == 0 and live.columns == [] and not live.connected
+    monkeypatch.setattr(LiveTable, "FIRST_SNAPSHOT_TIMEOUT", 30.0)
+    threading.Timer(0.05, gate.open.set).start()
+    same(live.df, frame([(1, "s1", 1.0), (2, "s2", 2.0)]))  # waited for it
+
+
+# ------------------------------------------------------------------ iterators
+def test_blocking_and_async_iterators_see_every_update_in_order(server, graph, subscribe):
+    t = keyed(server, "t")
+    applied: list[Update] = []
+    live = subscribe("t", on_update=applied.append)
+    assert live.wait_for()
+    blocking = live.updates(timeout=10)
+
+    async def consume() -> list[Update]:
+        out: list[Update] = []
+        aiter = live.__aiter__()  # registered now: every later update is delivered
+        for i in range(30):
+            t.upsert(kv([i % 7], [float(i)]))
+            graph.run_cycle()
+        async for u in aiter:
+            out.append(u)
+            if u.sequence == 30:
+                return out
+        raise AssertionError("the async iteration ended")
+
+    got = asyncio.run(consume())
+    assert _settles(lambda: applied[-1].sequence == 30)  # callbacks run after the queues
+    assert got == applied[1:]  # the same objects, in order (the server may coalesce cycles)
+    assert [u.sequence for u in got] == sorted({u.sequence for u in got})
+    assert [next(blocking) for _ in got] == got
+    with pytest.raises(TimeoutError):
+        next(live.updates(timeout=0.05))
+
+    async def until_closed() -> list[int]:
+        aiter = live.__aiter__()
+        t.upsert(kv([100], [1.0]))
+        graph.run_cycle()
+        assert live.wait_for(sequence=31)
+        threading.Timer(0.05, live.close).start()  # from another thread, while waiting
+        return [u.sequence async for u in aiter]  # ends (no error) once closed
+
+    assert asyncio.run(until_closed()) == [31]
+    assert [u.sequence for u in live] == []  # closed: a new iteration ends at once
+
+
+def test_iterator_that_falls_behind_gets_a_catch_up_snapshot(server, graph, subscribe):
+    t = keyed(server, "t")
+    live = subscribe("t")
+    assert live.wait_for()
+    slow = live.updates(timeout=10, maxsize=3)
+    for i in range(10):  # ten messages (waiting, else the server may compose cycles)
+        t.upsert(kv([i], [float(i)]))
+        graph.run_cycle()
+        assert live.wait_for(sequence=i + 1)
+    u = next(slow)
+    assert u.is_snapshot and u.skipped == 10 and u.sequence == 10
+    same(u.added, live.df)
+    t.upsert(kv([99], [9.9]))
+    graph.run_cycle()
+    u = next(slow)
+    assert not u.is_snapshot and u.sequence == 11 and u.added.k.tolist() == [99]
+    first = live.updates(snapshot=True, timeout=10)
+    assert next(first).added.shape == (11, 3)
+
+
+def test_failing_callback_is_logged_and_the_subscription_goes_on(server, graph, subscribe, caplog):
+    t = keyed(server, "t")
+    seen: list[int] = []
+
+    def bad(u: Update) -> None:
+        seen.append(u.sequence)
+        raise RuntimeError("boom")
+
+    live = subscribe("t", on_update=bad)
+    with caplog.at_level(logging.ERROR, logger="clients.live"):
+        for i in range(3):
+            t.upsert(kv([i], [1.0]))
+            graph.run_cycle()
+        assert live.wait_for(sequence=3)
+        live.close()
+    assert seen[-1] == 3 and "callback" in caplog.text and live.error is None
+
+
+# ------------------------------------------------------------------ lifecycle and errors
+def _readers() -> list[threading.Thread]:
+    return [th for th in threading.enumerate() if th.name.startswith("ticktable-live-")]
+
+
+def _settles(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Wait for a condition another thread brings about (server-side stream threads end
+    asynchronously after a client cancels)."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        pause.wait(0.01)
+    return True
+
+
+def test_close_stops_the_reader_threads_and_ends_iterators(server, graph):
+    t = keyed(server, "t")
+    t.upsert(kv([1], [1.0]))
+    graph.run_cycle()
+    baseline = threading.active_count()
+    connect = Endpoint(server.location).connect
+    many = [LiveTable(connect, "t") for _ in range(3)]
+    assert all(x.wait_for() for x in many) and len(_readers()) == 3
+    it = many[0].updates()
+    ended: list[str] = []
+    waiter = threading.Thread(target=lambda: ended.extend(["item" for _ in it]))
+    waiter.start()
+    for x in many:
+        x.close()
+    waiter.join(10)
+    assert ended == [] and not waiter.is_alive() and _readers() == []
+    assert all(x.closed and x.error is None for x in many)
+    with LiveTable(connect, "t") as live:
+        assert live.wait_for() and live.size == 1 and len(_readers()) == 1
+    assert live.closed and _readers() == []
+    assert not live.wait_for(sequence=99, timeout=1)
+    assert _settles(lambda: threading.active_count() == baseline)  # the server's too
+
+
+def test_dropped_table_is_a_permanent_error(server, graph, subscribe):
+    t = keyed(server, "t")
+    t.upsert(kv([1], [1.0]))
+    graph.run_cycle()
+    live = subscribe("t", reconnect_delay=0.01)
+    assert live.wait_for()
+    it = live.updates(timeout=10)
+    server.registry.drop("t")
+    with pytest.raises(KeyError, match="table 't' was dropped"):
+        next(it)
+    assert isinstance(live.error, KeyError) and live.closed and live.reconnects == 0
+    with pytest.raises(KeyError):
+        live.wait_for(sequence=5)
+    assert "failed" in repr(live)
+    missing = subscribe("nope")
+    with pytest.raises(KeyError, match="no table 'nope'"):
+        missing.wait_for()
+
+
+# ------------------------------------------------------------------ the key index
+def test_hash_map_and_slot_index_against_a_dict():
+    """Seeded random puts/pops (growth, tombstones, rebuilds) against a plain dict; slot
+    indexes over a dense base (direct positions) and a sparse one (binary search)."""
+    rng = np.random.default_rng(3)
+    for step in (0, 2, 7):
+        base = np.arange(0, 200 * step, step, dtype=np.int64) if step else np.empty(0, np.int64)
+        index = _HashMap() if not step else _SlotIndex(base, np.arange(base.size))
+        want = {int(k): i for i, k in enumerate(base)}
+        for _ in range(300):
+            keys = np.unique(rng.integers(0, 3000, int(rng.integers(0, 60)))).astype(np.int64)
+            if rng.random() < 0.5:
+                vals = rng.integers(0, 10**6, keys.size).astype(np.int64)
+                index.put(keys, vals)
+                want.update(zip(keys.tolist(), vals.tolist(), strict=True))
+            else:
+                got = index.pop(keys)
+                assert got.tolist() == [want.pop(k, -1) for k in keys.tolist()]
+            if isinstance(index, _SlotIndex):
+                index.maybe_rebuild()
+                k, s = index.items()
+                assert k.tolist() == sorted(want) and s.tolist() == [want[x] for x in sorted(want)]
+                assert len(index) == len(want)
+            probe = rng.integers(-5, 3100, 50).astype(np.int64)
+            assert index.get(probe).tolist() == [want.get(x, -1) for x in probe.tolist()]
+
+
+def test_value_log_take_matches_a_plain_gather(monkeypatch):
+    """Runs of slots (sliced), many scattered ones (Arrow's take) and a few (per chunk), over
+    chunks of mixed sizes, against one concatenated array's take."""
+    monkeypatch.setattr(_Store, "_SMALL", 1)  # keep every chunk apart
+    rng = np.random.default_rng(5)
+    store = _Store(KV)
+    for size in (50, 3, 1, 17, 200, 2, 64):
+        first = store.rows
+        keys = list(range(first, first + size))
+        store.append(kv(keys, [float(k) for k in keys], [None if k % 5 == 0 else f"x{k}"
+                                                         for k in keys]))
+    assert len(store.frozen().chunks[0]) == 7
+    whole = store.frozen().take(np.arange(store.rows)).combine_chunks()
+    assert whole.column("k").to_pylist() == list(range(store.rows))
+    n = store.rows
+    cases = [np.arange(n), np.arange(40, 90), rng.permutation(n), rng.choice(n, 5),
+             np.concatenate([np.arange(10, 60), np.arange(0, 5), np.arange(200, 330)]),
+             np.array([n - 1]), np.empty(0, np.int64)]
+    for slots in cases:
+        slots = slots.astype(np.int64)
+        got = store.frozen().take(slots)
+        assert got.equals(whole.take(pa.array(slots, pa.int64()))), slots[:10]
