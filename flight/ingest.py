@@ -137,6 +137,7 @@ class Ingestor:
         self._writes: dict[str, _Write] = {}
         self._staged_bytes = 0
         self._committed: dict[str, tuple[float, pb.CommitResult]] = {}
+        self._aborted: dict[str, float] = {}  # write id -> when (forgotten after stage_ttl)
         self._stream_batches: dict[str, int] = {}
         self._cycle_done = threading.Condition()
         self._last_step = self.graph.step
@@ -214,6 +215,9 @@ class Ingestor:
         with self._lock:
             if write_id in self._committed:
                 raise InputError(f"write {write_id!r} was already committed; use a new write_id")
+            if write_id in self._aborted:
+                raise InputError(f"write {write_id!r} was aborted; its batches are refused, use a "
+                                 f"new write_id")
             write = self._writes.get(write_id)
             if write is not None and write.committing:
                 raise InputError(f"write {write_id!r} is being committed; use a new write_id")
@@ -282,6 +286,9 @@ class Ingestor:
     def _commit_locked(self, request: pb.CommitRequest) -> tuple[pb.CommitResult, int]:
         write_id = request.write_id
         with self._lock:
+            if write_id in self._aborted:
+                raise InputError(f"write {write_id!r} was aborted; nothing of it can be committed, "
+                                 f"write again with a new write_id")
             done = self._committed.get(write_id)
             if done is not None:
                 return pb.CommitResult(rows=done[1].rows, applied=False, step=done[1].step), 0
@@ -353,6 +360,7 @@ class Ingestor:
         """Drop every slot of a staged write; returns how many were dropped (0 if unknown)."""
         with self._lock:
             n = self._drop_locked(request.write_id)
+            self._aborted[request.write_id] = time.monotonic()  # late batches are refused
         if n:
             log.info("aborted write %r: %d slot(s) dropped", request.write_id, n)
         return n
@@ -379,6 +387,8 @@ class Ingestor:
                 dropped += self._drop_locked(w)
             for w in [w for w, (t, _) in self._committed.items() if now - t > self.stage_ttl]:
                 del self._committed[w]
+            for w in [w for w, t in self._aborted.items() if now - t > self.stage_ttl]:
+                del self._aborted[w]
         if stale:
             log.warning("expired %d abandoned write(s) (%d slot(s)): %s", len(stale), dropped,
                         ", ".join(map(repr, stale[:10])))

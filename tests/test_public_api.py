@@ -10,8 +10,17 @@ import ticktable as tt
 
 def test_all_is_sorted_and_complete():
     assert tt.__all__ == sorted(tt.__all__)
-    public = {n for n in dir(tt) if not n.startswith("_")} - {"annotations", "cli", "java_check"}
+    public = {n for n in dir(tt) if not n.startswith("_")} - {"annotations", "cli", "java_check", "spark"}
     assert public == set(tt.__all__)
+
+
+def test_spark_is_loaded_on_first_use():
+    import pyspark.sql.datasource
+
+    assert tt.spark.push is __import__("clients.spark").spark.push
+    assert issubclass(tt.spark.TicktableDataSource, pyspark.sql.datasource.DataSource)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        tt.nope  # noqa: B018
 
 
 def test_readme_example_runs():

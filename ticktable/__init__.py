@@ -45,3 +45,12 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # ``tt.spark`` imports pyspark, an optional extra: load it only when asked for
+    if name == "spark":
+        import importlib
+
+        return importlib.import_module("ticktable.spark")
+    raise AttributeError(f"module 'ticktable' has no attribute {name!r}")

@@ -336,7 +336,12 @@ def test_abort_drops_every_slot(env):
     assert env.ing.abort(pb.AbortRequest(write_id="w")) == 3
     assert env.ing.abort(pb.AbortRequest(write_id="w")) == 0
     assert env.ing.open_stages == 0 and env.ing.staged_bytes == 0
-    assert env.commit("w", all_slots=True).rows == 0
+    with pytest.raises(InputError, match="write 'w' was aborted"):
+        env.commit("w", all_slots=True)
+    # a task still running when its job was aborted cannot stage a slot that would linger
+    with pytest.raises(InputError, match="write 'w' was aborted"):
+        env.put("a", APPEND, kv([9], ["late"], [9]), write_id="w", partition=7)
+    assert env.ing.open_stages == 0
     env.graph.run_cycle()
     assert env.rows("a") == []
 
