@@ -19,7 +19,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -35,6 +35,7 @@ __all__ = ["HistoryEntry", "Publisher", "TableEntry", "TableRegistry", "UpdateSi
 log = logging.getLogger(__name__)
 
 KINDS = ("append", "keyed", "ring")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,11 @@ class Publisher:
         self._history_rows = 0
         self._sinks: list[UpdateSink] = []
         self._lock = threading.Lock()
+        # Encoded messages shared by subscribers that would send the same bytes (same update,
+        # columns, batch size and step, no viewport): built once, written to each. Only the
+        # newest update's messages are kept.
+        self._shared: dict[tuple[Any, ...], Any] = {}
+        self._shared_lock = threading.Lock()
         self._handle = table.listen(self._on_update, self._on_failure)
 
     # inside the cycle ----------------------------------------------------------------
@@ -145,6 +151,22 @@ class Publisher:
         for e in entries[1:]:
             total = compose(total, e.update, prev)
         return total, prev, len(entries)
+
+    def shared_message(self, key: tuple[Any, ...], build: Callable[[], T]) -> T:
+        """The message for ``key`` (its first element the update's sequence): built by the
+        first subscriber asking, reused by the others. Call under the graph's shared lock."""
+        with self._shared_lock:
+            hit = self._shared.get(key)
+            if hit is not None:
+                out: T = hit
+                return out
+            newest = max((int(k[0]) for k in self._shared), default=int(key[0]))
+            built = build()
+            if key[0] > newest:  # (sequences are ints) older updates' messages are done with
+                self._shared.clear()
+            if key[0] >= newest:
+                self._shared[key] = built
+            return built
 
     def close(self) -> None:
         self._handle.remove()

@@ -263,7 +263,7 @@ class Subscription:
     def _next_message(self, publisher: Any, pending: list[HistoryEntry], count: int,
                       triples: list[pa.Table],
                       change: pb.SubscriptionChange | None,
-                      ) -> tuple[pb.UpdateMetadata, pa.Table, pa.Table] | None:
+                      ) -> tuple[pb.UpdateMetadata, pa.Table, pa.Table] | _Encoded | None:
         """Under the shared lock: the message bringing the client to the current state."""
         if change is not None and change.set_columns:
             self.columns = self._check_columns(list(change.columns))
@@ -280,6 +280,14 @@ class Subscription:
             meta = self._base_meta(publisher, sequence=pending[-1].sequence, coalesced=count)
             self.coalesced += count - 1
             return meta, data, self.schema.empty_table()
+        if (len(pending) == 1 and count == 1 and change is None and self.viewport is None
+                and self._held is None):
+            # what every subscriber of these columns gets for this update: encode it once
+            entry = pending[0]
+            key = (entry.sequence, tuple(self.columns), self.batch_rows, self.graph.step)
+            return publisher.shared_message(key, lambda: self._encode(
+                self._delta(publisher, entry.update, count, entry.sequence,
+                            resume=pb.RESUME_NONE)))
         if pending:
             first = pending[0]
             update = first.update
@@ -374,20 +382,35 @@ class Subscription:
         writer.write_metadata(pa.py_buffer(meta.SerializeToString()))
 
     # ------------------------------------------------------------------- writing
-    def _send(self, writer: Any, msg: tuple[pb.UpdateMetadata, pa.Table, pa.Table]) -> None:
+    def _encode(self, msg: tuple[pb.UpdateMetadata, pa.Table, pa.Table]) -> _Encoded:
+        """A message ready to write (immutable: several subscribers may write it)."""
         meta, added, modified = msg
         a = _batches(added, self.batch_rows)
         m = _batches(modified, self.batch_rows)
         meta.num_added_batches = len(a)
         meta.num_modified_batches = len(m)
-        writer.write_metadata(pa.py_buffer(meta.SerializeToString()))
-        for b in a:
+        return _Encoded(pa.py_buffer(meta.SerializeToString()), (*a, *m), int(meta.sequence),
+                        int(meta.step))
+
+    def _send(self, writer: Any,
+              msg: tuple[pb.UpdateMetadata, pa.Table, pa.Table] | _Encoded) -> None:
+        enc = msg if isinstance(msg, _Encoded) else self._encode(msg)
+        writer.write_metadata(enc.meta)
+        for b in enc.batches:
             writer.write_batch(b)
-        for b in m:
-            writer.write_batch(b)
-        self.sequence = meta.sequence
-        self.step = meta.step
+        self.sequence = enc.sequence
+        self.step = enc.step
         self.messages += 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Encoded:
+    """One subscription message: serialized metadata and its record batches."""
+
+    meta: pa.Buffer
+    batches: tuple[pa.RecordBatch, ...]
+    sequence: int
+    step: int
 
 
 def _batches(table: pa.Table, rows: int) -> list[pa.RecordBatch]:

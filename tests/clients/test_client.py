@@ -264,3 +264,29 @@ def test_composition_binds_expressions_after_schema_changes(client: tt.Client,
         client.table("t").natural_join("nope", "sym").create()
     replaced.drop()
     assert "rich" not in client.tables()
+
+
+def test_tls_with_token_for_calls_subscriptions_and_compositions(graph: UpdateGraph,
+                                                                 tmp_path) -> None:
+    import subprocess
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True)
+    crt, key = (tmp_path / "cert.pem").read_bytes(), (tmp_path / "key.pem").read_bytes()
+    cfg = ServerConfig(grpc_port=0, token="t0k", tls_cert=crt, tls_key=key)
+    with TicktableServer(graph, cfg) as srv:
+        port = srv.port
+        with tt.connect(f"127.0.0.1:{port}", token="t0k", tls=str(tmp_path / "cert.pem")) as c:
+            assert c.endpoint.location == f"grpc+tls://127.0.0.1:{port}"
+            c.push("t", trades(np.random.default_rng(7), np.arange(20)))
+            graph.run_cycle()
+            with c.subscribe("t") as live:
+                assert len(live.df) == 20
+            assert c.table("t").count_by("n").snapshot()["n"].tolist() == [20]
+        with tt.connect(f"grpc+tls://127.0.0.1:{port}", token="t0k", tls=crt) as c:
+            assert "t" in c.tables()
+        with tt.connect(f"127.0.0.1:{port}", token="t0k") as plain:  # no TLS: refused
+            with pytest.raises(fl.FlightError):
+                plain.tables()

@@ -316,9 +316,9 @@ def test_subscribers_on_other_threads_see_every_step(server, graph):
     for _ in range(150):
         src.step()
         graph.run_cycle()
-    done.set()
     t.upsert(src._rows(1))
     graph.run_cycle()
+    done.set()  # after the last cycle: a reader stops once it has the final sequence
     for th in threads:
         th.join(30)
     assert not errors, errors
