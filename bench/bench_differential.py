@@ -3,9 +3,8 @@
 D3: ``--events`` upsert events (``--deletes`` of them deletes) over ``K`` distinct int64
 keys with an int64 value in [0, 1000), in batches of ``--batch``, into a keyed collection
 (:class:`engine.differential.upsert.Upsert`, which reads and writes its trace), then a
-count of live rows by value bucket (``value // 100``). The count is, for now, a plain
-vectorized reduce over the upsert's output (``np.bincount`` of the buckets weighted by
-the diffs); TODO(#4): replace it with the reduce/count operator once it exists. At the
+count of live rows by value bucket (``value // 100``): the upsert's triples feed a dataflow
+input, then ``map`` (the bucket) and the ``count`` operator, stepped once per batch. At the
 end the counts are checked against pandas recomputing the last value per key. ``K`` is
 taken from ``--sizes``. Printed per size: events/s (wall clock and process CPU time,
 which is less sensitive to other processes on the machine), per-batch median / p99 /
@@ -75,18 +74,27 @@ def run_d3(n_keys: int, args: argparse.Namespace) -> dict:
     rng = np.random.default_rng(n_keys)
     batches = make_events(rng, args.events, n_keys, args.deletes, args.batch)
     up = Upsert(SCHEMA, "k")
-    counts = np.zeros(N_BUCKETS, dtype=np.int64)
+    # the count by bucket is a dataflow: map (bucket = v // 100), then the count operator
+    flow = Dataflow()
+    coll, inp = flow.input(SCHEMA)
+    probe = coll.map({"bucket": pc.divide(pc.field("v"), pc.scalar(BUCKET))}).count("bucket").probe()
     wall: list[int] = []
     out_rows = 0
     t0, c0 = time.perf_counter(), time.process_time()
     for step, b in enumerate(batches):
         t = time.perf_counter_ns()
         out = up.step(b, step)
-        buckets = out.data.column("v").to_numpy() // BUCKET
-        counts += np.bincount(buckets, weights=out.diffs, minlength=N_BUCKETS).astype(np.int64)
+        inp.send(out, step)
+        inp.advance_to(step + 1)
+        flow.step()
         wall.append(time.perf_counter_ns() - t)
         out_rows += out.num_rows
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    counts = np.zeros(N_BUCKETS, dtype=np.int64)
+    final = probe.accumulate().to_arrow()
+    if np.any(final.column("__diff").to_numpy() != 1):
+        raise AssertionError(f"K={n_keys}: the count output is not a set of rows")
+    counts[final.column("bucket").to_numpy()] = final.column("count").to_numpy()
     if not np.array_equal(counts, expected_counts(batches)):
         raise AssertionError(f"K={n_keys}: counts by bucket differ from the recomputation")
     st = stats_ms(wall)
