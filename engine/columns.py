@@ -84,6 +84,10 @@ class ColumnSource:
         """Values at ``keys`` (previous key space) as of the start of the cycle."""
         raise NotImplementedError
 
+    def get_range(self, start: int, stop: int) -> pa.Array:
+        """Current values at keys ``start .. stop - 1`` (a snapshot of a dense table)."""
+        return self.get(np.arange(start, stop, dtype=np.int64))
+
 
 class WritableColumnSource(ColumnSource):
     """A column source that owns its storage and tracks previous values while asked to."""
@@ -214,7 +218,7 @@ class NumpyColumnSource(WritableColumnSource):
     # reading ----------------------------------------------------------------------
     def get_numpy(self, keys: KeyArray) -> tuple[npt.NDArray[Any], npt.NDArray[np.bool_] | None]:
         """Current ``(values, validity or None)`` at ``keys``."""
-        return self._values[keys], None if self._valid is None else self._valid[keys]
+        return _gather(self._values, keys), None if self._valid is None else self._valid[keys]
 
     def get_prev_numpy(self, keys: KeyArray) -> tuple[npt.NDArray[Any], npt.NDArray[np.bool_] | None]:
         """Previous ``(values, validity or None)`` at previous-key-space ``keys``."""
@@ -237,6 +241,16 @@ class NumpyColumnSource(WritableColumnSource):
 
     def get_prev(self, keys: KeyArray) -> pa.Array:
         return self._to_arrow(*self.get_prev_numpy(keys))
+
+    def get_range(self, start: int, stop: int) -> pa.Array:
+        n = stop - start
+        if n < _POOL_GATHER or self._values.dtype == np.bool_:
+            return super().get_range(start, stop)
+        buf = pa.allocate_buffer(n * self._values.itemsize)  # see _gather
+        data = np.frombuffer(buf, dtype=self._values.dtype)
+        data[:] = self._values[start:stop]  # one copy: later cycles overwrite _values
+        valid = None if self._valid is None else self._valid[start:stop].copy()
+        return self._to_arrow(data, valid)
 
     # writing ----------------------------------------------------------------------
     def _save_prev(self, keys: KeyArray) -> None:
@@ -300,6 +314,26 @@ class NumpyColumnSource(WritableColumnSource):
 
     def end_cycle(self) -> None:
         self._prev = None
+
+
+#: Gathers of at least this many values go to Arrow's memory pool (see :func:`_gather`).
+_POOL_GATHER = 1 << 16
+
+
+def _gather(values: npt.NDArray[Any], keys: KeyArray) -> npt.NDArray[Any]:
+    """``values[keys]``; a large result is written into a buffer of Arrow's memory pool.
+
+    A snapshot of a big table gathers hundreds of MB per call. numpy's allocations of that
+    size are fresh ``mmap``s, returned to the OS when freed, so every snapshot paid the page
+    faults again; the Arrow pool (mimalloc/jemalloc) keeps and reuses them. The array is
+    then wrapped for Arrow without a copy either way.
+    """
+    if keys.size < _POOL_GATHER or values.dtype == np.bool_:
+        return values[keys]
+    buf = pa.allocate_buffer(keys.size * values.itemsize)
+    out = np.frombuffer(buf, dtype=values.dtype)
+    np.take(values, keys, out=out)
+    return out
 
 
 class _ArrowStore:
@@ -385,6 +419,9 @@ class ArrowColumnSource(WritableColumnSource):
 
     def get_prev(self, keys: KeyArray) -> pa.Array:
         return self._store.take(self._slots.get_prev_numpy(keys)[0])
+
+    def get_range(self, start: int, stop: int) -> pa.Array:
+        return self._store.take(self._slots._values[start:stop])
 
     def set(self, keys: KeyArray, values: pa.Array | pa.ChunkedArray) -> None:
         if keys.size == 0:

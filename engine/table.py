@@ -147,8 +147,12 @@ class Table:
         names = list(columns) if columns is not None else self.column_names
         with self.graph.shared_lock():
             self._check_alive()
-            keys = self.rowset.keys()
-            arrays = [self.column(n).get(keys) for n in names]
+            rs = self.rowset
+            if rs and rs.last() - rs.first() + 1 == len(rs):  # dense keys: ranges, no gather
+                arrays = [self.column(n).get_range(rs.first(), rs.last() + 1) for n in names]
+            else:
+                keys = rs.keys()
+                arrays = [self.column(n).get(keys) for n in names]
         fields = [self.schema.field(n) for n in names]
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 

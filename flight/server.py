@@ -167,7 +167,10 @@ class _FlightService(flight.FlightServerBase):  # type: ignore[misc]
                     snap = snap.select(columns)
             else:
                 snap = table.to_arrow(columns)
-            return flight.RecordBatchStream(snap)
+            # record batches of at most max_batch_rows (zero-copy slices): no client has to
+            # take a message of the whole table, and sending pipelines with encoding
+            batches = snap.to_batches(max_chunksize=self.server.config.max_batch_rows)
+            return flight.RecordBatchStream(pa.Table.from_batches(batches, schema=snap.schema))
 
     def _snapshot_request(self, raw: bytes) -> pb.SnapshotRequest:
         try:
