@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.differential.dataflow import Collection, Time, _Node, _Scope
-from engine.differential.trace import Trace, TraceReader
+from engine.differential.trace import IndexedZSet, Trace, TraceReader
 from engine.differential.zset import ZSet, concat
 from engine.errors import InputError, SchemaError
 
@@ -44,6 +44,7 @@ class _ArrangeNode(_Node):
         self.keys = keys
         self.trace = Trace(source.schema, keys, dims=scope.dims)
         self._hold = self.trace.reader()  # released once the consumers hold their own
+        self._before: tuple[Time, tuple[IndexedZSet, ...]] | None = None
 
     def reader(self) -> TraceReader:
         return self.trace.reader()
@@ -51,9 +52,17 @@ class _ArrangeNode(_Node):
     def finalize(self) -> None:
         self._hold.close()
 
+    def before(self, t: Time) -> tuple[IndexedZSet, ...]:
+        """The trace's batches as they were before this node inserted its input at ``t``
+        (its consumers run at ``t`` right after it: the collection without ``t``'s delta)."""
+        if self._before is not None and self._before[0] == t:
+            return self._before[1]
+        return self.trace.batches
+
     def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
         b = batches[0]
         if b is not None:
+            self._before = (t, self.trace.batches)
             self.trace.insert(b)
         return b
 
@@ -100,24 +109,36 @@ def _output_schema(left: pa.Schema, right: pa.Schema, on: tuple[str, ...]) -> pa
     return pa.schema(list(left) + [f for f in right if f.name not in on])
 
 
-def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], batch_left: bool) -> ZSet | None:
-    """``batch`` joined with every update in ``trace`` (``batch`` on the left or right)."""
-    found = trace.lookup(batch.data.select(list(on)))
+def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], batch_left: bool, *,
+           at: Time | None = None, batches: Sequence[IndexedZSet] | None = None) -> ZSet | None:
+    """``batch`` joined with every update in ``trace`` (``batch`` on the left or right).
+
+    ``batches`` reads a snapshot of the trace's spine instead of the current one. ``at``
+    says every row of ``batch`` is at that time and every update of the trace at or
+    before it (a totally ordered scope), so every pair is at ``at``.
+    """
+    found = trace.lookup(batch.data.select(list(on)), batches=batches)
     if len(found) == 0:
         return None
     rows = found.probe
-    mine = batch.data.take(rows)
-    theirs = found.records()
-    diffs = batch.diffs[rows] * found.diffs
+    n = batch.num_rows
+    same_order = rows.size == n and bool(np.all(rows[1:] > rows[:-1]))  # each row once, in order
+    mine = batch.data if same_order else batch.data.take(rows)
+    # the batch on the left keeps its key columns; on the right, the trace's are kept
+    theirs = found.records(columns=[n for n in trace.schema.names if n not in on] if batch_left else None)
+    diffs = (batch.diffs if same_order else batch.diffs[rows]) * found.diffs
     times = None
-    if batch.times is not None:
+    if at is not None:
+        times = np.full((rows.size, len(at)), at, dtype=np.int64)
+    elif batch.times is not None:
         times = np.maximum(batch.times[rows], found.times)  # the lattice join of versions
-    if batch_left:
-        left, right = mine, theirs
-    else:
-        left, right = theirs, mine
-    cols = list(left.columns) + [right.column(n) for n in right.column_names if n not in on]
-    names = left.column_names + [n for n in right.column_names if n not in on]
+    if batch_left:      # the batch's columns, then the trace's others
+        cols = list(mine.columns) + list(theirs.columns)
+        names = mine.column_names + theirs.column_names
+    else:               # the trace's columns, then the batch's others
+        others = [n for n in mine.column_names if n not in on]
+        cols = list(theirs.columns) + [mine.column(n) for n in others]
+        names = theirs.column_names + others
     return ZSet(pa.Table.from_arrays(cols, names=names), diffs, times)
 
 
@@ -175,20 +196,20 @@ class _JoinNode(_Node):
         for r in self._readers:
             if r.since != since:
                 r.set_logical_compaction(since)
+        # d(A join B) = dA join B_new + A_old join dB: every pair of updates with at least
+        # one of them at t, once. B_new is the right trace now (its arrangement ran
+        # first); A_old the left trace as it was before its arrangement inserted dA.
+        at = None if self.scope.nested else t  # root scope: history is all before t
         dl, dr = batches
         parts = []
-        if dl is not None:       # dA join B (B includes dB: its arrangement ran first)
-            p = _pairs(dl, self.right.trace, self.on, True)
+        if dl is not None:
+            p = _pairs(dl, self.right.trace, self.on, True, at=at)
             if p is not None:
                 parts.append(p)
-        if dr is not None:       # A join dB
-            p = _pairs(dr, self.left.trace, self.on, False)
+        if dr is not None:
+            p = _pairs(dr, self.left.trace, self.on, False, at=at, batches=self.left.before(t))
             if p is not None:
                 parts.append(p)
-        if dl is not None and dr is not None:   # dA join dB was counted twice
-            p = join_stream(dl, dr, self.on)
-            if p.num_rows:
-                parts.append(p.negate())
         if not parts:
             return None
         return _conform(concat(*[_conform(p, self.schema) for p in parts]), self.schema)

@@ -35,7 +35,7 @@ identify groups by a 64-bit hash of their values (odds of two groups colliding a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._hashing import exact_hash, group_equal, hash_rows, same_rows
+from engine._hashing import exact_hash, group_equal, hash_column, hash_rows, same_rows
 from engine._keyindex import KeyIndex
 from engine.differential.dataflow import Collection, Time, _Node, _Scope
 from engine.differential.join import _ArrangeNode, arrange
@@ -291,14 +291,37 @@ class _GroupState:
         self.size = 0
 
     def slots(self, h: U64) -> I64:
-        """Slot per (distinct) hash, allocating new ones."""
+        """Slot per hash (repeats allowed), allocating new ones."""
         s = self.index.lookup(h)
         new = np.flatnonzero(s < 0)
         if new.size:
-            s[new] = np.arange(self.size, self.size + new.size, dtype=np.int64)
-            self.index.insert(h[new], s[new])
-            self.size += new.size
+            uh, inv = np.unique(h[new], return_inverse=True)
+            fresh = np.arange(self.size, self.size + uh.size, dtype=np.int64)
+            self.index.insert(uh, fresh)
+            s[new] = fresh[inv.reshape(-1)]
+            self.size += uh.size
         return s
+
+    def row_slots(self, table: pa.Table, by: Sequence[str]) -> I64:
+        """Slot per row of ``table`` for its group (the values of ``by``), allocating new
+        ones. One integer column over a range not much wider than the batch is factorized
+        by offset first, so only its distinct values are hashed and looked up."""
+        if len(by) == 1 and table.num_rows >= 1024:
+            col = table.column(by[0])
+            if pa.types.is_integer(col.type) and col.null_count == 0:
+                v = np.asarray(col.to_numpy()).astype(np.int64, copy=False)
+                lo, hi = int(v.min()), int(v.max())
+                if hi - lo < 4 * v.size:
+                    off = v - lo
+                    mark = np.zeros(hi - lo + 1, dtype=bool)
+                    mark[off] = True
+                    present = np.flatnonzero(mark)
+                    distinct = pa.array(present + lo, type=pa.int64()).cast(col.type)
+                    slot_of = np.empty(hi - lo + 1, dtype=np.int64)
+                    slot_of[present] = self.slots(hash_column(distinct, by[0]))
+                    out: I64 = slot_of[off]
+                    return out
+        return self.slots(hash_rows(table, by))
 
 
 def _grow(a: npt.NDArray[np.generic], n: int) -> npt.NDArray[np.generic]:
@@ -309,11 +332,31 @@ def _grow(a: npt.NDArray[np.generic], n: int) -> npt.NDArray[np.generic]:
     return out
 
 
-def _groups(h: U64) -> tuple[I64, I64]:
-    """``(order, starts)``: rows sorted by hash, where each hash's run starts."""
-    order = np.argsort(h, kind="stable")
-    hs = h[order]
-    return order, np.flatnonzero(np.concatenate(([True], hs[1:] != hs[:-1])))
+def _factorize(row_slot: I64, size: int) -> tuple[I64, I64, I64]:
+    """``(slots, first, group)``: the distinct state slots of a batch's rows, a row of each, and each row's index into ``slots``. A mark array over the state when it is
+    small next to the batch (no sort), a sort otherwise: the cost follows the batch."""
+    n = row_slot.size
+    if size <= 4 * n + 1024:
+        rep = np.full(size, -1, dtype=np.int64)
+        rep[row_slot] = np.arange(n, dtype=np.int64)  # some row of each slot
+        slots = np.flatnonzero(rep >= 0)
+        dense = np.empty(size, dtype=np.int64)
+        dense[slots] = np.arange(slots.size, dtype=np.int64)
+        return slots, rep[slots], dense[row_slot]
+    slots, first, group = np.unique(row_slot, return_index=True, return_inverse=True)
+    return slots, first.astype(np.int64), group.reshape(-1).astype(np.int64)
+
+
+def _group_sum(group: I64, values: npt.NDArray[Any], m: int) -> npt.NDArray[Any]:
+    """Per group, the sum of ``values`` (exact for integers)."""
+    if values.dtype.kind == "f":
+        return np.bincount(group, weights=values, minlength=m)
+    if values.size == 0 or np.abs(values).max() < (1 << 53) // max(values.size, 1):
+        # every partial sum is an integer below 2**53: float64 adds it exactly
+        return np.bincount(group, weights=values, minlength=m).astype(np.int64)
+    out = np.zeros(m, dtype=np.int64)
+    np.add.at(out, group, values)
+    return out
 
 
 class _LinearAggNode(_Node):
@@ -332,15 +375,12 @@ class _LinearAggNode(_Node):
         if b is None:
             return None
         spec = self.spec
-        h = hash_rows(b.data, spec.by)
-        order, starts = _groups(h)
-        gh = h[order[starts]]
-        d = b.diffs[order]
-        dcnt = np.add.reduceat(d, starts)
-        dsums: list[Any] = [
-            np.add.reduceat(d * _values(b.data, c, "sum")[order], starts)  # type: ignore[operator]
-                 for _, fn, c in spec.aggs if fn == "sum" and c is not None]
-        slot = self.state.slots(gh)
+        row_slot = self.state.row_slots(b.data, spec.by)
+        slot, first, group = _factorize(row_slot, self.state.size)
+        d = b.diffs
+        dcnt = _group_sum(group, d, slot.size)
+        dsums: list[Any] = [_group_sum(group, d * _values(b.data, c, "sum"), slot.size)  # type: ignore[operator]
+                            for _, fn, c in spec.aggs if fn == "sum" and c is not None]
         n = self.state.size
         self.cnt = _grow(self.cnt, n)  # type: ignore[assignment]
         self.sums = [_grow(s, n) for s in self.sums]  # type: ignore[misc]
@@ -358,7 +398,7 @@ class _LinearAggNode(_Node):
             s[slot] = nw
         if retract.size + insert.size == 0:
             return None
-        rep = order[starts]
+        rep = first
         keys = b.data.select(list(spec.by))
 
         def rows(sel: I64, cnt: I64, sums: list[Any]) -> pa.Table:
@@ -385,10 +425,9 @@ class _DistinctNode(_Node):
         b = batches[0]
         if b is None:
             return None
-        h = hash_rows(b.data)
-        order, starts = _groups(h)
-        dw = np.add.reduceat(b.diffs[order], starts)
-        slot = self.state.slots(h[order[starts]])
+        row_slot = self.state.slots(hash_rows(b.data))
+        slot, first, group = _factorize(row_slot, self.state.size)
+        dw = _group_sum(group, b.diffs, slot.size)
         self.weight = _grow(self.weight, self.state.size)  # type: ignore[assignment]
         old = self.weight[slot]
         new = old + dw
@@ -398,7 +437,7 @@ class _DistinctNode(_Node):
         sel = np.flatnonzero(up | down)
         if sel.size == 0:
             return None
-        return ZSet(b.data.take(order[starts][sel]), np.where(up[sel], 1, -1).astype(np.int64)).with_time(t)
+        return ZSet(b.data.take(first[sel]), np.where(up[sel], 1, -1).astype(np.int64)).with_time(t)
 
 
 def reduce(coll: Collection, by: tuple[str, ...], aggs: Mapping[str, Agg]) -> Collection:

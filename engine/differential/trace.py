@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -80,23 +81,30 @@ class IndexedZSet:
     key_hash: U64
     rec_hash: U64
     order_key: U64
-    _directory: tuple[int, I64] | None = field(default=None, repr=False)
+    _directory: dict[int, tuple[int, I64]] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return self.batch.num_rows
 
-    def _bucket_starts(self) -> tuple[int, I64]:
+    def _bucket_starts(self, probes: int = 0) -> tuple[int, I64]:
         """``(shift, starts)``: rows of bucket ``b = order_key >> shift`` are
-        ``starts[b]:starts[b + 1]``; at most about one key per bucket (built on first lookup)."""
+        ``starts[b]:starts[b + 1]``; at most about one key per bucket, and for a small batch
+        probed by many keys, enough buckets that most probes find theirs empty (built on
+        first use, one per size)."""
+        own = int(np.ceil(np.log2(len(self) + 1))) + 1          # <= 1/2 row per bucket
+        want = int(np.ceil(np.log2(probes + 1)))
+        bits = max(1, min(40, max(own, min(want, own + 10))))
         if self._directory is None:
-            bits = int(min(40, max(1, np.ceil(np.log2(len(self) + 1)) + 1)))  # <= 1/2 row per bucket
+            object.__setattr__(self, "_directory", {})
+        assert self._directory is not None
+        found = self._directory.get(bits)
+        if found is None:
             shift = 64 - bits
             top = self.order_key >> np.uint64(shift)
             starts = np.zeros((1 << bits) + 1, dtype=np.int64)
             np.cumsum(np.bincount(top.astype(np.int64), minlength=1 << bits), out=starts[1:])
-            object.__setattr__(self, "_directory", (shift, starts))
-        assert self._directory is not None
-        return self._directory
+            found = self._directory[bits] = (shift, starts)
+        return found
 
     @classmethod
     def build(cls, batch: ZSet, keys: Sequence[str]) -> IndexedZSet:
@@ -115,28 +123,67 @@ class IndexedZSet:
         values = [c for c in batch.schema.names if c not in keys]
         rh = combine(kh, hash_rows(batch.data, values)) if values else kh
         ok = (kh & _HI) | (rh & _LO)
-        order = np.argsort(ok)
+        order = argsort_u64(ok)
         if np.all(order[1:] > order[:-1]):
             return cls(keys, batch, kh, rh, ok)
         return cls(keys, batch.take(order), kh[order], rh[order], ok[order])
 
     def locate(self, probe_hash: U64) -> tuple[I64, I64]:
-        """Rows whose key hash equals a probe's: ``(probe index, row)`` pairs, grouped by probe."""
+        """Rows whose key hash equals a probe's: ``(probe index, row)`` pairs (the rows of a
+        probe in order, but not the probes)."""
         # the bucket's rows, then the rows of the probe's key among them
-        shift, starts = self._bucket_starts()
+        shift, starts = self._bucket_starts(probe_hash.size)
         b = (probe_hash >> np.uint64(shift)).astype(np.int64)
         lo = starts[b]
         counts = starts[b + 1] - lo
         probe = np.flatnonzero(counts)             # probes whose bucket holds rows
         lo, counts = lo[probe], counts[probe]
-        if probe.size and counts.max() > 1:        # expand buckets of several rows
-            probe = np.repeat(probe, counts)
-            ends = np.cumsum(counts)
-            rows = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - counts - lo, counts)
+        multi = np.flatnonzero(counts > 1)
+        if multi.size:                             # expand buckets of several rows
+            c = counts[multi]
+            ends = np.cumsum(c)
+            extra = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - c - lo[multi], c)
+            single = counts == 1
+            probe = np.concatenate((probe[single], np.repeat(probe[multi], c)))
+            rows = np.concatenate((lo[single], extra))
         else:
             rows = lo
         hit = self.key_hash[rows] == probe_hash[probe]
         return probe[hit], rows[hit]
+
+
+def argsort_u64(a: U64) -> I64:
+    """A stable argsort of ``uint64`` values: LSD radix, four passes of numpy's 16-bit
+    radix sort (about half the time of a comparison sort from a few thousand values)."""
+    if a.size < 2048 or a.size > 1 << 17:  # past the caches, a comparison sort wins
+        return np.argsort(a, kind="stable").astype(np.int64, copy=False)
+    perm = np.argsort((a & np.uint64(0xFFFF)).astype(np.uint16), kind="stable")
+    for shift in (16, 32, 48):
+        digit = (a[perm] >> np.uint64(shift)).astype(np.uint16)
+        perm = perm[np.argsort(digit, kind="stable")]
+    return perm.astype(np.int64, copy=False)
+
+
+def _locate_all(spine: Sequence[IndexedZSet], ph: U64) -> list[tuple[I64, I64]]:
+    """:meth:`IndexedZSet.locate` in every batch of a spine. Batches much smaller than the
+    probe set share one occupancy filter (their key hashes' top bits): only the probes
+    that may be in one of them go on to their directories, so many small batches cost
+    about one pass over the probes."""
+    n = ph.size
+    small = [i for i, b in enumerate(spine) if len(b) * 8 < n]
+    found: list[tuple[I64, I64] | None] = [None] * len(spine)
+    if n >= 1024 and small:
+        bits = min(24, int(np.ceil(np.log2(n))) + 3)
+        shift = np.uint64(64 - bits)
+        occupied = np.zeros(1 << bits, dtype=bool)
+        for i in small:  # a loop per small batch
+            occupied[(spine[i].order_key >> shift).astype(np.int64)] = True
+        cand = np.flatnonzero(occupied[(ph >> shift).astype(np.int64)])
+        sub = ph[cand]
+        for i in small:
+            p, r = spine[i].locate(sub)
+            found[i] = (cand[p], r)
+    return [f if f is not None else b.locate(ph) for b, f in zip(spine, found, strict=True)]
 
 
 def index_with(batch: ZSet, keys: Sequence[str]) -> IndexedZSet:
@@ -196,8 +243,14 @@ def _merge(parts: Sequence[IndexedZSet], since: Antichain) -> IndexedZSet:
             same[cand] = key_hash[a] == key_hash[b]
         else:
             same[cand] = same_rows(both.data, a, b)
+    diffs = both.diffs[src]
+    if cand.size == 0 or not same.any():  # nothing to consolidate: a reordering
+        out = ZSet(both.data.take(src), diffs, times)
+        return IndexedZSet(parts[0].keys, out, key_hash[src], rec_hash, order_key)
     starts = np.flatnonzero(np.concatenate(([True], ~same)))
-    sums = np.add.reduceat(both.diffs[src], starts)
+    cs = np.zeros(diffs.size + 1, dtype=np.int64)
+    np.cumsum(diffs, out=cs[1:])
+    sums = cs[np.append(starts[1:], diffs.size)] - cs[starts]  # per run of equal updates
     nz = sums != 0
     keep = starts[nz]
     rows = src[keep]
@@ -239,7 +292,6 @@ class Lookup:
     """
 
     probe: I64
-    rec_hash: U64
     diffs: I64
     _batches: tuple[IndexedZSet, ...]
     _which: I64      # per entry: index into _batches
@@ -247,17 +299,51 @@ class Lookup:
     _schema: pa.Schema
     _dims: int
 
+    @property
+    def rec_hash(self) -> U64:
+        """Per entry, the record hash (equal records have equal hashes; gathered on demand)."""
+        return self._gather(lambda b: b.rec_hash, np.uint64)  # type: ignore[no-any-return]
+
+    def _gather(self, part: Any, dtype: Any) -> Any:
+        """Per entry, ``part(batch)[row]`` (a gather per trace batch)."""
+        if not self._batches:
+            return np.empty(0, dtype=dtype)
+        if len(self._batches) == 1:
+            return part(self._batches[0])[self._rows]
+        out = np.empty((self.probe.size,) + part(self._batches[0]).shape[1:], dtype=dtype)
+        for i, b in enumerate(self._batches):  # a loop per trace batch
+            sel = self._which == i
+            out[sel] = part(b)[self._rows[sel]]
+        return out
+
     def __len__(self) -> int:
         return int(self.probe.size)
 
-    def records(self, sel: npt.ArrayLike | None = None) -> pa.Table:
-        """The records of the entries ``sel`` (all by default), in that order."""
-        idx = np.arange(self.probe.size) if sel is None else np.asarray(sel, dtype=np.int64)
+    def records(self, sel: npt.ArrayLike | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+        """The records of the entries ``sel`` (all by default), in that order; with
+        ``columns``, only those columns."""
+        def data(b: int) -> pa.Table:
+            d = self._batches[b].batch.data
+            return d if columns is None else d.select(list(columns))
+
+        if sel is None:  # entries are grouped by trace batch, in batch order
+            if self.probe.size == 0:
+                return self._schema.empty_table() if columns is None else \
+                    self._schema.empty_table().select(list(columns))
+            bounds = np.searchsorted(self._which, np.arange(len(self._batches) + 1))
+            parts = [data(b).take(self._rows[lo:hi])  # one take per trace batch
+                     for b, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
+                     if hi > lo]
+            return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        idx = np.asarray(sel, dtype=np.int64)
         if idx.size == 0:
-            return self._schema.empty_table()
+            return self._schema.empty_table() if columns is None else \
+                self._schema.empty_table().select(list(columns))
+        if len(self._batches) == 1:
+            return data(0).take(self._rows[idx])
         which = self._which[idx]
         groups = [np.flatnonzero(which == b) for b in range(len(self._batches))]  # a counting sort
-        parts = [self._batches[b].batch.data.take(self._rows[idx[g]])
+        parts = [data(b).take(self._rows[idx[g]])
                  for b, g in enumerate(groups) if g.size]  # one take per trace batch
         order = np.concatenate(groups)
         gathered = pa.concat_tables(parts)
@@ -270,11 +356,9 @@ class Lookup:
     @property
     def times(self) -> I64:
         """Per entry, its version (gathered on demand)."""
-        parts = [b.batch.times[self._rows[self._which == i]] for i, b in enumerate(self._batches)]  # type: ignore[index]
-        out = np.empty((self.probe.size, self._dims), dtype=np.int64)
-        for i, p in enumerate(parts):  # a loop per trace batch
-            out[self._which == i] = p
-        return out
+        if not self._batches:
+            return np.empty((0, self._dims), dtype=np.int64)
+        return self._gather(lambda b: b.batch.times, np.int64)  # type: ignore[no-any-return]
 
     @property
     def entries(self) -> ZSet:
@@ -420,8 +504,13 @@ class Trace:
             return ZSet.empty(self.schema, self.dims)
         return concat(*(b.batch for b in self._spine))
 
-    def lookup(self, keys: pa.Table) -> Lookup:
+    def lookup(self, keys: pa.Table, *, key_hash: U64 | None = None,
+               batches: Sequence[IndexedZSet] | None = None) -> Lookup:
         """Every stored update of the keys in ``keys`` (a table of the key columns).
+
+        ``key_hash`` is ``keys``' hash when the caller has it already; ``batches`` a
+        snapshot of the spine (:attr:`batches`, taken earlier) to read instead of the
+        current one.
 
         Raises
         ------
@@ -431,24 +520,25 @@ class Trace:
         missing = [k for k in self.keys if k not in keys.column_names]
         if missing:
             raise SchemaError(f"lookup keys lack column(s) {missing} (trace keys: {list(self.keys)})")
-        ph = hash_rows(keys, self.keys)
-        batches = tuple(self._spine)
-        found = [b.locate(ph) for b in batches]  # one probe per spine batch
-        if not found:
+        ph = hash_rows(keys, self.keys) if key_hash is None else key_hash
+        spine = tuple(self._spine) if batches is None else tuple(batches)
+        found = _locate_all(spine, ph)
+        hits = [i for i, (p, _) in enumerate(found) if p.size]
+        if not hits:
             e = np.empty(0, np.int64)
-            return Lookup(e, np.empty(0, np.uint64), e, (), e, e, self.schema, self.dims)
-        probe = np.concatenate([p for p, _ in found])
-        rows = np.concatenate([r for _, r in found])
-        which = np.repeat(np.arange(len(batches), dtype=np.int64), [r.size for _, r in found])
-        rec_hash = np.concatenate([b.rec_hash[r] for b, (_, r) in zip(batches, found, strict=True)])
-        diffs = np.concatenate([b.batch.diffs[r] for b, (_, r) in zip(batches, found, strict=True)])
-        out = Lookup(probe, rec_hash, diffs, batches, which, rows, self.schema, self.dims)
-        if probe.size and not self.exact_keys:  # different keys with one hash: drop them
+            return Lookup(e, e, (), e, e, self.schema, self.dims)
+        spine = tuple(spine[i] for i in hits)
+        found = [found[i] for i in hits]
+        probe = np.concatenate([p for p, _ in found]) if len(found) > 1 else found[0][0]
+        rows = np.concatenate([r for _, r in found]) if len(found) > 1 else found[0][1]
+        which = np.repeat(np.arange(len(spine), dtype=np.int64), [r.size for _, r in found])
+        diffs = np.concatenate([b.batch.diffs[r] for b, (_, r) in zip(spine, found, strict=True)])
+        out = Lookup(probe, diffs, spine, which, rows, self.schema, self.dims)
+        if not self.exact_keys:  # different keys with one hash: drop them
             names = list(self.keys)
             ok = rows_equal(out.records().select(names), keys.select(names).take(probe))
             if not ok.all():
-                out = Lookup(probe[ok], rec_hash[ok], diffs[ok], batches, which[ok], rows[ok],
-                             self.schema, self.dims)
+                out = Lookup(probe[ok], diffs[ok], spine, which[ok], rows[ok], self.schema, self.dims)
         return out
 
     def _distinct(self, keys: pa.Table) -> pa.Table:

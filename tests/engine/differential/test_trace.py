@@ -61,6 +61,44 @@ def test_lookup_and_accumulate_across_batches():
     assert tr.accumulate(at=1, keys=pa.table({"k": [1]})).to_triples() == [((1, 11), None, 1)]
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_many_probes_against_big_and_small_batches(seed):
+    # thousands of probes against a spine of one big batch and several small ones: the small
+    # batches go through the shared occupancy filter, the big one through its directory
+    rng = np.random.default_rng(seed)
+    tr = Trace(KV, "k")
+    reader = tr.reader()  # no compaction: every batch keeps its updates
+    sizes = [20_000, 700, 40, 3, 1, 90]
+    want: Counter = Counter()
+    small_keys = []
+    for t, n in enumerate(sizes):
+        k = rng.integers(0, 30_000, n)
+        if n < 1_000:
+            small_keys.append(k)
+        v = rng.integers(0, 5, n)
+        w = rng.choice([-2, -1, 1, 3], n)
+        tr.insert(ZSet(pa.table({"k": k, "v": v}), w.astype(np.int64), np.full((n, 1), t, np.int64)))
+        for kk, vv, ww in zip(k.tolist(), v.tolist(), w.tolist(), strict=True):
+            want[(kk, vv, t)] += ww
+    assert any(len(b) * 8 < 5_000 for b in tr.batches) and any(len(b) >= 5_000 for b in tr.batches)
+    probes = rng.permutation(np.concatenate([rng.integers(0, 40_000, 5_000), *small_keys]))
+    found = tr.lookup(pa.table({"k": probes}))
+    recs = found.records().to_pylist()
+    got: Counter = Counter()
+    for p, r, d, t in zip(found.probe.tolist(), recs, found.diffs.tolist(), found.times[:, 0].tolist(), strict=True):
+        assert r["k"] == probes[p]
+        got[(p, r["v"], t)] += d
+    by_key: dict[int, list[tuple[int, int, int]]] = {}
+    for (k2, v2, t2), w2 in want.items():
+        by_key.setdefault(k2, []).append((v2, t2, w2))
+    expect: Counter = Counter()
+    for p, kk in enumerate(probes.tolist()):
+        for v2, t2, w2 in by_key.get(kk, []):
+            expect[(p, v2, t2)] += w2
+    assert +got == +expect and -got == -expect
+    reader.close()
+
+
 def test_readers_hold_back_compaction():
     tr = Trace(KV, "k")
     fast, slow = tr.reader(), tr.reader()
