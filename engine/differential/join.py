@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from engine.differential.dataflow import Collection, Time, _Node, _Scope
@@ -45,6 +46,7 @@ class _ArrangeNode(_Node):
         self.trace = Trace(source.schema, keys, dims=scope.dims)
         self._hold = self.trace.reader()  # released once the consumers hold their own
         self._before: tuple[Time, tuple[IndexedZSet, ...]] | None = None
+        self._indexed: tuple[Time, IndexedZSet] | None = None
 
     def reader(self) -> TraceReader:
         return self.trace.reader()
@@ -59,11 +61,21 @@ class _ArrangeNode(_Node):
             return self._before[1]
         return self.trace.batches
 
+    def delta(self, t: Time, batch: ZSet) -> tuple[ZSet, npt.NDArray[np.uint64] | None]:
+        """``batch`` (this node's input at ``t``) as indexed for the trace, with its key
+        hashes: the same updates, sorted by key, which probes other traces in key order."""
+        if self._indexed is not None and self._indexed[0] == t:
+            ib = self._indexed[1]
+            return ib.batch, ib.key_hash
+        return batch, None
+
     def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
         b = batches[0]
         if b is not None:
             self._before = (t, self.trace.batches)
-            self.trace.insert(b)
+            ib = IndexedZSet.build(b, self.keys)
+            self._indexed = (t, ib)
+            self.trace.insert(ib)
         return b
 
 
@@ -110,14 +122,15 @@ def _output_schema(left: pa.Schema, right: pa.Schema, on: tuple[str, ...]) -> pa
 
 
 def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], batch_left: bool, *,
-           at: Time | None = None, batches: Sequence[IndexedZSet] | None = None) -> ZSet | None:
+           at: Time | None = None, batches: Sequence[IndexedZSet] | None = None,
+           key_hash: npt.NDArray[np.uint64] | None = None) -> ZSet | None:
     """``batch`` joined with every update in ``trace`` (``batch`` on the left or right).
 
     ``batches`` reads a snapshot of the trace's spine instead of the current one. ``at``
     says every row of ``batch`` is at that time and every update of the trace at or
     before it (a totally ordered scope), so every pair is at ``at``.
     """
-    found = trace.lookup(batch.data.select(list(on)), batches=batches)
+    found = trace.lookup(batch.data.select(list(on)), batches=batches, key_hash=key_hash)
     if len(found) == 0:
         return None
     rows = found.probe
@@ -203,11 +216,13 @@ class _JoinNode(_Node):
         dl, dr = batches
         parts = []
         if dl is not None:
-            p = _pairs(dl, self.right.trace, self.on, True, at=at)
+            dl, kh = self.left.delta(t, dl)
+            p = _pairs(dl, self.right.trace, self.on, True, at=at, key_hash=kh)
             if p is not None:
                 parts.append(p)
         if dr is not None:
-            p = _pairs(dr, self.left.trace, self.on, False, at=at, batches=self.left.before(t))
+            dr, kh = self.right.delta(t, dr)
+            p = _pairs(dr, self.left.trace, self.on, False, at=at, batches=self.left.before(t), key_hash=kh)
             if p is not None:
                 parts.append(p)
         if not parts:

@@ -132,10 +132,14 @@ class IndexedZSet:
         """Rows whose key hash equals a probe's: ``(probe index, row)`` pairs (the rows of a
         probe in order, but not the probes)."""
         # the bucket's rows, then the rows of the probe's key among them
-        shift, starts = self._bucket_starts(probe_hash.size)
-        b = (probe_hash >> np.uint64(shift)).astype(np.int64)
-        lo = starts[b]
-        counts = starts[b + 1] - lo
+        if probe_hash.size <= 64:  # a few probes: binary searches, no directory
+            lo = np.searchsorted(self.order_key, probe_hash & _HI)
+            counts = np.searchsorted(self.order_key, probe_hash | _LO, "right") - lo
+        else:
+            shift, starts = self._bucket_starts(probe_hash.size)
+            b = (probe_hash >> np.uint64(shift)).astype(np.int64)
+            lo = starts[b]
+            counts = starts[b + 1] - lo
         probe = np.flatnonzero(counts)             # probes whose bucket holds rows
         lo, counts = lo[probe], counts[probe]
         multi = np.flatnonzero(counts > 1)
