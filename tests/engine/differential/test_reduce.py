@@ -140,3 +140,44 @@ def test_reduce_oracle(name, build, ref):
         got = acc.update()
         assert got == ref(src.state), f"{name}: version {v}: only got {got - ref(src.state)}, " \
                                       f"only expected {ref(src.state) - got}"
+
+
+@pytest.mark.parametrize(("key_type", "key_range", "big_values"), [
+    (pa.int32(), (-700, 700), False),         # dense integer groups: factorized by offset
+    (pa.int64(), (-(10**15), 10**15), False),  # sparse keys: hashed per row
+    (pa.int64(), (0, 40), True),               # sums past 2**53 / rows: exact integer adds
+])
+def test_count_sum_over_large_batches(key_type, key_range, big_values):
+    # batches of thousands of rows (the vectorized factorizations), inserts and retractions
+    # of earlier rows, checked against a from-scratch recount after every version
+    rng = np.random.default_rng(key_range[1] % 997)
+    schema = pa.schema([("k", key_type), ("x", pa.int64())])
+    df = Dataflow()
+    coll, inp = df.input(schema)
+    acc = Accumulated(coll.reduce("k", {"n": ("count",), "s": ("sum", "x")}).probe())
+    live_k = np.empty(0, np.int64)
+    live_x = np.empty(0, np.int64)
+    hi_x = 2**60 if big_values else 1000
+    keys = rng.integers(*key_range, 300)  # a pool, so groups repeat
+    for v in range(40):
+        n_add = int(rng.integers(1_000, 4_000))
+        k_add = rng.choice(keys, n_add)
+        x_add = rng.integers(-hi_x, hi_x, n_add)
+        gone = rng.choice(live_k.size, min(live_k.size, int(rng.integers(0, 1_500))), replace=False)
+        k = np.concatenate((k_add, live_k[gone]))
+        x = np.concatenate((x_add, live_x[gone]))
+        w = np.concatenate((np.ones(n_add, np.int64), -np.ones(gone.size, np.int64)))
+        inp.send(ZSet(pa.table({"k": pa.array(k, key_type), "x": x}), w), v)
+        keep = np.ones(live_k.size, bool)
+        keep[gone] = False
+        live_k = np.concatenate((live_k[keep], k_add))
+        live_x = np.concatenate((live_x[keep], x_add))
+        inp.advance_to(v + 1)
+        df.step()
+        got = acc.update()
+        want: dict = {}
+        for kk, xx in zip(live_k.tolist(), live_x.tolist(), strict=True):  # Python ints: exact
+            n, s = want.get(kk, (0, 0))
+            want[kk] = (n + 1, s + xx)
+        expect = {((kk, n, (s + 2**63) % 2**64 - 2**63), 1) for kk, (n, s) in want.items()}
+        assert set(got.items()) == expect, f"version {v}"
