@@ -302,26 +302,28 @@ class _GroupState:
             self.size += uh.size
         return s
 
-    def row_slots(self, table: pa.Table, by: Sequence[str]) -> I64:
-        """Slot per row of ``table`` for its group (the values of ``by``), allocating new
-        ones. One integer column over a range not much wider than the batch is factorized
-        by offset first, so only its distinct values are hashed and looked up."""
-        if len(by) == 1 and table.num_rows >= 1024:
+    def groups(self, table: pa.Table, by: Sequence[str] | None = None) -> tuple[I64, I64, I64]:
+        """The groups of ``table``'s rows (by the values of ``by``, all columns by default):
+        ``(slots, first, group)``, each group's state slot (allocating new ones), a row of
+        it, and each row's index into ``slots``. One integer column over a range not much
+        wider than the batch is factorized by offset (no hashing of every row, no sort)."""
+        if by is not None and len(by) == 1 and table.num_rows >= 1024:
             col = table.column(by[0])
             if pa.types.is_integer(col.type) and col.null_count == 0:
                 v = np.asarray(col.to_numpy()).astype(np.int64, copy=False)
                 lo, hi = int(v.min()), int(v.max())
                 if hi - lo < 4 * v.size:
                     off = v - lo
-                    mark = np.zeros(hi - lo + 1, dtype=bool)
-                    mark[off] = True
-                    present = np.flatnonzero(mark)
+                    rep = np.full(hi - lo + 1, -1, dtype=np.int64)
+                    rep[off] = np.arange(v.size, dtype=np.int64)  # some row of each value
+                    present = np.flatnonzero(rep >= 0)
                     distinct = pa.array(present + lo, type=pa.int64()).cast(col.type)
-                    slot_of = np.empty(hi - lo + 1, dtype=np.int64)
-                    slot_of[present] = self.slots(hash_column(distinct, by[0]))
-                    out: I64 = slot_of[off]
-                    return out
-        return self.slots(hash_rows(table, by))
+                    rank = np.empty(hi - lo + 1, dtype=np.int64)
+                    rank[present] = np.arange(present.size, dtype=np.int64)
+                    slots = self.slots(hash_column(distinct, by[0]))
+                    return slots, rep[present], rank[off]
+        h = hash_rows(table) if by is None else hash_rows(table, by)
+        return _factorize(self.slots(h), self.size)
 
 
 def _grow(a: npt.NDArray[np.generic], n: int) -> npt.NDArray[np.generic]:
@@ -375,8 +377,7 @@ class _LinearAggNode(_Node):
         if b is None:
             return None
         spec = self.spec
-        row_slot = self.state.row_slots(b.data, spec.by)
-        slot, first, group = _factorize(row_slot, self.state.size)
+        slot, first, group = self.state.groups(b.data, spec.by)
         d = b.diffs
         dcnt = _group_sum(group, d, slot.size)
         dsums: list[Any] = [_group_sum(group, d * _values(b.data, c, "sum"), slot.size)  # type: ignore[operator]
@@ -425,8 +426,7 @@ class _DistinctNode(_Node):
         b = batches[0]
         if b is None:
             return None
-        row_slot = self.state.slots(hash_rows(b.data))
-        slot, first, group = _factorize(row_slot, self.state.size)
+        slot, first, group = self.state.groups(b.data)
         dw = _group_sum(group, b.diffs, slot.size)
         self.weight = _grow(self.weight, self.state.size)  # type: ignore[assignment]
         old = self.weight[slot]
