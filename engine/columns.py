@@ -283,8 +283,29 @@ class NumpyColumnSource(WritableColumnSource):
             self._valid[keys] = True
 
     def set_new_range(self, start: int, values: pa.Array | pa.ChunkedArray) -> None:
+        if isinstance(values, pa.ChunkedArray) and values.num_chunks > 1:
+            # chunk by chunk into place: no combined copy of the whole append first (a fresh
+            # buffer as large as the append, whose page faults cost more than the copy)
+            self.ensure_capacity(start + len(values))
+            for chunk in values.chunks:
+                self.set_new_range_numpy(start, *self._split(chunk))
+                start += len(chunk)
+            return
         data, valid = self._split(values)
         self.set_new_range_numpy(start, data, valid)
+
+    def set_new_range_run(self, start: int, first: int, n: int) -> None:
+        """:meth:`set_new_range` of the values ``first, first + 1, ...`` (an int column),
+        written block by block without materializing them."""
+        if n == 0:
+            return
+        self.ensure_capacity(start + n)
+        out = self._values[start:start + n]
+        for b in range(0, n, _RUN_BLOCK.size):
+            m = min(_RUN_BLOCK.size, n - b)
+            np.add(_RUN_BLOCK[:m], first + b, out=out[b:b + m])
+        if self._valid is not None:
+            self._valid[start:start + n] = True
 
     def set_new_range_numpy(self, start: int, data: npt.NDArray[Any],
                             valid: npt.NDArray[np.bool_] | None = None) -> None:
@@ -315,6 +336,9 @@ class NumpyColumnSource(WritableColumnSource):
     def end_cycle(self) -> None:
         self._prev = None
 
+
+#: 0, 1, 2, ...: the block :meth:`NumpyColumnSource.set_new_range_run` adds an offset to.
+_RUN_BLOCK = np.arange(1 << 16, dtype=np.int64)
 
 #: Gathers of at least this many values go to Arrow's memory pool (see :func:`_gather`).
 _POOL_GATHER = 1 << 16
@@ -348,6 +372,12 @@ class _ArrowStore:
         return int(self.offsets[-1])
 
     def append(self, values: pa.Array) -> npt.NDArray[np.int64]:
+        """Store ``values``; returns their slots."""
+        start = self.append_run(values)
+        return np.arange(start, start + len(values), dtype=np.int64)
+
+    def append_run(self, values: pa.Array) -> int:
+        """Store ``values``; returns the first of their (consecutive) slots."""
         start = len(self)
         self.chunks.append(values)
         # binary-counter merging keeps chunk sizes geometric (each over 2x the next):
@@ -356,7 +386,7 @@ class _ArrowStore:
             tail = pa.concat_arrays(self.chunks[-2:])
             self.chunks[-2:] = [tail]
         self.offsets = np.concatenate(([0], np.cumsum([len(c) for c in self.chunks]))).astype(np.int64)
-        return np.arange(start, start + len(values), dtype=np.int64)
+        return start
 
     def take(self, slots: npt.NDArray[np.int64]) -> pa.Array:
         if slots.size == 0:
@@ -431,8 +461,8 @@ class ArrowColumnSource(WritableColumnSource):
 
     def set_new_range(self, start: int, values: pa.Array | pa.ChunkedArray) -> None:
         if len(values):
-            self._slots.set_new_range_numpy(start, self._store.append(
-                _as_typed_array(values, self.type)))
+            first = self._store.append_run(_as_typed_array(values, self.type))
+            self._slots.set_new_range_run(start, first, len(values))
 
     def move(self, src: KeyArray, dst: KeyArray) -> None:
         if src.size:
