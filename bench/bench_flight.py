@@ -170,30 +170,42 @@ def _serve_latency(conn: Any, rows: int, change: int, rate: float, seed: int = 2
 
 
 class _SenderProfile:
-    """Wall time a subscription's sender spends building (under the shared lock) and writing.
+    """Wall time the server spends building messages (under the shared lock) and writing them.
 
-    Wraps :class:`flight.subscription.Subscription` methods for the latency section; the
-    numbers include waiting for the GIL, which is the point on a busy 2-core machine.
+    "build" is a subscription building its own message (``Subscription._next_message``) or a
+    fan-out building the one its members share (``FanOut`` builds, see flight/fanout.py);
+    "write" is writing one message to one stream (``Subscription._send``). Wraps those for
+    the latency section; the numbers include waiting for the GIL, which is the point on a
+    busy 2-core machine.
     """
 
     def __init__(self) -> None:
+        from flight.fanout import FanOut
         from flight.subscription import Subscription
 
         self.lock = threading.Lock()
-        self.samples: dict[str, list[float]] = {"build": [], "write": []}
+        self.samples: dict[str, list[float]] = {"build": [], "shared_build": [], "write": []}
         for name, attr in (("build", "_next_message"), ("write", "_send")):
-            orig = getattr(Subscription, attr)
+            setattr(Subscription, attr, self._timed(name, getattr(Subscription, attr)))
+        init = FanOut.__init__
 
-            def wrapped(sub: Any, *a: Any, _orig: Any = orig, _name: str = name) -> Any:
-                t = time.perf_counter()
-                try:
-                    return _orig(sub, *a)
-                finally:
-                    dt = time.perf_counter() - t
-                    with self.lock:
-                        self.samples[_name].append(dt)
+        def fanout_init(fan: Any, *a: Any, **kw: Any) -> None:
+            init(fan, *a, **kw)
+            fan._build = self._timed("shared_build", fan._build)
 
-            setattr(Subscription, attr, wrapped)
+        FanOut.__init__ = fanout_init  # type: ignore[method-assign]
+
+    def _timed(self, name: str, fn: Any) -> Any:
+        def wrapped(*a: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a)
+            finally:
+                dt = time.perf_counter() - t
+                with self.lock:
+                    self.samples[name].append(dt)
+
+        return wrapped
 
     def reset(self) -> None:
         with self.lock:
@@ -209,6 +221,8 @@ class _SenderProfile:
                 out[f"{k}_p99_ms"] = float(np.percentile(a, 99))
                 out[f"{k}_total_s"] = float(a.sum() / 1e3)
             out["messages"] = len(self.samples["write"])
+            out["own_builds"] = len(self.samples["build"])
+            out["shared_builds"] = len(self.samples["shared_build"])
             return out
 
 
@@ -613,9 +627,11 @@ def main() -> None:
                 f"{args.keyed_rows:,} keyed rows at {args.rate:g}/s", lat,
                 ["subscribers", "cycles", "rate_hz", "p50_ms", "median_ms", "mean_ms", "p99_ms", "max_ms",
                  "messages", "coalesced_msgs", "cycle_median_ms", "cycle_p99_ms", "behind_at_end"])
-    print_table("    profile: per server message (wall ms incl. GIL waits), CPU cores used per process", lat,
-                ["subscribers", "sender_messages", "sender_build_median_ms", "sender_build_p99_ms",
-                 "sender_write_median_ms", "sender_write_p99_ms", "sender_build_total_s", "sender_write_total_s",
+    print_table("    profile: server builds (own = per subscriber, shared = per fan-out) and per-stream writes "
+                "(wall ms incl. GIL waits), CPU cores used per process", lat,
+                ["subscribers", "sender_messages", "sender_own_builds", "sender_build_median_ms",
+                 "sender_shared_builds", "sender_shared_build_median_ms", "sender_shared_build_p99_ms",
+                 "sender_write_median_ms", "sender_write_p99_ms", "sender_write_total_s",
                  "server_cpu_cores", "client_cpu_cores"])
     for r in lat:
         if r["errors"]:

@@ -80,11 +80,9 @@ class Publisher:
         self._history_rows = 0
         self._sinks: list[UpdateSink] = []
         self._lock = threading.Lock()
-        # Encoded messages shared by subscribers that would send the same bytes (same update,
-        # columns, batch size and step, no viewport): built once, written to each. Only the
-        # newest update's messages are kept.
-        self._shared: dict[tuple[Any, ...], Any] = {}
-        self._shared_lock = threading.Lock()
+        # per (columns, batch rows): the fan-out writing one shared message per update to
+        # every subscriber of those columns that holds every row (flight/fanout.py)
+        self._fanouts: dict[tuple[Any, ...], Any] = {}
         self._handle = table.listen(self._on_update, self._on_failure)
 
     # inside the cycle ----------------------------------------------------------------
@@ -152,21 +150,20 @@ class Publisher:
             total = compose(total, e.update, prev)
         return total, prev, len(entries)
 
-    def shared_message(self, key: tuple[Any, ...], build: Callable[[], T]) -> T:
-        """The message for ``key`` (its first element the update's sequence): built by the
-        first subscriber asking, reused by the others. Call under the graph's shared lock."""
-        with self._shared_lock:
-            hit = self._shared.get(key)
-            if hit is not None:
-                out: T = hit
-                return out
-            newest = max((int(k[0]) for k in self._shared), default=int(key[0]))
-            built = build()
-            if key[0] > newest:  # (sequences are ints) older updates' messages are done with
-                self._shared.clear()
-            if key[0] >= newest:
-                self._shared[key] = built
-            return built
+    def fanout(self, key: tuple[Any, ...], create: Callable[[], T]) -> T:
+        """The fan-out (see :mod:`flight.fanout`) for ``key``, created if there is none."""
+        with self._lock:
+            fan = self._fanouts.get(key)
+            if fan is None:
+                fan = self._fanouts[key] = create()
+            out: T = fan
+            return out
+
+    def drop_fanout(self, key: tuple[Any, ...], fan: object) -> None:
+        """Forget ``fan`` (it has no subscribers left); a later subscriber creates a new one."""
+        with self._lock:
+            if self._fanouts.get(key) is fan:
+                del self._fanouts[key]
 
     def close(self) -> None:
         self._handle.remove()

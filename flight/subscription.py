@@ -9,6 +9,13 @@ the rows it must send from the table's current state, releases the lock and writ
 the shared lock no cycle runs, so the composed update and the values it reads are one
 consistent step.
 
+Fan-out. A stream holding every row (no viewport) of an ``UPDATES`` subscription is, once
+caught up, handed to the :class:`~flight.fanout.FanOut` of its columns: one thread that
+per update builds one message under the shared lock and writes it to every such stream.
+Its handler thread then only waits, and takes the stream back (catching up from the
+publisher's history) when its client changes the subscription, stalls or leaves; a
+stalled stream joins again once caught up, after a back-off.
+
 Slow consumers. While the handler is blocked writing to a slow client, updates pile up in
 the pending list; past ``max_pending`` they are composed into one in the cycle (exact
 :func:`~engine.update.compose`), so a subscriber costs at most one composed update of
@@ -36,6 +43,7 @@ import pyarrow as pa
 from engine.errors import Overloaded, ProtocolError, SchemaError
 from engine.rowset import RowSet
 from engine.update import TableUpdate, compose
+from flight.fanout import FanOut
 from flight.pb import flight_pb2 as pb
 from flight.registry import HistoryEntry, TableEntry
 
@@ -54,6 +62,7 @@ class SubscriptionOptions:
     max_batch_rows: int = 65_536
     max_pending: int = 32
     poll_seconds: float = 0.25
+    stall_seconds: float = 0.1  # a fan-out write blocked this long detaches its subscriber
 
 
 def triples_schema(schema: pa.Schema) -> pa.Schema:
@@ -112,6 +121,13 @@ class Subscription:
         self._failure: BaseException | None = None
         self._closed = False
         self._held: RowSet | None = None  # keys whose values the client holds; None: all
+        self._resnapshot = False  # send a snapshot next (the catch-up history is gone)
+        self._writer: Any = None
+        self._fanout: FanOut[_Encoded] | None = None  # writing this stream when set
+        self._detached = False
+        self._detach_error: BaseException | None = None
+        self._fanout_stalls = 0
+        self._rejoin_after = 0.0  # (monotonic) no joining a fan-out before this
         self.sequence = 0
         self.step = 0
         self.messages = 0
@@ -191,12 +207,20 @@ class Subscription:
                 raise self.table.failure
             first = self._first_message(publisher)
             publisher.subscribe(self)
+        self._writer = writer
         try:
             self._send(writer, first)
             last_sent = time.monotonic()
             while True:
+                if self._fanout is None and self._may_share():
+                    self._join_fanout(publisher)
+                if self._fanout is not None:
+                    if not self._wait_in_fanout(publisher, context):
+                        return
+                    continue
                 with self._cond:
-                    while not (self._pending or self._change or self._failure or self._closed):
+                    while not (self._pending or self._change or self._failure or self._closed
+                               or self._resnapshot):
                         self._cond.wait(self.options.poll_seconds)
                         if context.is_cancelled():
                             return
@@ -218,7 +242,92 @@ class Subscription:
                     self._send(writer, out)
                     last_sent = time.monotonic()
         finally:
+            if self._fanout is not None:
+                self._fanout.leave(self)
             publisher.unsubscribe(self)
+
+    # -------------------------------------------------------------- the fan-out
+    def _may_share(self) -> bool:
+        """Whether this stream is one a fan-out may write (every row, ``UPDATES``, no wait)."""
+        return (self.format == pb.DELTA_FORMAT_UPDATES and self.viewport is None
+                and self._held is None and self.min_interval == 0
+                and time.monotonic() >= self._rejoin_after)
+
+    def _join_fanout(self, publisher: Any) -> None:
+        """Hand this stream to the fan-out of its columns, if it is caught up."""
+        key = (tuple(self.columns), self.batch_rows)
+        with self.graph.shared_lock():  # no cycle: the publisher's sequence stands still
+            with self._cond:
+                if (self._pending or self._change or self._failure or self._closed
+                        or self._resnapshot or self.sequence != publisher.sequence):
+                    return
+                fan = publisher.fanout(key, lambda: self._new_fanout(publisher, key))
+                if fan.join(self):
+                    publisher.unsubscribe(self)  # every later update comes through the fan-out
+                    self._fanout = fan
+                    self._detached, self._detach_error = False, None
+
+    def _new_fanout(self, publisher: Any, key: tuple[Any, ...]) -> FanOut[_Encoded]:
+        # builds with a subscription of these columns that holds every row (never sent to)
+        proto = Subscription(self.entry, pb.SubscriptionRequest(
+            table=self.entry.name, columns=self.columns, max_batch_rows=self.batch_rows),
+            self.options)
+
+        def build(pending: list[HistoryEntry], count: int) -> _Encoded:
+            return proto._encode(proto._delta(publisher, _composed(pending), count,
+                                              pending[-1].sequence, resume=pb.RESUME_NONE))
+
+        return FanOut(self.graph, publisher, key, build, max_pending=self.options.max_pending,
+                      stall_seconds=self.options.stall_seconds, name=self.entry.name)
+
+    def _wait_in_fanout(self, publisher: Any, context: Any) -> bool:
+        """While the fan-out writes this stream: wait until it must be on its own again,
+        then catch up from the last message the fan-out wrote. False: the client left."""
+        fan = self._fanout
+        assert fan is not None
+        poll = min(self.options.poll_seconds, self.options.stall_seconds)
+        cancelled = False
+        with self._cond:
+            while not (self._detached or self._change or self._failure or self._closed):
+                self._cond.wait(poll)
+                if context.is_cancelled():
+                    cancelled = True
+                    break
+                if fan.retire_if_stalled(self):
+                    # back in once caught up, after a wait doubling with each stall (2 s .. 1 min):
+                    # a client that keeps stalling holds the others up rarely
+                    self._fanout_stalls += 1
+                    self._rejoin_after = time.monotonic() + min(60.0, 2.0 ** self._fanout_stalls)
+            error, self._detach_error = self._detach_error, None
+        fan.leave(self)  # no write to this stream is in flight after this
+        self._fanout = None
+        if error is not None:
+            raise error
+        if cancelled:
+            return False
+        if self._failure is not None or self._closed:
+            return True  # the loop ends the stream
+        with self.graph.shared_lock():
+            missed = publisher.missed_since(self.sequence)
+            publisher.subscribe(self)
+            with self._cond:
+                if missed is None:  # the history no longer reaches back: start over
+                    self._resnapshot = True
+                elif missed[2]:
+                    update, prev, count = missed
+                    self._pending = [HistoryEntry(publisher.sequence, self.graph.step, update, prev)]
+                    self._pending_count = count
+        return True
+
+    def write_shared(self, msg: _Encoded) -> None:
+        """The fan-out's thread writes ``msg`` to this stream (see flight/fanout.py)."""
+        self._send(self._writer, msg)
+
+    def on_detached(self, exc: BaseException | None) -> None:
+        with self._cond:
+            self._detached = True
+            self._detach_error = exc
+            self._cond.notify()
 
     # ------------------------------------------------------- building messages
     def _base_meta(self, publisher: Any, **kw: Any) -> pb.UpdateMetadata:
@@ -263,7 +372,7 @@ class Subscription:
     def _next_message(self, publisher: Any, pending: list[HistoryEntry], count: int,
                       triples: list[pa.Table],
                       change: pb.SubscriptionChange | None,
-                      ) -> tuple[pb.UpdateMetadata, pa.Table, pa.Table] | _Encoded | None:
+                      ) -> tuple[pb.UpdateMetadata, pa.Table, pa.Table] | None:
         """Under the shared lock: the message bringing the client to the current state."""
         if change is not None and change.set_columns:
             self.columns = self._check_columns(list(change.columns))
@@ -272,6 +381,9 @@ class Subscription:
             return self._snapshot(publisher, pb.RESUME_NONE)
         if change is not None and change.set_viewport:
             self._set_viewport(change)
+        if self._resnapshot:
+            self._resnapshot = False
+            return self._snapshot(publisher, pb.RESUME_NONE)
         if self.format == pb.DELTA_FORMAT_TRIPLES:
             if not pending:
                 return None
@@ -280,19 +392,8 @@ class Subscription:
             meta = self._base_meta(publisher, sequence=pending[-1].sequence, coalesced=count)
             self.coalesced += count - 1
             return meta, data, self.schema.empty_table()
-        if (len(pending) == 1 and count == 1 and change is None and self.viewport is None
-                and self._held is None):
-            # what every subscriber of these columns gets for this update: encode it once
-            entry = pending[0]
-            key = (entry.sequence, tuple(self.columns), self.batch_rows, self.graph.step)
-            return publisher.shared_message(key, lambda: self._encode(
-                self._delta(publisher, entry.update, count, entry.sequence,
-                            resume=pb.RESUME_NONE)))
         if pending:
-            first = pending[0]
-            update = first.update
-            for e in pending[1:]:
-                update = compose(update, e.update, first.prev)
+            update = _composed(pending)
             self.coalesced += count - 1
             sequence = pending[-1].sequence
         else:
@@ -411,6 +512,14 @@ class _Encoded:
     batches: tuple[pa.RecordBatch, ...]
     sequence: int
     step: int
+
+
+def _composed(pending: list[HistoryEntry]) -> TableUpdate:
+    first = pending[0]
+    update = first.update
+    for e in pending[1:]:
+        update = compose(update, e.update, first.prev)
+    return update
 
 
 def _batches(table: pa.Table, rows: int) -> list[pa.RecordBatch]:

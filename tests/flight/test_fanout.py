@@ -1,0 +1,193 @@
+"""Fan-out (flight/fanout.py): many subscribers of the same columns are written by one
+thread from one message per update, join and leave mid-stream, and a stalled one is
+detached without holding up the others; every subscriber converges to the server's state."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from flight.pb import flight_pb2 as pb
+from flight.server import ServerConfig, TicktableServer
+from tests.flight.conftest import Sub, viewport_rows, vp
+from tests.oracle import SCHEMA, RandomSource
+
+KV = pa.schema([("k", pa.int64()), ("s", pa.string()), ("v", pa.float64())])
+
+
+def _fanouts(server: TicktableServer, name: str) -> dict:
+    publisher = server.registry.get(name).publisher
+    assert publisher is not None
+    with publisher._lock:
+        return dict(publisher._fanouts)
+
+
+def test_many_subscribers_share_one_message_per_update(server, client, graph):
+    """24 subscribers: 16 of all columns and 6 of a subset share two fan-outs; one with a
+    viewport and one of triples are on their own. After every cycle each view is exact."""
+    rng = np.random.default_rng(11)
+    src = RandomSource(graph, "keyed", rng, max_rows=150)
+    server.registry.add("src", src.table, "keyed", keys=["Key"])
+    full = [Sub(client, "src") for _ in range(16)]
+    part = [Sub(client, "src", columns=["Key", "Price"]) for _ in range(6)]
+    board = Sub(client, "src", has_viewport=True, viewport=vp((0, 7)))
+    triples = Sub(client, "src", format=pb.DELTA_FORMAT_TRIPLES)
+    subs = [*full, *part, board, triples]
+    for s in subs:
+        s.read()
+    graph.run_cycle()
+    publisher = server.registry.get("src").publisher
+    assert publisher is not None
+    for cycle in range(300):
+        src.step()
+        graph.run_cycle()
+        for s in subs:
+            s.until(publisher.sequence)
+        want = src.table.to_arrow()
+        for i, s in enumerate(full):
+            assert s.view.to_arrow().equals(want), f"cycle {cycle}: full[{i}] differs"
+        for i, s in enumerate(part):
+            assert s.view.to_arrow().equals(want.select(["Key", "Price"])), f"cycle {cycle}: part[{i}]"
+        assert board.view.to_arrow().equals(viewport_rows(want, [(0, 7)])), f"cycle {cycle}: board"
+        got = triples.view.to_arrow()
+        assert got.equals(want.sort_by([(c, "ascending") for c in want.column_names])), f"cycle {cycle}"
+    fans = _fanouts(server, "src")
+    assert sorted(f.members for f in fans.values()) == [6, 16]
+    for f in fans.values():  # one build per update (or per run of updates), not per subscriber
+        assert 0 < f.messages <= publisher.sequence
+    assert len(publisher.subscribers) == 2 + len(fans)  # viewport, triples, the fan-outs
+
+
+def test_subscribers_join_leave_and_change_mid_stream(server, client, graph):
+    """Streams open, close, take a viewport and give it up again while cycles run."""
+    rng = np.random.default_rng(12)
+    src = RandomSource(graph, "keyed", rng, max_rows=120)
+    server.registry.add("src", src.table, "keyed", keys=["Key"])
+    publisher = server.registry.get("src").publisher
+    assert publisher is not None
+    live: list[Sub] = []
+    with_viewport: dict[int, list[tuple[int, int]]] = {}
+    for cycle in range(400):
+        roll = rng.random()
+        if roll < 0.08 or not live:
+            s = Sub(client, "src")
+            s.read()
+            live.append(s)
+        elif roll < 0.12 and len(live) > 1:
+            live.pop(int(rng.integers(0, len(live)))).close()
+        elif roll < 0.18:  # a viewport takes a stream out of its fan-out; clearing it, back in
+            i = int(rng.integers(0, len(live)))
+            if id(live[i]) in with_viewport:
+                del with_viewport[id(live[i])]
+                live[i].change(set_viewport=True, has_viewport=False)
+                while live[i].view.viewport is not None:
+                    live[i].read()
+            else:
+                b = int(rng.integers(0, 30))
+                ranges = [(b, b + int(rng.integers(1, 10)))]
+                with_viewport[id(live[i])] = ranges
+                live[i].change(set_viewport=True, has_viewport=True, viewport=vp(*ranges))
+                while live[i].view.viewport != ranges:
+                    live[i].read()
+        src.step()
+        graph.run_cycle()
+        want = src.table.to_arrow()
+        for j, s in enumerate(live):
+            s.until(publisher.sequence)
+            ranges = with_viewport.get(id(s))
+            expect = want if ranges is None else viewport_rows(want, ranges)
+            assert s.view.to_arrow().equals(expect), f"cycle {cycle}: stream {j} differs"
+    assert _fanouts(server, "src")  # the plain streams were written by a fan-out
+    for s in live:
+        s.close()
+
+
+def test_stalled_subscriber_is_detached_and_the_others_keep_going(graph):
+    """One client reads nothing while the stream's window fills: the fan-out detaches it
+    after ``stall_seconds`` and keeps writing to the others, which see every update; the
+    stalled one then catches up with coalesced deltas and ends exact."""
+    srv = TicktableServer(graph, ServerConfig(grpc_port=None)).start()
+    try:
+        client = fl.connect(srv.location)
+        t = srv.registry.create_source("t", KV, "keyed", keys=["k"]).table
+        stalled = Sub(client, "t")
+        stalled.read()
+        cycles = 200
+        done = threading.Event()
+        errors: list[BaseException] = []
+        steps: dict[int, list[int]] = {}
+        views: dict[int, pa.Table] = {}
+
+        def reader(i: int, ready: threading.Event) -> None:
+            try:
+                c = fl.connect(srv.location)
+                s = Sub(c, "t")
+                s.read()
+                ready.set()
+                seen = steps.setdefault(i, [])
+                while not done.is_set() or s.view.sequence < srv.registry.get("t").publisher.sequence:
+                    seen.append(s.read().step)
+                views[i] = s.view.to_arrow()
+                s.close()
+                c.close()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = []
+        for i in range(4):
+            ready = threading.Event()
+            th = threading.Thread(target=reader, args=(i, ready))
+            th.start()
+            assert ready.wait(30)
+            threads.append(th)
+        graph.run_cycle()
+        rng = np.random.default_rng(13)
+        for _ in range(cycles):  # ~70 KB per update: the stalled stream's window fills
+            keys = rng.integers(0, 5000, 1000)
+            t.upsert(pa.table({"k": pa.array(keys, pa.int64()),
+                               "s": pa.array(["x" * 60] * 1000, pa.string()),
+                               "v": pa.array(rng.random(1000), pa.float64())}))
+            graph.run_cycle()
+        done.set()
+        for th in threads:
+            th.join(60)
+        assert not any(th.is_alive() for th in threads), "readers held up by the stalled stream"
+        assert not errors, errors
+        want = t.to_arrow()
+        assert len(views) == 4 and all(v.equals(want) for v in views.values())
+        assert [s for s in srv.subscriptions if s._fanout_stalls] != []  # it was detached
+        final = srv.registry.get("t").publisher.sequence
+        n, most = 0, 0
+        while stalled.view.sequence < final:
+            meta = stalled.read()
+            n, most = n + 1, max(most, meta.coalesced)
+        assert stalled.view.to_arrow().equals(want)
+        assert most > 1 or n < cycles  # it caught up with composed deltas
+        stalled.close()
+        client.close()
+    finally:
+        srv.shutdown()
+
+
+def test_min_interval_subscriber_stays_on_its_own(server, client, graph):
+    """A stream asking for a minimum interval is not written per update by a fan-out."""
+    t = server.registry.create_source("t", SCHEMA, "keyed", keys=["Key"]).table
+    rng = np.random.default_rng(14)
+    src = RandomSource.__new__(RandomSource)
+    src.kind, src.rng, src.max_rows, src.table, src.next_key = "keyed", rng, 100, t, 0
+    s = Sub(client, "t", min_update_interval_ms=1)
+    s.read()
+    plain = Sub(client, "t")
+    plain.read()
+    publisher = server.registry.get("t").publisher
+    for _ in range(50):
+        src.step()
+        graph.run_cycle()
+        s.until(publisher.sequence)
+        plain.until(publisher.sequence)
+        assert s.view.to_arrow().equals(t.to_arrow())
+        assert plain.view.to_arrow().equals(t.to_arrow())
+    assert [f.members for f in _fanouts(server, "t").values()] == [1]
