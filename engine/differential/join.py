@@ -2,15 +2,19 @@
 delta join operator of the dataflow (seed 002 v1/v5, seed 003's Join Stream/Join Trace).
 
 The join of two collections is bilinear, so its change at a time is the change of each
-side joined with the other side's history: with ``A``/``B`` the traces *including* this
-time's deltas ``dA``/``dB``,
+side joined with the other side's history: with ``B_new`` the right trace *including* this
+time's delta ``dB`` and ``A_old`` the left trace as it was *before* ``dA`` was inserted
+(the arrangement keeps that snapshot of its spine for the consumers that run right after it),
 
-    d(A join B) = dA join B + A join dB - dA join dB
+    d(A join B) = dA join B_new + A_old join dB
 
-and each pair of updates ``(a, ta, wa)``, ``(b, tb, wb)`` contributes ``(a ++ b, ta.join(tb),
-wa * wb)`` exactly once. The traces are probed by key for the delta rows only (see
-:meth:`engine.differential.trace.Trace.lookup`), so a step costs the size of the change
-and of the matches it finds. An arrangement (:func:`arrange`) is shared: every join (and
+and each pair of updates ``(a, ta, wa)``, ``(b, tb, wb)`` with at least one of them at this
+time contributes ``(a ++ b, ta.join(tb), wa * wb)`` exactly once. The traces are probed by
+key for the delta rows only (see :meth:`engine.differential.trace.Trace.lookup`), with the
+deltas as the arrangements indexed them (key hashes computed once, probes in key order),
+so a step costs the size of the change and of the matches it finds. In the root scope every
+update of history is at or before the current step, so every pair is at the current step
+and the traces' times are not read. An arrangement (:func:`arrange`) is shared: every join (and
 reduce) on the same collection and keys reads one trace, each through its own
 :class:`~engine.differential.trace.TraceReader`, which lets the trace compact history up to
 the current outer version (a time's join with any later time is unchanged by that).

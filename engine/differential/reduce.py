@@ -30,7 +30,10 @@ Root-scope fast paths keep per-group state instead of re-reading history: ``coun
 (a group's new value is its old value plus the change) and ``distinct`` (a record's
 accumulated weight), in a vectorized hash map; a step costs the size of its change. These
 identify groups by a 64-bit hash of their values (odds of two groups colliding are about
-``n**2 / 2**65``).
+``n**2 / 2**65``). A batch's rows are grouped without sorting: by offset for one integer
+group column over a narrow range (only its distinct values are hashed), else by state slot
+(a mark array when the state is small next to the batch); sums go through ``bincount``
+where float64 adds the integers exactly, ``np.add.at`` otherwise.
 """
 
 from __future__ import annotations

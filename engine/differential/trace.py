@@ -6,9 +6,12 @@ the record hash's low 24 bits, so rows of one key sit together and, within them,
 records sit together (which lets merges consolidate by comparing neighbours). A lookup
 of a whole array of keys goes through a bucket directory (the sort key's top bits ->
 first row, built once per batch with one ``bincount``): two gathers per probe instead of
-two binary searches. Keys whose hashes share the high bits interleave; lookups filter on
-the full key hash and, unless the key hash is exact, on the key values, so a collision
-never returns a wrong row.
+two binary searches (a lookup of a few keys binary-searches instead, and batches much
+smaller than the probe set share one occupancy filter, so a spine's small batches cost
+about one pass over the probes). Keys whose hashes share the high bits interleave; lookups
+filter on the full key hash and, unless the key hash is exact, on the key values, so a
+collision never returns a wrong row. A batch is sorted with an LSD radix argsort (four
+16-bit passes), about half a comparison sort's time at the sizes of a step's delta.
 
 A :class:`Trace` accumulates indexed batches in a *spine*, merged size-tiered: once the
 last ``_FANOUT`` (4) batches are of one size class (``_FANOUT`` x apart, from
