@@ -11,6 +11,8 @@ previous values cost memory only for what changed, and :meth:`end_cycle` drops t
 * :class:`ArrowColumnSource` — every other type (strings first of all): values live in
   append-only Arrow chunks, a dense int64 *slot* array maps row key -> value, and
   compaction at cycle end drops values no row points at. Gathers are Arrow ``take``.
+* :class:`AppendColumnSource` — an append-only table's column, any type: the Arrow chunks
+  as they arrived (large appends are never copied), row key = position.
 * :class:`RemappedColumnSource` — a view of another source through a vectorized key map
   (ring buffers: key -> key % capacity).
 """
@@ -25,10 +27,11 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.errors import SchemaError
+from engine.errors import InputError, SchemaError
 from engine.rowset import KeyArray, unique_keys
 
 __all__ = [
+    "AppendColumnSource",
     "ArrowColumnSource",
     "ColumnSource",
     "NumpyColumnSource",
@@ -84,7 +87,7 @@ class ColumnSource:
         """Values at ``keys`` (previous key space) as of the start of the cycle."""
         raise NotImplementedError
 
-    def get_range(self, start: int, stop: int) -> pa.Array:
+    def get_range(self, start: int, stop: int) -> pa.Array | pa.ChunkedArray:
         """Current values at keys ``start .. stop - 1`` (a snapshot of a dense table)."""
         return self.get(np.arange(start, stop, dtype=np.int64))
 
@@ -363,10 +366,12 @@ def _gather(values: npt.NDArray[Any], keys: KeyArray) -> npt.NDArray[Any]:
 class _ArrowStore:
     """Append-only Arrow values in a few geometrically sized chunks (cheap ``take``)."""
 
-    def __init__(self, type: pa.DataType) -> None:
+    def __init__(self, type: pa.DataType, *, null_slot: bool = True, keep_rows: int | None = None) -> None:
         self.type = type
-        self.chunks: list[pa.Array] = [pa.nulls(1, type)]  # slot 0 is the null default
-        self.offsets: npt.NDArray[np.int64] = np.array([0, 1], dtype=np.int64)
+        # slot 0 is the null default unless told otherwise
+        self.chunks: list[pa.Array] = [pa.nulls(1, type)] if null_slot else []
+        self.offsets: npt.NDArray[np.int64] = np.array([0, 1] if null_slot else [0], dtype=np.int64)
+        self._keep = keep_rows  # chunks this long are kept as they came (never merged)
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -381,8 +386,12 @@ class _ArrowStore:
         start = len(self)
         self.chunks.append(values)
         # binary-counter merging keeps chunk sizes geometric (each over 2x the next):
-        # O(log n) chunks to take from, O(log n) amortized copies per value
-        while len(self.chunks) >= 2 and 2 * len(self.chunks[-1]) >= len(self.chunks[-2]):
+        # O(log n) chunks to take from, O(log n) amortized copies per value. With
+        # ``keep_rows``, only chunks shorter than that merge: large appends stay as they came
+        # (no copy), runs of small ones between them still merge geometrically
+        keep = self._keep
+        while len(self.chunks) >= 2 and 2 * len(self.chunks[-1]) >= len(self.chunks[-2]) \
+                and (keep is None or max(len(self.chunks[-1]), len(self.chunks[-2])) < keep):
             tail = pa.concat_arrays(self.chunks[-2:])
             self.chunks[-2:] = [tail]
         self.offsets = np.concatenate(([0], np.cumsum([len(c) for c in self.chunks]))).astype(np.int64)
@@ -416,6 +425,10 @@ class _ArrowStore:
 
     def _run(self, first: int, n: int) -> pa.Array:
         """Slots ``first .. first + n - 1``: chunk slices, no gather."""
+        parts = self._slices(first, n)
+        return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
+
+    def _slices(self, first: int, n: int) -> list[pa.Array]:
         c = int(np.searchsorted(self.offsets, first, side="right")) - 1
         parts = []
         pos, left = first, n
@@ -424,7 +437,11 @@ class _ArrowStore:
             take = min(left, len(self.chunks[c]) - (pos - off))
             parts.append(self.chunks[c].slice(pos - off, take))
             pos, left, c = pos + take, left - take, c + 1
-        return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
+        return parts or [pa.array([], type=self.type)]
+
+    def run_chunked(self, first: int, n: int) -> pa.ChunkedArray:
+        """Slots ``first .. first + n - 1`` as a chunked array of chunk slices (no copy)."""
+        return pa.chunked_array(self._slices(first, n), type=self.type)
 
 
 class ArrowColumnSource(WritableColumnSource):
@@ -483,6 +500,55 @@ class ArrowColumnSource(WritableColumnSource):
         values = self.get(live_keys)
         self._store = _ArrowStore(self.type)
         self._slots.set_numpy(live_keys, self._store.append(values))
+
+
+class AppendColumnSource(WritableColumnSource):
+    """An append-only table's column, any type: row key ``k`` is position ``k`` in the Arrow
+    chunks as they arrived (no copy into other storage, no slot array). Appends of at least
+    ``keep_rows`` rows are kept as received; runs of smaller ones merge geometrically, so the
+    chunk count stays below about ``2 * rows / keep_rows + log(rows)``. Rows never change, so previous
+    values are current values.
+    """
+
+    def __init__(self, type: pa.DataType, keep_rows: int = 1 << 16) -> None:
+        self.type = type
+        self._store = _ArrowStore(type, null_slot=False, keep_rows=keep_rows)
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def ensure_capacity(self, n: int) -> None:
+        pass  # chunks arrive with their storage
+
+    def get(self, keys: KeyArray) -> pa.Array:
+        return self._store.take(np.asarray(keys, dtype=np.int64))
+
+    def get_prev(self, keys: KeyArray) -> pa.Array:
+        return self.get(keys)
+
+    def get_range(self, start: int, stop: int) -> pa.ChunkedArray:
+        """Keys ``start .. stop - 1`` as slices of the stored chunks (no copy)."""
+        return self._store.run_chunked(start, stop - start)
+
+    def set(self, keys: KeyArray, values: pa.Array | pa.ChunkedArray) -> None:
+        raise InputError("rows of an append-only table cannot be overwritten")
+
+    def move(self, src: KeyArray, dst: KeyArray) -> None:
+        raise InputError("rows of an append-only table cannot move")
+
+    def set_new_range(self, start: int, values: pa.Array | pa.ChunkedArray) -> None:
+        if start != len(self._store):
+            raise InputError(f"append at key {start}, but the column holds {len(self._store)} rows")
+        chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+        for chunk in chunks:  # a loop per appended chunk (staged batch)
+            if len(chunk):
+                self._store.append_run(_as_typed_array(chunk, self.type))
+
+    def begin_cycle(self) -> None:
+        pass  # nothing is overwritten: no previous values to keep
+
+    def end_cycle(self) -> None:
+        pass
 
 
 class RemappedColumnSource(ColumnSource):

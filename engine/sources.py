@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from engine._hashing import hash_rows
 from engine._keyindex import KeyIndex
 from engine.columns import (
+    AppendColumnSource,
     ArrowColumnSource,
     ColumnSource,
     RemappedColumnSource,
@@ -116,10 +117,14 @@ class _SourceTable(Table):
         sch = as_schema(schema)
         if len(set(sch.names)) != len(sch.names):
             raise SchemaError(f"duplicate column names in {sch.names}")
-        self._storage: dict[str, WritableColumnSource] = {f.name: make_column_source(f.type) for f in sch}
+        self._storage: dict[str, WritableColumnSource] = {f.name: self._new_column(f.type) for f in sch}
         super().__init__(graph, sch, columns if columns is not None else dict(self._storage), name=name)
         self._pending: list[tuple[str, pa.Table]] = []
         self._pending_lock = threading.Lock()
+
+    @staticmethod
+    def _new_column(type: pa.DataType) -> WritableColumnSource:
+        return make_column_source(type)
 
     def _stage(self, kind: str, batch: pa.Table) -> None:
         self._check_alive()
@@ -138,7 +143,15 @@ class _SourceTable(Table):
 
 
 class AppendOnlyTable(_SourceTable):
-    """Rows only arrive; row keys are ``0..size-1`` in arrival order."""
+    """Rows only arrive; row keys are ``0..size-1`` in arrival order.
+
+    Columns keep the appended Arrow data as it came (:class:`AppendColumnSource`): a cycle
+    applying an append costs its number of batches, not its bytes.
+    """
+
+    @staticmethod
+    def _new_column(type: pa.DataType) -> WritableColumnSource:
+        return AppendColumnSource(type)
 
     def append(self, data: TableLike) -> None:
         """Stage rows to appear in the next cycle.

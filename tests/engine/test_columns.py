@@ -7,12 +7,13 @@ import pyarrow as pa
 import pytest
 
 from engine.columns import (
+    AppendColumnSource,
     ArrowColumnSource,
     NumpyColumnSource,
     RemappedColumnSource,
     make_column_source,
 )
-from engine.errors import SchemaError
+from engine.errors import InputError, SchemaError
 
 K = lambda *k: np.array(k, dtype=np.int64)  # noqa: E731
 
@@ -144,3 +145,55 @@ def test_set_new_range_run_writes_consecutive_values_in_blocks():
                           np.arange(100, 100 + n, dtype=np.int64))
     src.set_new_range_run(3 + n, 7, 0)  # nothing
     assert src.capacity >= 3 + n
+
+
+@pytest.mark.parametrize("typ", [pa.int64(), pa.string(), pa.float64()])
+@pytest.mark.parametrize("seed", range(3))
+def test_append_source_keeps_large_appends_and_merges_small_ones(typ, seed):
+    # appends of 1 row to several keep_rows, some as multi-chunk arrays: every read (random
+    # gathers, runs across chunks, ranges, previous values) equals the concatenated input,
+    # large appends are stored as they came, and small ones merge (few chunks)
+    rng = np.random.default_rng(seed)
+    keep = 64
+    src = AppendColumnSource(typ, keep_rows=keep)
+    expect: list = []
+    kept = []
+    for _ in range(120):
+        n = int(rng.choice([1, 2, 5, 30, 70, 200]))
+        raw = [None if rng.random() < 0.1 else int(v) for v in rng.integers(0, 1000, n)]
+        vals = raw if typ != pa.string() else [None if v is None else f"s{v}" for v in raw]
+        arr = pa.array(vals, type=typ)
+        if n >= 4 and rng.random() < 0.3:
+            arr = pa.chunked_array([arr.slice(0, n // 2), arr.slice(n // 2)])
+        else:
+            kept.append(arr) if n >= keep else None
+        src.set_new_range(len(expect), arr)
+        expect.extend(vals)
+        k = rng.integers(0, len(expect), int(rng.integers(1, 50)))
+        assert src.get(k).to_pylist() == [expect[i] for i in k]
+        a = int(rng.integers(0, len(expect)))
+        b = int(rng.integers(a, len(expect) + 1))
+        assert src.get(np.arange(a, b)).to_pylist() == expect[a:b]
+        assert src.get_range(a, b).to_pylist() == expect[a:b]
+        assert src.get_prev(k).to_pylist() == [expect[i] for i in k]
+    chunks = src._store.chunks
+    assert len(chunks) <= 2 * (len(expect) // keep) + 2 * int(np.log2(len(expect))) + 2
+    held = {id(c) for c in chunks}
+    assert all(id(c) in held for c in kept)  # large single-chunk appends were not copied
+
+
+def test_append_source_merges_one_row_appends_into_few_chunks():
+    src = AppendColumnSource(pa.int64(), keep_rows=64)
+    for i in range(1_000):  # a timer's one row per cycle
+        src.set_new_range(i, pa.array([i]))
+    assert len(src._store.chunks) <= 1_000 // 64 + 2 * 10 + 2
+    assert src.get_range(0, 1_000).to_pylist() == list(range(1_000))
+
+
+def test_append_source_refuses_overwrites_and_gaps():
+    src = AppendColumnSource(pa.int64())
+    src.set_new_range(0, pa.array([1, 2, 3]))
+    with pytest.raises(InputError, match="append at key 5"):
+        src.set_new_range(5, pa.array([4]))
+    with pytest.raises(InputError, match="cannot be overwritten"):
+        src.set(K(0), pa.array([9]))
