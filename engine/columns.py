@@ -11,8 +11,9 @@ previous values cost memory only for what changed, and :meth:`end_cycle` drops t
 * :class:`ArrowColumnSource` — every other type (strings first of all): values live in
   append-only Arrow chunks, a dense int64 *slot* array maps row key -> value, and
   compaction at cycle end drops values no row points at. Gathers are Arrow ``take``.
-* :class:`AppendColumnSource` — an append-only table's column, any type: the Arrow chunks
-  as they arrived (large appends are never copied), row key = position.
+* :class:`AppendColumnSource` — an append-only table's variable-width column: Arrow chunks
+  merged geometrically, row key = position (no slot array); optionally large appends kept
+  exactly as received.
 * :class:`RemappedColumnSource` — a view of another source through a vectorized key map
   (ring buffers: key -> key % capacity).
 """
@@ -503,14 +504,16 @@ class ArrowColumnSource(WritableColumnSource):
 
 
 class AppendColumnSource(WritableColumnSource):
-    """An append-only table's column, any type: row key ``k`` is position ``k`` in the Arrow
-    chunks as they arrived (no copy into other storage, no slot array). Appends of at least
-    ``keep_rows`` rows are kept as received; runs of smaller ones merge geometrically, so the
-    chunk count stays below about ``2 * rows / keep_rows + log(rows)``. Rows never change, so previous
-    values are current values.
+    """An append-only table's column, any type: row key ``k`` is position ``k`` in Arrow
+    chunks (no slot array, no null slot). By default each append is stored as one chunk
+    and chunks merge geometrically (binary counter: ``O(log n)`` chunks, so a gather of
+    random keys takes from a few chunks). With ``keep_rows``, appends of at least that many
+    rows are kept exactly as received (never copied) and only runs of smaller ones merge:
+    about ``2 * rows / keep_rows + log(rows)`` chunks, for data that is read by ranges.
+    Rows never change, so previous values are current values.
     """
 
-    def __init__(self, type: pa.DataType, keep_rows: int = 1 << 16) -> None:
+    def __init__(self, type: pa.DataType, keep_rows: int | None = None) -> None:
         self.type = type
         self._store = _ArrowStore(type, null_slot=False, keep_rows=keep_rows)
 
@@ -539,6 +542,10 @@ class AppendColumnSource(WritableColumnSource):
     def set_new_range(self, start: int, values: pa.Array | pa.ChunkedArray) -> None:
         if start != len(self._store):
             raise InputError(f"append at key {start}, but the column holds {len(self._store)} rows")
+        if self._store._keep is None:  # one chunk per append
+            if len(values):
+                self._store.append_run(_as_typed_array(values, self.type))
+            return
         chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
         for chunk in chunks:  # a loop per appended chunk (staged batch)
             if len(chunk):

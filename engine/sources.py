@@ -33,9 +33,11 @@ from engine.columns import (
     AppendColumnSource,
     ArrowColumnSource,
     ColumnSource,
+    NumpyColumnSource,
     RemappedColumnSource,
     WritableColumnSource,
     make_column_source,
+    numpy_storage_dtype,
 )
 from engine.errors import InvalidKeyError, SchemaError, TicktableError
 from engine.rowset import KeyArray, RowSet
@@ -145,12 +147,15 @@ class _SourceTable(Table):
 class AppendOnlyTable(_SourceTable):
     """Rows only arrive; row keys are ``0..size-1`` in arrival order.
 
-    Columns keep the appended Arrow data as it came (:class:`AppendColumnSource`): a cycle
-    applying an append costs its number of batches, not its bytes.
+    Fixed-width columns are numpy arrays (fast gathers of any keys, which sorted views and
+    joins do); other columns are Arrow chunks indexed by position
+    (:class:`AppendColumnSource`, no slot array to write).
     """
 
     @staticmethod
     def _new_column(type: pa.DataType) -> WritableColumnSource:
+        if numpy_storage_dtype(type) is not None:
+            return NumpyColumnSource(type)
         return AppendColumnSource(type)
 
     def append(self, data: TableLike) -> None:
