@@ -12,8 +12,7 @@ previous values cost memory only for what changed, and :meth:`end_cycle` drops t
   append-only Arrow chunks, a dense int64 *slot* array maps row key -> value, and
   compaction at cycle end drops values no row points at. Gathers are Arrow ``take``.
 * :class:`AppendColumnSource` — an append-only table's variable-width column: Arrow chunks
-  merged geometrically, row key = position (no slot array); optionally large appends kept
-  exactly as received.
+  merged geometrically, row key = position (no slot array).
 * :class:`RemappedColumnSource` — a view of another source through a vectorized key map
   (ring buffers: key -> key % capacity).
 """
@@ -367,12 +366,11 @@ def _gather(values: npt.NDArray[Any], keys: KeyArray) -> npt.NDArray[Any]:
 class _ArrowStore:
     """Append-only Arrow values in a few geometrically sized chunks (cheap ``take``)."""
 
-    def __init__(self, type: pa.DataType, *, null_slot: bool = True, keep_rows: int | None = None) -> None:
+    def __init__(self, type: pa.DataType, *, null_slot: bool = True) -> None:
         self.type = type
         # slot 0 is the null default unless told otherwise
         self.chunks: list[pa.Array] = [pa.nulls(1, type)] if null_slot else []
         self.offsets: npt.NDArray[np.int64] = np.array([0, 1] if null_slot else [0], dtype=np.int64)
-        self._keep = keep_rows  # chunks this long are kept as they came (never merged)
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -387,12 +385,8 @@ class _ArrowStore:
         start = len(self)
         self.chunks.append(values)
         # binary-counter merging keeps chunk sizes geometric (each over 2x the next):
-        # O(log n) chunks to take from, O(log n) amortized copies per value. With
-        # ``keep_rows``, only chunks shorter than that merge: large appends stay as they came
-        # (no copy), runs of small ones between them still merge geometrically
-        keep = self._keep
-        while len(self.chunks) >= 2 and 2 * len(self.chunks[-1]) >= len(self.chunks[-2]) \
-                and (keep is None or max(len(self.chunks[-1]), len(self.chunks[-2])) < keep):
+        # O(log n) chunks to take from, O(log n) amortized copies per value
+        while len(self.chunks) >= 2 and 2 * len(self.chunks[-1]) >= len(self.chunks[-2]):
             tail = pa.concat_arrays(self.chunks[-2:])
             self.chunks[-2:] = [tail]
         self.offsets = np.concatenate(([0], np.cumsum([len(c) for c in self.chunks]))).astype(np.int64)
@@ -505,17 +499,14 @@ class ArrowColumnSource(WritableColumnSource):
 
 class AppendColumnSource(WritableColumnSource):
     """An append-only table's column, any type: row key ``k`` is position ``k`` in Arrow
-    chunks (no slot array, no null slot). By default each append is stored as one chunk
-    and chunks merge geometrically (binary counter: ``O(log n)`` chunks, so a gather of
-    random keys takes from a few chunks). With ``keep_rows``, appends of at least that many
-    rows are kept exactly as received (never copied) and only runs of smaller ones merge:
-    about ``2 * rows / keep_rows + log(rows)`` chunks, for data that is read by ranges.
-    Rows never change, so previous values are current values.
+    chunks (no slot array, no null slot). Each append is stored as one chunk and chunks
+    merge geometrically (binary counter: ``O(log n)`` chunks, so a gather of random keys
+    takes from a few chunks). Rows never change, so previous values are current values.
     """
 
-    def __init__(self, type: pa.DataType, keep_rows: int | None = None) -> None:
+    def __init__(self, type: pa.DataType) -> None:
         self.type = type
-        self._store = _ArrowStore(type, null_slot=False, keep_rows=keep_rows)
+        self._store = _ArrowStore(type, null_slot=False)
 
     def __len__(self) -> int:
         return len(self._store)
@@ -542,14 +533,8 @@ class AppendColumnSource(WritableColumnSource):
     def set_new_range(self, start: int, values: pa.Array | pa.ChunkedArray) -> None:
         if start != len(self._store):
             raise InputError(f"append at key {start}, but the column holds {len(self._store)} rows")
-        if self._store._keep is None:  # one chunk per append
-            if len(values):
-                self._store.append_run(_as_typed_array(values, self.type))
-            return
-        chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
-        for chunk in chunks:  # a loop per appended chunk (staged batch)
-            if len(chunk):
-                self._store.append_run(_as_typed_array(chunk, self.type))
+        if len(values):  # one chunk per append
+            self._store.append_run(_as_typed_array(values, self.type))
 
     def begin_cycle(self) -> None:
         pass  # nothing is overwritten: no previous values to keep
