@@ -23,6 +23,12 @@ Frontiers. An :class:`InputHandle` accepts data only at versions at or beyond it
 only moves it forward. :meth:`Dataflow.step` processes every version the inputs closed; a
 :class:`Probe` then reports the same frontier (everything before it is final).
 
+Columns. Before the first step the graph is pruned by demand: an arrangement stores, and a
+join emits, only the columns some operator downstream reads (a root count/sum reads its
+group and summed columns; operators that may depend on every column, such as distinct,
+min/max, linear maps and probes, read them all). A join is bilinear and a projection
+linear, so the collections downstream are exactly the same.
+
 Linear operators (``map``, ``filter``, ``flat_map``, ``explode``, ``join_function``,
 ``temporal_filter``, ``negate``) are fused: applying one to the output of another builds
 one :class:`~engine.differential.linear.LinearOperator` chain run in one pass, and a node
@@ -177,6 +183,15 @@ class _Node:
 
     def finalize(self) -> None:
         """Called once, after consumers are wired (nested scopes wire theirs here)."""
+
+    def input_demand(self, port: int, need: set[str] | None) -> set[str] | None:
+        """The columns of input ``port`` this node reads when its consumers read ``need`` of
+        its own output (``None``: every column). The default reads them all."""
+        return None
+
+    def restrict(self, need: set[str]) -> None:
+        """Produce only the columns ``need`` (at least) from now on: a node that can narrows
+        its output schema; the default keeps it. Called once, before the first step."""
 
 
 class _InputNode(_Node):
@@ -407,8 +422,28 @@ def _wire(scope: _Scope) -> None:
     for n in scope.nodes:
         for port, i in enumerate(n.inputs):
             i.consumers.append((n, port))
+    _prune(scope)
     for n in scope.nodes:
         n.finalize()
+
+
+def _prune(scope: _Scope) -> None:
+    """Demand analysis: from the sinks back, the columns each node's consumers read; nodes
+    that can (arrangements, joins) then drop the others, so a trace stores and a join
+    gathers only what some operator downstream uses. Creation order is topological, so
+    every consumer's demand is known before its input's."""
+    demand: dict[int, set[str] | None] = {}
+    for n in reversed(scope.nodes):  # a loop per operator, once
+        need: set[str] | None = set() if n.consumers and not n.is_sink else None
+        for c, port in n.consumers:
+            d = c.input_demand(port, demand[id(c)])
+            if d is None or need is None:
+                need = None
+                break
+            need |= d
+        demand[id(n)] = need
+        if need is not None and not set(n.schema.names) <= need:
+            n.restrict(need)
 
 
 class Collection:

@@ -51,6 +51,17 @@ class _ArrangeNode(_Node):
         self._hold = self.trace.reader()  # released once the consumers hold their own
         self._before: tuple[Time, tuple[IndexedZSet, ...]] | None = None
         self._indexed: tuple[Time, IndexedZSet] | None = None
+        self._columns: list[str] | None = None  # the stored columns, when pruned
+
+    def input_demand(self, port: int, need: set[str] | None) -> set[str] | None:
+        return None if need is None else need | set(self.keys)
+
+    def restrict(self, need: set[str]) -> None:
+        cols = [n for n in self.schema.names if n in need or n in self.keys]
+        if len(cols) < len(self.schema):
+            self.schema = pa.schema([self.schema.field(n) for n in cols])
+            self.trace.project(cols)
+            self._columns = cols
 
     def reader(self) -> TraceReader:
         return self.trace.reader()
@@ -76,6 +87,8 @@ class _ArrangeNode(_Node):
     def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
         b = batches[0]
         if b is not None:
+            if self._columns is not None:
+                b = ZSet(b.data.select(self._columns), b.diffs, b.times)
             self._before = (t, self.trace.batches)
             ib = IndexedZSet.build(b, self.keys)
             self._indexed = (t, ib)
@@ -125,10 +138,11 @@ def _output_schema(left: pa.Schema, right: pa.Schema, on: tuple[str, ...]) -> pa
     return pa.schema(list(left) + [f for f in right if f.name not in on])
 
 
-def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], batch_left: bool, *,
+def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], names: Sequence[str], *,
            at: Time | None = None, batches: Sequence[IndexedZSet] | None = None,
            key_hash: npt.NDArray[np.uint64] | None = None) -> ZSet | None:
-    """``batch`` joined with every update in ``trace`` (``batch`` on the left or right).
+    """``batch`` joined with every update in ``trace``: the output columns ``names`` (the
+    key columns and ``batch``'s others from the batch, the trace's others from the trace).
 
     ``batches`` reads a snapshot of the trace's spine instead of the current one. ``at``
     says every row of ``batch`` is at that time and every update of the trace at or
@@ -140,23 +154,20 @@ def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], batch_left: bool, *,
     rows = found.probe
     n = batch.num_rows
     same_order = rows.size == n and bool(np.all(rows[1:] > rows[:-1]))  # each row once, in order
-    mine = batch.data if same_order else batch.data.take(rows)
-    # the batch on the left keeps its key columns; on the right, the trace's are kept
-    theirs = found.records(columns=[n for n in trace.schema.names if n not in on] if batch_left else None)
+    want = set(names)
+    mine = batch.data.select([c for c in batch.data.column_names if c in want])
+    if not same_order:
+        mine = mine.take(rows)
+    theirs = found.records(columns=[c for c in trace.schema.names if c not in on and c in want])
     diffs = (batch.diffs if same_order else batch.diffs[rows]) * found.diffs
     times = None
     if at is not None:
         times = np.full((rows.size, len(at)), at, dtype=np.int64)
     elif batch.times is not None:
         times = np.maximum(batch.times[rows], found.times)  # the lattice join of versions
-    if batch_left:      # the batch's columns, then the trace's others
-        cols = list(mine.columns) + list(theirs.columns)
-        names = mine.column_names + theirs.column_names
-    else:               # the trace's columns, then the batch's others
-        others = [n for n in mine.column_names if n not in on]
-        cols = list(theirs.columns) + [mine.column(n) for n in others]
-        names = theirs.column_names + others
-    return ZSet(pa.Table.from_arrays(cols, names=names), diffs, times)
+    cols = dict(zip(mine.column_names, mine.columns, strict=True))
+    cols.update(zip(theirs.column_names, theirs.columns, strict=True))
+    return ZSet(pa.Table.from_arrays([cols[c] for c in names], names=list(names)), diffs, times)
 
 
 def _conform(out: ZSet, schema: pa.Schema) -> ZSet:
@@ -182,7 +193,7 @@ def join_trace(batch: ZSet, trace: Trace, on: Sequence[str] | None = None) -> ZS
     """
     keys = tuple(on) if on is not None else trace.keys
     schema = _output_schema(batch.schema, trace.schema, keys)
-    out = _pairs(batch, trace, keys, True)
+    out = _pairs(batch, trace, keys, schema.names)
     return _conform(out, schema) if out is not None else ZSet.empty(schema, batch.dims)
 
 
@@ -208,6 +219,17 @@ class _JoinNode(_Node):
         self.left, self.right = left, right
         self._readers = (left.reader(), right.reader())
 
+    def input_demand(self, port: int, need: set[str] | None) -> set[str] | None:
+        if need is None:
+            return None
+        side = (self.left if port == 0 else self.right).schema.names
+        return set(self.on) | {c for c in side if c in need}
+
+    def restrict(self, need: set[str]) -> None:
+        # keep a column even when none is read (a count of pairs): a table of no columns has no rows
+        keep = [f for f in self.schema if f.name in need] or [self.schema.field(self.on[0])]
+        self.schema = pa.schema(keep)
+
     def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
         since = self.scope.join_since(t)
         for r in self._readers:
@@ -218,15 +240,16 @@ class _JoinNode(_Node):
         # first); A_old the left trace as it was before its arrangement inserted dA.
         at = None if self.scope.nested else t  # root scope: history is all before t
         dl, dr = batches
+        names = self.schema.names
         parts = []
         if dl is not None:
             dl, kh = self.left.delta(t, dl)
-            p = _pairs(dl, self.right.trace, self.on, True, at=at, key_hash=kh)
+            p = _pairs(dl, self.right.trace, self.on, names, at=at, key_hash=kh)
             if p is not None:
                 parts.append(p)
         if dr is not None:
             dr, kh = self.right.delta(t, dr)
-            p = _pairs(dr, self.left.trace, self.on, False, at=at, batches=self.left.before(t), key_hash=kh)
+            p = _pairs(dr, self.left.trace, self.on, names, at=at, batches=self.left.before(t), key_hash=kh)
             if p is not None:
                 parts.append(p)
         if not parts:

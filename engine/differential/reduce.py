@@ -31,14 +31,15 @@ Root-scope fast paths keep per-group state instead of re-reading history: ``coun
 accumulated weight), in a vectorized hash map; a step costs the size of its change. These
 identify groups by a 64-bit hash of their values (odds of two groups colliding are about
 ``n**2 / 2**65``). A batch's rows are grouped without sorting: by offset for one integer
-group column over a narrow range (only its distinct values are hashed), else by state slot
+group column over a narrow range (count/sum add up over the whole range and keep the groups
+whose aggregates changed; only those values are hashed), else by state slot
 (a mark array when the state is small next to the batch); sums go through ``bincount``
 where float64 adds the integers exactly, ``np.add.at`` otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -305,26 +306,34 @@ class _GroupState:
             self.size += uh.size
         return s
 
+    def dense(self, table: pa.Table, by: Sequence[str], only: Callable[[I64, int], I64] | None = None
+              ) -> tuple[I64, pa.Table, I64, I64, int] | None:
+        """One integer group column over a range not much wider than the batch:
+        ``(slots, keys, offset, present, width)``, per present value (``present`` offsets
+        into the range, ascending) its state slot and key, and per row its offset into the
+        range (so ``bincount(offset, ..., width)[present]`` aggregates per group); only the
+        distinct values are hashed, and nothing is sorted. ``only(offset, width)``, when
+        given, says which offsets to keep instead of every present one (say, the groups whose
+        aggregates changed). ``None`` when the column is not such a column."""
+        if len(by) != 1 or table.num_rows < 1024:
+            return None
+        col = table.column(by[0])
+        if not pa.types.is_integer(col.type) or col.null_count:
+            return None
+        v = np.asarray(col.to_numpy()).astype(np.int64, copy=False)
+        lo, hi = int(v.min()), int(v.max())
+        if hi - lo >= 4 * v.size:
+            return None
+        off = v - lo
+        width = hi - lo + 1
+        present = np.flatnonzero(np.bincount(off, minlength=width)) if only is None else only(off, width)
+        distinct = pa.array(present + lo, type=pa.int64()).cast(col.type)
+        return self.slots(hash_column(distinct, by[0])), pa.table({by[0]: distinct}), off, present, width
+
     def groups(self, table: pa.Table, by: Sequence[str] | None = None) -> tuple[I64, I64, I64]:
         """The groups of ``table``'s rows (by the values of ``by``, all columns by default):
         ``(slots, first, group)``, each group's state slot (allocating new ones), a row of
-        it, and each row's index into ``slots``. One integer column over a range not much
-        wider than the batch is factorized by offset (no hashing of every row, no sort)."""
-        if by is not None and len(by) == 1 and table.num_rows >= 1024:
-            col = table.column(by[0])
-            if pa.types.is_integer(col.type) and col.null_count == 0:
-                v = np.asarray(col.to_numpy()).astype(np.int64, copy=False)
-                lo, hi = int(v.min()), int(v.max())
-                if hi - lo < 4 * v.size:
-                    off = v - lo
-                    rep = np.full(hi - lo + 1, -1, dtype=np.int64)
-                    rep[off] = np.arange(v.size, dtype=np.int64)  # some row of each value
-                    present = np.flatnonzero(rep >= 0)
-                    distinct = pa.array(present + lo, type=pa.int64()).cast(col.type)
-                    rank = np.empty(hi - lo + 1, dtype=np.int64)
-                    rank[present] = np.arange(present.size, dtype=np.int64)
-                    slots = self.slots(hash_column(distinct, by[0]))
-                    return slots, rep[present], rank[off]
+        it, and each row's index into ``slots`` (see also :meth:`dense`)."""
         h = hash_rows(table) if by is None else hash_rows(table, by)
         return _factorize(self.slots(h), self.size)
 
@@ -375,16 +384,37 @@ class _LinearAggNode(_Node):
         self.sums = [np.zeros(0, np.float64 if spec.schema.field(n).type == pa.float64() else np.int64)
                      for n, fn, _ in spec.aggs if fn == "sum"]
 
+    def input_demand(self, port: int, need: set[str] | None) -> set[str] | None:
+        # count and sum are linear: the groups and summed columns are all they read
+        return set(self.spec.by) | {c for _, _, c in self.spec.aggs if c is not None}
+
     def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
         b = batches[0]
         if b is None:
             return None
         spec = self.spec
-        slot, first, group = self.state.groups(b.data, spec.by)
         d = b.diffs
-        dcnt = _group_sum(group, d, slot.size)
-        dsums: list[Any] = [_group_sum(group, d * _values(b.data, c, "sum"), slot.size)  # type: ignore[operator]
-                            for _, fn, c in spec.aggs if fn == "sum" and c is not None]
+        summed: list[Any] = [_values(b.data, c, "sum") for _, fn, c in spec.aggs if fn == "sum" and c is not None]
+        weighted = [d * v for v in summed]
+        wide: list[Any] = []
+
+        def changed_groups(off: I64, width: int) -> I64:
+            # aggregate over the whole range; a group whose aggregates did not change emits nothing
+            wide.extend(_group_sum(off, w, width) for w in [d, *weighted])
+            nz = wide[0] != 0
+            for w in wide[1:]:
+                nz |= w != 0
+            return np.flatnonzero(nz)
+
+        found = self.state.dense(b.data, spec.by, changed_groups)
+        if found is not None:
+            slot, keys, _, present, _ = found
+            dcnt, *dsums = [w[present] for w in wide]
+        else:
+            slot, first, group = self.state.groups(b.data, spec.by)
+            keys = b.data.select(list(spec.by)).take(first)
+            dcnt = _group_sum(group, d, slot.size)
+            dsums = [_group_sum(group, w, slot.size) for w in weighted]
         n = self.state.size
         self.cnt = _grow(self.cnt, n)  # type: ignore[assignment]
         self.sums = [_grow(s, n) for s in self.sums]  # type: ignore[misc]
@@ -402,11 +432,8 @@ class _LinearAggNode(_Node):
             s[slot] = nw
         if retract.size + insert.size == 0:
             return None
-        rep = first
-        keys = b.data.select(list(spec.by))
-
         def rows(sel: I64, cnt: I64, sums: list[Any]) -> pa.Table:
-            cols = list(keys.take(rep[sel]).columns)
+            cols = list(keys.take(sel).columns)
             it = iter(sums)
             for _, fn, _ in spec.aggs:  # a loop per aggregate
                 cols.append(pa.array(cnt[sel] if fn == "count" else next(it)[sel]))

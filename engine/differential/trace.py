@@ -484,6 +484,23 @@ class Trace:
             if len(merged):
                 self._spine.append(merged)
 
+    def project(self, names: Sequence[str]) -> None:
+        """Store only the columns ``names`` (which keep the keys), before any update arrives.
+
+        Raises
+        ------
+        InputError
+            If the trace holds updates already.
+        SchemaError
+            If a key column is left out or a name is not a column.
+        """
+        if self._spine:
+            raise InputError("a trace's columns can only be narrowed while it is empty")
+        missing = [n for n in self.keys if n not in names] + [n for n in names if n not in self.schema.names]
+        if missing:
+            raise SchemaError(f"project: column(s) {missing} are keys left out or not in {self.schema.names}")
+        self.schema = pa.schema([self.schema.field(n) for n in names])
+
     def compact(self) -> None:
         """Merge every batch into one, advancing times to the frontier and consolidating."""
         if not self._spine:
