@@ -10,8 +10,12 @@ two binary searches (a lookup of a few keys binary-searches instead, and batches
 smaller than the probe set share one occupancy filter, so a spine's small batches cost
 about one pass over the probes). Keys whose hashes share the high bits interleave; lookups
 filter on the full key hash and, unless the key hash is exact, on the key values, so a
-collision never returns a wrong row. A batch is sorted with an LSD radix argsort (four
-16-bit passes), about half a comparison sort's time at the sizes of a step's delta.
+collision never returns a wrong row. A batch keyed by one integer column over a range not
+much wider than the batch also gets a direct-address index (key value -> its rows), which
+many probes (and a few probes of a big batch, where every level of a binary search is a
+cache miss) use instead: no hash comparison, no bucket collisions. A batch is sorted with
+an LSD radix argsort (four 16-bit passes), about half a comparison sort's time at the sizes
+of a step's delta.
 
 A :class:`Trace` accumulates indexed batches in a *spine*, merged size-tiered: once the
 last ``_FANOUT`` (4) batches are of one size class (``_FANOUT`` x apart, from
@@ -85,9 +89,65 @@ class IndexedZSet:
     rec_hash: U64
     order_key: U64
     _directory: dict[int, tuple[int, I64]] | None = field(default=None, repr=False)
+    _dense: tuple[int, I64, I64] | bool | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return self.batch.num_rows
+
+    def _dense_index(self) -> tuple[int, I64, I64] | None:
+        """``(low, first, count)`` when the key is one null-free integer column over a
+        range not much wider than the batch: the rows of key ``v`` are ``first[v - low]``
+        on, ``count[v - low]`` of them (direct addressing, no hash comparison). Built on
+        first use."""
+        if self._dense is None:
+            object.__setattr__(self, "_dense", self._build_dense() or False)
+        return self._dense if isinstance(self._dense, tuple) else None
+
+    def _build_dense(self) -> tuple[int, I64, I64] | None:
+        n = len(self)
+        v = _int_key(self.batch.data, self.keys)
+        if v is None or n == 0:
+            return None
+        low, high = int(v.min()), int(v.max())
+        width = high - low + 1
+        if width > 4 * n + 1024:
+            return None
+        kh = self.key_hash
+        starts = np.flatnonzero(np.concatenate(([True], kh[1:] != kh[:-1])))  # runs of one key
+        off = v.take(starts) - low
+        first = np.zeros(width, dtype=np.int64)
+        count = np.zeros(width, dtype=np.int64)
+        first[off] = starts
+        if not np.array_equal(first.take(off), starts):
+            return None  # a key in two runs (another key's hash interleaves): hash lookups only
+        count[off] = np.diff(np.append(starts, n))
+        return low, first, count
+
+    def value_ranges(self, values: I64) -> tuple[I64, I64] | None:
+        """Per key value (one integer key column), its rows ``start:start + count``
+        through the direct-address index (exact); ``None`` when the batch has none."""
+        dense = self._dense_index()
+        if dense is None:
+            return None
+        low, first, count = dense
+        off = values - low
+        inside = (off >= 0) & (off < first.size)
+        if inside.all():
+            return first.take(off), count.take(off)
+        off = np.where(inside, off, 0)
+        return first.take(off), np.where(inside, count.take(off), 0)
+
+    def locate_values(self, values: I64) -> tuple[I64, I64] | None:
+        """:meth:`locate` by the key values themselves (one integer key column), through
+        the direct-address index; ``None`` when the batch has none."""
+        found = self.value_ranges(values)
+        if found is None:
+            return None
+        start, cnt = found
+        if cnt.max(initial=0) <= 1:  # one row per key: no expansion
+            probe = np.flatnonzero(cnt)
+            return probe, start.take(probe)
+        return _expand(start, cnt)
 
     def _bucket_starts(self, probes: int = 0) -> tuple[int, I64]:
         """``(shift, starts)``: rows of bucket ``b = order_key >> shift`` are
@@ -132,31 +192,56 @@ class IndexedZSet:
         return cls(keys, batch.take(order), kh[order], rh[order], ok[order])
 
     def locate(self, probe_hash: U64) -> tuple[I64, I64]:
-        """Rows whose key hash equals a probe's: ``(probe index, row)`` pairs (the rows of a
-        probe in order, but not the probes)."""
-        # the bucket's rows, then the rows of the probe's key among them
-        if probe_hash.size <= 64:  # a few probes: binary searches, no directory
-            lo = np.searchsorted(self.order_key, probe_hash & _HI)
-            counts = np.searchsorted(self.order_key, probe_hash | _LO, "right") - lo
+        """Rows whose key hash equals a probe's: ``(probe index, row)`` pairs, ordered by
+        probe and then row."""
+        # the bucket's rows (a key's rows: binary searches for a few probes), then the
+        # rows of the probe's key among them
+        if probe_hash.size <= _FEW:
+            lo, hi = self.ranges(probe_hash)
         else:
             shift, starts = self._bucket_starts(probe_hash.size)
-            b = (probe_hash >> np.uint64(shift)).astype(np.int64)
-            lo = starts[b]
-            counts = starts[b + 1] - lo
-        probe = np.flatnonzero(counts)             # probes whose bucket holds rows
-        lo, counts = lo[probe], counts[probe]
-        multi = np.flatnonzero(counts > 1)
-        if multi.size:                             # expand buckets of several rows
-            c = counts[multi]
-            ends = np.cumsum(c)
-            extra = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - c - lo[multi], c)
-            single = counts == 1
-            probe = np.concatenate((probe[single], np.repeat(probe[multi], c)))
-            rows = np.concatenate((lo[single], extra))
-        else:
-            rows = lo
-        hit = self.key_hash[rows] == probe_hash[probe]
-        return probe[hit], rows[hit]
+            b = (probe_hash >> np.uint64(shift)).astype(np.intp)
+            lo, hi = starts.take(b), starts.take(b + 1)
+        probe, rows = _expand(lo, hi - lo)
+        return _confirm(probe, rows, self.key_hash, probe_hash)
+
+    def ranges(self, probe_hash: U64) -> tuple[I64, I64]:
+        """Per probe, the rows ``lo:hi`` whose order key has the probe's key hash bits (two
+        binary searches; rows of another key sharing those bits may be among them)."""
+        return (self.order_key.searchsorted(probe_hash & _HI),
+                self.order_key.searchsorted(probe_hash | _LO, "right"))
+
+
+_FEW = 64  # probes looked up by binary search rather than through a bucket directory
+_DENSE_FEW = 1 << 16  # batches this big are probed by value even by a few probes
+
+
+def _expand(lo: I64, cnt: I64, first: int = 0) -> tuple[I64, I64]:
+    """Ranges ``lo[i]:lo[i] + cnt[i]`` as ``(i + first, row)`` pairs, in order."""
+    ends = np.cumsum(cnt)
+    total = int(ends[-1]) if ends.size else 0
+    probe = np.repeat(np.arange(first, first + cnt.size, dtype=np.int64), cnt)
+    rows = np.arange(total, dtype=np.int64) - np.repeat(ends - cnt - lo, cnt)
+    return probe, rows
+
+
+def _int_key(table: pa.Table, keys: Sequence[str]) -> I64 | None:
+    """The values of a single null-free integer key column as int64, else ``None``."""
+    if len(keys) != 1:
+        return None
+    col = table.column(keys[0])
+    if not pa.types.is_integer(col.type) or col.null_count or pa.types.is_uint64(col.type):
+        return None
+    return np.asarray(col.to_numpy()).astype(np.int64, copy=False)
+
+
+def _confirm(probe: I64, rows: I64, key_hash: U64, probe_hash: U64) -> tuple[I64, I64]:
+    """The pairs whose row has the probe's full key hash."""
+    hit = key_hash.take(rows) == probe_hash.take(probe)
+    if hit.all():
+        return probe, rows
+    sel = np.flatnonzero(hit)
+    return probe.take(sel), rows.take(sel)
 
 
 def argsort_u64(a: U64) -> I64:
@@ -171,12 +256,32 @@ def argsort_u64(a: U64) -> I64:
     return perm.astype(np.int64, copy=False)
 
 
-def _locate_all(spine: Sequence[IndexedZSet], ph: U64) -> list[tuple[I64, I64]]:
-    """:meth:`IndexedZSet.locate` in every batch of a spine. Batches much smaller than the
-    probe set share one occupancy filter (their key hashes' top bits): only the probes
-    that may be in one of them go on to their directories, so many small batches cost
-    about one pass over the probes."""
+def _locate_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = None) -> list[tuple[I64, I64]]:
+    """:meth:`IndexedZSet.locate` in every batch of a spine. A few probes binary-search
+    every batch and expand all the ranges at once. Batches much smaller than a large probe
+    set share one occupancy filter (their key hashes' top bits): only the probes that may
+    be in one of them go on to their directories, so many small batches cost about one
+    pass over the probes. The others are probed by key value (``values``, one integer key
+    column) where they have a direct-address index, else through their bucket directory."""
     n = ph.size
+    if n <= _FEW and len(spine) > 1:
+        # big batches by key value when they have a direct-address index (a binary search
+        # of a big cold array is a cache miss per level), the others by binary search
+        ranges: list[tuple[I64, I64, bool]] = []  # (lo, hi, exact) per batch
+        for b in spine:  # a loop per trace batch
+            dense = b.value_ranges(values) if values is not None and len(b) >= _DENSE_FEW else None
+            if dense is not None:
+                ranges.append((dense[0], dense[0] + dense[1], True))
+            else:
+                ranges.append(b.ranges(ph) + (False,))
+        lo = np.concatenate([r[0] for r in ranges])
+        probe, rows = _expand(lo, np.concatenate([r[1] for r in ranges]) - lo)
+        cuts = np.searchsorted(probe, np.arange(1, len(spine)) * n).tolist()
+        out = []
+        for i, (s, e) in enumerate(zip([0] + cuts, cuts + [probe.size], strict=True)):
+            pi, ri = probe[s:e] - i * n, rows[s:e]
+            out.append((pi, ri) if ranges[i][2] or e == s else _confirm(pi, ri, spine[i].key_hash, ph))
+        return out
     small = [i for i, b in enumerate(spine) if len(b) * 8 < n]
     found: list[tuple[I64, I64] | None] = [None] * len(spine)
     if n >= 1024 and small:
@@ -184,12 +289,15 @@ def _locate_all(spine: Sequence[IndexedZSet], ph: U64) -> list[tuple[I64, I64]]:
         shift = np.uint64(64 - bits)
         occupied = np.zeros(1 << bits, dtype=bool)
         for i in small:  # a loop per small batch
-            occupied[(spine[i].order_key >> shift).astype(np.int64)] = True
-        cand = np.flatnonzero(occupied[(ph >> shift).astype(np.int64)])
-        sub = ph[cand]
+            occupied[(spine[i].order_key >> shift).astype(np.intp)] = True
+        cand = np.flatnonzero(occupied.take((ph >> shift).astype(np.intp)))
+        sub = ph.take(cand)
         for i in small:
-            p, r = spine[i].locate(sub)
-            found[i] = (cand[p], r)
+            sp, sr = spine[i].locate(sub)
+            found[i] = (cand.take(sp), sr)
+    for i, b in enumerate(spine):  # a loop per trace batch
+        if found[i] is None and values is not None:
+            found[i] = b.locate_values(values)
     return [f if f is not None else b.locate(ph) for b, f in zip(spine, found, strict=True)]
 
 
@@ -546,7 +654,7 @@ class Trace:
             raise SchemaError(f"lookup keys lack column(s) {missing} (trace keys: {list(self.keys)})")
         ph = hash_rows(keys, self.keys) if key_hash is None else key_hash
         spine = tuple(self._spine) if batches is None else tuple(batches)
-        found = _locate_all(spine, ph)
+        found = _locate_all(spine, ph, _int_key(keys, self.keys))
         hits = [i for i, (p, _) in enumerate(found) if p.size]
         if not hits:
             e = np.empty(0, np.int64)

@@ -62,27 +62,46 @@ def test_lookup_and_accumulate_across_batches():
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_many_probes_against_big_and_small_batches(seed):
+@pytest.mark.parametrize("keys", ["dense", "negative_int32", "sparse", "few_probes"])
+def test_many_probes_against_big_and_small_batches(seed, keys, monkeypatch):
     # thousands of probes against a spine of one big batch and several small ones: the small
-    # batches go through the shared occupancy filter, the big one through its directory
+    # batches go through the shared occupancy filter, the big one through its direct-address
+    # index (integer keys over a narrow range, probes outside it too) or its bucket directory
+    # (sparse keys); a few probes binary-search the small batches and, past _DENSE_FEW rows,
+    # use the direct-address index
     rng = np.random.default_rng(seed)
-    tr = Trace(KV, "k")
+    dtype = pa.int32() if keys == "negative_int32" else pa.int64()
+    schema = pa.schema([("k", dtype), ("v", pa.int64())])
+    low, span = (-15_000, 30_000) if keys == "negative_int32" else (0, 30_000)
+    if keys == "sparse":
+        span = 1 << 40
+    if keys == "few_probes":
+        monkeypatch.setattr(trace_module, "_DENSE_FEW", 5_000)
+    tr = Trace(schema, "k")
     reader = tr.reader()  # no compaction: every batch keeps its updates
     sizes = [20_000, 700, 40, 3, 1, 90]
     want: Counter = Counter()
     small_keys = []
     for t, n in enumerate(sizes):
-        k = rng.integers(0, 30_000, n)
+        k = rng.integers(low, low + span, n)
         if n < 1_000:
             small_keys.append(k)
         v = rng.integers(0, 5, n)
         w = rng.choice([-2, -1, 1, 3], n)
-        tr.insert(ZSet(pa.table({"k": k, "v": v}), w.astype(np.int64), np.full((n, 1), t, np.int64)))
+        tr.insert(ZSet(pa.table({"k": pa.array(k, dtype), "v": v}), w.astype(np.int64),
+                       np.full((n, 1), t, np.int64)))
         for kk, vv, ww in zip(k.tolist(), v.tolist(), w.tolist(), strict=True):
             want[(kk, vv, t)] += ww
     assert any(len(b) * 8 < 5_000 for b in tr.batches) and any(len(b) >= 5_000 for b in tr.batches)
-    probes = rng.permutation(np.concatenate([rng.integers(0, 40_000, 5_000), *small_keys]))
-    found = tr.lookup(pa.table({"k": probes}))
+    big = max(tr.batches, key=len)
+    if keys == "few_probes":  # some present keys of every batch, a few absent ones
+        probes = np.concatenate([k[:8] for k in small_keys] + [big.batch.data.column("k").to_numpy()[:10],
+                                                              np.array([low - 5, low + span + 5, low + 7])])
+        assert probes.size <= trace_module._FEW
+    else:
+        probes = rng.permutation(np.concatenate([rng.integers(low - 5_000, low + span + 5_000, 5_000), *small_keys]))
+    found = tr.lookup(pa.table({"k": pa.array(probes, dtype)}))
+    assert (big._dense_index() is not None) == (keys != "sparse")
     recs = found.records().to_pylist()
     got: Counter = Counter()
     for p, r, d, t in zip(found.probe.tolist(), recs, found.diffs.tolist(), found.times[:, 0].tolist(), strict=True):
