@@ -293,6 +293,32 @@ class _GroupState:
     def __init__(self) -> None:
         self.index = KeyIndex()
         self.size = 0
+        # one integer group column: value - low -> slot (-1: ask the hash map); slots never
+        # move, so the cache is never wrong, at most incomplete
+        self._by_value: tuple[int, I64] | None = None
+
+    def _value_slots(self, values: I64, column: pa.DataType, name: str) -> I64:
+        """Slots of integer group values (distinct), through the value cache."""
+        if values.size == 0:
+            return values
+        lo, hi = int(values.min()), int(values.max())
+        cache = self._by_value
+        if cache is None or lo < cache[0] or hi >= cache[0] + cache[1].size:
+            low = lo if cache is None else min(lo, cache[0])
+            high = hi if cache is None else max(hi, cache[0] + cache[1].size - 1)
+            if high - low >= 4 * (self.size + values.size) + 1024:  # too sparse: this range only
+                cache, low, high = None, lo, hi
+            fresh = np.full(high - low + 1, -1, dtype=np.int64)
+            if cache is not None:
+                fresh[cache[0] - low: cache[0] - low + cache[1].size] = cache[1]
+            cache = self._by_value = (low, fresh)
+        off = values - cache[0]
+        s = cache[1].take(off)
+        miss = np.flatnonzero(s < 0)
+        if miss.size:  # first sight of these values here: the hash map (allocating)
+            v = pa.array(values.take(miss), type=pa.int64()).cast(column)
+            s[miss] = cache[1][off.take(miss)] = self.slots(hash_column(v, name))
+        return s
 
     def slots(self, h: U64) -> I64:
         """Slot per hash (repeats allowed), allocating new ones."""
@@ -327,8 +353,9 @@ class _GroupState:
         off = v - lo
         width = hi - lo + 1
         present = np.flatnonzero(np.bincount(off, minlength=width)) if only is None else only(off, width)
-        distinct = pa.array(present + lo, type=pa.int64()).cast(col.type)
-        return self.slots(hash_column(distinct, by[0])), pa.table({by[0]: distinct}), off, present, width
+        values = present + lo
+        slots = self._value_slots(values, col.type, by[0])
+        return slots, pa.table({by[0]: pa.array(values, type=pa.int64()).cast(col.type)}), off, present, width
 
     def groups(self, table: pa.Table, by: Sequence[str] | None = None) -> tuple[I64, I64, I64]:
         """The groups of ``table``'s rows (by the values of ``by``, all columns by default):
@@ -432,16 +459,15 @@ class _LinearAggNode(_Node):
             s[slot] = nw
         if retract.size + insert.size == 0:
             return None
-        def rows(sel: I64, cnt: I64, sums: list[Any]) -> pa.Table:
-            cols = list(keys.take(sel).columns)
-            it = iter(sums)
-            for _, fn, _ in spec.aggs:  # a loop per aggregate
-                cols.append(pa.array(cnt[sel] if fn == "count" else next(it)[sel]))
-            return pa.Table.from_arrays(cols, schema=spec.schema)
-
-        out = pa.concat_tables([rows(retract, old_cnt, olds), rows(insert, new_cnt, news)])
+        # the retractions (old values) then the insertions (new values), one table
+        sel = np.concatenate((retract, insert))
+        cols = list(keys.take(sel).columns)
+        it = iter(zip(olds, news, strict=True))
+        for _, fn, _ in spec.aggs:  # a loop per aggregate
+            old, new = (old_cnt, new_cnt) if fn == "count" else next(it)
+            cols.append(pa.array(np.concatenate((old[retract], new[insert]))))
         diffs = np.concatenate((np.full(retract.size, -1, np.int64), np.ones(insert.size, np.int64)))
-        return ZSet(out, diffs).with_time(t)
+        return ZSet(pa.Table.from_arrays(cols, schema=spec.schema), diffs, np.full((sel.size, len(t)), t, np.int64))
 
 
 class _DistinctNode(_Node):

@@ -151,6 +151,31 @@ def test_count_sum_over_large_batches(key_type, key_range, big_values):
     # batches of thousands of rows (the vectorized factorizations), inserts and retractions
     # of earlier rows, checked against a from-scratch recount after every version
     rng = np.random.default_rng(key_range[1] % 997)
+    pool = rng.integers(*key_range, 300)  # a pool, so groups repeat
+    _check_count_sum(rng, key_type, big_values, lambda v, n: rng.choice(pool, n),
+                     lambda v: int(rng.integers(1_000, 4_000)))
+
+
+def test_count_sum_with_moving_group_ranges():
+    # dense batches whose group values move along (the value -> slot cache grows), jump far
+    # away and back (too sparse to cache together), and small batches in between that take
+    # the hash map: every path must agree on each group's slot
+    rng = np.random.default_rng(5)
+    bases = [0, 3_000, -2_000, 10**12, 500, -(10**12), 3_000]
+
+    def pick(v: int, n: int) -> np.ndarray:
+        base = bases[v % len(bases)]
+        return base + rng.integers(0, 400, n)
+
+    def window(v: int, k: np.ndarray) -> np.ndarray:  # retract rows of this version's range only
+        base = bases[v % len(bases)]
+        return (k >= base) & (k < base + 400)
+
+    _check_count_sum(rng, pa.int64(), False, pick, lambda v: 300 if v % 3 == 2 else int(rng.integers(1_100, 3_000)),
+                     window)
+
+
+def _check_count_sum(rng, key_type, big_values, pick, size, retractable=None):
     schema = pa.schema([("k", key_type), ("x", pa.int64())])
     df = Dataflow()
     coll, inp = df.input(schema)
@@ -158,12 +183,12 @@ def test_count_sum_over_large_batches(key_type, key_range, big_values):
     live_k = np.empty(0, np.int64)
     live_x = np.empty(0, np.int64)
     hi_x = 2**60 if big_values else 1000
-    keys = rng.integers(*key_range, 300)  # a pool, so groups repeat
     for v in range(40):
-        n_add = int(rng.integers(1_000, 4_000))
-        k_add = rng.choice(keys, n_add)
+        n_add = size(v)
+        k_add = pick(v, n_add)
         x_add = rng.integers(-hi_x, hi_x, n_add)
-        gone = rng.choice(live_k.size, min(live_k.size, int(rng.integers(0, 1_500))), replace=False)
+        pool = np.arange(live_k.size) if retractable is None else np.flatnonzero(retractable(v, live_k))
+        gone = rng.choice(pool, min(pool.size, int(rng.integers(0, 1_500))), replace=False)
         k = np.concatenate((k_add, live_k[gone]))
         x = np.concatenate((x_add, live_x[gone]))
         w = np.concatenate((np.ones(n_add, np.int64), -np.ones(gone.size, np.int64)))
