@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from engine.differential.dataflow import Collection, Time, _Node, _Scope
 from engine.differential.trace import IndexedZSet, Trace, TraceReader
-from engine.differential.zset import ZSet, concat
+from engine.differential.zset import ZSet, concat, take_rows
 from engine.errors import InputError, SchemaError
 
 __all__ = ["Arranged", "join_stream", "join_trace"]
@@ -157,7 +157,7 @@ def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], names: Sequence[str],
     want = set(names)
     mine = batch.data.select([c for c in batch.data.column_names if c in want])
     if not same_order:
-        mine = mine.take(rows)
+        mine = take_rows(mine, rows)
     theirs = found.records(columns=[c for c in trace.schema.names if c not in on and c in want])
     diffs = (batch.diffs if same_order else batch.diffs[rows]) * found.diffs
     times = None

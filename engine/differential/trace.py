@@ -52,7 +52,7 @@ from engine._hashing import (
     same_rows,
 )
 from engine.differential.version import Antichain, Version, VersionLike, advance_times, as_version
-from engine.differential.zset import ZSet, concat
+from engine.differential.zset import ZSet, concat, take_rows, take_rows_from
 from engine.errors import InputError, SchemaError
 
 __all__ = ["IndexedZSet", "Lookup", "Trace", "TraceReader", "exact_records", "index_with"]
@@ -445,11 +445,10 @@ class Lookup:
             if self.probe.size == 0:
                 return self._schema.empty_table() if columns is None else \
                     self._schema.empty_table().select(list(columns))
-            bounds = np.searchsorted(self._which, np.arange(len(self._batches) + 1))
-            parts = [data(b).take(self._rows[lo:hi])  # one take per trace batch
-                     for b, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
-                     if hi > lo]
-            return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            bounds = np.searchsorted(self._which, np.arange(len(self._batches) + 1)).tolist()
+            if len(self._batches) == 1:
+                return take_rows(data(0), self._rows)
+            return take_rows_from([data(b) for b in range(len(self._batches))], bounds, self._rows)
         idx = np.asarray(sel, dtype=np.int64)
         if idx.size == 0:
             return self._schema.empty_table() if columns is None else \
