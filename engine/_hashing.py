@@ -60,7 +60,7 @@ _powers = np.ones(1, dtype=np.uint64)
 
 def mix64(x: U64) -> U64:
     """splitmix64's finalizer: a bijection on uint64 that spreads every input bit."""
-    if not isinstance(x, np.ndarray) or x.ndim == 0:  # scalars warn on overflow; arrays wrap
+    if np.ndim(x) == 0:  # scalars warn on overflow; arrays wrap
         with np.errstate(over="ignore"):
             return _mix64_array(np.atleast_1d(np.asarray(x, dtype=np.uint64)))[0]  # type: ignore[no-any-return]
     return _mix64_array(x)
@@ -81,7 +81,7 @@ def _mix64_array(x: U64) -> U64:
 
 def combine(h: U64, other: U64) -> U64:
     """Order-dependent combination of two hash columns."""
-    if not isinstance(h, np.ndarray) or h.ndim == 0:
+    if np.ndim(h) == 0:
         with np.errstate(over="ignore"):
             return mix64(h * _COMBINE + other + _GOLD)
     z = h * _COMBINE
