@@ -89,21 +89,22 @@ class IndexedZSet:
     rec_hash: U64
     order_key: U64
     _directory: dict[int, tuple[int, I64]] | None = field(default=None, repr=False)
-    _dense: tuple[int, I64, I64] | bool | None = field(default=None, repr=False)
+    _dense: tuple[int, I64, I64 | None] | bool | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return self.batch.num_rows
 
-    def _dense_index(self) -> tuple[int, I64, I64] | None:
+    def _dense_index(self) -> tuple[int, I64, I64 | None] | None:
         """``(low, first, count)`` when the key is one null-free integer column over a
         range not much wider than the batch: the rows of key ``v`` are ``first[v - low]``
-        on, ``count[v - low]`` of them (direct addressing, no hash comparison). Built on
-        first use."""
+        on, ``count[v - low]`` of them (direct addressing, no hash comparison). When every
+        key has one row, ``count`` is ``None`` and ``first`` is ``-1`` for absent keys.
+        Built on first use."""
         if self._dense is None:
             object.__setattr__(self, "_dense", self._build_dense() or False)
         return self._dense if isinstance(self._dense, tuple) else None
 
-    def _build_dense(self) -> tuple[int, I64, I64] | None:
+    def _build_dense(self) -> tuple[int, I64, I64 | None] | None:
         n = len(self)
         v = _int_key(self.batch.data, self.keys)
         if v is None or n == 0:
@@ -115,37 +116,53 @@ class IndexedZSet:
         kh = self.key_hash
         starts = np.flatnonzero(np.concatenate(([True], kh[1:] != kh[:-1])))  # runs of one key
         off = v.take(starts) - low
-        first = np.zeros(width, dtype=np.int64)
-        count = np.zeros(width, dtype=np.int64)
+        first = np.full(width, -1, dtype=np.int64)
         first[off] = starts
         if not np.array_equal(first.take(off), starts):
             return None  # a key in two runs (another key's hash interleaves): hash lookups only
+        if starts.size == n:  # one row per key
+            return low, first, None
+        count = np.zeros(width, dtype=np.int64)
         count[off] = np.diff(np.append(starts, n))
         return low, first, count
 
-    def value_ranges(self, values: I64) -> tuple[I64, I64] | None:
-        """Per key value (one integer key column), its rows ``start:start + count``
-        through the direct-address index (exact); ``None`` when the batch has none."""
+    def _dense_rows(self, values: I64) -> tuple[I64, I64 | None] | None:
+        """Per key value: ``(first, count)`` from the direct-address index (count ``None``
+        for a batch of one row per key: ``first`` is then the row, or -1)."""
         dense = self._dense_index()
         if dense is None:
             return None
         low, first, count = dense
         off = values - low
+        if values.size == 0 or (int(off.min()) >= 0 and int(off.max()) < first.size):
+            return first.take(off), None if count is None else count.take(off)
         inside = (off >= 0) & (off < first.size)
-        if inside.all():
-            return first.take(off), count.take(off)
         off = np.where(inside, off, 0)
+        if count is None:
+            return np.where(inside, first.take(off), -1), None
         return first.take(off), np.where(inside, count.take(off), 0)
+
+    def value_ranges(self, values: I64) -> tuple[I64, I64] | None:
+        """Per key value (one integer key column), its rows ``start:start + count``
+        through the direct-address index (exact); ``None`` when the batch has none."""
+        found = self._dense_rows(values)
+        if found is None:
+            return None
+        start, cnt = found
+        if cnt is None:
+            present = start >= 0
+            return np.where(present, start, 0), present.astype(np.int64)
+        return start, cnt
 
     def locate_values(self, values: I64) -> tuple[I64, I64] | None:
         """:meth:`locate` by the key values themselves (one integer key column), through
         the direct-address index; ``None`` when the batch has none."""
-        found = self.value_ranges(values)
+        found = self._dense_rows(values)
         if found is None:
             return None
         start, cnt = found
-        if cnt.max(initial=0) <= 1:  # one row per key: no expansion
-            probe = np.flatnonzero(cnt)
+        if cnt is None:  # one row per key: no expansion
+            probe = np.flatnonzero(start >= 0)
             return probe, start.take(probe)
         return _expand(start, cnt)
 

@@ -62,7 +62,7 @@ def test_lookup_and_accumulate_across_batches():
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("keys", ["dense", "negative_int32", "sparse", "few_probes"])
+@pytest.mark.parametrize("keys", ["dense", "unique", "negative_int32", "sparse", "few_probes", "few_unique"])
 def test_many_probes_against_big_and_small_batches(seed, keys, monkeypatch):
     # thousands of probes against a spine of one big batch and several small ones: the small
     # batches go through the shared occupancy filter, the big one through its direct-address
@@ -75,7 +75,7 @@ def test_many_probes_against_big_and_small_batches(seed, keys, monkeypatch):
     low, span = (-15_000, 30_000) if keys == "negative_int32" else (0, 30_000)
     if keys == "sparse":
         span = 1 << 40
-    if keys == "few_probes":
+    if keys.startswith("few"):
         monkeypatch.setattr(trace_module, "_DENSE_FEW", 5_000)
     tr = Trace(schema, "k")
     reader = tr.reader()  # no compaction: every batch keeps its updates
@@ -84,6 +84,8 @@ def test_many_probes_against_big_and_small_batches(seed, keys, monkeypatch):
     small_keys = []
     for t, n in enumerate(sizes):
         k = rng.integers(low, low + span, n)
+        if keys.endswith("unique") and t == 0:  # one row per key in the big batch
+            k = low + rng.permutation(span)[:n]
         if n < 1_000:
             small_keys.append(k)
         v = rng.integers(0, 5, n)
@@ -94,14 +96,18 @@ def test_many_probes_against_big_and_small_batches(seed, keys, monkeypatch):
             want[(kk, vv, t)] += ww
     assert any(len(b) * 8 < 5_000 for b in tr.batches) and any(len(b) >= 5_000 for b in tr.batches)
     big = max(tr.batches, key=len)
-    if keys == "few_probes":  # some present keys of every batch, a few absent ones
+    if keys.startswith("few"):  # some present keys of every batch, a few absent ones
         probes = np.concatenate([k[:8] for k in small_keys] + [big.batch.data.column("k").to_numpy()[:10],
                                                               np.array([low - 5, low + span + 5, low + 7])])
         assert probes.size <= trace_module._FEW
     else:
-        probes = rng.permutation(np.concatenate([rng.integers(low - 5_000, low + span + 5_000, 5_000), *small_keys]))
+        edge = big.batch.data.column("k").to_numpy()[[0, 1, -1]]  # the first and last rows too
+        probes = rng.permutation(np.concatenate([rng.integers(low - 5_000, low + span + 5_000, 5_000), edge,
+                                                 *small_keys]))
     found = tr.lookup(pa.table({"k": pa.array(probes, dtype)}))
     assert (big._dense_index() is not None) == (keys != "sparse")
+    if keys.endswith("unique"):
+        assert big._dense_index()[2] is None  # the one-row-per-key form
     recs = found.records().to_pylist()
     got: Counter = Counter()
     for p, r, d, t in zip(found.probe.tolist(), recs, found.diffs.tolist(), found.times[:, 0].tolist(), strict=True):
