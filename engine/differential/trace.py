@@ -282,23 +282,7 @@ def _locate_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = None
     column) where they have a direct-address index, else through their bucket directory."""
     n = ph.size
     if n <= _FEW and len(spine) > 1:
-        # big batches by key value when they have a direct-address index (a binary search
-        # of a big cold array is a cache miss per level), the others by binary search
-        ranges: list[tuple[I64, I64, bool]] = []  # (lo, hi, exact) per batch
-        for b in spine:  # a loop per trace batch
-            dense = b.value_ranges(values) if values is not None and len(b) >= _DENSE_FEW else None
-            if dense is not None:
-                ranges.append((dense[0], dense[0] + dense[1], True))
-            else:
-                ranges.append(b.ranges(ph) + (False,))
-        lo = np.concatenate([r[0] for r in ranges])
-        probe, rows = _expand(lo, np.concatenate([r[1] for r in ranges]) - lo)
-        cuts = np.searchsorted(probe, np.arange(1, len(spine)) * n).tolist()
-        out = []
-        for i, (s, e) in enumerate(zip([0] + cuts, cuts + [probe.size], strict=True)):
-            pi, ri = probe[s:e] - i * n, rows[s:e]
-            out.append((pi, ri) if ranges[i][2] or e == s else _confirm(pi, ri, spine[i].key_hash, ph))
-        return out
+        return _search_all(spine, ph, values)
     small = [i for i, b in enumerate(spine) if len(b) * 8 < n]
     found: list[tuple[I64, I64] | None] = [None] * len(spine)
     if n >= 1024 and small:
@@ -308,14 +292,36 @@ def _locate_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = None
         for i in small:  # a loop per small batch
             occupied[(spine[i].order_key >> shift).astype(np.intp)] = True
         cand = np.flatnonzero(occupied.take((ph >> shift).astype(np.intp)))
-        sub = ph.take(cand)
-        for i in small:
-            sp, sr = spine[i].locate(sub)
+        sub = _search_all([spine[i] for i in small], ph.take(cand), None)
+        for i, (sp, sr) in zip(small, sub, strict=True):
             found[i] = (cand.take(sp), sr)
     for i, b in enumerate(spine):  # a loop per trace batch
         if found[i] is None and values is not None:
             found[i] = b.locate_values(values)
     return [f if f is not None else b.locate(ph) for b, f in zip(spine, found, strict=True)]
+
+
+def _search_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None) -> list[tuple[I64, I64]]:
+    """:meth:`IndexedZSet.locate` in every batch by binary search, all the ranges expanded
+    at once (for a few probes, or the probes that passed the small batches' filter). Big
+    batches go by key value when they have a direct-address index (a binary search of a
+    big cold array is a cache miss per level)."""
+    n = ph.size
+    ranges: list[tuple[I64, I64, bool]] = []  # (lo, hi, exact) per batch
+    for b in spine:  # a loop per trace batch
+        dense = b.value_ranges(values) if values is not None and len(b) >= _DENSE_FEW else None
+        if dense is not None:
+            ranges.append((dense[0], dense[0] + dense[1], True))
+        else:
+            ranges.append(b.ranges(ph) + (False,))
+    lo = np.concatenate([r[0] for r in ranges])
+    probe, rows = _expand(lo, np.concatenate([r[1] for r in ranges]) - lo)
+    cuts = np.searchsorted(probe, np.arange(1, len(spine)) * n).tolist()
+    out = []
+    for i, (s, e) in enumerate(zip([0] + cuts, cuts + [probe.size], strict=True)):
+        pi, ri = probe[s:e] - i * n, rows[s:e]
+        out.append((pi, ri) if ranges[i][2] or e == s else _confirm(pi, ri, spine[i].key_hash, ph))
+    return out
 
 
 def index_with(batch: ZSet, keys: Sequence[str]) -> IndexedZSet:
