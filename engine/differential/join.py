@@ -90,7 +90,7 @@ class _ArrangeNode(_Node):
             if self._columns is not None:
                 b = ZSet(b.data.select(self._columns), b.diffs, b.times)
             self._before = (t, self.trace.batches)
-            ib = IndexedZSet.build(b, self.keys)
+            ib = IndexedZSet.build(b, self.keys, one_time=True)  # a node's input at t is all at t
             self._indexed = (t, ib)
             self.trace.insert(ib)
         return b

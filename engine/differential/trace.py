@@ -187,8 +187,9 @@ class IndexedZSet:
         return found
 
     @classmethod
-    def build(cls, batch: ZSet, keys: Sequence[str]) -> IndexedZSet:
-        """Index ``batch`` by the columns ``keys``.
+    def build(cls, batch: ZSet, keys: Sequence[str], *, one_time: bool = False) -> IndexedZSet:
+        """Index ``batch`` by the columns ``keys`` (``one_time``: every row is at one
+        version, so reordering leaves the times as they are).
 
         Raises
         ------
@@ -201,12 +202,22 @@ class IndexedZSet:
             raise SchemaError(f"key column(s) {missing or list(keys)} not in {batch.schema.names}")
         kh = hash_rows(batch.data, keys)
         values = [c for c in batch.schema.names if c not in keys]
-        rh = combine(kh, hash_rows(batch.data, values)) if values else kh
+        if values:
+            # one integer value column mixes in as it is: for a given key the record hash is
+            # still a bijection of the value (so exact, see exact_records)
+            raw = _int_key(batch.data, values)
+            rh = combine(kh, raw.view(np.uint64) if raw is not None else hash_rows(batch.data, values))
+        else:
+            rh = kh
         ok = (kh & _HI) | (rh & _LO)
         order = argsort_u64(ok)
-        if np.all(order[1:] > order[:-1]):
+        if order.size < 2048 and np.all(order[1:] > order[:-1]):
             return cls(keys, batch, kh, rh, ok)
-        return cls(keys, batch.take(order), kh[order], rh[order], ok[order])
+        if one_time and batch.times is not None:
+            z = ZSet(take_rows(batch.data, order), batch.diffs.take(order), batch.times)
+        else:
+            z = batch.take(order)
+        return cls(keys, z, kh.take(order), rh.take(order), ok.take(order))
 
     def locate(self, probe_hash: U64) -> tuple[I64, I64]:
         """Rows whose key hash equals a probe's: ``(probe index, row)`` pairs, ordered by
@@ -229,6 +240,7 @@ class IndexedZSet:
                 self.order_key.searchsorted(probe_hash | _LO, "right"))
 
 
+_LITTLE = np.little_endian
 _FEW = 64  # probes looked up by binary search rather than through a bucket directory
 _DENSE_FEW = 1 << 16  # batches this big are probed by value even by a few probes
 
@@ -266,10 +278,12 @@ def argsort_u64(a: U64) -> I64:
     radix sort (about half the time of a comparison sort from a few thousand values)."""
     if a.size < 2048 or a.size > 1 << 17:  # past the caches, a comparison sort wins
         return np.argsort(a, kind="stable").astype(np.int64, copy=False)
-    perm = np.argsort((a & np.uint64(0xFFFF)).astype(np.uint16), kind="stable")
-    for shift in (16, 32, 48):
-        digit = (a[perm] >> np.uint64(shift)).astype(np.uint16)
-        perm = perm[np.argsort(digit, kind="stable")]
+    digits = np.ascontiguousarray(a).view(np.uint16).reshape(-1, 4)  # little-endian: column 0 lowest
+    if not _LITTLE:
+        digits = digits[:, ::-1]
+    perm = digits[:, 0].argsort(kind="stable")
+    for j in (1, 2, 3):
+        perm = perm.take(digits[:, j].take(perm).argsort(kind="stable"))
     return perm.astype(np.int64, copy=False)
 
 
