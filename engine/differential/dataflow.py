@@ -66,8 +66,11 @@ def split_by_time(batch: ZSet) -> list[tuple[Time, ZSet]]:
     assert batch.times is not None
     times = batch.times
     first = times[0]
-    if (times == first).all():
-        return [(tuple(int(c) for c in first), batch)]
+    if times.shape[1] == 1:
+        if times.min() == times.max():  # two reductions, no temporary
+            return [((int(first[0]),), batch)]
+    elif (times == first).all():
+        return [(tuple(first.tolist()), batch)]
     if times.shape[1] == 2 and (times[:, 0] == first[0]).all():  # one outer version
         last, inverse = np.unique(times[:, 1], return_inverse=True)
         uniq = np.column_stack((np.full(last.size, first[0]), last))

@@ -333,10 +333,10 @@ class _GroupState:
         return s
 
     def dense(self, table: pa.Table, by: Sequence[str], only: Callable[[I64, int], I64] | None = None
-              ) -> tuple[I64, pa.Table, I64, I64, int] | None:
+              ) -> tuple[I64, I64, I64, I64, int] | None:
         """One integer group column over a range not much wider than the batch:
-        ``(slots, keys, offset, present, width)``, per present value (``present`` offsets
-        into the range, ascending) its state slot and key, and per row its offset into the
+        ``(slots, values, offset, present, width)``, per present value (``present`` offsets
+        into the range, ascending) its state slot and the value, and per row its offset into the
         range (so ``bincount(offset, ..., width)[present]`` aggregates per group); only the
         distinct values are hashed, and nothing is sorted. ``only(offset, width)``, when
         given, says which offsets to keep instead of every present one (say, the groups whose
@@ -354,8 +354,7 @@ class _GroupState:
         width = hi - lo + 1
         present = np.flatnonzero(np.bincount(off, minlength=width)) if only is None else only(off, width)
         values = present + lo
-        slots = self._value_slots(values, col.type, by[0])
-        return slots, pa.table({by[0]: pa.array(values, type=pa.int64()).cast(col.type)}), off, present, width
+        return self._value_slots(values, col.type, by[0]), values, off, present, width
 
     def groups(self, table: pa.Table, by: Sequence[str] | None = None) -> tuple[I64, I64, I64]:
         """The groups of ``table``'s rows (by the values of ``by``, all columns by default):
@@ -363,6 +362,20 @@ class _GroupState:
         it, and each row's index into ``slots`` (see also :meth:`dense`)."""
         h = hash_rows(table) if by is None else hash_rows(table, by)
         return _factorize(self.slots(h), self.size)
+
+
+@dataclass(frozen=True)
+class _IntKeys:
+    """One integer group column's values, taken like a table (no Arrow kernel per step)."""
+
+    name: str
+    values: I64
+    type: pa.DataType
+
+    def take(self, sel: I64) -> pa.Table:
+        v = self.values.take(sel)
+        arr = pa.array(v, type=pa.int64())
+        return pa.table({self.name: arr if self.type == pa.int64() else arr.cast(self.type)})
 
 
 def _grow(a: npt.NDArray[np.generic], n: int) -> npt.NDArray[np.generic]:
@@ -392,7 +405,7 @@ def _group_sum(group: I64, values: npt.NDArray[Any], m: int) -> npt.NDArray[Any]
     """Per group, the sum of ``values`` (exact for integers)."""
     if values.dtype.kind == "f":
         return np.bincount(group, weights=values, minlength=m)
-    if values.size == 0 or np.abs(values).max() < (1 << 53) // max(values.size, 1):
+    if values.size == 0 or max(-int(values.min()), int(values.max())) < (1 << 53) // values.size:
         # every partial sum is an integer below 2**53: float64 adds it exactly
         return np.bincount(group, weights=values, minlength=m).astype(np.int64)
     out = np.zeros(m, dtype=np.int64)
@@ -435,8 +448,10 @@ class _LinearAggNode(_Node):
 
         found = self.state.dense(b.data, spec.by, changed_groups)
         if found is not None:
-            slot, keys, _, present, _ = found
+            slot, values, _, present, _ = found
             dcnt, *dsums = [w[present] for w in wide]
+            key_type = spec.schema.field(spec.by[0]).type
+            keys = _IntKeys(spec.by[0], values, key_type)
         else:
             slot, first, group = self.state.groups(b.data, spec.by)
             keys = b.data.select(list(spec.by)).take(first)
@@ -461,7 +476,7 @@ class _LinearAggNode(_Node):
             return None
         # the retractions (old values) then the insertions (new values), one table
         sel = np.concatenate((retract, insert))
-        cols = list(keys.take(sel).columns)
+        cols = list(keys.take(sel).columns)  # the groups' key columns
         it = iter(zip(olds, news, strict=True))
         for _, fn, _ in spec.aggs:  # a loop per aggregate
             old, new = (old_cnt, new_cnt) if fn == "count" else next(it)
