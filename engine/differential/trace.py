@@ -287,13 +287,15 @@ def argsort_u64(a: U64) -> I64:
     return perm.astype(np.int64, copy=False)
 
 
-def _locate_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = None) -> list[tuple[I64, I64]]:
-    """:meth:`IndexedZSet.locate` in every batch of a spine. A few probes binary-search
-    every batch and expand all the ranges at once. Batches much smaller than a large probe
-    set share one occupancy filter (their key hashes' top bits): only the probes that may
-    be in one of them go on to their directories, so many small batches cost about one
-    pass over the probes. The others are probed by key value (``values``, one integer key
-    column) where they have a direct-address index, else through their bucket directory."""
+def _locate_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = None) -> tuple[I64, I64, list[int]]:
+    """:meth:`IndexedZSet.locate` in every batch of a spine: ``(probe, row, per-batch
+    counts)``, grouped by batch in spine order. A few probes binary-search every batch and
+    expand all the ranges at once. Batches much smaller than a large probe set share one
+    occupancy filter (their key hashes' top bits): only the probes that may be in one of
+    them go on, binary-searching those batches together, so many small batches cost about
+    one pass over the probes. The others are probed by key value (``values``, one integer
+    key column) where they have a direct-address index, else through their bucket
+    directory."""
     n = ph.size
     if n <= _FEW and len(spine) > 1:
         return _search_all(spine, ph, values)
@@ -306,36 +308,59 @@ def _locate_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = None
         for i in small:  # a loop per small batch
             occupied[(spine[i].order_key >> shift).astype(np.intp)] = True
         cand = np.flatnonzero(occupied.take((ph >> shift).astype(np.intp)))
-        sub = _search_all([spine[i] for i in small], ph.take(cand), None)
-        for i, (sp, sr) in zip(small, sub, strict=True):
-            found[i] = (cand.take(sp), sr)
+        sp, sr, counts = _search_all([spine[i] for i in small], ph.take(cand), None)
+        sp = cand.take(sp)
+        at = 0
+        for i, c in zip(small, counts, strict=True):
+            found[i] = (sp[at:at + c], sr[at:at + c])
+            at += c
     for i, b in enumerate(spine):  # a loop per trace batch
         if found[i] is None and values is not None:
             found[i] = b.locate_values(values)
-    return [f if f is not None else b.locate(ph) for b, f in zip(spine, found, strict=True)]
+    parts = [f if f is not None else b.locate(ph) for b, f in zip(spine, found, strict=True)]
+    if not parts:
+        e = np.empty(0, np.int64)
+        return e, e, []
+    if len(parts) == 1:
+        return parts[0][0], parts[0][1], [parts[0][0].size]
+    return (np.concatenate([p for p, _ in parts]), np.concatenate([r for _, r in parts]),
+            [p.size for p, _ in parts])
 
 
-def _search_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None) -> list[tuple[I64, I64]]:
+def _search_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None) -> tuple[I64, I64, list[int]]:
     """:meth:`IndexedZSet.locate` in every batch by binary search, all the ranges expanded
-    at once (for a few probes, or the probes that passed the small batches' filter). Big
+    and confirmed at once (for a few probes, or the probes that passed the small batches'
+    filter): ``(probe, row, per-batch counts)``, grouped by batch in spine order. Big
     batches go by key value when they have a direct-address index (a binary search of a
     big cold array is a cache miss per level)."""
     n = ph.size
-    ranges: list[tuple[I64, I64, bool]] = []  # (lo, hi, exact) per batch
+    los, his = [], []
+    exact = True
     for b in spine:  # a loop per trace batch
         dense = b.value_ranges(values) if values is not None and len(b) >= _DENSE_FEW else None
         if dense is not None:
-            ranges.append((dense[0], dense[0] + dense[1], True))
+            los.append(dense[0])
+            his.append(dense[0] + dense[1])
         else:
-            ranges.append(b.ranges(ph) + (False,))
-    lo = np.concatenate([r[0] for r in ranges])
-    probe, rows = _expand(lo, np.concatenate([r[1] for r in ranges]) - lo)
-    cuts = np.searchsorted(probe, np.arange(1, len(spine)) * n).tolist()
-    out = []
-    for i, (s, e) in enumerate(zip([0] + cuts, cuts + [probe.size], strict=True)):
-        pi, ri = probe[s:e] - i * n, rows[s:e]
-        out.append((pi, ri) if ranges[i][2] or e == s else _confirm(pi, ri, spine[i].key_hash, ph))
-    return out
+            lo, hi = b.ranges(ph)
+            los.append(lo)
+            his.append(hi)
+            exact = False
+    lo = np.concatenate(los)
+    probe, rows = _expand(lo, np.concatenate(his) - lo)
+    bounds = np.searchsorted(probe, np.arange(len(spine) + 1) * n).tolist()
+    if n:
+        probe %= n
+    if not exact:  # one comparison of full key hashes for every batch's entries
+        kh = np.empty(rows.size, dtype=np.uint64)
+        for i, b in enumerate(spine):  # a loop per trace batch
+            np.take(b.key_hash, rows[bounds[i]:bounds[i + 1]], out=kh[bounds[i]:bounds[i + 1]])
+        hit = kh == ph.take(probe)
+        if not hit.all():
+            keep = np.flatnonzero(hit)
+            probe, rows = probe.take(keep), rows.take(keep)
+            bounds = np.searchsorted(keep, bounds).tolist()
+    return probe, rows, [bounds[i + 1] - bounds[i] for i in range(len(spine))]
 
 
 def index_with(batch: ZSet, keys: Sequence[str]) -> IndexedZSet:
@@ -690,17 +715,19 @@ class Trace:
             raise SchemaError(f"lookup keys lack column(s) {missing} (trace keys: {list(self.keys)})")
         ph = hash_rows(keys, self.keys) if key_hash is None else key_hash
         spine = tuple(self._spine) if batches is None else tuple(batches)
-        found = _locate_all(spine, ph, _int_key(keys, self.keys))
-        hits = [i for i, (p, _) in enumerate(found) if p.size]
+        probe, rows, counts = _locate_all(spine, ph, _int_key(keys, self.keys))
+        hits = [i for i, c in enumerate(counts) if c]
         if not hits:
             e = np.empty(0, np.int64)
             return Lookup(e, e, (), e, e, self.schema, self.dims)
         spine = tuple(spine[i] for i in hits)
-        found = [found[i] for i in hits]
-        probe = np.concatenate([p for p, _ in found]) if len(found) > 1 else found[0][0]
-        rows = np.concatenate([r for _, r in found]) if len(found) > 1 else found[0][1]
-        which = np.repeat(np.arange(len(spine), dtype=np.int64), [r.size for _, r in found])
-        diffs = np.concatenate([b.batch.diffs[r] for b, (_, r) in zip(spine, found, strict=True)])
+        sizes = [counts[i] for i in hits]
+        which = np.repeat(np.arange(len(spine), dtype=np.int64), sizes)
+        diffs = np.empty(rows.size, dtype=np.int64)
+        at = 0
+        for b, c in zip(spine, sizes, strict=True):  # a loop per trace batch
+            np.take(b.batch.diffs, rows[at:at + c], out=diffs[at:at + c])
+            at += c
         out = Lookup(probe, diffs, spine, which, rows, self.schema, self.dims)
         if not self.exact_keys:  # different keys with one hash: drop them
             names = list(self.keys)
