@@ -181,6 +181,47 @@ def test_colliding_key_hashes_return_only_the_right_key(monkeypatch):
         assert got == Counter({k: w for k, w in want.items() if w})
 
 
+@pytest.mark.parametrize("probes", [20, 2_000])
+def test_key_hashes_sharing_the_high_bits_are_told_apart(monkeypatch, probes):
+    # integer keys (hash exact, so no check by value) whose hashes agree on the 40 bits the
+    # order key keeps: binary searches and directories return rows of other keys too, and
+    # only the full-hash comparison drops them
+    real = trace_module.hash_rows
+
+    def low_bits(table, names=None):
+        h = real(table, names)
+        return h & np.uint64(0xFFFFFF) if list(names or []) == ["k"] else h
+
+    rng = np.random.default_rng(probes)
+    pool = rng.choice(10**12, 300, replace=False)  # sparse: no direct-address index
+    assert np.unique(low_bits(pa.table({"k": pool}), ["k"])).size == pool.size
+    monkeypatch.setattr(trace_module, "hash_rows", low_bits)
+    tr = Trace(KV, "k")
+    reader = tr.reader()
+    want: Counter = Counter()
+    for t, n in enumerate([900, 40, 7]):  # three batches: no merge yet
+        k = rng.choice(pool, n)
+        v = rng.integers(0, 4, n)
+        tr.insert(ZSet(pa.table({"k": k, "v": v}), np.ones(n, np.int64), np.full((n, 1), t, np.int64)))
+        for kk, vv in zip(k.tolist(), v.tolist(), strict=True):
+            want[(kk, vv, t)] += 1
+    assert len(tr.batches) > 1
+    probe_keys = np.concatenate([rng.choice(pool, probes - 3), [-1, 10**12 + 7, 5]])
+    found = tr.lookup(pa.table({"k": probe_keys}))
+    got: Counter = Counter()
+    for p, r, d, t in zip(found.probe.tolist(), found.records().to_pylist(), found.diffs.tolist(),
+                          found.times[:, 0].tolist(), strict=True):
+        assert r["k"] == probe_keys[p]
+        got[(p, r["v"], t)] += d
+    expect: Counter = Counter()
+    for p, kk in enumerate(probe_keys.tolist()):
+        for (k2, v2, t2), w2 in want.items():
+            if k2 == kk:
+                expect[(p, v2, t2)] += w2
+    assert got == expect
+    reader.close()
+
+
 # ---------------------------------------------------------------------------------------
 # oracle: >= 500 versions, two-coordinate times, frontiers that advance as antichains
 
