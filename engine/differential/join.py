@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from engine.differential.dataflow import Collection, Time, _Node, _Scope
 from engine.differential.trace import IndexedZSet, Trace, TraceReader
-from engine.differential.zset import ZSet, concat, take_rows
+from engine.differential.zset import ZSet, numeric_view, take_rows
 from engine.errors import InputError, SchemaError
 
 __all__ = ["Arranged", "join_stream", "join_trace"]
@@ -176,6 +176,23 @@ def _conform(out: ZSet, schema: pa.Schema) -> ZSet:
     return ZSet(out.data.cast(schema), out.diffs, out.times)
 
 
+def _union(parts: list[ZSet], schema: pa.Schema) -> ZSet:
+    """The two sides' pairs as one batch of ``schema``: numeric columns as one numpy
+    array each (readers downstream get one chunk), the others concatenated by Arrow."""
+    cols: list[pa.Array | pa.ChunkedArray] = []
+    for field in schema:  # a loop per column
+        got = [p.data.column(field.name) for p in parts]
+        views = [numeric_view(c) for c in got]
+        if all(v is not None for v in views) and all(c.type == field.type for c in got):
+            cols.append(pa.array(np.concatenate(views), type=field.type))  # type: ignore[arg-type]
+        else:
+            cols.append(pa.chunked_array([ch for c in got for ch in c.cast(field.type).chunks], type=field.type))
+    times = None
+    if parts[0].times is not None:
+        times = np.concatenate([p.times for p in parts if p.times is not None])
+    return ZSet(pa.Table.from_arrays(cols, schema=schema), np.concatenate([p.diffs for p in parts]), times)
+
+
 def join_trace(batch: ZSet, trace: Trace, on: Sequence[str] | None = None) -> ZSet:
     """``batch`` joined with every update of ``trace`` (seed 003's Join Trace).
 
@@ -254,7 +271,9 @@ class _JoinNode(_Node):
                 parts.append(p)
         if not parts:
             return None
-        return _conform(concat(*[_conform(p, self.schema) for p in parts]), self.schema)
+        if len(parts) == 1:
+            return _conform(parts[0], self.schema)
+        return _union(parts, self.schema)
 
 
 def join(left: Collection, right: Collection | Arranged, on: tuple[str, ...]) -> Collection:

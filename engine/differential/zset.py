@@ -40,7 +40,7 @@ TIME = "__time"
 _RESERVED = (DIFF, TIME)
 
 
-def _numeric(col: pa.ChunkedArray | pa.Array) -> npt.NDArray[Any] | None:
+def numeric_view(col: pa.ChunkedArray | pa.Array) -> npt.NDArray[Any] | None:
     """A zero-copy numpy view of a null-free integer or float column in one chunk."""
     arr = col.chunk(0) if isinstance(col, pa.ChunkedArray) and col.num_chunks == 1 else col
     if isinstance(arr, pa.ChunkedArray) or arr.null_count or not (
@@ -54,7 +54,7 @@ def take_rows(table: pa.Table, rows: npt.NDArray[np.int64]) -> pa.Table:
     dispatch per call), the others through Arrow."""
     cols = []
     for col in table.columns:  # a loop per column
-        v = _numeric(col)
+        v = numeric_view(col)
         cols.append(col.take(rows) if v is None else pa.array(v.take(rows), type=col.type))
     return pa.Table.from_arrays(cols, schema=table.schema)
 
@@ -67,7 +67,7 @@ def take_rows_from(tables: Sequence[pa.Table], which_bounds: Sequence[int], rows
     n = rows.size
     cols: list[pa.Array | pa.ChunkedArray] = []
     for j, field in enumerate(schema):  # a loop per column
-        views = [_numeric(t.column(j)) for t in tables]
+        views = [numeric_view(t.column(j)) for t in tables]
         if all(v is not None for v in views):
             out = np.empty(n, dtype=field.type.to_pandas_dtype())
             for i, v in enumerate(views):  # a loop per table
