@@ -274,17 +274,28 @@ def _confirm(probe: I64, rows: I64, key_hash: U64, probe_hash: U64) -> tuple[I64
 
 
 def argsort_u64(a: U64) -> I64:
-    """A stable argsort of ``uint64`` values: LSD radix, four passes of numpy's 16-bit
-    radix sort (about half the time of a comparison sort from a few thousand values)."""
+    """A stable argsort of ``uint64`` values: LSD radix with numpy's 16-bit radix sort,
+    about half the time of a comparison sort from a few thousand values. Three passes
+    order the top 48 bits; the rare runs that tie there are then ordered by the whole
+    value (a stable sort of those rows alone)."""
     if a.size < 2048 or a.size > 1 << 17:  # past the caches, a comparison sort wins
         return np.argsort(a, kind="stable").astype(np.int64, copy=False)
     digits = np.ascontiguousarray(a).view(np.uint16).reshape(-1, 4)  # little-endian: column 0 lowest
     if not _LITTLE:
         digits = digits[:, ::-1]
-    perm = digits[:, 0].argsort(kind="stable")
-    for j in (1, 2, 3):
+    perm = digits[:, 1].argsort(kind="stable")
+    for j in (2, 3):
         perm = perm.take(digits[:, j].take(perm).argsort(kind="stable"))
+    s = a.take(perm)
+    tie = (s[1:] >> _S16) == (s[:-1] >> _S16)
+    if (tie & (s[1:] < s[:-1])).any():  # a tied run out of order in the low 16 bits
+        pos = np.flatnonzero(np.concatenate((tie, [False])) | np.concatenate(([False], tie)))
+        sub = perm.take(pos)
+        perm[pos] = sub.take(np.argsort(a.take(sub), kind="stable"))
     return perm.astype(np.int64, copy=False)
+
+
+_S16 = np.uint64(16)
 
 
 def _locate_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = None) -> tuple[I64, I64, list[int]]:

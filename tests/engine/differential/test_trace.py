@@ -275,3 +275,21 @@ def test_trace_oracle_over_random_versions(key_col):
     tr.compact()
     distinct = {(rec, Version(tt).advance_by(frontier)) for (rec, tt), w in history.items()}
     assert len(tr) <= len(distinct)
+
+
+@pytest.mark.parametrize("shape", ["random", "top_ties", "few_values", "key_runs"])
+def test_radix_argsort_is_a_stable_argsort(shape):
+    # three radix passes order the top 48 bits; runs tied there are fixed up by the whole
+    # value: the result must be exactly numpy's stable argsort, ties included
+    rng = np.random.default_rng(len(shape))
+    for n in (2_048, 5_000, 40_000):
+        if shape == "random":
+            a = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
+        elif shape == "top_ties":  # few distinct top 48 bits, random low 16
+            a = (rng.integers(0, 50, n, dtype=np.uint64) << np.uint64(16)) | rng.integers(0, 2**16, n, dtype=np.uint64)
+        elif shape == "few_values":
+            a = rng.integers(0, 30, n, dtype=np.uint64)
+        else:  # order keys: rows of one key share the high 40 bits
+            hi = rng.integers(0, 2**40, n // 3 + 1, dtype=np.uint64)
+            a = (np.repeat(hi, 3)[:n] << np.uint64(24)) | rng.integers(0, 2**24, n, dtype=np.uint64)
+        assert np.array_equal(trace_module.argsort_u64(a), np.argsort(a, kind="stable"))
