@@ -482,10 +482,15 @@ class Lookup:
     probe: I64
     diffs: I64
     _batches: tuple[IndexedZSet, ...]
-    _which: I64      # per entry: index into _batches
+    _bounds: list[int]  # entries _bounds[i]:_bounds[i + 1] are in _batches[i]
     _rows: I64       # per entry: row in that batch
     _schema: pa.Schema
     _dims: int
+
+    @property
+    def _which(self) -> I64:
+        """Per entry, the index of its trace batch."""
+        return np.repeat(np.arange(len(self._batches), dtype=np.int64), np.diff(self._bounds))
 
     @property
     def rec_hash(self) -> U64:
@@ -499,9 +504,9 @@ class Lookup:
         if len(self._batches) == 1:
             return part(self._batches[0])[self._rows]
         out = np.empty((self.probe.size,) + part(self._batches[0]).shape[1:], dtype=dtype)
-        for i, b in enumerate(self._batches):  # a loop per trace batch
-            sel = self._which == i
-            out[sel] = part(b)[self._rows[sel]]
+        b = self._bounds
+        for i, batch in enumerate(self._batches):  # a loop per trace batch
+            out[b[i]:b[i + 1]] = part(batch)[self._rows[b[i]:b[i + 1]]]
         return out
 
     def __len__(self) -> int:
@@ -518,10 +523,9 @@ class Lookup:
             if self.probe.size == 0:
                 return self._schema.empty_table() if columns is None else \
                     self._schema.empty_table().select(list(columns))
-            bounds = np.searchsorted(self._which, np.arange(len(self._batches) + 1)).tolist()
             if len(self._batches) == 1:
                 return take_rows(data(0), self._rows)
-            return take_rows_from([data(b) for b in range(len(self._batches))], bounds, self._rows)
+            return take_rows_from([data(b) for b in range(len(self._batches))], self._bounds, self._rows)
         idx = np.asarray(sel, dtype=np.int64)
         if idx.size == 0:
             return self._schema.empty_table() if columns is None else \
@@ -730,21 +734,20 @@ class Trace:
         hits = [i for i, c in enumerate(counts) if c]
         if not hits:
             e = np.empty(0, np.int64)
-            return Lookup(e, e, (), e, e, self.schema, self.dims)
+            return Lookup(e, e, (), [0], e, self.schema, self.dims)
         spine = tuple(spine[i] for i in hits)
         sizes = [counts[i] for i in hits]
-        which = np.repeat(np.arange(len(spine), dtype=np.int64), sizes)
+        bounds = [0, *np.cumsum(sizes).tolist()]
         diffs = np.empty(rows.size, dtype=np.int64)
-        at = 0
-        for b, c in zip(spine, sizes, strict=True):  # a loop per trace batch
-            np.take(b.batch.diffs, rows[at:at + c], out=diffs[at:at + c])
-            at += c
-        out = Lookup(probe, diffs, spine, which, rows, self.schema, self.dims)
+        for i, b in enumerate(spine):  # a loop per trace batch
+            np.take(b.batch.diffs, rows[bounds[i]:bounds[i + 1]], out=diffs[bounds[i]:bounds[i + 1]])
+        out = Lookup(probe, diffs, spine, bounds, rows, self.schema, self.dims)
         if not self.exact_keys:  # different keys with one hash: drop them
             names = list(self.keys)
             ok = rows_equal(out.records().select(names), keys.select(names).take(probe))
             if not ok.all():
-                out = Lookup(probe[ok], diffs[ok], spine, which[ok], rows[ok], self.schema, self.dims)
+                kept = np.searchsorted(np.flatnonzero(ok), bounds).tolist()  # entries stay grouped
+                out = Lookup(probe[ok], diffs[ok], spine, kept, rows[ok], self.schema, self.dims)
         return out
 
     def _distinct(self, keys: pa.Table) -> pa.Table:
