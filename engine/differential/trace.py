@@ -14,8 +14,8 @@ collision never returns a wrong row. A batch keyed by one integer column over a 
 much wider than the batch also gets a direct-address index (key value -> its rows), which
 many probes (and a few probes of a big batch, where every level of a binary search is a
 cache miss) use instead: no hash comparison, no bucket collisions. A batch is sorted with
-an LSD radix argsort (four 16-bit passes), about half a comparison sort's time at the sizes
-of a step's delta.
+an LSD radix argsort (three 16-bit passes over the top 48 bits, then a fix-up of the rare
+runs tied there), under half a comparison sort's time at the sizes of a step's delta.
 
 A :class:`Trace` accumulates indexed batches in a *spine*, merged size-tiered: once the
 last ``_FANOUT`` (4) batches are of one size class (``_FANOUT`` x apart, from
