@@ -162,6 +162,8 @@ class IndexedZSet:
             return None
         start, cnt = found
         if cnt is None:  # one row per key: no expansion
+            if start.size == 0 or int(start.min()) >= 0:  # every probe found
+                return np.arange(start.size, dtype=np.int64), start
             probe = np.flatnonzero(start >= 0)
             return probe, start.take(probe)
         return _expand(start, cnt)

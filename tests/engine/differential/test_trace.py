@@ -62,7 +62,8 @@ def test_lookup_and_accumulate_across_batches():
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("keys", ["dense", "unique", "negative_int32", "sparse", "few_probes", "few_unique"])
+@pytest.mark.parametrize("keys", ["dense", "unique", "unique_all_found", "negative_int32", "sparse", "few_probes",
+                                  "few_unique"])
 def test_many_probes_against_big_and_small_batches(seed, keys, monkeypatch):
     # thousands of probes against a spine of one big batch and several small ones: the small
     # batches go through the shared occupancy filter, the big one through its direct-address
@@ -84,7 +85,7 @@ def test_many_probes_against_big_and_small_batches(seed, keys, monkeypatch):
     small_keys = []
     for t, n in enumerate(sizes):
         k = rng.integers(low, low + span, n)
-        if keys.endswith("unique") and t == 0:  # one row per key in the big batch
+        if "unique" in keys and t == 0:  # one row per key in the big batch
             k = low + rng.permutation(span)[:n]
         if n < 1_000:
             small_keys.append(k)
@@ -100,13 +101,15 @@ def test_many_probes_against_big_and_small_batches(seed, keys, monkeypatch):
         probes = np.concatenate([k[:8] for k in small_keys] + [big.batch.data.column("k").to_numpy()[:10],
                                                               np.array([low - 5, low + span + 5, low + 7])])
         assert probes.size <= trace_module._FEW
+    elif keys == "unique_all_found":  # every probe is in the big batch
+        probes = rng.choice(big.batch.data.column("k").to_numpy(), 5_000)
     else:
         edge = big.batch.data.column("k").to_numpy()[[0, 1, -1]]  # the first and last rows too
         probes = rng.permutation(np.concatenate([rng.integers(low - 5_000, low + span + 5_000, 5_000), edge,
                                                  *small_keys]))
     found = tr.lookup(pa.table({"k": pa.array(probes, dtype)}))
     assert (big._dense_index() is not None) == (keys != "sparse")
-    if keys.endswith("unique"):
+    if "unique" in keys:
         assert big._dense_index()[2] is None  # the one-row-per-key form
     recs = found.records().to_pylist()
     got: Counter = Counter()
