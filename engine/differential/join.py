@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from engine.differential.dataflow import Collection, Time, _Node, _Scope
 from engine.differential.trace import IndexedZSet, Trace, TraceReader
-from engine.differential.zset import ZSet, numeric_view, take_rows
+from engine.differential.zset import ZSet, identity_prefix, numeric_view, take_rows
 from engine.errors import InputError, SchemaError
 
 __all__ = ["Arranged", "join_stream", "join_trace"]
@@ -156,10 +156,13 @@ def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], names: Sequence[str],
     same_order = rows.size == n and bool(np.all(rows[1:] > rows[:-1]))  # each row once, in order
     want = set(names)
     mine = batch.data.select([c for c in batch.data.column_names if c in want])
-    if not same_order:
-        mine = take_rows(mine, rows)
+    diffs = batch.diffs
+    if not same_order:  # the first trace batch's entries often start with every probe in order
+        k = identity_prefix(rows, min(found.first_count, n))
+        mine = take_rows(mine, rows, k)
+        diffs = np.concatenate((diffs[:k], diffs.take(rows[k:]))) if k else diffs.take(rows)
     theirs = found.records(columns=[c for c in trace.schema.names if c not in on and c in want])
-    diffs = (batch.diffs if same_order else batch.diffs[rows]) * found.diffs
+    diffs = diffs * found.diffs
     times = None
     if at is not None:
         times = np.full((rows.size, len(at)), at, dtype=np.int64)

@@ -514,6 +514,11 @@ class Lookup:
     def __len__(self) -> int:
         return int(self.probe.size)
 
+    @property
+    def first_count(self) -> int:
+        """Entries from the first trace batch (they come first)."""
+        return self._bounds[1] if len(self._bounds) > 1 else 0
+
     def records(self, sel: npt.ArrayLike | None = None, columns: Sequence[str] | None = None) -> pa.Table:
         """The records of the entries ``sel`` (all by default), in that order; with
         ``columns``, only those columns."""

@@ -49,14 +49,29 @@ def numeric_view(col: pa.ChunkedArray | pa.Array) -> npt.NDArray[Any] | None:
     return np.asarray(arr.to_numpy(zero_copy_only=True))
 
 
-def take_rows(table: pa.Table, rows: npt.NDArray[np.int64]) -> pa.Table:
+def take_rows(table: pa.Table, rows: npt.NDArray[np.int64], prefix: int = 0) -> pa.Table:
     """``table.take(rows)``: null-free numeric columns gather in numpy (no Arrow kernel
-    dispatch per call), the others through Arrow."""
+    dispatch per call), the others through Arrow. ``prefix`` says ``rows`` starts with
+    ``0, 1, ..., prefix - 1`` (copied, not gathered)."""
     cols = []
+    tail = rows[prefix:] if prefix else rows
     for col in table.columns:  # a loop per column
         v = numeric_view(col)
-        cols.append(col.take(rows) if v is None else pa.array(v.take(rows), type=col.type))
+        if v is None:
+            taken = col.take(rows)
+        elif prefix:
+            taken = pa.array(np.concatenate((v[:prefix], v.take(tail))), type=col.type)
+        else:
+            taken = pa.array(v.take(rows), type=col.type)
+        cols.append(taken)
     return pa.Table.from_arrays(cols, schema=table.schema)
+
+
+def identity_prefix(rows: npt.NDArray[np.int64], k: int) -> int:
+    """``k`` when ``rows[:k]`` is ``0, 1, ..., k - 1``, else 0."""
+    if k == 0 or rows[0] != 0 or rows[k - 1] != k - 1:
+        return 0
+    return k if k == 1 or bool((rows[1:k] > rows[:k - 1]).all()) else 0
 
 
 def take_rows_from(tables: Sequence[pa.Table], which_bounds: Sequence[int], rows: npt.NDArray[np.int64]) -> pa.Table:

@@ -235,3 +235,17 @@ def test_take_rows_matches_arrow_take():
     want = pa.concat_tables([p.take(r) for p, r in zip(parts, per, strict=True)])
     assert got.to_pylist() == want.to_pylist()
     assert got.schema == t.schema
+
+
+def test_take_rows_with_an_identity_prefix():
+    rng = np.random.default_rng(4)
+    t = pa.table({"i": rng.integers(0, 9, 300), "s": [str(i % 7) for i in range(300)]})
+    rows = np.concatenate((np.arange(300), rng.integers(0, 300, 50)))
+    assert zset_module.identity_prefix(rows, 300) == 300
+    assert take_rows(t, rows, 300).equals(t.take(rows))
+    assert zset_module.identity_prefix(rows, 301) == 0          # row 300 is not 300
+    shuffled = rows.copy()
+    shuffled[[5, 6]] = shuffled[[6, 5]]
+    assert zset_module.identity_prefix(shuffled, 300) == 0      # ends right, middle out of order
+    assert zset_module.identity_prefix(rows[1:], 10) == 0
+    assert zset_module.identity_prefix(rows, 0) == 0
