@@ -174,10 +174,14 @@ class _Node:
             [concat(*p) if p else None for p in parts]
         out = self.process(t, batches)
         if out is not None and out.num_rows:
-            self.emit(out)
+            self.emit(out, t if self.emits_at_input_time else None)
 
-    def emit(self, out: ZSet) -> None:
-        for tt, b in split_by_time(out):  # a loop per distinct output time
+    # every output row is at the time being processed (no split by time needed)
+    emits_at_input_time = False
+
+    def emit(self, out: ZSet, t: Time | None = None) -> None:
+        """Hand ``out`` to the consumers, by time (all at ``t`` when given)."""
+        for tt, b in [(t, out)] if t is not None else split_by_time(out):  # a loop per output time
             for node, port in self.consumers:
                 node.push(port, tt, b)
 
@@ -199,6 +203,7 @@ class _Node:
 
 class _InputNode(_Node):
     n_inputs = 1
+    emits_at_input_time = True
 
     def __init__(self, scope: _Scope, schema: pa.Schema) -> None:
         super().__init__(scope, [], schema)

@@ -40,6 +40,8 @@ __all__ = ["Arranged", "join_stream", "join_trace"]
 class _ArrangeNode(_Node):
     """Inserts each batch into a trace keyed by ``keys`` and passes it on."""
 
+    emits_at_input_time = True
+
     def __init__(self, scope: _Scope, source: _Node, keys: tuple[str, ...]) -> None:
         missing = [k for k in keys if k not in source.schema.names]
         if not keys or missing:
@@ -231,6 +233,10 @@ def join_stream(a: ZSet, b: ZSet, on: Sequence[str]) -> ZSet:
 
 class _JoinNode(_Node):
     n_inputs = 2
+
+    @property
+    def emits_at_input_time(self) -> bool:  # type: ignore[override]
+        return not self.scope.nested  # root scope: history is all before t, pairs are at t
 
     def __init__(self, scope: _Scope, left: _ArrangeNode, right: _ArrangeNode,
                  on: tuple[str, ...]) -> None:

@@ -416,6 +416,8 @@ def _group_sum(group: I64, values: npt.NDArray[Any], m: int) -> npt.NDArray[Any]
 class _LinearAggNode(_Node):
     """Root-scope count/sum: a group's new value is its old value plus the change."""
 
+    emits_at_input_time = True
+
     def __init__(self, scope: _Scope, source: _Node, spec: _Spec) -> None:
         super().__init__(scope, [source], spec.schema)
         self.spec = spec
@@ -487,6 +489,8 @@ class _LinearAggNode(_Node):
 
 class _DistinctNode(_Node):
     """Root-scope distinct: each record's accumulated weight, in a hash map."""
+
+    emits_at_input_time = True
 
     def __init__(self, scope: _Scope, source: _Node) -> None:
         super().__init__(scope, [source], source.schema)
