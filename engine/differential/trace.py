@@ -164,7 +164,7 @@ class IndexedZSet:
         if cnt is None:  # one row per key: no expansion
             if start.size == 0 or int(start.min()) >= 0:  # every probe found
                 return np.arange(start.size, dtype=np.int64), start
-            probe = np.flatnonzero(start >= 0)
+            probe = (start >= 0).nonzero()[0]
             return probe, start.take(probe)
         return _expand(start, cnt)
 
@@ -249,10 +249,10 @@ _DENSE_FEW = 1 << 16  # batches this big are probed by value even by a few probe
 
 def _expand(lo: I64, cnt: I64, first: int = 0) -> tuple[I64, I64]:
     """Ranges ``lo[i]:lo[i] + cnt[i]`` as ``(i + first, row)`` pairs, in order."""
-    ends = np.cumsum(cnt)
+    ends = cnt.cumsum()
     total = int(ends[-1]) if ends.size else 0
-    probe = np.repeat(np.arange(first, first + cnt.size, dtype=np.int64), cnt)
-    rows = np.arange(total, dtype=np.int64) - np.repeat(ends - cnt - lo, cnt)
+    probe = np.arange(first, first + cnt.size, dtype=np.int64).repeat(cnt)
+    rows = np.arange(total, dtype=np.int64) - (ends - cnt - lo).repeat(cnt)
     return probe, rows
 
 
@@ -271,7 +271,7 @@ def _confirm(probe: I64, rows: I64, key_hash: U64, probe_hash: U64) -> tuple[I64
     hit = key_hash.take(rows) == probe_hash.take(probe)
     if hit.all():
         return probe, rows
-    sel = np.flatnonzero(hit)
+    sel = hit.nonzero()[0]
     return probe.take(sel), rows.take(sel)
 
 
@@ -320,7 +320,7 @@ def _locate_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = None
         occupied = np.zeros(1 << bits, dtype=bool)
         for i in small:  # a loop per small batch
             occupied[(spine[i].order_key >> shift).astype(np.intp)] = True
-        cand = np.flatnonzero(occupied.take((ph >> shift).astype(np.intp)))
+        cand = occupied.take((ph >> shift).astype(np.intp)).nonzero()[0]
         sp, sr, counts = _search_all([spine[i] for i in small], ph.take(cand), None)
         sp = cand.take(sp)
         at = 0
@@ -361,18 +361,18 @@ def _search_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None) -> tu
             exact = False
     lo = np.concatenate(los)
     probe, rows = _expand(lo, np.concatenate(his) - lo)
-    bounds = np.searchsorted(probe, np.arange(len(spine) + 1) * n).tolist()
+    bounds = probe.searchsorted(np.arange(len(spine) + 1) * n).tolist()
     if n:
         probe %= n
     if not exact:  # one comparison of full key hashes for every batch's entries
         kh = np.empty(rows.size, dtype=np.uint64)
         for i, b in enumerate(spine):  # a loop per trace batch
-            np.take(b.key_hash, rows[bounds[i]:bounds[i + 1]], out=kh[bounds[i]:bounds[i + 1]])
+            b.key_hash.take(rows[bounds[i]:bounds[i + 1]], out=kh[bounds[i]:bounds[i + 1]])
         hit = kh == ph.take(probe)
         if not hit.all():
-            keep = np.flatnonzero(hit)
+            keep = hit.nonzero()[0]
             probe, rows = probe.take(keep), rows.take(keep)
-            bounds = np.searchsorted(keep, bounds).tolist()
+            bounds = keep.searchsorted(bounds).tolist()
     return probe, rows, [bounds[i + 1] - bounds[i] for i in range(len(spine))]
 
 
@@ -747,7 +747,7 @@ class Trace:
         bounds = [0, *np.cumsum(sizes).tolist()]
         diffs = np.empty(rows.size, dtype=np.int64)
         for i, b in enumerate(spine):  # a loop per trace batch
-            np.take(b.batch.diffs, rows[bounds[i]:bounds[i + 1]], out=diffs[bounds[i]:bounds[i + 1]])
+            b.batch.diffs.take(rows[bounds[i]:bounds[i + 1]], out=diffs[bounds[i]:bounds[i + 1]])
         out = Lookup(probe, diffs, spine, bounds, rows, self.schema, self.dims)
         if not self.exact_keys:  # different keys with one hash: drop them
             names = list(self.keys)

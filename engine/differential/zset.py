@@ -83,12 +83,13 @@ def take_rows_from(tables: Sequence[pa.Table], which_bounds: Sequence[int], rows
     cols: list[pa.Array | pa.ChunkedArray] = []
     for j, field in enumerate(schema):  # a loop per column
         views = [numeric_view(t.column(j)) for t in tables]
-        if all(v is not None for v in views):
+        found = [v for v in views if v is not None]
+        if len(found) == len(views):
             out = np.empty(n, dtype=field.type.to_pandas_dtype())
-            for i, v in enumerate(views):  # a loop per table
+            for i, v in enumerate(found):  # a loop per table
                 lo, hi = which_bounds[i], which_bounds[i + 1]
                 if hi > lo:
-                    np.take(v, rows[lo:hi], out=out[lo:hi])  # type: ignore[arg-type]
+                    v.take(rows[lo:hi], out=out[lo:hi])
             cols.append(pa.array(out, type=field.type))
         else:
             parts = [tables[i].column(j).take(rows[which_bounds[i]:which_bounds[i + 1]])
