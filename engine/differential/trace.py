@@ -35,6 +35,7 @@ the open readers' frontiers, so no reader loses history it may still need.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -458,9 +459,12 @@ def exact_records(schema: pa.Schema, keys: Sequence[str]) -> bool:
     return exact_hash(schema, keys) and (not values or exact_hash(schema, values))
 
 
+_LOG_FANOUT = math.log(_FANOUT)
+
+
 def _level(n: int) -> int:
     """Size class of a batch: batches of one class are merged ``_FANOUT`` at a time."""
-    return int(np.log(max(n, _BASE) / _BASE) / np.log(_FANOUT))
+    return int(math.log(max(n, _BASE) / _BASE) / _LOG_FANOUT)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -656,7 +660,8 @@ class Trace:
             If the batch is untimed or its versions have another dimension.
         """
         z = batch.batch if isinstance(batch, IndexedZSet) else batch
-        if z.schema.names != self.schema.names or z.schema.types != self.schema.types:
+        if not z.schema.equals(self.schema) and (
+                z.schema.names != self.schema.names or z.schema.types != self.schema.types):
             raise SchemaError(f"batch columns {z.schema} do not match the trace's {self.schema}")
         if z.times is None or z.times.shape[1] != self.dims:
             raise InputError(f"trace batches need times of {self.dims} coordinate(s), got {z.dims}")
@@ -665,13 +670,12 @@ class Trace:
         ib = batch if isinstance(batch, IndexedZSet) and batch.keys == self.keys \
             else IndexedZSet.build(z, self.keys)
         self._spine.append(ib)
-        since = self.since
         # size-tiered: the last _FANOUT batches merge once they are all of one size class
         while len(self._spine) >= _FANOUT and \
                 _level(len(self._spine[-_FANOUT])) <= _level(len(self._spine[-1])):
             parts = self._spine[-_FANOUT:]
             del self._spine[-_FANOUT:]
-            merged = _merge(parts, since)
+            merged = _merge(parts, self.since)
             if len(merged):
                 self._spine.append(merged)
 
