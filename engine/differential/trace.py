@@ -349,8 +349,8 @@ def _search_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None) -> tu
     big cold array is a cache miss per level)."""
     n = ph.size
     los, his = [], []
-    exact = True
-    for b in spine:  # a loop per trace batch
+    inexact = []  # batches searched by hash bits: their entries need the full-hash check
+    for i, b in enumerate(spine):  # a loop per trace batch
         dense = b.value_ranges(values) if values is not None and len(b) >= _DENSE_FEW else None
         if dense is not None:
             los.append(dense[0])
@@ -359,17 +359,18 @@ def _search_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None) -> tu
             lo, hi = b.ranges(ph)
             los.append(lo)
             his.append(hi)
-            exact = False
+            inexact.append(i)
     lo = np.concatenate(los)
     probe, rows = _expand(lo, np.concatenate(his) - lo)
     bounds = probe.searchsorted(np.arange(len(spine) + 1) * n).tolist()
     if n:
         probe %= n
-    if not exact:  # one comparison of full key hashes for every batch's entries
-        kh = np.empty(rows.size, dtype=np.uint64)
-        for i, b in enumerate(spine):  # a loop per trace batch
-            b.key_hash.take(rows[bounds[i]:bounds[i + 1]], out=kh[bounds[i]:bounds[i + 1]])
-        hit = kh == ph.take(probe)
+    if inexact:  # one comparison of full key hashes for those batches' entries
+        want = ph.take(probe)
+        kh = want.copy()
+        for i in inexact:  # a loop per trace batch
+            spine[i].key_hash.take(rows[bounds[i]:bounds[i + 1]], out=kh[bounds[i]:bounds[i + 1]])
+        hit = kh == want
         if not hit.all():
             keep = hit.nonzero()[0]
             probe, rows = probe.take(keep), rows.take(keep)
