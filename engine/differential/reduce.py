@@ -33,8 +33,8 @@ identify groups by a 64-bit hash of their values (odds of two groups colliding a
 ``n**2 / 2**65``). A batch's rows are grouped without sorting: by offset for one integer
 group column over a narrow range (count/sum add up over the whole range and keep the groups
 whose aggregates changed; only those values are hashed), else by state slot
-(a mark array when the state is small next to the batch); sums go through ``bincount``
-where float64 adds the integers exactly, ``np.add.at`` otherwise.
+(a mark array when the state is small next to the batch); integer sums go through
+``np.add.at`` (exact, and faster than a float ``bincount`` at these sizes).
 """
 
 from __future__ import annotations
@@ -405,11 +405,8 @@ def _group_sum(group: I64, values: npt.NDArray[Any], m: int) -> npt.NDArray[Any]
     """Per group, the sum of ``values`` (exact for integers)."""
     if values.dtype.kind == "f":
         return np.bincount(group, weights=values, minlength=m)
-    if values.size == 0 or max(-int(values.min()), int(values.max())) < (1 << 53) // values.size:
-        # every partial sum is an integer below 2**53: float64 adds it exactly
-        return np.bincount(group, weights=values, minlength=m).astype(np.int64)
     out = np.zeros(m, dtype=np.int64)
-    np.add.at(out, group, values)
+    np.add.at(out, group, values)  # exact int64 adds (numpy's unbuffered fast path)
     return out
 
 
