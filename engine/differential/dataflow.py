@@ -348,7 +348,7 @@ class InputHandle:
             If the columns differ from the input's.
         """
         s = self._node.schema
-        if batch.schema.names != s.names or batch.schema.types != s.types:
+        if not batch.schema.equals(s) and (batch.schema.names != s.names or batch.schema.types != s.types):
             raise SchemaError(f"input batch columns {batch.schema} do not match the input's {s}")
         if batch.times is None:
             if time is None:
@@ -361,9 +361,9 @@ class InputHandle:
             raise InputError(f"root inputs take one-coordinate versions, got {batch.times.shape[1]}")
         if batch.num_rows == 0:
             return
-        lo = Version(int(batch.times[:, 0].min()))
-        self.frontier.check_version(lo)
-        for t, b in split_by_time(batch):
+        parts = split_by_time(batch)
+        self.frontier.check_version(Version(min(t for t, _ in parts)))
+        for t, b in parts:
             self._node.push(0, t, b)
 
     def advance_to(self, frontier: VersionLike | Antichain) -> None:
