@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import print_table, stats_ms, write_json  # noqa: E402
 from engine.graph import UpdateGraph  # noqa: E402
-from engine.ops import agg  # noqa: E402
+from engine.ops.aggregate import agg  # noqa: E402
 
 SCHEMA = pa.schema([("Sym", pa.string()), ("Key", pa.int64()), ("Price", pa.float64()), ("Qty", pa.int64())])
 SYMS = pa.array([f"S{i:04d}" for i in range(1000)])

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import write_json  # noqa: E402
 from engine.graph import UpdateGraph  # noqa: E402
-from engine.ops.sort import SortListener  # noqa: E402
+from engine.ops.sort.listener import SortListener  # noqa: E402
 
 SCHEMA = pa.schema([("Key", pa.int64()), ("Price", pa.float64()), ("Sym", pa.string()), ("Qty", pa.int64())])
 SYMS = np.array(["AAPL", "MSFT", "GOOG", "IBM", "ORCL", "AMZN", "META", "NFLX"], dtype=object)

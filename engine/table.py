@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from engine.graph import UpdateGraph
     from engine.update import TableUpdate
 
-__all__ = ["DerivedTable", "Listener", "ListenerHandle", "Table"]
+__all__ = ["DerivedTable", "Derivation", "Listener", "ListenerHandle", "Table", "derive"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,10 @@ class Listener(Protocol):
 
     ``on_update`` takes one positional argument per parent (``None`` for a parent that is
     silent this cycle) and returns the child's update, or ``None`` when it has none.
+    ``result`` is the child table, set by :func:`derive` once the child exists.
     """
+
+    result: Table
 
     @property
     def on_update(self) -> Callable[..., TableUpdate | None]: ...
@@ -90,6 +94,7 @@ class Table:
         self.failure: BaseException | None = None
         self.last_step = graph.step
         self._listeners: list[tuple[UpdateCallback, FailureCallback | None]] = []
+        self.closed = False
         graph._add_node(self)
 
     # reading ------------------------------------------------------------------------
@@ -270,7 +275,7 @@ class Table:
 
     def sort(self, by: str | Sequence[str], descending: bool | Sequence[bool] = False) -> Table:
         """Rows ordered by ``by`` (stable; see engine.ops.sort for nulls)."""
-        from engine.ops.sort import sort
+        from engine.ops.sort.listener import sort
 
         return sort(self, by, descending)
 
@@ -294,49 +299,49 @@ class Table:
 
     def natural_join(self, right: Table, on: str | Sequence[str], joins: Sequence[str] | None = None) -> Table:
         """Each row plus the columns ``joins`` of the right row with equal ``on`` (null if none)."""
-        from engine.ops.join import natural_join
+        from engine.ops.join.listener import natural_join
 
         return natural_join(self, right, on, joins)
 
     def exact_join(self, right: Table, on: str | Sequence[str], joins: Sequence[str] | None = None) -> Table:
         """Like :meth:`natural_join`, but every row must have exactly one match."""
-        from engine.ops.join import exact_join
+        from engine.ops.join.listener import exact_join
 
         return exact_join(self, right, on, joins)
 
     def join(self, right: Table, on: str | Sequence[str], joins: Sequence[str] | None = None) -> Table:
         """Many-to-many inner join on ``on``."""
-        from engine.ops.join import join
+        from engine.ops.join.listener import join
 
         return join(self, right, on, joins)
 
     def left_outer_join(self, right: Table, on: str | Sequence[str], joins: Sequence[str] | None = None) -> Table:
         """Many-to-many join keeping left rows without a match (right columns null)."""
-        from engine.ops.join import left_outer_join
+        from engine.ops.join.listener import left_outer_join
 
         return left_outer_join(self, right, on, joins)
 
     def agg_by(self, aggs: Any, by: str | Sequence[str] = ()) -> Table:
         """One row per group of ``by`` with the aggregations ``aggs`` (engine.ops.aggregate)."""
-        from engine.ops.aggregate import agg_by
+        from engine.ops.aggregate.listener import agg_by
 
         return agg_by(self, aggs, by)
 
     def first_by(self, by: str | Sequence[str]) -> Table:
         """The first row of each group."""
-        from engine.ops.aggregate import first_by
+        from engine.ops.aggregate.listener import first_by
 
         return first_by(self, by)
 
     def last_by(self, by: str | Sequence[str]) -> Table:
         """The last row of each group."""
-        from engine.ops.aggregate import last_by
+        from engine.ops.aggregate.listener import last_by
 
         return last_by(self, by)
 
     def count_by(self, name: str, by: str | Sequence[str] = ()) -> Table:
         """Row count per group, in column ``name``."""
-        from engine.ops.aggregate import count_by
+        from engine.ops.aggregate.listener import count_by
 
         return count_by(self, name, by)
 
@@ -348,7 +353,7 @@ class Table:
 
     def snapshot(self) -> Table:
         """A static copy of the current rows; it never updates."""
-        from engine.ops.merge import snapshot
+        from engine.ops.snapshot import snapshot
 
         return snapshot(self)
 
@@ -366,6 +371,7 @@ class Table:
 
     def close(self) -> None:
         """Detach from the graph: no more updates (children stop updating too)."""
+        self.closed = True
         self.graph._remove_node(self)
 
 
@@ -376,3 +382,62 @@ class DerivedTable(Table):
 
     def _compute_update(self) -> TableUpdate | None:
         return self.listener.on_update(*(p._update for p in self.parents))
+
+
+@dataclass(slots=True)
+class Derivation:
+    """What an operation's plan hands to :func:`derive`: the child's first state and listener.
+
+    ``rowset`` is in the child's key space as of the parents' current rows; the listener
+    takes over from there, one cycle at a time.
+    """
+
+    schema: pa.Schema
+    columns: dict[str, ColumnSource]
+    rowset: RowSet
+    listener: Listener
+    name: str | None = None
+
+
+def derive(parents: Sequence[Table], plan: Callable[[], Derivation], *,
+           table_class: type[DerivedTable] = DerivedTable) -> DerivedTable:
+    """Build a derived table: the one way every operation makes its child.
+
+    Under the graph's shared lock (no cycle runs meanwhile, so the parents' rows, the
+    state ``plan`` builds from them and the child's first rows agree), checks that the
+    parents share one update graph and are alive, runs ``plan``, builds the child, wires
+    its listener (``listener.result`` is the child) and adds it to the graph.
+
+    Parameters
+    ----------
+    parents
+        The tables the child is computed from, in the order its listener's ``on_update``
+        takes their updates.
+    plan
+        Builds the operation's state from the parents' current rows and returns the
+        :class:`Derivation`. It runs under the shared lock, after the checks.
+    table_class
+        A :class:`DerivedTable` subclass, for results with their own end-of-cycle work.
+
+    Raises
+    ------
+    SchemaError
+        If the parents are on different update graphs.
+    TableFailed
+        If a parent has failed or been closed.
+    """
+    graph = parents[0].graph
+    for i, p in enumerate(parents[1:], start=2):
+        if p.graph is not graph:
+            raise SchemaError(f"table {p.name!r} (argument {i}) is on another update graph "
+                              f"than {parents[0].name!r}")
+    with graph.shared_lock():
+        for p in parents:
+            p._check_alive()
+            if p.closed:
+                raise TableFailed(f"table {p.name!r} is closed; derive from a live table")
+        d = plan()
+        child = table_class(graph, d.schema, d.columns, d.rowset, parents=parents, name=d.name)
+        d.listener.result = child
+        child.listener = d.listener
+    return child

@@ -316,7 +316,7 @@ class TableServiceServicer:
 
     @staticmethod
     def _agg_by(table: Table, a: tpb.AggBy) -> Table:
-        from engine.ops.aggregate import Agg
+        from engine.ops.aggregate.listener import Agg
 
         aggs = []
         for spec in a.aggs:

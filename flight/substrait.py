@@ -5,7 +5,7 @@ A client sends ``pyarrow.compute`` expressions as one Substrait ``ExtendedExpres
 they were bound to. Substrait refers to columns by position, so a decoded expression
 reads ``FieldPath(i)``, column ``i`` of that base schema, not a name. :func:`decode`
 therefore returns each expression together with its base schema as an
-``engine.ops._expr.PositionalExpression``; the engine binds it by checking every base
+``engine.expr.PositionalExpression``; the engine binds it by checking every base
 column exists in the table with the same type and evaluates it on a table of exactly the
 base columns, in base order, so the positions are right by construction.
 
@@ -32,7 +32,7 @@ import pyarrow.substrait as pas
 from engine.errors import ExpressionError
 
 if TYPE_CHECKING:
-    from engine.ops._expr import PositionalExpression
+    from engine.expr import PositionalExpression
 
 __all__ = ["decode", "decode_predicate", "encode", "filter_table"]
 
@@ -143,7 +143,7 @@ def decode(buf: bytes) -> tuple[dict[str, PositionalExpression], pa.Schema]:
     ExpressionError
         If ``buf`` is empty or not a Substrait ExtendedExpression pyarrow can read.
     """
-    from engine.ops._expr import PositionalExpression
+    from engine.expr import PositionalExpression
 
     if not buf:
         raise ExpressionError("empty Substrait message: expected a serialized ExtendedExpression "
@@ -195,7 +195,7 @@ def filter_table(table: pa.Table, buf: bytes, *, table_name: str = "snapshot") -
         If ``buf`` is malformed, names a column ``table`` does not have (or has with
         another type), or is not boolean.
     """
-    from engine.ops import _expr
+    from engine import expr as _expr
 
     predicate = decode_predicate(buf, f"filter on table {table_name!r}")
     bound = _expr.bind(predicate, table.schema, table_name=table_name, what="filter")

@@ -13,7 +13,7 @@ from clients.live import Update as Update
 from clients.remote import RemoteTable as RemoteTable
 from engine import errors as errors
 from engine.graph import UpdateGraph as UpdateGraph
-from engine.ops import agg as agg
+from engine.ops.aggregate import agg as agg
 from engine.rowset import RowSet as RowSet
 from engine.rowset import RowSetShiftData as RowSetShiftData
 from engine.sources import AppendOnlyTable as AppendOnlyTable

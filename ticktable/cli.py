@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.graph import UpdateGraph
-from engine.ops import agg
+from engine.ops.aggregate import agg
 from engine.sources import KeyedTable
 from engine.table import Table
 from engine.update import TableUpdate

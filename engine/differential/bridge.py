@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from engine.differential.dataflow import Collection, Dataflow, InputHandle, Probe
 from engine.differential.translator import apply_triples, snapshot_to_triples, update_to_triples
-from engine.errors import InputError
+from engine.errors import InputError, TableFailed
 from engine.sources import KeyedTable
 from engine.table import DerivedTable
 
@@ -174,6 +174,10 @@ def collection_to_table(collection: Collection, keys: Sequence[str] | str,
     key_list = [keys] if isinstance(keys, str) else list(keys)
     graph = df.bridges[0].table.graph
     with graph.exclusive_lock():
+        for b in df.bridges:  # a child of a failed or closed table would never update
+            b.table._check_alive()
+            if b.table.closed:
+                raise TableFailed(f"table {b.table.name!r} is closed; derive from a live table")
         table = CollectionTable(collection, key_list, name)
         update = table._run(graph.step)
         if update is not None:  # the initial rows: no cycle runs, nothing to notify

@@ -24,10 +24,10 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine import expr as _expr
 from engine.errors import ExpressionError
-from engine.ops import _expr
 from engine.rowset import KeyArray, RowSet, RowSetShiftData
-from engine.table import DerivedTable
+from engine.table import Derivation, derive
 from engine.update import TableUpdate
 
 if TYPE_CHECKING:
@@ -75,14 +75,12 @@ def where(table: Table, predicate: pc.Expression) -> Table:
             f"where predicate on table {table.name!r} must be boolean, but {bound.text} is "
             f"{bound.type} (compare it, e.g. pc.field('x') > 0)"
         )
-    with table.graph.shared_lock():
-        table._check_alive()
+
+    def plan() -> Derivation:
         listener = WhereListener(table, bound)
-        rowset = listener.matching(table.rowset)
-        child = DerivedTable(table.graph, table.schema, table.columns, rowset, parents=[table])
-        listener.result = child
-        child.listener = listener
-    return child
+        return Derivation(table.schema, table.columns, listener.matching(table.rowset), listener)
+
+    return derive([table], plan)
 
 
 class WhereListener:

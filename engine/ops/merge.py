@@ -1,4 +1,4 @@
-"""``merge``: several tables with one schema, one after the other; ``snapshot``: a static copy.
+"""``merge``: several tables with one schema, one after the other.
 
 Row keys of a merge: parent ``i`` owns the region ``[i << 40, (i + 1) << 40)``, and its
 row key ``k`` is the merge's key ``(i << 40) | k``. Regions keep the parents in argument
@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from engine.columns import ColumnSource, make_column_source
+from engine.columns import ColumnSource
 from engine.errors import InvalidKeyError, SchemaError
 from engine.rowset import KeyArray, RowSet, RowSetShiftData
-from engine.table import DerivedTable, Table
+from engine.table import Derivation, Table, derive
 from engine.update import TableUpdate
 
 if TYPE_CHECKING:
-    from engine.graph import UpdateGraph
+    pass
 
-__all__ = ["REGION_BITS", "MergeListener", "MergedColumnSource", "merge", "snapshot"]
+__all__ = ["REGION_BITS", "MergeListener", "MergedColumnSource", "merge"]
 
 log = logging.getLogger(__name__)
 
@@ -154,20 +154,19 @@ def merge(*tables: Table) -> Table:
     tables = tuple(p for t in tables for p in _merged_parents(t))
     if len(tables) > _MAX_PARENTS:
         raise SchemaError(f"merge takes at most {_MAX_PARENTS} tables, got {len(tables)}")
-    graph = first.graph
-    with graph.shared_lock():
+
+    def plan() -> Derivation:
         rowset = RowSet()
         for i, t in enumerate(tables):  # one region per parent
-            t._check_alive()
             _check_keys(t, t.rowset)
             rowset |= t.rowset.shift(i << REGION_BITS)
         columns: dict[str, ColumnSource] = {
             f.name: MergedColumnSource([t.column(f.name) for t in tables], f.type)
             for f in first.schema
         }
-        child = DerivedTable(graph, first.schema, columns, rowset, parents=tables)
-        child.listener = MergeListener(tables)
-    return child
+        return Derivation(first.schema, columns, rowset, MergeListener(tables))
+
+    return derive(tables, plan)
 
 
 def _merged_parents(table: Table) -> tuple[Table, ...]:
@@ -177,6 +176,8 @@ def _merged_parents(table: Table) -> tuple[Table, ...]:
 
 class MergeListener:
     """Maps each parent's update into its key region and unions them into one update."""
+
+    result: Table
 
     def __init__(self, parents: tuple[Table, ...]) -> None:
         self.parents = parents
@@ -211,34 +212,3 @@ class MergeListener:
         if not (added or removed or modified or shifted):
             return None
         return TableUpdate(added, removed, modified, shifted, frozenset(cols) if modified else frozenset())
-
-
-class _StaticTable(Table):
-    """A table that never changes after it is built."""
-
-    def _compute_update(self) -> TableUpdate | None:
-        return None
-
-
-def snapshot(table: Table) -> Table:
-    """A static copy of ``table``'s current rows: own storage, row keys ``0..n-1``.
-
-    The copy never updates and has no parent, so it outlives its source's failures.
-
-    Examples
-    --------
-    >>> s = t.snapshot(); s.size == t.size
-    True
-    """
-    graph: UpdateGraph = table.graph
-    with graph.shared_lock():
-        table._check_alive()
-        keys = table.rowset.keys()
-        n = keys.size
-        new_keys = np.arange(n, dtype=np.int64)
-        columns: dict[str, ColumnSource] = {}
-        for f in table.schema:  # one copy per column
-            storage = make_column_source(f.type, n)
-            storage.set(new_keys, table.column(f.name).get(keys))
-            columns[f.name] = storage
-        return _StaticTable(graph, table.schema, columns, RowSet.from_range(0, n))

@@ -38,12 +38,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine import expr as _expr
 from engine._keyindex import KeyIndex
 from engine.columns import ArrowColumnSource, ColumnSource, WritableColumnSource, make_column_source
 from engine.errors import SchemaError
-from engine.ops import _expr
 from engine.rowset import KeyArray, RowSet
-from engine.table import DerivedTable
+from engine.table import Derivation, derive
 from engine.update import TableUpdate
 
 if TYPE_CHECKING:
@@ -351,16 +351,15 @@ def _build(
     rename: Mapping[str, str] | None = None,
 ) -> Table:
     """Make the child: ``out_names`` (None: the parent's, replaced in place, new appended)."""
-    with table.graph.shared_lock():
-        table._check_alive()
+    def plan() -> Derivation:
         slots = _RowSlots(table.graph) if stored and exprs else None
         fields, sources, deps, computed = _plan(table, exprs, stored=stored, slots=slots)
         if out_names is None:
             names = list(table.schema.names) + [n for n in exprs if n not in table.schema.names]
         else:
             names = list(out_names) + [n for n in exprs if n not in out_names]
-        rename = rename or {}
-        out = [rename.get(n, n) for n in names]
+        renamed = rename or {}
+        out = [renamed.get(n, n) for n in names]
         schema = pa.schema([fields[n].with_name(o) for n, o in zip(names, out, strict=True)])
         listener = SelectListener(
             table,
@@ -370,10 +369,9 @@ def _build(
         )
         listener.initialize()
         columns = {o: sources[n] for n, o in zip(names, out, strict=True)}
-        child = DerivedTable(table.graph, schema, columns, table.rowset, parents=[table])
-        listener.result = child
-        child.listener = listener
-    return child
+        return Derivation(schema, columns, table.rowset, listener)
+
+    return derive([table], plan)
 
 
 def _groups(computed: list[_Computed]) -> list[list[int]]:

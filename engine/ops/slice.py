@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from engine.errors import InputError
 from engine.rowset import RowSet, RowSetShiftData
-from engine.table import DerivedTable
+from engine.table import Derivation, derive
 from engine.update import TableUpdate
 
 if TYPE_CHECKING:
@@ -149,15 +149,12 @@ def slice_(table: Table, start: int, stop: int | None = None) -> Table:
 
 
 def _build(table: Table, resolve: Resolver) -> Table:
-    with table.graph.shared_lock():
-        table._check_alive()
+    def plan() -> Derivation:
         rows = table.rowset
-        rowset = _window(rows, *resolve(len(rows)))
-        child = DerivedTable(table.graph, table.schema, table.columns, rowset, parents=[table])
-        listener = SliceListener(table, resolve)
-        listener.result = child
-        child.listener = listener
-    return child
+        return Derivation(table.schema, table.columns, _window(rows, *resolve(len(rows))),
+                          SliceListener(table, resolve))
+
+    return derive([table], plan)
 
 
 class SliceListener:

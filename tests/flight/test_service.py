@@ -19,7 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.graph import UpdateGraph
-from engine.ops import agg
+from engine.ops.aggregate import agg
 from engine.sources import AppendOnlyTable, KeyedTable
 from engine.table import Table
 from flight import substrait

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.flight as fl
 import pytest
 
-from engine.ops import agg
+from engine.ops.aggregate import agg
 from flight.pb import flight_pb2 as pb
 from tests.flight.conftest import Sub, viewport_rows, vp
 from tests.oracle import SCHEMA, RandomSource

@@ -7,8 +7,8 @@ import pyarrow.compute as pc
 import pyarrow.substrait as pas
 import pytest
 
+from engine import expr as _expr
 from engine.errors import ExpressionError
-from engine.ops import _expr
 from flight import substrait
 
 SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.string()), ("c", pa.float64()),

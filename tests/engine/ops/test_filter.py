@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from engine import expr as _expr
 from engine.errors import ExpressionError
 from engine.graph import UpdateGraph
-from engine.ops import _expr
 from engine.rowset import RowSetShiftData
 from engine.update import TableUpdate
 from tests.oracle import SCHEMA, run_oracle

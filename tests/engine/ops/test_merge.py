@@ -10,7 +10,8 @@ import pytest
 
 from engine.errors import InvalidKeyError, SchemaError
 from engine.graph import UpdateGraph
-from engine.ops.merge import merge, snapshot
+from engine.ops.merge import merge
+from engine.ops.snapshot import snapshot
 from engine.rowset import RowSetShiftData
 from engine.update import TableUpdate
 from tests.oracle import SCHEMA, run_oracle

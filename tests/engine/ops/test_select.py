@@ -7,9 +7,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from engine import expr as _expr
 from engine.errors import ExpressionError, SchemaError
 from engine.graph import UpdateGraph
-from engine.ops import _expr
 from engine.ops.select import _RowSlots
 from engine.rowset import RowSetShiftData
 from engine.update import TableUpdate

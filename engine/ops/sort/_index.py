@@ -3,9 +3,9 @@
 A *slot* is an output row key of the sorted table; slot order is sort order. Slots live
 in a dense space ``[0, capacity)`` (a power of two) with free slots between rows, in the
 manner of a packed-memory array (PMA), so that these arrays are indexed by output key
-(building blocks in engine.ops._sortslots):
+(building blocks in engine.ops.sort._slots):
 
-* ``codes[j][slot]``: the sort code of key column ``j`` (engine.ops._sortkeys), plus a
+* ``codes[j][slot]``: the sort code of key column ``j`` (engine.ops.sort._keys), plus a
   *fence* holding ``codes[0]`` at every 64th slot;
 * ``Redirection[slot]``: the parent row key (the sorted table's columns read through it);
 * ``LiveBits``: which slots hold a row (successor/predecessor, counts per window).
@@ -49,8 +49,8 @@ import pyarrow as pa
 
 from engine.columns import ColumnSource
 from engine.errors import UpdateInvariantError
-from engine.ops._sortkeys import MAX_CODE, KeyEncoder, as_arrow, order_batch
-from engine.ops._sortslots import (
+from engine.ops.sort._keys import MAX_CODE, KeyEncoder, as_arrow, order_batch
+from engine.ops.sort._slots import (
     LiveBits,
     PkIndex,
     Redirection,

@@ -26,10 +26,10 @@ import tests.oracle as oracle
 from engine.columns import ColumnSource
 from engine.errors import SchemaError, TicktableError
 from engine.graph import UpdateGraph
-from engine.ops import agg
-from engine.ops import aggregate as aggregate_mod
-from engine.ops._sortedset import RowKeySet, ValueMultiset, _LiveBits, _Sorted
-from engine.ops.aggregate import Agg, agg_by, count_by, first_by, last_by
+from engine.ops.aggregate import agg
+from engine.ops.aggregate import listener as aggregate_mod
+from engine.ops.aggregate._sortedset import RowKeySet, ValueMultiset, _LiveBits, _Sorted
+from engine.ops.aggregate.listener import Agg, agg_by, count_by, first_by, last_by
 from engine.rowset import RowSet, RowSetShiftData
 from engine.sources import KeyedTable
 from engine.table import DerivedTable, Table

@@ -1,4 +1,4 @@
-"""Building blocks of the sort index (engine.ops._sortindex), all vectorized.
+"""Building blocks of the sort index (engine.ops.sort._index), all vectorized.
 
 * :class:`LiveBits`: which slots of a dense slot space hold a row, as bit words plus
   64-ary summary levels; successor/predecessor queries and counts per aligned window for
@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from engine._keyindex import KeyIndex
 from engine.columns import WritableColumnSource
-from engine.ops._sortkeys import as_arrow
+from engine.ops.sort._keys import as_arrow
 from engine.rowset import RowSetShiftData
 
 __all__ = ["LiveBits", "PkIndex", "Redirection", "expand", "member", "pow2_at_least",

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from engine.columns import numpy_storage_dtype
 from engine.errors import TicktableError, UpdateInvariantError
-from engine.ops._aggkeys import (
+from engine.ops.aggregate._keys import (
     U64Map,
     column_hash,
     decode,
@@ -45,7 +45,7 @@ from engine.ops._aggkeys import (
     numpy_of,
     valid_mask,
 )
-from engine.ops._sortedset import ValueMultiset
+from engine.ops.aggregate._sortedset import ValueMultiset
 
 __all__ = ["Cycle", "Distinct", "Events", "Extremes", "Moments"]
 

@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.errors import UpdateInvariantError
-from engine.ops._aggkeys import U64Map
+from engine.ops.aggregate._keys import U64Map
 
 __all__ = ["RowKeySet", "ValueMultiset", "lex_order"]
 

@@ -10,7 +10,7 @@ code point (bytewise UTF-8).
 The sorted table copies no column data: each column reads the parent's column through a
 redirection, output row key -> parent row key (and previous values through the previous
 redirection). Its row keys are slots of a gapped key space kept by
-:class:`engine.ops._sortindex.SortIndex`, so that
+:class:`engine.ops.sort._index.SortIndex`, so that
 
 * a row inserted between two rows is one add, plus a shift of a few neighbours when the
   gap is full (never a cascade of modifies); keys stay dense (about two slots per row),
@@ -35,11 +35,11 @@ import pyarrow as pa
 
 from engine.columns import ColumnSource
 from engine.errors import InputError
-from engine.ops._sortindex import SortIndex
-from engine.ops._sortkeys import encoder_for
-from engine.ops._sortslots import Redirection, unique_sorted
+from engine.ops.sort._index import SortIndex
+from engine.ops.sort._keys import encoder_for
+from engine.ops.sort._slots import Redirection, unique_sorted
 from engine.rowset import KeyArray, RowSet, RowSetShiftData
-from engine.table import DerivedTable
+from engine.table import Derivation, derive
 from engine.update import TableUpdate
 
 if TYPE_CHECKING:
@@ -130,8 +130,8 @@ def sort(table: Table, by: str | Sequence[str], descending: bool | Sequence[bool
     """
     cols, desc = _by_list(table, by, descending)
     encoders = [encoder_for(table.schema, c, d, table.name) for c, d in zip(cols, desc, strict=True)]
-    with table.graph.shared_lock():
-        table._check_alive()
+
+    def plan() -> Derivation:
         redirection = Redirection(64)
         index = SortIndex(encoders, [table.column(c) for c in cols], redirection)
         slots = index.build(table.rowset.keys())
@@ -139,11 +139,11 @@ def sort(table: Table, by: str | Sequence[str], descending: bool | Sequence[bool
             name: RedirectedColumnSource(table.column(name), redirection) for name in table.column_names
         }
         spec = ", ".join(f"{c}{' desc' if d else ''}" for c, d in zip(cols, desc, strict=True))
-        child = DerivedTable(table.graph, table.schema, columns,
-                             RowSet.from_keys(slots, assume_sorted=True), parents=[table],
-                             name=f"{table.name}.sort({spec})")
-        child.listener = SortListener(table, child, index, redirection, cols)
-    return child
+        return Derivation(table.schema, columns, RowSet.from_keys(slots, assume_sorted=True),
+                          SortListener(table, index, redirection, cols),
+                          name=f"{table.name}.sort({spec})")
+
+    return derive([table], plan)
 
 
 class SortListener:
@@ -153,8 +153,6 @@ class SortListener:
     ----------
     parent
         The sorted table.
-    result
-        The sorted table's derived table.
     index
         The index holding the parent's rows in order, keyed by the result's row keys.
     redirection
@@ -163,10 +161,11 @@ class SortListener:
         The sort columns (a modify touching none of them cannot move a row).
     """
 
-    def __init__(self, parent: Table, result: Table, index: SortIndex, redirection: Redirection,
+    result: Table
+
+    def __init__(self, parent: Table, index: SortIndex, redirection: Redirection,
                  by: Sequence[str]) -> None:
         self.parent = parent
-        self.result = result
         self.index = index
         self._redirection = redirection
         self._by = frozenset(by)

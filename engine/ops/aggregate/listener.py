@@ -32,9 +32,9 @@ shifts.
 
 How a cycle runs (every step is numpy over the changed rows, no loop per row or group):
 
-1. Rows are grouped by hashing their ``by`` values (:func:`~engine.ops._aggkeys.hash_arrays`:
+1. Rows are grouped by hashing their ``by`` values (:func:`~engine.ops.aggregate._keys.hash_arrays`:
    exact bits for one fixed-width column, a 64-bit hash otherwise) and looking the hash
-   up in a :class:`~engine.ops._aggkeys.U64Map` (hash -> slot); new groups get slots.
+   up in a :class:`~engine.ops.aggregate._keys.U64Map` (hash -> slot); new groups get slots.
    Added and modified rows are hashed once, together, in the current key space; removed
    rows (and modified rows whose ``by`` values changed) in the previous one — or, when
    first/last keep a row-key index anyway, looked up there without reading any key.
@@ -45,10 +45,10 @@ How a cycle runs (every step is numpy over the changed rows, no loop per row or 
    *plus* event (current values); a modify that keeps its group is both, and only for the
    aggregations whose input it modified. A cycle that touches nothing the aggregation reads
    returns no update at all.
-3. States (``engine.ops._aggstate``) fold the events in per touched group with
+3. States (``engine.ops.aggregate._states``) fold the events in per touched group with
    ``np.unique``/``np.bincount``; min/max (and std, see below) keep a per-group sorted
    multiset of values and first/last a per-group sorted set of parent row keys that
-   follows the parent's shifts (``engine.ops._sortedset``).
+   follows the parent's shifts (``engine.ops.aggregate._sortedset``).
 4. New values of touched groups are compared with the current output; only real changes
    are written (with previous values tracked) and reported.
 
@@ -90,7 +90,7 @@ from engine.columns import (
     numpy_storage_dtype,
 )
 from engine.errors import SchemaError, TicktableError, UpdateInvariantError
-from engine.ops._aggkeys import (
+from engine.ops.aggregate._keys import (
     U64Map,
     arrow_equal,
     fetch,
@@ -99,10 +99,10 @@ from engine.ops._aggkeys import (
     unique_first,
     values_equal,
 )
-from engine.ops._aggstate import Cycle, Distinct, Extremes, Moments
-from engine.ops._sortedset import RowKeySet
+from engine.ops.aggregate._sortedset import RowKeySet
+from engine.ops.aggregate._states import Cycle, Distinct, Extremes, Moments
 from engine.rowset import RowSet
-from engine.table import DerivedTable, Table
+from engine.table import Derivation, DerivedTable, Table, derive
 from engine.update import TableUpdate
 
 __all__ = [
@@ -255,7 +255,7 @@ def agg_by(table: Table, aggs: Agg | Sequence[Agg], by: str | Sequence[str] = ()
 
     Examples
     --------
-    >>> from engine.ops import agg
+    >>> from engine.ops.aggregate import agg
     >>> t.agg_by([agg.sum("Qty"), agg.max("Price", "Hi")], by="Sym").to_pandas()
         Sym  Qty     Hi
     0  AAPL   30  101.5
@@ -280,14 +280,15 @@ def agg_by(table: Table, aggs: Agg | Sequence[Agg], by: str | Sequence[str] = ()
         t = pa.int64() if a.column is None else _output_type(a, table.schema.field(a.column).type, table)
         fields.append(pa.field(a.name, t))
     schema = pa.schema(fields)
-    with table.graph.shared_lock():
+
+    def plan() -> Derivation:
         listener = AggListener(table, by_list, specs, schema)
         columns: dict[str, ColumnSource] = dict(listener.key_cols)
         columns.update(listener.out_cols)
-        child = _AggTable(table.graph, schema, columns, listener.initial_rowset,
-                          parents=[table], name=f"{table.name}.agg_by")
-        child.listener = listener
-    return child
+        return Derivation(schema, columns, listener.initial_rowset, listener,
+                          name=f"{table.name}.agg_by")
+
+    return derive([table], plan, table_class=_AggTable)
 
 
 def first_by(table: Table, by: str | Sequence[str]) -> Table:
@@ -323,6 +324,8 @@ class _AggTable(DerivedTable):
 # the listener -----------------------------------------------------------------------------
 class AggListener:
     """Keeps the result of :func:`agg_by` equal to a recomputation, one cycle at a time."""
+
+    result: Table
 
     def __init__(self, parent: Table, by: list[str], aggs: list[Agg], schema: pa.Schema) -> None:
         self.parent = parent

@@ -10,8 +10,8 @@ import pytest
 
 from engine.errors import InvalidKeyError, SchemaError, TableFailed
 from engine.graph import UpdateGraph
-from engine.ops import _joinstate
-from engine.ops.join import exact_join, join, left_outer_join, natural_join
+from engine.ops.join import _state as _joinstate
+from engine.ops.join.listener import exact_join, join, left_outer_join, natural_join
 from engine.rowset import RowSet
 from engine.update import TableUpdate
 from tests.oracle import SYMS, RandomSource, assert_same, cycles

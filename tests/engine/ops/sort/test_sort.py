@@ -15,8 +15,8 @@ import pytest
 
 from engine.errors import InputError, SchemaError
 from engine.graph import UpdateGraph
-from engine.ops._sortkeys import KeyEncoder
-from engine.ops._sortslots import LiveBits, PkIndex, Redirection
+from engine.ops.sort._keys import KeyEncoder
+from engine.ops.sort._slots import LiveBits, PkIndex, Redirection
 from engine.rowset import RowSet, RowSetShiftData
 from engine.table import Table
 from engine.update import TableUpdate

@@ -12,7 +12,7 @@ Semantics shared by all four:
   match, on either side. (pandas ``merge`` matches NaN/None keys with each other; we do
   not.) Float keys match by value with ``-0.0 == 0.0`` and NaN equal to NaN.
 * One integer key column is compared exactly; other keys by a 64-bit hash
-  (:func:`engine.ops._joinstate.hash_keys`): two different keys with equal hashes
+  (:func:`engine.ops.join._state.hash_keys`): two different keys with equal hashes
   (odds ~n**2 / 2**65 for n distinct keys) would match each other.
 
 ``natural_join`` / ``exact_join`` keep exactly the left table's rows, with the left row
@@ -49,7 +49,7 @@ operation on a 1M-row result cost ~1 s instead of ~1 ms. ``match_bits=`` fixes `
 instead; more than ``2**R`` matches then fail the table. Left row keys must stay below
 ``2**(63 - R)``.
 
-The state (slots, groups, indexes) lives in :mod:`engine.ops._joinstate`.
+The state (slots, groups, indexes) lives in :mod:`engine.ops.join._state`.
 """
 
 from __future__ import annotations
@@ -62,14 +62,14 @@ import pyarrow as pa
 
 from engine.columns import ColumnSource
 from engine.errors import InvalidKeyError, SchemaError
-from engine.ops._joinstate import JoinState, expand, member, rowset_of, sorted_unique
+from engine.ops.join._state import JoinState, expand, member, rowset_of, sorted_unique
 from engine.rowset import KeyArray, RowSet, RowSetShiftData
-from engine.table import DerivedTable, Table
+from engine.table import Derivation, Table, derive
 from engine.update import TableUpdate, compose
 
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
-    from engine.ops._joinstate import Delta
+    from engine.ops.join._state import Delta
 
 __all__ = [
     "JoinListener",
@@ -215,6 +215,8 @@ def _key_text(table: Table, cols: list[str], key: int, prev: bool = False) -> st
 class NaturalJoinListener:
     """Keeps a natural (or exact) join equal to its recomputation, one cycle at a time."""
 
+    result: Table
+
     def __init__(self, state: JoinState, out: list[tuple[str, str]], exact: bool, name: str) -> None:
         self.state = state
         self.exact = exact
@@ -305,7 +307,8 @@ def _natural(left: Table, right: Table, on: str | Sequence[str], joins: Sequence
              exact: bool) -> Table:
     op = "exact_join" if exact else "natural_join"
     left_on, right_on, out = _parse(left, right, on, joins, op)
-    with left.graph.shared_lock():
+
+    def plan() -> Derivation:
         state = JoinState(left, right, left_on, right_on, [src for _, src in out])
         state.build()
         name = f"{left.name}.{op}({right.name})"
@@ -314,10 +317,10 @@ def _natural(left: Table, right: Table, on: str | Sequence[str], joins: Sequence
         if exact and left.rowset:
             lk = left.rowset.keys()
             listener._check_matched(lk, state.first_match(state.l_gid_now[state.lmap.lookup(lk)]))
-        child = DerivedTable(left.graph, _schema(left, right, out), _columns(state, left, right, out, None),
-                             left.rowset, parents=[left, right], name=name)
-        child.listener = listener
-    return child
+        return Derivation(_schema(left, right, out), _columns(state, left, right, out, None),
+                          left.rowset, listener, name=name)
+
+    return derive([left, right], plan)
 
 
 def natural_join(left: Table, right: Table, on: str | Sequence[str],
@@ -457,11 +460,12 @@ class _Parts:
 class JoinListener:
     """Keeps ``join`` / ``left_outer_join`` equal to recomputation (row keys: module docstring)."""
 
+    result: Table
+
     def __init__(self, state: JoinState, out: list[tuple[str, str]], bits: MatchBits,
                  fixed: bool, outer: bool, name: str) -> None:
         self.state, self.match_bits, self.fixed = state, bits, fixed
         self.outer, self.name = outer, name
-        self.table: Table | None = None
         self.out_of: dict[str, set[str]] = {}
         for o, src in out:
             self.out_of.setdefault(src, set()).add(o)
@@ -509,8 +513,7 @@ class JoinListener:
 
     def _rekey(self, bits: int) -> TableUpdate:
         """The shift moving every row from ``R = self.bits`` to ``bits`` match bits (O(rows))."""
-        assert self.table is not None
-        k = self.table.rowset.keys()  # the previous rows: not committed yet this cycle
+        k = self.result.rowset.keys()  # the previous rows: not committed yet this cycle
         moved = ((k >> self.bits) << bits) | (k & ((1 << self.bits) - 1))
         self.match_bits.grow(bits)
         return TableUpdate.of(shifted=RowSetShiftData.from_moves(k, moved))
@@ -523,8 +526,7 @@ class JoinListener:
         up = self._update(d, lu)
         if rekey is None:
             return up
-        assert self.table is not None
-        return compose(rekey, up, self.table.rowset)
+        return compose(rekey, up, self.result.rowset)
 
     def _update(self, d: Delta, lu: TableUpdate | None) -> TableUpdate:
         """The update in the key space of the current ``R`` (previous keys re-keyed too)."""
@@ -645,7 +647,8 @@ def _many(left: Table, right: Table, on: str | Sequence[str], joins: Sequence[st
     if match_bits is not None and not 0 < match_bits < 48:
         raise SchemaError(f"{op}: match_bits must be between 1 and 47, got {match_bits}")
     left_on, right_on, out = _parse(left, right, on, joins, op)
-    with left.graph.shared_lock():
+
+    def plan() -> Derivation:
         state = JoinState(left, right, left_on, right_on, [src for _, src in out])
         state.build()
         name = f"{left.name}.{op}({right.name})"
@@ -657,12 +660,10 @@ def _many(left: Table, right: Table, on: str | Sequence[str], joins: Sequence[st
         keep = n > 0
         starts = lk[keep] << bits.now
         rowset = RowSet.from_ranges(starts, starts + n[keep])
-        child = DerivedTable(left.graph, _schema(left, right, out),
-                             _columns(state, left, right, out, bits),
-                             rowset, parents=[left, right], name=name)
-        child.listener = listener
-        listener.table = child
-    return child
+        return Derivation(_schema(left, right, out), _columns(state, left, right, out, bits),
+                          rowset, listener, name=name)
+
+    return derive([left, right], plan)
 
 
 def join(left: Table, right: Table, on: str | Sequence[str], joins: Sequence[str] | None = None,
