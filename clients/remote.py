@@ -269,21 +269,7 @@ class RemoteTable:
 
 
 def _from_grpc(exc: Any) -> Exception:
-    """The pyarrow-style exception for a TableService error, as Flight calls raise them."""
-    import grpc
-    import pyarrow.flight as fl
+    """The exception a Flight call raises for the same error (the server's one table)."""
+    from flight.errors import flight_error_for
 
-    code, text = exc.code(), exc.details() or str(exc)
-    out: Exception
-    if code == grpc.StatusCode.NOT_FOUND:
-        out = KeyError(text)
-    elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS,
-                  grpc.StatusCode.FAILED_PRECONDITION):
-        out = pa.ArrowInvalid(text)
-    elif code == grpc.StatusCode.UNAUTHENTICATED:
-        out = fl.FlightUnauthenticatedError(text)
-    elif code == grpc.StatusCode.UNAVAILABLE:
-        out = fl.FlightUnavailableError(text)
-    else:
-        out = fl.FlightServerError(f"{code.name}: {text}")
-    return out
+    return flight_error_for(exc.code(), exc.details() or str(exc))

@@ -5,10 +5,11 @@ Split by whose fault it is::
     TicktableError
     ├── InputError                  the caller sent something we cannot use
     │   ├── SchemaError             wrong column names or types
-    │   ├── KeyError_               bad keys: nulls in key columns, negative row keys
+    │   ├── InvalidKeyError         bad keys: nulls in key columns, negative row keys
     │   ├── ExpressionError         an expression names a missing column or has the wrong type
-    │   ├── ProtocolError           malformed wire metadata
-    │   └── TableNotFound           no table of that name
+    │   ├── ProtocolError           malformed wire metadata, or a stream that breaks the protocol
+    │   ├── TableNotFound           no table of that name
+    │   └── TableExists             the name of a table to create is taken
     ├── AccessError                 who you are or what you may do
     │   ├── Unauthenticated
     │   └── PermissionDenied
@@ -32,6 +33,7 @@ __all__ = [
     "ProtocolError",
     "SchemaError",
     "ServiceError",
+    "TableExists",
     "TableFailed",
     "TableNotFound",
     "TicktableError",
@@ -61,11 +63,23 @@ class ExpressionError(InputError):
 
 
 class ProtocolError(InputError):
-    """Wire metadata that cannot be parsed or does not fit the protocol."""
+    """Wire metadata that cannot be parsed or does not fit the protocol.
+
+    Raised by the server for a malformed request, and by the clients' decoders for a
+    stream that breaks the protocol (the client then drops its state and resubscribes).
+    """
 
 
 class TableNotFound(InputError):
     """No table of that name exists."""
+
+
+class TableExists(InputError):
+    """A table of that name exists already: drop it first, pick another name, or replace it.
+
+    Not raised when the caller asked for the existing table (``if_not_exists``) and it
+    matches, nor when it asked to replace it.
+    """
 
 
 class AccessError(TicktableError):

@@ -3,8 +3,9 @@
 Every call must carry ``authorization: Bearer <token>`` when the server has a token. The
 Flight side checks it in a server middleware (``start_call`` runs before any handler,
 including ``Handshake``); the gRPC side in a server interceptor. A call without the right
-token gets UNAUTHENTICATED and nothing else: no handler runs. The gRPC health service is
-exempt so readiness probes need no secret.
+token gets UNAUTHENTICATED and nothing else: no handler runs (both sides raise
+:class:`~engine.errors.Unauthenticated` through the server's one error table,
+:mod:`flight.errors`). The gRPC health service is exempt so readiness probes need no secret.
 
 Tokens are compared with :func:`hmac.compare_digest` (constant time).
 """
@@ -18,9 +19,15 @@ from typing import Any
 import grpc
 import pyarrow.flight as flight
 
+from engine.errors import Unauthenticated
+from flight.errors import abort, to_flight_error
+
 __all__ = ["BearerTokenInterceptor", "BearerTokenMiddlewareFactory", "bearer_header"]
 
 _HEALTH_PREFIX = "/grpc.health.v1.Health/"
+_FLIGHT_HINT = ("missing or wrong bearer token: send the header 'authorization: Bearer <token>' "
+                "(ticktable.connect(uri, token=...))")
+_GRPC_HINT = "missing or wrong bearer token: send metadata 'authorization: Bearer <token>'"
 
 
 def bearer_header(token: str) -> tuple[bytes, bytes]:
@@ -51,9 +58,7 @@ class BearerTokenMiddlewareFactory(flight.ServerMiddlewareFactory):  # type: ign
 
     def start_call(self, info: Any, headers: dict[str, list[str]]) -> flight.ServerMiddleware:
         if not _token_ok(self._token, headers.get("authorization")):
-            raise flight.FlightUnauthenticatedError(
-                "missing or wrong bearer token: send the header 'authorization: Bearer <token>' "
-                "(ticktable.connect(uri, token=...))")
+            raise to_flight_error(Unauthenticated(_FLIGHT_HINT))
         return _Middleware()
 
 
@@ -64,9 +69,7 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         self._token = token.encode()
 
         def deny(request: Any, context: grpc.ServicerContext) -> Any:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong bearer token: send metadata "
-                          "'authorization: Bearer <token>'")
+            abort(context, Unauthenticated(_GRPC_HINT))
 
         self._deny = grpc.unary_unary_rpc_method_handler(deny)
 

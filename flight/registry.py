@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 
-from engine.errors import InputError, SchemaError, TableNotFound
+from engine.errors import InputError, SchemaError, TableExists, TableNotFound
 from engine.graph import UpdateGraph
 from engine.rowset import RowSet
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable
@@ -240,15 +240,17 @@ class TableRegistry:
 
         Raises
         ------
+        TableExists
+            If the name is taken and ``replace`` is false.
         InputError
-            If the name is taken (and ``replace`` is false) or empty.
+            If the name is empty or too long.
         """
         _check_name(name)
         with self._lock:
             if name in self._entries:
                 if not replace:
-                    raise InputError(f"table {name!r} already exists; drop it first or pick "
-                                     f"another name")
+                    raise TableExists(f"table {name!r} already exists; drop it first or pick "
+                                      f"another name")
                 self.drop(name)
             table.name = name
             entry = TableEntry(name, table, kind, list(keys or []), list(parents or []))
@@ -267,9 +269,11 @@ class TableRegistry:
 
         Raises
         ------
+        TableExists
+            If the name is taken: at all, or (with ``if_not_exists``) by a table of another
+            schema, kind or keys.
         InputError
-            Unknown kind, missing keys for a keyed table, bad capacity, or the name is taken
-            by a table of another schema or kind (with ``if_not_exists``) or at all.
+            Unknown kind, missing keys for a keyed table, or bad capacity.
         SchemaError
             If ``keys`` name columns that are not in ``schema``.
         """
@@ -282,13 +286,15 @@ class TableRegistry:
             if existing is not None and if_not_exists:
                 if (existing.kind != kind or not existing.table.schema.equals(schema)
                         or existing.keys != keys):
-                    raise InputError(
-                        f"table {name!r} exists as a {existing.kind} table with schema "
-                        f"{existing.table.schema} and keys {existing.keys}, not as requested")
+                    raise TableExists(
+                        f"table {name!r} exists as a {existing.kind} table with columns "
+                        f"({_columns(existing.table.schema)}) and keys {existing.keys}, not as "
+                        f"requested ({kind}, ({_columns(schema)}), keys {keys}); drop it first "
+                        f"or pick another name")
                 return existing
             if existing is not None:
-                raise InputError(f"table {name!r} already exists; drop it first or pass "
-                                 f"if_not_exists")
+                raise TableExists(f"table {name!r} already exists; drop it first or pass "
+                                  f"if_not_exists")
             table: Table
             with self.graph.exclusive_lock():
                 if kind == "append":
@@ -338,6 +344,11 @@ class TableRegistry:
         for callback in list(self.on_drop):
             callback(name)
         return True
+
+
+def _columns(schema: pa.Schema) -> str:
+    """``schema`` on one line: ``name: type, ...``."""
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
 def _check_name(name: str) -> None:

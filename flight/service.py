@@ -20,9 +20,9 @@ Operation messages, field by field (``table_service.proto``):
   count_distinct; ``name`` defaults to the column (``"count"`` for count);
 * ``by_keys``: ``first_by`` / ``last_by`` / ``count_by`` (``name`` defaults to ``"count"``).
 
-Errors become gRPC status codes in one place, :func:`grpc_status_for`; the message names
-the table or column and the way out. Nothing is registered, and every table the chain
-created is detached again, when any step fails.
+Errors become gRPC status codes through the server's one table (:mod:`flight.errors`); the
+message names the table or column and the way out. Nothing is registered, and every table
+the chain created is detached again, when any step fails.
 """
 
 from __future__ import annotations
@@ -30,24 +30,16 @@ from __future__ import annotations
 import importlib
 import itertools
 import logging
-import uuid
 from collections.abc import Sequence
 from concurrent import futures
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from engine.errors import (
-    InputError,
-    Overloaded,
-    PermissionDenied,
-    ProtocolError,
-    TableFailed,
-    TableNotFound,
-    Unauthenticated,
-)
+from engine.errors import InputError, ProtocolError, TableExists
 from flight import substrait
+from flight.errors import abort
 from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb
 
@@ -59,7 +51,7 @@ if TYPE_CHECKING:
     from engine.table import Table
     from flight.registry import TableRegistry
 
-__all__ = ["TableExists", "TableServiceServicer", "grpc_status_for", "serve_table_service"]
+__all__ = ["TableServiceServicer", "serve_table_service"]
 
 log = logging.getLogger(__name__)
 
@@ -67,56 +59,6 @@ SERVICE_NAME = "ticktable.v1.TableService"
 _JOIN_KINDS = ("natural", "exact", "inner", "left_outer")
 _SLICE_KINDS = ("head", "tail", "slice")
 _BY_KINDS = ("first_by", "last_by", "count_by")
-
-
-class TableExists(InputError):
-    """The name of a table to create is taken (and ``replace`` was not asked for)."""
-
-
-def grpc_status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The gRPC status code and message a handler answers ``exc`` with.
-
-    ===================================================  ====================
-    exception                                            status
-    ===================================================  ====================
-    :class:`TableExists`                                 ALREADY_EXISTS
-    ``TableNotFound``                                    NOT_FOUND
-    other ``InputError`` (schema, expression, key,       INVALID_ARGUMENT
-    protocol)
-    ``Unauthenticated``                                  UNAUTHENTICATED
-    ``PermissionDenied``                                 PERMISSION_DENIED
-    ``Overloaded``                                       RESOURCE_EXHAUSTED
-    ``TableFailed``                                      FAILED_PRECONDITION
-    anything else (our bug)                              INTERNAL
-    ===================================================  ====================
-
-    For anything else the client gets only a reference id; the traceback is logged with
-    that id.
-    """
-    if isinstance(exc, TableExists):
-        return grpc.StatusCode.ALREADY_EXISTS, str(exc)
-    if isinstance(exc, TableNotFound):
-        return grpc.StatusCode.NOT_FOUND, str(exc)
-    if isinstance(exc, InputError):
-        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
-    if isinstance(exc, Unauthenticated):
-        return grpc.StatusCode.UNAUTHENTICATED, str(exc)
-    if isinstance(exc, PermissionDenied):
-        return grpc.StatusCode.PERMISSION_DENIED, str(exc)
-    if isinstance(exc, Overloaded):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
-    if isinstance(exc, TableFailed):
-        return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
-    ref = uuid.uuid4().hex[:12]
-    log.error("unexpected error in a TableService call (ref=%s)", ref, exc_info=exc)
-    return grpc.StatusCode.INTERNAL, f"internal error, ref={ref}; see the server log"
-
-
-def _abort(context: grpc.ServicerContext, exc: Exception) -> NoReturn:
-    """End the call with :func:`grpc_status_for` of ``exc``."""
-    code, message = grpc_status_for(exc)
-    context.abort(code, message)  # raises
-    raise AssertionError("grpc.ServicerContext.abort returned")
 
 
 def _with_step(exc: InputError, step: str) -> InputError:
@@ -145,7 +87,7 @@ class TableServiceServicer:
             return tpb.CreateDerivedTableResponse(name=name,
                                                   schema=table.schema.serialize().to_pybytes())
         except Exception as exc:
-            _abort(context, exc)
+            abort(context, exc)
 
     def ListTables(self, request: tpb.ListTablesRequest,
                    context: grpc.ServicerContext) -> tpb.ListTablesResponse:
@@ -158,7 +100,7 @@ class TableServiceServicer:
             ]
             return tpb.ListTablesResponse(tables=infos)
         except Exception as exc:
-            _abort(context, exc)
+            abort(context, exc)
 
     def DropTable(self, request: pb.DropTableRequest,
                   context: grpc.ServicerContext) -> tpb.DropTableResponse:
@@ -168,7 +110,7 @@ class TableServiceServicer:
                 log.info("table %r dropped", request.name)
             return tpb.DropTableResponse(dropped=dropped)
         except Exception as exc:
-            _abort(context, exc)
+            abort(context, exc)
 
     # building -------------------------------------------------------------------------
     def create(self, request: tpb.CreateDerivedTableRequest) -> tuple[str, Table]:
@@ -225,10 +167,8 @@ class TableServiceServicer:
             try:
                 self.registry.add(request.name, table, "derived", parents=parents,
                                   replace=request.replace)
-            except InputError as exc:
-                if not request.replace and request.name in self.registry.names():
-                    raise self._exists(request.name) from exc
-                raise
+            except TableExists as exc:  # taken since the check in create()
+                raise self._exists(request.name) from exc
             return request.name
         while True:  # pick a free name; another call may take one between check and add
             name = f"derived_{next(self._counter)}"
@@ -236,10 +176,8 @@ class TableServiceServicer:
                 continue
             try:
                 self.registry.add(name, table, "derived", parents=parents)
-            except InputError:
-                if name in self.registry.names():
-                    continue
-                raise
+            except TableExists:
+                continue
             return name
 
     def _other(self, name: str, parents: list[str], what: str) -> Table:

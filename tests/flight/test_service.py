@@ -27,7 +27,7 @@ from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb
 from flight.pb import table_service_pb2_grpc as tgrpc
 from flight.registry import TableRegistry
-from flight.service import grpc_status_for, serve_table_service
+from flight.service import serve_table_service
 
 TRADES = pa.schema([("Sym", pa.string()), ("Key", pa.int64()), ("Price", pa.float64()),
                     ("Qty", pa.int64())])
@@ -407,28 +407,6 @@ def test_failed_parent_is_failed_precondition(env: Env) -> None:
     top.failure = RuntimeError("boom")
     code, msg = code_of(env.create, [slice_op("head", 1)])
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "'trades'" in msg
-
-
-def test_status_mapping() -> None:
-    from engine import errors
-
-    cases = {
-        errors.TableNotFound("t"): grpc.StatusCode.NOT_FOUND,
-        errors.SchemaError("s"): grpc.StatusCode.INVALID_ARGUMENT,
-        errors.ExpressionError("e"): grpc.StatusCode.INVALID_ARGUMENT,
-        errors.ProtocolError("p"): grpc.StatusCode.INVALID_ARGUMENT,
-        errors.InvalidKeyError("k"): grpc.StatusCode.INVALID_ARGUMENT,
-        errors.InputError("i"): grpc.StatusCode.INVALID_ARGUMENT,
-        errors.Unauthenticated("u"): grpc.StatusCode.UNAUTHENTICATED,
-        errors.PermissionDenied("d"): grpc.StatusCode.PERMISSION_DENIED,
-        errors.Overloaded("o"): grpc.StatusCode.RESOURCE_EXHAUSTED,
-        errors.TableFailed("f"): grpc.StatusCode.FAILED_PRECONDITION,
-    }
-    for exc, code in cases.items():
-        assert grpc_status_for(exc) == (code, str(exc))
-    code, msg = grpc_status_for(ZeroDivisionError("secret detail"))
-    assert code == grpc.StatusCode.INTERNAL
-    assert "secret" not in msg and "ref=" in msg
 
 
 # auth and health -----------------------------------------------------------------------------

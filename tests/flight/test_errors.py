@@ -1,0 +1,244 @@
+"""The one error table: every class of the hierarchy, both ports, and across the wire.
+
+An explicit expectation per class (written here, not derived from the table under test),
+then every row sent once over a real server on 127.0.0.1 port 0: through the gRPC
+TableService and through the Flight port, read with a raw gRPC channel so the exact status
+code is seen, and with pyarrow's Flight client so the exception class is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import grpc
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+from engine import errors
+from engine.graph import UpdateGraph
+from flight.errors import (
+    INTERNAL,
+    STATUSES,
+    Status,
+    flight_error_for,
+    flight_errors,
+    grpc_status,
+    status_of,
+    to_flight_error,
+)
+from flight.pb import table_service_pb2 as tpb
+from flight.pb import table_service_pb2_grpc as tgrpc
+from flight.server import ServerConfig, TicktableServer
+
+C = grpc.StatusCode
+
+#: class -> (gRPC status, exception a Flight handler raises)
+EXPECTED: dict[type[Exception], tuple[grpc.StatusCode, type[Exception]]] = {
+    errors.TicktableError: (C.INTERNAL, fl.FlightInternalError),
+    errors.InputError: (C.INVALID_ARGUMENT, pa.ArrowInvalid),
+    errors.SchemaError: (C.INVALID_ARGUMENT, pa.ArrowInvalid),
+    errors.InvalidKeyError: (C.INVALID_ARGUMENT, pa.ArrowInvalid),
+    errors.ExpressionError: (C.INVALID_ARGUMENT, pa.ArrowInvalid),
+    errors.ProtocolError: (C.INVALID_ARGUMENT, pa.ArrowInvalid),
+    errors.TableNotFound: (C.NOT_FOUND, pa.ArrowKeyError),
+    errors.TableExists: (C.ALREADY_EXISTS, pa.ArrowInvalid),
+    errors.AccessError: (C.PERMISSION_DENIED, fl.FlightUnauthorizedError),
+    errors.Unauthenticated: (C.UNAUTHENTICATED, fl.FlightUnauthenticatedError),
+    errors.PermissionDenied: (C.PERMISSION_DENIED, fl.FlightUnauthorizedError),
+    errors.ServiceError: (C.UNAVAILABLE, fl.FlightUnavailableError),
+    errors.Overloaded: (C.UNAVAILABLE, fl.FlightUnavailableError),
+    errors.TableFailed: (C.FAILED_PRECONDITION, fl.FlightServerError),
+    errors.UpdateInvariantError: (C.INTERNAL, fl.FlightInternalError),
+}
+
+#: the code pyarrow's Flight server sends for each exception a handler may raise
+FLIGHT_WIRE_CODE: dict[type[Exception], grpc.StatusCode] = {
+    pa.ArrowInvalid: C.INVALID_ARGUMENT,
+    pa.ArrowKeyError: C.NOT_FOUND,
+    fl.FlightUnauthenticatedError: C.UNAUTHENTICATED,
+    fl.FlightUnauthorizedError: C.PERMISSION_DENIED,
+    fl.FlightUnavailableError: C.UNAVAILABLE,
+    fl.FlightServerError: C.UNKNOWN,
+    fl.FlightInternalError: C.INTERNAL,
+}
+
+#: where Flight cannot say what gRPC says (pyarrow has no class for the code): documented
+#: in flight/errors.py, and nowhere else
+FLIGHT_FALLBACK = {errors.TableExists: C.INVALID_ARGUMENT, errors.TableFailed: C.UNKNOWN}
+
+
+def _hierarchy() -> list[type[Exception]]:
+    out: list[type[Exception]] = []
+    todo: list[type[Exception]] = [errors.TicktableError]
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+def _instance(cls: type[Exception], text: str = "table 't': something is wrong") -> Exception:
+    if cls is errors.UpdateInvariantError:
+        return errors.UpdateInvariantError("I1", text)
+    return cls(text)
+
+
+# ----------------------------------------------------------------------------- the table
+def test_every_class_of_the_hierarchy_has_an_expected_status():
+    assert sorted(c.__name__ for c in _hierarchy()) == sorted(c.__name__ for c in EXPECTED)
+    assert set(errors.__all__) >= {c.__name__ for c in EXPECTED}
+
+
+@pytest.mark.parametrize("cls", list(EXPECTED), ids=lambda c: c.__name__)
+def test_flight_and_grpc_agree_for_every_class(cls, caplog):
+    code, flight_cls = EXPECTED[cls]
+    exc = _instance(cls)
+    row = status_of(exc)
+    with caplog.at_level(logging.CRITICAL, logger="flight.errors"):
+        got_code, message = grpc_status(exc)
+        flight_exc = to_flight_error(exc)
+    assert got_code == code
+    assert type(flight_exc) is flight_cls
+    assert row.grpc == code and row.flight_code == FLIGHT_WIRE_CODE[flight_cls]
+    assert row.flight_code == FLIGHT_FALLBACK.get(cls, code)  # agree, or the documented fallback
+    if code == C.INTERNAL:
+        assert "ref=" in message and "something is wrong" not in message
+        assert "ref=" in str(flight_exc) and "something is wrong" not in str(flight_exc)
+    else:
+        assert message == str(exc) == str(flight_exc)
+    # a client maps a gRPC status back to the class the Flight port raises for the same error
+    assert type(flight_error_for(code, message)) is flight_cls
+
+
+def test_most_specific_class_wins_for_subclasses_without_a_row():
+    class Stale(errors.TableNotFound):
+        pass
+
+    class Busy(errors.Overloaded):
+        pass
+
+    assert grpc_status(Stale("no table 'x'")) == (C.NOT_FOUND, "no table 'x'")
+    assert status_of(Busy("later")).grpc == C.UNAVAILABLE
+    assert status_of(ValueError("x")) is INTERNAL and status_of(KeyError("x")) is INTERNAL
+
+
+def test_unexpected_errors_are_logged_under_the_ref_the_client_sees(caplog):
+    with caplog.at_level(logging.ERROR, logger="flight.errors"):
+        code, message = grpc_status(ZeroDivisionError("secret detail"))
+    assert code == C.INTERNAL and "secret" not in message
+    ref = message.split("ref=")[1].split(";")[0]
+    (record,) = caplog.records
+    assert ref in record.getMessage() and record.exc_info is not None
+    assert record.exc_info[0] is ZeroDivisionError
+
+
+def test_messages_are_one_line_and_bounded():
+    code, message = grpc_status(errors.SchemaError("table 't': bad\n  column 'x'\n"))
+    assert (code, message) == (C.INVALID_ARGUMENT, "table 't': bad column 'x'")
+    _, long = grpc_status(errors.InputError("table 't': " + "x" * 100_000))
+    assert len(long) < 4100 and long.endswith("more characters)")
+
+
+def test_flight_errors_passes_flight_errors_through_and_does_not_chain():
+    with pytest.raises(fl.FlightUnavailableError, match="shutting down"):
+        with flight_errors():
+            raise fl.FlightUnavailableError("shutting down")
+    with pytest.raises(pa.ArrowInvalid) as info:
+        with flight_errors():
+            raise errors.SchemaError("table 't' has no column 'x'")
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_unknown_grpc_codes_become_server_errors_naming_the_code():
+    exc = flight_error_for(C.DATA_LOSS, "gone")
+    assert type(exc) is fl.FlightServerError and str(exc) == "DATA_LOSS: gone"
+
+
+# --------------------------------------------------------------------------- on the wire
+ROWS = [*STATUSES, INTERNAL]
+
+
+def _raising(row: Status) -> Exception:
+    if row is INTERNAL:
+        return RuntimeError("secret detail of a bug")
+    return _instance(row.error, f"table 't': {row.error.__name__} on the wire")
+
+
+@pytest.fixture(scope="module")
+def wire() -> Iterator[TicktableServer]:
+    srv = TicktableServer(UpdateGraph(), ServerConfig(port=0, grpc_port=0)).start()
+    yield srv
+    srv.shutdown()
+
+
+@pytest.fixture
+def raising(wire, monkeypatch):
+    """``raise_(exc)``: every listing of the server's tables raises ``exc`` from now on."""
+
+    def raise_(exc: Exception) -> None:
+        def entries():
+            raise exc
+
+        monkeypatch.setattr(wire.registry, "entries", entries)
+
+    return raise_
+
+
+def _ids(row: Status) -> str:
+    return "INTERNAL" if row is INTERNAL else row.error.__name__
+
+
+@pytest.mark.parametrize("row", ROWS, ids=_ids)
+def test_each_status_crosses_the_grpc_port_exactly(wire, raising, row, caplog):
+    exc = _raising(row)
+    raising(exc)
+    with grpc.insecure_channel(f"127.0.0.1:{wire.grpc_port}") as channel, \
+            caplog.at_level(logging.CRITICAL, logger="flight.errors"):
+        with pytest.raises(grpc.RpcError) as info:
+            tgrpc.TableServiceStub(channel).ListTables(tpb.ListTablesRequest(), timeout=10)
+    assert info.value.code() == row.grpc
+    details = info.value.details()
+    assert "Traceback" not in details and "\n" not in details
+    if row is INTERNAL:
+        assert "internal error, ref=" in details and "secret" not in details
+    else:
+        assert details == str(exc)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=_ids)
+def test_each_status_crosses_the_flight_port_with_its_code_and_class(wire, raising, row, caplog):
+    exc = _raising(row)
+    raising(exc)
+    with grpc.insecure_channel(f"127.0.0.1:{wire.port}") as channel, \
+            caplog.at_level(logging.CRITICAL, logger="flight.errors"):
+        list_flights = channel.unary_stream("/arrow.flight.protocol.FlightService/ListFlights")
+        with pytest.raises(grpc.RpcError) as info:
+            list(list_flights(b"", timeout=10))  # an empty Criteria message
+        assert info.value.code() == row.flight_code
+        client = fl.connect(wire.location)
+        with pytest.raises(Exception) as raised:
+            list(client.list_flights())
+        client.close()
+    assert isinstance(raised.value, type(row.flight("x")))
+    expected = "internal error, ref=" if row is INTERNAL else str(exc)
+    assert expected in info.value.details() and "secret" not in info.value.details()
+
+
+_TRACEBACK = pytest.mark.xfail(
+    strict=True, reason="pyarrow's Python Flight server appends a traceback to the message of "
+                        "every exception that is not a Flight*Error (flight/errors.py, known gap)")
+
+
+@pytest.mark.parametrize("row", [
+    pytest.param(r, marks=_TRACEBACK) if not issubclass(type(r.flight("x")), fl.FlightError) else r
+    for r in ROWS], ids=_ids)
+def test_flight_port_messages_carry_no_traceback(wire, raising, row, caplog):
+    raising(_raising(row))
+    with grpc.insecure_channel(f"127.0.0.1:{wire.port}") as channel, \
+            caplog.at_level(logging.CRITICAL, logger="flight.errors"):
+        list_flights = channel.unary_stream("/arrow.flight.protocol.FlightService/ListFlights")
+        with pytest.raises(grpc.RpcError) as info:
+            list(list_flights(b"", timeout=10))
+    assert "Traceback" not in info.value.details()
