@@ -1,14 +1,14 @@
 """Expression helpers shared by the ops: bind a ``pyarrow.compute.Expression`` to a schema,
 list the columns it reads, and evaluate it on the rows an update touches.
 
-Why these choices (measured with pyarrow 26, median):
+Why these choices (``bench/bench_library.py`` measures the calls):
 
 * **Evaluation** goes through one Acero plan, ``table_source -> project``, with
-  ``use_threads=False`` so the output keeps row order. It costs ~0.07 ms of fixed overhead
-  plus the kernels (~0.1 ms for 2,000 rows, ~2 ms for 1M rows); ``pyarrow.dataset`` is
-  ~4x slower per call and ``Table.filter(expr)`` returns rows, not a mask aligned with keys.
-  Most of a small evaluation is the plan's fixed cost, so callers batch rows (added and
-  modified together) and expressions (:func:`evaluate_many`) into as few plans as they can.
+  ``use_threads=False`` so the output keeps row order. A plan has a fixed cost plus the
+  kernels; ``pyarrow.dataset`` costs more per call and ``Table.filter(expr)`` returns rows,
+  not a mask aligned with keys. Most of a small evaluation is the plan's fixed cost, so
+  callers batch rows (added and modified together) and expressions
+  (:func:`evaluate_many`) into as few plans as they can.
 * **Referenced columns**: pyarrow does not expose an expression's tree to Python, and
   ``str(expr)`` is not a parser. So :func:`bind` *probes*: the expression is bound on an
   empty table of the schema (this also checks names and kernel types), then once more per
@@ -260,8 +260,8 @@ def evaluate_many(
 ) -> list[pa.Array]:
     """Evaluate several expressions over the same ``n`` rows in one plan.
 
-    One plan has a fixed cost of ~0.05 ms and each expression ~0.03 ms more (1,000 rows),
-    so independent expressions are cheaper together. A name means one column for all of
+    A plan has a fixed cost and each expression adds less than that, so independent
+    expressions are cheaper together. A name means one column for all of
     ``bounds``. Positional expressions need their own column layout, so they share a plan
     only with positional expressions of the same inputs.
 

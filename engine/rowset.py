@@ -47,7 +47,8 @@ def unique_keys(keys: KeyArray) -> KeyArray:
     """Sorted distinct keys.
 
     Sort-based on purpose: numpy 2.x's hash-based ``np.unique`` (used when no
-    ``return_*`` flag is set) measured ~70x slower than sort + diff on 500k int64 here.
+    ``return_*`` flag is set) is slower than sort + diff on large int64 arrays
+    (``bench/bench_library.py`` measures both).
     """
     if keys.size < 2:
         return keys.copy()

@@ -11,7 +11,8 @@ not copied. Computed columns are ``pyarrow.compute`` expressions:
   a vectorized hash map once it is not); a parent shift moves map entries, not values, so
   its cost is one int64 per moved row whatever the number of stored columns. Added and
   modified rows are evaluated together, and consecutive columns that do not read each
-  other share one Acero plan (a plan costs ~0.05 ms before any row is computed).
+  other share one Acero plan (a plan has a fixed cost before any row is computed; see
+  ``bench/bench_library.py``).
 * ``view`` *computes on read*: its columns are :class:`ViewColumnSource` objects whose
   ``get``/``get_prev`` evaluate the expression on the parent's current/previous values at
   the requested keys. Nothing is stored and nothing runs per cycle.

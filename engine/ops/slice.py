@@ -16,8 +16,8 @@ Cost per cycle:
   rank-select lookups and ``remove_range`` — bitmap work per 65,536-key container of the
   window, never per row of it — plus the rows entering at either end, read by position
   (per row, but each of them is an add of this update). So a cycle costs
-  O(change + window/65,536): a 500k-row window costs ~0.1 ms of bitmap algebra, where
-  materializing it row by row with ``RowSet.slice`` would take ~15 ms. Only a window
+  O(change + window/65,536), far below materializing the window row by row with
+  ``RowSet.slice``. Only a window
   replaced entirely (no surviving row) is read position by position, and then every
   row of it is an add anyway. The shift (un)application touches only keys that move.
 * key spans are never materialized as range bitmaps unless compact: a window of a
