@@ -1,0 +1,165 @@
+"""The one vectorized hash map from ``uint64`` keys to non-negative ``int64`` values.
+
+Keyed sources ask "which row holds this key?" for 10k keys against 10M, aggregations
+"which slot holds this group?", sorts and selects "where is this row key?": each at a cost
+that follows the batch, not the map. :class:`U64Map` answers whole arrays at a time:
+open addressing with linear probing over numpy arrays, where one probe *round* advances
+every still-unresolved key of the batch at once. Rounds are few because the load stays
+low (at most 1/2; rebuilt to 1/4).
+
+The keys are ``uint64`` as given (hashes, row keys, encoded values); the map scrambles them
+itself (a multiplicative hash on the high bits), so sequential keys spread evenly. Keys are
+distinct by contract: the map stores one value per key. Exact key equality of what the
+``uint64`` stands for is not this map's business (see :mod:`engine._kernels.keymap`).
+
+Deletions leave tombstones, so lookups of other keys probing past a deleted slot still find
+them; tombstones are reused by inserts and dropped by the (vectorized) rebuild that runs
+when live plus dead entries pass half of the table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from engine._kernels.hashing import GOLDEN
+
+__all__ = ["U64Map"]
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+
+_EMPTY = -1
+_DEAD = -2
+_ONE = np.uint64(1)
+_MIN_BITS = 10
+
+
+class U64Map:
+    """Map distinct ``uint64`` keys to non-negative ``int64`` values, whole arrays at a time.
+
+    Every method takes arrays and loops over probe rounds, never over keys. Values must be
+    ``>= 0`` (negative values mark empty and deleted slots). Memory: 20 bytes per slot, so
+    40-80 bytes per entry.
+
+    Parameters
+    ----------
+    capacity
+        Entries to make room for up front (the table grows by itself as needed).
+
+    Examples
+    --------
+    >>> m = U64Map()
+    >>> m.insert(np.array([7, 9], dtype=np.uint64), np.array([0, 1]))
+    >>> m.lookup(np.array([9, 8, 7], dtype=np.uint64)).tolist()
+    [1, -1, 0]
+    """
+
+    def __init__(self, capacity: int = 0) -> None:
+        self._alloc(capacity)
+        self.count = 0
+
+    def _alloc(self, need: int) -> None:
+        bits = max(_MIN_BITS, int(np.ceil(np.log2(max(need, 2) * 4))))  # load 1/4 after a rebuild
+        self._shift = np.uint64(64 - bits)
+        self._mask = np.uint64((1 << bits) - 1)
+        self._keys = np.zeros(1 << bits, dtype=np.uint64)
+        self._vals = np.full(1 << bits, _EMPTY, dtype=np.int64)
+        self._claim = np.zeros(1 << bits, dtype=np.int32)  # scratch for inserts
+        self._dead = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the table's arrays."""
+        return int(self._keys.nbytes + self._vals.nbytes + self._claim.nbytes)
+
+    def _home(self, h: U64) -> U64:
+        with np.errstate(over="ignore"):
+            return (h * GOLDEN) >> self._shift
+
+    def _slots(self, h: U64) -> I64:
+        """Slot of each key, ``-1`` where absent."""
+        out = np.full(h.size, -1, dtype=np.int64)
+        idx = np.arange(h.size)
+        s = self._home(h)
+        hh = h
+        while idx.size:
+            v = self._vals[s]
+            hit = (v >= 0) & (self._keys[s] == hh)
+            if hit.any():
+                out[idx[hit]] = s[hit].astype(np.int64)
+                go = ~hit & (v != _EMPTY)
+            else:
+                go = v != _EMPTY
+            idx, s, hh = idx[go], (s[go] + _ONE) & self._mask, hh[go]
+        return out
+
+    def lookup(self, h: U64) -> I64:
+        """Value per key, ``-1`` where absent."""
+        s = self._slots(np.asarray(h, dtype=np.uint64))
+        out: I64 = self._vals[s]
+        out[s < 0] = -1
+        return out
+
+    def insert(self, h: U64, values: I64) -> None:
+        """Add keys known to be absent and distinct among themselves, with their values."""
+        h = np.asarray(h, dtype=np.uint64)
+        if h.size == 0:
+            return
+        values = np.asarray(values, dtype=np.int64)
+        if 2 * (self.count + self._dead + h.size) > self._vals.size:
+            live = self._vals >= 0
+            k, v = self._keys[live], self._vals[live]
+            self._alloc(self.count + h.size)
+            if k.size:
+                self._place(k, v)
+        self._place(h, values)
+        self.count += h.size
+
+    def _place(self, h: U64, values: I64) -> None:
+        idx = np.arange(h.size, dtype=np.int32)
+        s = self._home(h)
+        while idx.size:
+            free = self._vals[s] < 0
+            fi, fs = idx[free], s[free]
+            # among keys wanting the same free slot this round, one claims it: each scatters
+            # its index into the slot and keeps the slot if it reads itself back (no sort)
+            self._claim[fs] = fi
+            won = self._claim[fs] == fi
+            ws = fs[won]
+            self._dead -= int(np.count_nonzero(self._vals[ws] == _DEAD))
+            self._keys[ws] = h[fi[won]]
+            self._vals[ws] = values[fi[won]]
+            if won.all() and free.all():
+                return
+            lose = ~free
+            lose[np.flatnonzero(free)[~won]] = True
+            idx, s = idx[lose], (s[lose] + _ONE) & self._mask
+
+    def delete(self, h: U64) -> None:
+        """Remove keys (absent ones are ignored)."""
+        s = self._slots(np.asarray(h, dtype=np.uint64))
+        s = s[s >= 0]
+        self._vals[s] = _DEAD
+        self._dead += s.size
+        self.count -= s.size
+
+    def set_values(self, h: U64, values: I64) -> None:
+        """Change the values of keys that are present (absent keys are ignored)."""
+        s = self._slots(np.asarray(h, dtype=np.uint64))
+        found = s >= 0
+        self._vals[s[found]] = np.asarray(values, dtype=np.int64)[found]
+
+    def items(self) -> tuple[U64, I64]:
+        """``(keys, values)`` of every entry, in no particular order."""
+        live = self._vals >= 0
+        return self._keys[live], self._vals[live]
+
+    def clear(self) -> None:
+        """Remove every entry (keeps the current table size)."""
+        self._vals.fill(_EMPTY)
+        self.count = 0
+        self._dead = 0

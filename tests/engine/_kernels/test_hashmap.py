@@ -1,0 +1,103 @@
+"""engine._kernels.hashmap: U64Map against a plain dict, with and without clustered probes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine._kernels.hashmap import U64Map
+
+
+class _Clustered(U64Map):
+    """Every key's home is one of three slots: long probe chains, tombstones in the way."""
+
+    def _home(self, h):
+        return (h % np.uint64(3)) & self._mask
+
+
+def _u64(xs):
+    return np.array(xs, dtype=np.uint64)
+
+
+def test_insert_lookup_delete_example():
+    m = U64Map()
+    m.insert(_u64([7, 9, 2**64 - 1]), np.array([0, 1, 5]))
+    assert m.lookup(_u64([9, 8, 7, 2**64 - 1])).tolist() == [1, -1, 0, 5]
+    m.delete(_u64([9, 4]))
+    assert len(m) == 2
+    assert m.lookup(_u64([9, 7])).tolist() == [-1, 0]
+    m.set_values(_u64([7, 3]), np.array([11, 12]))
+    assert m.lookup(_u64([7, 3])).tolist() == [11, -1]
+    keys, vals = m.items()
+    assert dict(zip(keys.tolist(), vals.tolist())) == {7: 11, 2**64 - 1: 5}
+
+
+def test_empty_arrays():
+    m = U64Map()
+    m.insert(_u64([]), np.array([], dtype=np.int64))
+    assert m.lookup(_u64([])).size == 0
+    m.delete(_u64([]))
+    assert len(m) == 0
+
+
+@pytest.mark.parametrize("cls", [U64Map, _Clustered])
+def test_grows_and_keeps_entries(cls):
+    m = cls(capacity=4)
+    keys = np.arange(0, 30_000, 3, dtype=np.uint64)
+    for part in np.array_split(keys, 7):
+        m.insert(part, part.astype(np.int64) * 2)
+    assert len(m) == keys.size
+    assert (m.lookup(keys) == keys.astype(np.int64) * 2).all()
+    assert (m.lookup(keys + _u64(1)) == -1).all()
+
+
+def test_deleted_slot_does_not_hide_later_keys():
+    m = _Clustered()
+    m.insert(_u64([0, 3, 6, 9]), np.arange(4))  # one chain: 0, 3, 6, 9 from home 0
+    m.delete(_u64([3]))
+    assert m.lookup(_u64([0, 3, 6, 9])).tolist() == [0, -1, 2, 3]
+    m.insert(_u64([12]), np.array([4]))  # reuses the tombstone
+    assert m.lookup(_u64([0, 6, 9, 12])).tolist() == [0, 2, 3, 4]
+
+
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["insert", "delete", "set"]),
+        st.lists(st.one_of(st.integers(0, 40), st.integers(0, 2**64 - 1)), max_size=30),
+    ),
+    max_size=25,
+)
+
+
+@pytest.mark.parametrize("cls", [U64Map, _Clustered])
+@given(ops=_ops)
+def test_against_dict(cls, ops):
+    m, model = cls(), {}
+    counter = 0
+    for op, ks in ops:
+        ks = list(dict.fromkeys(ks))  # distinct within a batch
+        if op == "insert":
+            new = [k for k in ks if k not in model]
+            vals = list(range(counter, counter + len(new)))
+            counter += len(new)
+            m.insert(_u64(new), np.array(vals, dtype=np.int64))
+            model.update(zip(new, vals))
+        elif op == "delete":
+            m.delete(_u64(ks))
+            for k in ks:
+                model.pop(k, None)
+        else:
+            vals = list(range(counter, counter + len(ks)))
+            counter += len(ks)
+            m.set_values(_u64(ks), np.array(vals, dtype=np.int64))
+            for k, v in zip(ks, vals):
+                if k in model:
+                    model[k] = v
+        assert len(m) == len(model)
+        probe = ks + list(model)
+        got = m.lookup(_u64(probe)).tolist()
+        assert got == [model.get(k, -1) for k in probe]
+    keys, vals = m.items()
+    assert dict(zip(keys.tolist(), vals.tolist())) == model
