@@ -29,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 from pyroaring import BitMap64
 
+from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
 
 __all__ = ["Update"]
@@ -41,7 +42,7 @@ _EMPTY_KEYS: I64 = np.empty(0, dtype=np.int64)
 _RESUMED = {pb.RESUME_NONE: "none", pb.RESUME_DELTAS: "deltas", pb.RESUME_SNAPSHOT: "snapshot"}
 
 
-class _ProtocolViolation(ValueError):
+class _ProtocolViolation(ProtocolError):
     """The stream does not follow the protocol (or the state lost rows): reconnect."""
 
 
@@ -111,8 +112,8 @@ def _check_viewport(ranges: Sequence[tuple[int, int]] | None) -> Ranges | None:
     out = [(int(b), int(e)) for b, e in ranges]
     bad = [r for r in out if not 0 <= r[0] <= r[1]]
     if bad:
-        raise ValueError(f"bad viewport range(s) {bad}: each is (begin, end) with "
-                         f"0 <= begin <= end, end exclusive")
+        raise ProtocolError(f"bad viewport range(s) {bad}: each is (begin, end) with "
+                            f"0 <= begin <= end, end exclusive")
     return out
 
 
@@ -493,7 +494,7 @@ class Update:
 class _State:
     """The subscriber's view, rebuilt from ``UPDATES`` messages (cost per message follows it).
 
-    Invariants (checked while applying; a message breaking them raises ValueError):
+    Invariants (checked while applying; a message breaking them raises ProtocolError):
       S1  ``held`` (None: every key) is the keys at the viewport's positions in ``keys``
       S2  ``index`` maps exactly the held keys to slots of ``store``
       S3  ``len(keys)`` is the table size the server reported
@@ -521,16 +522,17 @@ class _State:
 
         Raises
         ------
-        ValueError
+        ProtocolError
             If the message does not fit the state (the stream is broken). The state may
             then be half-applied: discard it.
         """
         if meta.format != pb.DELTA_FORMAT_UPDATES:
-            raise _ProtocolViolation("LiveTable reads the UPDATES format")
+            raise _ProtocolViolation("UpdateMetadata.format: LiveTable reads DELTA_FORMAT_UPDATES")
         ad_bm, md_bm = _bitmap(meta.added_data_rows), _bitmap(meta.modified_data_rows)
         if len(ad_bm) != added.num_rows or len(md_bm) != modified.num_rows:
-            raise _ProtocolViolation(f"data rows announced {len(ad_bm)} + {len(md_bm)}, sent "
-                                f"{added.num_rows} + {modified.num_rows}")
+            raise _ProtocolViolation(f"data rows announced {len(ad_bm)} + {len(md_bm)} (UpdateMetadata."
+                                     f"added_data_rows/modified_data_rows), sent {added.num_rows} + "
+                                     f"{modified.num_rows}")
         viewport = [(r.begin, r.end) for r in meta.viewport] if meta.has_viewport else None
         update = (self._snapshot(meta, added, ad_bm, md_bm, viewport) if meta.is_snapshot
                   else self._delta(meta, added, modified, ad_bm, md_bm, viewport))
@@ -544,12 +546,15 @@ class _State:
         keys = _bitmap(meta.added_rows)
         held = None if viewport is None else _keys_at(keys, viewport)
         if meta.removed_rows or md_bm or meta.shifts.begins:
-            raise _ProtocolViolation("a snapshot carries added rows only")
+            raise _ProtocolViolation("a snapshot carries UpdateMetadata.added_rows only (no removed "
+                                     "rows, modified data or shifts)")
         if data != (keys if held is None else held) or len(keys) != meta.table_size:
-            raise _ProtocolViolation("snapshot: the data rows are not the held rows")
+            raise _ProtocolViolation("snapshot: UpdateMetadata.added_data_rows are not the held rows "
+                                     "(or table_size is wrong)")
         columns = list(meta.columns)
         if not set(columns) <= set(added.schema.names):
-            raise _ProtocolViolation(f"snapshot: columns {columns} not in the stream schema")
+            raise _ProtocolViolation(f"snapshot: UpdateMetadata.columns {columns} not in the stream "
+                                     f"schema {added.schema.names}")
         old_frozen, old_index = self.store.frozen(), self.index
         self.table_schema = added.schema
         self.schema = pa.schema([added.schema.field(c) for c in columns])
@@ -569,14 +574,14 @@ class _State:
     def _delta(self, meta: pb.UpdateMetadata, added: pa.Table, modified: pa.Table,
                ad_bm: BitMap64, md_bm: BitMap64, viewport: Ranges | None) -> Update:
         if list(meta.columns) != self.columns or not self.messages:
-            raise _ProtocolViolation(f"a delta for columns {list(meta.columns)}, held "
-                                f"{self.columns} (columns change only by a snapshot)")
+            raise _ProtocolViolation(f"a delta for UpdateMetadata.columns {list(meta.columns)}, held "
+                                     f"{self.columns} (columns change only by a snapshot)")
         removed, added_rows = _bitmap(meta.removed_rows), _bitmap(meta.added_rows)
         s = meta.shifts
         shifts = (np.asarray(s.begins, dtype=np.int64), np.asarray(s.ends, dtype=np.int64),
                   np.asarray(s.deltas, dtype=np.int64))
         if not removed.issubset(self.keys):
-            raise _ProtocolViolation("removed rows that are not in the table")
+            raise _ProtocolViolation("UpdateMetadata.removed_rows has rows that are not in the table")
         expected = len(self.keys) - len(removed) + len(added_rows)
         keys = self.keys  # changed in place from here on
         keys.difference_update(removed)
@@ -586,11 +591,11 @@ class _State:
             removed_held, held = removed & self.held, self.held - removed
         k_src, k_dst = _shift_bitmap(keys, shifts)
         if not added_rows.isdisjoint(keys):
-            raise _ProtocolViolation("added rows that already exist")
+            raise _ProtocolViolation("UpdateMetadata.added_rows has rows that already exist")
         keys.update(added_rows)
         if len(keys) != expected or len(keys) != meta.table_size:
-            raise _ProtocolViolation(f"table size {len(keys)} after the update, server says "
-                                f"{meta.table_size} (shifts collided?)")
+            raise _ProtocolViolation(f"table size {len(keys)} after the update, UpdateMetadata."
+                                     f"table_size says {meta.table_size} (shifts collided?)")
         h_src, h_dst = (k_src, k_dst) if held is None else _shift_bitmap(held, shifts)
         held_new = None if viewport is None else _keys_at(keys, viewport)
         # which held rows are new, dropped (viewport) or re-sent (resume with a viewport)
@@ -603,10 +608,11 @@ class _State:
         if not (newly.issubset(ad_bm) and ad_bm.issubset(held_new if held_new is not None
                                                           else keys)
                 and md_bm.issubset(keys) and md_bm.isdisjoint(newly)):
-            raise _ProtocolViolation("data rows do not match the rows held")
+            raise _ProtocolViolation("UpdateMetadata.added_data_rows/modified_data_rows do not match "
+                                     "the rows held")
         resent = ad_bm - newly
         if held_new is not None and not md_bm.issubset(held_new):
-            raise _ProtocolViolation("modified data for rows outside the viewport")
+            raise _ProtocolViolation("UpdateMetadata.modified_data_rows has rows outside the viewport")
         # row key -> slot: remove (previous key space), shift, drop, then write the data
         index = self.index
         rem_k = _keys(removed_held)

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 from google.protobuf.message import Message as _Proto
 
+from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
 
 __all__ = ["Endpoint", "PutSummary", "action", "chunks", "put_batches"]
@@ -54,7 +55,13 @@ class Endpoint:
 
     @property
     def location(self) -> str:
-        """The normalized Flight location, e.g. ``grpc://127.0.0.1:8815``."""
+        """The normalized Flight location, e.g. ``grpc://127.0.0.1:8815``.
+
+        Raises
+        ------
+        ProtocolError
+            If the URI's scheme is not one Ticktable speaks.
+        """
         uri = self.uri.strip()
         if "://" not in uri:
             host, _, port = uri.partition(":")
@@ -62,8 +69,8 @@ class Endpoint:
             return f"{scheme}://{host or '127.0.0.1'}:{port or DEFAULT_PORT}"
         scheme, _, rest = uri.partition("://")
         if scheme not in ("grpc", "grpc+tcp", "grpc+tls"):
-            raise ValueError(f"unsupported scheme {scheme!r} in {self.uri!r}: use grpc:// or "
-                             f"grpc+tls://")
+            raise ProtocolError(f"unsupported scheme {scheme!r} in {self.uri!r}: use grpc:// or "
+                                f"grpc+tls://")
         if self.tls and scheme != "grpc+tls":
             scheme = "grpc+tls"
         host, _, port = rest.rstrip("/").partition(":")
@@ -159,6 +166,8 @@ def put_batches(client: fl.FlightClient, options: fl.FlightCallOptions, table: s
         No such table (``NOT_FOUND``).
     pyarrow.ArrowInvalid
         The server refused the data (schema, mode, keys); it names the column.
+    ProtocolError
+        The server acknowledged other batches or rows than were sent.
     """
     writer, reader = client.do_put(fl.FlightDescriptor.for_path(table), schema, options)
     meta = pa.py_buffer(request.SerializeToString())
@@ -196,8 +205,8 @@ def put_batches(client: fl.FlightClient, options: fl.FlightCallOptions, table: s
             if ok:
                 raise  # else the error that stopped the stream is the one to see
     if acked != count or (count and last.total_rows != sent):
-        raise RuntimeError(f"DoPut into {table!r}: sent {count} batches ({sent} rows), the server "
-                           f"acknowledged {acked} ({last.total_rows} rows)")
+        raise ProtocolError(f"DoPut into {table!r}: sent {count} batches ({sent} rows), the server "
+                            f"acknowledged {acked} (PutAck.total_rows {last.total_rows})")
     return PutSummary(rows=sent, batches=count, staged=bool(staged))
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from clients.client import Client, connect
+from engine.errors import TicktableError
 
 __all__ = ["add_commands", "read_file_batches"]
 
@@ -51,7 +52,7 @@ def _errors(fn: Any) -> Any:
                          f"start one with 'ticktable serve' or pass --uri")
         except fl.FlightUnauthenticatedError:
             return _fail("the server wants a token: pass --token or set TICKTABLE_TOKEN")
-        except (pa.ArrowException, fl.FlightError, OSError, ValueError) as exc:
+        except (pa.ArrowException, fl.FlightError, OSError, ValueError, TicktableError) as exc:
             return _fail(str(exc).splitlines()[0])
 
     return run

@@ -2,8 +2,10 @@
 
 This module is the protocol's executable definition, written for obviousness over speed
 (a client applying an update costs work proportional to what it holds here). It imports
-no engine code: only pyarrow, numpy, pyroaring and the generated protobuf, so clients
-and tests in any process can use it.
+no engine code but the dependency-free :mod:`engine.errors`: otherwise only pyarrow, numpy,
+pyroaring and the generated protobuf, so clients and tests in any process can use it.
+A stream that breaks the protocol raises :class:`~engine.errors.ProtocolError` naming the
+message field it broke.
 
 A subscription stream (``DoExchange``) is a sequence of messages. Each message is one
 metadata-only Flight message whose ``app_metadata`` is an :class:`UpdateMetadata`,
@@ -31,8 +33,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+from google.protobuf.message import DecodeError
 from pyroaring import BitMap64
 
+from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
 
 __all__ = ["Message", "ReferenceView", "StreamEnded", "TriplesView", "apply_shifts", "decode_rows", "iter_messages",
@@ -92,14 +96,18 @@ def read_message(reader: Any, schema: pa.Schema | None = None) -> Message:
         At the end of the stream.
     StreamEnded
         When the server ends the subscription.
-    ValueError
+    ProtocolError
         If the stream does not follow the protocol.
     """
     chunk = reader.read_chunk()
     if chunk.app_metadata is None:
-        raise ValueError("protocol: expected a metadata message, got a bare record batch")
+        raise ProtocolError("protocol: expected a message with an UpdateMetadata in app_metadata, "
+                            "got a bare record batch")
     meta = pb.UpdateMetadata()
-    meta.ParseFromString(chunk.app_metadata.to_pybytes())
+    try:
+        meta.ParseFromString(chunk.app_metadata.to_pybytes())
+    except DecodeError as exc:
+        raise ProtocolError(f"protocol: app_metadata is not an UpdateMetadata ({exc})") from exc
     if meta.end_of_stream:
         raise StreamEnded(meta.error)
     sch = schema if schema is not None else reader.schema
@@ -111,11 +119,13 @@ def read_message(reader: Any, schema: pa.Schema | None = None) -> Message:
 def _read_batches(reader: Any, n: int, schema: pa.Schema, first: Any) -> pa.Table:
     batches = []
     if first is not None and first.data is not None and first.data.num_rows:
-        raise ValueError("protocol: a metadata message carries no rows")
+        raise ProtocolError("protocol: the UpdateMetadata message carries no rows; they follow it "
+                            "in num_added_batches + num_modified_batches record batches")
     for _ in range(n):
         chunk = reader.read_chunk()
         if chunk.data is None:
-            raise ValueError("protocol: expected a record batch")
+            raise ProtocolError(f"protocol: expected {n} record batch(es) after the UpdateMetadata "
+                                f"(num_added_batches/num_modified_batches), got a metadata message")
         batches.append(chunk.data)
     return pa.Table.from_batches(batches, schema=schema)
 
@@ -144,10 +154,11 @@ class ReferenceView:
         self.messages = 0
 
     def apply(self, msg: Message) -> None:
-        """Apply one message (raises ``ValueError`` where the stream breaks the protocol)."""
+        """Apply one message (raises ``ProtocolError`` where the stream breaks the protocol)."""
         m = msg.meta
         if m.format != pb.DELTA_FORMAT_UPDATES:
-            raise ValueError("ReferenceView decodes the UPDATES format; use TriplesView")
+            raise ProtocolError("UpdateMetadata.format: ReferenceView decodes DELTA_FORMAT_UPDATES; "
+                                "use TriplesView")
         if m.is_snapshot:
             self.keys = np.empty(0, dtype=np.int64)
             self.data_keys = np.empty(0, dtype=np.int64)
@@ -155,7 +166,7 @@ class ReferenceView:
         removed = decode_rows(m.removed_rows)
         if removed.size:
             if not np.all(np.isin(removed, self.keys)):
-                raise ValueError("protocol: removed rows that are not held")
+                raise ProtocolError("protocol: UpdateMetadata.removed_rows has rows that are not held")
             self.keys = np.setdiff1d(self.keys, removed, assume_unique=True)
             self._drop_data(np.isin(self.data_keys, removed))
         self.keys = apply_shifts(self.keys, m.shifts)
@@ -163,15 +174,16 @@ class ReferenceView:
         added = decode_rows(m.added_rows)
         if added.size:
             if np.any(np.isin(added, self.keys)):
-                raise ValueError("protocol: added rows that already exist")
+                raise ProtocolError("protocol: UpdateMetadata.added_rows has rows that already exist")
             self.keys = np.union1d(self.keys, added)
         if np.any(np.diff(self.keys) <= 0) or np.any(np.diff(self.data_keys) <= 0):
-            raise ValueError("protocol: shifts reordered rows")
+            raise ProtocolError("protocol: UpdateMetadata.shifts reordered rows")
         self.columns = list(m.columns)
         for rows, table in ((m.added_data_rows, msg.added), (m.modified_data_rows, msg.modified)):
             keys = decode_rows(rows)
             if keys.size != table.num_rows:
-                raise ValueError(f"protocol: {keys.size} data rows announced, {table.num_rows} sent")
+                raise ProtocolError(f"protocol: {keys.size} data rows announced (UpdateMetadata."
+                                    f"added_data_rows/modified_data_rows), {table.num_rows} sent")
             if keys.size:
                 self._write(keys, table)
         self.viewport = [(r.begin, r.end) for r in m.viewport] if m.has_viewport else None
@@ -179,7 +191,9 @@ class ReferenceView:
         self._drop_data(~np.isin(self.data_keys, held))
         missing = np.setdiff1d(held, self.data_keys)
         if missing.size:
-            raise ValueError(f"protocol: no values for {missing.size} held rows, e.g. {missing[:5]}")
+            raise ProtocolError(f"protocol: no values for {missing.size} held rows, e.g. "
+                                f"{missing[:5].tolist()} (UpdateMetadata.added_data_rows/"
+                                f"modified_data_rows)")
         self.sequence, self.step, self.epoch = m.sequence, m.step, m.epoch
         self.messages += 1
 
@@ -223,7 +237,8 @@ class TriplesView:
     def apply(self, msg: Message) -> None:
         m = msg.meta
         if m.format != pb.DELTA_FORMAT_TRIPLES:
-            raise ValueError("TriplesView decodes the TRIPLES format")
+            raise ProtocolError("UpdateMetadata.format: TriplesView decodes DELTA_FORMAT_TRIPLES; "
+                                "use ReferenceView")
         if m.is_snapshot:
             self.parts = []
         self.columns = list(m.columns)
@@ -239,7 +254,8 @@ class TriplesView:
         g = t.group_by(self.columns, use_threads=False).aggregate([(DIFF, "sum")])
         w = g.column(f"{DIFF}_sum").to_numpy()
         if np.any(w < 0):
-            raise ValueError("triples left a negative multiplicity")
+            raise ProtocolError(f"protocol: the {DIFF} weights of the triples left a negative "
+                                f"multiplicity")
         rows = g.select(self.columns).take(pa.array(np.repeat(np.arange(len(w)), w)))
         return rows.sort_by([(c, "ascending") for c in self.columns]) if rows.num_rows else rows
 

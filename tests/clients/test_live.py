@@ -24,6 +24,7 @@ from pyroaring import BitMap64
 from clients._livestate import Update, _HashMap, _SlotIndex, _State, _Store
 from clients._wire import Endpoint
 from clients.live import LiveTable
+from engine.errors import ProtocolError
 from engine.graph import UpdateGraph
 from engine.sources import KeyedTable
 from flight.pb import flight_pb2 as pb
@@ -147,7 +148,7 @@ def test_viewport_updates_cover_held_rows_only(server, graph, subscribe):
     same(got[-1].removed, frame([(1, "s1", 1.0)]))
     assert live.df.k.tolist() == [3, 0, 9]
     assert live.set_viewport(None) and live.df.shape == (10, 3)
-    with pytest.raises(ValueError, match="bad viewport"):
+    with pytest.raises(ProtocolError, match="bad viewport"):
         live.set_viewport([(5, 2)])
 
 
@@ -325,7 +326,7 @@ def test_a_failed_apply_starts_over_from_a_snapshot(server, graph, subscribe, mo
         if meta.sequence == 2 and not failures:
             failures.append(meta.sequence)
             self.keys.clear()  # half-applied, then the failure
-            raise ValueError("protocol: injected")
+            raise ProtocolError("protocol: injected")
         return real(self, meta, added, modified)
 
     monkeypatch.setattr(_State, "apply", once)
@@ -335,7 +336,7 @@ def test_a_failed_apply_starts_over_from_a_snapshot(server, graph, subscribe, mo
     assert failures == [2] and live.reconnects == 1
     assert got[-1].is_snapshot and got[-1].resumed == "none"
     assert live.to_arrow().equals(t.to_arrow())
-    with pytest.raises(ValueError, match="announced"):  # the state checks what it is sent
+    with pytest.raises(ProtocolError, match="announced"):  # the state checks what it is sent
         st = _State(KV)
         meta = pb.UpdateMetadata(is_snapshot=True, added_data_rows=BitMap64([1]).serialize())
         st.apply(meta, KV.empty_table(), KV.empty_table())
