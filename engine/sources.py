@@ -10,7 +10,15 @@ next cycle, as one update.
   key order, not arrival order). Within one cycle the last write to a key wins, in the
   order the batches were staged and, inside a batch, the order of its rows. A modify is
   reported only for rows whose values really changed, and ``modified_columns`` names
-  exactly the columns that changed.
+  exactly the columns that changed. :meth:`KeyedTable.lookup` reads the rows of given
+  keys, as the last cycle left them or with the staged writes folded in (the same last
+  write wins); a lookup and the writes staged after it under
+  :meth:`KeyedTable.write_lock` are atomic, which is how a write checked against the
+  key's current row (differential triples) is staged without running a cycle.
+
+Locks: the graph's shared lock, then a table's staging lock (a cycle holds the graph's
+exclusive lock when it takes the staged writes); a writer that only stages takes the
+staging lock alone.
 * :class:`RingTable` — append-only with a bound: the oldest rows are removed.
 * :class:`TimerTable` — one row per tick, for demos.
 """
@@ -19,6 +27,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
@@ -27,7 +38,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine._hashing import hash_rows
+from engine._hashing import group_equal, hash_rows, rows_equal, same_rows
 from engine._keyindex import KeyIndex
 from engine.columns import (
     AppendColumnSource,
@@ -47,7 +58,8 @@ from engine.update import TableUpdate
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
 
-__all__ = ["AppendOnlyTable", "KeyedTable", "RingTable", "TimerTable", "as_schema", "conform"]
+__all__ = ["AppendOnlyTable", "KeyLookup", "KeyedTable", "RingTable", "TimerTable", "as_schema",
+           "conform"]
 
 TableLike: TypeAlias = "pa.Table | pa.RecordBatch | pd.DataFrame | dict[str, Any]"
 
@@ -122,7 +134,9 @@ class _SourceTable(Table):
         self._storage: dict[str, WritableColumnSource] = {f.name: self._new_column(f.type) for f in sch}
         super().__init__(graph, sch, columns if columns is not None else dict(self._storage), name=name)
         self._pending: list[tuple[str, pa.Table]] = []
-        self._pending_lock = threading.Lock()
+        # re-entrant: a thread holding it for a check-then-stage stages through _stage
+        self._pending_lock = threading.RLock()
+        self._writer: int | None = None  # thread holding write_lock()
 
     @staticmethod
     def _new_column(type: pa.DataType) -> WritableColumnSource:
@@ -244,6 +258,32 @@ def _key_hashes(t: pa.Table, keys: list[str]) -> npt.NDArray[np.uint64]:
     return hash_rows(t, keys)
 
 
+@dataclass(frozen=True, slots=True)
+class KeyLookup:
+    """What a keyed table holds for some keys (:meth:`KeyedTable.lookup`).
+
+    Attributes
+    ----------
+    rows
+        The rows held for the keys that were found, every column, in the order the keys
+        were asked (a key asked twice appears twice).
+    position
+        Per key asked: its row in ``rows``, or ``-1`` where the table holds no row for it.
+    row_keys
+        Per row of ``rows``: its row key, or ``-1`` for a row staged for a key the table
+        does not hold yet (a new key gets its row key when a cycle applies it).
+    """
+
+    rows: pa.Table
+    position: KeyArray
+    row_keys: KeyArray
+
+    @property
+    def found(self) -> npt.NDArray[np.bool_]:
+        """Per key asked: whether the table holds a row for it."""
+        return self.position >= 0
+
+
 class KeyedTable(_SourceTable):
     """Upsert and delete rows by key columns (DESIGN.md §2 keyed source).
 
@@ -297,6 +337,153 @@ class KeyedTable(_SourceTable):
         t = conform(self.name, self.schema, keys, columns=self.keys)
         self._check_keys(t)
         self._stage("delete", t)
+
+    @contextmanager
+    def write_lock(self) -> Iterator[None]:
+        """Hold off cycles and every other writer of this table, to check and then stage.
+
+        Inside the block nothing changes what :meth:`lookup` answers (``staged=True``
+        included) but this thread's own :meth:`upsert` and :meth:`delete`, which therefore
+        land right after the writes a lookup saw. Takes the graph's shared lock (re-entrant
+        inside a cycle), then the table's staging lock; re-entrant. Other writers of the
+        table and the next cycle wait: hold it briefly.
+
+        Examples
+        --------
+        >>> with t.write_lock():
+        ...     if not t.lookup({"k": [1]}, staged=True).found[0]:
+        ...         t.upsert({"k": [1], "v": [0.0]})  # insert only if absent
+        """
+        if self._writer == threading.get_ident():
+            yield
+            return
+        with self.graph.shared_lock(), self._pending_lock:
+            self._writer = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._writer = None
+
+    def lookup(self, keys: TableLike, *, staged: bool = False) -> KeyLookup:
+        """The rows this table holds for ``keys``, which are present, and their row keys.
+
+        Keys are compared exactly: a hash finds the candidate row, equality of the key
+        values decides. Reads under the graph's shared lock, so a lookup never sees a cycle
+        half-applied (call it from a listener during a cycle to see that cycle's rows).
+
+        With ``staged=False`` (the default) the answer is the table as the last cycle left
+        it, what :meth:`to_arrow` shows. With ``staged=True`` the writes staged for the next
+        cycle are folded in, in staging order, the last write to a key winning: the rows
+        the table will hold once the next cycle applies what is staged now. That answer
+        stays true only while no one else stages: hold :meth:`write_lock` to check a write
+        against it and stage the write atomically.
+
+        Parameters
+        ----------
+        keys
+            Exactly the key columns (a pyarrow Table or RecordBatch, a pandas DataFrame or a
+            dict of columns); types are cast when the cast is safe. A key may be repeated.
+        staged
+            Fold in the writes staged for the next cycle.
+
+        Returns
+        -------
+        KeyLookup
+            ``rows`` of the keys found (all columns, in the order asked), ``position`` per
+            key (``-1``: absent) and ``row_keys`` per row (``-1``: a staged new key).
+
+        Raises
+        ------
+        SchemaError
+            If ``keys`` has other columns than the key columns, or one cannot be cast.
+        InvalidKeyError
+            If a key column holds nulls.
+        TableFailed
+            If the table failed in an earlier cycle.
+
+        Examples
+        --------
+        >>> t = graph.keyed_table(pa.schema([("k", pa.int64()), ("v", pa.float64())]), "k")
+        >>> t.upsert({"k": [1, 2], "v": [1.0, 2.0]}); graph.run_cycle()
+        >>> t.delete({"k": [1]}); t.upsert({"k": [3], "v": [3.0]})
+        >>> t.lookup({"k": [1, 3, 2]}).position.tolist()
+        [0, -1, 1]
+        >>> got = t.lookup({"k": [1, 3, 2]}, staged=True)
+        >>> got.position.tolist(), got.rows.column("v").to_pylist(), got.row_keys.tolist()
+        ([-1, 0, 1], [3.0, 2.0], [-1, 1])
+        """
+        t = conform(self.name, self.schema, keys, columns=self.keys)
+        self._check_keys(t)
+        lock: AbstractContextManager[None] = (
+            self.write_lock() if staged or self._writer == threading.get_ident()
+            else self.graph.shared_lock())
+        with lock:
+            self._check_alive()
+            return self._lookup(t, staged)
+
+    def _lookup(self, t: pa.Table, staged: bool) -> KeyLookup:
+        n = t.num_rows
+        h = _key_hashes(t, self.keys)
+        held = self._index.lookup(h)  # row key per key as the last cycle left it, -1 absent
+        if not self._exact_keys() and (held >= 0).any():
+            held = held.copy()
+            at = np.flatnonzero(held >= 0)
+            stored = pa.Table.from_arrays([self._storage[k].get(held[at]) for k in self.keys],
+                                          names=self.keys)
+            held[at[~rows_equal(stored, t.take(pa.array(at)))]] = -1  # another key, same hash
+        present = held >= 0
+        decided = np.zeros(n, dtype=bool)
+        staged_row = np.full(n, -1, np.int64)
+        upserts: pa.Table | None = None
+        if staged and self._pending:
+            decided, staged_row, upserts = self._staged_writes(t, h)
+            present = np.where(decided, staged_row >= 0, present)
+        at = np.flatnonzero(present)
+        from_table, from_staged = at[~decided[at]], at[decided[at]]
+        rows = self.rows(held[from_table])
+        if from_staged.size:
+            assert upserts is not None
+            rows = pa.concat_tables([rows, upserts.take(pa.array(staged_row[from_staged]))])
+            rows = rows.take(pa.array(np.argsort(np.concatenate([from_table, from_staged]),
+                                                 kind="stable")))
+        position = np.full(n, -1, np.int64)
+        position[at] = np.arange(at.size)
+        return KeyLookup(rows, position, held[at])
+
+    def _staged_writes(self, t: pa.Table, h: npt.NDArray[np.uint64]
+                       ) -> tuple[npt.NDArray[np.bool_], KeyArray, pa.Table | None]:
+        """Per key of ``t``: does a staged write decide it, and its row in the staged upserts
+        (``-1``: deleted); the last write in staging order wins. Hold the staging lock."""
+        ups = [b for kind, b in self._pending if kind == "upsert"]
+        upserts = pa.concat_tables(ups) if ups else None
+        key_parts, row_of = [], []
+        offset = 0
+        for kind, b in self._pending:  # one step per staged batch
+            key_parts.append(b.select(self.keys))
+            if kind == "upsert":
+                row_of.append(np.arange(offset, offset + b.num_rows, dtype=np.int64))
+                offset += b.num_rows
+            else:
+                row_of.append(np.full(b.num_rows, -1, np.int64))
+        staged_keys = pa.concat_tables(key_parts)
+        n_staged = staged_keys.num_rows
+        if n_staged == 0:  # only empty batches are staged
+            return np.zeros(t.num_rows, dtype=bool), np.full(t.num_rows, -1, np.int64), upserts
+        both = pa.concat_tables([staged_keys, t]).combine_chunks()
+        hashes = np.concatenate([_key_hashes(staged_keys, self.keys), h])
+        order, starts = group_equal(
+            hashes, None if self._exact_keys() else (lambda i, j: same_rows(both, i, j)))
+        last = np.maximum.reduceat(np.where(order < n_staged, order, -1), starts)  # per group
+        group = np.empty(hashes.size, np.int64)
+        group[order] = np.repeat(np.arange(starts.size), np.diff(np.append(starts, hashes.size)))
+        write = last[group[n_staged:]]  # per key of t: its last staged write, -1 none
+        decided = write >= 0
+        row = np.where(decided, np.concatenate(row_of)[np.maximum(write, 0)], -1)
+        return decided, row, upserts
+
+    def _exact_keys(self) -> bool:
+        """Whether :func:`_key_hashes` is the key itself (one integer key column)."""
+        return len(self.keys) == 1 and pa.types.is_integer(self.schema.field(self.keys[0]).type)
 
     def _compute_update(self) -> TableUpdate | None:
         if self._freed_now.size:

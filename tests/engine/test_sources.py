@@ -1,11 +1,15 @@
 """Source tables: exact updates per cycle, bad input refused with the table unchanged."""
 
+import random
+import threading
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
 
-from engine.errors import InvalidKeyError, SchemaError
+from engine import sources
+from engine.errors import InvalidKeyError, SchemaError, TableFailed
 from engine.graph import UpdateGraph
 from engine.rowset import RowSet
 from engine.sources import KeyedTable, TimerTable
@@ -182,3 +186,154 @@ def test_keyed_large_batch_vectorized_equivalence():
         g.run_cycle()
         got = dict(zip(*[c.to_pylist() for c in t.to_arrow().columns], strict=False))
         assert got == model
+
+
+# --- KeyedTable.lookup -------------------------------------------------------------------
+def looked_up(t, keys, **kw):
+    """``{key: row or None}`` and row keys, from one lookup."""
+    got = t.lookup({"k": keys}, **kw)
+    rows = got.rows.to_pylist()
+    return ([rows[p] if p >= 0 else None for p in got.position.tolist()], got.row_keys.tolist())
+
+
+def test_lookup_reads_the_rows_of_keys_in_the_order_asked():
+    g = UpdateGraph(validate=True)
+    t = g.keyed_table(KV, "k")
+    t.upsert({"k": [1, 2, 3], "s": ["a", "b", "c"], "v": [1.0, 2.0, 3.0]})
+    g.run_cycle()
+    got = t.lookup(pa.table({"k": pa.array([3, 9, 1, 3], pa.int32())}))  # cast, absent, repeated
+    assert got.position.tolist() == [0, -1, 1, 2] and got.found.tolist() == [True, False, True, True]
+    assert got.rows.to_pylist() == [{"k": 3, "s": "c", "v": 3.0}, {"k": 1, "s": "a", "v": 1.0},
+                                    {"k": 3, "s": "c", "v": 3.0}]
+    assert got.row_keys.tolist() == [2, 0, 2]
+    assert got.rows.schema.equals(KV)
+    empty = t.lookup({"k": pa.array([], pa.int64())})
+    assert empty.rows.num_rows == 0 and empty.position.size == 0
+
+
+def test_lookup_without_staged_ignores_writes_staged_for_the_next_cycle():
+    g = UpdateGraph(validate=True)
+    t = g.keyed_table(KV, "k")
+    t.upsert({"k": [1, 2], "s": ["a", "b"], "v": [1.0, 2.0]})
+    g.run_cycle()
+    t.upsert({"k": [1, 3], "s": ["A", "c"], "v": [10.0, 3.0]})
+    t.delete({"k": [2]})
+    assert looked_up(t, [1, 2, 3]) == ([{"k": 1, "s": "a", "v": 1.0}, {"k": 2, "s": "b", "v": 2.0},
+                                        None], [0, 1])
+
+
+def test_lookup_with_staged_folds_in_staged_writes_last_write_wins():
+    g = UpdateGraph(validate=True)
+    t = g.keyed_table(KV, "k")
+    t.upsert({"k": [1, 2, 4], "s": ["a", "b", "d"], "v": [1.0, 2.0, 4.0]})
+    g.run_cycle()
+    t.upsert({"k": [1, 3, 3], "s": ["A", "c", "C"], "v": [10.0, 3.0, 30.0]})  # 3: last row wins
+    t.delete({"k": [2, 3, 9]})
+    t.upsert({"k": [3], "s": ["CC"], "v": [33.0]})  # deleted, then back
+    rows, row_keys = looked_up(t, [1, 2, 3, 4, 5], staged=True)
+    assert rows == [{"k": 1, "s": "A", "v": 10.0}, None, {"k": 3, "s": "CC", "v": 33.0},
+                    {"k": 4, "s": "d", "v": 4.0}, None]
+    assert row_keys == [0, -1, 2]  # 1 keeps its row key; 3 gets one when a cycle applies it
+    assert t.pending_rows == 7  # a lookup stages and takes nothing
+    g.run_cycle()
+    assert looked_up(t, [1, 2, 3, 4, 5])[0] == rows
+
+
+def test_lookup_compares_keys_exactly_when_hashes_collide(monkeypatch):
+    g = UpdateGraph(validate=True)
+    schema = pa.schema([("a", pa.string()), ("b", pa.int32()), ("v", pa.int64())])
+    t = KeyedTable(g, schema, ["a", "b"])
+    t.upsert({"a": ["x", "y"], "b": [1, 1], "v": [1, 2]})
+    g.run_cycle()
+    t.upsert({"a": ["z"], "b": [7], "v": [3]})
+    t.delete({"a": ["y"], "b": [1]})
+    real = sources._key_hashes
+    x_hash = real(pa.table({"a": ["x"], "b": pa.array([1], pa.int32())}), ["a", "b"])[0]
+    monkeypatch.setattr(sources, "_key_hashes",
+                        lambda tbl, keys: np.full(tbl.num_rows, x_hash, np.uint64))
+    keys = {"a": ["x", "q", "z", "y", "x"], "b": [1, 1, 7, 1, 2]}
+    got = t.lookup(keys)
+    assert got.position.tolist() == [0, -1, -1, -1, -1]  # every key has x's hash; only x is x
+    got = t.lookup(keys, staged=True)
+    assert got.position.tolist() == [0, -1, 1, -1, -1]
+    assert got.rows.to_pylist() == [{"a": "x", "b": 1, "v": 1}, {"a": "z", "b": 7, "v": 3}]
+
+
+def test_lookup_refuses_bad_keys_and_failed_tables():
+    g = UpdateGraph()
+    t = g.keyed_table(KV, "k")
+    with pytest.raises(SchemaError, match=r"table '.*': unknown column\(s\) \['s'\]"):
+        t.lookup({"k": [1], "s": ["a"]})
+    with pytest.raises(InvalidKeyError, match="key column 'k' has 1 null"):
+        t.lookup({"k": pa.array([None], pa.int64())})
+    t.failure = RuntimeError("boom")
+    with pytest.raises(TableFailed, match="failed: boom"):
+        t.lookup({"k": [1]})
+
+
+def test_lookup_inside_a_cycle_sees_that_cycle():
+    g = UpdateGraph(validate=True)
+    t = g.keyed_table(KV, "k")
+    seen = []
+    t.listen(lambda u, tb: seen.append((looked_up(tb, [1])[0], looked_up(tb, [1], staged=True)[0])))
+    t.upsert({"k": [1], "s": ["a"], "v": [1.0]})
+    g.run_cycle()
+    assert seen == [([{"k": 1, "s": "a", "v": 1.0}], [{"k": 1, "s": "a", "v": 1.0}])]
+
+
+def test_write_lock_makes_check_then_stage_atomic():
+    g = UpdateGraph(validate=True)
+    t = g.keyed_table(KV, "k")
+    staged, done = threading.Event(), threading.Event()
+
+    def other_writer():
+        staged.set()
+        t.upsert({"k": [1], "s": ["other"], "v": [0.0]})
+        done.set()
+
+    with t.write_lock():
+        assert not t.lookup({"k": [1]}, staged=True).found[0]
+        thread = threading.Thread(target=other_writer)
+        thread.start()
+        assert staged.wait(5)
+        assert not done.wait(0.2)  # the other writer waits for the lock
+        with t.write_lock():  # re-entrant
+            t.upsert({"k": [1], "s": ["mine"], "v": [1.0]})
+    assert done.wait(5)
+    thread.join()
+    g.run_cycle()
+    assert t.to_pandas()["s"].tolist() == ["other"]  # staged after mine: the last write wins
+
+
+@pytest.mark.parametrize("ktype", [pa.int64(), pa.string()])
+def test_lookup_matches_a_dict_model_over_random_writes(ktype):
+    rng = random.Random(41)
+    g = UpdateGraph(validate=True)
+    t = g.keyed_table(pa.schema([("k", ktype), ("v", pa.int64())]), "k")
+    keys = list(range(30)) if ktype == pa.int64() else [f"key{i}" for i in range(30)]
+    applied: dict[object, int] = {}  # as the last cycle left the table
+    pending: dict[object, int] = {}  # with the staged writes
+    for rnd in range(300):
+        for _ in range(rng.randint(0, 3)):
+            ks = [rng.choice(keys) for _ in range(rng.randint(0, 6))]
+            if rng.random() < 0.3:
+                t.delete({"k": pa.array(ks, ktype)})
+                for k in ks:
+                    pending.pop(k, None)
+            else:
+                vs = [rng.randint(0, 9) for _ in ks]
+                t.upsert({"k": pa.array(ks, ktype), "v": pa.array(vs, pa.int64())})
+                pending.update(zip(ks, vs, strict=True))
+        ask = [rng.choice(keys) for _ in range(10)]
+        for staged, model in ((False, applied), (True, pending)):
+            got = t.lookup({"k": pa.array(ask, ktype)}, staged=staged)
+            rows = got.rows.to_pylist()
+            have = [rows[p]["v"] if p >= 0 else None for p in got.position.tolist()]
+            assert have == [model.get(k) for k in ask], f"round {rnd}, staged={staged}"
+        if rng.random() < 0.7:
+            g.run_cycle()
+            applied = dict(pending)
+            keys_now = t.to_arrow()
+            got = t.lookup(keys_now.select(["k"]))
+            assert got.rows.equals(keys_now) and got.found.all()
+            assert sorted(got.row_keys.tolist()) == t.rowset.keys().tolist()
