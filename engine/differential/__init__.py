@@ -25,6 +25,8 @@ from engine.differential.join import join_trace as join_trace
 from engine.differential.linear import Expansion as Expansion
 from engine.differential.linear import LinearOperator as LinearOperator
 from engine.differential.reduce import distinct_trace as distinct_trace
+from engine.differential.resolve import KeyedWrites as KeyedWrites
+from engine.differential.resolve import resolve_triples as resolve_triples
 from engine.differential.trace import IndexedZSet as IndexedZSet
 from engine.differential.trace import Trace as Trace
 from engine.differential.trace import TraceReader as TraceReader
@@ -53,6 +55,7 @@ __all__ = [
     "Frontier",
     "IndexedZSet",
     "InputHandle",
+    "KeyedWrites",
     "LinearOperator",
     "Probe",
     "Trace",
@@ -71,6 +74,7 @@ __all__ = [
     "minus",
     "negate",
     "plus",
+    "resolve_triples",
     "snapshot_to_triples",
     "to_collection",
     "update_to_triples",

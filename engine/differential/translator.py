@@ -9,10 +9,9 @@ rows). Row keys and positions do not travel: a table is a multiset of rows here.
 Triples to tables: a batch is applied to a :class:`~engine.sources.KeyedTable` as deletes
 and upserts (:func:`apply_triples`), which the table reports in its next cycle as one
 update: a ``-1``/``+1`` pair for one key at one time is a modify. A keyed table holds each
-key at most once, so the batch must be consistent with it: weights ``+1``/``-1`` after
-consolidation, at most one of each per key and time, and every ``-1`` retracting the
-row the key holds at that point (the table's current row, or the key's ``+1`` at its
-previous time in the batch).
+key at most once, so the batch must be consistent with it; the rules and the resolution
+into upserts and deletes live in :mod:`engine.differential.resolve`, shared with DoPut's
+DIFF mode.
 
 The bridges (:mod:`engine.differential.bridge`) are a listener calling
 :func:`update_to_triples` each cycle (after one :func:`snapshot_to_triples`) and a keyed
@@ -25,22 +24,20 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 
-from engine._hashing import exact_hash, group_equal, hash_rows, rows_equal, same_rows
+from engine._hashing import rows_equal
+from engine.differential.resolve import resolve_triples
 from engine.differential.version import VersionLike
 from engine.differential.zset import ZSet, concat
 from engine.errors import InputError
-from engine.sources import KeyedTable, _key_hashes, conform
+from engine.sources import KeyedTable
 
 if TYPE_CHECKING:
     from engine.table import Table
     from engine.update import TableUpdate
 
 __all__ = ["apply_triples", "snapshot_to_triples", "update_to_triples"]
-
-I64 = npt.NDArray[np.int64]
 
 
 def _names(table: Table, columns: Sequence[str] | None) -> list[str]:
@@ -115,10 +112,12 @@ def snapshot_to_triples(
 def apply_triples(table: KeyedTable, batch: ZSet) -> None:
     """Stage ``batch`` on a keyed table as deletes and upserts, for its next cycle.
 
-    The batch is consolidated per (record, time); times (one coordinate, or none) are
-    walked in order, so a key's state after its last time is what the table will hold.
-    Consistency is checked against the table's rows when staging (the table should have
-    no other writer in the meantime).
+    The batch is resolved by :func:`~engine.differential.resolve.resolve_triples` against
+    the rows the table will hold once its staged writes are applied, and staged under the
+    table's :meth:`~engine.sources.KeyedTable.write_lock`: no other write comes between the
+    check and the staging, and consecutive batches compose exactly without a cycle between
+    them. Times (one coordinate, or none) are walked in order, so a key's state after its
+    last time is what the table will hold. A refused batch stages nothing.
 
     Raises
     ------
@@ -130,112 +129,5 @@ def apply_triples(table: KeyedTable, batch: ZSet) -> None:
     """
     if not isinstance(table, KeyedTable):
         raise InputError(f"apply_triples needs a KeyedTable, got {type(table).__name__}")
-    if batch.dims is not None and batch.dims != 1:
-        raise InputError(
-            f"table {table.name!r}: keyed tables take one-coordinate times (or none), got {batch.dims}"
-        )
-    data = conform(table.name, table.schema, batch.data)
-    z = ZSet(data, batch.diffs, batch.times).consolidate()
-    n = z.num_rows
-    if n == 0:
-        return
-    bad = np.flatnonzero(np.abs(z.diffs) != 1)
-    if bad.size:
-        i = int(bad[0])
-        raise InputError(
-            f"table {table.name!r} is keyed by {table.keys}: it holds each row at most once, so "
-            f"triples need weights +1 or -1, got {int(z.diffs[i])} for "
-            f"{z.data.slice(i, 1).to_pylist()[0]} ({bad.size} such row(s)); consolidate the "
-            f"collection to distinct rows first"
-        )
-    keys = list(table.keys)
-    t = np.zeros(n, np.int64) if z.times is None else z.times[:, 0]
-    key_cols = z.data.select(keys)
-    order, starts = group_equal(
-        hash_rows(z.data, keys),
-        None if exact_hash(z.schema, keys) else (lambda i, j: same_rows(key_cols, i, j)),
-    )
-    gid = np.empty(n, np.int64)
-    gid[order] = np.repeat(np.arange(starts.size), np.diff(np.append(starts, n)))
-
-    # one step per (key, time), in time order; inside a step -1 sorts before +1
-    o = np.lexsort((z.diffs, t, gid))
-    g, tt, d = gid[o], t[o], z.diffs[o]
-    new_step = np.ones(n, dtype=bool)
-    new_step[1:] = (g[1:] != g[:-1]) | (tt[1:] != tt[:-1])
-    step = np.cumsum(new_step) - 1
-    n_steps = int(step[-1]) + 1
-    minus = np.full(n_steps, -1, np.int64)
-    plus = np.full(n_steps, -1, np.int64)
-    for sign, slot in ((-1, minus), (1, plus)):  # one pass per sign
-        sel = d == sign
-        if np.bincount(step[sel], minlength=n_steps).max(initial=0) > 1:
-            s = int(np.flatnonzero(np.bincount(step[sel], minlength=n_steps) > 1)[0])
-            row = int(o[np.flatnonzero(step == s)[0]])
-            raise InputError(
-                f"table {table.name!r}: key {key_cols.slice(row, 1).to_pylist()[0]} gets two "
-                f"{'+1' if sign > 0 else '-1'} rows at time {int(t[row])}; a keyed table holds one "
-                f"row per key"
-            )
-        slot[step[sel]] = o[sel]
-    step_key = g[new_step]
-    first = np.ones(n_steps, dtype=bool)
-    first[1:] = step_key[1:] != step_key[:-1]
-
-    # the key's row before each step: the table's row, then the previous step's +1
-    cur, cur_of_key = _current_rows(table, key_cols.take(o[new_step][first]))
-    src = pa.concat_tables([cur, z.data])
-    before = np.full(n_steps, -1, np.int64)
-    before[first] = cur_of_key
-    later = np.flatnonzero(~first)
-    prev_plus = plus[later - 1]
-    before[later] = np.where(prev_plus >= 0, cur.num_rows + prev_plus, -1)
-    had, has_minus = before >= 0, minus >= 0
-    wrong = has_minus & ~had
-    check = np.flatnonzero(has_minus & had)
-    if check.size:
-        wrong[check] = ~rows_equal(src.take(before[check]), z.data.take(minus[check]))
-    if wrong.any():
-        s = int(np.flatnonzero(wrong)[0])
-        held = src.slice(int(before[s]), 1).to_pylist()[0] if before[s] >= 0 else None
-        raise InputError(
-            f"table {table.name!r}: triple {z.data.slice(int(minus[s]), 1).to_pylist()[0]} at time "
-            f"{int(t[minus[s]])} retracts a row the key does not hold (it holds {held})"
-        )
-    second = ~has_minus & had
-    if second.any():
-        s = int(np.flatnonzero(second)[0])
-        raise InputError(
-            f"table {table.name!r}: triple {z.data.slice(int(plus[s]), 1).to_pylist()[0]} at time "
-            f"{int(t[plus[s]])} adds a second row for a key that holds "
-            f"{src.slice(int(before[s]), 1).to_pylist()[0]}; retract it in the same time"
-        )
-
-    # the last step of each key decides: its +1 is upserted, else the key is deleted
-    last = np.ones(n_steps, dtype=bool)
-    last[:-1] = step_key[1:] != step_key[:-1]
-    final_plus = plus[last]
-    ups = final_plus[final_plus >= 0]
-    dels = minus[last][final_plus < 0]
-    if dels.size:
-        table.delete(key_cols.take(dels))
-    if ups.size:
-        table.upsert(z.data.take(ups))
-
-
-def _current_rows(table: KeyedTable, keys: pa.Table) -> tuple[pa.Table, I64]:
-    """The table's current rows for distinct ``keys``: ``(rows, row index per key or -1)``.
-
-    Reads the keyed table's key index (``KeyedTable`` has no public lookup yet).
-    """
-    found = table._index.lookup(_key_hashes(keys, table.keys))
-    present = np.flatnonzero(found >= 0)
-    rows = table.rows(found[present])
-    if present.size:
-        # a hash shared by two different keys: the table holds the other one
-        ok = rows_equal(rows.select(list(table.keys)), keys.take(present))
-        if not ok.all():
-            present, rows = present[ok], rows.filter(pa.array(ok))
-    out = np.full(keys.num_rows, -1, np.int64)
-    out[present] = np.arange(present.size)
-    return rows, out
+    with table.write_lock():
+        resolve_triples(table, batch).stage(table)

@@ -127,7 +127,7 @@ def test_inconsistent_triples_are_refused():
     g, t, _ = _target()
     apply_triples(t, _z([(("A", 1, 1.0, 1), 0, 1)]))
     g.run_cycle()
-    with pytest.raises(InputError, match="weights \\+1 or -1, got 2"):
+    with pytest.raises(InputError, match="weights must sum to \\+1 or -1 per row and time, got 2"):
         apply_triples(t, _z([(("B", 2, 1.0, 1), 1, 2)]))
     with pytest.raises(InputError, match="does not hold"):
         apply_triples(t, _z([(("A", 1, 9.0, 1), 1, -1)]))                # wrong old value
@@ -135,7 +135,7 @@ def test_inconsistent_triples_are_refused():
         apply_triples(t, _z([(("C", 3, 9.0, 1), 1, -1)]))                # absent key
     with pytest.raises(InputError, match="second row"):
         apply_triples(t, _z([(("A", 1, 2.0, 1), 1, 1)]))                 # A without retracting
-    with pytest.raises(InputError, match="two \\+1 rows"):
+    with pytest.raises(InputError, match="gets 2 \\+1 rows at time 1"):
         apply_triples(t, _z([(("D", 4, 1.0, 1), 1, 1), (("D", 4, 2.0, 1), 1, 1)]))
     with pytest.raises(InputError, match="one-coordinate"):
         apply_triples(t, _z([(("D", 4, 1.0, 1), (1, 0), 1)]))
