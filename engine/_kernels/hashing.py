@@ -1,24 +1,31 @@
-"""Row hashes, row equality and exact grouping, whole columns at a time.
+"""The one row hash and the one equality rule, whole columns at a time.
 
-Shared by keyed sources (key -> row) and the differential layer (consolidation, indexing
-and traces group rows by their values). Each row is hashed to a
-``uint64`` with numpy, and the hash is *stable*: the same values hash the same in every
-batch, so a key found in one batch is found by its hash in a trace built from others.
-Grouping sorts by hash and then **verifies** that rows grouped together are equal
-(:func:`group_equal`), so a hash collision can cost a little time but never merges two
-different records. A single integer key column hashes through a bijection
-(:func:`mix64`), so its hash is exact and needs no verification (:func:`exact_hash`).
+Everything that groups, indexes or matches rows by value (keyed sources, aggregations,
+joins, the differential layer, ingestion) hashes here and compares here. The policy is
+**hash, then verify**: a hash only finds candidates, :func:`values_equal` decides, so a
+collision costs a comparison, never a merge of two different keys. The one exception is
+declared by :func:`exact_hash`: a single integer-like column hashes through a bijection
+(:func:`mix64`), so equal hashes are proof and verification can be skipped.
 
-Per type (``h`` is the column's hash, nulls get one fixed hash per column):
+Hashes are *stable*: the same values hash the same in every batch, slice, chunking and
+offset width (``string``, ``large_string`` and ``string_view`` agree), so a key found in one
+batch is found by its hash in a structure built from others. Per type (nulls get one fixed
+hash, the same in every column and type):
 
-* integers, booleans, dates, times, timestamps, durations: the int64 value, mixed;
+* integers, booleans, dates, times, timestamps, durations: ``mix64`` of the int64 value;
 * floats: the float64 bits with ``-0.0`` folded into ``0.0`` and every NaN into one NaN,
-  matching :func:`rows_equal` (which treats ``0.0 == -0.0`` and ``NaN == NaN``);
-* strings and binaries: a polynomial hash of the bytes, computed from the Arrow offsets
-  and data buffers in one numpy pass (no per-value Python), mixed with the length;
-* decimals go through their string form; dictionaries are decoded first.
+  matching :func:`values_equal` (``0.0 == -0.0``, ``NaN == NaN``), mixed;
+* strings and binaries (plain, large, view): the bytes read eight at a time straight from
+  Arrow's buffers (two aligned ``uint64`` gathers and shifts per word, no per-byte pass and
+  no Python objects), each word folded in with ``mix64``; longer batches with many repeats
+  (judged on a sample) hash their dictionary once instead;
+* decimals, fixed-size binaries, month-day-nano intervals: their fixed-width bytes, folded
+  as words; dictionaries hash their dictionary, gathered by index.
 
 Other types (lists, structs, maps) are refused with a :class:`SchemaError`.
+
+The hash constants (splitmix64's multipliers, the golden ratio) are defined here and
+nowhere else; :mod:`engine._kernels.hashmap` imports :data:`GOLDEN`.
 """
 
 from __future__ import annotations
@@ -33,9 +40,14 @@ import pyarrow.compute as pc
 from engine.errors import SchemaError
 
 __all__ = [
+    "GOLDEN",
+    "Same",
+    "combine",
     "exact_hash",
+    "exact_type",
     "group_equal",
     "hash_column",
+    "hash_columns",
     "hash_rows",
     "mix64",
     "rows_equal",
@@ -46,18 +58,21 @@ __all__ = [
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+Column = pa.Array | pa.ChunkedArray
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64's finalizer multipliers
 _M2 = np.uint64(0x94D049BB133111EB)
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_BYTE_MUL = np.uint64(0x100000001B3)
-_NULL = np.uint64(0x5BD1E9955BD1E995)
-_COMBINE = np.uint64(0xFF51AFD7ED558CCD)
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing, seeds
+_COMBINE = np.uint64(0xFF51AFD7ED558CCD)  # murmur3's fmix multiplier, for folding columns
+_NULL = np.uint64(0x5BD1E9955BD1E995)  # the hash of a null, in every column
+_S3, _S7, _S27, _S30, _S31 = np.uint64(3), np.uint64(7), np.uint64(27), np.uint64(30), np.uint64(31)
+_ONE, _63, _ALL = np.uint64(1), np.uint64(63), np.uint64(0xFFFFFFFFFFFFFFFF)
+_DICT_MIN = 4096  # from this many strings on, a sample decides whether to hash a dictionary
+_DICT_SAMPLE = 1024
 
-_powers = np.ones(1, dtype=np.uint64)
 
-
+# mixing ------------------------------------------------------------------------------------
 def mix64(x: U64) -> U64:
     """splitmix64's finalizer: a bijection on uint64 that spreads every input bit."""
     if np.ndim(x) == 0:  # scalars warn on overflow; arrays wrap
@@ -90,35 +105,29 @@ def combine(h: U64, other: U64) -> U64:
     return _mix64_array(z)
 
 
-def _byte_powers(n: int) -> U64:
-    global _powers
-    if _powers.size < n:
-        p = np.empty(max(n, 2 * _powers.size), dtype=np.uint64)
-        p[0] = 1
-        p[1:] = np.cumprod(np.full(p.size - 1, _BYTE_MUL, dtype=np.uint64))  # wraps mod 2**64
-        _powers = p
-    return _powers[:n]
+# per type ----------------------------------------------------------------------------------
+def _single(col: Column) -> pa.Array:
+    if isinstance(col, pa.ChunkedArray):
+        if col.num_chunks == 0:
+            return pa.array([], type=col.type)
+        return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return col
 
 
-def _hash_binary(arr: pa.Array) -> U64:
-    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
-    bufs = arr.buffers()
-    off = np.frombuffer(bufs[1], dtype=np.int64 if large else np.int32)
-    off = off[arr.offset: arr.offset + len(arr) + 1].astype(np.int64)
-    lo, hi = int(off[0]), int(off[-1])
-    lengths = np.diff(off)
-    data = np.frombuffer(bufs[2], dtype=np.uint8)[lo:hi] if bufs[2] is not None else np.empty(0, np.uint8)
-    with np.errstate(over="ignore"):
-        if data.size:
-            pos = np.arange(data.size, dtype=np.int64) - np.repeat(off[:-1] - lo, lengths)
-            contrib = (data.astype(np.uint64) + np.uint64(1)) * _byte_powers(int(lengths.max()))[pos]
-            cs = np.empty(data.size + 1, dtype=np.uint64)
-            cs[0] = 0
-            np.cumsum(contrib, out=cs[1:])
-            sums = cs[off[1:] - lo] - cs[off[:-1] - lo]
-        else:
-            sums = np.zeros(len(arr), dtype=np.uint64)
-        return mix64(sums ^ mix64(lengths.astype(np.uint64) + GOLDEN))
+def _int_like(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_boolean(t)
+                or (pa.types.is_temporal(t) and t.bit_width <= 64))
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t) or pa.types.is_string_view(t)
+                or pa.types.is_binary_view(t))
+
+
+def _fixed_bytes(t: pa.DataType) -> bool:
+    return bool(pa.types.is_decimal(t) or pa.types.is_fixed_size_binary(t)
+                or t == pa.month_day_nano_interval())
 
 
 def _int64_values(arr: pa.Array) -> I64:
@@ -134,90 +143,220 @@ def _int64_values(arr: pa.Array) -> I64:
     return out
 
 
-def _hashable(arr: pa.Array, name: str) -> pa.Array:
+def _hash_binary(arr: pa.Array) -> U64:
+    """Hash each string/binary value by its bytes, eight at a time, from Arrow's buffers.
+
+    Word ``j`` of a value starting at byte ``o`` is read as two aligned ``uint64`` of the
+    data buffer, shifted and or-ed, then masked to the value's length; each word is folded
+    in with :func:`mix64` starting from ``length * GOLDEN``. Rounds are as many as the
+    longest value has words; each touches only the values still that long.
+    """
     t = arr.type
+    if pa.types.is_string_view(t) or pa.types.is_binary_view(t):
+        arr = arr.cast(pa.large_binary())
+        t = arr.type
+    large = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+    n = len(arr)
+    if n == 0:
+        return np.empty(0, dtype=np.uint64)
+    bufs = arr.buffers()
+    off = np.frombuffer(bufs[1], dtype=np.int64 if large else np.int32)[arr.offset: arr.offset + n + 1]
+    o0, o1 = int(off[0]), int(off[-1])
+    lens = np.diff(off).astype(np.int64)
+    h = lens.astype(np.uint64) * GOLDEN
+    if o1 == o0:
+        return h
+    words = np.zeros((o1 - o0 + 15) // 8, dtype=np.uint64)  # the bytes, zero-padded, aligned
+    words.view(np.uint8)[: o1 - o0] = np.frombuffer(bufs[2], dtype=np.uint8, count=o1 - o0, offset=o0)
+    start = (off[:-1] - o0).astype(np.uint64)
+    longest = int(lens.max())
+    act: I64 | None = None  # values still long enough, once some are not
+    j = 0
+    with np.errstate(over="ignore"):
+        while 8 * j < longest:
+            if act is None and int(lens.min()) <= 8 * j:
+                act = np.flatnonzero(lens > 8 * j)
+            elif act is not None:
+                act = act[lens[act] > 8 * j]
+            o = start + np.uint64(8 * j) if act is None else start[act] + np.uint64(8 * j)
+            rem = lens - 8 * j if act is None else lens[act] - 8 * j
+            q = o >> _S3
+            r = (o & _S7) << _S3  # bit offset of the value's byte in its aligned word
+            w = words[q] >> r
+            w |= (words[q + _ONE] << _ONE) << (_63 - r)  # two shifts: r == 0 gives 0
+            if int(rem.min()) < 8:  # last partial word: keep the value's bytes only
+                keep = np.minimum(rem, 8).astype(np.uint64) << _S3
+                w &= ~((_ALL << _ONE) << (keep - _ONE))
+            if act is None:
+                h ^= w
+                h = _mix64_array(h)
+            else:
+                h[act] = _mix64_array(h[act] ^ w)
+            j += 1
+    return h
+
+
+def _hash_strings(arr: pa.Array) -> U64:
+    """:func:`_hash_binary`, through a dictionary when a sample shows many repeats."""
+    n = len(arr)
+    if n >= _DICT_MIN and len(pc.unique(arr.slice(0, _DICT_SAMPLE))) * 4 <= _DICT_SAMPLE:
+        enc = pc.dictionary_encode(arr)
+        return _hash_dictionary(enc)
+    return _hash_binary(arr)
+
+
+def _hash_dictionary(arr: pa.DictionaryArray) -> U64:
+    d = _hash_values(arr.dictionary, "dictionary")
+    idx = arr.indices
+    if idx.null_count:
+        idx = idx.fill_null(0)
+    i = np.asarray(idx.to_numpy(zero_copy_only=False))
+    if d.size == 0:
+        return np.full(len(arr), _NULL, dtype=np.uint64)
+    return d[i]
+
+
+def _hash_fixed(arr: pa.Array) -> U64:
+    """Decimals, fixed-size binaries, intervals: their bytes as words (4-byte ones as ints)."""
+    n = len(arr)
+    width = arr.type.byte_width
+    raw = np.frombuffer(arr.buffers()[1], dtype=np.uint8)[arr.offset * width: (arr.offset + n) * width]
+    if width % 8:  # decimal32, odd fixed-size binaries: pad each value to whole words
+        pad = np.zeros((n, (width + 7) // 8 * 8), dtype=np.uint8)
+        pad[:, :width] = raw.reshape(n, width)
+        raw = pad.ravel()
+        width = pad.shape[1]
+    w = raw.reshape(n, width).copy().view(np.uint64)  # copy: the buffer may be unaligned
+    h = np.full(n, GOLDEN ^ np.uint64(width), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in range(w.shape[1]):  # one pass per 8 bytes of width
+            h ^= w[:, k]
+            h = _mix64_array(h)
+    return h
+
+
+def _hash_values(arr: pa.Array, name: str) -> U64:
+    """Hash per value of one (non-chunked) array, nulls included (see the module docstring)."""
+    t = arr.type
+    n = len(arr)
     if pa.types.is_dictionary(t):
-        return _hashable(arr.dictionary_decode(), name)
-    if pa.types.is_decimal(t):
-        return arr.cast(pa.string())
-    if (pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t)
-            or pa.types.is_floating(t) or pa.types.is_null(t) or pa.types.is_string(t)
-            or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)):
-        return arr
-    raise SchemaError(
-        f"column {name!r} has type {t}, which Z-set records cannot hold (use integers, floats, "
-        f"booleans, temporal types, strings, binaries or decimals; encode nested values first)"
-    )
+        h = _hash_dictionary(arr)
+    elif _int_like(t):
+        h = _mix64_array(_int64_values(arr).view(np.uint64))
+    elif pa.types.is_floating(t):
+        f = (arr.fill_null(0) if arr.null_count else arr).to_numpy(zero_copy_only=False)
+        f = f.astype(np.float64, copy=True)
+        f[f == 0.0] = 0.0  # folds -0.0 into 0.0
+        f[np.isnan(f)] = np.nan  # one NaN bit pattern
+        h = _mix64_array(f.view(np.uint64) + GOLDEN)
+    elif _is_binary(t):
+        h = _hash_strings(arr)
+    elif _fixed_bytes(t):
+        h = _hash_fixed(arr)
+    elif pa.types.is_null(t):
+        return np.full(n, _NULL, dtype=np.uint64)
+    else:
+        raise SchemaError(
+            f"column {name!r} has type {t}, which cannot be hashed or compared as a key or record "
+            f"(use integers, floats, booleans, temporal types, strings, binaries or decimals; "
+            f"encode nested values first)"
+        )
+    if arr.null_count:
+        h[~arr.is_valid().to_numpy(zero_copy_only=False)] = _NULL
+    return h
 
 
-def _single(col: pa.Array | pa.ChunkedArray) -> pa.Array:
-    if isinstance(col, pa.ChunkedArray):
-        return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    return col
+# rows --------------------------------------------------------------------------------------
+def hash_column(col: Column, name: str = "?") -> U64:
+    """A stable uint64 hash per value of one column (see the module docstring per type).
 
-
-def hash_column(col: pa.Array | pa.ChunkedArray, name: str = "?") -> U64:
-    """A stable uint64 hash per value of one column (see the module docstring per type)."""
+    Every hash of a non-exact key passes through this function (looked up at call time),
+    so a test that replaces it reaches every user of the kernels.
+    """
     arr = _single(col)
     if arr.type == pa.int64() and not arr.null_count:  # the common case, without the type walk
         return _mix64_array(np.asarray(arr.to_numpy()).view(np.uint64))
-    arr = _hashable(arr, name)
-    t = arr.type
-    n = len(arr)
-    if pa.types.is_null(t):
-        return np.full(n, _NULL, dtype=np.uint64)
-    if pa.types.is_floating(t):
-        f = (arr.fill_null(0) if arr.null_count else arr).to_numpy(zero_copy_only=False)
-        f = f.astype(np.float64, copy=True)
-        f[f == 0.0] = 0.0          # folds -0.0 into 0.0
-        f[np.isnan(f)] = np.nan     # one NaN bit pattern
-        h = mix64(f.view(np.uint64) + GOLDEN)
-    elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
-            or pa.types.is_large_binary(t):
-        h = _hash_binary(arr)
-    else:
-        h = mix64(_int64_values(arr).view(np.uint64))
-    if arr.null_count:
-        valid = arr.is_valid().to_numpy(zero_copy_only=False)
-        h = np.where(valid, h, _NULL)
-    return h
+    return _hash_values(arr, name)
+
+
+def _exact_column(arr: pa.Array) -> U64:
+    if arr.type == pa.int64() and not arr.null_count:
+        return _mix64_array(np.asarray(arr.to_numpy()).view(np.uint64))
+    return _hash_values(arr, "?")
+
+
+def hash_columns(cols: Sequence[Column], names: Sequence[str] | None = None,
+                 num_rows: int | None = None) -> U64:
+    """A stable uint64 hash per row over the given columns (order matters).
+
+    One exact-typed column (:func:`exact_type`) hashes through :func:`mix64` alone; other
+    columns go through :func:`hash_column` and are folded with a multiply-add, mixed once
+    at the end. No columns: every row hashes alike (``num_rows`` rows).
+    """
+    if len(cols) == 1:
+        arr = _single(cols[0])
+        if exact_type(arr.type):
+            return _exact_column(arr)
+        return hash_column(arr, names[0] if names else "?")
+    if not cols:
+        return np.full(num_rows or 0, GOLDEN, dtype=np.uint64)
+    label = list(names) if names else [str(i) for i in range(len(cols))]
+    h = hash_column(cols[0], label[0]) + GOLDEN
+    with np.errstate(over="ignore"):
+        for col, name in zip(cols[1:], label[1:], strict=True):  # one pass per column
+            h *= _COMBINE
+            h += hash_column(col, name)
+    return _mix64_array(h)
 
 
 def hash_rows(table: pa.Table, names: Sequence[str] | None = None) -> U64:
     """A stable uint64 hash per row over the columns ``names`` (all columns by default)."""
     cols = list(names) if names is not None else table.column_names
-    if len(cols) == 1:
-        return hash_column(table.column(cols[0]), cols[0])
-    if not cols:
-        return np.full(table.num_rows, GOLDEN, dtype=np.uint64)
-    # a multiply-add fold of the column hashes (order-dependent), mixed once at the end
-    h = hash_column(table.column(cols[0]), cols[0]) + GOLDEN
-    with np.errstate(over="ignore"):
-        for name in cols[1:]:  # one pass per column
-            h *= _COMBINE
-            h += hash_column(table.column(name), name)
-    return mix64(h)
+    return hash_columns([table.column(c) for c in cols], cols, table.num_rows)
 
 
-def exact_hash(schema: pa.Schema, names: Sequence[str]) -> bool:
-    """True when :func:`hash_rows` over ``names`` is injective (one integer-like column)."""
-    if len(names) != 1:
-        return False
-    t = schema.field(names[0]).type
+def exact_type(t: pa.DataType) -> bool:
+    """True when one column of type ``t`` hashes injectively (integer-like, not dictionary)."""
+    return _int_like(t)
+
+
+def exact_hash(schema: pa.Schema | Sequence[pa.DataType], names: Sequence[str] | None = None) -> bool:
+    """True when the row hash over ``names`` is injective, so equal hashes prove equal keys.
+
+    That is one integer-like column (integers, booleans, dates, times, timestamps,
+    durations; not a dictionary), whose hash is :func:`mix64` of its value: a bijection.
+    The one exception is a null, which hashes as one fixed value does; callers that may hold
+    nulls in such a column and must tell them apart compare validity themselves.
+
+    Parameters
+    ----------
+    schema
+        A schema (with ``names``, default all its columns) or the key columns' types.
+    """
+    if isinstance(schema, pa.Schema):
+        types = [schema.field(n).type for n in (names if names is not None else schema.names)]
+    else:
+        types = list(schema)
+    return len(types) == 1 and exact_type(types[0])
+
+
+# equality ----------------------------------------------------------------------------------
+def _comparable(arr: pa.Array) -> pa.Array:
+    t = arr.type
     if pa.types.is_dictionary(t):
-        return False
-    return bool(pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t))
+        return _comparable(arr.dictionary_decode())
+    if t == pa.float16():
+        return arr.cast(pa.float32())
+    if t == pa.month_day_nano_interval():
+        return arr.view(pa.binary(16))
+    return arr
 
 
-def values_equal(a: pa.Array | pa.ChunkedArray, b: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+def values_equal(a: Column, b: Column) -> Mask:
     """Per position: equal values, with null == null, NaN == NaN and 0.0 == -0.0."""
-    a, b = _single(a), _single(b)
-    if pa.types.is_dictionary(a.type):
-        a = a.dictionary_decode()
-    if pa.types.is_dictionary(b.type):
-        b = b.dictionary_decode()
-    if pa.types.is_null(a.type) and pa.types.is_null(b.type):
-        return np.ones(len(a), dtype=bool)
+    a, b = _comparable(_single(a)), _comparable(_single(b))
+    if pa.types.is_null(a.type) or pa.types.is_null(b.type):
+        return np.asarray(pc.and_(pc.is_null(a), pc.is_null(b)).to_numpy(zero_copy_only=False), dtype=bool)
     eq = pc.fill_null(pc.equal(a, b), False)
     if a.null_count or b.null_count:
         eq = pc.or_(eq, pc.and_(pc.is_null(a), pc.is_null(b)))
@@ -226,7 +365,7 @@ def values_equal(a: pa.Array | pa.ChunkedArray, b: pa.Array | pa.ChunkedArray) -
     return np.asarray(eq.to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def rows_equal(a: pa.Table, b: pa.Table) -> npt.NDArray[np.bool_]:
+def rows_equal(a: pa.Table, b: pa.Table) -> Mask:
     """Per row: every column equal (columns matched by position, see :func:`values_equal`)."""
     out = np.ones(a.num_rows, dtype=bool)
     for i in range(a.num_columns):  # one pass per column
@@ -234,15 +373,17 @@ def rows_equal(a: pa.Table, b: pa.Table) -> npt.NDArray[np.bool_]:
     return out
 
 
-def _primitive_numpy(col: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.generic] | None:
+def _primitive_numpy(col: Column) -> npt.NDArray[np.generic] | None:
     """A numpy view (or one copy) of a null-free integer/float/temporal column, else None."""
     t = col.type
     if col.null_count or not (pa.types.is_integer(t) or pa.types.is_floating(t)
-                              or pa.types.is_temporal(t)):
+                              or (pa.types.is_temporal(t) and t.bit_width <= 64)):
+        return None
+    if t == pa.float16():
         return None
     if pa.types.is_temporal(t):
-        col = col.view(pa.int64() if t.bit_width == 64 else pa.int32()) if isinstance(col, pa.Array) \
-            else pa.chunked_array([c.view(pa.int64() if t.bit_width == 64 else pa.int32()) for c in col.chunks])
+        vt = pa.int64() if t.bit_width == 64 else pa.int32()
+        col = col.view(vt) if isinstance(col, pa.Array) else pa.chunked_array([c.view(vt) for c in col.chunks], vt)
     if isinstance(col, pa.ChunkedArray):
         if col.num_chunks == 0:
             return np.empty(0)
@@ -252,7 +393,7 @@ def _primitive_numpy(col: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.generic]
     return np.asarray(col.to_numpy())
 
 
-def rows_equal_at(a: pa.Table, i: I64, b: pa.Table, j: I64) -> npt.NDArray[np.bool_]:
+def rows_equal_at(a: pa.Table, i: I64, b: pa.Table, j: I64) -> Mask:
     """Per pair: row ``i[k]`` of ``a`` equals row ``j[k]`` of ``b`` (columns by position).
 
     Null-free numeric columns compare in numpy without gathering through Arrow.
@@ -272,7 +413,7 @@ def rows_equal_at(a: pa.Table, i: I64, b: pa.Table, j: I64) -> npt.NDArray[np.bo
     return out
 
 
-def same_rows(table: pa.Table, i: I64, j: I64) -> npt.NDArray[np.bool_]:
+def same_rows(table: pa.Table, i: I64, j: I64) -> Mask:
     """Per pair: rows ``i[k]`` and ``j[k]`` of ``table`` are equal (as :func:`rows_equal`).
 
     Null-free numeric columns compare in numpy without gathering through Arrow.
@@ -293,7 +434,8 @@ def same_rows(table: pa.Table, i: I64, j: I64) -> npt.NDArray[np.bool_]:
     return out
 
 
-Same = Callable[[I64, I64], npt.NDArray[np.bool_]]
+Same = Callable[[I64, I64], Mask]
+"""``same(i, j)``: per pair, are the things at ``i[k]`` and ``j[k]`` equal (vectorized)."""
 
 
 def group_equal(h: U64, same: Same | None) -> tuple[I64, I64]:
@@ -328,7 +470,7 @@ def group_equal(h: U64, same: Same | None) -> tuple[I64, I64]:
     return order.astype(np.int64, copy=False), np.flatnonzero(new)
 
 
-def _split_collisions(h: U64, order: I64, new: npt.NDArray[np.bool_], same: Same) -> tuple[I64, I64]:
+def _split_collisions(h: U64, order: I64, new: Mask, same: Same) -> tuple[I64, I64]:
     """Exact groups when distinct rows share a hash (rare): refine by rounds of pivots.
 
     Each round compares every unresolved row with the first unresolved row of its hash
@@ -336,7 +478,7 @@ def _split_collisions(h: U64, order: I64, new: npt.NDArray[np.bool_], same: Same
     hash (almost always 2), each one vectorized over all groups.
     """
     n = h.size
-    group = np.cumsum(new) - 1                  # hash group per position in ``order``
+    group = np.cumsum(new) - 1  # hash group per position in ``order``
     sub = np.full(n, -1, dtype=np.int64)
     rnd = 0
     while (sub < 0).any():

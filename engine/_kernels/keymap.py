@@ -1,0 +1,357 @@
+"""The one collision policy: hash, then verify equality of the real key values.
+
+A keyed source maps keys to row keys, an aggregation group keys to slots, a join key
+values to group ids. Each is an :class:`ExactKeyMap`: a map from key tuples to the
+caller's non-negative ``int64`` ids in which a 64-bit hash (:mod:`engine._kernels.hashing`)
+finds candidates and the key values decide. Two distinct keys whose hashes are equal are
+two entries, never one and never an error.
+
+Layout: a :class:`~engine._kernels.hashmap.U64Map` from each hash to the id of its first
+entry (the *head*), plus a second one from id to the next id with the same hash, holding
+only the rare chained entries. Every method works on whole batches: a lookup probes all
+hashes at once, verifies all candidates with one call of the caller's ``same``, and walks
+chains only for the rows whose candidate was a different key. Deleting an entry relinks
+its chain, so the other keys sharing its hash stay findable.
+
+Who verifies: callers that already store their keys (keyed sources by row key,
+aggregations by slot) pass ``same(probe_index, candidate_id) -> bool mask`` against their
+own storage; callers that store none (joins) use :class:`StoredKeyMap`, which keeps one
+copy of each distinct key in Arrow. Exact keys (:func:`~engine._kernels.hashing.exact_hash`:
+one integer-like column) are never verified: their hash is a bijection of the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from engine._kernels.hashing import Same, exact_hash, group_equal, rows_equal, rows_equal_at
+from engine._kernels.hashmap import U64Map
+
+__all__ = ["ExactKeyMap", "StoredKeyMap"]
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+def _runs(sorted_h: U64) -> Mask:
+    """True where a run of equal values begins."""
+    first = np.empty(sorted_h.size, dtype=bool)
+    if sorted_h.size:
+        first[0] = True
+        np.not_equal(sorted_h[1:], sorted_h[:-1], out=first[1:])
+    return first
+
+
+class ExactKeyMap:
+    """Key tuples -> non-negative ``int64`` ids; a hash finds candidates, ``same`` decides.
+
+    The map never sees key values: methods take each key's hash, and lookups take a
+    ``same(i, ids)`` callback answering, per pair, whether the probe at position ``i[k]``
+    has the key of entry ``ids[k]`` (vectorized, over the caller's own key storage).
+
+    Parameters
+    ----------
+    exact
+        The hash is injective (:func:`~engine._kernels.hashing.exact_hash`): equal hashes
+        prove equal keys, ``same`` is never called and no chains exist.
+
+    Examples
+    --------
+    Two keys with one hash stay apart:
+
+    >>> keys = ["a", "b"]
+    >>> m = ExactKeyMap(exact=False)
+    >>> m.insert(np.array([5, 5], dtype=np.uint64), np.array([0, 1]))
+    >>> probe = ["b", "c"]
+    >>> same = lambda i, ids: np.array([probe[p] == keys[d] for p, d in zip(i, ids)], dtype=bool)
+    >>> m.lookup(np.array([5, 5], dtype=np.uint64), same).tolist()
+    [1, -1]
+    """
+
+    def __init__(self, exact: bool) -> None:
+        self.exact = exact
+        self._heads = U64Map()  # hash -> id of its first entry
+        self._next = U64Map()  # id -> next id with the same hash (chained entries only)
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def chained(self) -> int:
+        """Entries that share their hash with an earlier one (collisions held apart)."""
+        return len(self._next)
+
+    def lookup(self, h: U64, same: Same | None) -> I64:
+        """Id per probe hash, ``-1`` where no entry has the probe's key.
+
+        ``same`` may be ``None`` only for an exact map; it is called with candidate pairs
+        only (equal hashes), once per chain round: almost always once in all.
+        """
+        h = np.asarray(h, dtype=np.uint64)
+        cand = self._heads.lookup(h)
+        if self.exact:
+            return cand
+        assert same is not None, "an inexact ExactKeyMap needs same() to verify candidates"
+        out = np.full(h.size, -1, dtype=np.int64)
+        idx = np.flatnonzero(cand >= 0)
+        cand = cand[idx]
+        while idx.size:  # one round per chain link: rows whose candidate was another key
+            ok = same(idx, cand)
+            out[idx[ok]] = cand[ok]
+            if not self._next.count or ok.all():
+                break
+            idx, cand = idx[~ok], self._next.lookup(cand[~ok].view(np.uint64))
+            more = cand >= 0
+            idx, cand = idx[more], cand[more]
+        return out
+
+    def insert(self, h: U64, ids: I64) -> None:
+        """Add entries whose keys are absent from the map and distinct among themselves.
+
+        New keys may share their hash with present ones or with each other: they are
+        chained in front of the present entries.
+        """
+        h = np.asarray(h, dtype=np.uint64)
+        ids = np.asarray(ids, dtype=np.int64)
+        if h.size == 0:
+            return
+        self.count += h.size
+        if self.exact:
+            self._heads.insert(h, ids)
+            return
+        old = self._heads.lookup(h)
+        fresh = old < 0
+        if fresh.all():
+            order = np.argsort(h)
+            hs = h[order]
+            if hs.size < 2 or bool((hs[1:] != hs[:-1]).all()):  # the common case
+                self._heads.insert(h, ids)
+                return
+        order = np.argsort(h, kind="stable")
+        hs, is_, olds = h[order], ids[order], old[order]
+        first = _runs(hs)
+        last = np.empty(hs.size, dtype=bool)
+        last[:-1] = first[1:]
+        last[-1] = True
+        # within a run: each new id points to the next; the run's last to the old head
+        inner = np.flatnonzero(~last)
+        self._next.insert(is_[inner].view(np.uint64), is_[inner + 1])
+        tail = np.flatnonzero(last & (olds >= 0))
+        self._next.insert(is_[tail].view(np.uint64), olds[tail])
+        head = np.flatnonzero(first)
+        had = olds[head] >= 0
+        self._heads.set_values(hs[head[had]], is_[head[had]])
+        self._heads.insert(hs[head[~had]], is_[head[~had]])
+
+    def delete(self, h: U64, ids: I64) -> None:
+        """Remove the entries ``(h[k], ids[k])``, which must be present."""
+        h = np.asarray(h, dtype=np.uint64)
+        ids = np.asarray(ids, dtype=np.int64)
+        if h.size == 0:
+            return
+        self.count -= h.size
+        if self.exact or not self._next.count:
+            self._heads.delete(h)
+            return
+        alone = (self._heads.lookup(h) == ids) & (self._next.lookup(ids.view(np.uint64)) < 0)
+        self._heads.delete(h[alone])
+        if not alone.all():
+            self._relink(h[~alone], ids[~alone])
+
+    def _relink(self, h: U64, gone: I64) -> None:
+        """Drop ``gone`` from the chains of the hashes ``h`` and link the survivors again."""
+        hashes = np.unique(h)
+        cur = self._heads.lookup(hashes)
+        grp = np.arange(hashes.size, dtype=np.int64)
+        m_grp: list[I64] = []
+        m_id: list[I64] = []
+        while cur.size:  # one round per chain link, over all chains at once
+            m_grp.append(grp)
+            m_id.append(cur)
+            nxt = self._next.lookup(cur.view(np.uint64))
+            more = nxt >= 0
+            grp, cur = grp[more], nxt[more]
+        g, members = np.concatenate(m_grp), np.concatenate(m_id)
+        order = np.argsort(g, kind="stable")  # chain order within each hash
+        g, members = g[order], members[order]
+        self._next.delete(members.view(np.uint64))
+        self._heads.delete(hashes)
+        keep = ~np.isin(members, gone)
+        g, members = g[keep], members[keep]
+        if members.size == 0:
+            return
+        first = _runs(g.view(np.uint64))
+        nxt_same = np.flatnonzero(~first[1:])  # members[k + 1] follows members[k]
+        self._next.insert(members[nxt_same].view(np.uint64), members[nxt_same + 1])
+        self._heads.insert(hashes[g[first]], members[first])
+
+    def intern(self, h: U64, same: Same | None, same_batch: Same | None,
+               new_ids: Callable[[int], I64]) -> tuple[I64, I64, I64]:
+        """Id per row, adding the rows' keys that are not present yet.
+
+        Rows of the batch with equal keys get one id; new keys get ids from
+        ``new_ids(count)``.
+
+        Parameters
+        ----------
+        h
+            Hash per row.
+        same
+            ``same(i, ids)``: row ``i[k]`` has the key of entry ``ids[k]`` (``None`` if exact).
+        same_batch
+            ``same_batch(i, j)``: rows ``i[k]`` and ``j[k]`` have equal keys (``None`` if exact).
+        new_ids
+            Allocates ``count`` new ids.
+
+        Returns
+        -------
+        ids
+            Id per row.
+        added
+            The new ids, in order of their first row.
+        first
+            Per new id, the first row that has its key (to store key values from).
+        """
+        h = np.asarray(h, dtype=np.uint64)
+        ids = self.lookup(h, same)
+        miss = np.flatnonzero(ids < 0)
+        if miss.size == 0:
+            return ids, _EMPTY, _EMPTY
+        if self.exact or same_batch is None:
+            order, starts = group_equal(h[miss], None)
+        else:
+            order, starts = group_equal(h[miss], lambda i, j: same_batch(miss[i], miss[j]))
+        sizes = np.diff(np.append(starts, order.size))
+        first_pos = np.minimum.reduceat(order, starts)
+        by_row = np.argsort(first_pos)  # groups in order of their first row
+        first = miss[first_pos[by_row]]
+        added = np.asarray(new_ids(first.size), dtype=np.int64)
+        gid = np.empty(starts.size, dtype=np.int64)
+        gid[by_row] = added
+        ids[miss[order]] = np.repeat(gid, sizes)
+        self.insert(h[first], added)
+        return ids, added, first
+
+
+class StoredKeyMap:
+    """An :class:`ExactKeyMap` that keeps its own copy of each distinct key, in Arrow.
+
+    For callers that store no key values (joins). Ids are the caller's and should be
+    dense (small non-negative integers, reused after deletes): the map holds an array
+    indexed by id. Keys live in append-only Arrow levels whose sizes halve from the oldest
+    to the newest (each added key is copied ``O(log n)`` times in all); deleted keys are
+    dropped by a compaction once they outnumber the live ones. An exact key stores nothing.
+
+    Parameters
+    ----------
+    schema
+        The key columns. Key tables given later have columns of these types (or types
+        equal values hash and compare alike with, such as ``int32`` for ``int64``), matched
+        by position; stored keys are cast to ``schema``.
+    """
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.exact = exact_hash(schema)
+        self.map = ExactKeyMap(self.exact)
+        self._hash = np.zeros(1024, dtype=np.uint64)  # id -> hash
+        self._row = np.full(1024, -1, dtype=np.int64)  # id -> row in the stored levels
+        self._levels: list[pa.Table] = []  # oldest (largest) first
+        self._starts: list[int] = []  # first row of each level
+        self._rows = 0
+        self._live = 0
+
+    def __len__(self) -> int:
+        return len(self.map)
+
+    def _fit(self, n: int) -> None:
+        if n > self._row.size:
+            size = max(n, 2 * self._row.size)
+            self._hash = np.concatenate((self._hash, np.zeros(size - self._hash.size, np.uint64)))
+            self._row = np.concatenate((self._row, np.full(size - self._row.size, -1, np.int64)))
+
+    def _stored(self, rows: I64) -> pa.Table:
+        """The stored keys at ``rows`` (global row numbers), in that order."""
+        if len(self._levels) == 1:
+            return self._levels[0].take(rows)
+        lv = np.searchsorted(np.asarray(self._starts), rows, side="right") - 1
+        parts, pos = [], []
+        for k, (level, start) in enumerate(zip(self._levels, self._starts, strict=True)):  # per level
+            at = np.flatnonzero(lv == k)
+            if at.size:
+                parts.append(level.take(rows[at] - start))
+                pos.append(at)
+        got = pa.concat_tables(parts)
+        inv = np.empty(rows.size, dtype=np.int64)
+        inv[np.concatenate(pos)] = np.arange(rows.size, dtype=np.int64)
+        return got.take(inv)
+
+    def _same(self, keys: pa.Table) -> Same:
+        def same(i: I64, ids: I64) -> Mask:
+            rows = self._row[ids]
+            if len(self._levels) == 1:
+                return rows_equal_at(keys, i, self._levels[0], rows)
+            return rows_equal(keys.take(i), self._stored(rows))
+        return same
+
+    def lookup(self, keys: pa.Table, h: U64) -> I64:
+        """Id per row of ``keys`` (hashed as ``h``), ``-1`` where absent."""
+        return self.map.lookup(h, None if self.exact else self._same(keys))
+
+    def intern(self, keys: pa.Table, h: U64, new_ids: Callable[[int], I64]) -> tuple[I64, I64]:
+        """Id per row of ``keys``, adding absent keys with ids from ``new_ids``: ``(ids, added)``."""
+        same_batch = None if self.exact else (lambda i, j: rows_equal_at(keys, i, keys, j))
+        ids, added, first = self.map.intern(h, None if self.exact else self._same(keys),
+                                            same_batch, new_ids)
+        if added.size:
+            self._fit(int(added.max()) + 1)
+            self._hash[added] = h[first]
+            if not self.exact:
+                self._append(added, keys.take(first))
+        return ids, added
+
+    def _append(self, ids: I64, keys: pa.Table) -> None:
+        cols = [c.cast(f.type) for c, f in zip(keys.columns, self.schema, strict=True)]
+        keys = pa.Table.from_arrays(cols, schema=self.schema).combine_chunks()
+        self._row[ids] = np.arange(self._rows, self._rows + keys.num_rows, dtype=np.int64)
+        self._levels.append(keys)
+        self._starts.append(self._rows)
+        self._rows += keys.num_rows
+        self._live += keys.num_rows
+        while len(self._levels) > 1 and 2 * self._levels[-1].num_rows >= self._levels[-2].num_rows:
+            merged = pa.concat_tables(self._levels[-2:]).combine_chunks()
+            self._levels[-2:] = [merged]
+            self._starts.pop()
+
+    def delete(self, ids: I64) -> None:
+        """Remove the entries ``ids`` (present)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size == 0:
+            return
+        self.map.delete(self._hash[ids], ids)
+        if self.exact:
+            return
+        self._row[ids] = -1
+        self._live -= ids.size
+        if self._rows > 2 * self._live + 1024:
+            self._compact()
+
+    def _compact(self) -> None:
+        live = np.flatnonzero(self._row >= 0)
+        rows = self._row[live]
+        kept = self._stored(rows).combine_chunks() if rows.size else self.schema.empty_table()
+        self._row[live] = np.arange(live.size, dtype=np.int64)
+        self._levels, self._starts = ([kept], [0]) if live.size else ([], [])
+        self._rows = self._live = int(live.size)
+
+    def keys_of(self, ids: I64) -> pa.Table:
+        """The stored keys of present ``ids`` (inexact maps only)."""
+        return self._stored(self._row[np.asarray(ids, dtype=np.int64)])

@@ -1,0 +1,169 @@
+"""engine._kernels.keymap against a dict, with real hashes and with forced collisions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine._kernels.hashing import hash_rows
+from engine._kernels.keymap import ExactKeyMap, StoredKeyMap
+
+SCHEMA = pa.schema([("s", pa.string()), ("n", pa.int64())])
+
+
+def _hasher(mode):
+    """Row hash of a key table: real, or squeezed into a few values (forced collisions)."""
+    if mode == "real":
+        return lambda t: hash_rows(t)
+    k = np.uint64({"one": 1, "few": 3}[mode])
+    return lambda t: hash_rows(t) % k
+
+
+def _table(keys):
+    return pa.table({"s": [k[0] for k in keys], "n": [k[1] for k in keys]}, schema=SCHEMA)
+
+
+class _Ids:
+    """Dense ids with reuse, as the engine's callers allocate them."""
+
+    def __init__(self):
+        self.next, self.free = 0, []
+
+    def __call__(self, n):
+        take = self.free[:n]
+        self.free = self.free[n:]
+        fresh = list(range(self.next, self.next + n - len(take)))
+        self.next += len(fresh)
+        return np.array(take + fresh, dtype=np.int64)
+
+
+def test_colliding_keys_coexist_and_deletes_keep_the_others():
+    m = ExactKeyMap(exact=False)
+    stored = {0: "a", 1: "b", 2: "c"}
+    m.insert(np.array([7, 7, 7], dtype=np.uint64), np.array([0, 1, 2]))
+    assert m.chained == 2
+
+    def lookup(probe):
+        def same(i, ids):
+            return np.array([probe[p] == stored[d] for p, d in zip(i, ids)], dtype=bool)
+        return m.lookup(np.full(len(probe), 7, dtype=np.uint64), same).tolist()
+
+    assert lookup(["c", "a", "b", "z"]) == [2, 0, 1, -1]
+    m.delete(np.array([7], dtype=np.uint64), np.array([1]))  # the middle of the chain
+    del stored[1]
+    assert lookup(["c", "a", "b"]) == [2, 0, -1]
+    m.delete(np.array([7], dtype=np.uint64), np.array([2]))  # the head
+    del stored[2]
+    assert lookup(["c", "a"]) == [-1, 0]
+    assert len(m) == 1
+
+
+def test_exact_map_never_calls_same():
+    m = ExactKeyMap(exact=True)
+    m.insert(np.array([1, 2], dtype=np.uint64), np.array([10, 20]))
+    assert m.lookup(np.array([2, 3], dtype=np.uint64), None).tolist() == [20, -1]
+
+
+_key = st.tuples(st.sampled_from(["a", "b", "", "héllo", "x" * 20, "ab"]), st.integers(-3, 3))
+_ops = st.lists(
+    st.tuples(st.sampled_from(["intern", "delete", "lookup"]), st.lists(_key, max_size=12)),
+    max_size=20,
+)
+
+
+@pytest.mark.parametrize("mode", ["real", "few", "one"])
+@given(ops=_ops)
+def test_exact_key_map_against_dict(mode, ops):
+    hasher = _hasher(mode)
+    m, ids = ExactKeyMap(exact=False), _Ids()
+    model: dict[tuple, int] = {}
+    stored: dict[int, tuple] = {}  # the caller's own key storage, by id
+    for op, keys in ops:
+        t = _table(keys)
+        h = hasher(t)
+
+        def same(i, cand, keys=keys):
+            return np.array([keys[p] == stored[c] for p, c in zip(i, cand)], dtype=bool)
+
+        def same_batch(i, j, keys=keys):
+            return np.array([keys[a] == keys[b] for a, b in zip(i, j)], dtype=bool)
+
+        if op == "intern":
+            got, added, first = m.intern(h, same, same_batch, ids)
+            for new_id, row in zip(added.tolist(), first.tolist()):
+                stored[new_id] = keys[row]
+                model[keys[row]] = new_id
+            assert got.tolist() == [model[k] for k in keys]
+            assert len(set(added.tolist())) == added.size
+        elif op == "delete":
+            present = list(dict.fromkeys(k for k in keys if k in model))
+            pt = _table(present)
+            m.delete(hasher(pt), np.array([model[k] for k in present], dtype=np.int64))
+            for k in present:
+                ids.free.append(model[k])
+                del stored[model.pop(k)]
+        else:
+            assert m.lookup(h, same).tolist() == [model.get(k, -1) for k in keys]
+        assert len(m) == len(model)
+    everything = list(model)
+    if everything:
+        t = _table(everything)
+
+        def same_all(i, cand):
+            return np.array([everything[p] == stored[c] for p, c in zip(i, cand)], dtype=bool)
+
+        assert m.lookup(hasher(t), same_all).tolist() == [model[k] for k in everything]
+
+
+@pytest.mark.parametrize("mode", ["real", "few", "one"])
+@given(ops=_ops)
+def test_stored_key_map_against_dict(mode, ops):
+    hasher = _hasher(mode)
+    m, ids = StoredKeyMap(SCHEMA), _Ids()
+    model: dict[tuple, int] = {}
+    for op, keys in ops:
+        t = _table(keys)
+        h = hasher(t)
+        if op == "intern":
+            got, added = m.intern(t, h, ids)
+            for k, i in zip(keys, got.tolist()):
+                model.setdefault(k, i)
+            assert got.tolist() == [model[k] for k in keys]
+        elif op == "delete":
+            present = list(dict.fromkeys(k for k in keys if k in model))
+            gone = np.array([model.pop(k) for k in present], dtype=np.int64)
+            m.delete(gone)
+            ids.free += gone.tolist()
+        else:
+            assert m.lookup(t, h).tolist() == [model.get(k, -1) for k in keys]
+        assert len(m) == len(model)
+    if model:
+        keys = list(model)
+        assert m.lookup(_table(keys), hasher(_table(keys))).tolist() == list(model.values())
+        assert m.keys_of(np.array(list(model.values()))).to_pylist() == \
+            [{"s": s, "n": n} for s, n in keys]
+
+
+def test_stored_key_map_compacts_and_keeps_the_live_keys():
+    m, ids = StoredKeyMap(SCHEMA), _Ids()
+    keys = [(f"k{i}", i % 7) for i in range(5000)]
+    t = _table(keys)
+    h = hash_rows(t) % np.uint64(64)  # many collisions
+    got, _ = m.intern(t, h, ids)
+    m.delete(got[:4500])
+    ids.free += got[:4500].tolist()
+    rest = _table(keys[4500:])
+    assert (m.lookup(rest, hash_rows(rest) % np.uint64(64)) == got[4500:]).all()
+    assert (m.lookup(t.slice(0, 4500), h[:4500]) == -1).all()
+    assert len(m._levels) == 1 and m._rows == 500
+
+
+def test_stored_key_map_exact_key_stores_nothing():
+    m = StoredKeyMap(pa.schema([("k", pa.int64())]))
+    t = pa.table({"k": [5, 6, 5]})
+    got, added = m.intern(t, hash_rows(t), _Ids())
+    assert got.tolist() == [0, 1, 0] and added.tolist() == [0, 1]
+    assert m._levels == []
