@@ -10,10 +10,13 @@ DoGet              a consistent snapshot; the ticket is a ``SnapshotRequest`` (c
                    Substrait filter) or a plain table name
 DoExchange         a subscription (:mod:`flight.subscription`): the first client message's
                    ``app_metadata`` is a ``ClientMessage`` with ``subscribe``
-DoPut              ingestion (:mod:`flight.ingest`); the first message's ``app_metadata``
-                   is a ``PutRequest`` (none: append, or upsert for a keyed table)
+DoPut              ingestion (:mod:`flight.put`, staged by :mod:`flight.staging`); the first
+                   message's ``app_metadata`` is a ``PutRequest`` (none: append, or upsert
+                   for a keyed table)
 DoAction           ``create_table``, ``drop_table``, ``commit``, ``abort``, ``stats``
 =================  ==================================================================
+
+Every handler answers an error through the one table of :mod:`flight.errors`.
 
 The gRPC ``TableService`` and health service run on a second port
 (:func:`flight.service.serve_table_service`). Both ports check the bearer token when one
@@ -38,14 +41,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
-from google.protobuf.message import DecodeError
 
 from engine.errors import InputError, ProtocolError, SchemaError
 from engine.graph import UpdateGraph
+from flight._requests import check_metadata_size, parse, table_name
 from flight.auth import BearerTokenMiddlewareFactory
 from flight.errors import flight_errors
 from flight.pb import flight_pb2 as pb
+from flight.put import PutHandler
 from flight.registry import TableEntry, TableRegistry
+from flight.staging import StagingArea
 from flight.subscription import Subscription, SubscriptionOptions
 
 __all__ = ["ServerConfig", "TicktableServer"]
@@ -105,23 +110,6 @@ class ServerConfig:
     shutdown_timeout: float = 30.0
 
 
-def _parse(message: Any, data: bytes | None, what: str) -> Any:
-    if data is None:
-        raise ProtocolError(f"{what}: missing metadata; send a {type(message).__name__}")
-    try:
-        message.ParseFromString(data)
-    except (DecodeError, ValueError) as exc:
-        raise ProtocolError(f"{what}: malformed {type(message).__name__} ({exc})") from exc
-    return message
-
-
-def _table_name(descriptor: flight.FlightDescriptor) -> str:
-    if descriptor.descriptor_type != flight.DescriptorType.PATH or len(descriptor.path) != 1:
-        raise ProtocolError("use FlightDescriptor.for_path(table_name)")
-    raw = descriptor.path[0]
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
 class _FlightService(flight.FlightServerBase):  # type: ignore[misc]
     def __init__(self, server: TicktableServer, location: str, **kw: Any) -> None:
         super().__init__(location, **kw)
@@ -141,11 +129,11 @@ class _FlightService(flight.FlightServerBase):  # type: ignore[misc]
 
     def get_flight_info(self, context: Any, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
         with flight_errors():
-            return self._info(self.server.registry.get(_table_name(descriptor)))
+            return self._info(self.server.registry.get(table_name(descriptor)))
 
     def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> flight.SchemaResult:
         with flight_errors():
-            return flight.SchemaResult(self.server.registry.get(_table_name(descriptor)).table.schema)
+            return flight.SchemaResult(self.server.registry.get(table_name(descriptor)).table.schema)
 
     # ------------------------------------------------------------------ snapshots
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.RecordBatchStream:
@@ -179,7 +167,7 @@ class _FlightService(flight.FlightServerBase):  # type: ignore[misc]
             name = None
         if name is not None and name in self.server.registry.names():
             return pb.SnapshotRequest(table=name)
-        req = _parse(pb.SnapshotRequest(), raw, "DoGet ticket")
+        req = parse(pb.SnapshotRequest(), raw, "DoGet ticket")
         if not req.table:
             raise ProtocolError("DoGet ticket names no table; use a SnapshotRequest or a "
                                 "table name")
@@ -194,16 +182,14 @@ class _FlightService(flight.FlightServerBase):  # type: ignore[misc]
             except StopIteration:  # the client closed without sending anything: nothing to do
                 return
             meta = first.app_metadata
-            if meta is not None and meta.size > self.server.config.max_metadata_bytes:
-                raise ProtocolError(f"metadata of {meta.size} bytes exceeds the limit "
-                                    f"{self.server.config.max_metadata_bytes}")
-            msg = _parse(pb.ClientMessage(), None if meta is None else meta.to_pybytes(),
+            check_metadata_size(meta, self.server.config.max_metadata_bytes, "DoExchange")
+            msg = parse(pb.ClientMessage(), None if meta is None else meta.to_pybytes(),
                          "DoExchange")
             if msg.WhichOneof("body") != "subscribe":
                 raise ProtocolError("the first DoExchange message must be a subscribe")
             req = msg.subscribe
             if not req.table and descriptor.descriptor_type == flight.DescriptorType.PATH:
-                req.table = _table_name(descriptor)
+                req.table = table_name(descriptor)
             entry = self.server.registry.get(req.table)
             sub = Subscription(entry, req, self.server.sub_options)
             self.server._track(sub, +1)
@@ -265,7 +251,7 @@ class _FlightService(flight.FlightServerBase):  # type: ignore[misc]
                 meta = chunk.app_metadata
                 if meta is None or meta.size > limit:
                     raise ProtocolError("subscription changes need metadata within the limit")
-                msg = _parse(pb.ClientMessage(), meta.to_pybytes(), "subscription change")
+                msg = parse(pb.ClientMessage(), meta.to_pybytes(), "subscription change")
                 if msg.WhichOneof("body") != "change":
                     raise ProtocolError("expected a subscription change")
                 sub.change(msg.change)
@@ -277,40 +263,7 @@ class _FlightService(flight.FlightServerBase):  # type: ignore[misc]
     def do_put(self, context: Any, descriptor: flight.FlightDescriptor, reader: Any,
                writer: Any) -> None:
         with flight_errors():
-            name = _table_name(descriptor)
-            entry = self.server.registry.get(name)
-            try:
-                first = reader.read_chunk()
-            except StopIteration:  # the client closed without sending anything: nothing to do
-                return
-            meta = first.app_metadata
-            limit = self.server.config.max_metadata_bytes
-            if meta is not None and meta.size > limit:
-                raise ProtocolError(f"metadata of {meta.size} bytes exceeds the limit {limit}")
-            if meta is None or meta.size == 0:
-                mode = pb.PUT_MODE_UPSERT if entry.kind == "keyed" else pb.PUT_MODE_APPEND
-                req = pb.PutRequest(mode=mode)
-            else:
-                req = _parse(pb.PutRequest(), meta.to_pybytes(), "DoPut")
-
-            def ack(a: pb.PutAck) -> None:
-                writer.write(pa.py_buffer(a.SerializeToString()))
-
-            self.server.ingestor.put(name, req, self._batches(reader, first), ack)
-
-    def _batches(self, reader: Any, first: Any) -> Iterator[pa.RecordBatch]:
-        limit = self.server.config.max_put_batch_bytes
-        chunk = first
-        while True:
-            if chunk.data is not None:
-                if chunk.data.nbytes > limit:
-                    raise ProtocolError(f"record batch of {chunk.data.nbytes} bytes exceeds the "
-                                        f"limit {limit}; send smaller batches")
-                yield chunk.data
-            try:
-                chunk = reader.read_chunk()
-            except StopIteration:
-                return
+            self.server.puts.serve(descriptor, reader, writer)
 
     # -------------------------------------------------------------------- actions
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
@@ -351,13 +304,14 @@ class TicktableServer:
 
     def __init__(self, graph: UpdateGraph, config: ServerConfig | None = None,
                  registry: TableRegistry | None = None) -> None:
-        from flight.ingest import Ingestor
-
         self.graph = graph
         self.config = config or ServerConfig()
         self.registry = registry or TableRegistry(graph,
                                                   history_updates=self.config.history_updates)
-        self.ingestor = Ingestor(self.registry, stage_ttl=self.config.stage_ttl)
+        self.staging = StagingArea(self.registry, stage_ttl=self.config.stage_ttl)
+        self.puts = PutHandler(self.registry, self.staging,
+                               max_metadata_bytes=self.config.max_metadata_bytes,
+                               max_batch_bytes=self.config.max_put_batch_bytes)
         self.sub_options = SubscriptionOptions(max_batch_rows=self.config.max_batch_rows,
                                                max_pending=self.config.max_pending)
         self._subs: dict[int, Subscription] = {}
@@ -404,7 +358,7 @@ class TicktableServer:
             self._grpc, self.grpc_port = serve_table_service(
                 self.registry, host=cfg.host, port=cfg.grpc_port, token=cfg.token,
                 tls_cert=cfg.tls_cert, tls_key=cfg.tls_key)
-        self.ingestor.start_janitor(min(60.0, max(1.0, cfg.stage_ttl / 4)))
+        self.staging.start_janitor(min(60.0, max(1.0, cfg.stage_ttl / 4)))
         log.info("serving Flight at %s, TableService on port %s", self.location, self.grpc_port)
         return self
 
@@ -442,7 +396,7 @@ class TicktableServer:
                           "never finished writing); giving up", self._stuck_readers or len(subs),
                           self.config.shutdown_timeout)
             self._flight = None
-        self.ingestor.stop()
+        self.staging.stop()
         self._remove_terminal()
         return clean
 
@@ -473,7 +427,7 @@ class TicktableServer:
         """Run one DoAction; returns the serialized result message (or ``None``)."""
         reg = self.registry
         if kind == "create_table":
-            req = _parse(pb.CreateTableRequest(), body, "create_table")
+            req = parse(pb.CreateTableRequest(), body, "create_table")
             try:
                 schema = pa.ipc.read_schema(pa.py_buffer(req.schema))
             except (pa.ArrowInvalid, OSError) as exc:
@@ -486,15 +440,15 @@ class TicktableServer:
                               capacity=int(req.capacity), if_not_exists=req.if_not_exists)
             return None
         if kind == "drop_table":
-            req2 = _parse(pb.DropTableRequest(), body, "drop_table")
+            req2 = parse(pb.DropTableRequest(), body, "drop_table")
             reg.get(req2.name)
             reg.drop(req2.name)
             return None
         if kind == "commit":
-            res = self.ingestor.commit(_parse(pb.CommitRequest(), body, "commit"))
+            res = self.staging.commit(parse(pb.CommitRequest(), body, "commit"))
             return bytes(res.SerializeToString())
         if kind == "abort":
-            self.ingestor.abort(_parse(pb.AbortRequest(), body, "abort"))
+            self.staging.abort(parse(pb.AbortRequest(), body, "abort"))
             return None
         if kind == "stats":
             return bytes(self.stats().SerializeToString())
@@ -507,7 +461,7 @@ class TicktableServer:
         out = pb.Stats(step=self.graph.step, last_cycle_ms=self.graph.last_cycle_seconds * 1e3,
                        cycle_p50_ms=float(np.median(ms)) if ms.size else 0.0,
                        cycle_p99_ms=float(np.percentile(ms, 99)) if ms.size else 0.0,
-                       open_stages=self.ingestor.open_stages,
+                       open_stages=self.staging.open_stages,
                        table_service_port=self.grpc_port or 0)
         subs = self.subscriptions
         for e in self.registry.entries():

@@ -2,7 +2,8 @@
 
 Batch writes are atomic and retry-safe, upserts update, reads return the server's snapshot,
 and a streaming query restarted from its checkpoint applies a replayed micro-batch once. The
-server's ingestor is wrapped by recorders (they call through) to see what reached it.
+server's DoPut handler and staging area are wrapped by recorders (they call through) to see
+what reached them.
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ N = 1_000_000
 
 
 class Recorder:
-    """Wraps an ingestor method; every call goes through and is recorded (thread-safe)."""
+    """Wraps ``server.puts.put`` or ``server.staging.commit``; every call goes through and is
+    recorded (thread-safe)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, ingestor: Any, name: str) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, target: Any, name: str) -> None:
         self.calls: list[dict[str, Any]] = []
         self._cond = threading.Condition()
-        real = getattr(ingestor, name)
+        real = getattr(target, name)
 
         def put(table, request, batches, ack):
             rec = {"write_id": request.write_id, "partition": request.partition,
@@ -61,7 +63,7 @@ class Recorder:
                        "rows": int(result.rows)})
             return result
 
-        monkeypatch.setattr(ingestor, name, put if name == "put" else commit)
+        monkeypatch.setattr(target, name, put if name == "put" else commit)
 
     def _add(self, rec: dict[str, Any]) -> None:
         with self._cond:
@@ -131,7 +133,7 @@ def test_merged_regroups_batches_in_order_within_bounds(seed):
 
 def test_batch_write_creates_the_table_and_publishes_the_job_in_one_cycle(spark, server,
                                                                            monkeypatch):
-    puts = Recorder(monkeypatch, server.ingestor, "put")
+    puts = Recorder(monkeypatch, server.puts, "put")
     seen = sizes_at_cycle_end(server, "t")
     write(frame(spark), server, "t")
     entry = server.registry.get("t")
@@ -141,11 +143,11 @@ def test_batch_write_creates_the_table_and_publishes_the_job_in_one_cycle(spark,
     check_frame(entry.table.to_arrow())
     assert set(seen) <= {0, N}, "a cycle showed part of the job"
     assert sorted(c["partition"] for c in puts.calls) == [0, 1]  # one DoPut per task
-    assert server.ingestor.open_stages == 0
+    assert server.staging.open_stages == 0
 
 
 def test_a_retried_task_never_duplicates_rows(spark, server, monkeypatch):
-    puts = Recorder(monkeypatch, server.ingestor, "put")
+    puts = Recorder(monkeypatch, server.puts, "put")
 
     def fail_first_attempt(batches):
         from pyspark import TaskContext
@@ -166,13 +168,13 @@ def test_a_retried_task_never_duplicates_rows(spark, server, monkeypatch):
     assert len(p1) == 2 and len({c["attempt"] for c in p1}) == 2, puts.calls
     failed = min(p1, key=lambda c: c["rows"])
     assert 0 < failed["rows"] < N // 2, f"the failed attempt staged nothing: {puts.calls}"
-    assert server.ingestor.open_stages == 0
+    assert server.staging.open_stages == 0
 
 
 def test_a_failed_job_leaves_nothing_visible_and_no_stages(spark, server, monkeypatch):
     from pyspark.errors import PySparkException
 
-    puts = Recorder(monkeypatch, server.ingestor, "put")
+    puts = Recorder(monkeypatch, server.puts, "put")
     seen = sizes_at_cycle_end(server, "t")
 
     def fail_partition_1(batches):
@@ -189,9 +191,9 @@ def test_a_failed_job_leaves_nothing_visible_and_no_stages(spark, server, monkey
     # every attempt's DoPut has ended (they are recorded when the server's handler returns),
     # so no batch can arrive after the abort: the state below is final
     puts.wait(lambda cs: len(cs) == 5)  # partition 0 once, partition 1 four times (local[2,4])
-    state = (puts.calls, server.ingestor.open_stages)
+    state = (puts.calls, server.staging.open_stages)
     assert server.registry.get("t").table.size == 0 and set(seen) <= {0}, state
-    assert server.ingestor.open_stages == 0, state
+    assert server.staging.open_stages == 0, state
     assert sum(c["partition"] == 1 for c in puts.calls) == 4, state
     assert any(c["partition"] == 0 and c["rows"] > 0 for c in puts.calls), state
 
@@ -232,7 +234,7 @@ def test_refused_writes_say_why_before_any_task_runs(spark, server):
 def test_an_empty_frame_creates_the_table_and_writes_nothing(spark, server):
     write(spark.range(0).withColumnRenamed("id", "n"), server, "empty")
     assert server.registry.get("empty").table.size == 0
-    assert server.ingestor.open_stages == 0
+    assert server.staging.open_stages == 0
 
 
 def test_tls_and_token_options(spark, tmp_path):
@@ -293,7 +295,7 @@ def test_a_restarted_stream_applies_a_replayed_micro_batch_once(spark, server, s
                                                                  tmp_path, monkeypatch):
     schema = pa.schema([("timestamp", pa.timestamp("us", tz="UTC")), ("value", pa.int64())])
     server.registry.create_source("ticks", schema, "append")
-    commits = Recorder(monkeypatch, server.ingestor, "commit")
+    commits = Recorder(monkeypatch, server.staging, "commit")
     sub = subscribe("ticks")
     checkpoint = tmp_path / "checkpoint"
 

@@ -1,0 +1,298 @@
+"""DoPut transport: one Flight stream of record batches into a source table (DESIGN.md §5).
+
+A write flows once through :class:`PutHandler`: **decode** (the ``PutRequest`` in the
+first message's ``app_metadata``; each record batch, within the size limits), **check**
+(the mode fits the table, columns conform to its schema, keys are not null, the reserved
+columns parse), **stage or hold** (:class:`~flight.staging.StagingArea`: into the table's
+next cycle, or into a stage slot until commit), **acknowledge** (one ``PutAck`` per batch,
+after it was staged or held). A bad batch raises and nothing of it is staged; the batches
+before it stay. The handler never runs a cycle.
+
+Modes (the last column names are reserved):
+
+* ``APPEND`` — append and ring tables: rows are appended.
+* ``UPSERT`` — keyed tables: insert-or-update by key; a bool column ``__delete`` (null means
+  false) marks rows whose key is deleted instead. Inside one batch the last row per key
+  decides, whether upsert or delete.
+* ``DELETE`` — keyed tables: batches carry exactly the key columns.
+* ``DIFF`` — keyed tables: differential triples, the table's columns plus an int64 weight
+  ``__diff`` (an optional ``__time`` column is accepted and ignored). A batch is one
+  transaction: its weights are summed per row, and per key the net effect must be a valid
+  change of the key's current row, writes staged before it included — a ``-1`` of the
+  current row and a ``+1`` of a new row (an update), a lone ``-1`` of the current row (a
+  delete), a lone ``+1`` for an absent key (an insert). Anything else (retracting a row the
+  key does not hold, two rows for one key, a net weight other than ``+1``/``-1``) raises
+  :class:`~engine.errors.InputError` naming table and key and applies nothing of the batch
+  (:func:`engine.differential.resolve.resolve_triples` states the rules).
+
+No request metadata means ``UPSERT`` for a keyed table and ``APPEND`` otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from engine._kernels.hashing import exact_hash, group_equal, hash_rows, same_rows
+from engine.differential.upsert import DELETE
+from engine.differential.zset import DIFF, TIME
+from engine.errors import InputError, InvalidKeyError, ProtocolError, SchemaError
+from engine.sources import AppendOnlyTable, KeyedTable, RingTable, conform
+from flight._requests import check_metadata_size, parse, table_name
+from flight.pb import flight_pb2 as pb
+from flight.registry import TableEntry, TableRegistry
+from flight.staging import Part, StagingArea
+
+__all__ = ["PutHandler", "check_batch", "check_mode"]
+
+log = logging.getLogger(__name__)
+
+I64 = npt.NDArray[np.int64]
+
+_MODE_NAMES: dict[int, str] = {
+    pb.PUT_MODE_APPEND: "append",
+    pb.PUT_MODE_UPSERT: "upsert",
+    pb.PUT_MODE_DELETE: "delete",
+    pb.PUT_MODE_DIFF: "diff",
+}
+
+
+class PutHandler:
+    """Serves DoPut: decodes each stream, checks its batches, stages them, acknowledges.
+
+    Thread-safe: each DoPut stream runs on its own thread.
+
+    Parameters
+    ----------
+    registry
+        The server's tables.
+    staging
+        Where checked batches go (straight into tables, or into stage slots).
+    max_metadata_bytes
+        Largest ``app_metadata`` accepted with the first message.
+    max_batch_bytes
+        Largest record batch accepted.
+    """
+
+    def __init__(self, registry: TableRegistry, staging: StagingArea, *,
+                 max_metadata_bytes: int = 1 << 20, max_batch_bytes: int = 256 << 20) -> None:
+        self.registry = registry
+        self.staging = staging
+        self.max_metadata_bytes = max_metadata_bytes
+        self.max_batch_bytes = max_batch_bytes
+
+    def serve(self, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
+        """One DoPut call: ``reader`` yields the client's messages, ``writer`` takes the acks.
+
+        Raises
+        ------
+        ProtocolError
+            If the descriptor is not a table path, or the metadata or a batch is malformed
+            or too large.
+        TicktableError
+            Whatever :meth:`put` raises.
+        """
+        name = table_name(descriptor)
+        entry = self.registry.get(name)
+        try:
+            first = reader.read_chunk()
+        except StopIteration:  # the client closed without sending anything: nothing to do
+            return
+        meta = first.app_metadata
+        check_metadata_size(meta, self.max_metadata_bytes, f"DoPut into {name!r}")
+        if meta is None or meta.size == 0:
+            mode = pb.PUT_MODE_UPSERT if entry.kind == "keyed" else pb.PUT_MODE_APPEND
+            request = pb.PutRequest(mode=mode)
+        else:
+            request = parse(pb.PutRequest(), meta.to_pybytes(), "DoPut")
+
+        def ack(a: pb.PutAck) -> None:
+            writer.write(pa.py_buffer(a.SerializeToString()))
+
+        self.put(name, request, self._batches(name, reader, first), ack)
+
+    def _batches(self, name: str, reader: Any, first: Any) -> Iterator[pa.RecordBatch]:
+        limit = self.max_batch_bytes
+        chunk = first
+        while True:
+            if chunk.data is not None:
+                if chunk.data.nbytes > limit:
+                    raise ProtocolError(f"DoPut into {name!r}: record batch of {chunk.data.nbytes} "
+                                        f"bytes exceeds the limit {limit}; send smaller batches")
+                yield chunk.data
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return
+
+    def put(self, table_name: str, request: pb.PutRequest, batches: Iterable[pa.RecordBatch],
+            ack: Callable[[pb.PutAck], None]) -> int:
+        """Check, stage and acknowledge a decoded stream; returns the number of rows received.
+
+        Each batch is checked, then staged into the table (no ``write_id``: visible after
+        the next cycle) or held in the stage slot ``(write_id, partition, attempt)``, then
+        acknowledged with ``ack`` (``batch_index`` from 0, its ``rows``, ``total_rows`` so far,
+        ``staged``). A DIFF batch sees the writes staged before it, this stream's included.
+
+        Parameters
+        ----------
+        table_name
+            A source table of the registry.
+        request
+            The stream's first ``app_metadata``: mode and optional stage slot.
+        batches
+            The stream's record batches.
+        ack
+            Called once per batch, after it was staged or held.
+
+        Raises
+        ------
+        TableNotFound
+            If there is no such table.
+        InputError
+            If the mode does not fit the table (e.g. APPEND into a keyed table), or a DIFF
+            batch is not a valid change of the table; :class:`SchemaError` for columns that
+            are missing, unknown or mistyped; :class:`InvalidKeyError` for null keys.
+        Overloaded
+            If holding a staged batch would pass the staging area's byte limit.
+        TableFailed
+            If the table failed in an earlier cycle.
+        """
+        entry = self.registry.get(table_name)
+        kind = check_mode(entry, request.mode)
+        staged = bool(request.write_id)
+        slot = (int(request.partition), int(request.attempt))
+        total = 0
+        for index, batch in enumerate(batches):
+            parts = check_batch(entry, kind, batch)
+            if staged:
+                self.staging.hold(request.write_id, slot, parts, batch.num_rows)
+            else:
+                self.staging.apply(entry, parts)
+            total += batch.num_rows
+            ack(pb.PutAck(batch_index=index, rows=batch.num_rows, total_rows=total, staged=staged))
+        return total
+
+
+# checking batches ---------------------------------------------------------------------------
+def check_mode(entry: TableEntry, mode: int) -> str:
+    """The write kind for ``mode`` on ``entry``, or an InputError saying which mode fits."""
+    name = _MODE_NAMES.get(mode)
+    if name is None:
+        raise InputError(f"unknown put mode {mode} for table {entry.name!r}")
+    table = entry.table
+    if isinstance(table, KeyedTable):
+        if name == "append":
+            raise InputError(
+                f"table {entry.name!r} is keyed by {table.keys}: write it with PUT_MODE_UPSERT "
+                f"(or DELETE / DIFF), not APPEND")
+        return name
+    if isinstance(table, AppendOnlyTable | RingTable):
+        if name != "append":
+            raise InputError(
+                f"table {entry.name!r} is an {entry.kind} table without keys: write it with "
+                f"PUT_MODE_APPEND ({name} needs a keyed table)")
+        return name
+    raise InputError(f"table {entry.name!r} is a {entry.kind} table, not a source table; only "
+                     f"source tables (append, keyed, ring) take writes")
+
+
+def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table) -> list[Part]:
+    """Check one batch and turn it into parts to stage together (nothing is staged here).
+
+    Raises
+    ------
+    SchemaError
+        Naming the missing, unknown or mistyped column (reserved columns included).
+    InvalidKeyError
+        If a key column holds nulls.
+    """
+    name, table = entry.name, entry.table
+    data = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    if kind == "append":
+        return [Part(name, "append", conform(name, table.schema, data))]
+    assert isinstance(table, KeyedTable)
+    keys = list(table.keys)
+    if kind == "delete":
+        t = conform(name, table.schema, data, columns=keys)
+        _check_keys(name, t, keys)
+        return [Part(name, "delete", t)]
+    if kind == "upsert":
+        flags = None
+        if DELETE in data.column_names:
+            flags = _bool_column(name, data, DELETE)
+            data = data.drop_columns([DELETE])
+        t = conform(name, table.schema, data)
+        _check_keys(name, t, keys)
+        if flags is None or not flags.any():
+            return [Part(name, "upsert", t)]  # the keyed table itself is last-wins
+        return _split_upsert_delete(name, table, t, flags)
+    # diff
+    if DIFF not in data.column_names:
+        raise SchemaError(f"table {name!r}: a PUT_MODE_DIFF batch needs an int64 weight column "
+                          f"{DIFF!r} (has: {data.column_names})")
+    diffs = _int_column(name, data, DIFF)
+    data = data.drop_columns([c for c in (DIFF, TIME) if c in data.column_names])
+    t = conform(name, table.schema, data)
+    _check_keys(name, t, keys)
+    return [Part(name, "diff", t, diffs)]
+
+
+def _bool_column(table: str, data: pa.Table, column: str) -> npt.NDArray[np.bool_]:
+    col = data.column(column)
+    if not pa.types.is_boolean(col.type):
+        raise SchemaError(f"table {table!r}: column {column!r} has type {col.type}, expected bool "
+                          f"(true marks a row whose key is deleted)")
+    col = col.fill_null(False)
+    return np.asarray(col.to_numpy(), dtype=bool)
+
+
+def _int_column(table: str, data: pa.Table, column: str) -> I64:
+    col = data.column(column)
+    if not pa.types.is_integer(col.type):
+        raise SchemaError(f"table {table!r}: column {column!r} has type {col.type}, expected int64")
+    if col.null_count:
+        raise SchemaError(f"table {table!r}: column {column!r} has {col.null_count} null weight(s)")
+    if col.type != pa.int64():
+        try:
+            col = col.cast(pa.int64(), safe=True)
+        except pa.ArrowInvalid as exc:
+            raise SchemaError(f"table {table!r}: column {column!r} does not fit int64 "
+                              f"({str(exc).splitlines()[0]})") from exc
+    return np.asarray(col.to_numpy(), dtype=np.int64)
+
+
+def _check_keys(table: str, data: pa.Table, keys: list[str]) -> None:
+    for k in keys:
+        nulls = data.column(k).null_count
+        if nulls:
+            raise InvalidKeyError(f"table {table!r}: key column {k!r} has {nulls} null value(s); "
+                                  f"keys may not be null")
+
+
+def _split_upsert_delete(name: str, table: KeyedTable, data: pa.Table,
+                         deleted: npt.NDArray[np.bool_]) -> list[Part]:
+    """An upsert batch with ``__delete`` rows: the last row per key decides.
+
+    Returns an upsert and a delete part on disjoint keys, so their order does not matter.
+    """
+    keys = list(table.keys)
+    key_cols = data.select(keys)
+    order, starts = group_equal(
+        hash_rows(key_cols),
+        None if exact_hash(table.schema, keys) else (lambda i, j: same_rows(key_cols, i, j)))
+    last = np.sort(np.maximum.reduceat(order, starts))
+    is_del = deleted[last]
+    ups, dels = last[~is_del], last[is_del]
+    out = []
+    if ups.size:
+        out.append(Part(name, "upsert", data.take(ups)))
+    if dels.size:
+        out.append(Part(name, "delete", key_cols.take(dels)))
+    return out

@@ -1,0 +1,464 @@
+"""Staging and transactions: checked writes into tables, stage slots, commit and abort.
+
+:mod:`flight.put` decodes and checks a DoPut stream into :class:`Part` s; the
+:class:`StagingArea` puts them where they belong (DESIGN.md §5):
+
+* without a ``write_id``, into their table at once (:meth:`StagingArea.apply`): visible
+  after the next cycle;
+* with one, into the stage slot ``(write_id, partition, attempt)``
+  (:meth:`StagingArea.hold`), invisible until :meth:`StagingArea.commit` publishes the
+  chosen slots, all of them while holding the graph's exclusive lock, so one cycle applies
+  them all, across tables. The write's other slots (failed task attempts) are dropped.
+
+A DIFF part (differential triples) is resolved into upserts and deletes by
+:func:`engine.differential.resolve.resolve_triples`, against the key's current row
+*including* the writes staged before it (:meth:`KeyedTable.lookup` with ``staged=True``),
+and staged under the table's :meth:`~engine.sources.KeyedTable.write_lock`, so no other
+write comes between the check and the staging. No cycle is run for it: consecutive DIFF
+batches compose exactly whether or not a cycle ran between them. An invalid DIFF batch
+raises :class:`~engine.errors.InputError` naming table and key, and stages nothing of the
+batch (nothing of the write, at commit). The DIFF parts of one table in one commit are
+summed into one batch (partitions have no order); a commit may not mix DIFF with other
+modes for one table.
+
+A commit returns once the cycle that applies it has finished when the graph runs
+periodically (``CommitResult.step`` is that cycle); in manual mode it returns at once with
+the step of the next cycle. Streaming micro-batches ``(stream_id, batch_id)`` are applied
+once; the last batch id per stream and the results of committed write ids (for
+``stage_ttl``) are kept in memory, so a restarted server forgets them. A janitor thread
+drops writes nobody committed or aborted within ``stage_ttl``.
+
+Locks, always in this order: the graph's lock (shared, or exclusive for a commit), then a
+table's staging lock. One part is staged under its table's staging lock alone; several
+parts of one batch under the graph's shared lock too (one cycle takes them all); a DIFF
+part under the table's write lock. The StagingArea's own mutex guards its bookkeeping, is
+held only briefly, and never while taking a graph or table lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from engine.differential.resolve import KeyedWrites, resolve_triples
+from engine.differential.zset import ZSet
+from engine.errors import InputError, Overloaded, TableFailed
+from engine.graph import UpdateGraph
+from engine.sources import AppendOnlyTable, KeyedTable, RingTable
+from flight.pb import flight_pb2 as pb
+from flight.registry import TableEntry, TableRegistry
+
+__all__ = ["Part", "StagingArea"]
+
+log = logging.getLogger(__name__)
+
+I64 = npt.NDArray[np.int64]
+KINDS = ("append", "upsert", "delete", "diff")
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One checked write to one table, ready to stage.
+
+    Attributes
+    ----------
+    table
+        The table's name.
+    kind
+        ``append``, ``upsert``, ``delete`` (``data`` has the key columns only) or ``diff``.
+    data
+        The rows, conformed to the table's schema.
+    diffs
+        The weight per row of a ``diff`` part.
+    """
+
+    table: str
+    kind: str
+    data: pa.Table
+    diffs: I64 | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes) + (self.diffs.nbytes if self.diffs is not None else 0)
+
+
+@dataclass(slots=True)
+class _Slot:
+    parts: list[Part] = field(default_factory=list)
+    rows: int = 0
+    nbytes: int = 0
+
+
+@dataclass(slots=True)
+class _Write:
+    slots: dict[tuple[int, int], _Slot] = field(default_factory=dict)
+    touched: float = 0.0
+    committing: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.slots.values())
+
+
+class StagingArea:
+    """Stages checked writes into the registry's tables; holds and commits staged writes.
+
+    Thread-safe: every DoPut stream and action runs on its own thread.
+
+    Parameters
+    ----------
+    registry
+        The server's tables.
+    stage_ttl
+        Seconds after its last batch an uncommitted write is dropped by :meth:`expire`.
+        Committed write ids are remembered as long, so a retried commit is not re-applied.
+    max_staged_bytes
+        Bound on the bytes held by all uncommitted writes; a batch that would pass it is
+        refused with :class:`~engine.errors.Overloaded`.
+    commit_timeout
+        How long :meth:`commit` waits for the cycle that applies the commit.
+    """
+
+    def __init__(self, registry: TableRegistry, *, stage_ttl: float = 600.0,
+                 max_staged_bytes: int = 4 << 30, commit_timeout: float = 60.0) -> None:
+        self.registry = registry
+        self.graph: UpdateGraph = registry.graph
+        self.stage_ttl = stage_ttl
+        self.max_staged_bytes = max_staged_bytes
+        self.commit_timeout = commit_timeout
+        self._lock = threading.Lock()  # guards the fields below; never held while waiting
+        self._commit_lock = threading.Lock()
+        self._writes: dict[str, _Write] = {}
+        self._staged_bytes = 0
+        self._committed: dict[str, tuple[float, pb.CommitResult]] = {}
+        self._aborted: dict[str, float] = {}  # write id -> when (forgotten after stage_ttl)
+        self._stream_batches: dict[str, int] = {}
+        self._cycle_done = threading.Condition()
+        self._last_step = self.graph.step
+        self._remove_terminal = self.graph.add_terminal_listener(self._on_cycle_end)
+        self._janitor: threading.Thread | None = None
+        self._janitor_stop = threading.Event()
+
+    # writes without a write id --------------------------------------------------------------
+    def apply(self, entry: TableEntry, parts: list[Part]) -> None:
+        """Stage the parts of one batch into ``entry``'s table for its next cycle, atomically.
+
+        A DIFF part is resolved against the table's rows with the writes staged before it
+        folded in, and staged under the table's write lock; no cycle is run.
+
+        Raises
+        ------
+        InputError
+            If a DIFF part is not a valid change of the table (naming table and key); nothing
+            of the batch is staged.
+        TableFailed
+            If the table failed in an earlier cycle.
+        """
+        table = entry.table
+        if any(p.kind == "diff" for p in parts):
+            assert isinstance(table, KeyedTable) and len(parts) == 1, "diff is one keyed part"
+            with table.write_lock():
+                _resolve(table, parts, "nothing of the batch was applied").stage(table)
+        elif len(parts) == 1:  # the table's own staging lock makes one part atomic
+            _stage(table, parts[0])
+        else:
+            with self.graph.shared_lock():  # one cycle takes all parts; no commit in between
+                for part in parts:
+                    _stage(table, part)
+
+    # stage slots ----------------------------------------------------------------------------
+    def hold(self, write_id: str, slot: tuple[int, int], parts: list[Part], rows: int) -> None:
+        """Hold checked ``parts`` (``rows`` rows of one batch) in the stage slot of ``write_id``.
+
+        Raises
+        ------
+        InputError
+            If the write was committed or aborted, or is being committed.
+        Overloaded
+            If holding the parts would pass ``max_staged_bytes``.
+        """
+        nbytes = sum(p.nbytes for p in parts)
+        with self._lock:
+            if write_id in self._committed:
+                raise InputError(f"write {write_id!r} was already committed; use a new write_id")
+            if write_id in self._aborted:
+                raise InputError(f"write {write_id!r} was aborted; its batches are refused, use a "
+                                 f"new write_id")
+            write = self._writes.get(write_id)
+            if write is not None and write.committing:
+                raise InputError(f"write {write_id!r} is being committed; use a new write_id")
+            if self._staged_bytes + nbytes > self.max_staged_bytes:
+                raise Overloaded(
+                    f"staged writes hold {self._staged_bytes} bytes and this batch needs {nbytes} "
+                    f"more (limit {self.max_staged_bytes}); commit or abort open writes, or retry "
+                    f"later")
+            if write is None:
+                write = self._writes[write_id] = _Write()
+            s = write.slots.setdefault(slot, _Slot())
+            s.parts.extend(parts)
+            s.rows += rows
+            s.nbytes += nbytes
+            write.touched = time.monotonic()
+            self._staged_bytes += nbytes
+
+    def commit(self, request: pb.CommitRequest, *, wait: bool | None = None) -> pb.CommitResult:
+        """Publish the chosen slots of a staged write atomically, in one cycle.
+
+        The chosen slots (``slots``, or every slot with ``all_slots``) are staged into their
+        tables in (partition, attempt) order while holding the graph's exclusive lock, so the
+        next cycle applies all of them; the write's other slots are dropped. DIFF parts are
+        checked now, against their tables' rows with the writes staged before folded in. On
+        any error nothing is published and the write stays open (abort it, or let it expire).
+
+        With ``stream_id`` and ``has_batch`` the commit is a streaming micro-batch: if
+        ``batch_id`` is not above the last one committed for ``stream_id``, the stages are
+        dropped and the result says ``applied=False``. A retried commit of a write id that
+        was already committed is answered the same way. An unknown write id with no slots
+        named commits nothing (an empty write).
+
+        Parameters
+        ----------
+        request
+            The commit.
+        wait
+            Wait for the cycle that applies the commit and report its step (``None``: wait
+            when the graph runs periodically; tests driving ``run_cycle`` do not wait, and
+            get the step of that next cycle).
+
+        Returns
+        -------
+        pb.CommitResult
+            ``rows`` published, ``applied``, and ``step``: the cycle that makes it visible.
+
+        Raises
+        ------
+        InputError
+            A named slot was never written, the write was aborted, or a DIFF part is not a
+            valid change of its table; :class:`TableNotFound` if a table was dropped
+            meanwhile.
+        TableFailed
+            If a table of the write failed in an earlier cycle.
+        """
+        write_id = request.write_id
+        with self._commit_lock:  # one commit at a time: stream batch ids are checked, then set
+            result, n_slots = self._commit_locked(request)
+        if result.applied:
+            log.info("committed write %r: %d slot(s), %d rows, step %d", write_id, n_slots,
+                     result.rows, result.step)
+            if self.graph.running if wait is None else wait:
+                self._wait_for_step(result.step)
+        return result
+
+    def _commit_locked(self, request: pb.CommitRequest) -> tuple[pb.CommitResult, int]:
+        write_id = request.write_id
+        with self._lock:
+            if write_id in self._aborted:
+                raise InputError(f"write {write_id!r} was aborted; nothing of it can be committed, "
+                                 f"write again with a new write_id")
+            done = self._committed.get(write_id)
+            if done is not None:
+                return pb.CommitResult(rows=done[1].rows, applied=False, step=done[1].step), 0
+            if (request.has_batch
+                    and self._stream_batches.get(request.stream_id, -1) >= request.batch_id):
+                dropped = self._drop_locked(write_id)
+                log.info("commit of write %r: batch %d of stream %r was already applied; "
+                         "%d slot(s) dropped", write_id, request.batch_id, request.stream_id,
+                         dropped)
+                return pb.CommitResult(rows=0, applied=False, step=self.graph.step), 0
+            write = self._writes.get(write_id)
+            have = write.slots if write is not None else {}
+            if request.all_slots:
+                chosen = sorted(have)
+            else:
+                chosen = sorted({(int(s.partition), int(s.attempt)) for s in request.slots})
+                missing = [c for c in chosen if c not in have]
+                if missing:
+                    raise InputError(
+                        f"write {write_id!r} has no slot(s) {_slot_names(missing)} (has: "
+                        f"{_slot_names(sorted(have)) or 'none'}); commit only slots that were "
+                        f"written")
+            parts = [p for c in chosen for p in have[c].parts]
+            rows = sum(have[c].rows for c in chosen)
+            if write is not None:
+                write.committing = True
+        try:
+            step = self._publish(write_id, parts)
+        except BaseException:
+            with self._lock:
+                if write is not None:
+                    write.committing = False
+            raise
+        result = pb.CommitResult(rows=rows, applied=True, step=step)
+        with self._lock:
+            self._drop_locked(write_id)
+            self._committed[write_id] = (time.monotonic(), result)
+            if request.has_batch:
+                self._stream_batches[request.stream_id] = request.batch_id
+        return result, len(chosen)
+
+    def _publish(self, write_id: str, parts: list[Part]) -> int:
+        """Stage ``parts`` in one critical section; returns the step of the cycle applying them."""
+        if not parts:
+            return self.graph.step
+        names = list(dict.fromkeys(p.table for p in parts))
+        with self.graph.exclusive_lock():
+            entries = {n: self.registry.get(n) for n in names}
+            for e in entries.values():
+                if e.table.failure is not None:  # check all before staging any
+                    raise TableFailed(f"table {e.name!r} failed: {e.table.failure}")
+            diff_tables = sorted({p.table for p in parts if p.kind == "diff"})
+            mixed = [n for n in diff_tables
+                     if any(p.table == n and p.kind != "diff" for p in parts)]
+            if mixed:
+                raise InputError(f"table(s) {mixed}: a commit cannot mix diff writes with other "
+                                 f"modes for one table; commit them in separate writes")
+            with ExitStack() as held:
+                resolved: dict[str, KeyedWrites] = {}
+                for n in diff_tables:  # check everything before staging anything
+                    table = entries[n].table
+                    assert isinstance(table, KeyedTable)
+                    held.enter_context(table.write_lock())  # no write between check and stage
+                    resolved[n] = _resolve(table, [p for p in parts if p.table == n],
+                                           f"nothing of write {write_id!r} was committed")
+                for n in names:
+                    table = entries[n].table
+                    if n in resolved:
+                        assert isinstance(table, KeyedTable)
+                        resolved[n].stage(table)
+                    else:
+                        for part in parts:
+                            if part.table == n:
+                                _stage(table, part)
+            step = self.graph.step + 1  # the next cycle takes every pending write
+        self.graph.request_cycle()
+        return step
+
+    def abort(self, request: pb.AbortRequest) -> int:
+        """Drop every slot of a staged write; returns how many were dropped (0 if unknown).
+
+        Batches of the write that arrive later are refused.
+        """
+        with self._lock:
+            n = self._drop_locked(request.write_id)
+            self._aborted[request.write_id] = time.monotonic()  # late batches are refused
+        if n:
+            log.info("aborted write %r: %d slot(s) dropped", request.write_id, n)
+        return n
+
+    def _drop_locked(self, write_id: str) -> int:
+        write = self._writes.pop(write_id, None)
+        if write is None:
+            return 0
+        self._staged_bytes -= write.nbytes
+        return len(write.slots)
+
+    # housekeeping ---------------------------------------------------------------------------
+    def expire(self, now: float | None = None) -> int:
+        """Drop writes with no batch for ``stage_ttl`` seconds; returns the slots dropped.
+
+        ``now`` is a :func:`time.monotonic` reading (the current one by default).
+        """
+        now = time.monotonic() if now is None else now
+        dropped = 0
+        with self._lock:
+            stale = [w for w, s in self._writes.items()
+                     if not s.committing and now - s.touched > self.stage_ttl]
+            for w in stale:
+                dropped += self._drop_locked(w)
+            for w in [w for w, (t, _) in self._committed.items() if now - t > self.stage_ttl]:
+                del self._committed[w]
+            for w in [w for w, t in self._aborted.items() if now - t > self.stage_ttl]:
+                del self._aborted[w]
+        if stale:
+            log.warning("expired %d abandoned write(s) (%d slot(s)): %s", len(stale), dropped,
+                        ", ".join(map(repr, stale[:10])))
+        return dropped
+
+    def start_janitor(self, interval: float = 30.0) -> None:
+        """Call :meth:`expire` every ``interval`` seconds on a background thread."""
+        if self._janitor is not None:
+            raise RuntimeError("the janitor is already running")
+        self._janitor_stop.clear()
+
+        def loop() -> None:
+            while not self._janitor_stop.wait(interval):
+                try:
+                    self.expire()
+                except Exception:
+                    log.exception("expiring staged writes failed")
+
+        self._janitor = threading.Thread(target=loop, name="ticktable-stage-janitor", daemon=True)
+        self._janitor.start()
+
+    def stop(self) -> None:
+        """Stop the janitor and stop listening to the graph (at shutdown)."""
+        self._janitor_stop.set()
+        if self._janitor is not None:
+            self._janitor.join()
+            self._janitor = None
+        self._remove_terminal()
+
+    @property
+    def open_stages(self) -> int:
+        """Slots held by uncommitted writes."""
+        with self._lock:
+            return sum(len(w.slots) for w in self._writes.values())
+
+    @property
+    def staged_bytes(self) -> int:
+        """Bytes held by uncommitted writes."""
+        with self._lock:
+            return self._staged_bytes
+
+    # waiting for a cycle --------------------------------------------------------------------
+    def _on_cycle_end(self, step: int) -> None:
+        with self._cycle_done:
+            self._last_step = step
+            self._cycle_done.notify_all()
+
+    def _wait_for_step(self, step: int) -> None:
+        with self._cycle_done:
+            ok = self._cycle_done.wait_for(lambda: self._last_step >= step, self.commit_timeout)
+        if not ok:
+            log.warning("commit: cycle %d did not finish within %.1f s; the write is staged and "
+                        "will be applied", step, self.commit_timeout)
+
+
+def _slot_names(slots: list[tuple[int, int]]) -> str:
+    return ", ".join(f"(partition {p}, attempt {a})" for p, a in slots)
+
+
+def _resolve(table: KeyedTable, parts: list[Part], refused: str) -> KeyedWrites:
+    """The upserts and deletes equivalent to the summed DIFF ``parts`` (hold the write lock).
+
+    Raises
+    ------
+    InputError
+        Of the class :func:`resolve_triples` raised, its message ending with ``refused``.
+    """
+    data = parts[0].data if len(parts) == 1 else pa.concat_tables([p.data for p in parts])
+    diffs = np.concatenate([p.diffs for p in parts if p.diffs is not None])
+    try:
+        return resolve_triples(table, ZSet(data, diffs))
+    except InputError as exc:
+        raise type(exc)(f"{exc}; {refused}") from exc
+
+
+def _stage(table: object, part: Part) -> None:
+    """Stage one checked upsert, delete or append part into its table."""
+    if isinstance(table, KeyedTable):
+        if part.kind == "upsert":
+            table.upsert(part.data)
+        else:
+            assert part.kind == "delete", part.kind
+            table.delete(part.data)
+    else:
+        assert isinstance(table, AppendOnlyTable | RingTable) and part.kind == "append"
+        table.append(part.data)
