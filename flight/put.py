@@ -39,7 +39,6 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from engine._kernels.hashing import exact_hash, group_equal, hash_rows, same_rows
 from engine.differential.upsert import DELETE
 from engine.differential.zset import DIFF, TIME
 from engine.errors import InputError, InvalidKeyError, ProtocolError, SchemaError
@@ -280,14 +279,21 @@ def _split_upsert_delete(name: str, table: KeyedTable, data: pa.Table,
                          deleted: npt.NDArray[np.bool_]) -> list[Part]:
     """An upsert batch with ``__delete`` rows: the last row per key decides.
 
+    Keys are grouped by Arrow's hash aggregation, which compares the key values exactly.
     Returns an upsert and a delete part on disjoint keys, so their order does not matter.
     """
     keys = list(table.keys)
     key_cols = data.select(keys)
-    order, starts = group_equal(
-        hash_rows(key_cols),
-        None if exact_hash(table.schema, keys) else (lambda i, j: same_rows(key_cols, i, j)))
-    last = np.sort(np.maximum.reduceat(order, starts))
+    row = "__ticktable_row"
+    try:
+        last = (key_cols.append_column(row, pa.array(np.arange(data.num_rows, dtype=np.int64)))
+                .group_by(keys, use_threads=False).aggregate([(row, "max")])
+                .column(f"{row}_max").to_numpy())
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise SchemaError(f"table {name!r}: key column(s) {keys} cannot be grouped for a "
+                          f"{DELETE!r} marker ({str(exc).splitlines()[0]}); send deletes with "
+                          f"PUT_MODE_DELETE") from exc
+    last = np.sort(last)
     is_del = deleted[last]
     ups, dels = last[~is_del], last[is_del]
     out = []
