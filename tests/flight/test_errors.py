@@ -28,6 +28,7 @@ from flight.errors import (
     status_of,
     to_flight_error,
 )
+from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb
 from flight.pb import table_service_pb2_grpc as tgrpc
 from flight.server import ServerConfig, TicktableServer
@@ -242,3 +243,25 @@ def test_flight_port_messages_carry_no_traceback(wire, raising, row, caplog):
         with pytest.raises(grpc.RpcError) as info:
             list(list_flights(b"", timeout=10))
     assert "Traceback" not in info.value.details()
+
+
+def test_the_registry_raises_table_exists_and_flight_reports_it(wire):
+    schema = pa.schema([("x", pa.int64())])
+    reg = wire.registry
+    first = reg.create_source("exists", schema, "append")
+    assert reg.create_source("exists", schema, "append", if_not_exists=True) is first
+    with pytest.raises(errors.TableExists, match="table 'exists' already exists; drop it first"):
+        reg.create_source("exists", schema, "append")
+    with pytest.raises(errors.TableExists, match=r"table 'exists' exists as a append table with "
+                                                 r"columns \(x: int64\).*\(keyed, \(x: int64\), "
+                                                 r"keys \['x'\]\)"):
+        reg.create_source("exists", schema, "keyed", keys=["x"], if_not_exists=True)
+    with pytest.raises(errors.TableExists, match="table 'exists' already exists"):
+        reg.add("exists", first.table.view(), "derived")
+    body = pb.CreateTableRequest(name="exists", schema=schema.serialize().to_pybytes(),
+                                 kind=pb.TABLE_KIND_APPEND).SerializeToString()
+    client = fl.connect(wire.location)
+    with pytest.raises(pa.ArrowInvalid, match="table 'exists' already exists"):
+        list(client.do_action(fl.Action("create_table", body)))
+    client.close()
+    reg.drop("exists")
