@@ -74,6 +74,8 @@ from engine.errors import (
 )
 
 __all__ = [
+    "INTERNAL",
+    "MAX_MESSAGE",
     "STATUSES",
     "Status",
     "abort",
