@@ -36,7 +36,7 @@ from pathlib import Path
 
 from engine.errors import ServiceError, TicktableError
 
-log = logging.getLogger("flight.journal")  # one logger for the journal, whichever module
+log = logging.getLogger(__name__)
 
 #: The database's file name inside the data dir.
 FILENAME = "journal.sqlite"

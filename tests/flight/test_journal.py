@@ -281,7 +281,7 @@ def _five_records(path: Path) -> None:
 def test_torn_tail_is_cut_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     _five_records(tmp_path)
     _damage(tmp_path / FILENAME, _marker(5)[1000:1100])
-    with caplog.at_level(logging.WARNING, logger="flight.journal"):
+    with caplog.at_level(logging.WARNING):
         j = Journal.open(tmp_path)
     with j:
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -293,7 +293,7 @@ def test_torn_tail_is_cut_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptu
         assert set(j.committed_writes()) == {"w1", "w2", "w3", "w4"}
         assert j.append("append", "trades", b"m5 again") == 5
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="flight.journal"), Journal.open(tmp_path) as j:
+    with caplog.at_level(logging.WARNING), Journal.open(tmp_path) as j:
         assert [r.seq for r in j.records()] == [1, 2, 3, 4, 5]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
@@ -319,7 +319,7 @@ def test_a_torn_transaction_is_cut_whole(tmp_path: Path,
         first.join()
     assert j.stats().commits == 3
     _damage(tmp_path / FILENAME, _marker(5)[1000:1100])
-    with caplog.at_level(logging.WARNING, logger="flight.journal"), Journal.open(tmp_path) as j:
+    with caplog.at_level(logging.WARNING), Journal.open(tmp_path) as j:
         assert [r.seq for r in j.records()] == [1, 2]
     assert "torn tail of 3 record(s)" in caplog.text and "1 failing" in caplog.text
     assert "seq 3 (append 't'), seq 4 (append 't'), seq 5 (append 't')" in caplog.text
@@ -477,7 +477,7 @@ def test_a_full_disk_fails_the_write_and_loses_nothing(
             except JournalFull as exc:
                 errors.append(exc)
 
-        with caplog.at_level(logging.ERROR, logger="flight.journal"):
+        with caplog.at_level(logging.ERROR):
             threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
             for t in threads:
                 t.start()
