@@ -38,8 +38,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine._hashing import group_equal, hash_rows, rows_equal, same_rows
-from engine._keyindex import KeyIndex
+from engine._kernels.hashing import Same, exact_hash, group_equal, hash_rows, rows_equal, same_rows
+from engine._kernels.ids import IdAllocator
+from engine._kernels.keymap import ExactKeyMap
 from engine.columns import (
     AppendColumnSource,
     ArrowColumnSource,
@@ -50,7 +51,7 @@ from engine.columns import (
     make_column_source,
     numpy_storage_dtype,
 )
-from engine.errors import InvalidKeyError, SchemaError, TicktableError
+from engine.errors import InvalidKeyError, SchemaError
 from engine.rowset import KeyArray, RowSet
 from engine.table import Table
 from engine.update import TableUpdate
@@ -245,16 +246,11 @@ class RingTable(_SourceTable):
 
 
 def _key_hashes(t: pa.Table, keys: list[str]) -> npt.NDArray[np.uint64]:
-    """One uint64 per row identifying its key; exact for a single integer key column.
+    """One uint64 per row hashing its key (:func:`engine._kernels.hashing.hash_rows`).
 
-    Other keys use the shared numpy row hash (``engine._hashing``); callers verify
-    values where hashes match, so a collision is detected, never merged.
+    Exact for one integer-like key column; otherwise callers verify the key values where
+    hashes match (:class:`~engine._kernels.keymap.ExactKeyMap`), so colliding keys coexist.
     """
-    if len(keys) == 1 and pa.types.is_integer(t.schema.field(keys[0]).type):
-        col = t.column(keys[0])
-        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-        out: npt.NDArray[np.uint64] = arr.cast(pa.int64()).fill_null(0).to_numpy().view(np.uint64)
-        return out
     return hash_rows(t, keys)
 
 
@@ -294,9 +290,9 @@ class KeyedTable(_SourceTable):
 
     Notes
     -----
-    Several key columns, or a non-integer key, are identified by a 64-bit hash; two
-    distinct keys with equal hashes (about 1 in 10**6 odds at 10M keys) are detected and
-    refused with an error rather than merged.
+    Keys are compared exactly: a 64-bit hash finds the row of a key, equality of the key
+    values decides (one integer-like key column is its own exact hash). Two distinct keys
+    with equal hashes are two rows, like any other two keys.
     """
 
     def __init__(self, graph: UpdateGraph, schema: Any, keys: list[str] | str, *, name: str | None = None) -> None:
@@ -307,10 +303,8 @@ class KeyedTable(_SourceTable):
             raise SchemaError(f"key column(s) {unknown or key_list} not in {self.schema.names}")
         self.keys = key_list
         self._values = [n for n in self.schema.names if n not in key_list]
-        self._index = KeyIndex()
-        self._free: KeyArray = np.empty(0, dtype=np.int64)
-        self._freed_now: KeyArray = np.empty(0, dtype=np.int64)
-        self._next_key = 0
+        self._index = ExactKeyMap(exact_hash(self.schema, key_list))  # key -> row key
+        self._row_keys = IdAllocator()  # a freed row key is reused from the next cycle on
 
     def _check_keys(self, t: pa.Table) -> None:
         for k in self.keys:
@@ -424,13 +418,7 @@ class KeyedTable(_SourceTable):
     def _lookup(self, t: pa.Table, staged: bool) -> KeyLookup:
         n = t.num_rows
         h = _key_hashes(t, self.keys)
-        held = self._index.lookup(h)  # row key per key as the last cycle left it, -1 absent
-        if not self._exact_keys() and (held >= 0).any():
-            held = held.copy()
-            at = np.flatnonzero(held >= 0)
-            stored = pa.Table.from_arrays([self._storage[k].get(held[at]) for k in self.keys],
-                                          names=self.keys)
-            held[at[~rows_equal(stored, t.take(pa.array(at)))]] = -1  # another key, same hash
+        held = self._index.lookup(h, self._same_as_held(t))  # row key as the last cycle left it
         present = held >= 0
         decided = np.zeros(n, dtype=bool)
         staged_row = np.full(n, -1, np.int64)
@@ -482,13 +470,23 @@ class KeyedTable(_SourceTable):
         return decided, row, upserts
 
     def _exact_keys(self) -> bool:
-        """Whether :func:`_key_hashes` is the key itself (one integer key column)."""
-        return len(self.keys) == 1 and pa.types.is_integer(self.schema.field(self.keys[0]).type)
+        """Whether :func:`_key_hashes` is exact (one integer-like key column)."""
+        return self._index.exact
+
+    def _same_as_held(self, t: pa.Table) -> Same | None:
+        """``same(i, row_keys)``: row ``i`` of the key table ``t`` is the key stored at
+        ``row_keys`` (current values); ``None`` for exact keys."""
+        if self._index.exact:
+            return None
+
+        def same(i: KeyArray, row_keys: KeyArray) -> npt.NDArray[np.bool_]:
+            stored = pa.Table.from_arrays([self._storage[k].get(row_keys) for k in self.keys],
+                                          names=self.keys)
+            return rows_equal(t.select(self.keys).take(pa.array(i)), stored)
+        return same
 
     def _compute_update(self) -> TableUpdate | None:
-        if self._freed_now.size:
-            self._free = np.concatenate((self._free, self._freed_now))
-            self._freed_now = np.empty(0, dtype=np.int64)
+        self._row_keys.release()
         pending = self._take_pending()
         if not pending:
             return None
@@ -506,24 +504,21 @@ class KeyedTable(_SourceTable):
         keys_t = pa.concat_tables(key_parts)
         if keys_t.num_rows == 0:
             return None
+        keys_t = keys_t.combine_chunks()
         h = _key_hashes(keys_t, self.keys)
-        rev_first = np.unique(h[::-1], return_index=True)[1]
-        last = np.sort(h.size - 1 - rev_first)  # last write per key, in staging order
-        hashed = not (len(self.keys) == 1 and pa.types.is_integer(self.schema.field(self.keys[0]).type))
-        if hashed and last.size != h.size:
-            self._check_batch_collisions(keys_t, h)
+        order, starts = group_equal(  # writes grouped by key, exactly
+            h, None if self._index.exact else (lambda i, j: same_rows(keys_t, i, j)))
+        last = np.sort(np.maximum.reduceat(order, starts))  # last write per key, in staging order
         h = h[last]
         up_mask = np.concatenate(is_up)[last]
         rows = np.concatenate(row_of)[last]
-        found = self._index.lookup(h)
-        if hashed and (found >= 0).any():
-            self._check_index_collisions(keys_t.take(pa.array(last)), found)
+        found = self._index.lookup(h, self._same_as_held(keys_t.take(pa.array(last))))
 
         # deletes of present keys -> removed
         del_sel = ~up_mask & (found >= 0)
         removed_keys = np.sort(found[del_sel])
-        self._index.delete(h[del_sel])
-        self._freed_now = removed_keys
+        self._index.delete(h[del_sel], found[del_sel])
+        self._row_keys.free(removed_keys)
 
         # upserts of present keys -> modifies where a value really changed
         mod_sel = up_mask & (found >= 0)
@@ -550,7 +545,7 @@ class KeyedTable(_SourceTable):
         # upserts of absent keys -> added, on reused or fresh row keys
         add_sel = up_mask & (found < 0)
         n_add = int(add_sel.sum())
-        added_keys = self._allocate(n_add)
+        added_keys = self._row_keys.allocate(n_add)
         if n_add:
             assert data is not None
             add_rows = rows[add_sel]
@@ -560,7 +555,7 @@ class KeyedTable(_SourceTable):
             new_rows = data.take(pa.array(add_rows))
             for name, src in self._storage.items():
                 # reused keys were freed in an earlier cycle: no previous value to keep
-                src.ensure_capacity(self._next_key)
+                src.ensure_capacity(self._row_keys.end)
                 src.set(added_keys, new_rows.column(name))
         return TableUpdate.of(
             added=RowSet.from_keys(added_keys, assume_sorted=True),
@@ -568,39 +563,6 @@ class KeyedTable(_SourceTable):
             modified=RowSet.from_keys(modified, assume_sorted=True),
             modified_columns=changed_cols,
         )
-
-    def _allocate(self, n: int) -> KeyArray:
-        take = min(n, self._free.size)
-        reused = self._free[:take]
-        self._free = self._free[take:]
-        fresh = np.arange(self._next_key, self._next_key + n - take, dtype=np.int64)
-        self._next_key += n - take
-        return np.concatenate((reused, fresh))
-
-    def _check_batch_collisions(self, keys_t: pa.Table, h: npt.NDArray[np.uint64]) -> None:
-        order = np.argsort(h, kind="stable")
-        same = np.flatnonzero(h[order][1:] == h[order][:-1])
-        if same.size == 0:
-            return
-        a = keys_t.take(pa.array(order[same]))
-        b = keys_t.take(pa.array(order[same + 1]))
-        self._raise_if_differ(a, b)
-
-    def _check_index_collisions(self, keys_t: pa.Table, found: KeyArray) -> None:
-        present = found >= 0
-        a = keys_t.filter(pa.array(present))
-        b = pa.Table.from_arrays([self._storage[k].get(found[present]) for k in self.keys], names=self.keys)
-        self._raise_if_differ(a, b)
-
-    def _raise_if_differ(self, a: pa.Table, b: pa.Table) -> None:
-        for k in self.keys:
-            diff = _differs(a.column(k), b.column(k))
-            if diff.any():
-                i = int(np.flatnonzero(diff)[0])
-                raise TicktableError(
-                    f"table {self.name!r}: keys {a.slice(i, 1).to_pylist()} and "
-                    f"{b.slice(i, 1).to_pylist()} have equal 64-bit hashes; use an integer key"
-                )
 
     def _end_cycle(self) -> None:
         super()._end_cycle()

@@ -65,7 +65,6 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64's finalizer multipliers
 _M2 = np.uint64(0x94D049BB133111EB)
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio: Fibonacci hashing, seeds
 _COMBINE = np.uint64(0xFF51AFD7ED558CCD)  # murmur3's fmix multiplier, for folding columns
-_NULL = np.uint64(0x5BD1E9955BD1E995)  # the hash of a null, in every column
 _S3, _S7, _S27, _S30, _S31 = np.uint64(3), np.uint64(7), np.uint64(27), np.uint64(30), np.uint64(31)
 _ONE, _63, _ALL = np.uint64(1), np.uint64(63), np.uint64(0xFFFFFFFFFFFFFFFF)
 _DICT_MIN = 4096  # from this many strings on, a sample decides whether to hash a dictionary
@@ -92,6 +91,11 @@ def _mix64_array(x: U64) -> U64:
     np.right_shift(z, _S31, out=t)
     z ^= t
     return z
+
+
+# the hash of a null, in every column: that of the int64 -2**63 (pandas' NaT), the one value
+# an exact integer-like hash cannot tell from a null (see exact_hash)
+_NULL = _mix64_array(np.array([1 << 63], dtype=np.uint64))[0]
 
 
 def combine(h: U64, other: U64) -> U64:
@@ -257,7 +261,7 @@ def _hash_values(arr: pa.Array, name: str) -> U64:
         return np.full(n, _NULL, dtype=np.uint64)
     else:
         raise SchemaError(
-            f"column {name!r} has type {t}, which cannot be hashed or compared as a key or record "
+            f"column {name!r} has type {t}, which keys and records cannot hold (they are hashed and compared) "
             f"(use integers, floats, booleans, temporal types, strings, binaries or decimals; "
             f"encode nested values first)"
         )
@@ -325,8 +329,9 @@ def exact_hash(schema: pa.Schema | Sequence[pa.DataType], names: Sequence[str] |
 
     That is one integer-like column (integers, booleans, dates, times, timestamps,
     durations; not a dictionary), whose hash is :func:`mix64` of its value: a bijection.
-    The one exception is a null, which hashes as one fixed value does; callers that may hold
-    nulls in such a column and must tell them apart compare validity themselves.
+    The one exception is a null, which hashes as ``-2**63`` (pandas' ``NaT``) does: callers
+    that may hold both in such a column and must tell them apart compare validity
+    themselves (aggregations do; sources and joins never hold null keys).
 
     Parameters
     ----------
@@ -349,6 +354,10 @@ def _comparable(arr: pa.Array) -> pa.Array:
         return arr.cast(pa.float32())
     if t == pa.month_day_nano_interval():
         return arr.view(pa.binary(16))
+    if pa.types.is_string_view(t):  # compute kernels do not mix views with other layouts
+        return arr.cast(pa.large_string())
+    if pa.types.is_binary_view(t):
+        return arr.cast(pa.large_binary())
     return arr
 
 

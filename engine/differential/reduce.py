@@ -28,9 +28,10 @@ time), masks them per corner time and aggregates with numpy.
 
 Root-scope fast paths keep per-group state instead of re-reading history: ``count``/``sum``
 (a group's new value is its old value plus the change) and ``distinct`` (a record's
-accumulated weight), in a vectorized hash map; a step costs the size of its change. These
-identify groups by a 64-bit hash of their values (odds of two groups colliding are about
-``n**2 / 2**65``). A batch's rows are grouped without sorting: by offset for one integer
+accumulated weight), in a vectorized hash map; a step costs the size of its change. Groups
+are found by a 64-bit hash of their values and told apart exactly: one integer group column
+is its own exact hash, other groups are verified against a stored copy of their values
+(:class:`~engine._kernels.keymap.StoredKeyMap`), so two groups never merge. A batch's rows are grouped without sorting: by offset for one integer
 group column over a narrow range (count/sum add up over the whole range and keep the groups
 whose aggregates changed; only those values are hashed), else by state slot
 (a mark array when the state is small next to the batch); integer sums go through
@@ -47,8 +48,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._hashing import exact_hash, group_equal, hash_column, hash_rows, same_rows
-from engine._keyindex import KeyIndex
+from engine._kernels.hashing import exact_hash, group_equal, hash_column, hash_rows, same_rows
+from engine._kernels.hashmap import U64Map
+from engine._kernels.keymap import StoredKeyMap
 from engine.differential.dataflow import Collection, Time, _Node, _Scope
 from engine.differential.join import _ArrangeNode, arrange
 from engine.differential.trace import Lookup, Trace
@@ -288,10 +290,12 @@ class _ReduceNode(_Node):
 
 
 class _GroupState:
-    """Per-group state in a vectorized hash map: 64-bit group hash -> slot."""
+    """Per-group state slots: exact group hash -> slot in a vectorized hash map, or, for
+    groups whose hash is not exact, group values -> slot (hash, then verify)."""
 
     def __init__(self) -> None:
-        self.index = KeyIndex()
+        self.index = U64Map()  # exact group hashes -> slot
+        self.keys: StoredKeyMap | None = None  # other groups: their values -> slot
         self.size = 0
         # one integer group column: value - low -> slot (-1: ask the hash map); slots never
         # move, so the cache is never wrong, at most incomplete
@@ -321,7 +325,7 @@ class _GroupState:
         return s
 
     def slots(self, h: U64) -> I64:
-        """Slot per hash (repeats allowed), allocating new ones."""
+        """Slot per exact hash (repeats allowed), allocating new ones."""
         s = self.index.lookup(h)
         new = np.flatnonzero(s < 0)
         if new.size:
@@ -360,8 +364,19 @@ class _GroupState:
         """The groups of ``table``'s rows (by the values of ``by``, all columns by default):
         ``(slots, first, group)``, each group's state slot (allocating new ones), a row of
         it, and each row's index into ``slots`` (see also :meth:`dense`)."""
-        h = hash_rows(table) if by is None else hash_rows(table, by)
-        return _factorize(self.slots(h), self.size)
+        names = table.column_names if by is None else list(by)
+        h = hash_rows(table, names)
+        if exact_hash(table.schema, names):
+            return _factorize(self.slots(h), self.size)
+        if self.keys is None:
+            self.keys = StoredKeyMap(table.schema if by is None else table.select(names).schema)
+        slot, _ = self.keys.intern(table if by is None else table.select(names), h, self._new_slots)
+        return _factorize(slot, self.size)
+
+    def _new_slots(self, n: int) -> I64:
+        out = np.arange(self.size, self.size + n, dtype=np.int64)
+        self.size += n
+        return out
 
 
 @dataclass(frozen=True)

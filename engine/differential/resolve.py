@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._hashing import exact_hash, group_equal, hash_rows, rows_equal, same_rows
+from engine._kernels.hashing import exact_hash, group_equal, hash_rows, rows_equal, same_rows
 from engine.differential.zset import ZSet
 from engine.errors import InputError
 from engine.sources import KeyedTable, conform

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from engine._hashing import rows_equal
+from engine._kernels.hashing import rows_equal
 from engine.differential.resolve import resolve_triples
 from engine.differential.version import VersionLike
 from engine.differential.zset import ZSet, concat

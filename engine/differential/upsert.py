@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._hashing import (
+from engine._kernels.hashing import (
     exact_hash,
     group_equal,
     hash_rows,

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine import _hashing
+from engine._kernels import hashing as _hashing
 from engine.differential import zset as zset_module
 from engine.differential.zset import (
     DIFF,
