@@ -15,7 +15,7 @@ the records stay an Arrow table, weights a numpy ``int64`` array and times a num
 ``int64`` array of shape ``(n, d)``, so every operation is a handful of vectorized calls.
 
 Records are compared by value: ``null == null``, ``NaN == NaN``, ``0.0 == -0.0`` (see
-:mod:`engine._hashing`). A batch holds at least one record column.
+:mod:`engine._kernels.hashing`). A batch holds at least one record column.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 
-from engine._hashing import combine, exact_hash, group_equal, hash_rows, same_rows
+from engine._kernels.hashing import combine, exact_hash, group_equal, hash_rows, same_rows
 from engine.differential.version import Version, VersionLike, as_version, times_up_to
 from engine.errors import InputError, SchemaError
 
