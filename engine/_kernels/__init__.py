@@ -6,5 +6,10 @@ pins that.
 * :mod:`engine._kernels.hashing` — the one row hash and the one equality rule;
 * :mod:`engine._kernels.hashmap` — the one vectorized ``uint64 -> int64`` hash map;
 * :mod:`engine._kernels.keymap` — the one collision policy: hash, then verify the real
-  key values, so two distinct keys never meet.
+  key values, so two distinct keys never meet;
+* :mod:`engine._kernels.rowkeymap` — the one row key -> slot map (dense array while keys
+  are dense, the hash map when sparse; one switch-over rule), with shifts as ranges;
+* :mod:`engine._kernels.ids` — the one id allocator (frees reusable from the next cycle);
+* :mod:`engine._kernels.arrays` — array helpers written once (sorted unique, membership,
+  range expansion, key shifts, bit scans, bitmaps from keys or ranges, the numeric view).
 """

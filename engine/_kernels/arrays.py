@@ -1,0 +1,327 @@
+"""Array helpers written once: distinct values, membership, range expansion, bit scans,
+key shifts, bitmaps from keys or ranges, and the numeric view of an Arrow column.
+
+Every helper takes whole numpy arrays and loops over none of their elements in Python.
+They replace copies that lived in the join state, the sort index, the row-set module and
+the client: sort-based on purpose, because numpy 2.x's hash-based ``np.unique`` and
+``np.isin`` are slower on large int64 arrays (``bench/bench_library.py`` measures it).
+
+Row keys are non-negative int64; shift ranges are ``(begin, end, delta)`` with ``end``
+*inclusive*, sorted and disjoint (``engine.rowset.RowSetShiftData`` and the wire's
+``ShiftData`` both use that form).
+"""
+
+from __future__ import annotations
+
+import array
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+from pyroaring import BitMap64
+
+__all__ = [
+    "bitmap_from_ranges",
+    "bitmap_from_sorted",
+    "bitmap_of",
+    "expand",
+    "expand_with_owner",
+    "highest_bit",
+    "lowest_bit",
+    "member",
+    "numeric_view",
+    "shift_keys",
+    "sorted_unique",
+]
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+Mask = npt.NDArray[np.bool_]
+
+_EMPTY = np.empty(0, dtype=np.int64)
+_ONE = np.uint64(1)
+_SERIAL_COOKIE = 12347  # portable Roaring: a run-container bitmap
+_NO_OFFSET_THRESHOLD = 4  # portable Roaring: offsets follow from this many containers on
+
+
+# distinct values and membership ----------------------------------------------------------
+def sorted_unique(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Sorted distinct values of ``a`` (a new array, also when ``a`` has fewer than 2).
+
+    Sort + neighbour diff: numpy 2.x's hash-based ``np.unique`` is slower on large arrays.
+
+    Examples
+    --------
+    >>> sorted_unique(np.array([3, 1, 3, 2])).tolist()
+    [1, 2, 3]
+    """
+    if a.size < 2:
+        return a.copy()
+    s = np.sort(a)
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+def member(sorted_arr: npt.NDArray[Any], q: npt.NDArray[Any]) -> Mask:
+    """``q[i] in sorted_arr`` for each ``i`` (``sorted_arr`` ascending; searchsorted, no ``np.isin``).
+
+    Examples
+    --------
+    >>> member(np.array([2, 5, 9]), np.array([5, 6, 9, 10])).tolist()
+    [True, False, True, False]
+    """
+    if sorted_arr.size == 0 or q.size == 0:
+        return np.zeros(q.size, dtype=bool)
+    pos = np.searchsorted(sorted_arr, q)
+    pos[pos == sorted_arr.size] = 0
+    out: Mask = sorted_arr[pos] == q
+    return out
+
+
+# ranges -------------------------------------------------------------------------------------
+def expand(starts: I64, counts: I64) -> I64:
+    """The ranges ``[starts[i], starts[i] + counts[i])`` concatenated in order.
+
+    Examples
+    --------
+    >>> expand(np.array([10, 3]), np.array([2, 3])).tolist()
+    [10, 11, 3, 4, 5]
+    """
+    counts = counts.astype(np.int64, copy=False)
+    ends = np.cumsum(counts)
+    total = int(ends[-1]) if ends.size else 0
+    if total == 0:
+        return _EMPTY
+    out: I64 = np.arange(total, dtype=np.int64) - (ends - counts - starts).repeat(counts)
+    return out
+
+
+def expand_with_owner(starts: I64, counts: I64) -> tuple[I64, I64]:
+    """:func:`expand`, plus for each value the range ``i`` it came from (its offset in the
+    range is ``values - starts[owner]``).
+
+    Examples
+    --------
+    >>> [a.tolist() for a in expand_with_owner(np.array([10, 3]), np.array([2, 1]))]
+    [[10, 11, 3], [0, 0, 1]]
+    """
+    counts = counts.astype(np.int64, copy=False)
+    ends = np.cumsum(counts)
+    total = int(ends[-1]) if ends.size else 0
+    if total == 0:
+        return _EMPTY, _EMPTY
+    owner = np.arange(counts.size, dtype=np.int64).repeat(counts)
+    values: I64 = np.arange(total, dtype=np.int64) - (ends - counts - starts).repeat(counts)
+    return values, owner
+
+
+def shift_keys(keys: I64, begins: I64, ends: I64, deltas: I64) -> I64:
+    """``keys`` after the shift: a key in the inclusive range ``[begins[i], ends[i]]`` moves
+    by ``deltas[i]``, any other key stays. One ``searchsorted`` on the range begins, so the
+    cost follows the keys, not the number of ranges; ``keys`` need not be sorted.
+
+    The inverse shift is ``shift_keys(keys, begins + deltas, ends + deltas, -deltas)``.
+
+    Examples
+    --------
+    >>> shift_keys(np.array([0, 2, 4, 7]), np.array([2, 6]), np.array([4, 9]), np.array([1, -1])).tolist()
+    [0, 3, 5, 6]
+    """
+    if begins.size == 0 or keys.size == 0:
+        return keys
+    i = np.searchsorted(begins, keys, side="right") - 1
+    safe = np.maximum(i, 0)
+    inside = (i >= 0) & (keys <= ends[safe])
+    out: I64 = keys + np.where(inside, deltas[safe], 0)
+    return out
+
+
+# bit scans ----------------------------------------------------------------------------------
+def lowest_bit(m: U64) -> I64:
+    """Index of the lowest set bit of each (non-zero) word."""
+    low = m & (~m + _ONE)
+    return (np.frexp(low.astype(np.float64))[1] - 1).astype(np.int64)
+
+
+def highest_bit(m: U64) -> I64:
+    """Index of the highest set bit of each (non-zero) word."""
+    e = np.clip(np.frexp(m.astype(np.float64))[1] - 1, 0, 63).astype(np.int64)
+    e -= (_ONE << e.astype(np.uint64)) > m  # the float conversion may round up a power of two
+    return np.asarray(e, dtype=np.int64)
+
+
+# bitmaps --------------------------------------------------------------------------------------
+def bitmap_from_sorted(keys: I64) -> BitMap64:
+    """A bitmap of sorted distinct keys, through ``array('Q')`` (pyroaring's fast path in)."""
+    if keys.size == 0:
+        return BitMap64()
+    return BitMap64(array.array("Q", np.ascontiguousarray(keys, dtype=np.int64).tobytes()))
+
+
+def bitmap_of(keys: I64, span: int = 0) -> BitMap64:
+    """A bitmap of unsorted keys with repeats; ``span`` (all keys below it) allows a mark array.
+
+    Many keys in a small span are marked in a bool array instead of sorted, and runs of
+    consecutive keys go in as ranges (building a bitmap key by key is slow).
+
+    Examples
+    --------
+    >>> list(bitmap_of(np.array([5, 1, 2, 1, 3])))
+    [1, 2, 3, 5]
+    """
+    if keys.size == 0:
+        return BitMap64()
+    if span and keys.size * 8 > span:
+        mark = np.zeros(span, dtype=bool)
+        mark[keys] = True
+        k = np.flatnonzero(mark).astype(np.int64)
+    else:
+        k = sorted_unique(keys)
+    brk = np.flatnonzero(np.diff(k) != 1)
+    if brk.size * 4 < k.size:
+        starts = np.concatenate((k[:1], k[brk + 1]))
+        stops = np.concatenate((k[brk] + 1, k[-1:] + 1))
+        return bitmap_from_ranges(starts, stops)
+    return bitmap_from_sorted(k)
+
+
+def bitmap_from_ranges(starts: I64, stops: I64) -> BitMap64:
+    """Half-open, sorted, disjoint ranges ``[starts[i], stops[i])`` as a bitmap.
+
+    Writes the portable Roaring serialization (run containers) with numpy and deserializes
+    it once: no Python step per range or key, one per ``2**32`` keys of key space.
+
+    Examples
+    --------
+    >>> list(bitmap_from_ranges(np.array([1, 7]), np.array([3, 9])))
+    [1, 2, 7, 8]
+    """
+    keep = stops > starts
+    starts, stops = starts[keep], stops[keep]
+    if starts.size == 0:
+        return BitMap64()
+    touching = starts[1:] == stops[:-1]
+    if touching.any():  # Roaring runs must not touch: merge adjacent ranges
+        starts = starts[np.concatenate(([True], ~touching))]
+        stops = stops[np.concatenate((~touching, [True]))]
+    s = starts.astype(np.uint64)
+    e = stops.astype(np.uint64)
+    first_chunk = s >> np.uint64(16)
+    last_chunk = (e - np.uint64(1)) >> np.uint64(16)
+    npieces = (last_chunk - first_chunk + np.uint64(1)).astype(np.int64)
+    rng = np.repeat(np.arange(starts.size), npieces)
+    within = np.arange(rng.size) - np.repeat(np.cumsum(npieces) - npieces, npieces)
+    chunk = first_chunk[rng] + within.astype(np.uint64)
+    pstart = np.maximum(s[rng], chunk << np.uint64(16))
+    pstop = np.minimum(e[rng], (chunk + np.uint64(1)) << np.uint64(16))
+    # containers = distinct chunks (pieces are sorted by chunk already)
+    cbound = np.flatnonzero(np.diff(chunk, prepend=chunk[0] ^ np.uint64(1)) != 0)
+    cchunk = chunk[cbound]
+    nruns = np.diff(np.append(cbound, chunk.size)).astype(np.int64)
+    lengths = (pstop - pstart).astype(np.int64)
+    card = np.add.reduceat(lengths, cbound)
+    high = cchunk >> np.uint64(16)
+    bbound = np.flatnonzero(np.diff(high, prepend=high[0] ^ np.uint64(1)) != 0)
+    bstops = np.append(bbound, high.size)
+    # one 16-bit word stream per container: [nruns, (start, len-1) * nruns]
+    run_start = (pstart & np.uint64(0xFFFF)).astype(np.uint16)
+    run_len1 = (lengths - 1).astype(np.uint16)
+    parts: list[bytes] = [np.uint64(bbound.size).tobytes()]
+    for b in range(bbound.size):  # one iteration per 2**32 keys of key space
+        c0, c1 = bstops[b], bstops[b + 1]
+        n = int(c1 - c0)
+        r0 = int(cbound[c0])
+        r1 = int(cbound[c1]) if c1 < cbound.size else chunk.size
+        nr = nruns[c0:c1]
+        words_per = 1 + 2 * nr
+        body = np.empty(int(words_per.sum()), dtype=np.uint16)
+        head_at = np.cumsum(words_per) - words_per
+        body[head_at] = nr.astype(np.uint16)
+        mask = np.ones(body.size, dtype=bool)
+        mask[head_at] = False
+        pairs = np.empty((r1 - r0, 2), dtype=np.uint16)
+        pairs[:, 0] = run_start[r0:r1]
+        pairs[:, 1] = run_len1[r0:r1]
+        body[mask] = pairs.reshape(-1)
+        flags = np.zeros((n + 7) // 8 * 8, dtype=bool)
+        flags[:n] = True
+        desc = np.empty((n, 2), dtype=np.uint16)
+        desc[:, 0] = (cchunk[c0:c1] & np.uint64(0xFFFF)).astype(np.uint16)
+        desc[:, 1] = (card[c0:c1] - 1).astype(np.uint16)
+        header = [
+            np.uint32(int(high[c0])).tobytes(),
+            np.uint32(_SERIAL_COOKIE | ((n - 1) << 16)).tobytes(),
+            np.packbits(flags, bitorder="little").tobytes(),
+            desc.tobytes(),
+        ]
+        if n >= _NO_OFFSET_THRESHOLD:
+            start = 4 + len(header[2]) + 4 * n + 4 * n
+            offsets = start + 2 * head_at
+            header.append(offsets.astype(np.uint32).tobytes())
+        parts.extend(header)
+        parts.append(body.tobytes())
+    return BitMap64.deserialize(b"".join(parts))
+
+
+# the numeric view of a column -------------------------------------------------------------------
+def numeric_view(col: pa.Array | pa.ChunkedArray, *, combine: bool = False) -> npt.NDArray[Any] | None:
+    """A numpy view of a null-free integer, floating-point or temporal column, else None.
+
+    Zero-copy for an array or a one-chunk chunked array. Temporal columns (timestamps,
+    dates, times, durations) come as their int64 or int32 storage, so values compare and
+    gather as integers and go back with ``pa.array(values, type=col.type)``. A chunked
+    array of several chunks gives None, or with ``combine`` one concatenated copy; one of no
+    chunks gives an empty array. Booleans (bit-packed), nulls and other types give None.
+
+    Parameters
+    ----------
+    col
+        The column.
+    combine
+        Concatenate several chunks into one array (a copy) instead of returning None.
+
+    Examples
+    --------
+    >>> numeric_view(pa.chunked_array([[1, 2, 3]])).tolist()
+    [1, 2, 3]
+    >>> numeric_view(pa.array([1, None])) is None
+    True
+    """
+    t = col.type
+    if col.null_count:
+        return None
+    temporal = pa.types.is_temporal(t) and not pa.types.is_interval(t)
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or temporal):
+        return None
+    if isinstance(col, pa.ChunkedArray):
+        if col.num_chunks != 1:
+            if col.num_chunks and not combine:
+                return None
+            parts = [numeric_view(c) for c in col.chunks]
+            if any(p is None for p in parts):
+                return None
+            return np.concatenate(parts) if parts else np.empty(0, dtype=_storage(t))  # type: ignore[arg-type]
+        col = col.chunk(0)
+    if temporal:
+        dtype = _storage(t)
+        if dtype is None:
+            return None
+        if len(col) == 0:
+            return np.empty(0, dtype=dtype)
+        view = np.frombuffer(col.buffers()[1], dtype=dtype, count=len(col),
+                             offset=col.offset * dtype.itemsize)
+        view.flags.writeable = False  # as to_numpy's views: Arrow's memory is immutable
+        return view
+    return np.asarray(col.to_numpy(zero_copy_only=True))
+
+
+def _storage(t: pa.DataType) -> np.dtype[Any] | None:
+    """The numpy dtype a numeric or temporal Arrow type is stored as."""
+    if pa.types.is_temporal(t):
+        width = t.bit_width
+        return np.dtype(np.int64) if width == 64 else np.dtype(np.int32) if width == 32 else None
+    dtype: np.dtype[Any] = np.dtype(t.to_pandas_dtype())
+    return dtype

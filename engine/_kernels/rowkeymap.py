@@ -1,0 +1,233 @@
+"""The one map from row keys (non-negative int64) to int64 values (slots, positions).
+
+Every operation that stores something per parent row needs "which slot holds row key
+``k``?" for a whole array of keys, with inserts, removes and shifts of the parent's keys.
+:class:`RowKeyMap` answers with one of two layouts:
+
+* **dense** — an int64 array over a window ``[base, base + len)`` of key space, ``-1``
+  where no key is: a lookup is one numpy ``take``. Sources, ring tables, filters and sorts
+  of them, and most derived tables have dense keys.
+* **hashed** — the vectorized :class:`~engine._kernels.hashmap.U64Map` with the row key as
+  its own ``uint64`` key, for sparse key spaces (merge regions at ``i << 40``, the blocks
+  of a many-to-many join).
+
+**The one switch-over rule.** The map is dense while the live keys span at most
+``4 * count + SPARSE_SLACK`` key positions. It is checked when an insert falls outside the
+window (the window is then refitted to the live keys with an eighth of their span as room
+below and half of it above, so refits are amortized O(1) per key, also for a ring table's
+sliding keys); past it the map turns hashed, once and for good. Why 4: the window costs 8
+bytes per key position over about 1.6 times the span, so at most about 52 bytes per live
+key, which is what the hashed map costs (40-80 bytes per entry at its load of 1/4 to 1/2),
+while a dense lookup is one ``take``, many times faster than probing. ``SPARSE_SLACK``
+(64k positions, under 1 MiB) keeps small tables dense whatever their keys; tests shrink
+it to exercise the hashed mode.
+
+Keys within one call are distinct; values are ``>= 0`` (``-1`` means absent). Shifts move
+keys, not values: :meth:`RowKeyMap.move` and :meth:`RowKeyMap.shift` remove every mover
+before inserting any, so a range may land on keys another range vacated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from engine._kernels.arrays import shift_keys
+from engine._kernels.hashmap import U64Map
+
+__all__ = ["SPARSE_SLACK", "RowKeyMap"]
+
+I64 = npt.NDArray[np.int64]
+
+SPARSE_SLACK = 65536  # dense while live keys span <= 4 * count + this (module attribute: tests shrink it)
+_MIN_WINDOW = 1024
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+class RowKeyMap:
+    """Row key -> non-negative int64 value (``-1`` when absent), whole arrays at a time.
+
+    Dense while keys are dense, hashed when they are sparse (see the module docstring for
+    the one rule). Every method takes int64 arrays of distinct non-negative keys.
+
+    Attributes
+    ----------
+    count
+        How many keys are mapped.
+
+    Examples
+    --------
+    >>> m = RowKeyMap()
+    >>> m.insert(np.array([10, 11, 12]), np.array([0, 1, 2]))
+    >>> m.lookup(np.array([11, 5, 12])).tolist()
+    [1, -1, 2]
+    >>> m.shift(np.array([11, 12]), np.array([11]), np.array([12]), np.array([5]))[1].tolist()
+    [16, 17]
+    >>> m.items()[0].tolist(), m.hashed
+    ([10, 16, 17], False)
+    """
+
+    __slots__ = ("count", "_base", "_vals", "_hash")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._base = 0
+        self._vals: I64 = np.full(0, -1, dtype=np.int64)
+        self._hash: U64Map | None = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def hashed(self) -> bool:
+        """True once the map switched to the hashed layout (it never switches back)."""
+        return self._hash is not None
+
+    # reading -----------------------------------------------------------------------------
+    def lookup(self, keys: I64) -> I64:
+        """Value of each key, ``-1`` where absent."""
+        if self._hash is not None:
+            return self._hash.lookup(keys.view(np.uint64))
+        base = self._base
+        idx = keys - base if base else keys
+        try:
+            if idx.size and int(idx.min()) < 0:  # below the window (or not a row key)
+                raise IndexError
+            return self._vals.take(idx)  # take: faster than fancy indexing, raises past the end
+        except IndexError:
+            return self._outside(idx)
+
+    def _outside(self, idx: I64) -> I64:
+        """Dense lookup where some window indexes fall outside the window."""
+        vals = self._vals
+        ok = (idx >= 0) & (idx < vals.size)
+        out = np.full(idx.size, -1, dtype=np.int64)
+        out[ok] = vals[idx[ok]]
+        return out
+
+    def items(self) -> tuple[I64, I64]:
+        """``(keys, values)`` of every entry, keys ascending."""
+        if self._hash is not None:
+            k, v = self._hash.items()
+            order = np.argsort(k)
+            return k[order].view(np.int64), v[order]
+        live = np.flatnonzero(self._vals >= 0)
+        return live.astype(np.int64) + self._base, self._vals[live]
+
+    # writing -----------------------------------------------------------------------------
+    def insert(self, keys: I64, values: I64) -> None:
+        """Map keys that are absent now.
+
+        Raises
+        ------
+        ValueError
+            If a key is negative (not a row key).
+        """
+        if keys.size == 0:
+            return
+        self._fit(keys)
+        if self._hash is not None:
+            self._hash.insert(keys.view(np.uint64), values)
+        else:
+            self._vals[keys - self._base] = values
+        self.count += keys.size
+
+    def put(self, keys: I64, values: I64) -> None:
+        """Map keys whether present or not (present ones get the new value).
+
+        Raises
+        ------
+        ValueError
+            If a key is negative (not a row key).
+        """
+        if keys.size == 0:
+            return
+        self._fit(keys)
+        h = self._hash
+        if h is None:
+            idx = keys - self._base
+            self.count += int(np.count_nonzero(self._vals.take(idx) < 0))
+            self._vals[idx] = values
+            return
+        u = keys.view(np.uint64)
+        new = h.lookup(u) < 0
+        if not new.all():
+            h.set_values(u, values)  # absent keys are ignored here, inserted below
+        if new.any():
+            h.insert(u[new], values[new])
+        self.count = h.count
+
+    def remove(self, keys: I64) -> I64:
+        """Unmap keys; returns their values (``-1`` for keys that were absent)."""
+        if keys.size == 0:
+            return _EMPTY
+        h = self._hash
+        if h is not None:
+            u = keys.view(np.uint64)
+            old = h.lookup(u)
+            h.delete(u)
+            self.count = h.count
+            return old
+        old = self.lookup(keys)
+        hit = old >= 0
+        n = int(np.count_nonzero(hit))
+        self._vals[(keys if n == keys.size else keys[hit]) - self._base] = -1
+        self.count -= n
+        return old
+
+    def move(self, old: I64, new: I64) -> I64:
+        """Remap ``old[i] -> new[i]`` all at once (every ``old`` leaves before any ``new``
+        arrives); returns the moved values, ``-1`` where ``old[i]`` was absent (not mapped)."""
+        vals = self.remove(old)
+        ok = vals >= 0
+        if ok.all():
+            self.insert(new, vals)
+        else:
+            self.insert(new[ok], vals[ok])
+        return vals
+
+    def shift(self, keys: I64, begins: I64, ends: I64, deltas: I64) -> tuple[I64, I64, I64]:
+        """Apply shift ranges to the present ``keys`` that fall in them.
+
+        A key in the inclusive range ``[begins[i], ends[i]]`` moves by ``deltas[i]`` (the
+        ranges are sorted and disjoint, as ``RowSetShiftData``'s): one ``searchsorted`` for
+        all ranges, then one :meth:`move`. Keys the map does not hold must not be passed
+        where a mover would land on them.
+
+        Returns
+        -------
+        ``(old, new, values)`` of the keys that moved.
+        """
+        dst = shift_keys(keys, begins, ends, deltas)
+        moving = dst != keys
+        src, dst = keys[moving], dst[moving]
+        return src, dst, self.move(src, dst)
+
+    # layout ------------------------------------------------------------------------------
+    def _fit(self, keys: I64) -> None:
+        """Make the dense window cover ``keys`` (about to be inserted), or turn hashed."""
+        lo = int(keys.min())
+        if lo < 0:
+            raise ValueError(f"row keys are non-negative, got {lo}")
+        if self._hash is not None:
+            return
+        hi = int(keys.max())
+        base, vals = self._base, self._vals
+        if lo >= base and hi < base + vals.size:
+            return
+        live = np.flatnonzero(vals >= 0)
+        if live.size:
+            lo, hi = min(lo, base + int(live[0])), max(hi, base + int(live[-1]))
+        span = hi - lo + 1
+        if span > 4 * (self.count + keys.size) + SPARSE_SLACK:
+            index = U64Map(self.count + keys.size)
+            if live.size:
+                index.insert((live.astype(np.int64) + base).view(np.uint64), vals[live])
+            self._hash, self._vals = index, _EMPTY
+            return
+        new_base = max(0, lo - span // 8)
+        grown = np.full(hi - new_base + 1 + span // 2 + _MIN_WINDOW, -1, dtype=np.int64)
+        if live.size:
+            a, b = int(live[0]), int(live[-1]) + 1
+            grown[base + a - new_base : base + b - new_base] = vals[a:b]
+        self._base, self._vals = new_base, grown

@@ -1,0 +1,164 @@
+"""engine._kernels.arrays: each helper against plain Python (sets, lists, loops)."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine._kernels.arrays import (
+    bitmap_from_ranges,
+    bitmap_from_sorted,
+    bitmap_of,
+    expand,
+    expand_with_owner,
+    highest_bit,
+    lowest_bit,
+    member,
+    numeric_view,
+    shift_keys,
+    sorted_unique,
+)
+
+_ints = st.lists(st.integers(0, 200), max_size=60)
+_wide = st.lists(st.one_of(st.integers(0, 300), st.integers(0, 1 << 62)), max_size=60)
+
+
+def _a(xs: list[int]) -> npt.NDArray[np.int64]:
+    return np.array(xs, dtype=np.int64)
+
+
+@given(xs=_wide)
+def test_sorted_unique(xs):
+    got = sorted_unique(_a(xs))
+    assert got.tolist() == sorted(set(xs)) and got.dtype == np.int64
+
+
+@given(hay=_ints, q=_ints)
+def test_member(hay, q):
+    assert member(_a(sorted(set(hay))), _a(q)).tolist() == [x in set(hay) for x in q]
+
+
+@given(ranges=st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 6)), max_size=20))
+def test_expand(ranges):
+    starts, counts = _a([s for s, _ in ranges]), _a([c for _, c in ranges])
+    want = [(s + j, i, j) for i, (s, c) in enumerate(ranges) for j in range(c)]
+    assert expand(starts, counts).tolist() == [v for v, _, _ in want]
+    values, owner = expand_with_owner(starts, counts)
+    offset = values - starts[owner]
+    assert list(zip(values.tolist(), owner.tolist(), offset.tolist(), strict=True)) == want
+
+
+@given(words=st.lists(st.integers(1, 2**64 - 1), max_size=40))
+def test_bit_scans(words):
+    w = np.array(words, dtype=np.uint64)
+    assert lowest_bit(w).tolist() == [(x & -x).bit_length() - 1 for x in words]
+    assert highest_bit(w).tolist() == [x.bit_length() - 1 for x in words]
+
+
+def _ranges(draw_ranges: list[tuple[int, int, int]]) -> tuple[list[int], list[int], list[int]]:
+    """Sorted disjoint inclusive ranges with deltas that keep them sorted, disjoint, >= 0."""
+    begins: list[int] = []
+    ends: list[int] = []
+    deltas: list[int] = []
+    floor = 0  # the smallest key a shifted range may start at
+    cursor = 0
+    for gap, length, delta in draw_ranges:
+        b = cursor + gap
+        e = b + length
+        d = max(delta, floor - b)
+        if d:
+            begins.append(b)
+            ends.append(e)
+            deltas.append(d)
+            floor = e + d + 1
+        else:
+            floor = max(floor, e + 1)
+        cursor = e + 1
+    return begins, ends, deltas
+
+
+_shift = st.lists(st.tuples(st.integers(0, 10), st.integers(0, 5), st.integers(-8, 8)), max_size=8)
+
+
+@given(keys=st.lists(st.integers(0, 120), max_size=50, unique=True), ranges=_shift)
+def test_shift_keys_and_inverse(keys, ranges):
+    b, e, d = _ranges(ranges)
+    inside = [any(x <= k <= y for x, y in zip(b, e, strict=True)) for k in keys]
+    landing = [any(x + z <= k <= y + z for x, y, z in zip(b, e, d, strict=True)) for k in keys]
+    keys = [k for k, i, g in zip(keys, inside, landing, strict=True) if i or not g]  # no collisions
+    want = []
+    for k in keys:
+        i = next((j for j in range(len(b)) if b[j] <= k <= e[j]), None)
+        want.append(k if i is None else k + d[i])
+    got = shift_keys(_a(keys), _a(b), _a(e), _a(d))
+    assert got.tolist() == want
+    back = shift_keys(got, _a(b) + _a(d), _a(e) + _a(d), -_a(d))
+    assert back.tolist() == keys
+
+
+@given(keys=st.lists(st.integers(0, 1 << 40), max_size=40), span=st.booleans())
+def test_bitmaps(keys, span):
+    k = _a(keys)
+    assert list(bitmap_from_sorted(_a(sorted(set(keys))))) == sorted(set(keys))
+    small = [x % 500 for x in keys] * 3  # many repeats in a small span: the mark array
+    assert list(bitmap_of(_a(small), 500 if span else 0)) == sorted(set(small))
+    assert list(bitmap_of(k)) == sorted(set(keys))
+
+
+@given(ranges=st.lists(st.tuples(st.integers(0, 70_000), st.integers(0, 140_000)), max_size=10),
+       high=st.sampled_from([0, 1 << 32, (1 << 40) - 70_000]))
+def test_bitmap_from_ranges(ranges, high):
+    # sorted, disjoint (possibly touching or empty) half-open ranges, some crossing 2**16
+    starts, stops, at = [], [], high
+    for gap, length in ranges:
+        starts.append(at + gap)
+        stops.append(at + gap + length)
+        at += gap + length
+    want = [x for s, e in zip(starts, stops, strict=True) for x in range(s, e)]
+    got = bitmap_from_ranges(_a(starts), _a(stops))
+    assert len(got) == len(want)
+    if want:
+        assert got.min() == want[0] and got.max() == want[-1]
+        for s, e in zip(starts, stops, strict=True):
+            if e > s:
+                assert got.range_cardinality(s, e) == e - s
+
+
+# the numeric view ---------------------------------------------------------------------------
+_TYPES = [pa.int8(), pa.uint16(), pa.int32(), pa.int64(), pa.uint64(), pa.float16(), pa.float32(),
+          pa.float64(), pa.timestamp("us"), pa.timestamp("ns", tz="UTC"), pa.date32(), pa.date64(),
+          pa.time32("ms"), pa.time64("ns"), pa.duration("s")]
+
+
+def _column(t: pa.DataType, values: list[int]) -> pa.Array:
+    if pa.types.is_temporal(t):
+        storage = np.array(values, dtype=np.int64 if t.bit_width == 64 else np.int32)
+        return pa.array(storage).view(t)
+    return pa.array(np.array(values).astype(t.to_pandas_dtype()), type=t)
+
+
+@pytest.mark.parametrize("t", _TYPES, ids=str)
+def test_numeric_view_is_zero_copy_and_round_trips(t):
+    arr = _column(t, [5, 1, 7, 3, 9]).slice(1, 3)
+    for col in (arr, pa.chunked_array([arr])):
+        v = numeric_view(col)
+        assert v is not None and not v.flags.writeable  # a view of Arrow's buffer
+        assert pa.array(v, type=t).equals(arr)
+    assert numeric_view(pa.chunked_array([arr, arr])) is None
+    both = numeric_view(pa.chunked_array([arr, arr]), combine=True)
+    assert both is not None and pa.array(both, type=t).equals(pa.concat_arrays([arr, arr]))
+    empty = numeric_view(pa.chunked_array([], type=t))
+    assert empty is not None and empty.size == 0
+
+
+@pytest.mark.parametrize("col", [
+    pa.array([1, None]), pa.array([True, False]), pa.array(["a"]), pa.array([1.5, None]),
+    pa.chunked_array([[1], [None]]), pa.array([(1, 2, 3)], type=pa.month_day_nano_interval()),
+    pa.array([1], type=pa.int32()).cast(pa.decimal128(15, 2)),
+], ids=lambda c: str(c.type))
+def test_numeric_view_refuses(col):
+    assert numeric_view(col, combine=True) is None

@@ -1,0 +1,178 @@
+"""engine._kernels.rowkeymap: RowKeyMap against a plain dict, dense and hashed, with shifts."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine._kernels import rowkeymap
+from engine._kernels.rowkeymap import RowKeyMap
+
+
+def _a(xs: list[int]) -> npt.NDArray[np.int64]:
+    return np.array(xs, dtype=np.int64)
+
+
+def _check(m: RowKeyMap, model: dict[int, int]) -> None:
+    keys, vals = m.items()
+    assert keys.tolist() == sorted(model)
+    assert vals.tolist() == [model[k] for k in sorted(model)]
+    assert m.count == len(m) == len(model)
+
+
+def test_dense_example():
+    m = RowKeyMap()
+    m.insert(_a([3, 4, 5]), _a([0, 1, 2]))
+    assert m.lookup(_a([2, 3, 5, 6, 10**6])).tolist() == [-1, 0, 2, -1, -1]
+    assert m.remove(_a([4, 9])).tolist() == [1, -1]  # absent keys are ignored
+    m.put(_a([5, 7]), _a([20, 21]))  # 5 overwritten, 7 new
+    assert m.move(_a([3, 5]), _a([5, 6])).tolist() == [0, 20]  # 3 lands where 5 left
+    assert not m.hashed
+    _check(m, {5: 0, 6: 20, 7: 21})
+
+
+def test_goes_from_dense_to_hash_when_keys_spread():
+    m = RowKeyMap()
+    m.insert(np.arange(10, 20), np.arange(100, 110))
+    assert m.lookup(_a([9, 10, 19, 20])).tolist() == [-1, 100, 109, -1]
+    m.remove(_a([12]))
+    m.put(_a([13]), _a([7]))
+    far = _a([1 << 40, (1 << 40) + 5])
+    m.insert(far, _a([1, 2]))  # too sparse for an array: a hash map now
+    assert m.hashed
+    assert m.lookup(_a([12, 13, 19, 1 << 40, (1 << 40) + 5, 3])).tolist() == [-1, 7, 109, 1, 2, -1]
+    assert m.count == 11
+
+
+def test_the_one_threshold():
+    edge = 4 * 2 + rowkeymap.SPARSE_SLACK  # the span allowed for 2 keys
+    m = RowKeyMap()
+    m.insert(_a([0]), _a([0]))
+    m.insert(_a([edge - 1]), _a([1]))  # outside the first window, span == edge: still dense
+    assert not m.hashed
+    _check(m, {0: 0, edge - 1: 1})
+    m = RowKeyMap()
+    m.insert(_a([0]), _a([0]))
+    m.insert(_a([edge]), _a([1]))  # span edge + 1: hashed, once and for good
+    assert m.hashed
+    m.remove(_a([edge]))
+    m.insert(_a([1]), _a([2]))
+    assert m.hashed
+    _check(m, {0: 0, 1: 2})
+
+
+def test_window_slides_with_ring_keys():
+    m = RowKeyMap()
+    for start in range(0, 2_000_000, 50_000):  # a ring of 100k rows moving up
+        new = np.arange(start + 100_000, start + 150_000, dtype=np.int64)
+        m.insert(new, new % 7)
+        if start:
+            m.remove(np.arange(start, start + 50_000, dtype=np.int64))
+    assert not m.hashed and m.count == 100_000
+    assert m._vals.size < 4 * 100_000  # the window follows the keys, it does not grow
+    keys = np.arange(2_000_000, 2_100_000, dtype=np.int64)
+    assert (m.lookup(keys) == keys % 7).all()
+
+
+def test_negative_keys_are_absent_and_refused():
+    m = RowKeyMap()
+    m.insert(_a([0, 1]), _a([5, 6]))
+    assert m.lookup(_a([-1, 0, -5])).tolist() == [-1, 5, -1]
+    assert m.remove(_a([-1])).tolist() == [-1]
+    with pytest.raises(ValueError, match="non-negative"):
+        m.insert(_a([-3]), _a([1]))
+
+
+def test_shift_moves_ranges_at_once():
+    m = RowKeyMap()
+    m.insert(_a([1, 2, 3, 7, 8]), _a([10, 20, 30, 70, 80]))
+    src, dst, vals = m.shift(_a([1, 2, 3, 7, 8]), _a([2, 7]), _a([3, 8]), _a([3, 2]))
+    assert (src.tolist(), dst.tolist(), vals.tolist()) == ([2, 3, 7, 8], [5, 6, 9, 10], [20, 30, 70, 80])
+    _check(m, {1: 10, 5: 20, 6: 30, 9: 70, 10: 80})
+    m.shift(_a([5, 6, 9, 10]), _a([5, 9]), _a([6, 10]), _a([-3, -4]))  # down onto vacated keys
+    _check(m, {1: 10, 2: 20, 3: 30, 5: 70, 6: 80})
+
+
+# property tests -----------------------------------------------------------------------------
+_keys = st.lists(st.one_of(st.integers(0, 60), st.integers(0, 1 << 45)), max_size=25)
+_ops = st.lists(
+    st.tuples(st.sampled_from(["insert", "put", "remove", "move", "shift"]), _keys,
+              st.integers(-70, 70), st.integers(-70, 70)),
+    max_size=30,
+)
+
+
+def _two_ranges(present: list[int], cut: int, d1: int, d2: int) -> tuple[list[int], list[int], list[int]]:
+    """Valid shift ranges over the sorted ``present`` keys: ``present[:cut]`` moves by about
+    ``d1``, ``present[cut:]`` by about ``d2``, clamped so nothing goes below 0 or reorders."""
+    b: list[int] = []
+    e: list[int] = []
+    d: list[int] = []
+    if not present:
+        return b, e, d
+    cut = cut % (len(present) + 1)
+    if cut:
+        d1 = max(d1, -present[0])
+        if d1:
+            b, e, d = [present[0]], [present[cut - 1]], [d1]
+    else:
+        d1 = 0
+    if cut < len(present):
+        if cut:
+            d2 = max(d2, present[cut - 1] + d1 + 1 - present[cut])
+        else:
+            d2 = max(d2, -present[0])
+        if d2:
+            b, e, d = [*b, present[cut]], [*e, present[-1]], [*d, d2]
+    return b, e, d
+
+
+@pytest.mark.parametrize("slack", [0, 65536])
+@given(ops=_ops)
+def test_against_dict(slack, ops):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rowkeymap, "SPARSE_SLACK", slack)  # 0: most maps turn hashed
+        _run_against_dict(ops)
+
+
+def _run_against_dict(ops: list[tuple[str, list[int], int, int]]) -> None:
+    m, model = RowKeyMap(), dict[int, int]()
+    counter = 0
+    for op, ks, n, n2 in ops:
+        ks = list(dict.fromkeys(ks))  # distinct within a call
+        vals = list(range(counter, counter + len(ks)))
+        counter += len(ks)
+        if op == "insert":
+            ks = [k for k in ks if k not in model]
+            m.insert(_a(ks), _a(vals[: len(ks)]))
+            model.update(zip(ks, vals, strict=False))
+        elif op == "put":
+            m.put(_a(ks), _a(vals))
+            model.update(zip(ks, vals, strict=True))
+        elif op == "remove":
+            got = m.remove(_a(ks))
+            assert got.tolist() == [model.pop(k, -1) for k in ks]
+        elif op == "move":  # present keys move to keys that are absent or among the movers
+            src = [k for k in ks if k in model]
+            free = [k + 1 + abs(n) for k in src]
+            dst = list(dict.fromkeys(d for d in free if d not in model or d in src))[: len(src)]
+            src = src[: len(dst)]
+            moved = [model.pop(k) for k in src]
+            assert m.move(_a(src), _a(dst)).tolist() == moved
+            model.update(zip(dst, moved, strict=True))
+        else:
+            present = sorted(model)
+            b, e, d = _two_ranges(present, len(ks), n, n2)
+            movers, _, got = m.shift(_a(present), _a(b), _a(e), _a(d))
+            want = {}
+            for k in present:
+                i = next((j for j in range(len(b)) if b[j] <= k <= e[j]), None)
+                want[k if i is None else k + d[i]] = model[k]
+            assert got.tolist() == [model[k] for k in movers.tolist()]
+            model = want
+        _check(m, model)
+        probe = _a([*ks, 0, 1, 61, 1 << 44])
+        assert m.lookup(probe).tolist() == [model.get(k, -1) for k in probe.tolist()]
