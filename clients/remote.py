@@ -217,7 +217,25 @@ class RemoteTable:
         return self._join("left_outer", right, on, joins)
 
     def agg_by(self, aggs: Any, by: str | Sequence[str] = ()) -> RemoteTable:
-        """One row per group of ``by`` with the aggregations ``aggs`` (``tt.agg.sum(...)``)."""
+        """One row per group of ``by`` with the aggregations ``aggs``, built on the server.
+
+        Any aggregation of ``tt.agg`` travels: its kind, column, name and, where the kind
+        takes them, the weight column and ``p`` (semantics: :mod:`engine.ops.aggregate`).
+
+        Parameters
+        ----------
+        aggs
+            One aggregation or a list of them (``tt.agg.sum("Qty")``,
+            ``tt.agg.percentile("Price", 0.9, "P90")``, ...).
+        by
+            Group-by column name(s); ``()`` aggregates the whole table.
+
+        Examples
+        --------
+        >>> vwap = client.table("trades").agg_by(
+        ...     [tt.agg.weighted_avg("Price", "Qty", "VWAP"), tt.agg.median("Price", "Mid")], "Sym")
+        >>> vwap.snapshot()
+        """
         specs = aggs if isinstance(aggs, (list, tuple)) else [aggs]
         out = []
         for a in specs:
@@ -225,7 +243,12 @@ class RemoteTable:
             if kind is None:
                 raise TypeError(f"agg_by takes aggregations such as tt.agg.sum('Qty'), "
                                 f"not {a!r}")
-            out.append(tpb.Aggregation(op=kind, column=a.column or "", name=a.name))
+            msg = tpb.Aggregation(op=kind, column=a.column or "", name=a.name,
+                                  weight=getattr(a, "weight", None) or "")
+            p = getattr(a, "p", None)
+            if p is not None:
+                msg.p = p
+            out.append(msg)
         cols = [by] if isinstance(by, str) else list(by)
         return self._then(tpb.Operation(agg_by=tpb.AggBy(aggs=out, by=cols)))
 

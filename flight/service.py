@@ -16,8 +16,10 @@ Operation messages, field by field (``table_service.proto``):
   ``"slice"`` takes ``start`` and, when ``has_stop``, ``stop`` (negative counts from the end);
 * ``join``: ``kind`` ``natural`` / ``exact`` / ``inner`` / ``left_outer``; empty ``joins``
   brings every right column but the keys;
-* ``agg_by``: ``op`` one of sum, count, min, max, mean, std, first, last,
-  count_distinct; ``name`` defaults to the column (``"count"`` for count);
+* ``agg_by``: ``op`` any kind of :data:`engine.ops.aggregate._kinds.KINDS` (sum, count,
+  min, max, mean, std, var, abs_sum, median, percentile with ``p``, weighted_sum and
+  weighted_avg with ``weight``, first, last, count_distinct); ``name`` defaults to the
+  column (``"count"`` for count);
 * ``by_keys``: ``first_by`` / ``last_by`` / ``count_by`` (``name`` defaults to ``"count"``).
 
 Errors become gRPC status codes through the server's one table (:mod:`flight.errors`); the
@@ -254,19 +256,12 @@ class TableServiceServicer:
 
     @staticmethod
     def _agg_by(table: Table, a: tpb.AggBy) -> Table:
-        from engine.ops.aggregate.listener import Agg
+        from engine.ops.aggregate.spec import make_agg
 
-        aggs = []
-        for spec in a.aggs:
-            if spec.op == "count":
-                if spec.column:
-                    raise ProtocolError(f"count takes no column (got {spec.column!r}); it counts "
-                                        f"rows, use count_distinct for values")
-                aggs.append(Agg("count", None, spec.name or "count"))
-            else:
-                if not spec.column:
-                    raise ProtocolError(f"aggregation {spec.op!r} needs a column")
-                aggs.append(Agg(spec.op, spec.column, spec.name or spec.column))
+        # any kind of the engine's registry; it checks the parameters (SchemaError)
+        aggs = [make_agg(spec.op, spec.column or None, spec.name or None,
+                         weight=spec.weight or None, p=spec.p if spec.HasField("p") else None)
+                for spec in a.aggs]
         return table.agg_by(aggs, list(a.by))
 
     @staticmethod

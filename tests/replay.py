@@ -61,15 +61,29 @@ class ReplayChecker:
         got = self.data.combine_chunks()
         if not got.equals(expect.combine_chunks()):
             for c in expect.column_names:
-                a, b = got.column(c), expect.column(c)
-                if not a.equals(b):
-                    diff = [i for i in range(len(a)) if a[i] != b[i]][:10]
+                a, b = _arr(got.column(c)), _arr(expect.column(c))
+                if not _equal(a, b):
+                    diff = [i for i in range(len(a)) if not _equal(a.slice(i, 1), b.slice(i, 1))][:10]
                     raise AssertionError(
                         f"replica of {self.table.name!r} differs in column {c!r} at positions "
                         f"{diff}: replica {[a[i].as_py() for i in diff]} vs table "
                         f"{[b[i].as_py() for i in diff]}"
                     )
-            raise AssertionError("replica differs from the table")
+            if not got.schema.equals(expect.schema):
+                raise AssertionError("replica differs from the table")
+
+
+def _equal(a: pa.Array, b: pa.Array) -> bool:
+    """``a.equals(b)``, but NaN equal to NaN (Arrow's equals says NaN != NaN)."""
+    if a.equals(b):
+        return True
+    if a.type != b.type or len(a) != len(b) or not pa.types.is_floating(a.type):
+        return False
+    if not a.is_null().equals(b.is_null()):
+        return False
+    x = a.fill_null(0).to_numpy(zero_copy_only=False)
+    y = b.fill_null(0).to_numpy(zero_copy_only=False)
+    return bool(np.array_equal(x, y, equal_nan=True))
 
 
 def _arr(col: pa.ChunkedArray | pa.Array) -> pa.Array:

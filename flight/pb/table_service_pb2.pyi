@@ -155,27 +155,47 @@ Global___Join: _TypeAlias = Join  # noqa: Y015
 
 @_typing.final
 class Aggregation(_message.Message):
+    """One aggregation of AggBy. `op` names a kind of the server's registry:
+      count                                 no column: rows per group
+      sum, min, max, mean, std, var,        one column
+      abs_sum, median, first, last,
+      count_distinct
+      percentile                            one column and p (0 <= p <= 1, linear interpolation)
+      weighted_sum, weighted_avg            one column and a weight column
+    A parameter the op does not take must be left unset (INVALID_ARGUMENT otherwise).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     OP_FIELD_NUMBER: _builtins.int
     COLUMN_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    P_FIELD_NUMBER: _builtins.int
     op: _builtins.str
-    """sum, count, min, max, mean, std, first, last, count_distinct"""
     column: _builtins.str
     name: _builtins.str
+    """empty: the column's name ("count" for count)"""
+    weight: _builtins.str
+    """weighted_sum / weighted_avg: the weight column"""
+    p: _builtins.float
+    """percentile: the quantile, 0 <= p <= 1"""
     def __init__(
         self,
         *,
         op: _builtins.str = ...,
         column: _builtins.str = ...,
         name: _builtins.str = ...,
+        weight: _builtins.str = ...,
+        p: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_p", b"_p", "p", b"p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["column", b"column", "name", b"name", "op", b"op"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_p", b"_p", "column", b"column", "name", b"name", "op", b"op", "p", b"p", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__p: _TypeAlias = _typing.Literal["p"]  # noqa: Y015
+    _WhichOneofArgType__p: _TypeAlias = _typing.Literal["_p", b"_p"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__p) -> _WhichOneofReturnType__p | None: ...
 
 Global___Aggregation: _TypeAlias = Aggregation  # noqa: Y015
 

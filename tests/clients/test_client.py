@@ -237,6 +237,39 @@ def test_remote_composition_is_live(client: tt.Client, graph: UpdateGraph) -> No
         assert client.snapshot(name).to_dict("list") == want(df).to_dict("list")
 
 
+def test_remote_agg_by_every_registry_kind(client: tt.Client, graph: UpdateGraph) -> None:
+    rng = np.random.default_rng(6)
+    client.create_table("trades", TRADES, "keyed", keys=["id"])
+    df = trades(rng, np.arange(300))
+    df.loc[rng.random(300) < 0.1, "px"] = np.nan  # nulls on the wire
+    client.push("trades", df, mode="upsert")
+    graph.run_cycle()
+    remote = client.table("trades").agg_by(
+        [tt.agg.var("px", "var"), tt.agg.abs_sum("qty", "abs"),
+         tt.agg.weighted_sum("px", "qty", "wsum"), tt.agg.weighted_avg("px", "qty", "wavg"),
+         tt.agg.median("px", "med"), tt.agg.percentile("px", 0.25, "p25"),
+         tt.agg.percentile("qty", 1.0, "p100")], "sym").sort("sym")
+    assert remote.schema.field("wsum").type == pa.float64()
+    assert remote.schema.field("abs").type == pa.int64()
+
+    def want(frame: pd.DataFrame) -> pd.DataFrame:
+        ok = frame.px.notna()
+        g = frame.assign(xw=(frame.px * frame.qty).where(ok), w=frame.qty.where(ok),
+                         aq=frame.qty.abs()).groupby("sym")
+        out = pd.DataFrame({"var": g.px.var(), "abs": g.aq.sum(), "wsum": g.xw.sum(),
+                            "wavg": g.xw.sum() / g.w.sum(), "med": g.px.median(),
+                            "p25": g.px.quantile(0.25), "p100": g.qty.quantile(1.0)})
+        return out.reset_index().sort_values("sym").reset_index(drop=True)
+
+    for step in range(4):  # the server keeps it current
+        pd.testing.assert_frame_equal(remote.snapshot(), want(df), check_dtype=False,
+                                      obj=f"step {step}")
+        more = trades(rng, rng.integers(0, 400, 60)).drop_duplicates("id", keep="last")
+        client.push("trades", more, mode="upsert")
+        graph.run_cycle()
+        df = pd.concat([df[~df.id.isin(more.id)], more]).sort_values("id")
+
+
 def test_composition_binds_expressions_after_schema_changes(client: tt.Client,
                                                             graph: UpdateGraph) -> None:
     client.push("t", trades(np.random.default_rng(6), np.arange(50)))

@@ -210,6 +210,21 @@ CASES: dict[str, Case] = {
             agg.min("Price", "MinPx"), agg.max("Price", "MaxPx"), agg.std("Price", "StdPx"),
             agg.first("Key", "FirstKey"), agg.last("Key", "LastKey"),
             agg.count_distinct("Qty", "Distinct")], "Sym")),
+    "agg_by_registry_kinds": Case(
+        [tpb.Operation(agg_by=tpb.AggBy(by=["Sym"], aggs=[
+            tpb.Aggregation(op="var", column="Price", name="VarPx"),
+            tpb.Aggregation(op="abs_sum", column="Qty", name="AbsQty"),
+            tpb.Aggregation(op="weighted_sum", column="Price", weight="Qty", name="Notional"),
+            tpb.Aggregation(op="weighted_avg", column="Price", weight="Qty", name="VWAP"),
+            tpb.Aggregation(op="median", column="Price", name="Mid"),
+            tpb.Aggregation(op="percentile", column="Price", p=0.9, name="P90"),
+            tpb.Aggregation(op="percentile", column="Qty", p=0.0, name="P0"),
+        ]))],
+        lambda e: e.trades.agg_by([
+            agg.var("Price", "VarPx"), agg.abs_sum("Qty", "AbsQty"),
+            agg.weighted_sum("Price", "Qty", "Notional"), agg.weighted_avg("Price", "Qty", "VWAP"),
+            agg.median("Price", "Mid"), agg.percentile("Price", 0.9, "P90"),
+            agg.percentile("Qty", 0.0, "P0")], "Sym")),
     "agg_total": Case(
         [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(op="sum", column="Qty"),
                                               tpb.Aggregation(op="count")]))],
@@ -376,8 +391,18 @@ def test_bad_operations(env: Env) -> None:
         "not boolean": [tpb.Operation(where=tpb.Where(predicate=price))],
         "slice kind": [slice_op("middle", 1)],
         "join kind": [join_op("cross", "quotes", ["Sym"])],
-        "agg op": [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(op="median",
+        "agg op": [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(op="mode",
                                                                         column="Qty")]))],
+        "agg no p": [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(op="percentile",
+                                                                          column="Qty")]))],
+        "agg p range": [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(
+            op="percentile", column="Qty", p=1.5)]))],
+        "agg no weight": [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(
+            op="weighted_avg", column="Price")]))],
+        "agg weight column": [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(
+            op="weighted_sum", column="Price", weight="Nope")]))],
+        "agg extra p": [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(
+            op="median", column="Price", p=0.5)]))],
         "agg column": [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(op="sum",
                                                                             column="Nope")]))],
         "sort column": [sort_op(["Nope"])],

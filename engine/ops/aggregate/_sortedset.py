@@ -1,11 +1,13 @@
-"""Per-group sorted sets: the state behind incremental min, max, first and last.
+"""Per-group sorted sets: the state behind incremental min, max, median, first and last.
 
 Both structures here hold pairs ``(group, value)`` — ``value`` a ``uint64`` whose unsigned
 order is the order wanted — and answer "smallest / largest live value of each of these
 groups" for a whole batch of groups at once:
 
 * :class:`ValueMultiset` — values with multiplicities (order-preserving encodings of
-  numbers, for min/max); entries are found by vectorized binary search, no hashing;
+  numbers, for min/max); entries are found by vectorized binary search, no hashing. With
+  ``ranks=True`` it also answers "the value of rank ``k`` in group ``g``" (median,
+  percentile), see below;
 * :class:`RowKeySet` — parent row keys, each in one group (for first/last); entries are
   found through a hash of the row key, and :meth:`RowKeySet.shift` follows parent shifts.
 
@@ -13,16 +15,28 @@ Layout, an LSM tree of two levels, so that every cost follows the change:
 
 * **base** — pairs sorted by ``(group, value)``; group ``g`` owns positions
   ``[gstart[g], gend[g])``. An entry whose count drops to zero stays in place as a
-  tombstone and its bit in a hierarchical bitset (:class:`_LiveBits`) is cleared, so
-  "first live position at or after ``gstart[g]``" is one vectorized next-set-bit search
-  of ``O(log64 N)`` numpy calls per batch, however many tombstones the group holds (a
-  group of a million rows losing its maximum every cycle costs what any group costs).
+  tombstone and its bit in a hierarchical bitset
+  (:class:`~engine.ops.aggregate._bits.LiveBits`) is cleared, so "first live position at
+  or after ``gstart[g]``" is one vectorized next-set-bit search of ``O(log64 N)`` numpy
+  calls per batch, however many tombstones the group holds (a group of a million rows
+  losing its maximum every cycle costs what any group costs).
 * **delta** — a sorted array of the pairs created since the last merge, rebuilt in
   ``O(delta)`` in the cycles it changes.
 
 When the delta passes ``max(MERGE_MIN, N/8)`` entries, or tombstones pass the live
 entries, delta and base are merged in ``O(N)`` (amortized ``O(1)`` per change, as in any
 LSM tree; the merge itself is a pause of tens of milliseconds per million entries).
+
+**Ranks** (``ValueMultiset(ranks=True)``). Base positions never move between merges, so
+every delta pair has a fixed *insertion point* in the base (the base position it sorts
+before). One :class:`~engine.ops.aggregate._bits.Fenwick` tree over ``2 * len(base) + 1``
+slots interleaves the two levels in ``(group, value)`` order: slot ``2p + 1`` counts base
+position ``p``, slot ``2p`` counts the delta pairs whose insertion point is ``p``. A count
+change is one tree update (``O(log N)``); the value of rank ``k`` in group ``g`` is one
+prefix sum (the values of the groups before ``g``), one descent of the tree to the slot
+holding global rank ``before + k`` and, when that slot is a gap, one binary search among
+the delta pairs inserted there. No group is ever scanned, so removing a group's median
+costs what any change costs: ``O(changes * log N)`` numpy work per cycle.
 
 Row keys shift (the parent moves surviving rows without reordering them), so in a
 :class:`RowKeySet` live entries stay sorted when their keys are rewritten in place;
@@ -38,6 +52,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.errors import UpdateInvariantError
+from engine.ops.aggregate._bits import Fenwick, LiveBits
 from engine.ops.aggregate._keys import U64Map
 
 __all__ = ["RowKeySet", "ValueMultiset", "lex_order"]
@@ -48,10 +63,6 @@ Mask = npt.NDArray[np.bool_]
 T = TypeVar("T", bound=np.generic)
 
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
-_ONE = np.uint64(1)
-_SIX = np.int64(6)
-_63 = np.int64(63)
-_2_53 = np.uint64(1 << 53)
 _EMPTY_I = np.empty(0, dtype=np.int64)
 _EMPTY_U = np.empty(0, dtype=np.uint64)
 
@@ -68,90 +79,6 @@ def _grow(arr: npt.NDArray[T], cap: int, fill: int = 0) -> npt.NDArray[T]:
     out = np.full(max(cap, 2 * arr.size), fill, dtype=arr.dtype)
     out[: arr.size] = arr
     return out
-
-
-# bit tricks -------------------------------------------------------------------------------
-def _hsb(x: U64) -> I64:
-    """Index of the highest set bit of each (non-zero) word."""
-    big = x >= _2_53
-    # float64 holds 53 bits exactly; shift bigger words down first so rounding cannot carry
-    _, e = np.frexp(np.where(big, x >> np.uint64(11), x).astype(np.float64))
-    return e.astype(np.int64) - 1 + np.where(big, 11, 0)
-
-
-def _ctz(x: U64) -> I64:
-    """Index of the lowest set bit of each (non-zero) word."""
-    with np.errstate(over="ignore"):
-        return _hsb(x & (~x + _ONE))
-
-
-def _pack(flags: Mask) -> U64:
-    padded = np.zeros((flags.size + 63) // 64 * 64, dtype=bool)
-    padded[: flags.size] = flags
-    return np.packbits(padded, bitorder="little").view("<u8").astype(np.uint64)
-
-
-class _LiveBits:
-    """A bitset over ``n`` positions (all set at first) with summary levels, for
-    vectorized next/prev-set-bit: level ``k+1`` has a bit per non-zero word of level ``k``,
-    and a search climbs only as far as it must."""
-
-    def __init__(self, n: int) -> None:
-        levels = [_pack(np.ones(n, dtype=bool))]
-        while levels[-1].size > 1:
-            levels.append(_pack(levels[-1] != 0))
-        self.levels = levels
-
-    def set(self, pos: I64) -> None:
-        for words in self.levels:
-            if pos.size == 0:
-                return
-            w = pos >> _SIX
-            np.bitwise_or.at(words, w, _ONE << (pos & _63).astype(np.uint64))
-            pos = np.unique(w)
-
-    def clear(self, pos: I64) -> None:
-        for words in self.levels:
-            if pos.size == 0:
-                return
-            w = pos >> _SIX
-            np.bitwise_and.at(words, w, ~(_ONE << (pos & _63).astype(np.uint64)))
-            uw = np.unique(w)
-            pos = uw[words[uw] == 0]
-
-    def next_set(self, pos: I64, level: int = 0) -> I64:
-        """Smallest set position ``>= pos`` for each query, ``-1`` where there is none."""
-        words = self.levels[level]
-        out = np.full(pos.size, -1, dtype=np.int64)
-        w = pos >> _SIX
-        inb = w < words.size
-        word = np.zeros(pos.size, dtype=np.uint64)
-        word[inb] = words[w[inb]] & (_ALL << (pos[inb] & _63).astype(np.uint64))
-        hit = word != 0
-        out[hit] = (w[hit] << _SIX) + _ctz(word[hit])
-        miss = np.flatnonzero(~hit)
-        if miss.size and level + 1 < len(self.levels):
-            up = self.next_set(w[miss] + 1, level + 1)
-            ok = up >= 0
-            out[miss[ok]] = (up[ok] << _SIX) + _ctz(words[up[ok]])
-        return out
-
-    def prev_set(self, pos: I64, level: int = 0) -> I64:
-        """Largest set position ``<= pos`` for each query, ``-1`` where there is none."""
-        words = self.levels[level]
-        out = np.full(pos.size, -1, dtype=np.int64)
-        w = pos >> _SIX
-        inb = (pos >= 0) & (w < words.size)
-        word = np.zeros(pos.size, dtype=np.uint64)
-        word[inb] = words[w[inb]] & (_ALL >> (_63 - (pos[inb] & _63)).astype(np.uint64))
-        hit = word != 0
-        out[hit] = (w[hit] << _SIX) + _hsb(word[hit])
-        miss = np.flatnonzero(~hit & (pos >= 0))
-        if miss.size and level + 1 < len(self.levels):
-            up = self.prev_set(w[miss] - 1, level + 1)
-            ok = up >= 0
-            out[miss[ok]] = (up[ok] << _SIX) + _hsb(words[up[ok]])
-        return out
 
 
 def _segment_search(vals: U64, lo: I64, hi: I64, q: U64) -> I64:
@@ -227,7 +154,7 @@ class _Sorted:
         self._b_k: U64 = _EMPTY_U  # base coarse keys (non-decreasing)
         self._gstart: I64 = _EMPTY_I
         self._gend: I64 = _EMPTY_I
-        self._bits = _LiveBits(0)
+        self._bits = LiveBits(0)
         self._dead = 0
         self._d_g: I64 = _EMPTY_I  # delta, sorted by (group, value)
         self._d_v: U64 = _EMPTY_U
@@ -309,7 +236,7 @@ class _Sorted:
         self._gend = np.cumsum(counts)
         self._gstart = self._gend - counts
         self._b_v, self._b_k = merger(b_v, d_v), merger(b_k, d_k)
-        self._bits = _LiveBits(self._b_v.size)
+        self._bits = LiveBits(self._b_v.size)
         self._dead = 0
         self._d_g, self._d_v, self._d_k = _EMPTY_I, _EMPTY_U, _EMPTY_U
         return merger
@@ -350,12 +277,21 @@ class _Sorted:
 
 
 class ValueMultiset(_Sorted):
-    """Values with multiplicities per group; min and max per group, vectorized."""
+    """Values with multiplicities per group; min and max per group, vectorized.
 
-    def __init__(self) -> None:
+    With ``ranks`` it also keeps per-group counts and the Fenwick tree of the module
+    docstring, for :meth:`count_of` and :meth:`kth` (order statistics).
+    """
+
+    def __init__(self, ranks: bool = False) -> None:
         super().__init__()
         self._b_c: I64 = _EMPTY_I  # count per base position (0: tombstone)
         self._d_c: I64 = _EMPTY_I
+        self.ranks = ranks
+        self._d_at: I64 = _EMPTY_I  # insertion point of each delta pair in the base
+        self._fen = Fenwick(np.zeros(1, dtype=np.int64))  # 2 * len(base) + 1 slots
+        self._n = np.zeros(16, dtype=np.int64)  # live values per group (ranks only)
+        self._dcum: I64 | None = None  # 0, then cumulative delta counts (cached per cycle)
 
     def update(self, g: I64, v: U64, d: I64) -> None:
         """Add ``d[i]`` (may be negative) to the count of ``(g[i], v[i])``.
@@ -373,7 +309,12 @@ class ValueMultiset(_Sorted):
         g, v, net = g[first], v[first], np.add.reduceat(d, first)
         nz = net != 0
         g, v, net = g[nz], v[nz], net[nz]
+        if self.ranks and g.size:
+            self._n = _grow(self._n, int(g[-1]) + 1)
+            np.add.at(self._n, g, net)
+            self._dcum = None
         k = self._coarse(g, v)
+        at = np.zeros(g.size, dtype=np.int64)  # insertion points in the base
         if self._b_v.size:  # base: counts change in place, the bitset follows
             pos, hit = self._locate(self._b_k, self._b_v, k, v)
             bp = pos[hit]
@@ -382,24 +323,29 @@ class ValueMultiset(_Sorted):
             if (c1 < 0).any():
                 raise UpdateInvariantError("A1", "a value was removed from a group that does not hold it")
             self._b_c[bp] = c1
+            if self.ranks:
+                self._fen.add(2 * bp + 1, net[hit])
             died, born = bp[(c0 > 0) & (c1 == 0)], bp[(c0 == 0) & (c1 > 0)]
             self._bits.clear(died)
             self._bits.set(born)
             self._dead += died.size - born.size
             rest = ~hit
-            g, v, k, net = g[rest], v[rest], k[rest], net[rest]
+            g, v, k, net, at = g[rest], v[rest], k[rest], net[rest], pos[rest]
         if g.size:  # delta: counts in place, new pairs inserted, zero counts dropped
             pos, hit = self._locate(self._d_k, self._d_v, k, v)
             self._d_c[pos[hit]] += net[hit]
             new = ~hit
             if (net[new] < 0).any() or (self._d_c[pos[hit]] < 0).any():
                 raise UpdateInvariantError("A1", "a value was removed from a group that does not hold it")
+            if self.ranks:
+                self._fen.add(2 * at, net)
             if new.any():
-                (self._d_c,) = self._delta_insert(g[new], v[new], k[new], pos[new], (self._d_c, net[new]))
+                self._d_c, self._d_at = self._delta_insert(
+                    g[new], v[new], k[new], pos[new], (self._d_c, net[new]), (self._d_at, at[new]))
             keep = self._d_c != 0
             if not keep.all():
                 self._delta_keep(keep)
-                self._d_c = self._d_c[keep]
+                self._d_c, self._d_at = self._d_c[keep], self._d_at[keep]
         if self._should_merge():
             self._merge()
 
@@ -415,12 +361,60 @@ class ValueMultiset(_Sorted):
         return (np.concatenate((owner[keep], d_owner)), np.concatenate((self._b_v[pos[keep]], self._d_v[d_pos])),
                 np.concatenate((c[keep], self._d_c[d_pos])))
 
+    def count_of(self, groups: I64) -> I64:
+        """Number of live values (with multiplicity) of each group (needs ``ranks``)."""
+        assert self.ranks
+        out = np.zeros(groups.size, dtype=np.int64)
+        ok = groups < self._n.size
+        out[ok] = self._n[groups[ok]]
+        return out
+
+    def kth(self, groups: I64, k: I64) -> U64:
+        """The value of rank ``k[i]`` (0-based, counting multiplicity) in ``groups[i]``.
+
+        Needs ``ranks``; every ``k[i]`` must be below :meth:`count_of` the group. Cost:
+        ``O(log N)`` numpy rounds over the batch (see the module docstring).
+        """
+        assert self.ranks
+        if groups.size == 0:
+            return _EMPTY_U
+        nb = self._b_v.size
+        start = np.full(groups.size, nb, dtype=np.int64)  # groups newer than the base: at its end
+        old = groups < self._gstart.size
+        start[old] = self._gstart[groups[old]]
+        before = self._fen.prefix(2 * start)  # base positions and gaps before the segment
+        dcum = self._delta_cum()
+        if self._d_g.size:  # ... plus earlier groups' delta pairs sharing the segment's gap
+            r0 = np.searchsorted(self._d_at, start, "left")
+            e = np.searchsorted(self._d_g, groups, "left")
+            before += dcum[np.maximum(e, r0)] - dcum[r0]
+        slot, within = self._fen.search(before + k)
+        out = np.empty(groups.size, dtype=np.uint64)
+        base = (slot & 1) == 1
+        out[base] = self._b_v[slot[base] >> 1]
+        gap = np.flatnonzero(~base)
+        if gap.size:  # the pair of rank `within` among the delta pairs inserted at this gap
+            r0 = np.searchsorted(self._d_at, slot[gap] >> 1, "left")
+            j = np.searchsorted(dcum, dcum[r0] + within[gap], "right") - 1
+            out[gap] = self._d_v[j]
+        return out
+
+    def _delta_cum(self) -> I64:
+        if self._dcum is None:
+            self._dcum = np.zeros(self._d_c.size + 1, dtype=np.int64)
+            np.cumsum(self._d_c, out=self._dcum[1:])
+        return self._dcum
+
     def _merge(self) -> None:
         """Fold the delta into the base and drop tombstones (O(N), amortized over changes)."""
         alive = self._b_c > 0
         b_c, d_c = self._b_c[alive], self._d_c
         self._b_c = self._merge_base(alive)(b_c, d_c)
-        self._d_c = _EMPTY_I
+        self._d_c, self._d_at, self._dcum = _EMPTY_I, _EMPTY_I, None
+        if self.ranks:
+            slots = np.zeros(2 * self._b_c.size + 1, dtype=np.int64)
+            slots[1::2] = self._b_c
+            self._fen = Fenwick(slots)
 
 
 class RowKeySet(_Sorted):

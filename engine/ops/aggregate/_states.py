@@ -6,17 +6,23 @@ rows joining one (current values). A modified row that stays in its group is a m
 plus of the same slot. Per-group deltas come from ``np.bincount`` / ``np.add.at`` over the
 inverse of ``np.unique(slots)``: the cost follows the events, never the table.
 
+Every state follows the :class:`State` protocol: built by ``create`` from its input
+columns' types and the options its aggregations asked for, fed by ``apply`` with one
+value array per input column. The registry (:mod:`engine.ops.aggregate._kinds`) decides
+which aggregations share a state.
+
 * :class:`Moments` — count of valid values, sum (int64 exact; float64 with a two-sum
-  compensation carried across cycles) and, for ``std``, compensated sums of ``x - K`` and
+  compensation carried across cycles) and, for ``std``/``var``, compensated sums of ``x - K`` and
   ``(x - K)**2`` about a per-group reference ``K``. ``K`` is a *data value* (the group's
   first value, re-chosen as the batch value nearest the mean when the mean drifts away),
   so ``x - K`` is small, exact for data on a grid, and the textbook cancellation of
   ``sum(x**2) - sum(x)**2/n`` does not happen. What running sums cannot avoid — the
   rounding left by values far larger than the group's current spread — is bounded and
-  healed from the column's :class:`Extremes`: min == max resets to an exact 0, and a
+  healed from the column's :class:`OrderStats`: min == max resets to an exact 0, and a
   group whose error bound passes :attr:`Moments.TOLERANCE` is recomputed from its values.
   ``+inf``/``-inf`` are counted apart, so removing an infinity restores a finite sum.
-* :class:`Extremes` — min and max through a :class:`ValueMultiset` of order-preserving
+* :class:`OrderStats` — min, max and (with the ``ranks`` option) values of any rank,
+  for median and percentile, through a :class:`ValueMultiset` of order-preserving
   ``uint64`` encodings.
 * :class:`Distinct` — per ``(group, value)`` counts in a hash index (:class:`U64Map`);
   a group's distinct count changes when a count crosses zero.
@@ -27,7 +33,8 @@ from null) are skipped by every state here.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -47,7 +54,7 @@ from engine.ops.aggregate._keys import (
 )
 from engine.ops.aggregate._sortedset import ValueMultiset
 
-__all__ = ["Cycle", "Distinct", "Events", "Extremes", "Moments"]
+__all__ = ["Cycle", "Distinct", "Events", "Moments", "OrderStats", "State"]
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
@@ -56,6 +63,28 @@ Mask = npt.NDArray[np.bool_]
 NumPair = tuple[npt.NDArray[Any], Mask | None]
 
 _EMPTY_I = np.empty(0, dtype=np.int64)
+
+
+class State(Protocol):
+    """Per-group state of one or more parent columns, shared by the aggregations reading it.
+
+    ``arrow`` says how :meth:`apply` wants values: Arrow arrays, or ``(numpy values,
+    validity or None)`` pairs in the columns' storage dtypes.
+    """
+
+    arrow: ClassVar[bool]
+
+    @classmethod
+    def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
+               dep: Callable[[type[State]], State]) -> State:
+        """A state over columns of ``types``; ``dep(cls)`` is the state of class ``cls``
+        over the same columns (built first, and fed first every cycle)."""
+        ...
+
+    def apply(self, ev: Events, minus: Sequence[Any], plus: Sequence[Any]) -> I64:
+        """Fold one cycle's events in (one value array per column, for the ``minus`` and
+        the ``plus`` rows); returns the slots touched."""
+        ...
 
 
 # states ---------------------------------------------------------------------------------
@@ -138,10 +167,10 @@ def _grow(arr: npt.NDArray[Any], cap: int) -> npt.NDArray[Any]:
 
 
 class Moments:
-    """Count, sum and spread of one numeric column per group (for sum, mean and std).
+    """Count, sum and spread of one numeric column per group (sum, mean, std and var).
 
-    For ``std`` it also reads the column's :class:`Extremes` (kept by the caller, updated
-    before :meth:`apply`): a group whose min equals its max is reset to an exact zero
+    With the ``spread`` option (std, var) it also reads the column's :class:`OrderStats`
+    (its dependency, updated before :meth:`apply`): a group whose min equals its max is reset to an exact zero
     spread, and a group whose error bound — ``eps`` times the magnitude of everything its
     sum of squares ever absorbed (``mag``) — passes ``1e-10`` of that sum is recomputed
     from its values (cost: the group's distinct values; rare, as it takes a history tens
@@ -150,8 +179,20 @@ class Moments:
 
     #: relative error of the sum of squared deviations above which a group is recomputed
     TOLERANCE = 1e-10
+    arrow: ClassVar[bool] = False
 
-    def __init__(self, dtype: np.dtype[Any], want_std: bool, values: Extremes | None = None) -> None:
+    @classmethod
+    def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
+               dep: Callable[[type[State]], State]) -> Moments:
+        dtype = numpy_storage_dtype(types[0])
+        assert dtype is not None
+        if "spread" not in options:
+            return cls(dtype, False)
+        values = dep(OrderStats)
+        assert isinstance(values, OrderStats)
+        return cls(dtype, True, values)
+
+    def __init__(self, dtype: np.dtype[Any], want_std: bool, values: OrderStats | None = None) -> None:
         self.is_float = dtype.kind == "f"
         self.want_std = want_std
         assert values is not None or not want_std
@@ -173,14 +214,15 @@ class Moments:
         for name in ("n", "pinf", "ninf", "s_int", "s_hi", "s_lo", "k", "sk", "sk_lo", "qk", "qk_lo", "mag"):
             setattr(self, name, _grow(getattr(self, name), cap))
 
-    def apply(self, ev: Events, minus: NumPair, plus: NumPair) -> I64:
+    def apply(self, ev: Events, minus: Sequence[NumPair], plus: Sequence[NumPair]) -> I64:
         """Fold one cycle's events in; returns the slots touched."""
         touched, inv, sign, nm = ev.touched, ev.inv, ev.sign, ev.nm
         if touched.size == 0:
             return touched
+        (minus_v,), (plus_v,) = minus, plus
         self._ensure(int(touched[-1]) + 1)
-        vals = np.concatenate((minus[0], plus[0]))
-        ok = np.concatenate((valid_mask(*minus), valid_mask(*plus)))
+        vals = np.concatenate((minus_v[0], plus_v[0]))
+        ok = np.concatenate((valid_mask(*minus_v), valid_mask(*plus_v)))
         nt = touched.size
 
         def count(mask: Mask) -> I64:
@@ -316,29 +358,44 @@ class Moments:
             out = total / np.maximum(n, 1)
         return out, n > 0
 
-    def std(self, slots: I64) -> NumPair:
+    def var(self, slots: I64) -> NumPair:
+        """Sample variance (``ddof=1``): null below two values, NaN with an infinity."""
         n = self.n[slots]
         nfin = n - self.pinf[slots] - self.ninf[slots]
         nf = np.maximum(nfin, 2).astype(np.float64)
         sk = self.sk[slots] + self.sk_lo[slots]
         qk = self.qk[slots] + self.qk_lo[slots]
         var = np.maximum(qk - sk * sk / nf, 0.0) / (nf - 1.0)
-        out = np.where(nfin < n, np.nan, np.sqrt(var))
-        return out, n > 1
+        return np.where(nfin < n, np.nan, var), n > 1
+
+    def std(self, slots: I64) -> NumPair:
+        """Sample standard deviation: the square root of :meth:`var`."""
+        var, valid = self.var(slots)
+        return np.sqrt(var), valid
 
 
-class Extremes:
-    """Min and max of one numeric column per group."""
+class OrderStats:
+    """Min, max and (option ``ranks``) quantiles of one numeric column per group."""
 
-    def __init__(self, dtype: np.dtype[Any]) -> None:
+    arrow: ClassVar[bool] = False
+
+    @classmethod
+    def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
+               dep: Callable[[type[State]], State]) -> OrderStats:
+        dtype = numpy_storage_dtype(types[0])
+        assert dtype is not None
+        return cls(dtype, "ranks" in options)
+
+    def __init__(self, dtype: np.dtype[Any], ranks: bool = False) -> None:
         self.dtype = dtype
-        self.set = ValueMultiset()
+        self.set = ValueMultiset(ranks)
 
-    def apply(self, ev: Events, minus: NumPair, plus: NumPair) -> I64:
+    def apply(self, ev: Events, minus: Sequence[NumPair], plus: Sequence[NumPair]) -> I64:
         if ev.slots.size == 0:
             return ev.touched
-        vals = np.concatenate((minus[0], plus[0]))
-        ok = np.concatenate((valid_mask(*minus), valid_mask(*plus)))
+        (minus_v,), (plus_v,) = minus, plus
+        vals = np.concatenate((minus_v[0], plus_v[0]))
+        ok = np.concatenate((valid_mask(*minus_v), valid_mask(*plus_v)))
         if ok.all():
             self.set.update(ev.slots, encode(vals), ev.sign)
         else:
@@ -353,14 +410,48 @@ class Extremes:
         enc, found = self.set.max_of(slots)
         return decode(enc, self.dtype), found
 
+    def quantile(self, slots: I64, p: float) -> NumPair:
+        """Linear-interpolated quantile ``p`` of each group's values, as float64.
+
+        With ``n`` values ``x[0] <= ... <= x[n-1]``, ``h = p * (n - 1)``, ``i = floor(h)``:
+        ``x[i]`` where ``h`` is whole or ``x[i] == x[i+1]``, else
+        ``x[i] + (x[i+1] - x[i]) * (h - i)`` (pandas ``quantile(p)``); null without values.
+        Two rank queries per group (one batch), never a scan of a group.
+        """
+        n = self.set.count_of(slots)
+        has = np.flatnonzero(n > 0)
+        out = np.zeros(slots.size, dtype=np.float64)
+        if has.size == 0:
+            return out, n > 0
+        g, m = slots[has], n[has]
+        h = p * (m - 1).astype(np.float64)
+        lo = np.floor(h).astype(np.int64)
+        frac = h - lo
+        between = np.flatnonzero(frac > 0)
+        enc = self.set.kth(np.concatenate((g, g[between])), np.concatenate((lo, lo[between] + 1)))
+        x = decode(enc, self.dtype).astype(np.float64)
+        val = x[: g.size].copy()
+        a, b = val[between], x[g.size :]
+        with np.errstate(invalid="ignore", over="ignore"):
+            val[between] = np.where(a == b, a, a + (b - a) * frac[between])
+        out[has] = val
+        return out, n > 0
+
 
 class Distinct:
-    """Number of distinct valid values of one column per group.
+    """Number of distinct valid values of one column per group (any type: Arrow values).
 
     ``(slot, value)`` pairs are keyed by a 64-bit hash and verified by the slot and a
     second, independent 64-bit hash of the value (exact bits for numbers), so two pairs
     are merged only if 128 bits agree; a 64-bit clash raises instead of miscounting.
     """
+
+    arrow: ClassVar[bool] = True
+
+    @classmethod
+    def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
+               dep: Callable[[type[State]], State]) -> Distinct:
+        return cls()
 
     def __init__(self) -> None:
         self.index = U64Map()
@@ -391,12 +482,12 @@ class Distinct:
         ok = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else np.ones(len(arr), dtype=bool)
         return h1, h2, ok
 
-    def apply(self, ev: Events, minus: pa.Array, plus: pa.Array) -> I64:
+    def apply(self, ev: Events, minus: Sequence[pa.Array], plus: Sequence[pa.Array]) -> I64:
         if ev.slots.size == 0:
             return ev.touched
         self.nd = _grow(self.nd, int(ev.touched[-1]) + 1)
-        h1m, h2m, okm = self._value_hashes(minus)
-        h1p, h2p, okp = self._value_hashes(plus)
+        h1m, h2m, okm = self._value_hashes(minus[0])
+        h1p, h2p, okp = self._value_hashes(plus[0])
         ok = np.concatenate((okm, okp))
         s, h2, sign = ev.slots[ok], np.concatenate((h2m, h2p))[ok], ev.sign[ok]
         with np.errstate(over="ignore"):

@@ -10,17 +10,35 @@ Semantics (pandas ``groupby(by, dropna=False)`` where pandas has an answer):
   values). Floats: ``-0.0`` and ``0.0`` are one key, every NaN is one key (distinct from
   null). ``by=()`` makes one group of the whole table; like Deephaven, it has *no row*
   while the parent is empty.
-* **Nulls.** ``sum``, ``mean``, ``std``, ``min``, ``max`` and ``count_distinct`` skip
-  nulls and float NaN (pandas cannot tell them apart); ``count`` counts rows. The sum of a
-  group without values is 0, its mean/min/max null, its std null below two values
-  (sample std, ``ddof=1``). ``+inf`` and ``-inf`` follow IEEE (``inf - inf`` is NaN).
+* **Nulls.** Every aggregation but ``count``, ``first`` and ``last`` skips nulls and
+  float NaN (pandas cannot tell them apart); ``count`` counts rows. The sum and abs_sum of
+  a group without values are 0, its mean/min/max/median/percentile null, its std and var
+  null below two values (sample, ``ddof=1``). ``+inf`` and ``-inf`` follow IEEE
+  (``inf - inf`` is NaN; std and var are NaN when a group holds an infinity).
   ``first``/``last`` take the value of the group's first/last row, null or not.
-* **Types.** ``sum`` of integers or bools is int64 (wrapping like numpy), of floats
-  float64; ``mean``/``std`` float64; ``count``/``count_distinct`` int64; ``min``/``max``
-  keep the type of any fixed-width column (numbers, bools, timestamps, dates, durations);
-  ``first``/``last`` keep any type.
+* **Weighted** (pandas has none; Deephaven's ``AggWSum``/``AggWAvg``): ``weighted_sum``
+  is ``sum(x * w)`` and ``weighted_avg`` is ``sum(x * w) / sum(w)``, both over the rows
+  where the value ``x`` *and* the weight ``w`` are valid (not null, not NaN). A group
+  without such rows is null for both; ``weighted_avg`` is null too when its weights sum to
+  0. Products follow IEEE (``inf * 0`` is NaN).
+* **Order statistics.** ``percentile(col, p)`` is pandas ``quantile(p,
+  interpolation="linear")``: with ``n`` sorted values ``x``, ``h = p * (n - 1)``,
+  ``i = floor(h)``: ``x[i] + (x[i+1] - x[i]) * (h - i)``, or ``x[i]`` where ``h`` is whole
+  or ``x[i] == x[i+1]`` (so two equal infinities give that infinity where pandas says NaN).
+  ``median`` is ``percentile(col, 0.5)``: pandas ``median`` up to the last bit (pandas
+  computes ``(a + b) / 2``, which differs only by rounding or when ``a + b`` overflows).
+* **Types.** ``sum`` and ``abs_sum`` of integers or bools are int64 (wrapping like numpy),
+  of floats float64; ``weighted_sum`` is int64 when value and weight are both integers or
+  bools, else float64; ``mean``, ``std``, ``var``, ``median``, ``percentile`` and
+  ``weighted_avg`` are float64; ``count``/``count_distinct`` int64; ``min``/``max`` keep
+  the type of any fixed-width column (numbers, bools, timestamps, dates, durations);
+  ``first``/``last`` keep any type. The numeric kinds take integer, float and bool columns.
 * **First and last** are by parent row order (row-key order): ``first`` is the row with
   the smallest row key in the group.
+
+What each kind reads, its output type, its checks and the state it shares with others are
+the registry's (:mod:`engine.ops.aggregate._kinds`); this module iterates over kinds and
+states without naming any.
 
 Row keys and order of the result: a group's row key is assigned when the group appears and
 kept for its whole life, so the rows are in order of first appearance (for the initial
@@ -45,27 +63,33 @@ How a cycle runs (every step is numpy over the changed rows, no loop per row or 
    *plus* event (current values); a modify that keeps its group is both, and only for the
    aggregations whose input it modified. A cycle that touches nothing the aggregation reads
    returns no update at all.
-3. States (``engine.ops.aggregate._states``) fold the events in per touched group with
-   ``np.unique``/``np.bincount``; min/max (and std, see below) keep a per-group sorted
-   multiset of values and first/last a per-group sorted set of parent row keys that
-   follows the parent's shifts (``engine.ops.aggregate._sortedset``).
-4. New values of touched groups are compared with the current output; only real changes
-   are written (with previous values tracked) and reported.
+3. States (``engine.ops.aggregate._states``, ``._sums``) fold the events in per touched
+   group with ``np.unique``/``np.bincount``, each state once for every aggregation sharing
+   it; min/max/median/percentile (and std/var, see below) keep a per-group sorted multiset
+   of values, median/percentile with a rank tree over it, and first/last a per-group
+   sorted set of parent row keys that follows the parent's shifts
+   (``engine.ops.aggregate._sortedset``).
+4. Each aggregation's kind names the groups to evaluate again and computes their new
+   values, which are compared with the current output; only real changes are written
+   (with previous values tracked) and reported.
 
-Costs per cycle: ``O(changed rows + touched groups)`` numpy work, plus for min/max/std and
-first/last the sorted structures, which are LSM trees: ``O(log N)`` searches per change
-and an ``O(N)`` merge every ``N/8`` new entries (amortized ``O(1)`` per change; the merge
-itself pauses a cycle by tens of milliseconds per million rows). A parent shift costs
-first/last ``O(rows moved)``. Memory: the group index and per-group state arrays, and for
-min/max/std ~40 bytes per distinct value per group, for first/last ~120 bytes per parent
-row (a row-key hash and the sorted set).
+Costs per cycle: ``O(changed rows + touched groups)`` numpy work, plus for
+min/max/median/percentile/std/var and first/last the sorted structures, which are LSM
+trees: ``O(log N)`` searches per change and an ``O(N)`` merge every ``N/8`` new entries
+(amortized ``O(1)`` per change; the merge itself pauses a cycle by tens of milliseconds per
+million rows). Median and percentile add ``O(log N)`` rank-tree rounds per change and per
+touched group, never a scan of a group: removing a group's median costs what any change
+costs. A parent shift costs first/last ``O(rows moved)``. Memory: the group index and
+per-group state arrays, and for the sorted multiset ~40 bytes per distinct value per group
+(~56 with the rank tree), for first/last ~120 bytes per parent row (a row-key hash and the
+sorted set).
 
-Precision: integer sums are exact. Float sums are carried across cycles with two-sum
-compensation (a value added in one cycle and removed in another leaves no trace). ``std``
-sums deviations from a per-group reference value chosen among the data near the mean
-(``Moments``), snaps to an exact 0 when a group's min equals its max, and recomputes a
-group from its values when an error bound says its state lost precision (after a change
-of scale, say). Within one cycle, the values a group receives are summed plainly, so an
+Precision: integer sums are exact. Float sums (sum, abs_sum, the weighted sums) are
+carried across cycles with two-sum compensation (a value added in one cycle and removed in
+another leaves no trace). ``std`` and ``var`` sum deviations from a per-group reference
+value chosen among the data near the mean (``Moments``), snap to an exact 0 when a
+group's min equals its max, and recompute a group from its values when an error bound
+says its state lost precision (after a change of scale, say). Within one cycle, the values a group receives are summed plainly, so an
 incremental float result can differ from a fresh one in the last bits, as any two
 summation orders do.
 """
@@ -74,8 +98,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -87,7 +110,6 @@ from engine.columns import (
     NumpyColumnSource,
     WritableColumnSource,
     make_column_source,
-    numpy_storage_dtype,
 )
 from engine.errors import SchemaError, TicktableError, UpdateInvariantError
 from engine.ops.aggregate._keys import (
@@ -99,8 +121,25 @@ from engine.ops.aggregate._keys import (
     unique_first,
     values_equal,
 )
+from engine.ops.aggregate._kinds import KINDS, Need, Refresh, Values, build_states
 from engine.ops.aggregate._sortedset import RowKeySet
-from engine.ops.aggregate._states import Cycle, Distinct, Extremes, Moments
+from engine.ops.aggregate._states import Cycle
+from engine.ops.aggregate.spec import Agg as Agg
+from engine.ops.aggregate.spec import abs_sum as abs_sum
+from engine.ops.aggregate.spec import count as count
+from engine.ops.aggregate.spec import count_distinct as count_distinct
+from engine.ops.aggregate.spec import first as first
+from engine.ops.aggregate.spec import last as last
+from engine.ops.aggregate.spec import max_ as max_
+from engine.ops.aggregate.spec import mean as mean
+from engine.ops.aggregate.spec import median as median
+from engine.ops.aggregate.spec import min_ as min_
+from engine.ops.aggregate.spec import percentile as percentile
+from engine.ops.aggregate.spec import std as std
+from engine.ops.aggregate.spec import sum_ as sum_
+from engine.ops.aggregate.spec import var as var
+from engine.ops.aggregate.spec import weighted_avg as weighted_avg
+from engine.ops.aggregate.spec import weighted_sum as weighted_sum
 from engine.rowset import RowSet
 from engine.table import Derivation, DerivedTable, Table, derive
 from engine.update import TableUpdate
@@ -108,6 +147,7 @@ from engine.update import TableUpdate
 __all__ = [
     "Agg",
     "AggListener",
+    "abs_sum",
     "agg_by",
     "count",
     "count_by",
@@ -118,9 +158,14 @@ __all__ = [
     "last_by",
     "max_",
     "mean",
+    "median",
     "min_",
+    "percentile",
     "std",
     "sum_",
+    "var",
+    "weighted_avg",
+    "weighted_sum",
 ]
 
 log = logging.getLogger(__name__)
@@ -128,104 +173,12 @@ log = logging.getLogger(__name__)
 I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
 NumPair = tuple[npt.NDArray[Any], Mask | None]
-_Values: TypeAlias = "NumPair | pa.Array"  # new output values: numpy if fixed-width, else Arrow
 _EMPTY_I = np.empty(0, dtype=np.int64)
-_KINDS = ("sum", "count", "min", "max", "mean", "std", "first", "last", "count_distinct")
-
-
-# the aggregation spec ---------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Agg:
-    """One aggregation: ``kind`` of ``column``, written to the output column ``name``.
-
-    Build it with the constructors (:func:`sum_`, :func:`count`, ...), re-exported as
-    ``tt.agg.sum`` and friends.
-    """
-
-    kind: str
-    column: str | None
-    name: str
-
-    def __post_init__(self) -> None:
-        if self.kind not in _KINDS:
-            raise SchemaError(f"unknown aggregation {self.kind!r} (known: {', '.join(_KINDS)})")
-        if (self.column is None) != (self.kind == "count"):
-            raise SchemaError(f"aggregation {self.kind!r} needs {'no' if self.kind == 'count' else 'a'} column")
-
-
-def sum_(col: str, name: str | None = None) -> Agg:
-    """Sum of ``col`` per group (nulls skipped; 0 for a group without values)."""
-    return Agg("sum", col, name or col)
-
-
-def count(name: str = "count") -> Agg:
-    """Number of rows per group (nulls included), in column ``name``."""
-    return Agg("count", None, name)
-
-
-def min_(col: str, name: str | None = None) -> Agg:
-    """Smallest non-null value of ``col`` per group (null if none)."""
-    return Agg("min", col, name or col)
-
-
-def max_(col: str, name: str | None = None) -> Agg:
-    """Largest non-null value of ``col`` per group (null if none)."""
-    return Agg("max", col, name or col)
-
-
-def mean(col: str, name: str | None = None) -> Agg:
-    """Mean of the non-null values of ``col`` per group (null if none)."""
-    return Agg("mean", col, name or col)
-
-
-def std(col: str, name: str | None = None) -> Agg:
-    """Sample standard deviation (``ddof=1``) of ``col`` per group (null below two values)."""
-    return Agg("std", col, name or col)
-
-
-def first(col: str, name: str | None = None) -> Agg:
-    """Value of ``col`` in the group's first row (smallest parent row key), null or not."""
-    return Agg("first", col, name or col)
-
-
-def last(col: str, name: str | None = None) -> Agg:
-    """Value of ``col`` in the group's last row (largest parent row key), null or not."""
-    return Agg("last", col, name or col)
-
-
-def count_distinct(col: str, name: str | None = None) -> Agg:
-    """Number of distinct non-null values of ``col`` per group."""
-    return Agg("count_distinct", col, name or col)
 
 
 # building ---------------------------------------------------------------------------------
 def _as_list(by: str | Sequence[str]) -> list[str]:
     return [by] if isinstance(by, str) else list(by)
-
-
-def _output_type(agg: Agg, t: pa.DataType, table: Table) -> pa.DataType:
-    """The output type of ``agg`` over a column of type ``t``, or a SchemaError."""
-    numeric = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-    if agg.kind in ("sum", "mean", "std"):
-        if not numeric or numpy_storage_dtype(t) is None:
-            raise SchemaError(
-                f"{agg.kind}({agg.column!r}) needs a numeric column, but {agg.column!r} of "
-                f"table {table.name!r} is {t}; use count/count_distinct/first/last instead"
-            )
-        if agg.kind == "sum":
-            return pa.float64() if pa.types.is_floating(t) else pa.int64()
-        return pa.float64()
-    if agg.kind in ("min", "max"):
-        if numpy_storage_dtype(t) is None:
-            raise SchemaError(
-                f"{agg.kind}({agg.column!r}) needs a fixed-width column (numbers, bools, "
-                f"timestamps), but {agg.column!r} of table {table.name!r} is {t}; "
-                f"use first/last or sort then first_by instead"
-            )
-        return t
-    if agg.kind in ("first", "last"):
-        return t
-    return pa.int64()  # count_distinct
 
 
 def agg_by(table: Table, aggs: Agg | Sequence[Agg], by: str | Sequence[str] = ()) -> Table:
@@ -268,7 +221,7 @@ def agg_by(table: Table, aggs: Agg | Sequence[Agg], by: str | Sequence[str] = ()
         if not isinstance(a, Agg):
             raise SchemaError(f"aggs must be Agg values (tt.agg.sum(...), ...), got {a!r}")
     names = table.column_names
-    for c in by_list + [a.column for a in specs if a.column is not None]:
+    for c in by_list + [c for a in specs for c in KINDS[a.kind].inputs(a)]:
         if c not in names:
             raise SchemaError(f"table {table.name!r} has no column {c!r} (has: {', '.join(names)})")
     out_names = by_list + [a.name for a in specs]
@@ -277,8 +230,8 @@ def agg_by(table: Table, aggs: Agg | Sequence[Agg], by: str | Sequence[str] = ()
         raise SchemaError(f"agg_by would create duplicate output column(s) {dup}; pass name= to rename")
     fields = [table.schema.field(k) for k in by_list]
     for a in specs:
-        t = pa.int64() if a.column is None else _output_type(a, table.schema.field(a.column).type, table)
-        fields.append(pa.field(a.name, t))
+        types = [table.schema.field(c).type for c in KINDS[a.kind].inputs(a)]
+        fields.append(pa.field(a.name, KINDS[a.kind].output_type(a, types, table.name)))
     schema = pa.schema(fields)
 
     def plan() -> Derivation:
@@ -333,31 +286,19 @@ class AggListener:
         self.by = by
         self.by_set = frozenset(by)
         self.aggs = aggs
-        self.inputs = frozenset(a.column for a in aggs if a.column is not None)
+        self.kinds = [KINDS[a.kind] for a in aggs]
+        self.inputs = frozenset(c for a, k in zip(aggs, self.kinds, strict=True) for c in k.inputs(a))
         self.key_cols: dict[str, WritableColumnSource] = {
             k: make_column_source(parent.schema.field(k).type) for k in by
         }
         self.out_cols: dict[str, WritableColumnSource] = {
             a.name: make_column_source(schema.field(a.name).type) for a in aggs
         }
-        self.moments: dict[str, Moments] = {}
-        self.extremes: dict[str, Extremes] = {}
-        self.distinct: dict[str, Distinct] = {}
-        std_cols = {a.column for a in aggs if a.kind == "std"}
-        for a in aggs:
-            if a.column is None:
-                continue
-            dtype = numpy_storage_dtype(parent.schema.field(a.column).type)
-            if a.kind in ("min", "max") or a.column in std_cols:  # std heals from the values
-                assert dtype is not None
-                self.extremes.setdefault(a.column, Extremes(dtype))
-            if a.kind in ("sum", "mean", "std") and a.column not in self.moments:
-                assert dtype is not None
-                std = a.column in std_cols
-                self.moments[a.column] = Moments(dtype, std, self.extremes[a.column] if std else None)
-            elif a.kind == "count_distinct":
-                self.distinct.setdefault(a.column, Distinct())
-        self.rows = RowKeySet() if any(a.kind in ("first", "last") for a in aggs) else None
+        # one state per distinct need (shared by the aggregations over the same columns),
+        # dependencies first: the order they are fed in every cycle
+        self.states = build_states([n for a, k in zip(aggs, self.kinds, strict=True) for n in k.needs(a)],
+                                   lambda cols: [parent.schema.field(c).type for c in cols])
+        self.rows = RowKeySet() if any(k.reads_rows for k in self.kinds) else None
         self.index = U64Map()  # group key hash -> slot
         self.size = np.zeros(16, dtype=np.int64)
         self.slot_hash = np.zeros(16, dtype=np.uint64)
@@ -497,21 +438,16 @@ class AggListener:
         self.size[touched] = size_new
         if self.rows is not None:
             self._move_rows(up, cy)
-        state_touched = self._apply_states(cy)
-        fl = self._first_last(cy, touched) if self.rows is not None else {}
+        cx = Refresh(self.parent, cy, touched, self.size, self.states, self._apply_states(cy), self.rows)
         existed_cache: dict[int, tuple[I64, Mask, Mask]] = {}
         changed: list[I64] = []
         cols: set[str] = set()
-        for a in self.aggs:
-            if a.kind == "count":
-                t = touched
-            elif a.kind in ("first", "last"):
-                t = fl[a.name][0]
-            else:
-                t = state_touched[(a.kind, a.column)]
+        for a, kind in zip(self.aggs, self.kinds, strict=True):
+            t = kind.touched(a, cx)
             if id(t) not in existed_cache:
                 existed_cache[id(t)] = self._live(t, touched, size_old)
-            mod = self._write(a, existed_cache[id(t)], fl.get(a.name))
+            live = existed_cache[id(t)]
+            mod = self._write(a, live, kind.values(a, cx, live[0]) if live[0].size else None)
             if mod.size:
                 changed.append(mod)
                 cols.add(a.name)
@@ -523,27 +459,26 @@ class AggListener:
         modified = np.unique(np.concatenate(changed)) if len(changed) > 1 else (changed[0] if changed else _EMPTY_I)
         return added, removed, modified, frozenset(cols)
 
-    def _apply_states(self, cy: Cycle) -> dict[tuple[str, str | None], I64]:
-        """Feed each state its events; returns the touched slots per (kind, column)."""
-        out: dict[tuple[str, str | None], I64] = {}
-        values: dict[str, tuple[NumPair, NumPair]] = {}
-        for col, ex in self.extremes.items():  # first: std reads them to heal
-            ev = cy.events(col in cy.modcols)
-            src = self.parent.column(col)
-            values[col] = (fetch_numpy(src, ev.minus_keys, True), fetch_numpy(src, ev.plus_keys, False))
-            out[("min", col)] = out[("max", col)] = ex.apply(ev, *values[col])
-        for col, st in self.moments.items():
-            ev = cy.events(col in cy.modcols)
-            src = self.parent.column(col)
-            vals = values.get(col) or (fetch_numpy(src, ev.minus_keys, True), fetch_numpy(src, ev.plus_keys, False))
-            t = st.apply(ev, *vals)
-            for kind in ("sum", "mean", "std"):
-                out[(kind, col)] = t
-        for col, di in self.distinct.items():
-            ev = cy.events(col in cy.modcols)
-            src = self.parent.column(col)
-            out[("count_distinct", col)] = di.apply(ev, fetch(src, ev.minus_keys, True),
-                                                    fetch(src, ev.plus_keys, False))
+    def _apply_states(self, cy: Cycle) -> dict[Need, I64]:
+        """Feed each state its events and its columns' values; returns its touched slots.
+
+        A state sees modified rows that kept their group when it reads a modified column;
+        values read once per (column, format, events) serve every state reading them."""
+        out: dict[Need, I64] = {}
+        fetched: dict[tuple[str, bool, bool], tuple[Any, Any]] = {}
+        for need, st in self.states.items():  # dependencies first (std heals from the values)
+            stay = any(c in cy.modcols for c in need.columns)
+            ev = cy.events(stay)
+            minus, plus = [], []
+            for col in need.columns:
+                key = (col, st.arrow, stay)
+                if key not in fetched:
+                    src = self.parent.column(col)
+                    get = fetch if st.arrow else fetch_numpy
+                    fetched[key] = (get(src, ev.minus_keys, True), get(src, ev.plus_keys, False))
+                minus.append(fetched[key][0])
+                plus.append(fetched[key][1])
+            out[need] = st.apply(ev, minus, plus)
         return out
 
     # first / last ----------------------------------------------------------------------
@@ -562,35 +497,6 @@ class AggListener:
         self.rows.remove_keys(mk)
         self.rows.insert_keys(np.concatenate((cy.m_new[cy.moved], cy.a_slot)), np.concatenate((mk, cy.a_keys)))
 
-    def _first_last(self, cy: Cycle, touched: I64) -> dict[str, tuple[I64, _Values]]:
-        """Per first/last aggregation: slots to refresh and their current values.
-
-        Membership changes refresh a group; a modify that kept its group refreshes it for
-        the columns it modified (whether the row is first or last is cheaper to ignore)."""
-        assert self.rows is not None
-        stay = np.unique(cy.m_new[~cy.moved]) if cy.moved.size else _EMPTY_I
-        every = np.union1d(touched, stay) if stay.size else touched
-        every = every[self.size[every] > 0]
-        in_touched = np.isin(every, touched) if stay.size else np.ones(every.size, dtype=bool)
-        ends: dict[str, I64] = {}
-        out: dict[str, tuple[I64, _Values]] = {}
-        for a in self.aggs:
-            if a.kind not in ("first", "last"):
-                continue
-            assert a.column is not None
-            if a.kind not in ends:
-                found = self.rows.min_of(every) if a.kind == "first" else self.rows.max_of(every)
-                ends[a.kind] = found[0].view(np.int64)
-            rk = ends[a.kind]
-            if a.column in cy.modcols or in_touched.all():
-                t, keys = every, rk
-            else:
-                t, keys = every[in_touched], rk[in_touched]
-            src = self.parent.column(a.column)
-            fixed = numpy_storage_dtype(src.type) is not None
-            out[a.name] = (t, fetch_numpy(src, keys, False) if fixed else fetch(src, keys, False))
-        return out
-
     # output ------------------------------------------------------------------------------
     def _live(self, t: I64, touched: I64, size_old: I64) -> tuple[I64, Mask, Mask]:
         """``(slots of t still alive, mask of those in t, which of them existed before)``."""
@@ -602,23 +508,12 @@ class AggListener:
             existed = (touched[pos] != slots) | (size_old[pos] > 0)
         return slots, live, existed
 
-    def _new_values(self, a: Agg, slots: I64) -> NumPair:
-        if a.kind == "count":
-            return self.size[slots], None
-        assert a.column is not None
-        if a.kind in ("sum", "mean", "std"):
-            return getattr(self.moments[a.column], a.kind)(slots)  # type: ignore[no-any-return]
-        if a.kind in ("min", "max"):
-            return getattr(self.extremes[a.column], a.kind)(slots)  # type: ignore[no-any-return]
-        return self.distinct[a.column].count(slots)
-
-    def _write(self, a: Agg, live: tuple[I64, Mask, Mask], fl: tuple[I64, _Values] | None) -> I64:
-        """Write the new values of ``a`` where they changed; return the modified slots."""
+    def _write(self, a: Agg, live: tuple[I64, Mask, Mask], new: Values | None) -> I64:
+        """Write the new values of ``a`` (for the live slots) where they changed; return
+        the modified slots."""
         slots, _, existed = live
-        if slots.size == 0:
+        if slots.size == 0 or new is None:
             return _EMPTY_I
-        # first/last come with values for exactly the live slots; the others are computed
-        new = fl[1] if fl is not None else self._new_values(a, slots)
         src = self.out_cols[a.name]
         ex = np.flatnonzero(existed)
         same = np.zeros(slots.size, dtype=bool)

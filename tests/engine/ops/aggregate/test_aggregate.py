@@ -28,7 +28,8 @@ from engine.errors import SchemaError, TicktableError
 from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
 from engine.ops.aggregate import listener as aggregate_mod
-from engine.ops.aggregate._sortedset import RowKeySet, ValueMultiset, _LiveBits, _Sorted
+from engine.ops.aggregate._bits import LiveBits
+from engine.ops.aggregate._sortedset import RowKeySet, ValueMultiset, _Sorted
 from engine.ops.aggregate.listener import Agg, agg_by, count_by, first_by, last_by
 from engine.rowset import RowSet, RowSetShiftData
 from engine.sources import KeyedTable
@@ -357,7 +358,7 @@ def test_errors_name_the_column_and_the_way_out():
     with pytest.raises(SchemaError, match="duplicate output"):
         agg_by(src, [agg.count("Sym")], by="Sym")
     with pytest.raises(SchemaError, match="unknown aggregation"):
-        Agg("median", "Price", "M")
+        Agg("mode", "Price", "M")
     with pytest.raises(SchemaError, match="Agg values"):
         agg_by(src, ["Price"], by="Sym")  # type: ignore[list-item]
     with pytest.raises(SchemaError, match="at least one"):
@@ -454,7 +455,7 @@ def test_first_and_last_follow_parent_shifts():
 def test_live_bits_next_and_prev_set_match_brute_force():
     rng = np.random.default_rng(0)
     for n in (1, 63, 64, 65, 4097, 300_000):
-        bits, ref = _LiveBits(n), np.ones(n, dtype=bool)
+        bits, ref = LiveBits(n), np.ones(n, dtype=bool)
         for _ in range(4):
             off = rng.choice(n, size=min(n, int(rng.integers(1, 3000))), replace=False)
             bits.clear(np.sort(off))
@@ -657,6 +658,11 @@ class _Case:
     def expected(self, tbl: pa.Table) -> list[tuple[Any, ...]]:
         return _expected_arrow(tbl if self.where is None else tbl.filter(self.where), self.by, self.specs)
 
+    def rows(self, out: pa.Table) -> list[tuple[Any, ...]]:
+        """The result's rows, comparable with :meth:`expected`."""
+        return _sorted_rows(list(zip(*(out.column(n).to_pylist() for n in out.column_names), strict=True)),
+                            len(self.by))
+
 
 def _run_cases(cases: dict[str, _Case], seed: int) -> None:
     """``tests.oracle.run_oracle`` for several results of one random source at once.
@@ -681,9 +687,7 @@ def _run_cases(cases: dict[str, _Case], seed: int) -> None:
                 t = tables[name]
                 if t.failure is not None:
                     raise AssertionError(f"{ctx}: result failed") from t.failure
-                out = t.to_arrow()
-                got = _sorted_rows(list(zip(*(out.column(n).to_pylist() for n in out.column_names), strict=True)),
-                                   len(case.by))
+                got = case.rows(t.to_arrow())
                 want = case.expected(tbl)
                 if not _same_rows(got, want):
                     print(f"MISMATCH {ctx}\n--- incremental ---\n{got}\n--- recomputed ---\n{want}")
