@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 from engine.errors import TableFailed
@@ -113,6 +113,9 @@ class UpdateGraph:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
+        # Held around every cycle, taken before the graph's own lock. The server's durability
+        # layer holds it while it stages a journaled write, so a cycle takes whole records.
+        self.cycle_gate: AbstractContextManager[object] | None = None
 
     # registration -----------------------------------------------------------------
     def _add_node(self, table: Table) -> None:
@@ -174,7 +177,7 @@ class UpdateGraph:
     # the cycle --------------------------------------------------------------------
     def run_cycle(self) -> int:
         """Run one update cycle now; returns the new step."""
-        with self.exclusive_lock():
+        with self.cycle_gate or nullcontext(), self.exclusive_lock():
             t0 = time.perf_counter()
             self.step += 1
             self.phase = "updating"

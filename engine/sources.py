@@ -51,7 +51,7 @@ from engine.columns import (
     make_column_source,
     numpy_storage_dtype,
 )
-from engine.errors import InvalidKeyError, SchemaError
+from engine.errors import InputError, InvalidKeyError, SchemaError
 from engine.rowset import KeyArray, RowSet
 from engine.table import Table
 from engine.update import TableUpdate
@@ -158,6 +158,44 @@ class _SourceTable(Table):
         with self._pending_lock:
             return sum(b.num_rows for _, b in self._pending)
 
+    # durability: the state a checkpoint keeps ---------------------------------------
+    def export_state(self) -> tuple[pa.Table, KeyArray, dict[str, Any]]:
+        """This table's rows in row-key order, their row keys, and what its next writes
+        depend on (JSON-ready), for a checkpoint.
+
+        Call between cycles with the graph's shared lock held; staged writes are not part
+        of it (the journal holds them).
+        """
+        keys = self.rowset.keys()
+        rs = self.rowset
+        if rs and rs.last() - rs.first() + 1 == len(rs):  # dense keys: ranges, no gather
+            arrays = [self.column(n).get_range(rs.first(), rs.last() + 1) for n in self.column_names]
+        else:
+            arrays = [self.column(n).get(keys) for n in self.column_names]
+        return pa.Table.from_arrays(arrays, schema=self.schema), keys, self._export_extra()
+
+    def _export_extra(self) -> dict[str, Any]:
+        return {}
+
+    def restore_state(self, rows: pa.Table, keys: KeyArray, extra: dict[str, Any]) -> None:
+        """Become exactly what :meth:`export_state` gave: same rows, same row keys.
+
+        Only for a new table, before its first cycle and before anything derives from it.
+
+        Raises
+        ------
+        SchemaError
+            If ``rows`` does not match the schema.
+        """
+        if self.rowset or self.parents:
+            raise InputError(f"table {self.name!r}: restore_state needs a new table")
+        data = conform(self.name, self.schema, rows)
+        self._restore(data, np.asarray(keys, dtype=np.int64), extra)
+        self.rowset = RowSet.from_keys(np.asarray(keys, dtype=np.int64), assume_sorted=True)
+
+    def _restore(self, rows: pa.Table, keys: KeyArray, extra: dict[str, Any]) -> None:
+        raise NotImplementedError
+
 
 class AppendOnlyTable(_SourceTable):
     """Rows only arrive; row keys are ``0..size-1`` in arrival order.
@@ -195,6 +233,13 @@ class AppendOnlyTable(_SourceTable):
         for name, src in self._storage.items():
             src.set_new_range(start, batch.column(name))  # new keys: nothing previous to keep
         return TableUpdate.of(added=RowSet.from_range(start, start + n))
+
+    def _restore(self, rows: pa.Table, keys: KeyArray, extra: dict[str, Any]) -> None:
+        if keys.size and not (keys[0] == 0 and keys[-1] == keys.size - 1):
+            raise SchemaError(f"table {self.name!r}: append-only row keys must be 0..n-1")
+        if keys.size:
+            for name, src in self._storage.items():
+                src.set_new_range(0, rows.column(name))
 
 
 class RingTable(_SourceTable):
@@ -243,6 +288,19 @@ class RingTable(_SourceTable):
         new_start = max(0, end - self.capacity)
         removed = self.rowset & RowSet.from_range(0, new_start) if self.rowset else RowSet()
         return TableUpdate.of(added=RowSet.from_range(first_new, end), removed=removed)
+
+    def _export_extra(self) -> dict[str, Any]:
+        return {"next": self._next}
+
+    def _restore(self, rows: pa.Table, keys: KeyArray, extra: dict[str, Any]) -> None:
+        nxt = int(extra["next"])
+        if keys.size and (keys.size > self.capacity or keys[-1] >= nxt
+                          or keys[-1] - keys[0] != keys.size - 1):
+            raise SchemaError(f"table {self.name!r}: ring row keys must be one run below {nxt} "
+                              f"of at most {self.capacity} keys")
+        for name, src in self._storage.items():
+            src.set(self._slot(keys), rows.column(name))
+        self._next = nxt
 
 
 def _key_hashes(t: pa.Table, keys: list[str]) -> npt.NDArray[np.uint64]:
@@ -572,6 +630,17 @@ class KeyedTable(_SourceTable):
             live = self.rowset.keys()
             for src in stale:
                 src.compact(live)
+
+    def _export_extra(self) -> dict[str, Any]:
+        return {"row_keys": self._row_keys.export()}
+
+    def _restore(self, rows: pa.Table, keys: KeyArray, extra: dict[str, Any]) -> None:
+        self._row_keys.restore(extra["row_keys"])
+        for name, src in self._storage.items():
+            src.ensure_capacity(self._row_keys.end)
+            src.set(keys, rows.column(name))
+        if keys.size:
+            self._index.insert(_key_hashes(rows.select(self.keys).combine_chunks(), self.keys), keys)
 
 
 def _differs(old: pa.Array | pa.ChunkedArray, new: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:

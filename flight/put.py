@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -46,9 +46,9 @@ from engine.sources import AppendOnlyTable, KeyedTable, RingTable, conform
 from flight._requests import check_metadata_size, parse, table_name
 from flight.pb import flight_pb2 as pb
 from flight.registry import TableEntry, TableRegistry
-from flight.staging import Part, StagingArea
+from flight.staging import Part
 
-__all__ = ["PutHandler", "check_batch", "check_mode"]
+__all__ = ["PutHandler", "Stager", "check_batch", "check_mode"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,14 @@ _MODE_NAMES: dict[int, str] = {
 }
 
 
+class Stager(Protocol):
+    """Where :class:`PutHandler` sends checked batches."""
+
+    def apply(self, entry: TableEntry, parts: list[Part]) -> None: ...
+
+    def hold(self, write_id: str, slot: tuple[int, int], parts: list[Part], rows: int) -> None: ...
+
+
 class PutHandler:
     """Serves DoPut: decodes each stream, checks its batches, stages them, acknowledges.
 
@@ -72,14 +80,16 @@ class PutHandler:
     registry
         The server's tables.
     staging
-        Where checked batches go (straight into tables, or into stage slots).
+        Where checked batches go (straight into tables, or into stage slots): the
+        :class:`~flight.staging.StagingArea`, or :class:`~flight.durable.Durability`,
+        which journals them first.
     max_metadata_bytes
         Largest ``app_metadata`` accepted with the first message.
     max_batch_bytes
         Largest record batch accepted.
     """
 
-    def __init__(self, registry: TableRegistry, staging: StagingArea, *,
+    def __init__(self, registry: TableRegistry, staging: Stager, *,
                  max_metadata_bytes: int = 1 << 20, max_batch_bytes: int = 256 << 20) -> None:
         self.registry = registry
         self.staging = staging

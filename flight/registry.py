@@ -184,6 +184,7 @@ class TableEntry:
     parents: list[str] = field(default_factory=list)
     publisher: Publisher | None = None
     children: set[str] = field(default_factory=set)
+    durable: bool = False  # journaled and checkpointed (flight.durable); demo tables are not
 
     @property
     def is_source(self) -> bool:
@@ -233,6 +234,11 @@ class TableRegistry:
     def entries(self) -> list[TableEntry]:
         with self._lock:
             return [self._entries[n] for n in sorted(self._entries)]
+
+    def entries_in_order(self) -> list[TableEntry]:
+        """Every entry in creation order (a table comes after the tables it derives from)."""
+        with self._lock:
+            return list(self._entries.values())
 
     def add(self, name: str, table: Table, kind: str, *, keys: list[str] | None = None,
             parents: list[str] | None = None, replace: bool = False) -> TableEntry:

@@ -36,6 +36,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,7 @@ from engine.errors import InputError, ProtocolError, SchemaError
 from engine.graph import UpdateGraph
 from flight._requests import check_metadata_size, parse, table_name
 from flight.auth import BearerTokenMiddlewareFactory
+from flight.durable import Durability, RecoveryReport
 from flight.errors import flight_errors
 from flight.pb import flight_pb2 as pb
 from flight.put import PutHandler
@@ -92,6 +94,12 @@ class ServerConfig:
         before a warning is logged (the handler keeps waiting; see :meth:`TicktableServer.shutdown`).
     shutdown_timeout
         How long :meth:`TicktableServer.shutdown` waits for in-flight calls to finish.
+    data_dir
+        Where durable tables live (journal and checkpoints, :mod:`flight.durable`); tables
+        created through the server come back after a restart. ``None``: in memory only.
+    checkpoint_bytes, checkpoint_seconds
+        A checkpoint is written once the journal grew by this many bytes, or this many
+        seconds passed with something journaled.
     """
 
     host: str = "127.0.0.1"
@@ -108,6 +116,9 @@ class ServerConfig:
     stage_ttl: float = 600.0
     end_grace_seconds: float = 10.0
     shutdown_timeout: float = 30.0
+    data_dir: Path | None = None
+    checkpoint_bytes: int = 512 << 20
+    checkpoint_seconds: float = 300.0
 
 
 class _FlightService(flight.FlightServerBase):  # type: ignore[misc]
@@ -309,7 +320,12 @@ class TicktableServer:
         self.registry = registry or TableRegistry(graph,
                                                   history_updates=self.config.history_updates)
         self.staging = StagingArea(self.registry, stage_ttl=self.config.stage_ttl)
-        self.puts = PutHandler(self.registry, self.staging,
+        self.durability = Durability(graph, self.registry, self.staging,
+                                     data_dir=self.config.data_dir,
+                                     checkpoint_bytes=self.config.checkpoint_bytes,
+                                     checkpoint_seconds=self.config.checkpoint_seconds)
+        self.recovery: RecoveryReport | None = None
+        self.puts = PutHandler(self.registry, self.durability,
                                max_metadata_bytes=self.config.max_metadata_bytes,
                                max_batch_bytes=self.config.max_put_batch_bytes)
         self.sub_options = SubscriptionOptions(max_batch_rows=self.config.max_batch_rows,
@@ -342,8 +358,26 @@ class TicktableServer:
         return int(self._flight.port)
 
     def start(self) -> TicktableServer:
-        """Bind both ports and serve in the background; returns ``self``."""
+        """Recover durable tables, bind both ports and serve in the background.
+
+        With a ``data_dir``, the last acknowledged state comes back first (call this before
+        ``graph.start``): see :meth:`flight.durable.Durability.recover`.
+
+        Returns
+        -------
+        TicktableServer
+            ``self``.
+        """
         cfg = self.config
+        if self.durability.durable and self.recovery is None:
+            from flight.service import derived_builder
+
+            self.durability.set_deriver(derived_builder(self.registry))
+            try:
+                self.recovery = self.durability.recover()
+            except BaseException:
+                self.durability.close(checkpoint=False)  # release the data dir
+                raise
         kw: dict[str, Any] = {}
         if cfg.token:
             kw["middleware"] = {"auth": BearerTokenMiddlewareFactory(cfg.token)}
@@ -357,8 +391,9 @@ class TicktableServer:
 
             self._grpc, self.grpc_port = serve_table_service(
                 self.registry, host=cfg.host, port=cfg.grpc_port, token=cfg.token,
-                tls_cert=cfg.tls_cert, tls_key=cfg.tls_key)
+                tls_cert=cfg.tls_cert, tls_key=cfg.tls_key, durability=self.durability)
         self.staging.start_janitor(min(60.0, max(1.0, cfg.stage_ttl / 4)))
+        self.durability.start()
         log.info("serving Flight at %s, TableService on port %s", self.location, self.grpc_port)
         return self
 
@@ -397,6 +432,7 @@ class TicktableServer:
                           self.config.shutdown_timeout)
             self._flight = None
         self.staging.stop()
+        self.durability.close()
         self._remove_terminal()
         return clean
 
@@ -436,19 +472,20 @@ class TicktableServer:
             kind_name = KIND_NAMES.get(req.kind)
             if kind_name is None:
                 raise ProtocolError(f"create_table {req.name!r}: unknown kind {req.kind}")
-            reg.create_source(req.name, schema, kind_name, keys=list(req.keys),
-                              capacity=int(req.capacity), if_not_exists=req.if_not_exists)
+            self.durability.create_table(req.name, schema, kind_name, keys=list(req.keys),
+                                         capacity=int(req.capacity),
+                                         if_not_exists=req.if_not_exists)
             return None
         if kind == "drop_table":
             req2 = parse(pb.DropTableRequest(), body, "drop_table")
             reg.get(req2.name)
-            reg.drop(req2.name)
+            self.durability.drop_table(req2.name)
             return None
         if kind == "commit":
-            res = self.staging.commit(parse(pb.CommitRequest(), body, "commit"))
+            res = self.durability.commit(parse(pb.CommitRequest(), body, "commit"))
             return bytes(res.SerializeToString())
         if kind == "abort":
-            self.staging.abort(parse(pb.AbortRequest(), body, "abort"))
+            self.durability.abort(parse(pb.AbortRequest(), body, "abort"))
             return None
         if kind == "stats":
             return bytes(self.stats().SerializeToString())

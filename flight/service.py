@@ -32,7 +32,8 @@ from __future__ import annotations
 import importlib
 import itertools
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
@@ -51,9 +52,10 @@ tgrpc: Any = importlib.import_module("flight.pb.table_service_pb2_grpc")
 
 if TYPE_CHECKING:
     from engine.table import Table
+    from flight.durable import Durability
     from flight.registry import TableRegistry
 
-__all__ = ["TableServiceServicer", "serve_table_service"]
+__all__ = ["TableServiceServicer", "derived_builder", "serve_table_service"]
 
 log = logging.getLogger(__name__)
 
@@ -75,21 +77,42 @@ class TableServiceServicer:
     ----------
     registry
         The server's tables; derived tables are added to it.
+    durability
+        Journals each derived table's definition before building it, so it is rebuilt
+        after a restart (``None``: built at once, not kept).
     """
 
-    def __init__(self, registry: TableRegistry) -> None:
+    def __init__(self, registry: TableRegistry, durability: Durability | None = None) -> None:
         self.registry = registry
+        self.durability = durability
         self._counter = itertools.count(1)
+        self._naming = threading.Lock()
 
     # handlers -------------------------------------------------------------------------
     def CreateDerivedTable(self, request: tpb.CreateDerivedTableRequest,
                            context: grpc.ServicerContext) -> tpb.CreateDerivedTableResponse:
         try:
-            name, table = self.create(request)
+            if self.durability is not None and self.durability.durable:
+                named = tpb.CreateDerivedTableRequest()
+                named.CopyFrom(request)
+                if not named.name:  # journaled with its name, so a replay picks the same one
+                    named.name = self._free_name()
+                name = self.durability.derive(named.SerializeToString(),
+                                              lambda: self.create(named)[0])
+                table = self.registry.get(name).table
+            else:
+                name, table = self.create(request)
             return tpb.CreateDerivedTableResponse(name=name,
                                                   schema=table.schema.serialize().to_pybytes())
         except Exception as exc:
             abort(context, exc)
+
+    def _free_name(self) -> str:
+        with self._naming:
+            while True:
+                name = f"derived_{next(self._counter)}"
+                if name not in self.registry.names():
+                    return name
 
     def ListTables(self, request: tpb.ListTablesRequest,
                    context: grpc.ServicerContext) -> tpb.ListTablesResponse:
@@ -107,7 +130,10 @@ class TableServiceServicer:
     def DropTable(self, request: pb.DropTableRequest,
                   context: grpc.ServicerContext) -> tpb.DropTableResponse:
         try:
-            dropped = self.registry.drop(request.name)
+            if self.durability is not None:
+                dropped = self.durability.drop_table(request.name)
+            else:
+                dropped = self.registry.drop(request.name)
             if dropped:
                 log.info("table %r dropped", request.name)
             return tpb.DropTableResponse(dropped=dropped)
@@ -284,6 +310,7 @@ def serve_table_service(
     tls_cert: bytes | None = None,
     tls_key: bytes | None = None,
     max_workers: int = 8,
+    durability: Durability | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a gRPC server with the TableService and the standard health service.
 
@@ -303,6 +330,8 @@ def serve_table_service(
         PEM certificate chain and private key: serve TLS (both or neither).
     max_workers
         Threads handling calls.
+    durability
+        Keeps derived tables' definitions across restarts (see :class:`TableServiceServicer`).
 
     Returns
     -------
@@ -322,7 +351,7 @@ def serve_table_service(
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers,
                                                     thread_name_prefix="table-service"),
                          interceptors=interceptors)
-    tgrpc.add_TableServiceServicer_to_server(TableServiceServicer(registry), server)
+    tgrpc.add_TableServiceServicer_to_server(TableServiceServicer(registry, durability), server)
     checker = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     for service in ("", SERVICE_NAME):
@@ -335,3 +364,19 @@ def serve_table_service(
     server.start()
     log.info("TableService listening on %s:%d%s", host, bound, " (TLS)" if tls_cert else "")
     return server, bound
+
+
+def derived_builder(registry: TableRegistry) -> Callable[[bytes], str]:
+    """How recovery rebuilds a derived table from its journaled definition.
+
+    Returns a function taking a serialized ``CreateDerivedTableRequest`` (with its name
+    set) that builds and registers the table and returns its name.
+    """
+    servicer = TableServiceServicer(registry)
+
+    def build(request: bytes) -> str:
+        req = tpb.CreateDerivedTableRequest()
+        req.ParseFromString(request)
+        return servicer.create(req)[0]
+
+    return build

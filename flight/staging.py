@@ -246,15 +246,24 @@ class StagingArea:
         TableFailed
             If a table of the write failed in an earlier cycle.
         """
-        write_id = request.write_id
+        result = self.commit_now(request)
+        if result.applied:
+            self.wait_applied(result.step, wait)
+        return result
+
+    def commit_now(self, request: pb.CommitRequest) -> pb.CommitResult:
+        """:meth:`commit` without waiting for the cycle that applies it."""
         with self._commit_lock:  # one commit at a time: stream batch ids are checked, then set
             result, n_slots = self._commit_locked(request)
         if result.applied:
-            log.info("committed write %r: %d slot(s), %d rows, step %d", write_id, n_slots,
-                     result.rows, result.step)
-            if self.graph.running if wait is None else wait:
-                self._wait_for_step(result.step)
+            log.info("committed write %r: %d slot(s), %d rows, step %d", request.write_id,
+                     n_slots, result.rows, result.step)
         return result
+
+    def wait_applied(self, step: int, wait: bool | None = None) -> None:
+        """Wait for cycle ``step`` (``wait=None``: only when the graph runs periodically)."""
+        if self.graph.running if wait is None else wait:
+            self._wait_for_step(step)
 
     def _commit_locked(self, request: pb.CommitRequest) -> tuple[pb.CommitResult, int]:
         write_id = request.write_id
@@ -358,6 +367,53 @@ class StagingArea:
             return 0
         self._staged_bytes -= write.nbytes
         return len(write.slots)
+
+    # what a restart keeps ---------------------------------------------------------------------
+    def export_memory(self) -> dict[str, object]:
+        """What this staging area remembers of finished writes, as JSON-ready data.
+
+        Committed write ids with their results, aborted write ids, and the last batch id
+        per stream, each with its age in seconds (so ``stage_ttl`` keeps counting across a
+        restart).
+        """
+        now = time.monotonic()
+        with self._lock:
+            return {
+                "committed": {w: [now - t, r.rows, r.step] for w, (t, r) in self._committed.items()},
+                "aborted": {w: now - t for w, t in self._aborted.items()},
+                "streams": dict(self._stream_batches),
+            }
+
+    def restore_memory(self, memory: dict[str, object]) -> None:
+        """Remember finished writes again, from :meth:`export_memory`'s output."""
+        now = time.monotonic()
+        committed = memory["committed"]
+        aborted = memory["aborted"]
+        streams = memory["streams"]
+        assert isinstance(committed, dict) and isinstance(aborted, dict)
+        assert isinstance(streams, dict)
+        with self._lock:
+            for w, (age, rows, step) in committed.items():
+                self._committed[w] = (now - age, pb.CommitResult(rows=rows, applied=True, step=step))
+            for w, age in aborted.items():
+                self._aborted[w] = now - age
+            self._stream_batches.update({s: int(b) for s, b in streams.items()})
+
+    def open_write_ids(self) -> list[str]:
+        """The write ids holding batches, not yet committed, aborted or expired."""
+        with self._lock:
+            return list(self._writes)
+
+    def drop_open(self) -> int:
+        """Drop every write not committed (at a restart); returns how many there were."""
+        with self._lock:
+            open_ids = list(self._writes)
+            for w in open_ids:
+                self._drop_locked(w)
+        if open_ids:
+            log.warning("dropped %d write(s) staged but never committed before the restart: %s",
+                        len(open_ids), ", ".join(map(repr, open_ids[:10])))
+        return len(open_ids)
 
     # housekeeping ---------------------------------------------------------------------------
     def expire(self, now: float | None = None) -> int:

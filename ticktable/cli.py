@@ -17,11 +17,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.errors import TicktableError
 from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
 from engine.sources import KeyedTable
@@ -105,15 +107,34 @@ def _read(path: str | None) -> bytes | None:
         return f.read()
 
 
+def default_data_dir(given: str | None) -> Path:
+    """``--data-dir``, else ``$TICKTABLE_DATA_DIR``, else the platform's user data directory."""
+    if given:
+        return Path(given)
+    env = os.environ.get("TICKTABLE_DATA_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("ticktable", appauthor=False))
+
+
 def _serve(args: argparse.Namespace) -> int:
     from flight.server import ServerConfig, TicktableServer
 
     token = args.token or os.environ.get("TICKTABLE_TOKEN") or None
     graph = UpdateGraph()
+    data_dir = None if args.in_memory else default_data_dir(args.data_dir)
     config = ServerConfig(host=args.host, port=args.port,
                           grpc_port=None if args.grpc_port < 0 else args.grpc_port, token=token,
-                          tls_cert=_read(args.tls_cert), tls_key=_read(args.tls_key))
-    server = TicktableServer(graph, config).start()
+                          tls_cert=_read(args.tls_cert), tls_key=_read(args.tls_key),
+                          data_dir=data_dir)
+    try:
+        server = TicktableServer(graph, config).start()
+    except TicktableError as exc:  # damaged or incompatible data: one line, no traceback
+        print(f"ticktable serve: {exc}", file=sys.stderr)
+        return 2
+
     stop = threading.Event()
     if args.demo:
         quotes = server.registry.create_source("quotes", QUOTES, "keyed", keys=["Sym"])
@@ -139,6 +160,13 @@ def _serve(args: argparse.Namespace) -> int:
               f"live = tt.connect('{server.location}').subscribe('board'); "
               f"[print(live.df, end='\\n\\n') or time.sleep(1) for _ in range(5)]\"\n"
               f"or from a terminal: ticktable tail board --uri {server.location}", flush=True)
+    if server.recovery is not None:
+        r = server.recovery
+        print(f"tables are kept in {data_dir} (--in-memory keeps nothing): {r.tables} "
+              f"restored, {r.rows} checkpointed row(s) and {r.records} journal record(s) in "
+              f"{r.seconds:.2f} s", flush=True)
+    else:
+        print("in memory: every table is gone when the server stops", flush=True)
 
     def on_signal(signum: int, frame: object) -> None:
         stop.set()
@@ -205,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--demo", action="store_true",
                        help="add a ticking 'quotes' table and tables derived from it")
     serve.add_argument("--seed", type=int, default=None, help="demo data seed")
+    serve.add_argument("--data-dir", default=None,
+                       help="where tables are kept across restarts (default $TICKTABLE_DATA_DIR, "
+                            "else the user data directory, e.g. ~/.local/share/ticktable)")
+    serve.add_argument("--in-memory", action="store_true",
+                       help="keep nothing: every table is gone when the server stops")
     serve.set_defaults(func=_serve)
     health = sub.add_parser("health", help="exit 0 when a server reports SERVING (gRPC health)",
                             description="Ask the gRPC health service on the TableService port "

@@ -72,6 +72,19 @@ class IdAllocator:
         if ids.size:
             self._later.append(ids)
 
+    def export(self) -> dict[str, object]:
+        """The allocator's whole state, JSON-ready (for a checkpoint): see :meth:`restore`."""
+        later = np.concatenate(self._later) if self._later else _EMPTY
+        return {"end": self.end, "free": self._free.tolist(), "later": later.tolist()}
+
+    def restore(self, state: dict[str, object]) -> None:
+        """Become the allocator :meth:`export` described (same ids, in the same order)."""
+        end, free, later = state["end"], state["free"], state["later"]
+        assert isinstance(end, int) and isinstance(free, list) and isinstance(later, list)
+        self.end = end
+        self._free = np.asarray(free, dtype=np.int64)
+        self._later = [np.asarray(later, dtype=np.int64)] if later else []
+
     def release(self) -> None:
         """Start of a new cycle: the ids freed so far become reusable."""
         if self._later:

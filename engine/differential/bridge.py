@@ -138,6 +138,7 @@ class CollectionTable(KeyedTable, DerivedTable):
 class _CollectionListener:
     def __init__(self, table: CollectionTable) -> None:
         self.table = table
+        self.result: Table = table
 
     def on_update(self, *updates: TableUpdate | None) -> TableUpdate | None:
         return self.table._run(self.table.graph.step)

@@ -19,11 +19,11 @@ from flight.pb import flight_pb2 as pb
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_serve_demo_subprocess():
+def test_serve_demo_subprocess(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-m", "ticktable.cli", "serve", "--port", "0", "--grpc-port", "0",
-         "--demo", "--interval", "0.05", "--seed", "1"],
+         "--demo", "--interval", "0.05", "--seed", "1", "--data-dir", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
         line = proc.stdout.readline()
@@ -69,5 +69,6 @@ def test_serve_help_lists_every_option():
     out = subprocess.run([sys.executable, "-m", "ticktable.cli", "serve", "--help"],
                          capture_output=True, text=True, cwd=ROOT, check=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
-    for opt in ("--host", "--port", "--token", "--tls-cert", "--tls-key", "--demo"):
+    for opt in ("--host", "--port", "--token", "--tls-cert", "--tls-key", "--demo",
+                "--data-dir", "--in-memory"):
         assert opt in out

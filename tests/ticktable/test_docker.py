@@ -55,7 +55,7 @@ def test_dockerfile_is_small_and_non_root() -> None:
     assert "useradd --system --uid 10001" in ins["RUN"]
 
 
-def test_image_entrypoint_serves_and_its_healthcheck_passes() -> None:
+def test_image_entrypoint_serves_and_its_healthcheck_passes(tmp_path: Path) -> None:
     ins = instructions()
     argv = json.loads(ins["ENTRYPOINT"]) + json.loads(ins["CMD"])
     health = json.loads(ins["HEALTHCHECK"].split("CMD", 1)[1])
@@ -63,6 +63,8 @@ def test_image_entrypoint_serves_and_its_healthcheck_passes() -> None:
     env = dict(os.environ, **image_env(ins["ENV"]))
     flight_port, grpc_port = free_port(), free_port()
     env.update(TICKTABLE_PORT=str(flight_port), TICKTABLE_GRPC_PORT=str(grpc_port))
+    assert env["TICKTABLE_DATA_DIR"] == "/data"  # the image's volume; here a temporary dir
+    env["TICKTABLE_DATA_DIR"] = str(tmp_path)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the venv's ticktable
     assert env["TICKTABLE_HOST"] == "0.0.0.0"
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
