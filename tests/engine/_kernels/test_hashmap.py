@@ -31,7 +31,7 @@ def test_insert_lookup_delete_example():
     m.set_values(_u64([7, 3]), np.array([11, 12]))
     assert m.lookup(_u64([7, 3])).tolist() == [11, -1]
     keys, vals = m.items()
-    assert dict(zip(keys.tolist(), vals.tolist())) == {7: 11, 2**64 - 1: 5}
+    assert dict(zip(keys.tolist(), vals.tolist(), strict=True)) == {7: 11, 2**64 - 1: 5}
 
 
 def test_empty_arrays():
@@ -83,7 +83,7 @@ def test_against_dict(cls, ops):
             vals = list(range(counter, counter + len(new)))
             counter += len(new)
             m.insert(_u64(new), np.array(vals, dtype=np.int64))
-            model.update(zip(new, vals))
+            model.update(zip(new, vals, strict=True))
         elif op == "delete":
             m.delete(_u64(ks))
             for k in ks:
@@ -92,7 +92,7 @@ def test_against_dict(cls, ops):
             vals = list(range(counter, counter + len(ks)))
             counter += len(ks)
             m.set_values(_u64(ks), np.array(vals, dtype=np.int64))
-            for k, v in zip(ks, vals):
+            for k, v in zip(ks, vals, strict=True):
                 if k in model:
                     model[k] = v
         assert len(m) == len(model)
@@ -100,4 +100,4 @@ def test_against_dict(cls, ops):
         got = m.lookup(_u64(probe)).tolist()
         assert got == [model.get(k, -1) for k in probe]
     keys, vals = m.items()
-    assert dict(zip(keys.tolist(), vals.tolist())) == model
+    assert dict(zip(keys.tolist(), vals.tolist(), strict=True)) == model

@@ -48,7 +48,7 @@ def test_colliding_keys_coexist_and_deletes_keep_the_others():
 
     def lookup(probe):
         def same(i, ids):
-            return np.array([probe[p] == stored[d] for p, d in zip(i, ids)], dtype=bool)
+            return np.array([probe[p] == stored[d] for p, d in zip(i, ids, strict=True)], dtype=bool)
         return m.lookup(np.full(len(probe), 7, dtype=np.uint64), same).tolist()
 
     assert lookup(["c", "a", "b", "z"]) == [2, 0, 1, -1]
@@ -86,14 +86,14 @@ def test_exact_key_map_against_dict(mode, ops):
         h = hasher(t)
 
         def same(i, cand, keys=keys):
-            return np.array([keys[p] == stored[c] for p, c in zip(i, cand)], dtype=bool)
+            return np.array([keys[p] == stored[c] for p, c in zip(i, cand, strict=True)], dtype=bool)
 
         def same_batch(i, j, keys=keys):
-            return np.array([keys[a] == keys[b] for a, b in zip(i, j)], dtype=bool)
+            return np.array([keys[a] == keys[b] for a, b in zip(i, j, strict=True)], dtype=bool)
 
         if op == "intern":
             got, added, first = m.intern(h, same, same_batch, ids)
-            for new_id, row in zip(added.tolist(), first.tolist()):
+            for new_id, row in zip(added.tolist(), first.tolist(), strict=True):
                 stored[new_id] = keys[row]
                 model[keys[row]] = new_id
             assert got.tolist() == [model[k] for k in keys]
@@ -113,7 +113,7 @@ def test_exact_key_map_against_dict(mode, ops):
         t = _table(everything)
 
         def same_all(i, cand):
-            return np.array([everything[p] == stored[c] for p, c in zip(i, cand)], dtype=bool)
+            return np.array([everything[p] == stored[c] for p, c in zip(i, cand, strict=True)], dtype=bool)
 
         assert m.lookup(hasher(t), same_all).tolist() == [model[k] for k in everything]
 
@@ -129,7 +129,7 @@ def test_stored_key_map_against_dict(mode, ops):
         h = hasher(t)
         if op == "intern":
             got, added = m.intern(t, h, ids)
-            for k, i in zip(keys, got.tolist()):
+            for k, i in zip(keys, got.tolist(), strict=True):
                 model.setdefault(k, i)
             assert got.tolist() == [model[k] for k in keys]
         elif op == "delete":
