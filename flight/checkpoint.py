@@ -1,6 +1,7 @@
 """Checkpoints: every source table's rows with their row keys, on disk, atomically.
 
-A checkpoint is a directory ``ckpt-<seq>`` under ``<data dir>/checkpoints`` holding one
+A checkpoint is a directory ``ckpt-<seq>`` (``ckpt-<seq>-<n>`` when one of that position
+already exists) under ``<data dir>/checkpoints`` holding one
 Parquet file per source table (its rows in row-key order plus the ``__row_key`` column)
 and a ``manifest.json`` naming each file, its row count and CRC, the journal position the
 data reflects and whatever else the server needs to resume (the catalog, allocator state).
@@ -110,7 +111,11 @@ def write_checkpoint(root: Path, seq: int, tables: dict[str, pa.Table],
     """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"ckpt-{seq:020d}"
-    work = root / f"ckpt-{seq:020d}.partial"
+    n = 0
+    while final.exists():  # one of the same position (restarts with no write between):
+        n += 1             # never delete what CURRENT may name before CURRENT moves
+        final = root / f"ckpt-{seq:020d}-{n}"
+    work = root / f"{final.name}.partial"
     if work.exists():
         shutil.rmtree(work)
     work.mkdir()
@@ -127,8 +132,6 @@ def write_checkpoint(root: Path, seq: int, tables: dict[str, pa.Table],
     manifest = {"format": FORMAT, "seq": seq, "tables": files, "state": state}
     _write_atomic(work / "manifest.json", json.dumps(manifest).encode())
     _fsync_dir(work)
-    if final.exists():  # a checkpoint of the same position: the new one replaces it
-        shutil.rmtree(final)
     os.replace(work, final)
     _fsync_dir(root)
     _write_atomic(root / _CURRENT, final.name.encode())

@@ -51,9 +51,9 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from engine._kernels.hashmap import U64Map
 from engine.errors import UpdateInvariantError
 from engine.ops.aggregate._bits import Fenwick, LiveBits
-from engine.ops.aggregate._keys import U64Map
 
 __all__ = ["RowKeySet", "ValueMultiset", "lex_order"]
 

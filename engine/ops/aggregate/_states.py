@@ -24,7 +24,7 @@ which aggregations share a state.
 * :class:`OrderStats` — min, max and (with the ``ranks`` option) values of any rank,
   for median and percentile, through a :class:`ValueMultiset` of order-preserving
   ``uint64`` encodings.
-* :class:`Distinct` — per ``(group, value)`` counts in a hash index (:class:`U64Map`);
+* :class:`Distinct` — per ``(group, value)`` counts in an exact key map (:class:`StoredKeyMap`);
   a group's distinct count changes when a count crosses zero.
 
 Null semantics follow pandas ``groupby``: nulls (and float NaN, which pandas cannot tell
@@ -39,17 +39,17 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from engine.columns import numpy_storage_dtype
-from engine.errors import TicktableError, UpdateInvariantError
+from engine._kernels.hashing import hash_columns
+from engine._kernels.ids import IdAllocator
+from engine._kernels.keymap import StoredKeyMap
+from engine.columns import numpy_storage_dtype
+from engine.errors import UpdateInvariantError
 from engine.ops.aggregate._keys import (
-    U64Map,
-    column_hash,
     decode,
     encode,
-    mix64,
-    numeric_bits,
-    numpy_of,
     valid_mask,
 )
 from engine.ops.aggregate._sortedset import ValueMultiset
@@ -441,9 +441,9 @@ class OrderStats:
 class Distinct:
     """Number of distinct valid values of one column per group (any type: Arrow values).
 
-    ``(slot, value)`` pairs are keyed by a 64-bit hash and verified by the slot and a
-    second, independent 64-bit hash of the value (exact bits for numbers), so two pairs
-    are merged only if 128 bits agree; a 64-bit clash raises instead of miscounting.
+    Counts per ``(slot, value)`` pair, kept in a :class:`StoredKeyMap`: a hash finds the
+    pair, equality of the slot and the value decides, so two different values are never
+    counted as one (floats: ``-0.0`` is ``0.0``; nulls and NaN are skipped).
     """
 
     arrow: ClassVar[bool] = True
@@ -454,71 +454,48 @@ class Distinct:
         return cls()
 
     def __init__(self) -> None:
-        self.index = U64Map()
-        self.e_slot = np.zeros(1024, dtype=np.int64)
-        self.e_h2 = np.zeros(1024, dtype=np.uint64)
-        self.e_cnt = np.zeros(1024, dtype=np.int64)
-        self.next_id = 0
-        self.free: I64 = _EMPTY_I
+        self.pairs: StoredKeyMap | None = None  # (slot, value) -> entry id
+        self.e_cnt = np.zeros(1024, dtype=np.int64)  # rows per entry
+        self.ids = IdAllocator()  # entry ids; freed ones are reusable at once
         self.nd = np.zeros(16, dtype=np.int64)
 
     def _alloc(self, n: int) -> I64:
-        take = min(n, self.free.size)
-        ids = np.concatenate((self.free[:take], np.arange(self.next_id, self.next_id + n - take)))
-        self.free = self.free[take:]
-        self.next_id += n - take
-        self.e_slot = _grow(self.e_slot, self.next_id)
-        self.e_h2 = _grow(self.e_h2, self.next_id)
-        self.e_cnt = _grow(self.e_cnt, self.next_id)
-        return ids.astype(np.int64)
+        ids = self.ids.allocate(n)
+        self.e_cnt = _grow(self.e_cnt, self.ids.end)
+        return ids
 
     @staticmethod
-    def _value_hashes(arr: pa.Array) -> tuple[U64, U64, Mask]:
-        if numpy_storage_dtype(arr.type) is not None:
-            values, valid = numpy_of(arr)
-            bits = numeric_bits(values)
-            return mix64(bits ^ np.uint64(0xA5A5A5A5)), bits, valid_mask(values, valid)
-        h1, h2, _ = column_hash(arr)
+    def _counted(arr: pa.Array) -> Mask:
+        """Values that count: not null, not NaN."""
         ok = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else np.ones(len(arr), dtype=bool)
-        return h1, h2, ok
+        if pa.types.is_floating(arr.type):
+            ok &= ~np.asarray(pc.fill_null(pc.is_nan(arr), False).to_numpy(zero_copy_only=False), dtype=bool)
+        return ok
 
     def apply(self, ev: Events, minus: Sequence[pa.Array], plus: Sequence[pa.Array]) -> I64:
         if ev.slots.size == 0:
             return ev.touched
         self.nd = _grow(self.nd, int(ev.touched[-1]) + 1)
-        h1m, h2m, okm = self._value_hashes(minus[0])
-        h1p, h2p, okp = self._value_hashes(plus[0])
-        ok = np.concatenate((okm, okp))
-        s, h2, sign = ev.slots[ok], np.concatenate((h2m, h2p))[ok], ev.sign[ok]
-        with np.errstate(over="ignore"):
-            key = mix64(np.concatenate((h1m, h1p))[ok] ^ mix64(s.view(np.uint64) + np.uint64(0x51ED)))
-        uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        us, uh2 = s[first], h2[first]
-        if (s != us[inv]).any() or (h2 != uh2[inv]).any():
-            raise TicktableError("count_distinct: two different values have equal 64-bit hashes")
-        net = np.bincount(inv, weights=sign).round().astype(np.int64)
-        nz = net != 0
-        uk, us, uh2, net = uk[nz], us[nz], uh2[nz], net[nz]
-        ids = self.index.lookup(uk)
-        found = ids >= 0
-        fid = ids[found]
-        if ((self.e_slot[fid] != us[found]) | (self.e_h2[fid] != uh2[found])).any():
-            raise TicktableError("count_distinct: two different values have equal 64-bit hashes")
-        c0 = np.zeros(uk.size, dtype=np.int64)
-        c0[found] = self.e_cnt[fid]
+        parts = [a.dictionary_decode() if pa.types.is_dictionary(a.type) else a for a in (minus[0], plus[0])]
+        values = pa.concat_arrays(parts)
+        ok = self._counted(values)
+        pairs = pa.table({"slot": pa.array(ev.slots[ok], pa.int64()), "value": values.filter(pa.array(ok))})
+        if self.pairs is None:
+            self.pairs = StoredKeyMap(pairs.schema)
+        ids, _ = self.pairs.intern(pairs, hash_columns(pairs.columns), self._alloc)
+        uid, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+        us = ev.slots[ok][first]
+        net = np.bincount(inv.reshape(-1), weights=ev.sign[ok], minlength=uid.size).round().astype(np.int64)
+        c0 = self.e_cnt[uid]
         c1 = c0 + net
         if (c1 < 0).any():
             raise UpdateInvariantError("A1", "count_distinct removed a value its group does not hold")
-        self.e_cnt[fid] = c1[found]
-        gone = found & (c1 == 0)
-        if gone.any():
-            self.index.delete(uk[gone])
-            self.free = np.concatenate((self.free, ids[gone]))
-        new = ~found
-        nid = self._alloc(int(new.sum()))
-        if nid.size:
-            self.e_slot[nid], self.e_h2[nid], self.e_cnt[nid] = us[new], uh2[new], c1[new]
-            self.index.insert(uk[new], nid)
+        self.e_cnt[uid] = c1
+        gone = uid[c1 == 0]
+        if gone.size:
+            self.pairs.delete(gone)
+            self.ids.free(gone)
+            self.ids.release()
         step = (c1 > 0).astype(np.int64) - (c0 > 0).astype(np.int64)
         np.add.at(self.nd, us, step)
         return ev.touched

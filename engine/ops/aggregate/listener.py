@@ -50,15 +50,15 @@ shifts.
 
 How a cycle runs (every step is numpy over the changed rows, no loop per row or group):
 
-1. Rows are grouped by hashing their ``by`` values (:func:`~engine.ops.aggregate._keys.hash_arrays`:
-   exact bits for one fixed-width column, a 64-bit hash otherwise) and looking the hash
-   up in a :class:`~engine.ops.aggregate._keys.U64Map` (hash -> slot); new groups get slots.
-   Added and modified rows are hashed once, together, in the current key space; removed
-   rows (and modified rows whose ``by`` values changed) in the previous one — or, when
-   first/last keep a row-key index anyway, looked up there without reading any key.
-   Hashes that are not exact (strings, several keys, nulls) come with a second,
-   independent 64-bit hash, checked against the group's: two keys sharing the first hash
-   raise instead of merging (both agree by chance with odds 2**-128).
+1. Rows are grouped by hashing their ``by`` values (:func:`~engine._kernels.hashing.hash_columns`)
+   and looking them up in an :class:`~engine._kernels.keymap.ExactKeyMap` (key -> slot):
+   the hash finds the candidate group, the values decide, checked against the group's key
+   values stored by slot (``key_cols``), so two distinct keys with equal hashes are two
+   groups. One integer-like column is its own exact hash: only null-ness is compared.
+   New groups get slots. Added and modified rows are hashed once, together, in the
+   current key space; removed rows (and modified rows whose ``by`` values changed) in the
+   previous one — or, when first/last keep a row-key index anyway, looked up there
+   without reading any key.
 2. Each row leaving a group is a *minus* event (previous values), each row joining one a
    *plus* event (current values); a modify that keeps its group is both, and only for the
    aggregations whose input it modified. A cycle that touches nothing the aggregation reads
@@ -104,6 +104,15 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine._kernels.hashing import (
+    Same,
+    exact_hash,
+    hash_columns,
+    rows_equal,
+    rows_equal_at,
+    values_equal,
+)
+from engine._kernels.keymap import ExactKeyMap
 from engine.columns import (
     ArrowColumnSource,
     ColumnSource,
@@ -111,16 +120,8 @@ from engine.columns import (
     WritableColumnSource,
     make_column_source,
 )
-from engine.errors import SchemaError, TicktableError, UpdateInvariantError
-from engine.ops.aggregate._keys import (
-    U64Map,
-    arrow_equal,
-    fetch,
-    fetch_numpy,
-    hash_arrays,
-    unique_first,
-    values_equal,
-)
+from engine.errors import SchemaError, UpdateInvariantError
+from engine.ops.aggregate._keys import fetch, fetch_numpy, pairs_equal
 from engine.ops.aggregate._kinds import KINDS, Need, Refresh, Values, build_states
 from engine.ops.aggregate._sortedset import RowKeySet
 from engine.ops.aggregate._states import Cycle
@@ -299,10 +300,13 @@ class AggListener:
         self.states = build_states([n for a, k in zip(aggs, self.kinds, strict=True) for n in k.needs(a)],
                                    lambda cols: [parent.schema.field(c).type for c in cols])
         self.rows = RowKeySet() if any(k.reads_rows for k in self.kinds) else None
-        self.index = U64Map()  # group key hash -> slot
+        # group key -> slot: hash, then verify against key_cols (one integer-like column:
+        # its hash is exact, so only null-ness is compared, against the one null group)
+        self.exact_key = exact_hash([parent.schema.field(k).type for k in by])
+        self.index = ExactKeyMap(exact=not by)
+        self.null_slot = -1  # the group of the null key, for an exact key column
         self.size = np.zeros(16, dtype=np.int64)
         self.slot_hash = np.zeros(16, dtype=np.uint64)
-        self.slot_hash2 = np.zeros(16, dtype=np.uint64)
         self.next_slot = 0
         self.free: I64 = _EMPTY_I
         self.freed_now: I64 = _EMPTY_I
@@ -319,7 +323,7 @@ class AggListener:
         self.next_slot += n - take
         if self.next_slot > self.size.size:
             cap = max(self.next_slot, 2 * self.size.size)
-            for name in ("size", "slot_hash", "slot_hash2"):
+            for name in ("size", "slot_hash"):
                 old = getattr(self, name)
                 grown = np.zeros(cap, dtype=old.dtype)
                 grown[: old.size] = old
@@ -336,8 +340,8 @@ class AggListener:
         if self.rows is not None:  # the row-key structure knows every row's group
             slots = self.rows.groups_of(keys)
         else:
-            h, _, _ = hash_arrays(self._key_arrays(keys, True), keys.size)
-            slots = self.index.lookup(h)
+            arrays = self._key_arrays(keys, True)
+            slots = self.index.lookup(hash_columns(arrays, self.by, keys.size), self._same_as_group(arrays))
         if (slots < 0).any():
             raise UpdateInvariantError(
                 "A1", f"rows {keys[slots < 0][:10].tolist()} of {self.parent.name!r} belong to no group"
@@ -345,38 +349,53 @@ class AggListener:
         return slots
 
     def _assign(self, keys: I64) -> I64:
-        """Slots of rows (current key space and values); new groups get slots.
-
-        Groups are indexed by ``h1``; unless ``h1`` is exact, a row joins a group only if
-        its independent ``h2`` matches the group's too (a 2**-128 chance for two different
-        keys), else it raises rather than merge two groups."""
+        """Slots of rows (current key space and values); new groups get slots, in order of
+        their first row (so keys follow the parent's row order). Exact: a hash finds the
+        group, its stored key values decide."""
         if keys.size == 0:
             return _EMPTY_I
         arrays = self._key_arrays(keys, prev=False)
-        h, h2, exact = hash_arrays(arrays, keys.size)
-        slots = self.index.lookup(h)
-        new = np.flatnonzero(slots < 0)
-        if new.size:
-            # slots in order of first appearance, so keys follow the parent's row order
-            uh, first_at, inv = unique_first(h[new])
-            fresh = self._alloc(uh.size)
-            self.index.insert(uh, fresh)
-            rows = new[first_at]
-            self.slot_hash[fresh], self.slot_hash2[fresh] = uh, h2[rows]
+        h = hash_columns(arrays, self.by, keys.size)
+        slots, fresh, rows = self.index.intern(h, self._same_as_group(arrays),
+                                               self._same_in_batch(arrays), self._alloc)
+        if fresh.size:
+            self.slot_hash[fresh] = h[rows]
             for k, arr in zip(self.by, arrays, strict=True):  # one write per key column
                 self.key_cols[k].set(fresh, arr.take(pa.array(rows)))
-            slots[new] = fresh[inv]
-        if not exact:
-            clash = np.flatnonzero(self.slot_hash2[slots] != h2)
-            if clash.size:
-                i = int(clash[0])
-                stored = [self.key_cols[k].get(slots[i:i + 1])[0].as_py() for k in self.by]
-                raise TicktableError(
-                    f"agg_by over {self.parent.name!r}: keys "
-                    f"{[arr[i].as_py() for arr in arrays]!r} and {stored!r} of {self.by} have equal "
-                    f"64-bit hashes"
-                )
+            if self.exact_key and arrays[0].null_count:
+                null = np.flatnonzero(~arrays[0].is_valid().to_numpy(zero_copy_only=False)[rows])
+                if null.size:
+                    self.null_slot = int(fresh[null[0]])
         return slots
+
+    def _same_as_group(self, arrays: list[pa.Array]) -> Same | None:
+        """``same(i, slots)``: row ``i`` of ``arrays`` has the key of the groups ``slots``."""
+        if not self.by:
+            return None
+        if self.exact_key:  # equal exact hashes: equal values, or a null and one value
+            probe_null = (~arrays[0].is_valid().to_numpy(zero_copy_only=False)
+                          if arrays[0].null_count else None)
+
+            def same_exact(i: I64, slots: I64) -> Mask:
+                cand_null: Mask = slots == self.null_slot
+                return cand_null == probe_null[i] if probe_null is not None else ~cand_null
+            return same_exact
+        probe = pa.Table.from_arrays(arrays, names=self.by)
+
+        def same(i: I64, slots: I64) -> Mask:
+            stored = pa.Table.from_arrays([self.key_cols[k].get(slots) for k in self.by], names=self.by)
+            return rows_equal(probe.take(pa.array(i)), stored)
+        return same
+
+    def _same_in_batch(self, arrays: list[pa.Array]) -> Same | None:
+        """``same(i, j)``: rows ``i`` and ``j`` of ``arrays`` have equal keys."""
+        if not self.by:
+            return None
+        if self.exact_key:
+            valid = arrays[0].is_valid().to_numpy(zero_copy_only=False) if arrays[0].null_count else None
+            return None if valid is None else (lambda i, j: valid[i] == valid[j])
+        probe = pa.Table.from_arrays(arrays, names=self.by)
+        return lambda i, j: rows_equal_at(probe, i, probe, j)
 
     # the cycle ---------------------------------------------------------------------------
     def on_update(self, *updates: TableUpdate | None) -> TableUpdate | None:
@@ -454,7 +473,9 @@ class AggListener:
         added = touched[(size_old == 0) & (size_new > 0)]
         removed = touched[(size_old > 0) & (size_new == 0)]
         if removed.size:
-            self.index.delete(self.slot_hash[removed])
+            self.index.delete(self.slot_hash[removed], removed)
+            if self.null_slot >= 0 and (removed == self.null_slot).any():
+                self.null_slot = -1
             self.freed_now = removed
         modified = np.unique(np.concatenate(changed)) if len(changed) > 1 else (changed[0] if changed else _EMPTY_I)
         return added, removed, modified, frozenset(cols)
@@ -521,7 +542,7 @@ class AggListener:
             assert isinstance(src, NumpyColumnSource)
             vals, valid = new
             if ex.size:
-                same[ex] = values_equal(src.get_numpy(slots[ex]), (vals[ex], None if valid is None else valid[ex]))
+                same[ex] = pairs_equal(src.get_numpy(slots[ex]), (vals[ex], None if valid is None else valid[ex]))
             write = np.flatnonzero(~same)
             if write.size:
                 if self._in_cycle:
@@ -530,7 +551,7 @@ class AggListener:
                               None if valid is None else valid[write])
         else:  # variable-width first/last: Arrow all the way
             if ex.size:
-                same[ex] = arrow_equal(src.get(slots[ex]), new if ex.size == slots.size else new.take(pa.array(ex)))
+                same[ex] = values_equal(src.get(slots[ex]), new if ex.size == slots.size else new.take(pa.array(ex)))
             write = np.flatnonzero(~same)
             if write.size:
                 if self._in_cycle:

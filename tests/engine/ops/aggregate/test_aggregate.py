@@ -24,7 +24,7 @@ import pytest
 
 import tests.oracle as oracle
 from engine.columns import ColumnSource
-from engine.errors import SchemaError, TicktableError
+from engine.errors import SchemaError
 from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
 from engine.ops.aggregate import listener as aggregate_mod
@@ -366,16 +366,21 @@ def test_errors_name_the_column_and_the_way_out():
     assert _rows(agg_by(src, [], by="Sym")) == [{"Sym": "A"}]  # the distinct keys
 
 
-def test_hash_collisions_raise_instead_of_merging(monkeypatch):
+def test_colliding_key_hashes_are_two_groups(monkeypatch):
+    # every key hashes alike: the stored key values tell the groups apart (this used to
+    # raise "equal 64-bit hashes"; distinct keys now coexist as distinct groups)
     g = UpdateGraph(validate=True)
     src = _keyed(g, [("A", 1, 1.0, 1)])
-    real = aggregate_mod.hash_arrays
-    monkeypatch.setattr(aggregate_mod, "hash_arrays",
-                        lambda arrays, n: (np.zeros(n, np.uint64), real(arrays, n)[1], False))
+    monkeypatch.setattr(aggregate_mod, "hash_columns",
+                        lambda arrays, names=None, num_rows=None: np.zeros(num_rows, np.uint64))
     r = count_by(src, "N", by="Sym")
-    src.upsert(_batch([("B", 2, 1.0, 1)]))
+    src.upsert(_batch([("B", 2, 1.0, 1), ("B", 3, 1.0, 1), ("C", 4, 1.0, 1)]))
     g.run_cycle()
-    assert isinstance(r.failure, TicktableError) and "equal 64-bit hashes" in str(r.failure)
+    assert r.failure is None
+    assert sorted((row["Sym"], row["N"]) for row in _rows(r)) == [("A", 1), ("B", 2), ("C", 1)]
+    src.delete(pa.table({"Key": pa.array([1], pa.int64())}))
+    g.run_cycle()
+    assert sorted((row["Sym"], row["N"]) for row in _rows(r)) == [("B", 2), ("C", 1)]
 
 
 def test_table_method_and_namespace():
