@@ -31,6 +31,11 @@ held uncommitted after that are dropped (a Spark commit of them fails, and Spark
 the job); every committed write id and stream batch id is remembered, so a retry after
 the restart still applies once. Demo and embedded tables the server did not create
 through these methods are not durable.
+
+What the clock or a restart decides is journaled too, as a ``forget`` record: the writes
+expired after ``stage_ttl`` (and the finished write ids forgotten then), and the open
+writes recovery drops. A replay cannot decide these again, and without the record it
+would bring back a write whose commit, after the expiry or the restart, found it gone.
 """
 
 from __future__ import annotations
@@ -150,6 +155,7 @@ class Durability:
         self.checkpoints = 0
         if self.journal is not None:
             graph.cycle_gate = self
+            staging.forgetter = self.forget
 
     @property
     def durable(self) -> bool:
@@ -224,6 +230,12 @@ class Durability:
             return self.staging.abort(request)
 
         return self._record("abort", None, {"write_id": request.write_id}, b"", run)
+
+    def forget(self, writes: list[str], committed: list[str], aborted: list[str]) -> int:
+        """Drop expired writes and forget old write ids (see :meth:`StagingArea.forget`)."""
+        meta = {"writes": writes, "committed": committed, "aborted": aborted}
+        return self._record("forget", None, meta, b"",
+                            lambda seq: self.staging.forget(writes, committed, aborted))
 
     def create_table(self, name: str, schema: pa.Schema, kind: str, *, keys: list[str],
                      capacity: int, if_not_exists: bool) -> TableEntry:
@@ -391,9 +403,13 @@ class Durability:
             n += 1
         self.graph.run_cycle()  # whatever the last records staged
         cycles += 1
-        dropped = self.staging.drop_open()
-        self._holds.clear()
         self._applied = self._marked = max([start, *(r.seq for r in records)])
+        open_ids = self.staging.open_write_ids()
+        if open_ids:  # journaled: a later replay drops them here too, before later commits
+            self._record("forget", None, {"writes": open_ids, "committed": [], "aborted": []},
+                         b"", lambda seq: self.staging.drop_open())
+        dropped = len(open_ids)
+        self._holds.clear()
         report = RecoveryReport(start, len(self.registry.entries()), rows, n, cycles, dropped,
                                 time.perf_counter() - t0)
         log.info("recovered: checkpoint at %d, %d table(s), %d rows, %d journal record(s) in "
@@ -463,5 +479,7 @@ class Durability:
             self._drop(rec.table)
         elif kind == "derive":
             self._rebuild(_unb64(meta["request"]), "?")
+        elif kind == "forget":
+            self.staging.forget(meta["writes"], meta["committed"], meta["aborted"])
         else:
             log.warning("journal record %d has unknown kind %r; skipped", rec.seq, kind)

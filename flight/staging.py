@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -145,6 +146,9 @@ class StagingArea:
         self._remove_terminal = self.graph.add_terminal_listener(self._on_cycle_end)
         self._janitor: threading.Thread | None = None
         self._janitor_stop = threading.Event()
+        #: Carries out what :meth:`expire` decided (:meth:`forget`); a durable server journals
+        #: it first, since a replay cannot decide by the clock again.
+        self.forgetter: Callable[[list[str], list[str], list[str]], int] = self.forget
 
     # writes without a write id --------------------------------------------------------------
     def apply(self, entry: TableEntry, parts: list[Part]) -> None:
@@ -419,22 +423,37 @@ class StagingArea:
     def expire(self, now: float | None = None) -> int:
         """Drop writes with no batch for ``stage_ttl`` seconds; returns the slots dropped.
 
-        ``now`` is a :func:`time.monotonic` reading (the current one by default).
+        Committed and aborted write ids older than ``stage_ttl`` are forgotten too. This
+        decides; :attr:`forgetter` carries it out. ``now`` is a :func:`time.monotonic`
+        reading (the current one by default).
         """
         now = time.monotonic() if now is None else now
-        dropped = 0
         with self._lock:
             stale = [w for w, s in self._writes.items()
                      if not s.committing and now - s.touched > self.stage_ttl]
-            for w in stale:
+            committed = [w for w, (t, _) in self._committed.items() if now - t > self.stage_ttl]
+            aborted = [w for w, t in self._aborted.items() if now - t > self.stage_ttl]
+        if not (stale or committed or aborted):
+            return 0
+        return self.forgetter(stale, committed, aborted)
+
+    def forget(self, writes: list[str], committed: list[str], aborted: list[str]) -> int:
+        """Drop the open ``writes`` and forget the ``committed`` and ``aborted`` write ids.
+
+        A write being committed is kept. Returns the slots dropped.
+        """
+        dropped = 0
+        with self._lock:
+            gone = [w for w in writes if w in self._writes and not self._writes[w].committing]
+            for w in gone:
                 dropped += self._drop_locked(w)
-            for w in [w for w, (t, _) in self._committed.items() if now - t > self.stage_ttl]:
-                del self._committed[w]
-            for w in [w for w, t in self._aborted.items() if now - t > self.stage_ttl]:
-                del self._aborted[w]
-        if stale:
-            log.warning("expired %d abandoned write(s) (%d slot(s)): %s", len(stale), dropped,
-                        ", ".join(map(repr, stale[:10])))
+            for w in committed:
+                self._committed.pop(w, None)
+            for w in aborted:
+                self._aborted.pop(w, None)
+        if gone:
+            log.warning("expired %d abandoned write(s) (%d slot(s)): %s", len(gone), dropped,
+                        ", ".join(map(repr, gone[:10])))
         return dropped
 
     def start_janitor(self, interval: float = 30.0) -> None:
