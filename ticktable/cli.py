@@ -128,7 +128,8 @@ def _serve(args: argparse.Namespace) -> int:
     config = ServerConfig(host=args.host, port=args.port,
                           grpc_port=None if args.grpc_port < 0 else args.grpc_port, token=token,
                           tls_cert=_read(args.tls_cert), tls_key=_read(args.tls_key),
-                          data_dir=data_dir)
+                          data_dir=data_dir, checkpoint_seconds=args.checkpoint_seconds,
+                          checkpoint_bytes=args.checkpoint_bytes)
     try:
         server = TicktableServer(graph, config).start()
     except TicktableError as exc:  # damaged or incompatible data: one line, no traceback
@@ -238,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
                             "else the user data directory, e.g. ~/.local/share/ticktable)")
     serve.add_argument("--in-memory", action="store_true",
                        help="keep nothing: every table is gone when the server stops")
+    serve.add_argument("--checkpoint-seconds", type=float, default=300.0,
+                       help="write a checkpoint once this many seconds passed with something "
+                            "journaled (default 300)")
+    serve.add_argument("--checkpoint-bytes", type=int, default=512 << 20,
+                       help="write a checkpoint once the journal grew by this many bytes "
+                            "(default 512 MiB)")
     serve.set_defaults(func=_serve)
     health = sub.add_parser("health", help="exit 0 when a server reports SERVING (gRPC health)",
                             description="Ask the gRPC health service on the TableService port "
