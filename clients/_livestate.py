@@ -8,8 +8,12 @@ cost that follows the message, not the table:
   added or modified row is appended (zero-copy from the received batches) and its key
   pointed at the new *slot*; dead slots are reclaimed by a compaction once they
   outnumber the live ones (amortized O(1) per row);
-* ``row key -> slot`` in :class:`_SlotIndex`: a sorted base (a snapshot's keys, probed by
-  binary search, written in place) plus a vectorized hash map for keys added since.
+* ``row key -> slot`` in a :class:`~engine._kernels.rowkeymap.RowKeyMap` (a dense array
+  while the keys are dense, a vectorized hash map when they are sparse).
+
+Shifts are applied with :func:`flight.decoder.apply_shifts`, one ``searchsorted`` over the
+range begins; the ranges become a bitmap with
+:func:`~engine._kernels.arrays.bitmap_from_ranges` (no Python step per range).
 
 :class:`Update` is what one applied message changed, with its DataFrames built lazily.
 :mod:`clients.live` runs the stream, reconnects and hands updates to users.
@@ -17,7 +21,6 @@ cost that follows the message, not the table:
 
 from __future__ import annotations
 
-import array
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,7 +32,10 @@ import pandas as pd
 import pyarrow as pa
 from pyroaring import BitMap64
 
+from engine._kernels.arrays import bitmap_from_ranges, bitmap_from_sorted
+from engine._kernels.rowkeymap import RowKeyMap
 from engine.errors import ProtocolError
+from flight.decoder import apply_shifts
 from flight.pb import flight_pb2 as pb
 
 __all__ = ["Update"]
@@ -55,34 +61,19 @@ def _keys(bm: BitMap64) -> I64:
     return np.frombuffer(bm.to_array(), dtype=np.int64) if bm else _EMPTY_KEYS
 
 
-def _from_keys(keys: I64) -> BitMap64:
-    return BitMap64(array.array("Q", np.ascontiguousarray(keys, dtype=np.int64).tobytes()))
-
-
-def _shift_keys(keys: I64, begins: I64, ends: I64, deltas: I64) -> I64:
-    """``keys`` (sorted) moved by the inclusive ranges ``[begin, end]`` they fall in."""
-    i = np.searchsorted(begins, keys, side="right") - 1
-    inside = (i >= 0) & (keys <= ends[np.maximum(i, 0)])
-    out = keys.copy()
-    out[inside] += deltas[i[inside]]
-    return out
-
-
 def _shift_bitmap(bm: BitMap64, shifts: tuple[I64, I64, I64]) -> tuple[I64, I64]:
     """Apply ``shifts`` to ``bm`` in place; returns the keys that moved, before and after."""
     begins, ends, deltas = shifts
     if not begins.size or not bm:
         return _EMPTY_KEYS, _EMPTY_KEYS
-    ranges = BitMap64()
-    for b, e in zip(begins.tolist(), ends.tolist(), strict=True):  # one C call per range
-        ranges.add_range(b, e + 1)
+    ranges = bitmap_from_ranges(begins, ends + 1)
     moving = bm & ranges
     if not moving:
         return _EMPTY_KEYS, _EMPTY_KEYS
     src = _keys(moving)
-    dst = _shift_keys(src, begins, ends, deltas)
+    dst = apply_shifts(src, shifts)
     bm.difference_update(ranges)  # every range is emptied before any key lands
-    bm.update(_from_keys(dst))
+    bm.update(bitmap_from_sorted(dst))
     return src, dst
 
 
@@ -115,189 +106,6 @@ def _check_viewport(ranges: Sequence[tuple[int, int]] | None) -> Ranges | None:
         raise ProtocolError(f"bad viewport range(s) {bad}: each is (begin, end) with "
                             f"0 <= begin <= end, end exclusive")
     return out
-
-
-# ------------------------------------------------------------------ key -> slot index
-class _HashMap:
-    """Open addressing (linear probing) from int64 keys to int64 slots, whole arrays at once."""
-
-    _FREE, _DEAD = -1, -2
-    _MULT = np.uint64(0x9E3779B97F4A7C15)
-
-    def __init__(self, capacity: int = 0) -> None:
-        self._alloc(capacity)
-        self.count = 0
-
-    def _alloc(self, capacity: int) -> None:
-        bits = max(6, int(np.ceil(np.log2(max(capacity, 2) * 3))))  # load <= 1/3 after growth
-        self._shift = np.uint64(64 - bits)
-        self._mask = (1 << bits) - 1
-        self._k = np.full(1 << bits, self._FREE, dtype=np.int64)
-        self._v = np.empty(1 << bits, dtype=np.int64)
-        self._claim = np.empty(1 << bits, dtype=np.int64)
-        self._dead = 0
-
-    def _find(self, q: I64) -> I64:
-        """Table position of each key; -1 where absent."""
-        out = np.full(q.size, -1, dtype=np.int64)
-        idx = np.flatnonzero(q >= 0)  # row keys are >= 0; negatives would match the markers
-        q = q[idx]
-        with np.errstate(over="ignore"):
-            pos = ((q.view(np.uint64) * self._MULT) >> self._shift).astype(np.int64)
-        while idx.size:
-            k = self._k[pos]
-            hit = k == q
-            out[idx[hit]] = pos[hit]
-            go = ~hit & (k != self._FREE)
-            idx, q, pos = idx[go], q[go], (pos[go] + 1) & self._mask
-        return out
-
-    def get(self, q: I64) -> I64:
-        at = self._find(q)
-        return np.where(at >= 0, self._v[np.maximum(at, 0)], -1)
-
-    def pop(self, q: I64) -> I64:
-        at = self._find(q)
-        out = np.where(at >= 0, self._v[np.maximum(at, 0)], -1)
-        hit = at[at >= 0]
-        self._k[hit] = self._DEAD
-        self.count -= hit.size
-        self._dead += hit.size
-        return out
-
-    def put(self, q: I64, v: I64) -> None:
-        """Insert or overwrite (keys distinct)."""
-        at = self._find(q)
-        old = at >= 0
-        self._v[at[old]] = v[old]
-        if not old.all():
-            self._insert(q[~old], v[~old])
-
-    def _insert(self, q: I64, v: I64) -> None:
-        if (self.count + self._dead + q.size) * 2 > self._k.size:
-            live = self._k >= 0
-            k0, v0 = self._k[live], self._v[live]
-            self._alloc(self.count + q.size)
-            self.count = 0
-            if k0.size:
-                self._insert(k0, v0)
-        idx = np.arange(q.size)
-        with np.errstate(over="ignore"):
-            pos = ((q.view(np.uint64) * self._MULT) >> self._shift).astype(np.int64)
-        while idx.size:
-            free = np.flatnonzero(self._k[pos] < 0)
-            fp = pos[free]
-            self._claim[fp] = free  # several keys may want one position: the last write wins
-            won = free[self._claim[fp] == free]
-            wp = pos[won]
-            self._dead -= int(np.count_nonzero(self._k[wp] == self._DEAD))
-            self._k[wp] = q[idx[won]]
-            self._v[wp] = v[idx[won]]
-            self.count += won.size
-            rest = np.ones(idx.size, dtype=bool)
-            rest[won] = False
-            idx, pos = idx[rest], (pos[rest] + 1) & self._mask
-
-    def items(self) -> tuple[I64, I64]:
-        live = self._k >= 0
-        return self._k[live], self._v[live]
-
-
-class _SlotIndex:
-    """``row key -> slot``: a sorted base written in place, plus a hash map for new keys.
-
-    A snapshot's keys arrive sorted with consecutive slots, so the base costs nothing to
-    build and probing it is a binary search. Keys that are not in the base go to the hash
-    map; a key removed from the base is flagged dead (and revived in place if it returns).
-    Both are merged into a new base when the hash map or the dead entries grow past the
-    live base (amortized O(1) per key).
-    """
-
-    REBUILD_MIN = 1024  # merge no sooner than this many hash-map or dead entries
-
-    def __init__(self, keys: I64 = _EMPTY_KEYS, slots: I64 = _EMPTY_KEYS) -> None:
-        self._reset(keys, slots)
-
-    def _reset(self, keys: I64, slots: I64) -> None:
-        self._bk = keys
-        self._bs = np.array(slots, dtype=np.int64)
-        self._alive = np.ones(keys.size, dtype=bool)
-        self._dead = 0
-        self._over = _HashMap()
-        # Keys of a snapshot are often dense (a source table's): then a direct array from
-        # key to base position replaces the binary search, for at most 8 bytes per row.
-        self._lo = int(keys[0]) if keys.size else 0
-        span = int(keys[-1]) - self._lo + 1 if keys.size else 0
-        self._direct: npt.NDArray[np.int32] | None = None
-        if 0 < span <= 2 * keys.size and keys.size < 2**31:
-            self._direct = np.full(span, -1, dtype=np.int32)
-            self._direct[keys - self._lo] = np.arange(keys.size, dtype=np.int32)
-
-    def __len__(self) -> int:
-        return self._bk.size - self._dead + self._over.count
-
-    def _base(self, q: I64) -> I64:
-        """Base position of each key (alive or not); -1 where absent."""
-        if not self._bk.size:
-            return np.full(q.size, -1, dtype=np.int64)
-        if self._direct is not None:
-            d = q - self._lo
-            inside = (d >= 0) & (d < self._direct.size)
-            return np.where(inside, self._direct[np.where(inside, d, 0)], -1).astype(np.int64)
-        p = np.minimum(np.searchsorted(self._bk, q), self._bk.size - 1)
-        return np.where(self._bk[p] == q, p, -1)
-
-    def _alive_at(self, q: I64) -> tuple[I64, npt.NDArray[np.bool_], I64]:
-        """Base position, whether alive there, and slot (-1 where not) of each key."""
-        p = self._base(q)
-        ok = p >= 0
-        ok[ok] = self._alive[p[ok]]
-        out = np.full(q.size, -1, dtype=np.int64)
-        out[ok] = self._bs[p[ok]]
-        return p, ok, out
-
-    def get(self, q: I64) -> I64:
-        _, ok, out = self._alive_at(q)
-        if self._over.count and not ok.all():
-            out[~ok] = self._over.get(q[~ok])
-        return out
-
-    def pop(self, q: I64) -> I64:
-        p, ok, out = self._alive_at(q)
-        self._alive[p[ok]] = False
-        self._dead += int(np.count_nonzero(ok))
-        if self._over.count and not ok.all():
-            out[~ok] = self._over.pop(q[~ok])
-        return out
-
-    def put(self, q: I64, v: I64) -> None:
-        p = self._base(q)
-        inb = p >= 0
-        pb_ = p[inb]
-        self._dead -= int(np.count_nonzero(~self._alive[pb_]))
-        self._alive[pb_] = True
-        self._bs[pb_] = v[inb]
-        if not inb.all():
-            self._over.put(q[~inb], v[~inb])
-
-    def items(self) -> tuple[I64, I64]:
-        """Every ``(key, slot)``, keys ascending."""
-        if self._dead:
-            k, s = self._bk[self._alive], self._bs[self._alive]
-        else:
-            k, s = self._bk, self._bs.copy()
-        if self._over.count:
-            k2, s2 = self._over.items()
-            k, s = np.concatenate([k, k2]), np.concatenate([s, s2])
-            order = np.argsort(k, kind="stable")
-            k, s = k[order], s[order]
-        return k, s
-
-    def maybe_rebuild(self) -> None:
-        live = len(self)
-        least = self.REBUILD_MIN
-        if self._over.count > max(least, live // 2) or self._dead > max(least, live):
-            self._reset(*self.items())
 
 
 # ------------------------------------------------------------------ value storage
@@ -510,7 +318,7 @@ class _State:
         self.held: BitMap64 | None = None
         self.viewport: Ranges | None = None
         self.store = _Store(schema)
-        self.index = _SlotIndex()
+        self.index = RowKeyMap()
         self.epoch, self.sequence, self.step, self.messages = "", 0, 0, 0
 
     @property
@@ -562,7 +370,7 @@ class _State:
         self.store = _Store(self.schema)
         self.store.append(added)
         k = _keys(data)
-        self.index = _SlotIndex(k, np.arange(k.size, dtype=np.int64))
+        self.index = _index_of(k)
         self.keys, self.held = keys, held
         frozen = self.store.frozen()
         empty = _Rows(frozen, _EMPTY_KEYS, 0)
@@ -616,18 +424,18 @@ class _State:
         # row key -> slot: remove (previous key space), shift, drop, then write the data
         index = self.index
         rem_k = _keys(removed_held)
-        rem_s = _require(index.pop(rem_k), "removed")
+        rem_s = _require(index.remove(rem_k), "removed")
         if h_src.size:
-            index.put(h_dst, _require(index.pop(h_src), "shifted"))
+            index.put(h_dst, _require(index.remove(h_src), "shifted"))  # put: never trust
         drop_k = _keys(dropped)
-        drop_s = _require(index.pop(drop_k), "dropped")
+        drop_s = _require(index.remove(drop_k), "dropped")
         ad, md, rs = _keys(ad_bm), _keys(md_bm), _keys(resent)
-        md_prev = _require(index.get(md), "modified")
-        rs_prev = _require(index.get(rs), "re-sent")
+        md_prev = _require(index.lookup(md), "modified")
+        rs_prev = _require(index.lookup(rs), "re-sent")
         ad_s = self.store.append(added) + np.arange(ad.size, dtype=np.int64)
         md_s = self.store.append(modified) + np.arange(md.size, dtype=np.int64)
         index.put(ad, ad_s)
-        index.put(md, md_s)
+        index.set_values(md, md_s)  # present: md_prev above found every one
         self.store.dead += rem_k.size + drop_k.size + md.size + rs.size
         self.held = held_new
         # the update's parts, in key order (removed in the previous key space)
@@ -641,8 +449,7 @@ class _State:
         else:
             new_s, mod_s, prev_s = ad_s, md_s, md_prev
         if drop_k.size:
-            b, e, d = shifts
-            pre = _shift_keys(drop_k, b + d, e + d, -d) if b.size else drop_k
+            pre = apply_shifts(drop_k, shifts, inverse=True)
             order = np.argsort(np.concatenate([rem_k, pre]), kind="stable")
             rem_s = np.concatenate([rem_s, drop_s])[order]
         cols = tuple(c.column for c in meta.modified) if md.size else ()
@@ -663,17 +470,15 @@ class _State:
             table = self.store.frozen().take(slots)
             self.store = _Store(self.schema)
             self.store.append(table)
-            self.index = _SlotIndex(keys, np.arange(keys.size, dtype=np.int64))
-        else:
-            self.index.maybe_rebuild()
+            self.index = _index_of(keys)
 
     def held_slots(self) -> tuple[I64, I64]:
         """``(keys, slots)`` of the held rows, keys ascending."""
-        if self.held is None:
+        if self.held is None and not self.index.hashed:
             keys, slots = self.index.items()
-        else:
-            keys = _keys(self.held)
-            slots = self.index.get(keys)
+        else:  # the bitmap has the keys in order; a hashed index would sort its own
+            keys = _keys(self.keys if self.held is None else self.held)
+            slots = self.index.lookup(keys)
         if keys.size != (len(self.keys) if self.held is None else len(self.held)):
             raise _ProtocolViolation("the client state lost rows (a bug): resubscribe")
         return keys, _require(slots, "held")
@@ -688,6 +493,13 @@ class _State:
         empty = _Rows(frozen, _EMPTY_KEYS, 0)
         return Update(self.step, self.sequence, True, "none", (), skipped,
                       _Rows(frozen, slots, slots.size), empty, empty, empty)
+
+
+def _index_of(keys: I64) -> RowKeyMap:
+    """``keys[i] -> i``: the index of a store written in key order."""
+    index = RowKeyMap()
+    index.insert(keys, np.arange(keys.size, dtype=np.int64))
+    return index
 
 
 def _require(slots: I64, what: str) -> I64:

@@ -27,6 +27,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine._kernels.arrays import member
 from engine.errors import InputError, SchemaError
 from engine.rowset import KeyArray, unique_keys
 
@@ -133,7 +134,7 @@ class _PrevSlots:
         """The distinct keys among ``keys`` not saved yet."""
         k = unique_keys(keys)
         if self.keys.size:
-            k = k[~_member(self.keys, k)]
+            k = k[~member(self.keys, k)]
         return k
 
     def add(self, keys: KeyArray, values: npt.NDArray[Any], valid: npt.NDArray[np.bool_]) -> None:
@@ -152,13 +153,6 @@ class _PrevSlots:
         hit = pos < self.keys.size
         hit[hit] = self.keys[pos[hit]] == keys[hit]
         return hit, pos
-
-
-def _member(sorted_keys: KeyArray, keys: KeyArray) -> npt.NDArray[np.bool_]:
-    pos = np.searchsorted(sorted_keys, keys)
-    hit = pos < sorted_keys.size
-    hit[hit] = sorted_keys[pos[hit]] == keys[hit]
-    return hit
 
 
 class NumpyColumnSource(WritableColumnSource):

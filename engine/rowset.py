@@ -16,7 +16,6 @@ Cost model (what keeps the hot path vectorized):
 
 from __future__ import annotations
 
-import array
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,14 +23,15 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap64
 
+from engine._kernels.arrays import bitmap_from_ranges as _bitmap_from_ranges
+from engine._kernels.arrays import bitmap_from_sorted as _bitmap_from_sorted
+from engine._kernels.arrays import shift_keys
+from engine._kernels.arrays import sorted_unique as unique_keys
 from engine.errors import InvalidKeyError, UpdateInvariantError
 
 __all__ = ["KeyArray", "RowSet", "RowSetShiftData", "unique_keys"]
 
 KeyArray = npt.NDArray[np.int64]
-
-_SERIAL_COOKIE = 12347
-_NO_OFFSET_THRESHOLD = 4
 
 
 def _as_keys(keys: Any) -> KeyArray:
@@ -43,19 +43,6 @@ def _as_keys(keys: Any) -> KeyArray:
     return arr.reshape(-1)
 
 
-def unique_keys(keys: KeyArray) -> KeyArray:
-    """Sorted distinct keys.
-
-    Sort-based on purpose: numpy 2.x's hash-based ``np.unique`` (used when no
-    ``return_*`` flag is set) is slower than sort + diff on large int64 arrays
-    (``bench/bench_library.py`` measures both).
-    """
-    if keys.size < 2:
-        return keys.copy()
-    k = np.sort(keys)
-    return k[np.concatenate(([True], k[1:] != k[:-1]))]
-
-
 def _searchsorted(haystack: KeyArray, needles: KeyArray) -> npt.NDArray[np.intp]:
     """``np.searchsorted`` that sorts large unsorted needles first (4x fewer cache misses)."""
     if needles.size < 4096 or bool(np.all(needles[1:] >= needles[:-1])):
@@ -64,81 +51,6 @@ def _searchsorted(haystack: KeyArray, needles: KeyArray) -> npt.NDArray[np.intp]
     out = np.empty(needles.size, dtype=np.intp)
     out[order] = np.searchsorted(haystack, needles[order])
     return out
-
-
-def _bitmap_from_sorted(keys: KeyArray) -> BitMap64:
-    if keys.size == 0:
-        return BitMap64()
-    return BitMap64(array.array("Q", np.ascontiguousarray(keys, dtype=np.int64).tobytes()))
-
-
-def _bitmap_from_ranges(starts: KeyArray, stops: KeyArray) -> BitMap64:
-    """Half-open, sorted, disjoint ranges -> bitmap, via numpy-built portable Roaring bytes."""
-    keep = stops > starts
-    starts, stops = starts[keep], stops[keep]
-    if starts.size == 0:
-        return BitMap64()
-    touching = starts[1:] == stops[:-1]
-    if touching.any():  # Roaring runs must not touch: merge adjacent ranges
-        starts = starts[np.concatenate(([True], ~touching))]
-        stops = stops[np.concatenate((~touching, [True]))]
-    s = starts.astype(np.uint64)
-    e = stops.astype(np.uint64)
-    first_chunk = s >> np.uint64(16)
-    last_chunk = (e - np.uint64(1)) >> np.uint64(16)
-    npieces = (last_chunk - first_chunk + np.uint64(1)).astype(np.int64)
-    rng = np.repeat(np.arange(starts.size), npieces)
-    within = np.arange(rng.size) - np.repeat(np.cumsum(npieces) - npieces, npieces)
-    chunk = first_chunk[rng] + within.astype(np.uint64)
-    pstart = np.maximum(s[rng], chunk << np.uint64(16))
-    pstop = np.minimum(e[rng], (chunk + np.uint64(1)) << np.uint64(16))
-    # containers = distinct chunks (pieces are sorted by chunk already)
-    cbound = np.flatnonzero(np.diff(chunk, prepend=chunk[0] ^ np.uint64(1)) != 0)
-    cchunk = chunk[cbound]
-    nruns = np.diff(np.append(cbound, chunk.size)).astype(np.int64)
-    lengths = (pstop - pstart).astype(np.int64)
-    card = np.add.reduceat(lengths, cbound)
-    high = cchunk >> np.uint64(16)
-    bbound = np.flatnonzero(np.diff(high, prepend=high[0] ^ np.uint64(1)) != 0)
-    bstops = np.append(bbound, high.size)
-    # one 16-bit word stream per container: [nruns, (start, len-1) * nruns]
-    run_start = (pstart & np.uint64(0xFFFF)).astype(np.uint16)
-    run_len1 = (lengths - 1).astype(np.uint16)
-    parts: list[bytes] = [np.uint64(bbound.size).tobytes()]
-    for b in range(bbound.size):  # one iteration per 2**32 keys of key space
-        c0, c1 = bstops[b], bstops[b + 1]
-        n = int(c1 - c0)
-        r0 = int(cbound[c0])
-        r1 = int(cbound[c1]) if c1 < cbound.size else chunk.size
-        nr = nruns[c0:c1]
-        words_per = 1 + 2 * nr
-        body = np.empty(int(words_per.sum()), dtype=np.uint16)
-        head_at = np.cumsum(words_per) - words_per
-        body[head_at] = nr.astype(np.uint16)
-        mask = np.ones(body.size, dtype=bool)
-        mask[head_at] = False
-        pairs = np.empty((r1 - r0, 2), dtype=np.uint16)
-        pairs[:, 0] = run_start[r0:r1]
-        pairs[:, 1] = run_len1[r0:r1]
-        body[mask] = pairs.reshape(-1)
-        flags = np.zeros((n + 7) // 8 * 8, dtype=bool)
-        flags[:n] = True
-        desc = np.empty((n, 2), dtype=np.uint16)
-        desc[:, 0] = (cchunk[c0:c1] & np.uint64(0xFFFF)).astype(np.uint16)
-        desc[:, 1] = (card[c0:c1] - 1).astype(np.uint16)
-        header = [
-            np.uint32(int(high[c0])).tobytes(),
-            np.uint32(_SERIAL_COOKIE | ((n - 1) << 16)).tobytes(),
-            np.packbits(flags, bitorder="little").tobytes(),
-            desc.tobytes(),
-        ]
-        if n >= _NO_OFFSET_THRESHOLD:
-            start = 4 + len(header[2]) + 4 * n + 4 * n
-            offsets = start + 2 * head_at
-            header.append(offsets.astype(np.uint32).tobytes())
-        parts.extend(header)
-        parts.append(body.tobytes())
-    return BitMap64.deserialize(b"".join(parts))
 
 
 class RowSet:
@@ -450,25 +362,19 @@ class RowSetShiftData:
         return str(list(zip(self.begins[i].tolist(), self.ends[i].tolist(), self.deltas[i].tolist(), strict=False)))
 
     # applying ----------------------------------------------------------------------
-    def _delta_of(self, keys: KeyArray, begins: KeyArray, ends: KeyArray, deltas: KeyArray) -> KeyArray:
-        idx = np.searchsorted(begins, keys, side="right") - 1
-        safe = np.maximum(idx, 0)
-        inside = (idx >= 0) & (keys <= ends[safe])
-        return np.where(inside, deltas[safe], 0)
-
     def apply_keys(self, keys: Any) -> KeyArray:
         """Map keys of the previous key space to the current one (unshifted keys stay)."""
         k = _as_keys(keys)
         if not self or k.size == 0:
             return k
-        return k + self._delta_of(k, self.begins, self.ends, self.deltas)
+        return shift_keys(k, self.begins, self.ends, self.deltas)
 
     def unapply_keys(self, keys: Any) -> KeyArray:
         """Map keys of the current key space back to the previous one."""
         k = _as_keys(keys)
         if not self or k.size == 0:
             return k
-        return k - self._delta_of(k, self.begins + self.deltas, self.ends + self.deltas, self.deltas)
+        return shift_keys(k, self.begins + self.deltas, self.ends + self.deltas, -self.deltas)
 
     def _moving(self, rs: RowSet, begins: KeyArray, ends: KeyArray) -> RowSet:
         return rs & RowSet(_bitmap_from_ranges(begins, ends + 1))

@@ -2,7 +2,8 @@
 
 This module is the protocol's executable definition, written for obviousness over speed
 (a client applying an update costs work proportional to what it holds here). It imports
-no engine code but the dependency-free :mod:`engine.errors`: otherwise only pyarrow, numpy,
+no engine code but the dependency-free :mod:`engine.errors` and the kernels
+(:mod:`engine._kernels`, numpy/pyarrow/pyroaring only): otherwise only pyarrow, numpy,
 pyroaring and the generated protobuf, so clients and tests in any process can use it.
 A stream that breaks the protocol raises :class:`~engine.errors.ProtocolError` naming the
 message field it broke.
@@ -36,6 +37,7 @@ import pyarrow as pa
 from google.protobuf.message import DecodeError
 from pyroaring import BitMap64
 
+from engine._kernels.arrays import shift_keys
 from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
 
@@ -57,18 +59,24 @@ def decode_rows(data: bytes) -> I64:
     return np.frombuffer(bm.to_array(), dtype=np.int64)
 
 
-def apply_shifts(keys: I64, shifts: pb.ShiftData) -> I64:
-    """``keys`` (sorted) after the shift ranges; keys outside every range stay."""
-    if not shifts.begins or keys.size == 0:
-        return keys
-    begins = np.asarray(shifts.begins, dtype=np.int64)
-    ends = np.asarray(shifts.ends, dtype=np.int64)
-    deltas = np.asarray(shifts.deltas, dtype=np.int64)
-    i = np.searchsorted(begins, keys, side="right") - 1
-    inside = (i >= 0) & (keys <= ends[np.maximum(i, 0)])
-    out = keys.copy()
-    out[inside] += deltas[i[inside]]
-    return out
+def apply_shifts(keys: I64, shifts: pb.ShiftData | tuple[I64, I64, I64], *,
+                 inverse: bool = False) -> I64:
+    """``keys`` after the shift ranges; keys outside every range stay.
+
+    ``shifts`` is the message's ``ShiftData`` or its ``(begins, ends, deltas)`` arrays
+    (ends inclusive). With ``inverse``, keys after the shift are mapped back to before it.
+    One ``searchsorted`` over the range begins (:func:`engine._kernels.arrays.shift_keys`):
+    the cost follows the keys, whatever the number of ranges.
+    """
+    if isinstance(shifts, tuple):
+        begins, ends, deltas = shifts
+    else:
+        begins = np.asarray(shifts.begins, dtype=np.int64)
+        ends = np.asarray(shifts.ends, dtype=np.int64)
+        deltas = np.asarray(shifts.deltas, dtype=np.int64)
+    if inverse:
+        begins, ends, deltas = begins + deltas, ends + deltas, -deltas
+    return shift_keys(keys, begins, ends, deltas)
 
 
 class StreamEnded(Exception):

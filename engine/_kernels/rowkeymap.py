@@ -67,13 +67,14 @@ class RowKeyMap:
     ([10, 16, 17], False)
     """
 
-    __slots__ = ("count", "_base", "_vals", "_hash")
+    __slots__ = ("count", "_base", "_vals", "_hash", "_lo", "_hi")
 
     def __init__(self) -> None:
         self.count = 0
         self._base = 0
         self._vals: I64 = np.full(0, -1, dtype=np.int64)
         self._hash: U64Map | None = None
+        self._lo, self._hi = 0, -1  # dense: every live key is in [_lo, _hi] (a superset)
 
     def __len__(self) -> int:
         return self.count
@@ -111,8 +112,14 @@ class RowKeyMap:
             k, v = self._hash.items()
             order = np.argsort(k)
             return k[order].view(np.int64), v[order]
-        live = np.flatnonzero(self._vals >= 0)
-        return live.astype(np.int64) + self._base, self._vals[live]
+        if not self.count:
+            return _EMPTY, _EMPTY
+        lo, hi = self._lo, self._hi
+        part = self._vals[lo - self._base : hi - self._base + 1]
+        if part.size == self.count:  # no holes (a snapshot, an append-only table)
+            return np.arange(lo, hi + 1, dtype=np.int64), part.copy()
+        live = np.flatnonzero(part >= 0)
+        return live.astype(np.int64) + lo, part[live]
 
     # writing -----------------------------------------------------------------------------
     def insert(self, keys: I64, values: I64) -> None:
@@ -156,6 +163,16 @@ class RowKeyMap:
         if new.any():
             h.insert(u[new], values[new])
         self.count = h.count
+
+    def set_values(self, keys: I64, values: I64) -> None:
+        """Give keys that are all present now new values (one write, no presence check:
+        use :meth:`put` when some may be absent)."""
+        if keys.size == 0:
+            return
+        if self._hash is not None:
+            self._hash.set_values(keys.view(np.uint64), values)
+        else:
+            self._vals[keys - self._base] = values
 
     def remove(self, keys: I64) -> I64:
         """Unmap keys; returns their values (``-1`` for keys that were absent)."""
@@ -211,13 +228,16 @@ class RowKeyMap:
             raise ValueError(f"row keys are non-negative, got {lo}")
         if self._hash is not None:
             return
-        hi = int(keys.max())
+        k_lo, k_hi = lo, int(keys.max())
+        lo, hi = (min(k_lo, self._lo), max(k_hi, self._hi)) if self.count else (k_lo, k_hi)
         base, vals = self._base, self._vals
         if lo >= base and hi < base + vals.size:
+            self._lo, self._hi = lo, hi
             return
-        live = np.flatnonzero(vals >= 0)
-        if live.size:
-            lo, hi = min(lo, base + int(live[0])), max(hi, base + int(live[-1]))
+        live = _EMPTY
+        if self.count:  # the live keys, within their bounds
+            live = np.flatnonzero(vals[self._lo - base : self._hi - base + 1] >= 0) + (self._lo - base)
+            lo, hi = min(k_lo, base + int(live[0])), max(k_hi, base + int(live[-1]))
         span = hi - lo + 1
         if span > 4 * (self.count + keys.size) + SPARSE_SLACK:
             index = U64Map(self.count + keys.size)
@@ -231,3 +251,4 @@ class RowKeyMap:
             a, b = int(live[0]), int(live[-1]) + 1
             grown[base + a - new_base : base + b - new_base] = vals[a:b]
         self._base, self._vals = new_base, grown
+        self._lo, self._hi = lo, hi

@@ -29,9 +29,10 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine._kernels.arrays import numeric_view
 from engine.differential.dataflow import Collection, Time, _Node, _Scope
 from engine.differential.trace import IndexedZSet, Trace, TraceReader
-from engine.differential.zset import ZSet, identity_prefix, numeric_view, take_rows
+from engine.differential.zset import ZSet, identity_prefix, take_rows
 from engine.errors import InputError, SchemaError
 
 __all__ = ["Arranged", "join_stream", "join_trace"]

@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine._kernels.arrays import expand_with_owner
 from engine._kernels.hashing import (
     combine,
     exact_hash,
@@ -167,7 +168,8 @@ class IndexedZSet:
                 return np.arange(start.size, dtype=np.int64), start
             probe = (start >= 0).nonzero()[0]
             return probe, start.take(probe)
-        return _expand(start, cnt)
+        rows, probe = expand_with_owner(start, cnt)
+        return probe, rows
 
     def _bucket_starts(self, probes: int = 0) -> tuple[int, I64]:
         """``(shift, starts)``: rows of bucket ``b = order_key >> shift`` are
@@ -233,7 +235,7 @@ class IndexedZSet:
             shift, starts = self._bucket_starts(probe_hash.size)
             b = (probe_hash >> np.uint64(shift)).astype(np.intp)
             lo, hi = starts.take(b), starts.take(b + 1)
-        probe, rows = _expand(lo, hi - lo)
+        rows, probe = expand_with_owner(lo, hi - lo)
         return _confirm(probe, rows, self.key_hash, probe_hash)
 
     def ranges(self, probe_hash: U64) -> tuple[I64, I64]:
@@ -246,15 +248,6 @@ class IndexedZSet:
 _LITTLE = np.little_endian
 _FEW = 64  # probes looked up by binary search rather than through a bucket directory
 _DENSE_FEW = 1 << 16  # batches this big are probed by value even by a few probes
-
-
-def _expand(lo: I64, cnt: I64, first: int = 0) -> tuple[I64, I64]:
-    """Ranges ``lo[i]:lo[i] + cnt[i]`` as ``(i + first, row)`` pairs, in order."""
-    ends = cnt.cumsum()
-    total = int(ends[-1]) if ends.size else 0
-    probe = np.arange(first, first + cnt.size, dtype=np.int64).repeat(cnt)
-    rows = np.arange(total, dtype=np.int64) - (ends - cnt - lo).repeat(cnt)
-    return probe, rows
 
 
 def _int_key(table: pa.Table, keys: Sequence[str]) -> I64 | None:
@@ -361,7 +354,7 @@ def _search_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None) -> tu
             his.append(hi)
             inexact.append(i)
     lo = np.concatenate(los)
-    probe, rows = _expand(lo, np.concatenate(his) - lo)
+    rows, probe = expand_with_owner(lo, np.concatenate(his) - lo)
     bounds = probe.searchsorted(np.arange(len(spine) + 1) * n).tolist()
     if n:
         probe %= n

@@ -29,6 +29,7 @@ import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 
+from engine._kernels.arrays import numeric_view
 from engine._kernels.hashing import combine, exact_hash, group_equal, hash_rows, same_rows
 from engine.differential.version import Version, VersionLike, as_version, times_up_to
 from engine.errors import InputError, SchemaError
@@ -38,15 +39,6 @@ __all__ = ["DIFF", "TIME", "ZSet", "concat", "consolidate", "minus", "negate", "
 DIFF = "__diff"
 TIME = "__time"
 _RESERVED = (DIFF, TIME)
-
-
-def numeric_view(col: pa.ChunkedArray | pa.Array) -> npt.NDArray[Any] | None:
-    """A zero-copy numpy view of a null-free integer or float column in one chunk."""
-    arr = col.chunk(0) if isinstance(col, pa.ChunkedArray) and col.num_chunks == 1 else col
-    if isinstance(arr, pa.ChunkedArray) or arr.null_count or not (
-            pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
-        return None
-    return np.asarray(arr.to_numpy(zero_copy_only=True))
 
 
 def take_rows(table: pa.Table, rows: npt.NDArray[np.int64], prefix: int = 0) -> pa.Table:
@@ -85,7 +77,7 @@ def take_rows_from(tables: Sequence[pa.Table], which_bounds: Sequence[int], rows
         views = [numeric_view(t.column(j)) for t in tables]
         found = [v for v in views if v is not None]
         if len(found) == len(views):
-            out = np.empty(n, dtype=field.type.to_pandas_dtype())
+            out = np.empty(n, dtype=found[0].dtype)  # temporal columns: their int storage
             for i, v in enumerate(found):  # a loop per table
                 lo, hi = which_bounds[i], which_bounds[i + 1]
                 if hi > lo:

@@ -40,7 +40,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine import expr as _expr
-from engine._keyindex import KeyIndex
+from engine._kernels.ids import IdAllocator
+from engine._kernels.rowkeymap import RowKeyMap
 from engine.columns import ArrowColumnSource, ColumnSource, WritableColumnSource, make_column_source
 from engine.errors import SchemaError
 from engine.rowset import KeyArray, RowSet
@@ -64,8 +65,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _EMPTY = np.empty(0, dtype=np.int64)
-_DENSE_MIN = 1 << 16
-_DENSE_FACTOR = 4
 
 
 # ---------------------------------------------------------------------------------------
@@ -75,12 +74,9 @@ _DENSE_FACTOR = 4
 class _RowSlots:
     """Maps row keys to storage slots, whole arrays at a time.
 
-    Two layouts: **dense**, an int64 array indexed by row key (``-1`` where no row), used
-    while the largest key stays below ``max(2**16, 4 * rows)`` (append-only and keyed
-    sources, filters of them); **hashed**, the vectorized :class:`KeyIndex` with the row
-    key as its own exact 64-bit hash, for sparse key spaces (merge regions at ``i << 40``,
-    sort outputs with key gaps, ring tables whose keys keep growing). The switch happens
-    once, when a key beyond the dense bound arrives, and rebuilds only the map.
+    The map is a :class:`~engine._kernels.rowkeymap.RowKeyMap` (a dense array while the
+    key space is dense; a hash map for sparse key spaces such as merge regions at
+    ``i << 40``), the slots come from an :class:`~engine._kernels.ids.IdAllocator`.
 
     Previous key space: the entries a cycle removes or moves are kept (old keys, slots)
     so :meth:`prev_lookup` answers as of the start of the cycle; they are dropped by the
@@ -90,12 +86,8 @@ class _RowSlots:
 
     def __init__(self, graph: UpdateGraph) -> None:
         self._graph = graph
-        self._dense: KeyArray | None = np.full(0, -1, dtype=np.int64)
-        self._index: KeyIndex | None = None
-        self.live = 0
-        self.next_slot = 0
-        self._free: KeyArray = _EMPTY
-        self._freed_now: KeyArray = _EMPTY
+        self._map = RowKeyMap()
+        self._ids = IdAllocator()
         self._step = -1
         self._prev_parts: list[tuple[KeyArray, KeyArray]] = []
         self._prev_keys: KeyArray = _EMPTY
@@ -104,7 +96,17 @@ class _RowSlots:
     @property
     def hashed(self) -> bool:
         """True once the map switched to the hashed layout."""
-        return self._index is not None
+        return self._map.hashed
+
+    @property
+    def live(self) -> int:
+        """How many row keys hold a slot."""
+        return self._map.count
+
+    @property
+    def next_slot(self) -> int:
+        """One past the largest slot handed out (storage needs this many entries)."""
+        return self._ids.end
 
     def begin(self) -> None:
         """Call before changing the map in a cycle: drops the last cycle's overlay."""
@@ -113,9 +115,7 @@ class _RowSlots:
             self._step = step
             self._prev_parts = []
             self._prev_keys = self._prev_slots = _EMPTY
-            if self._freed_now.size:
-                self._free = np.concatenate((self._free, self._freed_now))
-                self._freed_now = _EMPTY
+            self._ids.release()
 
     def _overlay(self) -> tuple[KeyArray, KeyArray]:
         if self._step != self._graph.step or self._graph.phase != "updating":
@@ -131,20 +131,11 @@ class _RowSlots:
 
     def lookup(self, keys: KeyArray) -> KeyArray:
         """Current slot of each key, ``-1`` where the key has none."""
-        if self._index is not None:
-            return self._index.lookup(keys.view(np.uint64))
-        dense = self._dense
-        assert dense is not None
-        if keys.size and int(keys.max()) >= dense.size:
-            inside = keys < dense.size
-            out = np.full(keys.size, -1, dtype=np.int64)
-            out[inside] = dense[keys[inside]]
-            return out
-        return dense[keys]
+        return self._map.lookup(keys)
 
     def prev_lookup(self, keys: KeyArray) -> KeyArray:
         """Slot of each key of the previous key space, as of the start of the cycle."""
-        slots = self.lookup(keys)
+        slots = self._map.lookup(keys)
         pk, ps = self._overlay()
         if pk.size and keys.size:
             pos = np.searchsorted(pk, keys)
@@ -155,73 +146,30 @@ class _RowSlots:
                 slots[hit] = ps[pos[hit]]
         return slots
 
-    def _delete(self, keys: KeyArray) -> None:
-        if self._index is not None:
-            self._index.delete(keys.view(np.uint64))
-        else:
-            assert self._dense is not None
-            self._dense[keys] = -1
-
-    def _insert(self, keys: KeyArray, slots: KeyArray) -> None:
-        if keys.size == 0:
-            return
-        if self._index is None:
-            dense = self._dense
-            assert dense is not None
-            need = int(keys.max()) + 1
-            if need <= max(_DENSE_MIN, _DENSE_FACTOR * (self.live + keys.size)):
-                if need > dense.size:
-                    grown = np.full(max(need, 2 * dense.size), -1, dtype=np.int64)
-                    grown[: dense.size] = dense
-                    self._dense = dense = grown
-                dense[keys] = slots
-                return
-            self._to_hashed()
-        assert self._index is not None
-        self._index.insert(keys.view(np.uint64), slots)
-
-    def _to_hashed(self) -> None:
-        dense = self._dense
-        assert dense is not None
-        keys = np.flatnonzero(dense >= 0).astype(np.int64)
-        index = KeyIndex(max(2 * keys.size, 1024))
-        index.insert(keys.view(np.uint64), dense[keys])
-        self._index, self._dense = index, None
-        log.debug("row-slot map switched to the hashed layout at %d rows", keys.size)
-
     def remove(self, keys: KeyArray) -> None:
         """Forget removed keys (previous key space); their slots are freed next cycle."""
         if keys.size == 0:
             return
-        slots = self.lookup(keys)
+        slots = self._map.remove(keys)
         self._prev_parts.append((keys, slots))
-        self._delete(keys)
-        self.live -= keys.size
-        self._freed_now = np.concatenate((self._freed_now, slots))
+        self._ids.free(slots)
 
     def move(self, prev_keys: KeyArray, cur_keys: KeyArray) -> None:
         """Apply a shift: ``prev_keys[i]`` now lives at ``cur_keys[i]`` (all at once)."""
         if prev_keys.size == 0:
             return
-        slots = self.lookup(prev_keys)
+        slots = self._map.move(prev_keys, cur_keys)
         self._prev_parts.append((prev_keys, slots))
-        self._delete(prev_keys)
-        self.live -= prev_keys.size
-        self._insert(cur_keys, slots)
-        self.live += cur_keys.size
 
     def add(self, keys: KeyArray) -> KeyArray:
         """Give new keys (absent from the map) slots; returns the slots."""
-        n = keys.size
-        if n == 0:
+        if keys.size == 0:
             return _EMPTY
-        take = min(n, self._free.size)
-        fresh = np.arange(self.next_slot, self.next_slot + n - take, dtype=np.int64)
-        slots = np.concatenate((self._free[:take], fresh)) if take else fresh
-        self._free = self._free[take:]
-        self.next_slot += n - take
-        self._insert(keys, slots)
-        self.live += n
+        slots = self._ids.allocate(keys.size)
+        was_hashed = self._map.hashed
+        self._map.insert(keys, slots)
+        if self._map.hashed and not was_hashed:
+            log.debug("row-slot map switched to the hashed layout at %d rows", self._map.count)
         return slots
 
 

@@ -21,9 +21,10 @@ import pyarrow as pa
 import pytest
 from pyroaring import BitMap64
 
-from clients._livestate import Update, _HashMap, _SlotIndex, _State, _Store
+from clients._livestate import Update, _index_of, _State, _Store
 from clients._wire import Endpoint
 from clients.live import LiveTable
+from engine._kernels import rowkeymap
 from engine.errors import ProtocolError
 from engine.graph import UpdateGraph
 from engine.sources import KeyedTable
@@ -177,7 +178,7 @@ def test_oracle_random_cycles(server, graph, subscribe, monkeypatch, seed):
     resume from the history; the values log and the key index compact and rebuild often
     (lowered thresholds), and a consumer replaying every update onto a dict ends equal."""
     monkeypatch.setattr(_State, "COMPACT_SLACK", 16)
-    monkeypatch.setattr(_SlotIndex, "REBUILD_MIN", 8)
+    monkeypatch.setattr(rowkeymap, "SPARSE_SLACK", 0)  # the key index turns hashed sooner
     monkeypatch.setattr(_Store, "_SMALL", 16)
     rng = np.random.default_rng(seed)
     src = RandomSource(graph, "keyed", rng, max_rows=150)
@@ -497,13 +498,15 @@ def test_dropped_table_is_a_permanent_error(server, graph, subscribe):
 
 
 # ------------------------------------------------------------------ the key index
-def test_hash_map_and_slot_index_against_a_dict():
-    """Seeded random puts/pops (growth, tombstones, rebuilds) against a plain dict; slot
-    indexes over a dense base (direct positions) and a sparse one (binary search)."""
+@pytest.mark.parametrize("slack", [0, 65536])
+def test_key_index_against_a_dict(monkeypatch, slack):
+    """Seeded random puts/removes (growth, tombstones, the switch to the hash map) against a
+    plain dict; key indexes built empty, over a dense snapshot base and a sparse one."""
+    monkeypatch.setattr(rowkeymap, "SPARSE_SLACK", slack)
     rng = np.random.default_rng(3)
     for step in (0, 2, 7):
         base = np.arange(0, 200 * step, step, dtype=np.int64) if step else np.empty(0, np.int64)
-        index = _HashMap() if not step else _SlotIndex(base, np.arange(base.size))
+        index = _index_of(base)
         want = {int(k): i for i, k in enumerate(base)}
         for _ in range(300):
             keys = np.unique(rng.integers(0, 3000, int(rng.integers(0, 60)))).astype(np.int64)
@@ -512,15 +515,13 @@ def test_hash_map_and_slot_index_against_a_dict():
                 index.put(keys, vals)
                 want.update(zip(keys.tolist(), vals.tolist(), strict=True))
             else:
-                got = index.pop(keys)
+                got = index.remove(keys)
                 assert got.tolist() == [want.pop(k, -1) for k in keys.tolist()]
-            if isinstance(index, _SlotIndex):
-                index.maybe_rebuild()
-                k, s = index.items()
-                assert k.tolist() == sorted(want) and s.tolist() == [want[x] for x in sorted(want)]
-                assert len(index) == len(want)
+            k, s = index.items()
+            assert k.tolist() == sorted(want) and s.tolist() == [want[x] for x in sorted(want)]
+            assert len(index) == len(want)
             probe = rng.integers(-5, 3100, 50).astype(np.int64)
-            assert index.get(probe).tolist() == [want.get(x, -1) for x in probe.tolist()]
+            assert index.lookup(probe).tolist() == [want.get(x, -1) for x in probe.tolist()]
 
 
 def test_value_log_take_matches_a_plain_gather(monkeypatch):

@@ -51,7 +51,9 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from engine._kernels.arrays import expand_with_owner
 from engine._kernels.hashmap import U64Map
+from engine._kernels.ids import IdAllocator
 from engine.errors import UpdateInvariantError
 from engine.ops.aggregate._bits import Fenwick, LiveBits
 
@@ -111,10 +113,8 @@ def _find(vals: U64, lo: I64, hi: I64, q: U64) -> tuple[I64, Mask]:
 
 def _expand(lo: I64, hi: I64) -> tuple[I64, I64]:
     """All positions of the ranges ``[lo[i], hi[i])``, with the ``i`` each belongs to."""
-    lens = np.maximum(hi - lo, 0)
-    owner = np.repeat(np.arange(lo.size, dtype=np.int64), lens)
-    starts = np.cumsum(lens) - lens
-    return owner, np.arange(owner.size, dtype=np.int64) - starts[owner] + lo[owner]
+    pos, owner = expand_with_owner(lo, np.maximum(hi - lo, 0))
+    return owner, pos
 
 
 class _Merger:
@@ -425,19 +425,14 @@ class RowKeySet(_Sorted):
         self._map = U64Map()  # row key -> entry id
         self._eg = np.zeros(1024, dtype=np.int64)  # entry -> group
         self._epos = np.full(1024, -1, dtype=np.int64)  # entry -> base position, or -2 - delta position
-        self._next_id = 0
-        self._free: I64 = _EMPTY_I
+        self._entry_ids = IdAllocator()  # entry ids; freed ones are reusable at once
         self._b_ids: I64 = _EMPTY_I
         self._d_ids: I64 = _EMPTY_I
 
     def _alloc(self, n: int) -> I64:
-        take = min(n, self._free.size)
-        ids = np.concatenate((self._free[:take],
-                              np.arange(self._next_id, self._next_id + n - take, dtype=np.int64)))
-        self._free = self._free[take:]
-        self._next_id += n - take
-        self._eg = _grow(self._eg, self._next_id)
-        self._epos = _grow(self._epos, self._next_id, -1)
+        ids = self._entry_ids.allocate(n)
+        self._eg = _grow(self._eg, self._entry_ids.end)
+        self._epos = _grow(self._epos, self._entry_ids.end, -1)
         return ids
 
     def _ids(self, keys: I64, what: str) -> I64:
@@ -483,7 +478,8 @@ class RowKeySet(_Sorted):
             keep = np.ones(self._d_ids.size, dtype=bool)
             keep[-2 - pos[~inbase]] = False
             self._epos[ids[~inbase]] = -1
-            self._free = np.concatenate((self._free, ids[~inbase]))
+            self._entry_ids.free(ids[~inbase])
+            self._entry_ids.release()
             self._delta_keep(keep)
             self._d_ids = self._d_ids[keep]
             self._index_delta()
@@ -510,7 +506,8 @@ class RowKeySet(_Sorted):
         dead = self._b_ids[~alive]
         if dead.size:  # removed rows' ids are free once the base forgets them
             self._epos[dead] = -1
-            self._free = np.concatenate((self._free, dead))
+            self._entry_ids.free(dead)
+            self._entry_ids.release()
         b_ids, d_ids = self._b_ids[alive], self._d_ids
         self._b_ids = self._merge_base(alive)(b_ids, d_ids)
         self._d_ids = _EMPTY_I

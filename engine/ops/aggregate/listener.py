@@ -112,6 +112,7 @@ from engine._kernels.hashing import (
     rows_equal_at,
     values_equal,
 )
+from engine._kernels.ids import IdAllocator
 from engine._kernels.keymap import ExactKeyMap
 from engine.columns import (
     ArrowColumnSource,
@@ -307,22 +308,16 @@ class AggListener:
         self.null_slot = -1  # the group of the null key, for an exact key column
         self.size = np.zeros(16, dtype=np.int64)
         self.slot_hash = np.zeros(16, dtype=np.uint64)
-        self.next_slot = 0
-        self.free: I64 = _EMPTY_I
-        self.freed_now: I64 = _EMPTY_I
+        self.group_keys = IdAllocator()  # a freed group key is reused from the next cycle on
         self._in_cycle = False
         added, _, _, _ = self._process(TableUpdate.of(added=parent.rowset))
         self.initial_rowset = RowSet.from_keys(added, assume_sorted=True)
 
     # groups ------------------------------------------------------------------------------
     def _alloc(self, n: int) -> I64:
-        take = min(n, self.free.size)
-        slots = np.concatenate((self.free[:take],
-                                np.arange(self.next_slot, self.next_slot + n - take, dtype=np.int64)))
-        self.free = self.free[take:]
-        self.next_slot += n - take
-        if self.next_slot > self.size.size:
-            cap = max(self.next_slot, 2 * self.size.size)
+        slots = self.group_keys.allocate(n)
+        if self.group_keys.end > self.size.size:
+            cap = max(self.group_keys.end, 2 * self.size.size)
             for name in ("size", "slot_hash"):
                 old = getattr(self, name)
                 grown = np.zeros(cap, dtype=old.dtype)
@@ -402,9 +397,7 @@ class AggListener:
         up = updates[0]
         if up is None:
             return None
-        if self.freed_now.size:  # keys freed last cycle may be reused from now on
-            self.free = np.sort(np.concatenate((self.free, self.freed_now)))
-            self.freed_now = _EMPTY_I
+        self.group_keys.release()  # keys freed last cycle may be reused from now on
         self._in_cycle = True
         try:
             added, removed, modified, cols = self._process(up)
@@ -476,7 +469,7 @@ class AggListener:
             self.index.delete(self.slot_hash[removed], removed)
             if self.null_slot >= 0 and (removed == self.null_slot).any():
                 self.null_slot = -1
-            self.freed_now = removed
+            self.group_keys.free(removed)
         modified = np.unique(np.concatenate(changed)) if len(changed) > 1 else (changed[0] if changed else _EMPTY_I)
         return added, removed, modified, frozenset(cols)
 

@@ -36,7 +36,7 @@ Placing new rows (cost follows the change; rows with the same place form a group
    PMA's resize), or the front has no room left, everything is laid out again, two slots
    apart: every row moves, amortized over the inserts that filled the space.
 
-Parent keys map to slots through ``PkIndex`` (dense array, or hash map for sparse keys).
+Parent keys map to slots through a ``RowKeyMap`` (dense array, or hash map for sparse keys).
 """
 
 from __future__ import annotations
@@ -47,19 +47,12 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine._kernels.arrays import expand, member, sorted_unique
+from engine._kernels.rowkeymap import RowKeyMap
 from engine.columns import ColumnSource
 from engine.errors import UpdateInvariantError
 from engine.ops.sort._keys import MAX_CODE, KeyEncoder, as_arrow, order_batch
-from engine.ops.sort._slots import (
-    LiveBits,
-    PkIndex,
-    Redirection,
-    expand,
-    member,
-    pow2_at_least,
-    shift_from_runs,
-    unique_sorted,
-)
+from engine.ops.sort._slots import LiveBits, Redirection, pow2_at_least, shift_from_runs
 from engine.rowset import RowSetShiftData
 
 __all__ = ["SortIndex"]
@@ -104,7 +97,7 @@ class SortIndex:
         self._codes: list[U64] = [np.zeros(64, dtype=np.uint64) for _ in self.encoders]
         self._fence = np.zeros(1, dtype=np.uint64)  # codes[0] at every 64th slot
         self._live = LiveBits(64)
-        self._pks = PkIndex()
+        self._pks = RowKeyMap()
         self._events: list[I64] = []
         self.size = 0
         self.moved = 0  # survivors moved by the last insert (for benchmarks and tests)
@@ -139,11 +132,10 @@ class SortIndex:
         """Take rows out by parent key (previous parent key space); returns their slots."""
         if pks.size == 0:
             return _EMPTY
-        slots = self._pks.lookup(pks)
-        if (slots < 0).any():
+        slots = self._pks.remove(pks)
+        if (slots < 0).any():  # the table fails: the half-applied state is never read
             bad = pks[slots < 0][:10].tolist()
             raise UpdateInvariantError("I1", f"sort: parent removed or re-keyed rows it never had: {bad}")
-        self._pks.delete(pks)
         self._live.clear(slots)
         self.size -= slots.size
         self._events.append(slots)
@@ -155,13 +147,11 @@ class SortIndex:
         Keys no longer present (removed or re-keyed this cycle) are skipped. Shifts keep the
         parent's order, so the rows' order among ties (by parent key) is unchanged.
         """
-        slots = self._pks.lookup(prev_pks)
+        slots = self._pks.move(prev_pks, cur_pks)  # absent keys (-1) are not mapped
         ok = slots >= 0
         if not ok.any():
             return
-        slots, prev_pks, cur_pks = slots[ok], prev_pks[ok], cur_pks[ok]
-        self._pks.delete(prev_pks)
-        self._pks.insert(cur_pks, slots)
+        slots, cur_pks = slots[ok], cur_pks[ok]
         self._redir.write(slots, cur_pks)
         self._events.append(slots)
 
@@ -474,7 +464,7 @@ class SortIndex:
         top = self.capacity.bit_length() - 1
         out = []
         for level in range(MIN_LEVEL, top + 1):  # one step per window size, not per group
-            w = unique_sorted(gi[pending] >> level)
+            w = sorted_unique(gi[pending] >> level)
             lo = np.searchsorted(gi, w << level)
             hi = np.searchsorted(gi, (w + 1) << level)
             load = self._live.count(level, w) + cum[hi] - cum[lo]
@@ -492,7 +482,7 @@ class SortIndex:
         lv, ix = windows[:, 0], windows[:, 1]
         keep = np.ones(lv.size, dtype=bool)
         for level in np.unique(lv):  # one step per window size
-            at = unique_sorted(ix[lv == level])
+            at = sorted_unique(ix[lv == level])
             lower = np.flatnonzero(lv < level)
             keep[lower[member(at, ix[lower] >> (level - lv[lower]))]] = False
         w = windows[keep]
@@ -558,7 +548,7 @@ class SortIndex:
         old_pk = self._redir.pk(src)
         self._live.clear(src)
         self._put(dst, old_codes, old_pk)
-        self._pks.update(old_pk, dst)
+        self._pks.set_values(old_pk, dst)
         self._live.set(dst)
 
     def _put(self, slots: I64, codes: list[U64], pks: I64) -> None:
@@ -631,7 +621,7 @@ class SortIndex:
         self._fence = self._codes[0][::64].copy()
         self._live = LiveBits.from_slots(cap, np.concatenate((surv_new, new)))
         self.capacity = cap
-        self._pks.update(old_pk, surv_new)
+        self._pks.set_values(old_pk, surv_new)
         self._pks.insert(pks, new)
         self.size = n
         self._events = []
@@ -643,10 +633,10 @@ class SortIndex:
         """Give every ghost in a run touched since the last call its successor's values."""
         if not self._events:
             return
-        ev = unique_sorted(np.concatenate(self._events))
+        ev = sorted_unique(np.concatenate(self._events))
         self._events = []
         t = self._live.succ(ev)
-        t = unique_sorted(t[t >= 0])
+        t = sorted_unique(t[t >= 0])
         p = self._live.pred(t - 1)
         n = t - p - 1
         sel = (p >= 0) & (n > 0)  # ghosts before the first row are never searched

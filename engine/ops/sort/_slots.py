@@ -5,9 +5,10 @@
   whole arrays of slots at once;
 * :class:`Redirection`: output row key -> parent row key, dense by output key, keeping the
   value each slot had at the start of the cycle (the sorted table's ``get_prev``);
-* :class:`PkIndex`: parent row key -> output row key, dense while the parent's keys are
-  dense, a hash map (:class:`~engine._keyindex.KeyIndex`) when they are not;
-* small helpers (sort-based unique, membership, range expansion, bit scans, shift ranges).
+* :func:`shift_from_runs` and :func:`pow2_at_least`, small helpers of the layout.
+
+Parent row key -> slot is an :class:`~engine._kernels.rowkeymap.RowKeyMap`; sort-based
+unique, membership, range expansion and bit scans are :mod:`engine._kernels.arrays`'.
 """
 
 from __future__ import annotations
@@ -16,66 +17,21 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._keyindex import KeyIndex
+from engine._kernels.arrays import expand, highest_bit, lowest_bit, member, sorted_unique
 from engine.columns import WritableColumnSource
 from engine.ops.sort._keys import as_arrow
 from engine.rowset import RowSetShiftData
 
-__all__ = ["LiveBits", "PkIndex", "Redirection", "expand", "member", "pow2_at_least",
-           "shift_from_runs", "unique_sorted"]
+__all__ = ["LiveBits", "Redirection", "pow2_at_least", "shift_from_runs"]
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
-Mask = npt.NDArray[np.bool_]
 
 _ONE = np.uint64(1)
 _ALL = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
-_EMPTY = np.empty(0, dtype=np.int64)
 
 
 # small vectorized helpers -------------------------------------------------------------
-def unique_sorted(a: I64) -> I64:
-    """Sorted distinct values (sort-based: numpy 2.4's hash ``np.unique`` is ~15x slower here)."""
-    if a.size < 2:
-        return a.copy()
-    s = np.sort(a)
-    keep = np.empty(s.size, dtype=bool)
-    keep[0] = True
-    np.not_equal(s[1:], s[:-1], out=keep[1:])
-    return s[keep]
-
-
-def member(sorted_arr: I64, q: I64) -> Mask:
-    """``q[i] in sorted_arr`` for each ``i``."""
-    pos = np.searchsorted(sorted_arr, q)
-    hit = pos < sorted_arr.size
-    hit[hit] = sorted_arr[pos[hit]] == q[hit]
-    return hit
-
-
-def expand(starts: I64, counts: I64) -> I64:
-    """Concatenated ``arange(starts[i], starts[i] + counts[i])``."""
-    total = int(counts.sum())
-    if total == 0:
-        return _EMPTY
-    offs = np.cumsum(counts) - counts
-    return np.repeat(starts - offs, counts) + np.arange(total, dtype=np.int64)
-
-
-def _ctz(m: U64) -> I64:
-    """Index of the lowest set bit of each (non-zero) word."""
-    low = m & (~m + _ONE)
-    return (np.frexp(low.astype(np.float64))[1] - 1).astype(np.int64)
-
-
-def _msb(m: U64) -> I64:
-    """Index of the highest set bit of each (non-zero) word."""
-    e = np.clip(np.frexp(m.astype(np.float64))[1] - 1, 0, 63).astype(np.int64)
-    # the float conversion may round up to the next power of two
-    e -= (_ONE << e.astype(np.uint64)) > m
-    return np.asarray(e, dtype=np.int64)
-
-
 def pow2_at_least(n: int) -> int:
     return 1 << max(6, int(n - 1).bit_length())
 
@@ -147,7 +103,7 @@ class LiveBits:
             w = pos >> 6
             was_empty = words[w] == 0
             np.bitwise_or.at(words, w, _ONE << (pos & 63).astype(np.uint64))
-            pos = unique_sorted(w[was_empty])  # only newly non-empty words change one level up
+            pos = sorted_unique(w[was_empty])  # only newly non-empty words change one level up
 
     def clear(self, slots: I64) -> None:
         pos = slots
@@ -157,7 +113,7 @@ class LiveBits:
             w = pos >> 6
             np.bitwise_and.at(words, w, ~(_ONE << (pos & 63).astype(np.uint64)))
             w = w[words[w] == 0]
-            pos = unique_sorted(w)  # words that emptied clear their bit one level up
+            pos = sorted_unique(w)  # words that emptied clear their bit one level up
 
     def succ(self, pos: I64) -> I64:
         """Smallest live slot ``>= pos`` for each query, ``-1`` if there is none."""
@@ -170,12 +126,12 @@ class LiveBits:
         w = p >> 6
         m = words[w] & (_ALL << (p & 63).astype(np.uint64))
         hit = ok & (m != 0)
-        out = np.where(hit, (w << 6) + _ctz(m), -1)
+        out = np.where(hit, (w << 6) + lowest_bit(m), -1)
         miss = np.flatnonzero(ok & ~hit)
         if miss.size and lvl + 1 < len(self._levels):
             nxt = self._succ(lvl + 1, w[miss] + 1)
             found = nxt >= 0
-            out[miss[found]] = (nxt[found] << 6) + _ctz(words[nxt[found]])
+            out[miss[found]] = (nxt[found] << 6) + lowest_bit(words[nxt[found]])
         return out
 
     def pred(self, pos: I64) -> I64:
@@ -189,12 +145,12 @@ class LiveBits:
         w = p >> 6
         m = words[w] & (_ALL >> (63 - (p & 63)).astype(np.uint64))
         hit = ok & (m != 0)
-        out = np.where(hit, (w << 6) + _msb(m), -1)
+        out = np.where(hit, (w << 6) + highest_bit(m), -1)
         miss = np.flatnonzero(ok & ~hit)
         if miss.size and lvl + 1 < len(self._levels):
             prv = self._pred(lvl + 1, w[miss] - 1)
             found = prv >= 0
-            out[miss[found]] = (prv[found] << 6) + _msb(words[prv[found]])
+            out[miss[found]] = (prv[found] << 6) + highest_bit(words[prv[found]])
         return out
 
     def free_succ(self, pos: I64) -> I64:
@@ -204,11 +160,11 @@ class LiveBits:
         w = pos >> 6
         m = ~words[w] & (_ALL << (pos & 63).astype(np.uint64))
         hit = m != 0
-        out[hit] = (w[hit] << 6) + _ctz(m[hit])
+        out[hit] = (w[hit] << 6) + lowest_bit(m[hit])
         nxt = np.flatnonzero(~hit & (w + 1 < words.size))
         m = ~words[w[nxt] + 1]
         ok = m != 0
-        out[nxt[ok]] = ((w[nxt[ok]] + 1) << 6) + _ctz(m[ok])
+        out[nxt[ok]] = ((w[nxt[ok]] + 1) << 6) + lowest_bit(m[ok])
         return out
 
     def free_pred(self, pos: I64) -> I64:
@@ -218,11 +174,11 @@ class LiveBits:
         w = pos >> 6
         m = ~words[w] & (_ALL >> (63 - (pos & 63)).astype(np.uint64))
         hit = m != 0
-        out[hit] = (w[hit] << 6) + _msb(m[hit])
+        out[hit] = (w[hit] << 6) + highest_bit(m[hit])
         prv = np.flatnonzero(~hit & (w > 0))
         m = ~words[w[prv] - 1]
         ok = m != 0
-        out[prv[ok]] = ((w[prv[ok]] - 1) << 6) + _msb(m[ok])
+        out[prv[ok]] = ((w[prv[ok]] - 1) << 6) + highest_bit(m[ok])
         return out
 
     def first(self) -> int:
@@ -370,80 +326,3 @@ class Redirection(WritableColumnSource):
         self._kept_keys, self._kept_vals = [], []
         self._lookup = None
         self._before = None
-
-
-# parent key -> slot -------------------------------------------------------------------
-class PkIndex:
-    """Parent row key -> slot (``-1`` when absent).
-
-    Dense (an array over ``[base, base + len)``) while the parent's keys are dense, as
-    for source tables and sorted parents; a :class:`~engine._keyindex.KeyIndex` hash map
-    once they are not (merge regions, or a ring table whose keys keep growing and whose
-    window the dense array would have to follow).
-    """
-
-    def __init__(self) -> None:
-        self._base = 0
-        self._arr = np.full(0, -1, dtype=np.int64)
-        self._hash: KeyIndex | None = None
-        self.count = 0
-
-    def lookup(self, pks: I64) -> I64:
-        if self._hash is not None:
-            return self._hash.lookup(pks.view(np.uint64))
-        idx = pks - self._base
-        inside = (idx >= 0) & (idx < self._arr.size)
-        out = np.full(pks.size, -1, dtype=np.int64)
-        out[inside] = self._arr[idx[inside]]
-        return out
-
-    def delete(self, pks: I64) -> None:
-        """Forget keys that are present."""
-        if pks.size == 0:
-            return
-        if self._hash is not None:
-            self._hash.delete(pks.view(np.uint64))
-        else:
-            self._arr[pks - self._base] = -1
-        self.count -= pks.size
-
-    def insert(self, pks: I64, slots: I64) -> None:
-        """Add distinct keys that are absent."""
-        if pks.size == 0:
-            return
-        self.count += pks.size
-        if self._hash is None:
-            self._cover(int(pks.min()), int(pks.max()))
-        if self._hash is not None:
-            self._hash.insert(pks.view(np.uint64), slots)
-        else:
-            self._arr[pks - self._base] = slots
-
-    def update(self, pks: I64, slots: I64) -> None:
-        """Point present keys at new slots."""
-        if pks.size == 0:
-            return
-        if self._hash is not None:
-            self._hash.set_values(pks.view(np.uint64), slots)
-        else:
-            self._arr[pks - self._base] = slots
-
-    def _cover(self, lo: int, hi: int) -> None:
-        if lo >= self._base and hi < self._base + self._arr.size:
-            return
-        present = np.flatnonzero(self._arr >= 0)
-        if present.size:
-            lo = min(lo, int(present[0]) + self._base)
-            hi = max(hi, int(present[-1]) + self._base)
-        span = hi - lo + 1
-        if span > 4 * self.count + (1 << 20):
-            index = KeyIndex(max(1024, 2 * self.count))
-            if present.size:
-                index.insert((present + self._base).astype(np.int64).view(np.uint64), self._arr[present])
-            self._hash = index
-            self._arr = np.full(0, -1, dtype=np.int64)
-            return
-        base = max(0, lo - span // 8)
-        arr = np.full(hi - base + 1 + span // 2 + 1024, -1, dtype=np.int64)
-        arr[present + self._base - base] = self._arr[present]
-        self._base, self._arr = base, arr

@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from engine._kernels.arrays import sorted_unique
 from engine.columns import ColumnSource
 from engine.errors import InputError
 from engine.ops.sort._index import SortIndex
 from engine.ops.sort._keys import encoder_for
-from engine.ops.sort._slots import Redirection, unique_sorted
+from engine.ops.sort._slots import Redirection
 from engine.rowset import KeyArray, RowSet, RowSetShiftData
 from engine.table import Derivation, derive
 from engine.update import TableUpdate
@@ -199,8 +200,8 @@ class SortListener:
         else:
             idx.finish()
             slots_new, shift = _EMPTY, RowSetShiftData.empty()
-        gone = unique_sorted(np.concatenate(removed))
-        modified = unique_sorted(shift.apply_keys(stay)) if stay.size else _EMPTY
+        gone = sorted_unique(np.concatenate(removed))
+        modified = sorted_unique(shift.apply_keys(stay)) if stay.size else _EMPTY
         log.debug("sort %r: +%d -%d ~%d, %d moved", self.result.name, slots_new.size, gone.size,
                   modified.size, idx.moved)
         return TableUpdate.of(

@@ -29,6 +29,8 @@ def test_dense_example():
     assert m.lookup(_a([2, 3, 5, 6, 10**6])).tolist() == [-1, 0, 2, -1, -1]
     assert m.remove(_a([4, 9])).tolist() == [1, -1]  # absent keys are ignored
     m.put(_a([5, 7]), _a([20, 21]))  # 5 overwritten, 7 new
+    m.set_values(_a([7]), _a([22]))
+    m.set_values(_a([7]), _a([21]))
     assert m.move(_a([3, 5]), _a([5, 6])).tolist() == [0, 20]  # 3 lands where 5 left
     assert not m.hashed
     _check(m, {5: 0, 6: 20, 7: 21})
@@ -99,7 +101,7 @@ def test_shift_moves_ranges_at_once():
 # property tests -----------------------------------------------------------------------------
 _keys = st.lists(st.one_of(st.integers(0, 60), st.integers(0, 1 << 45)), max_size=25)
 _ops = st.lists(
-    st.tuples(st.sampled_from(["insert", "put", "remove", "move", "shift"]), _keys,
+    st.tuples(st.sampled_from(["insert", "put", "set", "remove", "move", "shift"]), _keys,
               st.integers(-70, 70), st.integers(-70, 70)),
     max_size=30,
 )
@@ -152,6 +154,10 @@ def _run_against_dict(ops: list[tuple[str, list[int], int, int]]) -> None:
         elif op == "put":
             m.put(_a(ks), _a(vals))
             model.update(zip(ks, vals, strict=True))
+        elif op == "set":  # present keys only
+            ks = [k for k in ks if k in model]
+            m.set_values(_a(ks), _a(vals[: len(ks)]))
+            model.update(zip(ks, vals, strict=False))
         elif op == "remove":
             got = m.remove(_a(ks))
             assert got.tolist() == [model.pop(k, -1) for k in ks]

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from engine._kernels import rowkeymap as _rowkeymap
 from engine.errors import InvalidKeyError, SchemaError, TableFailed
 from engine.graph import UpdateGraph
 from engine.ops.join import _state as _joinstate
@@ -751,7 +752,7 @@ def test_oracle_chain_natural_join_on_shifting_right():
 def test_oracle_tiny_amortization_thresholds(monkeypatch):
     # compaction, index merges and rebuilds, and hash-mode key maps on every few cycles
     for name in ("SPARSE_SLACK", "INDEX_MIN_DELTA", "INDEX_MIN_STALE", "POOL_MIN_GARBAGE"):
-        monkeypatch.setattr(_joinstate, name, 0)
+        monkeypatch.setattr(_rowkeymap if name == "SPARSE_SLACK" else _joinstate, name, 0)
     run_join_oracle(
         lambda lt, r1, r2: natural_join(left_outer_join(lt, r1, "Sym"), r2, "Qty=RQ", joins=_J2),
         lambda lt, r1, r2: expected_join(expected_join(lt, r1, ["Sym"], ["Sym"], OUT, "left"),

@@ -16,7 +16,7 @@ import pytest
 from engine.errors import InputError, SchemaError
 from engine.graph import UpdateGraph
 from engine.ops.sort._keys import KeyEncoder
-from engine.ops.sort._slots import LiveBits, PkIndex, Redirection
+from engine.ops.sort._slots import LiveBits, Redirection
 from engine.rowset import RowSet, RowSetShiftData
 from engine.table import Table
 from engine.update import TableUpdate
@@ -315,18 +315,6 @@ def test_live_bits_successor_and_predecessor_match_brute_force():
             w = np.arange(cap >> level)
             want = np.bincount(live >> level, minlength=w.size)
             assert np.array_equal(bits.count(level, w), want)
-
-
-def test_pk_index_goes_from_dense_to_hash_when_keys_spread():
-    idx = PkIndex()
-    idx.insert(np.arange(10, 20), np.arange(100, 110))
-    assert idx.lookup(np.array([9, 10, 19, 20])).tolist() == [-1, 100, 109, -1]
-    idx.delete(np.array([12]))
-    idx.update(np.array([13]), np.array([7]))
-    far = np.array([1 << 40, (1 << 40) + 5])
-    idx.insert(far, np.array([1, 2]))  # too sparse for an array: a hash map now
-    assert idx.lookup(np.array([12, 13, 19, 1 << 40, (1 << 40) + 5, 3])).tolist() == [-1, 7, 109, 1, 2, -1]
-    assert idx.count == 11
 
 
 def test_redirection_keeps_values_of_the_cycle_start():
