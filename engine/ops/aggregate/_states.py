@@ -41,7 +41,6 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.columns import numpy_storage_dtype
 from engine._kernels.hashing import hash_columns
 from engine._kernels.ids import IdAllocator
 from engine._kernels.keymap import StoredKeyMap
