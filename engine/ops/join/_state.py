@@ -5,8 +5,9 @@ One :class:`JoinState` keeps, for a ``(left, right)`` pair and its ``on`` column
 * **slots** — a dense internal id per left row and per right row, stable for the row's
   life. Shifts move row keys, not slots, so the indexes below never see a shift: a
   shift only rewrites the row-key <-> slot maps of the rows it moves.
-* **groups** — one *group id* (gid) per distinct key hash seen on either side
-  (``KeyIndex`` hash -> gid). A right group is a region of the append-only ``pool``
+* **groups** — one *group id* (gid) per distinct key seen on either side, in a
+  :class:`~engine._kernels.keymap.StoredKeyMap` (key -> gid: a hash finds the candidate
+  group, equality with the group's stored key values decides). A right group is a region of the append-only ``pool``
   holding its right slots in right row-key order (the right table's order; shifts never
   reorder, so the order survives them). A changed group is rewritten copy-on-write at
   the end of the pool, so the region of the previous cycle stays readable for
@@ -22,11 +23,12 @@ shifts without touching left rows. The arrays read by ``get_prev`` (left slot ->
 gid -> region, right slot -> right key) are :class:`NumpyColumnSource` instances tracked
 by the graph, so values at the start of the cycle stay readable until it ends.
 
-Key hashing (:func:`hash_keys`) is exact for one integer column, as
-:func:`engine.sources._key_hashes`, and a 64-bit hash otherwise, computed in numpy over
-Arrow's buffers (pandas' ``hash_array`` costs ~1 ms per call even for ten strings). A row with a null in any key column belongs to no group: null
-keys never match. Float keys are matched by value, ``-0.0 == 0.0`` and NaN equal to NaN
-(as pandas does).
+Keys are compared exactly (:func:`key_table` brings both sides to one type per column,
+:mod:`engine._kernels.hashing` hashes them): one integer column is its own exact hash; any
+other key is verified against the stored key values of the candidate group, so two
+different keys never share a group, whatever their hashes. A row with a null in any key
+column belongs to no group: null keys never match. Float keys are matched by value,
+``-0.0 == 0.0`` and NaN equal to NaN (as pandas does).
 
 Every per-cycle step is whole-array numpy work whose size follows the change (plus the
 sizes of the right groups that changed); there is no Python loop per row, key or group.
@@ -40,13 +42,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from engine._keyindex import KeyIndex
+from engine._kernels.hashing import hash_columns
+from engine._kernels.keymap import StoredKeyMap
 from engine.columns import NumpyColumnSource
 from engine.errors import SchemaError
 from engine.rowset import KeyArray, RowSet
-from engine.sources import _key_hashes
 
 if TYPE_CHECKING:
     from engine.table import Table
@@ -141,95 +143,32 @@ def key_kind(t: pa.DataType) -> str:
     return str(t)
 
 
-_P = np.uint64(0x100000001B3)
-_POW = np.ones(1, dtype=np.uint64)
+_CANONICAL = {"integer": pa.int64(), "floating": pa.float64(), "string": pa.large_string(),
+              "binary": pa.large_binary()}
 
 
-def _mix(z: U64) -> U64:
-    """splitmix64's finalizer: spreads every input bit over the output (wrapping)."""
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+def key_type(t: pa.DataType) -> pa.DataType:
+    """The one type both sides' key columns of this kind are compared as."""
+    return _CANONICAL.get(key_kind(t), t.value_type if pa.types.is_dictionary(t) else t)
 
 
-def _powers(n: int) -> U64:
-    global _POW
-    if _POW.size < n:
-        p = np.full(max(n, 2 * _POW.size), _P, dtype=np.uint64)
-        p[0] = 1
-        _POW = np.cumprod(p, dtype=np.uint64)
-    return _POW
-
-
-def _hash_bytes(arr: pa.Array) -> U64:
-    """Polynomial hash of each string/binary value over its bytes, in Arrow's buffers.
-
-    ``sum(byte[i] * P**i)`` per value with ``np.add.reduceat``, mixed with the length:
-    no per-value Python and no conversion to Python objects.
-    """
-    t = pa.large_binary() if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type) \
-        else pa.large_string()
-    if arr.type != t:
-        arr = arr.cast(t)
-    n = len(arr)
-    bufs = arr.buffers()
-    off = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
-    o0, o1 = int(off[0]), int(off[-1])
-    lens = np.diff(off)
-    h = np.zeros(n, dtype=np.uint64)
-    if o1 > o0:
-        data = np.frombuffer(bufs[2], dtype=np.uint8, count=o1 - o0, offset=o0)
-        ne = lens > 0
-        start = off[:-1][ne] - o0
-        pos = np.arange(data.size, dtype=np.int64) - np.repeat(start, lens[ne])
-        h[ne] = np.add.reduceat(data.astype(np.uint64) * _powers(int(lens.max()))[pos], start)
-    return _mix(h ^ (lens.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)))
-
-
-def hash_keys(cols: list[pa.Array | pa.ChunkedArray]) -> tuple[U64, Mask]:
-    """``(hash, valid)`` per row of the key columns; ``valid`` is False where any is null.
-
-    One integer (or boolean) column is its own exact "hash": the int64 value, as
-    :func:`engine.sources._key_hashes` does. Otherwise each column hashes to 64 bits —
-    integers by value, floats by value (``-0.0`` as ``0.0``, every NaN alike), strings and
-    binaries over their bytes in Arrow's buffers, other types through ``_key_hashes`` —
-    and the columns are combined with a multiply-and-mix. Two different keys can share a
-    64-bit hash (about 1e-8 odds at 1e5 distinct keys): they would match each other.
-    """
+def key_table(cols: list[pa.Array | pa.ChunkedArray], names: list[str]) -> tuple[pa.Table, Mask]:
+    """``(keys, valid)``: the key columns in their :func:`key_type`, and per row whether no
+    key is null (rows with a null key belong to no group)."""
     n = len(cols[0])
     valid = np.ones(n, dtype=bool)
-    if n == 0:
-        return np.empty(0, dtype=np.uint64), valid
-    parts: list[U64] = []
-    exact = len(cols) == 1
-    for col in cols:
+    out = []
+    for col in cols:  # one pass per key column
         arr = _as_array(col)
         if pa.types.is_dictionary(arr.type):
             arr = arr.dictionary_decode()
+        want = key_type(arr.type)
+        if arr.type != want:
+            arr = arr.cast(want)
         if arr.null_count:
             valid &= arr.is_valid().to_numpy(zero_copy_only=False)
-        kind = key_kind(arr.type)
-        if kind == "integer":
-            arr = arr.cast(pa.int64())
-            if arr.null_count:
-                arr = pc.fill_null(arr, 0)
-            parts.append(arr.to_numpy().view(np.uint64))
-            continue
-        exact = False
-        if kind == "floating":
-            f = pc.fill_null(arr.cast(pa.float64()), 0.0).to_numpy() + 0.0  # -0.0 -> 0.0
-            f[np.isnan(f)] = np.nan
-            parts.append(_mix(f.view(np.uint64)))
-        elif kind in ("string", "binary"):
-            parts.append(_hash_bytes(arr))
-        else:
-            parts.append(_key_hashes(pa.table({"k": arr}), ["k"]))
-    if exact:
-        return parts[0], valid
-    h = np.zeros(n, dtype=np.uint64)
-    for p in parts:  # one step per key column
-        h = _mix(h * _P + p)
-    return h, valid
+        out.append(arr)
+    return pa.Table.from_arrays(out, names=names), valid
 
 
 # structures -------------------------------------------------------------------------------
@@ -430,9 +369,10 @@ class JoinState:
         self.left_on, self.right_on = left_on, right_on
         self.joins_src = frozenset(joins_src)
         # groups
-        self.gids = KeyIndex()
+        self.key_names = [f"k{i}" for i in range(len(left_on))]
+        self.gids = StoredKeyMap(pa.schema([(nm, key_type(right.schema.field(c).type))
+                                            for nm, c in zip(self.key_names, right_on, strict=True)]))
         self.gid_alloc = SlotAllocator()
-        self.gid_hash = np.zeros(1024, dtype=np.uint64)
         self.g_left = np.zeros(1024, dtype=np.int64)  # live left rows per gid
         self.g_start = _tracked()
         self.g_count = _tracked()
@@ -470,7 +410,6 @@ class JoinState:
 
     def _fit_gids(self) -> None:
         n = self.gid_alloc.next
-        self.gid_hash = self._grow(self.gid_hash, n, 0)
         self.g_left = self._grow(self.g_left, n, 0)
         self.g_start.ensure_capacity(n)
         self.g_count.ensure_capacity(n)
@@ -569,29 +508,26 @@ class JoinState:
         return self.pool[pos], q, within
 
     # gids ---------------------------------------------------------------------------------------
-    def _gids_for(self, h: U64, valid: Mask) -> KeyArray:
-        """Gid per hash (``-1`` where not valid), allocating gids for new hashes."""
-        g = np.full(h.size, -1, dtype=np.int64)
+    def _gids_for(self, keys: pa.Table, valid: Mask) -> KeyArray:
+        """Gid per key row (``-1`` where a key is null), allocating gids for new keys."""
+        g = np.full(keys.num_rows, -1, dtype=np.int64)
         if not valid.any():
             return g
-        hv = h[valid]
-        found = self.gids.lookup(hv)
-        missing = found < 0
-        if missing.any():
-            new_h = sorted_unique(hv[missing])
-            new_g = self.gid_alloc.allocate(new_h.size)
-            self._fit_gids()
-            self.gids.insert(new_h, new_g)
-            self.gid_hash[new_g] = new_h
-            self.g_left[new_g] = 0
-            self.g_start.set_numpy(new_g, np.zeros(new_g.size, dtype=np.int64))
-            self.g_count.set_numpy(new_g, np.zeros(new_g.size, dtype=np.int64))
-            found[missing] = self.gids.lookup(hv[missing])
-        g[valid] = found
+        if not valid.all():
+            keys = keys.filter(pa.array(valid))
+        g[valid], _ = self.gids.intern(keys, hash_columns(keys.columns), self._new_gids)
         return g
 
-    def _hash_rows(self, table: Table, cols: list[str], keys: KeyArray) -> tuple[U64, Mask]:
-        return hash_keys([table.column(c).get(keys) for c in cols])
+    def _new_gids(self, n: int) -> KeyArray:
+        new_g = self.gid_alloc.allocate(n)
+        self._fit_gids()
+        self.g_left[new_g] = 0
+        self.g_start.set_numpy(new_g, np.zeros(new_g.size, dtype=np.int64))
+        self.g_count.set_numpy(new_g, np.zeros(new_g.size, dtype=np.int64))
+        return new_g
+
+    def _key_rows(self, table: Table, cols: list[str], keys: KeyArray) -> tuple[pa.Table, Mask]:
+        return key_table([table.column(c).get(keys) for c in cols], self.key_names)
 
     # the cycle ------------------------------------------------------------------------------------
     def begin(self) -> None:
@@ -665,7 +601,7 @@ class JoinState:
             ms = self.rmap.lookup(mk)
             stay = np.ones(mk.size, dtype=bool)
             if ru.modified_columns & set(self.right_on):
-                g_new = self._gids_for(*self._hash_rows(right, self.right_on, mk))
+                g_new = self._gids_for(*self._key_rows(right, self.right_on, mk))
                 g_old = self.r_gid[ms]
                 moved = g_new != g_old
                 if moved.any():
@@ -687,7 +623,7 @@ class JoinState:
             self._fit_right()
             self.rmap.assign(ak, slots)
             self.r_rkey.set_numpy(slots, ak)
-            g = self._gids_for(*self._hash_rows(right, self.right_on, ak))
+            g = self._gids_for(*self._key_rows(right, self.right_on, ak))
             self.r_gid[slots] = g
             changed.append(g[g >= 0])
             new_s.append(slots[g >= 0])
@@ -745,7 +681,7 @@ class JoinState:
         if lu.modified and lu.modified_columns & set(self.left_on):
             mk = lu.modified.keys()
             ms = self.lmap.lookup(mk)
-            g_new = self._gids_for(*self._hash_rows(left, self.left_on, mk))
+            g_new = self._gids_for(*self._key_rows(left, self.left_on, mk))
             g_old = self.l_gid_now[ms]
             moved = g_new != g_old
             if moved.any():
@@ -768,7 +704,7 @@ class JoinState:
             self.l_live[slots] = True
             self.l_step[slots] = step
             self._fresh_step = step
-            g = self._gids_for(*self._hash_rows(left, self.left_on, ak))
+            g = self._gids_for(*self._key_rows(left, self.left_on, ak))
             self.l_gid.set_numpy(slots, g)
             self._ref(g, +1)
             self.l_index.insert(g[g >= 0], slots[g >= 0])
@@ -789,7 +725,7 @@ class JoinState:
             return
         dead = g[(self.g_left[g] == 0) & (self.g_count.get_numpy(g)[0] == 0)]
         if dead.size:
-            self.gids.delete(self.gid_hash[dead])
+            self.gids.delete(dead)
             self.gid_alloc.free(dead)
 
     # initial state ------------------------------------------------------------------------------

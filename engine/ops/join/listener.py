@@ -11,9 +11,9 @@ Semantics shared by all four:
 * **Null keys never match** (SQL semantics): a row with a null in any key column has no
   match, on either side. (pandas ``merge`` matches NaN/None keys with each other; we do
   not.) Float keys match by value with ``-0.0 == 0.0`` and NaN equal to NaN.
-* One integer key column is compared exactly; other keys by a 64-bit hash
-  (:func:`engine.ops.join._state.hash_keys`): two different keys with equal hashes
-  (odds ~n**2 / 2**65 for n distinct keys) would match each other.
+* Keys are compared exactly: a hash finds the candidate group of a key, equality of the
+  real key values decides (:class:`engine._kernels.keymap.StoredKeyMap`), so two
+  different keys never match each other, even when their 64-bit hashes are equal.
 
 ``natural_join`` / ``exact_join`` keep exactly the left table's rows, with the left row
 keys (left shifts pass straight through). Right columns are read through a per-left-row
