@@ -89,8 +89,10 @@ class RowKeyMap:
         """Value of each key, ``-1`` where absent."""
         if self._hash is not None:
             return self._hash.lookup(keys.view(np.uint64))
-        base = self._base
-        idx = keys - base if base else keys
+        return self._dense_get(keys - self._base if self._base else keys)
+
+    def _dense_get(self, idx: I64) -> I64:
+        """Dense lookup by window index (``key - base``)."""
         try:
             if idx.size and int(idx.min()) < 0:  # below the window (or not a row key)
                 raise IndexError
@@ -136,7 +138,7 @@ class RowKeyMap:
         if self._hash is not None:
             self._hash.insert(keys.view(np.uint64), values)
         else:
-            self._vals[keys - self._base] = values
+            self._vals[keys - self._base if self._base else keys] = values
         self.count += keys.size
 
     def put(self, keys: I64, values: I64) -> None:
@@ -172,7 +174,7 @@ class RowKeyMap:
         if self._hash is not None:
             self._hash.set_values(keys.view(np.uint64), values)
         else:
-            self._vals[keys - self._base] = values
+            self._vals[keys - self._base if self._base else keys] = values
 
     def remove(self, keys: I64) -> I64:
         """Unmap keys; returns their values (``-1`` for keys that were absent)."""
@@ -185,10 +187,11 @@ class RowKeyMap:
             h.delete(u)
             self.count = h.count
             return old
-        old = self.lookup(keys)
+        idx = keys - self._base if self._base else keys
+        old = self._dense_get(idx)
         hit = old >= 0
         n = int(np.count_nonzero(hit))
-        self._vals[(keys if n == keys.size else keys[hit]) - self._base] = -1
+        self._vals[idx if n == idx.size else idx[hit]] = -1
         self.count -= n
         return old
 
