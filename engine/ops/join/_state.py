@@ -4,7 +4,9 @@ One :class:`JoinState` keeps, for a ``(left, right)`` pair and its ``on`` column
 
 * **slots** — a dense internal id per left row and per right row, stable for the row's
   life. Shifts move row keys, not slots, so the indexes below never see a shift: a
-  shift only rewrites the row-key <-> slot maps of the rows it moves.
+  shift only rewrites the row-key <-> slot maps of the rows it moves. Slots come from an
+  :class:`~engine._kernels.ids.IdAllocator` (freed slots reused from the next cycle on),
+  row key -> slot is a :class:`~engine._kernels.rowkeymap.RowKeyMap`.
 * **groups** — one *group id* (gid) per distinct key seen on either side, in a
   :class:`~engine._kernels.keymap.StoredKeyMap` (key -> gid: a hash finds the candidate
   group, equality with the group's stored key values decides). A right group is a region of the append-only ``pool``
@@ -43,12 +45,14 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._keyindex import KeyIndex
+from engine._kernels.arrays import expand, expand_with_owner, member, sorted_unique
 from engine._kernels.hashing import hash_columns
+from engine._kernels.ids import IdAllocator
 from engine._kernels.keymap import StoredKeyMap
+from engine._kernels.rowkeymap import RowKeyMap
 from engine.columns import NumpyColumnSource
 from engine.errors import SchemaError
-from engine.rowset import KeyArray, RowSet
+from engine.rowset import KeyArray
 
 if TYPE_CHECKING:
     from engine.table import Table
@@ -61,67 +65,12 @@ _EMPTY = np.empty(0, dtype=np.int64)
 _SLOT_BITS = 32
 
 # amortization thresholds (module attributes so tests can shrink them)
-SPARSE_SLACK = 65536  # KeyMap: dense while live keys span <= 4 * count + this
 INDEX_MIN_DELTA = 16384  # GroupIndex: merge the delta into the base past max(this, base / 8)
 INDEX_MIN_STALE = 16384  # GroupIndex: rebuild once dead entries pass max(this, live rows)
 POOL_MIN_GARBAGE = 65536  # pool: compact once dead entries pass max(this, live entries)
 
 
 # helpers --------------------------------------------------------------------------------
-def sorted_unique(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """``np.unique`` by sorting (numpy 2.4's ``np.unique`` is ~50x slower on 1M int64)."""
-    if a.size < 2:
-        return a.copy()
-    s = np.sort(a)
-    keep = np.empty(s.size, dtype=bool)
-    keep[0] = True
-    np.not_equal(s[1:], s[:-1], out=keep[1:])
-    return s[keep]
-
-
-def rowset_of(keys: KeyArray, span: int = 0) -> RowSet:
-    """RowSet of unsorted keys with repeats; ``span`` (keys below it) enables a mark array.
-
-    Many keys in a small span are marked in a bool array instead of sorted, and runs of
-    consecutive keys go in as ranges (building a bitmap key by key costs ~25 ms per 1M).
-    """
-    if keys.size == 0:
-        return RowSet()
-    if span and keys.size * 8 > span:
-        mark = np.zeros(span, dtype=bool)
-        mark[keys] = True
-        k = np.flatnonzero(mark).astype(np.int64)
-    else:
-        k = sorted_unique(keys)
-    brk = np.flatnonzero(np.diff(k) != 1)
-    if brk.size * 4 < k.size:
-        starts = np.concatenate((k[:1], k[brk + 1]))
-        stops = np.concatenate((k[brk] + 1, k[-1:] + 1))
-        return RowSet.from_ranges(starts, stops)
-    return RowSet.from_keys(k, assume_sorted=True)
-
-
-def member(sorted_arr: npt.NDArray[Any], q: npt.NDArray[Any]) -> Mask:
-    """Which of ``q`` are in the sorted array ``sorted_arr`` (searchsorted, no ``np.isin``)."""
-    if sorted_arr.size == 0 or q.size == 0:
-        return np.zeros(q.size, dtype=bool)
-    pos = np.searchsorted(sorted_arr, q)
-    pos[pos == sorted_arr.size] = 0
-    out: Mask = sorted_arr[pos] == q
-    return out
-
-
-def expand(starts: KeyArray, counts: KeyArray) -> tuple[KeyArray, KeyArray, KeyArray]:
-    """Ranges ``[starts[i], starts[i] + counts[i])`` flattened: ``(values, i, offset)``."""
-    counts = counts.astype(np.int64, copy=False)
-    total = int(counts.sum()) if counts.size else 0
-    if total == 0:
-        return _EMPTY, _EMPTY, _EMPTY
-    q = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
-    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    return starts[q] + within, q, within
-
-
 def _as_array(col: pa.Array | pa.ChunkedArray) -> pa.Array:
     if isinstance(col, pa.ChunkedArray):
         return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
@@ -172,108 +121,6 @@ def key_table(cols: list[pa.Array | pa.ChunkedArray], names: list[str]) -> tuple
 
 
 # structures -------------------------------------------------------------------------------
-class KeyMap:
-    """Row key -> non-negative int64 (``-1`` when absent), vectorized.
-
-    Dense (an array over a sliding window of key space) while keys are dense, which covers
-    sources, ring tables and most derived tables; a hash map (:class:`KeyIndex`) once the
-    live keys span more than ``4 * count + SPARSE_SLACK`` keys (sparse key spaces, such
-    as a many-to-many join's blocks).
-    """
-
-    def __init__(self) -> None:
-        self._base = 0
-        self._vals = np.full(1024, -1, dtype=np.int64)
-        self._hash: KeyIndex | None = None
-        self.count = 0
-
-    def lookup(self, keys: KeyArray) -> KeyArray:
-        if self._hash is not None:
-            return self._hash.lookup(keys.view(np.uint64))
-        idx = keys - self._base
-        ok = (idx >= 0) & (idx < self._vals.size)
-        if ok.all():
-            return self._vals[idx]
-        out = np.full(keys.size, -1, dtype=np.int64)
-        out[ok] = self._vals[idx[ok]]
-        return out
-
-    def assign(self, keys: KeyArray, values: KeyArray) -> None:
-        """Map keys that are absent now."""
-        if keys.size == 0:
-            return
-        self.count += keys.size
-        if self._hash is None:
-            self._fit(int(keys.min()), int(keys.max()))
-        if self._hash is not None:
-            self._hash.insert(keys.view(np.uint64), values)
-        else:
-            self._vals[keys - self._base] = values
-
-    def delete(self, keys: KeyArray) -> None:
-        """Unmap keys that are present now."""
-        if keys.size == 0:
-            return
-        self.count -= keys.size
-        if self._hash is not None:
-            self._hash.delete(keys.view(np.uint64))
-        else:
-            self._vals[keys - self._base] = -1
-
-    def move(self, old: KeyArray, new: KeyArray) -> KeyArray:
-        """Remap ``old[i] -> new[i]`` all at once; returns the moved values."""
-        vals = self.lookup(old)
-        self.delete(old)
-        self.assign(new, vals)
-        return vals
-
-    def _fit(self, lo: int, hi: int) -> None:
-        """Make the dense window cover ``[lo, hi]`` (or switch to the hash map)."""
-        base, size = self._base, self._vals.size
-        if lo >= base and hi < base + size:
-            return
-        live = np.flatnonzero(self._vals >= 0)  # amortized: the window at least doubles
-        if live.size:
-            lo, hi = min(lo, base + int(live[0])), max(hi, base + int(live[-1]))
-        span = hi - lo + 1
-        if span > 4 * self.count + SPARSE_SLACK:
-            index = KeyIndex(max(self.count, 1024))
-            if live.size:
-                index.insert((live + base).astype(np.int64).view(np.uint64), self._vals[live])
-            self._hash = index
-            self._vals = _EMPTY
-            return
-        new_base = max(0, lo - span // 4)
-        vals = np.full(max(2 * span, 1024), -1, dtype=np.int64)
-        vals[live + base - new_base] = self._vals[live]
-        self._base, self._vals = new_base, vals
-
-
-class SlotAllocator:
-    """Dense ids with reuse; ids freed in a cycle are reused from the next one on."""
-
-    def __init__(self) -> None:
-        self.next = 0
-        self._free = _EMPTY
-        self._later: list[KeyArray] = []
-
-    def release_deferred(self) -> None:
-        if self._later:
-            self._free = np.concatenate([self._free, *self._later])
-            self._later = []
-
-    def allocate(self, n: int) -> KeyArray:
-        take = min(n, self._free.size)
-        reused, self._free = self._free[:take], self._free[take:]
-        fresh = np.arange(self.next, self.next + n - take, dtype=np.int64)
-        self.next += n - take
-        return np.concatenate((reused, fresh)) if take else fresh
-
-    def free(self, ids: KeyArray) -> None:
-        if ids.size:
-            self._later.append(ids)
-
-
 class GroupIndex:
     """gid -> member slots as sorted ``gid << 32 | slot`` codes: base + sorted delta.
 
@@ -313,7 +160,7 @@ class GroupIndex:
                 continue
             lo = np.searchsorted(codes, gids << _SLOT_BITS)
             hi = np.searchsorted(codes, (gids + 1) << _SLOT_BITS)
-            pos, _, _ = expand(lo, hi - lo)
+            pos = expand(lo, hi - lo)
             if pos.size:
                 parts.append(codes[pos])
         if not parts:
@@ -372,7 +219,7 @@ class JoinState:
         self.key_names = [f"k{i}" for i in range(len(left_on))]
         self.gids = StoredKeyMap(pa.schema([(nm, key_type(right.schema.field(c).type))
                                             for nm, c in zip(self.key_names, right_on, strict=True)]))
-        self.gid_alloc = SlotAllocator()
+        self.gid_alloc = IdAllocator()
         self.g_left = np.zeros(1024, dtype=np.int64)  # live left rows per gid
         self.g_start = _tracked()
         self.g_count = _tracked()
@@ -380,13 +227,13 @@ class JoinState:
         self.pool_end = 0
         self.pool_live = 0
         # right rows
-        self.rmap = KeyMap()
-        self.r_alloc = SlotAllocator()
+        self.rmap = RowKeyMap()
+        self.r_alloc = IdAllocator()
         self.r_rkey = _tracked()
         self.r_gid = np.full(1024, -1, dtype=np.int64)
         # left rows
-        self.lmap = KeyMap()
-        self.l_alloc = SlotAllocator()
+        self.lmap = RowKeyMap()
+        self.l_alloc = IdAllocator()
         self.l_key = np.zeros(1024, dtype=np.int64)
         self.l_gid = _tracked()
         self.l_live = np.zeros(1024, dtype=bool)
@@ -409,18 +256,18 @@ class JoinState:
         return out
 
     def _fit_gids(self) -> None:
-        n = self.gid_alloc.next
+        n = self.gid_alloc.end
         self.g_left = self._grow(self.g_left, n, 0)
         self.g_start.ensure_capacity(n)
         self.g_count.ensure_capacity(n)
 
     def _fit_right(self) -> None:
-        n = self.r_alloc.next
+        n = self.r_alloc.end
         self.r_gid = self._grow(self.r_gid, n, -1)
         self.r_rkey.ensure_capacity(n)
 
     def _fit_left(self) -> None:
-        n = self.l_alloc.next
+        n = self.l_alloc.end
         self.l_key = self._grow(self.l_key, n, 0)
         self.l_live = self._grow(self.l_live, n, False)
         self.l_step = self._grow(self.l_step, n, -1)
@@ -478,7 +325,7 @@ class JoinState:
 
     def group_index(self, groups: KeyArray, gids: KeyArray) -> KeyArray:
         """Position of each of ``gids`` in the sorted ``groups`` (all present)."""
-        n = self.gid_alloc.next
+        n = self.gid_alloc.end
         if gids.size * 4 > n:  # many lookups: a dense table beats binary search
             table = np.zeros(n, dtype=np.int64)
             table[groups] = np.arange(groups.size, dtype=np.int64)
@@ -504,8 +351,8 @@ class JoinState:
         get_s = self.g_start.get_prev_numpy if prev else self.g_start.get_numpy
         cnt = self.counts(gids, prev)
         start = get_s(np.where(gids >= 0, gids, 0))[0]
-        pos, q, within = expand(start, cnt)
-        return self.pool[pos], q, within
+        pos, q = expand_with_owner(start, cnt)
+        return self.pool[pos], q, pos - start[q]
 
     # gids ---------------------------------------------------------------------------------------
     def _gids_for(self, keys: pa.Table, valid: Mask) -> KeyArray:
@@ -532,25 +379,25 @@ class JoinState:
     # the cycle ------------------------------------------------------------------------------------
     def begin(self) -> None:
         """Start of a cycle's work: release deferred ids, compact, then track prev arrays."""
-        self.gid_alloc.release_deferred()
-        self.r_alloc.release_deferred()
-        self.l_alloc.release_deferred()
+        self.gid_alloc.release()
+        self.r_alloc.release()
+        self.l_alloc.release()
         if self.pool_end - self.pool_live > max(self.pool_live, POOL_MIN_GARBAGE):
             self._compact_pool()  # before tracking: prev and current stay identical
         live = int(self.lmap.count)
         if self.l_index.stale > max(live, INDEX_MIN_STALE):
-            slots = np.flatnonzero(self.l_live[: self.l_alloc.next]).astype(np.int64)
+            slots = np.flatnonzero(self.l_live[: self.l_alloc.end]).astype(np.int64)
             g = self.l_gid_now[slots]
             self.l_index.reset(g[g >= 0], slots[g >= 0])
         for src in (self.g_start, self.g_count, self.r_rkey, self.l_gid):
             self.graph.track(src)
 
     def _compact_pool(self) -> None:
-        n = self.gid_alloc.next
+        n = self.gid_alloc.end
         gids = np.arange(n, dtype=np.int64)
         cnt = self.g_count.get_numpy(gids)[0]
         start = self.g_start.get_numpy(gids)[0]
-        pos, _, _ = expand(start, cnt)
+        pos = expand(start, cnt)
         self.pool = np.concatenate((self.pool[pos], np.zeros(max(1024, pos.size), dtype=np.int64)))
         self.pool_end = int(pos.size)
         self.g_start.set_numpy(gids, np.cumsum(cnt) - cnt)
@@ -584,8 +431,7 @@ class JoinState:
         # removed rows (previous key space)
         if ru.removed:
             rk = ru.removed.keys()
-            rs = self.rmap.lookup(rk)
-            self.rmap.delete(rk)
+            rs = self.rmap.remove(rk)
             g = self.r_gid[rs]
             changed.append(g[g >= 0])
             self.r_gid[rs] = -1
@@ -621,7 +467,7 @@ class JoinState:
             ak = ru.added.keys()
             slots = self.r_alloc.allocate(ak.size)
             self._fit_right()
-            self.rmap.assign(ak, slots)
+            self.rmap.insert(ak, slots)
             self.r_rkey.set_numpy(slots, ak)
             g = self._gids_for(*self._key_rows(right, self.right_on, ak))
             self.r_gid[slots] = g
@@ -654,8 +500,7 @@ class JoinState:
         over_s: list[KeyArray] = []
         if lu.removed:
             pk = lu.removed.keys()
-            ls = self.lmap.lookup(pk)
-            self.lmap.delete(pk)
+            ls = self.lmap.remove(pk)
             g = self.l_gid_now[ls]
             d.removed_keys, d.removed_gid = pk, g
             over_k.append(pk)
@@ -699,7 +544,7 @@ class JoinState:
             ak = lu.added.keys()
             slots = self.l_alloc.allocate(ak.size)
             self._fit_left()
-            self.lmap.assign(ak, slots)
+            self.lmap.insert(ak, slots)
             self.l_key[slots] = ak
             self.l_live[slots] = True
             self.l_step[slots] = step
@@ -738,7 +583,7 @@ class JoinState:
             self._apply_right(TableUpdate.of(added=self.right.rowset), d)
         if self.left.rowset:
             self._apply_left(TableUpdate.of(added=self.left.rowset), d)
-        self.l_step[: self.l_alloc.next] = -1  # nothing is "fresh" outside a cycle
+        self.l_step[: self.l_alloc.end] = -1  # nothing is "fresh" outside a cycle
         self._fresh_step = -1
 
 

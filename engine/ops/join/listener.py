@@ -60,9 +60,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from engine._kernels.arrays import bitmap_of, expand_with_owner, member, sorted_unique
 from engine.columns import ColumnSource
 from engine.errors import InvalidKeyError, SchemaError
-from engine.ops.join._state import JoinState, expand, member, rowset_of, sorted_unique
+from engine.ops.join._state import JoinState
 from engine.rowset import KeyArray, RowSet, RowSetShiftData
 from engine.table import Derivation, Table, derive
 from engine.update import TableUpdate, compose
@@ -294,7 +295,7 @@ class NaturalJoinListener:
                 for c in d.rvm_cols:
                     cols |= self.out_of.get(c, set())
         span = st.left.rowset.last() + 1 if st.left.rowset else 0
-        modified = rowset_of(np.concatenate(mods), span) if mods else RowSet()
+        modified = RowSet(bitmap_of(np.concatenate(mods), span)) if mods else RowSet()
         if lu is not None and lu.modified:
             modified = modified | lu.modified
             cols |= lu.modified_columns
@@ -313,7 +314,7 @@ def _natural(left: Table, right: Table, on: str | Sequence[str], joins: Sequence
         state.build()
         name = f"{left.name}.{op}({right.name})"
         listener = NaturalJoinListener(state, out, exact, name)
-        listener.check(np.arange(state.gid_alloc.next, dtype=np.int64))
+        listener.check(np.arange(state.gid_alloc.end, dtype=np.int64))
         if exact and left.rowset:
             lk = left.rowset.keys()
             listener._check_matched(lk, state.first_match(state.l_gid_now[state.lmap.lookup(lk)]))
@@ -432,7 +433,7 @@ def _entries(st: JoinState, gids: KeyArray, prev: bool, outer: bool) -> tuple[Ke
 def _broadcast(row_q: KeyArray, ent_q: KeyArray, ngroups: int) -> tuple[KeyArray, KeyArray]:
     """Every (row, entry) pair where the entry belongs to the row's group (``ent_q`` sorted)."""
     off = np.searchsorted(ent_q, np.arange(ngroups + 1, dtype=np.int64))
-    pos, r, _ = expand(off[row_q], off[row_q + 1] - off[row_q])
+    pos, r = expand_with_owner(off[row_q], off[row_q + 1] - off[row_q])
     return r, pos
 
 
@@ -453,7 +454,7 @@ class _Parts:
             order = np.argsort(s)
             out = RowSet.from_ranges(s[order], e[order])
         if self.keys:
-            out = out | rowset_of(np.concatenate(self.keys))
+            out = out | RowSet(bitmap_of(np.concatenate(self.keys)))
         return out
 
 
@@ -654,7 +655,7 @@ def _many(left: Table, right: Table, on: str | Sequence[str], joins: Sequence[st
         name = f"{left.name}.{op}({right.name})"
         bits = MatchBits(left.graph, match_bits or 1)
         listener = JoinListener(state, out, bits, match_bits is not None, outer, name)
-        bits.now = listener.needed_bits(np.arange(state.gid_alloc.next, dtype=np.int64))
+        bits.now = listener.needed_bits(np.arange(state.gid_alloc.end, dtype=np.int64))
         lk = left.rowset.keys()
         n = listener.n_rows(state.l_gid_now[state.lmap.lookup(lk)])
         keep = n > 0
