@@ -47,6 +47,7 @@ The model and the checks are in ``bench/_crash_model.py``, the writers in
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import queue
 import random
@@ -394,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", nargs="?", const="", default=None,
                         help="write JSON (to bench/results/crash.json, or the path given)")
     args = parser.parse_args(argv)
+    # clients warn about every stream the kills break and every abort they cannot send
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="ticktable-crash-") as tmp:
         data_dir = Path(args.data_dir) if args.data_dir else Path(tmp) / "data"
         rep = run(args.kill_points, args.seed, data_dir, watchdog=args.watchdog, echo=print)
