@@ -297,9 +297,13 @@ class Client:
                                   chunks(stream, chunk_rows), request, cb)
             if not atomic:
                 return summary
+            # name the one slot written: if the server lost it (a restart drops writes never
+            # committed), the commit fails instead of committing nothing
+            commit = pb.CommitRequest(write_id=request.write_id, all_slots=not summary.batches,
+                                      slots=[pb.StageSlot()] if summary.batches else [])
             done: pb.CommitResult = action(
-                self._flight, self.endpoint.options(timeout=None), "commit",
-                pb.CommitRequest(write_id=request.write_id, all_slots=True), pb.CommitResult)
+                self._flight, self.endpoint.options(timeout=None), "commit", commit,
+                pb.CommitResult)
             return PutSummary(rows=int(done.rows), batches=summary.batches, staged=True,
                               step=int(done.step))
         except BaseException:

@@ -203,3 +203,21 @@ def test_a_damaged_checkpoint_stops_start_up_naming_the_file(nodes, data_dir):
     part.unlink()
     with pytest.raises(CheckpointError, match="missing"):
         TicktableServer(UpdateGraph(), ServerConfig(data_dir=data_dir)).start()
+
+
+def test_a_push_whose_staged_rows_a_restart_dropped_fails_instead_of_writing_nothing(
+        nodes, data_dir, monkeypatch):
+    a = start(nodes, data_dir)
+    a.client.create_table("kv", KV, "keyed", keys=["k"])
+    real = a.server.durability.commit
+
+    def restarted_in_between(request, **kw):
+        a.server.staging.drop_open()  # what recovery does to writes never committed
+        return real(request, **kw)
+
+    monkeypatch.setattr(a.server.durability, "commit", restarted_in_between)
+    with pytest.raises(pa.ArrowInvalid, match="no slot"):
+        a.client.push("kv", pd.DataFrame({"k": [1], "s": ["a"], "v": [1.0]}), mode="upsert")
+    monkeypatch.undo()
+    summary = a.client.push("kv", pd.DataFrame({"k": [1], "s": ["a"], "v": [1.0]}), mode="upsert")
+    assert summary.rows == 1 and a.state("kv")[1] == [{"k": 1, "s": "a", "v": 1.0}]

@@ -35,8 +35,8 @@ N = 1_000_000
 
 
 class Recorder:
-    """Wraps ``server.puts.put`` or ``server.staging.commit``; every call goes through and is
-    recorded (thread-safe)."""
+    """Wraps ``server.puts.put`` or ``server.durability.commit`` (the server's commit action);
+    every call goes through and is recorded (thread-safe)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, target: Any, name: str) -> None:
         self.calls: list[dict[str, Any]] = []
@@ -295,7 +295,7 @@ def test_a_restarted_stream_applies_a_replayed_micro_batch_once(spark, server, s
                                                                  tmp_path, monkeypatch):
     schema = pa.schema([("timestamp", pa.timestamp("us", tz="UTC")), ("value", pa.int64())])
     server.registry.create_source("ticks", schema, "append")
-    commits = Recorder(monkeypatch, server.staging, "commit")
+    commits = Recorder(monkeypatch, server.durability, "commit")
     sub = subscribe("ticks")
     checkpoint = tmp_path / "checkpoint"
 
