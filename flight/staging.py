@@ -287,6 +287,12 @@ class StagingArea:
                 return pb.CommitResult(rows=0, applied=False, step=self.graph.step), 0
             write = self._writes.get(write_id)
             have = write.slots if write is not None else {}
+            if request.all_slots and write is None and request.has_batch:
+                # marking the batch applied would make its replay a no-op: data lost for good
+                raise InputError(
+                    f"write {write_id!r} holds no batches to commit as batch {request.batch_id} "
+                    f"of stream {request.stream_id!r} (a restart drops writes never committed); "
+                    f"write the batch again")
             if request.all_slots:
                 chosen = sorted(have)
             else:

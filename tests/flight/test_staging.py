@@ -117,6 +117,15 @@ def test_stream_batch_is_applied_once(env):
     assert [r["s"] for r in env.rows("a")] == ["b0", "b1", "other"]
 
 
+def test_a_stream_batch_committed_with_nothing_held_is_refused_not_marked_applied(env):
+    # after a restart dropped its staged rows, marking the batch applied would lose it for good
+    env.create("a", "append")
+    with pytest.raises(InputError, match="holds no batches to commit as batch 3 of stream 'q'"):
+        env.commit("gone", all_slots=True, stream_id="q", batch_id=3, has_batch=True)
+    env.put("a", APPEND, kv([1], ["b3"], [3]), write_id="again")
+    assert env.commit("again", all_slots=True, stream_id="q", batch_id=3, has_batch=True).applied
+
+
 def test_expire_drops_abandoned_writes_only(env):
     env.create("a", "append")
     env.put("a", APPEND, kv([1], ["x"], [1]), write_id="old", partition=0)
