@@ -204,8 +204,8 @@ def _hash_binary(arr: pa.Array) -> U64:
 def _hash_strings(arr: pa.Array) -> U64:
     """:func:`_hash_binary`, through a dictionary when a sample shows many repeats."""
     n = len(arr)
-    # a dictionary pays from ~1 repeat in 40 sampled values on (up to ~20k distinct per 1M:
-    # 4x faster at 1k distinct); with fewer repeats, building it costs more than it saves
+    # a dictionary pays from ~1 repeat in 40 sampled values on; with fewer repeats,
+    # building it costs more than it saves
     if n >= _DICT_MIN and len(pc.unique(arr.slice(0, _DICT_SAMPLE))) * 40 <= 39 * _DICT_SAMPLE:
         enc = pc.dictionary_encode(arr)
         return _hash_dictionary(enc)
@@ -469,7 +469,7 @@ def group_equal(h: U64, same: Same | None) -> tuple[I64, I64]:
     n = h.size
     if n == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    order = np.argsort(h)  # quicksort: ~5x faster than a stable sort on random hashes
+    order = np.argsort(h)  # quicksort: faster than a stable sort on random hashes (bench_library)
     hs = h[order]
     new = np.empty(n, dtype=bool)
     new[0] = True

@@ -45,7 +45,7 @@ adds its new ones.
 every row with one shift in that cycle (O(rows), and each growth at least doubles the
 room). Small ``R`` matters: RowSets are Roaring bitmaps with one container per 2**16
 keys, so ``R = 16`` would put every left row in its own container and make each RowSet
-operation on a 1M-row result cost ~1 s instead of ~1 ms. ``match_bits=`` fixes ``R``
+operation on a 1M-row result a thousand times dearer. ``match_bits=`` fixes ``R``
 instead; more than ``2**R`` matches then fail the table. Left row keys must stay below
 ``2**(63 - R)``.
 
