@@ -94,7 +94,7 @@ def run(n: int, k: int, cycles: int, rng: np.random.Generator, check: bool) -> d
         mod = rng.integers(0, next_key, k)
         batch = rows(rng, np.concatenate((mod, np.arange(next_key, next_key + APPEND))))
         # keep Sym and Qty of modified rows: only Price changes for them
-        cur = src.rows(_row_keys(src, mod), ["Sym", "Qty"])
+        cur = src.lookup(pa.table({"Key": mod})).rows.select(["Sym", "Qty"])
         batch = batch.set_column(0, "Sym", pa.concat_arrays([cur.column("Sym").combine_chunks(),
                                                              batch.column("Sym").slice(k).combine_chunks()]))
         batch = batch.set_column(3, "Qty", pa.concat_arrays([cur.column("Qty").combine_chunks(),
@@ -125,13 +125,6 @@ def run(n: int, k: int, cycles: int, rng: np.random.Generator, check: bool) -> d
            "pandas": stats_ms(pandas_ns)}
     out["speedup_vs_pandas"] = out["pandas"]["median_ms"] / out["chain"]["median_ms"]
     return out
-
-
-def _row_keys(src, keys: np.ndarray) -> np.ndarray:
-    """Row keys of ``keys`` in the keyed source (their Key values are unique)."""
-    from engine.sources import _key_hashes
-
-    return src._index.lookup(_key_hashes(pa.table({"Key": keys}), ["Key"]))
 
 
 def main() -> None:
