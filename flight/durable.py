@@ -194,12 +194,18 @@ class Durability:
 
     def apply(self, entry: TableEntry, parts: list[Part]) -> None:
         """Stage the parts of one batch into ``entry``'s table (see :meth:`StagingArea.apply`)."""
+        if self.journal is None:  # in memory: nothing to encode
+            self.staging.apply(entry, parts)
+            return
         metas, payload = encode_parts(parts)
         self._record("apply", entry.name, {"parts": metas}, payload,
                      lambda seq: self.staging.apply(entry, parts))
 
     def hold(self, write_id: str, slot: tuple[int, int], parts: list[Part], rows: int) -> None:
         """Hold a batch of an uncommitted write (see :meth:`StagingArea.hold`)."""
+        if self.journal is None:  # in memory: nothing to encode
+            self.staging.hold(write_id, slot, parts, rows)
+            return
         metas, payload = encode_parts(parts)
 
         def run(seq: int) -> None:
