@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 from engine.errors import TableFailed
@@ -113,8 +113,10 @@ class UpdateGraph:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
-        # Held around every cycle, taken before the graph's own lock. The server's durability
-        # layer holds it while it stages a journaled write, so a cycle takes whole records.
+        # Held while a cycle starts, taken before the graph's own lock. The server's
+        # durability layer holds it while it stages a journaled write: with a gate, every
+        # source table takes its staged writes first (``_take_for_cycle``), then the gate
+        # is let go, so a cycle takes whole records and writes go on staging meanwhile.
         self.cycle_gate: AbstractContextManager[object] | None = None
 
     # registration -----------------------------------------------------------------
@@ -177,31 +179,42 @@ class UpdateGraph:
     # the cycle --------------------------------------------------------------------
     def run_cycle(self) -> int:
         """Run one update cycle now; returns the new step."""
-        with self.cycle_gate or nullcontext(), self.exclusive_lock():
-            t0 = time.perf_counter()
-            self.step += 1
-            self.phase = "updating"
-            touched: list[Table] = []
-            try:
-                for node in self.tables:
-                    self._visit(node, touched)
-                for callback in list(self._terminal):
-                    try:
-                        callback(self.step)
-                    except Exception:
-                        log.exception("terminal listener %r raised; removed", callback)
-                        self._terminal.remove(callback)
-            finally:
-                for source in self._tracked.values():
-                    source.end_cycle()
-                self._tracked.clear()
-                for node in touched:
-                    node._end_cycle()
-                self.phase = "idle"
-                self.last_cycle_seconds = time.perf_counter() - t0
-            log.debug("cycle %d: %d tables updated in %.3f ms", self.step, len(touched),
-                      self.last_cycle_seconds * 1e3)
-            return self.step
+        gate = self.cycle_gate
+        with ExitStack() as gated:
+            if gate is not None:
+                gated.enter_context(gate)
+            with self.exclusive_lock():
+                if gate is not None:
+                    for node in self.tables:  # this cycle applies what is staged now
+                        node._take_for_cycle()
+                    gated.close()  # writes staged from here on wait for the next cycle
+                return self._run_locked()
+
+    def _run_locked(self) -> int:
+        t0 = time.perf_counter()
+        self.step += 1
+        self.phase = "updating"
+        touched: list[Table] = []
+        try:
+            for node in self.tables:
+                self._visit(node, touched)
+            for callback in list(self._terminal):
+                try:
+                    callback(self.step)
+                except Exception:
+                    log.exception("terminal listener %r raised; removed", callback)
+                    self._terminal.remove(callback)
+        finally:
+            for source in self._tracked.values():
+                source.end_cycle()
+            self._tracked.clear()
+            for node in touched:
+                node._end_cycle()
+            self.phase = "idle"
+            self.last_cycle_seconds = time.perf_counter() - t0
+        log.debug("cycle %d: %d tables updated in %.3f ms", self.step, len(touched),
+                  self.last_cycle_seconds * 1e3)
+        return self.step
 
     def _visit(self, node: Table, touched: list[Table]) -> None:
         if node.failure is not None:

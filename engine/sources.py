@@ -137,6 +137,7 @@ class _SourceTable(Table):
         self._pending: list[tuple[str, pa.Table]] = []
         # re-entrant: a thread holding it for a check-then-stage stages through _stage
         self._pending_lock = threading.RLock()
+        self._taken: list[tuple[str, pa.Table]] | None = None  # see _take_for_cycle
         self._writer: int | None = None  # thread holding write_lock()
 
     @staticmethod
@@ -150,8 +151,18 @@ class _SourceTable(Table):
 
     def _take_pending(self) -> list[tuple[str, pa.Table]]:
         with self._pending_lock:
+            if self._taken is not None:  # set aside when the cycle began
+                pending, self._taken = self._taken, None
+                return pending
             pending, self._pending = self._pending, []
         return pending
+
+    def _take_for_cycle(self) -> None:
+        if self.parents:  # written by its own listener during the cycle (a dataflow's table)
+            return
+        with self._pending_lock:
+            self._taken = (self._taken or []) + self._pending
+            self._pending = []
 
     @property
     def pending_rows(self) -> int:

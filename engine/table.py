@@ -197,6 +197,9 @@ class Table:
     def _compute_update(self) -> TableUpdate | None:
         raise NotImplementedError
 
+    def _take_for_cycle(self) -> None:
+        """Set aside the writes the coming cycle applies (source tables; ``graph.cycle_gate``)."""
+
     def _commit(self, update: TableUpdate, *, validate: bool) -> None:
         prev = self.rowset
         cur = update.apply(prev)

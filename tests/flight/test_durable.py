@@ -17,6 +17,7 @@ import pytest
 
 import ticktable as tt
 from engine.graph import UpdateGraph
+from engine.rowset import RowSet
 from flight.checkpoint import CheckpointError
 from flight.pb import flight_pb2 as pb
 from flight.server import ServerConfig, TicktableServer
@@ -221,3 +222,38 @@ def test_a_push_whose_staged_rows_a_restart_dropped_fails_instead_of_writing_not
     monkeypatch.undo()
     summary = a.client.push("kv", pd.DataFrame({"k": [1], "s": ["a"], "v": [1.0]}), mode="upsert")
     assert summary.rows == 1 and a.state("kv")[1] == [{"k": 1, "s": "a", "v": 1.0}]
+
+
+def test_writes_are_acknowledged_while_a_cycle_runs_and_go_to_the_next_one(tmp_path):
+    import threading
+
+    from engine.table import Derivation, derive
+    from flight.staging import Part
+
+    graph = UpdateGraph()
+    server = TicktableServer(graph, ServerConfig(grpc_port=None, data_dir=tmp_path)).start()
+    try:
+        d = server.durability
+        entry = d.create_table("kv", KV, "keyed", keys=["k"], capacity=0, if_not_exists=False)
+        inside, release = threading.Event(), threading.Event()
+
+        class Slow:  # a derived table whose listener holds the cycle until told
+            def on_update(self, up):
+                inside.set()
+                assert release.wait(30)
+                return up
+
+        derive([entry.table], lambda: Derivation(KV, entry.table.columns, RowSet(), Slow()))
+        row = pa.table({"k": [1], "s": ["a"], "v": [1.0]}, schema=KV)
+        d.apply(entry, [Part("kv", "upsert", row)])
+        cycle = threading.Thread(target=graph.run_cycle)
+        cycle.start()
+        assert inside.wait(30)
+        d.apply(entry, [Part("kv", "upsert", row.set_column(2, "v", pa.array([2.0])))])  # acked now
+        release.set()
+        cycle.join(30)
+        assert entry.table.to_arrow().column("v").to_pylist() == [1.0]  # the cycle took record 1
+        graph.run_cycle()
+        assert entry.table.to_arrow().column("v").to_pylist() == [2.0]
+    finally:
+        server.shutdown()
