@@ -577,11 +577,15 @@ class KeyedTable(_SourceTable):
         h = _key_hashes(keys_t, self.keys)
         order, starts = group_equal(  # writes grouped by key, exactly
             h, None if self._index.exact else (lambda i, j: same_rows(keys_t, i, j)))
-        last = np.sort(np.maximum.reduceat(order, starts))  # last write per key, in staging order
+        if starts.size == order.size:  # every key written once: no sort needed
+            last = np.arange(order.size)
+        else:  # the last write per key, in staging order
+            last = np.sort(np.maximum.reduceat(order, starts))
         h = h[last]
         up_mask = np.concatenate(is_up)[last]
         rows = np.concatenate(row_of)[last]
-        found = self._index.lookup(h, self._same_as_held(keys_t.take(pa.array(last))))
+        found = self._index.lookup(  # exact keys need no verification, nor the key rows
+            h, None if self._index.exact else self._same_as_held(keys_t.take(pa.array(last))))
 
         # deletes of present keys -> removed
         del_sel = ~up_mask & (found >= 0)
