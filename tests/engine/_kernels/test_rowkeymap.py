@@ -1,9 +1,6 @@
-"""engine._kernels.rowkeymap: RowKeyMap against a plain dict, dense and hashed (a sorted base
-and a delta: bulk loads, tombstones, folds, dissolves, the base's directory), with shifts."""
+"""engine._kernels.rowkeymap: RowKeyMap against a plain dict, dense and hashed, with shifts."""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -101,146 +98,6 @@ def test_shift_moves_ranges_at_once():
     _check(m, {1: 10, 2: 20, 3: 30, 5: 70, 6: 80})
 
 
-def _sparse(m: RowKeyMap) -> rowkeymap._Sparse:
-    assert m._sparse is not None
-    return m._sparse
-
-
-def test_sorted_sparse_batch_becomes_the_base():
-    keys = np.frombuffer((np.arange(10_000, dtype=np.int64) << 24).tobytes(), dtype=np.int64)
-    m = RowKeyMap()
-    m.insert(keys, np.arange(keys.size))  # read-only input (a bitmap's array)
-    sp = _sparse(m)
-    assert m.hashed and sp.delta.count == 0 and sp.keys.tolist() == keys.tolist()
-    assert sp.keys.base is None  # copied: the caller may reuse its arrays
-    assert m.lookup(_a([0, 5 << 24, (5 << 24) + 1, 9999 << 24, 10_000 << 24])).tolist() == [
-        0, 5, -1, 9999, -1]
-    _check(m, dict(zip(keys.tolist(), range(keys.size), strict=True)))
-
-
-def test_unsorted_batch_is_sorted_into_the_base():
-    m = RowKeyMap()
-    keys = (np.random.default_rng(0).permutation(10_000) << 30).astype(np.int64)
-    m.insert(keys, keys >> 30)
-    assert _sparse(m).delta.count == 0
-    _check(m, {k: k >> 30 for k in keys.tolist()})
-
-
-def test_tombstones_revive_in_place():
-    keys = np.arange(10_000, dtype=np.int64) << 24
-    k = keys.tolist()
-    m = RowKeyMap()
-    m.insert(keys, np.arange(10_000))
-    sp = _sparse(m)
-    m.remove(keys[100:200])
-    assert sp.dead == 100 and m.count == 9900
-    assert m.lookup(keys[99:101]).tolist() == [99, -1]
-    m.insert(keys[150:160], np.arange(10))  # a plain insert does not look: to the delta
-    assert sp.delta.count == 10 and sp.dead == 100
-    m.put(keys[160:170], np.arange(10))  # a put looks anyway: revived in place
-    assert sp.delta.count == 10 and sp.dead == 90 and m.count == 9920
-    m.put(keys[[149, 150]], _a([70, 71]))  # a tombstone, and a tombstone's key live in the delta
-    assert sp.delta.count == 10 and sp.dead == 89 and m.count == 9921
-    m.set_values(keys[[151, 160]], _a([72, 73]))
-    assert m.lookup(keys[148:153]).tolist() == [-1, 70, 71, 72, 2]
-    # a shift closing a gap lands on the keys it vacates: values move, keys stay
-    m.remove(keys[:1])
-    m.move(keys[1:50], keys[:49])
-    assert sp.delta.count == 10 and sp.dead == 90 and _sparse(m) is sp
-    model = {k[i]: i for i in range(10_000) if not 100 <= i < 200}
-    model.update(zip(k[:49], range(1, 50), strict=True))
-    del model[k[49]]
-    model.update(zip(k[149:170], [70, 71, 72, *range(2, 10), 73, *range(1, 10)], strict=True))
-    assert m.move(_a([k[149], 12345]), _a([k[149] + 1, 12346])).tolist() == [70, -1]  # one absent
-    model[k[149] + 1] = model.pop(k[149])
-    _check(m, model)
-
-
-def test_the_fold_rule():
-    keys = np.arange(40_000, dtype=np.int64) << 24
-    m, model = RowKeyMap(), dict[int, int]()
-
-    def insert(a: int, b: int) -> None:
-        m.insert(keys[a:b], np.arange(b - a))
-        model.update(zip(keys[a:b].tolist(), range(b - a), strict=True))
-
-    def remove(a: int, b: int) -> None:
-        m.remove(keys[a:b])
-        for k in keys[a:b].tolist():
-            del model[k]
-
-    insert(0, 10_000)  # into nothing: the base
-    sp = _sparse(m)
-    remove(0, 1000)
-    insert(10_000, 11_000)  # 1000 * 8 < 10k entries: to the delta
-    insert(11_000, 11_250)
-    assert sp.delta.count == 1250 and sp.dead == 1000 and sp.keys.size == 10_000
-    insert(11_250, 12_750)  # 1500 * 8 > 11_250 entries: a fold
-    assert sp.delta.count == 0 and sp.dead == 0 and sp.keys.size == m.count == 11_750
-    remove(1000, 4000)  # removes never drop tombstones
-    assert sp.dead == 3000 and sp.keys.size == 11_750
-    insert(12_750, 12_760)  # tombstones past a quarter, a small delta: a fold
-    assert sp.dead == 0 and sp.delta.count == 0 and sp.keys.size == m.count == 8760
-    for a in range(20_000, 25_000, 1000):  # churn: inserts to the delta, then removes
-        insert(a, a + 1000)
-    remove(4000, 6200)
-    assert sp.dead == 2200 and sp.delta.count == 5000
-    insert(30_000, 30_010)  # tombstones past a quarter, a big delta: the base dissolves
-    assert sp.keys.size == 0 and sp.dead == 0 and sp.delta.count == m.count == 11_570
-    remove(20_000, 20_010)  # the delta holds most keys: probed first
-    _check(m, model)
-
-
-def test_lookups_fold_a_delta_they_keep_probing():
-    keys = np.arange(20_000, dtype=np.int64) << 24
-    m = RowKeyMap()
-    m.insert(keys[:10_000], np.arange(10_000))
-    sp = _sparse(m)
-    m.insert(keys[10_000:10_100], np.arange(100))
-    probe = keys[9950:10_050]
-    for _ in range(3):  # each probe of the delta costs 3072 + 2 * 50 keys folded; 10_100 held
-        assert sp.delta.count == 100
-        assert m.lookup(probe).tolist() == [*range(9950, 10_000), *range(50)]
-    m.lookup(probe)
-    assert sp.delta.count == 0 and sp.keys.size == 10_100
-    assert m.lookup(probe).tolist() == [*range(9950, 10_000), *range(50)]
-
-
-def test_small_maps_fold_small_batches():
-    m = RowKeyMap()
-    m.insert(_a([1 << 40]), _a([0]))  # dense
-    m.insert(_a([5, 1 << 41]), _a([1, 2]))  # hashed: 2 keys * 8 > the 1 held: one base
-    sp = _sparse(m)
-    assert sp.keys.tolist() == [5, 1 << 40, 1 << 41] and sp.delta.count == 0
-    _check(m, {5: 1, 1 << 40: 0, 1 << 41: 2})
-
-
-@pytest.mark.parametrize("kind", ["uniform", "regions", "island", "clustered", "tiny"])
-@pytest.mark.parametrize("scan", [0, 1, 8])
-def test_directory_finds_what_binary_search_finds(kind, scan):
-    rng = np.random.default_rng(7)
-    if kind == "uniform":
-        keys = np.unique(rng.integers(0, 1 << 40, 50_000))
-    elif kind == "regions":  # a merge: dense islands at i << 40
-        keys = np.concatenate([(i << 40) + np.arange(5000) * (1 + i) for i in range(4)])
-    elif kind == "island":  # spread keys and one dense island: a level-2 segment alone
-        keys = np.unique(np.concatenate([rng.integers(0, 1 << 49, 5000), (1 << 50) + np.arange(5000)]))
-    elif kind == "clustered":
-        keys = np.unique(np.concatenate([c + rng.integers(0, 1 << k, 3000)
-                                         for k, c in zip([4, 12, 30, 50], [0, 1 << 20, 1 << 40, 1 << 55],
-                                                         strict=True)]))
-    else:
-        keys = _a([7])
-    keys = keys.astype(np.int64)
-    q = np.concatenate([rng.choice(keys, 20_000), keys[:5] - 1, keys[-5:] + 1, _a([-1, -(1 << 62), 1 << 62]),
-                        rng.integers(0, keys[-1] + 2, 5000)])
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rowkeymap, "_SCAN", scan)
-        found = rowkeymap._Directory(keys).find(q)
-    p = np.minimum(np.searchsorted(keys, q), keys.size - 1)
-    assert found.tolist() == np.where(keys[p] == q, p, -1).tolist()
-
-
 # property tests -----------------------------------------------------------------------------
 _keys = st.lists(st.one_of(st.integers(0, 60), st.integers(0, 1 << 45)), max_size=25)
 _ops = st.lists(
@@ -283,32 +140,9 @@ def test_against_dict(slack, ops):
         _run_against_dict(ops)
 
 
-# the hashed layout's parts: folds at every chance or almost never, the base probed by
-# binary search or by a directory with crowded buckets everywhere
-_HASHED = [pytest.param(b, r, s, c, id=f"batch{b}-rent{r}-scan{s}-call{c}")
-           for b, r, s, c in [(8, 32, 8, 3072), (1, 10**9, 0, 0), (1, 10**9, 8, 64),
-                              (10**9, 10**9, 1, 10**9), (2, 0, 8, 3072)]]
-
-
-@pytest.mark.parametrize(("batch", "rent", "scan", "call"), _HASHED)
-@given(bulk=st.lists(st.one_of(st.integers(0, 60), st.integers(0, 1 << 45)), max_size=40, unique=True),
-       ops=_ops)
-def test_hashed_against_dict(batch, rent, scan, call, bulk, ops):
-    """A sorted bulk load (the base), then the random operations."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rowkeymap, "SPARSE_SLACK", 0)
-        mp.setattr(rowkeymap, "_BATCH", batch)
-        mp.setattr(rowkeymap, "_RENT", rent)
-        mp.setattr(rowkeymap, "_SCAN", scan)
-        mp.setattr(rowkeymap, "_DELTA_CALL", call)
-        _run_against_dict(ops, sorted(bulk))
-
-
-def _run_against_dict(ops: list[tuple[str, list[int], int, int]], bulk: Sequence[int] = ()) -> None:
+def _run_against_dict(ops: list[tuple[str, list[int], int, int]]) -> None:
     m, model = RowKeyMap(), dict[int, int]()
-    m.insert(_a(list(bulk)), _a(list(range(len(bulk)))))
-    model.update(zip(bulk, range(len(bulk)), strict=True))
-    counter = len(bulk)
+    counter = 0
     for op, ks, n, n2 in ops:
         ks = list(dict.fromkeys(ks))  # distinct within a call
         vals = list(range(counter, counter + len(ks)))
