@@ -46,6 +46,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -56,7 +57,7 @@ import pyarrow as pa
 from engine.errors import InputError
 from engine.graph import UpdateGraph
 from flight.checkpoint import ROW_KEY, read_checkpoint, write_checkpoint
-from flight.journal import Journal, Record, ipc_bytes, read_ipc
+from flight.journal import Blob, Chain, Journal, Record, ipc_bytes, read_ipc
 from flight.pb import flight_pb2 as pb
 from flight.registry import TableEntry, TableRegistry
 from flight.staging import Part, StagingArea
@@ -90,7 +91,7 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text)
 
 
-def encode_parts(parts: list[Part]) -> tuple[list[dict[str, Any]], bytes]:
+def encode_parts(parts: list[Part]) -> tuple[list[dict[str, Any]], Blob]:
     """Parts as JSON descriptions and one payload of concatenated IPC streams."""
     metas, blobs = [], []
     for p in parts:  # one IPC stream per part
@@ -100,15 +101,17 @@ def encode_parts(parts: list[Part]) -> tuple[list[dict[str, Any]], bytes]:
         blob = ipc_bytes(data)
         metas.append({"table": p.table, "kind": p.kind, "bytes": blob.size,
                       "diffs": p.diffs is not None})
-        blobs.append(blob.to_pybytes() if isinstance(blob, pa.Buffer) else bytes(blob))
+        blobs.append(blob)
+    if len(blobs) == 1:  # the common case: the IPC buffer itself, no copy
+        return metas, blobs[0]
     return metas, b"".join(blobs)
 
 
-def decode_parts(metas: list[dict[str, Any]], payload: bytes) -> list[Part]:
+def decode_parts(metas: list[dict[str, Any]], payload: Blob) -> list[Part]:
     """Inverse of :func:`encode_parts`."""
     parts, at = [], 0
     for m in metas:  # one IPC stream per part
-        data = read_ipc(payload[at: at + m["bytes"]])
+        data = read_ipc(memoryview(payload)[at: at + m["bytes"]])
         at += m["bytes"]
         diffs = None
         if m["diffs"]:
@@ -174,23 +177,36 @@ class Durability:
         self._gate.release()
 
     # the write path -----------------------------------------------------------------------
-    def _record(self, kind: str, table: str | None, meta: dict[str, Any], payload: bytes,
+    def _record(self, kind: str, table: str | None, meta: dict[str, Any], payload: Blob,
                 apply: Callable[[int], T]) -> T:
         """Journal, then apply in journal order; in memory, apply at once."""
         if self.journal is None:
             return apply(0)
-        box: list[T] = []
+        return self._submit(kind, table, meta, payload, apply, None).result()
+
+    def _submit(self, kind: str, table: str | None, meta: dict[str, Any], payload: Blob,
+                apply: Callable[[int], T], chain: Chain | None) -> Future[T]:
+        """Queue a record; the future is the apply's result once durable and applied."""
+        assert self.journal is not None
+        out: Future[T] = Future()
 
         def run(seq: int) -> None:
             with self._gate:
                 try:
-                    box.append(apply(seq))
+                    out.set_result(apply(seq))
+                except BaseException as exc:
+                    out.set_exception(exc)
+                    raise
                 finally:
                     self._applied = seq
 
-        self.journal.append(kind, table, json.dumps(meta).encode(), payload, apply=run)
-        self._since_bytes += len(payload) + 64
-        return box[0]
+        done = self.journal.submit(kind, table, json.dumps(meta).encode(), payload, apply=run,
+                                   chain=chain)
+        # not durable (the apply never ran): the journal's error is the answer
+        done.add_done_callback(lambda f: None if out.done() or f.exception() is None
+                               else out.set_exception(f.exception()))
+        self._since_bytes += memoryview(payload).nbytes + 64
+        return out
 
     def apply(self, entry: TableEntry, parts: list[Part]) -> None:
         """Stage the parts of one batch into ``entry``'s table (see :meth:`StagingArea.apply`)."""
@@ -200,6 +216,19 @@ class Durability:
         metas, payload = encode_parts(parts)
         self._record("apply", entry.name, {"parts": metas}, payload,
                      lambda seq: self.staging.apply(entry, parts))
+
+    def submit(self, entry: TableEntry, parts: list[Part], chain: Chain) -> Future[None]:
+        """:meth:`apply` without waiting: the future is done once the batch is durable and
+        staged. Batches of one ``chain`` (one DoPut stream) become durable as a prefix.
+
+        Only for writes whose refusal at apply time is permanent for the table (append,
+        upsert, delete: a failed table), so that no batch after a refused one could apply.
+        """
+        if self.journal is None:  # in memory: at once
+            return self.staging.submit(entry, parts)
+        metas, payload = encode_parts(parts)
+        return self._submit("apply", entry.name, {"parts": metas}, payload,
+                            lambda seq: self.staging.apply(entry, parts), chain)
 
     def hold(self, write_id: str, slot: tuple[int, int], parts: list[Part], rows: int) -> None:
         """Hold a batch of an uncommitted write (see :meth:`StagingArea.hold`)."""

@@ -82,6 +82,7 @@ __all__ = [
     "JournalStats",
     "JournalUnavailable",
     "Record",
+    "Chain",
     "ipc_bytes",
     "read_ipc",
 ]
@@ -107,6 +108,21 @@ class DedupeUpdate:
 
     streams: tuple[tuple[str, int], ...] = ()
     writes: tuple[tuple[str, bytes], ...] = ()
+
+
+class Chain:
+    """Records of one writer that must become durable as a prefix (one DoPut stream).
+
+    Pass the same chain to :meth:`Journal.submit` for each record. Once one of them fails to
+    become durable (disk full, read-only, I/O error), the chain is broken: its records still
+    queued fail with the same error without being written, and later submits are refused,
+    so no record of the chain is durable after one that is not.
+    """
+
+    __slots__ = ("broken",)
+
+    def __init__(self) -> None:
+        self.broken: BaseException | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +151,21 @@ class JournalStats:
 def ipc_bytes(data: pa.Table | pa.RecordBatch) -> pa.Buffer:
     """Serialize ``data`` as one Arrow IPC stream, for a record's ``payload``.
 
-    Returns a ``pyarrow.Buffer``: bytes-like, the journal takes it without a copy into ``bytes``.
+    Batches of :data:`COMPRESS_MIN_BYTES` or more are LZ4-compressed (Arrow's IPC buffer
+    compression; :func:`read_ipc` and any Arrow reader undo it): fewer bytes to fsync, on
+    the writer's thread. Returns a ``pyarrow.Buffer``: bytes-like, the journal takes it
+    without a copy into ``bytes``.
     """
     sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, data.schema) as writer:
+    options = _LZ4 if data.nbytes >= COMPRESS_MIN_BYTES else None
+    with ipc.new_stream(sink, data.schema, options=options) as writer:
         writer.write(data)
     return sink.getvalue()
+
+
+#: Payloads at least this large are compressed by :func:`ipc_bytes`.
+COMPRESS_MIN_BYTES = 64 << 10
+_LZ4 = ipc.IpcWriteOptions(compression="lz4_frame")
 
 
 def read_ipc(payload: Blob) -> pa.Table:
@@ -163,6 +188,7 @@ class _Pending:
     apply: Callable[[int], object] | None
     dedupe: DedupeUpdate | None
     future: Future[int]
+    chain: Chain | None = None
 
 
 @dataclass(slots=True)
@@ -261,6 +287,23 @@ class Journal:
             raise RuntimeError("Journal.append inside apply would wait for itself; "
                                "use append_nowait")
         return self._submit(kind, table, meta, payload, apply, dedupe)[1].result()
+
+    def submit(self, kind: str, table: str | None, meta: Blob, payload: Blob = b"", *,
+               apply: Callable[[int], object] | None = None,
+               dedupe: DedupeUpdate | None = None, chain: Chain | None = None) -> Future[int]:
+        """Queue one record and return at once: a future of its seq, done once it is durable
+        and applied (:meth:`append` waits for it). Lets one writer keep several records in
+        flight, acknowledging each as its future completes.
+
+        Parameters as :meth:`append`; ``chain`` makes the writer's records durable as a
+        prefix (:class:`Chain`). The future raises what :meth:`append` would.
+
+        Raises
+        ------
+        JournalUnavailable
+            At once, if the journal is closed or broken, or ``chain`` is broken.
+        """
+        return self._submit(kind, table, meta, payload, apply, dedupe, chain)[1]
 
     def append_nowait(self, kind: str, table: str | None, meta: Blob, payload: Blob = b"", *,
                       apply: Callable[[int], object] | None = None,
@@ -380,17 +423,20 @@ class Journal:
 
     def _submit(self, kind: str, table: str | None, meta: Blob, payload: Blob,
                 apply: Callable[[int], object] | None,
-                dedupe: DedupeUpdate | None) -> tuple[int, Future[int]]:
+                dedupe: DedupeUpdate | None,
+                chain: Chain | None = None) -> tuple[int, Future[int]]:
         # the body CRC is the expensive part: computed here, on the writer's thread
         body = zlib.crc32(payload, zlib.crc32(meta))
         nbytes = memoryview(meta).nbytes + memoryview(payload).nbytes
         future: Future[int] = Future()
         with self._cond:
             self._check_open()
+            if chain is not None and chain.broken is not None:
+                raise chain.broken
             seq = self._next_seq
             self._next_seq += 1
             self._queue.append(_Pending(seq, kind, table, meta, payload, body, nbytes, apply,
-                                        dedupe, future))
+                                        dedupe, future, chain))
             self._cond.notify_all()
         return seq, future
 
@@ -473,6 +519,8 @@ class Journal:
                 return
         except Exception as exc:  # a value sqlite cannot bind: nothing was written
             self._committed_anyway(exc, group)
+            self._break_chains(group, lambda: JournalUnavailable(
+                self._path, "an earlier record of this stream was not written"))
             for p in group:
                 p.future.set_exception(exc)
             return
@@ -517,11 +565,31 @@ class Journal:
         cls, reason = _fmt.classify(exc, self._path)
         log.error("journal %s: %s; %d record(s) not written (seq %d..%d)", self._path, reason,
                   len(group), group[0].seq, group[-1].seq)
+        message = (f"{reason}: the write was not made durable and nothing of it was applied; "
+                   f"retry later")
         with self._cond:
             self._failed += 1
+        self._break_chains(group, lambda: cls(self._path, f"{reason}: an earlier record of "
+                                              f"this stream was not made durable; nothing "
+                                              f"after it was written"))
         for p in group:  # one exception object per writer: each raises it on its own thread
-            p.future.set_exception(cls(self._path, f"{reason}: the write was not made durable "
-                                   f"and nothing of it was applied; retry later"))
+            p.future.set_exception(cls(self._path, message))
+
+    def _break_chains(self, group: list[_Pending], error: Callable[[], BaseException]) -> None:
+        """The group was not written: break its records' chains, fail what queues behind."""
+        with self._cond:
+            for p in group:
+                if p.chain is not None and p.chain.broken is None:
+                    p.chain.broken = error()
+            dropped = [p for p in self._queue if isinstance(p, _Pending)
+                       and p.chain is not None and p.chain.broken is not None]
+            if dropped:
+                self._queue = deque(p for p in self._queue
+                                    if not (isinstance(p, _Pending) and p.chain is not None
+                                            and p.chain.broken is not None))
+        for p in dropped:  # queued behind a failed record of their stream: never written
+            assert p.chain is not None and p.chain.broken is not None
+            p.future.set_exception(p.chain.broken)
 
     def _run_task(self, task: _Task) -> None:
         try:

@@ -31,7 +31,9 @@ No request metadata means ``UPSERT`` for a keyed table and ``APPEND`` otherwise.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,6 +46,7 @@ from engine.differential.zset import DIFF, TIME
 from engine.errors import InputError, InvalidKeyError, ProtocolError, SchemaError
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable, conform
 from flight._requests import check_metadata_size, parse, table_name
+from flight.journal import Chain
 from flight.pb import flight_pb2 as pb
 from flight.registry import TableEntry, TableRegistry
 from flight.staging import Part
@@ -67,6 +70,8 @@ class Stager(Protocol):
 
     def apply(self, entry: TableEntry, parts: list[Part]) -> None: ...
 
+    def submit(self, entry: TableEntry, parts: list[Part], chain: Chain) -> Future[None]: ...
+
     def hold(self, write_id: str, slot: tuple[int, int], parts: list[Part], rows: int) -> None: ...
 
 
@@ -87,14 +92,21 @@ class PutHandler:
         Largest ``app_metadata`` accepted with the first message.
     max_batch_bytes
         Largest record batch accepted.
+    max_in_flight_bytes
+        How many bytes of one stream's batches may be on their way to stable storage
+        before the stream waits for the oldest to be acknowledged (appends, upserts and
+        deletes without a ``write_id`` are pipelined this way: the next batch is read and
+        checked while the journal writes the last; acks stay in batch order).
     """
 
     def __init__(self, registry: TableRegistry, staging: Stager, *,
-                 max_metadata_bytes: int = 1 << 20, max_batch_bytes: int = 256 << 20) -> None:
+                 max_metadata_bytes: int = 1 << 20, max_batch_bytes: int = 256 << 20,
+                 max_in_flight_bytes: int = 64 << 20) -> None:
         self.registry = registry
         self.staging = staging
         self.max_metadata_bytes = max_metadata_bytes
         self.max_batch_bytes = max_batch_bytes
+        self.max_in_flight_bytes = max_in_flight_bytes
 
     def serve(self, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
         """One DoPut call: ``reader`` yields the client's messages, ``writer`` takes the acks.
@@ -147,7 +159,10 @@ class PutHandler:
         Each batch is checked, then staged into the table (no ``write_id``: visible after
         the next cycle) or held in the stage slot ``(write_id, partition, attempt)``, then
         acknowledged with ``ack`` (``batch_index`` from 0, its ``rows``, ``total_rows`` so far,
-        ``staged``). A DIFF batch sees the writes staged before it, this stream's included.
+        ``staged``), in batch order. A DIFF batch sees the writes staged before it, this
+        stream's included. Appends, upserts and deletes without a ``write_id`` are pipelined
+        (up to ``max_in_flight_bytes`` on their way to the journal); a stream that fails
+        stops there: no batch after the failed one is staged.
 
         Parameters
         ----------
@@ -176,6 +191,8 @@ class PutHandler:
         entry = self.registry.get(table_name)
         kind = check_mode(entry, request.mode)
         staged = bool(request.write_id)
+        if not staged and kind != "diff":
+            return self._pipelined(entry, kind, batches, ack)
         slot = (int(request.partition), int(request.attempt))
         total = 0
         for index, batch in enumerate(batches):
@@ -186,6 +203,47 @@ class PutHandler:
                 self.staging.apply(entry, parts)
             total += batch.num_rows
             ack(pb.PutAck(batch_index=index, rows=batch.num_rows, total_rows=total, staged=staged))
+        return total
+
+    def _pipelined(self, entry: TableEntry, kind: str, batches: Iterable[pa.RecordBatch],
+                   ack: Callable[[pb.PutAck], None]) -> int:
+        """Check and submit each batch without waiting; acknowledge in order as each lands.
+
+        The refusals possible after a batch was submitted (a failed table, a journal that
+        cannot write) are permanent for the table or break the chain, so a batch after a
+        failed one is never staged: the stream's staged batches are always a prefix.
+        """
+        chain = Chain()
+        flight_: deque[tuple[Future[None], int, int]] = deque()  # (future, rows, bytes)
+        in_flight = acked = total = 0
+
+        def ack_head() -> None:
+            nonlocal in_flight, acked, total
+            future, rows, nbytes = flight_.popleft()
+            future.result()  # raises the batch's refusal: the stream stops here
+            in_flight -= nbytes
+            total += rows
+            ack(pb.PutAck(batch_index=acked, rows=rows, total_rows=total, staged=False))
+            acked += 1
+
+        try:
+            for batch in batches:
+                try:
+                    parts = check_batch(entry, kind, batch)
+                except Exception:
+                    while flight_:  # the batches before the bad one stay: acknowledge them
+                        ack_head()
+                    raise
+                nbytes = sum(p.nbytes for p in parts)
+                flight_.append((self.staging.submit(entry, parts, chain), batch.num_rows, nbytes))
+                in_flight += nbytes
+                while flight_ and (flight_[0][0].done() or in_flight > self.max_in_flight_bytes):
+                    ack_head()
+            while flight_:
+                ack_head()
+        finally:
+            for future, _, _ in flight_:  # after a failure: let the rest settle before answering
+                future.exception()
         return total
 
 

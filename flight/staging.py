@@ -41,6 +41,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -176,6 +177,17 @@ class StagingArea:
             with self.graph.shared_lock():  # one cycle takes all parts; no commit in between
                 for part in parts:
                     _stage(table, part)
+
+    def submit(self, entry: TableEntry, parts: list[Part], chain: object = None) -> Future[None]:
+        """:meth:`apply` at once, its outcome as a done future (the in-memory side of
+        :meth:`flight.durable.Durability.submit`; ``chain`` is not needed here)."""
+        out: Future[None] = Future()
+        try:
+            self.apply(entry, parts)
+            out.set_result(None)
+        except Exception as exc:
+            out.set_exception(exc)
+        return out
 
     # stage slots ----------------------------------------------------------------------------
     def hold(self, write_id: str, slot: tuple[int, int], parts: list[Part], rows: int) -> None:

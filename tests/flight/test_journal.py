@@ -27,10 +27,12 @@ import pyarrow as pa
 import pytest
 
 import flight._journal_format as journal_format
+import flight.journal as journal_module
 from engine.errors import ServiceError
 from flight.errors import status_of
 from flight.journal import (
     FILENAME,
+    Chain,
     DedupeUpdate,
     Journal,
     JournalClosed,
@@ -423,7 +425,9 @@ def test_every_acknowledged_record_survives_kill_9(tmp_path: Path, seed: int) ->
         watchdog.start()
         try:
             assert child.stdout is not None
-            for line in child.stdout:  # every line printed was acknowledged
+            for line in child.stdout:  # every whole line printed was acknowledged
+                if not line.endswith("\n"):  # a print cut by the kill
+                    break
                 acked.append(tuple(map(int, line.split())))
                 if len(acked) == kill_after:
                     child.send_signal(signal.SIGKILL)
@@ -580,3 +584,35 @@ def test_a_real_full_and_read_only_filesystem(tmp_path: Path) -> None:
     assert out["after_free"] == 5
     assert out["readonly"][0] == "JournalUnavailable" and "read-only" in out["readonly"][1]
     assert out["reopened"] == [1, 2, 3, 5]
+
+
+def test_a_chain_stays_a_prefix_when_one_of_its_records_fails(
+        tmp_path: Path, writers: list[sqlite3.Connection],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipelined writer (one DoPut stream): once a record of its chain is not made
+    durable, its records queued behind are not written and its next submit is refused."""
+    monkeypatch.setattr(journal_module, "_MAX_GROUP_BYTES", 1)  # one record per transaction
+    release = threading.Event()
+    with Journal.open(tmp_path) as j:
+        chain, other = Chain(), Chain()
+        first = j.submit("append", "t", b"", _marker(1), chain=chain)
+        assert first.result() == 1
+        # hold the flusher inside an apply so the next records queue up behind it
+        blocker = j.submit("append", "t", b"", _marker(2), apply=lambda seq: release.wait(10))
+        failing = j.submit("append", "t", b"", b"y" * 300_000, chain=chain)
+        behind = j.submit("append", "t", b"", _marker(4), chain=chain)
+        conn = writers[-1]
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full from now on
+        release.set()
+        assert blocker.result() == 2
+        with pytest.raises(JournalFull, match="disk full"):
+            failing.result()
+        with pytest.raises(JournalFull, match="an earlier record of this stream"):
+            behind.result()
+        conn.execute("PRAGMA max_page_count = 1000000")  # space freed
+        with pytest.raises(JournalFull, match="an earlier record of this stream"):
+            j.submit("append", "t", b"", _marker(6), chain=chain)  # refused at once
+        assert j.submit("append", "t", b"", _marker(5), chain=other).result() == 5  # others go on
+    with Journal.open(tmp_path) as j:
+        assert [r.seq for r in j.records()] == [1, 2, 5]

@@ -14,6 +14,7 @@ import pytest
 from engine.errors import InputError, InvalidKeyError, SchemaError, TableNotFound
 from flight.pb import flight_pb2 as pb
 from tests.flight.writes import APPEND, COMPOSITE, DELETE, DIFF, UPSERT, Env, diff, kv, row
+from tests.flight.writes import batch as as_batch
 
 
 @pytest.fixture
@@ -337,3 +338,115 @@ def test_an_invalid_diff_batch_over_flight_names_table_and_key(server, client, g
         w.close()
     graph.run_cycle()
     assert t.to_arrow().to_pydict() == {"k": [1], "v": [2.0]}
+
+
+# --- pipelined acknowledgements ---------------------------------------------------------------
+class _SlowStager:
+    """A stager whose submits complete when the test says (as a journal's fsync would)."""
+
+    def __init__(self, staging):
+        self.staging = staging
+        self.futures: list = []
+        self.submitted = 0
+        self.broken = None  # once set, submits fail at once (a broken chain)
+
+    def apply(self, entry, parts):
+        self.staging.apply(entry, parts)
+
+    def hold(self, *args):
+        self.staging.hold(*args)
+
+    def submit(self, entry, parts, chain):
+        from concurrent.futures import Future
+        f = Future()
+        if self.broken is not None:
+            f.set_exception(self.broken)
+        self.futures.append((f, entry, parts))
+        self.submitted += 1
+        return f
+
+
+def test_pipelined_acks_come_in_order_and_only_once_each_batch_landed(env):
+    import threading
+    env.create("t", "append")
+    stager = _SlowStager(env.staging)
+    env.puts.staging = stager
+    env.puts.max_in_flight_bytes = 1 << 30
+    acks: list = []
+    batches = [as_batch(kv([i], [f"s{i}"], [float(i)])) for i in range(5)]
+    done = threading.Event()
+
+    def run():
+        env.puts.put("t", pb.PutRequest(mode=APPEND), batches, acks.append)
+        done.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    while stager.submitted < 5:  # every batch is read and submitted without waiting
+        t.join(0.01)
+    assert acks == []
+    for k in (2, 0):  # batch 2 lands first: nothing may be acknowledged before batch 0
+        f, entry, parts = stager.futures[k]
+        env.staging.apply(entry, parts)
+        f.set_result(None)
+    for f, entry, parts in (stager.futures[1], stager.futures[3], stager.futures[4]):
+        env.staging.apply(entry, parts)
+        f.set_result(None)
+    assert done.wait(5)
+    t.join()
+    assert [(a.batch_index, a.total_rows) for a in acks] == [(i, i + 1) for i in range(5)]
+
+
+def test_pipelined_stream_waits_when_too_much_is_in_flight(env):
+    import threading
+    env.create("t", "append")
+    stager = _SlowStager(env.staging)
+    env.puts.staging = stager
+    env.puts.max_in_flight_bytes = 1  # every batch passes the bound: one at a time
+    acks: list = []
+    batches = [as_batch(kv([i], [f"s{i}"], [float(i)])) for i in range(3)]
+    t = threading.Thread(target=lambda: env.puts.put("t", pb.PutRequest(mode=APPEND), batches,
+                                                      acks.append))
+    t.start()
+    for i in range(3):
+        while stager.submitted < i + 1:
+            t.join(0.01)
+        t.join(0.05)
+        assert stager.submitted == i + 1  # the next batch is not read before this one lands
+        stager.futures[i][0].set_result(None)
+    t.join(5)
+    assert [a.batch_index for a in acks] == [0, 1, 2]
+
+
+def test_pipelined_failure_stops_the_stream_after_earlier_batches_are_acknowledged(env):
+    env.create("t", "append")
+    stager = _SlowStager(env.staging)
+    env.puts.staging = stager
+    acks: list = []
+    good = [as_batch(kv([i], [f"s{i}"], [float(i)])) for i in range(2)]
+
+    def batches():
+        yield from good
+        for f, entry, parts in stager.futures:  # both good batches land
+            env.staging.apply(entry, parts)
+            f.set_result(None)
+        yield as_batch({"k": pa.array([9]), "nope": pa.array([1])})  # a schema error
+
+    with pytest.raises(SchemaError, match="'t'"):
+        env.puts.put("t", pb.PutRequest(mode=APPEND), batches(), acks.append)
+    assert [a.batch_index for a in acks] == [0, 1]  # those before the bad one, acknowledged
+    env.graph.run_cycle()
+    assert [r["k"] for r in env.rows("t")] == [0, 1]
+    # a refusal after submission (the journal could not write) ends the stream there
+    stager.futures.clear()
+    acks.clear()
+
+    def failing():
+        yield good[0]
+        stager.broken = InputError("the journal could not write")
+        stager.futures[0][0].set_exception(stager.broken)
+        yield good[1]
+
+    with pytest.raises(InputError, match="could not write"):
+        env.puts.put("t", pb.PutRequest(mode=APPEND), failing(), acks.append)
+    assert acks == []
