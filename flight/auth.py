@@ -1,11 +1,11 @@
-"""Bearer-token authentication for the Flight server and the gRPC TableService.
+"""Bearer-token authentication for every service on the server's one port.
 
-Every call must carry ``authorization: Bearer <token>`` when the server has a token. The
-Flight side checks it in a server middleware (``start_call`` runs before any handler,
-including ``Handshake``); the gRPC side in a server interceptor. A call without the right
-token gets UNAUTHENTICATED and nothing else: no handler runs (both sides raise
-:class:`~engine.errors.Unauthenticated` through the server's one error table,
-:mod:`flight.errors`). The gRPC health service is exempt so readiness probes need no secret.
+Every call must carry ``authorization: Bearer <token>`` when the server has a token; one
+gRPC server interceptor checks it before any handler runs, for Arrow Flight (including
+``Handshake``), the TableService and reflection alike. A call without the right token
+gets UNAUTHENTICATED and nothing else (:class:`~engine.errors.Unauthenticated` through
+the server's one error table, :mod:`flight.errors`). The gRPC health service is exempt
+so readiness probes need no secret.
 
 Tokens are compared with :func:`hmac.compare_digest` (constant time).
 """
@@ -17,17 +17,15 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-import pyarrow.flight as flight
 
 from engine.errors import Unauthenticated
-from flight.errors import abort, to_flight_error
+from flight.errors import abort
 
-__all__ = ["BearerTokenInterceptor", "BearerTokenMiddlewareFactory", "bearer_header"]
+__all__ = ["BearerTokenInterceptor", "bearer_header"]
 
 _HEALTH_PREFIX = "/grpc.health.v1.Health/"
-_FLIGHT_HINT = ("missing or wrong bearer token: send the header 'authorization: Bearer <token>' "
-                "(ticktable.connect(uri, token=...))")
-_GRPC_HINT = "missing or wrong bearer token: send metadata 'authorization: Bearer <token>'"
+_HINT = ("missing or wrong bearer token: send the header 'authorization: Bearer <token>' "
+         "(ticktable.connect(uri, token=...))")
 
 
 def bearer_header(token: str) -> tuple[bytes, bytes]:
@@ -45,21 +43,19 @@ def _token_ok(expected: bytes, values: list[str] | list[bytes] | None) -> bool:
     return False
 
 
-class _Middleware(flight.ServerMiddleware):  # type: ignore[misc]
-    pass
+def _deny(request: Any, context: grpc.ServicerContext) -> Any:
+    abort(context, Unauthenticated(_HINT))
 
 
-class BearerTokenMiddlewareFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
-    """Flight middleware factory refusing calls without ``Bearer <token>``."""
-
-    def __init__(self, token: str) -> None:
-        super().__init__()
-        self._token = token.encode()
-
-    def start_call(self, info: Any, headers: dict[str, list[str]]) -> flight.ServerMiddleware:
-        if not _token_ok(self._token, headers.get("authorization")):
-            raise to_flight_error(Unauthenticated(_FLIGHT_HINT))
-        return _Middleware()
+# one refusal per kind of method, so a streaming call is refused as a stream: the handler
+# must match (request_streaming, response_streaming) or gRPC would wait for a request the
+# client never sends
+_DENY = {
+    (False, False): grpc.unary_unary_rpc_method_handler(_deny),
+    (False, True): grpc.unary_stream_rpc_method_handler(_deny),
+    (True, False): grpc.stream_unary_rpc_method_handler(_deny),
+    (True, True): grpc.stream_stream_rpc_method_handler(_deny),
+}
 
 
 class BearerTokenInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
@@ -68,17 +64,13 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, token: str) -> None:
         self._token = token.encode()
 
-        def deny(request: Any, context: grpc.ServicerContext) -> Any:
-            abort(context, Unauthenticated(_GRPC_HINT))
-
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
-
     def intercept_service(self, continuation: Callable[[Any], Any],
                           handler_call_details: Any) -> Any:
-        if handler_call_details.method.startswith(_HEALTH_PREFIX):
-            return continuation(handler_call_details)
+        handler = continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(_HEALTH_PREFIX):
+            return handler
         values = [v for k, v in handler_call_details.invocation_metadata or ()
                   if k.lower() == "authorization"]
-        if not _token_ok(self._token, values):
-            return self._deny
-        return continuation(handler_call_details)
+        if _token_ok(self._token, values):
+            return handler
+        return _DENY[(bool(handler.request_streaming), bool(handler.response_streaming))]

@@ -1,59 +1,49 @@
 """The one mapping from Ticktable's exceptions to what a client sees (DESIGN.md §5).
 
-Every service on the server answers an exception with the row of :data:`STATUSES` for
-the most specific class in the exception's MRO; a Flight handler raises the row's Flight
-exception (:func:`to_flight_error`), a gRPC handler aborts with the row's status code
-(:func:`grpc_status`):
+Every service on the server (Arrow Flight, the TableService, on one port) answers an
+exception with the row of :data:`STATUSES` for the most specific class in the
+exception's MRO: that row's gRPC status code and a one-line message (:func:`grpc_status`,
+:func:`abort`).
 
-=================  ===================  =================================  =====================
-exception          gRPC status          Flight handler raises              code on the wire
-                                                                           from the Flight port
-=================  ===================  =================================  =====================
-TableNotFound      NOT_FOUND            ``pyarrow.ArrowKeyError``          NOT_FOUND
-TableExists        ALREADY_EXISTS       ``pyarrow.ArrowInvalid``           INVALID_ARGUMENT (1)
-InputError         INVALID_ARGUMENT     ``pyarrow.ArrowInvalid``           INVALID_ARGUMENT
+=================  ===================  =========================================
+exception          gRPC status          a ``pyarrow.flight`` client raises
+=================  ===================  =========================================
+TableNotFound      NOT_FOUND            ``pyarrow.ArrowKeyError``
+TableExists        ALREADY_EXISTS       ``pyarrow.ArrowException``
+InputError         INVALID_ARGUMENT     ``pyarrow.ArrowInvalid``
 (schema, key,
 expression,
 protocol)
-Unauthenticated    UNAUTHENTICATED      ``FlightUnauthenticatedError``     UNAUTHENTICATED
-PermissionDenied   PERMISSION_DENIED    ``FlightUnauthorizedError``        PERMISSION_DENIED
-AccessError        PERMISSION_DENIED    ``FlightUnauthorizedError``        PERMISSION_DENIED
-Overloaded         UNAVAILABLE          ``FlightUnavailableError``         UNAVAILABLE
-TableFailed        FAILED_PRECONDITION  ``FlightServerError``              UNKNOWN (2)
-ServiceError       UNAVAILABLE          ``FlightUnavailableError``         UNAVAILABLE
-anything else      INTERNAL             ``FlightInternalError``            INTERNAL
+Unauthenticated    UNAUTHENTICATED      ``FlightUnauthenticatedError``
+PermissionDenied   PERMISSION_DENIED    ``FlightUnauthorizedError``
+AccessError        PERMISSION_DENIED    ``FlightUnauthorizedError``
+Overloaded         UNAVAILABLE          ``FlightUnavailableError``
+TableFailed        FAILED_PRECONDITION  ``pyarrow.ArrowInvalid``
+ServiceError       UNAVAILABLE          ``FlightUnavailableError``
+anything else      INTERNAL             ``FlightInternalError``
 (our bug)
-=================  ===================  =================================  =====================
+=================  ===================  =========================================
 
-(1), (2): pyarrow's Flight server can send only the codes of its exception classes, and
-has none for ALREADY_EXISTS or FAILED_PRECONDITION; the closest is used. ``TableExists``
-is an ``InputError``, so a Flight client that catches ``ArrowInvalid`` still catches it;
-``FlightServerError`` is Flight's own "Failed" status. :func:`flight_error_for` maps a
-gRPC status back to the exception a Flight call raises for the same error, so a client
-sees one class per error on both ports.
+The last column is what pyarrow's Flight client makes of each code (it has no class of
+its own for ALREADY_EXISTS or FAILED_PRECONDITION); :func:`flight_error_for` builds the
+same exception from a gRPC status, so a Ticktable client raises one class per error
+whichever service answered.
 
-``Overloaded`` is UNAVAILABLE (not RESOURCE_EXHAUSTED) everywhere: the standard "retry
-later" code, and the one Flight can send.
+``Overloaded`` is UNAVAILABLE (not RESOURCE_EXHAUSTED): the standard "retry later" code.
 
-Messages are the exception's own text on one line (an engine message names the table,
-column or key and the way out). For anything else the client gets only
-``internal error, ref=<id>`` and the traceback is logged with that id.
-
-Known gap: pyarrow's Python Flight server appends a Python traceback to the message of
-every exception that is not a ``Flight*Error`` (here ``ArrowInvalid`` and
-``ArrowKeyError``); the codes are right, the text is not one line. It goes when the
-server frames Flight itself over grpcio (DESIGN.md §5). The gRPC services have no such
-gap.
+Messages are the exception's own text on one line, at most :data:`MAX_MESSAGE`
+characters (an engine message names the table, column or key and the way out). For
+anything else the client gets only ``internal error, ref=<id>`` and the traceback is
+logged with that id. No traceback, file path or internal exception text reaches a
+client.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
@@ -80,11 +70,8 @@ __all__ = [
     "Status",
     "abort",
     "flight_error_for",
-    "flight_errors",
     "grpc_status",
-    "guarded",
     "status_of",
-    "to_flight_error",
 ]
 
 log = logging.getLogger(__name__)
@@ -103,40 +90,34 @@ class Status:
     error
         The exception class (its subclasses use this row unless they have their own).
     grpc
-        The status code of a gRPC service.
+        The status code every service answers it with.
     flight
-        The exception a Flight handler raises, built from the message.
-    flight_code
-        The status code pyarrow's Flight server sends for ``flight``; equal to ``grpc``
-        except where pyarrow has no exception for that code (see the module table).
+        The exception a ``pyarrow.flight`` client raises for that code, built from the
+        message.
     """
 
     error: type[Exception]
     grpc: grpc.StatusCode
     flight: Callable[[str], Exception]
-    flight_code: grpc.StatusCode
 
 
 _C = grpc.StatusCode
 
 #: The table (see the module docstring); :func:`status_of` picks the most specific row.
 STATUSES: tuple[Status, ...] = (
-    Status(TableNotFound, _C.NOT_FOUND, pa.ArrowKeyError, _C.NOT_FOUND),
-    Status(TableExists, _C.ALREADY_EXISTS, pa.ArrowInvalid, _C.INVALID_ARGUMENT),
-    Status(InputError, _C.INVALID_ARGUMENT, pa.ArrowInvalid, _C.INVALID_ARGUMENT),
-    Status(Unauthenticated, _C.UNAUTHENTICATED, flight.FlightUnauthenticatedError,
-           _C.UNAUTHENTICATED),
-    Status(PermissionDenied, _C.PERMISSION_DENIED, flight.FlightUnauthorizedError,
-           _C.PERMISSION_DENIED),
-    Status(AccessError, _C.PERMISSION_DENIED, flight.FlightUnauthorizedError,
-           _C.PERMISSION_DENIED),
-    Status(Overloaded, _C.UNAVAILABLE, flight.FlightUnavailableError, _C.UNAVAILABLE),
-    Status(TableFailed, _C.FAILED_PRECONDITION, flight.FlightServerError, _C.UNKNOWN),
-    Status(ServiceError, _C.UNAVAILABLE, flight.FlightUnavailableError, _C.UNAVAILABLE),
+    Status(TableNotFound, _C.NOT_FOUND, pa.ArrowKeyError),
+    Status(TableExists, _C.ALREADY_EXISTS, pa.ArrowException),
+    Status(InputError, _C.INVALID_ARGUMENT, pa.ArrowInvalid),
+    Status(Unauthenticated, _C.UNAUTHENTICATED, flight.FlightUnauthenticatedError),
+    Status(PermissionDenied, _C.PERMISSION_DENIED, flight.FlightUnauthorizedError),
+    Status(AccessError, _C.PERMISSION_DENIED, flight.FlightUnauthorizedError),
+    Status(Overloaded, _C.UNAVAILABLE, flight.FlightUnavailableError),
+    Status(TableFailed, _C.FAILED_PRECONDITION, pa.ArrowInvalid),
+    Status(ServiceError, _C.UNAVAILABLE, flight.FlightUnavailableError),
 )
 
 #: Anything without a row: our bug. Its message is replaced by a reference id.
-INTERNAL = Status(Exception, _C.INTERNAL, flight.FlightInternalError, _C.INTERNAL)
+INTERNAL = Status(Exception, _C.INTERNAL, flight.FlightInternalError)
 
 _BY_CLASS: dict[type[BaseException], Status] = {s.error: s for s in STATUSES}
 _BY_CODE: dict[grpc.StatusCode, Status] = {}
@@ -188,14 +169,6 @@ def abort(context: grpc.ServicerContext, exc: BaseException) -> NoReturn:
     raise AssertionError("grpc.ServicerContext.abort returned")
 
 
-def to_flight_error(exc: BaseException) -> Exception:
-    """The exception a Flight handler raises for ``exc`` (a Flight error is returned as is)."""
-    if isinstance(exc, flight.FlightError):
-        return exc
-    row = status_of(exc)
-    return row.flight(_message(exc, row, "a Flight call"))
-
-
 def flight_error_for(code: grpc.StatusCode, message: str) -> Exception:
     """The exception a Flight call raises for the error a gRPC service answered ``code`` for.
 
@@ -205,29 +178,3 @@ def flight_error_for(code: grpc.StatusCode, message: str) -> Exception:
     if row is None:
         return flight.FlightServerError(_one_line(f"{code.name}: {message}"))
     return row.flight(_one_line(message))
-
-
-@contextmanager
-def flight_errors() -> Iterator[None]:
-    """Re-raise anything escaping the block as its Flight error (see the module table).
-
-    The engine exception is not chained (``from None``): pyarrow would print its traceback
-    into the client's message.
-    """
-    try:
-        yield
-    except flight.FlightError:
-        raise  # already a Flight status, raised on purpose
-    except Exception as exc:
-        raise to_flight_error(exc) from None
-
-
-def guarded(fn: Callable[..., T]) -> Callable[..., T]:
-    """Decorator form of :func:`flight_errors`."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: object, **kwargs: object) -> T:
-        with flight_errors():
-            return fn(*args, **kwargs)
-
-    return wrapper

@@ -109,16 +109,30 @@ class PutHandler:
         self.max_in_flight_bytes = max_in_flight_bytes
 
     def serve(self, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
-        """One DoPut call: ``reader`` yields the client's messages, ``writer`` takes the acks.
+        """One DoPut call: ``reader`` yields the client's messages, ``writer`` takes the acks
+        (pyarrow's DoPut reader and metadata writer); see :meth:`serve_acks`."""
+        for a in self.serve_acks(descriptor, reader):
+            writer.write(pa.py_buffer(a.SerializeToString()))
+
+    def serve_acks(self, descriptor: flight.FlightDescriptor | None, reader: Any,
+                   schema_metadata: pa.Buffer | None = None) -> Iterator[pb.PutAck]:
+        """One DoPut call: the acks for the client's messages, as each batch is accepted.
+
+        ``reader.read_chunk()`` gives the stream's messages (``.data``, ``.app_metadata``);
+        the ``PutRequest`` is the first batch's ``app_metadata``, or ``schema_metadata``
+        (sent with the schema message) when the first batch has none.
 
         Raises
         ------
         ProtocolError
             If the descriptor is not a table path, or the metadata or a batch is malformed
-            or too large.
+            or too large, or a request is sent twice.
         TicktableError
             Whatever :meth:`put` raises.
         """
+        if descriptor is None:
+            raise ProtocolError("DoPut: the first message carries no flight_descriptor; use "
+                                "FlightDescriptor.for_path(table_name)")
         name = table_name(descriptor)
         entry = self.registry.get(name)
         try:
@@ -126,17 +140,18 @@ class PutHandler:
         except StopIteration:  # the client closed without sending anything: nothing to do
             return
         meta = first.app_metadata
+        if schema_metadata is not None and schema_metadata.size:
+            if meta is not None and meta.size:
+                raise ProtocolError(f"DoPut into {name!r}: a PutRequest came with both the "
+                                    f"schema and the first batch; send it once")
+            meta = schema_metadata
         check_metadata_size(meta, self.max_metadata_bytes, f"DoPut into {name!r}")
         if meta is None or meta.size == 0:
             mode = pb.PUT_MODE_UPSERT if entry.kind == "keyed" else pb.PUT_MODE_APPEND
             request = pb.PutRequest(mode=mode)
         else:
             request = parse(pb.PutRequest(), meta.to_pybytes(), "DoPut")
-
-        def ack(a: pb.PutAck) -> None:
-            writer.write(pa.py_buffer(a.SerializeToString()))
-
-        self.put(name, request, self._batches(name, reader, first), ack)
+        yield from self.acks(name, request, self._batches(name, reader, first))
 
     def _batches(self, name: str, reader: Any, first: Any) -> Iterator[pa.RecordBatch]:
         limit = self.max_batch_bytes
@@ -154,7 +169,16 @@ class PutHandler:
 
     def put(self, table_name: str, request: pb.PutRequest, batches: Iterable[pa.RecordBatch],
             ack: Callable[[pb.PutAck], None]) -> int:
-        """Check, stage and acknowledge a decoded stream; returns the number of rows received.
+        """:meth:`acks`, each passed to ``ack``; returns the number of rows received."""
+        total = 0
+        for a in self.acks(table_name, request, batches):
+            ack(a)
+            total = a.total_rows
+        return total
+
+    def acks(self, table_name: str, request: pb.PutRequest,
+             batches: Iterable[pa.RecordBatch]) -> Iterator[pb.PutAck]:
+        """Check, stage and acknowledge a decoded stream: one ack per batch, in order.
 
         Each batch is checked, then staged into the table (no ``write_id``: visible after
         the next cycle) or held in the stage slot ``(write_id, partition, attempt)``, then
@@ -172,8 +196,11 @@ class PutHandler:
             The stream's first ``app_metadata``: mode and optional stage slot.
         batches
             The stream's record batches.
-        ack
-            Called once per batch, after it was staged or held.
+
+        Yields
+        ------
+        PutAck
+            One per batch, after it was staged or held.
 
         Raises
         ------
@@ -192,7 +219,8 @@ class PutHandler:
         kind = check_mode(entry, request.mode)
         staged = bool(request.write_id)
         if not staged and kind != "diff":
-            return self._pipelined(entry, kind, batches, ack)
+            yield from self._pipelined(entry, kind, batches)
+            return
         slot = (int(request.partition), int(request.attempt))
         total = 0
         for index, batch in enumerate(batches):
@@ -202,11 +230,11 @@ class PutHandler:
             else:
                 self.staging.apply(entry, parts)
             total += batch.num_rows
-            ack(pb.PutAck(batch_index=index, rows=batch.num_rows, total_rows=total, staged=staged))
-        return total
+            yield pb.PutAck(batch_index=index, rows=batch.num_rows, total_rows=total,
+                            staged=staged)
 
-    def _pipelined(self, entry: TableEntry, kind: str, batches: Iterable[pa.RecordBatch],
-                   ack: Callable[[pb.PutAck], None]) -> int:
+    def _pipelined(self, entry: TableEntry, kind: str,
+                   batches: Iterable[pa.RecordBatch]) -> Iterator[pb.PutAck]:
         """Check and submit each batch without waiting; acknowledge in order as each lands.
 
         The refusals possible after a batch was submitted (a failed table, a journal that
@@ -217,14 +245,14 @@ class PutHandler:
         flight_: deque[tuple[Future[None], int, int]] = deque()  # (future, rows, bytes)
         in_flight = acked = total = 0
 
-        def ack_head() -> None:
+        def ack_head() -> pb.PutAck:
             nonlocal in_flight, acked, total
             future, rows, nbytes = flight_.popleft()
             future.result()  # raises the batch's refusal: the stream stops here
             in_flight -= nbytes
             total += rows
-            ack(pb.PutAck(batch_index=acked, rows=rows, total_rows=total, staged=False))
             acked += 1
+            return pb.PutAck(batch_index=acked - 1, rows=rows, total_rows=total, staged=False)
 
         try:
             for batch in batches:
@@ -232,19 +260,18 @@ class PutHandler:
                     parts = check_batch(entry, kind, batch)
                 except Exception:
                     while flight_:  # the batches before the bad one stay: acknowledge them
-                        ack_head()
+                        yield ack_head()
                     raise
                 nbytes = sum(p.nbytes for p in parts)
                 flight_.append((self.staging.submit(entry, parts, chain), batch.num_rows, nbytes))
                 in_flight += nbytes
                 while flight_ and (flight_[0][0].done() or in_flight > self.max_in_flight_bytes):
-                    ack_head()
+                    yield ack_head()
             while flight_:
-                ack_head()
+                yield ack_head()
         finally:
             for future, _, _ in flight_:  # after a failure: let the rest settle before answering
                 future.exception()
-        return total
 
 
 # checking batches ---------------------------------------------------------------------------

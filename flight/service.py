@@ -34,7 +34,6 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -55,7 +54,7 @@ if TYPE_CHECKING:
     from flight.durable import Durability
     from flight.registry import TableRegistry
 
-__all__ = ["TableServiceServicer", "derived_builder", "serve_table_service"]
+__all__ = ["TableServiceServicer", "add_table_service", "derived_builder"]
 
 log = logging.getLogger(__name__)
 
@@ -301,69 +300,33 @@ class TableServiceServicer:
         raise ProtocolError(f"unknown by_keys kind {b.kind!r}; use one of {_BY_KINDS}")
 
 
-def serve_table_service(
-    registry: TableRegistry,
-    *,
-    host: str,
-    port: int,
-    token: str | None = None,
-    tls_cert: bytes | None = None,
-    tls_key: bytes | None = None,
-    max_workers: int = 8,
-    durability: Durability | None = None,
-) -> tuple[grpc.Server, int]:
-    """Start a gRPC server with the TableService and the standard health service.
+def add_table_service(server: grpc.Server, registry: TableRegistry, *,
+                      durability: Durability | None = None) -> health.HealthServicer:
+    """Add the TableService and the standard health service to ``server``.
 
-    Health reports SERVING for ``""`` and ``"ticktable.v1.TableService"`` and needs no
-    token (readiness probes); every other call needs ``authorization: Bearer <token>``
-    metadata when ``token`` is set, else it gets UNAUTHENTICATED.
+    Health reports SERVING for ``""`` and ``"ticktable.v1.TableService"`` (and whatever
+    the caller sets later) and needs no token (readiness probes).
 
     Parameters
     ----------
+    server
+        The server (not started yet).
     registry
         The server's tables.
-    host, port
-        Where to listen (port 0: pick a free one).
-    token
-        Bearer token (``None``: no authentication).
-    tls_cert, tls_key
-        PEM certificate chain and private key: serve TLS (both or neither).
-    max_workers
-        Threads handling calls.
     durability
         Keeps derived tables' definitions across restarts (see :class:`TableServiceServicer`).
 
     Returns
     -------
-    tuple
-        The started server and the port it is bound to.
-
-    Raises
-    ------
-    InputError
-        If only one of ``tls_cert`` and ``tls_key`` is given.
+    HealthServicer
+        The health service, to set other services' status on.
     """
-    from flight.auth import BearerTokenInterceptor
-
-    if bool(tls_cert) != bool(tls_key):
-        raise InputError("TLS needs both a certificate and a key (tls_cert and tls_key)")
-    interceptors = [BearerTokenInterceptor(token)] if token else []
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers,
-                                                    thread_name_prefix="table-service"),
-                         interceptors=interceptors)
     tgrpc.add_TableServiceServicer_to_server(TableServiceServicer(registry, durability), server)
     checker = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     for service in ("", SERVICE_NAME):
         checker.set(service, health_pb2.HealthCheckResponse.SERVING)
-    address = f"{host}:{port}"
-    if tls_cert and tls_key:
-        bound = server.add_secure_port(address, grpc.ssl_server_credentials([(tls_key, tls_cert)]))
-    else:
-        bound = server.add_insecure_port(address)
-    server.start()
-    log.info("TableService listening on %s:%d%s", host, bound, " (TLS)" if tls_cert else "")
-    return server, bound
+    return checker
 
 
 def derived_builder(registry: TableRegistry) -> Callable[[bytes], str]:

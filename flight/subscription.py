@@ -44,6 +44,7 @@ from engine.errors import Overloaded, ProtocolError, SchemaError
 from engine.rowset import RowSet
 from engine.update import TableUpdate, compose
 from flight.fanout import FanOut
+from flight.framing import batch_frames, frame, schema_frame
 from flight.pb import flight_pb2 as pb
 from flight.registry import HistoryEntry, TableEntry
 
@@ -201,7 +202,7 @@ class Subscription:
         """Send the first message (snapshot or resume), then every update until closed."""
         publisher = self.entry.publisher
         assert publisher is not None
-        writer.begin(self.schema)
+        writer.write_frames((schema_frame(self.schema),))
         with self.graph.shared_lock():
             if self.table.failure is not None:
                 raise self.table.failure
@@ -480,25 +481,26 @@ class Subscription:
         """Tell the client no more messages follow (it should then finish writing)."""
         meta = pb.UpdateMetadata(end_of_stream=True, error=error, sequence=self.sequence,
                                  step=self.step, format=self.format)
-        writer.write_metadata(pa.py_buffer(meta.SerializeToString()))
+        writer.write_frames((frame(app_metadata=meta.SerializeToString()),))
 
     # ------------------------------------------------------------------- writing
     def _encode(self, msg: tuple[pb.UpdateMetadata, pa.Table, pa.Table]) -> _Encoded:
-        """A message ready to write (immutable: several subscribers may write it)."""
+        """A message framed once, ready to write (immutable: several subscribers send the
+        same frames): the ``UpdateMetadata``, then the added and modified record batches."""
         meta, added, modified = msg
         a = _batches(added, self.batch_rows)
         m = _batches(modified, self.batch_rows)
         meta.num_added_batches = len(a)
         meta.num_modified_batches = len(m)
-        return _Encoded(pa.py_buffer(meta.SerializeToString()), (*a, *m), int(meta.sequence),
-                        int(meta.step))
+        schema = added.schema if a else modified.schema
+        frames = (frame(app_metadata=meta.SerializeToString()),
+                  *batch_frames(schema, (*a, *m)))
+        return _Encoded(frames, int(meta.sequence), int(meta.step))
 
     def _send(self, writer: Any,
               msg: tuple[pb.UpdateMetadata, pa.Table, pa.Table] | _Encoded) -> None:
         enc = msg if isinstance(msg, _Encoded) else self._encode(msg)
-        writer.write_metadata(enc.meta)
-        for b in enc.batches:
-            writer.write_batch(b)
+        writer.write_frames(enc.frames)
         self.sequence = enc.sequence
         self.step = enc.step
         self.messages += 1
@@ -506,10 +508,9 @@ class Subscription:
 
 @dataclass(frozen=True, slots=True)
 class _Encoded:
-    """One subscription message: serialized metadata and its record batches."""
+    """One subscription message: its ``FlightData`` frames (metadata, then record batches)."""
 
-    meta: pa.Buffer
-    batches: tuple[pa.RecordBatch, ...]
+    frames: tuple[bytes, ...]
     sequence: int
     step: int
 

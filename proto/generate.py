@@ -1,4 +1,5 @@
-"""Compile ``proto/ticktable/v1/*.proto`` into ``flight/pb/`` (``make proto``).
+"""Compile ``proto/ticktable/v1/*.proto`` and ``proto/arrow/flight/protocol/*.proto`` into
+``flight/pb/`` (``make proto``).
 
 protoc names generated imports after the proto path (``from ticktable.v1 import ...``), which
 would collide with the ``ticktable`` facade package, so the imports are rewritten to
@@ -16,8 +17,9 @@ from pathlib import Path
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent
-PROTOS = sorted((ROOT / "ticktable" / "v1").glob("*.proto"))
-_IMPORT = re.compile(r"^from ticktable\.v1 import ", re.MULTILINE)
+_DIRS = (("ticktable", "v1"), ("arrow", "flight", "protocol"))
+PROTOS = sorted(p for d in _DIRS for p in ROOT.joinpath(*d).glob("*.proto"))
+_IMPORT = re.compile(r"^from (ticktable\.v1|arrow\.flight\.protocol) import ", re.MULTILINE)
 
 
 def generate(out: Path) -> list[Path]:
@@ -33,14 +35,16 @@ def generate(out: Path) -> list[Path]:
     if protoc.main(args + [str(p.relative_to(ROOT)) for p in PROTOS]) != 0:
         raise SystemExit("protoc failed")
     written = []
-    for f in sorted((tmp / "ticktable" / "v1").iterdir()):
-        text = _IMPORT.sub("from flight.pb import ", f.read_text())
-        target = out / f.name
-        target.write_text(text)
-        written.append(target)
-        f.unlink()
-    for d in (tmp / "ticktable" / "v1", tmp / "ticktable", tmp):
-        d.rmdir()
+    for parts in _DIRS:
+        for f in sorted(tmp.joinpath(*parts).iterdir()):
+            text = _IMPORT.sub("from flight.pb import ", f.read_text())
+            target = out / f.name
+            target.write_text(text)
+            written.append(target)
+            f.unlink()
+        for depth in range(len(parts), 0, -1):
+            tmp.joinpath(*parts[:depth]).rmdir()
+    tmp.rmdir()
     return written
 
 

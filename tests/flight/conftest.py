@@ -32,7 +32,7 @@ def graph() -> UpdateGraph:
 
 @pytest.fixture
 def server(graph: UpdateGraph) -> Iterator[TicktableServer]:
-    srv = TicktableServer(graph, ServerConfig(grpc_port=None)).start()
+    srv = TicktableServer(graph, ServerConfig()).start()
     yield srv
     while OPEN:  # a stream still open at shutdown would wait out the end-of-stream grace
         OPEN.pop().close()

@@ -100,7 +100,7 @@ def test_wrong_schema_put_loses_nothing(client, table, graph):
 
 
 def test_oversized_batch_and_metadata_are_refused(graph):
-    srv = TicktableServer(graph, ServerConfig(grpc_port=None, max_put_batch_bytes=10_000,
+    srv = TicktableServer(graph, ServerConfig(max_put_batch_bytes=10_000,
                                               max_metadata_bytes=100)).start()
     try:
         srv.registry.create_source("a", pa.schema([("x", pa.int64())]), "append")
@@ -162,7 +162,7 @@ def test_drop_ends_subscriptions_with_a_clear_status(client, server, table):
 
 @pytest.fixture
 def secured(graph):
-    srv = TicktableServer(graph, ServerConfig(grpc_port=None, token="s3cret")).start()
+    srv = TicktableServer(graph, ServerConfig(token="s3cret")).start()
     srv.registry.create_source("t", KV, "keyed", keys=["k"])
     yield srv
     srv.shutdown()
@@ -181,6 +181,10 @@ def test_unauthenticated_calls_are_refused(secured):
         list(bad.list_flights(options=wrong))
     good = fl.FlightCallOptions(headers=[(b"authorization", b"Bearer s3cret")])
     assert [f.descriptor.path[0] for f in bad.list_flights(options=good)] == [b"t"]
+
+
+def _sub_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("ticktable-sub")]
 
 
 def test_connect_disconnect_cycles_leak_nothing(server, table, graph):
@@ -209,14 +213,19 @@ def test_connect_disconnect_cycles_leak_nothing(server, table, graph):
         graph.run_cycle()
         time.sleep(0.05)
     assert server.subscriptions == []
-    assert threading.active_count() <= threads_before + 2
+    while _sub_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _sub_threads() == []  # every subscription's sender and reader ended
+    # gRPC's call pool keeps its threads for reuse (at most one per concurrent call)
+    assert threading.active_count() <= threads_before + 2, sorted(
+        t.name for t in threading.enumerate())
     ok = Sub(fl.connect(server.location), "t")
     ok.read()
     assert ok.view.to_arrow().equals(table.to_arrow())
 
 
 def test_server_shutdown_ends_subscriptions(graph):
-    srv = TicktableServer(graph, ServerConfig(grpc_port=None)).start()
+    srv = TicktableServer(graph, ServerConfig()).start()
     srv.registry.create_source("t", KV, "keyed", keys=["k"])
     sub = Sub(fl.connect(srv.location), "t")
     sub.read()
@@ -230,10 +239,11 @@ def test_server_shutdown_ends_subscriptions(graph):
 
 
 def test_a_client_that_never_finishes_writing_cannot_hurt_the_server(graph):
-    """The server ends a stream; its client ignores that. The handler must keep waiting (its
-    reader thread is still in read_chunk, which pyarrow frees on return), everyone else is
-    served, a bounded shutdown gives up on it, and the client's eventual close is clean."""
-    srv = TicktableServer(graph, ServerConfig(grpc_port=None, end_grace_seconds=0.2,
+    """The server ends a stream; its client ignores that. The call is over on the server's
+    side (gRPC ends it with its status whether or not the client finished writing), everyone
+    else is served, shutdown is not held up by it, and the client's eventual read and close
+    are clean."""
+    srv = TicktableServer(graph, ServerConfig(end_grace_seconds=0.2,
                                               shutdown_timeout=1.0)).start()
     srv.registry.create_source("t", KV, "keyed", keys=["k"])
     srv.registry.create_source("u", KV, "keyed", keys=["k"])
@@ -253,7 +263,7 @@ def test_a_client_that_never_finishes_writing_cannot_hurt_the_server(graph):
     assert watcher.view.to_arrow().num_rows == 1
     watcher.close()
     t0 = time.monotonic()
-    assert srv.shutdown() is False  # the stubborn call is still open
+    assert srv.shutdown() is True  # nothing of the stubborn call is left to wait for
     assert time.monotonic() - t0 < 5
     with pytest.raises(KeyError, match="dropped"):
         stubborn.read()  # it finally reads its end of stream and finishes writing

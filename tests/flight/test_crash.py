@@ -50,7 +50,7 @@ class Node:
     def __init__(self, data_dir: Path) -> None:
         self.graph = UpdateGraph()
         self.server = TicktableServer(self.graph, ServerConfig(
-            data_dir=data_dir, grpc_port=None, checkpoint_seconds=3600)).start()
+            data_dir=data_dir, checkpoint_seconds=3600)).start()
         self.graph.start(0.02)
 
     def rows(self, name: str) -> list[int]:
@@ -79,7 +79,7 @@ def node(tmp_path: Path) -> Iterator[list[Node]]:
     nodes: list[Node] = []
     yield nodes
     for n in nodes:
-        if n.server._flight is not None:
+        if n.server._grpc is not None:
             n.stop()
 
 

@@ -63,12 +63,12 @@ def nodes(data_dir: Path) -> Iterator[list[Node]]:
     started: list[Node] = []
     yield started
     for n in started:
-        if n.server._flight is not None:
+        if n.server._grpc is not None:
             n.stop()
 
 
 def start(nodes: list[Node], data_dir: Path, **config: object) -> Node:
-    n = Node(data_dir, grpc_port=0, **config)
+    n = Node(data_dir, **config)
     nodes.append(n)
     return n
 
@@ -231,7 +231,7 @@ def test_writes_are_acknowledged_while_a_cycle_runs_and_go_to_the_next_one(tmp_p
     from flight.staging import Part
 
     graph = UpdateGraph()
-    server = TicktableServer(graph, ServerConfig(grpc_port=None, data_dir=tmp_path)).start()
+    server = TicktableServer(graph, ServerConfig(data_dir=tmp_path)).start()
     try:
         d = server.durability
         entry = d.create_table("kv", KV, "keyed", keys=["k"], capacity=0, if_not_exists=False)

@@ -109,7 +109,7 @@ def test_stalled_subscriber_is_detached_and_the_others_keep_going(graph):
     """One client reads nothing while the stream's window fills: the fan-out detaches it
     after ``stall_seconds`` and keeps writing to the others, which see every update; the
     stalled one then catches up with coalesced deltas and ends exact."""
-    srv = TicktableServer(graph, ServerConfig(grpc_port=None)).start()
+    srv = TicktableServer(graph, ServerConfig()).start()
     try:
         client = fl.connect(srv.location)
         t = srv.registry.create_source("t", KV, "keyed", keys=["k"]).table

@@ -27,7 +27,7 @@ from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb
 from flight.pb import table_service_pb2_grpc as tgrpc
 from flight.registry import TableRegistry
-from flight.service import serve_table_service
+from flight.server import ServerConfig, TicktableServer
 
 TRADES = pa.schema([("Sym", pa.string()), ("Key", pa.int64()), ("Price", pa.float64()),
                     ("Qty", pa.int64())])
@@ -68,8 +68,9 @@ class Env:
         self.quotes.upsert(quotes_rows(self.rng, SYMS))
         self.more.append(trades_rows(self.rng, list(range(100, 105))))
         self.graph.run_cycle()
-        self.server, self.port = serve_table_service(self.registry, host="127.0.0.1", port=0,
-                                                     token=token)
+        self.server = TicktableServer(self.graph, ServerConfig(token=token),
+                                      registry=self.registry).start()
+        self.port = self.server.port
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
         self.stub = tgrpc.TableServiceStub(self.channel)
         self.metadata = [("authorization", f"Bearer {token}")] if token else []
@@ -95,7 +96,7 @@ class Env:
 
     def close(self) -> None:
         self.channel.close()
-        self.server.stop(None)
+        self.server.shutdown()
 
 
 @pytest.fixture

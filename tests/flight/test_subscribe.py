@@ -161,7 +161,7 @@ def test_resume_gets_missed_deltas_when_held(server, client, graph):
 def test_resume_gets_snapshot_when_history_is_gone(graph):
     from flight.server import ServerConfig, TicktableServer
 
-    srv = TicktableServer(graph, ServerConfig(grpc_port=None, history_updates=3)).start()
+    srv = TicktableServer(graph, ServerConfig(history_updates=3)).start()
     try:
         client = fl.connect(srv.location)
         t = srv.registry.create_source("t", KV, "keyed", keys=["k"]).table
@@ -207,7 +207,7 @@ def test_resume_with_viewport_resends_viewport_rows(server, client, graph):
 def test_slow_subscriber_converges_with_coalesced_updates(graph):
     from flight.server import ServerConfig, TicktableServer
 
-    srv = TicktableServer(graph, ServerConfig(grpc_port=None, max_pending=4)).start()
+    srv = TicktableServer(graph, ServerConfig(max_pending=4)).start()
     try:
         client = fl.connect(srv.location)
         t = srv.registry.create_source("t", KV, "keyed", keys=["k"]).table

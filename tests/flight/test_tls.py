@@ -23,7 +23,7 @@ def cert(tmp_path_factory):
 
 def test_tls_and_token(graph, cert):
     crt, key = cert
-    srv = TicktableServer(graph, ServerConfig(grpc_port=None, token="t0k", tls_cert=crt,
+    srv = TicktableServer(graph, ServerConfig(token="t0k", tls_cert=crt,
                                               tls_key=key)).start()
     try:
         assert srv.location.startswith("grpc+tls://")

@@ -1,0 +1,391 @@
+"""Arrow Flight's hot messages, framed by hand (DESIGN.md §5).
+
+``FlightData`` (DoGet, DoPut, DoExchange) and ``PutResult`` carry Arrow IPC messages; the
+generated protobuf classes would copy every record batch body into a Python ``bytes``
+field on the way in and again on the way out. Here the same wire format, the field
+numbers of ``proto/arrow/flight/protocol/arrow_flight.proto``, is written and read
+directly:
+
+* **Out**: a record batch is serialized once (``RecordBatch.serialize``), its IPC header
+  (the flatbuffer ``Message``) and body are sliced out without a copy, and one
+  ``bytes.join`` makes the frame gRPC sends. A frame is immutable: the fan-out builds it
+  once per update and every subscriber's stream sends the same object.
+* **In**: :func:`parse_flight_data` finds the fields of a received message as
+  ``memoryview`` slices of gRPC's ``bytes``; :class:`IpcDecoder` hands header and body to
+  Arrow through a file object that returns those slices, so the record batch's buffers
+  point into the received message (no copy of the body).
+
+Dictionary-encoded columns take a slower, general path on both sides (a whole IPC stream
+per message, through pyarrow's stream writer and reader).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pyarrow.ipc as ipc
+
+from engine.errors import ProtocolError
+
+__all__ = [
+    "Chunk",
+    "IpcDecoder",
+    "ParsedFlightData",
+    "batch_frames",
+    "descriptor_of",
+    "frame",
+    "parse_flight_data",
+    "put_result",
+    "schema_frame",
+]
+
+# field tags (field number << 3 | wire type 2, varint-encoded)
+_DESCRIPTOR = 0x0A        # 1
+_HEADER = 0x12            # 2
+_APP_METADATA = 0x1A      # 3
+_BODY = b"\xc2\x3e"       # 1000
+_CONTINUATION = b"\xff\xff\xff\xff"
+_ZEROS = b"\x00" * 8
+
+_Bytes: TypeAlias = "bytes | memoryview | pa.Buffer"
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _size(b: _Bytes) -> int:
+    return b.size if isinstance(b, pa.Buffer) else len(b)
+
+
+# ---------------------------------------------------------------------------------- writing
+def frame(*, header: _Bytes | None = None, body: _Bytes | None = None,
+          app_metadata: _Bytes | None = None, descriptor: bytes | None = None) -> bytes:
+    """One serialized ``FlightData`` message (the fields given, in field-number order)."""
+    parts: list[Any] = []
+    if descriptor:
+        parts += (bytes((_DESCRIPTOR,)), _varint(len(descriptor)), descriptor)
+    if header is not None and _size(header):
+        parts += (bytes((_HEADER,)), _varint(_size(header)), header)
+    if app_metadata is not None and _size(app_metadata):
+        parts += (bytes((_APP_METADATA,)), _varint(_size(app_metadata)), app_metadata)
+    if body is not None and _size(body):
+        parts += (_BODY, _varint(_size(body)), body)
+    return b"".join(parts)
+
+
+def put_result(app_metadata: bytes) -> bytes:
+    """One serialized ``PutResult`` (field 1: ``app_metadata``)."""
+    return b"".join((b"\x0a", _varint(len(app_metadata)), app_metadata))
+
+
+def schema_frame(schema: pa.Schema, app_metadata: _Bytes | None = None) -> bytes:
+    """The ``FlightData`` that opens a stream: the schema message."""
+    return frame(header=ipc.read_message(schema.serialize()).metadata, app_metadata=app_metadata)
+
+
+def _has_dictionaries(schema: pa.Schema) -> bool:
+    return any(pa.types.is_dictionary(f.type) for f in schema)
+
+
+def batch_frames(schema: pa.Schema, batches: Iterable[pa.RecordBatch],
+                 first_metadata: _Bytes | None = None) -> Iterator[bytes]:
+    """One ``FlightData`` per record batch (``first_metadata`` on the first), lazily.
+
+    With dictionary-encoded columns, each batch is preceded by its dictionaries (sent
+    whole: a later dictionary message for the same id replaces the earlier one).
+    """
+    meta = first_metadata
+    if not _has_dictionaries(schema):
+        for b in batches:
+            m = ipc.read_message(b.serialize())  # header and body: slices of one buffer
+            yield frame(header=m.metadata, body=m.body, app_metadata=meta)
+            meta = None
+        return
+    for b in batches:
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, schema) as w:
+            w.write_batch(b)
+        reader = ipc.MessageReader.open_stream(sink.getvalue())
+        messages = [m for m in reader]
+        for m in messages[1:]:  # skip the schema message; dictionaries, then the batch
+            last = m is messages[-1]
+            yield frame(header=m.metadata, body=m.body if m.body.size else None,
+                        app_metadata=meta if last else None)
+        meta = None
+
+
+# ---------------------------------------------------------------------------------- reading
+@dataclass(frozen=True, slots=True)
+class ParsedFlightData:
+    """The fields of one received ``FlightData``, as slices of the received bytes."""
+
+    descriptor: memoryview | None
+    header: memoryview | None
+    app_metadata: memoryview | None
+    body: memoryview | None
+
+
+def _read_varint(buf: memoryview, at: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if at >= len(buf):
+            raise ProtocolError("FlightData: truncated message (a length runs past its end)")
+        b = buf[at]
+        at += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, at
+        shift += 7
+        if shift > 63:
+            raise ProtocolError("FlightData: malformed varint")
+
+
+def parse_flight_data(raw: bytes | memoryview) -> ParsedFlightData:
+    """Split a serialized ``FlightData`` into its fields without copying.
+
+    Raises
+    ------
+    ProtocolError
+        If the bytes are not a well-formed ``FlightData``.
+    """
+    buf = memoryview(raw)
+    fields: dict[int, memoryview] = {}
+    at, end = 0, len(buf)
+    while at < end:
+        tag, at = _read_varint(buf, at)
+        number, wire = tag >> 3, tag & 7
+        if wire == 2:
+            n, at = _read_varint(buf, at)
+            if at + n > end:
+                raise ProtocolError(f"FlightData: field {number} of {n} bytes runs past the "
+                                    f"end of the {end}-byte message")
+            fields[number] = buf[at: at + n]
+            at += n
+        elif wire == 0:
+            _, at = _read_varint(buf, at)
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        else:
+            raise ProtocolError(f"FlightData: field {number} has wire type {wire}, which "
+                                f"protobuf does not define")
+    if at != end:
+        raise ProtocolError("FlightData: truncated message")
+    return ParsedFlightData(fields.get(1), fields.get(2), fields.get(3), fields.get(1000))
+
+
+def descriptor_of(raw: memoryview | None) -> flight.FlightDescriptor | None:
+    """The pyarrow ``FlightDescriptor`` for a serialized ``FlightDescriptor`` field."""
+    if raw is None:
+        return None
+    try:
+        return flight.FlightDescriptor.deserialize(bytes(raw))
+    except Exception as exc:  # pyarrow raises ArrowInvalid or OSError for bad bytes
+        raise ProtocolError("FlightData: malformed flight_descriptor") from exc
+
+
+class _Parts:
+    """A read-only file over byte slices: Arrow reads the IPC message from it without copies."""
+
+    closed = False
+
+    def __init__(self, parts: list[Any]) -> None:
+        self._parts = parts
+
+    def read(self, n: int = -1) -> Any:
+        if not self._parts:
+            return b""
+        p = self._parts[0]
+        if n < 0 or n >= len(p):
+            self._parts.pop(0)
+            return p
+        self._parts[0] = p[n:]
+        return p[:n]
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self._parts = []
+
+
+def _message(header: memoryview, body: memoryview | None) -> ipc.Message:
+    """An Arrow IPC message from its header and body slices (the body is not copied)."""
+    pad = (-len(header)) % 8
+    prefix = b"".join((_CONTINUATION, struct.pack("<i", len(header) + pad), header, _ZEROS[:pad]))
+    parts: list[Any] = [prefix]
+    if body is not None and len(body):
+        parts.append(body)
+    return ipc.read_message(pa.PythonFile(_Parts(parts), mode="r"))
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One decoded message of a stream: a record batch or ``None``, and its ``app_metadata``
+    (the shape of pyarrow's ``FlightStreamChunk``)."""
+
+    data: pa.RecordBatch | None
+    app_metadata: pa.Buffer | None
+
+
+class IpcDecoder:
+    """Decodes the ``FlightData`` messages of one stream: the schema, then record batches.
+
+    ``stream`` yields the received messages' bytes. The first message with a header must
+    be the schema (it may also carry the descriptor and ``app_metadata``, kept in
+    :attr:`descriptor` and :attr:`schema_metadata`).
+    """
+
+    def __init__(self, stream: Iterator[bytes], where: str) -> None:
+        self._stream = stream
+        self._where = where
+        self.schema: pa.Schema | None = None
+        self.descriptor: flight.FlightDescriptor | None = None
+        self.schema_metadata: pa.Buffer | None = None
+        self._dictionaries: list[tuple[memoryview, memoryview | None]] = []
+        self._pending: list[Chunk] = []
+
+    def _next_raw(self) -> ParsedFlightData | None:
+        try:
+            raw = next(self._stream)
+        except StopIteration:
+            return None
+        msg = parse_flight_data(raw)
+        if msg.descriptor is not None and self.descriptor is None:
+            self.descriptor = descriptor_of(msg.descriptor)
+        return msg
+
+    def read_schema(self) -> pa.Schema | None:
+        """Read up to the schema message; ``None`` if the stream ended first.
+
+        Messages before it with only ``app_metadata`` are kept for :meth:`read_chunk`.
+        """
+        while self.schema is None:
+            msg = self._next_raw()
+            if msg is None:
+                return None
+            if msg.header is None:
+                if msg.app_metadata is not None:
+                    self._pending.append(Chunk(None, pa.py_buffer(bytes(msg.app_metadata))))
+                continue
+            m = self._decode(msg.header, None)
+            if m.type != "schema":
+                raise ProtocolError(f"{self._where}: the first Arrow message must be the "
+                                    f"schema, got a {m.type} message")
+            try:
+                self.schema = ipc.read_schema(m)
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise ProtocolError(f"{self._where}: malformed schema message "
+                                    f"({_first_line(exc)})") from exc
+            if msg.app_metadata is not None and len(msg.app_metadata):
+                self.schema_metadata = pa.py_buffer(bytes(msg.app_metadata))
+        return self.schema
+
+    def read_chunk(self) -> Chunk:
+        """The next record batch or metadata-only message.
+
+        Raises
+        ------
+        StopIteration
+            When the stream ends.
+        ProtocolError
+            For a malformed message, or a record batch that does not match the schema.
+        """
+        if self._pending:
+            return self._pending.pop(0)
+        while True:
+            msg = self._next_raw()
+            if msg is None:
+                raise StopIteration
+            meta = (pa.py_buffer(msg.app_metadata) if msg.app_metadata is not None
+                    and len(msg.app_metadata) else None)
+            if msg.header is None:
+                if meta is None:  # nothing but the descriptor (or nothing at all)
+                    continue
+                return Chunk(None, meta)
+            if self.schema is None:
+                m = self._decode(msg.header, None)
+                if m.type == "schema":  # a schema after metadata-only messages
+                    self.schema = ipc.read_schema(m)
+                    if meta is not None:
+                        self.schema_metadata = meta
+                    continue
+                raise ProtocolError(f"{self._where}: a record batch before the schema")
+            try:
+                return Chunk(self._batch(msg.header, msg.body), meta)
+            except _NeedMore:  # a dictionary: the batch using it follows
+                continue
+
+    def _decode(self, header: memoryview, body: memoryview | None) -> ipc.Message:
+        try:
+            return _message(header, body)
+        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            raise ProtocolError(f"{self._where}: malformed Arrow IPC message "
+                                f"({_first_line(exc)})") from exc
+
+    def _batch(self, header: memoryview, body: memoryview | None) -> pa.RecordBatch:
+        assert self.schema is not None
+        if _has_dictionaries(self.schema):
+            return self._dictionary_batch(header, body)
+        m = self._decode(header, body)
+        if m.type != "record batch":
+            raise ProtocolError(f"{self._where}: expected a record batch, got a {m.type} "
+                                f"message")
+        try:
+            batch = ipc.read_record_batch(m, self.schema)
+            batch.validate()
+        except (pa.ArrowInvalid, OSError, ValueError, IndexError) as exc:
+            raise ProtocolError(f"{self._where}: malformed record batch "
+                                f"({_first_line(exc)})") from exc
+        return batch
+
+    def _dictionary_batch(self, header: memoryview, body: memoryview | None) -> pa.RecordBatch:
+        """The general path: dictionaries are kept and replayed as one IPC stream."""
+        assert self.schema is not None
+        m = self._decode(header, body)
+        if m.type == "dictionary":
+            self._dictionaries.append((header, body))
+            raise _NeedMore
+        if m.type != "record batch":
+            raise ProtocolError(f"{self._where}: expected a record batch, got a {m.type} "
+                                f"message")
+        sink = pa.BufferOutputStream()
+        sink.write(self.schema.serialize())
+        for h, b in (*self._dictionaries, (header, body)):
+            sink.write(_message(h, b).serialize())
+        sink.write(_CONTINUATION + b"\x00\x00\x00\x00")
+        try:
+            table = ipc.open_stream(sink.getvalue()).read_all()
+        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            raise ProtocolError(f"{self._where}: malformed record batch "
+                                f"({_first_line(exc)})") from exc
+        batches = table.combine_chunks().to_batches()
+        return batches[0] if batches else pa.RecordBatch.from_pylist([], self.schema)
+
+
+class _NeedMore(Exception):
+    """A dictionary message was read: the caller reads on."""
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]

@@ -1,0 +1,399 @@
+"""Arrow Flight served by grpcio, beside the TableService on the same port (DESIGN.md §5).
+
+:class:`FlightService` implements ``arrow.flight.protocol.FlightService`` as a generic
+gRPC handler. The unary and small messages go through the classes generated from
+``proto/arrow/flight/protocol/arrow_flight.proto``; ``FlightData`` and ``PutResult`` are
+framed by hand (:mod:`flight.framing`), so record batch bodies are neither re-encoded per
+subscriber nor copied on the way in.
+
+=================  ==================================================================
+Flight call        what it does
+=================  ==================================================================
+Handshake          answers each request with an empty response (tokens are headers)
+ListFlights        every table: schema, size, kind
+GetFlightInfo      one table (descriptor path ``[name]``); its ticket is a SnapshotRequest
+PollFlightInfo     UNIMPLEMENTED
+GetSchema          one table's schema
+DoGet              a consistent snapshot; the ticket is a ``SnapshotRequest`` (columns,
+                   Substrait filter) or a plain table name
+DoExchange         a subscription (:mod:`flight.subscription`): the first client message's
+                   ``app_metadata`` is a ``ClientMessage`` with ``subscribe``
+DoPut              ingestion (:mod:`flight.put`); the ``PutRequest`` is the first batch's
+                   ``app_metadata`` or the schema message's (not both)
+DoAction           ``create_table``, ``drop_table``, ``commit``, ``abort``, ``stats``
+ListActions        the actions above
+=================  ==================================================================
+
+Errors. Every handler answers an exception with its row of :mod:`flight.errors`: the
+row's gRPC code and a one-line message; a bug answers INTERNAL with a reference id and
+the traceback goes to the log only.
+
+Streams. A streaming answer is a generator gRPC pulls from; gRPC's HTTP/2 flow control
+blocks the pull while the client's window is full. A subscription's messages are written
+by its sender (or its table's fan-out thread) into a short queue that the call's
+generator drains, so a writer blocks when the client stops reading: the transport's own
+flow control is what detects a slow reader.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+import pyarrow.flight as flight
+
+from engine.errors import ProtocolError, SchemaError
+from flight._requests import check_metadata_size, parse, table_name
+from flight.errors import abort, grpc_status
+from flight.framing import IpcDecoder, batch_frames, put_result, schema_frame
+from flight.pb import arrow_flight_pb2 as fpb
+from flight.pb import flight_pb2 as pb
+from flight.subscription import Subscription
+
+if TYPE_CHECKING:
+    from flight.registry import TableEntry
+    from flight.server import TicktableServer
+
+__all__ = ["SERVICE_NAME", "FlightService"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SERVICE_NAME = "arrow.flight.protocol.FlightService"
+
+ACTIONS = (("create_table", "CreateTableRequest -> empty"),
+           ("drop_table", "DropTableRequest -> empty"),
+           ("commit", "CommitRequest -> CommitResult"),
+           ("abort", "AbortRequest -> empty"),
+           ("stats", "empty -> Stats"))
+
+
+# ------------------------------------------------------------------------------ errors
+def _unary(fn: Callable[[Any, grpc.ServicerContext], T]) -> Callable[[Any, grpc.ServicerContext], T]:
+    def handler(request: Any, context: grpc.ServicerContext) -> T:
+        try:
+            return fn(request, context)
+        except Exception as exc:
+            abort(context, exc)
+
+    return handler
+
+
+def _streaming(fn: Callable[[Any, grpc.ServicerContext], Iterator[T]]
+               ) -> Callable[[Any, grpc.ServicerContext], Iterator[T]]:
+    """A streaming handler whose exception ends the call with its status (see module doc)."""
+
+    def handler(request: Any, context: grpc.ServicerContext) -> Iterator[T]:
+        try:
+            yield from fn(request, context)
+        except Exception as exc:
+            code, message = grpc_status(exc)
+            context.set_code(code)
+            context.set_details(message)
+
+    return handler
+
+
+class _Context:
+    """What a subscription asks of its call (pyarrow's ServerCallContext's shape)."""
+
+    def __init__(self, context: grpc.ServicerContext) -> None:
+        self._context = context
+
+    def is_cancelled(self) -> bool:
+        return not self._context.is_active()
+
+    def peer(self) -> str:
+        return str(self._context.peer())
+
+
+class _Gone(Exception):
+    """The call ended (client cancelled or disconnected): nothing more can be written."""
+
+
+_END = object()
+
+
+class FrameQueue:
+    """Frames written by any thread, sent in order by the call's generator.
+
+    ``write_frames`` blocks while ``depth`` messages wait (the generator blocks in gRPC
+    while the client's flow-control window is full), and raises once the call is over.
+    """
+
+    def __init__(self, context: grpc.ServicerContext, depth: int = 4) -> None:
+        self._context = context
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._done = threading.Event()
+        context.add_callback(self._call_ended)  # cancelled, disconnected or finished
+
+    def _call_ended(self) -> None:
+        self._done.set()
+        try:  # wake the generator now rather than at its next poll
+            self._queue.put_nowait((_END, None))
+        except queue.Full:
+            pass
+
+    def write_frames(self, frames: tuple[bytes, ...]) -> None:
+        while True:
+            if self._done.is_set() or not self._context.is_active():
+                raise _Gone("the client's call ended")
+            try:
+                self._queue.put(frames, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def close(self, error: BaseException | None = None) -> None:
+        """No more frames; the call ends with ``error``'s status (OK without one)."""
+        while not self._done.is_set():
+            try:
+                self._queue.put((_END, error), timeout=0.1)
+                return
+            except queue.Full:
+                if not self._context.is_active():
+                    return
+
+    def frames(self) -> Iterator[bytes]:
+        """The frames, until :meth:`close`; raises the error it was closed with."""
+        try:
+            while True:
+                try:
+                    item = self._queue.get(timeout=0.5)
+                except queue.Empty:
+                    if self._done.is_set() or not self._context.is_active():
+                        return
+                    continue
+                if item and item[0] is _END:
+                    if item[1] is not None:
+                        raise item[1]
+                    return
+                yield from item
+        finally:
+            self._done.set()
+
+
+# ----------------------------------------------------------------------------- service
+class FlightService:
+    """``arrow.flight.protocol.FlightService`` over one :class:`TicktableServer`."""
+
+    def __init__(self, server: TicktableServer) -> None:
+        self.server = server
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The generic handler to add to a ``grpc.Server``."""
+        raw = None  # hand-framed messages: gRPC passes the bytes through
+        unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, {
+            "Handshake": grpc.stream_stream_rpc_method_handler(
+                _streaming(self.handshake), fpb.HandshakeRequest.FromString,
+                fpb.HandshakeResponse.SerializeToString),
+            "ListFlights": stream(_streaming(self.list_flights), fpb.Criteria.FromString,
+                                  fpb.FlightInfo.SerializeToString),
+            "GetFlightInfo": unary(_unary(self.get_flight_info), fpb.FlightDescriptor.FromString,
+                                   fpb.FlightInfo.SerializeToString),
+            "PollFlightInfo": unary(self.poll_flight_info, fpb.FlightDescriptor.FromString,
+                                    fpb.PollInfo.SerializeToString),
+            "GetSchema": unary(_unary(self.get_schema), fpb.FlightDescriptor.FromString,
+                               fpb.SchemaResult.SerializeToString),
+            "DoGet": stream(_streaming(self.do_get), fpb.Ticket.FromString, raw),
+            "DoPut": grpc.stream_stream_rpc_method_handler(_streaming(self.do_put), raw, raw),
+            "DoExchange": grpc.stream_stream_rpc_method_handler(_streaming(self.do_exchange),
+                                                                raw, raw),
+            "DoAction": stream(_streaming(self.do_action), fpb.Action.FromString,
+                               fpb.Result.SerializeToString),
+            "ListActions": stream(_streaming(self.list_actions), fpb.Empty.FromString,
+                                  fpb.ActionType.SerializeToString),
+        })
+
+    # ------------------------------------------------------------------ metadata
+    def handshake(self, requests: Iterator[fpb.HandshakeRequest],
+                  context: grpc.ServicerContext) -> Iterator[fpb.HandshakeResponse]:
+        for r in requests:
+            yield fpb.HandshakeResponse(protocol_version=r.protocol_version)
+
+    def _info(self, entry: TableEntry) -> fpb.FlightInfo:
+        ticket = pb.SnapshotRequest(table=entry.name).SerializeToString()
+        return fpb.FlightInfo(
+            schema=entry.table.schema.serialize().to_pybytes(),
+            flight_descriptor=fpb.FlightDescriptor(type=fpb.FlightDescriptor.PATH,
+                                                   path=[entry.name]),
+            endpoint=[fpb.FlightEndpoint(ticket=fpb.Ticket(ticket=ticket))],
+            total_records=len(entry.table.rowset), total_bytes=-1,
+            app_metadata=entry.kind.encode())
+
+    def list_flights(self, criteria: fpb.Criteria,
+                     context: grpc.ServicerContext) -> Iterator[fpb.FlightInfo]:
+        infos = [self._info(e) for e in self.server.registry.entries()]
+        yield from infos
+
+    def _entry(self, descriptor: fpb.FlightDescriptor) -> TableEntry:
+        if descriptor.type != fpb.FlightDescriptor.PATH or len(descriptor.path) != 1:
+            raise ProtocolError("use FlightDescriptor.for_path(table_name)")
+        return self.server.registry.get(descriptor.path[0])
+
+    def get_flight_info(self, descriptor: fpb.FlightDescriptor,
+                        context: grpc.ServicerContext) -> fpb.FlightInfo:
+        return self._info(self._entry(descriptor))
+
+    def poll_flight_info(self, descriptor: fpb.FlightDescriptor,
+                         context: grpc.ServicerContext) -> fpb.PollInfo:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                      "PollFlightInfo: Ticktable answers every query at once; use GetFlightInfo")
+        raise AssertionError("abort returned")
+
+    def get_schema(self, descriptor: fpb.FlightDescriptor,
+                   context: grpc.ServicerContext) -> fpb.SchemaResult:
+        return fpb.SchemaResult(schema=self._entry(descriptor).table.schema.serialize().to_pybytes())
+
+    # ------------------------------------------------------------------ snapshots
+    def do_get(self, ticket: fpb.Ticket, context: grpc.ServicerContext) -> Iterator[bytes]:
+        req = self._snapshot_request(ticket.ticket)
+        entry = self.server.registry.get(req.table)
+        table = entry.table
+        columns = list(req.columns) or None
+        if columns:
+            unknown = [c for c in columns if c not in table.schema.names]
+            if unknown:
+                raise SchemaError(f"table {req.table!r} has no column(s) {unknown} "
+                                  f"(columns: {', '.join(table.schema.names)})")
+        if req.filter:
+            from flight.substrait import filter_table
+
+            snap = filter_table(table.to_arrow(), req.filter)
+            if columns:
+                snap = snap.select(columns)
+        else:
+            snap = table.to_arrow(columns)
+        # record batches of at most max_batch_rows (zero-copy slices), each framed as it is
+        # sent: no client has to take one message of the whole table
+        batches = snap.to_batches(max_chunksize=self.server.config.max_batch_rows)
+        yield schema_frame(snap.schema)
+        yield from batch_frames(snap.schema, batches)
+
+    def _snapshot_request(self, raw: bytes) -> pb.SnapshotRequest:
+        try:
+            name = raw.decode()
+        except UnicodeDecodeError:
+            name = None
+        if name is not None and name in self.server.registry.names():
+            return pb.SnapshotRequest(table=name)
+        req = parse(pb.SnapshotRequest(), raw, "DoGet ticket")
+        if not req.table:
+            raise ProtocolError("DoGet ticket names no table; use a SnapshotRequest or a "
+                                "table name")
+        return req
+
+    # ------------------------------------------------------------------ ingestion
+    def do_put(self, messages: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        decoder = IpcDecoder(messages, "DoPut")
+        if decoder.read_schema() is None:
+            return  # the client closed without sending anything: nothing to do
+        for ack in self.server.puts.serve_acks(decoder.descriptor, decoder,
+                                               decoder.schema_metadata):
+            yield put_result(ack.SerializeToString())
+
+    # -------------------------------------------------------------- subscriptions
+    def do_exchange(self, messages: Iterator[bytes],
+                    context: grpc.ServicerContext) -> Iterator[bytes]:
+        server = self.server
+        decoder = IpcDecoder(messages, "DoExchange")
+        try:
+            first = decoder.read_chunk()
+        except StopIteration:  # the client closed without sending anything: nothing to do
+            return
+        meta = first.app_metadata
+        check_metadata_size(meta, server.config.max_metadata_bytes, "DoExchange")
+        msg = parse(pb.ClientMessage(), None if meta is None else meta.to_pybytes(), "DoExchange")
+        if msg.WhichOneof("body") != "subscribe":
+            raise ProtocolError("the first DoExchange message must be a subscribe")
+        req = msg.subscribe
+        descriptor = decoder.descriptor
+        if (not req.table and descriptor is not None
+                and descriptor.descriptor_type == flight.DescriptorType.PATH):
+            req.table = table_name(descriptor)
+        entry = server.registry.get(req.table)
+        sub = Subscription(entry, req, server.sub_options)
+        out = FrameQueue(context)
+        ctx = _Context(context)
+        server._track(sub, +1)
+
+        def send() -> None:
+            try:
+                sub.run(out, ctx)
+                out.close()
+            except _Gone:
+                out.close()
+            except Exception as exc:
+                # the stream ends from our side: tell the client to finish writing
+                if context.is_active():
+                    try:
+                        sub.send_end(out, grpc_status(exc)[1])
+                    except Exception:
+                        log.debug("could not send end of stream", exc_info=True)
+                out.close(exc)
+            finally:
+                sub.close()
+                server._track(sub, -1)
+
+        threading.Thread(target=self._read_changes, args=(decoder, sub), daemon=True,
+                         name=f"ticktable-sub-in-{entry.name}").start()
+        threading.Thread(target=send, daemon=True, name=f"ticktable-sub-{entry.name}").start()
+        try:
+            yield from out.frames()
+        finally:
+            sub.close()
+
+    def _read_changes(self, decoder: IpcDecoder, sub: Subscription) -> None:
+        limit = self.server.config.max_metadata_bytes
+        while True:
+            try:
+                chunk = decoder.read_chunk()
+            except StopIteration:
+                return  # the client is done writing; keep sending
+            except ProtocolError as exc:
+                sub.on_table_failure(exc)
+                return
+            except Exception:
+                sub.close()  # the client went away
+                return
+            try:
+                meta = chunk.app_metadata
+                if meta is None or meta.size > limit:
+                    raise ProtocolError("subscription changes need metadata within the limit")
+                msg = parse(pb.ClientMessage(), meta.to_pybytes(), "subscription change")
+                if msg.WhichOneof("body") != "change":
+                    raise ProtocolError("expected a subscription change")
+                sub.change(msg.change)
+            except ProtocolError as exc:
+                sub.on_table_failure(exc)
+                return
+
+    # -------------------------------------------------------------------- actions
+    def list_actions(self, request: fpb.Empty,
+                     context: grpc.ServicerContext) -> Iterator[fpb.ActionType]:
+        for name, description in ACTIONS:
+            yield fpb.ActionType(type=name, description=description)
+
+    def do_action(self, action: fpb.Action, context: grpc.ServicerContext) -> Iterator[fpb.Result]:
+        out = self.server.action(action.type, action.body)
+        if out is not None:
+            yield fpb.Result(body=out)
+
+
+def wait_closed(event: threading.Event, timeout: float) -> bool:
+    """Wait for ``event`` (a server's stop event), in slices so signals are handled."""
+    deadline = time.monotonic() + timeout
+    while not event.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        event.wait(min(left, 0.5))
+    return True
+
+
