@@ -1,0 +1,248 @@
+"""Arrow Flight served by grpcio on the server's one port (flight/transport.py, framing.py).
+
+Real servers on 127.0.0.1 read by unmodified ``pyarrow.flight`` clients and raw gRPC
+channels: every Flight call, the TableService, health and reflection on one port; the
+hand framing both ways (record batches, dictionaries, metadata-only messages, the
+PutRequest on the schema message); zero-copy decoding of what a client sends; an exclusive
+port; bounded shutdown; and malformed frames answered with INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import grpc
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from engine.graph import UpdateGraph
+from flight import framing
+from flight.framing import IpcDecoder, batch_frames, frame, parse_flight_data, schema_frame
+from flight.pb import arrow_flight_pb2 as fpb
+from flight.pb import flight_pb2 as pb
+from flight.pb import table_service_pb2 as tpb
+from flight.pb import table_service_pb2_grpc as tgrpc
+from flight.server import PortInUse, ServerConfig, TicktableServer
+from tests.flight.conftest import OPEN, Sub
+
+KV = pa.schema([("k", pa.int64()), ("v", pa.float64())])
+
+
+def _kv(keys, vals):
+    return pa.table({"k": pa.array(keys, pa.int64()), "v": pa.array(vals, pa.float64())})
+
+
+# ------------------------------------------------------------------------------ framing
+def test_frames_are_flight_data_messages_protobuf_reads_alike():
+    b = pa.record_batch({"x": pa.array(np.arange(1000)), "s": pa.array([f"s{i}" for i in range(1000)])})
+    (raw,) = batch_frames(b.schema, [b], first_metadata=b"meta")
+    msg = fpb.FlightData.FromString(raw)  # the generated class parses our hand framing
+    assert msg.app_metadata == b"meta" and len(msg.data_body) > 8000
+    assert pa.ipc.read_message(pa.py_buffer(
+        b"\xff\xff\xff\xff" + len(msg.data_header).to_bytes(4, "little") + msg.data_header
+        + msg.data_body)).type == "record batch"
+    parsed = parse_flight_data(raw)
+    assert bytes(parsed.header) == msg.data_header and bytes(parsed.body) == msg.data_body
+    assert parsed.descriptor is None
+    # and our parser reads what protobuf writes, descriptor included
+    d = fpb.FlightDescriptor(type=fpb.FlightDescriptor.PATH, path=["t"])
+    pbuf = fpb.FlightData(flight_descriptor=d, app_metadata=b"m").SerializeToString()
+    back = parse_flight_data(pbuf)
+    assert bytes(back.app_metadata) == b"m" and back.header is None
+    assert framing.descriptor_of(back.descriptor).path == [b"t"]
+
+
+def test_decoded_batches_point_into_the_received_bytes():
+    b = pa.record_batch({"x": pa.array(np.arange(100_000))})
+    raws = [schema_frame(b.schema), *batch_frames(b.schema, [b])]
+    received = [bytes(r) for r in raws]  # what gRPC hands the handler
+    dec = IpcDecoder(iter(received), "test")
+    assert dec.read_schema() == b.schema
+    chunk = dec.read_chunk()
+    assert chunk.data.equals(b)
+    start = pa.py_buffer(received[1]).address
+    addr = chunk.data.column(0).buffers()[1].address
+    assert start <= addr < start + len(received[1])  # no copy of the body
+    with pytest.raises(StopIteration):
+        dec.read_chunk()
+
+
+def test_dictionary_columns_round_trip_through_the_framing():
+    d = pa.array(["a", "b", "a", None]).dictionary_encode()
+    b1 = pa.record_batch({"d": d, "x": pa.array([1, 2, 3, 4])})
+    b2 = pa.record_batch({"d": pa.array(["z", "z"]).dictionary_encode(), "x": pa.array([5, 6])})
+    frames = [schema_frame(b1.schema), *batch_frames(b1.schema, [b1, b2], first_metadata=b"m")]
+    dec = IpcDecoder(iter(frames), "test")
+    dec.read_schema()
+    c1, c2 = dec.read_chunk(), dec.read_chunk()
+    assert c1.data.to_pylist() == b1.to_pylist() and c2.data.to_pylist() == b2.to_pylist()
+    assert c1.app_metadata.to_pybytes() == b"m" and c2.app_metadata is None
+
+
+@pytest.mark.parametrize("raw, match", [
+    (b"\x12\x80", "truncated"),
+    (b"\x12\x05abc", "runs past the end"),
+    (b"\x0f", "wire type 7"),
+    (frame(header=b"\x00" * 16), "malformed Arrow IPC message"),
+])
+def test_malformed_frames_are_protocol_errors(raw, match):
+    from engine.errors import ProtocolError
+
+    dec = IpcDecoder(iter([raw]), "DoPut into 't'")
+    with pytest.raises(ProtocolError, match=match):
+        dec.read_schema()
+
+
+# --------------------------------------------------------------------- one port, all services
+def test_flight_table_service_health_and_reflection_share_one_port(server, client, graph):
+    t = server.registry.create_source("t", KV, "keyed", keys=["k"]).table
+    t.upsert(_kv([1, 2], [1.0, 2.0]))
+    graph.run_cycle()
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        names = [x.name for x in tgrpc.TableServiceStub(ch).ListTables(
+            tpb.ListTablesRequest(), timeout=10).tables]
+        assert names == ["t"]
+        health = health_pb2_grpc.HealthStub(ch)
+        for service in ("", "ticktable.v1.TableService", "arrow.flight.protocol.FlightService"):
+            assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status \
+                == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(ch)
+        [answer] = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+            list_services="")]), timeout=10))
+        services = {s.name for s in answer.list_services_response.service}
+        assert {"arrow.flight.protocol.FlightService", "ticktable.v1.TableService",
+                "grpc.health.v1.Health"} <= services
+    assert client.do_get(fl.Ticket(b"t")).read_all().num_rows == 2
+    info = client.get_flight_info(fl.FlightDescriptor.for_path("t"))
+    assert info.total_records == 2 and info.schema == KV
+    assert client.get_schema(fl.FlightDescriptor.for_path("t")).schema == KV
+    assert [a.type for a in client.list_actions()] == ["create_table", "drop_table", "commit",
+                                                         "abort", "stats"]
+    stats = pb.Stats.FromString(next(iter(client.do_action(fl.Action("stats", b"")))).body
+                                .to_pybytes())
+    assert stats.table_service_port == server.port
+
+
+def test_handshake_and_poll_flight_info(server):
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        hs = ch.stream_stream("/arrow.flight.protocol.FlightService/Handshake",
+                              request_serializer=fpb.HandshakeRequest.SerializeToString,
+                              response_deserializer=fpb.HandshakeResponse.FromString)
+        [r] = list(hs(iter([fpb.HandshakeRequest(protocol_version=3)]), timeout=10))
+        assert r.protocol_version == 3
+        poll = ch.unary_unary("/arrow.flight.protocol.FlightService/PollFlightInfo",
+                              request_serializer=fpb.FlightDescriptor.SerializeToString)
+        with pytest.raises(grpc.RpcError) as info:
+            poll(fpb.FlightDescriptor(type=fpb.FlightDescriptor.PATH, path=["t"]), timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_put_request_on_the_schema_message_is_honoured_and_twice_is_refused(server, client,
+                                                                         graph):
+    t = server.registry.create_source("t", KV, "keyed", keys=["k"]).table
+    t.upsert(_kv([1, 2], [1.0, 2.0]))
+    graph.run_cycle()
+    delete = pb.PutRequest(mode=pb.PUT_MODE_DELETE).SerializeToString()
+    keys = pa.schema([("k", pa.int64())])
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        put = ch.stream_stream("/arrow.flight.protocol.FlightService/DoPut")
+        desc = fpb.FlightDescriptor(type=fpb.FlightDescriptor.PATH, path=["t"]).SerializeToString()
+        body = pa.record_batch({"k": pa.array([1], pa.int64())})
+        msgs = [frame(descriptor=desc, header=pa.ipc.read_message(keys.serialize()).metadata,
+                      app_metadata=delete), *batch_frames(keys, [body])]
+        acks = [pb.PutAck.FromString(fpb.PutResult.FromString(a).app_metadata)
+                for a in put(iter(msgs), timeout=10)]
+        assert [a.rows for a in acks] == [1]
+        graph.run_cycle()
+        assert t.to_arrow().column("k").to_pylist() == [2]  # a delete, not an upsert
+        twice = [msgs[0], *batch_frames(keys, [body], first_metadata=delete)]
+        with pytest.raises(grpc.RpcError) as info:
+            list(put(iter(twice), timeout=10))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "send it once" in info.value.details()
+
+
+def test_subscribe_on_the_descriptor_message_is_honoured(server, graph):
+    t = server.registry.create_source("t", KV, "keyed", keys=["k"]).table
+    t.upsert(_kv([1], [1.0]))
+    graph.run_cycle()
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        exchange = ch.stream_stream("/arrow.flight.protocol.FlightService/DoExchange")
+        desc = fpb.FlightDescriptor(type=fpb.FlightDescriptor.PATH, path=["t"]).SerializeToString()
+        sub = pb.ClientMessage(subscribe=pb.SubscriptionRequest()).SerializeToString()
+        done = threading.Event()
+
+        def requests():
+            yield frame(descriptor=desc, app_metadata=sub)  # one message: both together
+            done.wait(10)
+
+        call = exchange(requests(), timeout=10)
+        first = [parse_flight_data(next(call)) for _ in range(3)]  # schema, metadata, batch
+        assert first[0].header is not None and first[1].app_metadata is not None
+        meta = pb.UpdateMetadata.FromString(bytes(first[1].app_metadata))
+        assert meta.table_size == 1 and meta.num_added_batches == 1
+        done.set()
+        call.cancel()
+
+
+def test_the_port_is_exclusive_and_in_use_is_one_error(server):
+    with pytest.raises(PortInUse, match=f"127.0.0.1:{server.port}"):
+        TicktableServer(UpdateGraph(), ServerConfig(port=server.port)).start()
+    # the first server still answers alone
+    c = fl.connect(server.location)
+    assert list(c.list_flights()) == []
+    c.close()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    try:
+        with pytest.raises(PortInUse):
+            TicktableServer(UpdateGraph(), ServerConfig(port=s.getsockname()[1])).start()
+    finally:
+        s.close()
+
+
+def test_shutdown_ends_open_streams_within_its_grace(graph):
+    srv = TicktableServer(graph, ServerConfig(shutdown_timeout=1.0)).start()
+    srv.registry.create_source("t", KV, "keyed", keys=["k"])
+    c = fl.connect(srv.location)
+    s = Sub(c, "t")
+    s.read()
+    # a DoPut that never finishes writing
+    w, _ = c.do_put(fl.FlightDescriptor.for_path("t"), KV)
+    w.write_table(_kv([1], [1.0]))
+    t0 = time.monotonic()
+    assert srv.shutdown() is True
+    assert time.monotonic() - t0 < 4
+    with pytest.raises(fl.FlightUnavailableError, match="shutting down"):
+        s.read()  # its end of stream, then the status
+    OPEN.remove(s)
+    c.close()
+
+
+def test_unauthenticated_streams_are_refused_at_once(graph):
+    srv = TicktableServer(graph, ServerConfig(token="s3cret")).start()
+    try:
+        srv.registry.create_source("t", KV, "keyed", keys=["k"])
+        c = fl.connect(srv.location)
+        t0 = time.monotonic()
+        writer, reader = c.do_exchange(fl.FlightDescriptor.for_path("t"))
+        with pytest.raises(fl.FlightUnauthenticatedError, match="bearer token"):
+            reader.read_chunk()  # refused without waiting for a first message
+        assert time.monotonic() - t0 < 5
+        w, _ = c.do_put(fl.FlightDescriptor.for_path("t"), KV)
+        with pytest.raises(fl.FlightUnauthenticatedError):
+            w.write_table(_kv([1], [1.0]))
+            w.close()
+        with grpc.insecure_channel(f"127.0.0.1:{srv.port}") as ch:  # health needs no token
+            assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                        timeout=10).status == 1
+        c.close()
+    finally:
+        srv.shutdown()
