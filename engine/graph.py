@@ -247,24 +247,28 @@ class UpdateGraph:
 
     # periodic mode ----------------------------------------------------------------
     def start(self, interval: float = 0.1) -> None:
-        """Run cycles every ``interval`` seconds on a background thread until :meth:`stop`."""
+        """Run cycles every ``interval`` seconds on a background thread until :meth:`stop`.
+
+        Cycles run on a fixed grid of ``interval``; :meth:`request_cycle` runs one early
+        without moving the grid, and a late cycle skips the ticks it missed.
+        """
         if self._thread is not None:
             raise RuntimeError("the update graph is already running")
         self._stop.clear()
 
         def loop() -> None:
+            # periodic cycles keep to a fixed grid; a cycle woken early (request_cycle) runs
+            # in between and never moves the grid, so no burst of writes delays the next one
             next_at = time.monotonic()
             while not self._stop.is_set():
                 try:
                     self.run_cycle()
                 except Exception:
                     log.exception("update cycle %d raised", self.step)
-                next_at += interval
-                delay = next_at - time.monotonic()
-                if delay < 0:
-                    next_at = time.monotonic()
-                    delay = 0
-                self._wake.wait(delay)
+                now = time.monotonic()
+                if next_at <= now:  # this cycle was the periodic one (or late): the next tick
+                    next_at += interval * (1 + (now - next_at) // interval)
+                self._wake.wait(next_at - now)
                 self._wake.clear()
 
         self._thread = threading.Thread(target=loop, name="ticktable-cycle", daemon=True)

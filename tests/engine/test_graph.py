@@ -1,6 +1,7 @@
 """UpdateGraph: dependency order, one notification per table, failure, locks, periodic mode."""
 
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -179,3 +180,27 @@ def test_periodic_mode_stops_cleanly():
         g.start(0.01)
     g.stop()
     assert g.step >= step
+
+
+def test_early_cycles_never_push_the_periodic_schedule_out():
+    """200 writes each asking for an early cycle, then a write that asks for nothing: the
+    next periodic cycle still comes within two intervals (the grid did not move)."""
+    interval = 0.2  # the old loop pushed the grid one interval per early cycle: 40 s here
+    graph = UpdateGraph()
+    t = graph.append_only_table(pa.schema([("x", pa.int64())]))
+    graph.start(interval)
+    try:
+        for i in range(200):
+            t.append(pa.table({"x": [i]}))
+            graph.request_cycle()
+        deadline = time.monotonic() + 10
+        while t.size < 200 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert t.size == 200
+        t.append(pa.table({"x": [-1]}))  # no request: the periodic cycle must take it
+        t0 = time.monotonic()
+        while t.size < 201 and time.monotonic() - t0 < 10:
+            time.sleep(0.001)
+        assert time.monotonic() - t0 <= 2 * interval, time.monotonic() - t0
+    finally:
+        graph.stop()
