@@ -55,7 +55,7 @@ def _dir_bytes(path: Path) -> int:
 # ------------------------------------------------------------------ the server process
 def _serve(conn: Any, data_dir: str | None, interval: float) -> None:
     graph = UpdateGraph()
-    cfg = ServerConfig(grpc_port=None, data_dir=Path(data_dir) if data_dir else None,
+    cfg = ServerConfig(data_dir=Path(data_dir) if data_dir else None,
                        checkpoint_seconds=3600, checkpoint_bytes=1 << 40)
     t0 = time.perf_counter()
     server = TicktableServer(graph, cfg).start()
@@ -224,7 +224,7 @@ def bench_cycles(rows: int, cycles: int) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="tt-bench-"))
     try:
         graph = UpdateGraph()
-        server = TicktableServer(graph, ServerConfig(grpc_port=None, data_dir=tmp / "data",
+        server = TicktableServer(graph, ServerConfig(data_dir=tmp / "data",
                                                      checkpoint_seconds=3600,
                                                      checkpoint_bytes=1 << 40)).start()
         d = server.durability

@@ -77,7 +77,7 @@ def capture(n: int, updates: int, change: int, seed: int) -> list[Message]:
     """The snapshot and one message per cycle, as a subscriber on a real server reads them."""
     rng = np.random.default_rng(seed)
     graph = UpdateGraph()
-    server = TicktableServer(graph, ServerConfig(grpc_port=None, history_updates=4)).start()
+    server = TicktableServer(graph, ServerConfig(history_updates=4)).start()
     client = fl.connect(server.location)
     try:
         table = server.registry.create_source("t", SCHEMA, "keyed", keys=["Key"]).table
@@ -135,7 +135,7 @@ def _serve(n: int, change: int, conn: Any) -> None:
     """The server process: a keyed table of ``n`` rows; one update per 'update' command."""
     rng = np.random.default_rng(0)
     graph = UpdateGraph()
-    server = TicktableServer(graph, ServerConfig(grpc_port=None)).start()
+    server = TicktableServer(graph, ServerConfig()).start()
     table = server.registry.create_source("t", SCHEMA, "keyed", keys=["Key"]).table
     _fill(graph, table, n, rng)
     work = _Workload(n, change, rng)

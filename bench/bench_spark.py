@@ -45,7 +45,7 @@ def _serve(conn: Any) -> None:
 
     graph = UpdateGraph(validate=False)
     graph.start(0.05)
-    server = TicktableServer(graph, ServerConfig(port=0, grpc_port=None)).start()
+    server = TicktableServer(graph, ServerConfig(port=0)).start()
     conn.send(server.location)
     conn.recv()
     server.shutdown()

@@ -1,7 +1,7 @@
 """Crash test (#16 item 6): SIGKILL a real durable server at random moments, check every promise.
 
 Each *kill point* is one round against a ``ticktable serve --data-dir`` subprocess on
-loopback, always the same data dir and ports:
+loopback, always the same data dir and port:
 
 1. **Start** the server (small checkpoint thresholds, so checkpoints happen every second)
    and time it until it listens (``restart seconds``; its own recovery time is parsed from
@@ -93,7 +93,7 @@ from clients._wire import Endpoint  # noqa: E402
 __all__ = ["CrashReport", "ServerProcess", "free_port", "run"]
 
 STRATEGIES = ("checkpoint", "commit", "delay")
-_SERVING = re.compile(r"ticktable serving Flight at (\S+), TableService on port (\d+)")
+_SERVING = re.compile(r"ticktable serving Flight at (\S+)")
 _RECOVERED = re.compile(r"journal record\(s\) in ([\d.]+) s")
 
 
@@ -116,22 +116,22 @@ class ServerProcess:
     ----------
     data_dir
         The server's ``--data-dir``.
-    port, grpc_port
-        Fixed ports (0: any free one; a restart on the same ports keeps clients' URIs).
+    port
+        A fixed port (0: any free one; a restart on the same port keeps clients' URIs).
     checkpoint_seconds, checkpoint_bytes
         The server's checkpoint thresholds.
     verbose
         ``-v``: the server logs at DEBUG (lifecycle lines such as refused stream replays).
     """
 
-    def __init__(self, data_dir: Path, log_path: Path, *, port: int = 0, grpc_port: int = 0,
+    def __init__(self, data_dir: Path, log_path: Path, *, port: int = 0,
                  interval: float = 0.02, checkpoint_seconds: float = 0.5,
                  checkpoint_bytes: int = 64 << 10, verbose: bool = False,
                  startup_timeout: float = 60.0) -> None:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "ticktable.cli", *(["-v"] if verbose else []), "serve",
-               "--data-dir", str(data_dir), "--port", str(port), "--grpc-port", str(grpc_port),
+               "--data-dir", str(data_dir), "--port", str(port),
                "--interval", str(interval), "--checkpoint-seconds", str(checkpoint_seconds),
                "--checkpoint-bytes", str(checkpoint_bytes)]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -148,7 +148,7 @@ class ServerProcess:
             raise RuntimeError(f"ticktable serve did not start ({first!r}); stderr ends:\n"
                                f"{self.stderr_tail()}")
         self.start_seconds = time.perf_counter() - t0
-        self.location, self.grpc_port = m.group(1), int(m.group(2))
+        self.location = m.group(1)
         second = self._line(10.0) or ""
         found = _RECOVERED.search(second)
         self.recovery_seconds = float(found.group(1)) if found else float("nan")
@@ -284,7 +284,7 @@ def run(kill_points: int, seed: int, data_dir: Path, *, checkpoint_seconds: floa
     rep = CrashReport(kill_points, seed)
     model = Model(kv_inflight={w: None for w in range(KEYED_WRITERS)})
     logs = data_dir.with_name(data_dir.name + "-logs")
-    port, grpc_port = free_port(), free_port()
+    port = free_port()
     ckdir = data_dir / "checkpoints"
     t_start = time.perf_counter()
     expired = threading.Event()
@@ -305,7 +305,7 @@ def run(kill_points: int, seed: int, data_dir: Path, *, checkpoint_seconds: floa
         if expired.is_set():
             raise TimeoutError(f"crash run passed its watchdog of {watchdog:.0f} s")
         server = ServerProcess(data_dir, logs / f"server-{n:03d}.log", port=port,
-                               grpc_port=grpc_port, checkpoint_seconds=checkpoint_seconds,
+                               checkpoint_seconds=checkpoint_seconds,
                                checkpoint_bytes=checkpoint_bytes)
         current[:] = [server]
         rep.restart_seconds.append(server.start_seconds)

@@ -1,12 +1,13 @@
 """The Python client: ``tt.connect(uri)`` and what a connection can do.
 
 A :class:`Client` wraps one Arrow Flight connection (and, lazily, a gRPC channel to the
-server's TableService for :meth:`Client.table` compositions). Every call carries the bearer
-token; errors are the server's, raised as pyarrow raises them: ``KeyError`` for an unknown
-table, ``pyarrow.ArrowInvalid`` for input the server refused (the message names the table or
-column and the way out), ``pyarrow.flight.FlightUnauthenticatedError`` for a missing or wrong
-token, ``pyarrow.flight.FlightUnavailableError`` when the server cannot be reached. An
-expression that does not fit a table's schema is refused before anything is sent, with
+server's TableService, on the same port, for :meth:`Client.table` compositions). Every call
+carries the bearer token; errors are the server's, raised as pyarrow raises them:
+``KeyError`` for an unknown table, ``pyarrow.ArrowInvalid`` for input the server refused
+(the message names the table or column and the way out), plain ``pyarrow.ArrowException``
+for a name already taken, ``pyarrow.flight.FlightUnauthenticatedError`` for a missing or
+wrong token, ``pyarrow.flight.FlightUnavailableError`` when the server cannot be reached.
+An expression that does not fit a table's schema is refused before anything is sent, with
 ``ticktable.errors.ExpressionError``.
 
 >>> import ticktable as tt
@@ -199,6 +200,12 @@ class Client:
             ``"ring"`` (the last ``capacity`` rows).
         if_not_exists
             Do nothing if a table of that name already exists.
+
+        Raises
+        ------
+        pyarrow.ArrowException
+            If a table of that name exists and ``if_not_exists`` is false (ALREADY_EXISTS,
+            for which pyarrow has no subclass).
         """
         if kind not in _KINDS:
             raise ValueError(f"kind must be one of {sorted(_KINDS)}, not {kind!r}")
@@ -366,11 +373,7 @@ class Client:
 
             from flight.pb import table_service_pb2_grpc as tgrpc
 
-            st: pb.Stats = action(self._flight, self._opts(), "stats", None, pb.Stats)
-            if not st.table_service_port:
-                raise RuntimeError(f"the server at {self.endpoint.location} runs no TableService "
-                                   f"(started with --grpc-port -1); compositions need it")
-            target = f"{self.endpoint.host}:{st.table_service_port}"
+            target = self.endpoint.location.split("://", 1)[1]  # Flight's own port serves it
             if self.endpoint.location.startswith("grpc+tls"):
                 creds = grpc.ssl_channel_credentials(root_certificates=self.endpoint._roots())
                 self._grpc_channel = grpc.secure_channel(target, creds)

@@ -87,6 +87,8 @@ class RemoteTable:
         ------
         pyarrow.ArrowInvalid
             If an operation does not fit its input; the message names the operation.
+        pyarrow.ArrowException
+            If ``name`` is taken and ``replace`` is false (ALREADY_EXISTS).
         """
         if self._name is not None and name is None:
             return self

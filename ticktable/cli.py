@@ -1,10 +1,12 @@
 """The ``ticktable`` command line.
 
 ``ticktable ls``, ``tail TABLE`` and ``push FILE TABLE`` are clients of a running server
-(:mod:`clients.commands`). ``ticktable serve`` runs the Arrow Flight server (and the gRPC TableService) over one update
-graph; ``--demo`` adds a ticking ``quotes`` table, a sorted ``board`` and an aggregate
-``stats`` derived from it. ``ticktable demo`` runs the same tables in-process and prints
-the board changing cycle by cycle with each update's size.
+(:mod:`clients.commands`). ``ticktable serve`` runs the server over one update graph:
+Arrow Flight, the gRPC TableService, health and reflection on one port; ``--demo`` adds a
+ticking ``quotes`` table, a sorted ``board`` and an aggregate ``stats`` derived from it.
+``ticktable demo`` runs the same tables in-process and prints the board changing cycle by
+cycle with each update's size. ``ticktable health`` asks a server's gRPC health service
+(the container health check), over TLS too.
 """
 
 from __future__ import annotations
@@ -125,14 +127,13 @@ def _serve(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("TICKTABLE_TOKEN") or None
     graph = UpdateGraph()
     data_dir = None if args.in_memory else default_data_dir(args.data_dir)
-    config = ServerConfig(host=args.host, port=args.port,
-                          grpc_port=None if args.grpc_port < 0 else args.grpc_port, token=token,
+    config = ServerConfig(host=args.host, port=args.port, token=token,
                           tls_cert=_read(args.tls_cert), tls_key=_read(args.tls_key),
                           data_dir=data_dir, checkpoint_seconds=args.checkpoint_seconds,
                           checkpoint_bytes=args.checkpoint_bytes)
     try:
         server = TicktableServer(graph, config).start()
-    except TicktableError as exc:  # damaged or incompatible data: one line, no traceback
+    except TicktableError as exc:  # damaged data, a port in use...: one line, no traceback
         print(f"ticktable serve: {exc}", file=sys.stderr)
         return 2
 
@@ -151,9 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
         tick()
         threading.Thread(target=ticking, name="ticktable-demo", daemon=True).start()
     graph.start(args.interval)
-    print(f"ticktable serving Flight at {server.location}"
-          + (f", TableService on port {server.grpc_port}" if server.grpc_port else ""),
-          flush=True)
+    print(f"ticktable serving Flight at {server.location}", flush=True)
     if args.demo:
         print("tables: quotes (ticking), board (sorted by Bid), stats (aggregate). "
               "Watch one from pandas:\n"
@@ -179,8 +178,8 @@ def _serve(args: argparse.Namespace) -> int:
     clean = server.shutdown()
     graph.stop()
     if not clean:
-        # A client never closed its stream and pyarrow cannot cancel it from this side:
-        # leave without running the Flight server's destructor, which would wait for it.
+        # A call outlived its cancellation: leave without joining the server's worker
+        # threads (the interpreter's exit would wait for that call forever).
         print("ticktable stopped (some clients never closed their streams)", flush=True)
         os._exit(0)
     print("ticktable stopped", flush=True)
@@ -192,13 +191,33 @@ def _health(args: argparse.Namespace) -> int:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     target = f"{args.host}:{args.port}"
-    try:
-        with grpc.insecure_channel(target) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                              timeout=args.timeout)
-    except grpc.RpcError as exc:
-        print(f"ticktable health: {target}: {exc.code().name}", file=sys.stderr)
+
+    def fail(msg: str) -> int:
+        print(f"ticktable health: {target}: {msg}", file=sys.stderr)
         return 1
+
+    tls = args.tls or args.tls_ca is not None
+    if args.tls_server_name and not tls:
+        return fail("--tls-server-name needs --tls or --tls-ca")
+    try:
+        roots = _read(args.tls_ca)
+    except OSError as exc:
+        return fail(f"cannot read --tls-ca: {exc}")
+    options = ([("grpc.ssl_target_name_override", args.tls_server_name)]
+               if args.tls_server_name else [])
+    token = args.token or None
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials(roots), options) if tls
+               else grpc.insecure_channel(target, options))
+    try:
+        with channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=args.timeout, metadata=metadata)
+    except grpc.RpcError as exc:
+        # e.g. UNAVAILABLE: nothing listens, or the TLS handshake failed (plain vs TLS, an
+        # untrusted certificate, a name the certificate does not carry)
+        details = " ".join((exc.details() or "").split())
+        return fail(f"{exc.code().name}: {details}" if details else exc.code().name)
     name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     print(f"{target}: {name}")
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
@@ -214,17 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seed", type=int, default=None)
     demo.add_argument("--validate", action="store_true", help="validate every update")
     demo.set_defaults(func=_demo)
-    serve = sub.add_parser("serve", help="run the Arrow Flight server",
-                           description="Serve live tables over Arrow Flight (and the gRPC "
-                                       "TableService) until SIGTERM/Ctrl-C.")
+    serve = sub.add_parser("serve", help="run the server (Arrow Flight and the TableService)",
+                           description="Serve live tables until SIGTERM/Ctrl-C. One port "
+                                       "carries Arrow Flight, the gRPC TableService "
+                                       "(ticktable.v1), gRPC health and server reflection.")
     serve.add_argument("--host", default=os.environ.get("TICKTABLE_HOST", "127.0.0.1"),
                        help="address to bind (default $TICKTABLE_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, default=int(os.environ.get("TICKTABLE_PORT", 8815)),
-                       help="Flight port (0: any free port; default $TICKTABLE_PORT or 8815)")
-    serve.add_argument("--grpc-port", type=int,
-                       default=int(os.environ.get("TICKTABLE_GRPC_PORT", 8816)),
-                       help="TableService port (0: any free port, -1: do not start it; "
-                            "default $TICKTABLE_GRPC_PORT or 8816)")
+                       help="the port of every service (0: any free port; default "
+                            "$TICKTABLE_PORT or 8815)")
     serve.add_argument("--token", default=None,
                        help="bearer token every call must carry (or set TICKTABLE_TOKEN)")
     serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file (enables TLS)")
@@ -247,18 +264,35 @@ def main(argv: list[str] | None = None) -> int:
                             "(default 512 MiB)")
     serve.set_defaults(func=_serve)
     health = sub.add_parser("health", help="exit 0 when a server reports SERVING (gRPC health)",
-                            description="Ask the gRPC health service on the TableService port "
-                                        "(the container health check).")
+                            description="Ask a server's gRPC health service, on its one port "
+                                        "(the container health check). A TLS server needs "
+                                        "--tls or --tls-ca.")
     health.add_argument("--host", default="127.0.0.1", help="server address (default 127.0.0.1)")
-    health.add_argument("--port", type=int,
-                        default=int(os.environ.get("TICKTABLE_GRPC_PORT", 8816)),
-                        help="TableService port (default $TICKTABLE_GRPC_PORT or 8816)")
+    health.add_argument("--port", type=int, default=int(os.environ.get("TICKTABLE_PORT", 8815)),
+                        help="server port (default $TICKTABLE_PORT or 8815)")
+    health.add_argument("--tls", action="store_true",
+                        help="connect with TLS, trusting the system's root certificates")
+    health.add_argument("--tls-ca", default=os.environ.get("TICKTABLE_TLS_CA") or None,
+                        metavar="FILE",
+                        help="connect with TLS, trusting the PEM certificate(s) in FILE (e.g. "
+                             "the server's self-signed --tls-cert; default $TICKTABLE_TLS_CA)")
+    health.add_argument("--tls-server-name", default=None, metavar="NAME",
+                        help="the name the server's certificate must carry, when it is not "
+                             "--host (e.g. checking 127.0.0.1 inside a container)")
+    health.add_argument("--token", default=os.environ.get("TICKTABLE_TOKEN"),
+                        help="bearer token to send (default $TICKTABLE_TOKEN; the health "
+                             "service itself needs none)")
     health.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
     health.set_defaults(func=_health)
     from clients.commands import add_commands
 
     add_commands(sub)
     args = parser.parse_args(argv)
+    if not args.verbose:
+        # gRPC's C core writes its own ERROR lines to stderr, read once when grpc is first
+        # imported (below, by serve and health): a port in use would print its log line
+        # beside our one-line error. Failures reach us as exceptions; -v keeps the lines.
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     result: int = args.func(args)

@@ -79,7 +79,7 @@ def lives() -> Iterator[list[LiveTable]]:
 
 @pytest.fixture
 def server(graph: UpdateGraph, lives: list[LiveTable]) -> Iterator[TicktableServer]:
-    srv = TicktableServer(graph, ServerConfig(grpc_port=None)).start()
+    srv = TicktableServer(graph, ServerConfig()).start()
     yield srv
     for live in lives:
         live.close()

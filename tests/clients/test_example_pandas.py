@@ -22,7 +22,7 @@ QUOTES = pa.schema([("Sym", pa.string()), ("Bid", pa.float64())])
 def test_pandas_subscriber_example_prints_updates_and_frames() -> None:
     graph = UpdateGraph(validate=True)
     graph.start(0.02)
-    server = TicktableServer(graph, ServerConfig(grpc_port=None)).start()
+    server = TicktableServer(graph, ServerConfig()).start()
     quotes = server.registry.create_source("board", QUOTES, "keyed", keys=["Sym"]).table
     stop = threading.Event()
     rng = np.random.default_rng(0)

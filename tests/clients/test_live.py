@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -228,7 +230,7 @@ def test_oracle_random_cycles(server, graph, subscribe, monkeypatch, seed):
 
 
 def test_resume_by_snapshot_when_history_is_gone(graph, lives):
-    srv = TicktableServer(graph, ServerConfig(grpc_port=None, history_updates=3)).start()
+    srv = TicktableServer(graph, ServerConfig(history_updates=3)).start()
     try:
         t = keyed(srv, "t")
         t.upsert(kv([1, 2], [1.0, 2.0]))
@@ -283,7 +285,7 @@ def test_resume_by_deltas_with_a_viewport(server, graph, subscribe):
 def test_server_restart_resumes_by_snapshot(graph, lives):
     """The server goes away (its shutdown ends the stream as unavailable); the client keeps
     trying and subscribes to the new server's table, a new epoch: a snapshot."""
-    first = TicktableServer(graph, ServerConfig(grpc_port=None)).start()
+    first = TicktableServer(graph, ServerConfig()).start()
     t = keyed(first, "t")
     t.upsert(kv([1], [1.0]))
     graph.run_cycle()
@@ -294,7 +296,7 @@ def test_server_restart_resumes_by_snapshot(graph, lives):
     gate.open.clear()
     assert first.shutdown()
     g2 = UpdateGraph(validate=True)
-    second = TicktableServer(g2, ServerConfig(grpc_port=None)).start()
+    second = TicktableServer(g2, ServerConfig()).start()
     try:
         t2 = keyed(second, "t")
         for i in range(3):  # (the old view is at sequence 1: go past it)
@@ -442,6 +444,20 @@ def _readers() -> list[threading.Thread]:
     return [th for th in threading.enumerate() if th.name.startswith("ticktable-live-")]
 
 
+def _busy_threads() -> int:
+    """Threads doing something. An idle worker of a thread pool is left out: the grpcio
+    server keeps its workers for later calls, each waiting for work in
+    ``concurrent.futures.thread._worker``; a worker still inside a call is counted."""
+    frames = sys._current_frames()
+    pool = os.path.join("concurrent", "futures", "thread.py")
+
+    def idle(th: threading.Thread) -> bool:
+        f = frames.get(th.ident) if th.ident is not None else None
+        return f is not None and f.f_code.co_name == "_worker" and f.f_code.co_filename.endswith(pool)
+
+    return sum(not idle(th) for th in threading.enumerate())
+
+
 def _settles(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
     """Wait for a condition another thread brings about (server-side stream threads end
     asynchronously after a client cancels)."""
@@ -458,7 +474,7 @@ def test_close_stops_the_reader_threads_and_ends_iterators(server, graph):
     t = keyed(server, "t")
     t.upsert(kv([1], [1.0]))
     graph.run_cycle()
-    baseline = threading.active_count()
+    baseline = _busy_threads()
     connect = Endpoint(server.location).connect
     many = [LiveTable(connect, "t") for _ in range(3)]
     assert all(x.wait_for() for x in many) and len(_readers()) == 3
@@ -475,7 +491,8 @@ def test_close_stops_the_reader_threads_and_ends_iterators(server, graph):
         assert live.wait_for() and live.size == 1 and len(_readers()) == 1
     assert live.closed and _readers() == []
     assert not live.wait_for(sequence=99, timeout=1)
-    assert _settles(lambda: threading.active_count() == baseline)  # the server's too
+    assert _settles(lambda: server.subscriptions == [])
+    assert _settles(lambda: _busy_threads() == baseline)  # the server's calls ended too
 
 
 def test_dropped_table_is_a_permanent_error(server, graph, subscribe):

@@ -20,7 +20,7 @@ def snippet() -> str:
 def test_readme_client_snippet(capsys) -> None:
     graph = UpdateGraph(validate=True)
     graph.start(0.02)
-    server = TicktableServer(graph, ServerConfig(grpc_port=0)).start()
+    server = TicktableServer(graph, ServerConfig()).start()
     try:
         code = snippet().replace("grpc://127.0.0.1:8815", server.location)
         code += "\nresult = live.df\n"  # the last state it held, after close

@@ -37,7 +37,7 @@ def server() -> Iterator[TicktableServer]:
     """A server whose graph runs cycles every 50 ms, so commits become visible by themselves."""
     graph = UpdateGraph(validate=True)
     graph.start(0.05)
-    srv = TicktableServer(graph, ServerConfig(port=0, grpc_port=None)).start()
+    srv = TicktableServer(graph, ServerConfig(port=0)).start()
     yield srv
     srv.shutdown()
     graph.stop()

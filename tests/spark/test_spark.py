@@ -35,24 +35,22 @@ N = 1_000_000
 
 
 class Recorder:
-    """Wraps ``server.puts.put`` or ``server.durability.commit`` (the server's commit action);
-    every call goes through and is recorded (thread-safe)."""
+    """Wraps ``server.puts.acks`` (one DoPut's acknowledgements) or
+    ``server.durability.commit`` (the server's commit action); every call goes through and
+    is recorded once it ends, failed or not (thread-safe)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, target: Any, name: str) -> None:
         self.calls: list[dict[str, Any]] = []
         self._cond = threading.Condition()
         real = getattr(target, name)
 
-        def put(table, request, batches, ack):
+        def acks(table, request, batches):
             rec = {"write_id": request.write_id, "partition": request.partition,
                    "attempt": request.attempt, "rows": 0}
-
-            def counting_ack(a):
-                rec["rows"] = int(a.total_rows)
-                ack(a)
-
             try:
-                return real(table, request, batches, counting_ack)
+                for a in real(table, request, batches):
+                    rec["rows"] = int(a.total_rows)
+                    yield a
             finally:
                 self._add(rec)
 
@@ -63,7 +61,7 @@ class Recorder:
                        "rows": int(result.rows)})
             return result
 
-        monkeypatch.setattr(target, name, put if name == "put" else commit)
+        monkeypatch.setattr(target, name, acks if name == "acks" else commit)
 
     def _add(self, rec: dict[str, Any]) -> None:
         with self._cond:
@@ -133,7 +131,7 @@ def test_merged_regroups_batches_in_order_within_bounds(seed):
 
 def test_batch_write_creates_the_table_and_publishes_the_job_in_one_cycle(spark, server,
                                                                            monkeypatch):
-    puts = Recorder(monkeypatch, server.puts, "put")
+    puts = Recorder(monkeypatch, server.puts, "acks")
     seen = sizes_at_cycle_end(server, "t")
     write(frame(spark), server, "t")
     entry = server.registry.get("t")
@@ -147,7 +145,7 @@ def test_batch_write_creates_the_table_and_publishes_the_job_in_one_cycle(spark,
 
 
 def test_a_retried_task_never_duplicates_rows(spark, server, monkeypatch):
-    puts = Recorder(monkeypatch, server.puts, "put")
+    puts = Recorder(monkeypatch, server.puts, "acks")
 
     def fail_first_attempt(batches):
         from pyspark import TaskContext
@@ -174,7 +172,7 @@ def test_a_retried_task_never_duplicates_rows(spark, server, monkeypatch):
 def test_a_failed_job_leaves_nothing_visible_and_no_stages(spark, server, monkeypatch):
     from pyspark.errors import PySparkException
 
-    puts = Recorder(monkeypatch, server.puts, "put")
+    puts = Recorder(monkeypatch, server.puts, "acks")
     seen = sizes_at_cycle_end(server, "t")
 
     def fail_partition_1(batches):
@@ -245,7 +243,7 @@ def test_tls_and_token_options(spark, tmp_path):
                    check=True, capture_output=True)
     graph = UpdateGraph()
     graph.start(0.05)
-    srv = TicktableServer(graph, ServerConfig(port=0, grpc_port=None, token="t0k",
+    srv = TicktableServer(graph, ServerConfig(port=0, token="t0k",
                                               tls_cert=(d / "cert.pem").read_bytes(),
                                               tls_key=(d / "key.pem").read_bytes())).start()
     try:

@@ -26,7 +26,8 @@ ROWS = pa.schema([("id", pa.int64()), ("name", pa.string()), ("x", pa.float64())
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("TICKTABLE_TOKEN", None)
+    for var in ("TICKTABLE_TOKEN", "TICKTABLE_TLS_CA", "TICKTABLE_PORT", "GRPC_VERBOSITY"):
+        env.pop(var, None)
     return subprocess.run([sys.executable, "-m", "ticktable.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=ROOT)
 
@@ -35,7 +36,7 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 def running() -> Iterator[TicktableServer]:
     graph = UpdateGraph()
     graph.start(0.02)
-    srv = TicktableServer(graph, ServerConfig(grpc_port=0)).start()
+    srv = TicktableServer(graph, ServerConfig()).start()
     yield srv
     srv.shutdown()
     graph.stop()
@@ -133,5 +134,60 @@ def test_tail_shows_the_newest_rows_and_the_rate(running: TicktableServer) -> No
 
 
 def test_health_command(running: TicktableServer) -> None:
-    out = cli("health", "--port", str(running.grpc_port))
-    assert out.returncode == 0 and out.stdout.strip().endswith("SERVING"), out.stderr
+    out = cli("health", "--port", str(running.port))  # health shares Flight's port
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"127.0.0.1:{running.port}: SERVING\n"
+    out = cli("health", "--port", "1")
+    assert out.returncode == 1 and out.stdout == "", out.stdout
+    assert out.stderr.startswith("ticktable health: 127.0.0.1:1: UNAVAILABLE")
+    assert len(out.stderr.splitlines()) == 1, out.stderr
+
+
+def _self_signed(d: Path, san: str) -> Path:
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=ticktable-test", "-addext", f"subjectAltName={san}",
+                    "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")],
+                   check=True, capture_output=True)
+    return d / "cert.pem"
+
+
+def _one_line_failure(out: subprocess.CompletedProcess[str], port: int, code: str) -> None:
+    assert out.returncode == 1 and out.stdout == "", out.stdout
+    assert out.stderr.startswith(f"ticktable health: 127.0.0.1:{port}: {code}"), out.stderr
+    assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_health_command_over_tls(tmp_path: Path) -> None:
+    cert = _self_signed(tmp_path, "DNS:localhost,IP:127.0.0.1")
+    graph = UpdateGraph()
+    cfg = ServerConfig(token="t0k", tls_cert=cert.read_bytes(),
+                       tls_key=(tmp_path / "key.pem").read_bytes())
+    with TicktableServer(graph, cfg) as srv:
+        port = str(srv.port)
+        serving = f"127.0.0.1:{port}: SERVING\n"
+        for extra in ([], ["--token", "t0k"]):  # health needs no token; sending one is fine
+            out = cli("health", "--port", port, "--tls-ca", str(cert), *extra)
+            assert out.returncode == 0 and out.stdout == serving, out.stderr
+        out = cli("health", "--port", port, "--tls-server-name", "localhost",
+                  "--tls-ca", str(cert))
+        assert out.returncode == 0 and out.stdout == serving, out.stderr
+        _one_line_failure(cli("health", "--port", port), srv.port, "UNAVAILABLE")  # plain
+        # --tls trusts the system's roots, which do not include a self-signed certificate
+        _one_line_failure(cli("health", "--port", port, "--tls"), srv.port, "UNAVAILABLE")
+
+
+def test_health_command_with_a_certificate_for_another_name(tmp_path: Path) -> None:
+    """A certificate naming the host a container is reached by, checked on 127.0.0.1."""
+    cert = _self_signed(tmp_path, "DNS:ticktable.example")
+    cfg = ServerConfig(tls_cert=cert.read_bytes(), tls_key=(tmp_path / "key.pem").read_bytes())
+    with TicktableServer(UpdateGraph(), cfg) as srv:
+        port = str(srv.port)
+        _one_line_failure(cli("health", "--port", port, "--tls-ca", str(cert)), srv.port,
+                          "UNAVAILABLE")
+        out = cli("health", "--port", port, "--tls-ca", str(cert),
+                  "--tls-server-name", "ticktable.example")
+        assert out.returncode == 0 and out.stdout == f"127.0.0.1:{port}: SERVING\n", out.stderr
+        _one_line_failure(cli("health", "--port", port, "--tls-server-name", "ticktable.example"),
+                          srv.port, "--tls-server-name needs --tls or --tls-ca")
+        _one_line_failure(cli("health", "--port", port, "--tls-ca", str(tmp_path / "none.pem")),
+                          srv.port, "cannot read --tls-ca")

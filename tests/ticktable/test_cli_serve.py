@@ -1,4 +1,5 @@
-"""``ticktable serve`` as a real subprocess: it serves, ticks the demo, and stops cleanly."""
+"""``ticktable serve`` as a real subprocess: it serves, ticks the demo, and stops cleanly;
+a port in use ends it with one line."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import grpc
 import pyarrow.flight as fl
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from engine.graph import UpdateGraph
 from flight.decoder import ReferenceView, read_message
 from flight.pb import flight_pb2 as pb
+from flight.server import ServerConfig, TicktableServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,15 +25,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_serve_demo_subprocess(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ticktable.cli", "serve", "--port", "0", "--grpc-port", "0",
-         "--demo", "--interval", "0.05", "--seed", "1", "--data-dir", str(tmp_path)],
+        [sys.executable, "-m", "ticktable.cli", "serve", "--port", "0", "--demo",
+         "--interval", "0.05", "--seed", "1", "--data-dir", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
         line = proc.stdout.readline()
-        m = re.match(r"ticktable serving Flight at (grpc://[\d.]+:\d+), TableService on port (\d+)",
-                     line)
+        m = re.fullmatch(r"ticktable serving Flight at (grpc://[\d.]+:(\d+))\n", line)
         assert m, line + proc.stderr.read() if proc.poll() is not None else line
-        location, grpc_port = m.group(1), int(m.group(2))
+        location, port = m.group(1), int(m.group(2))
         assert "board" in proc.stdout.readline()
         client = fl.connect(location)
         names = sorted(f.descriptor.path[0].decode() for f in client.list_flights())
@@ -50,7 +52,7 @@ def test_serve_demo_subprocess(tmp_path):
         assert view.sequence >= 3 and view.to_arrow().num_rows >= 1
         w.done_writing()
         r.cancel()
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:  # health: Flight's port
             status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
                                                           timeout=5)
         assert status.status == health_pb2.HealthCheckResponse.SERVING
@@ -72,3 +74,20 @@ def test_serve_help_lists_every_option():
     for opt in ("--host", "--port", "--token", "--tls-cert", "--tls-key", "--demo",
                 "--data-dir", "--in-memory"):
         assert opt in out
+    assert "--grpc-port" not in out
+
+
+def test_serve_on_a_port_in_use_fails_with_one_line(tmp_path):
+    with TicktableServer(UpdateGraph(), ServerConfig()) as running:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        out = subprocess.run(
+            [sys.executable, "-m", "ticktable.cli", "serve", "--port", str(running.port),
+             "--data-dir", str(tmp_path)],
+            capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+        assert out.returncode != 0
+        assert "Traceback" not in out.stderr
+        assert out.stderr.splitlines() == [
+            f"ticktable serve: cannot listen on 127.0.0.1:{running.port}: the port is in use "
+            f"or not allowed"], out.stderr
+        assert out.stdout == ""
+        assert fl.connect(running.location).list_actions()  # the first server is untouched

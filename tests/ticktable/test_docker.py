@@ -55,18 +55,29 @@ def test_dockerfile_is_small_and_non_root() -> None:
     assert "useradd --system --uid 10001" in ins["RUN"]
 
 
-def test_image_entrypoint_serves_and_its_healthcheck_passes(tmp_path: Path) -> None:
+def test_image_serves_everything_on_one_port() -> None:
     ins = instructions()
-    argv = json.loads(ins["ENTRYPOINT"]) + json.loads(ins["CMD"])
+    env = image_env(ins["ENV"])
+    assert ins["EXPOSE"].split() == [env["TICKTABLE_PORT"]] == ["8815"]
+    assert not any("GRPC_PORT" in k for k in env)
+
+
+def run_image(tmp_path: Path, extra_args: list[str], extra_env: dict[str, str]) -> None:
+    """Run the image's command (plus ``extra_args``) and its health check until it passes;
+    then read the demo tables and stop it with SIGTERM."""
+    ins = instructions()
+    argv = json.loads(ins["ENTRYPOINT"]) + json.loads(ins["CMD"]) + extra_args
     health = json.loads(ins["HEALTHCHECK"].split("CMD", 1)[1])
     assert argv[:2] == ["ticktable", "serve"] and health[0] == "ticktable"
     env = dict(os.environ, **image_env(ins["ENV"]))
-    flight_port, grpc_port = free_port(), free_port()
-    env.update(TICKTABLE_PORT=str(flight_port), TICKTABLE_GRPC_PORT=str(grpc_port))
+    env.pop("TICKTABLE_TOKEN", None)
+    port = free_port()
+    env.update(TICKTABLE_PORT=str(port), **extra_env)
     assert env["TICKTABLE_DATA_DIR"] == "/data"  # the image's volume; here a temporary dir
-    env["TICKTABLE_DATA_DIR"] = str(tmp_path)
+    env["TICKTABLE_DATA_DIR"] = str(tmp_path / "data")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the venv's ticktable
     assert env["TICKTABLE_HOST"] == "0.0.0.0"
+    tls = "--tls-cert" in extra_args
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd="/")
     try:
@@ -78,15 +89,33 @@ def test_image_entrypoint_serves_and_its_healthcheck_passes(tmp_path: Path) -> N
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             assert time.monotonic() < deadline, check.stderr
             time.sleep(0.2)
-        assert "SERVING" in check.stdout
-        with tt.connect(f"127.0.0.1:{flight_port}") as client:
+        assert check.stdout.strip() == f"127.0.0.1:{port}: SERVING"
+        uri = f"grpc+tls://127.0.0.1:{port}" if tls else f"grpc://127.0.0.1:{port}"
+        with tt.connect(uri, tls=env.get("TICKTABLE_TLS_CA", False)) as client:
             assert client.tables() == ["board", "quotes", "stats"]
             assert len(client.snapshot("quotes")) >= 1
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
-        assert f"serving Flight at grpc://0.0.0.0:{flight_port}" in out
+        scheme = "grpc+tls" if tls else "grpc"
+        assert out.splitlines()[0] == f"ticktable serving Flight at {scheme}://0.0.0.0:{port}"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_image_entrypoint_serves_and_its_healthcheck_passes(tmp_path: Path) -> None:
+    run_image(tmp_path, [], {})
+
+
+def test_image_healthcheck_passes_over_tls(tmp_path: Path) -> None:
+    """``docker run ... ticktable --tls-cert ... --tls-key ...`` with ``TICKTABLE_TLS_CA``
+    set (docker/README.md): the unchanged HEALTHCHECK trusts that certificate."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True)
+    run_image(tmp_path, ["--tls-cert", str(tmp_path / "cert.pem"),
+                         "--tls-key", str(tmp_path / "key.pem")],
+              {"TICKTABLE_TLS_CA": str(tmp_path / "cert.pem")})
