@@ -1,32 +1,47 @@
-"""bench_flight: the Flight server end to end over real gRPC on 127.0.0.1.
+"""bench_flight: the Flight server end to end over real gRPC on 127.0.0.1, old server vs new.
 
-Topology: the Ticktable server (and, in the same child process, the bare pyarrow.flight
-baseline servers) run in a *spawned subprocess*; the clients run in this process. On a
-2-core machine this keeps server and client work on separate GILs, as in a deployment,
-so neither side's Python work is billed to the other's GIL. Both processes read
-``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for the whole machine), so
-cycle-end times taken in the server process compare with decode times taken here.
+Servers: "new" is this working tree; "old" is the tree at ``--old REV`` (default 4ddb344,
+the last pyarrow-based server), checked out for the run with ``git worktree add --detach``
+into a temporary directory and removed at the end; "raw" is a bare ``pyarrow.flight``
+server, the baseline. The clients, and the client-side decoder (``flight.decoder``,
+``flight.pb``), are this tree's for every server.
+
+Topology: each section spawns one process per server (bench/_tree_child.py), alive
+together for the section; the clients run in this process and take turns, so load changes
+hit every server alike. On a 2-core machine this keeps server and client work on separate
+GILs, as in a deployment. A server process imports ``engine`` and ``flight`` from its own
+tree, which is why this module (re-run in each of them by ``spawn``) imports those only
+inside functions. Both sides read ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one
+clock for the whole machine), so cycle-end times taken by a server compare with decode
+times taken here. A server that fails to start or to answer is reported as failed for
+that section, and the run goes on with the others.
 
 Measures:
   1. Snapshot DoGet of --snap-sizes rows (int64, string, float64, int64) into pandas
-     (``read_all().to_pandas()``) against a bare ``FlightServerBase`` returning
-     ``RecordBatchStream`` of the same Arrow table; the ratio raw_time / our_time.
-     Profile: server-side ``Table.to_arrow`` (the gather under the shared lock), client
-     transfer (``read_all``) and ``to_pandas`` separately.
+     (``read_all().to_pandas()``); raw serves the same rows (checked) as one
+     ``RecordBatchStream``; x_raw = raw_time / time. Profile: server-side
+     ``Table.to_arrow`` (the gather under the shared lock), client transfer (``read_all``)
+     and ``to_pandas`` separately.
   2. Delta latency, cycle end -> client decode (``read_message``), for --change-row upserts
      into a --keyed-rows keyed table at --rate cycles/s, with each of --subscribers.
      The server process drives the cycles itself (upsert a pre-built batch, ``run_cycle``,
      sleep to the next tick: what ``start(1/rate)`` does with a writer that stages once
      per tick); a terminal listener stamps each cycle's end. Each subscriber reads on its
      own thread with its own connection. A message that coalesced several cycles counts
-     once per cycle it covers, each against its own cycle end. The ReferenceView apply is
-     timed separately (offline, on the messages the first subscriber received).
+     once per cycle it covers, each against its own cycle end. Server CPU per message
+     delivered: the server process's CPU seconds over the run (all threads, cycles too)
+     over the messages the subscribers received; "serve" leaves out the thread driving the
+     cycles. The ReferenceView apply is timed separately (offline, on the messages the
+     first subscriber received).
   3. DoPut ingest: --append-rows rows in --put-batch-rows batches into an append table
-     with the graph running (``start(0.1)``), against a bare server that just reads the
-     batches; and 1M-key upserts (PUT_MODE_UPSERT) into a keyed table, first as inserts
+     with the graph running (``start(0.1)``), against raw, which just reads the batches;
+     and --upsert-rows keys upserted (PUT_MODE_UPSERT) into a keyed table, first as inserts
      then as updates of every key, timed until the cycle that applies the last row ends.
+     Server CPU per batch: the server process's CPU seconds from the put's start to its
+     last ack over the batches (with the graph running, cycles applying rows meanwhile
+     count; "paused": the put alone).
 
-Run: python bench/bench_flight.py [--quick] [--json PATH]
+Run: python bench/bench_flight.py [--quick] [--old REV | --old none] [--json PATH]
 """
 
 from __future__ import annotations
@@ -34,9 +49,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,316 +65,208 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from bench._common import SCHEMA, batch, median, print_table, stats_ms, write_json  # noqa: E402
-from engine.graph import UpdateGraph  # noqa: E402
-from flight.decoder import ReferenceView, StreamEnded, read_message  # noqa: E402
-from flight.pb import flight_pb2 as pb  # noqa: E402
-from flight.server import ServerConfig, TicktableServer  # noqa: E402
+from bench._tree_child import serve  # noqa: E402
 
 
-# ---------------------------------------------------------------------------- server side
-class _RawServer(fl.FlightServerBase):  # type: ignore[misc]
-    """The baseline: DoGet streams a prepared table, DoPut only reads the batches."""
-
-    def __init__(self) -> None:
-        super().__init__("grpc://127.0.0.1:0")
-        self.tables: dict[str, pa.Table] = {}
-        self.put_rows = 0
-
-    def do_get(self, context: Any, ticket: fl.Ticket) -> fl.RecordBatchStream:
-        return fl.RecordBatchStream(self.tables[ticket.ticket.decode()])
-
-    def do_put(self, context: Any, descriptor: fl.FlightDescriptor, reader: Any, writer: Any) -> None:
-        rows = 0
-        while True:
-            try:
-                chunk = reader.read_chunk()
-            except StopIteration:
-                break
-            if chunk.data is not None:
-                rows += chunk.data.num_rows
-        self.put_rows = rows
+# ---------------------------------------------------------------------------- trees
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"git {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout.strip()
 
 
-def _child(conn: Any, section: str, params: dict[str, Any]) -> None:
-    """Entry point of the server process: one benchmark section, driven over ``conn``."""
-    {"snapshot": _serve_snapshot, "latency": _serve_latency, "ingest": _serve_ingest}[section](conn, **params)
+@contextmanager
+def _server_trees(old: str) -> Iterator[tuple[list[tuple[str, str]], dict[str, dict[str, Any]]]]:
+    """The trees to serve from, as (label, root), and what each is (for the JSON).
 
-
-def _new_server() -> tuple[UpdateGraph, TicktableServer]:
-    graph = UpdateGraph()
-    return graph, TicktableServer(graph, ServerConfig(grpc_port=None)).start()
-
-
-def _serve_snapshot(conn: Any, sizes: list[int]) -> None:
-    graph, server = _new_server()
-    raw = _RawServer()
-    rng = np.random.default_rng(1)
-    for n in sizes:
-        name = f"snap{n}"
-        table = server.registry.create_source(name, SCHEMA, "append").table
-        for s in range(0, n, 1_000_000):
-            table.append(batch(rng, np.arange(s, min(n, s + 1_000_000))))
-            graph.run_cycle()
-        raw.tables[name] = table.to_arrow()  # the very table our DoGet builds
-    conn.send((server.location, f"grpc://127.0.0.1:{raw.port}"))
-    while True:
-        cmd = conn.recv()
-        if cmd[0] == "profile":  # the gather our DoGet does per call, under the shared lock
-            table = server.registry.get(cmd[1]).table
-            out: dict[str, list[int]] = {"to_arrow": [], **{c: [] for c in SCHEMA.names}}
-            for _ in range(cmd[2]):
-                t = time.perf_counter_ns()
-                table.to_arrow()
-                out["to_arrow"].append(time.perf_counter_ns() - t)
-                keys = table.rowset.keys()  # cached per RowSet: the gathers alone
-                for c in SCHEMA.names:
-                    t = time.perf_counter_ns()
-                    table.column(c).get(keys)
-                    out[c].append(time.perf_counter_ns() - t)
-            conn.send(out)
-        else:
-            break
-    server.shutdown()
-    raw.shutdown()
-    conn.send("bye")
-
-
-def _serve_latency(conn: Any, rows: int, change: int, rate: float, seed: int = 2) -> None:
-    graph, server = _new_server()
-    table = server.registry.create_source("quotes", SCHEMA, "keyed", keys=["Key"]).table
-    rng = np.random.default_rng(seed)
-    table.upsert(batch(rng, np.arange(rows)))
-    graph.run_cycle()
-    pool = [batch(rng, np.sort(rng.choice(rows, change, replace=False))) for _ in range(64)]
-    ends: dict[int, float] = {}
-
-    def on_end(step: int) -> None:
-        if table.cycle_update is not None:
-            ends[step] = time.perf_counter()
-
-    graph.add_terminal_listener(on_end)
-    prof = _SenderProfile()
-    conn.send(server.location)
-    while True:
-        cmd = conn.recv()
-        if cmd[0] != "run":
-            break
-        prof.reset()
-        cpu0, wall0 = os.times(), time.perf_counter()
-        n_cycles = cmd[1]
-        ends.clear()
-        durations = []
-        interval = 1.0 / rate
-        next_at = time.perf_counter()
-        first = graph.step + 1
-        for i in range(n_cycles):
-            table.upsert(pool[i % len(pool)])
-            graph.run_cycle()
-            durations.append(graph.last_cycle_seconds)
-            next_at += interval
-            delay = next_at - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                next_at = time.perf_counter()
-        time.sleep(0.2)  # let the senders finish the last step before reading the counters
-        cpu1, wall1 = os.times(), time.perf_counter()
-        conn.send({"first_step": first, "last_step": graph.step, "ends": dict(ends),
-                   "cycle_ms": [d * 1e3 for d in durations],
-                   "server_cpu": (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / (wall1 - wall0),
-                   "sender": prof.summary()})
-    server.shutdown()
-    conn.send("bye")
-
-
-class _SenderProfile:
-    """Wall time the server spends building messages (under the shared lock) and writing them.
-
-    "build" is a subscription building its own message (``Subscription._next_message``) or a
-    fan-out building the one its members share (``FanOut`` builds, see flight/fanout.py);
-    "write" is writing one message to one stream (``Subscription._send``). Wraps those for
-    the latency section; the numbers include waiting for the GIL, which is the point on a
-    busy 2-core machine.
+    "old" is a detached worktree of ``old`` in a temporary directory, removed on exit;
+    ``old == "none"`` leaves only "new", this working tree.
     """
-
-    def __init__(self) -> None:
-        from flight.fanout import FanOut
-        from flight.subscription import Subscription
-
-        self.lock = threading.Lock()
-        self.samples: dict[str, list[float]] = {"build": [], "shared_build": [], "write": []}
-        for name, attr in (("build", "_next_message"), ("write", "_send")):
-            setattr(Subscription, attr, self._timed(name, getattr(Subscription, attr)))
-        init = FanOut.__init__
-
-        def fanout_init(fan: Any, *a: Any, **kw: Any) -> None:
-            init(fan, *a, **kw)
-            fan._build = self._timed("shared_build", fan._build)
-
-        FanOut.__init__ = fanout_init  # type: ignore[method-assign]
-
-    def _timed(self, name: str, fn: Any) -> Any:
-        def wrapped(*a: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return fn(*a)
-            finally:
-                dt = time.perf_counter() - t
-                with self.lock:
-                    self.samples[name].append(dt)
-
-        return wrapped
-
-    def reset(self) -> None:
-        with self.lock:
-            for v in self.samples.values():
-                v.clear()
-
-    def summary(self) -> dict[str, float]:
-        with self.lock:
-            out = {}
-            for k, v in self.samples.items():
-                a = np.array(v or [0.0]) * 1e3
-                out[f"{k}_median_ms"] = float(np.median(a))
-                out[f"{k}_p99_ms"] = float(np.percentile(a, 99))
-                out[f"{k}_total_s"] = float(a.sum() / 1e3)
-            out["messages"] = len(self.samples["write"])
-            out["own_builds"] = len(self.samples["build"])
-            out["shared_builds"] = len(self.samples["shared_build"])
-            return out
+    info: dict[str, dict[str, Any]] = {"new": {
+        "path": str(ROOT), "commit": _git("rev-parse", "HEAD"),
+        "uncommitted_changes": bool(_git("status", "--porcelain", "--", "engine", "flight")),
+    }}
+    if old == "none":
+        yield [("new", str(ROOT))], info
+        return
+    commit = _git("rev-parse", "--verify", f"{old}^{{commit}}")
+    tmp = Path(tempfile.mkdtemp(prefix="bench_flight_"))
+    path = tmp / "old"
+    _git("worktree", "add", "--detach", str(path), commit)
+    try:
+        info["old"] = {"rev": old, "commit": commit, "path": str(path)}
+        yield [("old", str(path)), ("new", str(ROOT))], info
+    finally:
+        _git("worktree", "remove", "--force", str(path))
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _serve_ingest(conn: Any, interval: float) -> None:
-    graph, server = _new_server()
-    raw = _RawServer()
-    watch: dict[str, Any] = {"table": None, "touched": 0, "log": []}
-    cond = threading.Condition()
-
-    durations: dict[int, float] = {}
-
-    def on_end(step: int) -> None:
-        # last_cycle_seconds is set after the terminal listeners: here it is the previous cycle's
-        durations[step - 1] = graph.last_cycle_seconds
-        t = watch["table"]
-        if t is None or t.cycle_update is None:
-            return
-        u = t.cycle_update
-        now = time.perf_counter()
-        with cond:
-            watch["touched"] += len(u.added) + len(u.modified)
-            watch["log"].append((now, watch["touched"], step))
-            cond.notify_all()
-
-    graph.add_terminal_listener(on_end)
-    graph.start(interval)
-    conn.send((server.location, f"grpc://127.0.0.1:{raw.port}"))
-    while True:
-        cmd = conn.recv()
-        if cmd[0] == "create":
-            _, name, kind = cmd
-            entry = server.registry.create_source(name, SCHEMA, kind,
-                                                  keys=["Key"] if kind == "keyed" else None)
-            with cond:
-                watch.update(table=entry.table, touched=0, log=[])
-            conn.send("ok")
-        elif cmd[0] == "wait":  # until `rows` rows were applied in total; when that cycle ended
-            _, rows, timeout = cmd
-            with cond:
-                cond.wait_for(lambda rows=rows: watch["touched"] >= rows, timeout)
-                hit = next(((t, c) for t, c, _ in watch["log"] if c >= rows), None)
-                steps = [k for _, _, k in watch["log"]]
-            deadline = time.monotonic() + 5 * interval + 5
-            while steps and steps[-1] not in durations and time.monotonic() < deadline:
-                time.sleep(0.005)  # the applying cycle's duration is known one cycle later
-            cycles = [durations[k] * 1e3 for k in steps if k in durations]
-            conn.send({"applied_at": hit[0] if hit else None, "cycle_ms": cycles,
-                       "size": watch["table"].size})
-        elif cmd[0] == "pause":  # no cycles run while paused (profile: the put alone)
-            graph.stop()
-            conn.send("ok")
-        elif cmd[0] == "resume":
-            graph.start(interval)
-            conn.send("ok")
-        elif cmd[0] == "drop":
-            with cond:
-                watch.update(table=None)
-            server.registry.drop(cmd[1])
-            conn.send("ok")
-        else:
-            break
-    graph.stop()
-    server.shutdown()
-    raw.shutdown()
-    conn.send("bye")
+# ---------------------------------------------------------------------------- server processes
+class _ServerFailed(Exception):
+    """A server process failed to start or to answer a command (its one-line reason)."""
 
 
 class _Child:
-    """A server process for one section (spawned, so no inherited threads or locks)."""
+    """A server process for one section (spawned: no inherited threads or locks)."""
 
-    def __init__(self, section: str, **params: Any) -> None:
+    def __init__(self, section: str, tree: str | None, params: dict[str, Any]) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_child, args=(child_conn, section, params), daemon=True)
+        self.proc = ctx.Process(target=serve, args=(child_conn, tree, section, params), daemon=True)
         self.proc.start()
-        self.ready = self.conn.recv()
+        child_conn.close()  # so that a process that died reads as EOF here
+        self.broken = False
+        try:
+            self.ready = self._reply(300.0)
+        except _ServerFailed:
+            self.close()
+            raise
 
-    def call(self, *cmd: Any) -> Any:
-        self.conn.send(cmd)
-        return self.conn.recv()
+    def call(self, *cmd: Any, timeout: float = 300.0) -> Any:
+        try:
+            self.conn.send(cmd)
+        except OSError as exc:
+            self.broken = True
+            raise _ServerFailed(f"server process gone (exit code {self.proc.exitcode})") from exc
+        return self._reply(timeout)
+
+    def _reply(self, timeout: float) -> Any:
+        try:
+            if not self.conn.poll(timeout):
+                self.broken = True
+                raise _ServerFailed(f"no answer in {timeout:g} s")
+            status, value = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            self.broken = True
+            raise _ServerFailed(f"server process ended (exit code {self.proc.exitcode})") from exc
+        if status != "ok":
+            raise _ServerFailed(value)
+        return value
 
     def close(self) -> None:
+        if not self.broken and self.proc.is_alive():
+            try:
+                self.call("stop", timeout=60.0)
+            except _ServerFailed as exc:
+                print(f"   server stop failed: {exc}")
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(10)
+
+
+class _Servers:
+    """One section's server processes by label ("old", "new", "raw"), with a client each.
+
+    A server that fails to start or to answer, or whose answers fail a check, is stopped
+    and left out of the rest of the section; its reason goes to ``failures``.
+    """
+
+    def __init__(self, section: str, failures: list[dict[str, str]]) -> None:
+        self.section = section
+        self.failures = failures
+        self.children: dict[str, _Child] = {}
+        self.clients: dict[str, fl.FlightClient] = {}
+
+    def start(self, label: str, tree: str | None, **params: Any) -> None:
+        """Start server ``label`` from ``tree`` (``None``: raw) and connect to it."""
+        with self.guard(label):
+            child = _Child("raw" if tree is None else self.section, tree, params)
+            self.children[label] = child
+            self.clients[label] = fl.connect(child.ready)
+
+    def labels(self, turn: int = 0, *, raw: bool = True) -> list[str]:
+        """The servers still in, in start order rotated by ``turn`` (so none always goes first)."""
+        names = [k for k in self.children if raw or k != "raw"]
+        k = turn % len(names) if names else 0
+        return names[k:] + names[:k]
+
+    @contextmanager
+    def guard(self, label: str) -> Iterator[None]:
+        """Run a step against server ``label``; if it raises, leave that server out."""
         try:
-            self.call("stop")
-        finally:
-            self.proc.join(30)
-            if self.proc.is_alive():
-                self.proc.terminate()
+            yield
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, _ServerFailed) else f"{type(exc).__name__}: {exc}"
+            self.failures.append({"section": self.section, "server": label, "error": reason})
+            print(f"   !! {self.section}: the {label} server failed and is left out: {reason}")
+            self._drop(label)
+
+    def _drop(self, label: str) -> None:
+        client = self.clients.pop(label, None)
+        if client is not None:
+            client.close()
+        child = self.children.pop(label, None)
+        if child is not None:
+            child.close()
+
+    def close(self) -> None:
+        for label in list(self.children):
+            self._drop(label)
+
+
+def _x(base: float | None, t: float | None) -> float | None:
+    """Throughput relative to ``base``: base time / time."""
+    return None if base is None or not t else base / t
 
 
 # ---------------------------------------------------------------------------- 1. snapshot
-def _doget(client: fl.FlightClient, name: str) -> tuple[float, float, int]:
+def _doget(client: fl.FlightClient, name: str, n: int) -> tuple[float, float]:
     t0 = time.perf_counter()
     tbl = client.do_get(fl.Ticket(name.encode())).read_all()
     t1 = time.perf_counter()
     df = tbl.to_pandas()
     t2 = time.perf_counter()
-    return t1 - t0, t2 - t1, len(df)
+    assert len(df) == n, (len(df), n)
+    return t1 - t0, t2 - t1
 
 
-def bench_snapshot(sizes: list[int], repeats: list[int]) -> list[dict]:
-    child = _Child("snapshot", sizes=sizes)
-    ours_loc, raw_loc = child.ready
-    ours, raw = fl.connect(ours_loc), fl.connect(raw_loc)
+def bench_snapshot(trees: list[tuple[str, str]], sizes: list[int], repeats: list[int],
+                   failures: list[dict[str, str]]) -> list[dict[str, Any]]:
+    servers = _Servers("snapshot", failures)
+    for label, tree in [*trees, ("raw", None)]:
+        servers.start(label, tree, sizes=sizes)
     out = []
     try:
         for n, rep in zip(sizes, repeats, strict=True):
             name = f"snap{n}"
-            _doget(ours, name)  # warm-up both paths once
-            _doget(raw, name)
-            o, r = [], []
-            for _ in range(rep):  # interleaved so load changes hit both
-                o.append(_doget(ours, name))
-                r.append(_doget(raw, name))
-            assert all(x[2] == n for x in o + r)
-            prof = child.call("profile", name, max(2, rep))
-            our_t = median([a + b for a, b, _ in o])
-            raw_t = median([a + b for a, b, _ in r])
-            out.append({
-                "size": n, "repeats": rep,
-                "ours_s": our_t, "raw_s": raw_t, "ratio": raw_t / our_t,
-                "ours_read_s": median([a for a, _, _ in o]), "raw_read_s": median([a for a, _, _ in r]),
-                "ours_pandas_s": median([b for _, b, _ in o]), "raw_pandas_s": median([b for _, b, _ in r]),
-                "read_ratio": median([a for a, _, _ in r]) / median([a for a, _, _ in o]),
-                "server_to_arrow_s": median([g / 1e9 for g in prof["to_arrow"]]),
-                **{f"gather_{c}_s": median([g / 1e9 for g in prof[c]]) for c in SCHEMA.names},
-            })
+            tables = {}
+            for label in servers.labels():  # warm every path up once
+                with servers.guard(label):
+                    tables[label] = servers.clients[label].do_get(fl.Ticket(name.encode())).read_all()
+            ref = "raw" if "raw" in tables else next(iter(tables), "")
+            for label in list(tables):
+                with servers.guard(label):
+                    assert tables[label].equals(tables[ref]), f"serves a different {name} than {ref}"
+            del tables
+            runs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+            for r in range(rep):
+                for label in servers.labels(turn=r):
+                    with servers.guard(label):
+                        runs[label].append(_doget(servers.clients[label], name, n))
+            prof = {}
+            for label in servers.labels(raw=False):
+                with servers.guard(label):
+                    prof[label] = servers.children[label].call("profile", name, max(2, rep))
+            total = {k: median([a + b for a, b in v]) for k, v in runs.items()}
+            read = {k: median([a for a, _ in v]) for k, v in runs.items()}
+            for label in servers.labels():
+                p = prof.get(label)
+                out.append({
+                    "size": n, "server": label, "repeats": rep,
+                    "median_s": total[label], "read_s": read[label],
+                    "pandas_s": median([b for _, b in runs[label]]),
+                    "x_raw": _x(total.get("raw"), total[label]), "read_x_raw": _x(read.get("raw"), read[label]),
+                    "server_to_arrow_s": median([g / 1e9 for g in p["to_arrow"]]) if p else None,
+                    **{f"gather_{c}_s": median([g / 1e9 for g in p[c]]) if p else None for c in SCHEMA.names},
+                })
     finally:
-        ours.close()
-        raw.close()
-        child.close()
+        servers.close()
     return out
 
 
@@ -362,6 +275,8 @@ class _Subscriber:
     """A raw DoExchange subscriber reading on its own thread (see tests/flight/conftest.py)."""
 
     def __init__(self, location: str, table: str, keep: bool) -> None:
+        from flight.pb import flight_pb2 as pb
+
         self.client = fl.connect(location)
         self.writer, self.reader = self.client.do_exchange(fl.FlightDescriptor.for_path(table))
         self.writer.begin(pa.schema([]))
@@ -377,6 +292,8 @@ class _Subscriber:
         self.thread.start()
 
     def _loop(self) -> None:
+        from flight.decoder import StreamEnded, read_message
+
         try:
             while True:
                 msg = read_message(self.reader, self.schema)
@@ -400,65 +317,85 @@ class _Subscriber:
         self.client.close()
 
 
-def bench_latency(rows: int, change: int, rate: float, cycles: int, warmup: int,
-                  subscribers: list[int]) -> tuple[list[dict], dict]:
-    child = _Child("latency", rows=rows, change=change, rate=rate)
-    loc = child.ready
-    out = []
-    view_stats: dict = {}
+def bench_latency(trees: list[tuple[str, str]], rows: int, change: int, rate: float, cycles: int,
+                  warmup: int, subscribers: list[int],
+                  failures: list[dict[str, str]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    servers = _Servers("latency", failures)
+    for label, tree in trees:
+        servers.start(label, tree, rows=rows, change=change, rate=rate)
+    out, views = [], []
     try:
         for n_subs in subscribers:
-            subs = [_Subscriber(loc, "quotes", keep=(i == 0 and n_subs == subscribers[0])) for i in range(n_subs)]
-            deadline = time.monotonic() + 60
-            while any(s.last_step < 0 for s in subs) and time.monotonic() < deadline:
-                time.sleep(0.01)  # every snapshot decoded
-            cpu0, wall0 = os.times(), time.perf_counter()
-            res = child.call("run", warmup + cycles)
-            last = res["last_step"]
-            deadline = time.monotonic() + 30
-            while any(s.last_step < last for s in subs) and time.monotonic() < deadline:
-                time.sleep(0.005)
-            behind = sum(s.last_step < last for s in subs)
-            cpu1, wall1 = os.times(), time.perf_counter()
-            client_cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / (wall1 - wall0)
-            for s in subs:
-                s.close()
-            errors = [repr(s.error) for s in subs if s.error is not None and s.last_step < last]
-            measured = set(range(res["first_step"] + warmup, last + 1))
-            ends = res["ends"]
-            lat_ns, msgs, coalesced = [], 0, 0
-            for s in subs:
-                prev = s.records[0][0]  # the snapshot
-                for step, t, co in s.records[1:]:
-                    covered = [k for k in range(prev + 1, step + 1) if k in ends]
-                    prev = step
-                    if not covered or covered[-1] not in measured:
-                        continue
-                    msgs += 1
-                    coalesced += co > 1
-                    lat_ns.extend(int((t - ends[k]) * 1e9) for k in covered if k in measured)
-            st = stats_ms(lat_ns)
-            cyc = np.array(res["cycle_ms"][warmup:])
-            span = ends[last] - ends[min(measured)]
-            out.append({
-                "subscribers": n_subs, "cycles": len(measured),
-                "rate_hz": (len(measured) - 1) / span if span > 0 else float("nan"),
-                "p50_ms": float(np.percentile(np.array(lat_ns) / 1e6, 50)),
-                **st, "max_ms": max(lat_ns) / 1e6, "messages": msgs, "coalesced_msgs": coalesced,
-                "cycle_median_ms": float(np.median(cyc)), "cycle_p99_ms": float(np.percentile(cyc, 99)),
-                "behind_at_end": behind, "errors": errors[:3],
-                "server_cpu_cores": res["server_cpu"], "client_cpu_cores": client_cpu,
-                **{f"sender_{k}": v for k, v in res["sender"].items()},
-            })
-            if subs[0].keep:
-                view_stats = _view_cost(subs[0])
+            for label in servers.labels():
+                with servers.guard(label):
+                    keep = n_subs == subscribers[0]
+                    row, first = _latency_run(servers.children[label], n_subs, cycles, warmup, keep)
+                    out.append({"subscribers": n_subs, "server": label, **row})
+                    if keep:
+                        views.append({"server": label, **_view_cost(first)})
     finally:
-        child.close()
-    return out, view_stats
+        servers.close()
+    return out, views
 
 
-def _view_cost(sub: _Subscriber) -> dict:
+def _latency_run(child: _Child, n_subs: int, cycles: int, warmup: int,
+                 keep: bool) -> tuple[dict[str, Any], _Subscriber]:
+    subs: list[_Subscriber] = []
+    try:
+        for i in range(n_subs):
+            subs.append(_Subscriber(child.ready, "quotes", keep=keep and i == 0))
+        deadline = time.monotonic() + 60
+        while any(s.last_step < 0 for s in subs) and time.monotonic() < deadline:
+            time.sleep(0.01)  # every snapshot decoded
+        cpu0, wall0 = os.times(), time.perf_counter()
+        res = child.call("run", warmup + cycles)
+        last = res["last_step"]
+        deadline = time.monotonic() + 30
+        while any(s.last_step < last for s in subs) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        behind = sum(s.last_step < last for s in subs)
+        cpu1, wall1 = os.times(), time.perf_counter()
+    finally:
+        for s in subs:
+            s.close()
+    client_cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / (wall1 - wall0)
+    errors = [repr(s.error) for s in subs if s.error is not None and s.last_step < last]
+    measured = set(range(res["first_step"] + warmup, last + 1))
+    ends = res["ends"]
+    lat_ns: list[int] = []
+    msgs = coalesced = 0
+    for s in subs:
+        prev = s.records[0][0]  # the snapshot
+        for step, t, co in s.records[1:]:
+            covered = [k for k in range(prev + 1, step + 1) if k in ends]
+            prev = step
+            if not covered or covered[-1] not in measured:
+                continue
+            msgs += 1
+            coalesced += co > 1
+            lat_ns.extend(int((t - ends[k]) * 1e9) for k in covered if k in measured)
+    # every message of the run (warm-up too): what the server's CPU over the run paid for
+    delivered = sum(step >= res["first_step"] for s in subs for step, _, _ in s.records[1:])
+    cyc = np.array(res["cycle_ms"][warmup:])
+    span = ends[last] - ends[min(measured)]
+    return {
+        "cycles": len(measured), "rate_hz": (len(measured) - 1) / span if span > 0 else float("nan"),
+        "p50_ms": float(np.percentile(np.array(lat_ns) / 1e6, 50)),
+        **stats_ms(lat_ns), "max_ms": max(lat_ns) / 1e6, "messages": msgs, "coalesced_msgs": coalesced,
+        "cycle_median_ms": float(np.median(cyc)), "cycle_p99_ms": float(np.percentile(cyc, 99)),
+        "behind_at_end": behind, "errors": errors[:3],
+        "delivered": delivered, "server_cpu_s": res["cpu_s"], "driver_cpu_s": res["driver_cpu_s"],
+        "cpu_per_msg_us": res["cpu_s"] / delivered * 1e6 if delivered else None,
+        "serve_cpu_per_msg_us": (res["cpu_s"] - res["driver_cpu_s"]) / delivered * 1e6 if delivered else None,
+        "server_cpu_cores": res["server_cpu"], "client_cpu_cores": client_cpu,
+        **{f"sender_{k}": v for k, v in res["sender"].items()},
+    }, subs[0]
+
+
+def _view_cost(sub: _Subscriber) -> dict[str, Any]:
     """ReferenceView.apply per message, offline on the messages one subscriber decoded."""
+    from flight.decoder import ReferenceView
+
     view = ReferenceView(sub.schema)
     t = time.perf_counter_ns()
     view.apply(sub.messages[0])
@@ -492,93 +429,125 @@ def _batches(rng: np.random.Generator, keys: np.ndarray, rows_per_batch: int) ->
     return [b for s in range(0, keys.size, rows_per_batch) for b in t.slice(s, rows_per_batch).to_batches()]
 
 
-def bench_ingest(append_rows: int, keyed_rows: int, batch_rows: int, repeat: int,
-                 interval: float) -> tuple[list[dict], list[dict]]:
+def _timed_put(servers: _Servers, label: str, name: str, batches: list[pa.RecordBatch], meta: bytes,
+               total_rows: int, *, pause: bool = False) -> dict[str, Any]:
+    """One DoPut to ``label``: until acked, server CPU meanwhile, and (not raw) until the
+    cycle that brought the rows applied to the table to ``total_rows`` ended."""
+    child = servers.children[label]
+    if pause:
+        child.call("pause")
+    cpu0 = child.call("cpu")
+    t0 = time.perf_counter()
+    acks = _put(servers.clients[label], name, batches, meta)
+    t1 = time.perf_counter()
+    cpu1 = child.call("cpu")
+    out: dict[str, Any] = {"acked_s": t1 - t0, "cpu_per_batch_s": (cpu1 - cpu0) / len(batches)}
+    if label != "raw":  # raw only reads the batches: no acks, no table
+        assert acks == len(batches), f"{acks} acks for {len(batches)} batches"
+        if pause:
+            child.call("resume")
+        res = child.call("wait", total_rows, 120.0)
+        assert res["applied_at"] is not None, f"{total_rows:,} rows not applied in 120 s"
+        out.update(applied_s=res["applied_at"] - t0, cycle_ms=res["cycle_ms"], size=res["size"])
+    return out
+
+
+def bench_ingest(trees: list[tuple[str, str]], append_rows: int, keyed_rows: int, batch_rows: int,
+                 repeat: int, interval: float,
+                 failures: list[dict[str, str]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    from flight.pb import flight_pb2 as pb
+
     rng = np.random.default_rng(3)
     app_batches = _batches(rng, np.arange(append_rows), batch_rows)
-    child = _Child("ingest", interval=interval)
-    ours_loc, raw_loc = child.ready
-    ours, raw = fl.connect(ours_loc), fl.connect(raw_loc)
     append_meta = pb.PutRequest(mode=pb.PUT_MODE_APPEND).SerializeToString()
     upsert_meta = pb.PutRequest(mode=pb.PUT_MODE_UPSERT).SerializeToString()
-    o_put, o_app, r_put, cyc = [], [], [], []
-    keyed_out = []
+    servers = _Servers("ingest", failures)
+    for label, tree in trees:
+        servers.start(label, tree, interval=interval)
+    servers.start("raw", None, sizes=[])
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    paused: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    keyed_runs: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)  # by (phase, server)
     try:
-        for i in range(repeat + 1):  # the first round warms both paths up and is dropped
-            name = f"app{i}"
-            child.call("create", name, "append")
-            t0 = time.perf_counter()
-            acks = _put(ours, name, app_batches, append_meta)
-            t1 = time.perf_counter()
-            res = child.call("wait", append_rows, 60.0)
-            assert res["size"] == append_rows and acks == len(app_batches), (res["size"], acks)
-            child.call("drop", name)
-            t2 = time.perf_counter()
-            _put(raw, name, app_batches, append_meta)
-            t3 = time.perf_counter()
-            if i:
-                o_put.append(t1 - t0)
-                o_app.append(res["applied_at"] - t0)
-                r_put.append(t3 - t2)
-                cyc.extend(res["cycle_ms"])
-        paused = []  # profile: the same put with no cycle running meanwhile, then one cycle
-        for i in range(repeat):
-            name = f"paused{i}"
-            child.call("create", name, "append")
-            child.call("pause")
-            t0 = time.perf_counter()
-            _put(ours, name, app_batches, append_meta)
-            t1 = time.perf_counter()
-            child.call("resume")
-            res = child.call("wait", append_rows, 60.0)
-            child.call("drop", name)
-            paused.append((t1 - t0, res["applied_at"] - t0, res["cycle_ms"]))
-        our_put, our_app, raw_put = median(o_put), median(o_app), median(r_put)
-        append_out = [{
-            "rows": append_rows, "batch_rows": batch_rows, "repeats": repeat,
-            "raw_rows_per_s": append_rows / raw_put,
-            "ours_acked_rows_per_s": append_rows / our_put,
-            "ours_applied_rows_per_s": append_rows / our_app,
-            "ratio_acked": raw_put / our_put, "ratio_applied": raw_put / our_app,
-            "cycle_median_ms": float(np.median(cyc)), "cycle_max_ms": float(np.max(cyc)),
-            "cycles_per_put": len(cyc) / repeat,
-            "paused_acked_rows_per_s": append_rows / median([p[0] for p in paused]),
-            "paused_ratio_acked": raw_put / median([p[0] for p in paused]),
-            "paused_applied_rows_per_s": append_rows / median([p[1] for p in paused]),
-            "one_cycle_apply_ms": median([max(p[2]) for p in paused]),
-        }]
+        for i in range(repeat + 1):  # the first round warms every path up and is dropped
+            for label in servers.labels(turn=i):
+                with servers.guard(label):
+                    name = f"app{i}"
+                    if label != "raw":
+                        servers.children[label].call("create", name, "append")
+                    r = _timed_put(servers, label, name, app_batches, append_meta, append_rows)
+                    if label != "raw":
+                        assert r["size"] == append_rows, f"{r['size']:,} rows, not {append_rows:,}"
+                        servers.children[label].call("drop", name)
+                    if i:
+                        runs[label].append(r)
+        for i in range(repeat):  # profile: the same put with no cycle running meanwhile, then one cycle
+            for label in servers.labels(turn=i, raw=False):
+                with servers.guard(label):
+                    name = f"paused{i}"
+                    servers.children[label].call("create", name, "append")
+                    paused[label].append(_timed_put(servers, label, name, app_batches, append_meta,
+                                                    append_rows, pause=True))
+                    servers.children[label].call("drop", name)
 
         for i in range(repeat):
             name = f"keyed{i}"
-            child.call("create", name, "keyed")
-            rows = []
-            for phase in ("insert", "update"):
+            for label in servers.labels(raw=False):
+                with servers.guard(label):
+                    servers.children[label].call("create", name, "keyed")
+            for k, phase in enumerate(("insert", "update"), 1):
                 b = _batches(rng, rng.permutation(keyed_rows), batch_rows)
-                t0 = time.perf_counter()
-                _put(ours, name, b, upsert_meta)
-                t1 = time.perf_counter()
-                res = child.call("wait", keyed_rows * (1 if phase == "insert" else 2), 120.0)
-                assert res["size"] == keyed_rows, res["size"]
-                rows.append((phase, t1 - t0, res["applied_at"] - t0, max(res["cycle_ms"])))
-                if i == 0:
-                    t2 = time.perf_counter()
-                    _put(raw, name, b, upsert_meta)
-                    rows[-1] += (time.perf_counter() - t2,)
-            child.call("drop", name)
-            keyed_out.append(rows)
-        keyed = []
-        for j, phase in enumerate(("insert", "update")):
-            acked = median([r[j][1] for r in keyed_out])
-            applied = median([r[j][2] for r in keyed_out])
-            keyed.append({"phase": phase, "rows": keyed_rows, "repeats": repeat,
-                          "acked_rows_per_s": keyed_rows / acked,
-                          "applied_rows_per_s": keyed_rows / applied,
-                          "raw_rows_per_s": keyed_rows / keyed_out[0][j][4],
-                          "max_cycle_ms": max(r[j][3] for r in keyed_out)})
+                for label in servers.labels(turn=i + k, raw=i == 0):  # raw once: it only reads
+                    with servers.guard(label):
+                        r = _timed_put(servers, label, name, b, upsert_meta, keyed_rows * k)
+                        assert label == "raw" or r["size"] == keyed_rows, f"{r['size']:,} keys"
+                        keyed_runs[phase, label].append(r)
+            for label in servers.labels(raw=False):
+                with servers.guard(label):
+                    servers.children[label].call("drop", name)
+        labels = servers.labels()
     finally:
-        ours.close()
-        raw.close()
-        child.close()
+        servers.close()
+
+    def med(rs: list[dict[str, Any]], key: str) -> float:
+        return median([r[key] for r in rs])
+
+    raw_put = med(runs["raw"], "acked_s") if "raw" in labels else None
+    append_out = []
+    for label in labels:
+        rs, ps = runs[label], paused[label] or runs[label]  # raw has no cycles to pause
+        ours = label != "raw"
+        cyc = [c for r in rs for c in r["cycle_ms"]] if ours else []
+        append_out.append({
+            "rows": append_rows, "batch_rows": batch_rows, "server": label, "repeats": repeat,
+            "acked_rows_per_s": append_rows / med(rs, "acked_s"),
+            "applied_rows_per_s": append_rows / med(rs, "applied_s") if ours else None,
+            "x_raw_acked": _x(raw_put, med(rs, "acked_s")),
+            "x_raw_applied": _x(raw_put, med(rs, "applied_s")) if ours else None,
+            "cpu_per_batch_us": med(rs, "cpu_per_batch_s") * 1e6,
+            "cycle_median_ms": float(np.median(cyc)) if cyc else None,
+            "cycle_max_ms": float(np.max(cyc)) if cyc else None,
+            "cycles_per_put": len(cyc) / repeat if ours else None,
+            "paused_acked_rows_per_s": append_rows / med(ps, "acked_s"),
+            "paused_x_raw_acked": _x(raw_put, med(ps, "acked_s")),
+            "paused_applied_rows_per_s": append_rows / med(ps, "applied_s") if ours else None,
+            "one_cycle_apply_ms": median([max(p["cycle_ms"]) for p in ps]) if ours else None,
+            "paused_cpu_per_batch_us": med(ps, "cpu_per_batch_s") * 1e6,
+        })
+    keyed = []
+    for phase in ("insert", "update"):
+        raw_s = med(keyed_runs[phase, "raw"], "acked_s") if keyed_runs[phase, "raw"] else None
+        for label in labels:
+            rs = keyed_runs[phase, label]
+            ours = label != "raw"
+            keyed.append({
+                "phase": phase, "server": label, "rows": keyed_rows, "repeats": len(rs),
+                "acked_rows_per_s": keyed_rows / med(rs, "acked_s"),
+                "applied_rows_per_s": keyed_rows / med(rs, "applied_s") if ours else None,
+                "x_raw_acked": _x(raw_s, med(rs, "acked_s")),
+                "cpu_per_batch_us": med(rs, "cpu_per_batch_s") * 1e6,
+                "max_cycle_ms": max(c for r in rs for c in r["cycle_ms"]) if ours else None,
+            })
     return append_out, keyed
 
 
@@ -587,9 +556,63 @@ def _verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
+def _f(v: float | None, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def _summary(snap: list[dict[str, Any]], lat: list[dict[str, Any]], app: list[dict[str, Any]],
+             keyed: list[dict[str, Any]], failures: list[dict[str, str]]) -> list[dict[str, str]]:
+    """One line per server and target of the issue; old is "before", new "after"."""
+    out = []
+    for r in snap:
+        if r["server"] != "raw":
+            out.append({"benchmark": f"DoGet {r['size']:,} rows -> pandas", "server": r["server"],
+                        "measured": f"{_f(r['x_raw'], '.2f')}x raw", "target": ">= 0.8x raw",
+                        "verdict": _verdict(r["x_raw"] is not None and r["x_raw"] >= 0.8)})
+    for r in lat:
+        n, ms = r["subscribers"], f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms"
+        if n == 1:
+            target, ok = "p50 <= 1 ms, p99 <= 5 ms", r["p50_ms"] <= 1 and r["p99_ms"] <= 5
+        else:
+            target, ok = "p99 <= 20 ms", r["p99_ms"] <= 20
+        out.append({"benchmark": f"delta latency, {n} subscriber{'s' * (n > 1)}", "server": r["server"],
+                    "measured": ms, "target": target if n in (1, 50) else "(none)",
+                    "verdict": _verdict(ok) if n in (1, 50) else ""})
+    for r in lat:
+        out.append({"benchmark": f"DoExchange server CPU per message, {r['subscribers']} subs",
+                    "server": r["server"],
+                    "measured": f"{_f(r['cpu_per_msg_us'], '.0f')} us ({_f(r['serve_cpu_per_msg_us'], '.0f')} "
+                                "us without the cycles' thread)",
+                    "target": "before/after", "verdict": ""})
+    for r in app:
+        if r["server"] != "raw":
+            out.append({"benchmark": f"DoPut append {r['rows']:,} rows", "server": r["server"],
+                        "measured": f"{r['acked_rows_per_s'] / 1e6:.2f}M rows/s acked "
+                                    f"({_f(r['x_raw_acked'], '.2f')}x raw), "
+                                    f"{r['applied_rows_per_s'] / 1e6:.2f}M applied",
+                        "target": "acked >= 0.7x raw",
+                        "verdict": _verdict(r["x_raw_acked"] is not None and r["x_raw_acked"] >= 0.7)})
+    for r in app:
+        out.append({"benchmark": f"DoPut server CPU per {r['batch_rows']:,}-row batch", "server": r["server"],
+                    "measured": f"{r['paused_cpu_per_batch_us']:.0f} us (put alone), "
+                                f"{r['cpu_per_batch_us']:.0f} us (cycles running)",
+                    "target": "before/after", "verdict": ""})
+    for r in keyed:
+        if r["server"] != "raw":
+            out.append({"benchmark": f"DoPut upsert {r['rows']:,} keys ({r['phase']})", "server": r["server"],
+                        "measured": f"{r['applied_rows_per_s'] / 1e6:.2f}M rows/s applied",
+                        "target": "(report)", "verdict": ""})
+    for f in failures:
+        out.append({"benchmark": f"{f['section']} section", "server": f["server"],
+                    "measured": f["error"][:100], "target": "", "verdict": "FAILED"})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    ap.add_argument("--old", default="4ddb344", metavar="REV",
+                    help="git revision of the old server, served beside this tree ('none': this tree only)")
     ap.add_argument("--snap-sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     ap.add_argument("--snap-repeats", type=int, nargs="+", default=[5, 3])
     ap.add_argument("--keyed-rows", type=int, default=100_000)
@@ -611,80 +634,68 @@ def main() -> None:
         args.append_rows, args.upsert_rows, args.put_repeat = 1_000_000, 200_000, 1
     load_start = os.getloadavg()
     print(f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}, "
-          f"nproc {os.cpu_count()}; server in a spawned subprocess, clients in this process")
+          f"nproc {os.cpu_count()}; servers in spawned subprocesses, clients in this process")
     t_all = time.perf_counter()
+    failures: list[dict[str, str]] = []
+    with _server_trees(args.old) as (trees, tree_info):
+        for label, info in tree_info.items():
+            print(f"{label}: {info.get('rev', 'working tree')} = {info['commit'][:10]} ({info['path']})"
+                  + (", with uncommitted changes in engine/ or flight/" if info.get("uncommitted_changes") else ""))
+        snap = bench_snapshot(trees, args.snap_sizes,
+                              (args.snap_repeats * len(args.snap_sizes))[:len(args.snap_sizes)], failures)
+        print_table("1. snapshot DoGet -> pandas (median s; x_raw = raw time / time)", snap,
+                    ["size", "server", "repeats", "median_s", "x_raw", "read_s", "read_x_raw", "pandas_s",
+                     "server_to_arrow_s"])
+        print_table("    profile: server-side gather per DoGet (median s; to_arrow holds the shared lock)",
+                    [r for r in snap if r["server"] != "raw"],
+                    ["size", "server", "server_to_arrow_s", *[f"gather_{c}_s" for c in SCHEMA.names]])
 
-    snap = bench_snapshot(args.snap_sizes, (args.snap_repeats * len(args.snap_sizes))[:len(args.snap_sizes)])
-    print_table("1. snapshot DoGet -> pandas (median s)", snap,
-                ["size", "repeats", "ours_s", "raw_s", "ratio", "ours_read_s", "raw_read_s", "read_ratio",
-                 "ours_pandas_s", "raw_pandas_s", "server_to_arrow_s"])
-    print_table("    profile: server-side gather per DoGet (median s; to_arrow holds the shared lock)", snap,
-                ["size", "server_to_arrow_s", *[f"gather_{c}_s" for c in SCHEMA.names]])
+        lat, views = bench_latency(trees, args.keyed_rows, args.change, args.rate, args.cycles, args.warmup,
+                                   args.subscribers, failures)
+        print_table(f"2. delta latency cycle end -> read_message done, {args.change:,}-row upserts into "
+                    f"{args.keyed_rows:,} keyed rows at {args.rate:g}/s", lat,
+                    ["subscribers", "server", "cycles", "rate_hz", "p50_ms", "median_ms", "mean_ms", "p99_ms",
+                     "max_ms", "messages", "coalesced_msgs", "cycle_median_ms", "cycle_p99_ms", "behind_at_end"])
+        print_table("    server CPU per message delivered (whole process; serve = without the thread "
+                    "driving the cycles), CPU cores used per process", lat,
+                    ["subscribers", "server", "delivered", "server_cpu_s", "driver_cpu_s", "cpu_per_msg_us",
+                     "serve_cpu_per_msg_us", "server_cpu_cores", "client_cpu_cores"])
+        print_table("    profile: server builds (own = per subscriber, shared = per fan-out) and per-stream "
+                    "writes (wall ms incl. GIL waits)", lat,
+                    ["subscribers", "server", "sender_messages", "sender_own_builds", "sender_build_median_ms",
+                     "sender_shared_builds", "sender_shared_build_median_ms", "sender_shared_build_p99_ms",
+                     "sender_write_median_ms", "sender_write_p99_ms", "sender_write_total_s"])
+        for r in lat:
+            if r["errors"]:
+                print(f"   subscriber errors ({r['server']}, {r['subscribers']} subs): {r['errors']}")
+        print_table("   ReferenceView.apply per delta message (offline, not in the latency above)", views,
+                    ["server", "rows_held", "snapshot_apply_ms", "median_ms", "mean_ms", "p99_ms", "n"])
 
-    lat, view = bench_latency(args.keyed_rows, args.change, args.rate, args.cycles, args.warmup,
-                              args.subscribers)
-    print_table(f"2. delta latency cycle end -> read_message done, {args.change:,}-row upserts into "
-                f"{args.keyed_rows:,} keyed rows at {args.rate:g}/s", lat,
-                ["subscribers", "cycles", "rate_hz", "p50_ms", "median_ms", "mean_ms", "p99_ms", "max_ms",
-                 "messages", "coalesced_msgs", "cycle_median_ms", "cycle_p99_ms", "behind_at_end"])
-    print_table("    profile: server builds (own = per subscriber, shared = per fan-out) and per-stream writes "
-                "(wall ms incl. GIL waits), CPU cores used per process", lat,
-                ["subscribers", "sender_messages", "sender_own_builds", "sender_build_median_ms",
-                 "sender_shared_builds", "sender_shared_build_median_ms", "sender_shared_build_p99_ms",
-                 "sender_write_median_ms", "sender_write_p99_ms", "sender_write_total_s",
-                 "server_cpu_cores", "client_cpu_cores"])
-    for r in lat:
-        if r["errors"]:
-            print(f"   subscriber errors ({r['subscribers']} subs): {r['errors']}")
-    if view:
-        print_table("   ReferenceView.apply per delta message (offline, not in the latency above)", [view],
-                    ["rows_held", "snapshot_apply_ms", "median_ms", "mean_ms", "p99_ms", "n"])
-
-    app, keyed = bench_ingest(args.append_rows, args.upsert_rows, args.put_batch_rows, args.put_repeat,
-                              args.interval)
-    print_table(f"3a. DoPut append, graph.start({args.interval:g}) (median of {args.put_repeat})", app,
-                ["rows", "batch_rows", "raw_rows_per_s", "ours_acked_rows_per_s", "ours_applied_rows_per_s",
-                 "ratio_acked", "ratio_applied", "cycle_median_ms", "cycle_max_ms", "cycles_per_put"])
-    print_table("    profile: the same put with cycles paused, then one cycle applying it all", app,
-                ["rows", "paused_acked_rows_per_s", "paused_ratio_acked", "paused_applied_rows_per_s",
-                 "one_cycle_apply_ms"])
+        app, keyed = bench_ingest(trees, args.append_rows, args.upsert_rows, args.put_batch_rows,
+                                  args.put_repeat, args.interval, failures)
+    print_table(f"3a. DoPut append, graph.start({args.interval:g}) (median of {args.put_repeat}; "
+                "CPU: server process, put start to last ack)", app,
+                ["rows", "batch_rows", "server", "acked_rows_per_s", "applied_rows_per_s", "x_raw_acked",
+                 "x_raw_applied", "cpu_per_batch_us", "cycle_median_ms", "cycle_max_ms", "cycles_per_put"])
+    print_table("    profile: the same put with cycles paused, then one cycle applying it all "
+                "(raw has no cycles: its one measurement)", app,
+                ["rows", "server", "paused_acked_rows_per_s", "paused_x_raw_acked", "paused_applied_rows_per_s",
+                 "one_cycle_apply_ms", "paused_cpu_per_batch_us"])
     print_table("3b. DoPut PUT_MODE_UPSERT into a keyed table (applied = until the applying cycle ended)", keyed,
-                ["phase", "rows", "acked_rows_per_s", "applied_rows_per_s", "raw_rows_per_s", "max_cycle_ms"])
+                ["phase", "server", "rows", "acked_rows_per_s", "applied_rows_per_s", "x_raw_acked",
+                 "cpu_per_batch_us", "max_cycle_ms"])
 
-    summary = []
-    for r in snap:
-        summary.append({"benchmark": f"DoGet {r['size']:,} rows -> pandas", "measured": f"ratio {r['ratio']:.2f}",
-                        "target": "raw/ours >= 0.8", "verdict": _verdict(r["ratio"] >= 0.8)})
-    for r in lat:
-        n = r["subscribers"]
-        if n == 1:
-            summary.append({"benchmark": "delta latency, 1 subscriber",
-                            "measured": f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms",
-                            "target": "p50 <= 3 ms, p99 <= 15 ms",
-                            "verdict": _verdict(r["p50_ms"] <= 3 and r["p99_ms"] <= 15)})
-        else:
-            summary.append({"benchmark": f"delta latency, {n} subscribers",
-                            "measured": f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms",
-                            "target": "p99 <= 50 ms" if n == 50 else "(none)",
-                            "verdict": _verdict(r["p99_ms"] <= 50) if n == 50 else ""})
-    a = app[0]
-    summary.append({"benchmark": f"DoPut append {a['rows']:,} rows",
-                    "measured": f"{a['ours_acked_rows_per_s'] / 1e6:.2f}M rows/s acked "
-                                f"({a['ratio_acked']:.2f}x raw), {a['ours_applied_rows_per_s'] / 1e6:.2f}M "
-                                f"applied ({a['ratio_applied']:.2f}x)",
-                    "target": "acked >= 0.5x raw", "verdict": _verdict(a["ratio_acked"] >= 0.5)})
-    for r in keyed:
-        summary.append({"benchmark": f"DoPut upsert {r['rows']:,} keys ({r['phase']})",
-                        "measured": f"{r['applied_rows_per_s'] / 1e6:.2f}M rows/s applied",
-                        "target": "(report)", "verdict": ""})
+    summary = _summary(snap, lat, app, keyed, failures)
     load_end = os.getloadavg()
-    print_table("summary", summary, ["benchmark", "measured", "target", "verdict"])
+    print_table("summary (old = before, new = after)", summary, ["benchmark", "server", "measured", "target",
+                                                                 "verdict"])
     print(f"\nload average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}; "
           f"total {time.perf_counter() - t_all:.0f} s")
-    write_json("bench_flight_quick" if args.quick else "bench_flight", {"args": vars(args), "load_start": load_start, "load_end": load_end,
-                                "topology": "server in a spawned subprocess, clients in the bench process",
-                                "snapshot": snap, "latency": lat, "reference_view_apply": view,
-                                "ingest_append": app, "ingest_keyed": keyed, "summary": summary}, args.json)
+    write_json("bench_flight_quick" if args.quick else "bench_flight", {
+        "args": vars(args), "trees": tree_info, "load_start": load_start, "load_end": load_end,
+        "topology": "one spawned process per server (old, new, raw), clients in the bench process",
+        "snapshot": snap, "latency": lat, "reference_view_apply": views,
+        "ingest_append": app, "ingest_keyed": keyed, "failures": failures, "summary": summary}, args.json)
 
 
 if __name__ == "__main__":
