@@ -210,7 +210,12 @@ class TicktableServer:
             except BaseException:
                 self.durability.close(checkpoint=False)  # release the data dir
                 raise
-        self._grpc, self._port = self._serve()
+        try:
+            self._grpc, self._port = self._serve()
+        except BaseException:
+            self.durability.close(checkpoint=False)  # release the data dir and the graph
+            self._remove_terminal()
+            raise
         self.staging.start_janitor(min(60.0, max(1.0, cfg.stage_ttl / 4)))
         self.durability.start()
         log.info("serving Flight, the TableService, health and reflection at %s", self.location)

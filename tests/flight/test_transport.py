@@ -246,3 +246,12 @@ def test_unauthenticated_streams_are_refused_at_once(graph):
         c.close()
     finally:
         srv.shutdown()
+
+
+def test_a_failed_start_releases_the_data_dir(server, tmp_path):
+    graph = UpdateGraph()
+    with pytest.raises(PortInUse):
+        TicktableServer(graph, ServerConfig(port=server.port, data_dir=tmp_path / "d")).start()
+    assert graph.cycle_gate is None
+    again = TicktableServer(UpdateGraph(), ServerConfig(data_dir=tmp_path / "d")).start()
+    again.shutdown()  # the journal was not left locked by the failed start
