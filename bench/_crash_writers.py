@@ -158,7 +158,9 @@ def _late_commits(client: Any, r: Round, rng: random.Random) -> bool:
 
     Each such write is committed once, with its slots named (refused: no such slot) or
     with ``all_slots`` (an empty write: 0 rows); either way it must never become visible,
-    after this restart or any later one. Returns False when a call failed (the kill).
+    after this restart or any later one. A write none of whose batches reached the journal
+    is unknown to the server: its commit is refused either way (NOT_FOUND). Returns False
+    when a call failed (the kill).
     """
     dropped = [t for t, tx in r.model.tx.items() if tx.status == "dropped"]
     for tag in dropped[-4:]:
@@ -171,6 +173,8 @@ def _late_commits(client: Any, r: Round, rng: random.Random) -> bool:
                    else pb.CommitRequest(write_id=wid, all_slots=True))
         try:
             res = _commit(client, r, request)
+        except pa.ArrowKeyError:  # WriteNotFound: nothing of it was ever journaled
+            continue
         except pa.ArrowInvalid as exc:  # InputError: the slots are gone
             if named:
                 continue

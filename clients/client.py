@@ -305,8 +305,9 @@ class Client:
             if not atomic:
                 return summary
             # name the one slot written: if the server lost it (a restart drops writes never
-            # committed), the commit fails instead of committing nothing
-            commit = pb.CommitRequest(write_id=request.write_id, all_slots=not summary.batches,
+            # committed), the commit fails instead of committing nothing; without a batch the
+            # server never saw the write id, and naming no slot is an empty write
+            commit = pb.CommitRequest(write_id=request.write_id,
                                       slots=[pb.StageSlot()] if summary.batches else [])
             done: pb.CommitResult = action(
                 self._flight, self.endpoint.options(timeout=None), "commit", commit,

@@ -266,11 +266,13 @@ class Durability:
 
         return self._record("abort", None, {"write_id": request.write_id}, b"", run)
 
-    def forget(self, writes: list[str], committed: list[str], aborted: list[str]) -> int:
+    def forget(self, writes: list[str], committed: list[str], aborted: list[str],
+               dropped: list[str] | None = None) -> int:
         """Drop expired writes and forget old write ids (see :meth:`StagingArea.forget`)."""
-        meta = {"writes": writes, "committed": committed, "aborted": aborted}
+        meta = {"writes": writes, "committed": committed, "aborted": aborted,
+                "dropped": dropped or []}
         return self._record("forget", None, meta, b"",
-                            lambda seq: self.staging.forget(writes, committed, aborted))
+                            lambda seq: self.staging.forget(writes, committed, aborted, dropped))
 
     def create_table(self, name: str, schema: pa.Schema, kind: str, *, keys: list[str],
                      capacity: int, if_not_exists: bool) -> TableEntry:
@@ -515,6 +517,7 @@ class Durability:
         elif kind == "derive":
             self._rebuild(_unb64(meta["request"]), "?")
         elif kind == "forget":
-            self.staging.forget(meta["writes"], meta["committed"], meta["aborted"])
+            self.staging.forget(meta["writes"], meta["committed"], meta["aborted"],
+                                meta.get("dropped"))  # absent from older journals
         else:
             log.warning("journal record %d has unknown kind %r; skipped", rec.seq, kind)

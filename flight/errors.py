@@ -31,9 +31,11 @@ whichever service answered.
 
 ``Overloaded`` is UNAVAILABLE (not RESOURCE_EXHAUSTED): the standard "retry later" code.
 
-Messages are the exception's own text on one line, at most :data:`MAX_MESSAGE`
-characters (an engine message names the table, column or key and the way out). For
-anything else the client gets only ``internal error, ref=<id>`` and the traceback is
+Messages are the exception's own text on one line, at most :data:`MAX_MESSAGE` bytes as
+gRPC sends them (``grpc-message`` percent-encodes every byte that is not printable ASCII,
+so a character may cost up to 12): a longer one is cut, so it never reaches the client's
+limit on header sizes. An engine message names the table, column or key and the way out.
+For anything else the client gets only ``internal error, ref=<id>`` and the traceback is
 logged with that id. No traceback, file path or internal exception text reaches a
 client.
 """
@@ -77,7 +79,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Longest message sent to a client; a longer one is cut (never echo megabytes of input).
+#: Longest message sent to a client, in bytes on the wire; a longer one is cut (never echo
+#: megabytes of input, nor pass gRPC's 8 KiB soft limit on a response's headers).
 MAX_MESSAGE = 4000
 
 
@@ -135,10 +138,22 @@ def status_of(exc: BaseException) -> Status:
     return INTERNAL
 
 
+def _wire_size(char: str) -> int:
+    """Bytes ``char`` takes in ``grpc-message``: printable ASCII but ``%`` as is, else each
+    UTF-8 byte as ``%XX``."""
+    return 1 if " " <= char <= "~" and char != "%" else 3 * len(char.encode(errors="replace"))
+
+
 def _one_line(text: str) -> str:
-    line = re.sub(r"\s*\n\s*", " ", text).strip()
-    if len(line) > MAX_MESSAGE:
-        line = f"{line[:MAX_MESSAGE]}... ({len(line) - MAX_MESSAGE} more characters)"
+    # no message keeps more characters than MAX_MESSAGE: each costs at least a byte
+    line = re.sub(r"\s*\n\s*", " ", text[:MAX_MESSAGE]).strip()
+    size = 0
+    for i, char in enumerate(line):
+        size += _wire_size(char)
+        if size > MAX_MESSAGE - 40:  # room for the note
+            return f"{line[:i]}... ({len(text) - i} more characters)"
+    if len(text) > MAX_MESSAGE:
+        return f"{line}... ({len(text) - MAX_MESSAGE} more characters)"
     return line
 
 

@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 
+from engine._kernels.hashing import hash_column
 from engine.errors import InputError, SchemaError, TableExists, TableNotFound
 from engine.graph import UpdateGraph
 from engine.rowset import RowSet
@@ -30,12 +31,34 @@ from engine.sources import AppendOnlyTable, KeyedTable, RingTable
 from engine.table import Table
 from engine.update import TableUpdate, compose
 
-__all__ = ["HistoryEntry", "Publisher", "TableEntry", "TableRegistry", "UpdateSink"]
+__all__ = ["MAX_RING_CAPACITY", "HistoryEntry", "Publisher", "TableEntry", "TableRegistry",
+           "UpdateSink", "quoted"]
 
 log = logging.getLogger(__name__)
 
 KINDS = ("append", "keyed", "ring")
 T = TypeVar("T")
+
+#: Largest ring capacity: a ring allocates every column for its capacity when it is created.
+MAX_RING_CAPACITY = 1 << 30
+
+#: How much of a client's name a message quotes (a name may be megabytes).
+_QUOTED = 100
+
+
+def quoted(text: str) -> str:
+    """``repr(text)`` for a message, cut to its first 100 characters when longer.
+
+    Examples
+    --------
+    >>> quoted("trades")
+    "'trades'"
+    >>> quoted("x" * 5_000_000)[-30:]
+    "xxxxx'... (5000000 characters)"
+    """
+    if len(text) <= _QUOTED:
+        return repr(text)
+    return f"{text[:_QUOTED]!r}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,8 +246,8 @@ class TableRegistry:
             entry = self._entries.get(name)
             if entry is None:
                 have = ", ".join(sorted(self._entries)) or "none"
-                raise TableNotFound(f"no table {name!r} (tables: {have}); create it first "
-                                    f"(create_table) or check the name")
+                raise TableNotFound(f"no table {quoted(name)} (tables: {have}); create it "
+                                    f"first (create_table) or check the name")
             return entry
 
     def names(self) -> list[str]:
@@ -249,7 +272,7 @@ class TableRegistry:
         TableExists
             If the name is taken and ``replace`` is false.
         InputError
-            If the name is empty or too long.
+            If the name is empty, too long or holds control characters.
         """
         _check_name(name)
         with self._lock:
@@ -279,14 +302,26 @@ class TableRegistry:
             If the name is taken: at all, or (with ``if_not_exists``) by a table of another
             schema, kind or keys.
         InputError
-            Unknown kind, missing keys for a keyed table, or bad capacity.
+            Unknown kind, missing keys for a keyed table, or a ring capacity outside
+            ``1..MAX_RING_CAPACITY`` (or one the server cannot allocate).
         SchemaError
-            If ``keys`` name columns that are not in ``schema``.
+            If column names repeat, or ``keys`` repeat, name columns that are not in
+            ``schema`` or columns of a type keys cannot have (lists, structs, maps, unions,
+            null): refused here rather than by the first write.
         """
         _check_name(name)
         if kind not in KINDS:
             raise InputError(f"unknown table kind {kind!r} for {name!r}; use one of {KINDS}")
         keys = list(keys or [])
+        if kind == "keyed" and not keys:
+            raise InputError(f"keyed table {name!r} needs key columns (keys=...)")
+        if kind != "keyed" and keys:
+            raise InputError(f"{kind} table {name!r} takes no keys; use kind 'keyed' for "
+                             f"upserts")
+        _check_columns(name, schema, keys)
+        if kind == "ring" and not 0 < capacity <= MAX_RING_CAPACITY:
+            raise InputError(f"ring table {name!r} needs a capacity of 1 to {MAX_RING_CAPACITY} "
+                             f"rows, got {capacity} (a ring allocates its capacity at once)")
         with self._lock:
             existing = self._entries.get(name)
             if existing is not None and if_not_exists:
@@ -304,22 +339,16 @@ class TableRegistry:
             table: Table
             with self.graph.exclusive_lock():
                 if kind == "append":
-                    if keys:
-                        raise InputError(f"append table {name!r} takes no keys; use kind "
-                                         f"'keyed' for upserts")
                     table = AppendOnlyTable(self.graph, schema, name=name)
                 elif kind == "keyed":
-                    if not keys:
-                        raise InputError(f"keyed table {name!r} needs key columns (keys=...)")
-                    missing = [k for k in keys if k not in schema.names]
-                    if missing:
-                        raise SchemaError(f"keyed table {name!r}: key columns {missing} are not "
-                                          f"in the schema {schema.names}")
                     table = KeyedTable(self.graph, schema, keys, name=name)
                 else:
-                    if capacity <= 0:
-                        raise InputError(f"ring table {name!r} needs capacity > 0")
-                    table = RingTable(self.graph, schema, capacity, name=name)
+                    try:
+                        table = RingTable(self.graph, schema, capacity, name=name)
+                    except MemoryError as exc:
+                        raise InputError(f"ring table {name!r}: {capacity} rows of "
+                                         f"({_columns(schema)}) do not fit in the server's "
+                                         f"memory; use a smaller capacity") from exc
                 return self.add(name, table, kind, keys=keys)
 
     def drop(self, name: str) -> bool:
@@ -358,5 +387,41 @@ def _columns(schema: pa.Schema) -> str:
 
 
 def _check_name(name: str) -> None:
-    if not name or len(name) > 200 or "\x00" in name:
-        raise InputError(f"bad table name {name!r}: use 1-200 characters")
+    if not name or len(name) > 200 or not name.isprintable():
+        raise InputError(f"bad table name {quoted(name)}: use 1-200 characters, none of them "
+                         f"control characters")
+
+
+def _check_columns(name: str, schema: pa.Schema, keys: list[str]) -> None:
+    """Refuse repeated column names, and keys a keyed table could not hash (see create_source)."""
+    for c, n in collections.Counter(schema.names).items():
+        if n > 1:
+            raise SchemaError(f"table {name!r}: column {quoted(c)} appears {n} times; column "
+                              f"names must be unique")
+    for k, n in collections.Counter(keys).items():
+        if n > 1:
+            raise SchemaError(f"keyed table {name!r}: key column {quoted(k)} is named {n} times "
+                              f"in keys")
+    for k in keys:
+        if k not in schema.names:
+            raise SchemaError(f"keyed table {name!r}: key column {quoted(k)} is not in the "
+                              f"schema ({_columns(schema)})")
+        t = schema.field(k).type
+        if not _hashable(t):
+            raise SchemaError(
+                f"keyed table {name!r}: key column {quoted(k)} has type {t}, which a key cannot "
+                f"have (keys are hashed and compared); use integers, floats, booleans, temporal "
+                f"types, strings, binaries or decimals")
+
+
+def _hashable(t: pa.DataType) -> bool:
+    """Whether keys of type ``t`` can be hashed and compared (the engine's one row hash says)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type  # hashed by its dictionary
+    if pa.types.is_null(t):
+        return False  # nothing but nulls, and keys may not be null
+    try:
+        hash_column(pa.array([], type=t))
+    except (SchemaError, pa.ArrowException):
+        return False
+    return True

@@ -35,7 +35,7 @@ from flight._requests import parse
 from flight.durable import Durability, RecoveryReport
 from flight.pb import flight_pb2 as pb
 from flight.put import PutHandler
-from flight.registry import TableRegistry
+from flight.registry import TableRegistry, quoted
 from flight.staging import StagingArea
 from flight.subscription import Subscription, SubscriptionOptions
 
@@ -61,6 +61,10 @@ class ServerConfig:
         The listening address of every service (port 0: pick a free one).
     token
         Bearer token every call must present (``None``: no authentication).
+    read_token
+        A second bearer token, for reading only: snapshots, subscriptions, listings and
+        stats; writes, creates, drops and compositions answer PERMISSION_DENIED
+        (:mod:`flight.auth`). Needs ``token``.
     tls_cert, tls_key
         PEM certificate chain and private key: serve TLS (``grpc+tls://``).
     max_batch_rows
@@ -95,6 +99,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 0
     token: str | None = None
+    read_token: str | None = None
     tls_cert: bytes | None = None
     tls_key: bytes | None = None
     max_batch_rows: int = 65_536
@@ -194,13 +199,18 @@ class TicktableServer:
         Raises
         ------
         InputError
-            If only one of the TLS certificate and key is given.
+            If only one of the TLS certificate and key is given, or a read token without a
+            token, or the same token for both.
         PortInUse
             If the port cannot be bound (in use, or not allowed).
         """
         cfg = self.config
         if bool(cfg.tls_cert) != bool(cfg.tls_key):
             raise InputError("TLS needs both a certificate and a key")
+        if cfg.read_token and not cfg.token:
+            raise InputError("a read token needs a token too: without one every call may write")
+        if cfg.read_token and cfg.read_token == cfg.token:
+            raise InputError("the read token must differ from the token")
         if self.durability.durable and self.recovery is None:
             from flight.service import derived_builder
 
@@ -238,7 +248,7 @@ class TicktableServer:
         ]
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.max_calls, thread_name_prefix="ticktable"),
-            interceptors=[BearerTokenInterceptor(cfg.token)] if cfg.token else [],
+            interceptors=[BearerTokenInterceptor(cfg.token, cfg.read_token)] if cfg.token else [],
             options=options, maximum_concurrent_rpcs=cfg.max_calls)
         server.add_generic_rpc_handlers((FlightService(self).handler(),))
         health = add_table_service(server, self.registry, durability=self.durability)
@@ -325,11 +335,11 @@ class TicktableServer:
             try:
                 schema = pa.ipc.read_schema(pa.py_buffer(req.schema))
             except (pa.ArrowInvalid, OSError) as exc:
-                raise ProtocolError(f"create_table {req.name!r}: schema is not an Arrow IPC "
-                                    f"schema ({exc})") from exc
+                raise ProtocolError(f"create_table {quoted(req.name)}: schema is not an Arrow "
+                                    f"IPC schema ({exc})") from exc
             kind_name = KIND_NAMES.get(req.kind)
             if kind_name is None:
-                raise ProtocolError(f"create_table {req.name!r}: unknown kind {req.kind}")
+                raise ProtocolError(f"create_table {quoted(req.name)}: unknown kind {req.kind}")
             self.durability.create_table(req.name, schema, kind_name, keys=list(req.keys),
                                          capacity=int(req.capacity),
                                          if_not_exists=req.if_not_exists)
@@ -347,8 +357,8 @@ class TicktableServer:
             return None
         if kind == "stats":
             return bytes(self.stats().SerializeToString())
-        raise InputError(f"unknown action {kind!r}; actions: create_table, drop_table, commit, "
-                         f"abort, stats")
+        raise InputError(f"unknown action {quoted(kind)}; actions: create_table, drop_table, "
+                         f"commit, abort, stats")
 
     def stats(self) -> pb.Stats:
         """Per table size, last step, subscribers and lag; cycle durations."""

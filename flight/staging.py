@@ -28,6 +28,14 @@ once; the last batch id per stream and the results of committed write ids (for
 ``stage_ttl``) are kept in memory, so a restarted server forgets them. A janitor thread
 drops writes nobody committed or aborted within ``stage_ttl``.
 
+A write id the server does not know (nothing was ever held under it, and it was not
+committed, aborted or dropped within ``stage_ttl``) is refused with :class:`WriteNotFound`
+(NOT_FOUND) by a commit naming slots, or all of them, and by an abort: a mistyped write id
+must not look like a write that committed nothing. A commit naming no slot is an empty
+write whatever its id (a Spark job or micro-batch whose partitions were all empty). A
+write the server dropped (``stage_ttl``, a restart) is still known, for ``stage_ttl``: its
+commit says which slots are missing, as before the drop.
+
 Locks, always in this order: the graph's lock (shared, or exclusive for a commit), then a
 table's staging lock. One part is staged under its table's staging lock alone; several
 parts of one batch under the graph's shared lock too (one cycle takes them all); a DIFF
@@ -51,18 +59,26 @@ import pyarrow as pa
 
 from engine.differential.resolve import KeyedWrites, resolve_triples
 from engine.differential.zset import ZSet
-from engine.errors import InputError, Overloaded, TableFailed
+from engine.errors import InputError, Overloaded, TableFailed, TableNotFound
 from engine.graph import UpdateGraph
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable
 from flight.pb import flight_pb2 as pb
-from flight.registry import TableEntry, TableRegistry
+from flight.registry import TableEntry, TableRegistry, quoted
 
-__all__ = ["Part", "StagingArea"]
+__all__ = ["Part", "StagingArea", "WriteNotFound"]
 
 log = logging.getLogger(__name__)
 
 I64 = npt.NDArray[np.int64]
 KINDS = ("append", "upsert", "delete", "diff")
+
+
+class WriteNotFound(TableNotFound):
+    """No write of that id is known: nothing was held under it within ``stage_ttl``.
+
+    A subclass of :class:`~engine.errors.TableNotFound` so that the server's error table
+    (:mod:`flight.errors`) answers it NOT_FOUND, as any unknown name.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +157,7 @@ class StagingArea:
         self._staged_bytes = 0
         self._committed: dict[str, tuple[float, pb.CommitResult]] = {}
         self._aborted: dict[str, float] = {}  # write id -> when (forgotten after stage_ttl)
+        self._dropped: dict[str, float] = {}  # expired or dropped at a restart -> when
         self._stream_batches: dict[str, int] = {}
         self._cycle_done = threading.Condition()
         self._last_step = self.graph.step
@@ -149,7 +166,7 @@ class StagingArea:
         self._janitor_stop = threading.Event()
         #: Carries out what :meth:`expire` decided (:meth:`forget`); a durable server journals
         #: it first, since a replay cannot decide by the clock again.
-        self.forgetter: Callable[[list[str], list[str], list[str]], int] = self.forget
+        self.forgetter: Callable[[list[str], list[str], list[str], list[str]], int] = self.forget
 
     # writes without a write id --------------------------------------------------------------
     def apply(self, entry: TableEntry, parts: list[Part]) -> None:
@@ -217,6 +234,7 @@ class StagingArea:
                     f"later")
             if write is None:
                 write = self._writes[write_id] = _Write()
+                self._dropped.pop(write_id, None)  # written again: open, no longer dropped
             s = write.slots.setdefault(slot, _Slot())
             s.parts.extend(parts)
             s.rows += rows
@@ -236,8 +254,8 @@ class StagingArea:
         With ``stream_id`` and ``has_batch`` the commit is a streaming micro-batch: if
         ``batch_id`` is not above the last one committed for ``stream_id``, the stages are
         dropped and the result says ``applied=False``. A retried commit of a write id that
-        was already committed is answered the same way. An unknown write id with no slots
-        named commits nothing (an empty write).
+        was already committed is answered the same way. A commit naming no slot (without
+        ``all_slots``) commits nothing, whatever its write id (an empty write).
 
         Parameters
         ----------
@@ -255,6 +273,8 @@ class StagingArea:
 
         Raises
         ------
+        WriteNotFound
+            If slots are named (or ``all_slots``) and the write id is not known.
         InputError
             A named slot was never written, the write was aborted, or a DIFF part is not a
             valid change of its table; :class:`TableNotFound` if a table was dropped
@@ -299,6 +319,9 @@ class StagingArea:
                 return pb.CommitResult(rows=0, applied=False, step=self.graph.step), 0
             write = self._writes.get(write_id)
             have = write.slots if write is not None else {}
+            if (write is None and (request.all_slots or request.slots)
+                    and write_id not in self._dropped):
+                raise WriteNotFound(self._unknown(write_id, request))
             if request.all_slots and write is None and request.has_batch:
                 # marking the batch applied would make its replay a no-op: data lost for good
                 raise InputError(
@@ -333,6 +356,20 @@ class StagingArea:
             if request.has_batch:
                 self._stream_batches[request.stream_id] = request.batch_id
         return result, len(chosen)
+
+    def _unknown(self, write_id: str, request: pb.CommitRequest) -> str:
+        """Why a commit of ``write_id``, which the server does not know, is refused."""
+        if request.all_slots and request.has_batch:
+            what = (f"it holds no batches to commit as batch {request.batch_id} of stream "
+                    f"{quoted(request.stream_id)}")
+        elif request.all_slots:
+            what = "it holds no batches"
+        else:
+            slots = sorted({(int(s.partition), int(s.attempt)) for s in request.slots})
+            what = f"it has no slot(s) {_slot_names(slots[:10])}"
+        return (f"no write {quoted(write_id)}: {what}; nothing was staged under this write id "
+                f"(or it finished more than stage_ttl={self.stage_ttl:g} s ago): commit the "
+                f"write_id the batches were sent with")
 
     def _publish(self, write_id: str, parts: list[Part]) -> int:
         """Stage ``parts`` in one critical section; returns the step of the cycle applying them."""
@@ -372,15 +409,29 @@ class StagingArea:
         return step
 
     def abort(self, request: pb.AbortRequest) -> int:
-        """Drop every slot of a staged write; returns how many were dropped (0 if unknown).
+        """Drop every slot of a staged write; returns how many were dropped.
 
-        Batches of the write that arrive later are refused.
+        Batches of the write that arrive later are refused, even when the write was not
+        known yet (a task still sending its first batch when its job is aborted).
+
+        Raises
+        ------
+        WriteNotFound
+            If the write id was not known; its later batches are refused all the same.
         """
+        write_id = request.write_id
         with self._lock:
-            n = self._drop_locked(request.write_id)
-            self._aborted[request.write_id] = time.monotonic()  # late batches are refused
+            known = (write_id in self._writes or write_id in self._committed
+                     or write_id in self._aborted or write_id in self._dropped)
+            n = self._drop_locked(write_id)
+            self._aborted[write_id] = time.monotonic()  # late batches are refused
+        if not known:
+            raise WriteNotFound(f"no write {quoted(write_id)} to abort: nothing was staged under "
+                                f"this write id (or it finished more than stage_ttl="
+                                f"{self.stage_ttl:g} s ago); batches sent with it are refused "
+                                f"from now on")
         if n:
-            log.info("aborted write %r: %d slot(s) dropped", request.write_id, n)
+            log.info("aborted write %r: %d slot(s) dropped", write_id, n)
         return n
 
     def _drop_locked(self, write_id: str) -> int:
@@ -394,15 +445,16 @@ class StagingArea:
     def export_memory(self) -> dict[str, object]:
         """What this staging area remembers of finished writes, as JSON-ready data.
 
-        Committed write ids with their results, aborted write ids, and the last batch id
-        per stream, each with its age in seconds (so ``stage_ttl`` keeps counting across a
-        restart).
+        Committed write ids with their results, aborted and dropped write ids, and the last
+        batch id per stream, each with its age in seconds (so ``stage_ttl`` keeps counting
+        across a restart).
         """
         now = time.monotonic()
         with self._lock:
             return {
                 "committed": {w: [now - t, r.rows, r.step] for w, (t, r) in self._committed.items()},
                 "aborted": {w: now - t for w, t in self._aborted.items()},
+                "dropped": {w: now - t for w, t in self._dropped.items()},
                 "streams": dict(self._stream_batches),
             }
 
@@ -419,6 +471,10 @@ class StagingArea:
                 self._committed[w] = (now - age, pb.CommitResult(rows=rows, applied=True, step=step))
             for w, age in aborted.items():
                 self._aborted[w] = now - age
+            dropped = memory.get("dropped", {})  # absent from checkpoints of older servers
+            assert isinstance(dropped, dict)
+            for w, age in dropped.items():
+                self._dropped[w] = now - age
             self._stream_batches.update({s: int(b) for s, b in streams.items()})
 
     def open_write_ids(self) -> list[str]:
@@ -430,8 +486,10 @@ class StagingArea:
         """Drop every write not committed (at a restart); returns how many there were."""
         with self._lock:
             open_ids = list(self._writes)
+            now = time.monotonic()
             for w in open_ids:
                 self._drop_locked(w)
+                self._dropped[w] = now
         if open_ids:
             log.warning("dropped %d write(s) staged but never committed before the restart: %s",
                         len(open_ids), ", ".join(map(repr, open_ids[:10])))
@@ -441,8 +499,8 @@ class StagingArea:
     def expire(self, now: float | None = None) -> int:
         """Drop writes with no batch for ``stage_ttl`` seconds; returns the slots dropped.
 
-        Committed and aborted write ids older than ``stage_ttl`` are forgotten too. This
-        decides; :attr:`forgetter` carries it out. ``now`` is a :func:`time.monotonic`
+        Committed, aborted and dropped write ids older than ``stage_ttl`` are forgotten too.
+        This decides; :attr:`forgetter` carries it out. ``now`` is a :func:`time.monotonic`
         reading (the current one by default).
         """
         now = time.monotonic() if now is None else now
@@ -451,28 +509,35 @@ class StagingArea:
                      if not s.committing and now - s.touched > self.stage_ttl]
             committed = [w for w, (t, _) in self._committed.items() if now - t > self.stage_ttl]
             aborted = [w for w, t in self._aborted.items() if now - t > self.stage_ttl]
-        if not (stale or committed or aborted):
+            dropped = [w for w, t in self._dropped.items() if now - t > self.stage_ttl]
+        if not (stale or committed or aborted or dropped):
             return 0
-        return self.forgetter(stale, committed, aborted)
+        return self.forgetter(stale, committed, aborted, dropped)
 
-    def forget(self, writes: list[str], committed: list[str], aborted: list[str]) -> int:
-        """Drop the open ``writes`` and forget the ``committed`` and ``aborted`` write ids.
+    def forget(self, writes: list[str], committed: list[str], aborted: list[str],
+               dropped: list[str] | None = None) -> int:
+        """Drop the open ``writes`` (remembered as dropped) and forget the ``committed``,
+        ``aborted`` and ``dropped`` write ids.
 
         A write being committed is kept. Returns the slots dropped.
         """
-        dropped = 0
+        slots = 0
         with self._lock:
+            now = time.monotonic()
+            for w in dropped or ():
+                self._dropped.pop(w, None)
             gone = [w for w in writes if w in self._writes and not self._writes[w].committing]
             for w in gone:
-                dropped += self._drop_locked(w)
+                slots += self._drop_locked(w)
+                self._dropped[w] = now
             for w in committed:
                 self._committed.pop(w, None)
             for w in aborted:
                 self._aborted.pop(w, None)
         if gone:
-            log.warning("expired %d abandoned write(s) (%d slot(s)): %s", len(gone), dropped,
+            log.warning("expired %d abandoned write(s) (%d slot(s)): %s", len(gone), slots,
                         ", ".join(map(repr, gone[:10])))
-        return dropped
+        return slots
 
     def start_janitor(self, interval: float = 30.0) -> None:
         """Call :meth:`expire` every ``interval`` seconds on a background thread."""

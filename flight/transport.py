@@ -37,6 +37,8 @@ flow control is what detects a slow reader.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 import queue
 import threading
@@ -50,9 +52,17 @@ import pyarrow.flight as flight
 from engine.errors import ProtocolError, SchemaError
 from flight._requests import check_metadata_size, parse, table_name
 from flight.errors import abort, grpc_status
-from flight.framing import IpcDecoder, batch_frames, put_result, schema_frame
+from flight.framing import (
+    IpcDecoder,
+    batch_frames,
+    descriptor_of,
+    parse_flight_data,
+    put_result,
+    schema_frame,
+)
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
+from flight.registry import quoted
 from flight.subscription import Subscription
 
 if TYPE_CHECKING:
@@ -97,6 +107,16 @@ def _streaming(fn: Callable[[Any, grpc.ServicerContext], Iterator[T]]
             context.set_details(message)
 
     return handler
+
+
+def _put_where(descriptor: flight.FlightDescriptor | None) -> str:
+    """How a DoPut's refusals name the call: ``DoPut into 'table'`` when the path says."""
+    if (descriptor is None or descriptor.descriptor_type != flight.DescriptorType.PATH
+            or len(descriptor.path) != 1):
+        return "DoPut"  # refused by PutHandler.serve_acks, naming the descriptor's problem
+    raw = descriptor.path[0]
+    name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    return f"DoPut into {quoted(name)}"
 
 
 class _Context:
@@ -277,23 +297,49 @@ class FlightService:
         yield from batch_frames(snap.schema, batches)
 
     def _snapshot_request(self, raw: bytes) -> pb.SnapshotRequest:
+        """The ticket's request: a table name (plain text) or a serialized SnapshotRequest.
+
+        Text without control characters that is not a SnapshotRequest naming a table is
+        taken for a table name (NOT_FOUND when there is none: a serialized SnapshotRequest
+        naming a table always holds a control character, its first field's tag).
+        """
         try:
-            name = raw.decode()
+            name: str | None = raw.decode()
         except UnicodeDecodeError:
             name = None
-        if name is not None and name in self.server.registry.names():
+        if name is not None and not name.isprintable():
+            name = None
+        registry = self.server.registry
+        if name is not None and name in registry.names():
             return pb.SnapshotRequest(table=name)
-        req = parse(pb.SnapshotRequest(), raw, "DoGet ticket")
-        if not req.table:
-            raise ProtocolError("DoGet ticket names no table; use a SnapshotRequest or a "
-                                "table name")
-        return req
+        try:
+            req = parse(pb.SnapshotRequest(), raw, "DoGet ticket")
+        except ProtocolError:
+            if name is None:
+                raise
+            req = pb.SnapshotRequest()
+        if req.table:
+            return req
+        if name:
+            registry.get(name)  # raises TableNotFound naming it
+        raise ProtocolError("DoGet ticket names no table; use a SnapshotRequest or a "
+                            "table name")
 
     # ------------------------------------------------------------------ ingestion
     def do_put(self, messages: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-        decoder = IpcDecoder(messages, "DoPut")
-        if decoder.read_schema() is None:
+        first = next(messages, None)
+        if first is None:
             return  # the client closed without sending anything: nothing to do
+        # the table, from the first message's descriptor, so that every refusal names it
+        where = _put_where(descriptor_of(parse_flight_data(first).descriptor))
+        decoder = IpcDecoder(itertools.chain((first,), messages), where)
+        schema = decoder.read_schema()
+        if schema is None:
+            return
+        for column, n in collections.Counter(schema.names).items():
+            if n > 1:  # pyarrow could not tell the columns apart when conforming them
+                raise SchemaError(f"{where}: column {quoted(column)} appears {n} times; column "
+                                  f"names must be unique")
         for ack in self.server.puts.serve_acks(decoder.descriptor, decoder,
                                                decoder.schema_metadata):
             yield put_result(ack.SerializeToString())
