@@ -156,6 +156,8 @@ class Durability:
         self._since_bytes = 0
         self._last_checkpoint = time.monotonic()
         self.checkpoints = 0
+        #: called as ``on_put(table, rows, nbytes)`` for each batch accepted into a table
+        self.on_put: Callable[[str, int, int], None] | None = None
         if self.journal is not None:
             graph.cycle_gate = self
             staging.forgetter = self.forget
@@ -212,10 +214,16 @@ class Durability:
         """Stage the parts of one batch into ``entry``'s table (see :meth:`StagingArea.apply`)."""
         if self.journal is None:  # in memory: nothing to encode
             self.staging.apply(entry, parts)
-            return
-        metas, payload = encode_parts(parts)
-        self._record("apply", entry.name, {"parts": metas}, payload,
-                     lambda seq: self.staging.apply(entry, parts))
+        else:
+            metas, payload = encode_parts(parts)
+            self._record("apply", entry.name, {"parts": metas}, payload,
+                         lambda seq: self.staging.apply(entry, parts))
+        self._count(parts)
+
+    def _count(self, parts: list[Part]) -> None:
+        if self.on_put is not None and parts:
+            self.on_put(parts[0].table, sum(p.data.num_rows for p in parts),
+                        sum(p.nbytes for p in parts))
 
     def submit(self, entry: TableEntry, parts: list[Part], chain: Chain) -> Future[None]:
         """:meth:`apply` without waiting: the future is done once the batch is durable and
@@ -225,15 +233,23 @@ class Durability:
         upsert, delete: a failed table), so that no batch after a refused one could apply.
         """
         if self.journal is None:  # in memory: at once
-            return self.staging.submit(entry, parts)
-        metas, payload = encode_parts(parts)
-        return self._submit("apply", entry.name, {"parts": metas}, payload,
-                            lambda seq: self.staging.apply(entry, parts), chain)
+            out = self.staging.submit(entry, parts)
+        else:
+            metas, payload = encode_parts(parts)
+            out = self._submit("apply", entry.name, {"parts": metas}, payload,
+                               lambda seq: self.staging.apply(entry, parts), chain)
+        if self.on_put is not None:
+            on_put, rows, nbytes = self.on_put, sum(p.data.num_rows for p in parts), \
+                sum(p.nbytes for p in parts)
+            out.add_done_callback(lambda f: None if f.exception() is not None
+                                  else on_put(entry.name, rows, nbytes))
+        return out
 
     def hold(self, write_id: str, slot: tuple[int, int], parts: list[Part], rows: int) -> None:
         """Hold a batch of an uncommitted write (see :meth:`StagingArea.hold`)."""
         if self.journal is None:  # in memory: nothing to encode
             self.staging.hold(write_id, slot, parts, rows)
+            self._count(parts)
             return
         metas, payload = encode_parts(parts)
 
@@ -244,6 +260,7 @@ class Durability:
 
         self._record("hold", None, {"write_id": write_id, "slot": list(slot), "rows": rows,
                                     "parts": metas}, payload, run)
+        self._count(parts)
 
     def commit(self, request: pb.CommitRequest, *, wait: bool | None = None) -> pb.CommitResult:
         """Commit a staged write (see :meth:`StagingArea.commit`)."""

@@ -219,6 +219,8 @@ class Journal:
         self._broken: BaseException | None = None
         self._last_seq = next_seq - 1
         self._appended = self._commits = self._failed = self._bytes = 0
+        #: called with each group commit's seconds (write and fsync), from the flusher
+        self.on_flush: Callable[[float], None] | None = None
         self._flusher = threading.Thread(target=self._run, name="ticktable-journal",
                                          daemon=True)
         self._flusher.start()
@@ -502,6 +504,7 @@ class Journal:
                    for sid, bid in p.dedupe.streams]
         writes = [(wid, res, p.seq, now) for p in group if p.dedupe
                   for wid, res in p.dedupe.writes]
+        t0 = time.perf_counter()
         try:
             conn = self._writer()
             with _fmt.transaction(conn):
@@ -525,6 +528,8 @@ class Journal:
                 p.future.set_exception(exc)
             return
         self._next_txn += 1
+        if self.on_flush is not None:
+            self.on_flush(time.perf_counter() - t0)
         with self._cond:
             self._commits += 1
             self._appended += len(group)

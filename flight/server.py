@@ -32,7 +32,9 @@ from grpc_health.v1 import health_pb2
 from engine.errors import InputError, ProtocolError, ServiceError
 from engine.graph import UpdateGraph
 from flight._requests import parse
+from flight.calls import CallLog
 from flight.durable import Durability, RecoveryReport
+from flight.metrics import Metrics
 from flight.pb import flight_pb2 as pb
 from flight.put import PutHandler
 from flight.registry import TableRegistry, quoted
@@ -85,6 +87,9 @@ class ServerConfig:
     shutdown_timeout
         How long :meth:`TicktableServer.shutdown` waits for in-flight calls to finish
         before cancelling them.
+    metrics_port
+        Serve Prometheus metrics over HTTP at ``/metrics`` on this port of ``host`` (0: any
+        free one; ``None``: no metrics endpoint): :mod:`flight.metrics`.
     max_calls
         Calls served at once (each stream holds one of them while it lasts); more are
         refused with RESOURCE_EXHAUSTED.
@@ -114,6 +119,7 @@ class ServerConfig:
     checkpoint_bytes: int = 512 << 20
     checkpoint_seconds: float = 300.0
     max_calls: int = 1000
+    metrics_port: int | None = None
 
 
 class TicktableServer:
@@ -161,6 +167,8 @@ class TicktableServer:
         self._remove_terminal = graph.add_terminal_listener(self._on_cycle)
         self._grpc: grpc.Server | None = None
         self._port: int | None = None
+        self.metrics: Metrics | None = None
+        self.metrics_port: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -221,8 +229,21 @@ class TicktableServer:
                 self.durability.close(checkpoint=False)  # release the data dir
                 raise
         try:
+            if cfg.metrics_port is not None:
+                self.metrics = Metrics(self)
+                self.durability.on_put = self.metrics.on_put
+                if self.durability.journal is not None:
+                    self.durability.journal.on_flush = self.metrics.on_flush
             self._grpc, self._port = self._serve()
+            if self.metrics is not None and cfg.metrics_port is not None:
+                self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.host)
         except BaseException:
+            if self._grpc is not None:
+                self._grpc.stop(None)
+                self._grpc = None
+            if self.metrics is not None:
+                self.metrics.close()
+                self.metrics = None
             self.durability.close(checkpoint=False)  # release the data dir and the graph
             self._remove_terminal()
             raise
@@ -248,7 +269,9 @@ class TicktableServer:
         ]
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.max_calls, thread_name_prefix="ticktable"),
-            interceptors=[BearerTokenInterceptor(cfg.token, cfg.read_token)] if cfg.token else [],
+            interceptors=[CallLog(self.metrics),
+                          *([BearerTokenInterceptor(cfg.token, cfg.read_token)] if cfg.token
+                            else [])],
             options=options, maximum_concurrent_rpcs=cfg.max_calls)
         server.add_generic_rpc_handlers((FlightService(self).handler(),))
         health = add_table_service(server, self.registry, durability=self.durability)
@@ -301,6 +324,9 @@ class TicktableServer:
             self._grpc = None
         self.staging.stop()
         self.durability.close()
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         self._remove_terminal()
         return clean
 

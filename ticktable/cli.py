@@ -12,6 +12,7 @@ cycle with each update's size. ``ticktable health`` asks a server's gRPC health 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -121,16 +122,30 @@ def default_data_dir(given: str | None) -> Path:
     return Path(platformdirs.user_data_dir("ticktable", appauthor=False))
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log line: time, level, logger, message (and the traceback)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+               "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from flight.server import ServerConfig, TicktableServer
 
     token = args.token or os.environ.get("TICKTABLE_TOKEN") or None
     graph = UpdateGraph()
     data_dir = None if args.in_memory else default_data_dir(args.data_dir)
-    config = ServerConfig(host=args.host, port=args.port, token=token,
+    read_token = args.read_token or os.environ.get("TICKTABLE_READ_TOKEN") or None
+    metrics = args.metrics_port
+    config = ServerConfig(host=args.host, port=args.port, token=token, read_token=read_token,
                           tls_cert=_read(args.tls_cert), tls_key=_read(args.tls_key),
                           data_dir=data_dir, checkpoint_seconds=args.checkpoint_seconds,
-                          checkpoint_bytes=args.checkpoint_bytes)
+                          checkpoint_bytes=args.checkpoint_bytes,
+                          metrics_port=None if metrics is None or metrics < 0 else metrics)
     try:
         server = TicktableServer(graph, config).start()
     except TicktableError as exc:  # damaged data, a port in use...: one line, no traceback
@@ -153,6 +168,8 @@ def _serve(args: argparse.Namespace) -> int:
         threading.Thread(target=ticking, name="ticktable-demo", daemon=True).start()
     graph.start(args.interval)
     print(f"ticktable serving Flight at {server.location}", flush=True)
+    if server.metrics_port:
+        print(f"metrics at http://{args.host}:{server.metrics_port}/metrics", flush=True)
     if args.demo:
         print("tables: quotes (ticking), board (sorted by Bid), stats (aggregate). "
               "Watch one from pandas:\n"
@@ -244,6 +261,17 @@ def main(argv: list[str] | None = None) -> int:
                             "$TICKTABLE_PORT or 8815)")
     serve.add_argument("--token", default=None,
                        help="bearer token every call must carry (or set TICKTABLE_TOKEN)")
+    serve.add_argument("--read-token", default=None,
+                       help="bearer token for read-only access: snapshots, subscriptions, "
+                            "listings and stats; writes, creates, drops and compositions answer "
+                            "PERMISSION_DENIED (needs --token; or set TICKTABLE_READ_TOKEN)")
+    serve.add_argument("--metrics-port", type=int,
+                       default=int(os.environ["TICKTABLE_METRICS_PORT"])
+                       if os.environ.get("TICKTABLE_METRICS_PORT") else None,
+                       help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free "
+                            "port; default $TICKTABLE_METRICS_PORT, else none)")
+    serve.add_argument("--log-format", choices=["text", "json"], default="text",
+                       help="log lines as text (default) or one JSON object per line")
     serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file (enables TLS)")
     serve.add_argument("--tls-key", default=None, help="PEM private key file")
     serve.add_argument("--interval", type=float, default=0.1,
@@ -293,8 +321,15 @@ def main(argv: list[str] | None = None) -> int:
         # imported (below, by serve and health): a port in use would print its log line
         # beside our one-line error. Failures reach us as exceptions; -v keeps the lines.
         os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = logging.DEBUG if args.verbose else logging.WARNING
+    if getattr(args, "log_format", "text") == "json":
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=level, handlers=[handler])
+    else:
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.func is _serve and not args.verbose:
+        logging.getLogger("ticktable.calls").setLevel(logging.INFO)  # error answers, with peer
     result: int = args.func(args)
     return result
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pyarrow.flight as fl
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.graph import UpdateGraph
@@ -72,7 +73,7 @@ def test_serve_help_lists_every_option():
                          capture_output=True, text=True, cwd=ROOT, check=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
     for opt in ("--host", "--port", "--token", "--tls-cert", "--tls-key", "--demo",
-                "--data-dir", "--in-memory"):
+                "--data-dir", "--in-memory", "--read-token", "--metrics-port", "--log-format"):
         assert opt in out
     assert "--grpc-port" not in out
 
@@ -91,3 +92,39 @@ def test_serve_on_a_port_in_use_fails_with_one_line(tmp_path):
             f"or not allowed"], out.stderr
         assert out.stdout == ""
         assert fl.connect(running.location).list_actions()  # the first server is untouched
+
+
+def test_serve_with_metrics_json_logs_and_a_read_token(tmp_path):
+    import json
+    import urllib.request
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ticktable.cli", "serve", "--port", "0", "--metrics-port", "0",
+         "--log-format", "json", "--token", "full", "--read-token", "reader", "--in-memory"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        m = re.fullmatch(r"ticktable serving Flight at (grpc://[\d.]+:\d+)\n",
+                         proc.stdout.readline())
+        assert m
+        metrics = re.fullmatch(r"metrics at (http://[\d.]+:\d+/metrics)\n",
+                               proc.stdout.readline())
+        assert metrics
+        reader = fl.FlightCallOptions(headers=[(b"authorization", b"Bearer reader")])
+        client = fl.connect(m.group(1))
+        assert list(client.list_flights(options=reader)) == []
+        with pytest.raises(fl.FlightUnauthorizedError, match="read-only token"):
+            list(client.do_action(fl.Action("drop_table", b""), options=reader))
+        text = urllib.request.urlopen(metrics.group(1), timeout=10).read().decode()
+        assert 'ticktable_errors_total{code="PERMISSION_DENIED"} 1.0' in text
+        client.close()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        lines = [json.loads(line) for line in err.splitlines() if line.strip()]
+        denied = [r for r in lines if "PERMISSION_DENIED" in r["message"]]
+        assert denied and denied[0]["logger"] == "ticktable.calls" and denied[0]["level"] == "INFO"
+        assert "127.0.0.1" in denied[0]["message"] and "DoAction" in denied[0]["message"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,142 @@
+"""Prometheus metrics of a running server (``ticktable serve --metrics-port``).
+
+Served by ``prometheus-client``'s own HTTP server on a port of its own, in text format at
+``/metrics``. What is measured:
+
+=====================================  ===========  =========================================
+metric                                 type         what
+=====================================  ===========  =========================================
+``ticktable_cycle_seconds``            histogram    duration of each update cycle
+``ticktable_table_rows``               gauge        rows per table (``table``, ``kind``)
+``ticktable_table_changes_total``      counter      rows added, removed or modified per table
+``ticktable_table_subscribers``        gauge        open subscriptions per table
+``ticktable_table_max_lag_steps``      gauge        the furthest-behind subscriber, in steps
+``ticktable_put_rows_total``           counter      rows accepted by DoPut, per table
+``ticktable_put_bytes_total``          counter      Arrow bytes accepted by DoPut, per table
+``ticktable_errors_total``             counter      error answers by gRPC code
+``ticktable_journal_bytes``            gauge        the journal's size on disk (durable only)
+``ticktable_journal_flush_seconds``    histogram    one group commit: write and fsync
+``ticktable_step``                     gauge        the update graph's step
+=====================================  ===========  =========================================
+
+The per-table gauges are read from the server at scrape time (the ``stats`` action shows
+the same numbers); counters and histograms are fed as things happen. Each server has its
+own registry, so several servers in one process (tests) do not mix.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from flight.server import TicktableServer
+
+__all__ = ["Metrics"]
+
+_CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_FLUSH_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+
+
+class _Tables(Collector):
+    """Per-table gauges, read at scrape time from the server's stats."""
+
+    def __init__(self, server: TicktableServer) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Any]:
+        stats = self._server.stats()
+        rows = GaugeMetricFamily("ticktable_table_rows", "Rows per table.", labels=["table", "kind"])
+        subs = GaugeMetricFamily("ticktable_table_subscribers", "Open subscriptions per table.",
+                                 labels=["table"])
+        lag = GaugeMetricFamily("ticktable_table_max_lag_steps",
+                                "Steps the furthest-behind subscriber of a table is behind.",
+                                labels=["table"])
+        for t in stats.tables:
+            rows.add_metric([t.name, t.kind], t.size)
+            subs.add_metric([t.name], t.subscribers)
+            lag.add_metric([t.name], t.max_lag_steps)
+        yield rows
+        yield subs
+        yield lag
+        yield GaugeMetricFamily("ticktable_step", "The update graph's step.", value=stats.step)
+        journal = self._server.durability.journal
+        if journal is not None:
+            yield GaugeMetricFamily("ticktable_journal_bytes", "The journal's size on disk.",
+                                    value=journal.size_bytes())
+
+
+class Metrics:
+    """The metrics of one :class:`~flight.server.TicktableServer` (see the module doc).
+
+    Parameters
+    ----------
+    server
+        The server to measure; its graph's cycles are observed from now on.
+    """
+
+    def __init__(self, server: TicktableServer) -> None:
+        self.server = server
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.cycle = Histogram("ticktable_cycle_seconds", "Duration of each update cycle.",
+                               buckets=_CYCLE_BUCKETS, registry=r)
+        self.changes = Counter("ticktable_table_changes", "Rows added, removed or modified.",
+                               ["table"], registry=r)
+        self.put_rows = Counter("ticktable_put_rows", "Rows accepted by DoPut.", ["table"],
+                                registry=r)
+        self.put_bytes = Counter("ticktable_put_bytes", "Arrow bytes accepted by DoPut.",
+                                 ["table"], registry=r)
+        self.errors = Counter("ticktable_errors", "Error answers by gRPC status code.", ["code"],
+                              registry=r)
+        self.journal_flush = Histogram("ticktable_journal_flush_seconds",
+                                       "One journal group commit: write and fsync.",
+                                       buckets=_FLUSH_BUCKETS, registry=r)
+        r.register(_Tables(server))
+        self._http: Any = None
+        self._lock = threading.Lock()
+        self._remove = server.graph.add_terminal_listener(self._on_cycle)
+
+    def _on_cycle(self, step: int) -> None:
+        self.cycle.observe(self.server.graph.last_cycle_seconds)
+        for e in self.server.registry.entries():
+            table = e.table
+            if table.last_step != step:
+                continue
+            u = table.cycle_update
+            if u is not None:
+                n = len(u.added) + len(u.removed) + len(u.modified)
+                if n:
+                    self.changes.labels(e.name).inc(n)
+
+    def on_put(self, table: str, rows: int, nbytes: int) -> None:
+        """A DoPut batch was accepted."""
+        self.put_rows.labels(table).inc(rows)
+        self.put_bytes.labels(table).inc(nbytes)
+
+    def on_error(self, code: str) -> None:
+        """An error answer went out with gRPC status ``code`` (e.g. ``"NOT_FOUND"``)."""
+        self.errors.labels(code).inc()
+
+    def on_flush(self, seconds: float) -> None:
+        """A journal group commit took ``seconds``."""
+        self.journal_flush.observe(seconds)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serve ``/metrics`` over HTTP on ``port`` (0: any free one); returns the port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._http = server
+        return int(server.server_port)
+
+    def close(self) -> None:
+        """Stop observing and stop the HTTP server."""
+        self._remove()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None

@@ -1,0 +1,67 @@
+"""The Prometheus endpoint (flight/metrics.py) and the call log (flight/calls.py), scraped
+over real HTTP from a real server on 127.0.0.1, with real Flight traffic."""
+
+from __future__ import annotations
+
+import logging
+import urllib.request
+
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.graph import UpdateGraph
+from flight.server import ServerConfig, TicktableServer
+
+KV = pa.schema([("k", pa.int64()), ("v", pa.float64())])
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+@pytest.fixture
+def served(tmp_path):
+    graph = UpdateGraph()
+    srv = TicktableServer(graph, ServerConfig(metrics_port=0, data_dir=tmp_path / "d")).start()
+    yield graph, srv
+    srv.shutdown()
+
+
+def test_metrics_follow_writes_cycles_subscribers_and_errors(served, caplog):
+    graph, srv = served
+    assert srv.metrics_port
+    c = fl.connect(srv.location)
+    from flight.pb import flight_pb2 as pb
+
+    req = pb.CreateTableRequest(name="t", schema=KV.serialize().to_pybytes(),
+                                kind=pb.TABLE_KIND_KEYED, keys=["k"])
+    list(c.do_action(fl.Action("create_table", req.SerializeToString())))
+    w, r = c.do_put(fl.FlightDescriptor.for_path("t"), KV)
+    w.write_table(pa.table({"k": pa.array(range(1000), pa.int64()),
+                            "v": pa.array([1.0] * 1000)}))
+    w.done_writing()
+    while r.read() is not None:
+        pass
+    w.close()
+    graph.run_cycle()
+    with caplog.at_level(logging.INFO, logger="ticktable.calls"):
+        with pytest.raises(pa.ArrowKeyError):
+            c.do_get(fl.Ticket(pb.SnapshotRequest(table="nope").SerializeToString())).read_all()
+    m = _scrape(srv.metrics_port)
+    assert m[("ticktable_put_rows_total", (("table", "t"),))] == 1000
+    assert m[("ticktable_put_bytes_total", (("table", "t"),))] >= 16_000
+    assert m[("ticktable_table_rows", (("kind", "keyed"), ("table", "t")))] == 1000
+    assert m[("ticktable_table_changes_total", (("table", "t"),))] == 1000
+    assert m[("ticktable_errors_total", (("code", "NOT_FOUND"),))] == 1
+    assert m[("ticktable_cycle_seconds_count", ())] >= 1
+    assert m[("ticktable_journal_bytes", ())] > 0
+    assert m[("ticktable_journal_flush_seconds_count", ())] >= 2  # the create and the batch
+    assert m[("ticktable_step", ())] == graph.step
+    # the error was logged with the client's address and its one-line answer
+    line = next(r.getMessage() for r in caplog.records if "NOT_FOUND" in r.getMessage())
+    assert "DoGet" in line and "127.0.0.1" in line and "nope" in line
+    c.close()
