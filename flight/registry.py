@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 import pyarrow as pa
 
 from engine._kernels.hashing import hash_column
-from engine.errors import InputError, SchemaError, TableExists, TableNotFound
+from engine.errors import InputError, SchemaError, TableExists, TableFailed, TableNotFound
 from engine.graph import UpdateGraph
 from engine.rowset import RowSet
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable
@@ -128,6 +128,10 @@ class Publisher:
                 self.unsubscribe(sink)
 
     def _on_failure(self, exc: BaseException, table: Table) -> None:
+        if not isinstance(exc, TableFailed):  # subscribers answer FAILED_PRECONDITION, as DoGet
+            failed = TableFailed(f"table {table.name!r} failed: {exc}")
+            failed.__cause__ = exc
+            exc = failed
         with self._lock:
             sinks = list(self._sinks)
         for sink in sinks:

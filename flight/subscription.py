@@ -204,8 +204,7 @@ class Subscription:
         assert publisher is not None
         writer.write_frames((schema_frame(self.schema),))
         with self.graph.shared_lock():
-            if self.table.failure is not None:
-                raise self.table.failure
+            self.table._check_alive()  # TableFailed: FAILED_PRECONDITION, as DoGet answers
             first = self._first_message(publisher)
             publisher.subscribe(self)
         self._writer = writer

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from engine.errors import ProtocolError, SchemaError
@@ -282,19 +283,30 @@ class FlightService:
             if unknown:
                 raise SchemaError(f"table {req.table!r} has no column(s) {unknown} "
                                   f"(columns: {', '.join(table.schema.names)})")
+        graph, publisher = self.server.graph, entry.publisher
+        for _ in range(8):  # a snapshot with the step it was taken at (no cycle in between)
+            step = graph.step
+            sequence = publisher.sequence if publisher is not None else 0
+            snap = table.to_arrow(None if req.filter else columns)
+            size = len(table.rowset)
+            if graph.step == step:
+                break
         if req.filter:
             from flight.substrait import filter_table
 
-            snap = filter_table(table.to_arrow(), req.filter)
+            snap = filter_table(snap, req.filter)
             if columns:
                 snap = snap.select(columns)
-        else:
-            snap = table.to_arrow(columns)
+        meta = pb.UpdateMetadata(step=step, is_snapshot=True, sequence=sequence,
+                                 epoch=publisher.epoch if publisher is not None else "",
+                                 table_size=size, columns=snap.schema.names)
         # record batches of at most max_batch_rows (zero-copy slices), each framed as it is
-        # sent: no client has to take one message of the whole table
-        batches = snap.to_batches(max_chunksize=self.server.config.max_batch_rows)
+        # sent: no client has to take one message of the whole table; the first carries
+        # the snapshot's step (an empty snapshot: one batch of no rows)
+        batches = snap.to_batches(max_chunksize=self.server.config.max_batch_rows) or [
+            pa.RecordBatch.from_pylist([], snap.schema)]
         yield schema_frame(snap.schema)
-        yield from batch_frames(snap.schema, batches)
+        yield from batch_frames(snap.schema, batches, first_metadata=meta.SerializeToString())
 
     def _snapshot_request(self, raw: bytes) -> pb.SnapshotRequest:
         """The ticket's request: a table name (plain text) or a serialized SnapshotRequest.
@@ -351,8 +363,9 @@ class FlightService:
         decoder = IpcDecoder(messages, "DoExchange")
         try:
             first = decoder.read_chunk()
-        except StopIteration:  # the client closed without sending anything: nothing to do
-            return
+        except StopIteration:
+            raise ProtocolError("DoExchange: the client finished writing before sending a "
+                                "ClientMessage with subscribe") from None
         meta = first.app_metadata
         check_metadata_size(meta, server.config.max_metadata_bytes, "DoExchange")
         msg = parse(pb.ClientMessage(), None if meta is None else meta.to_pybytes(), "DoExchange")

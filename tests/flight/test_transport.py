@@ -255,3 +255,25 @@ def test_a_failed_start_releases_the_data_dir(server, tmp_path):
     assert graph.cycle_gate is None
     again = TicktableServer(UpdateGraph(), ServerConfig(data_dir=tmp_path / "d")).start()
     again.shutdown()  # the journal was not left locked by the failed start
+
+
+def test_doget_tells_the_step_of_its_snapshot(server, client, graph):
+    t = server.registry.create_source("t", KV, "keyed", keys=["k"]).table
+    graph.run_cycle()
+    reader = client.do_get(fl.Ticket(b"t"))
+    chunk = reader.read_chunk()  # an empty table: one batch of no rows, with the metadata
+    meta = pb.UpdateMetadata.FromString(chunk.app_metadata.to_pybytes())
+    assert chunk.data.num_rows == 0 and meta.is_snapshot and meta.step == graph.step
+    assert meta.table_size == 0 and list(meta.columns) == ["k", "v"]
+    t.upsert(_kv(range(200_000), [1.0] * 200_000))
+    graph.run_cycle()
+    graph.run_cycle()
+    req = pb.SnapshotRequest(table="t", columns=["v"]).SerializeToString()
+    reader = client.do_get(fl.Ticket(req))
+    first = reader.read_chunk()
+    meta = pb.UpdateMetadata.FromString(first.app_metadata.to_pybytes())
+    assert meta.step == graph.step and meta.table_size == 200_000 and list(meta.columns) == ["v"]
+    assert meta.epoch == server.registry.get("t").publisher.epoch
+    rest = reader.read_all()
+    assert first.data.num_rows + rest.num_rows == 200_000
+    assert client.do_get(fl.Ticket(b"t")).read_pandas().shape == (200_000, 2)  # pandas unaffected
