@@ -9,7 +9,8 @@ Split by whose fault it is::
     │   ├── ExpressionError         an expression names a missing column or has the wrong type
     │   ├── ProtocolError           malformed wire metadata, or a stream that breaks the protocol
     │   ├── TableNotFound           no table of that name
-    │   └── TableExists             the name of a table to create is taken
+    │   ├── TableExists             the name of a table to create is taken
+    │   └── LimitExceeded           more than a configured limit of the server allows
     ├── AccessError                 who you are or what you may do
     │   ├── Unauthenticated
     │   └── PermissionDenied
@@ -28,6 +29,7 @@ __all__ = [
     "ExpressionError",
     "InputError",
     "InvalidKeyError",
+    "LimitExceeded",
     "Overloaded",
     "PermissionDenied",
     "ProtocolError",
@@ -79,6 +81,18 @@ class TableExists(InputError):
 
     Not raised when the caller asked for the existing table (``if_not_exists``) and it
     matches, nor when it asked to replace it.
+    """
+
+
+class LimitExceeded(InputError):
+    """The caller sent or asked for more than a configured limit of the server allows.
+
+    A message, a column count, a string or binary value, open subscriptions, bytes staged
+    under one write, tables on the server: the message names the table or column, the
+    limit's setting and value, and the ``ticktable serve`` flag that changes it. Nothing
+    of the refused request was applied. A retry fails again until the caller sends or
+    holds less (closes subscriptions, drops tables, commits its write) or the limit is
+    raised: unlike :class:`Overloaded`, it does not pass by itself.
     """
 
 

@@ -2,7 +2,8 @@
 
 Shared by the server's handlers (:mod:`flight.server`) and the DoPut transport
 (:mod:`flight.put`); every failure is a :class:`~engine.errors.ProtocolError` naming the
-call and the message type.
+call and the message type, but metadata past its limit (a
+:class:`~engine.errors.LimitExceeded`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any, TypeVar
 import pyarrow.flight as flight
 from google.protobuf.message import DecodeError, Message
 
-from engine.errors import ProtocolError
+from engine.errors import LimitExceeded, ProtocolError
+from flight.limits import limit_text
 
 __all__ = ["check_metadata_size", "parse", "table_name"]
 
@@ -52,6 +54,13 @@ def table_name(descriptor: flight.FlightDescriptor) -> str:
 
 
 def check_metadata_size(meta: Any, limit: int, what: str) -> None:
-    """Refuse ``app_metadata`` (a pyarrow Buffer or ``None``) larger than ``limit`` bytes."""
+    """Refuse ``app_metadata`` (a pyarrow Buffer or ``None``) larger than ``limit`` bytes.
+
+    Raises
+    ------
+    LimitExceeded
+        Naming the call, the size and the limit (``ServerConfig.max_metadata_bytes``).
+    """
     if meta is not None and meta.size > limit:
-        raise ProtocolError(f"{what}: metadata of {meta.size} bytes exceeds the limit {limit}")
+        raise LimitExceeded(f"{what}: metadata of {meta.size} bytes exceeds "
+                            f"{limit_text('max_metadata_bytes', limit)}; send less metadata")

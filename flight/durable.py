@@ -30,7 +30,9 @@ is applied in journal order, with a cycle at each marker and one at the end. Wri
 held uncommitted after that are dropped (a Spark commit of them fails, and Spark retries
 the job); every committed write id and stream batch id is remembered, so a retry after
 the restart still applies once. Demo and embedded tables the server did not create
-through these methods are not durable.
+through these methods are not durable. A creation or held batch is replayed under the
+limits it was journaled with (:mod:`flight.limits`), the checkpoint under none, so a
+restart with other limits refuses nothing that was accepted and accepts nothing refused.
 
 What the clock or a restart decides is journaled too, as a ``forget`` record: the writes
 expired after ``stage_ttl`` (and the finished write ids forgotten then), and the open
@@ -47,6 +49,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -259,7 +262,7 @@ class Durability:
                 self._holds.setdefault(write_id, set()).add(seq)
 
         self._record("hold", None, {"write_id": write_id, "slot": list(slot), "rows": rows,
-                                    "parts": metas}, payload, run)
+                                    "parts": metas, "limits": self._limits()}, payload, run)
         self._count(parts)
 
     def commit(self, request: pb.CommitRequest, *, wait: bool | None = None) -> pb.CommitResult:
@@ -295,7 +298,7 @@ class Durability:
                      capacity: int, if_not_exists: bool) -> TableEntry:
         """Create a durable source table (see :meth:`TableRegistry.create_source`)."""
         meta = {"schema": _b64(schema.serialize().to_pybytes()), "kind": kind, "keys": keys,
-                "capacity": capacity, "if_not_exists": if_not_exists}
+                "capacity": capacity, "if_not_exists": if_not_exists, "limits": self._limits()}
         return self._record("create", name, meta, b"", lambda seq: self._create(name, meta))
 
     def _create(self, name: str, meta: dict[str, Any]) -> TableEntry:
@@ -325,7 +328,30 @@ class Durability:
             self.registry.get(name).durable = True
             return name
 
-        return self._record("derive", None, {"request": _b64(request)}, b"", run)
+        return self._record("derive", None, {"request": _b64(request), "limits": self._limits()},
+                            b"", run)
+
+    def _limits(self) -> dict[str, int | None]:
+        """The limits a creation or a held batch is journaled with (see :meth:`_limited`)."""
+        return {"max_tables": self.registry.max_tables, "max_columns": self.registry.max_columns,
+                "max_staged_bytes_per_write": self.staging.max_staged_bytes_per_write}
+
+    @contextmanager
+    def _limited(self, limits: dict[str, int | None]) -> Iterator[None]:
+        """Apply under ``limits`` (a limit not named: none), then the server's own again.
+
+        Recovery restores the checkpoint under no limits and replays each record under the
+        limits it was journaled with: a restart with other limits neither loses a table or
+        a batch that was accepted nor brings back one that was refused.
+        """
+        reg, staging = self.registry, self.staging
+        saved = reg.max_tables, reg.max_columns, staging.max_staged_bytes_per_write
+        reg.max_tables, reg.max_columns = limits.get("max_tables"), limits.get("max_columns")
+        staging.max_staged_bytes_per_write = limits.get("max_staged_bytes_per_write")
+        try:
+            yield
+        finally:
+            reg.max_tables, reg.max_columns, staging.max_staged_bytes_per_write = saved
 
     def set_deriver(self, derive: Callable[[bytes], str]) -> None:
         """How recovery rebuilds a derived table from its definition (the TableService).
@@ -430,6 +456,29 @@ class Durability:
         if self.graph.running:
             raise RuntimeError("recover before the update graph runs periodically")
         t0 = time.perf_counter()
+        with self._limited({}):  # what the checkpoint holds was accepted
+            start, rows, records, n, cycles = self._recover_records()
+        self._applied = self._marked = max([start, *(r.seq for r in records)])
+        open_ids = self.staging.open_write_ids()
+        if open_ids:  # journaled: a later replay drops them here too, before later commits
+            self._record("forget", None, {"writes": open_ids, "committed": [], "aborted": []},
+                         b"", lambda seq: self.staging.drop_open())
+        dropped = len(open_ids)
+        self._holds.clear()
+        report = RecoveryReport(start, len(self.registry.entries()), rows, n, cycles, dropped,
+                                time.perf_counter() - t0)
+        log.info("recovered: checkpoint at %d, %d table(s), %d rows, %d journal record(s) in "
+                 "%d cycle(s), %d uncommitted write(s) dropped, %.2f s", start, report.tables,
+                 rows, n, cycles, dropped, report.seconds)
+        return report
+
+    def _recover_records(self) -> tuple[int, int, list[Record], int, int]:
+        """Restore the checkpoint and replay the journal after it (see :meth:`recover`).
+
+        Returns the checkpoint's position, its rows, the records read, how many were
+        replayed and the cycles run.
+        """
+        assert self.data_dir is not None
         ckpt = read_checkpoint(self.data_dir / "checkpoints")
         start, rows, holds = 0, 0, {}
         if ckpt is not None:
@@ -456,20 +505,7 @@ class Durability:
             self._replay(rec)
             n += 1
         self.graph.run_cycle()  # whatever the last records staged
-        cycles += 1
-        self._applied = self._marked = max([start, *(r.seq for r in records)])
-        open_ids = self.staging.open_write_ids()
-        if open_ids:  # journaled: a later replay drops them here too, before later commits
-            self._record("forget", None, {"writes": open_ids, "committed": [], "aborted": []},
-                         b"", lambda seq: self.staging.drop_open())
-        dropped = len(open_ids)
-        self._holds.clear()
-        report = RecoveryReport(start, len(self.registry.entries()), rows, n, cycles, dropped,
-                                time.perf_counter() - t0)
-        log.info("recovered: checkpoint at %d, %d table(s), %d rows, %d journal record(s) in "
-                 "%d cycle(s), %d uncommitted write(s) dropped, %.2f s", start, report.tables,
-                 rows, n, cycles, dropped, report.seconds)
-        return report
+        return start, rows, records, n, cycles + 1
 
     def _records(self, after: int) -> Iterator[Record]:
         assert self.journal is not None
@@ -503,7 +539,8 @@ class Durability:
         """Apply one journal record again, as its write did (refusals repeat, and are skipped)."""
         meta = json.loads(rec.meta) if rec.meta else {}
         try:
-            self._dispatch(rec, meta)
+            with self._limited(meta.get("limits", {})):  # none in older journals
+                self._dispatch(rec, meta)
         except Exception as exc:  # the write was refused the first time too
             log.debug("replay of record %d (%s) refused again: %s", rec.seq, rec.kind, exc)
 

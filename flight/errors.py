@@ -10,6 +10,7 @@ exception          gRPC status          a ``pyarrow.flight`` client raises
 =================  ===================  =========================================
 TableNotFound      NOT_FOUND            ``pyarrow.ArrowKeyError``
 TableExists        ALREADY_EXISTS       ``pyarrow.ArrowException``
+LimitExceeded      RESOURCE_EXHAUSTED   ``pyarrow.ArrowInvalid``
 InputError         INVALID_ARGUMENT     ``pyarrow.ArrowInvalid``
 (schema, key,
 expression,
@@ -30,6 +31,9 @@ same exception from a gRPC status, so a Ticktable client raises one class per er
 whichever service answered.
 
 ``Overloaded`` is UNAVAILABLE (not RESOURCE_EXHAUSTED): the standard "retry later" code.
+RESOURCE_EXHAUSTED is for ``LimitExceeded``: the client sent or holds more than a
+configured limit allows (:mod:`flight.limits`), and gRPC answers it too for a message
+larger than its receive limit.
 
 Messages are the exception's own text on one line, at most :data:`MAX_MESSAGE` bytes as
 gRPC sends them (``grpc-message`` percent-encodes every byte that is not printable ASCII,
@@ -56,6 +60,7 @@ import pyarrow.flight as flight
 from engine.errors import (
     AccessError,
     InputError,
+    LimitExceeded,
     Overloaded,
     PermissionDenied,
     ServiceError,
@@ -110,6 +115,7 @@ _C = grpc.StatusCode
 STATUSES: tuple[Status, ...] = (
     Status(TableNotFound, _C.NOT_FOUND, pa.ArrowKeyError),
     Status(TableExists, _C.ALREADY_EXISTS, pa.ArrowException),
+    Status(LimitExceeded, _C.RESOURCE_EXHAUSTED, pa.ArrowInvalid),
     Status(InputError, _C.INVALID_ARGUMENT, pa.ArrowInvalid),
     Status(Unauthenticated, _C.UNAUTHENTICATED, flight.FlightUnauthenticatedError),
     Status(PermissionDenied, _C.PERMISSION_DENIED, flight.FlightUnauthorizedError),

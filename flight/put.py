@@ -43,10 +43,11 @@ import pyarrow.flight as flight
 
 from engine.differential.upsert import DELETE
 from engine.differential.zset import DIFF, TIME
-from engine.errors import InputError, InvalidKeyError, ProtocolError, SchemaError
+from engine.errors import InputError, InvalidKeyError, LimitExceeded, ProtocolError, SchemaError
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable, conform
 from flight._requests import check_metadata_size, parse, table_name
 from flight.journal import Chain
+from flight.limits import check_values, limit_text
 from flight.pb import flight_pb2 as pb
 from flight.registry import TableEntry, TableRegistry
 from flight.staging import Part
@@ -92,6 +93,8 @@ class PutHandler:
         Largest ``app_metadata`` accepted with the first message.
     max_batch_bytes
         Largest record batch accepted.
+    max_value_bytes
+        Longest string or binary value a batch may hold (``None``: no limit).
     max_in_flight_bytes
         How many bytes of one stream's batches may be on their way to stable storage
         before the stream waits for the oldest to be acknowledged (appends, upserts and
@@ -101,11 +104,12 @@ class PutHandler:
 
     def __init__(self, registry: TableRegistry, staging: Stager, *,
                  max_metadata_bytes: int = 1 << 20, max_batch_bytes: int = 256 << 20,
-                 max_in_flight_bytes: int = 64 << 20) -> None:
+                 max_in_flight_bytes: int = 64 << 20, max_value_bytes: int | None = None) -> None:
         self.registry = registry
         self.staging = staging
         self.max_metadata_bytes = max_metadata_bytes
         self.max_batch_bytes = max_batch_bytes
+        self.max_value_bytes = max_value_bytes
         self.max_in_flight_bytes = max_in_flight_bytes
 
     def serve(self, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
@@ -159,8 +163,9 @@ class PutHandler:
         while True:
             if chunk.data is not None:
                 if chunk.data.nbytes > limit:
-                    raise ProtocolError(f"DoPut into {name!r}: record batch of {chunk.data.nbytes} "
-                                        f"bytes exceeds the limit {limit}; send smaller batches")
+                    raise LimitExceeded(f"DoPut into {name!r}: record batch of {chunk.data.nbytes} "
+                                        f"bytes exceeds {limit_text('max_put_batch_bytes', limit)}"
+                                        f"; send smaller batches")
                 yield chunk.data
             try:
                 chunk = reader.read_chunk()
@@ -224,7 +229,7 @@ class PutHandler:
         slot = (int(request.partition), int(request.attempt))
         total = 0
         for index, batch in enumerate(batches):
-            parts = check_batch(entry, kind, batch)
+            parts = check_batch(entry, kind, batch, max_value_bytes=self.max_value_bytes)
             if staged:
                 self.staging.hold(request.write_id, slot, parts, batch.num_rows)
             else:
@@ -257,7 +262,7 @@ class PutHandler:
         try:
             for batch in batches:
                 try:
-                    parts = check_batch(entry, kind, batch)
+                    parts = check_batch(entry, kind, batch, max_value_bytes=self.max_value_bytes)
                 except Exception:
                     while flight_:  # the batches before the bad one stay: acknowledge them
                         yield ack_head()
@@ -297,11 +302,14 @@ def check_mode(entry: TableEntry, mode: int) -> str:
                      f"source tables (append, keyed, ring) take writes")
 
 
-def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table) -> list[Part]:
+def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table, *,
+                max_value_bytes: int | None = None) -> list[Part]:
     """Check one batch and turn it into parts to stage together (nothing is staged here).
 
     Raises
     ------
+    LimitExceeded
+        If a string or binary value is longer than ``max_value_bytes``.
     SchemaError
         Naming the missing, unknown or mistyped column (reserved columns included).
     InvalidKeyError
@@ -309,6 +317,7 @@ def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table) 
     """
     name, table = entry.name, entry.table
     data = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    check_values(name, data, max_value_bytes)
     if kind == "append":
         return [Part(name, "append", conform(name, table.schema, data))]
     assert isinstance(table, KeyedTable)

@@ -24,12 +24,20 @@ from typing import Any, Protocol, TypeVar
 import pyarrow as pa
 
 from engine._kernels.hashing import hash_column
-from engine.errors import InputError, SchemaError, TableExists, TableFailed, TableNotFound
+from engine.errors import (
+    InputError,
+    LimitExceeded,
+    SchemaError,
+    TableExists,
+    TableFailed,
+    TableNotFound,
+)
 from engine.graph import UpdateGraph
 from engine.rowset import RowSet
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable
 from engine.table import Table
 from engine.update import TableUpdate, compose
+from flight.limits import limit_text, quoted
 
 __all__ = ["MAX_RING_CAPACITY", "HistoryEntry", "Publisher", "TableEntry", "TableRegistry",
            "UpdateSink", "quoted"]
@@ -41,24 +49,6 @@ T = TypeVar("T")
 
 #: Largest ring capacity: a ring allocates every column for its capacity when it is created.
 MAX_RING_CAPACITY = 1 << 30
-
-#: How much of a client's name a message quotes (a name may be megabytes).
-_QUOTED = 100
-
-
-def quoted(text: str) -> str:
-    """``repr(text)`` for a message, cut to its first 100 characters when longer.
-
-    Examples
-    --------
-    >>> quoted("trades")
-    "'trades'"
-    >>> quoted("x" * 5_000_000)[-30:]
-    "xxxxx'... (5000000 characters)"
-    """
-    if len(text) <= _QUOTED:
-        return repr(text)
-    return f"{text[:_QUOTED]!r}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,13 +217,19 @@ class TableRegistry:
         The update graph every table lives in.
     history_updates
         Per table, how many recent updates are kept for resuming subscribers.
+    max_tables, max_columns
+        Tables the registry holds at most, and columns per table (``None``: no limit);
+        :mod:`flight.limits`. Read at each creation (a durable server's replay sets them).
     """
 
     def __init__(self, graph: UpdateGraph, *, history_updates: int = 256,
-                 history_rows: int = 2_000_000) -> None:
+                 history_rows: int = 2_000_000, max_tables: int | None = None,
+                 max_columns: int | None = None) -> None:
         self.graph = graph
         self.history_updates = history_updates
         self.history_rows = history_rows
+        self.max_tables = max_tables
+        self.max_columns = max_columns
         self._entries: dict[str, TableEntry] = {}
         self._lock = threading.RLock()
         self.on_drop: list[Callable[[str], None]] = []
@@ -277,6 +273,9 @@ class TableRegistry:
             If the name is taken and ``replace`` is false.
         InputError
             If the name is empty, too long or holds control characters.
+        LimitExceeded
+            If the table has more than ``max_columns`` columns, or is new and the registry
+            holds ``max_tables`` already.
         """
         _check_name(name)
         with self._lock:
@@ -284,7 +283,10 @@ class TableRegistry:
                 if not replace:
                     raise TableExists(f"table {name!r} already exists; drop it first or pick "
                                       f"another name")
+                self._check_limits(name, table.schema, new=False)
                 self.drop(name)
+            else:
+                self._check_limits(name, table.schema, new=True)
             table.name = name
             entry = TableEntry(name, table, kind, list(keys or []), list(parents or []))
             entry.publisher = Publisher(table, history_updates=self.history_updates,
@@ -312,6 +314,9 @@ class TableRegistry:
             If column names repeat, or ``keys`` repeat, name columns that are not in
             ``schema`` or columns of a type keys cannot have (lists, structs, maps, unions,
             null): refused here rather than by the first write.
+        LimitExceeded
+            If ``schema`` has more than ``max_columns`` columns, or the registry holds
+            ``max_tables`` already.
         """
         _check_name(name)
         if kind not in KINDS:
@@ -340,6 +345,7 @@ class TableRegistry:
             if existing is not None:
                 raise TableExists(f"table {name!r} already exists; drop it first or pass "
                                   f"if_not_exists")
+            self._check_limits(name, schema, new=True)  # before a ring allocates its capacity
             table: Table
             with self.graph.exclusive_lock():
                 if kind == "append":
@@ -354,6 +360,18 @@ class TableRegistry:
                                          f"({_columns(schema)}) do not fit in the server's "
                                          f"memory; use a smaller capacity") from exc
                 return self.add(name, table, kind, keys=keys)
+
+    def _check_limits(self, name: str, schema: pa.Schema, *, new: bool) -> None:
+        """Refuse a table of more than ``max_columns`` columns, or a new one past ``max_tables``."""
+        if self.max_columns is not None and len(schema) > self.max_columns:
+            raise LimitExceeded(f"table {quoted(name)} would have {len(schema)} columns, above "
+                                f"{limit_text('max_columns', self.max_columns)}; use fewer "
+                                f"columns or split the table")
+        if new and self.max_tables is not None and len(self._entries) >= self.max_tables:
+            raise LimitExceeded(f"cannot create table {quoted(name)}: the server holds "
+                                f"{len(self._entries)} tables, "
+                                f"{limit_text('max_tables', self.max_tables)}; drop tables "
+                                f"no longer needed")
 
     def drop(self, name: str) -> bool:
         """Drop ``name``; returns False when no such table existed.

@@ -34,6 +34,15 @@ from engine.graph import UpdateGraph
 from flight._requests import parse
 from flight.calls import CallLog
 from flight.durable import Durability, RecoveryReport
+from flight.limits import (
+    MAX_COLUMNS,
+    MAX_PUT_BATCH_BYTES,
+    MAX_STAGED_BYTES_PER_WRITE,
+    MAX_SUBSCRIPTIONS_PER_CLIENT,
+    MAX_TABLES,
+    MAX_VALUE_BYTES,
+    SubscriptionsPerClient,
+)
 from flight.metrics import Metrics
 from flight.pb import flight_pb2 as pb
 from flight.put import PutHandler
@@ -74,7 +83,18 @@ class ServerConfig:
     max_metadata_bytes
         Largest ``app_metadata`` accepted from a client.
     max_put_batch_bytes
-        Largest record batch accepted by DoPut.
+        Largest record batch accepted by DoPut (``ticktable serve --max-message-bytes``);
+        gRPC refuses any message more than ``max_metadata_bytes`` + 1 MiB larger.
+    max_value_bytes
+        Longest string or binary value a DoPut batch may hold.
+    max_columns
+        Columns a table may have (created, or derived).
+    max_tables
+        Tables the server holds at most, source and derived.
+    max_subscriptions_per_client
+        Subscriptions open at once from one client address (its host, any port).
+    max_staged_bytes_per_write
+        Bytes one uncommitted write (one ``write_id``) may hold.
     history_updates
         Per table, recent updates kept for resuming subscribers.
     max_pending
@@ -93,6 +113,9 @@ class ServerConfig:
     max_calls
         Calls served at once (each stream holds one of them while it lasts); more are
         refused with RESOURCE_EXHAUSTED.
+
+    A request past a limit is refused with RESOURCE_EXHAUSTED naming the limit and its
+    ``ticktable serve`` flag; :mod:`flight.limits` has the table of limits and defaults.
     data_dir
         Where durable tables live (journal and checkpoints, :mod:`flight.durable`); tables
         created through the server come back after a restart. ``None``: in memory only.
@@ -109,7 +132,12 @@ class ServerConfig:
     tls_key: bytes | None = None
     max_batch_rows: int = 65_536
     max_metadata_bytes: int = 1 << 20
-    max_put_batch_bytes: int = 256 << 20
+    max_put_batch_bytes: int = MAX_PUT_BATCH_BYTES
+    max_value_bytes: int = MAX_VALUE_BYTES
+    max_columns: int = MAX_COLUMNS
+    max_tables: int = MAX_TABLES
+    max_subscriptions_per_client: int = MAX_SUBSCRIPTIONS_PER_CLIENT
+    max_staged_bytes_per_write: int = MAX_STAGED_BYTES_PER_WRITE
     history_updates: int = 256
     max_pending: int = 32
     stage_ttl: float = 600.0
@@ -147,9 +175,12 @@ class TicktableServer:
                  registry: TableRegistry | None = None) -> None:
         self.graph = graph
         self.config = config or ServerConfig()
-        self.registry = registry or TableRegistry(graph,
-                                                  history_updates=self.config.history_updates)
-        self.staging = StagingArea(self.registry, stage_ttl=self.config.stage_ttl)
+        cfg = self.config
+        self.registry = registry or TableRegistry(graph, history_updates=cfg.history_updates,
+                                                  max_tables=cfg.max_tables,
+                                                  max_columns=cfg.max_columns)
+        self.staging = StagingArea(self.registry, stage_ttl=cfg.stage_ttl,
+                                   max_staged_bytes_per_write=cfg.max_staged_bytes_per_write)
         self.durability = Durability(graph, self.registry, self.staging,
                                      data_dir=self.config.data_dir,
                                      checkpoint_bytes=self.config.checkpoint_bytes,
@@ -157,10 +188,13 @@ class TicktableServer:
         self.recovery: RecoveryReport | None = None
         self.puts = PutHandler(self.registry, self.durability,
                                max_metadata_bytes=self.config.max_metadata_bytes,
-                               max_batch_bytes=self.config.max_put_batch_bytes)
+                               max_batch_bytes=self.config.max_put_batch_bytes,
+                               max_value_bytes=self.config.max_value_bytes)
         self.sub_options = SubscriptionOptions(max_batch_rows=self.config.max_batch_rows,
                                                max_pending=self.config.max_pending)
         self._subs: dict[int, Subscription] = {}
+        #: subscriptions open per client address, at most max_subscriptions_per_client each
+        self.subscriptions_per_client = SubscriptionsPerClient(cfg.max_subscriptions_per_client)
         self._subs_lock = threading.Lock()
         self._stuck_readers = 0
         self._cycle_ms: collections.deque[float] = collections.deque(maxlen=1000)
@@ -264,7 +298,10 @@ class TicktableServer:
         cfg = self.config
         options = [
             ("grpc.so_reuseport", 0),  # a port in use is an error, never a shared port
-            ("grpc.max_receive_message_length", cfg.max_put_batch_bytes + (1 << 20)),
+            # room for a batch at its limit with its metadata; past it gRPC answers
+            # RESOURCE_EXHAUSTED itself, before a handler sees the message
+            ("grpc.max_receive_message_length",
+             min(cfg.max_put_batch_bytes + cfg.max_metadata_bytes + (1 << 20), (1 << 31) - 1)),
             ("grpc.max_send_message_length", -1),
         ]
         server = grpc.server(

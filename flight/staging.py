@@ -59,11 +59,12 @@ import pyarrow as pa
 
 from engine.differential.resolve import KeyedWrites, resolve_triples
 from engine.differential.zset import ZSet
-from engine.errors import InputError, Overloaded, TableFailed, TableNotFound
+from engine.errors import InputError, LimitExceeded, Overloaded, TableFailed, TableNotFound
 from engine.graph import UpdateGraph
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable
+from flight.limits import limit_text, quoted
 from flight.pb import flight_pb2 as pb
-from flight.registry import TableEntry, TableRegistry, quoted
+from flight.registry import TableEntry, TableRegistry
 
 __all__ = ["Part", "StagingArea", "WriteNotFound"]
 
@@ -140,16 +141,22 @@ class StagingArea:
     max_staged_bytes
         Bound on the bytes held by all uncommitted writes; a batch that would pass it is
         refused with :class:`~engine.errors.Overloaded`.
+    max_staged_bytes_per_write
+        Bound on the bytes one uncommitted write holds (``None``: none); a batch that would
+        pass it is refused with :class:`~engine.errors.LimitExceeded`. Read at each batch
+        (a durable server's replay sets it).
     commit_timeout
         How long :meth:`commit` waits for the cycle that applies the commit.
     """
 
     def __init__(self, registry: TableRegistry, *, stage_ttl: float = 600.0,
-                 max_staged_bytes: int = 4 << 30, commit_timeout: float = 60.0) -> None:
+                 max_staged_bytes: int = 4 << 30, max_staged_bytes_per_write: int | None = None,
+                 commit_timeout: float = 60.0) -> None:
         self.registry = registry
         self.graph: UpdateGraph = registry.graph
         self.stage_ttl = stage_ttl
         self.max_staged_bytes = max_staged_bytes
+        self.max_staged_bytes_per_write = max_staged_bytes_per_write
         self.commit_timeout = commit_timeout
         self._lock = threading.Lock()  # guards the fields below; never held while waiting
         self._commit_lock = threading.Lock()
@@ -214,6 +221,8 @@ class StagingArea:
         ------
         InputError
             If the write was committed or aborted, or is being committed.
+        LimitExceeded
+            If the write would hold more than ``max_staged_bytes_per_write``.
         Overloaded
             If holding the parts would pass ``max_staged_bytes``.
         """
@@ -227,6 +236,15 @@ class StagingArea:
             write = self._writes.get(write_id)
             if write is not None and write.committing:
                 raise InputError(f"write {write_id!r} is being committed; use a new write_id")
+            limit = self.max_staged_bytes_per_write
+            held = write.nbytes if write is not None else 0
+            if limit is not None and held + nbytes > limit:  # the writer's doing: not Overloaded
+                into = f" into table {quoted(parts[0].table)}" if parts else ""
+                raise LimitExceeded(
+                    f"write {quoted(write_id)}{into}: a batch of {nbytes} bytes would make it "
+                    f"hold {held + nbytes} bytes uncommitted, above "
+                    f"{limit_text('max_staged_bytes_per_write', limit)}; commit smaller writes; "
+                    f"nothing of the batch was staged")
             if self._staged_bytes + nbytes > self.max_staged_bytes:
                 raise Overloaded(
                     f"staged writes hold {self._staged_bytes} bytes and this batch needs {nbytes} "

@@ -26,7 +26,8 @@ ListActions        the actions above
 
 Errors. Every handler answers an exception with its row of :mod:`flight.errors`: the
 row's gRPC code and a one-line message; a bug answers INTERNAL with a reference id and
-the traceback goes to the log only.
+the traceback goes to the log only. A DoExchange past ``max_subscriptions_per_client``
+open from its client's address is refused RESOURCE_EXHAUSTED (:mod:`flight.limits`).
 
 Streams. A streaming answer is a generator gRPC pulls from; gRPC's HTTP/2 flow control
 blocks the pull while the client's window is full. A subscription's messages are written
@@ -61,9 +62,9 @@ from flight.framing import (
     put_result,
     schema_frame,
 )
+from flight.limits import client_of, quoted
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
-from flight.registry import quoted
 from flight.subscription import Subscription
 
 if TYPE_CHECKING:
@@ -102,6 +103,12 @@ def _streaming(fn: Callable[[Any, grpc.ServicerContext], Iterator[T]]
     def handler(request: Any, context: grpc.ServicerContext) -> Iterator[T]:
         try:
             yield from fn(request, context)
+        except grpc.RpcError:
+            # from the client's messages: the call is over, its status already sent (the
+            # client cancelled, or gRPC refused a message past its receive limit)
+            log.warning("%s from %s ended while its messages were read: cancelled, or a "
+                        "message larger than gRPC's receive limit (RESOURCE_EXHAUSTED)",
+                        fn.__name__, context.peer())
         except Exception as exc:
             code, message = grpc_status(exc)
             context.set_code(code)
@@ -377,7 +384,9 @@ class FlightService:
                 and descriptor.descriptor_type == flight.DescriptorType.PATH):
             req.table = table_name(descriptor)
         entry = server.registry.get(req.table)
-        sub = Subscription(entry, req, server.sub_options)
+        sub = Subscription(entry, req, server.sub_options)  # checks the request; holds nothing
+        client = client_of(context.peer())
+        server.subscriptions_per_client.acquire(client, f"subscription to {quoted(entry.name)}")
         out = FrameQueue(context)
         ctx = _Context(context)
         server._track(sub, +1)
@@ -399,6 +408,7 @@ class FlightService:
             finally:
                 sub.close()
                 server._track(sub, -1)
+                server.subscriptions_per_client.release(client)
 
         threading.Thread(target=self._read_changes, args=(decoder, sub), daemon=True,
                          name=f"ticktable-sub-in-{entry.name}").start()

@@ -145,7 +145,12 @@ def _serve(args: argparse.Namespace) -> int:
                           tls_cert=_read(args.tls_cert), tls_key=_read(args.tls_key),
                           data_dir=data_dir, checkpoint_seconds=args.checkpoint_seconds,
                           checkpoint_bytes=args.checkpoint_bytes,
-                          metrics_port=None if metrics is None or metrics < 0 else metrics)
+                          metrics_port=None if metrics is None or metrics < 0 else metrics,
+                          max_put_batch_bytes=args.max_message_bytes,
+                          max_value_bytes=args.max_value_bytes, max_columns=args.max_columns,
+                          max_tables=args.max_tables,
+                          max_subscriptions_per_client=args.max_subscriptions_per_client,
+                          max_staged_bytes_per_write=args.max_staged_bytes_per_write)
     try:
         server = TicktableServer(graph, config).start()
     except TicktableError as exc:  # damaged data, a port in use...: one line, no traceback
@@ -203,6 +208,54 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _size(n: int) -> str:
+    """``n`` bytes for a help text: ``64 MiB``, ``1 GiB``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+def _add_limits(serve: argparse.ArgumentParser) -> None:
+    """The ``--max-*`` flags of ``serve`` (flight.limits has the table)."""
+    from flight import limits as lim
+
+    group = serve.add_argument_group(
+        "limits", "A request past one is refused with RESOURCE_EXHAUSTED, in one line naming "
+                  "the table or column, the limit and its flag; nothing of it is applied.")
+    group.add_argument("--max-message-bytes", type=_positive, default=lim.MAX_PUT_BATCH_BYTES,
+                       metavar="N",
+                       help=f"largest record batch a client may write (DoPut), in bytes; gRPC "
+                            f"itself refuses a message more than 2 MiB larger (default "
+                            f"{_size(lim.MAX_PUT_BATCH_BYTES)})")
+    group.add_argument("--max-value-bytes", type=_positive, default=lim.MAX_VALUE_BYTES,
+                       metavar="N",
+                       help=f"longest string or binary value a written batch may hold, in "
+                            f"bytes (default {_size(lim.MAX_VALUE_BYTES)})")
+    group.add_argument("--max-columns", type=_positive, default=lim.MAX_COLUMNS, metavar="N",
+                       help=f"columns a table may have, created or derived (default "
+                            f"{lim.MAX_COLUMNS})")
+    group.add_argument("--max-tables", type=_positive, default=lim.MAX_TABLES, metavar="N",
+                       help=f"tables the server holds, source and derived (default "
+                            f"{lim.MAX_TABLES})")
+    group.add_argument("--max-subscriptions-per-client", type=_positive,
+                       default=lim.MAX_SUBSCRIPTIONS_PER_CLIENT, metavar="N",
+                       help=f"subscriptions open at once from one client address, whatever "
+                            f"its port (default {lim.MAX_SUBSCRIPTIONS_PER_CLIENT})")
+    group.add_argument("--max-staged-bytes-per-write", type=_positive,
+                       default=lim.MAX_STAGED_BYTES_PER_WRITE, metavar="N",
+                       help=f"bytes one uncommitted write (one write_id) may hold (default "
+                            f"{_size(lim.MAX_STAGED_BYTES_PER_WRITE)})")
+
+
 def _health(args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -253,7 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the server (Arrow Flight and the TableService)",
                            description="Serve live tables until SIGTERM/Ctrl-C. One port "
                                        "carries Arrow Flight, the gRPC TableService "
-                                       "(ticktable.v1), gRPC health and server reflection.")
+                                       "(ticktable.v1), gRPC health and server reflection. "
+                                       "Clients are held to the limits below (--max-*): "
+                                       "message size, value size, columns per table, "
+                                       "tables, subscriptions per client, staged bytes per "
+                                       "write.")
     serve.add_argument("--host", default=os.environ.get("TICKTABLE_HOST", "127.0.0.1"),
                        help="address to bind (default $TICKTABLE_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, default=int(os.environ.get("TICKTABLE_PORT", 8815)),
@@ -290,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--checkpoint-bytes", type=int, default=512 << 20,
                        help="write a checkpoint once the journal grew by this many bytes "
                             "(default 512 MiB)")
+    _add_limits(serve)
     serve.set_defaults(func=_serve)
     health = sub.add_parser("health", help="exit 0 when a server reports SERVING (gRPC health)",
                             description="Ask a server's gRPC health service, on its one port "

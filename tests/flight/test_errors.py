@@ -45,6 +45,7 @@ EXPECTED: dict[type[Exception], tuple[grpc.StatusCode, type[Exception]]] = {
     errors.ProtocolError: (C.INVALID_ARGUMENT, pa.ArrowInvalid),
     errors.TableNotFound: (C.NOT_FOUND, pa.ArrowKeyError),
     errors.TableExists: (C.ALREADY_EXISTS, pa.ArrowException),
+    errors.LimitExceeded: (C.RESOURCE_EXHAUSTED, pa.ArrowInvalid),
     errors.AccessError: (C.PERMISSION_DENIED, fl.FlightUnauthorizedError),
     errors.Unauthenticated: (C.UNAUTHENTICATED, fl.FlightUnauthenticatedError),
     errors.PermissionDenied: (C.PERMISSION_DENIED, fl.FlightUnauthorizedError),

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import grpc
+import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -73,9 +74,75 @@ def test_serve_help_lists_every_option():
                          capture_output=True, text=True, cwd=ROOT, check=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
     for opt in ("--host", "--port", "--token", "--tls-cert", "--tls-key", "--demo",
-                "--data-dir", "--in-memory", "--read-token", "--metrics-port", "--log-format"):
+                "--data-dir", "--in-memory", "--read-token", "--metrics-port", "--log-format",
+                *LIMITS):
         assert opt in out
     assert "--grpc-port" not in out
+    text = " ".join(out.split())  # argparse wraps lines
+    assert ("Clients are held to the limits below (--max-*): message size, value size, "
+            "columns per table, tables, subscriptions per client, staged bytes per write."
+            in text)
+    assert "A request past one is refused with RESOURCE_EXHAUSTED" in text
+    for opt, default in LIMITS.items():  # each states its default, ServerConfig's
+        assert re.search(re.escape(opt) + r" N [^-]*\(default " + re.escape(default) + r"\)",
+                         text), opt
+
+
+#: serve's limit flags and the defaults their help states (ServerConfig's own)
+LIMITS = {"--max-message-bytes": "256 MiB", "--max-value-bytes": "64 MiB",
+          "--max-columns": "4096", "--max-tables": "10000",
+          "--max-subscriptions-per-client": "1000", "--max-staged-bytes-per-write": "1 GiB"}
+
+
+def test_the_stated_limit_defaults_are_the_servers():
+    cfg = ServerConfig()
+    assert (cfg.max_put_batch_bytes, cfg.max_value_bytes, cfg.max_columns, cfg.max_tables,
+            cfg.max_subscriptions_per_client, cfg.max_staged_bytes_per_write) == (
+        256 << 20, 64 << 20, 4096, 10_000, 1000, 1 << 30)
+
+
+def test_serve_limit_flags_reach_the_server(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ticktable.cli", "serve", "--port", "0", "--in-memory",
+         "--max-tables", "1", "--max-columns", "2", "--max-value-bytes", "10",
+         "--max-message-bytes", "100000", "--max-subscriptions-per-client", "5",
+         "--max-staged-bytes-per-write", "1000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        m = re.fullmatch(r"ticktable serving Flight at (grpc://[\d.]+:\d+)\n",
+                         proc.stdout.readline())
+        assert m, proc.stderr.read() if proc.poll() is not None else "no location"
+        client = fl.connect(m.group(1))
+
+        def create(name: str, schema: pa.Schema) -> None:
+            list(client.do_action(fl.Action("create_table", pb.CreateTableRequest(
+                name=name, schema=schema.serialize().to_pybytes()).SerializeToString())))
+
+        with pytest.raises(pa.ArrowInvalid, match=r"table 'w' would have 3 columns, above the "
+                                                  r"limit of 2 \(max_columns; ticktable serve "
+                                                  r"--max-columns N\)"):
+            create("w", pa.schema([("a", pa.int64()), ("b", pa.int64()), ("c", pa.int64())]))
+        schema = pa.schema([("s", pa.string())])
+        create("t", schema)
+        with pytest.raises(pa.ArrowInvalid, match=r"the server holds 1 tables, the limit of 1 "):
+            create("u", schema)
+        w, _ = client.do_put(fl.FlightDescriptor.for_path("t"), schema)
+        with pytest.raises(pa.ArrowInvalid, match=r"column 's' holds a value of 11 bytes, above "
+                                                  r"the limit of 10 "):
+            w.write_batch(pa.record_batch({"s": ["x" * 11]}))
+            w.close()
+        client.close()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    bad = subprocess.run([sys.executable, "-m", "ticktable.cli", "serve", "--max-tables", "0"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    assert bad.returncode == 2 and "--max-tables: must be at least 1, got 0" in bad.stderr
 
 
 def test_serve_on_a_port_in_use_fails_with_one_line(tmp_path):
