@@ -54,6 +54,12 @@ _ZEROS = b"\x00" * 8
 
 _Bytes: TypeAlias = "bytes | memoryview | pa.Buffer"
 
+#: What Arrow raises reading malformed IPC bytes: its own errors (not implemented, type,
+#: key, capacity, ... besides ``ArrowInvalid``), ``EOFError`` for a header that ends early,
+#: ``UnicodeDecodeError`` for a field name that is not UTF-8, ``OverflowError``.
+_ARROW_READ_ERRORS = (pa.ArrowException, ValueError, OSError, EOFError, IndexError, TypeError,
+                      OverflowError)
+
 
 def _varint(n: int) -> bytes:
     if n < 0x80:
@@ -292,11 +298,7 @@ class IpcDecoder:
             if m.type != "schema":
                 raise ProtocolError(f"{self._where}: the first Arrow message must be the "
                                     f"schema, got a {m.type} message")
-            try:
-                self.schema = ipc.read_schema(m)
-            except (pa.ArrowInvalid, OSError) as exc:
-                raise ProtocolError(f"{self._where}: malformed schema message "
-                                    f"({_first_line(exc)})") from exc
+            self.schema = self._schema(m)
             if msg.app_metadata is not None and len(msg.app_metadata):
                 self.schema_metadata = pa.py_buffer(bytes(msg.app_metadata))
         return self.schema
@@ -326,7 +328,7 @@ class IpcDecoder:
             if self.schema is None:
                 m = self._decode(msg.header, None)
                 if m.type == "schema":  # a schema after metadata-only messages
-                    self.schema = ipc.read_schema(m)
+                    self.schema = self._schema(m)
                     if meta is not None:
                         self.schema_metadata = meta
                     continue
@@ -339,9 +341,18 @@ class IpcDecoder:
     def _decode(self, header: memoryview, body: memoryview | None) -> ipc.Message:
         try:
             return _message(header, body)
-        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+        except _ARROW_READ_ERRORS as exc:
             raise ProtocolError(f"{self._where}: malformed Arrow IPC message "
                                 f"({_first_line(exc)})") from exc
+
+    def _schema(self, m: ipc.Message) -> pa.Schema:
+        try:
+            schema = ipc.read_schema(m)
+            _check_names(schema)  # Arrow reads names as bytes; Python needs UTF-8
+        except _ARROW_READ_ERRORS as exc:
+            raise ProtocolError(f"{self._where}: malformed schema message "
+                                f"({_first_line(exc)})") from exc
+        return schema
 
     def _batch(self, header: memoryview, body: memoryview | None) -> pa.RecordBatch:
         assert self.schema is not None
@@ -353,8 +364,10 @@ class IpcDecoder:
                                 f"message")
         try:
             batch = ipc.read_record_batch(m, self.schema)
-            batch.validate()
-        except (pa.ArrowInvalid, OSError, ValueError, IndexError) as exc:
+            # full: offsets, null counts and UTF-8 too; a batch that passes only the cheap
+            # check can make later reads run past its buffers
+            batch.validate(full=True)
+        except _ARROW_READ_ERRORS as exc:
             raise ProtocolError(f"{self._where}: malformed record batch "
                                 f"({_first_line(exc)})") from exc
         return batch
@@ -369,22 +382,36 @@ class IpcDecoder:
         if m.type != "record batch":
             raise ProtocolError(f"{self._where}: expected a record batch, got a {m.type} "
                                 f"message")
-        sink = pa.BufferOutputStream()
-        sink.write(self.schema.serialize())
-        for h, b in (*self._dictionaries, (header, body)):
-            sink.write(_message(h, b).serialize())
-        sink.write(_CONTINUATION + b"\x00\x00\x00\x00")
         try:
+            sink = pa.BufferOutputStream()
+            sink.write(self.schema.serialize())
+            for h, b in (*self._dictionaries, (header, body)):
+                sink.write(_message(h, b).serialize())
+            sink.write(_CONTINUATION + b"\x00\x00\x00\x00")
             table = ipc.open_stream(sink.getvalue()).read_all()
-        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            batches = table.combine_chunks().to_batches()
+            batch = batches[0] if batches else pa.RecordBatch.from_pylist([], self.schema)
+            batch.validate(full=True)  # dictionaries and their indices included
+        except _ARROW_READ_ERRORS as exc:
             raise ProtocolError(f"{self._where}: malformed record batch "
                                 f"({_first_line(exc)})") from exc
-        batches = table.combine_chunks().to_batches()
-        return batches[0] if batches else pa.RecordBatch.from_pylist([], self.schema)
+        return batch
 
 
 class _NeedMore(Exception):
     """A dictionary message was read: the caller reads on."""
+
+
+def _check_names(schema: pa.Schema) -> None:
+    """Raise ``UnicodeDecodeError`` if a field name, nested ones included, is not UTF-8."""
+    todo = list(schema)
+    while todo:
+        f = todo.pop()
+        f.name  # noqa: B018 -- decodes the name
+        t = f.type
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+        todo.extend(t.field(i) for i in range(t.num_fields))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -31,7 +31,7 @@ No request metadata means ``UPSERT`` for a keyed table and ``APPEND`` otherwise.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, Protocol
@@ -47,7 +47,7 @@ from engine.errors import InputError, InvalidKeyError, LimitExceeded, ProtocolEr
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable, conform
 from flight._requests import check_metadata_size, parse, table_name
 from flight.journal import Chain
-from flight.limits import check_values, limit_text
+from flight.limits import check_values, limit_text, quoted
 from flight.pb import flight_pb2 as pb
 from flight.registry import TableEntry, TableRegistry
 from flight.staging import Part
@@ -311,12 +311,16 @@ def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table, 
     LimitExceeded
         If a string or binary value is longer than ``max_value_bytes``.
     SchemaError
-        Naming the missing, unknown or mistyped column (reserved columns included).
+        Naming the missing, unknown, repeated or mistyped column (reserved columns included).
     InvalidKeyError
         If a key column holds nulls.
     """
     name, table = entry.name, entry.table
     data = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    for column, n in Counter(data.column_names).items():
+        if n > 1:  # pyarrow cannot tell the columns apart (KeyError when conforming them)
+            raise SchemaError(f"table {quoted(name)}: column {quoted(column)} appears {n} times; "
+                              f"column names must be unique")
     check_values(name, data, max_value_bytes)
     if kind == "append":
         return [Part(name, "append", conform(name, table.schema, data))]
