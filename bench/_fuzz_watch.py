@@ -145,9 +145,16 @@ class Writer:
 
     def _put(self, table: str, batch: pa.RecordBatch, mode: int) -> None:
         w, r = self._client.do_put(fl.FlightDescriptor.for_path(table), batch.schema)
-        w.write_with_metadata(batch, pa.py_buffer(pb.PutRequest(mode=pb.PutMode.ValueType(mode)).SerializeToString()))
-        ack = pb.PutAck.FromString(r.read().to_pybytes())
+        request = pb.PutRequest(mode=pb.PutMode.ValueType(mode))
+        w.write_with_metadata(batch, pa.py_buffer(request.SerializeToString()))
+        # finish writing before reading the ack: a durable server acknowledges a batch
+        # only once it reads the next message or the end of the stream
+        w.done_writing()
+        buf = r.read()
         w.close()
+        if buf is None:
+            raise AssertionError(f"DoPut into {table!r} ended without an ack")
+        ack = pb.PutAck.FromString(buf.to_pybytes())
         if ack.rows != batch.num_rows:
             raise AssertionError(f"ack for {batch.num_rows} rows says {ack.rows}")
 
