@@ -1,4 +1,5 @@
-"""One log line per call's start and end, and errors counted by code, for every service.
+"""One log line per call's start and end, errors counted by code, and request messages
+that do not parse answered INVALID_ARGUMENT, for every service.
 
 :class:`CallLog` is a gRPC server interceptor: it wraps each handler so that, whatever the
 service (Arrow Flight, the TableService, reflection), a call's start is logged with its
@@ -6,6 +7,11 @@ method and the client's peer address, and its end with its status code and durat
 error answer is logged at INFO with its one-line message (which, for a server bug, carries
 the reference id whose traceback is logged by :mod:`flight.errors`), and counted in the
 server's :class:`~flight.metrics.Metrics`. Health checks are not logged (probes).
+
+Request messages are decoded leniently: gRPC would answer a message its deserializer
+cannot parse with INTERNAL ("Exception deserializing request!") and, for a stream of
+requests, leave the call hanging; here the handler is not run and the call answers
+INVALID_ARGUMENT naming the method and the message type.
 """
 
 from __future__ import annotations
@@ -17,9 +23,55 @@ from typing import Any
 
 import grpc
 
+from engine.errors import ProtocolError
+from flight.errors import abort
 from flight.metrics import Metrics
 
 __all__ = ["CallLog"]
+
+
+class _Undecodable:
+    """A request message its deserializer could not parse."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+
+def _lenient(decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    kind = getattr(getattr(decode, "__self__", None), "__name__", None) or "request"
+
+    def run(raw: bytes) -> Any:
+        try:
+            return decode(raw)
+        except Exception:
+            return _Undecodable(kind)
+
+    return run
+
+
+class _Malformed(ProtocolError):
+    """A request message that does not parse (INVALID_ARGUMENT)."""
+
+    def __init__(self, method: str, bad: _Undecodable) -> None:
+        super().__init__(f"{method}: the {bad.kind} message does not parse")
+
+
+def _checked(method: str, request: Any, context: grpc.ServicerContext, streaming: bool) -> Any:
+    """The request, or the stream of requests, refusing a message that did not parse."""
+    if not streaming:
+        if isinstance(request, _Undecodable):
+            abort(context, _Malformed(method, request))
+        return request
+
+    def each() -> Iterator[Any]:  # raised where the handler reads it; answered by CallLog
+        for r in request:
+            if isinstance(r, _Undecodable):
+                raise _Malformed(method, r)
+            yield r
+
+    return each()
 
 log = logging.getLogger("ticktable.calls")
 
@@ -37,38 +89,46 @@ class CallLog(grpc.ServerInterceptor):  # type: ignore[misc]
         if handler is None or details.method.startswith(_QUIET):
             return handler
         method = details.method.rsplit("/", 1)[-1]
+        decode = handler.request_deserializer
+        lenient = _lenient(decode) if decode is not None else None
+        streaming = handler.request_streaming
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                self._unary(method, handler.unary_unary), handler.request_deserializer,
+                self._unary(method, handler.unary_unary, streaming), lenient,
                 handler.response_serializer)
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                self._stream(method, handler.unary_stream), handler.request_deserializer,
+                self._stream(method, handler.unary_stream, streaming), lenient,
                 handler.response_serializer)
         if handler.stream_unary is not None:
             return grpc.stream_unary_rpc_method_handler(
-                self._unary(method, handler.stream_unary), handler.request_deserializer,
+                self._unary(method, handler.stream_unary, streaming), lenient,
                 handler.response_serializer)
         return grpc.stream_stream_rpc_method_handler(
-            self._stream(method, handler.stream_stream), handler.request_deserializer,
+            self._stream(method, handler.stream_stream, streaming), lenient,
             handler.response_serializer)
 
-    def _unary(self, method: str, behavior: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def _unary(self, method: str, behavior: Callable[[Any, Any], Any],
+               streaming: bool) -> Callable[[Any, Any], Any]:
         def run(request: Any, context: grpc.ServicerContext) -> Any:
             t0 = self._start(method, context)
             try:
-                return behavior(request, context)
+                return behavior(_checked(method, request, context, streaming), context)
+            except _Malformed as exc:  # from a stream of requests, in a handler not ours
+                abort(context, exc)
             finally:
                 self._end(method, context, t0)
 
         return run
 
-    def _stream(self, method: str,
-                behavior: Callable[[Any, Any], Iterator[Any]]) -> Callable[[Any, Any], Iterator[Any]]:
+    def _stream(self, method: str, behavior: Callable[[Any, Any], Iterator[Any]],
+                streaming: bool) -> Callable[[Any, Any], Iterator[Any]]:
         def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             t0 = self._start(method, context)
             try:
-                yield from behavior(request, context)
+                yield from behavior(_checked(method, request, context, streaming), context)
+            except _Malformed as exc:  # from a stream of requests, in a handler not ours
+                abort(context, exc)
             finally:
                 self._end(method, context, t0)
 

@@ -235,13 +235,28 @@ class _Parts:
         self._parts = []
 
 
+def _aligned(body: memoryview) -> Any:
+    """``body`` itself when it starts on an 8-byte boundary, else an aligned copy.
+
+    Arrow lays a body's buffers out at multiples of 8 from its start, and its kernels may
+    rely on that alignment (pyarrow warns "An input buffer was poorly aligned. This could
+    lead to crashes"); where protobuf's framing put the body in gRPC's bytes is chance.
+    """
+    if pa.py_buffer(body).address % 8 == 0:
+        return body
+    out = pa.allocate_buffer(len(body))  # 64-byte aligned
+    memoryview(out).cast("B")[:] = body
+    return out
+
+
 def _message(header: memoryview, body: memoryview | None) -> ipc.Message:
-    """An Arrow IPC message from its header and body slices (the body is not copied)."""
+    """An Arrow IPC message from its header and body slices (the body is not copied when it
+    is 8-byte aligned in the received bytes; see :func:`_aligned`)."""
     pad = (-len(header)) % 8
     prefix = b"".join((_CONTINUATION, struct.pack("<i", len(header) + pad), header, _ZEROS[:pad]))
     parts: list[Any] = [prefix]
     if body is not None and len(body):
-        parts.append(body)
+        parts.append(_aligned(body))
     return ipc.read_message(pa.PythonFile(_Parts(parts), mode="r"))
 
 
@@ -327,10 +342,11 @@ class IpcDecoder:
                 return Chunk(None, meta)
             if self.schema is None:
                 m = self._decode(msg.header, None)
-                if m.type == "schema":  # a schema after metadata-only messages
+                if m.type == "schema":  # read here when read_schema was not called first
                     self.schema = self._schema(m)
-                    if meta is not None:
+                    if meta is not None:  # its app_metadata is a message of its own
                         self.schema_metadata = meta
+                        return Chunk(None, meta)
                     continue
                 raise ProtocolError(f"{self._where}: a record batch before the schema")
             try:

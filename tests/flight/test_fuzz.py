@@ -258,8 +258,6 @@ def known_record(record: logging.LogRecord, case: fz.Case) -> str | None:
     exc = record.exc_info[1] if record.exc_info else None
     if isinstance(exc, pa.ArrowNotImplementedError) and "Function 'equal'" in str(exc):
         return "nested-overwrite"
-    if case.label == "DoAction:create_table" and isinstance(exc, pa.ArrowException):
-        return "create-table-schema"
     if case.method.endswith("DoPut") and isinstance(exc, OverflowError):
         return "diff-message-overflow"
     return None
@@ -269,9 +267,6 @@ def unexplained(live: Live, case: fz.Case, answer: fz.Answer,
                 records: list[logging.LogRecord]) -> list[str]:
     """What is wrong with ``answer`` and the server's ERROR ``records`` during ``case``,
     leaving out what a :data:`KNOWN` bug explains."""
-    if (answer.code == "INTERNAL" and answer.details == "Exception deserializing request!"
-            and fz.undecodable(case)):
-        return []  # undecodable-request
     known_refs = {m.group(1) for r in records if known_record(r, case)
                   for m in [_REF.search(r.getMessage())] if m}
     problems = fz.violations(answer)
@@ -290,8 +285,6 @@ def _client_caused(record: logging.LogRecord) -> bool:
 
 def fuzz_one(live: Live, case: fz.Case) -> None:
     """Send ``case``; fail on an answer or server ERROR log no :data:`KNOWN` bug explains."""
-    if case.method.endswith("Handshake") and fz.undecodable(case):
-        return  # undecodable-request: such a stream stays open in gRPC and stalls shutdown
     with live.lock:
         live.cases += 1
         if live.cases % 100 == 0:  # keep the server small: drop what the fuzz created
@@ -412,16 +405,6 @@ def test_a_doput_of_corrupt_offsets_is_invalid_argument_and_the_server_serves_on
 #: fuzz tests tolerate exactly these answers (:func:`known_bug`); each xfail below
 #: reproduces one and fails, strictly, once it is fixed.
 KNOWN = {
-    "undecodable-request": "grpcio answers INTERNAL 'Exception deserializing request!' when a "
-                           "request message (Ticket, Action, FlightDescriptor, the "
-                           "TableService's) does not parse: flight/transport.py and "
-                           "flight/service.py register generated deserializers; a Handshake "
-                           "whose first message does not parse also stays open in gRPC "
-                           "(send_status_from_server never completes), so shutdown waits "
-                           "its whole grace",
-    "create-table-schema": "create_table catches only ArrowInvalid/OSError reading the schema; "
-                           "ArrowNotImplementedError (an Int of 128 bits) is INTERNAL "
-                           "(flight/server.py TicktableServer.action)",
     "nested-overwrite": "a keyed table with a list/struct/map column fails at its first "
                         "overwrite of a row: engine/sources.py _differs calls pc.equal, which "
                         "has no kernel for nested types",
@@ -431,16 +414,14 @@ KNOWN = {
 }
 
 
-@pytest.mark.xfail(reason=KNOWN["undecodable-request"], strict=True)
-def test_known_an_undecodable_request_message_is_invalid_argument(server):
+def test_an_undecodable_request_message_is_invalid_argument(server):
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         with pytest.raises(grpc.RpcError) as info:
             list(ch.unary_stream(fz.FLIGHT + "DoGet")(b"\xff\xff", timeout=10))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-@pytest.mark.xfail(reason=KNOWN["create-table-schema"], strict=True)
-def test_known_create_table_with_a_128_bit_integer_is_invalid_argument(client):
+def test_create_table_with_a_128_bit_integer_is_invalid_argument(client):
     header = _patched(_header(pa.schema([("i", pa.int32())])), b"\x01\x20\x00\x00\x00",
                       b"\x01\x80\x00\x00\x00")
     schema = b"\xff\xff\xff\xff" + struct.pack("<i", len(header)) + header

@@ -58,19 +58,23 @@ def test_frames_are_flight_data_messages_protobuf_reads_alike():
     assert framing.descriptor_of(back.descriptor).path == [b"t"]
 
 
-def test_decoded_batches_point_into_the_received_bytes():
+def test_decoded_batches_point_into_the_received_bytes_when_aligned():
     b = pa.record_batch({"x": pa.array(np.arange(100_000))})
-    raws = [schema_frame(b.schema), *batch_frames(b.schema, [b])]
-    received = [bytes(r) for r in raws]  # what gRPC hands the handler
-    dec = IpcDecoder(iter(received), "test")
-    assert dec.read_schema() == b.schema
-    chunk = dec.read_chunk()
-    assert chunk.data.equals(b)
-    start = pa.py_buffer(received[1]).address
-    addr = chunk.data.column(0).buffers()[1].address
-    assert start <= addr < start + len(received[1])  # no copy of the body
-    with pytest.raises(StopIteration):
-        dec.read_chunk()
+    for pad in range(8):  # app_metadata of every length mod 8: the body lands at each offset
+        (raw,) = batch_frames(b.schema, [b], first_metadata=b"m" * (pad + 1))
+        received = bytes(raw)  # what gRPC hands the handler
+        dec = IpcDecoder(iter([schema_frame(b.schema), received]), "test")
+        assert dec.read_schema() == b.schema
+        chunk = dec.read_chunk()
+        assert chunk.data.equals(b)
+        body = parse_flight_data(received).body
+        start = pa.py_buffer(received).address
+        addr = chunk.data.column(0).buffers()[1].address
+        assert addr % 8 == 0  # Arrow's kernels may rely on it
+        in_place = start <= addr < start + len(received)
+        assert in_place == (pa.py_buffer(body).address % 8 == 0)  # copied only when misaligned
+        with pytest.raises(StopIteration):
+            dec.read_chunk()
 
 
 def test_dictionary_columns_round_trip_through_the_framing():
@@ -277,3 +281,26 @@ def test_doget_tells_the_step_of_its_snapshot(server, client, graph):
     rest = reader.read_all()
     assert first.data.num_rows + rest.num_rows == 200_000
     assert client.do_get(fl.Ticket(b"t")).read_pandas().shape == (200_000, 2)  # pandas unaffected
+
+
+def test_subscribe_on_the_schema_message_is_honoured(server, client, graph):
+    t = server.registry.create_source("t", KV, "keyed", keys=["k"]).table
+    t.upsert(_kv([1, 2], [1.0, 2.0]))
+    graph.run_cycle()
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        exchange = ch.stream_stream("/arrow.flight.protocol.FlightService/DoExchange")
+        desc = fpb.FlightDescriptor(type=fpb.FlightDescriptor.PATH, path=["t"]).SerializeToString()
+        sub = pb.ClientMessage(subscribe=pb.SubscriptionRequest()).SerializeToString()
+        done = threading.Event()
+
+        def requests():
+            yield frame(descriptor=desc, header=pa.ipc.read_message(
+                pa.schema([]).serialize()).metadata, app_metadata=sub)
+            done.wait(10)
+
+        call = exchange(requests(), timeout=10)
+        first = [parse_flight_data(next(call)) for _ in range(3)]  # schema, metadata, batch
+        meta = pb.UpdateMetadata.FromString(bytes(first[1].app_metadata))
+        assert meta.is_snapshot and meta.table_size == 2
+        done.set()
+        call.cancel()
