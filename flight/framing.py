@@ -283,7 +283,9 @@ class IpcDecoder:
         self.schema: pa.Schema | None = None
         self.descriptor: flight.FlightDescriptor | None = None
         self.schema_metadata: pa.Buffer | None = None
-        self._dictionaries: list[tuple[memoryview, memoryview | None]] = []
+        # per dictionary id, the messages that make its current dictionary: the last full
+        # one and the deltas after it (a full one replaces the id's earlier messages)
+        self._dictionaries: dict[int, list[tuple[memoryview, memoryview | None]]] = {}
         self._pending: list[Chunk] = []
 
     def _next_raw(self) -> ParsedFlightData | None:
@@ -393,7 +395,11 @@ class IpcDecoder:
         assert self.schema is not None
         m = self._decode(header, body)
         if m.type == "dictionary":
-            self._dictionaries.append((header, body))
+            id_, delta = _dictionary_id(header, self._where)
+            if delta:
+                self._dictionaries.setdefault(id_, []).append((header, body))
+            else:  # replay only what is current: not every dictionary the stream ever sent
+                self._dictionaries[id_] = [(header, body)]
             raise _NeedMore
         if m.type != "record batch":
             raise ProtocolError(f"{self._where}: expected a record batch, got a {m.type} "
@@ -401,7 +407,8 @@ class IpcDecoder:
         try:
             sink = pa.BufferOutputStream()
             sink.write(self.schema.serialize())
-            for h, b in (*self._dictionaries, (header, body)):
+            held = [d for messages in self._dictionaries.values() for d in messages]
+            for h, b in (*held, (header, body)):
                 sink.write(_message(h, b).serialize())
             sink.write(_CONTINUATION + b"\x00\x00\x00\x00")
             table = ipc.open_stream(sink.getvalue()).read_all()
@@ -416,6 +423,28 @@ class IpcDecoder:
 
 class _NeedMore(Exception):
     """A dictionary message was read: the caller reads on."""
+
+
+def _dictionary_id(header: memoryview, where: str) -> tuple[int, bool]:
+    """``(id, isDelta)`` of a ``DictionaryBatch`` IPC header (a flatbuffer ``Message``
+    that Arrow already parsed): read by hand, as pyarrow does not expose them."""
+    h = bytes(header)
+
+    def field(table: int, i: int) -> int:  # the field's offset in its table, 0: absent
+        vtable = table - struct.unpack_from("<i", h, table)[0]
+        size = struct.unpack_from("<H", h, vtable)[0]
+        return struct.unpack_from("<H", h, vtable + 4 + 2 * i)[0] if 4 + 2 * i < size else 0
+
+    try:
+        message = struct.unpack_from("<I", h, 0)[0]
+        at = field(message, 2)  # Message.header
+        batch = message + at + struct.unpack_from("<I", h, message + at)[0]
+        id_at, delta_at = field(batch, 0), field(batch, 2)  # DictionaryBatch.id, .isDelta
+        id_ = struct.unpack_from("<q", h, batch + id_at)[0] if id_at else 0
+        delta = bool(h[batch + delta_at]) if delta_at else False
+    except (struct.error, IndexError) as exc:
+        raise ProtocolError(f"{where}: malformed dictionary message ({exc})") from exc
+    return id_, delta
 
 
 def _check_names(schema: pa.Schema) -> None:

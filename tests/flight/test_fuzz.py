@@ -379,6 +379,34 @@ def test_dictionary_indices_out_of_range_are_refused():
         _decode_all(frames)  # the dictionary path did not validate at all
 
 
+def test_a_long_dictionary_stream_holds_only_the_current_dictionaries():
+    """Each batch was decoded by replaying every dictionary message the stream had sent,
+    so a stream's cost grew with the square of its length (2,000 batches: 16 s)."""
+    b = pa.record_batch({"d": pa.array(["a", "b", "a"]).dictionary_encode(),
+                         "x": pa.array([1, 2, 3])})
+    dec = IpcDecoder(iter([schema_frame(b.schema), *batch_frames(b.schema, [b] * 300)]), "t")
+    dec.read_schema()
+    assert all(dec.read_chunk().data.equals(b) for _ in range(300))
+    assert [len(m) for m in dec._dictionaries.values()] == [1]  # the last one, not 300
+
+
+def test_dictionary_deltas_and_replacements_decode_as_arrow_writes_them():
+    d = [pa.array(v).dictionary_encode() for v in (["a", "b", "a"], ["a", "b", "c"],
+                                                   ["z", "z", "y"])]
+    schema = pa.schema([("x", d[0].type), ("y", d[0].type)])
+    batches = [pa.record_batch(list(cols), schema=schema)
+               for cols in ((d[0], d[0]), (d[1], d[0]), (d[2], d[1]))]
+    for deltas in (True, False):
+        sink = pa.BufferOutputStream()
+        options = pa.ipc.IpcWriteOptions(emit_dictionary_deltas=deltas)
+        with pa.ipc.new_stream(sink, schema, options=options) as w:
+            for b in batches:
+                w.write_batch(b)
+        frames = [frame(header=m.metadata, body=m.body if m.body.size else None)
+                  for m in pa.ipc.MessageReader.open_stream(sink.getvalue())]
+        assert [b.to_pylist() for b in _decode_all(frames)] == [b.to_pylist() for b in batches]
+
+
 def test_repeated_columns_are_a_schema_error(registry):
     entry = registry.get("fz_keyed")
     batch = pa.table([pa.array([1], pa.int64()), pa.array(["a"]), pa.array([1.0]),
