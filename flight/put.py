@@ -31,6 +31,7 @@ No request metadata means ``UPSERT`` for a keyed table and ``APPEND`` otherwise.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -242,6 +243,12 @@ class PutHandler:
                    batches: Iterable[pa.RecordBatch]) -> Iterator[pb.PutAck]:
         """Check and submit each batch without waiting; acknowledge in order as each lands.
 
+        A reader thread takes the client's batches while this generator waits for whichever
+        comes first, the next batch or the oldest batch becoming durable, so an ack goes out
+        as soon as its batch landed (a client waiting for each ack before it sends the next
+        batch is answered), and a client streaming ahead keeps up to
+        ``max_in_flight_bytes`` on their way to the journal.
+
         The refusals possible after a batch was submitted (a failed table, a journal that
         cannot write) are permanent for the table or break the chain, so a batch after a
         failed one is never staged: the stream's staged batches are always a prefix.
@@ -249,6 +256,32 @@ class PutHandler:
         chain = Chain()
         flight_: deque[tuple[Future[None], int, int]] = deque()  # (future, rows, bytes)
         in_flight = acked = total = 0
+        cond = threading.Condition()
+        incoming: deque[pa.RecordBatch] = deque()
+        ended: list[BaseException | None] = []  # [error or None] once the client's stream ended
+        stop = threading.Event()
+
+        def read() -> None:
+            error: BaseException | None = None
+            try:
+                for b in batches:
+                    with cond:
+                        while len(incoming) >= 2 and not stop.is_set():  # read ahead a little
+                            cond.wait(0.1)
+                        if stop.is_set():
+                            return
+                        incoming.append(b)
+                        cond.notify_all()
+            except BaseException as exc:  # noqa: BLE001 - handed to the generator, raised there
+                error = exc
+            finally:
+                with cond:
+                    ended.append(error)
+                    cond.notify_all()
+
+        def landed(_: Future[None]) -> None:
+            with cond:
+                cond.notify_all()
 
         def ack_head() -> pb.PutAck:
             nonlocal in_flight, acked, total
@@ -259,22 +292,43 @@ class PutHandler:
             acked += 1
             return pb.PutAck(batch_index=acked - 1, rows=rows, total_rows=total, staged=False)
 
+        reader = threading.Thread(target=read, daemon=True, name=f"ticktable-put-{entry.name}")
+        reader.start()
         try:
-            for batch in batches:
-                try:
-                    parts = check_batch(entry, kind, batch, max_value_bytes=self.max_value_bytes)
-                except Exception:
-                    while flight_:  # the batches before the bad one stay: acknowledge them
-                        yield ack_head()
-                    raise
-                nbytes = sum(p.nbytes for p in parts)
-                flight_.append((self.staging.submit(entry, parts, chain), batch.num_rows, nbytes))
-                in_flight += nbytes
-                while flight_ and (flight_[0][0].done() or in_flight > self.max_in_flight_bytes):
+            while True:
+                with cond:
+                    while not (flight_ and flight_[0][0].done()) and not ended and (
+                            not incoming or in_flight > self.max_in_flight_bytes):
+                        cond.wait()
+                    batch = incoming.popleft() if incoming and (
+                        in_flight <= self.max_in_flight_bytes) else None
+                    finished = not incoming and bool(ended)
+                    cond.notify_all()
+                while flight_ and flight_[0][0].done():
                     yield ack_head()
-            while flight_:
-                yield ack_head()
+                if batch is not None:
+                    try:
+                        parts = check_batch(entry, kind, batch,
+                                            max_value_bytes=self.max_value_bytes)
+                    except Exception:
+                        while flight_:  # the batches before the bad one stay: acknowledge them
+                            yield ack_head()
+                        raise
+                    nbytes = sum(p.nbytes for p in parts)
+                    future = self.staging.submit(entry, parts, chain)
+                    flight_.append((future, batch.num_rows, nbytes))
+                    in_flight += nbytes
+                    future.add_done_callback(landed)
+                elif finished:
+                    while flight_:
+                        yield ack_head()
+                    if ended[0] is not None:
+                        raise ended[0]
+                    return
         finally:
+            stop.set()
+            with cond:
+                cond.notify_all()
             for future, _, _ in flight_:  # after a failure: let the rest settle before answering
                 future.exception()
 

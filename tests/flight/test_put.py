@@ -7,6 +7,8 @@ semantics, no cycle ever run by a put), then over real Flight on 127.0.0.1 port 
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
@@ -425,8 +427,11 @@ def test_pipelined_failure_stops_the_stream_after_earlier_batches_are_acknowledg
     acks: list = []
     good = [as_batch(kv([i], [f"s{i}"], [float(i)])) for i in range(2)]
 
-    def batches():
+    def batches():  # read by the handler's reader thread, ahead of the checks
         yield from good
+        deadline = time.monotonic() + 10
+        while stager.submitted < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
         for f, entry, parts in stager.futures:  # both good batches land
             env.staging.apply(entry, parts)
             f.set_result(None)
@@ -443,6 +448,9 @@ def test_pipelined_failure_stops_the_stream_after_earlier_batches_are_acknowledg
 
     def failing():
         yield good[0]
+        deadline = time.monotonic() + 10
+        while not stager.futures and time.monotonic() < deadline:  # good[0] submitted
+            time.sleep(0.001)
         stager.broken = InputError("the journal could not write")
         stager.futures[0][0].set_exception(stager.broken)
         yield good[1]

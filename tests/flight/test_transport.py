@@ -304,3 +304,34 @@ def test_subscribe_on_the_schema_message_is_honoured(server, client, graph):
         assert meta.is_snapshot and meta.table_size == 2
         done.set()
         call.cancel()
+
+
+def test_a_durable_put_acks_each_batch_before_the_next_is_sent(tmp_path):
+    """A client that waits for each ack before it sends the next batch is answered: the ack
+    goes out when the batch is durable, not when the next message arrives."""
+    graph = UpdateGraph()
+    srv = TicktableServer(graph, ServerConfig(data_dir=tmp_path / "d")).start()
+    try:
+        c = fl.connect(srv.location)
+        req = pb.CreateTableRequest(name="t", schema=KV.serialize().to_pybytes(),
+                                    kind=pb.TABLE_KIND_KEYED, keys=["k"])
+        list(c.do_action(fl.Action("create_table", req.SerializeToString())))
+        w, r = c.do_put(fl.FlightDescriptor.for_path("t"), KV)
+        done = threading.Event()
+        acks: list[pb.PutAck] = []
+
+        def lockstep():
+            for i in range(5):
+                w.write_batch(_kv([i], [float(i)]).to_batches()[0])
+                acks.append(pb.PutAck.FromString(r.read().to_pybytes()))  # wait for its ack
+            done.set()
+
+        t = threading.Thread(target=lockstep, daemon=True)
+        t.start()
+        assert done.wait(20), f"stuck after {len(acks)} acks"
+        assert [(a.batch_index, a.total_rows) for a in acks] == [(i, i + 1) for i in range(5)]
+        w.done_writing()
+        w.close()
+        c.close()
+    finally:
+        srv.shutdown()
