@@ -397,7 +397,8 @@ class TicktableServer:
             req = parse(pb.CreateTableRequest(), body, "create_table")
             try:
                 schema = pa.ipc.read_schema(pa.py_buffer(req.schema))
-            except (pa.ArrowException, OSError) as exc:  # NotImplemented too: an Int128
+                _ = [f.name for f in schema]  # field names must be UTF-8
+            except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:  # also an Int128
                 raise ProtocolError(f"create_table {quoted(req.name)}: schema is not an Arrow "
                                     f"IPC schema ({exc})") from exc
             kind_name = KIND_NAMES.get(req.kind)

@@ -260,8 +260,6 @@ def known_record(record: logging.LogRecord, case: fz.Case) -> str | None:
         return "nested-overwrite"
     if case.method.endswith("DoPut") and isinstance(exc, OverflowError):
         return "diff-message-overflow"
-    if case.label == "DoAction:create_table" and isinstance(exc, UnicodeDecodeError):
-        return "create-table-field-name"
     return None
 
 
@@ -441,9 +439,6 @@ KNOWN = {
     "diff-message-overflow": "a DIFF batch refused for a row whose timestamp Python's datetime "
                              "cannot hold raises OverflowError (INTERNAL) while quoting the row: "
                              "engine/differential/resolve.py _row calls to_pylist",
-    "create-table-field-name": "create_table with a schema whose field name is not UTF-8 raises "
-                               "UnicodeDecodeError (INTERNAL): flight/server.py reads the schema "
-                               "catching ArrowException and OSError only",
 }
 
 
@@ -486,8 +481,7 @@ def test_known_a_refused_diff_row_with_a_far_timestamp_is_an_input_error():
                                      "__diff": pa.array([2], pa.int64())}))
 
 
-@pytest.mark.xfail(reason=KNOWN["create-table-field-name"], strict=True)
-def test_known_create_table_with_a_field_name_that_is_not_utf8_is_invalid_argument(client):
+def test_create_table_with_a_field_name_that_is_not_utf8_is_invalid_argument(client):
     schema = _patched(pa.schema([("zzzz", pa.int64())]).serialize().to_pybytes(), b"zzzz",
                       b"\xff\xfe\xfd\xfc")
     req = pb.CreateTableRequest(name="t", schema=schema, kind=pb.TABLE_KIND_APPEND)
