@@ -72,8 +72,25 @@ class KeyedWrites:
 
 
 def _row(data: pa.Table, i: int) -> dict[str, object]:
-    row: dict[str, object] = data.slice(i, 1).to_pylist()[0]
+    """Row ``i`` for a message: Python values, or Arrow's text for a value Python cannot
+    hold (a timestamp past year 9999), so quoting a refused row never fails itself."""
+    one = data.slice(i, 1)
+    try:
+        row: dict[str, object] = one.to_pylist()[0]
+    except (OverflowError, ValueError):
+        row = {name: _value_text(col) for name, col in zip(one.column_names, one.columns,
+                                                             strict=True)}
     return row
+
+
+def _value_text(col: pa.ChunkedArray) -> object:
+    try:
+        return col.to_pylist()[0]
+    except (OverflowError, ValueError):
+        try:
+            return col.cast(pa.string()).to_pylist()[0]
+        except (pa.ArrowException, OverflowError, ValueError):
+            return f"<a {col.type} value>"
 
 
 def resolve_triples(table: KeyedTable, batch: ZSet) -> KeyedWrites:

@@ -258,8 +258,6 @@ def known_record(record: logging.LogRecord, case: fz.Case) -> str | None:
     exc = record.exc_info[1] if record.exc_info else None
     if isinstance(exc, pa.ArrowNotImplementedError) and "Function 'equal'" in str(exc):
         return "nested-overwrite"
-    if case.method.endswith("DoPut") and isinstance(exc, OverflowError):
-        return "diff-message-overflow"
     return None
 
 
@@ -436,9 +434,6 @@ KNOWN = {
     "nested-overwrite": "a keyed table with a list/struct/map column fails at its first "
                         "overwrite of a row: engine/sources.py _differs calls pc.equal, which "
                         "has no kernel for nested types",
-    "diff-message-overflow": "a DIFF batch refused for a row whose timestamp Python's datetime "
-                             "cannot hold raises OverflowError (INTERNAL) while quoting the row: "
-                             "engine/differential/resolve.py _row calls to_pylist",
 }
 
 
@@ -469,8 +464,7 @@ def test_known_a_keyed_table_overwrites_a_list_value(server, graph):
     assert t.to_arrow().column("l").to_pylist() == [[2, 3]]
 
 
-@pytest.mark.xfail(reason=KNOWN["diff-message-overflow"], strict=True)
-def test_known_a_refused_diff_row_with_a_far_timestamp_is_an_input_error():
+def test_a_refused_diff_row_with_a_far_timestamp_is_an_input_error():
     from tests.flight.writes import DIFF, Env
 
     env: Any = Env()
