@@ -113,12 +113,6 @@ class PutHandler:
         self.max_value_bytes = max_value_bytes
         self.max_in_flight_bytes = max_in_flight_bytes
 
-    def serve(self, descriptor: flight.FlightDescriptor, reader: Any, writer: Any) -> None:
-        """One DoPut call: ``reader`` yields the client's messages, ``writer`` takes the acks
-        (pyarrow's DoPut reader and metadata writer); see :meth:`serve_acks`."""
-        for a in self.serve_acks(descriptor, reader):
-            writer.write(pa.py_buffer(a.SerializeToString()))
-
     def serve_acks(self, descriptor: flight.FlightDescriptor | None, reader: Any,
                    schema_metadata: pa.Buffer | None = None) -> Iterator[pb.PutAck]:
         """One DoPut call: the acks for the client's messages, as each batch is accepted.

@@ -43,7 +43,6 @@ import itertools
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -453,16 +452,3 @@ class FlightService:
         out = self.server.action(action.type, action.body)
         if out is not None:
             yield fpb.Result(body=out)
-
-
-def wait_closed(event: threading.Event, timeout: float) -> bool:
-    """Wait for ``event`` (a server's stop event), in slices so signals are handled."""
-    deadline = time.monotonic() + timeout
-    while not event.is_set():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        event.wait(min(left, 0.5))
-    return True
-
-
