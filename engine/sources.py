@@ -36,9 +36,16 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from engine._kernels.hashing import Same, exact_hash, group_equal, hash_rows, rows_equal, same_rows
+from engine._kernels.hashing import (
+    Same,
+    exact_hash,
+    group_equal,
+    hash_rows,
+    rows_equal,
+    same_rows,
+    values_equal,
+)
 from engine._kernels.ids import IdAllocator
 from engine._kernels.keymap import ExactKeyMap
 from engine.columns import (
@@ -659,16 +666,9 @@ class KeyedTable(_SourceTable):
 
 
 def _differs(old: pa.Array | pa.ChunkedArray, new: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:
-    """Per row: do the values differ (null equals null; NaN equals NaN)?"""
-    eq = pc.equal(old, new)
-    both_null = pc.and_(pc.is_null(old), pc.is_null(new))
-    same = pc.or_kleene(pc.fill_null(eq, False), both_null)
-    if pa.types.is_floating(old.type):
-        same = pc.or_(same, pc.and_(pc.fill_null(pc.is_nan(old), False), pc.fill_null(pc.is_nan(new), False)))
-    out = pc.invert(same)
-    if isinstance(out, pa.ChunkedArray):
-        out = out.combine_chunks()
-    return np.asarray(out.to_numpy(zero_copy_only=False), dtype=bool)
+    """Per row: do the values differ (null equals null; NaN equals NaN; nested values
+    compare element by element)?"""
+    return ~values_equal(old, new)
 
 
 class TimerTable(AppendOnlyTable):

@@ -362,12 +362,59 @@ def _comparable(arr: pa.Array) -> pa.Array:
         return arr.cast(pa.large_string())
     if pa.types.is_binary_view(t):
         return arr.cast(pa.large_binary())
+    if pa.types.is_map(t):  # compared as the list of (key, value) entries it is
+        entry = pa.struct([t.key_field, t.item_field])
+        return arr.cast(pa.large_list(entry) if pa.types.is_large_list(t) else pa.list_(entry))
     return arr
 
 
+def _is_list(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+            or pa.types.is_list_view(t) or pa.types.is_large_list_view(t))
+
+
+def _nested_equal(a: pa.Array, b: pa.Array) -> Mask:
+    """:func:`values_equal` of struct and list columns (compute's ``equal`` has no kernel
+    for them): a struct by its fields, a list by its length and then its elements, the
+    elements of all rows compared at once and folded back to rows by their parent index."""
+    a_null = np.asarray(a.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    b_null = np.asarray(b.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    out = a_null & b_null
+    both = np.flatnonzero(~a_null & ~b_null)
+    if both.size == 0:
+        return out
+    if both.size != len(a):
+        take = pa.array(both)
+        a, b = a.take(take), b.take(take)
+    if pa.types.is_struct(a.type):
+        same = np.ones(both.size, dtype=bool)
+        for fa, fb in zip(a.flatten(), b.flatten(), strict=True):  # one pass per field
+            same &= values_equal(fa, fb)
+    elif _is_list(a.type):
+        la = np.asarray(pc.list_value_length(a).to_numpy(zero_copy_only=False), dtype=np.int64)
+        lb = np.asarray(pc.list_value_length(b).to_numpy(zero_copy_only=False), dtype=np.int64)
+        same = la == lb
+        rows = np.flatnonzero(same)
+        if rows.size:
+            if rows.size != both.size:
+                take = pa.array(rows)
+                a, b = a.take(take), b.take(take)
+            unequal = ~values_equal(pc.list_flatten(a), pc.list_flatten(b))
+            parents = np.asarray(pc.list_parent_indices(a).to_numpy(zero_copy_only=False), dtype=np.int64)
+            same[rows[np.unique(parents[unequal])]] = False
+    else:  # unions and the like: rare, compared as Python values
+        same = np.fromiter((x == y for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)),
+                           dtype=bool, count=both.size)
+    out[both] = same
+    return out
+
+
 def values_equal(a: Column, b: Column) -> Mask:
-    """Per position: equal values, with null == null, NaN == NaN and 0.0 == -0.0."""
+    """Per position: equal values, with null == null, NaN == NaN and 0.0 == -0.0; struct,
+    list and map values compare field by field and element by element by the same rule."""
     a, b = _comparable(_single(a)), _comparable(_single(b))
+    if pa.types.is_nested(a.type) and pa.types.is_nested(b.type):
+        return _nested_equal(a, b)
     if pa.types.is_null(a.type) or pa.types.is_null(b.type):
         return np.asarray(pc.and_(pc.is_null(a), pc.is_null(b)).to_numpy(zero_copy_only=False), dtype=bool)
     eq = pc.fill_null(pc.equal(a, b), False)

@@ -138,3 +138,41 @@ def test_equal_rows_hash_alike_across_batches(rows):
     for k, r in enumerate(rows):
         by_value.setdefault(_canon(r), set()).add(int(h[k]))
     assert all(len(v) == 1 for v in by_value.values())
+
+
+def _same(x: object, y: object) -> bool:
+    """Python reference of values_equal's rule: NaN == NaN, recursively."""
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_same(x[k], y[k]) for k in x)
+    if isinstance(x, list | tuple) and isinstance(y, list | tuple):
+        return len(x) == len(y) and all(_same(a, b) for a, b in zip(x, y, strict=True))
+    return x == y
+
+
+_ELEM = st.one_of(st.none(), st.sampled_from([0.0, -0.0, 1.5, math.nan]))
+_LIST = st.one_of(st.none(), st.lists(_ELEM, max_size=3))
+_STRUCT = st.one_of(st.none(), st.fixed_dictionaries({"x": _ELEM, "y": _LIST}))
+_MAP = st.one_of(st.none(), st.lists(st.tuples(st.sampled_from("ab"), _ELEM), max_size=2))
+_NESTED = [
+    (pa.list_(pa.float64()), _LIST),
+    (pa.large_list(pa.float64()), _LIST),
+    (pa.struct([("x", pa.float64()), ("y", pa.list_(pa.float64()))]), _STRUCT),
+    (pa.list_(pa.struct([("x", pa.float64()), ("y", pa.list_(pa.float64()))])), st.one_of(st.none(), st.lists(_STRUCT, max_size=2))),
+    (pa.map_(pa.string(), pa.float64()), _MAP),
+]
+
+
+@pytest.mark.parametrize("i", range(len(_NESTED)))
+@given(data=st.data())
+def test_values_equal_of_nested_values_matches_python(i, data):
+    typ, values = _NESTED[i]
+    pairs = data.draw(st.lists(st.tuples(values, values) | values.map(lambda v: (v, v)), max_size=12))
+    offset = data.draw(st.integers(0, 2))
+    pad = [None] * offset
+    a = pa.array(pad + [p[0] for p in pairs], typ).slice(offset)
+    b = pa.array(pad + [p[1] for p in pairs], typ).slice(offset)
+    expect = [_same(x, y) for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)]
+    assert values_equal(a, b).tolist() == expect
+    assert values_equal(pa.chunked_array([a[:2], a[2:]], typ), b).tolist() == expect
