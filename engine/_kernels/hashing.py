@@ -369,17 +369,17 @@ def _comparable(arr: pa.Array) -> pa.Array:
 
 
 def _is_list(t: pa.DataType) -> bool:
-    return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-            or pa.types.is_list_view(t) or pa.types.is_large_list_view(t))
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+                or pa.types.is_list_view(t) or pa.types.is_large_list_view(t))
 
 
 def _nested_equal(a: pa.Array, b: pa.Array) -> Mask:
     """:func:`values_equal` of struct and list columns (compute's ``equal`` has no kernel
     for them): a struct by its fields, a list by its length and then its elements, the
     elements of all rows compared at once and folded back to rows by their parent index."""
-    a_null = np.asarray(a.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    b_null = np.asarray(b.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    out = a_null & b_null
+    a_null: Mask = np.asarray(a.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    b_null: Mask = np.asarray(b.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    out: Mask = a_null & b_null
     both = np.flatnonzero(~a_null & ~b_null)
     if both.size == 0:
         return out
