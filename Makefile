@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint proto java-check clean
+WEB_BUILT := flight/web/static/BUILT
+WEB_MODULES := web/node_modules/.package-lock.json
+
+.PHONY: run test bench lint proto java-check chromium-check web clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -15,10 +18,24 @@ $(STAMP): pyproject.toml
 java-check:
 	@$(BIN)/python -m ticktable.java_check
 
-run: $(STAMP)
+chromium-check:
+	@$(BIN)/python -m ticktable.chromium_check
+
+# the web UI's front-end: Perspective from the npm registry (pinned by web/package-lock.json)
+# and web/src, copied into flight/web/static (not committed); nothing is fetched at run time
+$(WEB_MODULES): web/package.json web/package-lock.json
+	@command -v npm >/dev/null || { echo "make web: npm is missing: install Node.js 18+ and npm (Debian/Ubuntu: sudo apt-get install -y nodejs npm)" >&2; exit 1; }
+	cd web && npm ci --no-audit --no-fund --loglevel=error
+
+$(WEB_BUILT): $(WEB_MODULES) web/build.mjs $(wildcard web/src/*)
+	node web/build.mjs
+
+web: $(WEB_BUILT)
+
+run: $(STAMP) $(WEB_BUILT)
 	$(BIN)/ticktable serve --demo
 
-test: $(STAMP) java-check
+test: $(STAMP) java-check chromium-check $(WEB_BUILT)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -32,4 +49,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis web/node_modules flight/web/static

@@ -23,6 +23,7 @@ import threading
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
@@ -49,6 +50,9 @@ from flight.put import PutHandler
 from flight.registry import TableRegistry, quoted
 from flight.staging import StagingArea
 from flight.subscription import Subscription, SubscriptionOptions
+
+if TYPE_CHECKING:
+    from flight.web import WebServer
 
 __all__ = ["PortInUse", "ServerConfig", "TicktableServer"]
 
@@ -113,6 +117,12 @@ class ServerConfig:
     max_calls
         Calls served at once (each stream holds one of them while it lasts); more are
         refused with RESOURCE_EXHAUSTED.
+    http_port
+        Serve the web UI (:mod:`flight.web`) on this port of ``host`` (0: any free one;
+        ``None``: no web UI), gated by the same tokens and on the same TLS certificate.
+    web_feed
+        How the web UI feeds a grid by default: ``"perspective"`` (Perspective's Python
+        server holds the table) or ``"arrow"`` (Arrow IPC into the browser's engine).
 
     A request past a limit is refused with RESOURCE_EXHAUSTED naming the limit and its
     ``ticktable serve`` flag; :mod:`flight.limits` has the table of limits and defaults.
@@ -148,6 +158,8 @@ class ServerConfig:
     checkpoint_seconds: float = 300.0
     max_calls: int = 1000
     metrics_port: int | None = None
+    http_port: int | None = None
+    web_feed: str = "perspective"
 
 
 class TicktableServer:
@@ -203,6 +215,7 @@ class TicktableServer:
         self._port: int | None = None
         self.metrics: Metrics | None = None
         self.metrics_port: int | None = None
+        self.web: WebServer | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -271,6 +284,10 @@ class TicktableServer:
             self._grpc, self._port = self._serve()
             if self.metrics is not None and cfg.metrics_port is not None:
                 self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.host)
+            if cfg.http_port is not None:
+                from flight.web import WebServer
+
+                self.web = WebServer(self, cfg.http_port, feed=cfg.web_feed).start()
         except BaseException:
             if self._grpc is not None:
                 self._grpc.stop(None)
@@ -278,6 +295,9 @@ class TicktableServer:
             if self.metrics is not None:
                 self.metrics.close()
                 self.metrics = None
+            if self.web is not None:
+                self.web.close()
+                self.web = None
             self.durability.close(checkpoint=False)  # release the data dir and the graph
             self._remove_terminal()
             raise
@@ -347,6 +367,9 @@ class TicktableServer:
         calls in flight get ``config.shutdown_timeout`` to finish and are then cancelled.
         Returns ``False`` if some were still open then.
         """
+        if self.web is not None:
+            self.web.close()
+            self.web = None
         with self._subs_lock:
             subs = list(self._subs.values())
         for sub in subs:

@@ -150,7 +150,9 @@ def _serve(args: argparse.Namespace) -> int:
                           max_value_bytes=args.max_value_bytes, max_columns=args.max_columns,
                           max_tables=args.max_tables,
                           max_subscriptions_per_client=args.max_subscriptions_per_client,
-                          max_staged_bytes_per_write=args.max_staged_bytes_per_write)
+                          max_staged_bytes_per_write=args.max_staged_bytes_per_write,
+                          http_port=_http_port(args),
+                          web_feed=args.web_feed)
     try:
         server = TicktableServer(graph, config).start()
     except TicktableError as exc:  # damaged data, a port in use...: one line, no traceback
@@ -175,6 +177,8 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"ticktable serving Flight at {server.location}", flush=True)
     if server.metrics_port:
         print(f"metrics at http://{args.host}:{server.metrics_port}/metrics", flush=True)
+    if server.web is not None:
+        print(f"web UI at {server.web.url}", flush=True)
     if args.demo:
         print("tables: quotes (ticking), board (sorted by Bid), stats (aggregate). "
               "Watch one from pandas:\n"
@@ -206,6 +210,19 @@ def _serve(args: argparse.Namespace) -> int:
         os._exit(0)
     print("ticktable stopped", flush=True)
     return 0
+
+
+def _http_port(args: argparse.Namespace) -> int | None:
+    """The web UI's port (``None``: off): ``--http-port``, ``$TICKTABLE_HTTP_PORT``, 8817.
+
+    With ``--port 0`` and neither given, any free port: a server started for a test or a
+    benchmark must not depend on 8817 being free.
+    """
+    port: int | None = args.http_port
+    if port is None:
+        env = os.environ.get("TICKTABLE_HTTP_PORT")
+        port = int(env) if env else 0 if args.port == 0 else 8817
+    return None if port < 0 else port
 
 
 def _positive(text: str) -> int:
@@ -327,6 +344,15 @@ def main(argv: list[str] | None = None) -> int:
                        if os.environ.get("TICKTABLE_METRICS_PORT") else None,
                        help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free "
                             "port; default $TICKTABLE_METRICS_PORT, else none)")
+    serve.add_argument("--http-port", type=int, default=None,
+                       help="serve the web UI (tables live in the browser) on this port "
+                            "(0: any free port; -1: no web UI; default $TICKTABLE_HTTP_PORT, "
+                            "else 8817, or any free port when --port is 0)")
+    serve.add_argument("--web-feed", choices=["perspective", "arrow"], default="perspective",
+                       help="how the web UI feeds a grid: 'perspective' (default: "
+                            "Perspective's Python server holds the table, the browser "
+                            "fetches its viewport) or 'arrow' (the table streams into the "
+                            "browser's engine as Arrow IPC)")
     serve.add_argument("--log-format", choices=["text", "json"], default="text",
                        help="log lines as text (default) or one JSON object per line")
     serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file (enables TLS)")

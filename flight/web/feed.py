@@ -1,0 +1,289 @@
+"""One live table as a stream of *changes* keyed by row key: what a Perspective table needs.
+
+Perspective keeps a table by an *index* column: ``update`` upserts rows by index and
+``remove`` drops index values. A :class:`TableFeed` turns a server table into that: a
+first :class:`Change` holding every row (the snapshot), then one per run of updates
+holding the rows to upsert (added, modified, and moved by a shift, with their current
+values) and the row keys to remove. The row key travels as an extra column,
+:data:`ROW_KEY`, which is the Perspective table's index.
+
+Key spaces. A composed update ``u`` leads from the row set ``prev`` to the current one,
+``cur``. Perspective holds ``prev``'s keys. A shift moves surviving rows to new keys:
+those rows are upserted at their current key and their previous key is removed unless
+some row holds it now. So ``remove = (u.removed | moved_prev) - cur`` and ``upsert =
+u.added | u.modified | moved_cur``: the cost follows the change, never the table.
+
+Threads. The update cycle calls :meth:`TableFeed.on_table_update` (through the table's
+:class:`~flight.registry.Publisher`), which only queues the update: the cycle never waits
+for a browser. The feed's own thread takes the graph's shared lock, composes what is
+queued into one update, reads the rows it must send, releases the lock and hands the
+:class:`Change` to its ``deliver`` callback. While ``deliver`` runs (a slow browser, a
+busy Perspective engine) updates keep queuing; past ``max_pending`` they are composed in
+the cycle (exact :func:`~engine.update.compose`), so a slow consumer costs one composed
+update of memory and receives fewer, larger changes: :attr:`TableFeed.coalesced` counts
+the updates that never travelled on their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from engine.rowset import RowSet
+from engine.update import TableUpdate, compose
+from flight.registry import HistoryEntry, TableEntry
+
+__all__ = ["ROW_KEY", "Change", "TableFeed", "perspective_schema", "to_ipc"]
+
+log = logging.getLogger(__name__)
+
+#: The column carrying each row's row key: the Perspective table's index.
+ROW_KEY = "__row_key"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What a Perspective table keyed by :data:`ROW_KEY` must do to reach one step.
+
+    Attributes
+    ----------
+    snapshot
+        True for the first change (``upserts`` holds every row; nothing to remove).
+    upserts
+        Rows to insert or overwrite, in :func:`perspective_schema`, :data:`ROW_KEY` first.
+    removes
+        Row keys to drop (int64), none of them in ``upserts``.
+    step, sequence
+        The graph step and the publisher's sequence number this change reaches.
+    updates
+        How many table updates it covers (0 for a snapshot, more than 1 when coalesced).
+    size
+        Rows in the table at that step.
+    """
+
+    snapshot: bool
+    upserts: pa.Table
+    removes: npt.NDArray[np.int64]
+    step: int
+    sequence: int
+    updates: int
+    size: int
+
+
+def perspective_schema(schema: pa.Schema) -> pa.Schema:
+    """The Arrow schema of a table's rows as sent to Perspective (:data:`ROW_KEY` first).
+
+    Perspective reads integers, floats, booleans, strings, dates and timestamps; other
+    types travel as text (decimals as float64), and dictionary columns decoded.
+    """
+    fields = [pa.field(ROW_KEY, pa.int64(), nullable=False)]
+    for f in schema:
+        fields.append(pa.field(f.name, _perspective_type(f.type)))
+    return pa.schema(fields)
+
+
+def _perspective_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_dictionary(t):
+        return _perspective_type(t.value_type)
+    if pa.types.is_boolean(t) or pa.types.is_floating(t):
+        return pa.float64() if pa.types.is_float16(t) else t
+    if pa.types.is_unsigned_integer(t):
+        return pa.float64() if t.bit_width == 64 else pa.int64()
+    if pa.types.is_integer(t):
+        return t
+    if pa.types.is_decimal(t):
+        return pa.float64()
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_date(t):
+        return pa.date32()
+    if pa.types.is_timestamp(t):
+        return t
+    return pa.string()
+
+
+def _conform(rows: pa.Table, keys: npt.NDArray[np.int64], schema: pa.Schema) -> pa.Table:
+    """``rows`` (values at ``keys``) in ``schema``: the row key column first, types cast."""
+    arrays: list[pa.Array | pa.ChunkedArray] = [pa.array(keys, pa.int64())]
+    for f in list(schema)[1:]:
+        col = rows.column(f.name)
+        if not col.type.equals(f.type):
+            if pa.types.is_dictionary(col.type):
+                col = col.cast(col.type.value_type)
+            try:
+                col = col.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                # no Arrow cast to text (lists, structs...): Python's own rendering
+                col = pa.array([None if v is None else str(v) for v in col.to_pylist()],
+                               pa.string())
+        arrays.append(col)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def to_ipc(table: pa.Table) -> bytes:
+    """``table`` as one Arrow IPC stream (what Perspective's ``table``/``update`` read)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    out: bytes = sink.getvalue().to_pybytes()
+    return out
+
+
+class TableFeed:
+    """Turns one table's updates into :class:`Change` s, on a thread of its own.
+
+    Parameters
+    ----------
+    entry
+        The server table to follow.
+    deliver
+        Called on the feed's thread with each change, in order (the snapshot first).
+        It may block: updates meanwhile are composed into the next change.
+    max_pending
+        Updates queued before the cycle composes them into one.
+    on_failure
+        Called once on the feed's thread when the table fails or is dropped (then the
+        feed stops).
+    """
+
+    def __init__(self, entry: TableEntry, deliver: Callable[[Change], None], *,
+                 max_pending: int = 16,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+        self.entry = entry
+        self.table = entry.table
+        self.graph = entry.table.graph
+        self.schema = perspective_schema(self.table.schema)
+        self._deliver = deliver
+        self._on_failure = on_failure
+        self._max_pending = max_pending
+        self._cond = threading.Condition()
+        self._pending: list[HistoryEntry] = []
+        self._pending_count = 0
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        #: table updates that never travelled on their own (composed with others)
+        self.coalesced = 0
+        #: changes delivered, the snapshot included
+        self.changes = 0
+        #: seconds the feed's thread spent building changes (under the shared lock)
+        self.build_seconds = 0.0
+
+    def start(self) -> TableFeed:
+        """Start the feed's thread: the snapshot, then a change per run of updates."""
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"ticktable-web-feed:{self.entry.name[:40]}")
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        """Stop following the table (a ``deliver`` in progress finishes first)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        publisher = self.entry.publisher
+        if publisher is not None:
+            publisher.unsubscribe(self)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------ the cycle's side (sink)
+    def on_table_update(self, entry: HistoryEntry) -> None:
+        with self._cond:
+            self._pending.append(entry)
+            self._pending_count += 1
+            if len(self._pending) > self._max_pending:
+                first = self._pending[0]
+                total = first.update
+                for e in self._pending[1:]:
+                    total = compose(total, e.update, first.prev)
+                self._pending = [HistoryEntry(self._pending[-1].sequence, self._pending[-1].step,
+                                              total, first.prev)]
+            self._cond.notify()
+
+    def on_table_failure(self, exc: BaseException) -> None:
+        with self._cond:
+            self._failure = exc
+            self._cond.notify()
+
+    # ----------------------------------------------------------------- the thread
+    def _run(self) -> None:
+        publisher = self.entry.publisher
+        assert publisher is not None
+        try:
+            t0 = time.thread_time()
+            with self.graph.shared_lock():
+                self.table._check_alive()
+                first = self._snapshot(publisher.sequence)
+                publisher.subscribe(self)
+            self.build_seconds += time.thread_time() - t0
+            self._deliver(first)
+            self.changes += 1
+            while True:
+                with self._cond:
+                    while not (self._pending or self._failure or self._closed):
+                        self._cond.wait()
+                    if self._closed:
+                        return
+                    if self._failure is not None and not self._pending:
+                        raise self._failure
+                t0 = time.thread_time()
+                with self.graph.shared_lock():
+                    with self._cond:
+                        pending, self._pending = self._pending, []
+                        count, self._pending_count = self._pending_count, 0
+                    change = self._delta(pending, count)
+                self.build_seconds += time.thread_time() - t0
+                self.coalesced += count - 1
+                self._deliver(change)
+                self.changes += 1
+        except Exception as exc:  # a failed or dropped table, or a broken consumer
+            if self._closed:
+                return
+            if self._on_failure is not None:
+                self._on_failure(exc)
+            else:
+                log.warning("web feed of table %r stopped: %s", self.entry.name, exc)
+        finally:
+            publisher.unsubscribe(self)
+
+    def _snapshot(self, sequence: int) -> Change:
+        """Under the shared lock: every row."""
+        rs = self.table.rowset
+        keys = rs.keys()
+        if rs and rs.last() - rs.first() + 1 == len(rs):  # dense keys: ranges, no gather
+            rows = pa.Table.from_arrays(
+                [self.table.column(n).get_range(rs.first(), rs.last() + 1)
+                 for n in self.table.column_names], schema=self.table.schema)
+        else:
+            rows = self.table.rows(keys)
+        return Change(True, _conform(rows, keys, self.schema), np.empty(0, np.int64),
+                      self.graph.step, sequence, 0, len(keys))
+
+    def _delta(self, pending: list[HistoryEntry], count: int) -> Change:
+        """Under the shared lock: the change from ``pending[0].prev`` to the current state."""
+        first = pending[0]
+        update: TableUpdate = first.update
+        for e in pending[1:]:
+            update = compose(update, e.update, first.prev)
+        cur = self.table.rowset
+        removed = update.removed
+        upsert = update.added | update.modified
+        if update.shifted:
+            moved_prev, moved_cur = update.shifted.moved_keys(first.prev - update.removed)
+            if moved_prev.size:
+                removed = removed | RowSet.from_keys(moved_prev, assume_sorted=True)
+                upsert = upsert | RowSet.from_keys(moved_cur, assume_sorted=True)
+        removes = (removed - cur).keys()
+        keys = upsert.keys()
+        rows = self.table.rows(keys)
+        return Change(False, _conform(rows, keys, self.schema), removes, self.graph.step,
+                      pending[-1].sequence, count, len(cur))
+

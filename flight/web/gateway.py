@@ -1,0 +1,84 @@
+"""Feed ``arrow``: our own WebSocket streams a table into Perspective's WASM engine.
+
+One :class:`~flight.web.feed.TableFeed` per socket. Each change is one binary message::
+
+    u32 (little-endian)  n: length of the header
+    n bytes              header, JSON: snapshot, step, sequence, updates, size, removes, rows
+    0-7 bytes            padding to a multiple of 8
+    8 * removes bytes    row keys to remove, float64 little-endian (Perspective's index
+                         values are JavaScript numbers: exact below 2**53)
+    the rest             the rows to upsert as one Arrow IPC stream (``__row_key`` first)
+
+The browser builds a Perspective table indexed by ``__row_key`` from the snapshot, then
+per message calls ``remove`` and ``update``. A message is written only once the previous
+one left (the socket's flow control): meanwhile updates are composed into the next one.
+A failed or dropped table sends one text message ``{"state": "failed"|"dropped",
+"error": ...}`` and closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import struct
+from typing import Any
+
+from engine.errors import TableNotFound, TicktableError
+from flight.registry import TableRegistry
+from flight.web.feed import Change, TableFeed, to_ipc
+
+__all__ = ["encode_change", "follow"]
+
+log = logging.getLogger(__name__)
+
+
+def encode_change(change: Change) -> bytes:
+    """``change`` as one binary message (the layout in the module docstring)."""
+    header = json.dumps({"snapshot": change.snapshot, "step": change.step,
+                         "sequence": change.sequence, "updates": change.updates,
+                         "size": change.size, "removes": int(change.removes.size),
+                         "rows": change.upserts.num_rows}).encode()
+    pad = -(4 + len(header)) % 8
+    return b"".join((struct.pack("<I", len(header)), header, b"\0" * pad,
+                     change.removes.astype("<f8").tobytes(), to_ipc(change.upserts)))
+
+
+def follow(registry: TableRegistry, name: str, socket: Any, loop: asyncio.AbstractEventLoop,
+           *, max_pending: int = 16) -> TableFeed:
+    """Start streaming table ``name`` to ``socket`` (a tornado ``WebSocketHandler``).
+
+    Each change is written from the event loop; the feed's thread waits until it is
+    flushed. Returns the running feed (close it when the socket closes).
+
+    Raises
+    ------
+    TableNotFound
+        If there is no such table.
+    """
+    entry = registry.get(name)
+
+    def deliver(change: Change) -> None:
+        data = encode_change(change)
+        asyncio.run_coroutine_threadsafe(_write(socket, data), loop).result()
+
+    def failed(exc: BaseException) -> None:
+        state = "dropped" if isinstance(exc, TableNotFound) else "failed"
+        error = str(exc) if isinstance(exc, TicktableError) else "the table stopped updating"
+        if not isinstance(exc, TicktableError):
+            log.warning("web: stream of table %r stopped: %s", name, exc)
+        asyncio.run_coroutine_threadsafe(
+            _write(socket, json.dumps({"state": state, "error": error}), close=True), loop)
+
+    return TableFeed(entry, deliver, max_pending=max_pending, on_failure=failed).start()
+
+
+async def _write(socket: Any, data: bytes | str, *, close: bool = False) -> None:
+    from tornado.websocket import WebSocketClosedError
+
+    try:
+        await socket.write_message(data, binary=isinstance(data, bytes))
+    except WebSocketClosedError:
+        return
+    if close:
+        socket.close(1000, "table stopped")

@@ -1,0 +1,151 @@
+"""Feed ``perspective``: Perspective's Python server holds the opened tables.
+
+One :class:`PerspectiveHub` owns a ``perspective.Server``. Opening a table in the page
+*acquires* it here: the first viewer creates a Perspective table of the same name, indexed
+by row key and filled from a :class:`~flight.web.feed.TableFeed` (the snapshot, then one
+``update``/``remove`` per change); later viewers share it. The browser's viewer opens it
+by name over Perspective's websocket protocol (:class:`PerspectiveSocket`), so only the
+rows it shows cross the wire. When its last viewer leaves, the table is *released*: the
+feed stops and the Perspective table is deleted.
+
+Every call into Perspective (building tables, applying changes, the sessions' requests)
+runs on one thread, the hub's executor: the engine sees one caller at a time, and the
+HTTP server's event loop never waits on it. A feed waits for its change to be applied,
+so while Perspective is busy the feed composes the updates that arrive meanwhile.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import perspective
+
+from flight.registry import TableRegistry
+from flight.web.feed import ROW_KEY, Change, TableFeed, to_ipc
+
+__all__ = ["HostedTable", "PerspectiveHub"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class HostedTable:
+    """A server table held in Perspective for the viewers that opened it."""
+
+    name: str
+    viewers: int = 0
+    feed: TableFeed | None = None
+    table: Any = None  # perspective.Table, once the snapshot is loaded
+    ready: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None  # why the feed stopped (failed or dropped table)
+    applied_seconds: float = 0.0  # Perspective's time applying changes (the hub's thread)
+
+
+class PerspectiveHub:
+    """Perspective tables for the opened server tables, refcounted by viewer.
+
+    Parameters
+    ----------
+    registry
+        The server's tables.
+    max_pending
+        Passed to each :class:`~flight.web.feed.TableFeed`.
+    """
+
+    def __init__(self, registry: TableRegistry, *, max_pending: int = 16) -> None:
+        self.registry = registry
+        self.max_pending = max_pending
+        self.server = perspective.Server()
+        self.client = self.server.new_local_client()
+        #: the one thread calling into Perspective
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="ticktable-web-psp")
+        self._hosted: dict[str, HostedTable] = {}
+        self._lock = threading.Lock()
+
+    def hosted(self) -> dict[str, HostedTable]:
+        """The tables held now, by name."""
+        with self._lock:
+            return dict(self._hosted)
+
+    def acquire(self, name: str, timeout: float = 600.0) -> HostedTable:
+        """Hold ``name`` for one more viewer; blocks until its snapshot is in Perspective.
+
+        Raises
+        ------
+        TableNotFound
+            If the server has no such table.
+        TableFailed
+            If the table failed (or failed before its snapshot was read).
+        """
+        entry = self.registry.get(name)
+        with self._lock:
+            hosted = self._hosted.get(name)
+            if hosted is None or hosted.error is not None and hosted.viewers == 0:
+                hosted = self._hosted[name] = HostedTable(name)
+                hosted.feed = TableFeed(entry, functools.partial(self._apply, hosted),
+                                        max_pending=self.max_pending,
+                                        on_failure=functools.partial(self._failed, hosted))
+                hosted.feed.start()
+            hosted.viewers += 1
+        if not hosted.ready.wait(timeout) or hosted.table is None:
+            self.release(hosted)
+            raise hosted.error or TimeoutError(f"table {name!r} did not load in {timeout:g} s")
+        return hosted
+
+    def release(self, hosted: HostedTable) -> None:
+        """One viewer of ``hosted`` left; the last one stops the feed and frees the table."""
+        with self._lock:
+            hosted.viewers -= 1
+            if hosted.viewers > 0:
+                return
+            if self._hosted.get(hosted.name) is hosted:
+                del self._hosted[hosted.name]
+        if hosted.feed is not None:
+            hosted.feed.close()
+        if hosted.table is not None:
+            self.executor.submit(self._delete, hosted.table)
+
+    def close(self) -> None:
+        """Stop every feed and Perspective's thread."""
+        with self._lock:
+            hosted, self._hosted = list(self._hosted.values()), {}
+        for h in hosted:
+            if h.feed is not None:
+                h.feed.close()
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+    # ------------------------------------------------------------ feed callbacks
+    def _apply(self, hosted: HostedTable, change: Change) -> None:
+        """On the feed's thread: apply ``change`` on Perspective's thread and wait."""
+        self.executor.submit(self._apply_now, hosted, change).result()
+
+    def _apply_now(self, hosted: HostedTable, change: Change) -> None:
+        t0 = time.thread_time()
+        if change.snapshot:
+            hosted.table = self.client.table(to_ipc(change.upserts), index=ROW_KEY,
+                                             name=hosted.name)
+            hosted.ready.set()
+        else:
+            if change.removes.size:
+                hosted.table.remove(change.removes.tolist())
+            if change.upserts.num_rows:
+                hosted.table.update(to_ipc(change.upserts))
+        hosted.applied_seconds += time.thread_time() - t0
+
+    def _failed(self, hosted: HostedTable, exc: BaseException) -> None:
+        hosted.error = exc
+        hosted.ready.set()  # an acquire waiting for the snapshot gives up
+        log.info("web: table %r stopped updating in Perspective: %s", hosted.name, exc)
+
+    @staticmethod
+    def _delete(table: Any) -> None:
+        try:
+            table.delete()
+        except perspective.PerspectiveError as exc:  # a view some session still holds
+            log.warning("web: could not free Perspective table %r: %s", table.get_name(), exc)

@@ -1,0 +1,66 @@
+"""A real server with its web UI on 127.0.0.1, and Debian's Chromium driven by Playwright.
+
+Playwright launches the Chromium of :func:`ticktable.chromium_check.chromium_path`
+(``/usr/bin/chromium``) and never downloads one. A missing Chromium or unbuilt assets fail
+the tests (``make test`` installs and builds both), never skip them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.graph import UpdateGraph
+from flight.server import ServerConfig, TicktableServer
+from flight.web.app import STATIC
+from ticktable.chromium_check import find_chromium
+
+#: Where browser tests leave screenshots (gitignored).
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    path, version = find_chromium()
+    if version is None:
+        pytest.fail(f"no working Chromium at {path}: run 'python -m ticktable.chromium_check' "
+                    f"(Debian/Ubuntu: sudo apt-get install -y chromium)")
+    if not (STATIC / "index.html").exists():
+        pytest.fail(f"the web UI's assets are not built in {STATIC}: run 'make web'")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, headless=True)
+        yield b
+        b.close()
+
+
+def start_server(**config: Any) -> tuple[TicktableServer, UpdateGraph]:
+    graph = UpdateGraph()
+    server = TicktableServer(graph, ServerConfig(http_port=0, **config)).start()
+    graph.start(0.05)
+    return server, graph
+
+
+@pytest.fixture(scope="module")
+def web() -> Iterator[TicktableServer]:
+    """A server (cycles every 50 ms) with its web UI on a free port."""
+    server, graph = start_server()
+    yield server
+    server.shutdown()
+    graph.stop()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh page (its own cookies), 1400x800."""
+    context = browser.new_context(viewport={"width": 1400, "height": 800})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    yield pg
+    context.close()
+    assert not errors, f"uncaught errors in the page: {errors}"

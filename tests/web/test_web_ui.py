@@ -1,0 +1,200 @@
+"""The web UI in a real browser (headless Chromium through Playwright) against a real server.
+
+Cells are read from the datagrid's DOM (``regular-table`` inside the viewer's shadow
+roots): what is on screen, not what the page's script holds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import ticktable as tt
+from tests.web.conftest import ARTIFACTS, start_server
+
+N = 5_000
+SCHEMA = pa.schema([("sym", pa.string()), ("px", pa.float64()), ("n", pa.int64())])
+FEEDS = ["perspective", "arrow"]
+
+# the grid's cells: header names and body rows, as on screen
+CELLS = """(name) => {
+  const sec = document.querySelector(`section.grid[data-table="${name}"]`);
+  if (!sec) return null;
+  const found = [];
+  const walk = (root) => {
+    for (const el of root.querySelectorAll("*")) {
+      if (el.tagName === "REGULAR-TABLE") found.push(el);
+      if (el.shadowRoot) walk(el.shadowRoot);
+    }
+  };
+  walk(sec);
+  if (!found.length) return null;
+  const rt = found[0];
+  return {
+    head: [...rt.querySelectorAll("thead tr:last-child th")].map((e) => e.textContent),
+    rows: [...rt.querySelectorAll("tbody tr")].map(
+      (tr) => [...tr.querySelectorAll("td,th")].map((e) => e.textContent)),
+  };
+}"""
+
+
+def cells(page, name):
+    return page.evaluate(CELLS, name)
+
+
+def wait_cells(page, name, js_test, timeout=10_000):
+    """Wait until ``js_test(cells)`` holds (a JS expression over ``c``), polling each frame."""
+    page.wait_for_function(f"([name]) => {{ const c = ({CELLS})(name); return !!c && ({js_test}); }}",
+                           arg=[name], timeout=timeout, polling="raf")
+
+
+@pytest.fixture(scope="module")
+def prices(web):
+    """Keyed table ``prices``: N rows, sym S00000.., px, n."""
+    client = tt.connect(web.location)
+    syms = [f"S{i:05d}" for i in range(N)]
+    client.push("prices", pa.table({"sym": syms, "px": np.arange(N) * 0.5,
+                                    "n": np.arange(N, dtype=np.int64)}, schema=SCHEMA),
+                mode="upsert", keys=["sym"])
+    yield client
+    client.close()
+
+
+def open_grid(page, web, name, feed):
+    page.goto(f"{web.web.url}?t={name}&feed={feed}")
+    page.wait_for_selector(f'section.grid[data-table="{name}"] .state.live', timeout=20_000)
+
+
+def test_the_page_lists_the_tables_and_keeps_them_current(web, prices, page):
+    page.goto(web.web.url)
+    row = page.locator('#tables tr[data-table="prices"]')
+    row.wait_for()
+    assert row.locator("td").all_inner_texts()[:3] == ["prices", "keyed", f"{N:,}"]
+    prices.push("extra", pa.table({"a": [1, 2, 3]}))
+    extra = page.locator('#tables tr[data-table="extra"] td:nth-child(3)')
+    extra.wait_for(timeout=3000)
+    assert extra.inner_text() == "3"
+    prices.drop_table("extra")
+    page.locator('#tables tr[data-table="extra"]').wait_for(state="detached", timeout=3000)
+
+
+@pytest.mark.parametrize("feed", FEEDS)
+def test_an_opened_table_shows_the_server_row_count_and_a_push_within_a_second(
+        web, prices, page, feed):
+    open_grid(page, web, "prices", feed)
+    rows = page.locator('section.grid[data-table="prices"] .rows')
+    size = len(web.registry.get("prices").table.rowset)
+    page.wait_for_function(
+        "([n]) => document.querySelector('section.grid[data-table=\"prices\"] .rows')"
+        "?.dataset.rows === String(n)", arg=[size], timeout=5000)
+    assert rows.inner_text() == f"{size:,} rows"
+    wait_cells(page, "prices", "c.rows.length > 5 && c.rows[0][0] === 'S00000'")
+    grid = cells(page, "prices")
+    assert grid["head"] == ["sym", "px", "n"]  # the row key column is hidden
+    # a push from Python: on screen within 1 s of the write being acknowledged visible
+    value = 777_000 + FEEDS.index(feed)
+    prices.push("prices", pa.table({"sym": ["S00000"], "px": [1.25], "n": [value]},
+                                   schema=SCHEMA), mode="upsert")
+    t0 = time.monotonic()
+    wait_cells(page, "prices", f"c.rows[0][0] === 'S00000' && c.rows[0][2] === '{value:,}'",
+               timeout=1000)
+    assert time.monotonic() - t0 < 1.0
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"web-grid-{feed}.png"))
+
+
+@pytest.mark.parametrize("feed", FEEDS)
+def test_sorting_in_the_viewer_reorders_rows(web, prices, page, feed):
+    open_grid(page, web, "prices", feed)
+    wait_cells(page, "prices", "c.rows.length > 5 && c.rows[0][0] === 'S00000'")
+    header = page.locator('section.grid[data-table="prices"] regular-table thead tr:last-child th',
+                          has_text="px")
+    header.first.click()  # the datagrid sorts by a clicked column, descending first
+    wait_cells(page, "prices", "c.rows[0][0] !== 'S00000'")
+    shown = [r[0] for r in cells(page, "prices")["rows"][:5]]
+    table = web.registry.get("prices").table.to_arrow().to_pandas()
+    top = table.sort_values("px", ascending=False, kind="stable")["sym"].tolist()[:5]
+    assert shown == top
+
+
+@pytest.mark.parametrize("feed", FEEDS)
+def test_a_removed_row_disappears(web, prices, page, feed):
+    open_grid(page, web, "prices", feed)
+    sym = f"S{1 + FEEDS.index(feed):05d}"
+    wait_cells(page, "prices", f"c.rows.some((r) => r[0] === '{sym}')")
+    before = len(web.registry.get("prices").table.rowset)
+    prices.push("prices", pa.table({"sym": [sym]}), mode="delete")
+    wait_cells(page, "prices", f"c.rows.length > 5 && !c.rows.some((r) => r[0] === '{sym}')",
+               timeout=2000)
+    page.wait_for_function(
+        "([n]) => document.querySelector('section.grid[data-table=\"prices\"] .rows')"
+        "?.dataset.rows === String(n)", arg=[before - 1], timeout=3000)
+
+
+def test_an_unknown_table_in_the_url_says_so(web, prices, page):
+    page.goto(f"{web.web.url}?t=nosuch")
+    msg = page.locator('section.grid[data-table="nosuch"] .message')
+    msg.wait_for(timeout=5000)
+    assert 'no table named "nosuch"' in msg.inner_text()
+    assert "prices" in msg.inner_text()
+
+
+def test_a_dropped_table_shows_its_state_in_the_grid_header(web, prices, page):
+    prices.push("doomed", pa.table({"a": [1, 2, 3]}))
+    open_grid(page, web, "doomed", "perspective")
+    prices.drop_table("doomed")
+    state = page.locator('section.grid[data-table="doomed"] .state')
+    page.wait_for_function(
+        "() => document.querySelector('section.grid[data-table=\"doomed\"] .state')"
+        "?.classList.contains('dropped')", timeout=5000)
+    assert "dropped" in state.inner_text()
+
+
+def _status(url, **kw):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, **kw), timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_the_token_gate_serves_only_the_login_page_without_the_token(browser):
+    server, graph = start_server(token="s3cret", read_token="r3ad")
+    try:
+        tt.connect(server.location, token="s3cret").push("t", pa.table({"a": [1, 2]}))
+        base = server.web.url
+        for path in ("", "api/tables", "static/app.js", "ws/arrow?table=t",
+                     "static/vendor/@perspective-dev/server/dist/wasm/perspective-server.wasm"):
+            code, body = _status(base + path)
+            assert code == 401, path
+            assert b"perspective" not in body.lower() or path == "", path
+        code, body = _status(base)
+        assert b'id="login"' in body and b"app.js" not in body
+        assert _status(base + "login")[0] == 200
+        code, body = _status(base + "api/tables", headers={"Authorization": "Bearer r3ad"})
+        assert code == 200 and [t["name"] for t in json.loads(body)["tables"]] == ["t"]
+        assert _status(base + "api/login", data=b'{"token": "wrong"}')[0] == 401
+
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(base + "?t=t")
+        page.locator("#token").wait_for()
+        assert not page.locator("perspective-viewer").count()
+        page.fill("#token", "nope")
+        page.click("button[type=submit]")
+        page.locator("#error", has_text="Wrong token").wait_for()
+        page.fill("#token", "r3ad")  # the read-only token is enough to watch
+        page.click("button[type=submit]")
+        page.wait_for_selector('section.grid[data-table="t"] .state.live', timeout=20_000)
+        cookie = [c for c in context.cookies() if c["name"] == "ticktable_session"][0]
+        assert cookie["httpOnly"] and cookie["value"] not in ("r3ad", "s3cret")
+        context.close()
+    finally:
+        server.shutdown()
+        graph.stop()

@@ -1,0 +1,327 @@
+// The Ticktable web UI: the server's tables, and any of them live in <perspective-viewer>.
+//
+// The table list polls /api/tables every second. A grid is fed one of two ways (the
+// server's default, or ?feed=):
+//   perspective: Perspective's Python server holds the table; the viewer opens it over
+//                Perspective's websocket protocol (/ws/perspective?table=NAME) and only
+//                fetches what it shows.
+//   arrow:       /ws/arrow?table=NAME streams the snapshot and every change as Arrow IPC
+//                into Perspective's engine in a Web Worker here (the layout of a message
+//                is in flight/web/gateway.py).
+// Either way a table's row key is Perspective's index (column __row_key, hidden).
+// The URL lists the open grids: /?t=quotes&t=board (and &feed=arrow). Every request
+// carries the session cookie set by the login page; a 401 goes back to it.
+
+import perspective from "./vendor/@perspective-dev/client/dist/cdn/perspective.js";
+import "./vendor/@perspective-dev/viewer/dist/cdn/perspective-viewer.js";
+import "./vendor/@perspective-dev/viewer-datagrid/dist/cdn/perspective-viewer-datagrid.js";
+
+const ROW_KEY = "__row_key";
+const POLL_MS = 1000;
+const params = new URLSearchParams(location.search);
+const grids = new Map(); // name -> Grid
+let tables = new Map(); // name -> row of /api/tables
+let listed = false; // the list was read at least once
+let serverFeed = "perspective";
+let worker = null;
+
+const $ = (sel, root = document) => root.querySelector(sel);
+
+function wsUrl(path) {
+  return `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}${path}`;
+}
+
+function getWorker() {
+  worker ??= perspective.worker();
+  return worker;
+}
+
+function setUrl() {
+  const p = new URLSearchParams();
+  for (const name of grids.keys()) p.append("t", name);
+  if (params.get("feed")) p.set("feed", params.get("feed"));
+  const q = p.toString();
+  history.replaceState(null, "", q ? `/?${q}` : "/");
+}
+
+function setState(el, state, text) {
+  el.className = `state ${state}`;
+  el.textContent = text ?? state;
+}
+
+// ----------------------------------------------------------------------- the list
+async function refresh() {
+  let res;
+  try {
+    res = await fetch("/api/tables", {cache: "no-store"});
+  } catch (e) {
+    setState($("#connection"), "reconnecting", "server unreachable: retrying");
+    for (const g of grids.values()) g.serverGone();
+    return;
+  }
+  if (res.status === 401) {
+    location.replace(`/login`);
+    return;
+  }
+  if (!res.ok) {
+    setState($("#connection"), "error", `server answered ${res.status}`);
+    return;
+  }
+  const body = await res.json();
+  serverFeed = body.feed;
+  $("#feed").textContent = `feed: ${params.get("feed") || serverFeed} · step ${body.step}`;
+  setState($("#connection"), "live", "connected");
+  tables = new Map(body.tables.map((t) => [t.name, t]));
+  listed = true;
+  renderList(body.tables);
+  for (const g of grids.values()) g.listed(tables.get(g.name));
+}
+
+function renderList(rows) {
+  const tbody = $("#tables tbody");
+  const out = rows.map((t) => {
+    const tr = document.createElement("tr");
+    tr.dataset.table = t.name;
+    if (grids.has(t.name)) tr.classList.add("open");
+    const cells = [t.name, t.kind, t.rows.toLocaleString("en-US"),
+                   String(t.subscribers), String(t.last_step), t.state];
+    cells.forEach((text, i) => {
+      const td = document.createElement("td");
+      td.textContent = text;
+      if (i >= 2 && i <= 4) td.className = "num";
+      if (i === 5) td.title = t.error || "";
+      tr.append(td);
+    });
+    tr.addEventListener("click", () => openGrid(t.name));
+    return tr;
+  });
+  tbody.replaceChildren(...out);
+}
+
+function openGrid(name) {
+  if (!grids.has(name)) {
+    const g = new Grid(name, params.get("feed") || serverFeed);
+    grids.set(name, g);
+    setUrl();
+    g.start();
+  }
+  grids.get(name).el.scrollIntoView({behavior: "smooth", inline: "nearest"});
+}
+
+// ----------------------------------------------------------------------- a grid
+class Grid {
+  constructor(name, feed) {
+    this.name = name;
+    this.feed = feed;
+    this.el = document.createElement("section");
+    this.el.className = "grid";
+    this.el.dataset.table = name;
+    this.el.innerHTML = `<header><span class="name"></span><span class="state"></span>
+      <span class="rows"></span><span class="feed"></span>
+      <button class="close" title="close">×</button></header>
+      <perspective-viewer></perspective-viewer>`;
+    $(".name", this.el).textContent = name;
+    $(".feed", this.el).textContent = feed;
+    $(".close", this.el).addEventListener("click", () => this.close());
+    this.viewer = $("perspective-viewer", this.el);
+    this.table = null;
+    this.client = null;
+    this.ws = null;
+    this.closed = false;
+    this.attempt = 0;
+    this.retryTimer = null;
+    this.configured = false;
+    this.stopped = null; // "failed" / "dropped": the table stopped updating
+    $("#grids").append(this.el);
+  }
+
+  state(state, text) {
+    setState($(".state", this.el), state, text);
+  }
+
+  async start() {
+    if (listed && !tables.has(this.name)) {
+      this.unknown();
+      return;
+    }
+    this.state(this.attempt ? "reconnecting" : "connecting");
+    try {
+      if (this.feed === "arrow") await this.connectArrow();
+      else await this.connectPerspective();
+    } catch (e) {
+      this.lost(String(e && e.message || e));
+    }
+  }
+
+  unknown() {
+    const have = [...tables.keys()].join(", ") || "none";
+    this.state("unknown", "unknown table");
+    let msg = $(".message", this.el);
+    if (!msg) {
+      msg = document.createElement("div");
+      msg.className = "message";
+      this.viewer.before(msg);
+    }
+    msg.textContent = `This server has no table named "${this.name}" (tables: ${have}).`;
+    this.viewer.hidden = true;
+  }
+
+  // The server's list says how the table is: failed, dropped, or its row count.
+  listed(row) {
+    if (this.closed) return;
+    if (!row) {
+      if (this.table || this.stopped) {
+        this.stopped = "dropped";
+        this.state("dropped", "dropped: the last rows are shown");
+      } else if (!this.retryTimer) {
+        this.unknown();
+      }
+      return;
+    }
+    if (row.state === "failed") {
+      this.stopped = "failed";
+      this.state("failed", row.error || "failed");
+    }
+    this.showSize();
+  }
+
+  async showSize() {
+    if (!this.table) return;
+    try {
+      const n = await this.table.size();
+      $(".rows", this.el).textContent = `${n.toLocaleString("en-US")} rows`;
+      $(".rows", this.el).dataset.rows = String(n);
+    } catch (e) { /* the table is being replaced */ }
+  }
+
+  // Show `table` (named `tableName` on `client`), keeping the viewer's settings.
+  async show(client, table, tableName) {
+    const cfg = this.configured ? await this.viewer.save() : null;
+    await this.viewer.load(client);
+    if (cfg) {
+      await this.viewer.restore({...cfg, table: tableName});
+    } else {
+      const columns = (await table.columns()).filter((c) => c !== ROW_KEY);
+      await this.viewer.restore({table: tableName, plugin: "Datagrid", columns});
+      this.configured = true;
+    }
+    this.table = table;
+    this.attempt = 0;
+    if (!this.stopped) this.state("live");
+    this.showSize();
+  }
+
+  async connectPerspective() {
+    const client = await perspective.websocket(wsUrl(`/ws/perspective?table=${encodeURIComponent(this.name)}`));
+    this.client = client;
+    client.on_error((err) => {
+      if (this.client === client) this.lost(String(err));
+    });
+    const table = await client.open_table(this.name);
+    await this.show(client, table, this.name);
+    // the remote table changes under the viewer; keep the row count current
+    this.view = await table.view({columns: []});
+    this.view.on_update(() => this.showSize());
+  }
+
+  connectArrow() {
+    return new Promise((resolve, reject) => {
+      const ws = new WebSocket(wsUrl(`/ws/arrow?table=${encodeURIComponent(this.name)}`));
+      ws.binaryType = "arraybuffer";
+      this.ws = ws;
+      let chain = Promise.resolve();
+      let opened = false;
+      ws.onmessage = (ev) => {
+        chain = chain.then(() => this.applyArrow(ev.data)).then(() => {
+          if (!opened) { opened = true; resolve(); }
+        }, (e) => { console.error(e); ws.close(); });
+      };
+      ws.onclose = (ev) => {
+        if (this.ws !== ws || this.closed) return;
+        if (ev.code === 4404) { this.unknown(); return; }
+        if (this.stopped) return;
+        if (!opened) reject(new Error(`closed ${ev.code} ${ev.reason}`));
+        else this.lost(`closed ${ev.code} ${ev.reason}`);
+      };
+    });
+  }
+
+  async applyArrow(data) {
+    if (typeof data === "string") { // the table stopped: {"state", "error"}
+      const msg = JSON.parse(data);
+      this.stopped = msg.state;
+      this.state(msg.state, msg.state === "dropped" ? "dropped: the last rows are shown" : msg.error);
+      return;
+    }
+    const dv = new DataView(data);
+    const n = dv.getUint32(0, true);
+    const header = JSON.parse(new TextDecoder().decode(new Uint8Array(data, 4, n)));
+    let off = 4 + n;
+    off += (8 - (off % 8)) % 8;
+    const removes = new Float64Array(data, off, header.removes);
+    off += 8 * header.removes;
+    const ipc = data.slice(off);
+    if (header.snapshot) {
+      if (this.table && this.arrowTable) {
+        await this.arrowTable.replace(ipc);
+        this.attempt = 0;
+        if (!this.stopped) this.state("live");
+      } else {
+        const w = await getWorker();
+        const tableName = `${this.name}#${crypto.randomUUID()}`;
+        this.arrowTable = await w.table(ipc, {index: ROW_KEY, name: tableName});
+        await this.show(w, this.arrowTable, tableName);
+        this.view = await this.arrowTable.view({columns: []});
+        this.view.on_update(() => this.showSize());
+      }
+    } else {
+      if (header.removes) await this.arrowTable.remove(Array.from(removes));
+      if (header.rows) await this.arrowTable.update(ipc);
+    }
+    this.step = header.step;
+  }
+
+  // The connection broke (a server restart, a network cut): retry, backing off.
+  lost(why) {
+    if (this.closed || this.retryTimer) return;
+    if (/4404/.test(why)) { this.unknown(); return; }
+    this.attempt += 1;
+    const wait = Math.min(5000, 250 * 2 ** Math.min(this.attempt, 5));
+    this.state("reconnecting", `reconnecting (${why})`);
+    this.disconnect();
+    this.retryTimer = setTimeout(() => { this.retryTimer = null; this.start(); }, wait);
+  }
+
+  serverGone() {
+    if (this.feed === "arrow" && this.ws && this.ws.readyState <= 1) return; // it will notice
+    if (this.table && !this.retryTimer && !this.stopped) this.state("reconnecting", "server unreachable");
+  }
+
+  disconnect() {
+    if (this.view) { this.view.delete().catch(() => {}); this.view = null; }
+    if (this.ws) { const ws = this.ws; this.ws = null; ws.close(); }
+    if (this.client) { const c = this.client; this.client = null; try { c.terminate(); } catch (e) { /* gone */ } }
+  }
+
+  close() {
+    this.closed = true;
+    clearTimeout(this.retryTimer);
+    this.disconnect();
+    this.viewer.delete?.();
+    this.el.remove();
+    grids.delete(this.name);
+    setUrl();
+    renderList([...tables.values()]);
+  }
+}
+
+// ----------------------------------------------------------------------- start
+window.ticktable = {grids, openGrid, refresh};
+$("#logout").addEventListener("click", async () => {
+  await fetch("/api/logout", {method: "POST"});
+  location.replace("/login");
+});
+await refresh();
+fetch("/api/login", {method: "POST", body: "{}"}).then((r) => { $("#logout").hidden = r.status === 204; });
+for (const name of params.getAll("t")) openGrid(name);
+setInterval(refresh, POLL_MS);
