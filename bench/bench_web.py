@@ -1,0 +1,337 @@
+"""The web UI under load (#17), both feeds side by side, in headless Chromium.
+
+A keyed table of ``--rows`` rows (``id`` key, ``px``, ``qty``, ``seq``) takes ``--rate``
+cycles per second, each upserting ``--batch`` rows stamped with the cycle's number in
+``seq``: the ten *probe* rows (ids 0-9, the top of an unsorted grid, so always on screen)
+and random others. The bench drives the cycles itself (in this process, with the server)
+and notes each cycle's end on the wall clock. The page (Playwright, Debian's Chromium) runs
+a requestAnimationFrame loop reading the probe row's ``seq`` cell from the datagrid's DOM
+and notes, on the same clock, when each new value is first on screen.
+
+Per feed (``perspective``: Perspective's Python server holds the table; ``arrow``: Arrow IPC
+into the browser's engine) it prints:
+
+- latency: for every cycle, the first frame showing its ``seq`` or a later one, minus the
+  cycle's end (p50, mean, p99, max; target p99 <= 250 ms);
+- cycles whose value was never on screen by itself (a later one replaced it within a
+  frame, or the feed composed them) and the updates the feed composed (coalesced);
+- server cycle time (p50/p99) with no page open and with the page open (target: p99 no
+  worse than 1.5x);
+- server CPU, as cores: the process's (server and driver) with no page open and with the
+  page open, their difference (the web path's cost), and the feed threads' own (building
+  changes under the shared lock, and Perspective applying them); browser memory: the PSS of
+  all Chromium processes and the page's JS heap;
+- time to first paint of ``--paint-sizes`` tables: from navigation to the first rows drawn.
+
+Usage: ``python bench/bench_web.py [--rows 1000000 --rate 100 --batch 1000 --seconds 20
+--paint-sizes 1000000,10000000 --feeds perspective,arrow --json PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import print_table, write_json  # noqa: E402
+from engine.graph import UpdateGraph  # noqa: E402
+from flight.server import ServerConfig, TicktableServer  # noqa: E402
+from ticktable.chromium_check import find_chromium  # noqa: E402
+
+SCHEMA = pa.schema([("id", pa.int64()), ("px", pa.float64()), ("qty", pa.int64()),
+                    ("seq", pa.int64())])
+PROBES = 10
+
+# every frame: the probe row's seq as drawn, noted when it changes
+PROBE_JS = """([name]) => {
+  window.__seen = [];
+  let last = -1;
+  const find = () => {
+    const sec = document.querySelector(`section.grid[data-table="${name}"]`);
+    const walk = (root) => {
+      for (const el of root.querySelectorAll("*")) {
+        if (el.tagName === "REGULAR-TABLE") return el;
+        if (el.shadowRoot) { const f = walk(el.shadowRoot); if (f) return f; }
+      }
+      return null;
+    };
+    return walk(sec);
+  };
+  let rt = null, col = -1;
+  const frame = () => {
+    if (!rt || !rt.isConnected) { rt = find(); col = -1; }
+    if (rt) {
+      if (col < 0) col = [...rt.querySelectorAll("thead tr:last-child th")]
+        .findIndex((e) => e.textContent === "seq");
+      const tr = rt.querySelector("tbody tr");
+      if (tr && col >= 0) {
+        const td = tr.querySelectorAll("td,th")[col];
+        const v = td ? parseInt(td.textContent.replaceAll(",", ""), 10) : NaN;
+        if (v > last) { last = v; window.__seen.push([v, performance.timeOrigin + performance.now()]); }
+      }
+    }
+    requestAnimationFrame(frame);
+  };
+  requestAnimationFrame(frame);
+}"""
+
+FIRST_ROWS_JS = """([name]) => {
+  const sec = document.querySelector(`section.grid[data-table="${name}"]`);
+  if (!sec) return false;
+  const walk = (root) => {
+    for (const el of root.querySelectorAll("*")) {
+      if (el.tagName === "REGULAR-TABLE") return el;
+      if (el.shadowRoot) { const f = walk(el.shadowRoot); if (f) return f; }
+    }
+    return null;
+  };
+  const rt = walk(sec);
+  return !!rt && rt.querySelectorAll("tbody tr td").length > 0;
+}"""
+
+
+def _feed_work(server: TicktableServer) -> float:
+    """CPU seconds the open feeds spent: building changes, and Perspective applying them."""
+    web = server.web
+    assert web is not None
+    total = sum(f.build_seconds for f in web._arrow_feeds)
+    if web.hub is not None:
+        for h in web.hub.hosted().values():
+            total += h.applied_seconds + (h.feed.build_seconds if h.feed is not None else 0)
+    return total
+
+
+def _browser_pss_mb() -> float:
+    """PSS of every Chromium process, in MB."""
+    total = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if "chromium" not in (proc / "cmdline").read_bytes().split(b"\0")[0].decode():
+                continue
+            for line in (proc / "smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except (OSError, IndexError, UnicodeDecodeError):
+            continue
+    return total / 1024
+
+
+def _make_table(server: TicktableServer, name: str, rows: int) -> None:
+    entry = server.registry.create_source(name, SCHEMA, "keyed", keys=["id"])
+    step = 1_000_000
+    for start in range(0, rows, step):
+        ids = np.arange(start, min(rows, start + step), dtype=np.int64)
+        entry.table.upsert(pa.table({"id": ids, "px": ids * 0.01, "qty": ids % 1000,  # type: ignore[attr-defined]
+                                     "seq": np.zeros(ids.size, np.int64)}, schema=SCHEMA))
+        server.graph.run_cycle()
+
+
+class Driver:
+    """Runs ``rate`` cycles a second, each upserting ``batch`` rows stamped with its number."""
+
+    def __init__(self, server: TicktableServer, name: str, rows: int, batch: int,
+                 rate: float) -> None:
+        self.graph = server.graph
+        self.table = server.registry.get(name).table
+        self.rows, self.batch, self.period = rows, batch, 1.0 / rate
+        self.rng = np.random.default_rng(1)
+        self.seq = 0
+        self.ends: dict[int, float] = {}  # seq -> wall-clock end of its cycle
+        self.cycle_ms: dict[int, float] = {}  # seq -> its cycle's duration
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="bench-driver", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join()
+
+    def _run(self) -> None:
+        nxt = time.perf_counter()
+        while not self._stop.is_set():
+            self.seq += 1
+            others = self.rng.integers(PROBES, self.rows, self.batch - PROBES)
+            ids = np.unique(np.concatenate([np.arange(PROBES), others]))
+            self.table.upsert(pa.table({  # type: ignore[attr-defined]
+                "id": ids, "px": self.rng.random(ids.size), "qty": self.rng.integers(0, 1000, ids.size),
+                "seq": np.full(ids.size, self.seq, np.int64)}, schema=SCHEMA))
+            self.graph.run_cycle()
+            self.ends[self.seq] = time.time() * 1e3
+            self.cycle_ms[self.seq] = self.graph.last_cycle_seconds * 1e3
+            nxt += self.period
+            wait = nxt - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            else:
+                nxt = time.perf_counter()  # behind: no catch-up burst
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
+
+
+def run_feed(browser, server: TicktableServer, feed: str, args) -> dict:
+    name = "bench"
+    drv = Driver(server, name, args.rows, args.batch, args.rate)
+    # baseline: the server cycling with no page open
+    drv.start()
+    b_wall, b_cpu = time.perf_counter(), time.process_time()
+    time.sleep(args.baseline)
+    base_cpu = (time.process_time() - b_cpu) / (time.perf_counter() - b_wall)
+    drv.stop()
+    base_cycles = list(drv.cycle_ms.values())
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    t0 = time.perf_counter()
+    page.goto(f"{server.web.url}?t={name}&feed={feed}")
+    page.wait_for_function(FIRST_ROWS_JS, arg=[name], timeout=600_000, polling="raf")
+    paint_s = time.perf_counter() - t0
+    page.evaluate(PROBE_JS, [name])
+    drv.start()
+    time.sleep(args.warmup)
+    work0, wall0, proc0 = _feed_work(server), time.perf_counter(), time.process_time()
+    first_seq = drv.seq + 1
+    time.sleep(args.seconds)
+    last_seq = drv.seq
+    work1, wall1, proc1 = _feed_work(server), time.perf_counter(), time.process_time()
+    time.sleep(1.0)  # let the last cycles reach the screen
+    drv.stop()
+    seen = page.evaluate("window.__seen")
+    pss = _browser_pss_mb()
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Performance.enable")
+    heap = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+    coalesced = _coalesced(server)
+    page.close()
+    measured = [drv.cycle_ms[s] for s in range(first_seq, last_seq + 1)]
+    seen_seqs = np.array([s for s, _ in seen], dtype=np.int64)
+    seen_at = np.array([t for _, t in seen], dtype=np.float64)
+    lat, never = [], 0
+    for s in range(first_seq, last_seq + 1):
+        i = int(np.searchsorted(seen_seqs, s))
+        if i == seen_seqs.size:
+            never += 1
+            continue
+        lat.append(seen_at[i] - drv.ends[s])
+    on_own = int(np.isin(np.arange(first_seq, last_seq + 1), seen_seqs).sum())
+    wall = wall1 - wall0
+    return {
+        "feed": feed, "rows": args.rows, "cycles": last_seq - first_seq + 1,
+        "cycles_per_s": (last_seq - first_seq + 1) / wall,
+        "first_paint_s": paint_s,
+        "latency_p50_ms": _pct(lat, 50), "latency_mean_ms": float(np.mean(lat)) if lat else None,
+        "latency_p99_ms": _pct(lat, 99), "latency_max_ms": max(lat) if lat else None,
+        "never_on_screen": never, "shown_on_their_own": on_own,
+        "feed_coalesced_updates": coalesced,
+        "cycle_p50_ms_no_page": _pct(base_cycles, 50), "cycle_p99_ms_no_page": _pct(base_cycles, 99),
+        "cycle_p50_ms_page": _pct(measured, 50), "cycle_p99_ms_page": _pct(measured, 99),
+        "cycle_p99_ratio": _pct(measured, 99) / _pct(base_cycles, 99),
+        "server_cpu_no_page": base_cpu, "server_cpu_page": (proc1 - proc0) / wall,
+        "web_cpu_cores": (proc1 - proc0) / wall - base_cpu,
+        "feed_thread_cores": (work1 - work0) / wall,
+        "browser_pss_mb": pss, "page_js_heap_mb": heap.get("JSHeapUsedSize", 0) / 2**20,
+    }
+
+
+def _coalesced(server: TicktableServer) -> int:
+    web = server.web
+    assert web is not None
+    total = sum(f.coalesced for f in web._arrow_feeds)
+    if web.hub is not None:
+        total += sum(h.feed.coalesced for h in web.hub.hosted().values() if h.feed is not None)
+    return total
+
+
+def first_paint(browser, server: TicktableServer, feed: str, rows: int) -> dict:
+    name = f"paint{rows}"
+    if name not in server.registry.names():
+        t0 = time.perf_counter()
+        _make_table(server, name, rows)
+        print(f"  built {name} ({rows:,} rows) in {time.perf_counter() - t0:.1f} s", flush=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    t0 = time.perf_counter()
+    page.goto(f"{server.web.url}?t={name}&feed={feed}")
+    try:
+        page.wait_for_function(FIRST_ROWS_JS, arg=[name], timeout=600_000, polling="raf")
+        out = time.perf_counter() - t0
+        state = page.locator(f'section.grid[data-table="{name}"] .state').inner_text()
+        pss = _browser_pss_mb()
+    except Exception as exc:  # the browser gave up (memory): the number is the failure
+        out, state, pss = None, f"failed: {type(exc).__name__}: {str(exc)[:120]}", _browser_pss_mb()
+    page.close()
+    time.sleep(2.0)  # the server releases the table's Perspective copy
+    return {"feed": feed, "rows": rows, "first_paint_s": out, "state": state,
+            "browser_pss_mb": pss}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--rate", type=float, default=100.0, help="cycles per second")
+    ap.add_argument("--batch", type=int, default=1000, help="rows upserted per cycle")
+    ap.add_argument("--seconds", type=float, default=20.0, help="measured seconds per feed")
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--baseline", type=float, default=10.0,
+                    help="seconds of cycles with no page open, per feed")
+    ap.add_argument("--feeds", default="perspective,arrow")
+    ap.add_argument("--paint-sizes", default="1000000,10000000")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    path, version = find_chromium()
+    if version is None:
+        print(f"bench_web: no Chromium at {path} (python -m ticktable.chromium_check)",
+              file=sys.stderr)
+        return 1
+    from playwright.sync_api import sync_playwright
+
+    graph = UpdateGraph()  # cycles driven by the bench: no periodic thread
+    server = TicktableServer(graph, ServerConfig(http_port=0)).start()
+    feeds = [f for f in args.feeds.split(",") if f]
+    live, paints = [], []
+    try:
+        _make_table(server, "bench", args.rows)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=path, headless=True)
+            for feed in feeds:
+                print(f"feed {feed}: {args.rows:,} rows, {args.rate:g} cycles/s of "
+                      f"{args.batch:,}-row upserts, {args.seconds:g} s", flush=True)
+                live.append(run_feed(browser, server, feed, args))
+                time.sleep(2.0)
+            for rows in [int(x) for x in args.paint_sizes.split(",") if x]:
+                for feed in feeds:
+                    print(f"first paint: {rows:,} rows, feed {feed}", flush=True)
+                    paints.append(first_paint(browser, server, feed, rows))
+            browser.close()
+    finally:
+        server.shutdown()
+    print(f"\nchromium {version}; nproc {os.cpu_count()}; server and driver in this process")
+    print_table("live table open in the page (latency: cycle end -> value on screen)", live, [
+        "feed", "rows", "cycles_per_s", "latency_p50_ms", "latency_mean_ms", "latency_p99_ms",
+        "latency_max_ms", "never_on_screen", "shown_on_their_own", "feed_coalesced_updates"])
+    print_table("server cost (targets: latency p99 <= 250 ms, cycle p99 ratio <= 1.5)", live, [
+        "feed", "cycle_p50_ms_no_page", "cycle_p99_ms_no_page", "cycle_p50_ms_page",
+        "cycle_p99_ms_page", "cycle_p99_ratio", "server_cpu_no_page", "server_cpu_page",
+        "web_cpu_cores", "feed_thread_cores", "browser_pss_mb", "page_js_heap_mb"])
+    print_table("time to first paint (navigation -> first rows drawn)", paints,
+                ["feed", "rows", "first_paint_s", "browser_pss_mb", "state"])
+    write_json("bench_web", {"chromium": version, "args": vars(args), "live": live,
+                             "first_paint": paints}, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
