@@ -37,7 +37,7 @@ from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb
 
 FLIGHT = "/arrow.flight.protocol.FlightService/"
-TABLES = "/ticktable.v1.TableService/"
+TABLES = "/ticktable_proto.v1.TableService/"
 
 KV = pa.schema([("k", pa.int64()), ("s", pa.string()), ("v", pa.float64())])
 # no nested types: a keyed table cannot yet overwrite a list value (see test_fuzz.py)

@@ -135,19 +135,25 @@ class Client:
         return res.schema
 
     def stats(self) -> pd.DataFrame:
-        """Per table: size, last step, kind, subscribers and their lag, update sequence.
+        """Per table: size, last step, kind, subscribers and their lag, update sequence,
+        rows changed and DoPut rows/bytes since the server started.
 
-        The server's cycle figures (``step``, ``cycle_p50_ms``, ``cycle_p99_ms``,
-        ``open_stages``) are in the frame's ``attrs``.
+        The server's figures are in the frame's ``attrs``: ``step``, ``cycle_p50_ms``,
+        ``cycle_p99_ms``, ``last_cycle_ms``, ``open_stages``, ``errors`` (error answers by
+        gRPC code name), ``journal_bytes``, ``journal_flushes``, ``journal_flush_p50_ms``
+        and ``journal_flush_p99_ms`` (0 on an in-memory server).
         """
         st: pb.Stats = action(self._flight, self._opts(), "stats", None, pb.Stats)
-        rows = [{"name": t.name, "kind": t.kind, "size": t.size, "last_step": t.last_step,
-                 "subscribers": t.subscribers, "max_lag_steps": t.max_lag_steps,
-                 "sequence": t.sequence} for t in st.tables]
-        cols = ["name", "kind", "size", "last_step", "subscribers", "max_lag_steps", "sequence"]
+        cols = ["name", "kind", "size", "last_step", "subscribers", "max_lag_steps", "sequence",
+                "changes", "put_rows", "put_bytes"]
+        rows = [{c: getattr(t, c) for c in cols} for t in st.tables]
         df = pd.DataFrame(rows, columns=cols)
         df.attrs.update(step=st.step, cycle_p50_ms=st.cycle_p50_ms, cycle_p99_ms=st.cycle_p99_ms,
-                        last_cycle_ms=st.last_cycle_ms, open_stages=st.open_stages)
+                        last_cycle_ms=st.last_cycle_ms, open_stages=st.open_stages,
+                        errors=dict(st.errors), journal_bytes=st.journal_bytes,
+                        journal_flushes=st.journal_flushes,
+                        journal_flush_p50_ms=st.journal_flush_p50_ms,
+                        journal_flush_p99_ms=st.journal_flush_p99_ms)
         return df
 
     # ------------------------------------------------------------------ snapshots

@@ -49,7 +49,7 @@ _HINT = ("missing or wrong bearer token: send the header 'authorization: Bearer 
 READ_METHODS = frozenset({
     *(_FLIGHT + m for m in ("Handshake", "ListFlights", "GetFlightInfo", "PollFlightInfo",
                             "GetSchema", "DoGet", "DoExchange", "ListActions", "DoAction")),
-    "/ticktable.v1.TableService/ListTables",
+    "/ticktable_proto.v1.TableService/ListTables",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
 })

@@ -19,15 +19,18 @@ metric                                 type         what
 ``ticktable_step``                     gauge        the update graph's step
 =====================================  ===========  =========================================
 
-The per-table gauges are read from the server at scrape time (the ``stats`` action shows
-the same numbers); counters and histograms are fed as things happen. Each server has its
+The per-table gauges are read from the server at scrape time; counters and histograms are
+fed as things happen. Every server counts (the ``stats`` action shows the same numbers,
+:meth:`Metrics.totals`); only ``--metrics-port`` serves them over HTTP. Each server has its
 own registry, so several servers in one process (tests) do not mix.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -37,7 +40,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from flight.server import TicktableServer
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "Totals"]
 
 _CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _FLUSH_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
@@ -71,6 +74,24 @@ class _Tables(Collector):
                                     value=journal.size_bytes())
 
 
+@dataclass
+class Totals:
+    """The counters of a :class:`Metrics` since the server started (for ``stats``)."""
+
+    changes: dict[str, int] = field(default_factory=dict)    # per table
+    put_rows: dict[str, int] = field(default_factory=dict)   # per table
+    put_bytes: dict[str, int] = field(default_factory=dict)  # per table
+    errors: dict[str, int] = field(default_factory=dict)     # per gRPC code name
+    flushes: int = 0
+    flush_p50_ms: float = 0.0
+    flush_p99_ms: float = 0.0
+
+
+def _by_label(counter: Counter, label: str) -> dict[str, int]:
+    return {s.labels[label]: int(s.value) for m in counter.collect() for s in m.samples
+            if s.name.endswith("_total")}
+
+
 class Metrics:
     """The metrics of one :class:`~flight.server.TicktableServer` (see the module doc).
 
@@ -98,6 +119,8 @@ class Metrics:
                                        "One journal group commit: write and fsync.",
                                        buckets=_FLUSH_BUCKETS, registry=r)
         r.register(_Tables(server))
+        self._flushes: collections.deque[float] = collections.deque(maxlen=1000)
+        self._flush_count = 0
         self._http: Any = None
         self._lock = threading.Lock()
         self._remove = server.graph.add_terminal_listener(self._on_cycle)
@@ -126,6 +149,21 @@ class Metrics:
     def on_flush(self, seconds: float) -> None:
         """A journal group commit took ``seconds``."""
         self.journal_flush.observe(seconds)
+        self._flushes.append(seconds)
+        self._flush_count += 1
+
+    def totals(self) -> Totals:
+        """Rows changed and DoPut rows/bytes per table, errors by code and the journal's
+        flush count and p50/p99 (of the last 1,000), since the server started."""
+        recent = sorted(self._flushes)
+        out = Totals(changes=_by_label(self.changes, "table"),
+                     put_rows=_by_label(self.put_rows, "table"),
+                     put_bytes=_by_label(self.put_bytes, "table"),
+                     errors=_by_label(self.errors, "code"), flushes=self._flush_count)
+        if recent:
+            out.flush_p50_ms = recent[len(recent) // 2] * 1e3
+            out.flush_p99_ms = recent[min(len(recent) - 1, int(len(recent) * 0.99))] * 1e3
+        return out
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Serve ``/metrics`` over HTTP on ``port`` (0: any free one); returns the port."""

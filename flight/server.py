@@ -2,7 +2,7 @@
 (DESIGN.md §5).
 
 One grpcio server hosts ``arrow.flight.protocol.FlightService`` (:mod:`flight.transport`:
-snapshots, subscriptions, writes, actions), ``ticktable.v1.TableService``
+snapshots, subscriptions, writes, actions), ``ticktable_proto.v1.TableService``
 (:mod:`flight.service`), the standard health service and server reflection. One
 interceptor checks the bearer token for every service but health; TLS when a certificate
 and key are given. The port is bound exclusively (``SO_REUSEPORT`` off): a port in use is
@@ -276,13 +276,13 @@ class TicktableServer:
                 self.durability.close(checkpoint=False)  # release the data dir
                 raise
         try:
-            if cfg.metrics_port is not None:
-                self.metrics = Metrics(self)
-                self.durability.on_put = self.metrics.on_put
-                if self.durability.journal is not None:
-                    self.durability.journal.on_flush = self.metrics.on_flush
+            # counted always (the stats action shows them); served over HTTP on request
+            self.metrics = Metrics(self)
+            self.durability.on_put = self.metrics.on_put
+            if self.durability.journal is not None:
+                self.durability.journal.on_flush = self.metrics.on_flush
             self._grpc, self._port = self._serve()
-            if self.metrics is not None and cfg.metrics_port is not None:
+            if cfg.metrics_port is not None:
                 self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.host)
             if cfg.http_port is not None:
                 from flight.web import WebServer
@@ -337,7 +337,7 @@ class TicktableServer:
             arrow_flight_pb2.DESCRIPTOR.services_by_name["FlightService"].full_name,
             table_service_pb2.DESCRIPTOR.services_by_name["TableService"].full_name,
             "grpc.health.v1.Health", reflection.SERVICE_NAME), server)
-        assert SERVICE_NAME == "ticktable.v1.TableService"
+        assert SERVICE_NAME == "ticktable_proto.v1.TableService"
         address = f"{cfg.host}:{cfg.port}"
         try:
             if cfg.tls_cert and cfg.tls_key:
@@ -448,20 +448,36 @@ class TicktableServer:
                          f"commit, abort, stats")
 
     def stats(self) -> pb.Stats:
-        """Per table size, last step, subscribers and lag; cycle durations."""
+        """Per table size, last step, subscribers and lag, changes and DoPut rows/bytes;
+        cycle durations; error answers by code; the journal's size and flush latency (the
+        numbers of the metrics endpoint, :mod:`flight.metrics`)."""
         ms = np.asarray(self._cycle_ms, dtype=np.float64)
         out = pb.Stats(step=self.graph.step, last_cycle_ms=self.graph.last_cycle_seconds * 1e3,
                        cycle_p50_ms=float(np.median(ms)) if ms.size else 0.0,
                        cycle_p99_ms=float(np.percentile(ms, 99)) if ms.size else 0.0,
                        open_stages=self.staging.open_stages,
                        table_service_port=self._port or 0)
+        counts = self.metrics.totals() if self.metrics is not None else None
         subs = self.subscriptions
         for e in self.registry.entries():
             mine = [s for s in subs if s.entry is e]
             last = e.table.last_step
             lag = max((max(0, last - s.step) for s in mine), default=0)
-            out.tables.append(pb.TableStats(
+            t = pb.TableStats(
                 name=e.name, size=len(e.table.rowset), last_step=last, subscribers=len(mine),
                 max_lag_steps=lag, kind=e.kind,
-                sequence=e.publisher.sequence if e.publisher else 0))
+                sequence=e.publisher.sequence if e.publisher else 0)
+            if counts is not None:
+                t.changes = counts.changes.get(e.name, 0)
+                t.put_rows = counts.put_rows.get(e.name, 0)
+                t.put_bytes = counts.put_bytes.get(e.name, 0)
+            out.tables.append(t)
+        if counts is not None:
+            out.errors.update(counts.errors)
+            out.journal_flushes = counts.flushes
+            out.journal_flush_p50_ms = counts.flush_p50_ms
+            out.journal_flush_p99_ms = counts.flush_p99_ms
+        journal = self.durability.journal
+        out.journal_bytes = journal.size_bytes() if journal is not None else 0
         return out
+        counts = self.metrics.totals() if self.metrics is not None else None

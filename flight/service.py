@@ -58,7 +58,7 @@ __all__ = ["TableServiceServicer", "add_table_service", "derived_builder"]
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = "ticktable.v1.TableService"
+SERVICE_NAME = "ticktable_proto.v1.TableService"
 _JOIN_KINDS = ("natural", "exact", "inner", "left_outer")
 _SLICE_KINDS = ("head", "tail", "slice")
 _BY_KINDS = ("first_by", "last_by", "count_by")
@@ -304,7 +304,7 @@ def add_table_service(server: grpc.Server, registry: TableRegistry, *,
                       durability: Durability | None = None) -> health.HealthServicer:
     """Add the TableService and the standard health service to ``server``.
 
-    Health reports SERVING for ``""`` and ``"ticktable.v1.TableService"`` (and whatever
+    Health reports SERVING for ``""`` and ``"ticktable_proto.v1.TableService"`` (and whatever
     the caller sets later) and needs no token (readiness probes).
 
     Parameters

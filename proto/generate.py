@@ -1,9 +1,10 @@
-"""Compile ``proto/ticktable/v1/*.proto`` and ``proto/arrow/flight/protocol/*.proto`` into
+"""Compile ``proto/ticktable_proto/v1/*.proto`` and ``proto/arrow/flight/protocol/*.proto`` into
 ``flight/pb/`` (``make proto``).
 
-protoc names generated imports after the proto path (``from ticktable.v1 import ...``), which
-would collide with the ``ticktable`` facade package, so the imports are rewritten to
-``flight.pb``. ``tests/flight/test_proto.py`` regenerates into a temporary directory and fails
+protoc names generated imports after the proto path (``from ticktable_proto.v1 import ...``);
+the modules live in ``flight.pb``, so those imports are rewritten to it. (The protobuf package
+is ``ticktable_proto.v1``, not ``ticktable.v1``: it no longer shares its name with the
+``ticktable`` facade package, whose import protoc's output would have shadowed.) ``tests/flight/test_proto.py`` regenerates into a temporary directory and fails
 when the committed files differ.
 """
 
@@ -17,9 +18,9 @@ from pathlib import Path
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent
-_DIRS = (("ticktable", "v1"), ("arrow", "flight", "protocol"))
+_DIRS = (("ticktable_proto", "v1"), ("arrow", "flight", "protocol"))
 PROTOS = sorted(p for d in _DIRS for p in ROOT.joinpath(*d).glob("*.proto"))
-_IMPORT = re.compile(r"^from (ticktable\.v1|arrow\.flight\.protocol) import ", re.MULTILINE)
+_IMPORT = re.compile(r"^from (ticktable_proto\.v1|arrow\.flight\.protocol) import ", re.MULTILINE)
 
 
 def generate(out: Path) -> list[Path]:

@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the server (Arrow Flight and the TableService)",
                            description="Serve live tables until SIGTERM/Ctrl-C. One port "
                                        "carries Arrow Flight, the gRPC TableService "
-                                       "(ticktable.v1), gRPC health and server reflection. "
+                                       "(ticktable_proto.v1), gRPC health and server reflection. "
                                        "Clients are held to the limits below (--max-*): "
                                        "message size, value size, columns per table, "
                                        "tables, subscriptions per client, staged bytes per "

@@ -679,6 +679,9 @@ class TableStats(_message.Message):
     MAX_LAG_STEPS_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
+    CHANGES_FIELD_NUMBER: _builtins.int
+    PUT_ROWS_FIELD_NUMBER: _builtins.int
+    PUT_BYTES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     size: _builtins.int
     last_step: _builtins.int
@@ -687,6 +690,12 @@ class TableStats(_message.Message):
     """how far the slowest subscriber is behind, in steps"""
     kind: _builtins.str
     sequence: _builtins.int
+    changes: _builtins.int
+    """rows added, removed or modified since the server started"""
+    put_rows: _builtins.int
+    """rows accepted by DoPut since the server started"""
+    put_bytes: _builtins.int
+    """Arrow bytes accepted by DoPut since the server started"""
     def __init__(
         self,
         *,
@@ -697,10 +706,13 @@ class TableStats(_message.Message):
         max_lag_steps: _builtins.int = ...,
         kind: _builtins.str = ...,
         sequence: _builtins.int = ...,
+        changes: _builtins.int = ...,
+        put_rows: _builtins.int = ...,
+        put_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "last_step", b"last_step", "max_lag_steps", b"max_lag_steps", "name", b"name", "sequence", b"sequence", "size", b"size", "subscribers", b"subscribers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "kind", b"kind", "last_step", b"last_step", "max_lag_steps", b"max_lag_steps", "name", b"name", "put_bytes", b"put_bytes", "put_rows", b"put_rows", "sequence", b"sequence", "size", b"size", "subscribers", b"subscribers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -710,6 +722,26 @@ Global___TableStats: _TypeAlias = TableStats  # noqa: Y015
 class Stats(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ErrorsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     STEP_FIELD_NUMBER: _builtins.int
     LAST_CYCLE_MS_FIELD_NUMBER: _builtins.int
     CYCLE_P50_MS_FIELD_NUMBER: _builtins.int
@@ -717,6 +749,11 @@ class Stats(_message.Message):
     TABLES_FIELD_NUMBER: _builtins.int
     OPEN_STAGES_FIELD_NUMBER: _builtins.int
     TABLE_SERVICE_PORT_FIELD_NUMBER: _builtins.int
+    ERRORS_FIELD_NUMBER: _builtins.int
+    JOURNAL_BYTES_FIELD_NUMBER: _builtins.int
+    JOURNAL_FLUSHES_FIELD_NUMBER: _builtins.int
+    JOURNAL_FLUSH_P50_MS_FIELD_NUMBER: _builtins.int
+    JOURNAL_FLUSH_P99_MS_FIELD_NUMBER: _builtins.int
     step: _builtins.int
     last_cycle_ms: _builtins.float
     cycle_p50_ms: _builtins.float
@@ -724,8 +761,19 @@ class Stats(_message.Message):
     open_stages: _builtins.int
     table_service_port: _builtins.int
     """the gRPC TableService's port on the same host (0: not running)"""
+    journal_bytes: _builtins.int
+    """the journal's size on disk (0: in memory)"""
+    journal_flushes: _builtins.int
+    """journal group commits (write and fsync) since the start"""
+    journal_flush_p50_ms: _builtins.float
+    """of the last 1,000 group commits"""
+    journal_flush_p99_ms: _builtins.float
     @_builtins.property
     def tables(self) -> _containers.RepeatedCompositeFieldContainer[Global___TableStats]: ...
+    @_builtins.property
+    def errors(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """error answers since the server started, by gRPC code name"""
+
     def __init__(
         self,
         *,
@@ -736,10 +784,15 @@ class Stats(_message.Message):
         tables: _abc.Iterable[Global___TableStats] | None = ...,
         open_stages: _builtins.int = ...,
         table_service_port: _builtins.int = ...,
+        errors: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        journal_bytes: _builtins.int = ...,
+        journal_flushes: _builtins.int = ...,
+        journal_flush_p50_ms: _builtins.float = ...,
+        journal_flush_p99_ms: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cycle_p50_ms", b"cycle_p50_ms", "cycle_p99_ms", b"cycle_p99_ms", "last_cycle_ms", b"last_cycle_ms", "open_stages", b"open_stages", "step", b"step", "table_service_port", b"table_service_port", "tables", b"tables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cycle_p50_ms", b"cycle_p50_ms", "cycle_p99_ms", b"cycle_p99_ms", "errors", b"errors", "journal_bytes", b"journal_bytes", "journal_flush_p50_ms", b"journal_flush_p50_ms", "journal_flush_p99_ms", b"journal_flush_p99_ms", "journal_flushes", b"journal_flushes", "last_cycle_ms", b"last_cycle_ms", "open_stages", b"open_stages", "step", b"step", "table_service_port", b"table_service_port", "tables", b"tables"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from flight.pb import flight_pb2 as ticktable_dot_v1_dot_flight__pb2
-from flight.pb import table_service_pb2 as ticktable_dot_v1_dot_table__service__pb2
+from flight.pb import flight_pb2 as ticktable__proto_dot_v1_dot_flight__pb2
+from flight.pb import table_service_pb2 as ticktable__proto_dot_v1_dot_table__service__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in ticktable/v1/table_service_pb2_grpc.py depends on'
+        + ' but the generated code in ticktable_proto/v1/table_service_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,19 +36,19 @@ class TableServiceStub:
             channel: A grpc.Channel.
         """
         self.CreateDerivedTable = channel.unary_unary(
-                '/ticktable.v1.TableService/CreateDerivedTable',
-                request_serializer=ticktable_dot_v1_dot_table__service__pb2.CreateDerivedTableRequest.SerializeToString,
-                response_deserializer=ticktable_dot_v1_dot_table__service__pb2.CreateDerivedTableResponse.FromString,
+                '/ticktable_proto.v1.TableService/CreateDerivedTable',
+                request_serializer=ticktable__proto_dot_v1_dot_table__service__pb2.CreateDerivedTableRequest.SerializeToString,
+                response_deserializer=ticktable__proto_dot_v1_dot_table__service__pb2.CreateDerivedTableResponse.FromString,
                 _registered_method=True)
         self.ListTables = channel.unary_unary(
-                '/ticktable.v1.TableService/ListTables',
-                request_serializer=ticktable_dot_v1_dot_table__service__pb2.ListTablesRequest.SerializeToString,
-                response_deserializer=ticktable_dot_v1_dot_table__service__pb2.ListTablesResponse.FromString,
+                '/ticktable_proto.v1.TableService/ListTables',
+                request_serializer=ticktable__proto_dot_v1_dot_table__service__pb2.ListTablesRequest.SerializeToString,
+                response_deserializer=ticktable__proto_dot_v1_dot_table__service__pb2.ListTablesResponse.FromString,
                 _registered_method=True)
         self.DropTable = channel.unary_unary(
-                '/ticktable.v1.TableService/DropTable',
-                request_serializer=ticktable_dot_v1_dot_flight__pb2.DropTableRequest.SerializeToString,
-                response_deserializer=ticktable_dot_v1_dot_table__service__pb2.DropTableResponse.FromString,
+                '/ticktable_proto.v1.TableService/DropTable',
+                request_serializer=ticktable__proto_dot_v1_dot_flight__pb2.DropTableRequest.SerializeToString,
+                response_deserializer=ticktable__proto_dot_v1_dot_table__service__pb2.DropTableResponse.FromString,
                 _registered_method=True)
 
 
@@ -78,24 +78,24 @@ def add_TableServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'CreateDerivedTable': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateDerivedTable,
-                    request_deserializer=ticktable_dot_v1_dot_table__service__pb2.CreateDerivedTableRequest.FromString,
-                    response_serializer=ticktable_dot_v1_dot_table__service__pb2.CreateDerivedTableResponse.SerializeToString,
+                    request_deserializer=ticktable__proto_dot_v1_dot_table__service__pb2.CreateDerivedTableRequest.FromString,
+                    response_serializer=ticktable__proto_dot_v1_dot_table__service__pb2.CreateDerivedTableResponse.SerializeToString,
             ),
             'ListTables': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTables,
-                    request_deserializer=ticktable_dot_v1_dot_table__service__pb2.ListTablesRequest.FromString,
-                    response_serializer=ticktable_dot_v1_dot_table__service__pb2.ListTablesResponse.SerializeToString,
+                    request_deserializer=ticktable__proto_dot_v1_dot_table__service__pb2.ListTablesRequest.FromString,
+                    response_serializer=ticktable__proto_dot_v1_dot_table__service__pb2.ListTablesResponse.SerializeToString,
             ),
             'DropTable': grpc.unary_unary_rpc_method_handler(
                     servicer.DropTable,
-                    request_deserializer=ticktable_dot_v1_dot_flight__pb2.DropTableRequest.FromString,
-                    response_serializer=ticktable_dot_v1_dot_table__service__pb2.DropTableResponse.SerializeToString,
+                    request_deserializer=ticktable__proto_dot_v1_dot_flight__pb2.DropTableRequest.FromString,
+                    response_serializer=ticktable__proto_dot_v1_dot_table__service__pb2.DropTableResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'ticktable.v1.TableService', rpc_method_handlers)
+            'ticktable_proto.v1.TableService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('ticktable.v1.TableService', rpc_method_handlers)
+    server.add_registered_method_handlers('ticktable_proto.v1.TableService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -116,9 +116,9 @@ class TableService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/ticktable.v1.TableService/CreateDerivedTable',
-            ticktable_dot_v1_dot_table__service__pb2.CreateDerivedTableRequest.SerializeToString,
-            ticktable_dot_v1_dot_table__service__pb2.CreateDerivedTableResponse.FromString,
+            '/ticktable_proto.v1.TableService/CreateDerivedTable',
+            ticktable__proto_dot_v1_dot_table__service__pb2.CreateDerivedTableRequest.SerializeToString,
+            ticktable__proto_dot_v1_dot_table__service__pb2.CreateDerivedTableResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -143,9 +143,9 @@ class TableService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/ticktable.v1.TableService/ListTables',
-            ticktable_dot_v1_dot_table__service__pb2.ListTablesRequest.SerializeToString,
-            ticktable_dot_v1_dot_table__service__pb2.ListTablesResponse.FromString,
+            '/ticktable_proto.v1.TableService/ListTables',
+            ticktable__proto_dot_v1_dot_table__service__pb2.ListTablesRequest.SerializeToString,
+            ticktable__proto_dot_v1_dot_table__service__pb2.ListTablesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -170,9 +170,9 @@ class TableService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/ticktable.v1.TableService/DropTable',
-            ticktable_dot_v1_dot_flight__pb2.DropTableRequest.SerializeToString,
-            ticktable_dot_v1_dot_table__service__pb2.DropTableResponse.FromString,
+            '/ticktable_proto.v1.TableService/DropTable',
+            ticktable__proto_dot_v1_dot_flight__pb2.DropTableRequest.SerializeToString,
+            ticktable__proto_dot_v1_dot_table__service__pb2.DropTableResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -423,7 +423,7 @@ READS: list[tuple[str, Callable[[Wire], Any], Callable[[Any], bool]]] = [
     ("ListTables", lambda w: w.tables().ListTables(tpb.ListTablesRequest(), timeout=10,
                                                    metadata=w.md),
      lambda r: [t.name for t in r.tables] == ["t"]),
-    ("reflection", lambda w: w.reflect(), lambda r: "ticktable.v1.TableService" in r),
+    ("reflection", lambda w: w.reflect(), lambda r: "ticktable_proto.v1.TableService" in r),
 ]
 
 _ROW = pa.record_batch({"k": pa.array([5], pa.int64()), "v": [5.0]})

@@ -65,3 +65,41 @@ def test_metrics_follow_writes_cycles_subscribers_and_errors(served, caplog):
     line = next(r.getMessage() for r in caplog.records if "NOT_FOUND" in r.getMessage())
     assert "DoGet" in line and "127.0.0.1" in line and "nope" in line
     c.close()
+
+
+def test_the_stats_action_shows_the_numbers_of_the_metrics_endpoint(served):
+    graph, srv = served
+    from clients.client import connect
+
+    tc = connect(srv.location)
+    tc.create_table("t", KV, "keyed", keys=["k"])
+    tc.push("t", pa.table({"k": pa.array(range(500), pa.int64()), "v": pa.array([2.0] * 500)}), "upsert")
+    graph.run_cycle()
+    with pytest.raises(KeyError):
+        tc.snapshot("nope")
+    st = tc.stats()
+    m = _scrape(srv.metrics_port)
+    (row,) = st[st["name"] == "t"].to_dict("records")
+    assert row["put_rows"] == m[("ticktable_put_rows_total", (("table", "t"),))] == 500
+    assert row["put_bytes"] == m[("ticktable_put_bytes_total", (("table", "t"),))] >= 8_000
+    assert row["changes"] == m[("ticktable_table_changes_total", (("table", "t"),))] == 500
+    assert st.attrs["errors"] == {"NOT_FOUND": 1}
+    assert st.attrs["journal_bytes"] == m[("ticktable_journal_bytes", ())] > 0
+    assert st.attrs["journal_flushes"] == m[("ticktable_journal_flush_seconds_count", ())] >= 2
+    assert 0 < st.attrs["journal_flush_p50_ms"] <= st.attrs["journal_flush_p99_ms"]
+    tc.close()
+
+
+def test_a_server_without_a_metrics_port_still_counts_for_stats():
+    graph = UpdateGraph()
+    with TicktableServer(graph, ServerConfig(port=0)) as srv:
+        from clients.client import connect
+
+        assert srv.metrics_port is None
+        tc = connect(srv.location)
+        tc.create_table("t", KV)
+        tc.push("t", pa.table({"k": pa.array([1, 2], pa.int64()), "v": pa.array([1.0, 2.0])}))
+        st = tc.stats()
+        assert st.loc[st["name"] == "t", "put_rows"].tolist() == [2]
+        assert st.attrs["journal_bytes"] == 0 and st.attrs["errors"] == {}
+        tc.close()

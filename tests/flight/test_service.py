@@ -459,6 +459,6 @@ def test_token_required(secured: Env) -> None:
 
 def test_health_needs_no_token(secured: Env) -> None:
     stub = health_pb2_grpc.HealthStub(secured.channel)
-    for service in ("", "ticktable.v1.TableService"):
+    for service in ("", "ticktable_proto.v1.TableService"):
         resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
         assert resp.status == health_pb2.HealthCheckResponse.SERVING

@@ -113,14 +113,14 @@ def test_flight_table_service_health_and_reflection_share_one_port(server, clien
             tpb.ListTablesRequest(), timeout=10).tables]
         assert names == ["t"]
         health = health_pb2_grpc.HealthStub(ch)
-        for service in ("", "ticktable.v1.TableService", "arrow.flight.protocol.FlightService"):
+        for service in ("", "ticktable_proto.v1.TableService", "arrow.flight.protocol.FlightService"):
             assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status \
                 == health_pb2.HealthCheckResponse.SERVING
         refl = reflection_pb2_grpc.ServerReflectionStub(ch)
         [answer] = list(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
             list_services="")]), timeout=10))
         services = {s.name for s in answer.list_services_response.service}
-        assert {"arrow.flight.protocol.FlightService", "ticktable.v1.TableService",
+        assert {"arrow.flight.protocol.FlightService", "ticktable_proto.v1.TableService",
                 "grpc.health.v1.Health"} <= services
     assert client.do_get(fl.Ticket(b"t")).read_all().num_rows == 2
     info = client.get_flight_info(fl.FlightDescriptor.for_path("t"))
