@@ -480,4 +480,3 @@ class TicktableServer:
         journal = self.durability.journal
         out.journal_bytes = journal.size_bytes() if journal is not None else 0
         return out
-        counts = self.metrics.totals() if self.metrics is not None else None
