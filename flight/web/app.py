@@ -82,6 +82,7 @@ class WebServer:
         self._http: tornado.httpserver.HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._arrow_feeds: set[TableFeed] = set()
+        self.sockets: set[tornado.websocket.WebSocketHandler] = set()  # open, on the loop
 
     @property
     def url(self) -> str:
@@ -136,6 +137,8 @@ class WebServer:
             async def stop() -> None:
                 if self._http is not None:
                     self._http.stop()
+                    for sock in list(self.sockets):  # detached from the HTTP server
+                        sock.close(1001, "server shutting down")
                     await self._http.close_all_connections()
 
             try:
@@ -316,6 +319,12 @@ class _Socket(tornado.websocket.WebSocketHandler):
     def table_name(self) -> str:
         return self.get_argument("table", "")
 
+    def open(self) -> Any:
+        self.web.sockets.add(self)
+
+    def on_close(self) -> None:
+        self.web.sockets.discard(self)
+
     def refuse(self, exc: Exception) -> None:
         """Close with a code the page shows: 4404 no such table, 4409 failed table."""
         code = 4404 if isinstance(exc, TableNotFound) else 4409
@@ -329,6 +338,7 @@ class _PerspectiveSocket(_Socket):
     session: Any = None
 
     async def open(self) -> None:
+        super().open()
         hub = self.web.hub
         assert hub is not None and self.web.loop is not None
         self.set_nodelay(True)  # request/response: Nagle's delay would add ~40 ms a round trip
@@ -358,6 +368,7 @@ class _PerspectiveSocket(_Socket):
             self.web.hub.executor.submit(self.session.handle_request, message)
 
     def on_close(self) -> None:
+        super().on_close()
         hub = self.web.hub
         if hub is None:
             return
@@ -378,6 +389,7 @@ class _ArrowSocket(_Socket):
     def open(self) -> None:
         from flight.web.gateway import follow
 
+        super().open()
         assert self.web.loop is not None
         self.set_nodelay(True)
         try:
@@ -388,6 +400,7 @@ class _ArrowSocket(_Socket):
         self.web._arrow_feeds.add(self.feed)
 
     def on_close(self) -> None:
+        super().on_close()
         if self.feed is not None:
             feed, self.feed = self.feed, None
             self.web._arrow_feeds.discard(feed)

@@ -40,7 +40,7 @@ def browser() -> Iterator[Any]:
 
 def start_server(**config: Any) -> tuple[TicktableServer, UpdateGraph]:
     graph = UpdateGraph()
-    server = TicktableServer(graph, ServerConfig(http_port=0, **config)).start()
+    server = TicktableServer(graph, ServerConfig(**{"http_port": 0, **config})).start()
     graph.start(0.05)
     return server, graph
 

@@ -198,3 +198,71 @@ def test_the_token_gate_serves_only_the_login_page_without_the_token(browser):
     finally:
         server.shutdown()
         graph.stop()
+
+
+def test_a_failed_table_shows_its_error_in_the_grid_header(web, prices, page):
+    import pyarrow.compute as pc
+
+    src = web.registry.create_source("fragile", pa.schema([("a", pa.int64()), ("b", pa.int64())]),
+                                     "keyed", keys=["a"])
+    src.table.upsert(pa.table({"a": [1], "b": [1]}))
+    ratio = src.table.update(r=pc.divide(pc.field("a"), pc.field("b")))  # fails when b is 0
+    web.registry.add("ratio", ratio, "derived", parents=["fragile"])
+    open_grid(page, web, "ratio", "perspective")
+    src.table.upsert(pa.table({"a": [2], "b": [0]}))
+    page.wait_for_function(
+        "() => document.querySelector('section.grid[data-table=\"ratio\"] .state')"
+        "?.classList.contains('failed')", timeout=5000)
+    assert "failed" in page.locator('section.grid[data-table="ratio"] .state').inner_text()
+
+
+@pytest.mark.parametrize("feed", FEEDS)
+def test_the_page_reconnects_by_itself_after_a_server_restart(browser, feed):
+    first, graph = start_server()
+    ports = {"port": first.port, "http_port": first.web.port}
+    tt.connect(first.location).push("t", pa.table({"k": ["a"], "v": [1]}), mode="upsert",
+                                    keys=["k"])
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        open_grid(page, first, "t", feed)
+        wait_cells(page, "t", "c.rows.length === 1 && c.rows[0][1] === '1'")
+        first.shutdown()
+        graph.stop()
+        page.wait_for_selector('section.grid[data-table="t"] .state.reconnecting', timeout=10_000)
+        second, graph = start_server(**ports)  # the same ports, new tables
+        try:
+            tt.connect(second.location).push("t", pa.table({"k": ["a"], "v": [2]}),
+                                             mode="upsert", keys=["k"])
+            page.wait_for_selector('section.grid[data-table="t"] .state.live', timeout=15_000)
+            wait_cells(page, "t", "c.rows.length === 1 && c.rows[0][1] === '2'")
+        finally:
+            second.shutdown()
+            graph.stop()
+    finally:
+        context.close()
+
+
+def test_the_web_ui_is_served_over_tls_with_flights_certificate(browser, tmp_path):
+    import subprocess
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True)
+    server, graph = start_server(tls_cert=(tmp_path / "cert.pem").read_bytes(),
+                                 tls_key=(tmp_path / "key.pem").read_bytes(), token="s3cret")
+    try:
+        assert server.web.url.startswith("https://")
+        context = browser.new_context(ignore_https_errors=True)  # self-signed
+        page = context.new_page()
+        page.goto(server.web.url)
+        page.fill("#token", "s3cret")
+        page.click("button[type=submit]")
+        page.locator("#connection.live").wait_for(timeout=10_000)
+        cookie = [c for c in context.cookies() if c["name"] == "ticktable_session"][0]
+        assert cookie["secure"]
+        context.close()
+    finally:
+        server.shutdown()
+        graph.stop()

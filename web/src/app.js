@@ -23,6 +23,7 @@ const grids = new Map(); // name -> Grid
 let tables = new Map(); // name -> row of /api/tables
 let listed = false; // the list was read at least once
 let serverFeed = "perspective";
+let serverDown = false;
 let worker = null;
 
 const $ = (sel, root = document) => root.querySelector(sel);
@@ -56,6 +57,7 @@ async function refresh() {
     res = await fetch("/api/tables", {cache: "no-store"});
   } catch (e) {
     setState($("#connection"), "reconnecting", "server unreachable: retrying");
+    serverDown = true;
     for (const g of grids.values()) g.serverGone();
     return;
   }
@@ -73,6 +75,10 @@ async function refresh() {
   setState($("#connection"), "live", "connected");
   tables = new Map(body.tables.map((t) => [t.name, t]));
   listed = true;
+  if (serverDown) { // back (perhaps restarted): every grid connects again
+    serverDown = false;
+    for (const g of grids.values()) g.lost("the server was unreachable");
+  }
   renderList(body.tables);
   for (const g of grids.values()) g.listed(tables.get(g.name));
 }
@@ -124,6 +130,7 @@ class Grid {
     $(".feed", this.el).textContent = feed;
     $(".close", this.el).addEventListener("click", () => this.close());
     this.viewer = $("perspective-viewer", this.el);
+    this.watch(this.viewer);
     this.table = null;
     this.client = null;
     this.ws = null;
@@ -133,6 +140,20 @@ class Grid {
     this.configured = false;
     this.stopped = null; // "failed" / "dropped": the table stopped updating
     $("#grids").append(this.el);
+  }
+
+  newViewer() {
+    const v = document.createElement("perspective-viewer");
+    this.watch(v);
+    return v;
+  }
+
+  watch(viewer) {
+    viewer.addEventListener("perspective-config-update", (ev) => {
+      if (viewer === this.viewer && ev.detail) {
+        this.cfg = JSON.parse(JSON.stringify({...this.cfg, ...ev.detail})); // data only
+      }
+    });
   }
 
   state(state, text) {
@@ -154,6 +175,7 @@ class Grid {
   }
 
   unknown() {
+    this.isUnknown = true;
     const have = [...tables.keys()].join(", ") || "none";
     this.state("unknown", "unknown table");
     let msg = $(".message", this.el);
@@ -178,6 +200,13 @@ class Grid {
       }
       return;
     }
+    if (this.isUnknown) { // it exists now (created, or back after a restart)
+      this.isUnknown = false;
+      $(".message", this.el)?.remove();
+      this.viewer.hidden = false;
+      this.start();
+      return;
+    }
     if (row.state === "failed") {
       this.stopped = "failed";
       this.state("failed", row.error || "failed");
@@ -196,13 +225,20 @@ class Grid {
 
   // Show `table` (named `tableName` on `client`), keeping the viewer's settings.
   async show(client, table, tableName) {
-    const cfg = this.configured ? await this.viewer.save() : null;
-    await this.viewer.load(client);
-    if (cfg) {
-      await this.viewer.restore({...cfg, table: tableName});
+    if (this.configured) {
+      // a viewer whose connection broke stays errored: a new one takes its place, with the
+      // settings (sort, filters, columns...) the old one last reported
+      const old = this.viewer;
+      this.viewer = this.newViewer();
+      old.replaceWith(this.viewer);
+      old.delete?.().catch?.(() => {});
+      await this.viewer.load(client);
+      await this.viewer.restore({...this.cfg, table: tableName});
     } else {
+      await this.viewer.load(client);
       const columns = (await table.columns()).filter((c) => c !== ROW_KEY);
       await this.viewer.restore({table: tableName, plugin: "Datagrid", columns});
+      this.cfg = await this.viewer.save();
       this.configured = true;
     }
     this.table = table;
