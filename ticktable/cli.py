@@ -177,8 +177,6 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"ticktable serving Flight at {server.location}", flush=True)
     if server.metrics_port:
         print(f"metrics at http://{args.host}:{server.metrics_port}/metrics", flush=True)
-    if server.web is not None:
-        print(f"web UI at {server.web.url}", flush=True)
     if args.demo:
         print("tables: quotes (ticking), board (sorted by Bid), stats (aggregate). "
               "Watch one from pandas:\n"
@@ -186,6 +184,8 @@ def _serve(args: argparse.Namespace) -> int:
               f"live = tt.connect('{server.location}').subscribe('board'); "
               f"[print(live.df, end='\\n\\n') or time.sleep(1) for _ in range(5)]\"\n"
               f"or from a terminal: ticktable tail board --uri {server.location}", flush=True)
+    if server.web is not None:  # after the lines scripts read first (Flight, metrics, demo)
+        print(f"web UI at {server.web.url} (open it in a browser)", flush=True)
     if server.recovery is not None:
         r = server.recovery
         print(f"tables are kept in {data_dir} (--in-memory keeps nothing): {r.tables} "
