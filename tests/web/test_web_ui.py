@@ -266,3 +266,28 @@ def test_the_web_ui_is_served_over_tls_with_flights_certificate(browser, tmp_pat
     finally:
         server.shutdown()
         graph.stop()
+
+
+@pytest.mark.parametrize("feed", FEEDS)
+def test_a_table_no_longer_watched_is_released(web, prices, browser, feed):
+    context = browser.new_context()
+    page = context.new_page()
+    open_grid(page, web, "prices", feed)
+    page.goto(f"{web.web.url}?t=prices&feed={feed}")  # a reload: the old socket goes
+    page.wait_for_selector('section.grid[data-table="prices"] .state.live', timeout=20_000)
+
+    def held():
+        hosted = web.web.hub.hosted().get("prices")
+        return (hosted.viewers if hosted else 0) + len(web.web._arrow_feeds)
+
+    deadline = time.monotonic() + 5
+    while held() != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert held() == 1  # the reloaded page's grid only
+    context.close()
+    deadline = time.monotonic() + 5
+    while held() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert held() == 0
+    assert not [s for s in web.registry.get("prices").publisher.subscribers
+                if type(s).__name__ == "TableFeed"]  # the feed left the table's publisher
