@@ -265,7 +265,7 @@ class RowSetShiftData:
     [0, 1, 3, 4, 5]
     """
 
-    __slots__ = ("begins", "ends", "deltas")
+    __slots__ = ("begins", "ends", "deltas", "_spans")
 
     begins: KeyArray
     ends: KeyArray
@@ -275,6 +275,7 @@ class RowSetShiftData:
         self.begins = begins
         self.ends = ends
         self.deltas = deltas
+        self._spans: dict[bool, RowSet] = {}  # the shifted keys as a RowSet, built once
 
     EMPTY: RowSetShiftData
 
@@ -376,8 +377,20 @@ class RowSetShiftData:
             return k
         return shift_keys(k, self.begins + self.deltas, self.ends + self.deltas, -self.deltas)
 
-    def _moving(self, rs: RowSet, begins: KeyArray, ends: KeyArray) -> RowSet:
-        return rs & RowSet(_bitmap_from_ranges(begins, ends + 1))
+    def _moving(self, rs: RowSet, begins: KeyArray, ends: KeyArray, after: bool = False) -> RowSet:
+        """The members of ``rs`` inside a range. A small ``rs`` (a viewport's rows against
+        a sort's thousands of ranges) is looked up key by key in the sorted ranges; a large
+        one is intersected with the ranges' RowSet, built once per shift (every subscriber
+        of a table applies the same one)."""
+        if len(rs) * 8 < begins.size:
+            keys = rs.keys()
+            i = np.searchsorted(begins, keys, side="right") - 1
+            inside = (i >= 0) & (keys <= ends[np.maximum(i, 0)])
+            return RowSet.from_keys(keys[inside], assume_sorted=True)
+        span = self._spans.get(after)
+        if span is None:
+            span = self._spans[after] = RowSet(_bitmap_from_ranges(begins, ends + 1))
+        return rs & span
 
     def apply(self, rs: RowSet) -> RowSet:
         """Shift a RowSet of the previous key space into the current key space.
@@ -396,7 +409,7 @@ class RowSetShiftData:
         """Shift a RowSet of the current key space back into the previous key space."""
         if not self or not rs:
             return rs
-        moving = self._moving(rs, self.begins + self.deltas, self.ends + self.deltas)
+        moving = self._moving(rs, self.begins + self.deltas, self.ends + self.deltas, after=True)
         if not moving:
             return rs
         moved = self.unapply_keys(moving.keys())

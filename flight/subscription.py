@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -248,19 +248,26 @@ class Subscription:
 
     # -------------------------------------------------------------- the fan-out
     def _may_share(self) -> bool:
-        """Whether this stream is one a fan-out may write (every row, ``UPDATES``, no wait)."""
-        return (self.format == pb.DELTA_FORMAT_UPDATES and self.viewport is None
-                and self._held is None and self.min_interval == 0
+        """Whether this stream is one a fan-out may write (``UPDATES``, no wait; every row,
+        or a viewport whose rows the client holds)."""
+        return (self.format == pb.DELTA_FORMAT_UPDATES and self.min_interval == 0
+                and (self.viewport is None) == (self._held is None)
                 and time.monotonic() >= self._rejoin_after)
 
     def _join_fanout(self, publisher: Any) -> None:
-        """Hand this stream to the fan-out of its columns, if it is caught up."""
-        key = (tuple(self.columns), self.batch_rows)
+        """Hand this stream to the fan-out of its columns and viewport, if it is caught up.
+
+        Subscribers of the same columns and the same viewport (many people watching the top
+        of one table) share one fan-out: each update's viewport delta is built once."""
+        viewport = None if self.viewport is None else tuple(self.viewport)
+        key = (tuple(self.columns), self.batch_rows, viewport)
         with self.graph.shared_lock():  # no cycle: the publisher's sequence stands still
             with self._cond:
                 if (self._pending or self._change or self._failure or self._closed
                         or self._resnapshot or self.sequence != publisher.sequence):
                     return
+                if self._held is not None and self._held != self._viewport_keys(self.table.rowset):
+                    return  # not holding the viewport's current rows (cannot happen caught up)
                 fan = publisher.fanout(key, lambda: self._new_fanout(publisher, key))
                 if fan.join(self):
                     publisher.unsubscribe(self)  # every later update comes through the fan-out
@@ -269,13 +276,18 @@ class Subscription:
 
     def _new_fanout(self, publisher: Any, key: tuple[Any, ...]) -> FanOut[_Encoded]:
         # builds with a subscription of these columns that holds every row (never sent to)
+        # (called under the shared lock: a viewport's rows are taken at the publisher's state)
         proto = Subscription(self.entry, pb.SubscriptionRequest(
             table=self.entry.name, columns=self.columns, max_batch_rows=self.batch_rows),
             self.options)
+        if self.viewport is not None:
+            proto.viewport = list(self.viewport)
+            proto._held = proto._viewport_keys(self.table.rowset)
 
         def build(pending: list[HistoryEntry], count: int) -> _Encoded:
-            return proto._encode(proto._delta(publisher, _composed(pending), count,
-                                              pending[-1].sequence, resume=pb.RESUME_NONE))
+            enc = proto._encode(proto._delta(publisher, _composed(pending), count,
+                                             pending[-1].sequence, resume=pb.RESUME_NONE))
+            return enc if proto._held is None else replace(enc, held=proto._held)
 
         return FanOut(self.graph, publisher, key, build, max_pending=self.options.max_pending,
                       stall_seconds=self.options.stall_seconds, name=self.entry.name)
@@ -322,6 +334,8 @@ class Subscription:
     def write_shared(self, msg: _Encoded) -> None:
         """The fan-out's thread writes ``msg`` to this stream (see flight/fanout.py)."""
         self._send(self._writer, msg)
+        if msg.held is not None:  # the viewport's rows the client holds after it
+            self._held = msg.held
 
     def on_detached(self, exc: BaseException | None) -> None:
         with self._cond:
@@ -512,6 +526,7 @@ class _Encoded:
     frames: tuple[bytes, ...]
     sequence: int
     step: int
+    held: RowSet | None = None  # a viewport fan-out's: the rows the client holds after it
 
 
 def _composed(pending: list[HistoryEntry]) -> TableUpdate:

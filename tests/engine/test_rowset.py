@@ -109,6 +109,25 @@ def test_shift_apply_unapply_roundtrip(mv):
     assert np.all(moved_prev != moved_cur)
 
 
+@given(moves(), st.data())
+def test_shift_of_a_few_keys_among_many_ranges_matches_the_range_set(mv, data):
+    """apply/unapply look a small RowSet up in the sorted ranges and intersect a large one
+    with the ranges' (cached) RowSet: both give what a per-key model gives."""
+    prev, cur = mv
+    s = RowSetShiftData.from_moves(prev, cur)
+    space = sorted(set(prev.tolist()) | set(range(0, 6000, 7)))
+    for size in (1, 3, len(space)):  # below and above the cut-over to the range set
+        keys = sorted(data.draw(st.sets(st.sampled_from(space), max_size=size)))
+        r = RowSet.from_keys(np.array(keys, dtype=np.int64))
+        moved = {int(a): int(b) for a, b in zip(prev, cur, strict=True)}
+        inside = [k for k in keys if any(b <= k <= e for b, e in zip(s.begins, s.ends, strict=True))]
+        model = sorted({moved[k] if k in moved else int(s.apply_keys(np.array([k]))[0])
+                        if k in inside else k for k in keys})
+        assert s.apply(r).keys().tolist() == model
+        assert s.moved_keys(r)[0].tolist() == inside
+        assert s.apply(r) == s.apply(r)  # the cached range set gives the same answer again
+
+
 def test_shift_builder_validates_and_coalesces():
     s = RowSetShiftData.from_arrays([0, 3, 10], [2, 5, 12], [4, 4, 1])
     assert (s.begins.tolist(), s.ends.tolist(), s.deltas.tolist()) == ([0, 10], [5, 12], [4, 1])

@@ -26,16 +26,18 @@ def _fanouts(server: TicktableServer, name: str) -> dict:
 
 
 def test_many_subscribers_share_one_message_per_update(server, client, graph):
-    """24 subscribers: 16 of all columns and 6 of a subset share two fan-outs; one with a
-    viewport and one of triples are on their own. After every cycle each view is exact."""
+    """27 subscribers: 16 of all columns, 6 of a subset and 3 of one viewport share three
+    fan-outs; one of another viewport has one of its own and one of triples is on its own.
+    After every cycle each view is exact."""
     rng = np.random.default_rng(11)
     src = RandomSource(graph, "keyed", rng, max_rows=150)
     server.registry.add("src", src.table, "keyed", keys=["Key"])
     full = [Sub(client, "src") for _ in range(16)]
     part = [Sub(client, "src", columns=["Key", "Price"]) for _ in range(6)]
-    board = Sub(client, "src", has_viewport=True, viewport=vp((0, 7)))
+    boards = [Sub(client, "src", has_viewport=True, viewport=vp((0, 7))) for _ in range(3)]
+    board = Sub(client, "src", has_viewport=True, viewport=vp((2, 5), (9, 12)))
     triples = Sub(client, "src", format=pb.DELTA_FORMAT_TRIPLES)
-    subs = [*full, *part, board, triples]
+    subs = [*full, *part, *boards, board, triples]
     for s in subs:
         s.read()
     graph.run_cycle()
@@ -51,14 +53,57 @@ def test_many_subscribers_share_one_message_per_update(server, client, graph):
             assert s.view.to_arrow().equals(want), f"cycle {cycle}: full[{i}] differs"
         for i, s in enumerate(part):
             assert s.view.to_arrow().equals(want.select(["Key", "Price"])), f"cycle {cycle}: part[{i}]"
-        assert board.view.to_arrow().equals(viewport_rows(want, [(0, 7)])), f"cycle {cycle}: board"
+        for i, s in enumerate(boards):
+            assert s.view.to_arrow().equals(viewport_rows(want, [(0, 7)])), f"cycle {cycle}: boards[{i}]"
+        assert board.view.to_arrow().equals(viewport_rows(want, [(2, 5), (9, 12)])), f"cycle {cycle}"
         got = triples.view.to_arrow()
         assert got.equals(want.sort_by([(c, "ascending") for c in want.column_names])), f"cycle {cycle}"
     fans = _fanouts(server, "src")
-    assert sorted(f.members for f in fans.values()) == [6, 16]
+    assert sorted(f.members for f in fans.values()) == [1, 3, 6, 16]
     for f in fans.values():  # one build per update (or per run of updates), not per subscriber
         assert 0 < f.messages <= publisher.sequence
-    assert len(publisher.subscribers) == 2 + len(fans)  # viewport, triples, the fan-outs
+    assert len(publisher.subscribers) == 1 + len(fans)  # triples, the fan-outs
+
+
+def test_viewports_of_a_sorted_table_share_fan_outs_and_stay_exact(server, client, graph):
+    """A sorted table shifts rows through the viewports every cycle: subscribers of the same
+    viewport share a fan-out (one viewport delta per update), one scrolls away and back
+    (leaving and rejoining), and every view equals the viewport of a fresh snapshot."""
+    rng = np.random.default_rng(21)
+    src = RandomSource(graph, "keyed", rng, max_rows=200)
+    board = src.table.sort("Price")
+    server.registry.add("board", board, "derived")
+    publisher = server.registry.get("board").publisher
+    assert publisher is not None
+    top = [Sub(client, "board", has_viewport=True, viewport=vp((0, 10))) for _ in range(4)]
+    mid = [Sub(client, "board", has_viewport=True, viewport=vp((40, 60))) for _ in range(2)]
+    scroller = Sub(client, "board", has_viewport=True, viewport=vp((0, 10)))
+    subs = [*top, *mid, scroller]
+    for s in subs:
+        s.read()
+    where = [(0, 10)]
+    for cycle in range(300):
+        if cycle % 50 == 25:
+            where = [(30, 45)] if where == [(0, 10)] else [(0, 10)]
+            scroller.change(set_viewport=True, has_viewport=True, viewport=vp(*where))
+            while scroller.view.viewport != where:
+                scroller.read()
+        src.step()
+        graph.run_cycle()
+        want = board.to_arrow()
+        for s in subs:
+            s.until(publisher.sequence)
+        for i, s in enumerate(top):
+            assert s.view.to_arrow().equals(viewport_rows(want, [(0, 10)])), f"cycle {cycle}: top[{i}]"
+        for i, s in enumerate(mid):
+            assert s.view.to_arrow().equals(viewport_rows(want, [(40, 60)])), f"cycle {cycle}: mid[{i}]"
+        assert scroller.view.to_arrow().equals(viewport_rows(want, where)), f"cycle {cycle}: scroller"
+    fans = {k[2]: f for k, f in _fanouts(server, "board").items()}
+    assert fans[((0, 10),)].members == 4 + (where == [(0, 10)])
+    assert fans[((40, 60),)].members == 2
+    assert 0 < fans[((0, 10),)].messages <= publisher.sequence
+    for s in subs:
+        s.close()
 
 
 def test_subscribers_join_leave_and_change_mid_stream(server, client, graph):
