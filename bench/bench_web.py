@@ -21,7 +21,8 @@ into the browser's engine) it prints:
   page open, their difference (the web path's cost), and the feed threads' own (building
   changes under the shared lock, and Perspective applying them); browser memory: the PSS of
   all Chromium processes and the page's JS heap;
-- time to first paint of ``--paint-sizes`` tables: from navigation to the first rows drawn.
+- time to first paint of ``--paint-sizes`` tables: from navigation to the first rows drawn,
+  and to every row in the page's Perspective table (the grid header's row count).
 
 Usage: ``python bench/bench_web.py [--rows 1000000 --rate 100 --batch 1000 --seconds 20
 --paint-sizes 1000000,10000000 --feeds perspective,arrow --json PATH]``.
@@ -265,17 +266,24 @@ def first_paint(browser, server: TicktableServer, feed: str, rows: int) -> dict:
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     t0 = time.perf_counter()
     page.goto(f"{server.web.url}?t={name}&feed={feed}")
+    loaded = None
     try:
         page.wait_for_function(FIRST_ROWS_JS, arg=[name], timeout=600_000, polling="raf")
         out = time.perf_counter() - t0
+        page.wait_for_function(  # every row in the grid's table (the header's row count)
+            "([name, n]) => document.querySelector(`section.grid[data-table=\"${name}\"] .rows`)"
+            "?.dataset.rows === String(n)", arg=[name, rows], timeout=600_000)
+        loaded = time.perf_counter() - t0
         state = page.locator(f'section.grid[data-table="{name}"] .state').inner_text()
         pss = _browser_pss_mb()
     except Exception as exc:  # the browser gave up (memory): the number is the failure
         out, state, pss = None, f"failed: {type(exc).__name__}: {str(exc)[:120]}", _browser_pss_mb()
     page.close()
     time.sleep(2.0)  # the server releases the table's Perspective copy
-    return {"feed": feed, "rows": rows, "first_paint_s": out, "state": state,
-            "browser_pss_mb": pss}
+    res = {"feed": feed, "rows": rows, "first_paint_s": out, "all_rows_s": loaded,
+           "state": state, "browser_pss_mb": pss}
+    print(f"  {res}", flush=True)
+    return res
 
 
 def main() -> int:
@@ -310,6 +318,7 @@ def main() -> int:
                 print(f"feed {feed}: {args.rows:,} rows, {args.rate:g} cycles/s of "
                       f"{args.batch:,}-row upserts, {args.seconds:g} s", flush=True)
                 live.append(run_feed(browser, server, feed, args))
+                print(f"  {live[-1]}", flush=True)
                 time.sleep(2.0)
             for rows in [int(x) for x in args.paint_sizes.split(",") if x]:
                 for feed in feeds:
@@ -327,7 +336,7 @@ def main() -> int:
         "cycle_p99_ms_page", "cycle_p99_ratio", "server_cpu_no_page", "server_cpu_page",
         "web_cpu_cores", "feed_thread_cores", "browser_pss_mb", "page_js_heap_mb"])
     print_table("time to first paint (navigation -> first rows drawn)", paints,
-                ["feed", "rows", "first_paint_s", "browser_pss_mb", "state"])
+                ["feed", "rows", "first_paint_s", "all_rows_s", "browser_pss_mb", "state"])
     write_json("bench_web", {"chromium": version, "args": vars(args), "live": live,
                              "first_paint": paints}, args.json)
     return 0

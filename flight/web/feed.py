@@ -40,12 +40,15 @@ from engine.rowset import RowSet
 from engine.update import TableUpdate, compose
 from flight.registry import HistoryEntry, TableEntry
 
-__all__ = ["ROW_KEY", "Change", "TableFeed", "perspective_schema", "to_ipc"]
+__all__ = ["ROW_KEY", "SNAPSHOT_CHUNK_ROWS", "Change", "TableFeed", "perspective_schema",
+           "split_snapshot", "to_ipc"]
 
 log = logging.getLogger(__name__)
 
 #: The column carrying each row's row key: the Perspective table's index.
 ROW_KEY = "__row_key"
+#: Rows per part of a large snapshot (the first part is the snapshot, the rest upserts).
+SNAPSHOT_CHUNK_ROWS = 500_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,21 @@ def _conform(rows: pa.Table, keys: npt.NDArray[np.int64], schema: pa.Schema) -> 
                                pa.string())
         arrays.append(col)
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def split_snapshot(change: Change, rows: int = SNAPSHOT_CHUNK_ROWS) -> list[Change]:
+    """A large snapshot as a snapshot of its first ``rows`` rows and upserts of the rest.
+
+    A viewer draws the first rows while the others arrive, and no message or Perspective
+    call is larger than a chunk (a browser holds a message whole, twice, while it decodes
+    it; Perspective's thread serves viewers between two chunks).
+    """
+    n = change.upserts.num_rows
+    if not change.snapshot or n <= rows:
+        return [change]
+    return [Change(i == 0, change.upserts.slice(i, rows), change.removes, change.step,
+                   change.sequence, change.updates, change.size)
+            for i in range(0, n, rows)]
 
 
 def to_ipc(table: pa.Table) -> bytes:

@@ -12,8 +12,9 @@ One :class:`~flight.web.feed.TableFeed` per socket. Each change is one binary me
 The browser builds a Perspective table indexed by ``__row_key`` from the snapshot, then
 per message calls ``remove`` and ``update``. A message is written only once the previous
 one left (the socket's flow control): meanwhile updates are composed into the next one.
-A failed or dropped table sends one text message ``{"state": "failed"|"dropped",
-"error": ...}`` and closes.
+A snapshot of more than :data:`~flight.web.feed.SNAPSHOT_CHUNK_ROWS` rows travels as a
+snapshot of its first rows and upserts of the others. A failed or dropped table sends one
+text message ``{"state": "failed"|"dropped", "error": ...}`` and closes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 from engine.errors import TableNotFound, TicktableError
 from flight.registry import TableRegistry
-from flight.web.feed import Change, TableFeed, to_ipc
+from flight.web.feed import Change, TableFeed, split_snapshot, to_ipc
 
 __all__ = ["encode_change", "follow"]
 
@@ -59,8 +60,9 @@ def follow(registry: TableRegistry, name: str, socket: Any, loop: asyncio.Abstra
     entry = registry.get(name)
 
     def deliver(change: Change) -> None:
-        data = encode_change(change)
-        asyncio.run_coroutine_threadsafe(_write(socket, data), loop).result()
+        for part in split_snapshot(change):
+            data = encode_change(part)
+            asyncio.run_coroutine_threadsafe(_write(socket, data), loop).result()
 
     def failed(exc: BaseException) -> None:
         state = "dropped" if isinstance(exc, TableNotFound) else "failed"

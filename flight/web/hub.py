@@ -27,7 +27,7 @@ from typing import Any
 import perspective
 
 from flight.registry import TableRegistry
-from flight.web.feed import ROW_KEY, Change, TableFeed, to_ipc
+from flight.web.feed import ROW_KEY, Change, TableFeed, split_snapshot, to_ipc
 
 __all__ = ["HostedTable", "PerspectiveHub"]
 
@@ -122,8 +122,10 @@ class PerspectiveHub:
 
     # ------------------------------------------------------------ feed callbacks
     def _apply(self, hosted: HostedTable, change: Change) -> None:
-        """On the feed's thread: apply ``change`` on Perspective's thread and wait."""
-        self.executor.submit(self._apply_now, hosted, change).result()
+        """On the feed's thread: apply ``change`` on Perspective's thread and wait (a large
+        snapshot in parts: viewers see its first rows, and are served, while it loads)."""
+        for part in split_snapshot(change):
+            self.executor.submit(self._apply_now, hosted, part).result()
 
     def _apply_now(self, hosted: HostedTable, change: Change) -> None:
         t0 = time.thread_time()

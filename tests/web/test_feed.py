@@ -128,3 +128,13 @@ def test_an_encoded_change_carries_header_removes_and_arrow_ipc():
     off = 4 + n + (-(4 + n) % 8)
     assert np.frombuffer(data[off:off + 16], "<f8").tolist() == [1.0, 2.0]
     assert pa.ipc.open_stream(data[off + 16:]).read_all().equals(change.upserts)
+
+
+def test_a_large_snapshot_travels_as_a_snapshot_and_upserts():
+    from flight.web.feed import split_snapshot
+
+    rows = pa.table({ROW_KEY: pa.array(np.arange(10), pa.int64())})
+    parts = split_snapshot(Change(True, rows, np.empty(0, np.int64), 3, 1, 0, 10), rows=4)
+    assert [(p.snapshot, p.upserts.num_rows) for p in parts] == [(True, 4), (False, 4),
+                                                                  (False, 2)]
+    assert pa.concat_tables([p.upserts for p in parts]).equals(rows)
