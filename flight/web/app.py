@@ -41,6 +41,7 @@ from flight.web.gate import COOKIE, Gate
 if TYPE_CHECKING:
     from flight.server import TicktableServer
     from flight.web.feed import TableFeed
+    from flight.web.gateway import Credits
     from flight.web.hub import HostedTable, PerspectiveHub
 
 __all__ = ["FEEDS", "STATIC", "WebServer"]
@@ -385,22 +386,31 @@ class _ArrowSocket(_Socket):
     """Feed ``arrow``: the table's snapshot and changes as Arrow IPC (flight.web.gateway)."""
 
     feed: TableFeed | None = None
+    credits: Credits | None = None
 
     def open(self) -> None:
-        from flight.web.gateway import follow
+        from flight.web.gateway import Credits, follow
 
         super().open()
         assert self.web.loop is not None
         self.set_nodelay(True)
+        self.credits = Credits()
         try:
-            self.feed = follow(self.web.server.registry, self.table_name(), self, self.web.loop)
+            self.feed = follow(self.web.server.registry, self.table_name(), self, self.web.loop,
+                               self.credits)
         except TableNotFound as exc:
             self.refuse(exc)
             return
         self.web._arrow_feeds.add(self.feed)
 
+    def on_message(self, message: str | bytes) -> None:
+        if message == "ack" and self.credits is not None:
+            self.credits.give()
+
     def on_close(self) -> None:
         super().on_close()
+        if self.credits is not None:
+            self.credits.close()
         if self.feed is not None:
             feed, self.feed = self.feed, None
             self.web._arrow_feeds.discard(feed)

@@ -10,8 +10,10 @@ One :class:`~flight.web.feed.TableFeed` per socket. Each change is one binary me
     the rest             the rows to upsert as one Arrow IPC stream (``__row_key`` first)
 
 The browser builds a Perspective table indexed by ``__row_key`` from the snapshot, then
-per message calls ``remove`` and ``update``. A message is written only once the previous
-one left (the socket's flow control): meanwhile updates are composed into the next one.
+per message calls ``remove`` and ``update``, and answers each binary message with the text
+message ``ack`` once applied. At most :data:`IN_FLIGHT` messages are unacknowledged: while
+the browser's engine is busy, updates are composed into the next message on the server
+(never queued in the browser, where latency and memory would grow without bound).
 A snapshot of more than :data:`~flight.web.feed.SNAPSHOT_CHUNK_ROWS` rows travels as a
 snapshot of its first rows and upserts of the others. A failed or dropped table sends one
 text message ``{"state": "failed"|"dropped", "error": ...}`` and closes.
@@ -23,13 +25,48 @@ import asyncio
 import json
 import logging
 import struct
+import threading
 from typing import Any
 
 from engine.errors import TableNotFound, TicktableError
 from flight.registry import TableRegistry
 from flight.web.feed import Change, TableFeed, split_snapshot, to_ipc
 
-__all__ = ["encode_change", "follow"]
+__all__ = ["IN_FLIGHT", "Credits", "encode_change", "follow"]
+
+#: Messages sent and not yet acknowledged by the browser, at most.
+IN_FLIGHT = 2
+
+
+class Credits:
+    """How many more messages may go to the browser before it acknowledges one."""
+
+    def __init__(self, n: int = IN_FLIGHT) -> None:
+        self._n = n
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def take(self) -> bool:
+        """Wait for a credit and take it; False once the socket closed."""
+        with self._cond:
+            while self._n == 0 and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return False
+            self._n -= 1
+            return True
+
+    def give(self) -> None:
+        """The browser acknowledged a message."""
+        with self._cond:
+            self._n += 1
+            self._cond.notify()
+
+    def close(self) -> None:
+        """The socket closed: nobody waits for a credit any more."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +83,12 @@ def encode_change(change: Change) -> bytes:
 
 
 def follow(registry: TableRegistry, name: str, socket: Any, loop: asyncio.AbstractEventLoop,
-           *, max_pending: int = 16) -> TableFeed:
+           credits: Credits, *, max_pending: int = 16) -> TableFeed:
     """Start streaming table ``name`` to ``socket`` (a tornado ``WebSocketHandler``).
 
-    Each change is written from the event loop; the feed's thread waits until it is
-    flushed. Returns the running feed (close it when the socket closes).
+    Each message waits for one of ``credits`` (the socket gives one back per ``ack``), is
+    written from the event loop, and the feed's thread waits until it is flushed. Returns
+    the running feed (close ``credits`` and then it when the socket closes).
 
     Raises
     ------
@@ -61,6 +99,8 @@ def follow(registry: TableRegistry, name: str, socket: Any, loop: asyncio.Abstra
 
     def deliver(change: Change) -> None:
         for part in split_snapshot(change):
+            if not credits.take():
+                return  # the socket closed
             data = encode_change(part)
             asyncio.run_coroutine_threadsafe(_write(socket, data), loop).result()
 

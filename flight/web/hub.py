@@ -33,6 +33,9 @@ __all__ = ["HostedTable", "PerspectiveHub"]
 
 log = logging.getLogger(__name__)
 
+# rows per Perspective call of a snapshot: a viewer's request waits for at most one call
+_PART_ROWS = 100_000
+
 
 @dataclass(slots=True)
 class HostedTable:
@@ -124,7 +127,7 @@ class PerspectiveHub:
     def _apply(self, hosted: HostedTable, change: Change) -> None:
         """On the feed's thread: apply ``change`` on Perspective's thread and wait (a large
         snapshot in parts: viewers see its first rows, and are served, while it loads)."""
-        for part in split_snapshot(change):
+        for part in split_snapshot(change, _PART_ROWS):
             self.executor.submit(self._apply_now, hosted, part).result()
 
     def _apply_now(self, hosted: HostedTable, change: Change) -> None:

@@ -269,6 +269,8 @@ class Grid {
       let opened = false;
       ws.onmessage = (ev) => {
         chain = chain.then(() => this.applyArrow(ev.data)).then(() => {
+          // applied: the server may send another (it composes updates meanwhile)
+          if (typeof ev.data !== "string" && ws.readyState === WebSocket.OPEN) ws.send("ack");
           if (!opened) { opened = true; resolve(); }
         }, (e) => { console.error(e); ws.close(); });
       };
