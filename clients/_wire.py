@@ -8,7 +8,7 @@ settings (:class:`Endpoint`) without a ``Client`` object.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,12 @@ __all__ = ["Endpoint", "PutSummary", "action", "chunks", "put_batches"]
 
 DEFAULT_PORT = 8815
 #: Rows per record batch sent by DoPut (bounded by bytes too, see :func:`chunks`).
+#: gRPC channel options of a subscription's connection: no BDP probing (which grows the
+#: receive window to many MB, all of it buffered ahead of a slow reader) and a fixed 1 MiB
+#: per-stream window (enough for ~1 GB/s at a 1 ms round trip).
+SUBSCRIPTION_WINDOW: tuple[tuple[str, Any], ...] = (
+    ("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1 << 20))
+
 CHUNK_ROWS = 1 << 17
 CHUNK_BYTES = 32 << 20
 
@@ -98,12 +104,26 @@ class Endpoint:
 
     def connect(self) -> tuple[fl.FlightClient, fl.FlightCallOptions]:
         """A new Flight client and the options every call must pass (token, timeout)."""
+        return self._connect(())
+
+    def connect_subscription(self) -> tuple[fl.FlightClient, fl.FlightCallOptions]:
+        """:meth:`connect` for one subscription stream: a fixed receive window
+        (:data:`SUBSCRIPTION_WINDOW`) in place of gRPC's growing one, so a client whose
+        callbacks are slow holds few messages in flight and the server composes the rest
+        into the next one (with gRPC's window a 1 s callback fell ever further behind:
+        35 s after 40 s; with this one it stays ~8 s behind, and a 2M-row snapshot over
+        loopback is no slower)."""
+        return self._connect(SUBSCRIPTION_WINDOW)
+
+    def _connect(self, options: Sequence[tuple[str, Any]]) -> tuple[fl.FlightClient, fl.FlightCallOptions]:
         kw: dict[str, Any] = {}
         roots = self._roots()
         if roots is not None:
             kw["tls_root_certs"] = roots
         if not self.verify:
             kw["disable_server_verification"] = True
+        if options:
+            kw["generic_options"] = list(options)
         client = fl.FlightClient(self.location, **kw)
         return client, self.options(timeout=None)
 

@@ -357,7 +357,7 @@ class Client:
         """
         from clients.live import LiveTable
 
-        live = LiveTable(self.endpoint.connect, name, columns=columns, viewport=viewport,
+        live = LiveTable(self.endpoint.connect_subscription, name, columns=columns, viewport=viewport,
                          on_update=on_update, **options)
         self._live = [x for x in self._live if not x.closed]
         self._live.append(live)
