@@ -130,19 +130,24 @@ def _conform(rows: pa.Table, keys: npt.NDArray[np.int64], schema: pa.Schema) -> 
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def split_snapshot(change: Change, rows: int = SNAPSHOT_CHUNK_ROWS) -> list[Change]:
-    """A large snapshot as a snapshot of its first ``rows`` rows and upserts of the rest.
+def split_snapshot(change: Change, rows: int = SNAPSHOT_CHUNK_ROWS,
+                   first_rows: int | None = None) -> list[Change]:
+    """A large snapshot as a snapshot of its first rows and upserts of the rest, ``rows``
+    rows each (``first_rows`` in the first part, when given).
 
     A viewer draws the first rows while the others arrive, and no message or Perspective
     call is larger than a chunk (a browser holds a message whole, twice, while it decodes
     it; Perspective's thread serves viewers between two chunks).
     """
     n = change.upserts.num_rows
-    if not change.snapshot or n <= rows:
+    first = rows if first_rows is None else first_rows
+    if not change.snapshot or n <= first:
         return [change]
-    return [Change(i == 0, change.upserts.slice(i, rows), change.removes, change.step,
-                   change.sequence, change.updates, change.size)
-            for i in range(0, n, rows)]
+    starts = [0, *range(first, n, rows)]
+    return [Change(i == 0, change.upserts.slice(s, (starts[i + 1] if i + 1 < len(starts)
+                                                    else n) - s),
+                   change.removes, change.step, change.sequence, change.updates, change.size)
+            for i, s in enumerate(starts)]
 
 
 def to_ipc(table: pa.Table) -> bytes:

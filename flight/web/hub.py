@@ -9,18 +9,23 @@ rows it shows cross the wire. When its last viewer leaves, the table is *release
 feed stops and the Perspective table is deleted.
 
 Every call into Perspective (building tables, applying changes, the sessions' requests)
-runs on one thread, the hub's executor: the engine sees one caller at a time, and the
-HTTP server's event loop never waits on it. A feed waits for its change to be applied,
-so while Perspective is busy the feed composes the updates that arrive meanwhile.
+runs on one thread, the hub's :class:`EngineThread`: the engine sees one caller at a time,
+and the HTTP server's event loop never waits on it. Viewers' requests go before queued
+changes (a viewer waits for at most the call in progress, e.g. one part of a large
+snapshot). A feed waits for its change to be applied, so while Perspective is busy the
+feed composes the updates that arrive meanwhile.
 """
 
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +34,68 @@ import perspective
 from flight.registry import TableRegistry
 from flight.web.feed import ROW_KEY, Change, TableFeed, split_snapshot, to_ipc
 
-__all__ = ["HostedTable", "PerspectiveHub"]
+__all__ = ["EngineThread", "HostedTable", "PerspectiveHub"]
 
 log = logging.getLogger(__name__)
 
-# rows per Perspective call of a snapshot: a viewer's request waits for at most one call
-_PART_ROWS = 100_000
+# rows in the first Perspective call of a snapshot (then SNAPSHOT_CHUNK_ROWS per call):
+# viewers see rows soon, and each later call notifies them once
+_FIRST_PART_ROWS = 100_000
+
+
+class EngineThread(Executor):
+    """One thread running calls in priority order: :meth:`submit` (viewers' requests) before
+    :meth:`submit_change` (applying a table's change), each kind first in, first out."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: list[tuple[int, int, Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
+        self._order = itertools.count()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        return self._put(0, fn, args)
+
+    def submit_change(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Queue ``fn(*args)`` behind every viewer's request."""
+        return self._put(1, fn, args)
+
+    def _put(self, priority: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Future[Any]:
+        fut: Future[Any] = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("Perspective's thread is shut down")
+            heapq.heappush(self._queue, (priority, next(self._order), fut, fn, args))
+            self._cond.notify()
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                _, _, fut, fn, args = heapq.heappop(self._queue)
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever waits on the future
+                fut.set_exception(exc)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._cond:
+            self._closed = True
+            if cancel_futures:
+                for item in self._queue:
+                    item[2].cancel()
+                self._queue.clear()
+            self._cond.notify_all()
+        if wait:
+            self._thread.join()
 
 
 @dataclass(slots=True)
@@ -67,7 +128,7 @@ class PerspectiveHub:
         self.server = perspective.Server()
         self.client = self.server.new_local_client()
         #: the one thread calling into Perspective
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="ticktable-web-psp")
+        self.executor = EngineThread("ticktable-web-psp")
         self._hosted: dict[str, HostedTable] = {}
         self._lock = threading.Lock()
 
@@ -112,7 +173,7 @@ class PerspectiveHub:
         if hosted.feed is not None:
             hosted.feed.close()
         if hosted.table is not None:
-            self.executor.submit(self._delete, hosted.table)
+            self.executor.submit_change(self._delete, hosted.table)
 
     def close(self) -> None:
         """Stop every feed and Perspective's thread."""
@@ -127,8 +188,8 @@ class PerspectiveHub:
     def _apply(self, hosted: HostedTable, change: Change) -> None:
         """On the feed's thread: apply ``change`` on Perspective's thread and wait (a large
         snapshot in parts: viewers see its first rows, and are served, while it loads)."""
-        for part in split_snapshot(change, _PART_ROWS):
-            self.executor.submit(self._apply_now, hosted, part).result()
+        for part in split_snapshot(change, first_rows=_FIRST_PART_ROWS):
+            self.executor.submit_change(self._apply_now, hosted, part).result()
 
     def _apply_now(self, hosted: HostedTable, change: Change) -> None:
         t0 = time.thread_time()

@@ -138,3 +138,7 @@ def test_a_large_snapshot_travels_as_a_snapshot_and_upserts():
     assert [(p.snapshot, p.upserts.num_rows) for p in parts] == [(True, 4), (False, 4),
                                                                   (False, 2)]
     assert pa.concat_tables([p.upserts for p in parts]).equals(rows)
+    parts = split_snapshot(Change(True, rows, np.empty(0, np.int64), 3, 1, 0, 10), rows=4,
+                           first_rows=1)
+    assert [p.upserts.num_rows for p in parts] == [1, 4, 4, 1]
+    assert pa.concat_tables([p.upserts for p in parts]).equals(rows)
