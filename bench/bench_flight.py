@@ -27,7 +27,8 @@ Measures:
      The server process drives the cycles itself (upsert a pre-built batch, ``run_cycle``,
      sleep to the next tick: what ``start(1/rate)`` does with a writer that stages once
      per tick); a terminal listener stamps each cycle's end. Each subscriber reads on its
-     own thread with its own connection. A message that coalesced several cycles counts
+     own thread with its own connection: subscriber 0 in this process, the others spread
+     over --client-procs spawned client processes (as separate clients would be). A message that coalesced several cycles counts
      once per cycle it covers, each against its own cycle end. Server CPU per message
      delivered: the server process's CPU seconds over the run (all threads, cycles too)
      over the messages the subscribers received; "serve" leaves out the thread driving the
@@ -317,9 +318,36 @@ class _Subscriber:
         self.client.close()
 
 
+def _subscriber_proc(location: str, n: int, conn: Any) -> None:
+    """A client process holding ``n`` subscribers: "ready" once every snapshot is decoded,
+    then, told the run's last step, its subscribers' records once they reached it."""
+    subs = [_Subscriber(location, "quotes", keep=False) for _ in range(n)]
+    deadline = time.monotonic() + 60
+    while any(s.last_step < 0 for s in subs) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cpu = os.times()
+    conn.send(("ready", cpu.user + cpu.system))
+    last = conn.recv()
+    deadline = time.monotonic() + 30
+    while any(s.last_step < last for s in subs) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    cpu = os.times()
+    out = [(s.records, s.last_step, None if s.error is None else repr(s.error)) for s in subs]
+    for s in subs:
+        s.close()
+    conn.send((out, cpu.user + cpu.system))  # CPU seconds so far (the ready ones subtracted)
+
+
+class _Remote:
+    """Subscribers of a spawned client process, read back as (records, last_step, error)."""
+
+    def __init__(self, records: list[tuple[int, float, int]], last_step: int, error: str | None) -> None:
+        self.records, self.last_step, self.error = records, last_step, error
+
+
 def bench_latency(trees: list[tuple[str, str]], rows: int, change: int, rate: float, cycles: int,
                   warmup: int, subscribers: list[int],
-                  failures: list[dict[str, str]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                  failures: list[dict[str, str]], client_procs: int = 5) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     servers = _Servers("latency", failures)
     for label, tree in trees:
         servers.start(label, tree, rows=rows, change=change, rate=rate)
@@ -329,7 +357,8 @@ def bench_latency(trees: list[tuple[str, str]], rows: int, change: int, rate: fl
             for label in servers.labels():
                 with servers.guard(label):
                     keep = n_subs == subscribers[0]
-                    row, first = _latency_run(servers.children[label], n_subs, cycles, warmup, keep)
+                    row, first = _latency_run(servers.children[label], n_subs, cycles, warmup, keep,
+                                              client_procs)
                     out.append({"subscribers": n_subs, "server": label, **row})
                     if keep:
                         views.append({"server": label, **_view_cost(first)})
@@ -338,28 +367,55 @@ def bench_latency(trees: list[tuple[str, str]], rows: int, change: int, rate: fl
     return out, views
 
 
-def _latency_run(child: _Child, n_subs: int, cycles: int, warmup: int,
-                 keep: bool) -> tuple[dict[str, Any], _Subscriber]:
-    subs: list[_Subscriber] = []
+def _latency_run(child: _Child, n_subs: int, cycles: int, warmup: int, keep: bool,
+                 client_procs: int) -> tuple[dict[str, Any], _Subscriber]:
+    """Subscriber 0 reads in this process; the others are spread over ``client_procs``
+    spawned client processes (50 subscribers are 50 clients, not 50 threads of one
+    Python process contending for its GIL)."""
+    subs: list[Any] = []
+    procs: list[tuple[Any, Any]] = []
+    ctx = mp.get_context("spawn")
+    rest = n_subs - 1
+    k = min(client_procs, rest)
     try:
-        for i in range(n_subs):
-            subs.append(_Subscriber(child.ready, "quotes", keep=keep and i == 0))
+        subs.append(_Subscriber(child.ready, "quotes", keep=keep))
+        for j in range(k):
+            parent, child_conn = ctx.Pipe()
+            n = rest // k + (j < rest % k)
+            p = ctx.Process(target=_subscriber_proc, args=(child.ready, n, child_conn), daemon=True)
+            p.start()
+            procs.append((p, parent))
+        remote_cpu = 0.0
+        for _, conn in procs:
+            if not conn.poll(120):
+                raise RuntimeError("a client process did not get its snapshots")
+            remote_cpu -= conn.recv()[1]
         deadline = time.monotonic() + 60
-        while any(s.last_step < 0 for s in subs) and time.monotonic() < deadline:
+        while subs[0].last_step < 0 and time.monotonic() < deadline:
             time.sleep(0.01)  # every snapshot decoded
         cpu0, wall0 = os.times(), time.perf_counter()
         res = child.call("run", warmup + cycles)
         last = res["last_step"]
+        for _, conn in procs:
+            conn.send(last)
         deadline = time.monotonic() + 30
-        while any(s.last_step < last for s in subs) and time.monotonic() < deadline:
+        while subs[0].last_step < last and time.monotonic() < deadline:
             time.sleep(0.005)
-        behind = sum(s.last_step < last for s in subs)
         cpu1, wall1 = os.times(), time.perf_counter()
+        for p, conn in procs:
+            out, cpu = conn.recv()
+            remote_cpu += cpu
+            subs.extend(_Remote(*o) for o in out)
+            p.join(30)
+        behind = sum(s.last_step < last for s in subs)
     finally:
-        for s in subs:
-            s.close()
-    client_cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / (wall1 - wall0)
-    errors = [repr(s.error) for s in subs if s.error is not None and s.last_step < last]
+        subs[0].close() if subs else None
+        for p, _ in procs:
+            if p.is_alive():
+                p.kill()
+    client_cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system + remote_cpu) / (wall1 - wall0)
+    errors = [s.error if isinstance(s.error, str) else repr(s.error) for s in subs
+              if s.error is not None and s.last_step < last]
     measured = set(range(res["first_step"] + warmup, last + 1))
     ends = res["ends"]
     lat_ns: list[int] = []
@@ -621,6 +677,8 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--subscribers", type=int, nargs="+", default=[1, 50])
+    ap.add_argument("--client-procs", type=int, default=5,
+                    help="client processes the subscribers after the first are spread over")
     ap.add_argument("--append-rows", type=int, default=4_000_000)
     ap.add_argument("--upsert-rows", type=int, default=1_000_000)
     ap.add_argument("--put-batch-rows", type=int, default=65_536)
@@ -651,7 +709,7 @@ def main() -> None:
                     ["size", "server", "server_to_arrow_s", *[f"gather_{c}_s" for c in SCHEMA.names]])
 
         lat, views = bench_latency(trees, args.keyed_rows, args.change, args.rate, args.cycles, args.warmup,
-                                   args.subscribers, failures)
+                                   args.subscribers, failures, args.client_procs)
         print_table(f"2. delta latency cycle end -> read_message done, {args.change:,}-row upserts into "
                     f"{args.keyed_rows:,} keyed rows at {args.rate:g}/s", lat,
                     ["subscribers", "server", "cycles", "rate_hz", "p50_ms", "median_ms", "mean_ms", "p99_ms",
@@ -693,7 +751,9 @@ def main() -> None:
           f"total {time.perf_counter() - t_all:.0f} s")
     write_json("bench_flight_quick" if args.quick else "bench_flight", {
         "args": vars(args), "trees": tree_info, "load_start": load_start, "load_end": load_end,
-        "topology": "one spawned process per server (old, new, raw), clients in the bench process",
+        "topology": "one spawned process per server (old, new, raw); subscriber 0 and the other "
+                    f"clients in the bench process, subscribers 1.. over {args.client_procs} "
+                    "spawned client processes",
         "snapshot": snap, "latency": lat, "reference_view_apply": views,
         "ingest_append": app, "ingest_keyed": keyed, "failures": failures, "summary": summary}, args.json)
 
