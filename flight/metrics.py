@@ -127,7 +127,7 @@ class Metrics:
 
     def _on_cycle(self, step: int) -> None:
         self.cycle.observe(self.server.graph.last_cycle_seconds)
-        for e in self.server.registry.entries():
+        for e in self.server.registry.entries():  # under the graph's lock: reads take no lock
             table = e.table
             if table.last_step != step:
                 continue

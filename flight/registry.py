@@ -211,6 +211,13 @@ class TableEntry:
 class TableRegistry:
     """The server's tables by name (thread-safe).
 
+    Reads (:meth:`get`, :meth:`names`, :meth:`entries`) take no lock: each reads one copy
+    of the name -> entry dict (``dict(d)`` is one step under the GIL), so code holding the
+    graph's lock (cycle listeners, a commit publishing staged parts) may call them. Changes
+    hold the registry's lock and may take the graph's lock inside it (a create builds its
+    table under the exclusive lock): that is the one lock order, registry then graph, and a
+    read under the graph's lock waiting for the registry would deadlock against it.
+
     Parameters
     ----------
     graph
@@ -242,26 +249,23 @@ class TableRegistry:
         TableNotFound
             Naming the tables that do exist.
         """
-        with self._lock:
-            entry = self._entries.get(name)
-            if entry is None:
-                have = ", ".join(sorted(self._entries)) or "none"
-                raise TableNotFound(f"no table {quoted(name)} (tables: {have}); create it "
-                                    f"first (create_table) or check the name")
-            return entry
+        entry = self._entries.get(name)
+        if entry is None:
+            have = ", ".join(sorted(dict(self._entries))) or "none"
+            raise TableNotFound(f"no table {quoted(name)} (tables: {have}); create it "
+                                f"first (create_table) or check the name")
+        return entry
 
     def names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._entries)
+        return sorted(dict(self._entries))
 
     def entries(self) -> list[TableEntry]:
-        with self._lock:
-            return [self._entries[n] for n in sorted(self._entries)]
+        entries = dict(self._entries)
+        return [entries[n] for n in sorted(entries)]
 
     def entries_in_order(self) -> list[TableEntry]:
         """Every entry in creation order (a table comes after the tables it derives from)."""
-        with self._lock:
-            return list(self._entries.values())
+        return list(dict(self._entries).values())
 
     def add(self, name: str, table: Table, kind: str, *, keys: list[str] | None = None,
             parents: list[str] | None = None, replace: bool = False) -> TableEntry:

@@ -103,3 +103,39 @@ def test_a_server_without_a_metrics_port_still_counts_for_stats():
         assert st.loc[st["name"] == "t", "put_rows"].tolist() == [2]
         assert st.attrs["journal_bytes"] == 0 and st.attrs["errors"] == {}
         tc.close()
+
+
+def test_creating_tables_while_cycles_run_never_deadlocks():
+    # a create holds the registry's lock and then takes the graph's; the metrics' cycle
+    # listener (under the graph's lock) read the registry under its lock: the fuzz found
+    # the server stuck, every call needing either lock hanging to its deadline
+    graph = UpdateGraph()
+    with TicktableServer(graph, ServerConfig(port=0)) as srv:
+        graph.start(interval=0.0005)
+        try:
+            c = fl.connect(srv.location)
+            from flight.pb import flight_pb2 as pb
+
+            t = srv.registry.create_source("src", KV, "append").table
+
+            def churn() -> None:  # every cycle has something to do
+                while not done.is_set():
+                    t.append(pa.table({"k": pa.array([1], pa.int64()), "v": pa.array([1.0])}))
+
+            import threading
+
+            done = threading.Event()
+            writer = threading.Thread(target=churn, daemon=True)
+            writer.start()
+            opts = fl.FlightCallOptions(timeout=20)
+            for i in range(150):
+                req = pb.CreateTableRequest(name=f"t{i}", schema=KV.serialize().to_pybytes(),
+                                            kind=pb.TABLE_KIND_APPEND)
+                list(c.do_action(fl.Action("create_table", req.SerializeToString()), opts))
+                list(c.do_action(fl.Action("stats", b""), opts))
+            done.set()
+            writer.join(10)
+            assert len(srv.registry.names()) == 151
+            c.close()
+        finally:
+            graph.stop()
