@@ -297,6 +297,8 @@ def main() -> int:
                     help="seconds of cycles with no page open, per feed")
     ap.add_argument("--feeds", default="perspective,arrow")
     ap.add_argument("--paint-sizes", default="1000000,10000000")
+    ap.add_argument("--web-interval", type=float, default=0.05,
+                    help="ServerConfig.web_interval: seconds between changes sent to a grid")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     path, version = find_chromium()
@@ -307,7 +309,7 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     graph = UpdateGraph()  # cycles driven by the bench: no periodic thread
-    server = TicktableServer(graph, ServerConfig(http_port=0)).start()
+    server = TicktableServer(graph, ServerConfig(http_port=0, web_interval=args.web_interval)).start()
     feeds = [f for f in args.feeds.split(",") if f]
     live, paints = [], []
     try:

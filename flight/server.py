@@ -123,6 +123,10 @@ class ServerConfig:
     web_feed
         How the web UI feeds a grid by default: ``"perspective"`` (Perspective's Python
         server holds the table) or ``"arrow"`` (Arrow IPC into the browser's engine).
+    web_interval
+        Seconds between two changes sent to one grid at most (what a table changes in
+        between is composed into the next): the web path's cost follows this rate, not
+        the cycle rate.
 
     A request past a limit is refused with RESOURCE_EXHAUSTED naming the limit and its
     ``ticktable serve`` flag; :mod:`flight.limits` has the table of limits and defaults.
@@ -160,6 +164,7 @@ class ServerConfig:
     metrics_port: int | None = None
     http_port: int | None = None
     web_feed: str = "perspective"
+    web_interval: float = 0.05
 
 
 class TicktableServer:
@@ -287,7 +292,8 @@ class TicktableServer:
             if cfg.http_port is not None:
                 from flight.web import WebServer
 
-                self.web = WebServer(self, cfg.http_port, feed=cfg.web_feed).start()
+                self.web = WebServer(self, cfg.http_port, feed=cfg.web_feed,
+                                     min_interval=cfg.web_interval).start()
         except BaseException:
             if self._grpc is not None:
                 self._grpc.stop(None)

@@ -67,13 +67,18 @@ class WebServer:
     feed
         The default feed of a grid: ``"perspective"`` or ``"arrow"`` (a page may ask for
         the other with ``?feed=``).
+    min_interval
+        Seconds between two changes sent to one grid at most, either feed
+        (:class:`~flight.web.feed.TableFeed`).
     """
 
-    def __init__(self, server: TicktableServer, port: int, *, feed: str = "perspective") -> None:
+    def __init__(self, server: TicktableServer, port: int, *, feed: str = "perspective",
+                 min_interval: float = 0.0) -> None:
         if feed not in FEEDS:
             raise InputError(f"unknown web feed {feed!r}; use one of {', '.join(FEEDS)}")
         self.server = server
         self.feed = feed
+        self.min_interval = min_interval
         self.gate = Gate(server.config.token, server.config.read_token)
         self.tls = bool(server.config.tls_cert)
         self._requested_port = port
@@ -110,7 +115,7 @@ class WebServer:
                             f"{exc.strerror or exc} (--http-port -1 turns it off)") from exc
         self.port = int(sockets[0].getsockname()[1])
         ssl_ctx = self._ssl_context()
-        self.hub = PerspectiveHub(self.server.registry)
+        self.hub = PerspectiveHub(self.server.registry, min_interval=self.min_interval)
         started = threading.Event()
 
         def run() -> None:
@@ -374,7 +379,12 @@ class _PerspectiveSocket(_Socket):
         if hub is None:
             return
         if self.session is not None:
-            hub.executor.submit(self.session.close)
+            from flight.web.hub import EngineClosed
+
+            try:
+                hub.executor.submit(self.session.close)
+            except EngineClosed:  # the hub is closing: its sessions go with it
+                pass
             self.session = None
         if self.hosted is not None:
             hosted, self.hosted = self.hosted, None
@@ -397,7 +407,7 @@ class _ArrowSocket(_Socket):
         self.credits = Credits()
         try:
             self.feed = follow(self.web.server.registry, self.table_name(), self, self.web.loop,
-                               self.credits)
+                               self.credits, min_interval=self.web.min_interval)
         except TableNotFound as exc:
             self.refuse(exc)
             return

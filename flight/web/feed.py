@@ -21,7 +21,10 @@ queued into one update, reads the rows it must send, releases the lock and hands
 busy Perspective engine) updates keep queuing; past ``max_pending`` they are composed in
 the cycle (exact :func:`~engine.update.compose`), so a slow consumer costs one composed
 update of memory and receives fewer, larger changes: :attr:`TableFeed.coalesced` counts
-the updates that never travelled on their own.
+the updates that never travelled on their own. With ``min_interval``, a change is built
+at most that often (what arrives in between is composed): a screen shows a value for a few
+frames at least, and the per-change cost of the consumer (Perspective's engine, the
+viewers' redraws) stops growing with the cycle rate.
 """
 
 from __future__ import annotations
@@ -174,11 +177,15 @@ class TableFeed:
     on_failure
         Called once on the feed's thread when the table fails or is dropped (then the
         feed stops).
+    min_interval
+        Seconds from the start of one change's delivery to the building of the next (0:
+        as soon as an update arrives).
     """
 
     def __init__(self, entry: TableEntry, deliver: Callable[[Change], None], *,
                  max_pending: int = 16,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 min_interval: float = 0.0) -> None:
         self.entry = entry
         self.table = entry.table
         self.graph = entry.table.graph
@@ -186,6 +193,7 @@ class TableFeed:
         self._deliver = deliver
         self._on_failure = on_failure
         self._max_pending = max_pending
+        self._min_interval = min_interval
         self._cond = threading.Condition()
         self._pending: list[HistoryEntry] = []
         self._pending_count = 0
@@ -247,12 +255,15 @@ class TableFeed:
                 first = self._snapshot(publisher.sequence)
                 publisher.subscribe(self)
             self.build_seconds += time.thread_time() - t0
+            due = time.monotonic() + self._min_interval
             self._deliver(first)
             self.changes += 1
             while True:
                 with self._cond:
                     while not (self._pending or self._failure or self._closed):
                         self._cond.wait()
+                    while not self._closed and (wait := due - time.monotonic()) > 0:
+                        self._cond.wait(wait)  # updates arriving meanwhile join this change
                     if self._closed:
                         return
                     if self._failure is not None and not self._pending:
@@ -265,6 +276,7 @@ class TableFeed:
                     change = self._delta(pending, count)
                 self.build_seconds += time.thread_time() - t0
                 self.coalesced += count - 1
+                due = time.monotonic() + self._min_interval
                 self._deliver(change)
                 self.changes += 1
         except Exception as exc:  # a failed or dropped table, or a broken consumer

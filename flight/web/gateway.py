@@ -83,7 +83,7 @@ def encode_change(change: Change) -> bytes:
 
 
 def follow(registry: TableRegistry, name: str, socket: Any, loop: asyncio.AbstractEventLoop,
-           credits: Credits, *, max_pending: int = 16) -> TableFeed:
+           credits: Credits, *, max_pending: int = 16, min_interval: float = 0.0) -> TableFeed:
     """Start streaming table ``name`` to ``socket`` (a tornado ``WebSocketHandler``).
 
     Each message waits for one of ``credits`` (the socket gives one back per ``ack``), is
@@ -112,7 +112,8 @@ def follow(registry: TableRegistry, name: str, socket: Any, loop: asyncio.Abstra
         asyncio.run_coroutine_threadsafe(
             _write(socket, json.dumps({"state": state, "error": error}), close=True), loop)
 
-    return TableFeed(entry, deliver, max_pending=max_pending, on_failure=failed).start()
+    return TableFeed(entry, deliver, max_pending=max_pending, on_failure=failed,
+                     min_interval=min_interval).start()
 
 
 async def _write(socket: Any, data: bytes | str, *, close: bool = False) -> None:

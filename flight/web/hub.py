@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 _FIRST_PART_ROWS = 100_000
 
 
+class EngineClosed(RuntimeError):
+    """A call submitted after :meth:`EngineThread.shutdown` (the web server is stopping)."""
+
+
 class EngineThread(Executor):
     """One thread running calls in priority order: :meth:`submit` (viewers' requests) before
     :meth:`submit_change` (applying a table's change), each kind first in, first out."""
@@ -66,7 +70,7 @@ class EngineThread(Executor):
         fut: Future[Any] = Future()
         with self._cond:
             if self._closed:
-                raise RuntimeError("Perspective's thread is shut down")
+                raise EngineClosed("Perspective's thread is shut down")
             heapq.heappush(self._queue, (priority, next(self._order), fut, fn, args))
             self._cond.notify()
         return fut
@@ -118,13 +122,15 @@ class PerspectiveHub:
     ----------
     registry
         The server's tables.
-    max_pending
+    max_pending, min_interval
         Passed to each :class:`~flight.web.feed.TableFeed`.
     """
 
-    def __init__(self, registry: TableRegistry, *, max_pending: int = 16) -> None:
+    def __init__(self, registry: TableRegistry, *, max_pending: int = 16,
+                 min_interval: float = 0.0) -> None:
         self.registry = registry
         self.max_pending = max_pending
+        self.min_interval = min_interval
         self.server = perspective.Server()
         self.client = self.server.new_local_client()
         #: the one thread calling into Perspective
@@ -154,6 +160,7 @@ class PerspectiveHub:
                 hosted = self._hosted[name] = HostedTable(name)
                 hosted.feed = TableFeed(entry, functools.partial(self._apply, hosted),
                                         max_pending=self.max_pending,
+                                        min_interval=self.min_interval,
                                         on_failure=functools.partial(self._failed, hosted))
                 hosted.feed.start()
             hosted.viewers += 1
@@ -173,7 +180,10 @@ class PerspectiveHub:
         if hosted.feed is not None:
             hosted.feed.close()
         if hosted.table is not None:
-            self.executor.submit_change(self._delete, hosted.table)
+            try:
+                self.executor.submit_change(self._delete, hosted.table)
+            except EngineClosed:  # the hub is closing: Perspective's server goes with it
+                pass
 
     def close(self) -> None:
         """Stop every feed and Perspective's thread."""

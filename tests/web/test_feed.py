@@ -61,8 +61,9 @@ def test_perspective_schema_puts_the_row_key_first_and_casts_what_perspective_ca
     assert s.types == [pa.int64(), pa.int64(), pa.string(), pa.float64(), pa.string()]
 
 
+@pytest.mark.parametrize("min_interval", [0.0, 0.01], ids=["every", "paced"])
 @pytest.mark.parametrize("sorted_", [False, True], ids=["keyed", "sorted"])
-def test_replayed_changes_equal_the_table_every_cycle(sorted_):
+def test_replayed_changes_equal_the_table_every_cycle(sorted_, min_interval):
     graph = UpdateGraph(validate=True)
     registry = TableRegistry(graph)
     src = registry.create_source("src", SCHEMA, "keyed", keys=["sym"]).table
@@ -75,7 +76,7 @@ def test_replayed_changes_equal_the_table_every_cycle(sorted_):
         entry = registry.add("board", src.sort("px", descending=True), "derived",
                              parents=["src"])
     replica = Replica()
-    feed = TableFeed(entry, replica.apply, max_pending=2).start()
+    feed = TableFeed(entry, replica.apply, max_pending=2, min_interval=min_interval).start()
     try:
         replica.wait(entry.publisher.sequence)
         assert replica.rows == expected(entry.table)
@@ -96,6 +97,35 @@ def test_replayed_changes_equal_the_table_every_cycle(sorted_):
     finally:
         feed.close()
     assert not entry.publisher.subscribers  # closing unsubscribes
+
+
+def test_min_interval_paces_changes_and_composes_what_came_between():
+    graph = UpdateGraph(validate=True)
+    registry = TableRegistry(graph)
+    entry = registry.create_source("t", SCHEMA, "keyed", keys=["sym"])
+    src = entry.table
+    replica = Replica()
+    delivered: list[float] = []
+    import time
+
+    def deliver(change: Change) -> None:
+        delivered.append(time.monotonic())
+        replica.apply(change)
+
+    feed = TableFeed(entry, deliver, min_interval=0.2).start()
+    try:
+        replica.wait(0)
+        for i in range(40):  # 40 cycles well within one interval
+            src.upsert({"sym": [f"S{i % 7}"], "px": [float(i)], "n": [i]})
+            graph.run_cycle()
+        replica.wait(entry.publisher.sequence)
+        with graph.shared_lock():
+            assert replica.rows == expected(entry.table)
+        assert len(replica.changes) - 1 < 40 and feed.coalesced > 0
+        gaps = np.diff(delivered)
+        assert gaps.min() >= 0.2 - 0.005, gaps  # never two changes within min_interval
+    finally:
+        feed.close()
 
 
 def test_a_dropped_table_stops_the_feed_with_its_reason():
