@@ -36,6 +36,7 @@ import tornado.web
 import tornado.websocket
 
 from engine.errors import InputError, TableFailed, TableNotFound
+from flight.web.feed import lower_priority
 from flight.web.gate import COOKIE, Gate
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ class WebServer:
         started = threading.Event()
 
         def run() -> None:
+            lower_priority()
             loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)
             self.loop = loop

@@ -30,6 +30,8 @@ viewers' redraws) stops growing with the cycle rate.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +54,21 @@ log = logging.getLogger(__name__)
 ROW_KEY = "__row_key"
 #: Rows per part of a large snapshot (the first part is the snapshot, the rest upserts).
 SNAPSHOT_CHUNK_ROWS = 500_000
+
+
+#: The nice value of the web path's threads (feeds, Perspective's engine, the HTTP loop).
+WEB_NICE = 10
+
+
+def lower_priority() -> None:
+    """Run the calling thread at :data:`WEB_NICE` (Linux: threads have nice values of their
+    own): when the cores are busy, the update cycle goes before the web path, which only
+    composes more while it waits."""
+    if sys.platform == "linux":
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WEB_NICE)
+        except OSError:  # not allowed here: the thread keeps its priority
+            pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +263,7 @@ class TableFeed:
 
     # ----------------------------------------------------------------- the thread
     def _run(self) -> None:
+        lower_priority()
         publisher = self.entry.publisher
         assert publisher is not None
         try:

@@ -32,7 +32,7 @@ from typing import Any
 import perspective
 
 from flight.registry import TableRegistry
-from flight.web.feed import ROW_KEY, Change, TableFeed, split_snapshot, to_ipc
+from flight.web.feed import ROW_KEY, Change, TableFeed, lower_priority, split_snapshot, to_ipc
 
 __all__ = ["EngineThread", "HostedTable", "PerspectiveHub"]
 
@@ -76,6 +76,7 @@ class EngineThread(Executor):
         return fut
 
     def _run(self) -> None:
+        lower_priority()
         while True:
             with self._cond:
                 while not self._queue and not self._closed:
