@@ -31,6 +31,7 @@ __all__ = [
     "lowest_bit",
     "member",
     "numeric_view",
+    "row_for_message",
     "shift_keys",
     "sorted_unique",
 ]
@@ -325,3 +326,25 @@ def _storage(t: pa.DataType) -> np.dtype[Any] | None:
         return np.dtype(np.int64) if width == 64 else np.dtype(np.int32) if width == 32 else None
     dtype: np.dtype[Any] = np.dtype(t.to_pandas_dtype())
     return dtype
+
+
+def row_for_message(data: pa.Table | pa.RecordBatch, i: int) -> dict[str, object]:
+    """Row ``i`` to quote in an error message: Python values, or Arrow's text for a value
+    Python cannot hold (a timestamp past year 9999), so quoting a row never fails itself."""
+    one = data.slice(i, 1)
+    try:
+        row: dict[str, object] = one.to_pylist()[0]
+    except (OverflowError, ValueError):
+        row = {name: _value_text(col) for name, col in zip(one.column_names, one.columns,
+                                                             strict=True)}
+    return row
+
+
+def _value_text(col: pa.ChunkedArray | pa.Array) -> object:
+    try:
+        return col.to_pylist()[0]
+    except (OverflowError, ValueError):
+        try:
+            return col.cast(pa.string()).to_pylist()[0]
+        except (pa.ArrowException, OverflowError, ValueError):
+            return f"<a {col.type} value>"

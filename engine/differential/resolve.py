@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine._kernels.arrays import row_for_message
 from engine._kernels.hashing import exact_hash, group_equal, hash_rows, rows_equal, same_rows
 from engine.differential.zset import ZSet
 from engine.errors import InputError
@@ -69,28 +70,6 @@ class KeyedWrites:
             table.delete(self.deletes)
         if self.upserts.num_rows:
             table.upsert(self.upserts)
-
-
-def _row(data: pa.Table, i: int) -> dict[str, object]:
-    """Row ``i`` for a message: Python values, or Arrow's text for a value Python cannot
-    hold (a timestamp past year 9999), so quoting a refused row never fails itself."""
-    one = data.slice(i, 1)
-    try:
-        row: dict[str, object] = one.to_pylist()[0]
-    except (OverflowError, ValueError):
-        row = {name: _value_text(col) for name, col in zip(one.column_names, one.columns,
-                                                             strict=True)}
-    return row
-
-
-def _value_text(col: pa.ChunkedArray) -> object:
-    try:
-        return col.to_pylist()[0]
-    except (OverflowError, ValueError):
-        try:
-            return col.cast(pa.string()).to_pylist()[0]
-        except (pa.ArrowException, OverflowError, ValueError):
-            return f"<a {col.type} value>"
 
 
 def resolve_triples(table: KeyedTable, batch: ZSet) -> KeyedWrites:
@@ -155,7 +134,7 @@ def resolve_triples(table: KeyedTable, batch: ZSet) -> KeyedWrites:
         raise InputError(
             f"table {table.name!r} is keyed by {keys}: it holds each row at most once, so its "
             f"weights must sum to +1 or -1 per row{' and time' if timed else ''}, got "
-            f"{int(z.diffs[i])} for {_row(z.data, i)}{at(i)} ({bad.size} such row(s))")
+            f"{int(z.diffs[i])} for {row_for_message(z.data, i)}{at(i)} ({bad.size} such row(s))")
     t = np.zeros(n, np.int64) if z.times is None else z.times[:, 0]
     key_cols = z.data.select(keys)
     order, starts = group_equal(
@@ -182,9 +161,9 @@ def resolve_triples(table: KeyedTable, batch: ZSet) -> KeyedWrites:
             members = members[z.diffs[members] == sign]
             i = int(members[0])
             raise InputError(
-                f"table {table.name!r}: key {_row(key_cols, i)} gets {int(counts[s])} "
+                f"table {table.name!r}: key {row_for_message(key_cols, i)} gets {int(counts[s])} "
                 f"{'+1' if sign > 0 else '-1'} rows{at(i)} "
-                f"({z.data.take(pa.array(members[:3])).to_pylist()}); a keyed table holds one "
+                f"({[row_for_message(z.data, int(m)) for m in members[:3]]}); a keyed table holds one "
                 f"row per key, so a key changes by at most one -1 and one +1"
                 f"{' per time' if timed else ''}")
         slot[step[sel]] = o[sel]
@@ -211,17 +190,17 @@ def resolve_triples(table: KeyedTable, batch: ZSet) -> KeyedWrites:
     if wrong.any():
         s = int(np.flatnonzero(wrong)[0])
         i = int(minus[s])
-        holds = _row(src, int(before[s])) if before[s] >= 0 else None
+        holds = row_for_message(src, int(before[s])) if before[s] >= 0 else None
         raise InputError(
-            f"table {table.name!r}: diff row {_row(z.data, i)} with weight -1{at(i)} retracts a "
-            f"row key {_row(key_cols, i)} does not hold (it holds {holds})")
+            f"table {table.name!r}: diff row {row_for_message(z.data, i)} with weight -1{at(i)} retracts a "
+            f"row key {row_for_message(key_cols, i)} does not hold (it holds {holds})")
     second = ~has_minus & had
     if second.any():
         s = int(np.flatnonzero(second)[0])
         i = int(plus[s])
         raise InputError(
-            f"table {table.name!r}: diff row {_row(z.data, i)} with weight +1{at(i)} adds a "
-            f"second row for key {_row(key_cols, i)}, which holds {_row(src, int(before[s]))}; "
+            f"table {table.name!r}: diff row {row_for_message(z.data, i)} with weight +1{at(i)} adds a "
+            f"second row for key {row_for_message(key_cols, i)}, which holds {row_for_message(src, int(before[s]))}; "
             f"retract that row (-1) in the same {'time' if timed else 'batch'}")
 
     # the last step of each key decides: its +1 is upserted, else the key is deleted

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine._kernels.arrays import row_for_message
 from engine._kernels.hashing import (
     exact_hash,
     group_equal,
@@ -240,7 +241,7 @@ class Upsert:
         if bad.any():
             entry = int(order[starts[np.flatnonzero(bad)[0]]])
             raise InputError(
-                f"the upsert trace holds record {found.records([entry]).to_pylist()[0]} with weight "
+                f"the upsert trace holds record {row_for_message(found.records([entry]), 0)} with weight "
                 f"{int(sums[bad][0])}; an upsert trace holds each key at most once (write it only "
                 f"through this Upsert)"
             )

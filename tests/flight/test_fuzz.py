@@ -479,6 +479,18 @@ def test_a_refused_diff_row_with_a_far_timestamp_is_an_input_error():
                                      "__diff": pa.array([2], pa.int64())}))
 
 
+def test_two_rows_for_one_key_with_far_timestamps_are_an_input_error():
+    # bench/fuzz.py --seed 11: quoting the rows of this refusal raised OverflowError (INTERNAL)
+    from tests.flight.writes import DIFF, Env
+
+    env: Any = Env()
+    env.create("t", schema=pa.schema([("k", pa.int64()), ("t", pa.timestamp("us"))]))
+    far = pa.array([1 << 62, (1 << 62) + 1], pa.int64()).view(pa.timestamp("us"))
+    with pytest.raises(TicktableError, match=r"gets 2 \+1 rows"):
+        env.put("t", DIFF, pa.table({"k": pa.array([1, 1], pa.int64()), "t": far,
+                                     "__diff": pa.array([1, 1], pa.int64())}))
+
+
 def test_create_table_with_a_field_name_that_is_not_utf8_is_invalid_argument(client):
     schema = _patched(pa.schema([("zzzz", pa.int64())]).serialize().to_pybytes(), b"zzzz",
                       b"\xff\xfe\xfd\xfc")

@@ -60,7 +60,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from engine._kernels.arrays import bitmap_of, expand_with_owner, member, sorted_unique
+from engine._kernels.arrays import (
+    bitmap_of,
+    expand_with_owner,
+    member,
+    row_for_message,
+    sorted_unique,
+)
 from engine.columns import ColumnSource
 from engine.errors import InvalidKeyError, SchemaError
 from engine.ops.join._state import JoinState
@@ -208,7 +214,7 @@ def _columns(state: JoinState, left: Table, right: Table, out: list[tuple[str, s
 
 
 def _key_text(table: Table, cols: list[str], key: int, prev: bool = False) -> str:
-    row = table.rows(np.array([key], dtype=np.int64), cols, prev=prev).to_pylist()[0]
+    row = row_for_message(table.rows(np.array([key], dtype=np.int64), cols, prev=prev), 0)
     return ", ".join(f"{c}={v!r}" for c, v in row.items())
 
 

@@ -162,3 +162,17 @@ def test_numeric_view_is_zero_copy_and_round_trips(t):
 ], ids=lambda c: str(c.type))
 def test_numeric_view_refuses(col):
     assert numeric_view(col, combine=True) is None
+
+
+def test_row_for_message_quotes_values_python_cannot_hold():
+    from engine._kernels.arrays import row_for_message
+
+    far = pa.array([1 << 62], pa.int64()).view(pa.timestamp("us"))
+    t = pa.table({"k": pa.array([7], pa.int64()), "t": far})
+    with pytest.raises(OverflowError):  # what quoting it with to_pylist does
+        t.to_pylist()
+    row = row_for_message(t, 0)
+    assert row["k"] == 7 and "4611686018427387904" in str(row["t"])  # Arrow's text
+    plain = pa.table({"k": [1, 2], "s": ["a", "b"]})
+    assert row_for_message(plain, 1) == {"k": 2, "s": "b"}
+    assert row_for_message(plain.to_batches()[0], 0) == {"k": 1, "s": "a"}
