@@ -76,6 +76,9 @@ def _checked(method: str, request: Any, context: grpc.ServicerContext, streaming
 log = logging.getLogger("ticktable.calls")
 
 _QUIET = "/grpc.health.v1.Health/"
+# a client's long-lived streams: their start and end are INFO (a subscriber or writer joined
+# or left); every other call is DEBUG unless it fails
+_STREAMS = frozenset({"DoExchange", "DoPut"})
 
 
 class CallLog(grpc.ServerInterceptor):  # type: ignore[misc]
@@ -135,18 +138,20 @@ class CallLog(grpc.ServerInterceptor):  # type: ignore[misc]
         return run
 
     def _start(self, method: str, context: grpc.ServicerContext) -> float:
-        log.debug("call %s from %s", method, context.peer())
+        log.log(logging.INFO if method in _STREAMS else logging.DEBUG, "call %s from %s",
+                method, context.peer())
         return time.monotonic()
 
     def _end(self, method: str, context: grpc.ServicerContext, t0: float) -> None:
         code = context.code()
         seconds = time.monotonic() - t0
         if code is None or code == grpc.StatusCode.OK:
+            level = logging.INFO if method in _STREAMS else logging.DEBUG
             if not context.is_active() and method in ("DoExchange", "DoPut", "DoGet"):
-                log.debug("call %s from %s ended by the client after %.3f s", method,
-                          context.peer(), seconds)
+                log.log(level, "call %s from %s ended by the client after %.3f s", method,
+                        context.peer(), seconds)
             else:
-                log.debug("call %s from %s done in %.3f s", method, context.peer(), seconds)
+                log.log(level, "call %s from %s done in %.3f s", method, context.peer(), seconds)
             return
         name = code.name if isinstance(code, grpc.StatusCode) else str(code)
         if self.metrics is not None:

@@ -4,6 +4,7 @@ over real HTTP from a real server on 127.0.0.1, with real Flight traffic."""
 from __future__ import annotations
 
 import logging
+import threading
 import urllib.request
 
 import pyarrow as pa
@@ -64,6 +65,37 @@ def test_metrics_follow_writes_cycles_subscribers_and_errors(served, caplog):
     # the error was logged with the client's address and its one-line answer
     line = next(r.getMessage() for r in caplog.records if "NOT_FOUND" in r.getMessage())
     assert "DoGet" in line and "127.0.0.1" in line and "nope" in line
+    # a subscriber joining and leaving: INFO, with its address
+    seen: list[str] = []
+    left = threading.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            msg = record.getMessage()
+            if record.levelno == logging.INFO and "DoExchange" in msg:
+                seen.append(msg)
+                if " after " in msg or " done in " in msg:
+                    left.set()
+
+    calls = logging.getLogger("ticktable.calls")
+    watch, level = Watch(), calls.level
+    calls.addHandler(watch)
+    calls.setLevel(logging.INFO)
+    try:
+        from clients.client import connect
+
+        tc = connect(srv.location)
+        tc.subscribe("t").close()
+        tc.close()
+        assert left.wait(10), seen
+    finally:
+        calls.removeHandler(watch)
+        calls.setLevel(level)
+    import re
+
+    joined = [m for m in seen if re.fullmatch(r"call DoExchange from \S*127\.0\.0\.1\S*", m)]
+    assert joined, seen  # the start, before anything else of the call
+    assert "127.0.0.1" in seen[-1] and seen.index(joined[0]) == 0
     c.close()
 
 
