@@ -4,7 +4,9 @@ Every backend makes each batch durable before acknowledging it, and concurrent w
 flushes through the same group-commit loop (a queue, one flusher thread, one sync per group):
 
   sqlite  ``flight.journal.Journal`` itself: SQLite in WAL mode, ``synchronous=FULL``,
-          64 KiB pages, WAL checkpointed every 64 MiB; CRC32 per record, dedupe tables.
+          64 KiB pages, WAL checkpointed every 64 MiB; CRC32 per record, dedupe tables;
+          payloads of 64 KiB or more in payload files beside it, written with ``pwrite``
+          and ``fdatasync``-ed before the COMMIT that refers to them.
   lmdb    LMDB (``sync=True, metasync=True``): one write transaction per group, keys
           ``seq`` + meta / payload; CRC32 per record kept beside it (LMDB has none).
   file    an append-only file of length-prefixed records (seq, CRC32, lengths, meta,

@@ -6,13 +6,15 @@ database (WAL mode, ``synchronous=FULL``, 64 KiB pages) with the tables
 
 * ``meta(key, value)``: ``format`` (``ticktable-journal``), ``version`` (:data:`VERSION`)
   and ``truncated_upto`` (so a seq is never handed out twice, even once all is truncated);
-* ``records(seq, txn, kind, table_name, meta, payload, crc)``: ``txn`` numbers the
-  transaction that wrote the record, ``crc`` is :func:`crc` over all the rest;
+* ``records(seq, txn, kind, table_name, meta, payload, crc, seg, off, size)``: ``txn``
+  numbers the transaction that wrote the record, ``crc`` is :func:`crc` over all the rest;
+  a large payload is in a payload file (:mod:`flight._journal_payloads`): ``payload`` is
+  empty and ``(seg, off, size)`` say where it is (NULL for an inline payload);
 * ``dedupe_streams(stream_id, seq, batch_id, at)``: a short history per stream (the
   newest row wins), so that cutting a torn tail restores the batch id before it;
 * ``dedupe_writes(write_id, result, seq, at)``.
 
-``journal.lock`` beside it is ``flock``-ed by the process that has the journal open.
+``payloads/`` beside it holds the payload files; ``journal.lock`` is ``flock``-ed by the process that has the journal open.
 
 Errors, split by what the operator must do::
 
@@ -35,13 +37,15 @@ import zlib
 from pathlib import Path
 
 from engine.errors import ServiceError, TicktableError
+from flight import _journal_payloads as _payloads
 
 log = logging.getLogger(__name__)
 
 #: The database's file name inside the data dir.
 FILENAME = "journal.sqlite"
-#: The on-disk format this module reads and writes; any other refuses to open.
-VERSION = 1
+#: The on-disk format this module reads and writes; any other refuses to open, except
+#: version 1 (every payload inline), which is upgraded in place.
+VERSION = 2
 _FORMAT = "ticktable-journal"
 
 # 64 KiB pages: a 2 MB payload spans 32 overflow pages instead of 512 (bench_journal.py).
@@ -58,7 +62,8 @@ _SCHEMA = """
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE records(
     seq INTEGER PRIMARY KEY, txn INTEGER NOT NULL, kind TEXT NOT NULL, table_name TEXT,
-    meta BLOB NOT NULL, payload BLOB NOT NULL, crc INTEGER NOT NULL);
+    meta BLOB NOT NULL, payload BLOB NOT NULL, crc INTEGER NOT NULL,
+    seg INTEGER, off INTEGER, size INTEGER);
 CREATE TABLE dedupe_streams(
     stream_id TEXT NOT NULL, seq INTEGER NOT NULL, batch_id INTEGER NOT NULL, at REAL NOT NULL,
     PRIMARY KEY (stream_id, seq)) WITHOUT ROWID;
@@ -180,8 +185,8 @@ def classify(exc: sqlite3.Error, path: Path) -> tuple[type[JournalUnavailable], 
 
 
 def disk_size(path: Path) -> int:
-    """Bytes on disk of the database and its WAL."""
-    total = 0
+    """Bytes on disk of the database, its WAL and the payload files."""
+    total = _payloads.disk_size(path.parent)
     for p in (path, path.with_name(path.name + "-wal")):
         try:
             total += p.stat().st_size
@@ -191,8 +196,11 @@ def disk_size(path: Path) -> int:
 
 
 # ------------------------------------------------------------------------------------- open
-def open_files(root: Path) -> tuple[Path, sqlite3.Connection, int, int, int]:
-    """Lock, open and check the journal in ``root``: (path, connection, lock fd, next seq, next txn).
+def open_files(root: Path) -> tuple[Path, sqlite3.Connection, int, int, int,
+                                    _payloads.PayloadWriter]:
+    """Lock, open and check the journal in ``root``.
+
+    Returns (path, connection, lock fd, next seq, next txn, payload writer).
 
     Raises the errors :meth:`~flight.journal.Journal.open` documents.
     """
@@ -203,6 +211,9 @@ def open_files(root: Path) -> tuple[Path, sqlite3.Connection, int, int, int]:
         conn = connect(path, readonly=False)
         try:
             next_seq, next_txn = _recover(conn, path)
+            ends = dict(conn.execute("SELECT seg, max(off + size) FROM records "
+                                     "WHERE seg IS NOT NULL GROUP BY seg").fetchall())
+            payloads = _payloads.open_payloads(root, ends)
         except BaseException:
             conn.close()
             raise
@@ -215,7 +226,7 @@ def open_files(root: Path) -> tuple[Path, sqlite3.Connection, int, int, int]:
     except BaseException:
         os.close(lock_fd)
         raise
-    return path, conn, lock_fd, next_seq, next_txn
+    return path, conn, lock_fd, next_seq, next_txn, payloads
 
 
 def _lock(lock_path: Path, path: Path) -> int:
@@ -253,6 +264,13 @@ def _recover(conn: sqlite3.Connection, path: Path) -> tuple[int, int]:
     if meta.get("format") != _FORMAT:
         raise JournalIncompatible(path, f"is not a Ticktable journal (format "
                                   f"{meta.get('format')!r}); point the server at another data dir")
+    if meta.get("version") == "1":  # payloads all inline: add the payload-file columns
+        with transaction(conn):
+            for column in ("seg", "off", "size"):
+                conn.execute(f"ALTER TABLE records ADD COLUMN {column} INTEGER")
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'version'", (str(VERSION),))
+        meta["version"] = str(VERSION)
+        log.info("journal %s upgraded from format version 1 to %d", path, VERSION)
     if meta.get("version") != str(VERSION):
         raise JournalIncompatible(path, f"has format version {meta.get('version')}, this "
                                   f"Ticktable reads version {VERSION}: run the Ticktable that "
@@ -270,19 +288,46 @@ def _cut_torn_tail(conn: sqlite3.Connection, path: Path) -> None:
     """
     bad: list[_Row] = []    # failing records since the last whole one
     last: list[_Row] = []   # the whole records of the last transaction seen whole
-    rows = conn.execute("SELECT seq, txn, kind, table_name, meta, payload, crc FROM records "
-                        "ORDER BY seq")
-    for seq, txn, kind, table, meta, payload, stored in rows:
-        row = (seq, txn, kind, table)
-        if crc(seq, txn, kind, table, zlib.crc32(payload, zlib.crc32(meta))) != stored:
-            bad.append(row)
-            continue
-        if bad:
-            raise JournalCorrupt(path, f"record {_name(bad[0])} fails its checksum but record "
-                                 f"{seq} after it is whole (damage before the tail)")
-        if last and last[-1][1] != txn:
-            last = []
-        last.append(row)
+    files: dict[int, Path] = {}  # the payload file of each failing record that has one
+    rows = conn.execute("SELECT seq, txn, kind, table_name, meta, payload, crc, seg, off, size "
+                        "FROM records ORDER BY seq")
+    with _payloads.PayloadReader(path.parent) as reader:
+        for seq, txn, kind, table, meta, payload, stored, seg, off, size in rows:
+            row = (seq, txn, kind, table)
+            if seg is not None:
+                try:
+                    payload = reader.read(seg, off, size)
+                except FileNotFoundError:
+                    file = _payloads.segment_path(path.parent, seg)
+                    raise JournalCorrupt(path, f"record {_name(row)} refers to payload file "
+                                         f"{file}, which is missing") from None
+            whole = (len(payload) == (size if seg is not None else len(payload))
+                     and crc(seq, txn, kind, table, zlib.crc32(payload, zlib.crc32(meta)))
+                     == stored)
+            if not whole and seg is not None:
+                files[seq] = _payloads.segment_path(path.parent, seg)
+            _judge(path, row, whole, bad, last, files)
+    _cut(conn, path, bad, last)
+
+
+def _judge(path: Path, row: _Row, whole: bool, bad: list[_Row], last: list[_Row],
+           files: dict[int, Path]) -> None:
+    """One record of the scan in seq order: a failing one joins ``bad``; a whole one after a
+    failing one is damage before the tail; ``last`` keeps the last whole transaction."""
+    if not whole:
+        bad.append(row)
+        return
+    if bad:
+        where = f" (its payload in {files[bad[0][0]]})" if bad[0][0] in files else ""
+        raise JournalCorrupt(path, f"record {_name(bad[0])}{where} fails its checksum but "
+                             f"record {row[0]} after it is whole (damage before the tail)")
+    if last and last[-1][1] != row[1]:
+        last.clear()
+    last.append(row)
+
+
+def _cut(conn: sqlite3.Connection, path: Path, bad: list[_Row], last: list[_Row]) -> None:
+    """Cut the failing records ``bad`` with their transaction, if they are a torn tail."""
     if not bad:
         return
     txn = bad[0][1]

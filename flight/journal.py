@@ -4,7 +4,8 @@ A :class:`Journal` is one SQLite database, ``<data dir>/journal.sqlite``, in WAL
 ``synchronous=FULL``: a transaction that returned from COMMIT has been fsynced. Records are
 ``(seq, kind, table, meta, payload)``: ``kind`` and ``meta`` (protobuf or JSON bytes) are
 the caller's, ``payload`` is an Arrow IPC stream (:func:`ipc_bytes`, :func:`read_ipc`) or
-empty.
+empty. A payload of 64 KiB or more is written once to a payload file beside the database
+and made durable before the COMMIT that refers to it (:mod:`flight._journal_payloads`).
 
 Contract, relied on by the server and by replay:
 
@@ -59,6 +60,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from flight import _journal_format as _fmt
+from flight import _journal_payloads as _payloads
 from flight._journal_format import FILENAME as FILENAME
 from flight._journal_format import VERSION as VERSION
 from flight._journal_format import JournalClosed as JournalClosed
@@ -151,21 +153,14 @@ class JournalStats:
 def ipc_bytes(data: pa.Table | pa.RecordBatch) -> pa.Buffer:
     """Serialize ``data`` as one Arrow IPC stream, for a record's ``payload``.
 
-    Batches of :data:`COMPRESS_MIN_BYTES` or more are LZ4-compressed (Arrow's IPC buffer
-    compression; :func:`read_ipc` and any Arrow reader undo it): fewer bytes to fsync, on
-    the writer's thread. Returns a ``pyarrow.Buffer``: bytes-like, the journal takes it
-    without a copy into ``bytes``.
+    Uncompressed: LZ4 cost the writer's thread 1.9 ms per 64K-row batch (2.3 MB) to save
+    a third of a write that a payload file takes in about 1 ms. Returns a
+    ``pyarrow.Buffer``: bytes-like, the journal takes it without a copy into ``bytes``.
     """
     sink = pa.BufferOutputStream()
-    options = _LZ4 if data.nbytes >= COMPRESS_MIN_BYTES else None
-    with ipc.new_stream(sink, data.schema, options=options) as writer:
+    with ipc.new_stream(sink, data.schema) as writer:
         writer.write(data)
     return sink.getvalue()
-
-
-#: Payloads at least this large are compressed by :func:`ipc_bytes`.
-COMPRESS_MIN_BYTES = 64 << 10
-_LZ4 = ipc.IpcWriteOptions(compression="lz4_frame")
 
 
 def read_ipc(payload: Blob) -> pa.Table:
@@ -207,8 +202,9 @@ class Journal:
     """
 
     def __init__(self, path: Path, conn: sqlite3.Connection, lock_fd: int, next_seq: int,
-                 next_txn: int) -> None:
+                 next_txn: int, payloads: _payloads.PayloadWriter) -> None:
         self._path = path
+        self._payloads = payloads
         self._conn: sqlite3.Connection | None = conn
         self._lock_fd = lock_fd
         self._cond = threading.Condition()
@@ -241,10 +237,11 @@ class Journal:
         JournalUnavailable
             Another process has the journal open, or the file cannot be opened.
         """
-        path, conn, lock_fd, next_seq, next_txn = _fmt.open_files(Path(directory).resolve())
+        path, conn, lock_fd, next_seq, next_txn, payloads = _fmt.open_files(
+            Path(directory).resolve())
         log.info("journal %s open: next seq %d, %.1f MB on disk", path, next_seq,
                  _fmt.disk_size(path) / 1e6)
-        return cls(path, conn, lock_fd, next_seq, next_txn)
+        return cls(path, conn, lock_fd, next_seq, next_txn, payloads)
 
     @property
     def path(self) -> Path:
@@ -322,8 +319,9 @@ class Journal:
     def truncate(self, upto: int) -> int:
         """Delete the records with ``seq <= upto`` (a checkpoint holds them); return how many.
 
-        One transaction, then the WAL is checkpointed and truncated; queued after every
-        record already appended. Each stream's dedupe history is pruned to its newest row
+        One transaction, then the WAL is checkpointed and truncated and the payload files
+        no record refers to any more are deleted; queued after every record already
+        appended. Not while :meth:`records` is being iterated. Each stream's dedupe history is pruned to its newest row
         at or before ``upto``.
         """
         with self._cond:
@@ -341,6 +339,9 @@ class Journal:
                 conn.execute("UPDATE meta SET value = max(CAST(value AS INTEGER), ?) "
                              "WHERE key = 'truncated_upto'", (upto,))
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            live = {seg for (seg,) in conn.execute(
+                "SELECT DISTINCT seg FROM records WHERE seg IS NOT NULL")}
+            self._payloads.release(live)
             return int(n)
 
         return self._task(run)
@@ -371,6 +372,7 @@ class Journal:
         if self._conn is not None:
             self._conn.close()  # the last connection: SQLite checkpoints and removes the WAL
             self._conn = None
+        self._payloads.close()
         os.close(self._lock_fd)
         log.info("journal %s closed at seq %d", self._path, self._last_seq)
 
@@ -387,12 +389,16 @@ class Journal:
         One consistent snapshot: records made durable while iterating are not seen.
         """
         conn = _fmt.connect(self._path, readonly=True)
+        reader = _payloads.PayloadReader(self._path.parent)
         try:
-            rows = conn.execute("SELECT seq, kind, table_name, meta, payload FROM records "
-                                "WHERE seq > ? ORDER BY seq", (after,))
-            for seq, kind, table, meta, payload in rows:
+            rows = conn.execute("SELECT seq, kind, table_name, meta, payload, seg, off, size "
+                                "FROM records WHERE seq > ? ORDER BY seq", (after,))
+            for seq, kind, table, meta, payload, seg, off, size in rows:
+                if seg is not None:
+                    payload = reader.read(seg, off, size)
                 yield Record(seq, kind, table, meta, payload)
         finally:
+            reader.close()
             conn.close()
 
     def last_batch_ids(self) -> dict[str, int]:
@@ -498,18 +504,24 @@ class Journal:
 
     def _commit(self, group: list[_Pending]) -> None:
         txn, now = self._next_txn, time.time()
-        rows = [(p.seq, txn, p.kind, p.table, p.meta, p.payload,
-                 _fmt.crc(p.seq, txn, p.kind, p.table, p.body_crc)) for p in group]
+        t0 = time.perf_counter()
+        mark = self._payloads.mark()
+        where = self._write_payloads(group)
+        if where is None:
+            return
+        rows = [(p.seq, txn, p.kind, p.table, p.meta, b"" if p.seq in where else p.payload,
+                 _fmt.crc(p.seq, txn, p.kind, p.table, p.body_crc),
+                 *where.get(p.seq, (None, None, None))) for p in group]
         streams = [(sid, p.seq, bid, now) for p in group if p.dedupe
                    for sid, bid in p.dedupe.streams]
         writes = [(wid, res, p.seq, now) for p in group if p.dedupe
                   for wid, res in p.dedupe.writes]
-        t0 = time.perf_counter()
         try:
             conn = self._writer()
             with _fmt.transaction(conn):
                 conn.executemany("INSERT INTO records(seq, txn, kind, table_name, meta, payload, "
-                                 "crc) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                                 "crc, seg, off, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 rows)
                 if streams:
                     conn.executemany("INSERT INTO dedupe_streams(stream_id, seq, batch_id, at) "
                                      "VALUES (?, ?, ?, ?)", streams)
@@ -518,10 +530,12 @@ class Journal:
                                      "at) VALUES (?, ?, ?, ?)", writes)
         except sqlite3.Error as exc:
             if not self._committed_anyway(exc, group):
-                self._fail(group, exc)
+                self._payloads.rollback(mark)
+                self._fail(group, *_fmt.classify(exc, self._path))
                 return
         except Exception as exc:  # a value sqlite cannot bind: nothing was written
-            self._committed_anyway(exc, group)
+            if not self._committed_anyway(exc, group):
+                self._payloads.rollback(mark)
             self._break_chains(group, lambda: JournalUnavailable(
                 self._path, "an earlier record of this stream was not written"))
             for p in group:
@@ -566,19 +580,36 @@ class Journal:
             return False
         return bool(n == len(group))
 
-    def _fail(self, group: list[_Pending], exc: sqlite3.Error) -> None:
-        cls, reason = _fmt.classify(exc, self._path)
-        log.error("journal %s: %s; %d record(s) not written (seq %d..%d)", self._path, reason,
+    def _write_payloads(self, group: list[_Pending]) -> dict[int, tuple[int, int, int]] | None:
+        """Write the group's large payloads to a payload file, durably: ``seq -> (seg, off,
+        size)``; or fail the group and return None."""
+        big = [p for p in group if memoryview(p.payload).nbytes >= _payloads.EXTERNAL_MIN_BYTES]
+        if not big:
+            return {}
+        try:
+            seg, offsets = self._payloads.write([p.payload for p in big])
+        except OSError as exc:
+            file = _payloads.segment_path(self._path.parent, self._payloads.current or 0)
+            full, reason = _payloads.classify(exc, file)
+            self._fail(group, JournalFull if full else JournalUnavailable, reason, file)
+            return None
+        return {p.seq: (seg, off, memoryview(p.payload).nbytes)
+                for p, off in zip(big, offsets, strict=True)}
+
+    def _fail(self, group: list[_Pending], cls: type[JournalUnavailable], reason: str,
+              path: Path | None = None) -> None:
+        path = path or self._path
+        log.error("journal %s: %s; %d record(s) not written (seq %d..%d)", path, reason,
                   len(group), group[0].seq, group[-1].seq)
         message = (f"{reason}: the write was not made durable and nothing of it was applied; "
                    f"retry later")
         with self._cond:
             self._failed += 1
-        self._break_chains(group, lambda: cls(self._path, f"{reason}: an earlier record of "
+        self._break_chains(group, lambda: cls(path, f"{reason}: an earlier record of "
                                               f"this stream was not made durable; nothing "
                                               f"after it was written"))
         for p in group:  # one exception object per writer: each raises it on its own thread
-            p.future.set_exception(cls(self._path, message))
+            p.future.set_exception(cls(path, message))
 
     def _break_chains(self, group: list[_Pending], error: Callable[[], BaseException]) -> None:
         """The group was not written: break its records' chains, fail what queues behind."""

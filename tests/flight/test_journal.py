@@ -27,6 +27,7 @@ import pyarrow as pa
 import pytest
 
 import flight._journal_format as journal_format
+import flight._journal_payloads as journal_payloads
 import flight.journal as journal_module
 from engine.errors import ServiceError
 from flight.errors import status_of
@@ -337,11 +338,15 @@ def test_a_wal_cut_mid_transaction_loses_only_that_transaction(tmp_path: Path) -
             j.append("append", "t", b"", _marker(i, 100_000))
         wal = j.path.with_name(FILENAME + "-wal")
         shutil.copy(j.path, crashed / FILENAME)
+        shutil.copytree(j.path.with_name("payloads"), crashed / "payloads")
         data = wal.read_bytes()
         (crashed / (FILENAME + "-wal")).write_bytes(data[:len(data) - 30_000])
+    [segment] = (crashed / "payloads").iterdir()  # the five payloads, written before COMMIT
+    assert segment.stat().st_size == 5 * len(_marker(1, 100_000))
     with Journal.open(crashed) as j:
         assert [r.seq for r in j.records()] == [1, 2, 3, 4]
         assert all(r.payload == _marker(r.seq, 100_000) for r in j.records())
+    assert segment.stat().st_size == 4 * len(_marker(1, 100_000))  # the unacked one is cut
 
 
 def test_damage_before_the_tail_refuses_to_start(tmp_path: Path) -> None:
@@ -367,7 +372,7 @@ def test_an_incompatible_or_foreign_data_dir_refuses_to_start(tmp_path: Path) ->
     Journal.open(tmp_path / "old").close()
     _sql(tmp_path / "old" / FILENAME, "UPDATE meta SET value = '99' WHERE key = 'version'")
     with pytest.raises(JournalIncompatible, match="has format version 99, this Ticktable "
-                                                  "reads version 1") as info:
+                                                  "reads version 2") as info:
         Journal.open(tmp_path / "old")
     assert str(tmp_path / "old" / FILENAME) in str(info.value)
 
@@ -402,9 +407,11 @@ _CHILD = textwrap.dedent("""
     from flight.journal import DedupeUpdate, Journal
     j = Journal.open(sys.argv[1])
     out = threading.Lock()
+    def size(i):  # every 7th payload goes to a payload file, the others stay inline
+        return 70_000 + 331 * (i % 50) if i % 7 == 3 else 1000 + 37 * (i % 300)
     def writer(w):
         for i in range(100_000):
-            payload = bytes([w]) * (1000 + 37 * (i % 300))
+            payload = bytes([w]) * size(i)
             seq = j.append("append", f"t{w}", f"{w}:{i}".encode(), payload,
                            dedupe=DedupeUpdate(streams=((f"s{w}", i),)))
             with out:
@@ -441,8 +448,129 @@ def test_every_acknowledged_record_survives_kill_9(tmp_path: Path, seed: int) ->
     for seq, w, i in acked:
         r = records[seq]
         assert (r.table, r.meta) == (f"t{w}", f"{w}:{i}".encode())
-        assert r.payload == bytes([w]) * (1000 + 37 * (i % 300))
+        assert r.payload == bytes([w]) * (70_000 + 331 * (i % 50) if i % 7 == 3
+                                          else 1000 + 37 * (i % 300))
         assert batches[f"s{w}"] >= i
+
+
+# ----------------------------------------------------------------------------- payload files
+def _payload_files(root: Path) -> list[Path]:
+    return sorted((root / "payloads").glob("*.ipc"))
+
+
+def test_large_payloads_are_written_once_to_payload_files(tmp_path: Path) -> None:
+    t = _table(20_000)
+    big = ipc_bytes(t)
+    assert big.size >= journal_payloads.EXTERNAL_MIN_BYTES
+    with Journal.open(tmp_path) as j:
+        j.append("append", "t", b"m1", _marker(1))          # inline
+        j.append("append", "t", b"m2", big)                  # to a payload file
+        j.append("append", "t", b"m3", _marker(3, 200_000))  # to the same file
+        [(inline, seg, off, size)] = _sql(j.path, "SELECT length(payload), seg, off, size "
+                                                  "FROM records WHERE seq = 1")
+        assert (inline, seg, off, size) == (len(_marker(1)), None, None, None)
+        assert _sql(j.path, "SELECT length(payload), seg, off, size FROM records "
+                            "WHERE seq > 1 ORDER BY seq") == [
+            (0, 1, 0, big.size), (0, 1, big.size, len(_marker(3, 200_000)))]
+        [segment] = _payload_files(tmp_path)
+        assert segment.stat().st_size == big.size + len(_marker(3, 200_000))
+        assert j.size_bytes() >= segment.stat().st_size + j.path.stat().st_size
+    with Journal.open(tmp_path) as j:
+        got = list(j.records())
+        assert got[0].payload == _marker(1) and got[2].payload == _marker(3, 200_000)
+        assert read_ipc(got[1].payload).equals(t)
+        j.append("append", "t", b"m4", _marker(4, 100_000))  # after a reopen: a new file
+    assert [p.name for p in _payload_files(tmp_path)] == ["00000001.ipc", "00000002.ipc"]
+
+
+def test_truncate_deletes_the_payload_files_no_record_refers_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(journal_payloads, "SEGMENT_BYTES", 250_000)  # a file per 3 records
+    with Journal.open(tmp_path) as j:
+        for i in range(1, 10):
+            j.append("append", "t", b"", _marker(i, 100_000))
+        assert len(_payload_files(tmp_path)) == 3
+        j.truncate(4)  # records 1-3 were the first file; record 4 keeps the second
+        assert [p.name for p in _payload_files(tmp_path)] == ["00000002.ipc", "00000003.ipc"]
+        j.truncate(9)  # every record: the file being written goes too
+        assert _payload_files(tmp_path) == []
+        assert j.append("append", "t", b"", _marker(10, 100_000)) == 10
+    with Journal.open(tmp_path) as j:
+        assert [(r.seq, r.payload) for r in j.records()] == [(10, _marker(10, 100_000))]
+
+
+def _five_payload_records(path: Path) -> None:
+    with Journal.open(path) as j:
+        for i in range(1, 6):
+            j.append("append", "trades", f"m{i}".encode(), _marker(i, 100_000),
+                     dedupe=DedupeUpdate(streams=(("s", i),)))
+
+
+def _damage_payload(root: Path, needle: bytes) -> None:
+    [segment] = _payload_files(root)
+    data = bytearray(segment.read_bytes())
+    at = data.find(needle)
+    assert at >= 0 and data.find(needle, at + 1) < 0
+    data[at: at + 8] = b"\x00garbage"
+    segment.write_bytes(bytes(data))
+
+
+def test_a_torn_payload_at_the_tail_is_cut(tmp_path: Path,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    _five_payload_records(tmp_path)
+    _damage_payload(tmp_path, _marker(5, 100_000)[50_000:50_100])
+    with caplog.at_level(logging.WARNING), Journal.open(tmp_path) as j:
+        assert [r.seq for r in j.records()] == [1, 2, 3, 4]
+        assert j.last_batch_ids() == {"s": 4}
+    assert "torn tail of 1 record(s)" in caplog.text and "seq 5 (append 'trades')" in caplog.text
+    [segment] = _payload_files(tmp_path)
+    assert segment.stat().st_size == 4 * len(_marker(1, 100_000))
+
+
+def test_a_damaged_or_missing_payload_file_refuses_to_start(tmp_path: Path) -> None:
+    _five_payload_records(tmp_path / "damaged")
+    _damage_payload(tmp_path / "damaged", _marker(2, 100_000)[50_000:50_100])
+    with pytest.raises(JournalCorrupt) as info:
+        Journal.open(tmp_path / "damaged")
+    msg = str(info.value)
+    assert "record seq 2 (append 'trades')" in msg and "\n" not in msg
+    assert str(_payload_files(tmp_path / "damaged")[0]) in msg
+
+    _five_payload_records(tmp_path / "missing")
+    [segment] = _payload_files(tmp_path / "missing")
+    segment.unlink()
+    for _ in range(2):  # nothing was cut or deleted: it refuses again
+        with pytest.raises(JournalCorrupt, match="refers to payload file .*00000001.ipc, which "
+                                                 "is missing") as info:
+            Journal.open(tmp_path / "missing")
+        assert "record seq 1 (append 'trades')" in str(info.value)
+
+
+def test_a_payload_file_no_record_refers_to_is_deleted_at_open(tmp_path: Path) -> None:
+    # a crash after a new file was made, before the COMMIT that would have referred to it
+    _five_payload_records(tmp_path)
+    stray = tmp_path / "payloads" / "00000007.ipc"
+    stray.write_bytes(b"never acknowledged" * 1000)
+    with Journal.open(tmp_path) as j:
+        assert not stray.exists()
+        assert [r.seq for r in j.records()] == [1, 2, 3, 4, 5]
+        j.append("append", "t", b"", _marker(6, 100_000))
+    assert [p.name for p in _payload_files(tmp_path)] == ["00000001.ipc", "00000008.ipc"]
+
+
+def test_a_version_1_journal_is_upgraded_in_place(tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    _five_records(tmp_path)  # inline payloads only, as version 1 wrote them
+    for column in ("seg", "off", "size"):
+        _sql(tmp_path / FILENAME, f"ALTER TABLE records DROP COLUMN {column}")
+    _sql(tmp_path / FILENAME, "UPDATE meta SET value = '1' WHERE key = 'version'")
+    with caplog.at_level(logging.INFO), Journal.open(tmp_path) as j:
+        assert [r.payload for r in j.records()] == [_marker(i) for i in range(1, 6)]
+        assert j.append("append", "t", b"", _marker(6, 100_000)) == 6
+    assert "upgraded from format version 1 to 2" in caplog.text
+    with Journal.open(tmp_path) as j:
+        assert [r.seq for r in j.records()] == [1, 2, 3, 4, 5, 6]
+        assert list(j.records())[-1].payload == _marker(6, 100_000)
 
 
 # ------------------------------------------------------------------- full, read-only disk
@@ -476,7 +604,7 @@ def test_a_full_disk_fails_the_write_and_loses_nothing(
 
         def writer(w: int) -> None:
             try:
-                j.append("append", "t", b"", b"y" * 300_000,
+                j.append("append", "t", b"", b"y" * 60_000,  # inline: in SQLite's pages
                          dedupe=DedupeUpdate(streams=(("s", 100 + w),)))
             except JournalFull as exc:
                 errors.append(exc)
@@ -599,7 +727,7 @@ def test_a_chain_stays_a_prefix_when_one_of_its_records_fails(
         assert first.result() == 1
         # hold the flusher inside an apply so the next records queue up behind it
         blocker = j.submit("append", "t", b"", _marker(2), apply=lambda seq: release.wait(10))
-        failing = j.submit("append", "t", b"", b"y" * 300_000, chain=chain)
+        failing = j.submit("append", "t", b"", b"y" * 60_000, chain=chain)  # inline
         behind = j.submit("append", "t", b"", _marker(4), chain=chain)
         conn = writers[-1]
         pages = conn.execute("PRAGMA page_count").fetchone()[0]
