@@ -3,7 +3,7 @@
 A payload of :data:`EXTERNAL_MIN_BYTES` or more (a record batch's Arrow IPC stream) is not
 stored in SQLite: it is appended to the current file of ``<data dir>/payloads/``
 (``00000001.ipc``, ``00000002.ipc``, ...) and its record in ``journal.sqlite`` holds
-``(seg, off, size)`` instead, with the CRC over the same bytes as for an inline payload.
+``(seg, off, size)`` instead; its CRC is CRC32C (:func:`flight._journal_format.body_crc`).
 
 Why: SQLite writes a large blob twice (into the WAL, then into the database at the WAL's
 checkpoint, stalling the flusher about 0.1 s per 64 MiB) and copies it through its page

@@ -48,7 +48,6 @@ import os
 import sqlite3
 import threading
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -434,8 +433,9 @@ class Journal:
                 dedupe: DedupeUpdate | None,
                 chain: Chain | None = None) -> tuple[int, Future[int]]:
         # the body CRC is the expensive part: computed here, on the writer's thread
-        body = zlib.crc32(payload, zlib.crc32(meta))
-        nbytes = memoryview(meta).nbytes + memoryview(payload).nbytes
+        size = memoryview(payload).nbytes
+        body = _fmt.body_crc(meta, payload, external=size >= _payloads.EXTERNAL_MIN_BYTES)
+        nbytes = memoryview(meta).nbytes + size
         future: Future[int] = Future()
         with self._cond:
             self._check_open()
