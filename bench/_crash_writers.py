@@ -91,7 +91,8 @@ def appender(r: Round, rng: random.Random, w: int) -> None:
     with tt.connect(r.endpoint.uri, timeout=15) as client:
         while not r.stop.is_set():
             b = r.model.next_id()
-            n = rng.randint(1, 40)
+            # a tenth large enough (over 64 KiB as Arrow IPC) to go to the journal's payload files
+            n = rng.randint(2_500, 5_000) if rng.random() < 0.1 else rng.randint(1, 40)
             data = pa.table({"w": [w] * n, "b": [b] * n, "i": list(range(n)),
                              "x": [rng.random() for _ in range(n)]}, schema=LOG)
             r.model.appends[b] = (n, INFLIGHT)
