@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
@@ -155,11 +156,32 @@ def ipc_bytes(data: pa.Table | pa.RecordBatch) -> pa.Buffer:
     Uncompressed: LZ4 cost the writer's thread 1.9 ms per 64K-row batch (2.3 MB) to save
     a third of a write that a payload file takes in about 1 ms. Returns a
     ``pyarrow.Buffer``: bytes-like, the journal takes it without a copy into ``bytes``.
+
+    A stream of :data:`~flight._journal_payloads.EXTERNAL_MIN_BYTES` or more (bound for a
+    payload file) is written into page-aligned memory and zero-padded to a multiple of
+    :data:`~flight._journal_payloads.ALIGN` (Arrow readers stop at the end-of-stream
+    marker), so the journal can write it with ``O_DIRECT``: no copy into the page cache,
+    0.1 ms of CPU per 2.3 MB batch instead of 0.6-0.8 ms.
     """
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, data.schema) as writer:
+    if data.nbytes < _payloads.EXTERNAL_MIN_BYTES:
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, data.schema) as writer:
+            writer.write(data)
+        return sink.getvalue()
+    mock = pa.MockOutputStream()  # the stream's size, without writing it
+    with ipc.new_stream(mock, data.schema) as writer:
         writer.write(data)
-    return sink.getvalue()
+    size = mock.size()
+    align = _payloads.ALIGN
+    padded = -(-size // align) * align
+    raw = np.empty(padded + align, np.uint8)
+    start = -raw.ctypes.data % align
+    view = raw[start: start + padded]
+    view[size:] = 0
+    buf = pa.py_buffer(view)
+    with ipc.new_stream(pa.FixedSizeBufferWriter(buf), data.schema) as writer:
+        writer.write(data)
+    return buf
 
 
 def read_ipc(payload: Blob) -> pa.Table:

@@ -342,11 +342,13 @@ def test_a_wal_cut_mid_transaction_loses_only_that_transaction(tmp_path: Path) -
         data = wal.read_bytes()
         (crashed / (FILENAME + "-wal")).write_bytes(data[:len(data) - 30_000])
     [segment] = (crashed / "payloads").iterdir()  # the five payloads, written before COMMIT
-    assert segment.stat().st_size == 5 * len(_marker(1, 100_000))
+    assert segment.stat().st_size == 4 * _aligned(len(_marker(1, 100_000))) + len(
+        _marker(1, 100_000))
     with Journal.open(crashed) as j:
         assert [r.seq for r in j.records()] == [1, 2, 3, 4]
         assert all(r.payload == _marker(r.seq, 100_000) for r in j.records())
-    assert segment.stat().st_size == 4 * len(_marker(1, 100_000))  # the unacked one is cut
+    assert segment.stat().st_size == 3 * _aligned(len(_marker(1, 100_000))) + len(
+        _marker(1, 100_000))  # the unacknowledged payload is cut
 
 
 def test_damage_before_the_tail_refuses_to_start(tmp_path: Path) -> None:
@@ -454,6 +456,10 @@ def test_every_acknowledged_record_survives_kill_9(tmp_path: Path, seed: int) ->
 
 
 # ----------------------------------------------------------------------------- payload files
+def _aligned(n: int) -> int:
+    return -(-n // journal_payloads.ALIGN) * journal_payloads.ALIGN
+
+
 def _payload_files(root: Path) -> list[Path]:
     return sorted((root / "payloads").glob("*.ipc"))
 
@@ -472,6 +478,7 @@ def test_large_payloads_are_written_once_to_payload_files(tmp_path: Path) -> Non
         assert _sql(j.path, "SELECT length(payload), seg, off, size FROM records "
                             "WHERE seq > 1 ORDER BY seq") == [
             (0, 1, 0, big.size), (0, 1, big.size, len(_marker(3, 200_000)))]
+        assert segment_bytes(tmp_path)[:big.size] == big.to_pybytes()
         [segment] = _payload_files(tmp_path)
         assert segment.stat().st_size == big.size + len(_marker(3, 200_000))
         assert j.size_bytes() >= segment.stat().st_size + j.path.stat().st_size
@@ -481,6 +488,34 @@ def test_large_payloads_are_written_once_to_payload_files(tmp_path: Path) -> Non
         assert read_ipc(got[1].payload).equals(t)
         j.append("append", "t", b"m4", _marker(4, 100_000))  # after a reopen: a new file
     assert [p.name for p in _payload_files(tmp_path)] == ["00000001.ipc", "00000002.ipc"]
+
+
+def segment_bytes(root: Path) -> bytes:
+    [segment] = _payload_files(root)
+    return segment.read_bytes()
+
+
+def test_a_payload_bound_for_a_file_is_page_aligned_and_padded(tmp_path: Path) -> None:
+    # laid out for O_DIRECT: aligned address, length a multiple of ALIGN, zero padding
+    t = _table(20_000)
+    big, small = ipc_bytes(t), ipc_bytes(_table(10))
+    assert big.address % journal_payloads.ALIGN == 0 and big.size % journal_payloads.ALIGN == 0
+    plain = pa.BufferOutputStream()
+    with pa.ipc.new_stream(plain, t.schema) as w:
+        w.write(t)
+    exact = plain.getvalue()
+    assert big.to_pybytes()[:exact.size] == exact.to_pybytes()
+    assert set(big.to_pybytes()[exact.size:]) <= {0}
+    assert read_ipc(big).equals(t)
+    assert small.size < journal_payloads.EXTERNAL_MIN_BYTES  # small ones stay as they are
+    with Journal.open(tmp_path) as j:  # an aligned and an unaligned payload in one file
+        j.append("append", "t", b"", _marker(1, 100_000))
+        j.append("append", "t", b"", big)
+    with Journal.open(tmp_path) as j:
+        got = list(j.records())
+        assert got[0].payload == _marker(1, 100_000) and read_ipc(got[1].payload).equals(t)
+    assert _sql(tmp_path / FILENAME, "SELECT off FROM records ORDER BY seq") == [
+        (0,), (_aligned(len(_marker(1, 100_000))),)]
 
 
 def test_truncate_deletes_the_payload_files_no_record_refers_to(
@@ -524,7 +559,8 @@ def test_a_torn_payload_at_the_tail_is_cut(tmp_path: Path,
         assert j.last_batch_ids() == {"s": 4}
     assert "torn tail of 1 record(s)" in caplog.text and "seq 5 (append 'trades')" in caplog.text
     [segment] = _payload_files(tmp_path)
-    assert segment.stat().st_size == 4 * len(_marker(1, 100_000))
+    assert segment.stat().st_size == 3 * _aligned(len(_marker(1, 100_000))) + len(
+        _marker(1, 100_000))
 
 
 def test_a_damaged_or_missing_payload_file_refuses_to_start(tmp_path: Path) -> None:
