@@ -149,8 +149,11 @@ class ServerProcess:
                                f"{self.stderr_tail()}")
         self.start_seconds = time.perf_counter() - t0
         self.location = m.group(1)
-        second = self._line(10.0) or ""
-        found = _RECOVERED.search(second)
+        found = None
+        for _ in range(3):  # the web UI's line may come first
+            found = _RECOVERED.search(self._line(10.0) or "")
+            if found:
+                break
         self.recovery_seconds = float(found.group(1)) if found else float("nan")
 
     def _drain(self) -> None:
