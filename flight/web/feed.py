@@ -15,13 +15,15 @@ u.added | u.modified | moved_cur``: the cost follows the change, never the table
 
 Threads. The update cycle calls :meth:`TableFeed.on_table_update` (through the table's
 :class:`~flight.registry.Publisher`), which only queues the update: the cycle never waits
-for a browser. The feed's own thread takes the graph's shared lock, composes what is
-queued into one update, reads the rows it must send, releases the lock and hands the
-:class:`Change` to its ``deliver`` callback. While ``deliver`` runs (a slow browser, a
-busy Perspective engine) updates keep queuing; past ``max_pending`` they are composed in
-the cycle (exact :func:`~engine.update.compose`), so a slow consumer costs one composed
-update of memory and receives fewer, larger changes: :attr:`TableFeed.coalesced` counts
-the updates that never travelled on their own. With ``min_interval``, a change is built
+for a browser. The feed's own thread composes what is queued into one update (updates
+never change, so without any lock), then takes the graph's shared lock, which no cycle
+runs under, only to add what cycles queued meanwhile and read the rows it must send,
+releases it and hands the :class:`Change` to its ``deliver`` callback. While ``deliver``
+runs (a slow browser, a busy Perspective engine) updates keep queuing; past
+``max_pending`` the cycle composes each new one into the newest queued (exact
+:func:`~engine.update.compose`, one per cycle), so a slow consumer costs at most
+``max_pending`` updates of memory and receives fewer, larger changes:
+:attr:`TableFeed.coalesced` counts the updates that never travelled on their own. With ``min_interval``, a change is built
 at most that often (what arrives in between is composed): a screen shows a value for a few
 frames at least, and the per-change cost of the consumer (Perspective's engine, the
 viewers' redraws) stops growing with the cycle rate.
@@ -150,6 +152,14 @@ def _conform(rows: pa.Table, keys: npt.NDArray[np.int64], schema: pa.Schema) -> 
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def _composed(entries: list[HistoryEntry]) -> TableUpdate:
+    """The updates of ``entries`` (consecutive) as one."""
+    update = entries[0].update
+    for e in entries[1:]:
+        update = compose(update, e.update, entries[0].prev)
+    return update
+
+
 def split_snapshot(change: Change, rows: int = SNAPSHOT_CHUNK_ROWS,
                    first_rows: int | None = None) -> list[Change]:
     """A large snapshot as a snapshot of its first rows and upserts of the rest, ``rows``
@@ -221,7 +231,7 @@ class TableFeed:
         self.coalesced = 0
         #: changes delivered, the snapshot included
         self.changes = 0
-        #: seconds the feed's thread spent building changes (under the shared lock)
+        #: seconds the feed's thread spent building changes
         self.build_seconds = 0.0
 
     def start(self) -> TableFeed:
@@ -247,13 +257,11 @@ class TableFeed:
         with self._cond:
             self._pending.append(entry)
             self._pending_count += 1
-            if len(self._pending) > self._max_pending:
-                first = self._pending[0]
-                total = first.update
-                for e in self._pending[1:]:
-                    total = compose(total, e.update, first.prev)
-                self._pending = [HistoryEntry(self._pending[-1].sequence, self._pending[-1].step,
-                                              total, first.prev)]
+            if len(self._pending) > self._max_pending:  # one compose per cycle from now on
+                last, new = self._pending[-2], self._pending[-1]
+                self._pending[-2:] = [HistoryEntry(new.sequence, new.step,
+                                                   compose(last.update, new.update, last.prev),
+                                                   last.prev)]
             self._cond.notify()
 
     def on_table_failure(self, exc: BaseException) -> None:
@@ -286,12 +294,20 @@ class TableFeed:
                         return
                     if self._failure is not None and not self._pending:
                         raise self._failure
+                    pending, self._pending = self._pending, []
+                    count, self._pending_count = self._pending_count, 0
                 t0 = time.thread_time()
-                with self.graph.shared_lock():
-                    with self._cond:
-                        pending, self._pending = self._pending, []
-                        count, self._pending_count = self._pending_count, 0
-                    change = self._delta(pending, count)
+                prev = pending[0].prev
+                update = _composed(pending)  # updates never change: no lock needed
+                with self.graph.shared_lock():  # no cycle runs while it is held
+                    with self._cond:  # what cycles added meanwhile (no more can come now)
+                        more, self._pending = self._pending, []
+                        count += self._pending_count
+                        self._pending_count = 0
+                    if more:
+                        update = compose(update, _composed(more), prev)
+                        pending += more
+                    change = self._delta(update, prev, pending[-1].sequence, count)
                 self.build_seconds += time.thread_time() - t0
                 self.coalesced += count - 1
                 due = time.monotonic() + self._min_interval
@@ -320,23 +336,19 @@ class TableFeed:
         return Change(True, _conform(rows, keys, self.schema), np.empty(0, np.int64),
                       self.graph.step, sequence, 0, len(keys))
 
-    def _delta(self, pending: list[HistoryEntry], count: int) -> Change:
-        """Under the shared lock: the change from ``pending[0].prev`` to the current state."""
-        first = pending[0]
-        update: TableUpdate = first.update
-        for e in pending[1:]:
-            update = compose(update, e.update, first.prev)
+    def _delta(self, update: TableUpdate, prev: RowSet, sequence: int, count: int) -> Change:
+        """Under the shared lock: the change ``update`` made from ``prev`` to the current
+        state. Only reading the rows needs the lock; the rest is small row-set algebra."""
         cur = self.table.rowset
         removed = update.removed
         upsert = update.added | update.modified
         if update.shifted:
-            moved_prev, moved_cur = update.shifted.moved_keys(first.prev - update.removed)
+            moved_prev, moved_cur = update.shifted.moved_keys(prev - update.removed)
             if moved_prev.size:
                 removed = removed | RowSet.from_keys(moved_prev, assume_sorted=True)
                 upsert = upsert | RowSet.from_keys(moved_cur, assume_sorted=True)
-        removes = (removed - cur).keys()
         keys = upsert.keys()
         rows = self.table.rows(keys)
-        return Change(False, _conform(rows, keys, self.schema), removes, self.graph.step,
-                      pending[-1].sequence, count, len(cur))
+        return Change(False, _conform(rows, keys, self.schema), (removed - cur).keys(),
+                      self.graph.step, sequence, count, len(cur))
 
