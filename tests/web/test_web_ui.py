@@ -156,6 +156,20 @@ def test_a_dropped_table_shows_its_state_in_the_grid_header(web, prices, page):
     assert "dropped" in state.inner_text()
 
 
+@pytest.mark.parametrize("feed", FEEDS)
+def test_a_table_made_again_after_a_drop_goes_live_again(web, prices, page, feed):
+    # also what a restart looks like when the page lists the tables before one is back
+    name = f"again_{feed}"
+    prices.push(name, pa.table({"k": ["a"], "v": [1]}), mode="upsert", keys=["k"])
+    open_grid(page, web, name, feed)
+    wait_cells(page, name, "c.rows.length === 1 && c.rows[0][1] === '1'")
+    prices.drop_table(name)
+    page.wait_for_selector(f'section.grid[data-table="{name}"] .state.dropped', timeout=5000)
+    prices.push(name, pa.table({"k": ["a", "b"], "v": [2, 3]}), mode="upsert", keys=["k"])
+    page.wait_for_selector(f'section.grid[data-table="{name}"] .state.live', timeout=10_000)
+    wait_cells(page, name, "c.rows.length === 2 && c.rows[0][1] === '2'")
+
+
 def _status(url, **kw):
     try:
         with urllib.request.urlopen(urllib.request.Request(url, **kw), timeout=10) as r:

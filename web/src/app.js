@@ -200,10 +200,14 @@ class Grid {
       }
       return;
     }
-    if (this.isUnknown) { // it exists now (created, or back after a restart)
+    if (this.isUnknown || (this.stopped === "dropped" && !this.retryTimer)) {
+      // it exists (again): created, created anew after a drop, or back after a restart
+      // whose list came before the table did
       this.isUnknown = false;
+      this.stopped = null;
       $(".message", this.el)?.remove();
       this.viewer.hidden = false;
+      this.disconnect();
       this.start();
       return;
     }
