@@ -173,7 +173,17 @@ class PayloadWriter:
                 fd = self._direct
             done = 0
             while done < view.nbytes:  # pwrite may write less than asked
-                done += os.pwrite(fd, view[done:], at + done)
+                try:
+                    done += os.pwrite(fd, view[done:], at + done)
+                except OSError as exc:
+                    if fd != self._direct or exc.errno != errno.EINVAL:
+                        raise
+                    # a filesystem that opens O_DIRECT but refuses its writes: the page cache
+                    log.info("journal: %s refuses O_DIRECT writes (%s); writing through the "
+                             "page cache", segment_path(self._root, self._seg), exc.strerror)
+                    os.close(self._direct)
+                    self._direct = -1
+                fd = self._fd  # after a short write the rest is not aligned
             at += view.nbytes
         os.fdatasync(self._fd)
         self._end = at

@@ -9,6 +9,7 @@ full", exactly as a full disk does; ``PRAGMA query_only`` makes it report SQLITE
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -516,6 +517,35 @@ def test_a_payload_bound_for_a_file_is_page_aligned_and_padded(tmp_path: Path) -
         assert got[0].payload == _marker(1, 100_000) and read_ipc(got[1].payload).equals(t)
     assert _sql(tmp_path / FILENAME, "SELECT off FROM records ORDER BY seq") == [
         (0,), (_aligned(len(_marker(1, 100_000))),)]
+
+
+def test_a_filesystem_refusing_o_direct_writes_gets_the_page_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # some filesystems open O_DIRECT but answer EINVAL to its writes: fall back, lose nothing
+    direct: set[int] = set()
+    real_open, real_pwrite = os.open, os.pwrite
+
+    def spy_open(path: Any, flags: int, *args: Any) -> int:
+        fd = real_open(path, flags, *args)
+        if flags & os.O_DIRECT:
+            direct.add(fd)
+        return fd
+
+    def refuse(fd: int, data: Any, offset: int) -> int:
+        if fd in direct:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(journal_payloads.os, "open", spy_open)
+    monkeypatch.setattr(journal_payloads.os, "pwrite", refuse)
+    t = _table(20_000)
+    with Journal.open(tmp_path) as j:
+        assert j.append("append", "t", b"", ipc_bytes(t)) == 1
+        assert j.append("append", "t", b"", ipc_bytes(t)) == 2
+    assert direct  # it was tried
+    monkeypatch.undo()
+    with Journal.open(tmp_path) as j:
+        assert [read_ipc(r.payload).equals(t) for r in j.records()] == [True, True]
 
 
 def test_truncate_deletes_the_payload_files_no_record_refers_to(
