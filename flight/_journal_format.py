@@ -234,7 +234,13 @@ def open_files(root: Path) -> tuple[Path, sqlite3.Connection, int, int, int,
             next_seq, next_txn = _recover(conn, path)
             ends = dict(conn.execute("SELECT seg, max(off + size) FROM records "
                                      "WHERE seg IS NOT NULL GROUP BY seg").fetchall())
-            payloads = _payloads.open_payloads(root, ends)
+            try:
+                payloads = _payloads.open_payloads(root, ends)
+            except OSError as exc:  # tidying a payload file on a read-only or failing disk
+                full, reason = _payloads.classify(exc, root / _payloads.DIRNAME / "x")
+                raise (JournalFull if full else JournalUnavailable)(
+                    path, f"cannot tidy the payload files in {root / _payloads.DIRNAME}: "
+                          f"{reason}") from exc
         except BaseException:
             conn.close()
             raise

@@ -624,6 +624,29 @@ def test_a_payload_file_no_record_refers_to_is_deleted_at_open(tmp_path: Path) -
     assert [p.name for p in _payload_files(tmp_path)] == ["00000001.ipc", "00000008.ipc"]
 
 
+def test_payload_files_that_cannot_be_tidied_at_open_refuse_in_one_line(tmp_path: Path) -> None:
+    _five_payload_records(tmp_path)
+    stray = tmp_path / "payloads" / "00000009.ipc"
+    stray.write_bytes(b"never acknowledged")
+    (tmp_path / "payloads").chmod(0o500)  # the stray file cannot be deleted
+    try:
+        if os.access(tmp_path / "payloads", os.W_OK):  # root ignores the mode bits
+            (tmp_path / "payloads").chmod(0o700)
+            blocker = tmp_path / "payloads" / "00000009.ipc"
+            blocker.unlink()
+            blocker.mkdir()  # a directory where a file is: unlink fails for root too
+            (blocker / "x").write_bytes(b"")
+        with pytest.raises(JournalUnavailable, match="cannot tidy the payload files") as info:
+            Journal.open(tmp_path)
+        assert "\n" not in str(info.value)
+    finally:
+        (tmp_path / "payloads").chmod(0o700)
+    shutil.rmtree(tmp_path / "payloads" / "00000009.ipc", ignore_errors=True)
+    stray.unlink(missing_ok=True)
+    with Journal.open(tmp_path) as j:  # the lock was released: it opens once tidied
+        assert [r.seq for r in j.records()] == [1, 2, 3, 4, 5]
+
+
 def test_a_version_1_journal_is_upgraded_in_place(tmp_path: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     _five_records(tmp_path)  # inline payloads only, as version 1 wrote them
