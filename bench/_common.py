@@ -34,7 +34,7 @@ def timed(fn, *args: Any) -> int:
 
 def print_table(title: str, rows: list[dict[str, Any]], cols: list[str]) -> None:
     print(f"\n== {title}")
-    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols]
+    widths = [max([len(c), *(len(_fmt(r.get(c))) for r in rows)]) for c in cols]
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=False)))
     for r in rows:
         print("  ".join(_fmt(r.get(c)).rjust(w) for c, w in zip(cols, widths, strict=False)))

@@ -684,6 +684,8 @@ def main() -> None:
     ap.add_argument("--put-batch-rows", type=int, default=65_536)
     ap.add_argument("--put-repeat", type=int, default=3)
     ap.add_argument("--interval", type=float, default=0.1, help="graph.start interval for ingest")
+    ap.add_argument("--sections", nargs="+", choices=("snapshot", "latency", "ingest"),
+                    default=["snapshot", "latency", "ingest"], help="which sections to run")
     ap.add_argument("--json", default=None, help="output path (default bench/results/bench_flight.json)")
     args = ap.parse_args()
     if args.quick:
@@ -699,8 +701,14 @@ def main() -> None:
         for label, info in tree_info.items():
             print(f"{label}: {info.get('rev', 'working tree')} = {info['commit'][:10]} ({info['path']})"
                   + (", with uncommitted changes in engine/ or flight/" if info.get("uncommitted_changes") else ""))
-        snap = bench_snapshot(trees, args.snap_sizes,
-                              (args.snap_repeats * len(args.snap_sizes))[:len(args.snap_sizes)], failures)
+        snap: list[dict[str, Any]] = []
+        lat: list[dict[str, Any]] = []
+        views: list[dict[str, Any]] = []
+        app: list[dict[str, Any]] = []
+        keyed: list[dict[str, Any]] = []
+        if "snapshot" in args.sections:
+            snap = bench_snapshot(trees, args.snap_sizes,
+                                  (args.snap_repeats * len(args.snap_sizes))[:len(args.snap_sizes)], failures)
         print_table("1. snapshot DoGet -> pandas (median s; x_raw = raw time / time)", snap,
                     ["size", "server", "repeats", "median_s", "x_raw", "read_s", "read_x_raw", "pandas_s",
                      "server_to_arrow_s"])
@@ -708,8 +716,9 @@ def main() -> None:
                     [r for r in snap if r["server"] != "raw"],
                     ["size", "server", "server_to_arrow_s", *[f"gather_{c}_s" for c in SCHEMA.names]])
 
-        lat, views = bench_latency(trees, args.keyed_rows, args.change, args.rate, args.cycles, args.warmup,
-                                   args.subscribers, failures, args.client_procs)
+        if "latency" in args.sections:
+            lat, views = bench_latency(trees, args.keyed_rows, args.change, args.rate, args.cycles,
+                                       args.warmup, args.subscribers, failures, args.client_procs)
         print_table(f"2. delta latency cycle end -> read_message done, {args.change:,}-row upserts into "
                     f"{args.keyed_rows:,} keyed rows at {args.rate:g}/s", lat,
                     ["subscribers", "server", "cycles", "rate_hz", "p50_ms", "median_ms", "mean_ms", "p99_ms",
@@ -729,8 +738,9 @@ def main() -> None:
         print_table("   ReferenceView.apply per delta message (offline, not in the latency above)", views,
                     ["server", "rows_held", "snapshot_apply_ms", "median_ms", "mean_ms", "p99_ms", "n"])
 
-        app, keyed = bench_ingest(trees, args.append_rows, args.upsert_rows, args.put_batch_rows,
-                                  args.put_repeat, args.interval, failures)
+        if "ingest" in args.sections:
+            app, keyed = bench_ingest(trees, args.append_rows, args.upsert_rows, args.put_batch_rows,
+                                      args.put_repeat, args.interval, failures)
     print_table(f"3a. DoPut append, graph.start({args.interval:g}) (median of {args.put_repeat}; "
                 "CPU: server process, put start to last ack)", app,
                 ["rows", "batch_rows", "server", "acked_rows_per_s", "applied_rows_per_s", "x_raw_acked",
