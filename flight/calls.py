@@ -147,7 +147,13 @@ class CallLog(grpc.ServerInterceptor):  # type: ignore[misc]
         seconds = time.monotonic() - t0
         if code is None or code == grpc.StatusCode.OK:
             level = logging.INFO if method in _STREAMS else logging.DEBUG
-            if not context.is_active() and method in ("DoExchange", "DoPut", "DoGet"):
+            if not context.is_active() and method in _STREAMS:
+                # gRPC answers a message past its receive limit itself, and the handler
+                # sees the end of the client's messages as if the client had left
+                log.log(level, "call %s from %s ended by the client after %.3f s (it "
+                        "cancelled, or sent a message larger than gRPC's receive limit: "
+                        "RESOURCE_EXHAUSTED)", method, context.peer(), seconds)
+            elif not context.is_active() and method == "DoGet":
                 log.log(level, "call %s from %s ended by the client after %.3f s", method,
                         context.peer(), seconds)
             else:

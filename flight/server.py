@@ -1,7 +1,8 @@
 """The Ticktable server: Arrow Flight, the TableService, health and reflection on one port
 (DESIGN.md §5).
 
-One grpcio server hosts ``arrow.flight.protocol.FlightService`` (:mod:`flight.transport`:
+One ``grpc.aio`` server (:mod:`flight.bridge`: its event loop writes every stream, the
+handlers run on threads) hosts ``arrow.flight.protocol.FlightService`` (:mod:`flight.transport`:
 snapshots, subscriptions, writes, actions), ``ticktable_proto.v1.TableService``
 (:mod:`flight.service`), the standard health service and server reflection. One
 interceptor checks the bearer token for every service but health; TLS when a certificate
@@ -20,7 +21,6 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +33,7 @@ from grpc_health.v1 import health_pb2
 from engine.errors import InputError, ProtocolError, ServiceError
 from engine.graph import UpdateGraph
 from flight._requests import parse
+from flight.bridge import AioServer
 from flight.calls import CallLog
 from flight.durable import Durability, RecoveryReport
 from flight.limits import (
@@ -216,7 +217,7 @@ class TicktableServer:
         self._stuck_readers = 0
         self._cycle_ms: collections.deque[float] = collections.deque(maxlen=1000)
         self._remove_terminal = graph.add_terminal_listener(self._on_cycle)
-        self._grpc: grpc.Server | None = None
+        self._grpc: AioServer | None = None
         self._port: int | None = None
         self.metrics: Metrics | None = None
         self.metrics_port: int | None = None
@@ -312,8 +313,8 @@ class TicktableServer:
         log.info("serving Flight, the TableService, health and reflection at %s", self.location)
         return self
 
-    def _serve(self) -> tuple[grpc.Server, int]:
-        from grpc_reflection.v1alpha import reflection
+    def _serve(self) -> tuple[AioServer, int]:
+        from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
         from flight.auth import BearerTokenInterceptor
         from flight.pb import arrow_flight_pb2, table_service_pb2
@@ -330,41 +331,46 @@ class TicktableServer:
              min(cfg.max_put_batch_bytes + cfg.max_metadata_bytes + (1 << 20), (1 << 31) - 1)),
             ("grpc.max_send_message_length", -1),
         ]
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=cfg.max_calls, thread_name_prefix="ticktable"),
-            interceptors=[CallLog(self.metrics),
-                          *([BearerTokenInterceptor(cfg.token, cfg.read_token)] if cfg.token
-                            else [])],
-            options=options, maximum_concurrent_rpcs=cfg.max_calls)
-        server.add_generic_rpc_handlers((FlightService(self).handler(),))
-        health = add_table_service(server, self.registry, durability=self.durability)
-        health.set(FLIGHT_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-        reflection.enable_server_reflection((
-            arrow_flight_pb2.DESCRIPTOR.services_by_name["FlightService"].full_name,
-            table_service_pb2.DESCRIPTOR.services_by_name["TableService"].full_name,
-            "grpc.health.v1.Health", reflection.SERVICE_NAME), server)
-        assert SERVICE_NAME == "ticktable_proto.v1.TableService"
         address = f"{cfg.host}:{cfg.port}"
-        try:
-            if cfg.tls_cert and cfg.tls_key:
-                bound = server.add_secure_port(
-                    address, grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)]))
-            else:
-                bound = server.add_insecure_port(address)
-        except RuntimeError as exc:  # grpcio raises when it cannot bind
-            raise PortInUse(f"cannot listen on {address}: the port is in use or not "
-                            f"allowed") from exc
-        if not bound:
-            raise PortInUse(f"cannot listen on {address}: the port is in use or not allowed")
-        server.start()
-        return server, bound
+
+        def setup(server: grpc.aio.Server) -> int:  # on the server's event loop
+            server.add_generic_rpc_handlers((FlightService(self).handler(),))
+            health = add_table_service(server, self.registry, durability=self.durability)
+            health.set(FLIGHT_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+            # the sync servicer: every handler runs on a thread (flight.bridge)
+            reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+                reflection.ReflectionServicer((
+                    arrow_flight_pb2.DESCRIPTOR.services_by_name["FlightService"].full_name,
+                    table_service_pb2.DESCRIPTOR.services_by_name["TableService"].full_name,
+                    "grpc.health.v1.Health", reflection.SERVICE_NAME)), server)
+            assert SERVICE_NAME == "ticktable_proto.v1.TableService"
+            try:
+                if cfg.tls_cert and cfg.tls_key:
+                    bound = server.add_secure_port(
+                        address, grpc.ssl_server_credentials([(cfg.tls_key, cfg.tls_cert)]))
+                else:
+                    bound = server.add_insecure_port(address)
+            except RuntimeError as exc:  # grpcio raises when it cannot bind
+                raise PortInUse(f"cannot listen on {address}: the port is in use or not "
+                                f"allowed") from exc
+            if not bound:
+                raise PortInUse(f"cannot listen on {address}: the port is in use or not allowed")
+            return int(bound)
+
+        server = AioServer(setup, [CallLog(self.metrics),
+                                   *([BearerTokenInterceptor(cfg.token, cfg.read_token)]
+                                     if cfg.token else [])],
+                           max_calls=cfg.max_calls, options=options)
+        return server, server.start()
 
     def serve_forever(self) -> None:
         """Block until :meth:`shutdown` (or a signal) stops the server."""
         if self._grpc is None:
             self.start()
-        assert self._grpc is not None
-        self._grpc.wait_for_termination()
+        server = self._grpc
+        assert server is not None
+        while not server.wait(0.5):  # a timeout, so signals reach the main thread
+            pass
 
     def shutdown(self) -> bool:
         """Stop serving: subscriptions end, staged writes are dropped.
@@ -382,8 +388,7 @@ class TicktableServer:
             sub.close()
         clean = True
         if self._grpc is not None:
-            done = self._grpc.stop(grace=self.config.shutdown_timeout)
-            clean = done.wait(self.config.shutdown_timeout + 5.0)
+            clean = self._grpc.stop(grace=self.config.shutdown_timeout)
             if not clean:
                 log.error("shutdown: calls still open %.0f s after they were cancelled",
                           self.config.shutdown_timeout + 5.0)

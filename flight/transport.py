@@ -29,22 +29,25 @@ row's gRPC code and a one-line message; a bug answers INTERNAL with a reference 
 the traceback goes to the log only. A DoExchange past ``max_subscriptions_per_client``
 open from its client's address is refused RESOURCE_EXHAUSTED (:mod:`flight.limits`).
 
-Streams. A streaming answer is a generator gRPC pulls from; gRPC's HTTP/2 flow control
-blocks the pull while the client's window is full. A subscription's messages are written
-by its sender (or its table's fan-out thread) into a short queue that the call's
-generator drains, so a writer blocks when the client stops reading: the transport's own
-flow control is what detects a slow reader.
+Streams. The server is ``grpc.aio`` and every handler here runs on a thread
+(:mod:`flight.bridge`). A streaming answer is a generator whose messages the event loop
+writes; gRPC's HTTP/2 flow control holds the loop's write while the client's window is
+full, and the generator's thread while the bridge's short pipe is. A subscription's
+messages are written by its sender (or its table's fan-out thread) into a
+:class:`FrameQueue` that the event loop drains itself, so a delta reaches the wire without
+waking a handler thread, and a writer blocks when the client stops reading: the
+transport's own flow control is what detects a slow reader.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import itertools
 import logging
-import queue
 import threading
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import grpc
 import pyarrow as pa
@@ -52,6 +55,7 @@ import pyarrow.flight as flight
 
 from engine.errors import ProtocolError, SchemaError
 from flight._requests import check_metadata_size, parse, table_name
+from flight.bridge import CallContext, LoopFeed, wake
 from flight.errors import abort, grpc_status
 from flight.framing import (
     IpcDecoder,
@@ -104,10 +108,10 @@ def _streaming(fn: Callable[[Any, grpc.ServicerContext], Iterator[T]]
             yield from fn(request, context)
         except grpc.RpcError:
             # from the client's messages: the call is over, its status already sent (the
-            # client cancelled, or gRPC refused a message past its receive limit)
-            log.warning("%s from %s ended while its messages were read: cancelled, or a "
-                        "message larger than gRPC's receive limit (RESOURCE_EXHAUSTED)",
-                        fn.__name__, context.peer())
+            # client cancelled, or gRPC refused a message past its receive limit); CallLog
+            # logs the call's end
+            log.debug("%s from %s ended while its messages were read", fn.__name__,
+                      context.peer())
         except Exception as exc:
             code, message = grpc_status(exc)
             context.set_code(code)
@@ -129,7 +133,7 @@ def _put_where(descriptor: flight.FlightDescriptor | None) -> str:
 class _Context:
     """What a subscription asks of its call (pyarrow's ServerCallContext's shape)."""
 
-    def __init__(self, context: grpc.ServicerContext) -> None:
+    def __init__(self, context: CallContext) -> None:
         self._context = context
 
     def is_cancelled(self) -> bool:
@@ -146,63 +150,88 @@ class _Gone(Exception):
 _END = object()
 
 
-class FrameQueue:
-    """Frames written by any thread, sent in order by the call's generator.
+class FrameQueue(LoopFeed):
+    """Frames written by any thread, written to the call by the server's event loop.
 
-    ``write_frames`` blocks while ``depth`` messages wait (the generator blocks in gRPC
-    while the client's flow-control window is full), and raises once the call is over.
+    ``write_frames`` blocks while ``depth`` messages wait (the loop waits in gRPC while
+    the client's flow-control window is full), and raises once the call is over. The
+    handler yields the queue (the bridge drains it on the loop, :mod:`flight.bridge`) and
+    then waits in :meth:`wait` for the end.
     """
 
-    def __init__(self, context: grpc.ServicerContext, depth: int = 4) -> None:
-        self._context = context
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self._done = threading.Event()
+    def __init__(self, context: CallContext, depth: int = 4) -> None:
+        self._loop = context.loop
+        self._depth = depth
+        self._items: collections.deque[Any] = collections.deque()
+        self._cond = threading.Condition()
+        self._waiter: asyncio.Future[None] | None = None
+        self._done = False
+        self._error: BaseException | None = None
+        self._finished = threading.Event()
         context.add_callback(self._call_ended)  # cancelled, disconnected or finished
 
     def _call_ended(self) -> None:
-        self._done.set()
-        try:  # wake the generator now rather than at its next poll
-            self._queue.put_nowait((_END, None))
-        except queue.Full:
-            pass
+        with self._cond:
+            self._done = True
+            self._cond.notify_all()
+            waiter, self._waiter = self._waiter, None
+        self._finished.set()
+        if waiter is not None:
+            self._loop.call_soon_threadsafe(wake, waiter)
+
+    def _put(self, item: Any, *, closing: bool) -> None:
+        with self._cond:
+            while not self._done and len(self._items) >= self._depth:
+                self._cond.wait()
+            if self._done:
+                if closing:
+                    return
+                raise _Gone("the client's call ended")
+            self._items.append(item)
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            self._loop.call_soon_threadsafe(wake, waiter)
 
     def write_frames(self, frames: tuple[bytes, ...]) -> None:
-        while True:
-            if self._done.is_set() or not self._context.is_active():
-                raise _Gone("the client's call ended")
-            try:
-                self._queue.put(frames, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+        self._put(frames, closing=False)
 
     def close(self, error: BaseException | None = None) -> None:
         """No more frames; the call ends with ``error``'s status (OK without one)."""
-        while not self._done.is_set():
-            try:
-                self._queue.put((_END, error), timeout=0.1)
-                return
-            except queue.Full:
-                if not self._context.is_active():
-                    return
+        self._put((_END, error), closing=True)
 
-    def frames(self) -> Iterator[bytes]:
-        """The frames, until :meth:`close`; raises the error it was closed with."""
+    async def drain(self) -> AsyncIterator[bytes]:
+        """The frames, until :meth:`close` (on the event loop)."""
         try:
             while True:
-                try:
-                    item = self._queue.get(timeout=0.5)
-                except queue.Empty:
-                    if self._done.is_set() or not self._context.is_active():
+                with self._cond:
+                    if self._items:
+                        item = self._items.popleft()
+                        self._cond.notify_all()
+                    elif self._done:
                         return
+                    else:
+                        item = None
+                        waiter = self._waiter = self._loop.create_future()
+                if item is None:
+                    await waiter
                     continue
                 if item and item[0] is _END:
-                    if item[1] is not None:
-                        raise item[1]
+                    self._error = item[1]
                     return
-                yield from item
+                for frame in item:
+                    yield frame
         finally:
-            self._done.set()
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()
+            self._finished.set()
+
+    def wait(self) -> None:
+        """Block until the frames are written or the call ended; raises the error the
+        queue was closed with."""
+        self._finished.wait()
+        if self._error is not None:
+            raise self._error
 
 
 # ----------------------------------------------------------------------------- service
@@ -364,7 +393,7 @@ class FlightService:
 
     # -------------------------------------------------------------- subscriptions
     def do_exchange(self, messages: Iterator[bytes],
-                    context: grpc.ServicerContext) -> Iterator[bytes]:
+                    context: grpc.ServicerContext) -> Iterator[bytes | LoopFeed]:
         server = self.server
         decoder = IpcDecoder(messages, "DoExchange")
         try:
@@ -386,8 +415,8 @@ class FlightService:
         sub = Subscription(entry, req, server.sub_options)  # checks the request; holds nothing
         client = client_of(context.peer())
         server.subscriptions_per_client.acquire(client, f"subscription to {quoted(entry.name)}")
-        out = FrameQueue(context)
-        ctx = _Context(context)
+        out = FrameQueue(cast(CallContext, context))  # flight.bridge runs every handler
+        ctx = _Context(cast(CallContext, context))
         server._track(sub, +1)
 
         def send() -> None:
@@ -413,7 +442,8 @@ class FlightService:
                          name=f"ticktable-sub-in-{entry.name}").start()
         threading.Thread(target=send, daemon=True, name=f"ticktable-sub-{entry.name}").start()
         try:
-            yield from out.frames()
+            yield out  # the event loop writes its frames (flight.bridge.LoopFeed)
+            out.wait()
         finally:
             sub.close()
 

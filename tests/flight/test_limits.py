@@ -301,7 +301,7 @@ def test_a_message_past_grpcs_receive_limit_is_resource_exhausted_and_logged_onc
     assert details.startswith("SERVER: Received message larger than max (")
     assert limited.registry.get("t").table.size == 0
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no "internal error"
-    assert [r.getMessage() for r in caplog.records if r.name == "flight.transport"
+    assert [r.getMessage() for r in caplog.records if r.name == "ticktable.calls"
             and "larger than gRPC's receive limit" in r.getMessage()]
 
 
