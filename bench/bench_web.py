@@ -157,6 +157,8 @@ class Driver:
         self.seq = 0
         self.ends: dict[int, float] = {}  # seq -> wall-clock end of its cycle
         self.cycle_ms: dict[int, float] = {}  # seq -> its cycle's duration
+        # seq -> (on-CPU ms, ms waiting for a core) of the cycle's thread during the cycle
+        self.sched_ms: dict[int, tuple[float, float]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -179,8 +181,11 @@ class Driver:
             self.table.upsert(pa.table({  # type: ignore[attr-defined]
                 "id": ids, "px": self.rng.random(ids.size), "qty": self.rng.integers(0, 1000, ids.size),
                 "seq": np.full(ids.size, self.seq, np.int64)}, schema=SCHEMA))
+            s0 = _schedstat()
             self.graph.run_cycle()
             self.ends[self.seq] = time.time() * 1e3
+            s1 = _schedstat()
+            self.sched_ms[self.seq] = ((s1[0] - s0[0]) / 1e6, (s1[1] - s0[1]) / 1e6)
             self.cycle_ms[self.seq] = self.graph.last_cycle_seconds * 1e3
             nxt += self.period
             wait = nxt - time.perf_counter()
@@ -188,6 +193,16 @@ class Driver:
                 time.sleep(wait)
             else:
                 nxt = time.perf_counter()  # behind: no catch-up burst
+
+
+def _schedstat() -> tuple[int, int]:
+    """This thread's nanoseconds on a core and waiting for one (Linux schedstat)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            on_cpu, waiting, _ = f.read().split()
+        return int(on_cpu), int(waiting)
+    except OSError:
+        return 0, 0
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -204,6 +219,7 @@ def run_feed(browser, server: TicktableServer, feed: str, args) -> dict:
     base_cpu = (time.process_time() - b_cpu) / (time.perf_counter() - b_wall)
     drv.stop()
     base_cycles = list(drv.cycle_ms.values())
+    base_waits = _waits(drv)
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     t0 = time.perf_counter()
     page.goto(f"{server.web.url}?t={name}&feed={feed}")
@@ -227,6 +243,7 @@ def run_feed(browser, server: TicktableServer, feed: str, args) -> dict:
     coalesced = _coalesced(server)
     page.close()
     measured = [drv.cycle_ms[s] for s in range(first_seq, last_seq + 1)]
+    page_waits = _waits(drv, range(first_seq, last_seq + 1))
     seen_seqs = np.array([s for s, _ in seen], dtype=np.int64)
     seen_at = np.array([t for _, t in seen], dtype=np.float64)
     lat, never = [], 0
@@ -249,11 +266,26 @@ def run_feed(browser, server: TicktableServer, feed: str, args) -> dict:
         "cycle_p50_ms_no_page": _pct(base_cycles, 50), "cycle_p99_ms_no_page": _pct(base_cycles, 99),
         "cycle_p50_ms_page": _pct(measured, 50), "cycle_p99_ms_page": _pct(measured, 99),
         "cycle_p99_ratio": _pct(measured, 99) / _pct(base_cycles, 99),
+        # where a slow cycle's time went: on a core, waiting for a core, or neither (the
+        # GIL or a lock held by another thread)
+        **{f"{k}_no_page": v for k, v in base_waits.items()},
+        **{f"{k}_page": v for k, v in page_waits.items()},
         "server_cpu_no_page": base_cpu, "server_cpu_page": (proc1 - proc0) / wall,
         "web_cpu_cores": (proc1 - proc0) / wall - base_cpu,
         "feed_thread_cores": (work1 - work0) / wall,
         "browser_pss_mb": pss, "page_js_heap_mb": heap.get("JSHeapUsedSize", 0) / 2**20,
     }
+
+
+def _waits(drv: Driver, seqs: range | None = None) -> dict[str, float]:
+    """p99 over the cycles of their thread's on-core, waiting-for-a-core and other
+    (GIL or lock) milliseconds."""
+    seqs = seqs if seqs is not None else range(min(drv.cycle_ms), max(drv.cycle_ms) + 1)
+    cpu = [drv.sched_ms[s][0] for s in seqs if s in drv.sched_ms]
+    runq = [drv.sched_ms[s][1] for s in seqs if s in drv.sched_ms]
+    other = [drv.cycle_ms[s] - sum(drv.sched_ms[s]) for s in seqs if s in drv.sched_ms]
+    return {"cycle_cpu_p99_ms": _pct(cpu, 99), "cycle_runq_p99_ms": _pct(runq, 99),
+            "cycle_other_p99_ms": _pct(other, 99)}
 
 
 def _coalesced(server: TicktableServer) -> int:
@@ -345,6 +377,10 @@ def main() -> int:
         "feed", "cycle_p50_ms_no_page", "cycle_p99_ms_no_page", "cycle_p50_ms_page",
         "cycle_p99_ms_page", "cycle_p99_ratio", "server_cpu_no_page", "server_cpu_page",
         "web_cpu_cores", "feed_thread_cores", "browser_pss_mb", "page_js_heap_mb"])
+    print_table("    profile: the cycle thread's time per cycle, p99 ms: on a core, waiting for a "
+                "core (run queue), and neither (the GIL or a lock another thread held)", live, [
+        "feed", "cycle_cpu_p99_ms_no_page", "cycle_cpu_p99_ms_page", "cycle_runq_p99_ms_no_page",
+        "cycle_runq_p99_ms_page", "cycle_other_p99_ms_no_page", "cycle_other_p99_ms_page"])
     if paints:  # --paint-sizes "" skips them
         print_table("time to first paint (navigation -> first rows drawn)", paints,
                     ["feed", "rows", "first_paint_s", "all_rows_s", "browser_pss_mb", "state"])
