@@ -47,7 +47,8 @@ import grpc
 
 from flight.errors import grpc_status
 
-__all__ = ["AioServer", "Bridge", "CallContext", "CallEnded", "LoopFeed", "wake"]
+__all__ = ["END", "AioServer", "Bridge", "CallContext", "CallEnded", "LoopFeed", "LoopQueue",
+           "QueueClosed", "wake"]
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,8 @@ class LoopFeed:
         raise NotImplementedError
 
 
-_END = object()
+#: What :meth:`LoopQueue.get` returns after the last item.
+END = object()
 
 
 class _Ended:
@@ -247,15 +249,21 @@ class _Requests:
         return item
 
 
-class _ConsumerGone(Exception):
-    """The loop stopped taking a handler's messages (the call ended)."""
+class QueueClosed(Exception):
+    """Putting on a :class:`LoopQueue` its consumer closed (the call ended)."""
 
 
-class _Pipe:
-    """A handler thread's response messages, drained by the loop (see module doc)."""
+class LoopQueue:
+    """Items put by threads and taken by the event loop, at most ``depth`` waiting.
+
+    :meth:`put` blocks while ``depth`` items wait, and raises :class:`QueueClosed` once
+    :meth:`close` was called; :meth:`finish` ends the items (its error is kept in
+    :attr:`error`); :meth:`get` (on the loop) returns the next item, or :data:`END` after
+    ``finish`` or once closed and empty.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, depth: int) -> None:
-        self._loop = loop
+        self.loop = loop
         self._depth = depth
         self._items: collections.deque[Any] = collections.deque()
         self._cond = threading.Condition()
@@ -263,24 +271,24 @@ class _Pipe:
         self._closed = False
         self.error: BaseException | None = None
 
+    def _add(self, item: Any) -> None:  # under self._cond
+        self._items.append(item)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            self.loop.call_soon_threadsafe(wake, waiter)
+
     def put(self, item: Any) -> None:
         with self._cond:
             while len(self._items) >= self._depth and not self._closed:
                 self._cond.wait()
             if self._closed:
-                raise _ConsumerGone
-            self._items.append(item)
-            waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            self._loop.call_soon_threadsafe(wake, waiter)
+                raise QueueClosed
+            self._add(item)
 
-    def finish(self, error: BaseException | None) -> None:
+    def finish(self, error: BaseException | None = None) -> None:
         with self._cond:
             self.error = error
-            self._items.append(_END)
-            waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            self._loop.call_soon_threadsafe(wake, waiter)
+            self._add(END)
 
     async def get(self) -> Any:
         while True:
@@ -289,13 +297,24 @@ class _Pipe:
                     item = self._items.popleft()
                     self._cond.notify()
                     return item
-                waiter = self._waiter = self._loop.create_future()
+                if self._closed:
+                    return END
+                waiter = self._waiter = self.loop.create_future()
             await waiter
 
     def close(self) -> None:
+        """No more items are taken: writers blocked in :meth:`put` raise, and so do later
+        ones (any thread)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            self.loop.call_soon_threadsafe(wake, waiter)
+
+
+class _Pipe(LoopQueue):
+    """A handler thread's response messages, drained by the loop (see module doc)."""
 
     def pump(self, behavior: Callable[[Any, Any], Generator[Any, None, None]], request: Any,
              context: CallContext) -> None:
@@ -308,7 +327,7 @@ class _Pipe:
                     self.put(item)
             finally:
                 gen.close()
-        except _ConsumerGone:
+        except QueueClosed:
             pass
         except BaseException as exc:
             error = exc
@@ -397,7 +416,7 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             try:
                 while True:
                     item = await pipe.get()
-                    if item is _END:
+                    if item is END:
                         break
                     if isinstance(item, LoopFeed):
                         feed = item.drain()

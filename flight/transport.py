@@ -41,7 +41,6 @@ transport's own flow control is what detects a slow reader.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import itertools
 import logging
@@ -55,7 +54,7 @@ import pyarrow.flight as flight
 
 from engine.errors import ProtocolError, SchemaError
 from flight._requests import check_metadata_size, parse, table_name
-from flight.bridge import CallContext, LoopFeed, wake
+from flight.bridge import END, CallContext, LoopFeed, LoopQueue, QueueClosed
 from flight.errors import abort, grpc_status
 from flight.framing import (
     IpcDecoder,
@@ -147,9 +146,6 @@ class _Gone(Exception):
     """The call ended (client cancelled or disconnected): nothing more can be written."""
 
 
-_END = object()
-
-
 class FrameQueue(LoopFeed):
     """Frames written by any thread, written to the call by the server's event loop.
 
@@ -160,78 +156,40 @@ class FrameQueue(LoopFeed):
     """
 
     def __init__(self, context: CallContext, depth: int = 4) -> None:
-        self._loop = context.loop
-        self._depth = depth
-        self._items: collections.deque[Any] = collections.deque()
-        self._cond = threading.Condition()
-        self._waiter: asyncio.Future[None] | None = None
-        self._done = False
-        self._error: BaseException | None = None
+        self._queue = LoopQueue(context.loop, depth)
         self._finished = threading.Event()
         context.add_callback(self._call_ended)  # cancelled, disconnected or finished
 
     def _call_ended(self) -> None:
-        with self._cond:
-            self._done = True
-            self._cond.notify_all()
-            waiter, self._waiter = self._waiter, None
+        self._queue.close()
         self._finished.set()
-        if waiter is not None:
-            self._loop.call_soon_threadsafe(wake, waiter)
-
-    def _put(self, item: Any, *, closing: bool) -> None:
-        with self._cond:
-            while not self._done and len(self._items) >= self._depth:
-                self._cond.wait()
-            if self._done:
-                if closing:
-                    return
-                raise _Gone("the client's call ended")
-            self._items.append(item)
-            waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            self._loop.call_soon_threadsafe(wake, waiter)
 
     def write_frames(self, frames: tuple[bytes, ...]) -> None:
-        self._put(frames, closing=False)
+        try:
+            self._queue.put(frames)
+        except QueueClosed:
+            raise _Gone("the client's call ended") from None
 
     def close(self, error: BaseException | None = None) -> None:
         """No more frames; the call ends with ``error``'s status (OK without one)."""
-        self._put((_END, error), closing=True)
+        self._queue.finish(error)
 
     async def drain(self) -> AsyncIterator[bytes]:
         """The frames, until :meth:`close` (on the event loop)."""
         try:
-            while True:
-                with self._cond:
-                    if self._items:
-                        item = self._items.popleft()
-                        self._cond.notify_all()
-                    elif self._done:
-                        return
-                    else:
-                        item = None
-                        waiter = self._waiter = self._loop.create_future()
-                if item is None:
-                    await waiter
-                    continue
-                if item and item[0] is _END:
-                    self._error = item[1]
-                    return
-                for frame in item:
+            while (frames := await self._queue.get()) is not END:
+                for frame in frames:
                     yield frame
         finally:
-            with self._cond:
-                self._done = True
-                self._cond.notify_all()
+            self._queue.close()
             self._finished.set()
 
     def wait(self) -> None:
         """Block until the frames are written or the call ended; raises the error the
         queue was closed with."""
         self._finished.wait()
-        if self._error is not None:
-            raise self._error
+        if self._queue.error is not None:
+            raise self._queue.error
 
 
 # ----------------------------------------------------------------------------- service
