@@ -71,6 +71,52 @@ def wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
+class _Waker:
+    """Wakes futures of one event loop from other threads, in one loop callback per batch.
+
+    A fan-out writing one delta to fifty subscriptions wakes fifty waiting streams: one
+    ``call_soon_threadsafe`` (a write to the loop's self-pipe and a callback) for all of
+    them rather than one each.
+    """
+
+    _by_loop: dict[asyncio.AbstractEventLoop, _Waker] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._pending: list[asyncio.Future[None]] = []
+        self._mutex = threading.Lock()
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _Waker:
+        with cls._lock:
+            waker = cls._by_loop.get(loop)
+            if waker is None:
+                waker = cls._by_loop[loop] = cls(loop)
+            return waker
+
+    @classmethod
+    def forget(cls, loop: asyncio.AbstractEventLoop) -> None:
+        with cls._lock:
+            cls._by_loop.pop(loop, None)
+
+    def wake(self, waiter: asyncio.Future[None]) -> None:
+        with self._mutex:
+            self._pending.append(waiter)
+            first = len(self._pending) == 1
+        if first:
+            try:
+                self._loop.call_soon_threadsafe(self._run)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+    def _run(self) -> None:
+        with self._mutex:
+            pending, self._pending = self._pending, []
+        for waiter in pending:
+            wake(waiter)
+
+
 class CallContext:
     """A call's ``grpc.ServicerContext`` for a handler running on a thread (see module doc).
 
@@ -245,7 +291,7 @@ class _Requests:
             self._items.popleft()
             space, self._space = self._space, None
         if space is not None:
-            self._loop.call_soon_threadsafe(wake, space)
+            _Waker.of(self._loop).wake(space)
         return item
 
 
@@ -264,6 +310,7 @@ class LoopQueue:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, depth: int) -> None:
         self.loop = loop
+        self._waker = _Waker.of(loop)
         self._depth = depth
         self._items: collections.deque[Any] = collections.deque()
         self._cond = threading.Condition()
@@ -275,7 +322,7 @@ class LoopQueue:
         self._items.append(item)
         waiter, self._waiter = self._waiter, None
         if waiter is not None:
-            self.loop.call_soon_threadsafe(wake, waiter)
+            self._waker.wake(waiter)
 
     def put(self, item: Any) -> None:
         with self._cond:
@@ -310,7 +357,7 @@ class LoopQueue:
             self._cond.notify_all()
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
-            self.loop.call_soon_threadsafe(wake, waiter)
+            self._waker.wake(waiter)
 
 
 class _Pipe(LoopQueue):
@@ -490,6 +537,7 @@ class AioServer:
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
+            _Waker.forget(loop)
 
     def start(self) -> int:
         """Bind and serve; returns the port. Raises what ``setup`` raises."""
