@@ -816,10 +816,10 @@ def _drain_subscription(stream: Any, idle: float) -> Answer:
             n += 1
             if timer is not None:
                 timer.cancel()
-            meta = _update_metadata(raw, texts)
-            if meta is not None:
-                batches_due = meta.num_added_batches + meta.num_modified_batches
-            elif batches_due > 0:
+            meta, has_batch = _update_metadata(raw, texts)
+            if meta is not None:  # the first record batch may ride with it
+                batches_due = meta.num_added_batches + meta.num_modified_batches - has_batch
+            elif batches_due > 0 and has_batch:
                 batches_due -= 1
             if batches_due == 0 and (idle <= 0 or n >= 8):
                 cancel()
@@ -836,20 +836,22 @@ def _drain_subscription(stream: Any, idle: float) -> Answer:
     return Answer(_OK, "", n, texts)
 
 
-def _update_metadata(raw: bytes, texts: list[str]) -> pb.UpdateMetadata | None:
-    """The ``UpdateMetadata`` of a subscription message (``None`` for a record batch);
-    an end-of-stream error text goes to ``texts``."""
+def _update_metadata(raw: bytes, texts: list[str]) -> tuple[pb.UpdateMetadata | None, bool]:
+    """The ``UpdateMetadata`` of a subscription's ``FlightData`` (``None`` for a later record
+    batch), and whether it holds a record batch; an end-of-stream error text goes to
+    ``texts``."""
     try:
         f = parse_flight_data(raw)
-        if f.header is not None or f.app_metadata is None:
-            return None
+        is_batch = f.header is not None  # (a dictionary message counts too, as before)
+        if f.app_metadata is None or not len(f.app_metadata):
+            return None, is_batch
         meta = pb.UpdateMetadata.FromString(bytes(f.app_metadata))
     except Exception:
         texts.append("(the server sent a message that is not a FlightData with UpdateMetadata)")
-        return None
+        return None, False
     if meta.end_of_stream:
         texts.append(meta.error)
-    return meta
+    return meta, is_batch
 
 
 BAD_CODES = frozenset({"INTERNAL", "UNKNOWN"})

@@ -8,9 +8,11 @@ pyroaring and the generated protobuf, so clients and tests in any process can us
 A stream that breaks the protocol raises :class:`~engine.errors.ProtocolError` naming the
 message field it broke.
 
-A subscription stream (``DoExchange``) is a sequence of messages. Each message is one
-metadata-only Flight message whose ``app_metadata`` is an :class:`UpdateMetadata`,
-followed by ``num_added_batches + num_modified_batches`` record batches. In the
+A subscription stream (``DoExchange``) is a sequence of messages. Each message is
+``num_added_batches + num_modified_batches`` record batches, the first of which carries an
+:class:`UpdateMetadata` in its ``app_metadata`` (one gRPC message for a small delta, like
+Barrage's); a message of no batches is one metadata-only Flight message. A metadata-only
+Flight message followed by all the batches is read the same (older servers sent that). In the
 ``UPDATES`` format the client applies, in order:
 
 1. ``is_snapshot``: forget everything (the message then lists every row as added);
@@ -119,23 +121,26 @@ def read_message(reader: Any, schema: pa.Schema | None = None) -> Message:
     if meta.end_of_stream:
         raise StreamEnded(meta.error)
     sch = schema if schema is not None else reader.schema
-    added = _read_batches(reader, meta.num_added_batches, sch, chunk)
-    modified = _read_batches(reader, meta.num_modified_batches, sch, None)
-    return Message(meta, added, modified)
-
-
-def _read_batches(reader: Any, n: int, schema: pa.Schema, first: Any) -> pa.Table:
+    n_added, n_modified = meta.num_added_batches, meta.num_modified_batches
     batches = []
-    if first is not None and first.data is not None and first.data.num_rows:
-        raise ProtocolError("protocol: the UpdateMetadata message carries no rows; they follow it "
-                            "in num_added_batches + num_modified_batches record batches")
-    for _ in range(n):
+    if chunk.data is not None:  # the first record batch rides with the metadata
+        if n_added + n_modified == 0:
+            raise ProtocolError("protocol: the UpdateMetadata message carries a record batch but "
+                                "num_added_batches + num_modified_batches is 0")
+        batches.append(chunk.data)
+    while len(batches) < n_added + n_modified:
         chunk = reader.read_chunk()
         if chunk.data is None:
-            raise ProtocolError(f"protocol: expected {n} record batch(es) after the UpdateMetadata "
-                                f"(num_added_batches/num_modified_batches), got a metadata message")
+            raise ProtocolError(f"protocol: expected {n_added + n_modified} record batch(es) "
+                                f"with and after the UpdateMetadata (num_added_batches/"
+                                f"num_modified_batches), got a metadata message")
+        if chunk.app_metadata is not None and len(chunk.app_metadata):
+            raise ProtocolError("protocol: app_metadata on a record batch that is not the "
+                                "message's first (num_added_batches/num_modified_batches "
+                                "promised more batches)")
         batches.append(chunk.data)
-    return pa.Table.from_batches(batches, schema=schema)
+    return Message(meta, pa.Table.from_batches(batches[:n_added], schema=sch),
+                   pa.Table.from_batches(batches[n_added:], schema=sch))
 
 
 class ReferenceView:

@@ -499,15 +499,18 @@ class Subscription:
     # ------------------------------------------------------------------- writing
     def _encode(self, msg: tuple[pb.UpdateMetadata, pa.Table, pa.Table]) -> _Encoded:
         """A message framed once, ready to write (immutable: several subscribers send the
-        same frames): the ``UpdateMetadata``, then the added and modified record batches."""
+        same frames): the added and modified record batches, the first carrying the
+        ``UpdateMetadata`` (one gRPC message for a delta of one batch), or the metadata
+        alone when there are none."""
         meta, added, modified = msg
         a = _batches(added, self.batch_rows)
         m = _batches(modified, self.batch_rows)
         meta.num_added_batches = len(a)
         meta.num_modified_batches = len(m)
         schema = added.schema if a else modified.schema
-        frames = (frame(app_metadata=meta.SerializeToString()),
-                  *batch_frames(schema, (*a, *m)))
+        data = meta.SerializeToString()
+        frames = (tuple(batch_frames(schema, (*a, *m), first_metadata=data)) if a or m
+                  else (frame(app_metadata=data),))
         return _Encoded(frames, int(meta.sequence), int(meta.step))
 
     def _send(self, writer: Any,
@@ -521,7 +524,8 @@ class Subscription:
 
 @dataclass(frozen=True, slots=True)
 class _Encoded:
-    """One subscription message: its ``FlightData`` frames (metadata, then record batches)."""
+    """One subscription message: its ``FlightData`` frames (record batches, the first with the
+    metadata; or the metadata alone)."""
 
     frames: tuple[bytes, ...]
     sequence: int

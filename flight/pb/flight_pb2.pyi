@@ -341,7 +341,8 @@ Global___ColumnModified: _TypeAlias = ColumnModified  # noqa: Y015
 
 @_typing.final
 class UpdateMetadata(_message.Message):
-    """Sent by the server before the record batches of every message on a subscription.
+    """The app_metadata of the first record batch of every message on a subscription (a
+    metadata-only FlightData when the message has no record batches).
 
     To apply an update: remove removed_rows (keys before the update), apply the shifts, add
     added_rows; then write the data rows. The first num_added_batches record batches hold the

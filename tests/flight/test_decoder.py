@@ -60,8 +60,34 @@ def test_a_good_snapshot_then_delta():
     assert view.to_arrow().column("k").to_pylist() == [10, 11]
 
 
+def test_the_first_batch_may_carry_the_metadata():
+    """The server's framing: the first record batch carries the UpdateMetadata; it counts as
+    the first of the added batches, and a modified batch follows."""
+    view = ReferenceView(KV)
+    view.apply(read_message(Reader(
+        Chunk(data=batch(10, 11), app_metadata=pa.py_buffer(meta(
+            is_snapshot=True, added_rows=rows(0, 1), added_data_rows=rows(0, 1),
+            num_added_batches=1, columns=["k", "v"], sequence=1,
+            table_size=2).SerializeToString())))))
+    m = read_message(Reader(
+        Chunk(data=batch(12), app_metadata=pa.py_buffer(meta(
+            added_rows=rows(2), added_data_rows=rows(2), modified_data_rows=rows(0),
+            modified=[pb.ColumnModified(column="v", rows=rows(0))], num_added_batches=1,
+            num_modified_batches=1, columns=["k", "v"], sequence=2,
+            table_size=3).SerializeToString())),
+        Chunk(data=batch(20))))
+    assert m.added.column("k").to_pylist() == [12] and m.modified.column("k").to_pylist() == [20]
+    view.apply(m)
+    assert view.to_arrow().column("k").to_pylist() == [20, 11, 12]
+
+
 @pytest.mark.parametrize("chunks, match", [
     ([Chunk(data=batch(1))], "bare record batch"),
+    ([Chunk(data=batch(1), app_metadata=pa.py_buffer(meta().SerializeToString()))],
+     r"carries a record batch but num_added_batches \+ num_modified_batches is 0"),
+    ([Chunk(data=batch(1), app_metadata=pa.py_buffer(meta(num_added_batches=2).SerializeToString())),
+      Chunk(data=batch(2), app_metadata=pa.py_buffer(meta(sequence=3).SerializeToString()))],
+     "app_metadata on a record batch that is not the message's first"),
     ([Chunk(app_metadata=pa.py_buffer(b"\xff\xff\xff"))], "not an UpdateMetadata"),
     ([Chunk(app_metadata=pa.py_buffer(meta(num_added_batches=1).SerializeToString())),
       Chunk(app_metadata=pa.py_buffer(b""))], r"expected 1 record batch\(es\)"),

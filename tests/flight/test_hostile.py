@@ -118,9 +118,12 @@ class Wire:
 
         call = call_(requests(), timeout=10, metadata=self.md)
         try:
-            msgs = [parse_flight_data(next(call)) for _ in range(3)]  # schema, metadata, batch
+            # the schema, then the snapshot's first batch carrying its metadata
+            msgs = [parse_flight_data(next(call)) for _ in range(2)]
             assert msgs[0].header is not None and msgs[1].app_metadata is not None
-            return pb.UpdateMetadata.FromString(bytes(msgs[1].app_metadata))
+            meta = pb.UpdateMetadata.FromString(bytes(msgs[1].app_metadata))
+            assert (msgs[1].header is not None) == (meta.num_added_batches > 0)
+            return meta
         finally:
             done.set()
             call.cancel()

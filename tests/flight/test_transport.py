@@ -187,8 +187,10 @@ def test_subscribe_on_the_descriptor_message_is_honoured(server, graph):
             done.wait(10)
 
         call = exchange(requests(), timeout=10)
-        first = [parse_flight_data(next(call)) for _ in range(3)]  # schema, metadata, batch
+        # the schema, then the one batch carrying the snapshot's metadata
+        first = [parse_flight_data(next(call)) for _ in range(2)]
         assert first[0].header is not None and first[1].app_metadata is not None
+        assert first[1].header is not None and first[1].body is not None
         meta = pb.UpdateMetadata.FromString(bytes(first[1].app_metadata))
         assert meta.table_size == 1 and meta.num_added_batches == 1
         done.set()
@@ -299,8 +301,9 @@ def test_subscribe_on_the_schema_message_is_honoured(server, client, graph):
             done.wait(10)
 
         call = exchange(requests(), timeout=10)
-        first = [parse_flight_data(next(call)) for _ in range(3)]  # schema, metadata, batch
+        first = [parse_flight_data(next(call)) for _ in range(2)]  # schema, batch + metadata
         meta = pb.UpdateMetadata.FromString(bytes(first[1].app_metadata))
+        assert first[1].header is not None and meta.num_added_batches == 1
         assert meta.is_snapshot and meta.table_size == 2
         done.set()
         call.cancel()
