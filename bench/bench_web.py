@@ -17,10 +17,12 @@ into the browser's engine) it prints:
   frame, or the feed composed them) and the updates the feed composed (coalesced);
 - server cycle time (p50/p99) with no page open and with the page open (target: p99 no
   worse than 1.5x);
-- server CPU, as cores: the process's (server and driver) with no page open and with the
-  page open, their difference (the web path's cost), and the feed threads' own (building
-  changes under the shared lock, and Perspective applying them); browser memory: the PSS of
-  all Chromium processes and the page's JS heap;
+- the web path's CPU, as cores: the server process's (server and driver) with no page
+  open and with the page open, and their difference (``server_web_cores``: the feeds and
+  the link), of which the feed threads' own (``feed_thread_cores``: building changes under
+  the shared lock); the web UI's own process (``web_process_cores``: Perspective's engine,
+  the HTTP server); ``web_cpu_cores`` is the sum; browser memory: the PSS of all Chromium
+  processes and the page's JS heap;
 - time to first paint of ``--paint-sizes`` tables: from navigation to the first rows drawn,
   and to every row in the page's Perspective table (the grid header's row count).
 
@@ -108,14 +110,18 @@ FIRST_ROWS_JS = """([name]) => {
 
 
 def _feed_work(server: TicktableServer) -> float:
-    """CPU seconds the open feeds spent: building changes, and Perspective applying them."""
+    """CPU seconds the server's feeds spent building changes (under the shared lock)."""
     web = server.web
     assert web is not None
-    total = sum(f.build_seconds for f in web._arrow_feeds)
-    if web.hub is not None:
-        for h in web.hub.hosted().values():
-            total += h.applied_seconds + (h.feed.build_seconds if h.feed is not None else 0)
-    return total
+    return sum(f.feed.build_seconds for f in list(web.feeds.values()))
+
+
+def _web_process_cpu(server: TicktableServer) -> float:
+    """CPU seconds of the web UI's process so far (all its threads)."""
+    assert server.web is not None and server.web.pid is not None
+    with open(f"/proc/{server.web.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _browser_pss_mb() -> float:
@@ -229,10 +235,12 @@ def run_feed(browser, server: TicktableServer, feed: str, args) -> dict:
     drv.start()
     time.sleep(args.warmup)
     work0, wall0, proc0 = _feed_work(server), time.perf_counter(), time.process_time()
+    webp0 = _web_process_cpu(server)
     first_seq = drv.seq + 1
     time.sleep(args.seconds)
     last_seq = drv.seq
     work1, wall1, proc1 = _feed_work(server), time.perf_counter(), time.process_time()
+    webp1 = _web_process_cpu(server)
     time.sleep(1.0)  # let the last cycles reach the screen
     drv.stop()
     seen = page.evaluate("window.__seen")
@@ -271,7 +279,9 @@ def run_feed(browser, server: TicktableServer, feed: str, args) -> dict:
         **{f"{k}_no_page": v for k, v in base_waits.items()},
         **{f"{k}_page": v for k, v in page_waits.items()},
         "server_cpu_no_page": base_cpu, "server_cpu_page": (proc1 - proc0) / wall,
-        "web_cpu_cores": (proc1 - proc0) / wall - base_cpu,
+        "web_cpu_cores": (proc1 - proc0) / wall - base_cpu + (webp1 - webp0) / wall,
+        "server_web_cores": (proc1 - proc0) / wall - base_cpu,
+        "web_process_cores": (webp1 - webp0) / wall,
         "feed_thread_cores": (work1 - work0) / wall,
         "browser_pss_mb": pss, "page_js_heap_mb": heap.get("JSHeapUsedSize", 0) / 2**20,
     }
@@ -315,10 +325,7 @@ def _medians(live: list[dict]) -> list[dict]:
 def _coalesced(server: TicktableServer) -> int:
     web = server.web
     assert web is not None
-    total = sum(f.coalesced for f in web._arrow_feeds)
-    if web.hub is not None:
-        total += sum(h.feed.coalesced for h in web.hub.hosted().values() if h.feed is not None)
-    return total
+    return sum(f.feed.coalesced for f in list(web.feeds.values()))
 
 
 def first_paint(browser, server: TicktableServer, feed: str, rows: int) -> dict:
@@ -361,6 +368,8 @@ def main() -> int:
                     help="seconds of cycles with no page open, per feed")
     ap.add_argument("--feeds", default="perspective,arrow")
     ap.add_argument("--paint-sizes", default="1000000,10000000")
+    ap.add_argument("--web-sched", choices=["idle", "nice"], default="idle",
+                    help="ServerConfig.web_sched: how the web UI's process runs")
     ap.add_argument("--web-interval", type=float, default=0.05,
                     help="ServerConfig.web_interval: seconds between changes sent to a grid")
     ap.add_argument("--repeat", type=int, default=3,
@@ -380,7 +389,8 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     graph = UpdateGraph()  # cycles driven by the bench: no periodic thread
-    server = TicktableServer(graph, ServerConfig(http_port=0, web_interval=args.web_interval)).start()
+    server = TicktableServer(graph, ServerConfig(http_port=0, web_interval=args.web_interval,
+                                                 web_sched=args.web_sched)).start()
     feeds = [f for f in args.feeds.split(",") if f]
     live, paints = [], []
     try:
@@ -413,7 +423,8 @@ def main() -> int:
     print_table("server cost (targets: latency p99 <= 250 ms, cycle p99 ratio <= 1.5)", live, [
         "feed", "round", "cycle_p50_ms_no_page", "cycle_p99_ms_no_page", "cycle_p50_ms_page",
         "cycle_p99_ms_page", "cycle_p99_ratio", "server_cpu_no_page", "server_cpu_page",
-        "web_cpu_cores", "feed_thread_cores", "browser_pss_mb", "page_js_heap_mb"])
+        "web_cpu_cores", "server_web_cores", "web_process_cores", "feed_thread_cores",
+        "browser_pss_mb", "page_js_heap_mb"])
     print_table("    profile: the cycle thread's time per cycle, p99 ms: on a core, waiting for a "
                 "core (run queue), and neither (the GIL or a lock another thread held)", live, [
         "feed", "round", "cycle_cpu_p99_ms_no_page", "cycle_cpu_p99_ms_page", "cycle_runq_p99_ms_no_page",

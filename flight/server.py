@@ -53,7 +53,7 @@ from flight.staging import StagingArea
 from flight.subscription import Subscription, SubscriptionOptions
 
 if TYPE_CHECKING:
-    from flight.web import WebServer
+    from flight.web.link import WebProcess
 
 __all__ = ["PortInUse", "ServerConfig", "TicktableServer"]
 
@@ -128,6 +128,10 @@ class ServerConfig:
         Seconds between two changes sent to one grid at most (what a table changes in
         between is composed into the next): the web path's cost follows this rate, not
         the cycle rate.
+    web_sched
+        How the web UI's process (:mod:`flight.web.link`) runs: ``"idle"`` (``SCHED_IDLE``:
+        only on cores the server leaves idle; on a machine kept busy by other work the page
+        may stall, the server never) or ``"nice"`` (nice 19: a small share even then).
 
     A request past a limit is refused with RESOURCE_EXHAUSTED naming the limit and its
     ``ticktable serve`` flag; :mod:`flight.limits` has the table of limits and defaults.
@@ -166,6 +170,7 @@ class ServerConfig:
     http_port: int | None = None
     web_feed: str = "perspective"
     web_interval: float = 0.05
+    web_sched: str = "idle"
 
 
 class TicktableServer:
@@ -221,7 +226,7 @@ class TicktableServer:
         self._port: int | None = None
         self.metrics: Metrics | None = None
         self.metrics_port: int | None = None
-        self.web: WebServer | None = None
+        self.web: WebProcess | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -291,10 +296,11 @@ class TicktableServer:
             if cfg.metrics_port is not None:
                 self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.host)
             if cfg.http_port is not None:
-                from flight.web import WebServer
+                from flight.web.link import WebProcess
 
-                self.web = WebServer(self, cfg.http_port, feed=cfg.web_feed,
-                                     min_interval=cfg.web_interval).start()
+                self.web = WebProcess(self, cfg.http_port, feed=cfg.web_feed,
+                                      min_interval=cfg.web_interval,
+                                      sched=cfg.web_sched).start()
         except BaseException:
             if self._grpc is not None:
                 self._grpc.stop(None)

@@ -152,7 +152,8 @@ def _serve(args: argparse.Namespace) -> int:
                           max_subscriptions_per_client=args.max_subscriptions_per_client,
                           max_staged_bytes_per_write=args.max_staged_bytes_per_write,
                           http_port=_http_port(args),
-                          web_feed=args.web_feed, web_interval=args.web_interval)
+                          web_feed=args.web_feed, web_interval=args.web_interval,
+                          web_sched=args.web_sched)
     try:
         server = TicktableServer(graph, config).start()
     except TicktableError as exc:  # damaged data, a port in use...: one line, no traceback
@@ -357,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
                        help="the web UI sends a grid at most one change per this many "
                             "seconds, composing what changed in between (default 0.05; "
                             "0: every cycle)")
+    serve.add_argument("--web-sched", choices=["idle", "nice"], default="idle",
+                       help="how the web UI's own process runs: 'idle' (default: "
+                            "SCHED_IDLE, only on cores the server leaves idle) or 'nice' "
+                            "(nice 19)")
     serve.add_argument("--log-format", choices=["text", "json"], default="text",
                        help="log lines as text (default) or one JSON object per line")
     serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file (enables TLS)")

@@ -1,10 +1,14 @@
 """The web UI: a page listing the server's tables and showing any of them live in
 Perspective's ``<perspective-viewer>`` (DESIGN.md §9, issue #17).
 
-Reading order:
+It runs in a process of its own, below the server's priority (:mod:`flight.web.link`);
+the server keeps only the feeds. Reading order:
 
-- :mod:`flight.web.feed`: a table's updates as Perspective changes (upserts and removes
-  keyed by row key), one thread per followed table, coalescing for slow consumers.
+- :mod:`flight.web.feed`: (in the server) a table's updates as Perspective changes
+  (upserts and removes keyed by row key), one thread per followed table, coalescing for
+  slow consumers.
+- :mod:`flight.web.link`: (in the server) starts the web process and sends it the changes
+  of the tables its pages follow; :mod:`flight.web.child`: the web process's side.
 - :mod:`flight.web.hub`: feed ``perspective`` (the default): Perspective's Python server
   holds one table per opened live table, fed from its updates; the browser's viewer talks
   to it over Perspective's websocket protocol, so only the visible viewport crosses.
@@ -18,6 +22,6 @@ Reading order:
 from __future__ import annotations
 
 from flight.web.app import FEEDS as FEEDS
-from flight.web.app import WebServer as WebServer
+from flight.web.link import WebProcess as WebProcess
 
-__all__ = ["FEEDS", "WebServer"]
+__all__ = ["FEEDS", "WebProcess"]

@@ -15,7 +15,8 @@ credentials gets 401, and a page request the login page with it):
 ``/ws/arrow?table=``        feed ``arrow``: snapshot and changes as Arrow IPC
 ==========================  ==========================================================
 
-The HTTP server uses the Flight server's host and TLS certificate when it has one.
+It runs in the web process (:mod:`flight.web.child`), fed by the server over the link
+(:mod:`flight.web.link`), on the Flight server's host and TLS certificate when it has one.
 """
 
 from __future__ import annotations
@@ -36,14 +37,13 @@ import tornado.web
 import tornado.websocket
 
 from engine.errors import InputError, TableFailed, TableNotFound
-from flight.web.feed import lower_priority
 from flight.web.gate import COOKIE, Gate
 
 if TYPE_CHECKING:
-    from flight.server import TicktableServer
-    from flight.web.feed import TableFeed
+    from flight.web.child import RemoteFeed, RemoteTables
     from flight.web.gateway import Credits
     from flight.web.hub import HostedTable, PerspectiveHub
+    from flight.web.link import Settings
 
 __all__ = ["FEEDS", "STATIC", "WebServer"]
 
@@ -57,44 +57,39 @@ _LOGIN = Path(__file__).parent / "login.html"
 
 
 class WebServer:
-    """Serves the web UI of a :class:`~flight.server.TicktableServer`.
+    """Serves the web UI (in the web process) of the server behind ``tables``.
 
     Parameters
     ----------
-    server
-        The Flight server whose tables, tokens and TLS settings are used.
-    port
-        The HTTP port (0: any free one).
-    feed
-        The default feed of a grid: ``"perspective"`` or ``"arrow"`` (a page may ask for
-        the other with ``?feed=``).
-    min_interval
-        Seconds between two changes sent to one grid at most, either feed
-        (:class:`~flight.web.feed.TableFeed`).
+    tables
+        The server's tables, over the link.
+    settings
+        Host, HTTP port (0: any free one), default feed (``"perspective"`` or ``"arrow"``;
+        a page may ask for the other with ``?feed=``), tokens and TLS.
     """
 
-    def __init__(self, server: TicktableServer, port: int, *, feed: str = "perspective",
-                 min_interval: float = 0.0) -> None:
-        if feed not in FEEDS:
-            raise InputError(f"unknown web feed {feed!r}; use one of {', '.join(FEEDS)}")
-        self.server = server
-        self.feed = feed
-        self.min_interval = min_interval
-        self.gate = Gate(server.config.token, server.config.read_token)
-        self.tls = bool(server.config.tls_cert)
-        self._requested_port = port
+    def __init__(self, tables: RemoteTables, settings: Settings) -> None:
+        if settings.feed not in FEEDS:
+            raise InputError(f"unknown web feed {settings.feed!r}; use one of "
+                             f"{', '.join(FEEDS)}")
+        self.tables_source = tables
+        self.settings = settings
+        self.feed = settings.feed
+        self.gate = Gate(settings.token, settings.read_token)
+        self.tls = bool(settings.tls_cert)
+        self._requested_port = settings.port
         self.port: int | None = None
         self.hub: PerspectiveHub | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._http: tornado.httpserver.HTTPServer | None = None
         self._thread: threading.Thread | None = None
-        self._arrow_feeds: set[TableFeed] = set()
+        self._arrow_feeds: set[RemoteFeed] = set()
         self.sockets: set[tornado.websocket.WebSocketHandler] = set()  # open, on the loop
 
     @property
     def url(self) -> str:
         """The page's address."""
-        return f"{'https' if self.tls else 'http'}://{self.server.config.host}:{self.port}/"
+        return f"{'https' if self.tls else 'http'}://{self.settings.host}:{self.port}/"
 
     def start(self) -> WebServer:
         """Bind the port and serve on a thread of its own.
@@ -107,7 +102,7 @@ class WebServer:
         from flight.server import PortInUse
         from flight.web.hub import PerspectiveHub
 
-        host = self.server.config.host
+        host = self.settings.host
         try:
             sockets = tornado.netutil.bind_sockets(self._requested_port, address=host,
                                                    reuse_port=False)
@@ -116,11 +111,10 @@ class WebServer:
                             f"{exc.strerror or exc} (--http-port -1 turns it off)") from exc
         self.port = int(sockets[0].getsockname()[1])
         ssl_ctx = self._ssl_context()
-        self.hub = PerspectiveHub(self.server.registry, min_interval=self.min_interval)
+        self.hub = PerspectiveHub(self.tables_source)
         started = threading.Event()
 
         def run() -> None:
-            lower_priority()
             loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)
             self.loop = loop
@@ -162,7 +156,7 @@ class WebServer:
         self.loop = None
 
     def _ssl_context(self) -> ssl.SSLContext | None:
-        cfg = self.server.config
+        cfg = self.settings
         if not (cfg.tls_cert and cfg.tls_key):
             return None
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -190,27 +184,19 @@ class WebServer:
         ], websocket_max_message_size=64 << 20, compress_response=True)
 
     # ------------------------------------------------------------------ the list
-    def tables(self) -> list[dict[str, Any]]:
-        """Each table's name, kind, rows, subscribers, last step and state."""
-        server = self.server
-        flight_subs: dict[str, int] = {}
-        for s in server.subscriptions:
-            flight_subs[s.entry.name] = flight_subs.get(s.entry.name, 0) + 1
+    def tables(self) -> tuple[int, list[dict[str, Any]]]:
+        """The server's step, and each table's name, kind, rows, subscribers (over Flight
+        and grids open here), last step and state (blocks for the server's answer)."""
+        step, tables = self.tables_source.tables()
         web_viewers: dict[str, int] = {}
         if self.hub is not None:
             for name, h in self.hub.hosted().items():
                 web_viewers[name] = web_viewers.get(name, 0) + h.viewers
         for feed in list(self._arrow_feeds):
-            web_viewers[feed.entry.name] = web_viewers.get(feed.entry.name, 0) + 1
-        out = []
-        for e in server.registry.entries():
-            failure = e.table.failure
-            out.append({"name": e.name, "kind": e.kind, "keys": e.keys,
-                        "rows": len(e.table.rowset), "last_step": e.table.last_step,
-                        "subscribers": flight_subs.get(e.name, 0) + web_viewers.get(e.name, 0),
-                        "state": "failed" if failure is not None else "live",
-                        "error": None if failure is None else f"table {e.name!r} failed: {failure}"})
-        return out
+            web_viewers[feed.name] = web_viewers.get(feed.name, 0) + 1
+        for t in tables:
+            t["subscribers"] += web_viewers.get(t["name"], 0)
+        return step, tables
 
 
 class _Handler(tornado.web.RequestHandler):
@@ -289,9 +275,11 @@ class _LogoutHandler(_Handler):
 
 
 class _TablesHandler(_Handler):
-    def get(self) -> None:
-        self.finish({"feed": self.web.feed, "feeds": list(FEEDS),
-                     "step": self.web.server.graph.step, "tables": self.web.tables()})
+    async def get(self) -> None:
+        assert self.web.loop is not None
+        step, tables = await self.web.loop.run_in_executor(None, self.web.tables)
+        self.finish({"feed": self.web.feed, "feeds": list(FEEDS), "step": step,
+                     "tables": tables})
 
 
 class _StaticHandler(tornado.web.StaticFileHandler):
@@ -397,23 +385,30 @@ class _PerspectiveSocket(_Socket):
 class _ArrowSocket(_Socket):
     """Feed ``arrow``: the table's snapshot and changes as Arrow IPC (flight.web.gateway)."""
 
-    feed: TableFeed | None = None
+    feed: RemoteFeed | None = None
     credits: Credits | None = None
 
-    def open(self) -> None:
+    async def open(self) -> None:
         from flight.web.gateway import Credits, follow
 
         super().open()
-        assert self.web.loop is not None
+        loop = self.web.loop
+        assert loop is not None
         self.set_nodelay(True)
         self.credits = Credits()
+        credits = self.credits
         try:
-            self.feed = follow(self.web.server.registry, self.table_name(), self, self.web.loop,
-                               self.credits, min_interval=self.web.min_interval)
-        except TableNotFound as exc:
+            feed = await loop.run_in_executor(
+                None, lambda: follow(self.web.tables_source, self.table_name(), self, loop,
+                                     credits))
+        except (TableNotFound, TableFailed) as exc:
             self.refuse(exc)
             return
-        self.web._arrow_feeds.add(self.feed)
+        if credits.closed:  # the page went while the table was being followed
+            feed.close()
+            return
+        self.feed = feed
+        self.web._arrow_feeds.add(feed)
 
     def on_message(self, message: str | bytes) -> None:
         if message == "ack" and self.credits is not None:

@@ -26,11 +26,13 @@ import json
 import logging
 import struct
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import TableNotFound, TicktableError
-from flight.registry import TableRegistry
-from flight.web.feed import Change, TableFeed, split_snapshot, to_ipc
+from flight.web.feed import Change, split_snapshot, to_ipc
+
+if TYPE_CHECKING:
+    from flight.web.child import RemoteFeed, RemoteTables
 
 __all__ = ["IN_FLIGHT", "Credits", "encode_change", "follow"]
 
@@ -68,6 +70,11 @@ class Credits:
             self._closed = True
             self._cond.notify_all()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the socket closed."""
+        return self._closed
+
 log = logging.getLogger(__name__)
 
 
@@ -82,20 +89,20 @@ def encode_change(change: Change) -> bytes:
                      change.removes.astype("<f8").tobytes(), to_ipc(change.upserts)))
 
 
-def follow(registry: TableRegistry, name: str, socket: Any, loop: asyncio.AbstractEventLoop,
-           credits: Credits, *, max_pending: int = 16, min_interval: float = 0.0) -> TableFeed:
+def follow(tables: RemoteTables, name: str, socket: Any, loop: asyncio.AbstractEventLoop,
+           credits: Credits) -> RemoteFeed:
     """Start streaming table ``name`` to ``socket`` (a tornado ``WebSocketHandler``).
 
     Each message waits for one of ``credits`` (the socket gives one back per ``ack``), is
-    written from the event loop, and the feed's thread waits until it is flushed. Returns
-    the running feed (close ``credits`` and then it when the socket closes).
+    written from the event loop, and the feed's thread waits until it is flushed (the
+    server composes what arrives meanwhile). Returns the running feed (close ``credits``
+    and then it when the socket closes).
 
     Raises
     ------
     TableNotFound
-        If there is no such table.
+        If there is no such table; :class:`~engine.errors.TableFailed` if it failed.
     """
-    entry = registry.get(name)
 
     def deliver(change: Change) -> None:
         for part in split_snapshot(change):
@@ -112,8 +119,7 @@ def follow(registry: TableRegistry, name: str, socket: Any, loop: asyncio.Abstra
         asyncio.run_coroutine_threadsafe(
             _write(socket, json.dumps({"state": state, "error": error}), close=True), loop)
 
-    return TableFeed(entry, deliver, max_pending=max_pending, on_failure=failed,
-                     min_interval=min_interval).start()
+    return tables.follow(name, deliver, on_failure=failed)
 
 
 async def _write(socket: Any, data: bytes | str, *, close: bool = False) -> None:

@@ -2,8 +2,9 @@
 
 One :class:`PerspectiveHub` owns a ``perspective.Server``. Opening a table in the page
 *acquires* it here: the first viewer creates a Perspective table of the same name, indexed
-by row key and filled from a :class:`~flight.web.feed.TableFeed` (the snapshot, then one
-``update``/``remove`` per change); later viewers share it. The browser's viewer opens it
+by row key and filled from a feed of the server's changes
+(:meth:`~flight.web.child.RemoteTables.follow`: the snapshot, then one ``update``/``remove``
+per change); later viewers share it. The browser's viewer opens it
 by name over Perspective's websocket protocol (:class:`PerspectiveSocket`), so only the
 rows it shows cross the wire. When its last viewer leaves, the table is *released*: the
 feed stops and the Perspective table is deleted.
@@ -27,12 +28,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import perspective
 
-from flight.registry import TableRegistry
-from flight.web.feed import ROW_KEY, Change, TableFeed, lower_priority, split_snapshot, to_ipc
+from flight.web.feed import ROW_KEY, Change, split_snapshot, to_ipc
+
+if TYPE_CHECKING:
+    from flight.web.child import RemoteFeed, RemoteTables
 
 __all__ = ["EngineThread", "HostedTable", "PerspectiveHub"]
 
@@ -79,7 +82,6 @@ class EngineThread(Executor):
         return fut
 
     def _run(self) -> None:
-        lower_priority()
         while True:
             with self._cond:
                 while not self._queue and not self._closed:
@@ -112,7 +114,7 @@ class HostedTable:
 
     name: str
     viewers: int = 0
-    feed: TableFeed | None = None
+    feed: RemoteFeed | None = None
     table: Any = None  # perspective.Table, once the snapshot is loaded
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None  # why the feed stopped (failed or dropped table)
@@ -124,17 +126,12 @@ class PerspectiveHub:
 
     Parameters
     ----------
-    registry
-        The server's tables.
-    max_pending, min_interval
-        Passed to each :class:`~flight.web.feed.TableFeed`.
+    tables
+        The server's tables, over the link.
     """
 
-    def __init__(self, registry: TableRegistry, *, max_pending: int = 16,
-                 min_interval: float = 0.0) -> None:
-        self.registry = registry
-        self.max_pending = max_pending
-        self.min_interval = min_interval
+    def __init__(self, tables: RemoteTables) -> None:
+        self.tables = tables
         self.server = perspective.Server()
         self.client = self.server.new_local_client()
         #: the one thread calling into Perspective
@@ -157,16 +154,17 @@ class PerspectiveHub:
         TableFailed
             If the table failed (or failed before its snapshot was read).
         """
-        entry = self.registry.get(name)
         with self._lock:
             hosted = self._hosted.get(name)
             if hosted is None or hosted.error is not None and hosted.viewers == 0:
                 hosted = self._hosted[name] = HostedTable(name)
-                hosted.feed = TableFeed(entry, functools.partial(self._apply, hosted),
-                                        max_pending=self.max_pending,
-                                        min_interval=self.min_interval,
-                                        on_failure=functools.partial(self._failed, hosted))
-                hosted.feed.start()
+                try:
+                    hosted.feed = self.tables.follow(
+                        name, functools.partial(self._apply, hosted),
+                        on_failure=functools.partial(self._failed, hosted))
+                except BaseException:
+                    del self._hosted[name]
+                    raise
             hosted.viewers += 1
         if not hosted.ready.wait(timeout) or hosted.table is None:
             self.release(hosted)

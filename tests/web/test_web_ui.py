@@ -290,9 +290,8 @@ def test_a_table_no_longer_watched_is_released(web, prices, browser, feed):
     page.goto(f"{web.web.url}?t=prices&feed={feed}")  # a reload: the old socket goes
     page.wait_for_selector('section.grid[data-table="prices"] .state.live', timeout=20_000)
 
-    def held():
-        hosted = web.web.hub.hosted().get("prices")
-        return (hosted.viewers if hosted else 0) + len(web.web._arrow_feeds)
+    def held():  # the server's feeds of the table to the web process
+        return sum(f.name == "prices" for f in list(web.web.feeds.values()))
 
     deadline = time.monotonic() + 5
     while held() != 1 and time.monotonic() < deadline:

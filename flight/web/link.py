@@ -1,0 +1,365 @@
+"""The web UI in a process of its own, fed by the server over a local socket (issue #17).
+
+The page's work (Perspective's engine applying changes and answering the viewers, the
+HTTP server and its websockets) runs in a child process, ``python -m flight.web.child``,
+under ``SCHED_IDLE`` (or nice 19, :data:`SCHEDS`): it uses the cores only when the server
+does not, and a web process starved by a busy machine stalls only itself, never the
+server (it has a GIL of its own). In the server only the feeds stay
+(:class:`~flight.web.feed.TableFeed`: the changes built under the graph's shared lock), one
+per table the page has open.
+
+The link is one ``socketpair`` carrying :mod:`multiprocessing.connection` messages (a
+pickled tuple each; a change's rows follow as one raw message of Arrow IPC bytes):
+
+=================================================  =============================================
+child -> server                                    server -> child
+=================================================  =============================================
+``("ready", port)`` / ``("error", kind, text)``    first: :class:`Settings` (tokens, TLS, ...)
+``("tables", rid)``                                ``("tables", rid, step, [table dicts])``
+``("follow", fid, name)``                          ``("followed", fid)`` or ``("refused", fid,
+                                                   kind, text)``, then ``("change", fid, ...)``
+``("ack", fid)`` once a change was applied         at most one unacknowledged change per feed
+``("unfollow", fid)``                              ``("failed", fid, kind, text)``: table gone
+-                                                  ``("stop",)``: close and exit
+=================================================  =============================================
+
+A feed waits for the child's ``ack`` before it builds its next change, so a slow page or a
+busy web process makes the server compose more, never queue. When the server's process
+ends, the child reads the end of the socket and exits. When the web process ends on its
+own (killed, crashed), the server stops its feeds and starts a new one on the same port
+(at most :data:`RESTARTS` times in :data:`RESTART_WINDOW` seconds); open pages reconnect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from engine.errors import TableFailed, TableNotFound, TicktableError
+from flight.web.feed import Change, TableFeed, to_ipc
+
+if TYPE_CHECKING:
+    from flight.server import TicktableServer
+
+__all__ = ["SCHEDS", "Settings", "WebProcess", "read_change", "write_change"]
+
+log = logging.getLogger(__name__)
+
+#: How the web process runs: ``idle`` (SCHED_IDLE, the default) or ``nice`` (nice 19).
+SCHEDS = ("idle", "nice")
+_READY_TIMEOUT = 120.0
+#: Restarts of a web process that ended on its own, at most, in any RESTART_WINDOW seconds.
+RESTARTS = 5
+RESTART_WINDOW = 60.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the web process needs from the server's configuration (sent over the link, so
+    tokens and keys never show in a process list)."""
+
+    host: str
+    port: int
+    feed: str
+    token: str | None
+    read_token: str | None
+    tls_cert: bytes | None
+    tls_key: bytes | None
+    sched: str = "idle"
+    log_level: int = logging.INFO
+
+
+def write_change(conn: Connection, fid: int, change: Change) -> None:
+    """Send ``change`` of feed ``fid`` (two messages: the header, then the rows' IPC)."""
+    conn.send(("change", fid, change.snapshot, change.step, change.sequence, change.updates,
+               change.size, change.removes.astype("<i8").tobytes()))
+    conn.send_bytes(to_ipc(change.upserts))
+
+
+def read_change(header: tuple[Any, ...], conn: Connection) -> tuple[int, Change]:
+    """The change whose ``header`` :func:`write_change` sent (reads its rows from ``conn``)."""
+    _, fid, snapshot, step, sequence, updates, size, removes = header
+    upserts = pa.ipc.open_stream(conn.recv_bytes()).read_all()
+    return fid, Change(snapshot, upserts, np.frombuffer(removes, "<i8").astype(np.int64), step,
+                       sequence, updates, size)
+
+
+class _LinkFeed:
+    """A :class:`TableFeed` whose changes go to the web process, one at a time."""
+
+    def __init__(self, link: WebProcess, fid: int, name: str) -> None:
+        self.link, self.fid, self.name = link, fid, name
+        self._acked = threading.Semaphore(0)
+        self._closed = threading.Event()
+        self.feed = TableFeed(link.server.registry.get(name), self._deliver,
+                              max_pending=link.max_pending, on_failure=self._failed,
+                              min_interval=link.min_interval)
+
+    def _deliver(self, change: Change) -> None:
+        if self._closed.is_set() or not self.link.send_change(self.fid, change):
+            return
+        while not self._acked.acquire(timeout=0.5):  # the page applied it
+            if self._closed.is_set():
+                return
+
+    def _failed(self, exc: BaseException) -> None:
+        kind = "dropped" if isinstance(exc, TableNotFound) else "failed"
+        text = str(exc) if isinstance(exc, TicktableError) else "the table stopped updating"
+        if not isinstance(exc, TicktableError):
+            log.warning("web: feed of table %r stopped: %s", self.name, exc)
+        self.link.send(("failed", self.fid, kind, text))
+
+    def ack(self) -> None:
+        self._acked.release()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._acked.release()
+        self.feed.close()
+
+
+class WebProcess:
+    """Runs the web UI of ``server`` in a child process and feeds it.
+
+    Parameters
+    ----------
+    server
+        The Flight server whose tables, tokens and TLS settings are used.
+    port
+        The HTTP port (0: any free one).
+    feed
+        The default feed of a grid: ``"perspective"`` or ``"arrow"``.
+    min_interval
+        Seconds between two changes sent to one grid at most.
+    sched
+        One of :data:`SCHEDS`.
+    """
+
+    def __init__(self, server: TicktableServer, port: int, *, feed: str = "perspective",
+                 min_interval: float = 0.0, sched: str = "idle", max_pending: int = 16) -> None:
+        from flight.web.app import FEEDS
+
+        if feed not in FEEDS:
+            raise TicktableError(f"unknown web feed {feed!r}; use one of {', '.join(FEEDS)}")
+        if sched not in SCHEDS:
+            raise TicktableError(f"unknown web scheduling {sched!r}; use one of "
+                                 f"{', '.join(SCHEDS)}")
+        self.server = server
+        cfg = server.config
+        self.settings = Settings(cfg.host, port, feed, cfg.token, cfg.read_token,
+                                 cfg.tls_cert, cfg.tls_key, sched,
+                                 logging.getLogger("flight").getEffectiveLevel())
+        self.min_interval = min_interval
+        self.max_pending = max_pending
+        self.port: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        #: the feeds the page has open now, by feed id
+        self.feeds: dict[int, _LinkFeed] = {}
+        self._conn: Connection | None = None
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._closing = False
+        self._reader: threading.Thread | None = None
+        self._restarts: list[float] = []
+        #: times the web process was restarted after it ended on its own
+        self.restarts = 0
+
+    @property
+    def url(self) -> str:
+        """The page's address."""
+        scheme = "https" if self.settings.tls_cert else "http"
+        return f"{scheme}://{self.settings.host}:{self.port}/"
+
+    @property
+    def pid(self) -> int | None:
+        """The web process's id."""
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> WebProcess:
+        """Start the web process and wait until it serves.
+
+        Raises
+        ------
+        PortInUse
+            If it cannot bind the port.
+        TicktableError
+            If it could not start (its one-line reason).
+        """
+        from flight.server import PortInUse
+
+        if self.port is not None:  # a restart: the same port
+            self.settings = dataclasses.replace(self.settings, port=self.port)
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                   TICKTABLE_WEB_FD=str(theirs.fileno()))
+        self.proc = subprocess.Popen([sys.executable, "-m", "flight.web.child"], env=env,
+                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        self._conn.send(self.settings)
+        if not self._conn.poll(_READY_TIMEOUT):
+            self._kill()
+            raise TicktableError(f"the web UI process did not start in {_READY_TIMEOUT:g} s")
+        try:
+            reply = self._conn.recv()
+        except EOFError:
+            self._kill()
+            raise TicktableError("the web UI process exited while starting (see its log "
+                                 "above)") from None
+        if reply[0] != "ready":
+            self._kill()
+            _, kind, text = reply
+            raise (PortInUse if kind == "port" else TicktableError)(text)
+        self.port = int(reply[1])
+        self._reader = threading.Thread(target=self._read, name="ticktable-web-link",
+                                        daemon=True)
+        self._reader.start()
+        log.info("serving the web UI at %s (process %d)", self.url, self.proc.pid)
+        return self
+
+    def close(self) -> None:
+        """Stop the web process (its sockets close) and every feed."""
+        self._closing = True
+        self.send(("stop",))
+        if self.proc is not None:
+            try:
+                self.proc.wait(10.0)
+            except subprocess.TimeoutExpired:
+                log.warning("web: the web UI process did not stop in 10 s; killed")
+                self._kill()
+        if self._reader is not None:
+            self._reader.join(5.0)
+        self._close_feeds()
+        if self._conn is not None:
+            self._conn.close()
+
+    # ------------------------------------------------------------------ sending
+    def send(self, msg: tuple[Any, ...]) -> bool:
+        """Send ``msg`` to the web process; False once it is gone."""
+        with self._send_lock:
+            try:
+                if self._conn is None:
+                    return False
+                self._conn.send(msg)
+                return True
+            except OSError:
+                return False
+
+    def send_change(self, fid: int, change: Change) -> bool:
+        """Send a feed's change; False once the web process is gone."""
+        with self._send_lock:
+            try:
+                if self._conn is None:
+                    return False
+                write_change(self._conn, fid, change)
+                return True
+            except OSError:
+                return False
+
+    # ------------------------------------------------------------------ receiving
+    def _read(self) -> None:
+        assert self._conn is not None
+        while True:
+            try:
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            try:
+                self._handle(msg)
+            except Exception:
+                log.exception("web: could not handle %r from the web UI process", msg[0])
+        self._close_feeds()
+        if not self._closing:
+            code = self.proc.wait() if self.proc is not None else None
+            self._restart(code)
+
+    def _restart(self, code: int | None) -> None:
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW]
+        if len(self._restarts) >= RESTARTS:
+            log.error("web: the web UI process ended (exit code %s), the %d-th time in %g s; "
+                      "not restarted: the page is down", code, len(self._restarts) + 1,
+                      RESTART_WINDOW)
+            return
+        self._restarts.append(now)
+        log.error("web: the web UI process ended (exit code %s); starting a new one", code)
+        if self._conn is not None:
+            self._conn.close()
+        try:
+            self.start()
+        except Exception as exc:
+            log.error("web: could not restart the web UI: %s", exc)
+            return
+        self.restarts += 1
+        if self._closing:  # the server closed meanwhile: stop the new one too
+            self.send(("stop",))
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "ack":
+            feed = self.feeds.get(msg[1])
+            if feed is not None:
+                feed.ack()
+        elif kind == "tables":
+            self.send(("tables", msg[1], self.server.graph.step, self._tables()))
+        elif kind == "follow":
+            self._follow(msg[1], msg[2])
+        elif kind == "unfollow":
+            with self._lock:
+                feed = self.feeds.pop(msg[1], None)
+            if feed is not None:  # not on this thread: a deliver may be waiting for an ack
+                threading.Thread(target=feed.close, daemon=True,
+                                 name="ticktable-web-unfollow").start()
+
+    def _follow(self, fid: int, name: str) -> None:
+        try:
+            feed = _LinkFeed(self, fid, name)
+        except TableNotFound as exc:
+            self.send(("refused", fid, "notfound", str(exc)))
+            return
+        if feed.feed.table.failure is not None:
+            self.send(("refused", fid, "failed", str(TableFailed(
+                f"table {name!r} failed: {feed.feed.table.failure}"))))
+            return
+        with self._lock:
+            self.feeds[fid] = feed
+        self.send(("followed", fid))
+        feed.feed.start()
+
+    def _tables(self) -> list[dict[str, Any]]:
+        server = self.server
+        subs: dict[str, int] = {}
+        for s in server.subscriptions:
+            subs[s.entry.name] = subs.get(s.entry.name, 0) + 1
+        out = []
+        for e in server.registry.entries():
+            failure = e.table.failure
+            out.append({"name": e.name, "kind": e.kind, "keys": e.keys,
+                        "rows": len(e.table.rowset), "last_step": e.table.last_step,
+                        "subscribers": subs.get(e.name, 0),
+                        "state": "failed" if failure is not None else "live",
+                        "error": None if failure is None else f"table {e.name!r} failed: {failure}"})
+        return out
+
+    def _close_feeds(self) -> None:
+        with self._lock:
+            feeds, self.feeds = list(self.feeds.values()), {}
+        for f in feeds:
+            f.close()
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
