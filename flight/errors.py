@@ -78,8 +78,15 @@ __all__ = [
     "abort",
     "flight_error_for",
     "grpc_status",
+    "PortInUse",
     "status_of",
 ]
+
+
+class PortInUse(ServiceError):
+    """A port of the server (Flight, metrics, web UI) cannot be bound (in use by another
+    process, or not allowed)."""
+
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

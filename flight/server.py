@@ -30,12 +30,13 @@ import numpy as np
 import pyarrow as pa
 from grpc_health.v1 import health_pb2
 
-from engine.errors import InputError, ProtocolError, ServiceError
+from engine.errors import InputError, ProtocolError
 from engine.graph import UpdateGraph
 from flight._requests import parse
 from flight.bridge import AioServer
 from flight.calls import CallLog
 from flight.durable import Durability, RecoveryReport
+from flight.errors import PortInUse
 from flight.limits import (
     MAX_COLUMNS,
     MAX_PUT_BATCH_BYTES,
@@ -58,10 +59,6 @@ if TYPE_CHECKING:
 __all__ = ["PortInUse", "ServerConfig", "TicktableServer"]
 
 log = logging.getLogger(__name__)
-
-class PortInUse(ServiceError):
-    """The server's port cannot be bound (in use by another process, or not allowed)."""
-
 
 KIND_NAMES = {pb.TABLE_KIND_APPEND: "append", pb.TABLE_KIND_KEYED: "keyed",
               pb.TABLE_KIND_RING: "ring"}

@@ -21,7 +21,7 @@ the server keeps only the feeds. Reading order:
 
 from __future__ import annotations
 
-from flight.web.app import FEEDS as FEEDS
+from flight.web.feed import FEEDS as FEEDS
 from flight.web.link import WebProcess as WebProcess
 
 __all__ = ["FEEDS", "WebProcess"]

@@ -37,20 +37,19 @@ import tornado.web
 import tornado.websocket
 
 from engine.errors import InputError, TableFailed, TableNotFound
+from flight.web.feed import FEEDS
 from flight.web.gate import COOKIE, Gate
 
 if TYPE_CHECKING:
-    from flight.web.child import RemoteFeed, RemoteTables
     from flight.web.gateway import Credits
     from flight.web.hub import HostedTable, PerspectiveHub
     from flight.web.link import Settings
+    from flight.web.remote import RemoteFeed, RemoteTables
 
 __all__ = ["FEEDS", "STATIC", "WebServer"]
 
 log = logging.getLogger(__name__)
 
-#: The two ways to feed a grid (``perspective``, the default, and ``arrow``).
-FEEDS = ("perspective", "arrow")
 #: Where ``make web`` puts the built front-end.
 STATIC = Path(__file__).parent / "static"
 _LOGIN = Path(__file__).parent / "login.html"
@@ -99,7 +98,7 @@ class WebServer:
         PortInUse
             If the port cannot be bound.
         """
-        from flight.server import PortInUse
+        from flight.errors import PortInUse
         from flight.web.hub import PerspectiveHub
 
         host = self.settings.host

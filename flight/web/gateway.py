@@ -32,7 +32,7 @@ from engine.errors import TableNotFound, TicktableError
 from flight.web.feed import Change, split_snapshot, to_ipc
 
 if TYPE_CHECKING:
-    from flight.web.child import RemoteFeed, RemoteTables
+    from flight.web.remote import RemoteFeed, RemoteTables
 
 __all__ = ["IN_FLIGHT", "Credits", "encode_change", "follow"]
 

@@ -3,7 +3,7 @@
 One :class:`PerspectiveHub` owns a ``perspective.Server``. Opening a table in the page
 *acquires* it here: the first viewer creates a Perspective table of the same name, indexed
 by row key and filled from a feed of the server's changes
-(:meth:`~flight.web.child.RemoteTables.follow`: the snapshot, then one ``update``/``remove``
+(:meth:`~flight.web.remote.RemoteTables.follow`: the snapshot, then one ``update``/``remove``
 per change); later viewers share it. The browser's viewer opens it
 by name over Perspective's websocket protocol (:class:`PerspectiveSocket`), so only the
 rows it shows cross the wire. When its last viewer leaves, the table is *released*: the
@@ -35,7 +35,7 @@ import perspective
 from flight.web.feed import ROW_KEY, Change, split_snapshot, to_ipc
 
 if TYPE_CHECKING:
-    from flight.web.child import RemoteFeed, RemoteTables
+    from flight.web.remote import RemoteFeed, RemoteTables
 
 __all__ = ["EngineThread", "HostedTable", "PerspectiveHub"]
 

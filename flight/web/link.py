@@ -42,16 +42,15 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from engine.errors import TableFailed, TableNotFound, TicktableError
-from flight.web.feed import Change, TableFeed, to_ipc
-
-if TYPE_CHECKING:
-    from flight.server import TicktableServer
+from engine.graph import UpdateGraph
+from flight.registry import TableRegistry
+from flight.web.feed import FEEDS, Change, TableFeed, to_ipc
 
 __all__ = ["SCHEDS", "Settings", "WebProcess", "read_change", "write_change"]
 
@@ -94,6 +93,22 @@ def read_change(header: tuple[Any, ...], conn: Connection) -> tuple[int, Change]
     upserts = pa.ipc.open_stream(conn.recv_bytes()).read_all()
     return fid, Change(snapshot, upserts, np.frombuffer(removes, "<i8").astype(np.int64), step,
                        sequence, updates, size)
+
+
+class Served(Protocol):
+    """What the link needs of the server (:class:`~flight.server.TicktableServer`)."""
+
+    @property
+    def config(self) -> Any: ...  # ServerConfig: host, tokens, TLS
+
+    @property
+    def registry(self) -> TableRegistry: ...
+
+    @property
+    def graph(self) -> UpdateGraph: ...
+
+    @property
+    def subscriptions(self) -> Any: ...  # the Flight subscriptions (``.entry.name``)
 
 
 class _LinkFeed:
@@ -147,10 +162,8 @@ class WebProcess:
         One of :data:`SCHEDS`.
     """
 
-    def __init__(self, server: TicktableServer, port: int, *, feed: str = "perspective",
+    def __init__(self, server: Served, port: int, *, feed: str = "perspective",
                  min_interval: float = 0.0, sched: str = "idle", max_pending: int = 16) -> None:
-        from flight.web.app import FEEDS
-
         if feed not in FEEDS:
             raise TicktableError(f"unknown web feed {feed!r}; use one of {', '.join(FEEDS)}")
         if sched not in SCHEDS:
@@ -197,7 +210,7 @@ class WebProcess:
         TicktableError
             If it could not start (its one-line reason).
         """
-        from flight.server import PortInUse
+        from flight.errors import PortInUse
 
         if self.port is not None:  # a restart: the same port
             self.settings = dataclasses.replace(self.settings, port=self.port)
