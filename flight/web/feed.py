@@ -184,11 +184,16 @@ def split_snapshot(change: Change, rows: int = SNAPSHOT_CHUNK_ROWS,
 
 def to_ipc(table: pa.Table) -> bytes:
     """``table`` as one Arrow IPC stream (what Perspective's ``table``/``update`` read)."""
+    out: bytes = ipc_buffer(table).to_pybytes()
+    return out
+
+
+def ipc_buffer(table: pa.Table) -> pa.Buffer:
+    """:func:`to_ipc` without copying the stream into ``bytes``."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    out: bytes = sink.getvalue().to_pybytes()
-    return out
+    return sink.getvalue()
 
 
 class TableFeed:

@@ -50,7 +50,7 @@ import pyarrow as pa
 from engine.errors import TableFailed, TableNotFound, TicktableError
 from engine.graph import UpdateGraph
 from flight.registry import TableRegistry
-from flight.web.feed import FEEDS, Change, TableFeed, to_ipc
+from flight.web.feed import FEEDS, Change, TableFeed, ipc_buffer
 
 __all__ = ["SCHEDS", "Settings", "WebProcess", "read_change", "write_change"]
 
@@ -84,7 +84,7 @@ def write_change(conn: Connection, fid: int, change: Change) -> None:
     """Send ``change`` of feed ``fid`` (two messages: the header, then the rows' IPC)."""
     conn.send(("change", fid, change.snapshot, change.step, change.sequence, change.updates,
                change.size, change.removes.astype("<i8").tobytes()))
-    conn.send_bytes(to_ipc(change.upserts))
+    conn.send_bytes(memoryview(ipc_buffer(change.upserts)))  # no copy into bytes
 
 
 def read_change(header: tuple[Any, ...], conn: Connection) -> tuple[int, Change]:

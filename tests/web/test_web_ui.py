@@ -257,6 +257,34 @@ def test_the_page_reconnects_by_itself_after_a_server_restart(browser, feed):
         context.close()
 
 
+@pytest.mark.parametrize("feed", FEEDS)
+def test_the_page_reconnects_after_the_web_process_dies(browser, feed):
+    """The web UI's own process is killed: the server starts a new one on the same port and
+    the open page goes live again, showing what changed meanwhile."""
+    import os
+    import signal
+
+    server, graph = start_server()
+    client = tt.connect(server.location)
+    client.push("t", pa.table({"k": ["a"], "v": [1]}), mode="upsert", keys=["k"])
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        open_grid(page, server, "t", feed)
+        wait_cells(page, "t", "c.rows.length === 1 && c.rows[0][1] === '1'")
+        assert server.web is not None and server.web.pid is not None
+        os.kill(server.web.pid, signal.SIGKILL)
+        client.push("t", pa.table({"k": ["a"], "v": [2]}), mode="upsert", keys=["k"])
+        page.wait_for_selector('section.grid[data-table="t"] .state.live', timeout=20_000)
+        wait_cells(page, "t", "c.rows.length === 1 && c.rows[0][1] === '2'", timeout=20_000)
+        assert server.web.restarts == 1
+    finally:
+        context.close()
+        client.close()
+        server.shutdown()
+        graph.stop()
+
+
 def test_the_web_ui_is_served_over_tls_with_flights_certificate(browser, tmp_path):
     import subprocess
 
