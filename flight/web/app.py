@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import ssl
 import tempfile
 import threading
@@ -32,7 +33,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tornado.httpserver
-import tornado.netutil
 import tornado.web
 import tornado.websocket
 
@@ -76,7 +76,6 @@ class WebServer:
         self.feed = settings.feed
         self.gate = Gate(settings.token, settings.read_token)
         self.tls = bool(settings.tls_cert)
-        self._requested_port = settings.port
         self.port: int | None = None
         self.hub: PerspectiveHub | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -91,23 +90,12 @@ class WebServer:
         return f"{'https' if self.tls else 'http'}://{self.settings.host}:{self.port}/"
 
     def start(self) -> WebServer:
-        """Bind the port and serve on a thread of its own.
-
-        Raises
-        ------
-        PortInUse
-            If the port cannot be bound.
-        """
-        from flight.errors import PortInUse
+        """Serve on the server's listening sockets (``settings.fds``), on a thread of its own."""
         from flight.web.hub import PerspectiveHub
 
-        host = self.settings.host
-        try:
-            sockets = tornado.netutil.bind_sockets(self._requested_port, address=host,
-                                                   reuse_port=False)
-        except OSError as exc:
-            raise PortInUse(f"cannot serve the web UI on {host}:{self._requested_port}: "
-                            f"{exc.strerror or exc} (--http-port -1 turns it off)") from exc
+        sockets = [socket.socket(fileno=fd) for fd in self.settings.fds]
+        for sock in sockets:
+            sock.setblocking(False)
         self.port = int(sockets[0].getsockname()[1])
         ssl_ctx = self._ssl_context()
         self.hub = PerspectiveHub(self.tables_source)

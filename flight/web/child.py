@@ -46,7 +46,6 @@ def main() -> None:
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s [web] %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
-    from flight.errors import PortInUse
     from flight.web.app import WebServer
 
     done = threading.Event()
@@ -54,9 +53,6 @@ def main() -> None:
     web = WebServer(tables, settings)
     try:
         web.start()
-    except PortInUse as exc:
-        conn.send(("error", "port", str(exc)))
-        return
     except Exception as exc:
         log.exception("web: could not start")
         conn.send(("error", "other", f"the web UI could not start: {exc}"))

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 #: How the web process runs: ``idle`` (SCHED_IDLE, the default) or ``nice`` (nice 19).
 SCHEDS = ("idle", "nice")
-_READY_TIMEOUT = 120.0
+_READY_TIMEOUT = 60.0
 #: Restarts of a web process that ended on its own, at most, in any RESTART_WINDOW seconds.
 RESTARTS = 5
 RESTART_WINDOW = 60.0
@@ -78,6 +78,9 @@ class Settings:
     tls_key: bytes | None
     sched: str = "idle"
     log_level: int = logging.INFO
+    #: the listening sockets' file descriptors, which the server binds and the web process
+    #: inherits (the same numbers there)
+    fds: tuple[int, ...] = ()
 
 
 def write_change(conn: Connection, fid: int, change: Change) -> None:
@@ -93,6 +96,15 @@ def read_change(header: tuple[Any, ...], conn: Connection) -> tuple[int, Change]
     upserts = pa.ipc.open_stream(conn.recv_bytes()).read_all()
     return fid, Change(snapshot, upserts, np.frombuffer(removes, "<i8").astype(np.int64), step,
                        sequence, updates, size)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (all of IPv4 and IPv6 for ``""``/``"::"``)."""
+    if host in ("", "::") and socket.has_dualstack_ipv6():
+        return socket.create_server(("::", port), family=socket.AF_INET6, backlog=128,
+                                    dualstack_ipv6=True)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host or "0.0.0.0", port), family=family, backlog=128)
 
 
 class Served(Protocol):
@@ -186,6 +198,8 @@ class WebProcess:
         self._closing = False
         self._reader: threading.Thread | None = None
         self._restarts: list[float] = []
+        self._listeners: list[socket.socket] | None = None
+        self._ready = threading.Event()
         #: times the web process was restarted after it ended on its own
         self.restarts = 0
 
@@ -201,46 +215,45 @@ class WebProcess:
         return self.proc.pid if self.proc is not None else None
 
     def start(self) -> WebProcess:
-        """Start the web process and wait until it serves.
+        """Bind the port and start the web process (without waiting for it: browsers that
+        connect meanwhile wait in the socket's backlog; :meth:`wait_ready` waits).
 
         Raises
         ------
         PortInUse
-            If it cannot bind the port.
-        TicktableError
-            If it could not start (its one-line reason).
+            If the port cannot be bound.
         """
         from flight.errors import PortInUse
 
-        if self.port is not None:  # a restart: the same port
-            self.settings = dataclasses.replace(self.settings, port=self.port)
+        if self._listeners is None:  # a restart keeps the sockets, so the same port
+            host, port = self.settings.host, self.settings.port
+            try:
+                self._listeners = [_listen(host, port)]
+            except OSError as exc:
+                raise PortInUse(f"cannot serve the web UI on {host}:{port}: "
+                                f"{exc.strerror or exc} (--http-port -1 turns it off)") from exc
+            self.port = int(self._listeners[0].getsockname()[1])
+            self.settings = dataclasses.replace(
+                self.settings, port=self.port, fds=tuple(s.fileno() for s in self._listeners))
         ours, theirs = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                    TICKTABLE_WEB_FD=str(theirs.fileno()))
+        self._ready.clear()
         self.proc = subprocess.Popen([sys.executable, "-m", "flight.web.child"], env=env,
-                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+                                     pass_fds=(theirs.fileno(), *self.settings.fds),
+                                     stdin=subprocess.DEVNULL)
         theirs.close()
         self._conn = Connection(ours.detach())
         self._conn.send(self.settings)
-        if not self._conn.poll(_READY_TIMEOUT):
-            self._kill()
-            raise TicktableError(f"the web UI process did not start in {_READY_TIMEOUT:g} s")
-        try:
-            reply = self._conn.recv()
-        except EOFError:
-            self._kill()
-            raise TicktableError("the web UI process exited while starting (see its log "
-                                 "above)") from None
-        if reply[0] != "ready":
-            self._kill()
-            _, kind, text = reply
-            raise (PortInUse if kind == "port" else TicktableError)(text)
-        self.port = int(reply[1])
         self._reader = threading.Thread(target=self._read, name="ticktable-web-link",
                                         daemon=True)
         self._reader.start()
         log.info("serving the web UI at %s (process %d)", self.url, self.proc.pid)
         return self
+
+    def wait_ready(self, timeout: float = _READY_TIMEOUT) -> bool:
+        """Wait until the web process serves; False if it did not in ``timeout`` seconds."""
+        return self._ready.wait(timeout)
 
     def close(self) -> None:
         """Stop the web process (its sockets close) and every feed."""
@@ -257,6 +270,8 @@ class WebProcess:
         self._close_feeds()
         if self._conn is not None:
             self._conn.close()
+        for s in self._listeners or ():
+            s.close()
 
     # ------------------------------------------------------------------ sending
     def send(self, msg: tuple[Any, ...]) -> bool:
@@ -321,7 +336,11 @@ class WebProcess:
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
-        if kind == "ack":
+        if kind == "ready":
+            self._ready.set()
+        elif kind == "error":
+            log.error("web: %s", msg[2])
+        elif kind == "ack":
             feed = self.feeds.get(msg[1])
             if feed is not None:
                 feed.ack()
