@@ -149,7 +149,9 @@ class CallLog(grpc.ServerInterceptor):  # type: ignore[misc]
             level = logging.INFO if method in _STREAMS else logging.DEBUG
             if not context.is_active() and method in _STREAMS:
                 # gRPC answers a message past its receive limit itself, and the handler
-                # sees the end of the client's messages as if the client had left
+                # sees the end of the client's messages as if the client had left; the
+                # call shows as ended here only when gRPC's note of it came first (else
+                # the line reads "done": aio tells the two apart no sooner)
                 log.log(level, "call %s from %s ended by the client after %.3f s (it "
                         "cancelled, or sent a message larger than gRPC's receive limit: "
                         "RESOURCE_EXHAUSTED)", method, context.peer(), seconds)
