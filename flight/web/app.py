@@ -116,7 +116,6 @@ class WebServer:
         self._thread = threading.Thread(target=run, name="ticktable-web", daemon=True)
         self._thread.start()
         started.wait()
-        log.info("serving the web UI at %s", self.url)
         return self
 
     def close(self) -> None:

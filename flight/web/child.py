@@ -20,7 +20,7 @@ from flight.web.remote import RemoteTables
 
 __all__ = ["main"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("flight.web.child")  # also when run as __main__
 
 
 def _lower_priority(sched: str) -> None:
@@ -38,18 +38,36 @@ def _lower_priority(sched: str) -> None:
             continue
 
 
+class _LinkLog(logging.Handler):
+    """Log records go to the server, which logs them with its own handlers (text or JSON,
+    one stream); to stderr once the link is gone."""
+
+    def __init__(self, tables: RemoteTables) -> None:
+        super().__init__()
+        self._tables = tables
+        self._fallback = logging.StreamHandler()
+        self._fallback.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s [web process] %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + logging.Formatter().formatException(record.exc_info)
+        if not self._tables.send(("log", record.levelno, record.name, text)):
+            self._fallback.emit(record)
+
+
 def main() -> None:
     """Entry point: serve the web UI until the server stops or closes the link."""
     conn = Connection(int(os.environ.pop("TICKTABLE_WEB_FD")))
     settings: Settings = conn.recv()
     _lower_priority(settings.sched)
-    logging.basicConfig(level=settings.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s [web] %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us
     from flight.web.app import WebServer
 
     done = threading.Event()
     tables = RemoteTables(conn, done.set)
+    logging.basicConfig(level=settings.log_level, handlers=[_LinkLog(tables)])
     web = WebServer(tables, settings)
     try:
         web.start()
@@ -59,6 +77,7 @@ def main() -> None:
         return
     tables.start()
     conn.send(("ready", web.port))
+    log.info("web process %d serves the page at %s", os.getpid(), web.url)
     done.wait()
     web.close()
 

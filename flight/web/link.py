@@ -19,6 +19,7 @@ child -> server                                    server -> child
 ``("follow", fid, name)``                          ``("followed", fid)`` or ``("refused", fid,
                                                    kind, text)``, then ``("change", fid, ...)``
 ``("ack", fid)`` once a change was applied         at most one unacknowledged change per feed
+``("log", level, logger, text)``                   (logged by the server's own handlers)
 ``("unfollow", fid)``                              ``("failed", fid, kind, text)``: table gone
 -                                                  ``("stop",)``: close and exit
 =================================================  =============================================
@@ -336,7 +337,13 @@ class WebProcess:
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
-        if kind == "ready":
+        if kind == "log":  # the web process's log record, through the server's handlers
+            _, level, name, text = msg
+            logger = logging.getLogger(name)
+            if logger.isEnabledFor(level):
+                logger.handle(logger.makeRecord(name, level, "(web process)", 0, text, (),
+                                                None))
+        elif kind == "ready":
             self._ready.set()
         elif kind == "error":
             log.error("web: %s", msg[2])

@@ -107,12 +107,14 @@ class RemoteTables:
         self._reader.start()
         return self
 
-    def send(self, msg: tuple[Any, ...]) -> None:
+    def send(self, msg: tuple[Any, ...]) -> bool:
+        """Send ``msg`` to the server; False once the link is gone."""
         with self._send_lock:
             try:
                 self._conn.send(msg)
+                return True
             except OSError:
-                pass  # the reader sees the end too
+                return False  # the reader sees the end too
 
     def tables(self) -> tuple[int, list[dict[str, Any]]]:
         """The server's step and its tables (name, kind, keys, rows, last step, subscribers

@@ -129,3 +129,23 @@ def test_a_web_process_that_dies_is_started_again_on_the_same_port():
         assert listing["tables"] == []
     finally:
         server.shutdown()
+
+
+def test_the_web_process_logs_through_the_servers_handlers(caplog):
+    """Its records reach the server's logging (one stream, the server's format)."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        server = TicktableServer(UpdateGraph(), ServerConfig(http_port=0)).start()
+        try:
+            assert server.web is not None and server.web.wait_ready(60)
+            pid, url = server.web.pid, server.web.url
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not [
+                    r for r in caplog.records if r.name == "flight.web.child"]:
+                time.sleep(0.05)
+        finally:
+            server.shutdown()
+    lines = [r.getMessage() for r in caplog.records if r.name == "flight.web.child"]
+    assert lines == [f"web process {pid} serves the page at {url}"], lines
+    assert pid != os.getpid()
