@@ -24,7 +24,6 @@ import heapq
 import itertools
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -118,7 +117,6 @@ class HostedTable:
     table: Any = None  # perspective.Table, once the snapshot is loaded
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None  # why the feed stopped (failed or dropped table)
-    applied_seconds: float = 0.0  # Perspective's time applying changes (the hub's thread)
 
 
 class PerspectiveHub:
@@ -207,7 +205,6 @@ class PerspectiveHub:
             hosted.ready.set()
 
     def _apply_now(self, hosted: HostedTable, change: Change) -> None:
-        t0 = time.thread_time()
         if change.snapshot:
             hosted.table = self.client.table(to_ipc(change.upserts), index=ROW_KEY,
                                              name=hosted.name)
@@ -216,7 +213,6 @@ class PerspectiveHub:
                 hosted.table.remove(change.removes.tolist())
             if change.upserts.num_rows:
                 hosted.table.update(to_ipc(change.upserts))
-        hosted.applied_seconds += time.thread_time() - t0
 
     def _failed(self, hosted: HostedTable, exc: BaseException) -> None:
         hosted.error = exc

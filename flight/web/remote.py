@@ -40,8 +40,6 @@ class RemoteFeed:
         self._queue: list[Change | BaseException] = []
         self._closed = False
         self.answer: Future[None] = Future()  # followed, or refused
-        #: changes delivered, the snapshot included
-        self.changes = 0
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"ticktable-web-feed:{name[:40]}")
 
@@ -84,7 +82,6 @@ class RemoteFeed:
                 if self._on_failure is not None:
                     self._on_failure(exc)
                 return
-            self.changes += 1
             self.tables.send(("ack", self.fid))
 
 
