@@ -338,3 +338,13 @@ def test_a_durable_put_acks_each_batch_before_the_next_is_sent(tmp_path):
         c.close()
     finally:
         srv.shutdown()
+
+
+def test_the_server_keeps_freed_memory_for_large_blocks_on_glibc():
+    # received DoPut messages are a few MB each: glibc must reuse freed heap memory for them
+    # rather than map (and the kernel zero) fresh pages for every one
+    import platform
+
+    from flight.server import keep_freed_memory
+
+    assert keep_freed_memory() == (platform.libc_ver()[0] == "glibc")
