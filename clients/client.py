@@ -141,7 +141,9 @@ class Client:
         The server's figures are in the frame's ``attrs``: ``step``, ``cycle_p50_ms``,
         ``cycle_p99_ms``, ``last_cycle_ms``, ``open_stages``, ``errors`` (error answers by
         gRPC code name), ``journal_bytes``, ``journal_flushes``, ``journal_flush_p50_ms``
-        and ``journal_flush_p99_ms`` (0 on an in-memory server).
+        and ``journal_flush_p99_ms`` (0 on an in-memory server), and ``web``: the web UI's
+        process as a dict (``url``, ``running``, ``pid``, ``restarts``, ``open_tables``),
+        ``None`` when the server serves no web UI.
         """
         st: pb.Stats = action(self._flight, self._opts(), "stats", None, pb.Stats)
         cols = ["name", "kind", "size", "last_step", "subscribers", "max_lag_steps", "sequence",
@@ -153,7 +155,10 @@ class Client:
                         errors=dict(st.errors), journal_bytes=st.journal_bytes,
                         journal_flushes=st.journal_flushes,
                         journal_flush_p50_ms=st.journal_flush_p50_ms,
-                        journal_flush_p99_ms=st.journal_flush_p99_ms)
+                        journal_flush_p99_ms=st.journal_flush_p99_ms,
+                        web={"url": st.web.url, "running": st.web.running, "pid": st.web.pid,
+                             "restarts": st.web.restarts, "open_tables": st.web.open_tables}
+                        if st.HasField("web") else None)
         return df
 
     # ------------------------------------------------------------------ snapshots

@@ -65,10 +65,16 @@ def _ls(args: argparse.Namespace) -> int:
         stats = client.stats()
     if stats.empty:
         print("no tables")
-        return 0
-    print(stats.drop(columns=["sequence"]).to_string(index=False))
-    print(f"step {stats.attrs['step']}, cycle p50 {stats.attrs['cycle_p50_ms']:.2f} ms, "
-          f"p99 {stats.attrs['cycle_p99_ms']:.2f} ms")
+    else:
+        print(stats.drop(columns=["sequence"]).to_string(index=False))
+        print(f"step {stats.attrs['step']}, cycle p50 {stats.attrs['cycle_p50_ms']:.2f} ms, "
+              f"p99 {stats.attrs['cycle_p99_ms']:.2f} ms")
+    web = stats.attrs["web"]
+    if web is not None:
+        state = (f"running (pid {web['pid']})" if web["running"]
+                 else "down (it ended too often to be restarted; see the server's log)")
+        print(f"web UI at {web['url']}: {state}, {web['open_tables']} table(s) open, "
+              f"{web['restarts']} restart(s)")
     return 0
 
 

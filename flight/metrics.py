@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -68,6 +68,14 @@ class _Tables(Collector):
         yield subs
         yield lag
         yield GaugeMetricFamily("ticktable_step", "The update graph's step.", value=stats.step)
+        if stats.HasField("web"):
+            yield GaugeMetricFamily("ticktable_web_up", "1 while the web UI's process runs.",
+                                    value=int(stats.web.running))
+            yield CounterMetricFamily("ticktable_web_restarts",
+                                      "Times the web UI's process was started again.",
+                                      value=stats.web.restarts)
+            yield GaugeMetricFamily("ticktable_web_open_tables",
+                                    "Tables a web page has open.", value=stats.web.open_tables)
         journal = self._server.durability.journal
         if journal is not None:
             yield GaugeMetricFamily("ticktable_journal_bytes", "The journal's size on disk.",

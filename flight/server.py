@@ -70,9 +70,9 @@ def keep_freed_memory(trim_bytes: int = 256 << 20, mmap_bytes: int = 32 << 20) -
     gRPC hands each received message to Python as a ``bytes`` object (a DoPut batch is a few
     MB). By default glibc maps every block this large fresh and unmaps it when freed, or
     trims the heap as soon as a few MB at its top are free, so every message is copied into
-    new pages the kernel must zero first: that page clearing was the largest single cost of
-    a DoPut stream (``perf``: a third of the server's CPU). Blocks up to ``mmap_bytes`` come
-    from the heap, and up to ``trim_bytes`` freed at its top are kept for the next ones.
+    new pages the kernel must zero first, the largest single cost of a DoPut stream. Blocks
+    up to ``mmap_bytes`` come from the heap, and up to ``trim_bytes`` freed at its top are
+    kept for the next ones.
 
     Process-wide; a no-op (returning ``False``) where the C library is not glibc.
     """
@@ -198,6 +198,53 @@ class ServerConfig:
     web_interval: float = 0.05
     web_sched: str = "idle"
 
+    def check(self) -> None:
+        """Refuse a setting out of its range, naming it (:class:`TicktableServer` calls this
+        first, before anything is bound or read).
+
+        Raises
+        ------
+        InputError
+            For the first setting out of range: a port outside 0-65535 (gRPC would wrap
+            70000 to 4464), a count below 1, negative seconds, a read token without a
+            token or equal to it, a TLS certificate without its key.
+        """
+        for name in ("port", "metrics_port", "http_port"):
+            value = getattr(self, name)
+            if value is None and name != "port":
+                continue
+            if not _is_int(value) or not 0 <= value <= 65535:
+                raise InputError(f"{name} is {value!r}: a port is 0 (any free one) to 65535"
+                                 + ("" if name == "port" else ", or None for none"))
+        for name in ("max_batch_rows", "max_metadata_bytes", "max_put_batch_bytes",
+                     "max_value_bytes", "max_columns", "max_tables",
+                     "max_subscriptions_per_client", "max_staged_bytes_per_write",
+                     "max_pending", "max_calls", "checkpoint_bytes"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise InputError(f"{name} is {value!r}: it must be an integer of at least 1")
+        if not _is_int(self.history_updates) or self.history_updates < 0:
+            raise InputError(f"history_updates is {self.history_updates!r}: it must be an "
+                             f"integer of at least 0")
+        for name in ("stage_ttl", "end_grace_seconds", "shutdown_timeout", "web_interval"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not value >= 0:
+                raise InputError(f"{name} is {value!r}: it must be a number of seconds, 0 or more")
+        seconds: object = self.checkpoint_seconds
+        if not isinstance(seconds, int | float) or not seconds > 0:
+            raise InputError(f"checkpoint_seconds is {seconds!r}: it must be a number of "
+                             f"seconds above 0")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise InputError("TLS needs both a certificate and a key")
+        if self.read_token and not self.token:
+            raise InputError("a read token needs a token too: without one every call may write")
+        if self.read_token and self.read_token == self.token:
+            raise InputError("the read token must differ from the token")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
 
 class TicktableServer:
     """Flight, the TableService, health and reflection over one :class:`UpdateGraph`.
@@ -210,6 +257,11 @@ class TicktableServer:
         Addresses, credentials and limits.
     registry
         Tables to serve (a new, empty registry by default).
+
+    Raises
+    ------
+    InputError
+        If a setting of ``config`` is out of range (:meth:`ServerConfig.check`).
 
     Examples
     --------
@@ -225,6 +277,7 @@ class TicktableServer:
         self.graph = graph
         self.config = config or ServerConfig()
         cfg = self.config
+        cfg.check()
         self.registry = registry or TableRegistry(graph, history_updates=cfg.history_updates,
                                                   max_tables=cfg.max_tables,
                                                   max_columns=cfg.max_columns)
@@ -290,19 +343,10 @@ class TicktableServer:
 
         Raises
         ------
-        InputError
-            If only one of the TLS certificate and key is given, or a read token without a
-            token, or the same token for both.
         PortInUse
             If the port cannot be bound (in use, or not allowed).
         """
         cfg = self.config
-        if bool(cfg.tls_cert) != bool(cfg.tls_key):
-            raise InputError("TLS needs both a certificate and a key")
-        if cfg.read_token and not cfg.token:
-            raise InputError("a read token needs a token too: without one every call may write")
-        if cfg.read_token and cfg.read_token == cfg.token:
-            raise InputError("the read token must differ from the token")
         if self.durability.durable and self.recovery is None:
             from flight.service import derived_builder
 
@@ -494,7 +538,7 @@ class TicktableServer:
     def stats(self) -> pb.Stats:
         """Per table size, last step, subscribers and lag, changes and DoPut rows/bytes;
         cycle durations; error answers by code; the journal's size and flush latency (the
-        numbers of the metrics endpoint, :mod:`flight.metrics`)."""
+        numbers of the metrics endpoint, :mod:`flight.metrics`); the web UI's process."""
         ms = np.asarray(self._cycle_ms, dtype=np.float64)
         out = pb.Stats(step=self.graph.step, last_cycle_ms=self.graph.last_cycle_seconds * 1e3,
                        cycle_p50_ms=float(np.median(ms)) if ms.size else 0.0,
@@ -523,4 +567,8 @@ class TicktableServer:
             out.journal_flush_p99_ms = counts.flush_p99_ms
         journal = self.durability.journal
         out.journal_bytes = journal.size_bytes() if journal is not None else 0
+        if self.web is not None:
+            web = self.web
+            out.web.CopyFrom(pb.WebStats(url=web.url, running=web.running, pid=web.pid or 0,
+                                         restarts=web.restarts, open_tables=len(web.feeds)))
         return out

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +33,8 @@ from engine.ops.aggregate import agg
 from engine.sources import KeyedTable
 from engine.table import Table
 from engine.update import TableUpdate
+
+T = TypeVar("T")
 
 SYMS = np.array(["AAPL", "MSFT", "GOOG", "AMZN", "META", "NVDA", "IBM", "ORCL"], dtype=object)
 
@@ -221,9 +224,21 @@ def _http_port(args: argparse.Namespace) -> int | None:
     """
     port: int | None = args.http_port
     if port is None:
-        env = os.environ.get("TICKTABLE_HTTP_PORT")
-        port = int(env) if env else 0 if args.port == 0 else 8817
+        port = _env_int("TICKTABLE_HTTP_PORT", 0 if args.port == 0 else 8817)
     return None if port < 0 else port
+
+
+def _env_int(name: str, default: T) -> int | T:
+    """``$name`` as an integer, ``default`` when unset or empty; a value that is not an
+    integer ends the command with one line naming the variable (exit status 2)."""
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        print(f"ticktable: ${name} is {text!r}, not an integer", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _positive(text: str) -> int:
@@ -331,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "write.")
     serve.add_argument("--host", default=os.environ.get("TICKTABLE_HOST", "127.0.0.1"),
                        help="address to bind (default $TICKTABLE_HOST or 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=int(os.environ.get("TICKTABLE_PORT", 8815)),
+    serve.add_argument("--port", type=int, default=_env_int("TICKTABLE_PORT", 8815),
                        help="the port of every service (0: any free port; default "
                             "$TICKTABLE_PORT or 8815)")
     serve.add_argument("--token", default=None,
@@ -341,8 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                             "listings and stats; writes, creates, drops and compositions answer "
                             "PERMISSION_DENIED (needs --token; or set TICKTABLE_READ_TOKEN)")
     serve.add_argument("--metrics-port", type=int,
-                       default=int(os.environ["TICKTABLE_METRICS_PORT"])
-                       if os.environ.get("TICKTABLE_METRICS_PORT") else None,
+                       default=_env_int("TICKTABLE_METRICS_PORT", None),
                        help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free "
                             "port; default $TICKTABLE_METRICS_PORT, else none)")
     serve.add_argument("--http-port", type=int, default=None,
@@ -389,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                                         "(the container health check). A TLS server needs "
                                         "--tls or --tls-ca.")
     health.add_argument("--host", default="127.0.0.1", help="server address (default 127.0.0.1)")
-    health.add_argument("--port", type=int, default=int(os.environ.get("TICKTABLE_PORT", 8815)),
+    health.add_argument("--port", type=int, default=_env_int("TICKTABLE_PORT", 8815),
                         help="server port (default $TICKTABLE_PORT or 8815)")
     health.add_argument("--tls", action="store_true",
                         help="connect with TLS, trusting the system's root certificates")

@@ -755,6 +755,7 @@ class Stats(_message.Message):
     JOURNAL_FLUSHES_FIELD_NUMBER: _builtins.int
     JOURNAL_FLUSH_P50_MS_FIELD_NUMBER: _builtins.int
     JOURNAL_FLUSH_P99_MS_FIELD_NUMBER: _builtins.int
+    WEB_FIELD_NUMBER: _builtins.int
     step: _builtins.int
     last_cycle_ms: _builtins.float
     cycle_p50_ms: _builtins.float
@@ -775,6 +776,10 @@ class Stats(_message.Message):
     def errors(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """error answers since the server started, by gRPC code name"""
 
+    @_builtins.property
+    def web(self) -> Global___WebStats:
+        """the web UI (unset: the server serves none)"""
+
     def __init__(
         self,
         *,
@@ -790,11 +795,48 @@ class Stats(_message.Message):
         journal_flushes: _builtins.int = ...,
         journal_flush_p50_ms: _builtins.float = ...,
         journal_flush_p99_ms: _builtins.float = ...,
+        web: Global___WebStats | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["web", b"web"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cycle_p50_ms", b"cycle_p50_ms", "cycle_p99_ms", b"cycle_p99_ms", "errors", b"errors", "journal_bytes", b"journal_bytes", "journal_flush_p50_ms", b"journal_flush_p50_ms", "journal_flush_p99_ms", b"journal_flush_p99_ms", "journal_flushes", b"journal_flushes", "last_cycle_ms", b"last_cycle_ms", "open_stages", b"open_stages", "step", b"step", "table_service_port", b"table_service_port", "tables", b"tables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cycle_p50_ms", b"cycle_p50_ms", "cycle_p99_ms", b"cycle_p99_ms", "errors", b"errors", "journal_bytes", b"journal_bytes", "journal_flush_p50_ms", b"journal_flush_p50_ms", "journal_flush_p99_ms", b"journal_flush_p99_ms", "journal_flushes", b"journal_flushes", "last_cycle_ms", b"last_cycle_ms", "open_stages", b"open_stages", "step", b"step", "table_service_port", b"table_service_port", "tables", b"tables", "web", b"web"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Stats: _TypeAlias = Stats  # noqa: Y015
+
+@_typing.final
+class WebStats(_message.Message):
+    """The web UI's process (the server starts it, and again when it ends on its own)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
+    OPEN_TABLES_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    running: _builtins.bool
+    """the process is alive (false: down, after too many restarts)"""
+    pid: _builtins.int
+    restarts: _builtins.int
+    """times it was started again after ending on its own"""
+    open_tables: _builtins.int
+    """tables a page has open (one feed each in the server)"""
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        running: _builtins.bool = ...,
+        pid: _builtins.int = ...,
+        restarts: _builtins.int = ...,
+        open_tables: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["open_tables", b"open_tables", "pid", b"pid", "restarts", b"restarts", "running", b"running", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WebStats: _TypeAlias = WebStats  # noqa: Y015

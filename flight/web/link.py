@@ -215,6 +215,12 @@ class WebProcess:
         """The web process's id."""
         return self.proc.pid if self.proc is not None else None
 
+    @property
+    def running(self) -> bool:
+        """Whether the web process is alive (``False`` once it ended more often than it is
+        restarted, or after :meth:`close`)."""
+        return self.proc is not None and self.proc.poll() is None
+
     def start(self) -> WebProcess:
         """Bind the port and start the web process (without waiting for it: browsers that
         connect meanwhile wait in the socket's backlog; :meth:`wait_ready` waits).

@@ -70,6 +70,7 @@ def test_create_list_schema_stats_drop(client: tt.Client, graph: UpdateGraph) ->
     st = client.stats().set_index("name")
     assert st.loc["t", "size"] == 5 and st.loc["t", "kind"] == "keyed"
     assert st.loc["log", "size"] == 0 and st.attrs["step"] == graph.step
+    assert st.attrs["web"] is None  # this server serves no web UI
     client.drop_table("log")
     assert client.tables() == ["t"]
     with pytest.raises(KeyError, match="no table 'log'"):

@@ -270,3 +270,31 @@ def test_a_client_that_never_finishes_writing_cannot_hurt_the_server(graph):
     OPEN.remove(stubborn)
     stubborn_client.close()
     other.close()
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"port": 70000}, "port is 70000: a port is 0 (any free one) to 65535"),
+    ({"port": -1}, "port is -1: a port is 0 (any free one) to 65535"),
+    ({"http_port": -1}, "http_port is -1: a port is 0 (any free one) to 65535, or None for none"),
+    ({"metrics_port": 65536}, "metrics_port is 65536: a port is 0 (any free one) to 65535, or "
+                              "None for none"),
+    ({"max_calls": 0}, "max_calls is 0: it must be an integer of at least 1"),
+    ({"max_batch_rows": 2.5}, "max_batch_rows is 2.5: it must be an integer of at least 1"),
+    ({"max_pending": True}, "max_pending is True: it must be an integer of at least 1"),
+    ({"history_updates": -1}, "history_updates is -1: it must be an integer of at least 0"),
+    ({"shutdown_timeout": -1.0}, "shutdown_timeout is -1.0: it must be a number of seconds, 0 "
+                                 "or more"),
+    ({"web_interval": float("nan")}, "web_interval is nan: it must be a number of seconds, 0 or "
+                                     "more"),
+    ({"checkpoint_seconds": 0}, "checkpoint_seconds is 0: it must be a number of seconds above 0"),
+    ({"tls_cert": b"x"}, "TLS needs both a certificate and a key"),
+    ({"read_token": "r"}, "a read token needs a token too: without one every call may write"),
+    ({"token": "t", "read_token": "t"}, "the read token must differ from the token"),
+])
+def test_a_setting_out_of_range_is_refused_naming_it(setting, message):
+    from engine.errors import InputError
+
+    graph = UpdateGraph()
+    with pytest.raises(InputError) as info:
+        TicktableServer(graph, ServerConfig(**setting))
+    assert str(info.value) == message

@@ -195,3 +195,21 @@ def test_serve_with_metrics_json_logs_and_a_read_token(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("args, env, line", [
+    (["--port", "70000"], {}, "ticktable serve: port is 70000: a port is 0 (any free one) to "
+                              "65535"),
+    (["--port", "0", "--http-port", "99999"], {},
+     "ticktable serve: http_port is 99999: a port is 0 (any free one) to 65535, or None for none"),
+    ([], {"TICKTABLE_PORT": "abc"}, "ticktable: $TICKTABLE_PORT is 'abc', not an integer"),
+    (["--port", "0"], {"TICKTABLE_HTTP_PORT": "x"},
+     "ticktable: $TICKTABLE_HTTP_PORT is 'x', not an integer"),
+])
+def test_serve_with_a_bad_port_fails_with_one_line(args, env, line):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    out = subprocess.run([sys.executable, "-m", "ticktable.cli", "serve", "--in-memory", *args],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [line], out.stderr
+    assert out.stdout == ""

@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+import ticktable as tt
 from engine.graph import UpdateGraph
 from flight.server import PortInUse, ServerConfig, TicktableServer
 
@@ -113,11 +114,14 @@ def test_the_web_process_ends_when_the_server_is_killed():
 
 def test_a_web_process_that_dies_is_started_again_on_the_same_port():
     graph = UpdateGraph()
-    server = TicktableServer(graph, ServerConfig(http_port=0)).start()
+    server = TicktableServer(graph, ServerConfig(http_port=0, metrics_port=0)).start()
     try:
         assert server.web is not None
         first, url = server.web.pid, server.web.url
         assert first is not None
+        client = tt.connect(server.location)
+        assert client.stats().attrs["web"] == {"url": url, "running": True, "pid": first,
+                                               "restarts": 0, "open_tables": 0}
         os.kill(first, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while (server.web.restarts == 0 or server.web.pid == first) and \
@@ -127,6 +131,24 @@ def test_a_web_process_that_dies_is_started_again_on_the_same_port():
         assert server.web.url == url
         listing = json.loads(urllib.request.urlopen(url + "api/tables", timeout=10).read())
         assert listing["tables"] == []
+        # what a user sees: stats, ``ticktable ls`` and the metrics say it was restarted
+        assert client.stats().attrs["web"] == {"url": url, "running": True,
+                                               "pid": server.web.pid, "restarts": 1,
+                                               "open_tables": 0}
+        ls = subprocess.run([sys.executable, "-m", "ticktable.cli", "ls", "--uri",
+                             server.location], capture_output=True, text=True, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+        assert ls.returncode == 0, ls.stderr
+        assert ls.stdout.splitlines() == [
+            "no tables", f"web UI at {url}: running (pid {server.web.pid}), 0 table(s) open, "
+                         f"1 restart(s)"]
+        metrics = urllib.request.urlopen(
+            f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+        assert {"ticktable_web_up 1.0", "ticktable_web_restarts_total 1.0",
+                "ticktable_web_open_tables 0.0"} <= set(metrics.splitlines())
+        server.web.close()  # now it is down for good
+        assert client.stats().attrs["web"]["running"] is False
+        client.close()
     finally:
         server.shutdown()
 
