@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
-from engine.errors import TableFailed
+from engine.errors import InputError, TableFailed
 
 if TYPE_CHECKING:
     from engine.columns import WritableColumnSource
@@ -251,7 +251,15 @@ class UpdateGraph:
 
         Cycles run on a fixed grid of ``interval``; :meth:`request_cycle` runs one early
         without moving the grid, and a late cycle skips the ticks it missed.
+
+        Raises
+        ------
+        InputError
+            If ``interval`` is not a number of seconds above 0.
         """
+        period: object = interval
+        if not isinstance(period, int | float) or not period > 0:
+            raise InputError(f"interval is {period!r}: cycles need a period above 0 seconds")
         if self._thread is not None:
             raise RuntimeError("the update graph is already running")
         self._stop.clear()

@@ -225,8 +225,12 @@ def open_files(root: Path) -> tuple[Path, sqlite3.Connection, int, int, int,
 
     Raises the errors :meth:`~flight.journal.Journal.open` documents.
     """
-    root.mkdir(parents=True, exist_ok=True)
     path = root / FILENAME
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, no permission, a read-only disk
+        what = "is a file, not a directory" if root.is_file() else f"cannot be created ({exc.strerror})"
+        raise JournalUnavailable(path, f"the data dir {root} {what}") from exc
     lock_fd = _lock(root / "journal.lock", path)
     try:
         conn = connect(path, readonly=False)

@@ -242,6 +242,27 @@ class ServerConfig:
             raise InputError("the read token must differ from the token")
 
 
+def _unbound(host: str, port: int, address: str) -> str:
+    """Why gRPC could not bind ``address`` (it does not say): a host that is no address, an
+    address of another machine, or the port (in use, or below 1024 without the right)."""
+    import errno
+    import os
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        return f"cannot listen on {address}: the host {host!r} is not an address ({reason})"
+    try:
+        socket.create_server((host, port)).close()
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            return f"cannot listen on {address}: {reason} (is {host} an address of this machine?)"
+    return f"cannot listen on {address}: the port is in use or not allowed"
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -428,10 +449,9 @@ class TicktableServer:
                 else:
                     bound = server.add_insecure_port(address)
             except RuntimeError as exc:  # grpcio raises when it cannot bind
-                raise PortInUse(f"cannot listen on {address}: the port is in use or not "
-                                f"allowed") from exc
+                raise PortInUse(_unbound(cfg.host, cfg.port, address)) from exc
             if not bound:
-                raise PortInUse(f"cannot listen on {address}: the port is in use or not allowed")
+                raise PortInUse(_unbound(cfg.host, cfg.port, address))
             return int(bound)
 
         server = AioServer(setup, [CallLog(self.metrics),

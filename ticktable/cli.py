@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.errors import TicktableError
+from engine.errors import InputError, TicktableError
 from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
 from engine.sources import KeyedTable
@@ -106,11 +106,15 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read(path: str | None) -> bytes | None:
+def _read(path: str | None, flag: str) -> bytes | None:
+    """The file given to ``flag``; one line naming both when it cannot be read."""
     if path is None:
         return None
-    with open(path, "rb") as f:
-        return f.read()
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise InputError(f"cannot read {flag} {path}: {exc.strerror or exc}") from None
 
 
 def default_data_dir(given: str | None) -> Path:
@@ -144,8 +148,13 @@ def _serve(args: argparse.Namespace) -> int:
     data_dir = None if args.in_memory else default_data_dir(args.data_dir)
     read_token = args.read_token or os.environ.get("TICKTABLE_READ_TOKEN") or None
     metrics = args.metrics_port
+    try:
+        tls_cert, tls_key = _read(args.tls_cert, "--tls-cert"), _read(args.tls_key, "--tls-key")
+    except InputError as exc:
+        print(f"ticktable serve: {exc}", file=sys.stderr)
+        return 2
     config = ServerConfig(host=args.host, port=args.port, token=token, read_token=read_token,
-                          tls_cert=_read(args.tls_cert), tls_key=_read(args.tls_key),
+                          tls_cert=tls_cert, tls_key=tls_key,
                           data_dir=data_dir, checkpoint_seconds=args.checkpoint_seconds,
                           checkpoint_bytes=args.checkpoint_bytes,
                           metrics_port=None if metrics is None or metrics < 0 else metrics,
@@ -241,6 +250,14 @@ def _env_int(name: str, default: T) -> int | T:
         raise SystemExit(2) from None
 
 
+def _period(text: str) -> float:
+    """An argparse type: seconds above 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value
+
+
 def _positive(text: str) -> int:
     """An argparse type: an integer of at least 1."""
     value = int(text)
@@ -303,9 +320,9 @@ def _health(args: argparse.Namespace) -> int:
     if args.tls_server_name and not tls:
         return fail("--tls-server-name needs --tls or --tls-ca")
     try:
-        roots = _read(args.tls_ca)
-    except OSError as exc:
-        return fail(f"cannot read --tls-ca: {exc}")
+        roots = _read(args.tls_ca, "--tls-ca")
+    except InputError as exc:
+        return fail(str(exc))
     options = ([("grpc.ssl_target_name_override", args.tls_server_name)]
                if args.tls_server_name else [])
     token = args.token or None
@@ -331,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run an in-process live table and print its updates")
-    demo.add_argument("--interval", type=float, default=0.5, help="seconds between cycles (default 0.5)")
+    demo.add_argument("--interval", type=_period, default=0.5, help="seconds between cycles (default 0.5)")
     demo.add_argument("--cycles", type=int, default=None, help="stop after this many cycles")
     demo.add_argument("--seed", type=int, default=None)
     demo.add_argument("--validate", action="store_true", help="validate every update")
@@ -380,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="log lines as text (default) or one JSON object per line")
     serve.add_argument("--tls-cert", default=None, help="PEM certificate chain file (enables TLS)")
     serve.add_argument("--tls-key", default=None, help="PEM private key file")
-    serve.add_argument("--interval", type=float, default=0.1,
+    serve.add_argument("--interval", type=_period, default=0.1,
                        help="seconds between update cycles (default 0.1)")
     serve.add_argument("--demo", action="store_true",
                        help="add a ticking 'quotes' table and tables derived from it")

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from engine.errors import TableFailed
+from engine.errors import InputError, TableFailed
 from engine.graph import UpdateGraph
 from engine.rowset import RowSet
 from engine.table import DerivedTable
@@ -204,3 +204,11 @@ def test_early_cycles_never_push_the_periodic_schedule_out():
         assert time.monotonic() - t0 <= 2 * interval, time.monotonic() - t0
     finally:
         graph.stop()
+
+
+@pytest.mark.parametrize("interval", [0, -1.0, float("nan"), "0.1"])
+def test_start_refuses_a_period_that_is_not_above_zero(interval):
+    g = UpdateGraph()
+    with pytest.raises(InputError, match=r"^interval is .*: cycles need a period above 0 seconds$"):
+        g.start(interval)  # type: ignore[arg-type]
+    assert not g.running  # no cycle thread was started (0 crashed it with ZeroDivisionError)

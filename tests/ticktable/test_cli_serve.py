@@ -207,8 +207,37 @@ def test_serve_with_metrics_json_logs_and_a_read_token(tmp_path):
      "ticktable: $TICKTABLE_HTTP_PORT is 'x', not an integer"),
 ])
 def test_serve_with_a_bad_port_fails_with_one_line(args, env, line):
+    _fails_with_one_line(args, env, line)
+
+
+def test_serve_with_a_bad_file_address_or_period_fails_with_one_line(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    _fails_with_one_line(["--tls-cert", str(tmp_path / "none.pem"), "--tls-key", str(afile)], {},
+                         f"ticktable serve: cannot read --tls-cert {tmp_path / 'none.pem'}: No "
+                         f"such file or directory")
+    _fails_with_one_line(["--port", "0", "--data-dir", str(afile)], {},
+                         f"ticktable serve: journal.sqlite: the data dir {afile} is a file, not a "
+                         f"directory", in_memory=False)
+    _fails_with_one_line(["--port", "0", "--host", "999.1.1.1"], {},
+                         "ticktable serve: cannot listen on 999.1.1.1:0: the host '999.1.1.1' is "
+                         "not an address (Name or service not known)")
+    _fails_with_one_line(["--port", "0", "--host", "192.0.2.1"], {},  # TEST-NET-1: not ours
+                         "ticktable serve: cannot listen on 192.0.2.1:0: Cannot assign requested "
+                         "address (is 192.0.2.1 an address of this machine?)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "ticktable.cli", "serve", "--interval", "0"],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1] == ("ticktable serve: error: argument --interval: must "
+                                           "be a number of seconds above 0, got 0")
+
+
+def _fails_with_one_line(args: list[str], env: dict[str, str], line: str, *,
+                         in_memory: bool = True) -> None:
+    args = ["--in-memory", *args] if in_memory else args
     env = dict(os.environ, PYTHONPATH=str(ROOT), **env)
-    out = subprocess.run([sys.executable, "-m", "ticktable.cli", "serve", "--in-memory", *args],
+    out = subprocess.run([sys.executable, "-m", "ticktable.cli", "serve", *args],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert out.returncode == 2
     assert out.stderr.splitlines() == [line], out.stderr
