@@ -89,6 +89,7 @@ def test_commands_fail_with_one_clear_line(running: TicktableServer, tmp_path: P
     assert out.returncode == 1 and "cannot tell the format" in out.stderr
     out = cli("tail", "nope", "--uri", running.location, "--count", "1")
     assert out.returncode == 1 and "no table 'nope'" in out.stderr, out.stderr
+    assert len(out.stderr.splitlines()) == 1, out.stderr  # not also the live table's log line
     pq.write_table(data(3), tmp_path / "d.parquet")
     running.registry.create_source("typed", pa.schema([("id", pa.int64()), ("name", pa.int64()),
                                                        ("x", pa.float64())]), "append")
