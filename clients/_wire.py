@@ -146,12 +146,15 @@ class PutSummary:
     step
         The server cycle that made them visible (atomic pushes; ``-1`` otherwise: visible
         from the next cycle).
+    mode
+        The write mode used (``"append"``, ``"upsert"``, ...), by name.
     """
 
     rows: int
     batches: int
     staged: bool
     step: int = -1
+    mode: str = ""
 
 
 def chunks(batches: Iterable[pa.RecordBatch], max_rows: int = CHUNK_ROWS,

@@ -19,6 +19,7 @@ An expression that does not fit a table's schema is refused before anything is s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -233,7 +234,7 @@ class Client:
         """Drop table ``name``; its subscribers are told the table is gone."""
         action(self._flight, self._opts(), "drop_table", pb.DropTableRequest(name=name))
 
-    def push(self, name: str, data: PutData, mode: Mode = "append",
+    def push(self, name: str, data: PutData, mode: Mode | None = None,
              keys: Sequence[str] | None = None, *, create: bool = True,
              progress: bool | Callable[[int], None] = False,
              chunk_rows: int = 1 << 17, atomic: bool = True) -> PutSummary:
@@ -252,6 +253,7 @@ class Client:
             iterable of any of these (streamed: nothing is collected in memory). Columns are
             matched by name and cast to the table's types.
         mode
+            ``None`` (the default): ``"upsert"`` into a keyed table, else ``"append"``.
             ``"append"`` adds rows; ``"upsert"`` inserts or replaces rows by key (a bool
             ``__delete`` column marks keys to delete); ``"delete"`` removes the keys given
             (key columns only); ``"diff"`` applies differential triples (an int64 ``__diff``
@@ -284,18 +286,21 @@ class Client:
             If the server refuses the rows: a missing or mistyped column, a mode that does
             not fit the table, null keys. Nothing of a refused batch is applied.
         """
-        if mode not in _MODES:
+        if mode is not None and mode not in _MODES:
             raise ValueError(f"mode must be one of {sorted(_MODES)}, not {mode!r}")
         first, rest = _peek(_batches(data))
         try:
-            target = self.schema(name)
+            info = self._flight.get_flight_info(fl.FlightDescriptor.for_path(name), self._opts())
         except KeyError:
             if not create or first is None:
                 raise
-            data_schema = _strip(first.schema, mode)
+            data_schema = _strip(first.schema, mode or ("upsert" if keys else "append"))
             self.create_table(name, data_schema, "keyed" if keys else "append", keys,
                               if_not_exists=True)
-            target = self.schema(name)
+            info = self._flight.get_flight_info(fl.FlightDescriptor.for_path(name), self._opts())
+        target = info.schema
+        if mode is None:
+            mode = "upsert" if info.app_metadata == b"keyed" else "append"
         wire = _wire_schema(target, first.schema if first is not None else target, mode)
         stream = (_conform(b, wire, name) for b in _chain(first, rest))
         bar = None
@@ -314,7 +319,7 @@ class Client:
             summary = put_batches(self._flight, self.endpoint.options(timeout=None), name, wire,
                                   chunks(stream, chunk_rows), request, cb)
             if not atomic:
-                return summary
+                return dataclasses.replace(summary, mode=mode)
             # name the one slot written: if the server lost it (a restart drops writes never
             # committed), the commit fails instead of committing nothing; without a batch the
             # server never saw the write id, and naming no slot is an empty write
@@ -324,7 +329,7 @@ class Client:
                 self._flight, self.endpoint.options(timeout=None), "commit", commit,
                 pb.CommitResult)
             return PutSummary(rows=int(done.rows), batches=summary.batches, staged=True,
-                              step=int(done.step))
+                              step=int(done.step), mode=mode)
         except BaseException:
             if atomic:
                 self._abort_quietly(request.write_id)
@@ -337,6 +342,8 @@ class Client:
         """Drop a failed push's staged rows (the server also expires them on its own)."""
         try:
             action(self._flight, self._opts(), "abort", pb.AbortRequest(write_id=write_id))
+        except KeyError:  # NOT_FOUND: nothing was staged under it (the first batch failed)
+            pass
         except (fl.FlightError, pa.ArrowException, OSError) as exc:
             log.warning("could not abort write %r (%s); the server drops it when it expires",
                         write_id, exc)

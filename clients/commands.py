@@ -186,7 +186,9 @@ def read_file_batches(path: str, batch_rows: int = 1 << 17) -> tuple[pa.Schema, 
 def _push(args: argparse.Namespace) -> int:
     schema, batches, total = read_file_batches(args.file)
     keys = [k for k in args.keys.split(",") if k] if args.keys else None
-    mode: Any = args.mode or ("upsert" if keys else "append")  # argparse checked the choices
+    # argparse checked the choices; without --mode: upsert with --keys, else by the table
+    # (upsert into a keyed table, append otherwise)
+    mode: Any = args.mode or ("upsert" if keys else None)
     progress: Any = False
     bar = None
     if not args.quiet:
@@ -204,7 +206,7 @@ def _push(args: argparse.Namespace) -> int:
             bar.close()
     secs = time.perf_counter() - start
     step = f", visible at step {summary.step}" if summary.step >= 0 else ""
-    print(f"pushed {summary.rows} rows into {args.table!r} ({mode}) in {secs:.2f} s"
+    print(f"pushed {summary.rows} rows into {args.table!r} ({summary.mode}) in {secs:.2f} s"
           f" ({summary.rows / max(secs, 1e-9):,.0f} rows/s){step}")
     return 0
 
@@ -246,7 +248,8 @@ def add_commands(sub: Any) -> None:
     push.add_argument("table", help="table name")
     _connection_args(push)
     push.add_argument("--mode", choices=["append", "upsert", "delete", "diff"], default=None,
-                      help="write mode (default: upsert with --keys, else append)")
+                      help="write mode (default: upsert with --keys or into a keyed table, "
+                           "else append)")
     push.add_argument("--keys", default=None,
                       help="comma-separated key columns (creates a keyed table if missing)")
     push.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -338,6 +338,8 @@ def _abort(target: _Target, write_id: str) -> None:
     client, _ = target.endpoint.connect()
     try:
         action(client, target.endpoint.options(), "abort", pb.AbortRequest(write_id=write_id))
+    except KeyError:  # NOT_FOUND: nothing was staged under it
+        pass
     except (fl.FlightError, pa.ArrowException, OSError) as exc:
         log.warning("ticktable: could not abort write %r (%s); the server drops it when it "
                     "expires", write_id, exc)

@@ -141,6 +141,25 @@ def test_push_casts_to_the_table_and_refuses_bad_columns(client: tt.Client,
     assert client.snapshot("t")["px"].tolist() == [10.0, 20.0]  # refused pushes changed nothing
 
 
+def test_push_without_a_mode_upserts_a_keyed_table_and_a_refusal_names_its_cause(
+        client: tt.Client, graph: UpdateGraph, caplog: pytest.LogCaptureFixture) -> None:
+    client.create_table("t", TRADES, "keyed", keys=["id"])
+    client.push("t", pd.DataFrame({"id": [1, 2], "sym": ["A", "B"], "px": [1.0, 2.0], "qty": [1, 1]}))
+    client.push("t", pd.DataFrame({"id": [2], "sym": ["Z"], "px": [9.0], "qty": [5]}))  # an update
+    client.push("log", pd.DataFrame({"x": [1, 1]}))  # created append-only: rows are appended
+    client.push("log", pd.DataFrame({"x": [1]}))
+    graph.run_cycle()
+    assert client.snapshot("t").to_dict("list") == {"id": [1, 2], "sym": ["A", "Z"],
+                                                    "px": [1.0, 9.0], "qty": [1, 5]}
+    assert client.snapshot("log")["x"].tolist() == [1, 1, 1]
+    # the refusal names the null key (not the mode), and the push's abort of a write that
+    # staged nothing is not reported as a failure
+    with caplog.at_level("WARNING"):
+        with pytest.raises(pa.ArrowInvalid, match="key column 'id' has 1 null value"):
+            client.push("t", pd.DataFrame({"id": [None], "sym": ["N"], "px": [0.0], "qty": [0]}))
+    assert not [r for r in caplog.records if "abort" in r.getMessage()]
+
+
 def server_open_stages(client: tt.Client) -> int:
     return int(client.stats().attrs["open_stages"])
 

@@ -72,6 +72,10 @@ def test_push_each_file_format_then_ls(running: TicktableServer, tmp_path: Path)
         assert out.returncode == 0 and "(upsert)" in out.stdout, out.stderr
         assert out.stderr == ""
     assert running.registry.get("latest").table.to_arrow().column("x").to_pylist() == [7.0] * 10
+    # into the keyed table that now exists, without --keys or --mode: upserted, not refused
+    out = cli("push", str(tmp_path / "k.parquet"), "latest", "--uri", uri, "--quiet")
+    assert out.returncode == 0 and "(upsert)" in out.stdout, out.stderr
+    assert running.registry.get("latest").table.size == 10
 
     out = cli("ls", "--uri", uri)
     assert out.returncode == 0, out.stderr
