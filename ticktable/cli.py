@@ -258,6 +258,14 @@ def _period(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: seconds, 0 or more."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text}")
+    return value
+
+
 def _positive(text: str) -> int:
     """An argparse type: an integer of at least 1."""
     value = int(text)
@@ -348,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run an in-process live table and print its updates")
-    demo.add_argument("--interval", type=_period, default=0.5, help="seconds between cycles (default 0.5)")
+    demo.add_argument("--interval", type=_seconds, default=0.5, help="seconds between cycles (default 0.5)")
     demo.add_argument("--cycles", type=int, default=None, help="stop after this many cycles")
     demo.add_argument("--seed", type=int, default=None)
     demo.add_argument("--validate", action="store_true", help="validate every update")
