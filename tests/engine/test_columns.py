@@ -160,10 +160,15 @@ def test_append_source_reads_equal_the_appended_values(typ, seed):
         raw = [None if rng.random() < 0.1 else int(v) for v in rng.integers(0, 1000, n)]
         vals = raw if typ != pa.string() else [None if v is None else f"s{v}" for v in raw]
         arr = pa.array(vals, type=typ)
-        if n >= 4 and rng.random() < 0.3:
-            arr = pa.chunked_array([arr.slice(0, n // 2), arr.slice(n // 2)])
+        if n >= 4 and rng.random() < 0.3:  # chunks of a put's batches, an empty one too
+            cuts = np.sort(rng.integers(0, n + 1, int(rng.integers(1, 5))))
+            bounds = [0, *cuts.tolist(), n]
+            arr = pa.chunked_array([arr.slice(a, b - a) for a, b in zip(bounds, bounds[1:])],
+                                   type=typ)
         src.set_new_range(len(expect), arr)
         expect.extend(vals)
+        sizes = [len(c) for c in src._store.chunks]  # each chunk over twice the next
+        assert all(2 * b < a for a, b in zip(sizes, sizes[1:])), sizes
         k = rng.integers(0, len(expect), int(rng.integers(1, 50)))
         assert src.get(k).to_pylist() == [expect[i] for i in k]
         a = int(rng.integers(0, len(expect)))
