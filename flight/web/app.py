@@ -49,6 +49,20 @@ if TYPE_CHECKING:
 __all__ = ["FEEDS", "STATIC", "WebServer"]
 
 log = logging.getLogger(__name__)
+_access = logging.getLogger("tornado.access")
+
+
+def _log_request(handler: tornado.web.RequestHandler) -> None:
+    """One line per request, as tornado writes it, at INFO for 1xx-4xx (a browser before
+    its login, a missing file: answered, like the Flight side's ``ticktable.calls``) and at
+    ERROR for 5xx (tornado's default puts every 4xx at WARNING)."""
+    status = handler.get_status()
+    level = logging.ERROR if status >= 500 else logging.INFO
+    if _access.isEnabledFor(level):
+        request = handler.request
+        ms = 1000.0 * request.request_time()
+        _access.log(level, "%d %s %s (%s) %.2fms", status, request.method, request.uri,
+                    request.remote_ip, ms)
 
 #: Where ``make web`` puts the built front-end.
 STATIC = Path(__file__).parent / "static"
@@ -167,7 +181,8 @@ class WebServer:
             (r"/static/(.*)", _StaticHandler, {**opts, "path": str(STATIC)}),
             (r"/ws/perspective", _PerspectiveSocket, opts),
             (r"/ws/arrow", _ArrowSocket, opts),
-        ], websocket_max_message_size=64 << 20, compress_response=True)
+        ], websocket_max_message_size=64 << 20, compress_response=True,
+            log_function=_log_request)
 
     # ------------------------------------------------------------------ the list
     def tables(self) -> tuple[int, list[dict[str, Any]]]:

@@ -163,12 +163,12 @@ def test_append_source_reads_equal_the_appended_values(typ, seed):
         if n >= 4 and rng.random() < 0.3:  # chunks of a put's batches, an empty one too
             cuts = np.sort(rng.integers(0, n + 1, int(rng.integers(1, 5))))
             bounds = [0, *cuts.tolist(), n]
-            arr = pa.chunked_array([arr.slice(a, b - a) for a, b in zip(bounds, bounds[1:])],
+            arr = pa.chunked_array([arr.slice(a, b - a) for a, b in zip(bounds, bounds[1:], strict=False)],
                                    type=typ)
         src.set_new_range(len(expect), arr)
         expect.extend(vals)
         sizes = [len(c) for c in src._store.chunks]  # each chunk over twice the next
-        assert all(2 * b < a for a, b in zip(sizes, sizes[1:])), sizes
+        assert all(2 * b < a for a, b in zip(sizes, sizes[1:], strict=False)), sizes
         k = rng.integers(0, len(expect), int(rng.integers(1, 50)))
         assert src.get(k).to_pylist() == [expect[i] for i in k]
         a = int(rng.integers(0, len(expect)))

@@ -171,3 +171,27 @@ def test_the_web_process_logs_through_the_servers_handlers(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "flight.web.child"]
     assert lines == [f"web process {pid} serves the page at {url}"], lines
     assert pid != os.getpid()
+
+
+def test_a_refused_page_request_is_logged_at_info_not_warning(caplog):
+    """A browser before its login, a missing file: answered requests, like the Flight side's
+    ``ticktable.calls`` lines (tornado's default puts every 4xx at WARNING)."""
+    import logging
+    import urllib.error
+
+    with caplog.at_level(logging.INFO):
+        server = TicktableServer(UpdateGraph(), ServerConfig(http_port=0, token="t0k")).start()
+        try:
+            assert server.web is not None and server.web.wait_ready(60)
+            for path in ("api/tables", "no/such/page"):
+                with pytest.raises(urllib.error.HTTPError):
+                    urllib.request.urlopen(server.web.url + path, timeout=10)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and len(
+                    [r for r in caplog.records if r.name == "tornado.access"]) < 2:
+                time.sleep(0.05)
+        finally:
+            server.shutdown()
+    access = [(r.levelname, r.getMessage().split(" (")[0]) for r in caplog.records
+              if r.name == "tornado.access"]
+    assert access == [("INFO", "401 GET /api/tables"), ("INFO", "404 GET /no/such/page")], access
