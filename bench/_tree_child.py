@@ -177,6 +177,7 @@ def _serve_latency(rows: int, change: int, rate: float, seed: int = 2) -> _Secti
     graph.run_cycle()
     pool = [batch(rng, np.sort(rng.choice(rows, change, replace=False))) for _ in range(64)]
     ends: dict[int, float] = {}
+    writes: dict[int, float] = {}  # step -> just before its rows were staged
 
     def on_end(step: int) -> None:
         if table.cycle_update is not None:
@@ -189,12 +190,14 @@ def _serve_latency(rows: int, change: int, rate: float, seed: int = 2) -> _Secti
         """Drive ``n_cycles`` cycles at ``rate``; cycle ends, durations and CPU used."""
         prof.reset()
         ends.clear()
+        writes.clear()
         durations = []
         interval = 1.0 / rate
         cpu0, driver0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
         next_at = time.perf_counter()
         first = graph.step + 1
         for i in range(n_cycles):
+            writes[graph.step + 1] = time.perf_counter()
             table.upsert(pool[i % len(pool)])
             graph.run_cycle()
             durations.append(graph.last_cycle_seconds)
@@ -207,7 +210,7 @@ def _serve_latency(rows: int, change: int, rate: float, seed: int = 2) -> _Secti
         driver1 = time.thread_time()
         time.sleep(0.2)  # let the senders finish the last step before reading the counters
         cpu1, wall1 = time.process_time(), time.perf_counter()
-        return {"first_step": first, "last_step": graph.step, "ends": dict(ends),
+        return {"first_step": first, "last_step": graph.step, "ends": dict(ends), "writes": dict(writes),
                 "cycle_ms": [d * 1e3 for d in durations],
                 "cpu_s": cpu1 - cpu0, "driver_cpu_s": driver1 - driver0,
                 "server_cpu": (cpu1 - cpu0) / (wall1 - wall0), "sender": prof.summary()}

@@ -23,7 +23,9 @@ Measures:
      ``Table.to_arrow`` (the gather under the shared lock), client transfer (``read_all``)
      and ``to_pandas`` separately.
   2. Delta latency, cycle end -> client decode (``read_message``), for --change-row upserts
-     into a --keyed-rows keyed table at --rate cycles/s, with each of --subscribers.
+     into a --keyed-rows keyed table at --rate cycles/s, with each of --subscribers; and
+     "from write": from just before the upsert staged its rows (what a writer waits for,
+     the cycle itself included, so work moved into the cycle does not hide).
      The server process drives the cycles itself (upsert a pre-built batch, ``run_cycle``,
      sleep to the next tick: what ``start(1/rate)`` does with a writer that stages once
      per tick); a terminal listener stamps each cycle's end. Each subscriber reads on its
@@ -417,8 +419,9 @@ def _latency_run(child: _Child, n_subs: int, cycles: int, warmup: int, keep: boo
     errors = [s.error if isinstance(s.error, str) else repr(s.error) for s in subs
               if s.error is not None and s.last_step < last]
     measured = set(range(res["first_step"] + warmup, last + 1))
-    ends = res["ends"]
+    ends, writes = res["ends"], res.get("writes", {})
     lat_ns: list[int] = []
+    write_ns: list[int] = []  # from the write (just before the rows were staged) instead
     msgs = coalesced = 0
     for s in subs:
         prev = s.records[0][0]  # the snapshot
@@ -430,6 +433,7 @@ def _latency_run(child: _Child, n_subs: int, cycles: int, warmup: int, keep: boo
             msgs += 1
             coalesced += co > 1
             lat_ns.extend(int((t - ends[k]) * 1e9) for k in covered if k in measured)
+            write_ns.extend(int((t - writes[k]) * 1e9) for k in covered if k in measured and k in writes)
     # every message of the run (warm-up too): what the server's CPU over the run paid for
     delivered = sum(step >= res["first_step"] for s in subs for step, _, _ in s.records[1:])
     cyc = np.array(res["cycle_ms"][warmup:])
@@ -438,6 +442,8 @@ def _latency_run(child: _Child, n_subs: int, cycles: int, warmup: int, keep: boo
         "cycles": len(measured), "rate_hz": (len(measured) - 1) / span if span > 0 else float("nan"),
         "p50_ms": float(np.percentile(np.array(lat_ns) / 1e6, 50)),
         **stats_ms(lat_ns), "max_ms": max(lat_ns) / 1e6, "messages": msgs, "coalesced_msgs": coalesced,
+        "from_write_p50_ms": float(np.percentile(np.array(write_ns) / 1e6, 50)) if write_ns else None,
+        "from_write_p99_ms": float(np.percentile(np.array(write_ns) / 1e6, 99)) if write_ns else None,
         "cycle_median_ms": float(np.median(cyc)), "cycle_p99_ms": float(np.percentile(cyc, 99)),
         "behind_at_end": behind, "errors": errors[:3],
         "delivered": delivered, "server_cpu_s": res["cpu_s"], "driver_cpu_s": res["driver_cpu_s"],
@@ -727,7 +733,8 @@ def main() -> None:
         print_table(f"2. delta latency cycle end -> read_message done, {args.change:,}-row upserts into "
                     f"{args.keyed_rows:,} keyed rows at {args.rate:g}/s", lat,
                     ["subscribers", "server", "cycles", "rate_hz", "p50_ms", "median_ms", "mean_ms", "p99_ms",
-                     "max_ms", "messages", "coalesced_msgs", "cycle_median_ms", "cycle_p99_ms", "behind_at_end"])
+                     "max_ms", "from_write_p50_ms", "from_write_p99_ms", "messages", "coalesced_msgs",
+                     "cycle_median_ms", "cycle_p99_ms", "behind_at_end"])
         print_table("    server CPU per message delivered (whole process; serve = without the thread "
                     "driving the cycles), CPU cores used per process", lat,
                     ["subscribers", "server", "delivered", "server_cpu_s", "driver_cpu_s", "cpu_per_msg_us",
