@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine._kernels.arrays import member
+from engine._kernels.grow import grown
 from engine.errors import InputError, SchemaError
 from engine.rowset import KeyArray, unique_keys
 
@@ -181,13 +182,9 @@ class NumpyColumnSource(WritableColumnSource):
         if n <= self._values.size:
             return
         cap = max(n, self._values.size * 2)
-        grown = np.zeros(cap, dtype=self.dtype)
-        grown[: self._values.size] = self._values
-        self._values = grown
+        self._values = grown(self._values, cap)  # large columns: in place (see _kernels/grow.py)
         if self._valid is not None:
-            valid = np.ones(cap, dtype=bool)
-            valid[: self._valid.size] = self._valid
-            self._valid = valid
+            self._valid = grown(self._valid, cap, True)
 
     def _split(self, values: pa.Array | pa.ChunkedArray) -> tuple[npt.NDArray[Any], npt.NDArray[np.bool_] | None]:
         arr = _as_typed_array(values, self.type)
@@ -358,7 +355,16 @@ def _gather(values: npt.NDArray[Any], keys: KeyArray) -> npt.NDArray[Any]:
 
 
 class _ArrowStore:
-    """Append-only Arrow values in a few geometrically sized chunks (cheap ``take``)."""
+    """Append-only Arrow values in a few geometrically sized chunks (cheap ``take``).
+
+    Chunks merge like a binary counter, but never into one of more than ``max_merge``
+    values: a merge copies both chunks, and merging two halves of a 40M-row string column
+    took 0.9 s in one cycle. Past that size chunks just accumulate (about one per
+    ``max_merge / 2`` values); a gather takes from each chunk it hits.
+    """
+
+    #: no merge makes a chunk larger than this (an append larger than it stays whole)
+    max_merge = 1 << 21
 
     def __init__(self, type: pa.DataType, *, null_slot: bool = True) -> None:
         self.type = type
@@ -378,9 +384,11 @@ class _ArrowStore:
         """Store ``values``; returns the first of their (consecutive) slots."""
         start = len(self)
         self.chunks.append(values)
-        # binary-counter merging keeps chunk sizes geometric (each over 2x the next):
-        # O(log n) chunks to take from, O(log n) amortized copies per value
-        while len(self.chunks) >= 2 and 2 * len(self.chunks[-1]) >= len(self.chunks[-2]):
+        # binary-counter merging keeps chunk sizes geometric (each over 2x the next) up to
+        # max_merge: O(log n) chunks below it, O(log max_merge) copies per value, and no
+        # merge copies more than max_merge values in one cycle
+        while (len(self.chunks) >= 2 and 2 * len(self.chunks[-1]) >= len(self.chunks[-2])
+               and len(self.chunks[-1]) + len(self.chunks[-2]) <= self.max_merge):
             tail = pa.concat_arrays(self.chunks[-2:])
             self.chunks[-2:] = [tail]
         self.offsets = np.concatenate(([0], np.cumsum([len(c) for c in self.chunks]))).astype(np.int64)

@@ -10,6 +10,7 @@ pins that.
 * :mod:`engine._kernels.rowkeymap` — the one row key -> slot map (dense array while keys
   are dense, the hash map when sparse; one switch-over rule), with shifts as ranges;
 * :mod:`engine._kernels.ids` — the one id allocator (frees reusable from the next cycle);
+* :mod:`engine._kernels.grow` — dense arrays that grow in place in reserved address space;
 * :mod:`engine._kernels.arrays` — array helpers written once (sorted unique, membership,
   range expansion, key shifts, bit scans, bitmaps from keys or ranges, the numeric view).
 """

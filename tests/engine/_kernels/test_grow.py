@@ -1,0 +1,115 @@
+"""engine._kernels.grow: large arrays grow in place inside a reserve; values never change."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from engine._kernels import grow
+from engine._kernels.grow import grown, reserved_capacity
+from engine.columns import NumpyColumnSource
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def test_small_arrays_grow_by_copying():
+    a = np.arange(5, dtype=np.int64)
+    b = grown(a, 9, fill=-1)
+    assert b.tolist() == [0, 1, 2, 3, 4, -1, -1, -1, -1]
+    assert reserved_capacity(b) == 9  # not in a reserve
+    assert grown(np.ones(3, dtype=bool), 5, True).tolist() == [True] * 5
+    with pytest.raises(ValueError, match="cannot grow an array of 5 elements to 4"):
+        grown(a, 4)
+
+
+def test_a_large_array_moves_once_into_a_reserve_then_grows_in_place(monkeypatch):
+    monkeypatch.setattr(grow, "RESERVE_FROM_BYTES", 1 << 10)
+    monkeypatch.setattr(grow, "MIN_RESERVE_BYTES", 1 << 16)
+    a = np.arange(100, dtype=np.int64)
+    b = grown(a, 200)  # 1,600 bytes: into a reserve of 16x (below the minimum: 64 KiB)
+    assert reserved_capacity(b) == (1 << 16) // 8
+    assert b[:100].tolist() == list(range(100)) and not b[100:].any()
+    b[150] = 7
+    c = grown(b, 4_000)  # inside the reserve: the same memory, a longer view
+    assert _addr(c) == _addr(b) and c.size == 4_000
+    assert c[150] == 7 and not c[200:].any()  # never-written pages are zeros
+    d = grown(c, 8_192, fill=3)  # the whole reserve, filled past the old end
+    assert _addr(d) == _addr(b) and (d[4_000:] == 3).all() and d[150] == 7
+    e = grown(d, 8_193)  # past the reserve: copied into a new one 16x as large
+    assert _addr(e) != _addr(d) and reserved_capacity(e) == 16 * 8_193
+    assert np.array_equal(e[:8_192], d) and e[8_192] == 0
+
+
+def test_a_column_keeps_its_values_across_growth_in_and_past_reserves(monkeypatch):
+    # a column grown by random writes, appends and nulls, against a list: its values and
+    # validity stay exact while its storage moves between copies, reserves and views
+    monkeypatch.setattr(grow, "RESERVE_FROM_BYTES", 1 << 9)
+    monkeypatch.setattr(grow, "MIN_RESERVE_BYTES", 1 << 12)
+    rng = np.random.default_rng(5)
+    src = NumpyColumnSource(pa.int64())
+    expect: dict[int, int | None] = {}
+    end = 0
+    for _ in range(300):
+        if rng.random() < 0.5:  # append a run
+            n = int(rng.integers(1, 200))
+            vals = [None if rng.random() < 0.05 else int(v) for v in rng.integers(0, 1 << 40, n)]
+            src.set_new_range(end, pa.array(vals, pa.int64()))
+            expect.update(zip(range(end, end + n), vals, strict=True))
+            end += n
+        else:  # overwrite keys, some past the end (a sparse write grows the column too)
+            keys = np.unique(rng.integers(0, end + 300, int(rng.integers(1, 40))))
+            vals = [None if rng.random() < 0.05 else int(v) for v in rng.integers(0, 1 << 40, keys.size)]
+            src.set(keys.astype(np.int64), pa.array(vals, pa.int64()))
+            expect.update(zip(keys.tolist(), vals, strict=True))
+            end = max(end, int(keys.max()) + 1)
+        keys = np.fromiter(expect, dtype=np.int64)
+        assert src.get(keys).to_pylist() == list(expect.values())
+    assert reserved_capacity(src._values) > src.capacity  # it ended in a reserve
+
+
+def test_without_address_space_for_a_reserve_arrays_grow_by_copying():
+    # a real mmap failure: the address space is limited below the 1 GiB reserve, so every
+    # growth copies, and the values are the same
+    code = textwrap.dedent("""
+        import resource, sys
+        import numpy as np
+        import pyarrow as pa
+        sys.path.insert(0, sys.argv[1])
+        from engine._kernels.grow import reserved_capacity
+        from engine.columns import NumpyColumnSource
+        src = NumpyColumnSource(pa.int64())
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open("/proc/self/status") as f:
+            vm = next(int(line.split()[1]) for line in f if line.startswith("VmSize:")) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), hard))
+        n = 3_000_000  # 24 MB: over the size that asks for a reserve
+        src.set_new_range(0, pa.array(np.arange(n, dtype=np.int64)))
+        assert reserved_capacity(src._values) == src.capacity, "reserved"
+        assert src.get(np.array([0, 1, n - 1])).to_pylist() == [0, 1, n - 1]
+        print("copied", src.capacity)
+    """)
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("copied ")
+
+
+def test_a_large_column_grows_without_moving():
+    # the real thresholds: a column of 3M int64 values lives in a reserve, and appends up to
+    # 30M rows extend it where it is
+    src = NumpyColumnSource(pa.int64())
+    src.set_new_range(0, pa.array(np.arange(3_000_000, dtype=np.int64)))
+    where = _addr(src._values)
+    assert reserved_capacity(src._values) >= 30_000_000
+    src.set_new_range(3_000_000, pa.array(np.arange(3_000_000, dtype=np.int64)))
+    assert _addr(src._values) == where and src.capacity >= 6_000_000
+    assert src.get(np.array([2_999_999, 3_000_000, 5_999_999])).to_pylist() == [2_999_999, 0, 2_999_999]
