@@ -37,6 +37,7 @@ import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 
+from engine._kernels.arrays import distinct_key_order
 from engine._kernels.hashing import (
     Same,
     exact_hash,
@@ -603,7 +604,7 @@ class KeyedTable(_SourceTable):
         # upserts of present keys -> modifies where a value really changed
         mod_sel = up_mask & (found >= 0)
         mod_keys, mod_rows = found[mod_sel], rows[mod_sel]
-        order = np.argsort(mod_keys)
+        order = distinct_key_order(mod_keys, self._row_keys.end)  # one row key per written key
         mod_keys, mod_rows = mod_keys[order], mod_rows[order]
         changed_any = np.zeros(mod_keys.size, dtype=bool)
         changed_cols: list[str] = []

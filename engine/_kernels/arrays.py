@@ -27,6 +27,7 @@ __all__ = [
     "bitmap_of",
     "expand",
     "expand_with_owner",
+    "distinct_key_order",
     "highest_bit",
     "lowest_bit",
     "member",
@@ -59,11 +60,32 @@ def sorted_unique(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """
     if a.size < 2:
         return a.copy()
+    if (a[1:] > a[:-1]).all():  # already strictly increasing (row keys often are): numpy's
+        return a.copy()          # default sort takes as long on sorted input (55 ms per 1M)
     s = np.sort(a)
     keep = np.empty(s.size, dtype=bool)
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
+
+
+def distinct_key_order(keys: I64, end: int) -> npt.NDArray[np.intp]:
+    """The permutation sorting ``keys``: distinct, non-negative and below ``end``.
+
+    When the keys are dense enough (at least one in 16 of ``0 .. end - 1``), by scattering
+    their positions into an array of ``end`` and reading it back in key order: O(end),
+    against 80 ms for ``np.argsort`` of 1M random row keys. Otherwise ``np.argsort``.
+
+    Examples
+    --------
+    >>> distinct_key_order(np.array([7, 2, 5]), 8).tolist()
+    [1, 2, 0]
+    """
+    if keys.size < 2 or 16 * keys.size < end:
+        return np.argsort(keys)
+    pos = np.full(end, -1, dtype=np.intp)
+    pos[keys] = np.arange(keys.size)
+    return pos[pos >= 0]
 
 
 def member(sorted_arr: npt.NDArray[Any], q: npt.NDArray[Any]) -> Mask:

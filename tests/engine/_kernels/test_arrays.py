@@ -13,6 +13,7 @@ from engine._kernels.arrays import (
     bitmap_from_ranges,
     bitmap_from_sorted,
     bitmap_of,
+    distinct_key_order,
     expand,
     expand_with_owner,
     highest_bit,
@@ -35,6 +36,25 @@ def _a(xs: list[int]) -> npt.NDArray[np.int64]:
 def test_sorted_unique(xs):
     got = sorted_unique(_a(xs))
     assert got.tolist() == sorted(set(xs)) and got.dtype == np.int64
+
+
+@given(xs=_wide)
+def test_sorted_unique_of_sorted_input_is_a_new_array(xs):
+    a = _a(sorted(set(xs)))  # strictly increasing: returned without a sort
+    got = sorted_unique(a)
+    assert got.tolist() == a.tolist() and (got is not a or a.size == 0)
+    if a.size:
+        got[0] = -1
+        assert a[0] != -1  # a copy, as for unsorted input
+
+
+@given(keys=st.sets(st.integers(0, 299), max_size=300), end=st.integers(300, 20_000))
+def test_distinct_key_order_sorts_dense_and_sparse_keys(keys, end):
+    # dense (>= 1 in 16 of 0..end-1): by scatter; sparse: argsort; both the sorting order
+    k = np.random.default_rng(len(keys)).permutation(_a(sorted(keys)))
+    order = distinct_key_order(k, end)
+    assert k[order].tolist() == sorted(keys)
+    assert sorted(order.tolist()) == list(range(k.size))
 
 
 @given(hay=_ints, q=_ints)
