@@ -37,7 +37,7 @@ import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 
-from engine._kernels.arrays import distinct_key_order
+from engine._kernels.arrays import distinct_key_order, numeric_view
 from engine._kernels.hashing import (
     Same,
     exact_hash,
@@ -610,10 +610,22 @@ class KeyedTable(_SourceTable):
         changed_cols: list[str] = []
         if mod_keys.size:
             assert data is not None
-            new_vals = data.take(pa.array(mod_rows))
+            take: pa.Array | None = None  # mod_rows for Arrow, made once if needed
             for name in self._values:  # one pass per column
                 src = self._storage[name]
-                new = new_vals.column(name)
+                numeric = _numeric_changes(src, data.column(name), mod_keys, mod_rows)
+                if numeric is not None:  # numpy end to end: no Arrow round trip
+                    diff, new_np = numeric
+                    if diff.any():
+                        changed_cols.append(name)
+                        changed_any |= diff
+                        self.graph.track(src)
+                        assert isinstance(src, NumpyColumnSource)
+                        src.set_numpy(mod_keys[diff], new_np[diff])
+                    continue
+                if take is None:
+                    take = pa.array(mod_rows)
+                new = data.column(name).take(take)
                 old = src.get(mod_keys)
                 diff = _differs(old, new)
                 if diff.any():
@@ -664,6 +676,29 @@ class KeyedTable(_SourceTable):
             src.set(keys, rows.column(name))
         if keys.size:
             self._index.insert(_key_hashes(rows.select(self.keys).combine_chunks(), self.keys), keys)
+
+
+def _numeric_changes(src: WritableColumnSource, col: pa.ChunkedArray, keys: KeyArray, rows: KeyArray,
+                     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[Any]] | None:
+    """For a numpy-stored column and null-free numeric new values: which of ``keys`` get a
+    different value from ``col[rows]``, and those new values (numpy). None: use Arrow.
+
+    The same rule as :func:`_differs`: NaN equals NaN, 0.0 equals -0.0, and a null before
+    (the column's validity) differs from any value now.
+    """
+    if not isinstance(src, NumpyColumnSource) or src.dtype == np.bool_:
+        return None
+    whole = numeric_view(col, combine=True)
+    if whole is None or whole.dtype != src.dtype:
+        return None
+    new = whole[rows]
+    old, valid = src.get_numpy(keys)
+    same = old == new
+    if new.dtype.kind == "f":
+        same |= np.isnan(old) & np.isnan(new)
+    if valid is not None:
+        same &= valid
+    return ~same, new
 
 
 def _differs(old: pa.Array | pa.ChunkedArray, new: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.bool_]:
