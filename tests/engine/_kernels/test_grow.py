@@ -92,7 +92,7 @@ def test_without_address_space_for_a_reserve_arrays_grow_by_copying():
         with open("/proc/self/status") as f:
             vm = next(int(line.split()[1]) for line in f if line.startswith("VmSize:")) * 1024
         resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), hard))
-        n = 3_000_000  # 24 MB: over the size that asks for a reserve
+        n = 5_000_000  # 40 MB: over the size that asks for a reserve
         src.set_new_range(0, pa.array(np.arange(n, dtype=np.int64)))
         assert reserved_capacity(src._values) == src.capacity, "reserved"
         assert src.get(np.array([0, 1, n - 1])).to_pylist() == [0, 1, n - 1]
@@ -104,12 +104,12 @@ def test_without_address_space_for_a_reserve_arrays_grow_by_copying():
 
 
 def test_a_large_column_grows_without_moving():
-    # the real thresholds: a column of 3M int64 values lives in a reserve, and appends up to
-    # 30M rows extend it where it is
+    # the real thresholds: a column of 5M int64 values (40 MB) lives in a reserve, and
+    # appends up to 80M rows extend it where it is
     src = NumpyColumnSource(pa.int64())
-    src.set_new_range(0, pa.array(np.arange(3_000_000, dtype=np.int64)))
+    src.set_new_range(0, pa.array(np.arange(5_000_000, dtype=np.int64)))
     where = _addr(src._values)
-    assert reserved_capacity(src._values) >= 30_000_000
-    src.set_new_range(3_000_000, pa.array(np.arange(3_000_000, dtype=np.int64)))
-    assert _addr(src._values) == where and src.capacity >= 6_000_000
-    assert src.get(np.array([2_999_999, 3_000_000, 5_999_999])).to_pylist() == [2_999_999, 0, 2_999_999]
+    assert reserved_capacity(src._values) >= 80_000_000
+    src.set_new_range(5_000_000, pa.array(np.arange(5_000_000, dtype=np.int64)))
+    assert _addr(src._values) == where and src.capacity >= 10_000_000
+    assert src.get(np.array([4_999_999, 5_000_000, 9_999_999])).to_pylist() == [4_999_999, 0, 4_999_999]
