@@ -35,7 +35,7 @@ web: $(WEB_BUILT)
 run: $(STAMP) $(WEB_BUILT)
 	$(BIN)/ticktable serve --demo
 
-test: $(STAMP) java-check chromium-check $(WEB_BUILT)
+test: lint java-check chromium-check $(WEB_BUILT)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
