@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from engine import sources
+from engine import _keyed
 from engine._kernels import hashing, hashmap, rowkeymap
 from engine.differential.dataflow import Dataflow
 from engine.differential.zset import ZSet
@@ -40,7 +40,7 @@ def collide(request, monkeypatch):
     k = np.uint64(request.param)
     monkeypatch.setattr(hashing, "hash_column", lambda col, name="?": real(col, name) % k)
     probe = pa.table({"s": WORDS, "n": list(range(len(WORDS)))})
-    assert np.unique(sources._key_hashes(probe, ["s"])).size <= request.param  # the patch reaches
+    assert np.unique(_keyed._key_hashes(probe, ["s"])).size <= request.param  # the patch reaches
     assert np.unique(hashing.hash_rows(probe, ["s", "n"])).size <= request.param ** 2
     return request.param
 

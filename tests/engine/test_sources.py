@@ -8,7 +8,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from engine import sources
+from engine import _keyed
 from engine.errors import InvalidKeyError, SchemaError, TableFailed
 from engine.graph import UpdateGraph
 from engine.rowset import RowSet
@@ -247,9 +247,9 @@ def test_lookup_compares_keys_exactly_when_hashes_collide(monkeypatch):
     g.run_cycle()
     t.upsert({"a": ["z"], "b": [7], "v": [3]})
     t.delete({"a": ["y"], "b": [1]})
-    real = sources._key_hashes
+    real = _keyed._key_hashes
     x_hash = real(pa.table({"a": ["x"], "b": pa.array([1], pa.int32())}), ["a", "b"])[0]
-    monkeypatch.setattr(sources, "_key_hashes",
+    monkeypatch.setattr(_keyed, "_key_hashes",
                         lambda tbl, keys: np.full(tbl.num_rows, x_hash, np.uint64))
     keys = {"a": ["x", "q", "z", "y", "x"], "b": [1, 1, 7, 1, 2]}
     got = t.lookup(keys)
