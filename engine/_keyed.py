@@ -29,9 +29,9 @@ from engine._kernels.ids import IdAllocator
 from engine._kernels.keymap import ExactKeyMap
 from engine._source import TableLike, _SourceTable, conform
 from engine.columns import (
-    ArrowColumnSource,
     NumpyColumnSource,
     WritableColumnSource,
+    compact_stale,
 )
 from engine.errors import InvalidKeyError, SchemaError
 from engine.rowset import KeyArray, RowSet
@@ -380,12 +380,7 @@ class KeyedTable(_SourceTable):
 
     def _end_cycle(self) -> None:
         super()._end_cycle()
-        stale = [s for s in self._storage.values()
-                 if isinstance(s, ArrowColumnSource) and s.needs_compaction(self.size)]
-        if stale:
-            live = self.rowset.keys()
-            for src in stale:
-                src.compact(live)
+        compact_stale(self._storage.values(), self.size, self.rowset.keys)
 
     def _export_extra(self) -> dict[str, Any]:
         return {"row_keys": self._row_keys.export()}

@@ -19,7 +19,7 @@ previous values cost memory only for what changed, and :meth:`end_cycle` drops t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -410,10 +410,9 @@ class _ArrowStore:
         sorted_which = which[order]
         bounds = np.searchsorted(sorted_which, np.arange(len(self.chunks) + 1))
         parts = []
-        for c in range(len(self.chunks)):  # one take per chunk (a handful of chunks)
+        for c in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():  # one take per chunk hit
             lo, hi = bounds[c], bounds[c + 1]
-            if hi > lo:
-                parts.append(self.chunks[c].take(pa.array(slots[order[lo:hi]] - self.offsets[c])))
+            parts.append(self.chunks[c].take(pa.array(slots[order[lo:hi]] - self.offsets[c])))
         gathered = pa.concat_arrays(parts)
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
@@ -497,6 +496,17 @@ class ArrowColumnSource(WritableColumnSource):
         values = self.get(live_keys)
         self._store = _ArrowStore(self.type)
         self._slots.set_numpy(live_keys, self._store.append(values))
+
+
+def compact_stale(sources: Iterable[ColumnSource], live: int, live_keys: Callable[[], KeyArray]) -> None:
+    """Compact each :class:`ArrowColumnSource` among ``sources`` whose store is mostly
+    unreachable from its ``live`` rows, keeping the values of ``live_keys()`` (asked for
+    once, only when one needs it). Call outside a cycle's writes (a table's end of cycle)."""
+    stale = [s for s in sources if isinstance(s, ArrowColumnSource) and s.needs_compaction(live)]
+    if stale:
+        keys = live_keys()
+        for src in stale:
+            src.compact(keys)
 
 
 class AppendColumnSource(WritableColumnSource):

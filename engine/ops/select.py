@@ -42,7 +42,12 @@ import pyarrow.compute as pc
 from engine import expr as _expr
 from engine._kernels.ids import IdAllocator
 from engine._kernels.rowkeymap import RowKeyMap
-from engine.columns import ArrowColumnSource, ColumnSource, WritableColumnSource, make_column_source
+from engine.columns import (
+    ColumnSource,
+    WritableColumnSource,
+    compact_stale,
+    make_column_source,
+)
 from engine.errors import SchemaError
 from engine.rowset import KeyArray, RowSet
 from engine.table import Derivation, derive
@@ -431,13 +436,9 @@ class SelectListener:
     def _compact(self) -> None:
         """Drop unreachable string values (only before this cycle wrote anything)."""
         assert self._slots is not None
-        live = self._slots.live
-        stale = [c.storage for c in self._computed
-                 if isinstance(c.storage, ArrowColumnSource) and c.storage.needs_compaction(live)]
-        if stale:
-            slots = self._slots.lookup(self.result.rowset.keys())
-            for storage in stale:
-                storage.compact(slots)
+        slots = self._slots
+        compact_stale([c.storage for c in self._computed], slots.live,
+                      lambda: slots.lookup(self.result.rowset.keys()))
 
     def on_update(self, up: TableUpdate | None) -> TableUpdate | None:
         if up is None:

@@ -115,10 +115,10 @@ from engine._kernels.hashing import (
 from engine._kernels.ids import IdAllocator
 from engine._kernels.keymap import ExactKeyMap
 from engine.columns import (
-    ArrowColumnSource,
     ColumnSource,
     NumpyColumnSource,
     WritableColumnSource,
+    compact_stale,
     make_column_source,
 )
 from engine.errors import SchemaError, UpdateInvariantError
@@ -268,12 +268,7 @@ class _AggTable(DerivedTable):
 
     def _end_cycle(self) -> None:
         super()._end_cycle()
-        stale = [s for s in self._columns.values()
-                 if isinstance(s, ArrowColumnSource) and s.needs_compaction(self.size)]
-        if stale:
-            live = self.rowset.keys()
-            for src in stale:
-                src.compact(live)
+        compact_stale(self._columns.values(), self.size, self.rowset.keys)
 
 
 # the listener -----------------------------------------------------------------------------
