@@ -43,6 +43,7 @@ __all__ = [
     "parse_flight_data",
     "put_result",
     "schema_frame",
+    "validate_full",
 ]
 
 # field tags (field number << 3 | wire type 2, varint-encoded)
@@ -263,6 +264,56 @@ def _message(header: memoryview, body: memoryview | None) -> ipc.Message:
     return ipc.read_message(pa.PythonFile(_Parts(parts), mode="r"))
 
 
+_OFFSETS: dict[pa.DataType, type[np.signedinteger[Any]]] = {
+    pa.string(): np.int32, pa.large_string(): np.int64}
+
+
+def validate_full(batch: pa.RecordBatch) -> None:
+    """``batch.validate(full=True)``, with the common string column checked in numpy.
+
+    Arrow's full check of a string column validates UTF-8 value by value: 238 us of a
+    65,536-row batch's 240 us decode for a column of 7-byte symbols. A string column whose
+    offsets are in order and inside its data, whose null count matches its validity
+    bitmap and whose bytes are all ASCII is valid, and numpy shows that in a tenth of the
+    time; any other column, or a string column that is not all ASCII, is checked by Arrow.
+
+    Raises
+    ------
+    pyarrow.ArrowInvalid
+        As ``batch.validate(full=True)`` does, for the same batches.
+    """
+    batch.validate()  # lengths and buffer sizes: what the numpy checks below read within
+    for column in batch.columns:
+        if not _valid_ascii_strings(column):
+            column.validate(full=True)
+
+
+def _valid_ascii_strings(a: pa.Array) -> bool:
+    """Whether ``a`` is a string column shown valid here (False: let Arrow decide)."""
+    dtype = _OFFSETS.get(a.type)
+    if dtype is None:
+        return False
+    validity, offsets_buf, data = a.buffers()
+    n, at, width = len(a), a.offset, np.dtype(dtype).itemsize
+    if offsets_buf is None or offsets_buf.size < (at + n + 1) * width:
+        return False
+    offsets = np.frombuffer(offsets_buf, dtype=dtype, count=at + n + 1)[at:]
+    first, last = int(offsets[0]), int(offsets[-1])
+    if first < 0 or last > (data.size if data is not None else 0) or bool(
+            (offsets[1:] < offsets[:-1]).any()):
+        return False
+    if validity is not None:
+        if validity.size * 8 < at + n:
+            return False
+        bits = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")
+        if n - int(np.count_nonzero(bits[at: at + n])) != a.null_count:
+            return False
+    elif a.null_count:
+        return False
+    return last == first or int(np.frombuffer(data, dtype=np.uint8, count=last - first,
+                                              offset=first).max()) < 0x80
+
+
 @dataclass(frozen=True, slots=True)
 class Chunk:
     """One decoded message of a stream: a record batch or ``None``, and its ``app_metadata``
@@ -387,7 +438,7 @@ class IpcDecoder:
             batch = ipc.read_record_batch(m, self.schema)
             # full: offsets, null counts and UTF-8 too; a batch that passes only the cheap
             # check can make later reads run past its buffers
-            batch.validate(full=True)
+            validate_full(batch)
         except _ARROW_READ_ERRORS as exc:
             raise ProtocolError(f"{self._where}: malformed record batch "
                                 f"({_first_line(exc)})") from exc
