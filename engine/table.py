@@ -56,11 +56,15 @@ class ListenerHandle:
 
     def __init__(self, table: Table, entry: tuple[UpdateCallback, FailureCallback | None]) -> None:
         self._table = table
-        self._entry = entry
+        self._entry: tuple[UpdateCallback, FailureCallback | None] | None = entry
 
     def remove(self) -> None:
-        if self._entry in self._table._listeners:
-            self._table._listeners.remove(self._entry)
+        # forgetting the callbacks too: a listener object usually holds its handle, and
+        # the cycle through its bound methods would keep it (and the table, with all its
+        # columns) alive until the cyclic garbage collector happened to run
+        entry, self._entry = self._entry, None
+        if entry is not None and entry in self._table._listeners:
+            self._table._listeners.remove(entry)
 
 
 class Table:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
@@ -285,8 +286,8 @@ class _Requests:
                 self._cond.wait()
             item = self._items[0]
             if isinstance(item, _Ended):  # left in place: every later next() ends too
-                if item.error is not None:
-                    raise item.error
+                if item.error is not None:  # a copy: the one kept must not hold a traceback
+                    raise copy.copy(item.error)  # (its frames would be kept with it)
                 raise StopIteration
             self._items.popleft()
             space, self._space = self._space, None
@@ -476,8 +477,15 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                         yield item
             finally:
                 pipe.close()
-            if pipe.error is not None:
-                await _answer(context, pipe.error)
+            # taken out of the pipe: its traceback holds the handler's frames, one of which
+            # holds the pipe, a cycle that would keep everything the handler held (batches,
+            # tables) until the cyclic garbage collector ran
+            error, pipe.error = pipe.error, None
+            if error is not None:
+                try:
+                    await _answer(context, error)
+                finally:
+                    del error
 
         return run
 

@@ -30,6 +30,7 @@ rows it already held.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -225,7 +226,10 @@ class Subscription:
                         if context.is_cancelled():
                             return
                     if self._failure is not None:
-                        raise self._failure
+                        # a copy: the raised one's traceback holds this frame, which holds
+                        # self, which holds _failure (a cycle only the cyclic collector frees,
+                        # and with it the table a drop released)
+                        raise copy.copy(self._failure)
                     if self._closed:
                         raise Overloaded("the server is shutting down; reconnect to another or later")
                 wait = last_sent + self.min_interval - time.monotonic()

@@ -188,8 +188,14 @@ class FrameQueue(LoopFeed):
         """Block until the frames are written or the call ended; raises the error the
         queue was closed with."""
         self._finished.wait()
-        if self._queue.error is not None:
-            raise self._queue.error
+        # raised without a reference left here or in the queue: its traceback holds this
+        # frame and the handler's, and a cycle through them would keep what they hold
+        error, self._queue.error = self._queue.error, None
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error
 
 
 # ----------------------------------------------------------------------------- service

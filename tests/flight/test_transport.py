@@ -348,3 +348,37 @@ def test_the_server_keeps_freed_memory_for_large_blocks_on_glibc():
     from flight.server import keep_freed_memory
 
     assert keep_freed_memory() == (platform.libc_ver()[0] == "glibc")
+
+
+@pytest.mark.parametrize("kind", ["append", "keyed"])
+def test_a_dropped_table_is_freed_at_once_not_by_the_cyclic_collector(server, client, graph, kind):
+    # a dropped table's columns (hundreds of MB for a large table) must go when it is
+    # dropped: a reference cycle (publisher -> listener handle -> the publisher's bound
+    # methods) kept them until Python's cyclic collector happened to run
+    import gc
+    import weakref
+
+    schema = pa.schema([("k", pa.int64()), ("v", pa.float64())])
+    entry = server.registry.create_source("d", schema, kind, keys=["k"] if kind == "keyed" else None)
+    table = weakref.ref(entry.table)
+    column = weakref.ref(entry.table._storage["v"])
+    rows = pa.table({"k": np.arange(1_000), "v": np.random.default_rng(1).random(1_000)})
+    (entry.table.upsert if kind == "keyed" else entry.table.append)(rows)
+    graph.run_cycle()
+    sub = Sub(client, "d")
+    sub.until(1)
+    del entry
+    gc.collect()
+    gc.disable()
+    try:
+        assert server.registry.drop("d")
+        graph.run_cycle()
+        with pytest.raises(pa.ArrowKeyError, match="table 'd' was dropped"):
+            sub.read()  # the subscriber is told: NOT_FOUND
+        sub.close()
+        deadline = time.monotonic() + 10
+        while (table() is not None or column() is not None) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the subscription's own thread lets go of it as it ends
+        assert table() is None and column() is None
+    finally:
+        gc.enable()
