@@ -22,6 +22,12 @@ def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
+@pytest.fixture(autouse=True)
+def _own_pool(monkeypatch):
+    """Each test starts with no released reserves kept (they would change capacities)."""
+    monkeypatch.setattr(grow, "_pool", [])
+
+
 def test_small_arrays_grow_by_copying():
     a = np.arange(5, dtype=np.int64)
     b = grown(a, 9, fill=-1)
@@ -113,3 +119,74 @@ def test_a_large_column_grows_without_moving():
     src.set_new_range(5_000_000, pa.array(np.arange(5_000_000, dtype=np.int64)))
     assert _addr(src._values) == where and src.capacity >= 10_000_000
     assert src.get(np.array([4_999_999, 5_000_000, 9_999_999])).to_pylist() == [4_999_999, 0, 4_999_999]
+
+
+def test_a_released_reserve_is_reused_and_reads_as_zeros(monkeypatch):
+    monkeypatch.setattr(grow, "RESERVE_FROM_BYTES", 1 << 10)
+    monkeypatch.setattr(grow, "MIN_RESERVE_BYTES", 1 << 16)
+    a = grown(np.arange(100, dtype=np.int64), 1_000)
+    a[:] = -1  # every byte it was given is written
+    where = _addr(a)
+    del a  # its table was dropped: the mapping is kept, not unmapped
+    assert grow.pooled() == (1, 8_000)
+    b = grown(np.arange(3, dtype=np.float32), 1_500)  # another dtype, in the same pages
+    assert _addr(b) == where and grow.pooled() == (0, 0)
+    assert b[:3].tolist() == [0.0, 1.0, 2.0] and not b[3:].any()
+    c = grown(b, 2_500)  # in place, over the rest of what the first array wrote
+    assert _addr(c) == where and not c[3:].any()
+    assert (grown(c, 3_000, fill=7)[2_500:] == 7).all()
+
+
+def test_released_reserves_kept_are_bounded(monkeypatch):
+    monkeypatch.setattr(grow, "RESERVE_FROM_BYTES", 1 << 10)
+    monkeypatch.setattr(grow, "MIN_RESERVE_BYTES", 1 << 16)
+    monkeypatch.setattr(grow, "POOL_MAPPINGS", 3)
+    monkeypatch.setattr(grow, "POOL_BYTES", 20_000)
+    live = [grown(np.zeros(1, np.int64), 1_000) for _ in range(5)]  # 8,000 bytes written each
+    for a in live:
+        a[:] = 1
+    live.clear()
+    assert grow.pooled() == (2, 16_000)  # 3 would hold 24,000 bytes
+    live = [grown(np.zeros(1, np.int64), 1_000) for _ in range(5)]  # two reused, three new
+    assert all(not a[1:].any() for a in live)
+
+
+def test_arrays_in_reused_reserves_keep_exact_values(monkeypatch):
+    # random arrays of several dtypes made, grown, written and dropped, against copies kept
+    # aside: a mapping passed from one to the next never shows the earlier one's bytes
+    monkeypatch.setattr(grow, "RESERVE_FROM_BYTES", 1 << 9)
+    monkeypatch.setattr(grow, "MIN_RESERVE_BYTES", 1 << 14)
+    monkeypatch.setattr(grow, "POOL_MAPPINGS", 4)
+    rng = np.random.default_rng(11)
+    dtypes = [np.int64, np.float64, np.int32, np.bool_, np.uint8]
+    live: list[tuple[np.ndarray, np.ndarray]] = []  # (array, expected values)
+    reused = 0
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.3 or not live:
+            dt = dtypes[int(rng.integers(len(dtypes)))]
+            start = np.asarray(rng.integers(0, 100, int(rng.integers(1, 50)))).astype(dt)
+            n = int(rng.integers(start.size, 3_000))
+            kept = grow.pooled()[0]
+            a = grown(start, n)
+            reused += grow.pooled()[0] < kept
+            live.append((a, np.concatenate([start, np.zeros(n - start.size, dt)])))
+        elif op < 0.6:
+            i = int(rng.integers(len(live)))
+            a, want = live[i]
+            n = int(rng.integers(a.size, a.size + 3_000))
+            fill = 0 if rng.random() < 0.7 else 1
+            b = grown(a, n, fill)
+            want = np.concatenate([want, np.full(n - a.size, fill, a.dtype)])
+            live[i] = (b, want)
+        elif op < 0.85:
+            a, want = live[int(rng.integers(len(live)))]
+            at = rng.integers(0, a.size, int(rng.integers(1, 100)))
+            v = np.asarray(rng.integers(0, 100, at.size)).astype(a.dtype)
+            a[at] = v
+            want[at] = v
+        else:
+            live.pop(int(rng.integers(len(live))))
+        for a, want in live:
+            assert np.array_equal(a, want)
+    assert reused > 20
