@@ -59,6 +59,8 @@ def conform(table_name: str, schema: pa.Schema, data: TableLike, columns: list[s
         Naming the missing, unexpected or mistyped columns.
     """
     t = _to_arrow(data)
+    if columns is None and t.schema.equals(schema, check_metadata=True):
+        return t  # already conformed (a writer's check before staging, say)
     want = columns if columns is not None else schema.names
     have = t.column_names
     missing = [c for c in want if c not in have]

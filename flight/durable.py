@@ -213,6 +213,11 @@ class Durability:
         self._since_bytes += memoryview(payload).nbytes + 64
         return out
 
+    @property
+    def synchronous(self) -> bool:
+        """Whether :meth:`submit` is done when it returns: in memory, with no journal."""
+        return self.journal is None
+
     def apply(self, entry: TableEntry, parts: list[Part]) -> None:
         """Stage the parts of one batch into ``entry``'s table (see :meth:`StagingArea.apply`)."""
         if self.journal is None:  # in memory: nothing to encode

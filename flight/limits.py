@@ -39,8 +39,10 @@ A message quotes at most the first 100 characters of a name the client sent
 
 from __future__ import annotations
 
+import math
 import threading
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -134,6 +136,20 @@ def _longest(arr: pa.Array) -> int:
     return 0
 
 
+def _span(arr: pa.Array) -> float:
+    """Bytes a string or binary array's values take together (from two offsets); infinite
+    for any other type (their values are measured one by one)."""
+    t = arr.type
+    if not _is_bytes(t) or len(arr) == 0:
+        return 0 if _is_bytes(t) else math.inf
+    dtype = np.int64 if pa.types.is_large_string(t) or pa.types.is_large_binary(t) else np.int32
+    try:
+        offsets = np.frombuffer(arr.buffers()[1], dtype=dtype, count=arr.offset + len(arr) + 1)
+    except (TypeError, ValueError):  # no offsets buffer of that size: measure each value
+        return math.inf
+    return int(offsets[-1]) - int(offsets[arr.offset])
+
+
 def _holds_values(t: pa.DataType) -> bool:
     """Whether values of type ``t`` can hold strings or binaries."""
     if pa.types.is_dictionary(t):
@@ -168,6 +184,8 @@ limit of 4 (max_value_bytes; ticktable serve --max-value-bytes N); send smaller 
     for name, col in zip(data.column_names, data.columns, strict=True):
         if not _holds_values(col.type):
             continue
+        if all(_span(chunk) <= limit for chunk in col.chunks):
+            continue  # no value can be longer than all of them together
         longest = max((_longest(chunk) for chunk in col.chunks), default=0)
         if longest > limit:
             raise LimitExceeded(

@@ -70,6 +70,11 @@ _MODE_NAMES: dict[int, str] = {
 class Stager(Protocol):
     """Where :class:`PutHandler` sends checked batches."""
 
+    @property
+    def synchronous(self) -> bool:
+        """Whether :meth:`submit` is done when it returns (nothing to pipeline)."""
+        ...
+
     def apply(self, entry: TableEntry, parts: list[Part]) -> None: ...
 
     def submit(self, entry: TableEntry, parts: list[Part], chain: Chain) -> Future[None]: ...
@@ -185,8 +190,9 @@ class PutHandler:
         acknowledged with ``ack`` (``batch_index`` from 0, its ``rows``, ``total_rows`` so far,
         ``staged``), in batch order. A DIFF batch sees the writes staged before it, this
         stream's included. Appends, upserts and deletes without a ``write_id`` are pipelined
-        (up to ``max_in_flight_bytes`` on their way to the journal); a stream that fails
-        stops there: no batch after the failed one is staged.
+        (up to ``max_in_flight_bytes`` on their way to the journal) when there is a journal;
+        without one, a batch is staged before the next is read, on this thread. A stream
+        that fails stops there: no batch after the failed one is staged.
 
         Parameters
         ----------
@@ -218,7 +224,7 @@ class PutHandler:
         entry = self.registry.get(table_name)
         kind = check_mode(entry, request.mode)
         staged = bool(request.write_id)
-        if not staged and kind != "diff":
+        if not staged and kind != "diff" and not self.staging.synchronous:
             yield from self._pipelined(entry, kind, batches)
             return
         slot = (int(request.partition), int(request.attempt))

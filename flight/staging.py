@@ -176,6 +176,11 @@ class StagingArea:
         self.forgetter: Callable[[list[str], list[str], list[str], list[str]], int] = self.forget
 
     # writes without a write id --------------------------------------------------------------
+    @property
+    def synchronous(self) -> bool:
+        """Always: :meth:`submit` applies at once (see :class:`flight.put.Stager`)."""
+        return True
+
     def apply(self, entry: TableEntry, parts: list[Part]) -> None:
         """Stage the parts of one batch into ``entry``'s table for its next cycle, atomically.
 

@@ -394,3 +394,20 @@ def test_keyed_modifies_name_exactly_the_changed_rows_and_columns(seed):
             if c == "ts" and v is not None:
                 v = int(pa.scalar(v, pa.timestamp("ms")).cast(pa.int64()).as_py())
             assert _same(v, expect[c]), (row["k"], c, v, expect[c])
+
+
+def test_conform_passes_a_conformed_table_through_and_fixes_any_other():
+    from engine.sources import conform
+
+    schema = pa.schema([("k", pa.int64()), ("s", pa.string())])
+    t = pa.table({"k": [1, 2], "s": ["a", None]}, schema=schema)
+    assert conform("t", schema, t) is t  # already in the table's schema: nothing to do
+    reordered = conform("t", schema, t.select(["s", "k"]))
+    assert reordered.schema.equals(schema) and reordered.equals(t)
+    cast = conform("t", schema, pa.table({"k": pa.array([1, 2], pa.int32()), "s": ["a", None]}))
+    assert cast.schema.equals(schema) and cast.equals(t)
+    with_meta = t.replace_schema_metadata({b"pandas": b"{}"})
+    out = conform("t", schema, with_meta)
+    assert out is not with_meta and out.schema.equals(schema, check_metadata=True)
+    with pytest.raises(SchemaError, match="column 'k' has type string"):
+        conform("t", schema, pa.table({"k": ["x"], "s": ["a"]}))

@@ -21,6 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.errors import LimitExceeded
 from engine.graph import UpdateGraph
@@ -256,6 +258,30 @@ def test_check_values_sees_slices_maps_and_views_and_skips_other_types():
     check_values("t", pa.table({"n": pa.array([10**9]), "f": [1.5]}), 1)  # no strings: nothing
     check_values("t", pa.table({"s": [big]}), None)  # no limit
 
+
+
+@settings(max_examples=1500, deadline=None)
+@given(values=st.lists(st.one_of(st.none(), st.text(max_size=12), st.binary(max_size=12)), max_size=30),
+       large=st.booleans(), start=st.integers(0, 30), length=st.integers(0, 30),
+       limit=st.integers(0, 40), chunks=st.integers(1, 3))
+def test_check_values_refuses_exactly_the_values_past_the_limit(values, large, start, length,
+                                                                   limit, chunks):
+    # the span shortcut (offsets: all values together within the limit) must not change a
+    # verdict: refused iff one value, of this slice only, is longer than the limit
+    text = all(v is None or isinstance(v, str) for v in values)
+    typ = ((pa.large_string() if large else pa.string()) if text
+           else (pa.large_binary() if large else pa.binary()))
+    vals = [v.encode() if isinstance(v, str) and not text else v for v in values]
+    arr = pa.array(vals, typ).slice(start, length)
+    pieces = [arr.slice(i * len(arr) // chunks, len(arr) // chunks + 1) for i in range(chunks)]
+    col = pa.chunked_array([p for p in pieces if len(p)] or [arr], typ)
+    longest = max((len(v.encode() if isinstance(v, str) else v)
+                   for v in col.to_pylist() if v is not None), default=0)
+    if longest > limit:
+        with pytest.raises(LimitExceeded, match=f"holds a value of {longest} bytes"):
+            check_values("t", pa.table({"c": col}), limit)
+    else:
+        check_values("t", pa.table({"c": col}), limit)
 
 # ------------------------------------------------------------------------ message size
 def test_a_batch_past_max_put_batch_bytes_is_refused_naming_the_table(limited, wire):

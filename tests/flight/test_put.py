@@ -342,9 +342,28 @@ def test_an_invalid_diff_batch_over_flight_names_table_and_key(server, client, g
     assert t.to_arrow().to_pydict() == {"k": [1], "v": [2.0]}
 
 
+def test_without_a_journal_each_batch_is_staged_before_the_next_is_read(env):
+    # nothing to pipeline in memory: the batches are staged on the stream's own thread, one
+    # by one (no reader thread, no hand-off per batch)
+    env.create("t", "append")
+    table = env.registry.get("t").table
+    assert env.puts.staging.synchronous
+    seen = []
+
+    def batches():
+        for i in range(4):
+            seen.append(table.pending_rows)
+            yield as_batch(kv([i], [f"s{i}"], [float(i)]))
+
+    assert env.puts.put("t", pb.PutRequest(mode=APPEND), batches(), lambda a: None) == 4
+    assert seen == [0, 1, 2, 3]
+
+
 # --- pipelined acknowledgements ---------------------------------------------------------------
 class _SlowStager:
     """A stager whose submits complete when the test says (as a journal's fsync would)."""
+
+    synchronous = False  # a submit is done later: the put pipelines
 
     def __init__(self, staging):
         self.staging = staging
