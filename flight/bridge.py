@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
@@ -46,7 +45,7 @@ from typing import Any
 
 import grpc
 
-from flight.errors import grpc_status
+from flight.errors import again, grpc_status
 
 __all__ = ["END", "AioServer", "Bridge", "CallContext", "CallEnded", "LoopFeed", "LoopQueue",
            "QueueClosed", "wake"]
@@ -287,7 +286,7 @@ class _Requests:
             item = self._items[0]
             if isinstance(item, _Ended):  # left in place: every later next() ends too
                 if item.error is not None:  # a copy: the one kept must not hold a traceback
-                    raise copy.copy(item.error)  # (its frames would be kept with it)
+                    raise again(item.error)  # (its frames would be kept with it)
                 raise StopIteration
             self._items.popleft()
             space, self._space = self._space, None

@@ -46,6 +46,7 @@ client.
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import uuid
@@ -76,6 +77,7 @@ __all__ = [
     "STATUSES",
     "Status",
     "abort",
+    "again",
     "flight_error_for",
     "grpc_status",
     "PortInUse",
@@ -206,3 +208,22 @@ def flight_error_for(code: grpc.StatusCode, message: str) -> Exception:
     if row is None:
         return flight.FlightServerError(_one_line(f"{code.name}: {message}"))
     return row.flight(_one_line(message))
+
+
+def again(exc: BaseException) -> BaseException:
+    """A copy of ``exc`` to raise once more: same type, message and cause.
+
+    An exception kept to be raised later (a subscription's failure, the end of a call's
+    requests) would otherwise take the traceback of each frame it passes through, and
+    keep those frames, and whatever they hold, until the cyclic garbage collector ran.
+    ``exc`` itself when it does not copy to the same type and arguments (an ``__init__``
+    that formats its arguments, say).
+    """
+    try:
+        out = copy.copy(exc)
+    except Exception:  # noqa: BLE001 - any exception class: keep the original then
+        return exc
+    if type(out) is not type(exc) or out.args != exc.args:
+        return exc
+    out.__cause__ = exc.__cause__
+    return out

@@ -30,7 +30,6 @@ rows it already held.
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -44,6 +43,7 @@ import pyarrow as pa
 from engine.errors import Overloaded, ProtocolError, SchemaError
 from engine.rowset import RowSet
 from engine.update import TableUpdate, compose
+from flight.errors import again
 from flight.fanout import FanOut
 from flight.framing import batch_frames, frame, schema_frame
 from flight.pb import flight_pb2 as pb
@@ -229,7 +229,7 @@ class Subscription:
                         # a copy: the raised one's traceback holds this frame, which holds
                         # self, which holds _failure (a cycle only the cyclic collector frees,
                         # and with it the table a drop released)
-                        raise copy.copy(self._failure)
+                        raise again(self._failure)
                     if self._closed:
                         raise Overloaded("the server is shutting down; reconnect to another or later")
                 wait = last_sent + self.min_interval - time.monotonic()

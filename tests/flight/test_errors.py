@@ -229,3 +229,29 @@ def test_the_registry_raises_table_exists_and_flight_reports_it(wire):
     assert type(info.value) is pa.ArrowException  # ALREADY_EXISTS: pyarrow has no subclass
     client.close()
     reg.drop("exists")
+
+
+def test_again_copies_an_exception_to_raise_once_more_or_keeps_it():
+    from engine.errors import TableFailed, UpdateInvariantError
+    from flight.errors import again
+
+    cause = ValueError("boom")
+    failed = TableFailed("table 't' failed: boom")
+    failed.__cause__ = cause
+    copy_ = again(failed)
+    assert copy_ is not failed and type(copy_) is TableFailed
+    assert copy_.args == failed.args and copy_.__cause__ is cause
+    try:
+        raise copy_
+    except TableFailed:
+        pass
+    assert failed.__traceback__ is None  # the kept one never took the raising frames
+
+    class Formats(Exception):
+        def __init__(self, x: str) -> None:
+            super().__init__(f"bad {x}")
+
+    odd = Formats("x")
+    assert again(odd) is odd  # a copy would read "bad bad x": the original instead
+    inv = UpdateInvariantError("I1", "rows out of order")
+    assert again(inv) is inv  # its __init__ takes two arguments: cannot be copied from args
