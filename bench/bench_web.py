@@ -4,9 +4,11 @@ A keyed table of ``--rows`` rows (``id`` key, ``px``, ``qty``, ``seq``) takes ``
 cycles per second, each upserting ``--batch`` rows stamped with the cycle's number in
 ``seq``: the ten *probe* rows (ids 0-9, the top of an unsorted grid, so always on screen)
 and random others. The bench drives the cycles itself (in this process, with the server)
-and notes each cycle's end on the wall clock. The page (Playwright, Debian's Chromium) runs
-a requestAnimationFrame loop reading the probe row's ``seq`` cell from the datagrid's DOM
-and notes, on the same clock, when each new value is first on screen.
+and notes each cycle's end on the wall clock; its thread asks for the priority ``ticktable
+serve``'s cycle thread asks for (``--cycle-priority``, default ``realtime``: SCHED_FIFO when
+the process may, :mod:`engine.priority`). The page (Playwright, Debian's Chromium) watches
+the probe row's ``seq`` cell in the datagrid's DOM (a MutationObserver) and notes, on the
+same clock, when each new value is first on screen.
 
 Per feed (``perspective``: Perspective's Python server holds the table; ``arrow``: Arrow IPC
 into the browser's engine) it prints:
@@ -46,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import print_table, write_json  # noqa: E402
 from engine.graph import UpdateGraph  # noqa: E402
+from engine.priority import PRIORITIES, set_thread_priority  # noqa: E402
 from flight.server import ServerConfig, TicktableServer  # noqa: E402
 from ticktable.chromium_check import find_chromium  # noqa: E402
 
@@ -155,8 +158,10 @@ class Driver:
     """Runs ``rate`` cycles a second, each upserting ``batch`` rows stamped with its number."""
 
     def __init__(self, server: TicktableServer, name: str, rows: int, batch: int,
-                 rate: float) -> None:
+                 rate: float, priority: str = "realtime") -> None:
         self.graph = server.graph
+        self.priority = priority  # asked for; ``got`` is what the thread runs at
+        self.got = "normal"
         self.table = server.registry.get(name).table
         self.rows, self.batch, self.period = rows, batch, 1.0 / rate
         self.rng = np.random.default_rng(1)
@@ -179,6 +184,9 @@ class Driver:
         self._thread.join()
 
     def _run(self) -> None:
+        # the thread that runs the cycles asks for what ``ticktable serve``'s cycle thread
+        # asks for (UpdateGraph.start(priority=...))
+        self.got = set_thread_priority(self.priority)
         nxt = time.perf_counter()
         while not self._stop.is_set():
             self.seq += 1
@@ -217,7 +225,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 def run_feed(browser, server: TicktableServer, feed: str, args) -> dict:
     name = "bench"
-    drv = Driver(server, name, args.rows, args.batch, args.rate)
+    drv = Driver(server, name, args.rows, args.batch, args.rate, args.cycle_priority)
     # baseline: the server cycling with no page open
     drv.start()
     b_wall, b_cpu = time.perf_counter(), time.process_time()
@@ -264,7 +272,8 @@ def run_feed(browser, server: TicktableServer, feed: str, args) -> dict:
     on_own = int(np.isin(np.arange(first_seq, last_seq + 1), seen_seqs).sum())
     wall = wall1 - wall0
     return {
-        "feed": feed, "rows": args.rows, "cycles": last_seq - first_seq + 1,
+        "feed": feed, "rows": args.rows, "cycle_priority": drv.got,
+        "cycles": last_seq - first_seq + 1,
         "cycles_per_s": (last_seq - first_seq + 1) / wall,
         "first_paint_s": paint_s,
         "latency_p50_ms": _pct(lat, 50), "latency_mean_ms": float(np.mean(lat)) if lat else None,
@@ -379,6 +388,9 @@ def main() -> int:
                     help="'idle': Chromium runs under SCHED_IDLE (chrt --idle), as if it were on "
                          "another machine: on this one it shares the server's cores, and its "
                          "compositor threads raise themselves to nice -8")
+    ap.add_argument("--cycle-priority", choices=PRIORITIES, default="realtime",
+                    help="the cycle thread's priority (engine.priority), as `ticktable serve "
+                         "--cycle-priority`: 'realtime' (its default) or 'normal'")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     path, version = find_chromium()
@@ -412,8 +424,10 @@ def main() -> int:
             browser.close()
     finally:
         server.shutdown()
+    got = sorted({r["cycle_priority"] for r in live})
     print(f"\nchromium {version} ({args.browser_sched} scheduling); nproc {os.cpu_count()}; "
-          f"server and driver in this process")
+          f"server and driver in this process; cycle thread asked for {args.cycle_priority}, "
+          f"ran at {', '.join(got) or '-'}")
     medians = _medians(live)
     print_table(f"median over {args.repeat} rounds (targets: latency p99 <= 250 ms, cycle p99 "
                 f"ratio <= 1.5)", medians, list(medians[0]) if medians else [])
@@ -421,7 +435,7 @@ def main() -> int:
         "feed", "round", "rows", "cycles_per_s", "latency_p50_ms", "latency_mean_ms", "latency_p99_ms",
         "latency_max_ms", "never_on_screen", "shown_on_their_own", "feed_coalesced_updates"])
     print_table("server cost (targets: latency p99 <= 250 ms, cycle p99 ratio <= 1.5)", live, [
-        "feed", "round", "cycle_p50_ms_no_page", "cycle_p99_ms_no_page", "cycle_p50_ms_page",
+        "feed", "round", "cycle_priority", "cycle_p50_ms_no_page", "cycle_p99_ms_no_page", "cycle_p50_ms_page",
         "cycle_p99_ms_page", "cycle_p99_ratio", "server_cpu_no_page", "server_cpu_page",
         "web_cpu_cores", "server_web_cores", "web_process_cores", "feed_thread_cores",
         "browser_pss_mb", "page_js_heap_mb"])

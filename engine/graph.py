@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 from engine.errors import InputError, TableFailed
+from engine.priority import check_priority, set_thread_priority
 
 if TYPE_CHECKING:
     from engine.columns import WritableColumnSource
@@ -105,6 +106,8 @@ class UpdateGraph:
         self.phase = "idle"
         self.validate = validate
         self.last_cycle_seconds = 0.0
+        #: The periodic thread's scheduling priority ("realtime" or "normal"), once started.
+        self.priority = "normal"
         self._lock = _SharedLock()
         self._nodes: list[Table] = []
         self._nodes_mutex = threading.Lock()
@@ -246,25 +249,34 @@ class UpdateGraph:
         node._notify(update)
 
     # periodic mode ----------------------------------------------------------------
-    def start(self, interval: float = 0.1) -> None:
+    def start(self, interval: float = 0.1, *, priority: str = "normal") -> None:
         """Run cycles every ``interval`` seconds on a background thread until :meth:`stop`.
 
         Cycles run on a fixed grid of ``interval``; :meth:`request_cycle` runs one early
         without moving the grid, and a late cycle skips the ticks it missed.
 
+        ``priority="realtime"`` runs the thread under ``SCHED_FIFO`` when the process may
+        (:mod:`engine.priority`; ``ticktable serve`` asks for it), so other busy processes
+        on the machine cannot delay a cycle; :attr:`priority` says what the thread got.
+
         Raises
         ------
         InputError
-            If ``interval`` is not a number of seconds above 0.
+            If ``interval`` is not a number of seconds above 0, or ``priority`` is not
+            ``"realtime"`` or ``"normal"``.
         """
         period: object = interval
         if not isinstance(period, int | float) or not period > 0:
             raise InputError(f"interval is {period!r}: cycles need a period above 0 seconds")
+        check_priority(priority)
         if self._thread is not None:
             raise RuntimeError("the update graph is already running")
         self._stop.clear()
+        started = threading.Event()
 
         def loop() -> None:
+            self.priority = set_thread_priority(priority)
+            started.set()
             # periodic cycles keep to a fixed grid; a cycle woken early (request_cycle) runs
             # in between and never moves the grid, so no burst of writes delays the next one
             next_at = time.monotonic()
@@ -281,6 +293,7 @@ class UpdateGraph:
 
         self._thread = threading.Thread(target=loop, name="ticktable-cycle", daemon=True)
         self._thread.start()
+        started.wait()
 
     @property
     def running(self) -> bool:
@@ -298,6 +311,7 @@ class UpdateGraph:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self.priority = "normal"
 
     def __enter__(self) -> UpdateGraph:
         return self

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from engine.errors import InputError, TicktableError
 from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
+from engine.priority import PRIORITIES
 from engine.sources import KeyedTable
 from engine.table import Table
 from engine.update import TableUpdate
@@ -186,7 +187,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         tick()
         threading.Thread(target=ticking, name="ticktable-demo", daemon=True).start()
-    graph.start(args.interval)
+    graph.start(args.interval, priority=args.cycle_priority)
     print(f"ticktable serving Flight at {server.location}", flush=True)
     if server.metrics_port:
         print(f"metrics at http://{args.host}:{server.metrics_port}/metrics", flush=True)
@@ -206,6 +207,12 @@ def _serve(args: argparse.Namespace) -> int:
               f"{r.seconds:.2f} s", flush=True)
     else:
         print("in memory: every table is gone when the server stops", flush=True)
+    if graph.priority == "realtime":
+        print(f"cycles every {args.interval:g} s on a real-time thread (SCHED_FIFO)", flush=True)
+    elif args.cycle_priority == "realtime":
+        print(f"cycles every {args.interval:g} s on a normal thread: real-time needs root, "
+              "CAP_SYS_NICE or ulimit -r >= 1 (other busy processes may delay a cycle)",
+              flush=True)
 
     def on_signal(signum: int, frame: object) -> None:
         stop.set()
@@ -407,6 +414,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--tls-key", default=None, help="PEM private key file")
     serve.add_argument("--interval", type=_period, default=0.1,
                        help="seconds between update cycles (default 0.1)")
+    serve.add_argument("--cycle-priority", choices=list(PRIORITIES), default="realtime",
+                       help="how the cycle thread runs: 'realtime' (default: SCHED_FIFO when "
+                            "the process may, i.e. root, CAP_SYS_NICE or ulimit -r >= 1, so "
+                            "other busy processes cannot delay a cycle; else normal, said in "
+                            "the log) or 'normal'")
     serve.add_argument("--demo", action="store_true",
                        help="add a ticking 'quotes' table and tables derived from it")
     serve.add_argument("--seed", type=int, default=None, help="demo data seed")

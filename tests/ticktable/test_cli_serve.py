@@ -242,3 +242,61 @@ def _fails_with_one_line(args: list[str], env: dict[str, str], line: str, *,
     assert out.returncode == 2
     assert out.stderr.splitlines() == [line], out.stderr
     assert out.stdout == ""
+
+
+def _fifo_tasks(pid: int) -> list[int]:
+    """The threads of process ``pid`` that run under SCHED_FIFO."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if os.sched_getscheduler(int(task.name)) & ~os.SCHED_RESET_ON_FORK == os.SCHED_FIFO:
+                out.append(int(task.name))
+        except ProcessLookupError:
+            continue
+    return out
+
+
+@pytest.mark.parametrize("flags", [[], ["--cycle-priority", "normal"],
+                                   ["--bounding-set=-sys_nice"]], ids=["default", "normal", "refused"])
+def test_serve_cycle_priority(flags):
+    """By default the cycle thread, and only it, runs real-time (when the process may: root
+    here, or CAP_SYS_NICE); --cycle-priority normal leaves it normal; refused (no
+    CAP_SYS_NICE, RLIMIT_RTPRIO 0) the server says so in one line and serves."""
+    from tests.engine.test_priority import EXPECTED
+
+    cmd = [sys.executable, "-m", "ticktable.cli", "serve", "--port", "0", "--in-memory",
+           "--http-port", "-1", "--interval", "0.05"]
+    if flags and flags[0].startswith("--bounding-set"):
+        cmd = ["prlimit", "--rtprio=0:0", "setpriv", *flags, "--inh-caps=-sys_nice", *cmd]
+        want = "normal"
+    else:
+        cmd += flags
+        want = EXPECTED if not flags else "normal"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    try:
+        m = re.fullmatch(r"ticktable serving Flight at (grpc://[\d.]+:\d+)\n",
+                         proc.stdout.readline())
+        assert m, proc.stderr.read() if proc.poll() is not None else "no location"
+        lines = [proc.stdout.readline() for _ in range(2 if flags != ["--cycle-priority", "normal"] else 1)]
+        assert lines[0] == "in memory: every table is gone when the server stops\n"
+        if want == "realtime":
+            assert lines[1] == "cycles every 0.05 s on a real-time thread (SCHED_FIFO)\n"
+            assert len(_fifo_tasks(proc.pid)) == 1  # the cycle thread, no other
+        else:
+            assert not _fifo_tasks(proc.pid)
+            if flags != ["--cycle-priority", "normal"]:
+                assert lines[1] == ("cycles every 0.05 s on a normal thread: real-time needs root, "
+                                    "CAP_SYS_NICE or ulimit -r >= 1 (other busy processes may "
+                                    "delay a cycle)\n")
+        client = fl.connect(m.group(1))  # and it serves
+        assert list(client.list_flights()) == []
+        client.close()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
