@@ -99,6 +99,23 @@ def _start_server() -> tuple[Any, Any]:
     return graph, TicktableServer(graph, ServerConfig(**kw)).start()
 
 
+def _cycle_priority(priority: str, graph: Any = None, interval: float = 0.0) -> str:
+    """Cycles at ``priority`` as ``ticktable serve --cycle-priority`` runs them: ``graph``
+    started on its periodic thread at it, or (no graph) the calling thread, which drives the
+    cycles, put at it. A tree without ``engine.priority`` runs them normal. Returns what the
+    cycle thread got."""
+    try:
+        from engine.priority import set_thread_priority
+    except ImportError:  # an older tree
+        if graph is not None:
+            graph.start(interval)
+        return "normal"
+    if graph is None:
+        return set_thread_priority(priority)
+    graph.start(interval, priority=priority)
+    return str(graph.priority)
+
+
 # ---------------------------------------------------------------------------- raw
 class _RawServer(fl.FlightServerBase):  # type: ignore[misc]
     """The baseline: DoGet streams a prepared table, DoPut only reads the batches."""
@@ -169,7 +186,8 @@ def _serve_snapshot(sizes: list[int]) -> _Section:
 
 
 # ---------------------------------------------------------------------------- 2. latency
-def _serve_latency(rows: int, change: int, rate: float, seed: int = 2) -> _Section:
+def _serve_latency(rows: int, change: int, rate: float, seed: int = 2,
+                   priority: str = "realtime") -> _Section:
     graph, server = _start_server()
     table = server.registry.create_source("quotes", SCHEMA, "keyed", keys=["Key"]).table
     rng = np.random.default_rng(seed)
@@ -188,6 +206,7 @@ def _serve_latency(rows: int, change: int, rate: float, seed: int = 2) -> _Secti
 
     def run(n_cycles: int) -> dict[str, Any]:
         """Drive ``n_cycles`` cycles at ``rate``; cycle ends, durations and CPU used."""
+        got = _cycle_priority(priority)  # this thread runs the cycles
         prof.reset()
         ends.clear()
         writes.clear()
@@ -212,7 +231,7 @@ def _serve_latency(rows: int, change: int, rate: float, seed: int = 2) -> _Secti
         cpu1, wall1 = time.process_time(), time.perf_counter()
         return {"first_step": first, "last_step": graph.step, "ends": dict(ends), "writes": dict(writes),
                 "cycle_ms": [d * 1e3 for d in durations],
-                "cpu_s": cpu1 - cpu0, "driver_cpu_s": driver1 - driver0,
+                "cpu_s": cpu1 - cpu0, "driver_cpu_s": driver1 - driver0, "cycle_priority": got,
                 "server_cpu": (cpu1 - cpu0) / (wall1 - wall0), "sender": prof.summary()}
 
     return _Section(server.location, {"run": run}, server.shutdown)
@@ -282,7 +301,7 @@ class _SenderProfile:
 
 
 # ---------------------------------------------------------------------------- 3. ingest
-def _serve_ingest(interval: float) -> _Section:
+def _serve_ingest(interval: float, priority: str = "realtime") -> _Section:
     graph, server = _start_server()
     watch: dict[str, Any] = {"table": None, "touched": 0, "log": []}
     cond = threading.Condition()
@@ -327,15 +346,16 @@ def _serve_ingest(interval: float) -> _Section:
         graph.stop()
 
     def resume() -> None:
-        graph.start(interval)
+        _cycle_priority(priority, graph, interval)
 
     def close() -> None:
         graph.stop()
         server.shutdown()
 
     graph.add_terminal_listener(on_end)
-    graph.start(interval)
-    commands: dict[str, Callable[..., Any]] = {"create": create, "wait": wait, "drop": drop, "pause": pause, "resume": resume}
+    got = _cycle_priority(priority, graph, interval)
+    commands: dict[str, Callable[..., Any]] = {"create": create, "wait": wait, "drop": drop, "pause": pause, "resume": resume,
+                                                   "priority": lambda: got}
     return _Section(server.location, commands, close)
 
 

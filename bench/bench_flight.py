@@ -349,10 +349,11 @@ class _Remote:
 
 def bench_latency(trees: list[tuple[str, str]], rows: int, change: int, rate: float, cycles: int,
                   warmup: int, subscribers: list[int],
-                  failures: list[dict[str, str]], client_procs: int = 5) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                  failures: list[dict[str, str]], client_procs: int = 5,
+                  priority: str = "realtime") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     servers = _Servers("latency", failures)
     for label, tree in trees:
-        servers.start(label, tree, rows=rows, change=change, rate=rate)
+        servers.start(label, tree, rows=rows, change=change, rate=rate, priority=priority)
     out, views = [], []
     try:
         for n_subs in subscribers:
@@ -446,6 +447,7 @@ def _latency_run(child: _Child, n_subs: int, cycles: int, warmup: int, keep: boo
         "from_write_p99_ms": float(np.percentile(np.array(write_ns) / 1e6, 99)) if write_ns else None,
         "cycle_median_ms": float(np.median(cyc)), "cycle_p99_ms": float(np.percentile(cyc, 99)),
         "behind_at_end": behind, "errors": errors[:3],
+        "cycle_priority": res.get("cycle_priority", "normal"),
         "delivered": delivered, "server_cpu_s": res["cpu_s"], "driver_cpu_s": res["driver_cpu_s"],
         "cpu_per_msg_us": res["cpu_s"] / delivered * 1e6 if delivered else None,
         "serve_cpu_per_msg_us": (res["cpu_s"] - res["driver_cpu_s"]) / delivered * 1e6 if delivered else None,
@@ -515,8 +517,8 @@ def _timed_put(servers: _Servers, label: str, name: str, batches: list[pa.Record
 
 
 def bench_ingest(trees: list[tuple[str, str]], append_rows: int, keyed_rows: int, batch_rows: int,
-                 repeat: int, interval: float,
-                 failures: list[dict[str, str]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                 repeat: int, interval: float, failures: list[dict[str, str]],
+                 priority: str = "realtime") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from flight.pb import flight_pb2 as pb
 
     rng = np.random.default_rng(3)
@@ -525,7 +527,8 @@ def bench_ingest(trees: list[tuple[str, str]], append_rows: int, keyed_rows: int
     upsert_meta = pb.PutRequest(mode=pb.PUT_MODE_UPSERT).SerializeToString()
     servers = _Servers("ingest", failures)
     for label, tree in trees:
-        servers.start(label, tree, interval=interval)
+        servers.start(label, tree, interval=interval, priority=priority)
+    got = {label: servers.children[label].call("priority") for label in servers.labels()}
     servers.start("raw", None, sizes=[])
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     paused: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -582,6 +585,7 @@ def bench_ingest(trees: list[tuple[str, str]], append_rows: int, keyed_rows: int
         cyc = [c for r in rs for c in r["cycle_ms"]] if ours else []
         append_out.append({
             "rows": append_rows, "batch_rows": batch_rows, "server": label, "repeats": repeat,
+            "cycle_priority": got.get(label, "-"),
             "acked_rows_per_s": append_rows / med(rs, "acked_s"),
             "applied_rows_per_s": append_rows / med(rs, "applied_s") if ours else None,
             "x_raw_acked": _x(raw_put, med(rs, "acked_s")),
@@ -697,6 +701,9 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.1, help="graph.start interval for ingest")
     ap.add_argument("--sections", nargs="+", choices=("snapshot", "latency", "ingest"),
                     default=["snapshot", "latency", "ingest"], help="which sections to run")
+    ap.add_argument("--cycle-priority", choices=("realtime", "normal"), default="realtime",
+                    help="the cycle thread's priority, as `ticktable serve --cycle-priority` (its "
+                         "default: realtime); a tree without engine.priority runs normal")
     ap.add_argument("--json", default=None, help="output path (default bench/results/bench_flight.json)")
     args = ap.parse_args()
     if args.quick:
@@ -729,10 +736,11 @@ def main() -> None:
 
         if "latency" in args.sections:
             lat, views = bench_latency(trees, args.keyed_rows, args.change, args.rate, args.cycles,
-                                       args.warmup, args.subscribers, failures, args.client_procs)
+                                       args.warmup, args.subscribers, failures, args.client_procs,
+                                       args.cycle_priority)
         print_table(f"2. delta latency cycle end -> read_message done, {args.change:,}-row upserts into "
                     f"{args.keyed_rows:,} keyed rows at {args.rate:g}/s", lat,
-                    ["subscribers", "server", "cycles", "rate_hz", "p50_ms", "median_ms", "mean_ms", "p99_ms",
+                    ["subscribers", "server", "cycle_priority", "cycles", "rate_hz", "p50_ms", "median_ms", "mean_ms", "p99_ms",
                      "max_ms", "from_write_p50_ms", "from_write_p99_ms", "messages", "coalesced_msgs",
                      "cycle_median_ms", "cycle_p99_ms", "behind_at_end"])
         print_table("    server CPU per message delivered (whole process; serve = without the thread "
@@ -752,10 +760,10 @@ def main() -> None:
 
         if "ingest" in args.sections:
             app, keyed = bench_ingest(trees, args.append_rows, args.upsert_rows, args.put_batch_rows,
-                                      args.put_repeat, args.interval, failures)
+                                      args.put_repeat, args.interval, failures, args.cycle_priority)
     print_table(f"3a. DoPut append, graph.start({args.interval:g}) (median of {args.put_repeat}; "
                 "CPU: server process, put start to last ack)", app,
-                ["rows", "batch_rows", "server", "acked_rows_per_s", "applied_rows_per_s", "x_raw_acked",
+                ["rows", "batch_rows", "server", "cycle_priority", "acked_rows_per_s", "applied_rows_per_s", "x_raw_acked",
                  "x_raw_applied", "cpu_per_batch_us", "cycle_median_ms", "cycle_max_ms", "cycles_per_put"])
     print_table("    profile: the same put with cycles paused, then one cycle applying it all "
                 "(raw has no cycles: its one measurement)", app,
