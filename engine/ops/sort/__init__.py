@@ -2,7 +2,8 @@
 
 Modules: :mod:`.listener` (the verb and :class:`SortListener`), :mod:`._keys` (sort keys
 as order-preserving ``uint64`` codes), :mod:`._index` (rows in sort order on a gapped
-slot space) and :mod:`._slots` (its vectorized building blocks).
+slot space), :mod:`._room` (where it finds room when new rows do not fit their gap) and
+:mod:`._slots` (its vectorized building blocks).
 """
 
 from engine.ops.sort.listener import RedirectedColumnSource as RedirectedColumnSource

@@ -36,6 +36,10 @@ Placing new rows (cost follows the change; rows with the same place form a group
    PMA's resize), or the front has no room left, everything is laid out again, two slots
    apart: every row moves, amortized over the inserts that filled the space.
 
+This module keeps the slot state, the search, the placement itself, full layouts and
+Invariant G; which runs a push moves and which windows are re-spread, and how (cases 2
+and 3), are computed in engine.ops.sort._room, from the live bits, which it only reads.
+
 Parent keys map to slots through a ``RowKeyMap`` (dense array, or hash map for sparse keys).
 """
 
@@ -47,11 +51,12 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._kernels.arrays import expand, member, sorted_unique
+from engine._kernels.arrays import expand, sorted_unique
 from engine._kernels.rowkeymap import RowKeyMap
 from engine.columns import ColumnSource
 from engine.errors import UpdateInvariantError
 from engine.ops.sort._keys import MAX_CODE, KeyEncoder, as_arrow, order_batch
+from engine.ops.sort._room import _membership, _outermost, _pushes, _respread, _windows
 from engine.ops.sort._slots import LiveBits, Redirection, pow2_at_least, shift_from_runs
 from engine.rowset import RowSetShiftData
 
@@ -64,12 +69,8 @@ Mask = npt.NDArray[np.bool_]
 _ONE = np.uint64(1)
 _EMPTY = np.empty(0, dtype=np.int64)
 
-MIN_LEVEL = 4          # smallest re-spread window: 16 slots
-TAU_LEAF = 0.9         # density allowed in the smallest window ...
-TAU_ROOT = 0.7         # ... falling linearly to this for the whole slot space
 TAU_SPAN = 0.65        # rows per slot between the first and last row that calls for a new layout
 SPACING = 2            # slots per row when laying out or appending
-MAX_PUSH = 8           # longest run of rows pushed aside to widen a gap by one slot
 MIN_FRONT = 64         # free slots in front of the first row after a full layout
 
 
@@ -250,10 +251,6 @@ class SortIndex:
         return after
 
     # placing ------------------------------------------------------------------------------
-    def _tau(self, level: int) -> float:
-        top = max(self.capacity.bit_length() - 1, MIN_LEVEL + 1)
-        return TAU_LEAF - (TAU_LEAF - TAU_ROOT) * (level - MIN_LEVEL) / (top - MIN_LEVEL)
-
     def _place(self, codes: list[U64], values: list[pa.Array], pks: I64) -> tuple[I64, RowSetShiftData]:
         """Slots for rows sorted by key (see the module docstring for the policy)."""
         m = pks.size
@@ -279,7 +276,8 @@ class SortIndex:
         short = middle & (t - p - 1 < gr)  # gaps without room
 
         # a gap one slot short borrows a free slot next to it by pushing a short run of rows
-        push_lo, push_hi, push_by = self._pushes(gi, p, t, short & (t - p == gr), front, back)
+        push_lo, push_hi, push_by = _pushes(self._live, gi, p, t, short & (t - p == gr),
+                                            front, back)
         pushing = push_by != 0
 
         windows = np.empty((0, 2), dtype=np.int64)  # (level, index) of re-spread windows
@@ -290,11 +288,11 @@ class SortIndex:
         pending = np.flatnonzero(short & ~pushing)
         cum = np.concatenate(([0], np.cumsum(gr))) if pending.size else _EMPTY
         while pending.size:
-            found = self._windows(gi, cum, pending)
+            found = _windows(self._live, self.capacity, gi, cum, pending)
             if found is None:
                 return self._relayout_with(codes, pks, ins)
-            windows = self._outermost(np.concatenate((windows, found)))
-            starts, stops, win, inside, cap = self._membership(windows, gi, t)
+            windows = _outermost(np.concatenate((windows, found)))
+            starts, stops, win, inside, cap = _membership(windows, gi, t)
             # a push into a window gives way to it; a gap that runs into a window may only
             # use its part before the window
             k = np.searchsorted(starts, push_hi, side="right") - 1
@@ -345,8 +343,8 @@ class SortIndex:
             owner.append(np.repeat(np.arange(g.size, dtype=np.int64), run_n))
         laid = whose = _EMPTY
         if starts.size:
-            s_old, s_new, s_own, laid, whose = self._respread(starts, stops, inside, win, gi, gr,
-                                                             gstart, grp, slots)
+            s_old, s_new, s_own, laid, whose = _respread(self._live, starts, stops, inside, win,
+                                                         gi, gr, gstart, grp, slots)
             old.append(s_old)
             new.append(s_new)
             owner.append(s_own + g.size)
@@ -398,144 +396,6 @@ class SortIndex:
         n = end - laid[tail_end] - 1
         sel = (n > 0) & (end <= self._live.last())
         self._copy(expand(laid[tail_end][sel] + 1, n[sel]), np.repeat(end[sel], n[sel]))
-
-    def _pushes(self, gi: I64, p: I64, t: I64, cand: Mask, front: Mask, back: Mask
-                ) -> tuple[I64, I64, I64]:
-        """For gaps one slot short: the run of rows to push into the nearest free slot.
-
-        Returns per group the claimed slots ``[lo, hi]`` (gap, run and the free slot) and
-        the direction ``+1``/``-1`` (``0``: no push). A push needs a run of at most
-        ``MAX_PUSH`` rows and a claim that touches no other group's gap or claim.
-        """
-        n = gi.size
-        lo = np.zeros(n, dtype=np.int64)
-        hi = np.full(n, -1, dtype=np.int64)
-        by = np.zeros(n, dtype=np.int64)
-        c = np.flatnonzero(cand)
-        if c.size == 0:
-            return lo, hi, by
-        z = self._live.free_succ(t[c])   # right: rows t..z-1 move up by one
-        y = self._live.free_pred(p[c])   # left: rows y+1..p move down by one
-        right = np.where(z >= 0, z - t[c], MAX_PUSH + 1)
-        left = np.where(y >= 0, p[c] - y, MAX_PUSH + 1)
-        go_right = (right <= left) & (right <= MAX_PUSH)
-        go_left = ~go_right & (left <= MAX_PUSH)
-        by[c[go_right]] = 1
-        by[c[go_left]] = -1
-        lo[c] = np.where(go_right, gi[c], y)
-        hi[c] = np.where(go_right, z, t[c] - 1)
-        # every group occupies its gap [p + 1, t - 1] (or its claim); claims must not overlap
-        end = np.where(back, np.iinfo(np.int64).max, t - 1)
-        a = np.where(by != 0, lo, np.where(front, 0, gi))
-        b = np.where(by != 0, hi, end)
-        order = np.argsort(a, kind="stable")
-        a_s, b_s = a[order], b[order]
-        reach = np.maximum.accumulate(b_s)
-        clash = np.zeros(n, dtype=bool)
-        clash[1:] = a_s[1:] <= reach[:-1]
-        clash[:-1] |= b_s[:-1] >= a_s[1:]
-        by[order[clash]] = 0
-        return lo, hi, by
-
-    @staticmethod
-    def _membership(windows: npt.NDArray[np.int64], gi: I64, t: I64
-                    ) -> tuple[I64, I64, I64, Mask, I64]:
-        """Window bounds; for each group its window (or -1), whether it is inside one, and
-        the end of its usable gap (its successor, or the start of the next window)."""
-        starts = windows[:, 1] << windows[:, 0]
-        stops = starts + (1 << windows[:, 0])
-        nxt = np.searchsorted(starts, gi, side="right")
-        win = nxt - 1
-        if starts.size:
-            inside = (win >= 0) & (gi < stops[np.maximum(win, 0)])
-        else:
-            inside = np.zeros(gi.size, dtype=bool)
-        win[~inside] = -1
-        cap = t.copy()
-        has = nxt < starts.size
-        cap[has] = np.minimum(t[has], starts[nxt[has]])
-        return starts, stops, win, inside, cap
-
-    def _windows(self, gi: I64, cum: I64, pending: I64) -> npt.NDArray[np.int64] | None:
-        """Smallest aligned window around each pending group whose density is allowed.
-
-        Returns ``(level, index)`` rows, or None when even the whole space is too dense.
-        """
-        top = self.capacity.bit_length() - 1
-        out = []
-        for level in range(MIN_LEVEL, top + 1):  # one step per window size, not per group
-            w = sorted_unique(gi[pending] >> level)
-            lo = np.searchsorted(gi, w << level)
-            hi = np.searchsorted(gi, (w + 1) << level)
-            load = self._live.count(level, w) + cum[hi] - cum[lo]
-            ok = load <= self._tau(level) * (1 << level)
-            if ok.any():
-                out.append(np.column_stack((np.full(int(ok.sum()), level), w[ok])))
-            pending = pending[~member(w[ok], gi[pending] >> level)]
-            if pending.size == 0:
-                return np.concatenate(out).astype(np.int64)
-        return None
-
-    @staticmethod
-    def _outermost(windows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Drop windows inside other windows; aligned windows are nested or disjoint."""
-        lv, ix = windows[:, 0], windows[:, 1]
-        keep = np.ones(lv.size, dtype=bool)
-        for level in np.unique(lv):  # one step per window size
-            at = sorted_unique(ix[lv == level])
-            lower = np.flatnonzero(lv < level)
-            keep[lower[member(at, ix[lower] >> (level - lv[lower]))]] = False
-        w = windows[keep]
-        starts = w[:, 1] << w[:, 0]
-        order = np.argsort(starts, kind="stable")
-        w, starts = w[order], starts[order]
-        first = np.concatenate(([True], starts[1:] != starts[:-1]))
-        return w[first]
-
-    def _respread(self, starts: I64, stops: I64, inside: Mask, win: I64, gi: I64, gr: I64,
-                  gstart: I64, grp: I64, slots: I64) -> tuple[I64, I64, I64, I64, I64]:
-        """Lay out each window's survivors and new rows again.
-
-        Fills ``slots`` of the windows' new rows; returns the survivors' old and new slots
-        and their window, and all the windows' rows' new slots (sorted) with their window.
-        """
-        surv, owner = self._live.live_in(starts, stops)
-        rows = np.flatnonzero(inside[grp])
-        n_s = surv.size
-        key = np.concatenate((2 * surv + 1, 2 * gi[grp[rows]]))  # new rows go before slot gi
-        whose = np.concatenate((owner, win[grp[rows]]))
-        order = np.argsort(key, kind="stable")
-        whose = whose[order]
-        total = order.size
-        n_w = np.bincount(whose, minlength=starts.size)
-        head = np.minimum(np.cumsum(n_w) - n_w, max(total - 1, 0))
-        local = np.arange(total) - head[whose]
-        mem = np.flatnonzero(inside)
-        wg = win[mem]
-        load = np.bincount(wg, weights=gr[mem], minlength=starts.size).astype(np.int64)
-        # half of the free slots go evenly, half next to the insertion points
-        free = (stops - starts) - n_w
-        hot = free // 2
-        uni = (free - hot)[whose]
-        nw1 = (n_w + 1)[whose]
-        gaps = (uni * (local + 1)) // nw1 - (uni * local) // nw1
-        at = np.empty(total, dtype=np.int64)
-        at[order] = np.arange(total)
-        share = hot[wg] * gr[mem] // np.maximum(load[wg], 1)
-        row_pos = np.empty(slots.size, dtype=np.int64)
-        row_pos[rows] = at[n_s + np.arange(rows.size)]
-        first_pos = row_pos[gstart[mem]]
-        after_pos = row_pos[gstart[mem] + gr[mem] - 1] + 1
-        np.add.at(gaps, first_pos, share // 2)
-        ok = after_pos < total
-        ok[ok] = whose[after_pos[ok]] == wg[ok]
-        np.add.at(gaps, after_pos[ok], (share - share // 2)[ok])
-        c = np.cumsum(gaps + 1)
-        placed = starts[whose] + c - (c[head] - gaps[head])[whose]
-        new_at = np.empty(total, dtype=np.int64)
-        new_at[order] = placed
-        slots[rows] = new_at[n_s:]
-        return surv, new_at[:n_s], owner, placed, whose
 
     def _move(self, old: I64, new: I64) -> None:
         """Move survivors ``old -> new`` (all at once; sources may be other rows' targets)."""
