@@ -2,14 +2,14 @@
 from table updates, upserts, and dataflow operators over Z-set batches.
 
 Read in this order: :mod:`.version` (times and frontiers), :mod:`.zset` (batches of
-``(record, time, diff)`` and their algebra), :mod:`.trace` (indexed batches and shared,
-compacting arrangements), :mod:`.linear` (map, filter, flat_map, explode, negate,
-``join_function``, temporal filter; fused), :mod:`.upsert` (``(key, Optional[value])``
-events to triples), :mod:`.translator` (table updates to triples and back), then the
-dataflow: :mod:`.dataflow` (graph, inputs, frontiers, scheduler, linear/concat/consolidate
-nodes, probes), :mod:`.join` (arrangements, delta join), :mod:`.reduce` (count, sum, min,
-max, distinct), :mod:`.iterate` (fixed points with ``(version, iteration)`` times) and
-:mod:`.bridge` (live tables in and out).
+``(record, time, diff)`` and their algebra), :mod:`.indexed` (batches indexed by key),
+:mod:`.trace` (shared, compacting arrangements of them), :mod:`.linear` (map, filter,
+flat_map, explode, negate, ``join_function``, temporal filter; fused), :mod:`.upsert`
+(``(key, Optional[value])`` events to triples), :mod:`.translator` (table updates to
+triples and back), then the dataflow: :mod:`.dataflow` (graph, inputs, frontiers,
+scheduler, linear/concat/consolidate nodes, probes), :mod:`.join` (arrangements, delta
+join), :mod:`.reduce` (count, sum, min, max, distinct), :mod:`.iterate` (fixed points with
+``(version, iteration)`` times) and :mod:`.bridge` (live tables in and out).
 """
 
 from engine.differential.bridge import CollectionTable as CollectionTable
@@ -19,6 +19,8 @@ from engine.differential.dataflow import Collection as Collection
 from engine.differential.dataflow import Dataflow as Dataflow
 from engine.differential.dataflow import InputHandle as InputHandle
 from engine.differential.dataflow import Probe as Probe
+from engine.differential.indexed import IndexedZSet as IndexedZSet
+from engine.differential.indexed import index_with as index_with
 from engine.differential.join import Arranged as Arranged
 from engine.differential.join import join_stream as join_stream
 from engine.differential.join import join_trace as join_trace
@@ -27,10 +29,8 @@ from engine.differential.linear import LinearOperator as LinearOperator
 from engine.differential.reduce import distinct_trace as distinct_trace
 from engine.differential.resolve import KeyedWrites as KeyedWrites
 from engine.differential.resolve import resolve_triples as resolve_triples
-from engine.differential.trace import IndexedZSet as IndexedZSet
 from engine.differential.trace import Trace as Trace
 from engine.differential.trace import TraceReader as TraceReader
-from engine.differential.trace import index_with as index_with
 from engine.differential.translator import apply_triples as apply_triples
 from engine.differential.translator import snapshot_to_triples as snapshot_to_triples
 from engine.differential.translator import update_to_triples as update_to_triples

@@ -31,7 +31,8 @@ import pyarrow as pa
 
 from engine._kernels.arrays import numeric_view
 from engine.differential.dataflow import Collection, Time, _Node, _Scope
-from engine.differential.trace import IndexedZSet, Trace, TraceReader
+from engine.differential.indexed import IndexedZSet
+from engine.differential.trace import Trace, TraceReader
 from engine.differential.zset import ZSet, identity_prefix, take_rows
 from engine.errors import InputError, SchemaError
 

@@ -1,32 +1,22 @@
-"""Indexed batches and traces (arrangements): a collection's history, indexed by key.
+"""Traces (arrangements): a collection's history, indexed by key.
 
-An :class:`IndexedZSet` is a timed batch whose rows are sorted so that the rows of one key
-are contiguous. The sort key is one ``uint64`` per row: the key hash's high 40 bits over
-the record hash's low 24 bits, so rows of one key sit together and, within them, equal
-records sit together (which lets merges consolidate by comparing neighbours). A lookup
-of a whole array of keys goes through a bucket directory (the sort key's top bits ->
-first row, built once per batch with one ``bincount``): two gathers per probe instead of
-two binary searches (a lookup of a few keys binary-searches instead, and batches much
-smaller than the probe set share one occupancy filter, so a spine's small batches cost
-about one pass over the probes). Keys whose hashes share the high bits interleave; lookups
-filter on the full key hash and, unless the key hash is exact, on the key values, so a
-collision never returns a wrong row. A batch keyed by one integer column over a range not
-much wider than the batch also gets a direct-address index (key value -> its rows), which
-many probes (and a few probes of a big batch, where every level of a binary search is a
-cache miss) use instead: no hash comparison, no bucket collisions. A batch is sorted with
-an LSD radix argsort (three 16-bit passes over the top 48 bits, then a fix-up of the rare
-runs tied there), under half a comparison sort's time at the sizes of a step's delta.
+A :class:`Trace` accumulates indexed batches
+(:class:`~engine.differential.indexed.IndexedZSet`: rows of one key contiguous, looked up
+by key hash; see :mod:`engine.differential.indexed`) in a *spine*, merged size-tiered:
+once the last ``_FANOUT`` (4) batches are of one size class (``_FANOUT`` x apart, from
+``_BASE`` rows), they are merged into one. Every update is merged ``O(log n)`` times and a
+lookup probes about ``_FANOUT`` batches per size class. (Merging two batches whenever the
+newer is half the older, the binary-counter policy, measured about twice the merge work
+per update in the upsert benchmark, for fewer batches to probe.) Merges *compact*: every
+time is advanced by the trace's compaction frontier (:func:`advance_times`) and equal
+(record, time) neighbours are summed, zeros dropped; accumulations at versions beyond the
+frontier are unchanged by this. Rows merged as equal are confirmed equal by value unless
+the record hash is exact (:func:`exact_records`).
 
-A :class:`Trace` accumulates indexed batches in a *spine*, merged size-tiered: once the
-last ``_FANOUT`` (4) batches are of one size class (``_FANOUT`` x apart, from
-``_BASE`` rows), they are merged into one. Every update is merged ``O(log n)`` times and
-a lookup probes about ``_FANOUT`` batches per size class. (Merging two batches whenever
-the newer is half the older, the binary-counter policy, measured about twice the merge
-work per update in the upsert benchmark, for fewer batches to probe.) Merges *compact*:
-every time is advanced by the trace's compaction frontier (:func:`advance_times`) and
-equal (record, time) neighbours are summed, zeros dropped; accumulations at versions
-beyond the frontier are unchanged by this. Rows merged as equal are confirmed equal by
-value unless the record hash is exact (:func:`exact_records`).
+A lookup locates the probe keys in every batch of the spine at once (by full key hash,
+see :mod:`engine.differential.indexed`) and, unless the key hash is exact, drops rows whose
+key values differ, so a collision never returns a wrong row; the records are gathered
+only when asked for (:class:`Lookup`).
 
 A trace is shared: each operator that reads it holds a :class:`TraceReader` whose
 frontier says which versions it will still ask about. The trace compacts to the meet of
@@ -37,346 +27,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._kernels.arrays import expand_with_owner
-from engine._kernels.hashing import (
-    combine,
-    exact_hash,
-    group_equal,
-    hash_rows,
-    rows_equal,
-    same_rows,
-)
+from engine._kernels.hashing import exact_hash, group_equal, hash_rows, rows_equal, same_rows
+from engine.differential.indexed import IndexedZSet, _int_key, _locate_all, exact_records
 from engine.differential.version import Antichain, Version, VersionLike, advance_times, as_version
 from engine.differential.zset import ZSet, concat, take_rows, take_rows_from
 from engine.errors import InputError, SchemaError
 
-__all__ = ["IndexedZSet", "Lookup", "Trace", "TraceReader", "exact_records", "index_with"]
+__all__ = ["Lookup", "Trace", "TraceReader"]
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
 
-_LO_BITS = 24
 _FANOUT = 4       # batches merged at once; a lookup probes about _FANOUT per size class
 _BASE = 1024      # rows in the smallest size class
-_LO = np.uint64((1 << _LO_BITS) - 1)
-_HI = ~_LO
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class IndexedZSet:
-    """A timed batch indexed by ``keys`` (seed 003's Indexed Z-Set).
-
-    Attributes
-    ----------
-    keys
-        The key columns (part of the records).
-    batch
-        The updates, sorted by ``order_key``.
-    key_hash, rec_hash
-        Per row: stable hash of the key columns, and of the whole record.
-    order_key
-        Per row, ascending: ``key_hash`` high bits over ``rec_hash`` low bits.
-    """
-
-    keys: tuple[str, ...]
-    batch: ZSet
-    key_hash: U64
-    rec_hash: U64
-    order_key: U64
-    _directory: dict[int, tuple[int, I64]] | None = field(default=None, repr=False)
-    _dense: tuple[int, I64, I64 | None] | bool | None = field(default=None, repr=False)
-
-    def __len__(self) -> int:
-        return self.batch.num_rows
-
-    def _dense_index(self) -> tuple[int, I64, I64 | None] | None:
-        """``(low, first, count)`` when the key is one null-free integer column over a
-        range not much wider than the batch: the rows of key ``v`` are ``first[v - low]``
-        on, ``count[v - low]`` of them (direct addressing, no hash comparison). When every
-        key has one row, ``count`` is ``None`` and ``first`` is ``-1`` for absent keys.
-        Built on first use."""
-        if self._dense is None:
-            object.__setattr__(self, "_dense", self._build_dense() or False)
-        return self._dense if isinstance(self._dense, tuple) else None
-
-    def _build_dense(self) -> tuple[int, I64, I64 | None] | None:
-        n = len(self)
-        v = _int_key(self.batch.data, self.keys)
-        if v is None or n == 0:
-            return None
-        low, high = int(v.min()), int(v.max())
-        width = high - low + 1
-        if width > 4 * n + 1024:
-            return None
-        kh = self.key_hash
-        starts = np.flatnonzero(np.concatenate(([True], kh[1:] != kh[:-1])))  # runs of one key
-        off = v.take(starts) - low
-        first = np.full(width, -1, dtype=np.int64)
-        first[off] = starts
-        if not np.array_equal(first.take(off), starts):
-            return None  # a key in two runs (another key's hash interleaves): hash lookups only
-        if starts.size == n:  # one row per key
-            return low, first, None
-        count = np.zeros(width, dtype=np.int64)
-        count[off] = np.diff(np.append(starts, n))
-        return low, first, count
-
-    def _dense_rows(self, values: I64) -> tuple[I64, I64 | None] | None:
-        """Per key value: ``(first, count)`` from the direct-address index (count ``None``
-        for a batch of one row per key: ``first`` is then the row, or -1)."""
-        dense = self._dense_index()
-        if dense is None:
-            return None
-        low, first, count = dense
-        off = values - low
-        if values.size == 0 or (int(off.min()) >= 0 and int(off.max()) < first.size):
-            return first.take(off), None if count is None else count.take(off)
-        inside = (off >= 0) & (off < first.size)
-        off = np.where(inside, off, 0)
-        if count is None:
-            return np.where(inside, first.take(off), -1), None
-        return first.take(off), np.where(inside, count.take(off), 0)
-
-    def value_ranges(self, values: I64) -> tuple[I64, I64] | None:
-        """Per key value (one integer key column), its rows ``start:start + count``
-        through the direct-address index (exact); ``None`` when the batch has none."""
-        found = self._dense_rows(values)
-        if found is None:
-            return None
-        start, cnt = found
-        if cnt is None:
-            present = start >= 0
-            return np.where(present, start, 0), present.astype(np.int64)
-        return start, cnt
-
-    def locate_values(self, values: I64) -> tuple[I64, I64] | None:
-        """:meth:`locate` by the key values themselves (one integer key column), through
-        the direct-address index; ``None`` when the batch has none."""
-        found = self._dense_rows(values)
-        if found is None:
-            return None
-        start, cnt = found
-        if cnt is None:  # one row per key: no expansion
-            if start.size == 0 or int(start.min()) >= 0:  # every probe found
-                return np.arange(start.size, dtype=np.int64), start
-            probe = (start >= 0).nonzero()[0]
-            return probe, start.take(probe)
-        rows, probe = expand_with_owner(start, cnt)
-        return probe, rows
-
-    def _bucket_starts(self, probes: int = 0) -> tuple[int, I64]:
-        """``(shift, starts)``: rows of bucket ``b = order_key >> shift`` are
-        ``starts[b]:starts[b + 1]``; at most about one key per bucket, and for a small batch
-        probed by many keys, enough buckets that most probes find theirs empty (built on
-        first use, one per size)."""
-        own = int(np.ceil(np.log2(len(self) + 1))) + 1          # <= 1/2 row per bucket
-        want = int(np.ceil(np.log2(probes + 1)))
-        bits = max(1, min(40, max(own, min(want, own + 10))))
-        if self._directory is None:
-            object.__setattr__(self, "_directory", {})
-        assert self._directory is not None
-        found = self._directory.get(bits)
-        if found is None:
-            shift = 64 - bits
-            top = self.order_key >> np.uint64(shift)
-            starts = np.zeros((1 << bits) + 1, dtype=np.int64)
-            np.cumsum(np.bincount(top.astype(np.int64), minlength=1 << bits), out=starts[1:])
-            found = self._directory[bits] = (shift, starts)
-        return found
-
-    @classmethod
-    def build(cls, batch: ZSet, keys: Sequence[str], *, one_time: bool = False) -> IndexedZSet:
-        """Index ``batch`` by the columns ``keys`` (``one_time``: every row is at one
-        version, so reordering leaves the times as they are).
-
-        Raises
-        ------
-        SchemaError
-            If a key column is missing.
-        """
-        keys = tuple(keys)
-        missing = [k for k in keys if k not in batch.schema.names]
-        if not keys or missing:
-            raise SchemaError(f"key column(s) {missing or list(keys)} not in {batch.schema.names}")
-        kh = hash_rows(batch.data, keys)
-        values = [c for c in batch.schema.names if c not in keys]
-        if values:
-            # one integer value column mixes in as it is: for a given key the record hash is
-            # still a bijection of the value (so exact, see exact_records)
-            raw = _int_key(batch.data, values)
-            rh = combine(kh, raw.view(np.uint64) if raw is not None else hash_rows(batch.data, values))
-        else:
-            rh = kh
-        ok = (kh & _HI) | (rh & _LO)
-        order = argsort_u64(ok)
-        if order.size < 2048 and np.all(order[1:] > order[:-1]):
-            return cls(keys, batch, kh, rh, ok)
-        if one_time and batch.times is not None:
-            z = ZSet(take_rows(batch.data, order), batch.diffs.take(order), batch.times)
-        else:
-            z = batch.take(order)
-        return cls(keys, z, kh.take(order), rh.take(order), ok.take(order))
-
-    def locate(self, probe_hash: U64) -> tuple[I64, I64]:
-        """Rows whose key hash equals a probe's: ``(probe index, row)`` pairs, ordered by
-        probe and then row."""
-        # the bucket's rows (a key's rows: binary searches for a few probes), then the
-        # rows of the probe's key among them
-        if probe_hash.size <= _FEW:
-            lo, hi = self.ranges(probe_hash)
-        else:
-            shift, starts = self._bucket_starts(probe_hash.size)
-            b = (probe_hash >> np.uint64(shift)).astype(np.intp)
-            lo, hi = starts.take(b), starts.take(b + 1)
-        rows, probe = expand_with_owner(lo, hi - lo)
-        return _confirm(probe, rows, self.key_hash, probe_hash)
-
-    def ranges(self, probe_hash: U64) -> tuple[I64, I64]:
-        """Per probe, the rows ``lo:hi`` whose order key has the probe's key hash bits (two
-        binary searches; rows of another key sharing those bits may be among them)."""
-        return (self.order_key.searchsorted(probe_hash & _HI),
-                self.order_key.searchsorted(probe_hash | _LO, "right"))
-
-
-_LITTLE = np.little_endian
-_FEW = 64  # probes looked up by binary search rather than through a bucket directory
-_DENSE_FEW = 1 << 16  # batches this big are probed by value even by a few probes
-
-
-def _int_key(table: pa.Table, keys: Sequence[str]) -> I64 | None:
-    """The values of a single null-free integer key column as int64, else ``None``."""
-    if len(keys) != 1:
-        return None
-    col = table.column(keys[0])
-    if not pa.types.is_integer(col.type) or col.null_count or pa.types.is_uint64(col.type):
-        return None
-    return np.asarray(col.to_numpy()).astype(np.int64, copy=False)
-
-
-def _confirm(probe: I64, rows: I64, key_hash: U64, probe_hash: U64) -> tuple[I64, I64]:
-    """The pairs whose row has the probe's full key hash."""
-    hit = key_hash.take(rows) == probe_hash.take(probe)
-    if hit.all():
-        return probe, rows
-    sel = hit.nonzero()[0]
-    return probe.take(sel), rows.take(sel)
-
-
-def argsort_u64(a: U64) -> I64:
-    """A stable argsort of ``uint64`` values: LSD radix with numpy's 16-bit radix sort,
-    about half the time of a comparison sort from a few thousand values. Three passes
-    order the top 48 bits; the rare runs that tie there are then ordered by the whole
-    value (a stable sort of those rows alone)."""
-    if a.size < 2048 or a.size > 1 << 17:  # past the caches, a comparison sort wins
-        return np.argsort(a, kind="stable").astype(np.int64, copy=False)
-    digits = np.ascontiguousarray(a).view(np.uint16).reshape(-1, 4)  # little-endian: column 0 lowest
-    if not _LITTLE:
-        digits = digits[:, ::-1]
-    perm = digits[:, 1].argsort(kind="stable")
-    for j in (2, 3):
-        perm = perm.take(digits[:, j].take(perm).argsort(kind="stable"))
-    s = a.take(perm)
-    tie = (s[1:] >> _S16) == (s[:-1] >> _S16)
-    if (tie & (s[1:] < s[:-1])).any():  # a tied run out of order in the low 16 bits
-        pos = np.flatnonzero(np.concatenate((tie, [False])) | np.concatenate(([False], tie)))
-        sub = perm.take(pos)
-        perm[pos] = sub.take(np.argsort(a.take(sub), kind="stable"))
-    return perm.astype(np.int64, copy=False)
-
-
-_S16 = np.uint64(16)
-
-
-def _locate_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = None) -> tuple[I64, I64, list[int]]:
-    """:meth:`IndexedZSet.locate` in every batch of a spine: ``(probe, row, per-batch
-    counts)``, grouped by batch in spine order. A few probes binary-search every batch and
-    expand all the ranges at once. Batches much smaller than a large probe set share one
-    occupancy filter (their key hashes' top bits): only the probes that may be in one of
-    them go on, binary-searching those batches together, so many small batches cost about
-    one pass over the probes. The others are probed by key value (``values``, one integer
-    key column) where they have a direct-address index, else through their bucket
-    directory."""
-    n = ph.size
-    if n <= _FEW and len(spine) > 1:
-        return _search_all(spine, ph, values)
-    small = [i for i, b in enumerate(spine) if len(b) * 8 < n]
-    found: list[tuple[I64, I64] | None] = [None] * len(spine)
-    if n >= 1024 and small:
-        bits = min(24, int(np.ceil(np.log2(n))) + 3)
-        shift = np.uint64(64 - bits)
-        occupied = np.zeros(1 << bits, dtype=bool)
-        for i in small:  # a loop per small batch
-            occupied[(spine[i].order_key >> shift).astype(np.intp)] = True
-        cand = occupied.take((ph >> shift).astype(np.intp)).nonzero()[0]
-        sp, sr, counts = _search_all([spine[i] for i in small], ph.take(cand), None)
-        sp = cand.take(sp)
-        at = 0
-        for i, c in zip(small, counts, strict=True):
-            found[i] = (sp[at:at + c], sr[at:at + c])
-            at += c
-    for i, b in enumerate(spine):  # a loop per trace batch
-        if found[i] is None and values is not None:
-            found[i] = b.locate_values(values)
-    parts = [f if f is not None else b.locate(ph) for b, f in zip(spine, found, strict=True)]
-    if not parts:
-        e = np.empty(0, np.int64)
-        return e, e, []
-    if len(parts) == 1:
-        return parts[0][0], parts[0][1], [parts[0][0].size]
-    return (np.concatenate([p for p, _ in parts]), np.concatenate([r for _, r in parts]),
-            [p.size for p, _ in parts])
-
-
-def _search_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None) -> tuple[I64, I64, list[int]]:
-    """:meth:`IndexedZSet.locate` in every batch by binary search, all the ranges expanded
-    and confirmed at once (for a few probes, or the probes that passed the small batches'
-    filter): ``(probe, row, per-batch counts)``, grouped by batch in spine order. Big
-    batches go by key value when they have a direct-address index (a binary search of a
-    big cold array is a cache miss per level)."""
-    n = ph.size
-    los, his = [], []
-    inexact = []  # batches searched by hash bits: their entries need the full-hash check
-    for i, b in enumerate(spine):  # a loop per trace batch
-        dense = b.value_ranges(values) if values is not None and len(b) >= _DENSE_FEW else None
-        if dense is not None:
-            los.append(dense[0])
-            his.append(dense[0] + dense[1])
-        else:
-            lo, hi = b.ranges(ph)
-            los.append(lo)
-            his.append(hi)
-            inexact.append(i)
-    lo = np.concatenate(los)
-    rows, probe = expand_with_owner(lo, np.concatenate(his) - lo)
-    bounds = probe.searchsorted(np.arange(len(spine) + 1) * n).tolist()
-    if n:
-        probe %= n
-    if inexact:  # one comparison of full key hashes for those batches' entries
-        want = ph.take(probe)
-        kh = want.copy()
-        for i in inexact:  # a loop per trace batch
-            spine[i].key_hash.take(rows[bounds[i]:bounds[i + 1]], out=kh[bounds[i]:bounds[i + 1]])
-        hit = kh == want
-        if not hit.all():
-            keep = hit.nonzero()[0]
-            probe, rows = probe.take(keep), rows.take(keep)
-            bounds = keep.searchsorted(bounds).tolist()
-    return probe, rows, [bounds[i + 1] - bounds[i] for i in range(len(spine))]
-
-
-def index_with(batch: ZSet, keys: Sequence[str]) -> IndexedZSet:
-    """Index a batch by key columns (seed 003's Index With).
-
-    To index by a computed key, add it as a column first (``LinearOperator.map``).
-    """
-    return IndexedZSet.build(batch, keys)
 
 
 def _merged_order(parts: Sequence[IndexedZSet]) -> I64:
@@ -441,16 +111,6 @@ def _merge(parts: Sequence[IndexedZSet], since: Antichain) -> IndexedZSet:
     rows = src[keep]
     out = ZSet(both.data.take(rows), sums[nz], times[keep])
     return IndexedZSet(parts[0].keys, out, key_hash[rows], rec_hash[keep], order_key[keep])
-
-
-def exact_records(schema: pa.Schema, keys: Sequence[str]) -> bool:
-    """Whether equal (key hash, record hash) pairs prove equal records.
-
-    True when the key hash and the value hash are both exact (one integer-like column
-    each, or no value column): the record hash then separates the values of one key.
-    """
-    values = [n for n in schema.names if n not in keys]
-    return exact_hash(schema, keys) and (not values or exact_hash(schema, values))
 
 
 _LOG_FANOUT = math.log(_FANOUT)

@@ -36,7 +36,8 @@ from engine._kernels.hashing import (
     rows_equal_at,
     same_rows,
 )
-from engine.differential.trace import Trace, exact_records
+from engine.differential.indexed import exact_records
+from engine.differential.trace import Trace
 from engine.differential.version import Antichain, Version
 from engine.differential.zset import TIME, ZSet
 from engine.errors import InputError, InvalidKeyError, SchemaError

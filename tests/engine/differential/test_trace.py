@@ -10,8 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from engine.differential import indexed as indexed_module
 from engine.differential import trace as trace_module
-from engine.differential.trace import Trace, index_with
+from engine.differential.indexed import index_with
+from engine.differential.trace import Trace
 from engine.differential.version import Antichain, Version
 from engine.differential.zset import ZSet
 from engine.errors import InputError, SchemaError
@@ -40,7 +42,7 @@ def test_seed003_index_with():
     ib = index_with(edges, ["src"])
     assert sorted(ib.batch.to_triples()) == sorted(edges.to_triples())
     probe = pa.table({"src": [1, 0, 7]})
-    p, rows = ib.locate(trace_module.hash_rows(probe, ["src"]))
+    p, rows = ib.locate(indexed_module.hash_rows(probe, ["src"]))
     got = sorted((int(i), ib.batch.take([r]).to_triples()[0]) for i, r in zip(p, rows, strict=True))
     assert got == [(0, ((1, 2, 1), (1,), 1)), (0, ((1, 3, 2), (1,), -1)), (1, ((0, 1, 1), (0,), 1))]
     # the rows of one key are contiguous
@@ -77,7 +79,7 @@ def test_many_probes_against_big_and_small_batches(seed, keys, monkeypatch):
     if keys == "sparse":
         span = 1 << 40
     if keys.startswith("few"):
-        monkeypatch.setattr(trace_module, "_DENSE_FEW", 5_000)
+        monkeypatch.setattr(indexed_module, "_DENSE_FEW", 5_000)
     tr = Trace(schema, "k")
     reader = tr.reader()  # no compaction: every batch keeps its updates
     sizes = [20_000, 700, 40, 3, 1, 90]
@@ -100,7 +102,7 @@ def test_many_probes_against_big_and_small_batches(seed, keys, monkeypatch):
     if keys.startswith("few"):  # some present keys of every batch, a few absent ones
         probes = np.concatenate([k[:8] for k in small_keys] + [big.batch.data.column("k").to_numpy()[:10],
                                                               np.array([low - 5, low + span + 5, low + 7])])
-        assert probes.size <= trace_module._FEW
+        assert probes.size <= indexed_module._FEW
     elif keys == "unique_all_found":  # every probe is in the big batch
         probes = rng.choice(big.batch.data.column("k").to_numpy(), 5_000)
     else:
@@ -167,6 +169,7 @@ def test_colliding_key_hashes_return_only_the_right_key(monkeypatch):
         h = real(table, names)
         return np.zeros_like(h) if names == ("Sym",) or names == ["Sym"] else h
 
+    monkeypatch.setattr(indexed_module, "hash_rows", collide)
     monkeypatch.setattr(trace_module, "hash_rows", collide)
     rng = np.random.default_rng(3)
     tr = Trace(SCHEMA, "Sym")
@@ -198,6 +201,7 @@ def test_key_hashes_sharing_the_high_bits_are_told_apart(monkeypatch, probes):
     rng = np.random.default_rng(probes)
     pool = rng.choice(10**12, 300, replace=False)  # sparse: no direct-address index
     assert np.unique(low_bits(pa.table({"k": pool}), ["k"])).size == pool.size
+    monkeypatch.setattr(indexed_module, "hash_rows", low_bits)
     monkeypatch.setattr(trace_module, "hash_rows", low_bits)
     tr = Trace(KV, "k")
     reader = tr.reader()
@@ -295,4 +299,4 @@ def test_radix_argsort_is_a_stable_argsort(shape):
         else:  # order keys: rows of one key share the high 40 bits
             hi = rng.integers(0, 2**40, n // 3 + 1, dtype=np.uint64)
             a = (np.repeat(hi, 3)[:n] << np.uint64(24)) | rng.integers(0, 2**24, n, dtype=np.uint64)
-        assert np.array_equal(trace_module.argsort_u64(a), np.argsort(a, kind="stable"))
+        assert np.array_equal(indexed_module.argsort_u64(a), np.argsort(a, kind="stable"))

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from engine.differential import indexed as indexed_module
 from engine.differential import trace as trace_module
 from engine.differential import upsert as upsert_module
 from engine.differential.linear import LinearOperator
@@ -124,6 +125,7 @@ def test_colliding_key_hashes(monkeypatch):
         return np.zeros(table.num_rows, np.uint64)
 
     monkeypatch.setattr(upsert_module, "hash_rows", zero)
+    monkeypatch.setattr(indexed_module, "hash_rows", zero)
     monkeypatch.setattr(trace_module, "hash_rows", zero)
     up = Upsert(NAMES, "first")
     assert len(up.step(_events(["a", "b", "c"], ["1", "2", "3"]), 0)) == 3
