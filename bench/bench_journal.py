@@ -45,7 +45,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import batch, print_table, stats_ms, write_json  # noqa: E402
-from flight.journal import Journal, ipc_bytes  # noqa: E402
+from flight._journal_records import ipc_bytes  # noqa: E402
+from flight.journal import Journal  # noqa: E402
 
 _Rec = tuple[int, bytes, Any, int]  # (seq, meta, payload, crc)
 

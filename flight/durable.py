@@ -59,11 +59,13 @@ import pyarrow as pa
 
 from engine.errors import InputError
 from engine.graph import UpdateGraph
+from flight._journal_records import Blob, Chain, Record, ipc_bytes, read_ipc
+from flight._publish import Part
 from flight.checkpoint import ROW_KEY, read_checkpoint, write_checkpoint
-from flight.journal import Blob, Chain, Journal, Record, ipc_bytes, read_ipc
+from flight.journal import Journal
 from flight.pb import flight_pb2 as pb
 from flight.registry import TableEntry, TableRegistry
-from flight.staging import Part, StagingArea
+from flight.staging import StagingArea
 
 __all__ = ["Durability", "RecoveryReport"]
 

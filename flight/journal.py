@@ -3,9 +3,10 @@
 A :class:`Journal` is one SQLite database, ``<data dir>/journal.sqlite``, in WAL mode with
 ``synchronous=FULL``: a transaction that returned from COMMIT has been fsynced. Records are
 ``(seq, kind, table, meta, payload)``: ``kind`` and ``meta`` (protobuf or JSON bytes) are
-the caller's, ``payload`` is an Arrow IPC stream (:func:`ipc_bytes`, :func:`read_ipc`) or
-empty. A payload of 64 KiB or more is written once to a payload file beside the database
-and made durable before the COMMIT that refers to it (:mod:`flight._journal_payloads`).
+the caller's, ``payload`` is an Arrow IPC stream (:func:`~flight._journal_records.ipc_bytes`,
+:func:`~flight._journal_records.read_ipc`) or empty. A payload of 64 KiB or more is
+written once to a payload file beside the database and made durable before the COMMIT
+that refers to it (:mod:`flight._journal_payloads`).
 
 Contract, relied on by the server and by replay:
 
@@ -38,7 +39,9 @@ Contract, relied on by the server and by replay:
 
 Threads: any thread may append and read; one flusher thread owns the write connection and
 runs ``apply``; each read opens its own connection (WAL readers never block the writer).
-The files, the error tree and the checks at open are in :mod:`flight._journal_format`.
+The files, the error tree and the checks at open are in :mod:`flight._journal_format`; the
+values callers pass and read back (:class:`DedupeUpdate`, :class:`Chain`, :class:`Record`,
+:class:`JournalStats`, ``Blob``) and the payload encoding are in :mod:`flight._journal_records`.
 """
 
 from __future__ import annotations
@@ -53,11 +56,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeAlias
-
-import numpy as np
-import pyarrow as pa
-import pyarrow.ipc as ipc
+from typing import Any
 
 from flight import _journal_format as _fmt
 from flight import _journal_payloads as _payloads
@@ -69,124 +68,24 @@ from flight._journal_format import JournalError as JournalError
 from flight._journal_format import JournalFull as JournalFull
 from flight._journal_format import JournalIncompatible as JournalIncompatible
 from flight._journal_format import JournalUnavailable as JournalUnavailable
+from flight._journal_records import Blob, Chain, DedupeUpdate, JournalStats, Record
 
 __all__ = [
     "FILENAME",
     "VERSION",
-    "Blob",
-    "DedupeUpdate",
     "Journal",
     "JournalClosed",
     "JournalCorrupt",
     "JournalError",
     "JournalFull",
     "JournalIncompatible",
-    "JournalStats",
     "JournalUnavailable",
-    "Record",
-    "Chain",
-    "ipc_bytes",
-    "read_ipc",
 ]
 
 log = logging.getLogger(__name__)
 
 # One transaction takes at most this much payload (and at least one record).
 _MAX_GROUP_BYTES = 64 << 20
-
-#: Bytes-like values the journal stores: ``bytes``, ``memoryview``, ``pyarrow.Buffer``, ...
-Blob: TypeAlias = "bytes | bytearray | memoryview | pa.Buffer"
-
-
-# ------------------------------------------------------------------------------------ values
-@dataclass(frozen=True, slots=True)
-class DedupeUpdate:
-    """Idempotency state written in the same transaction as its record.
-
-    ``streams``: ``(stream_id, batch_id)`` pairs, each stream's last applied batch id from
-    now on. ``writes``: ``(write_id, result)`` pairs, a write committed with this result
-    (the first result recorded for a write id stays).
-    """
-
-    streams: tuple[tuple[str, int], ...] = ()
-    writes: tuple[tuple[str, bytes], ...] = ()
-
-
-class Chain:
-    """Records of one writer that must become durable as a prefix (one DoPut stream).
-
-    Pass the same chain to :meth:`Journal.submit` for each record. Once one of them fails to
-    become durable (disk full, read-only, I/O error), the chain is broken: its records still
-    queued fail with the same error without being written, and later submits are refused,
-    so no record of the chain is durable after one that is not.
-    """
-
-    __slots__ = ("broken",)
-
-    def __init__(self) -> None:
-        self.broken: BaseException | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One journaled change, as :meth:`Journal.records` reads it back."""
-
-    seq: int
-    kind: str
-    table: str | None
-    meta: bytes
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class JournalStats:
-    """Counters for the ``stats`` action (since this process opened the journal)."""
-
-    last_seq: int          # the highest durable seq (0: none yet)
-    appended: int          # records made durable
-    commits: int           # transactions (fsyncs) that made them durable
-    failed_commits: int    # transactions rolled back (disk full, read-only, I/O error)
-    bytes_appended: int    # meta + payload bytes made durable
-    size_bytes: int        # the files on disk now (database + WAL)
-
-
-def ipc_bytes(data: pa.Table | pa.RecordBatch) -> pa.Buffer:
-    """Serialize ``data`` as one Arrow IPC stream, for a record's ``payload``.
-
-    Uncompressed: LZ4 cost the writer's thread 1.9 ms per 64K-row batch (2.3 MB) to save
-    a third of a write that a payload file takes in about 1 ms. Returns a
-    ``pyarrow.Buffer``: bytes-like, the journal takes it without a copy into ``bytes``.
-
-    A stream of :data:`~flight._journal_payloads.EXTERNAL_MIN_BYTES` or more (bound for a
-    payload file) is written into page-aligned memory and zero-padded to a multiple of
-    :data:`~flight._journal_payloads.ALIGN` (Arrow readers stop at the end-of-stream
-    marker), so the journal can write it with ``O_DIRECT``: no copy into the page cache,
-    0.1 ms of CPU per 2.3 MB batch instead of 0.6-0.8 ms.
-    """
-    if data.nbytes < _payloads.EXTERNAL_MIN_BYTES:
-        sink = pa.BufferOutputStream()
-        with ipc.new_stream(sink, data.schema) as writer:
-            writer.write(data)
-        return sink.getvalue()
-    mock = pa.MockOutputStream()  # the stream's size, without writing it
-    with ipc.new_stream(mock, data.schema) as writer:
-        writer.write(data)
-    size = mock.size()
-    align = _payloads.ALIGN
-    padded = -(-size // align) * align
-    raw = np.empty(padded + align, np.uint8)
-    start = -raw.ctypes.data % align
-    view = raw[start: start + padded]
-    view[size:] = 0
-    buf = pa.py_buffer(view)
-    with ipc.new_stream(pa.FixedSizeBufferWriter(buf), data.schema) as writer:
-        writer.write(data)
-    return buf
-
-
-def read_ipc(payload: Blob) -> pa.Table:
-    """The Arrow table in an IPC stream ``payload``; its columns point into ``payload``."""
-    return ipc.open_stream(pa.py_buffer(payload)).read_all()
 
 
 # ----------------------------------------------------------------------------------- journal
@@ -284,7 +183,7 @@ class Journal:
         meta
             The caller's metadata (protobuf or JSON bytes).
         payload
-            An Arrow IPC stream (:func:`ipc_bytes`), or empty.
+            An Arrow IPC stream (:func:`~flight._journal_records.ipc_bytes`), or empty.
         apply
             Called as ``apply(seq)`` in the flusher thread after the COMMIT, in seq order
             with every other record's; must be quick and must not call :meth:`append`.

@@ -46,12 +46,12 @@ from engine.differential.upsert import DELETE
 from engine.differential.zset import DIFF, TIME
 from engine.errors import InputError, InvalidKeyError, LimitExceeded, ProtocolError, SchemaError
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable, conform
+from flight._journal_records import Chain
+from flight._publish import Part
 from flight._requests import check_metadata_size, parse, table_name
-from flight.journal import Chain
 from flight.limits import check_values, limit_text, quoted
 from flight.pb import flight_pb2 as pb
 from flight.registry import TableEntry, TableRegistry
-from flight.staging import Part
 
 __all__ = ["PutHandler", "Stager", "check_batch", "check_mode"]
 

@@ -228,7 +228,7 @@ def test_writes_are_acknowledged_while_a_cycle_runs_and_go_to_the_next_one(tmp_p
     import threading
 
     from engine.table import Derivation, derive
-    from flight.staging import Part
+    from flight._publish import Part
 
     graph = UpdateGraph()
     server = TicktableServer(graph, ServerConfig(data_dir=tmp_path)).start()

@@ -31,19 +31,16 @@ import flight._journal_format as journal_format
 import flight._journal_payloads as journal_payloads
 import flight.journal as journal_module
 from engine.errors import ServiceError
+from flight._journal_records import Chain, DedupeUpdate, ipc_bytes, read_ipc
 from flight.errors import status_of
 from flight.journal import (
     FILENAME,
-    Chain,
-    DedupeUpdate,
     Journal,
     JournalClosed,
     JournalCorrupt,
     JournalFull,
     JournalIncompatible,
     JournalUnavailable,
-    ipc_bytes,
-    read_ipc,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -407,7 +404,8 @@ def test_a_failed_quick_check_refuses_to_start(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------ kill -9
 _CHILD = textwrap.dedent("""
     import sys, threading
-    from flight.journal import DedupeUpdate, Journal
+    from flight._journal_records import DedupeUpdate
+    from flight.journal import Journal
     j = Journal.open(sys.argv[1])
     out = threading.Lock()
     def size(i):  # every 7th payload goes to a payload file, the others stay inline
