@@ -133,7 +133,11 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "ticktable.cli", *(["-v"] if verbose else []), "serve",
                "--data-dir", str(data_dir), "--port", str(port),
                "--interval", str(interval), "--checkpoint-seconds", str(checkpoint_seconds),
-               "--checkpoint-bytes", str(checkpoint_bytes)]
+               "--checkpoint-bytes", str(checkpoint_bytes),
+               # a restart reuses the Flight port, and a fixed --port would put the web UI on
+               # 8817: any free port instead, so two harnesses (or a server left on 8817)
+               # never collide
+               "--http-port", "0"]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         t0 = time.perf_counter()
         self._stderr = open(log_path, "ab")
@@ -169,7 +173,8 @@ class ServerProcess:
             return None
 
     def stderr_tail(self, chars: int = 3000) -> str:
-        self._stderr.flush()
+        if not self._stderr.closed:  # kill() closed it: what it wrote is on disk
+            self._stderr.flush()
         return self.log_path.read_text(errors="replace")[-chars:]
 
     def kill(self) -> None:
