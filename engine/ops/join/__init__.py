@@ -1,7 +1,9 @@
 """Joins of two live tables: ``natural_join``, ``exact_join``, ``join``, ``left_outer_join``.
 
-Modules: :mod:`.listener` (the verbs and their listeners) and :mod:`._state` (the
-incremental state every join keeps: row slots, key groups, the right rows per group).
+Modules: :mod:`.listener` (the verbs and their listeners), :mod:`._state` (the
+incremental state every join keeps: row slots, key groups, the right rows per group) and
+:mod:`._output` (parsing the join's columns, the output's column views, many-to-many row
+keys).
 """
 
 from engine.ops.join.listener import JoinListener as JoinListener

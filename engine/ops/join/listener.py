@@ -49,7 +49,11 @@ operation on a 1M-row result a thousand times dearer. ``match_bits=`` fixes ``R`
 instead; more than ``2**R`` matches then fail the table. Left row keys must stay below
 ``2**(63 - R)``.
 
-The state (slots, groups, indexes) lives in :mod:`engine.ops.join._state`.
+This module keeps the verbs and their two listeners: how each cycle's parent updates
+become the child's update, and the checks that fail a table (duplicate right keys, missing
+matches, too many matches). The state (slots, groups, indexes) lives in
+:mod:`engine.ops.join._state`; the output side (``on``/``joins`` parsing and the schema, the
+column views, the many-to-many row-key arithmetic) in :mod:`engine.ops.join._output`.
 """
 
 from __future__ import annotations
@@ -58,24 +62,25 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
-from engine._kernels.arrays import (
-    bitmap_of,
-    expand_with_owner,
-    member,
-    row_for_message,
-    sorted_unique,
-)
-from engine.columns import ColumnSource
+from engine._kernels.arrays import bitmap_of, member, row_for_message, sorted_unique
 from engine.errors import InvalidKeyError, SchemaError
+from engine.ops.join._output import (
+    _EMPTY,
+    MatchBits,
+    _broadcast,
+    _columns,
+    _parse,
+    _Parts,
+    _schema,
+    _Transition,
+)
 from engine.ops.join._state import JoinState
 from engine.rowset import KeyArray, RowSet, RowSetShiftData
 from engine.table import Derivation, Table, derive
 from engine.update import TableUpdate, compose
 
 if TYPE_CHECKING:
-    from engine.graph import UpdateGraph
     from engine.ops.join._state import Delta
 
 __all__ = [
@@ -86,131 +91,6 @@ __all__ = [
     "left_outer_join",
     "natural_join",
 ]
-
-_EMPTY = np.empty(0, dtype=np.int64)
-
-
-# parsing -------------------------------------------------------------------------------------
-def _pair(spec: str) -> tuple[str, str]:
-    if "=" in spec:
-        a, b = (s.strip() for s in spec.split("=", 1))
-        return a, b
-    return spec.strip(), spec.strip()
-
-
-def _parse(
-    left: Table, right: Table, on: str | Sequence[str], joins: Sequence[str] | None, op: str
-) -> tuple[list[str], list[str], list[tuple[str, str]]]:
-    """``(left_on, right_on, [(out_name, right_col)])``, checked against both schemas."""
-    if left.graph is not right.graph:
-        raise SchemaError(f"{op}: {left.name!r} and {right.name!r} belong to different update graphs")
-    specs = [on] if isinstance(on, str) else list(on)
-    if not specs:
-        raise SchemaError(f"{op}: 'on' names no key column")
-    pairs = [_pair(s) for s in specs]
-    left_on, right_on = [p[0] for p in pairs], [p[1] for p in pairs]
-    for names, table, side in ((left_on, left, "left"), (right_on, right, "right")):
-        missing = [c for c in names if c not in table.schema.names]
-        if missing:
-            raise SchemaError(
-                f"{op}: {side} table {table.name!r} has no key column(s) {missing} "
-                f"(has: {', '.join(table.schema.names)})"
-            )
-    if joins is None:
-        out = [(c, c) for c in right.schema.names if c not in right_on]
-    else:
-        out = [_pair(j) for j in ([joins] if isinstance(joins, str) else joins)]
-        missing = [src for _, src in out if src not in right.schema.names]
-        if missing:
-            raise SchemaError(
-                f"{op}: right table {right.name!r} has no column(s) {missing} "
-                f"(has: {', '.join(right.schema.names)})"
-            )
-    names = [o for o, _ in out]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise SchemaError(f"{op}: joins names output column(s) {dup} more than once")
-    clash = [o for o in names if o in left.schema.names]
-    if clash:
-        hint = ", ".join(f'"{o}_right={src}"' for o, src in out if o in clash)
-        raise SchemaError(
-            f"{op}: right column(s) {clash} clash with left columns of {left.name!r}; "
-            f"rename them with joins=[{hint}] (\"New=Old\")"
-        )
-    return left_on, right_on, out
-
-
-def _schema(left: Table, right: Table, out: list[tuple[str, str]]) -> pa.Schema:
-    fields = list(left.schema)
-    fields += [right.schema.field(src).with_name(name).with_nullable(True) for name, src in out]
-    return pa.schema(fields)
-
-
-# column views -----------------------------------------------------------------------------------
-class MatchBits:
-    """``R``, the bits of a many-to-many output key holding the match position.
-
-    It only grows; in the cycle it grows, reads of previous values use the old ``R``.
-    """
-
-    def __init__(self, graph: UpdateGraph, bits: int) -> None:
-        self.graph, self.now, self._old, self._step = graph, bits, bits, -1
-
-    def prev(self) -> int:
-        g = self.graph
-        return self._old if self._step == g.step and g.phase == "updating" else self.now
-
-    def grow(self, bits: int) -> None:
-        self._old, self._step, self.now = self.now, self.graph.step, bits
-
-
-class _LeftView(ColumnSource):
-    """A left column of a many-to-many join: output key ``k`` reads left row ``k >> R``."""
-
-    def __init__(self, source: ColumnSource, bits: MatchBits) -> None:
-        self.source, self.bits, self.type = source, bits, source.type
-
-    def get(self, keys: KeyArray) -> pa.Array:
-        return self.source.get(np.asarray(keys, dtype=np.int64) >> self.bits.now)
-
-    def get_prev(self, keys: KeyArray) -> pa.Array:
-        return self.source.get_prev(np.asarray(keys, dtype=np.int64) >> self.bits.prev())
-
-
-class _RightView(ColumnSource):
-    """A right column seen through the join: output row key -> right row key -> value."""
-
-    def __init__(self, state: JoinState, source: ColumnSource, bits: MatchBits | None) -> None:
-        self.state, self.source, self.bits = state, source, bits
-        self.type = source.type
-
-    def _read(self, keys: KeyArray, prev: bool) -> pa.Array:
-        keys = np.asarray(keys, dtype=np.int64)
-        bits = 0 if self.bits is None else self.bits.prev() if prev else self.bits.now
-        rk, ok = self.state.right_keys(keys, bits, prev)
-        get = self.source.get_prev if prev else self.source.get
-        if ok.all():
-            return get(rk)
-        values = get(rk[ok])
-        idx = np.cumsum(ok) - 1
-        return values.take(pa.array(np.maximum(idx, 0), mask=~ok))
-
-    def get(self, keys: KeyArray) -> pa.Array:
-        return self._read(keys, False)
-
-    def get_prev(self, keys: KeyArray) -> pa.Array:
-        return self._read(keys, True)
-
-
-def _columns(state: JoinState, left: Table, right: Table, out: list[tuple[str, str]],
-             bits: MatchBits | None) -> dict[str, ColumnSource]:
-    if bits is not None:
-        cols: dict[str, ColumnSource] = {n: _LeftView(left.column(n), bits) for n in left.column_names}
-    else:
-        cols = dict(left.columns)
-    for name, src in out:
-        cols[name] = _RightView(state, right.column(src), bits)
-    return cols
 
 
 def _key_text(table: Table, cols: list[str], key: int, prev: bool = False) -> str:
@@ -387,83 +267,6 @@ def exact_join(left: Table, right: Table, on: str | Sequence[str],
 
 
 # many-to-many ------------------------------------------------------------------------------------
-class _Transition:
-    """How the right lists of changed groups moved, positions per group index ``q``."""
-
-    def __init__(self, st: JoinState, gids: KeyArray, rvm: KeyArray, outer: bool) -> None:
-        s_o, q_o, i_o = _entries(st, gids, True, outer)
-        s_n, q_n, i_n = _entries(st, gids, False, outer)
-        code_o = (q_o << 33) | (s_o + 1)
-        code_n = (q_n << 33) | (s_n + 1)
-        order = np.argsort(code_n, kind="stable")
-        cs = code_n[order]
-        if cs.size:
-            p = np.minimum(np.searchsorted(cs, code_o), cs.size - 1)
-            hit = cs[p] == code_o
-        else:
-            p = np.zeros(code_o.size, dtype=np.int64)
-            hit = np.zeros(code_o.size, dtype=bool)
-        matched = np.zeros(code_n.size, dtype=bool)
-        matched[order[p[hit]]] = True
-        self.rem_q, self.rem_i = q_o[~hit], i_o[~hit]
-        self.add_q, self.add_i = q_n[~matched], i_n[~matched]
-        self.surv_q, self.surv_i = q_n[matched], i_n[matched]
-        # survivors in old order: runs of one delta inside one group
-        sq, si = q_o[hit], i_o[hit]
-        dl = i_n[order[p[hit]]] - si
-        if sq.size:
-            brk = np.flatnonzero((np.diff(sq) != 0) | (np.diff(dl) != 0))
-            first = np.concatenate(([0], brk + 1))
-            last = np.concatenate((brk, [sq.size - 1]))
-            self.run_q, self.run_a, self.run_b, self.run_d = sq[first], si[first], si[last], dl[first]
-        else:
-            self.run_q = self.run_a = self.run_b = self.run_d = _EMPTY
-        vm = matched & member(rvm, s_n)
-        self.vm_q, self.vm_i = q_n[vm], i_n[vm]
-
-
-def _entries(st: JoinState, gids: KeyArray, prev: bool, outer: bool) -> tuple[KeyArray, KeyArray, KeyArray]:
-    """Group members ``(slot, q, position)``; the outer join's null row is slot ``-1``."""
-    s, q, i = st.group_entries(gids, prev)
-    if outer:
-        empty = np.flatnonzero(st.counts(gids, prev) == 0).astype(np.int64)
-        if empty.size:
-            s = np.concatenate((s, np.full(empty.size, -1, dtype=np.int64)))
-            q = np.concatenate((q, empty))
-            i = np.concatenate((i, np.zeros(empty.size, dtype=np.int64)))
-            order = np.argsort(q, kind="stable")
-            s, q, i = s[order], q[order], i[order]
-    return s, q, i
-
-
-def _broadcast(row_q: KeyArray, ent_q: KeyArray, ngroups: int) -> tuple[KeyArray, KeyArray]:
-    """Every (row, entry) pair where the entry belongs to the row's group (``ent_q`` sorted)."""
-    off = np.searchsorted(ent_q, np.arange(ngroups + 1, dtype=np.int64))
-    pos, r = expand_with_owner(off[row_q], off[row_q + 1] - off[row_q])
-    return r, pos
-
-
-class _Parts:
-    """Keys and half-open ranges collected for one RowSet of the update."""
-
-    def __init__(self) -> None:
-        self.keys: list[KeyArray] = []
-        self.starts: list[KeyArray] = []
-        self.stops: list[KeyArray] = []
-
-    def rowset(self) -> RowSet:
-        out = RowSet()
-        if self.starts:
-            s, e = np.concatenate(self.starts), np.concatenate(self.stops)
-            keep = e > s
-            s, e = s[keep], e[keep]
-            order = np.argsort(s)
-            out = RowSet.from_ranges(s[order], e[order])
-        if self.keys:
-            out = out | RowSet(bitmap_of(np.concatenate(self.keys)))
-        return out
-
-
 class JoinListener:
     """Keeps ``join`` / ``left_outer_join`` equal to recomputation (row keys: module docstring)."""
 
