@@ -104,13 +104,19 @@ def _cycle_priority(priority: str, graph: Any = None, interval: float = 0.0) -> 
     started on its periodic thread at it, or (no graph) the calling thread, which drives the
     cycles, put at it. A tree without ``engine.priority`` runs them normal. Returns what the
     cycle thread got."""
-    try:
-        from engine.priority import set_thread_priority
-    except ImportError:  # an older tree
+    import inspect
+
+    from engine.graph import UpdateGraph
+
+    # the tree's own graph says whether it has priorities (an import of engine.priority
+    # alone could find this tree's module through the editable install)
+    if "priority" not in inspect.signature(UpdateGraph.start).parameters:  # an older tree
         if graph is not None:
             graph.start(interval)
         return "normal"
     if graph is None:
+        from engine.priority import set_thread_priority
+
         return set_thread_priority(priority)
     graph.start(interval, priority=priority)
     return str(graph.priority)
