@@ -403,21 +403,18 @@ class _ArrowStore:
         if len(self.chunks) == 1:
             return self.chunks[0].take(pa.array(slots))
         which = np.searchsorted(self.offsets, slots, side="right") - 1
-        if which.size and which.min() == which.max():
+        if which.min() == which.max():
             c = int(which[0])
             return self.chunks[c].take(pa.array(slots - self.offsets[c]))
+        # one take per chunk hit (of its slots, grouped), then one take back into order
         order = np.argsort(which, kind="stable")
-        sorted_which = which[order]
-        bounds = np.searchsorted(sorted_which, np.arange(len(self.chunks) + 1))
-        parts = []
-        for c in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():  # one take per chunk hit
-            lo, hi = bounds[c], bounds[c + 1]
-            parts.append(self.chunks[c].take(pa.array(slots[order[lo:hi]] - self.offsets[c])))
-        gathered = pa.concat_arrays(parts)
+        local = pa.array((slots - self.offsets[which])[order])
+        bounds = np.searchsorted(which[order], np.arange(len(self.chunks) + 1)).tolist()
+        parts = [self.chunks[c].take(local.slice(bounds[c], bounds[c + 1] - bounds[c]))
+                 for c in range(len(self.chunks)) if bounds[c + 1] > bounds[c]]
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
-        return gathered.take(pa.array(inverse))
-
+        return pa.concat_arrays(parts).take(pa.array(inverse))
 
     def _run(self, first: int, n: int) -> pa.Array:
         """Slots ``first .. first + n - 1``: chunk slices, no gather."""

@@ -115,6 +115,9 @@ class Subscription:
         self.request = request
         self.schema = (triples_schema(self.table.schema)
                        if self.format == pb.DELTA_FORMAT_TRIPLES else self.table.schema)
+        # no rows in the stream schema (a triples message's rows gain time and diff later)
+        self._no_rows = (self.table.schema if self.format == pb.DELTA_FORMAT_TRIPLES
+                         else self.schema).empty_table()
         self._cond = threading.Condition()
         self._pending: list[HistoryEntry] = []
         self._pending_count = 0  # table updates in _pending (some may be composed)
@@ -463,15 +466,12 @@ class Subscription:
     def _rows(self, keys: np.ndarray) -> pa.Table:
         """Current values at ``keys`` in the stream schema (unsubscribed columns null)."""
         n = keys.size
-        arrays = []
-        for f in self.table.schema:
-            if f.name in self.columns and n:
-                arrays.append(self.table.column(f.name).get(keys))
-            else:
-                arrays.append(pa.nulls(n, f.type))
-        if self.format == pb.DELTA_FORMAT_TRIPLES:
-            return pa.Table.from_arrays(arrays, schema=self.table.schema)
-        return pa.Table.from_arrays(arrays, schema=self.schema)
+        if n == 0:
+            return self._no_rows
+        carried = set(self.columns)
+        return pa.Table.from_arrays(
+            [self.table.column(f.name).get(keys) if f.name in carried else pa.nulls(n, f.type)
+             for f in self.table.schema], schema=self._no_rows.schema)
 
     def _update_triples(self, update: TableUpdate, step: int) -> pa.Table:
         """Inside the cycle: this update as consolidated triples (old values at -1)."""
