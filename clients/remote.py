@@ -14,8 +14,8 @@ chain so far is created first (an intermediate table named by the server) to lea
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import pandas as pd
 import pyarrow as pa
@@ -24,10 +24,31 @@ import pyarrow.compute as pc
 from flight.pb import table_service_pb2 as tpb
 
 if TYPE_CHECKING:
-    from clients.client import Client
+    from clients._wire import Endpoint
     from clients.live import LiveTable
 
 __all__ = ["RemoteTable"]
+
+
+class _Client(Protocol):
+    """What a :class:`RemoteTable` asks of its :class:`~clients.client.Client`."""
+
+    @property
+    def endpoint(self) -> Endpoint: ...
+
+    def schema(self, name: str) -> pa.Schema: ...
+
+    def drop_table(self, name: str) -> None: ...
+
+    def _table_service(self) -> tuple[Any, list[tuple[str, str]]]: ...
+
+    def snapshot(self, name: str, columns: Sequence[str] | None = None,
+                 filter: pc.Expression | None = None,
+                 as_: Literal["pandas", "arrow"] = "pandas") -> pd.DataFrame | pa.Table: ...
+
+    def subscribe(self, name: str, columns: Sequence[str] | None = None,
+                  viewport: Sequence[tuple[int, int]] | None = None,
+                  on_update: Callable[[Any], None] | None = None, **options: Any) -> LiveTable: ...
 
 _SCHEMA_KEEPING = ("where", "sort", "slice", "merge_with")
 
@@ -40,7 +61,7 @@ class RemoteTable:
     :class:`ticktable.Table`.
     """
 
-    def __init__(self, client: Client, parent: str, ops: list[tpb.Operation],
+    def __init__(self, client: _Client, parent: str, ops: list[tpb.Operation],
                  schema: pa.Schema | None, name: str | None) -> None:
         self._client = client
         self._parent = parent
@@ -49,7 +70,7 @@ class RemoteTable:
         self._name = name
 
     @classmethod
-    def _root(cls, client: Client, name: str) -> RemoteTable:
+    def _root(cls, client: _Client, name: str) -> RemoteTable:
         return cls(client, name, [], client.schema(name), name)
 
     def __repr__(self) -> str:

@@ -31,16 +31,29 @@ import collections
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from flight.server import TicktableServer
+    from engine.graph import UpdateGraph
+    from flight.durable import Durability
+    from flight.pb import flight_pb2 as pb
+    from flight.registry import TableRegistry
 
-__all__ = ["Metrics", "Totals"]
+__all__ = ["Measured", "Metrics", "Totals"]
+
+
+class Measured(Protocol):
+    """What :class:`Metrics` reads from its server (a :class:`~flight.server.TicktableServer`)."""
+
+    graph: UpdateGraph
+    registry: TableRegistry
+    durability: Durability
+
+    def stats(self) -> pb.Stats: ...
 
 _CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _FLUSH_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
@@ -49,7 +62,7 @@ _FLUSH_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 class _Tables(Collector):
     """Per-table gauges, read at scrape time from the server's stats."""
 
-    def __init__(self, server: TicktableServer) -> None:
+    def __init__(self, server: Measured) -> None:
         self._server = server
 
     def collect(self) -> Iterator[Any]:
@@ -109,7 +122,7 @@ class Metrics:
         The server to measure; its graph's cycles are observed from now on.
     """
 
-    def __init__(self, server: TicktableServer) -> None:
+    def __init__(self, server: Measured) -> None:
         self.server = server
         self.registry = CollectorRegistry()
         r = self.registry

@@ -505,7 +505,8 @@ class TicktableServer:
         self.shutdown()
 
     # ------------------------------------------------------------------ bookkeeping
-    def _track(self, sub: Subscription, delta: int) -> None:
+    def track_subscription(self, sub: Subscription, delta: int) -> None:
+        """Count ``sub`` as open (``delta`` +1) or closed (-1): :attr:`subscriptions`."""
         with self._subs_lock:
             if delta > 0:
                 self._subs[id(sub)] = sub

@@ -46,7 +46,7 @@ import itertools
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import grpc
 import pyarrow as pa
@@ -70,10 +70,13 @@ from flight.pb import flight_pb2 as pb
 from flight.subscription import Subscription
 
 if TYPE_CHECKING:
-    from flight.registry import TableEntry
-    from flight.server import TicktableServer
+    from engine.graph import UpdateGraph
+    from flight.limits import SubscriptionsPerClient
+    from flight.put import PutHandler
+    from flight.registry import TableEntry, TableRegistry
+    from flight.subscription import SubscriptionOptions
 
-__all__ = ["SERVICE_NAME", "FlightService"]
+__all__ = ["SERVICE_NAME", "FlightHost", "FlightService"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -85,6 +88,30 @@ ACTIONS = (("create_table", "CreateTableRequest -> empty"),
            ("commit", "CommitRequest -> CommitResult"),
            ("abort", "AbortRequest -> empty"),
            ("stats", "empty -> Stats"))
+
+
+class _Limits(Protocol):
+    max_batch_rows: int
+    max_metadata_bytes: int
+
+
+class FlightHost(Protocol):
+    """What :class:`FlightService` serves from (a :class:`~flight.server.TicktableServer`)."""
+
+    graph: UpdateGraph
+    registry: TableRegistry
+    puts: PutHandler
+    sub_options: SubscriptionOptions
+    subscriptions_per_client: SubscriptionsPerClient
+
+    @property
+    def config(self) -> _Limits: ...
+
+    def track_subscription(self, sub: Subscription, delta: int) -> None:
+        """Count ``sub`` as open (``delta`` +1) or closed (-1)."""
+
+    def action(self, kind: str, body: bytes) -> bytes | None:
+        """Run one DoAction; returns the serialized result message (or ``None``)."""
 
 
 # ------------------------------------------------------------------------------ errors
@@ -200,9 +227,9 @@ class FrameQueue(LoopFeed):
 
 # ----------------------------------------------------------------------------- service
 class FlightService:
-    """``arrow.flight.protocol.FlightService`` over one :class:`TicktableServer`."""
+    """``arrow.flight.protocol.FlightService`` over one server (:class:`FlightHost`)."""
 
-    def __init__(self, server: TicktableServer) -> None:
+    def __init__(self, server: FlightHost) -> None:
         self.server = server
 
     def handler(self) -> grpc.GenericRpcHandler:
@@ -381,7 +408,7 @@ class FlightService:
         server.subscriptions_per_client.acquire(client, f"subscription to {quoted(entry.name)}")
         out = FrameQueue(cast(CallContext, context))  # flight.bridge runs every handler
         ctx = _Context(cast(CallContext, context))
-        server._track(sub, +1)
+        server.track_subscription(sub, +1)
 
         def send() -> None:
             try:
@@ -399,7 +426,7 @@ class FlightService:
                 out.close(exc)
             finally:
                 sub.close()
-                server._track(sub, -1)
+                server.track_subscription(sub, -1)
                 server.subscriptions_per_client.release(client)
 
         threading.Thread(target=self._read_changes, args=(decoder, sub), daemon=True,
