@@ -27,7 +27,8 @@ import grpc
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from bench._fuzz_cases import CREATED, FUZZ_TABLES, TABLES, WATCHED, WRITE_IDS, Answer, violations
+from bench._fuzz_cases import CREATED, FUZZ_TABLES, TABLES, WATCHED, WRITE_IDS
+from bench._fuzz_judge import Answer, violations
 from flight.decoder import ReferenceView, StreamEnded, read_message
 from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb

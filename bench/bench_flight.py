@@ -6,15 +6,16 @@ into a temporary directory and removed at the end; "raw" is a bare ``pyarrow.fli
 server, the baseline. The clients, and the client-side decoder (``flight.decoder``,
 ``flight.pb``), are this tree's for every server.
 
-Topology: each section spawns one process per server (bench/_tree_child.py), alive
-together for the section; the clients run in this process and take turns, so load changes
-hit every server alike. On a 2-core machine this keeps server and client work on separate
-GILs, as in a deployment. A server process imports ``engine`` and ``flight`` from its own
-tree, which is why this module (re-run in each of them by ``spawn``) imports those only
-inside functions. Both sides read ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one
-clock for the whole machine), so cycle-end times taken by a server compare with decode
-times taken here. A server that fails to start or to answer is reported as failed for
-that section, and the run goes on with the others.
+Topology: each section spawns one process per server (bench/_tree_child.py), alive together
+for the section; the clients run in this process and take turns, so load changes hit every
+server alike. On a 2-core machine this keeps server and client work on separate GILs, as in
+a deployment. A server process imports ``engine`` and ``flight`` from its own tree, which
+is why this module and its parts (``_flight_servers``, ``_flight_latency``: each re-run by
+``spawn`` in the processes it starts) import those only inside functions. Both sides read
+``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for the whole machine), so
+cycle-end times taken by a server compare with decode times taken here. A server that fails
+to start or to answer is reported as failed for that section, and the run goes on with the
+others.
 
 Measures:
   1. Snapshot DoGet of --snap-sizes rows (int64, string, float64, int64) into pandas
@@ -52,17 +53,10 @@ Run: python bench/bench_flight.py [--quick] [--old REV | --old none] [--json PAT
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -73,151 +67,9 @@ import pyarrow.flight as fl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import SCHEMA, batch, median, print_table, stats_ms, write_json  # noqa: E402
-from bench._tree_child import serve  # noqa: E402
-
-
-# ---------------------------------------------------------------------------- trees
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"git {' '.join(args)}: {done.stderr.strip()}")
-    return done.stdout.strip()
-
-
-@contextmanager
-def _server_trees(old: str) -> Iterator[tuple[list[tuple[str, str]], dict[str, dict[str, Any]]]]:
-    """The trees to serve from, as (label, root), and what each is (for the JSON).
-
-    "old" is a detached worktree of ``old`` in a temporary directory, removed on exit;
-    ``old == "none"`` leaves only "new", this working tree.
-    """
-    info: dict[str, dict[str, Any]] = {"new": {
-        "path": str(ROOT), "commit": _git("rev-parse", "HEAD"),
-        "uncommitted_changes": bool(_git("status", "--porcelain", "--", "engine", "flight")),
-    }}
-    if old == "none":
-        yield [("new", str(ROOT))], info
-        return
-    commit = _git("rev-parse", "--verify", f"{old}^{{commit}}")
-    tmp = Path(tempfile.mkdtemp(prefix="bench_flight_"))
-    path = tmp / "old"
-    _git("worktree", "add", "--detach", str(path), commit)
-    try:
-        info["old"] = {"rev": old, "commit": commit, "path": str(path)}
-        yield [("old", str(path)), ("new", str(ROOT))], info
-    finally:
-        _git("worktree", "remove", "--force", str(path))
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-# ---------------------------------------------------------------------------- server processes
-class _ServerFailed(Exception):
-    """A server process failed to start or to answer a command (its one-line reason)."""
-
-
-class _Child:
-    """A server process for one section (spawned: no inherited threads or locks)."""
-
-    def __init__(self, section: str, tree: str | None, params: dict[str, Any]) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=serve, args=(child_conn, tree, section, params), daemon=True)
-        self.proc.start()
-        child_conn.close()  # so that a process that died reads as EOF here
-        self.broken = False
-        try:
-            self.ready = self._reply(300.0)
-        except _ServerFailed:
-            self.close()
-            raise
-
-    def call(self, *cmd: Any, timeout: float = 300.0) -> Any:
-        try:
-            self.conn.send(cmd)
-        except OSError as exc:
-            self.broken = True
-            raise _ServerFailed(f"server process gone (exit code {self.proc.exitcode})") from exc
-        return self._reply(timeout)
-
-    def _reply(self, timeout: float) -> Any:
-        try:
-            if not self.conn.poll(timeout):
-                self.broken = True
-                raise _ServerFailed(f"no answer in {timeout:g} s")
-            status, value = self.conn.recv()
-        except (EOFError, OSError) as exc:
-            self.broken = True
-            raise _ServerFailed(f"server process ended (exit code {self.proc.exitcode})") from exc
-        if status != "ok":
-            raise _ServerFailed(value)
-        return value
-
-    def close(self) -> None:
-        if not self.broken and self.proc.is_alive():
-            try:
-                self.call("stop", timeout=60.0)
-            except _ServerFailed as exc:
-                print(f"   server stop failed: {exc}")
-        self.proc.join(10)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(10)
-
-
-class _Servers:
-    """One section's server processes by label ("old", "new", "raw"), with a client each.
-
-    A server that fails to start or to answer, or whose answers fail a check, is stopped
-    and left out of the rest of the section; its reason goes to ``failures``.
-    """
-
-    def __init__(self, section: str, failures: list[dict[str, str]]) -> None:
-        self.section = section
-        self.failures = failures
-        self.children: dict[str, _Child] = {}
-        self.clients: dict[str, fl.FlightClient] = {}
-
-    def start(self, label: str, tree: str | None, **params: Any) -> None:
-        """Start server ``label`` from ``tree`` (``None``: raw) and connect to it."""
-        with self.guard(label):
-            child = _Child("raw" if tree is None else self.section, tree, params)
-            self.children[label] = child
-            self.clients[label] = fl.connect(child.ready)
-
-    def labels(self, turn: int = 0, *, raw: bool = True) -> list[str]:
-        """The servers still in, in start order rotated by ``turn`` (so none always goes first)."""
-        names = [k for k in self.children if raw or k != "raw"]
-        k = turn % len(names) if names else 0
-        return names[k:] + names[:k]
-
-    @contextmanager
-    def guard(self, label: str) -> Iterator[None]:
-        """Run a step against server ``label``; if it raises, leave that server out."""
-        try:
-            yield
-        except Exception as exc:
-            reason = str(exc) if isinstance(exc, _ServerFailed) else f"{type(exc).__name__}: {exc}"
-            self.failures.append({"section": self.section, "server": label, "error": reason})
-            print(f"   !! {self.section}: the {label} server failed and is left out: {reason}")
-            self._drop(label)
-
-    def _drop(self, label: str) -> None:
-        client = self.clients.pop(label, None)
-        if client is not None:
-            client.close()
-        child = self.children.pop(label, None)
-        if child is not None:
-            child.close()
-
-    def close(self) -> None:
-        for label in list(self.children):
-            self._drop(label)
-
-
-def _x(base: float | None, t: float | None) -> float | None:
-    """Throughput relative to ``base``: base time / time."""
-    return None if base is None or not t else base / t
+from bench._common import SCHEMA, batch, median, print_table, write_json  # noqa: E402
+from bench._flight_latency import bench_latency  # noqa: E402
+from bench._flight_servers import Servers, relative, server_trees  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- 1. snapshot
@@ -233,7 +85,7 @@ def _doget(client: fl.FlightClient, name: str, n: int) -> tuple[float, float]:
 
 def bench_snapshot(trees: list[tuple[str, str]], sizes: list[int], repeats: list[int],
                    failures: list[dict[str, str]]) -> list[dict[str, Any]]:
-    servers = _Servers("snapshot", failures)
+    servers = Servers("snapshot", failures)
     for label, tree in [*trees, ("raw", None)]:
         servers.start(label, tree, sizes=sizes)
     out = []
@@ -266,246 +118,13 @@ def bench_snapshot(trees: list[tuple[str, str]], sizes: list[int], repeats: list
                     "size": n, "server": label, "repeats": rep,
                     "median_s": total[label], "read_s": read[label],
                     "pandas_s": median([b for _, b in runs[label]]),
-                    "x_raw": _x(total.get("raw"), total[label]), "read_x_raw": _x(read.get("raw"), read[label]),
+                    "x_raw": relative(total.get("raw"), total[label]), "read_x_raw": relative(read.get("raw"), read[label]),
                     "server_to_arrow_s": median([g / 1e9 for g in p["to_arrow"]]) if p else None,
                     **{f"gather_{c}_s": median([g / 1e9 for g in p[c]]) if p else None for c in SCHEMA.names},
                 })
     finally:
         servers.close()
     return out
-
-
-# ---------------------------------------------------------------------------- 2. latency
-class _Subscriber:
-    """A raw DoExchange subscriber reading on its own thread (see tests/flight/conftest.py)."""
-
-    def __init__(self, location: str, table: str, keep: bool) -> None:
-        from flight.pb import flight_pb2 as pb
-
-        self.client = fl.connect(location)
-        self.writer, self.reader = self.client.do_exchange(fl.FlightDescriptor.for_path(table))
-        self.writer.begin(pa.schema([]))
-        req = pb.SubscriptionRequest(table=table)
-        self.writer.write_metadata(pa.py_buffer(pb.ClientMessage(subscribe=req).SerializeToString()))
-        self.schema = self.reader.schema
-        self.keep = keep
-        self.messages: list[Any] = []
-        self.records: list[tuple[int, float, int]] = []  # (step, decoded at, coalesced)
-        self.last_step = -1
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        from flight.decoder import StreamEnded, read_message
-
-        try:
-            while True:
-                msg = read_message(self.reader, self.schema)
-                t = time.perf_counter()
-                self.records.append((msg.meta.step, t, msg.meta.coalesced))
-                if self.keep:
-                    self.messages.append(msg)
-                self.last_step = msg.meta.step
-        except (StopIteration, StreamEnded):
-            return
-        except Exception as exc:  # cancelled by close(), or a real failure (reported)
-            self.error = exc
-
-    def close(self) -> None:
-        self.reader.cancel()
-        self.thread.join(10)
-        try:  # the call ends as cancelled; consume that status here rather than in a destructor
-            self.writer.close()
-        except Exception:
-            pass
-        self.client.close()
-
-
-def _subscriber_proc(location: str, n: int, conn: Any) -> None:
-    """A client process holding ``n`` subscribers: "ready" once every snapshot is decoded,
-    then, told the run's last step, its subscribers' records once they reached it."""
-    subs = [_Subscriber(location, "quotes", keep=False) for _ in range(n)]
-    deadline = time.monotonic() + 60
-    while any(s.last_step < 0 for s in subs) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    cpu = os.times()
-    conn.send(("ready", cpu.user + cpu.system))
-    last = conn.recv()
-    deadline = time.monotonic() + 30
-    while any(s.last_step < last for s in subs) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    cpu = os.times()
-    out = [(s.records, s.last_step, None if s.error is None else repr(s.error)) for s in subs]
-    for s in subs:
-        s.close()
-    conn.send((out, cpu.user + cpu.system))  # CPU seconds so far (the ready ones subtracted)
-
-
-class _Remote:
-    """Subscribers of a spawned client process, read back as (records, last_step, error)."""
-
-    def __init__(self, records: list[tuple[int, float, int]], last_step: int, error: str | None) -> None:
-        self.records, self.last_step, self.error = records, last_step, error
-
-
-def bench_latency(trees: list[tuple[str, str]], rows: int, change: int, rate: float, cycles: int,
-                  warmup: int, subscribers: list[int],
-                  failures: list[dict[str, str]], client_procs: int = 5,
-                  priority: str = "realtime", rounds: int = 3,
-                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Per subscriber count, ``rounds`` runs of every server in turn (old, new, old, new,
-    ...), so a drift of the machine's speed hits them alike; each server's figures pool the
-    cycles of its rounds."""
-    servers = _Servers("latency", failures)
-    for label, tree in trees:
-        servers.start(label, tree, rows=rows, change=change, rate=rate, priority=priority)
-    out, views = [], []
-    try:
-        for n_subs in subscribers:
-            runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
-            for turn in range(rounds):
-                for label in servers.labels(turn):
-                    with servers.guard(label):
-                        keep = n_subs == subscribers[0] and turn == 0
-                        row, first = _latency_run(servers.children[label], n_subs, cycles, warmup,
-                                                  keep, client_procs)
-                        runs[label].append(row)
-                        if keep:
-                            views.append({"server": label, **_view_cost(first)})
-            out.extend({"subscribers": n_subs, "server": label, **_pooled(rs)} for label, rs in runs.items())
-    finally:
-        servers.close()
-    return out, views
-
-
-def _pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """One server's rounds as one row: latencies pooled over every round's cycles, counts
-    summed, the rest the median of the rounds; ``p50_rounds_ms`` each round's p50."""
-    lat = [x for r in rounds for x in r.pop("_lat_ns")]
-    write = [x for r in rounds for x in r.pop("_write_ns")]
-    out: dict[str, Any] = {}
-    for k, v in rounds[0].items():
-        vals = [r[k] for r in rounds]
-        if k in ("cycles", "messages", "coalesced_msgs", "delivered"):
-            out[k] = sum(vals)
-        elif k == "behind_at_end":
-            out[k] = max(vals)
-        elif k == "errors":
-            out[k] = [e for r in rounds for e in r[k]][:3]
-        elif all(isinstance(x, int | float) and not isinstance(x, bool) for x in vals):
-            out[k] = median(vals)
-        else:
-            out[k] = v
-    out.update(stats_ms(lat), p50_ms=float(np.percentile(np.array(lat) / 1e6, 50)), max_ms=max(lat) / 1e6,
-               p50_rounds_ms=[r["p50_ms"] for r in rounds], rounds=len(rounds))
-    if write:
-        out.update(from_write_p50_ms=float(np.percentile(np.array(write) / 1e6, 50)),
-                   from_write_p99_ms=float(np.percentile(np.array(write) / 1e6, 99)))
-    return out
-
-
-def _latency_run(child: _Child, n_subs: int, cycles: int, warmup: int, keep: bool,
-                 client_procs: int) -> tuple[dict[str, Any], _Subscriber]:
-    """Subscriber 0 reads in this process; the others are spread over ``client_procs``
-    spawned client processes (50 subscribers are 50 clients, not 50 threads of one
-    Python process contending for its GIL)."""
-    subs: list[Any] = []
-    procs: list[tuple[Any, Any]] = []
-    ctx = mp.get_context("spawn")
-    rest = n_subs - 1
-    k = min(client_procs, rest)
-    try:
-        subs.append(_Subscriber(child.ready, "quotes", keep=keep))
-        for j in range(k):
-            parent, child_conn = ctx.Pipe()
-            n = rest // k + (j < rest % k)
-            p = ctx.Process(target=_subscriber_proc, args=(child.ready, n, child_conn), daemon=True)
-            p.start()
-            procs.append((p, parent))
-        remote_cpu = 0.0
-        for _, conn in procs:
-            if not conn.poll(120):
-                raise RuntimeError("a client process did not get its snapshots")
-            remote_cpu -= conn.recv()[1]
-        deadline = time.monotonic() + 60
-        while subs[0].last_step < 0 and time.monotonic() < deadline:
-            time.sleep(0.01)  # every snapshot decoded
-        cpu0, wall0 = os.times(), time.perf_counter()
-        res = child.call("run", warmup + cycles)
-        last = res["last_step"]
-        for _, conn in procs:
-            conn.send(last)
-        deadline = time.monotonic() + 30
-        while subs[0].last_step < last and time.monotonic() < deadline:
-            time.sleep(0.005)
-        cpu1, wall1 = os.times(), time.perf_counter()
-        for p, conn in procs:
-            out, cpu = conn.recv()
-            remote_cpu += cpu
-            subs.extend(_Remote(*o) for o in out)
-            p.join(30)
-        behind = sum(s.last_step < last for s in subs)
-    finally:
-        subs[0].close() if subs else None
-        for p, _ in procs:
-            if p.is_alive():
-                p.kill()
-    client_cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system + remote_cpu) / (wall1 - wall0)
-    errors = [s.error if isinstance(s.error, str) else repr(s.error) for s in subs
-              if s.error is not None and s.last_step < last]
-    measured = set(range(res["first_step"] + warmup, last + 1))
-    ends, writes = res["ends"], res.get("writes", {})
-    lat_ns: list[int] = []
-    write_ns: list[int] = []  # from the write (just before the rows were staged) instead
-    msgs = coalesced = 0
-    for s in subs:
-        prev = s.records[0][0]  # the snapshot
-        for step, t, co in s.records[1:]:
-            covered = [k for k in range(prev + 1, step + 1) if k in ends]
-            prev = step
-            if not covered or covered[-1] not in measured:
-                continue
-            msgs += 1
-            coalesced += co > 1
-            lat_ns.extend(int((t - ends[k]) * 1e9) for k in covered if k in measured)
-            write_ns.extend(int((t - writes[k]) * 1e9) for k in covered if k in measured and k in writes)
-    # every message of the run (warm-up too): what the server's CPU over the run paid for
-    delivered = sum(step >= res["first_step"] for s in subs for step, _, _ in s.records[1:])
-    cyc = np.array(res["cycle_ms"][warmup:])
-    span = ends[last] - ends[min(measured)]
-    return {
-        "cycles": len(measured), "rate_hz": (len(measured) - 1) / span if span > 0 else float("nan"),
-        "p50_ms": float(np.percentile(np.array(lat_ns) / 1e6, 50)),
-        **stats_ms(lat_ns), "max_ms": max(lat_ns) / 1e6, "messages": msgs, "coalesced_msgs": coalesced,
-        "from_write_p50_ms": float(np.percentile(np.array(write_ns) / 1e6, 50)) if write_ns else None,
-        "from_write_p99_ms": float(np.percentile(np.array(write_ns) / 1e6, 99)) if write_ns else None,
-        "cycle_median_ms": float(np.median(cyc)), "cycle_p99_ms": float(np.percentile(cyc, 99)),
-        "behind_at_end": behind, "errors": errors[:3],
-        "cycle_priority": res.get("cycle_priority", "normal"),
-        "delivered": delivered, "server_cpu_s": res["cpu_s"], "driver_cpu_s": res["driver_cpu_s"],
-        "cpu_per_msg_us": res["cpu_s"] / delivered * 1e6 if delivered else None,
-        "serve_cpu_per_msg_us": (res["cpu_s"] - res["driver_cpu_s"]) / delivered * 1e6 if delivered else None,
-        "server_cpu_cores": res["server_cpu"], "client_cpu_cores": client_cpu,
-        **{f"sender_{k}": v for k, v in res["sender"].items()},
-        "_lat_ns": lat_ns, "_write_ns": write_ns,  # pooled over rounds by _pooled
-    }, subs[0]
-
-
-def _view_cost(sub: _Subscriber) -> dict[str, Any]:
-    """ReferenceView.apply per message, offline on the messages one subscriber decoded."""
-    from flight.decoder import ReferenceView
-
-    view = ReferenceView(sub.schema)
-    t = time.perf_counter_ns()
-    view.apply(sub.messages[0])
-    snap = time.perf_counter_ns() - t
-    samples = []
-    for m in sub.messages[1:]:
-        t = time.perf_counter_ns()
-        view.apply(m)
-        samples.append(time.perf_counter_ns() - t)
-    return {"snapshot_apply_ms": snap / 1e6, "rows_held": int(view.keys.size), **stats_ms(samples)}
 
 
 # ---------------------------------------------------------------------------- 3. ingest
@@ -529,7 +148,7 @@ def _batches(rng: np.random.Generator, keys: np.ndarray, rows_per_batch: int) ->
     return [b for s in range(0, keys.size, rows_per_batch) for b in t.slice(s, rows_per_batch).to_batches()]
 
 
-def _timed_put(servers: _Servers, label: str, name: str, batches: list[pa.RecordBatch], meta: bytes,
+def _timed_put(servers: Servers, label: str, name: str, batches: list[pa.RecordBatch], meta: bytes,
                total_rows: int, *, pause: bool = False) -> dict[str, Any]:
     """One DoPut to ``label``: until acked, server CPU meanwhile, and (not raw) until the
     cycle that brought the rows applied to the table to ``total_rows`` ended."""
@@ -561,7 +180,7 @@ def bench_ingest(trees: list[tuple[str, str]], append_rows: int, keyed_rows: int
     app_batches = _batches(rng, np.arange(append_rows), batch_rows)
     append_meta = pb.PutRequest(mode=pb.PUT_MODE_APPEND).SerializeToString()
     upsert_meta = pb.PutRequest(mode=pb.PUT_MODE_UPSERT).SerializeToString()
-    servers = _Servers("ingest", failures)
+    servers = Servers("ingest", failures)
     for label, tree in trees:
         servers.start(label, tree, interval=interval, priority=priority)
     got = {label: servers.children[label].call("priority") for label in servers.labels()}
@@ -624,18 +243,18 @@ def bench_ingest(trees: list[tuple[str, str]], append_rows: int, keyed_rows: int
             "cycle_priority": got.get(label, "-"),
             "acked_rows_per_s": append_rows / med(rs, "acked_s"),
             "applied_rows_per_s": append_rows / med(rs, "applied_s") if ours else None,
-            "x_raw_acked": _x(raw_put, med(rs, "acked_s")),
+            "x_raw_acked": relative(raw_put, med(rs, "acked_s")),
             # per round, against the raw put of the same round (rounds take turns, so both
             # see the machine in the same state): the spread says how much is noise
-            "x_raw_acked_rounds": [_x(r0["acked_s"], r["acked_s"]) for r0, r in
+            "x_raw_acked_rounds": [relative(r0["acked_s"], r["acked_s"]) for r0, r in
                                    zip(runs["raw"], rs, strict=False)] if "raw" in labels else [],
-            "x_raw_applied": _x(raw_put, med(rs, "applied_s")) if ours else None,
+            "x_raw_applied": relative(raw_put, med(rs, "applied_s")) if ours else None,
             "cpu_per_batch_us": med(rs, "cpu_per_batch_s") * 1e6,
             "cycle_median_ms": float(np.median(cyc)) if cyc else None,
             "cycle_max_ms": float(np.max(cyc)) if cyc else None,
             "cycles_per_put": len(cyc) / repeat if ours else None,
             "paused_acked_rows_per_s": append_rows / med(ps, "acked_s"),
-            "paused_x_raw_acked": _x(raw_put, med(ps, "acked_s")),
+            "paused_x_raw_acked": relative(raw_put, med(ps, "acked_s")),
             "paused_applied_rows_per_s": append_rows / med(ps, "applied_s") if ours else None,
             "one_cycle_apply_ms": median([max(p["cycle_ms"]) for p in ps]) if ours else None,
             "paused_cpu_per_batch_us": med(ps, "cpu_per_batch_s") * 1e6,
@@ -650,7 +269,7 @@ def bench_ingest(trees: list[tuple[str, str]], append_rows: int, keyed_rows: int
                 "phase": phase, "server": label, "rows": keyed_rows, "repeats": len(rs),
                 "acked_rows_per_s": keyed_rows / med(rs, "acked_s"),
                 "applied_rows_per_s": keyed_rows / med(rs, "applied_s") if ours else None,
-                "x_raw_acked": _x(raw_s, med(rs, "acked_s")),
+                "x_raw_acked": relative(raw_s, med(rs, "acked_s")),
                 "cpu_per_batch_us": med(rs, "cpu_per_batch_s") * 1e6,
                 "max_cycle_ms": max(c for r in rs for c in r["cycle_ms"]) if ours else None,
             })
@@ -754,7 +373,7 @@ def main() -> None:
           f"nproc {os.cpu_count()}; servers in spawned subprocesses, clients in this process")
     t_all = time.perf_counter()
     failures: list[dict[str, str]] = []
-    with _server_trees(args.old) as (trees, tree_info):
+    with server_trees(args.old) as (trees, tree_info):
         for label, info in tree_info.items():
             print(f"{label}: {info.get('rev', 'working tree')} = {info['commit'][:10]} ({info['path']})"
                   + (", with uncommitted changes in engine/ or flight/" if info.get("uncommitted_changes") else ""))

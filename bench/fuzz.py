@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:  # run as a script
 import pyarrow.flight as fl  # noqa: E402
 
 from bench import _fuzz_cases as fz  # noqa: E402
+from bench import _fuzz_judge as fj  # noqa: E402
 from bench import _fuzz_watch as fw  # noqa: E402
 from bench._common import print_table, write_json  # noqa: E402
 from bench.crash import ServerProcess  # noqa: E402
@@ -71,14 +72,14 @@ class Tally:
         self.cleanup_problems: list[str] = []
         self.client_errors: Counter[str] = Counter()
 
-    def add(self, case: fz.Case, answer: fz.Answer) -> None:
+    def add(self, case: fz.Case, answer: fj.Answer) -> None:
         family = case.method.rsplit("/", 1)[1]
-        problems = fz.violations(answer)
+        problems = fj.violations(answer)
         with self.lock:
             self.cases += 1
             self.codes[answer.code] += 1
             self.by_family.setdefault(family, Counter())[answer.code] += 1
-            if answer.code in fz.BAD_CODES:
+            if answer.code in fj.BAD_CODES:
                 if (answer.details == "Exception deserializing request!"
                         and fz.undecodable(case)):
                     self.undecodable_internal += 1
@@ -108,7 +109,7 @@ def _fuzz(location: str, seed: int, budget: Any, tally: Tally, stop: threading.E
         while not stop.is_set() and budget():
             case = fz.random_case(rnd)
             try:
-                answer = fz.send(channel, case, timeout=timeout, idle=0.2)
+                answer = fj.send(channel, case, timeout=timeout, idle=0.2)
             except Exception as exc:  # the client side failed: count it, keep going
                 with tally.lock:
                     tally.client_errors[f"{type(exc).__name__}: {str(exc)[:100]}"] += 1

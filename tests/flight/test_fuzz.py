@@ -39,6 +39,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench import _fuzz_cases as fz
+from bench import _fuzz_judge as fj
+from bench import _fuzz_mutate as fm
 from bench._fuzz_watch import Subscriber, Writer, check_exact, cleanup, create_tables
 from engine.errors import InputError, SchemaError, TicktableError
 from engine.graph import UpdateGraph
@@ -66,7 +68,7 @@ def refused_cleanly(fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     except TicktableError as exc:
         assert status_of(exc) is not INTERNAL, f"{type(exc).__name__} maps to INTERNAL: {exc}"
-        assert not fz.message_problems(grpc_status(exc)[1]), grpc_status(exc)[1]
+        assert not fj.message_problems(grpc_status(exc)[1]), grpc_status(exc)[1]
         return None
 
 
@@ -105,7 +107,7 @@ def _decode_all(frames: list[bytes]) -> list[pa.RecordBatch]:
 
 @settings(max_examples=800, parent=FUZZ)
 @given(raw=st.one_of(st.binary(max_size=64),
-                     RANDOMS.map(lambda r: fz.mutate_bytes(r, r.choice(r.choice(STREAMS))))))
+                     RANDOMS.map(lambda r: fm.mutate_bytes(r, r.choice(r.choice(STREAMS))))))
 def test_parse_flight_data_splits_or_refuses(raw):
     refused_cleanly(parse_flight_data, raw)
 
@@ -123,7 +125,7 @@ def test_parse_flight_data_reads_what_frame_writes(fields):
 @given(rnd=RANDOMS)
 def test_ipc_decoder_decodes_or_refuses_mutated_streams(rnd):
     base = rnd.choice(STREAMS)
-    frames = fz.mutate_frames(rnd, base, [f for s in STREAMS for f in s])
+    frames = fm.mutate_frames(rnd, base, [f for s in STREAMS for f in s])
     for batch in refused_cleanly(_decode_all, frames) or []:
         batch.validate(full=True)  # what the decoder accepts is valid Arrow
 
@@ -160,7 +162,7 @@ REQUESTS: list[Any] = [
 @given(rnd=RANDOMS)
 def test_parse_reads_or_refuses_every_request_message(rnd):
     seed = rnd.choice(REQUESTS)
-    raw = fz.mutate_bytes(rnd, seed.SerializeToString())
+    raw = fm.mutate_bytes(rnd, seed.SerializeToString())
     refused_cleanly(parse, type(seed)(), raw, "fuzz")
 
 
@@ -171,7 +173,7 @@ TABLE = pa.table({"k": pa.array([1, 2, 3], pa.int64()), "s": ["a", None, "c"],
 @settings(max_examples=500, parent=FUZZ)
 @given(rnd=RANDOMS)
 def test_substrait_filters_decode_or_refuse(rnd):
-    buf = fz.mutate_bytes(rnd, rnd.choice(fz.substrait_messages()))
+    buf = fm.mutate_bytes(rnd, rnd.choice(fz.substrait_messages()))
     if rnd.random() < 0.5:
         refused_cleanly(substrait.filter_table, TABLE, buf)
     else:
@@ -259,13 +261,13 @@ def known_record(record: logging.LogRecord, case: fz.Case) -> str | None:
     return None
 
 
-def unexplained(live: Live, case: fz.Case, answer: fz.Answer,
+def unexplained(live: Live, case: fz.Case, answer: fj.Answer,
                 records: list[logging.LogRecord]) -> list[str]:
     """What is wrong with ``answer`` and the server's ERROR ``records`` during ``case``,
     leaving out what a :data:`KNOWN` bug explains."""
     known_refs = {m.group(1) for r in records if known_record(r, case)
                   for m in [_REF.search(r.getMessage())] if m}
-    problems = fz.violations(answer)
+    problems = fj.violations(answer)
     if problems == ["status INTERNAL"] and any(ref in answer.details for ref in known_refs):
         problems = []
     return problems + [r.getMessage() for r in records
@@ -286,7 +288,7 @@ def fuzz_one(live: Live, case: fz.Case) -> None:
         if live.cases % 100 == 0:  # keep the server small: drop what the fuzz created
             assert not cleanup(live.client, live.channel)
         logged = len(live.errors)
-        answer = fz.send(live.channel, case, timeout=10, idle=0.03)
+        answer = fj.send(live.channel, case, timeout=10, idle=0.03)
         problems = unexplained(live, case, answer, live.errors[logged:])
         assert not problems, (f"{case.label}: {problems}; answer {answer.code} "
                               f"{answer.details!r} {answer.texts}; request {case.request!r:.2000}")
