@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import platform
 import statistics
@@ -88,3 +89,47 @@ def batch(rng: np.random.Generator, keys: np.ndarray) -> pa.Table:
         "Price": pa.array(rng.random(n) * 100),
         "Qty": pa.array(rng.integers(1, 1000, n)),
     }, schema=SCHEMA)
+
+
+_PAGE = 4096
+
+
+def _touch_cost(conn: Any, blocks: int, block_bytes: int) -> None:
+    """In a fresh process: µs per 4 KiB page to first write ``blocks`` kept blocks, then to
+    rewrite the last one (memory already mapped: the copy alone)."""
+    kept, first = [], []
+    for _ in range(blocks):
+        t = time.perf_counter()
+        a = np.empty(block_bytes, dtype=np.uint8)
+        a[:] = 1
+        first.append(time.perf_counter() - t)
+        kept.append(a)
+    t = time.perf_counter()
+    kept[-1][:] = 2
+    again = time.perf_counter() - t
+    pages = block_bytes / _PAGE
+    conn.send({"first_touch_us_per_page": [x / pages * 1e6 for x in first],
+               "rewrite_us_per_page": again / pages * 1e6})
+
+
+def memory_touch_cost(blocks: int = 4, block_bytes: int = 256 << 20) -> dict[str, Any]:
+    """What this machine charges for memory a process touches for the first time.
+
+    A server that keeps what it ingests writes into memory it has not touched before; a
+    server that discards each batch (the raw baseline) reuses the same pages. Where the
+    first touch of a page costs many times its rewrite (a VM whose host backs guest memory
+    lazily and takes freed pages back, for one), ingest figures depend on how much of the
+    memory a run gets is fresh, and vary with it from run to run. Measured in a spawned
+    process so that this one's memory does not change; run it after the timed sections.
+    """
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_touch_cost, args=(child, blocks, block_bytes), daemon=True)
+    proc.start()
+    try:
+        out: dict[str, Any] = parent.recv()
+    finally:
+        proc.join(30)
+    out["first_touch_median_us_per_page"] = median(out["first_touch_us_per_page"])
+    out["bytes"] = blocks * block_bytes
+    return out

@@ -45,7 +45,10 @@ Measures:
      then as updates of every key, timed until the cycle that applies the last row ends.
      Server CPU per batch: the server process's CPU seconds from the put's start to its
      last ack over the batches (with the graph running, cycles applying rows meanwhile
-     count; "paused": the put alone).
+     count; "paused": the put alone). After it, what this machine charges for the first
+     write to memory (``memory_touch_cost``): the servers keep what they ingest, raw does
+     not, so where fresh pages cost many times a rewrite the append figures move with how
+     much of a run's memory is fresh.
 
 Run: python bench/bench_flight.py [--quick] [--old REV | --old none] [--json PATH]
 """
@@ -67,7 +70,7 @@ import pyarrow.flight as fl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import SCHEMA, batch, median, print_table, write_json  # noqa: E402
+from bench._common import SCHEMA, batch, median, memory_touch_cost, print_table, write_json  # noqa: E402
 from bench._flight_latency import bench_latency  # noqa: E402
 from bench._flight_servers import Servers, relative, server_trees  # noqa: E402
 
@@ -286,7 +289,8 @@ def _f(v: float | None, spec: str) -> str:
 
 
 def _summary(snap: list[dict[str, Any]], lat: list[dict[str, Any]], app: list[dict[str, Any]],
-             keyed: list[dict[str, Any]], failures: list[dict[str, str]]) -> list[dict[str, str]]:
+             keyed: list[dict[str, Any]], failures: list[dict[str, str]],
+             memory: dict[str, Any]) -> list[dict[str, str]]:
     """One line per server and target of the issue; old is "before", new "after"."""
     out = []
     for r in snap:
@@ -324,6 +328,11 @@ def _summary(snap: list[dict[str, Any]], lat: list[dict[str, Any]], app: list[di
                     "measured": f"{r['paused_cpu_per_batch_us']:.0f} us (put alone), "
                                 f"{r['cpu_per_batch_us']:.0f} us (cycles running)",
                     "target": "before/after", "verdict": ""})
+    if memory:  # what the ingest figures above paid for the memory they kept (see memory_touch_cost)
+        out.append({"benchmark": "this machine: first write to fresh memory", "server": "-",
+                    "measured": f"{memory['first_touch_median_us_per_page']:.2f} us per 4 KiB page "
+                                f"(rewrite {memory['rewrite_us_per_page']:.2f})",
+                    "target": "(context)", "verdict": ""})
     for r in keyed:
         if r["server"] != "raw":
             out.append({"benchmark": f"DoPut upsert {r['rows']:,} keys ({r['phase']})", "server": r["server"],
@@ -355,7 +364,8 @@ def main() -> None:
     ap.add_argument("--append-rows", type=int, default=4_000_000)
     ap.add_argument("--upsert-rows", type=int, default=1_000_000)
     ap.add_argument("--put-batch-rows", type=int, default=65_536)
-    ap.add_argument("--put-repeat", type=int, default=3)
+    ap.add_argument("--put-repeat", type=int, default=9,
+                    help="append puts per server, taken in turn (median; each round's ratio listed)")
     ap.add_argument("--interval", type=float, default=0.1, help="graph.start interval for ingest")
     ap.add_argument("--sections", nargs="+", choices=("snapshot", "latency", "ingest"),
                     default=["snapshot", "latency", "ingest"], help="which sections to run")
@@ -416,9 +426,11 @@ def main() -> None:
         print_table("   ReferenceView.apply per delta message (offline, not in the latency above)", views,
                     ["server", "rows_held", "snapshot_apply_ms", "median_ms", "mean_ms", "p99_ms", "n"])
 
+        memory: dict[str, Any] = {}
         if "ingest" in args.sections:
             app, keyed = bench_ingest(trees, args.append_rows, args.upsert_rows, args.put_batch_rows,
                                       args.put_repeat, args.interval, failures, args.cycle_priority)
+            memory = memory_touch_cost()
     print_table(f"3a. DoPut append, graph.start({args.interval:g}) (median of {args.put_repeat}; "
                 "CPU: server process, put start to last ack)", app,
                 ["rows", "batch_rows", "server", "cycle_priority", "acked_rows_per_s", "applied_rows_per_s", "x_raw_acked",
@@ -431,7 +443,7 @@ def main() -> None:
                 ["phase", "server", "rows", "acked_rows_per_s", "applied_rows_per_s", "x_raw_acked",
                  "cpu_per_batch_us", "max_cycle_ms"])
 
-    summary = _summary(snap, lat, app, keyed, failures)
+    summary = _summary(snap, lat, app, keyed, failures, memory)
     load_end = os.getloadavg()
     print_table("summary (old = before, new = after)", summary, ["benchmark", "server", "measured", "target",
                                                                  "verdict"])
@@ -443,7 +455,8 @@ def main() -> None:
                     f"clients in the bench process, subscribers 1.. over {args.client_procs} "
                     "spawned client processes",
         "snapshot": snap, "latency": lat, "reference_view_apply": views,
-        "ingest_append": app, "ingest_keyed": keyed, "failures": failures, "summary": summary}, args.json)
+        "ingest_append": app, "ingest_keyed": keyed, "memory_touch": memory, "failures": failures,
+        "summary": summary}, args.json)
 
 
 if __name__ == "__main__":
