@@ -27,7 +27,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine._kernels.arrays import member
+from engine._kernels.arrays import aligned, member
 from engine._kernels.grow import grown
 from engine.errors import InputError, SchemaError
 from engine.rowset import KeyArray, unique_keys
@@ -383,7 +383,7 @@ class _ArrowStore:
     def append_run(self, values: pa.Array) -> int:
         """Store ``values``; returns the first of their (consecutive) slots."""
         start = len(self)
-        self.chunks.append(values)
+        self.chunks.append(aligned(values))  # kept: a decoded Flight body may not be aligned
         # binary-counter merging keeps chunk sizes geometric (each over 2x the next) up to
         # max_merge: O(log n) chunks below it, O(log max_merge) copies per value, and no
         # merge copies more than max_merge values in one cycle

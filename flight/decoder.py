@@ -39,7 +39,7 @@ import pyarrow as pa
 from google.protobuf.message import DecodeError
 from pyroaring import BitMap64
 
-from engine._kernels.arrays import shift_keys
+from engine._kernels.arrays import aligned_table, shift_keys
 from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
 
@@ -263,7 +263,9 @@ class TriplesView:
         """Every row with its multiplicity expanded, sorted by all columns."""
         if not self.parts:
             return self.schema.empty_table().select(self.columns)
-        t = pa.concat_tables(self.parts)
+        # a Flight client's record batches point into gRPC's buffers, aligned or not, and
+        # Acero's aggregation may assume alignment
+        t = aligned_table(pa.concat_tables(self.parts))
         g = t.group_by(self.columns, use_threads=False).aggregate([(DIFF, "sum")])
         w = g.column(f"{DIFF}_sum").to_numpy()
         if np.any(w < 0):

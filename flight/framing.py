@@ -237,30 +237,15 @@ class _Parts:
         self._parts = []
 
 
-def _aligned(body: memoryview) -> Any:
-    """``body`` itself when it starts on an 8-byte boundary, else an aligned copy.
-
-    Arrow lays a body's buffers out at multiples of 8 from its start, and its kernels may
-    rely on that alignment (pyarrow warns "An input buffer was poorly aligned. This could
-    lead to crashes"); where protobuf's framing put the body in gRPC's bytes is chance.
-    """
-    if pa.py_buffer(body).address % 8 == 0:
-        return body
-    out = pa.allocate_buffer(len(body))  # 64-byte aligned
-    # numpy copies without the GIL (a memoryview slice assignment holds it for the whole
-    # copy, page faults of fresh memory included, stalling every other thread)
-    np.copyto(np.frombuffer(out, dtype=np.uint8), np.frombuffer(body, dtype=np.uint8))
-    return out
-
-
 def _message(header: memoryview, body: memoryview | None) -> ipc.Message:
-    """An Arrow IPC message from its header and body slices (the body is not copied when it
-    is 8-byte aligned in the received bytes; see :func:`_aligned`)."""
+    """An Arrow IPC message from its header and body slices, the body not copied: its
+    buffers are slices of the received bytes, aligned or not as protobuf's framing placed
+    them (what needs alignment realigns: :func:`engine._kernels.arrays.aligned`)."""
     pad = (-len(header)) % 8
     prefix = b"".join((_CONTINUATION, struct.pack("<i", len(header) + pad), header, _ZEROS[:pad]))
     parts: list[Any] = [prefix]
     if body is not None and len(body):
-        parts.append(_aligned(body))
+        parts.append(body)
     return ipc.read_message(pa.PythonFile(_Parts(parts), mode="r"))
 
 

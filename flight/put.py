@@ -42,6 +42,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from engine._kernels.arrays import aligned_table
 from engine.differential.upsert import DELETE
 from engine.differential.zset import DIFF, TIME
 from engine.errors import InputError, InvalidKeyError, LimitExceeded, ProtocolError, SchemaError
@@ -447,8 +448,8 @@ def _split_upsert_delete(name: str, table: KeyedTable, data: pa.Table,
     keys = list(table.keys)
     key_cols = data.select(keys)
     row = "__ticktable_row"
-    try:
-        last = (key_cols.append_column(row, pa.array(np.arange(data.num_rows, dtype=np.int64)))
+    try:  # Acero's aggregation may assume aligned keys, and a decoded body may not be
+        last = (aligned_table(key_cols).append_column(row, pa.array(np.arange(data.num_rows, dtype=np.int64)))
                 .group_by(keys, use_threads=False).aggregate([(row, "max")])
                 .column(f"{row}_max").to_numpy())
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:

@@ -1,5 +1,6 @@
 """Array helpers written once: distinct values, membership, range expansion, bit scans,
-key shifts, bitmaps from keys or ranges, and the numeric view of an Arrow column.
+key shifts, bitmaps from keys or ranges, the numeric view of an Arrow column, and aligned
+copies of Arrow data that is not.
 
 Every helper takes whole numpy arrays and loops over none of their elements in Python.
 They replace copies that lived in the join state, the sort index, the row-set module and
@@ -22,6 +23,8 @@ import pyarrow as pa
 from pyroaring import BitMap64
 
 __all__ = [
+    "aligned",
+    "aligned_table",
     "bitmap_from_ranges",
     "bitmap_from_sorted",
     "bitmap_of",
@@ -339,6 +342,48 @@ def numeric_view(col: pa.Array | pa.ChunkedArray, *, combine: bool = False) -> n
         view.flags.writeable = False  # as to_numpy's views: Arrow's memory is immutable
         return view
     return np.asarray(col.to_numpy(zero_copy_only=True))
+
+
+# alignment ------------------------------------------------------------------------------------
+_ALIGN = 8
+
+
+def _is_aligned(a: pa.Array) -> bool:
+    if any(b is not None and b.size and b.address % _ALIGN for b in a.buffers()):
+        return False
+    return not pa.types.is_dictionary(a.type) or _is_aligned(a.dictionary)
+
+
+def aligned(values: pa.Array) -> pa.Array:
+    """``values`` itself when every buffer it uses starts on an 8-byte boundary, else a copy
+    whose buffers do.
+
+    An Arrow IPC body lays its buffers out at multiples of 8 from its start, but a Flight
+    body starts wherever protobuf's framing put it in the received bytes (pyarrow's client:
+    one byte past a multiple of 8), and the server decodes it without a copy. numpy reads
+    such buffers as they are, and so do Arrow's compute kernels on x86-64 and arm64; what
+    keeps Arrow buffers for later (a store's chunks) or hands them to Acero (whose
+    aggregation and join kernels may assume alignment) calls this first, so the copy is
+    paid where alignment is needed, and only for the columns that need it.
+    """
+    if _is_aligned(values):
+        return values
+    if pa.types.is_dictionary(values.type):  # concatenating one keeps its dictionary as it is
+        return pa.DictionaryArray.from_arrays(aligned(values.indices), aligned(values.dictionary),
+                                              ordered=values.type.ordered)
+    return pa.concat_arrays([values])
+
+
+def aligned_table(table: pa.Table) -> pa.Table:
+    """``table`` itself when every chunk is aligned, else a table in which the columns that
+    were not are copied (see :func:`aligned`)."""
+    columns = list(table.columns)
+    changed = False
+    for i, col in enumerate(columns):
+        if not all(_is_aligned(chunk) for chunk in col.chunks):
+            columns[i] = pa.chunked_array([aligned(chunk) for chunk in col.chunks], type=col.type)
+            changed = True
+    return pa.Table.from_arrays(columns, schema=table.schema) if changed else table
 
 
 def _storage(t: pa.DataType) -> np.dtype[Any] | None:

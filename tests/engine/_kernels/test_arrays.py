@@ -10,6 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine._kernels.arrays import (
+    aligned,
+    aligned_table,
     bitmap_from_ranges,
     bitmap_from_sorted,
     bitmap_of,
@@ -196,3 +198,50 @@ def test_row_for_message_quotes_values_python_cannot_hold():
     plain = pa.table({"k": [1, 2], "s": ["a", "b"]})
     assert row_for_message(plain, 1) == {"k": 2, "s": "b"}
     assert row_for_message(plain.to_batches()[0], 0) == {"k": 1, "s": "a"}
+
+
+# --- aligned copies -------------------------------------------------------------------------
+def misaligned(a: pa.Array) -> pa.Array:
+    """``a`` with every buffer moved to one byte past an 8-byte boundary (values unchanged),
+    as a record batch decoded in place from a Flight body that protobuf framed there."""
+    def shifted(b: pa.Buffer | None) -> pa.Buffer | None:
+        return None if b is None else pa.py_buffer(b"\0" + b.to_pybytes()).slice(1)
+
+    return pa.Array.from_buffers(a.type, len(a), [shifted(b) for b in a.buffers()],
+                                 null_count=a.null_count, offset=a.offset)
+
+
+def addresses_mod_8(a: pa.Array) -> set[int]:
+    return {b.address % 8 for b in a.buffers() if b is not None and b.size}
+
+
+@pytest.mark.parametrize("a", [
+    pa.array([1, None, 3], pa.int64()), pa.array([0.5, 1.5]), pa.array(["x", None, "yz"]),
+    pa.array([True, None, False]), pa.array([1, 2, 3, 4], pa.int32()).slice(1, 2),
+], ids=["int64", "float64", "string", "bool", "sliced int32"])
+def test_aligned_copies_a_misaligned_array_once_and_keeps_an_aligned_one(a):
+    assert aligned(a) is a  # pyarrow allocated it: 64-byte aligned
+    m = misaligned(a)
+    assert addresses_mod_8(m) == {1}
+    out = aligned(m)
+    assert out.equals(a)
+    assert addresses_mod_8(out) == {0}
+    assert aligned(out) is out
+
+
+def test_aligned_looks_into_a_dictionary():
+    a = pa.array(["b", "a", "b"]).dictionary_encode()
+    m = pa.DictionaryArray.from_arrays(a.indices, misaligned(a.dictionary))
+    out = aligned(m)
+    assert out is not m and out.equals(a)
+    assert addresses_mod_8(out.dictionary) == {0}
+
+
+def test_aligned_table_copies_only_the_misaligned_columns():
+    good = pa.array([1, 2, 3], pa.int64())
+    t = pa.table({"a": good, "b": misaligned(pa.array(["x", "y", "z"]))})
+    out = aligned_table(t)
+    assert out.equals(t)
+    assert out.column("a").chunk(0).buffers()[1].address == good.buffers()[1].address
+    assert addresses_mod_8(out.column("b").chunk(0)) == {0}
+    assert aligned_table(out) is out
