@@ -118,8 +118,8 @@ def batch_frames(schema: pa.Schema, batches: Iterable[pa.RecordBatch],
     meta = first_metadata
     if not _has_dictionaries(schema):
         for b in batches:
-            m = ipc.read_message(b.serialize())  # header and body: slices of one buffer
-            yield frame(header=m.metadata, body=m.body, app_metadata=meta)
+            header, body = _header_and_body(b.serialize())
+            yield frame(header=header, body=body, app_metadata=meta)
             meta = None
         return
     for b in batches:
@@ -133,6 +133,18 @@ def batch_frames(schema: pa.Schema, batches: Iterable[pa.RecordBatch],
             yield frame(header=m.metadata, body=m.body if m.body.size else None,
                         app_metadata=meta if last else None)
         meta = None
+
+
+def _header_and_body(message: pa.Buffer) -> tuple[memoryview, memoryview]:
+    """The IPC header (flatbuffer ``Message``, with its padding) and body of an
+    encapsulated IPC message (continuation marker, int32 header size, header, body), as
+    slices of it. The same slices ``ipc.read_message`` gives, found without it: a delta is
+    framed a hundred times a second, each time with cold caches, where every call counts."""
+    view = memoryview(message)
+    if view[:4].tobytes() != _CONTINUATION:
+        raise ValueError("not an encapsulated IPC message")
+    end = 8 + int.from_bytes(view[4:8], "little")
+    return view[8:end], view[end:]
 
 
 # ---------------------------------------------------------------------------------- reading

@@ -546,9 +546,15 @@ def _composed(pending: list[HistoryEntry]) -> TableUpdate:
 
 
 def _batches(table: pa.Table, rows: int) -> list[pa.RecordBatch]:
-    if table.num_rows == 0:
+    """``table`` as batches of at most ``rows`` rows, as few as that allows (a delta's
+    table, one chunk per column, is sliced without combining its chunks first)."""
+    n = table.num_rows
+    if n == 0:
         return []
-    return table.combine_chunks().to_batches(max_chunksize=rows)
+    batches = table.to_batches(max_chunksize=rows)
+    if len(batches) > -(-n // rows):  # chunks that do not line up: combined first
+        batches = table.combine_chunks().to_batches(max_chunksize=rows)
+    return batches
 
 
 def _with_time_diff(rows: pa.Table, step: int, diffs: np.ndarray) -> pa.Table:

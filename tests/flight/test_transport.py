@@ -58,6 +58,37 @@ def test_frames_are_flight_data_messages_protobuf_reads_alike():
     assert framing.descriptor_of(back.descriptor).path == [b"t"]
 
 
+@pytest.mark.parametrize("rows, cols", [(0, 1), (1, 1), (1000, 3), (7, 5)])
+def test_batch_frames_slice_header_and_body_as_read_message_does(rows, cols):
+    rng = np.random.default_rng(rows + cols)
+    t = pa.table({f"c{i}" if i % 2 else f"name_{i}_{'x' * i}":  # header sizes of every padding
+                  pa.array(rng.integers(0, 9, rows + 3)) if i % 2 else
+                  pa.array([None if v == 0 else f"s{v}" for v in rng.integers(0, 9, rows + 3)])
+                  for i in range(cols)})
+    for b in (t.to_batches()[0].slice(3, rows), t.to_batches()[0].slice(0, rows)):
+        (raw,) = batch_frames(b.schema, [b])
+        msg = pa.ipc.read_message(b.serialize())
+        parsed = parse_flight_data(raw)
+        assert bytes(parsed.header) == msg.metadata.to_pybytes()
+        assert bytes(parsed.body or b"") == msg.body.to_pybytes()
+        dec = IpcDecoder(iter([schema_frame(b.schema), raw]), "test")
+        dec.read_schema()
+        assert dec.read_chunk().data.equals(b)
+
+
+def test_a_delta_table_becomes_as_few_batches_as_its_row_limit_allows():
+    from flight.subscription import _batches
+
+    one = pa.table({"k": pa.array(np.arange(10))})
+    assert [x.num_rows for x in _batches(one, 4)] == [4, 4, 2]
+    assert [x.num_rows for x in _batches(one, 10)] == [10]
+    ragged = pa.table({"k": pa.chunked_array([np.arange(3), np.arange(7)]),  # chunks that do
+                       "v": pa.chunked_array([np.arange(6), np.arange(4)])})  # not line up
+    got = _batches(ragged, 5)
+    assert [x.num_rows for x in got] == [5, 5] and pa.Table.from_batches(got).equals(ragged)
+    assert _batches(one.slice(0, 0), 4) == []
+
+
 def test_decoded_batches_point_into_the_received_bytes_wherever_the_body_lands():
     b = pa.record_batch({"x": pa.array(np.arange(100_000)), "s": pa.array([f"s{i}" for i in range(100_000)])})
     offsets = set()
