@@ -35,16 +35,14 @@ from engine.ops.aggregate.listener import Agg, agg_by
 from engine.ops.aggregate.spec import make_agg
 from tests.engine.ops.aggregate.test_aggregate import (
     _batch,
-    _Case,
     _check,
     _jitter,
     _keyed,
     _keys,
-    _order_free_assert,
     _Recorder,
     _rows,
-    _run_cases,
 )
+from tests.engine.ops.aggregate.test_aggregate_oracle import _Case, _order_free_assert, _run_cases
 
 
 def _state_classes(table) -> list[type]:
