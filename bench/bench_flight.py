@@ -158,12 +158,15 @@ def _timed_put(servers: Servers, label: str, name: str, batches: list[pa.RecordB
     child = servers.children[label]
     if pause:
         child.call("pause")
-    cpu0 = child.call("cpu")
+    cpu0, th0 = child.call("cpu"), child.call("threads")
     t0 = time.perf_counter()
     acks = _put(servers.clients[label], name, batches, meta)
     t1 = time.perf_counter()
-    cpu1 = child.call("cpu")
-    out: dict[str, Any] = {"acked_s": t1 - t0, "cpu_per_batch_s": (cpu1 - cpu0) / len(batches)}
+    cpu1, th1 = child.call("cpu"), child.call("threads")
+    out: dict[str, Any] = {"acked_s": t1 - t0, "cpu_per_batch_s": (cpu1 - cpu0) / len(batches),
+                           "threads": {k: ((c - th0.get(k, (0.0, 0))[0]) / len(batches),
+                                           (f - th0.get(k, (0.0, 0))[1]) / len(batches))
+                                       for k, (c, f) in th1.items()}}
     if label != "raw":  # raw only reads the batches: no acks, no table
         assert acks == len(batches), f"{acks} acks for {len(batches)} batches"
         if pause:
@@ -261,6 +264,7 @@ def bench_ingest(trees: list[tuple[str, str]], append_rows: int, keyed_rows: int
             "paused_applied_rows_per_s": append_rows / med(ps, "applied_s") if ours else None,
             "one_cycle_apply_ms": median([max(p["cycle_ms"]) for p in ps]) if ours else None,
             "paused_cpu_per_batch_us": med(ps, "cpu_per_batch_s") * 1e6,
+            "threads": _threads(rs), "paused_threads": _threads(ps),
         })
     keyed = []
     for phase in ("insert", "update"):
@@ -277,6 +281,19 @@ def bench_ingest(trees: list[tuple[str, str]], append_rows: int, keyed_rows: int
                 "max_cycle_ms": max(c for r in rs for c in r["cycle_ms"]) if ours else None,
             })
     return append_out, keyed
+
+
+def _threads(rounds: list[dict[str, Any]], top: int = 4) -> str:
+    """The server's busiest thread groups over ``rounds``: mean CPU µs and minor page faults
+    per batch, e.g. ``ticktable-grpc-loop 590us/44pf``, the busiest first."""
+    cpu: dict[str, float] = defaultdict(float)
+    faults: dict[str, float] = defaultdict(float)
+    for r in rounds:
+        for k, (c, f) in r["threads"].items():
+            cpu[k] += c / len(rounds)
+            faults[k] += f / len(rounds)
+    busiest = sorted(cpu, key=lambda k: -cpu[k])[:top]
+    return ", ".join(f"{k} {cpu[k] * 1e6:.0f}us/{faults[k]:.0f}pf" for k in busiest if cpu[k] > 0)
 
 
 # ---------------------------------------------------------------------------- main
@@ -439,6 +456,9 @@ def main() -> None:
                 "(raw has no cycles: its one measurement)", app,
                 ["rows", "server", "paused_acked_rows_per_s", "paused_x_raw_acked", "paused_applied_rows_per_s",
                  "one_cycle_apply_ms", "paused_cpu_per_batch_us"])
+    print_table("    server threads per batch, mean of the rounds: CPU us / minor page faults "
+                "(cycles running; then paused)", app, ["server", "threads"])
+    print_table("    the same with cycles paused", app, ["server", "paused_threads"])
     print_table("3b. DoPut PUT_MODE_UPSERT into a keyed table (applied = until the applying cycle ended)", keyed,
                 ["phase", "server", "rows", "acked_rows_per_s", "applied_rows_per_s", "x_raw_acked",
                  "cpu_per_batch_us", "max_cycle_ms"])
