@@ -72,7 +72,14 @@ class Part:
 
     @property
     def nbytes(self) -> int:
-        return int(self.data.nbytes) + (self.diffs.nbytes if self.diffs is not None else 0)
+        """The bytes of the buffers the part holds (whole buffers: the memory it keeps).
+
+        ``get_total_buffer_size`` rather than Arrow's ``nbytes``: a part's buffers are its
+        own (a conformed batch, or rows taken from one), and ``nbytes`` works out the
+        slice of each buffer a column uses, 8-55 µs for a 65,536-row batch, asked several
+        times per batch (staging, in-flight bytes, metrics)."""
+        return int(self.data.get_total_buffer_size()) + (
+            self.diffs.nbytes if self.diffs is not None else 0)
 
 
 class PartStaging:
