@@ -161,14 +161,21 @@ class NumpyColumnSource(WritableColumnSource):
 
     Keys are offsets into the array, so use it for dense key spaces (sources, op-owned
     slots); sparse key spaces go through a redirection.
+
+    Slots never written read as zero, unless ``written_before_read``: then the slots the
+    array grows by hold whatever its memory held (see :func:`~engine._kernels.grow.grown`),
+    for an owner that writes every key before any reader sees it (an append-only table,
+    whose appends write their keys as the array grows to them).
     """
 
-    def __init__(self, type: pa.DataType, capacity: int = 0) -> None:
+    def __init__(self, type: pa.DataType, capacity: int = 0, *,
+                 written_before_read: bool = False) -> None:
         dtype = numpy_storage_dtype(type)
         if dtype is None:
             raise SchemaError(f"type {type} is not fixed-width; use ArrowColumnSource")
         self.type = type
         self.dtype = dtype
+        self._tail: Any = None if written_before_read else 0  # grown's fill
         self._values: npt.NDArray[Any] = np.zeros(max(capacity, 16), dtype=dtype)
         self._valid: npt.NDArray[np.bool_] | None = None
         self._prev: _PrevSlots | None = None
@@ -182,7 +189,7 @@ class NumpyColumnSource(WritableColumnSource):
         if n <= self._values.size:
             return
         cap = max(n, self._values.size * 2)
-        self._values = grown(self._values, cap)  # large columns: in place (see _kernels/grow.py)
+        self._values = grown(self._values, cap, self._tail)  # large: in place (_kernels/grow.py)
         if self._valid is not None:
             self._valid = grown(self._valid, cap, True)
 
@@ -380,17 +387,31 @@ class _ArrowStore:
         start = self.append_run(values)
         return np.arange(start, start + len(values), dtype=np.int64)
 
-    def append_run(self, values: pa.Array) -> int:
-        """Store ``values``; returns the first of their (consecutive) slots."""
+    def append_run(self, values: pa.Array | pa.ChunkedArray) -> int:
+        """Store ``values`` as one chunk; returns the first of their (consecutive) slots.
+
+        Binary-counter merging keeps chunk sizes geometric (each over 2x the next) up to
+        ``max_merge``: ``O(log n)`` chunks below it, ``O(log max_merge)`` copies per value,
+        and no merge copies more than ``max_merge`` values in one cycle. The merges an
+        append sets off are worked out on lengths first and made in one concatenation of
+        the stored chunks they take and ``values``' own chunks, so each value is copied
+        once per append: not once to combine an append of several chunks, again per merge.
+        """
         start = len(self)
-        self.chunks.append(aligned(values))  # kept: a decoded Flight body may not be aligned
-        # binary-counter merging keeps chunk sizes geometric (each over 2x the next) up to
-        # max_merge: O(log n) chunks below it, O(log max_merge) copies per value, and no
-        # merge copies more than max_merge values in one cycle
-        while (len(self.chunks) >= 2 and 2 * len(self.chunks[-1]) >= len(self.chunks[-2])
-               and len(self.chunks[-1]) + len(self.chunks[-2]) <= self.max_merge):
-            tail = pa.concat_arrays(self.chunks[-2:])
-            self.chunks[-2:] = [tail]
+        new = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+        n = sum(len(c) for c in new)
+        if n == 0:
+            return start
+        lengths = [len(c) for c in self.chunks]
+        last, keep = n, len(self.chunks)  # the new last chunk's length; stored chunks kept
+        while (keep >= 1 and 2 * last >= lengths[keep - 1]
+               and last + lengths[keep - 1] <= self.max_merge):
+            keep -= 1
+            last += lengths[keep]
+        parts = [*self.chunks[keep:], *(c for c in new if len(c))]
+        # one part is kept as it is, realigned if need be (a decoded Flight body may not be
+        # aligned); a concatenation is a new, aligned array
+        self.chunks[keep:] = [aligned(parts[0]) if len(parts) == 1 else pa.concat_arrays(parts)]
         self.offsets = np.concatenate(([0], np.cumsum([len(c) for c in self.chunks]))).astype(np.int64)
         return start
 
@@ -542,8 +563,10 @@ class AppendColumnSource(WritableColumnSource):
     def set_new_range(self, start: int, values: pa.Array | pa.ChunkedArray) -> None:
         if start != len(self._store):
             raise InputError(f"append at key {start}, but the column holds {len(self._store)} rows")
-        if len(values):  # one chunk per append
-            self._store.append_run(_as_typed_array(values, self.type))
+        if len(values):  # one chunk per append: its chunks concatenated with any merge
+            if values.type != self.type:
+                values = _as_typed_array(values, self.type)
+            self._store.append_run(values)
 
     def begin_cycle(self) -> None:
         pass  # nothing is overwritten: no previous values to keep

@@ -67,7 +67,7 @@ class AppendOnlyTable(_SourceTable):
     @staticmethod
     def _new_column(type: pa.DataType) -> WritableColumnSource:
         if numpy_storage_dtype(type) is not None:
-            return NumpyColumnSource(type)
+            return NumpyColumnSource(type, written_before_read=True)  # rows only arrive
         return AppendColumnSource(type)
 
     def append(self, data: TableLike) -> None:

@@ -155,6 +155,11 @@ def grown(a: npt.NDArray[Any], n: int, fill: Any = 0) -> npt.NDArray[Any]:
     holds ``n``; else a new array, in a new reserve once it is large. Either way the old
     array must no longer be written: the caller replaces it with the result.
 
+    ``fill=None`` leaves the new elements as the memory holds them (the kernel's zeros, or
+    what an earlier array wrote into a reused reserve): for a caller that writes each one
+    before it reads it, such as an append-only column, which then writes its rows once
+    instead of zeroing them first (a tenth of an append cycle's time).
+
     Examples
     --------
     >>> a = grown(np.arange(3), 5, fill=-1)
@@ -171,7 +176,7 @@ def grown(a: npt.NDArray[Any], n: int, fill: Any = 0) -> npt.NDArray[Any]:
         nbytes = n * a.itemsize
         m = _new(nbytes) if nbytes >= RESERVE_FROM_BYTES else None
         if m is None:
-            out = np.zeros(n, dtype=a.dtype)
+            out = np.empty(n, dtype=a.dtype) if fill is None else np.zeros(n, dtype=a.dtype)
         else:
             whole = np.frombuffer(m.mapping, dtype=a.dtype, count=len(m.mapping) // a.itemsize)
             _live[_address(whole)] = m
@@ -180,10 +185,10 @@ def grown(a: npt.NDArray[Any], n: int, fill: Any = 0) -> npt.NDArray[Any]:
         out[: a.size] = a
     if m is not None:  # a reused mapping: what an earlier array wrote there reads as zeros
         dirty_end = min(n, -(-m.dirty // a.itemsize))
-        if not fill and dirty_end > a.size:
+        if fill is not None and not fill and dirty_end > a.size:
             out[a.size:dirty_end] = 0
         m.dirty = max(m.dirty, n * a.itemsize)
-    if fill and n > a.size:
+    if fill is not None and fill and n > a.size:
         out[a.size:] = fill
     return out
 

@@ -189,9 +189,12 @@ def test_append_source_reads_equal_the_appended_values(typ, seed, max_merge):
             bounds = [0, *cuts.tolist(), n]
             arr = pa.chunked_array([arr.slice(a, b - a) for a, b in zip(bounds, bounds[1:], strict=False)],
                                    type=typ)
+        model = _merged([len(c) for c in src._store.chunks], n, cap)
         src.set_new_range(len(expect), arr)
         expect.extend(vals)
         sizes = [len(c) for c in src._store.chunks]
+        assert sizes == model  # the merges chunk-by-chunk appends and merges would make
+        assert {b.address % 8 for c in src._store.chunks for b in c.buffers() if b is not None} <= {0}
         if len(expect) <= cap:  # each chunk over twice the next
             assert all(2 * b < a for a, b in zip(sizes, sizes[1:], strict=False)), sizes
         else:  # merges stop at the cap; chunks under a third of it are merged away
@@ -205,6 +208,36 @@ def test_append_source_reads_equal_the_appended_values(typ, seed, max_merge):
         assert src.get_prev(k).to_pylist() == [expect[i] for i in k]
     if len(expect) <= cap:
         assert len(src._store.chunks) <= int(np.log2(len(expect))) + 1  # geometric sizes
+
+
+def _merged(sizes: list[int], n: int, cap: int) -> list[int]:
+    """Chunk sizes after appending ``n`` values as one chunk, merging one pair at a time."""
+    sizes = [*sizes, n]
+    while len(sizes) >= 2 and 2 * sizes[-1] >= sizes[-2] and sizes[-1] + sizes[-2] <= cap:
+        sizes[-2:] = [sizes[-2] + sizes[-1]]
+    return sizes
+
+
+def test_an_append_and_the_merges_it_sets_off_are_one_concatenation(monkeypatch):
+    # a put's cycle appends several batches; with the chunks it merges into they are copied
+    # once, not once to combine the batches and again per merge of the cascade
+    src = AppendColumnSource(pa.string())
+    for n in (8, 3, 1):  # chunks of 8, 3 and 1 values: each over twice the next
+        src.set_new_range(len(src), pa.array([f"v{j}" for j in range(n)]))
+    assert [len(c) for c in src._store.chunks] == [8, 3, 1]
+    calls = []
+    concat = pa.concat_arrays
+
+    def counting(arrays, *a, **k):
+        calls.append([len(x) for x in arrays])
+        return concat(arrays, *a, **k)
+
+    monkeypatch.setattr(pa, "concat_arrays", counting)
+    batches = pa.chunked_array([pa.array(["a", "b", None]), pa.array(["c", "d", "e", "f"])])
+    src.set_new_range(len(src), batches)
+    assert calls == [[8, 3, 1, 3, 4]]  # 7 values take all three: 14 >= 1, 16 >= 3, 22 >= 8
+    assert [len(c) for c in src._store.chunks] == [19]
+    assert src.get_range(12, 19).to_pylist() == ["a", "b", None, "c", "d", "e", "f"]
 
 
 def test_append_source_merges_one_row_appends_into_few_chunks():

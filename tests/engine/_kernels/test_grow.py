@@ -138,6 +138,39 @@ def test_a_released_reserve_is_reused_and_reads_as_zeros(monkeypatch):
     assert (grown(c, 3_000, fill=7)[2_500:] == 7).all()
 
 
+def test_fill_none_grows_over_a_reused_reserve_without_zeroing_it(monkeypatch):
+    # an append-only column writes each row as it grows to it: what an earlier array wrote
+    # there is left, not zeroed first (fresh pages are the kernel's zeros either way)
+    monkeypatch.setattr(grow, "RESERVE_FROM_BYTES", 1 << 10)
+    monkeypatch.setattr(grow, "MIN_RESERVE_BYTES", 1 << 16)
+    a = grown(np.arange(100, dtype=np.int64), 1_000)
+    a[:] = -1
+    where = _addr(a)
+    del a
+    b = grown(np.arange(3, dtype=np.int64), 1_000, fill=None)
+    assert _addr(b) == where
+    assert b[:3].tolist() == [0, 1, 2] and (b[3:] == -1).all()
+    c = grown(b, 1_500, fill=None)  # in place, past what was written: the kernel's zeros
+    assert _addr(c) == where and (c[3:1_000] == -1).all() and not c[1_000:].any()
+    assert grown(np.arange(3, dtype=np.int64), 5, fill=None)[:3].tolist() == [0, 1, 2]  # small
+
+
+def test_an_append_only_column_in_a_reused_reserve_reads_what_was_appended(monkeypatch):
+    monkeypatch.setattr(grow, "RESERVE_FROM_BYTES", 1 << 10)
+    monkeypatch.setattr(grow, "MIN_RESERVE_BYTES", 1 << 16)
+    old = NumpyColumnSource(pa.int64())
+    old.set_new_range(0, pa.array(np.full(5_000, -7, dtype=np.int64)))
+    del old  # its reserve is kept, its pages still hold -7
+    rng = np.random.default_rng(5)
+    src, want = NumpyColumnSource(pa.int64(), written_before_read=True), []
+    for _ in range(40):
+        vals = [None if rng.random() < 0.1 else int(v) for v in rng.integers(0, 99, int(rng.integers(1, 300)))]
+        src.set_new_range(len(want), pa.array(vals, pa.int64()))
+        want += vals
+        assert src.get_range(0, len(want)).to_pylist() == want
+    assert grow.pooled() == (0, 0)  # it did grow into the reused reserve
+
+
 def test_released_reserves_kept_are_bounded(monkeypatch):
     monkeypatch.setattr(grow, "RESERVE_FROM_BYTES", 1 << 10)
     monkeypatch.setattr(grow, "MIN_RESERVE_BYTES", 1 << 16)
