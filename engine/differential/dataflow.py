@@ -46,9 +46,10 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.differential.handles import InputHandle, Probe
 from engine.differential.linear import Expansion, IntSpec, LinearOperator, MaskFn, TableFn
-from engine.differential.version import Antichain, Version, VersionLike, as_version
-from engine.differential.zset import ZSet, concat
+from engine.differential.version import Antichain, Version
+from engine.differential.zset import ZSet, concat, split_by_time
 from engine.errors import InputError, SchemaError
 
 if TYPE_CHECKING:
@@ -59,28 +60,6 @@ __all__ = ["Collection", "Dataflow", "InputHandle", "Probe"]
 
 Time: TypeAlias = tuple[int, ...]
 I64 = npt.NDArray[np.int64]
-
-
-def split_by_time(batch: ZSet) -> list[tuple[Time, ZSet]]:
-    """The rows of a timed batch grouped by time (a loop per distinct time only)."""
-    assert batch.times is not None
-    times = batch.times
-    first = times[0]
-    if times.shape[1] == 1:
-        if times.min() == times.max():  # two reductions, no temporary
-            return [((int(first[0]),), batch)]
-    elif (times == first).all():
-        return [(tuple(first.tolist()), batch)]
-    if times.shape[1] == 2 and (times[:, 0] == first[0]).all():  # one outer version
-        last, inverse = np.unique(times[:, 1], return_inverse=True)
-        uniq = np.column_stack((np.full(last.size, first[0]), last))
-    else:
-        uniq, inverse = np.unique(times, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    order = np.argsort(inverse, kind="stable")
-    bounds = np.searchsorted(inverse[order], np.arange(uniq.shape[0] + 1))
-    return [(tuple(int(c) for c in uniq[g]), batch.take(order[bounds[g]:bounds[g + 1]]))
-            for g in range(uniq.shape[0])]
 
 
 def extend_times(batch: ZSet, coord: int) -> ZSet:
@@ -272,109 +251,6 @@ class _ProbeNode(_Node):
             self.batches.append(b)
             self.new.append(b)
         return None
-
-
-class Probe:
-    """The output end of a collection: its batches so far and how far they are final.
-
-    Everything at versions before :attr:`frontier` has been delivered.
-    """
-
-    def __init__(self, node: _ProbeNode) -> None:
-        self._node = node
-
-    @property
-    def frontier(self) -> Antichain:
-        return self._node.scope.dataflow.frontier
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._node.schema
-
-    @property
-    def batches(self) -> list[ZSet]:
-        """Every output batch so far (one per processed version that changed the output)."""
-        return list(self._node.batches)
-
-    def drain(self) -> ZSet:
-        """The output batches since the previous drain, as one timed batch (consolidated)."""
-        new, self._node.new = self._node.new, []
-        if not new:
-            return ZSet.empty(self.schema, 1)
-        return concat(*new).consolidate()
-
-    def accumulate(self, at: VersionLike | None = None) -> ZSet:
-        """The output collection at version ``at`` (every version so far by default)."""
-        if not self._node.batches:
-            return ZSet.empty(self.schema)
-        return concat(*self._node.batches).accumulate(None if at is None else as_version(at))
-
-    def less_than(self, v: VersionLike) -> bool:
-        """Whether the output may still change at versions ``<= v`` (seed 002's
-        ``probe_frontier_less_than``)."""
-        f = self.frontier
-        return bool(f) and f.less_equal_version(as_version(v))
-
-
-class InputHandle:
-    """Where data enters a dataflow: batches at versions, and a frontier that advances.
-
-    Examples
-    --------
-    >>> df = Dataflow()
-    >>> coll, inp = df.input(pa.schema([("x", pa.int64())]))
-    >>> probe = coll.map({"y": pc.field("x") * 2}).probe()
-    >>> inp.send(ZSet.from_triples([(1, 0, 1), (2, 0, 1)], ["x"])); inp.advance_to(1); df.step()
-    >>> sorted(probe.accumulate().to_triples())
-    [((2,), None, 1), ((4,), None, 1)]
-    """
-
-    def __init__(self, node: _InputNode) -> None:
-        self._node = node
-        self.frontier = Antichain([Version(0)])
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._node.schema
-
-    def send(self, batch: ZSet, time: VersionLike | None = None) -> None:
-        """Stage ``batch`` (its own times, else ``time``, else the frontier's version).
-
-        Raises
-        ------
-        InputError
-            If a version is behind the frontier or has more than one coordinate.
-        SchemaError
-            If the columns differ from the input's.
-        """
-        s = self._node.schema
-        if not batch.schema.equals(s) and (batch.schema.names != s.names or batch.schema.types != s.types):
-            raise SchemaError(f"input batch columns {batch.schema} do not match the input's {s}")
-        if batch.times is None:
-            if time is None:
-                if not self.frontier:
-                    raise InputError("the input is closed (empty frontier): it takes no more data")
-                time = self.frontier.elements[0]
-            batch = batch.with_time(time)
-        assert batch.times is not None
-        if batch.times.shape[1] != 1:
-            raise InputError(f"root inputs take one-coordinate versions, got {batch.times.shape[1]}")
-        if batch.num_rows == 0:
-            return
-        parts = split_by_time(batch)
-        self.frontier.check_version(Version(min(t for t, _ in parts)))
-        for t, b in parts:
-            self._node.push(0, t, b)
-
-    def advance_to(self, frontier: VersionLike | Antichain) -> None:
-        """Promise that no more data comes before ``frontier`` (an empty antichain closes)."""
-        new = frontier if isinstance(frontier, Antichain) else Antichain([as_version(frontier)])
-        self.frontier.check_advance(new)
-        self.frontier = new
-
-    def close(self) -> None:
-        """No more data at all."""
-        self.advance_to(Antichain())
 
 
 class Dataflow:

@@ -34,7 +34,7 @@ from engine._kernels.hashing import combine, exact_hash, group_equal, hash_rows,
 from engine.differential.version import Version, VersionLike, as_version, times_up_to
 from engine.errors import InputError, SchemaError
 
-__all__ = ["DIFF", "TIME", "ZSet", "concat", "consolidate", "minus", "negate", "plus"]
+__all__ = ["DIFF", "TIME", "ZSet", "concat", "consolidate", "minus", "negate", "plus", "split_by_time"]
 
 DIFF = "__diff"
 TIME = "__time"
@@ -383,3 +383,25 @@ def plus(a: ZSet, b: ZSet) -> ZSet:
 def minus(a: ZSet, b: ZSet) -> ZSet:
     """``a`` minus ``b``, consolidated (seed 003's Minus)."""
     return concat(a, b.negate()).consolidate()
+
+
+def split_by_time(batch: ZSet) -> list[tuple[tuple[int, ...], ZSet]]:
+    """The rows of a timed batch grouped by time (a loop per distinct time only)."""
+    assert batch.times is not None
+    times = batch.times
+    first = times[0]
+    if times.shape[1] == 1:
+        if times.min() == times.max():  # two reductions, no temporary
+            return [((int(first[0]),), batch)]
+    elif (times == first).all():
+        return [(tuple(first.tolist()), batch)]
+    if times.shape[1] == 2 and (times[:, 0] == first[0]).all():  # one outer version
+        last, inverse = np.unique(times[:, 1], return_inverse=True)
+        uniq = np.column_stack((np.full(last.size, first[0]), last))
+    else:
+        uniq, inverse = np.unique(times, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(uniq.shape[0] + 1))
+    return [(tuple(int(c) for c in uniq[g]), batch.take(order[bounds[g]:bounds[g + 1]]))
+            for g in range(uniq.shape[0])]
