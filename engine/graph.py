@@ -60,6 +60,14 @@ class _SharedLock:
                 self._reader_turn = False
                 self._cond.notify_all()
 
+    def try_acquire_shared(self) -> bool:
+        """Take the shared side if that needs no wait: no cycle runs or waits to run."""
+        with self._cond:
+            if self._writer is not None or self._writers_waiting or self._reader_turn:
+                return False
+            self._readers += 1
+            return True
+
     def release_shared(self) -> None:
         with self._cond:
             self._readers -= 1
@@ -113,6 +121,7 @@ class UpdateGraph:
         self._nodes_mutex = threading.Lock()
         self._tracked: dict[int, WritableColumnSource] = {}
         self._terminal: list[Callable[[int], None]] = []
+        self._after: list[Callable[[], None]] = []  # this cycle's call_after_cycle
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -168,6 +177,33 @@ class UpdateGraph:
             self._lock.release_shared()
 
     @contextmanager
+    def shared_lock_if_free(self) -> Iterator[bool]:
+        """Like :meth:`shared_lock`, but never waits: yields whether the lock is held.
+
+        For a thread that must not block (the server's event loop): ``False`` when a cycle
+        runs or waits to run, and the caller does its work elsewhere."""
+        if self._lock.held_exclusive_by_me():
+            yield True
+            return
+        if not self._lock.try_acquire_shared():
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._lock.release_shared()
+
+    def call_after_cycle(self, callback: Callable[[], None]) -> None:
+        """From inside a cycle: call ``callback()`` once the cycle has let go of the lock.
+
+        It runs on the cycle's thread right after the lock is released (still inside the
+        lock when the cycle ran under an outer :meth:`exclusive_lock`), once per call; an
+        exception it raises is logged. A reader it wakes finds the cycle's state and no
+        cycle in its way: it can take :meth:`shared_lock_if_free` without a wait.
+        """
+        self._after.append(callback)
+
+    @contextmanager
     def exclusive_lock(self) -> Iterator[None]:
         """Run outside any cycle with nothing reading (DAG changes, staged commits)."""
         if self._lock.held_exclusive_by_me():
@@ -183,15 +219,26 @@ class UpdateGraph:
     def run_cycle(self) -> int:
         """Run one update cycle now; returns the new step."""
         gate = self.cycle_gate
-        with ExitStack() as gated:
-            if gate is not None:
-                gated.enter_context(gate)
-            with self.exclusive_lock():
+        after: list[Callable[[], None]] = []
+        try:
+            with ExitStack() as gated:
                 if gate is not None:
-                    for node in self.tables:  # this cycle applies what is staged now
-                        node._take_for_cycle()
-                    gated.close()  # writes staged from here on wait for the next cycle
-                return self._run_locked()
+                    gated.enter_context(gate)
+                with self.exclusive_lock():
+                    if gate is not None:
+                        for node in self.tables:  # this cycle applies what is staged now
+                            node._take_for_cycle()
+                        gated.close()  # writes staged from here on wait for the next cycle
+                    try:
+                        return self._run_locked()
+                    finally:  # taken under the lock: the next cycle's are its own
+                        after, self._after = self._after, []
+        finally:
+            for callback in after:
+                try:
+                    callback()
+                except Exception:
+                    log.exception("after-cycle callback %r raised", callback)
 
     def _run_locked(self) -> int:
         t0 = time.perf_counter()

@@ -71,6 +71,13 @@ def wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class _Waker:
     """Wakes futures of one event loop from other threads, in one loop callback per batch.
 
@@ -101,6 +108,9 @@ class _Waker:
             cls._by_loop.pop(loop, None)
 
     def wake(self, waiter: asyncio.Future[None]) -> None:
+        if _running_loop() is self._loop:  # on the loop itself (a fan-out writing there)
+            wake(waiter)
+            return
         with self._mutex:
             self._pending.append(waiter)
             first = len(self._pending) == 1
@@ -327,10 +337,17 @@ class LoopQueue:
     def put(self, item: Any) -> None:
         with self._cond:
             while len(self._items) >= self._depth and not self._closed:
+                if _running_loop() is self.loop:  # only the loop takes items: never wait there
+                    raise RuntimeError("a full LoopQueue was put to on its own event loop")
                 self._cond.wait()
             if self._closed:
                 raise QueueClosed
             self._add(item)
+
+    def has_room(self) -> bool:
+        """Whether a :meth:`put` now would return at once (room, and not closed)."""
+        with self._cond:
+            return len(self._items) < self._depth and not self._closed
 
     def finish(self, error: BaseException | None = None) -> None:
         with self._cond:

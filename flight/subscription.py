@@ -297,7 +297,8 @@ class Subscription:
             return enc if proto._held is None else replace(enc, held=proto._held)
 
         return FanOut(self.graph, publisher, key, build, max_pending=self.options.max_pending,
-                      stall_seconds=self.options.stall_seconds, name=self.entry.name)
+                      stall_seconds=self.options.stall_seconds, name=self.entry.name,
+                      loop=getattr(self._writer, "loop", None))
 
     def _wait_in_fanout(self, publisher: Any, context: Any) -> bool:
         """While the fan-out writes this stream: wait until it must be on its own again,
@@ -343,6 +344,11 @@ class Subscription:
         self._send(self._writer, msg)
         if msg.held is not None:  # the viewport's rows the client holds after it
             self._held = msg.held
+
+    def ready(self) -> bool:
+        """Whether a write now would not block (see flight/fanout.py)."""
+        has_room = getattr(self._writer, "has_room", None)
+        return has_room is not None and bool(has_room())
 
     def on_detached(self, exc: BaseException | None) -> None:
         with self._cond:

@@ -41,6 +41,7 @@ transport's own flow control is what detects a slow reader.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import itertools
 import logging
@@ -190,6 +191,15 @@ class FrameQueue(LoopFeed):
     def _call_ended(self) -> None:
         self._queue.close()
         self._finished.set()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop that writes the frames."""
+        return self._queue.loop
+
+    def has_room(self) -> bool:
+        """Whether :meth:`write_frames` now would return at once (it may still raise)."""
+        return self._queue.has_room()
 
     def write_frames(self, frames: tuple[bytes, ...]) -> None:
         try:

@@ -212,3 +212,63 @@ def test_start_refuses_a_period_that_is_not_above_zero(interval):
     with pytest.raises(InputError, match=r"^interval is .*: cycles need a period above 0 seconds$"):
         g.start(interval)  # type: ignore[arg-type]
     assert not g.running  # no cycle thread was started (0 crashed it with ZeroDivisionError)
+
+
+def test_shared_lock_if_free_never_waits():
+    """It takes the lock when no cycle runs or waits, says so when one does, and inside a
+    cycle (the cycle's own thread) counts as held."""
+    g = UpdateGraph()
+    with g.shared_lock_if_free() as free:
+        assert free
+        with g.shared_lock_if_free() as again:  # readers share
+            assert again
+    cycle_in = threading.Event()
+    release = threading.Event()
+
+    def long_cycle(step):
+        cycle_in.set()
+        release.wait(5)
+
+    g.add_terminal_listener(long_cycle)
+    th = threading.Thread(target=g.run_cycle)
+    th.start()
+    assert cycle_in.wait(5)
+    t = time.perf_counter()
+    with g.shared_lock_if_free() as free:
+        assert not free
+    assert time.perf_counter() - t < 0.5  # answered without waiting for the cycle
+    release.set()
+    th.join(5)
+    seen = []
+    g.add_terminal_listener(lambda step: seen.append(g.shared_lock_if_free().__enter__()))
+    g.run_cycle()
+    assert seen == [True]
+
+
+def test_call_after_cycle_runs_once_after_the_lock_is_let_go(caplog):
+    """A callback asked for in a cycle runs after it, once, finding the lock free; one that
+    raises is logged and the others still run; under an outer exclusive lock it runs still
+    inside it."""
+    g = UpdateGraph()
+    got = []
+
+    def after():
+        with g.shared_lock_if_free() as free:
+            got.append((g.phase, free))
+
+    def boom():
+        raise ValueError("boom")
+
+    g.add_terminal_listener(lambda step: (g.call_after_cycle(boom), g.call_after_cycle(after))
+                            if step == 1 else None)
+    g.run_cycle()
+    assert got == [("idle", True)]
+    assert "after-cycle callback" in caplog.text and "boom" in caplog.text
+    g.run_cycle()  # not asked for again: not run again
+    assert got == [("idle", True)]
+    g.add_terminal_listener(lambda step: g.call_after_cycle(after))
+    probe = []
+    with g.exclusive_lock():
+        g.run_cycle()
+        probe.append(len(got))
+    assert probe == [2]  # ran before the outer lock was let go (its holder: "free")

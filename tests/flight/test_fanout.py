@@ -5,10 +5,12 @@ detached without holding up the others; every subscriber converges to the server
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
+import pytest
 
 from flight.pb import flight_pb2 as pb
 from flight.server import ServerConfig, TicktableServer
@@ -25,6 +27,16 @@ def _fanouts(server: TicktableServer, name: str) -> dict:
         return dict(publisher._fanouts)
 
 
+def _started(server: TicktableServer, graph, subs: list[Sub], name: str = "src"):
+    """Read each subscriber's first message, run a cycle; returns the table's publisher."""
+    for s in subs:
+        s.read()
+    graph.run_cycle()
+    publisher = server.registry.get(name).publisher
+    assert publisher is not None
+    return publisher
+
+
 def test_many_subscribers_share_one_message_per_update(server, client, graph):
     """27 subscribers: 16 of all columns, 6 of a subset and 3 of one viewport share three
     fan-outs; one of another viewport has one of its own and one of triples is on its own.
@@ -38,11 +50,7 @@ def test_many_subscribers_share_one_message_per_update(server, client, graph):
     board = Sub(client, "src", has_viewport=True, viewport=vp((2, 5), (9, 12)))
     triples = Sub(client, "src", format=pb.DELTA_FORMAT_TRIPLES)
     subs = [*full, *part, *boards, board, triples]
-    for s in subs:
-        s.read()
-    graph.run_cycle()
-    publisher = server.registry.get("src").publisher
-    assert publisher is not None
+    publisher = _started(server, graph, subs)
     for cycle in range(300):
         src.step()
         graph.run_cycle()
@@ -63,6 +71,46 @@ def test_many_subscribers_share_one_message_per_update(server, client, graph):
     for f in fans.values():  # one build per update (or per run of updates), not per subscriber
         assert 0 < f.messages <= publisher.sequence
     assert len(publisher.subscribers) == 1 + len(fans)  # triples, the fan-outs
+
+
+def _until(s: Sub, sequence: int, seconds: float = 20.0) -> None:
+    """``s.until(sequence)``, failing rather than hanging when an update never comes."""
+    th = threading.Thread(target=s.until, args=(sequence,), daemon=True)
+    th.start()
+    th.join(seconds)
+    assert not th.is_alive(), f"no message brought the view to sequence {sequence}"
+
+
+def test_updates_go_out_on_the_event_loop_or_the_thread_and_stay_exact(server, client, graph):
+    """A fan-out builds and writes a message on the server's event loop when the cycle left
+    the lock free and every stream has room, and leaves it to its thread otherwise: here a
+    third of the cycles run inside an outer exclusive lock (the loop, asked meanwhile, finds
+    it taken), and readers that fall behind fill their streams. In any mix every view is
+    exact and every update is delivered once, in order."""
+    rng = np.random.default_rng(17)
+    src = RandomSource(graph, "keyed", rng, max_rows=150)
+    server.registry.add("src", src.table, "keyed", keys=["Key"])
+    subs = [Sub(client, "src") for _ in range(3)]
+    publisher = _started(server, graph, subs)
+    for cycle in range(400):
+        src.step()
+        if rng.random() < 1 / 3:
+            with graph.exclusive_lock():
+                graph.run_cycle()
+                time.sleep(0.002)  # the loop is asked in here, and finds the lock taken
+        else:
+            graph.run_cycle()
+        if rng.random() < 0.5:  # else the updates pile up in the streams
+            want = src.table.to_arrow()
+            for i, s in enumerate(subs):
+                _until(s, publisher.sequence)
+                assert s.view.to_arrow().equals(want), f"cycle {cycle}: subscriber {i} differs"
+    for s in subs:
+        _until(s, publisher.sequence)
+        assert s.view.to_arrow().equals(src.table.to_arrow())
+    (fan,) = _fanouts(server, "src").values()
+    assert fan.members == 3
+    assert 0 < fan.loop_messages < fan.messages <= publisher.sequence  # both ways were taken
 
 
 def test_viewports_of_a_sorted_table_share_fan_outs_and_stay_exact(server, client, graph):
@@ -236,3 +284,43 @@ def test_min_interval_subscriber_stays_on_its_own(server, client, graph):
         assert s.view.to_arrow().equals(t.to_arrow())
         assert plain.view.to_arrow().equals(t.to_arrow())
     assert [f.members for f in _fanouts(server, "t").values()] == [1]
+
+
+def test_a_build_failing_on_the_event_loop_ends_its_members_and_the_server_goes_on(
+        server, client, graph):
+    """A message that cannot be built on the loop ends every member's stream with a one-line
+    INTERNAL status (no traceback); a new subscriber gets a new fan-out and exact views."""
+    t = server.registry.create_source("t", SCHEMA, "keyed", keys=["Key"]).table
+    src = RandomSource.__new__(RandomSource)
+    src.kind, src.rng, src.max_rows, src.table, src.next_key = "keyed", np.random.default_rng(18), 100, t, 0
+    subs = [Sub(client, "t") for _ in range(2)]
+    for s in subs:
+        s.read()
+    publisher = server.registry.get("t").publisher
+    src.step()
+    graph.run_cycle()
+    for s in subs:
+        _until(s, publisher.sequence)
+    (fan,) = _fanouts(server, "t").values()
+    assert fan.loop_messages == fan.messages == 1
+
+    def broken(pending, count):
+        raise ValueError("no message today")
+
+    fan._build = broken
+    src.step()
+    graph.run_cycle()
+    for s in subs:
+        with pytest.raises(fl.FlightInternalError) as err:
+            s.read()
+        text = str(err.value).split(". Detail:")[0]
+        assert "Traceback" not in text and "\n" not in text.strip() and ".py" not in text
+    late = Sub(client, "t")
+    late.read()
+    for _ in range(20):
+        src.step()
+        graph.run_cycle()
+        _until(late, publisher.sequence)
+        assert late.view.to_arrow().equals(t.to_arrow())
+    (fresh,) = _fanouts(server, "t").values()
+    assert fresh is not fan and fresh.loop_messages > 0
