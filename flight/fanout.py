@@ -31,17 +31,18 @@ than ``stall_seconds``, it *retires* the thread: a new thread serves the other m
 handler when that write returns. A stalled client thus delays the others once, by at
 most ``stall_seconds`` plus a poll interval, and then receives coalesced deltas.
 
-On the event loop. A fan-out given the server's event loop builds and writes there when
-it can, with no thread in between: the cycle that brings an update asks, once it has let
-go of the graph's lock (:meth:`~engine.graph.UpdateGraph.call_after_cycle`), for a call
-on the loop, which takes the shared lock only if that needs no wait
-(:meth:`~engine.graph.UpdateGraph.shared_lock_if_free`), builds the message and puts it
-on every member's stream, each of which must have room for it (:meth:`Member.ready`).
-When one of those fails (a cycle in the way, a member's client behind), the thread takes
-over that message, exactly as above: the loop never waits. Per delta this spares the
-fan-out thread's wake-up and its hand-over to the loop (0.1-0.14 ms in an in-process probe
-on 2 cores) and some server CPU. Only one of the two builds at a time (``_stage``), so
-messages stay in order.
+On the event loop. A fan-out given the server's event loop skips its thread when it can.
+The cycle that brings an update, once it has let go of the graph's lock
+(:meth:`~engine.graph.UpdateGraph.call_after_cycle`), builds the message itself, its
+caches still warm with the update, taking the shared lock only if that needs no wait
+(:meth:`~engine.graph.UpdateGraph.shared_lock_if_free`); the event loop then puts it on
+every member's stream, each of which must have room for it (:meth:`Member.ready`). When
+one of those fails (a reader or cycle in the way, a member's client behind), the thread
+builds or writes that message, exactly as above: neither the cycle nor the loop ever
+waits. Per delta this spares the thread's wake-up and its hand-over to the loop, and the
+build runs where the update's data is (bench_flight against the loop building it: the
+1-subscriber p50 lower in 4 of 5 runs, by up to 0.1 ms). Only one of the two builds at a
+time (``_stage``), so messages stay in order.
 
 Lock order: a subscription's condition, then a fan-out's, then the publisher's lock.
 """
@@ -106,9 +107,9 @@ class FanOut(Generic[M]):
     stall_seconds
         How long a write may block before its member is detached.
     loop
-        The event loop the members' streams are written on: build and write there when
-        neither a cycle nor a full stream is in the way (module doc). ``None``: always on
-        the fan-out's thread.
+        The event loop the members' streams are written on: build on the cycle's thread
+        and write on the loop when nothing is in the way (module doc). ``None``: always
+        on the fan-out's thread.
     """
 
     def __init__(self, graph: UpdateGraph, publisher: Publisher, key: tuple[Any, ...],
@@ -134,12 +135,13 @@ class FanOut(Generic[M]):
         self._subscribed = False
         self._closed = False
         self._loop = loop
-        # who builds and writes the next message: "loop" (a call asked for), "thread" (from
-        # taking the pending updates until the message is written to every member), "idle"
+        # who builds and writes the next message: "loop" (the cycle builds it, the loop
+        # writes it), "thread" (from taking the pending updates, or being handed a built
+        # message, until it is written to every member), "idle"
         self._stage = "idle"
         self.messages = 0
         self.coalesced = 0
-        self.loop_messages = 0  # of messages, those built and written on the event loop
+        self.loop_messages = 0  # of messages, those written on the event loop
 
     # ------------------------------------------------------- the cycle's side (sink)
     def on_table_update(self, entry: HistoryEntry) -> None:
@@ -153,8 +155,8 @@ class FanOut(Generic[M]):
                     total = compose(total, e.update, first.prev)
                 self._pending = [HistoryEntry(last.sequence, last.step, total, first.prev)]
             if self._stage == "idle" and self._loop is not None and self._current is None:
-                self._stage = "loop"  # once the cycle let go of the lock: on the loop
-                self.graph.call_after_cycle(self._call_on_loop)
+                self._stage = "loop"  # built once the cycle let go of the lock, written on the loop
+                self.graph.call_after_cycle(self._after_cycle)
             elif self._stage != "loop":
                 self._cond.notify_all()
 
@@ -226,32 +228,38 @@ class FanOut(Generic[M]):
         with self._cond:
             return len(self._members)
 
-    # ------------------------------------------------------------ on the event loop
-    def _call_on_loop(self) -> None:  # on the cycle's thread, after the cycle
+    # ------------------------------------------- after the cycle, then on the event loop
+    def _after_cycle(self) -> None:  # on the cycle's thread, after the cycle
+        built = self._build_now()
+        if built is None:
+            return
         assert self._loop is not None
         try:
-            self._loop.call_soon_threadsafe(self._on_loop)
-        except RuntimeError:  # the loop is closed (shutting down): the thread's turn
-            self._to_thread()
+            self._loop.call_soon_threadsafe(self._write_on_loop, *built)
+        except RuntimeError:  # the loop is closed (shutting down): the thread writes it
+            self._to_thread(built)
 
-    def _to_thread(self) -> None:
+    def _to_thread(self, built: tuple[int, M] | None = None) -> None:
+        """Leave the next message to the thread (``built``: this one, to write)."""
         with self._cond:
-            self._stage = "idle"
+            if built is None:
+                self._stage = "idle"
+            else:
+                self._current = built
+                self._stage = "thread"
             self._cond.notify_all()
 
-    def _on_loop(self) -> None:
-        """Build and write the pending updates' message here, if nothing is in the way."""
+    def _build_now(self) -> tuple[int, M] | None:
+        """On the cycle's thread, caches still warm with the update: the pending updates'
+        message, or ``None`` when the thread is to build it (a reader or cycle in the way)."""
         with self._cond:
             if self._closed or self._failure is not None or not self._pending:
                 self._stage = "idle"
-                return
-            if not all(m.ready() for m in self._members):
-                self._to_thread()  # a member's stream is full: the thread waits for it
-                return
+                return None
         with self.graph.shared_lock_if_free() as free:
             if not free:
                 self._to_thread()
-                return
+                return None
             with self._cond:
                 pending, self._pending = self._pending, []
                 count, self._pending_count = self._pending_count, 0
@@ -266,13 +274,24 @@ class FanOut(Generic[M]):
         if failure is not None:
             self._to_thread()
             self.on_table_failure(failure)
-            return
-        detached: list[tuple[Member[M], BaseException]] = []
-        with self._cond:  # holds off leave(): no write to a member after it left
+            return None
+        with self._cond:
             self._sequence = pending[-1].sequence
             self.messages += 1
-            self.loop_messages += 1
             self.coalesced += count - 1
+        return start, msg
+
+    def _write_on_loop(self, start: int, msg: M) -> None:
+        """Write a built message to every member, here if each has room, else by the thread."""
+        detached: list[tuple[Member[M], BaseException]] = []
+        with self._cond:  # holds off leave(): no write to a member after it left
+            if self._closed or self._failure is not None:
+                self._stage = "idle"
+                return
+            if not all(m.ready() for m in self._members):
+                self._to_thread((start, msg))  # a member's stream is full: the thread waits
+                return
+            self.loop_messages += 1
             for m in list(self._members):
                 if m.sequence != start:
                     continue  # joined at the end of this message
