@@ -180,8 +180,9 @@ class UpdateGraph:
     def shared_lock_if_free(self) -> Iterator[bool]:
         """Like :meth:`shared_lock`, but never waits: yields whether the lock is held.
 
-        For a thread that must not block (the server's event loop): ``False`` when a cycle
-        runs or waits to run, and the caller does its work elsewhere."""
+        For work that must not wait for the lock (a fan-out building right after a cycle,
+        flight/fanout.py): ``False`` when a cycle runs or waits to run, and the caller
+        leaves the work to a thread that may wait."""
         if self._lock.held_exclusive_by_me():
             yield True
             return

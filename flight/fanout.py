@@ -331,7 +331,7 @@ class FanOut(Generic[M]):
                 return False
             current = self._current
             if current is None:
-                self._stage = "thread"  # the loop leaves the next message to this thread
+                self._stage = "thread"  # this message is the thread's, not the cycle's
         if current is None:
             with self.graph.shared_lock():
                 with self._cond:  # every update so far (no cycle runs under the shared lock)
