@@ -1,7 +1,7 @@
 """bench_flight's section 2: delta latency and the server's CPU per message (see bench_flight).
 
 Subscriber 0 reads in the bench's process, the others in spawned client processes; the
-client-side decoder (``flight.decoder``, ``flight.pb``) is this tree's for every server,
+client-side decoder (``flight.streams.decoder``, ``flight.pb``) is this tree's for every server,
 imported inside functions (a spawned process re-imports this module).
 """
 
@@ -44,7 +44,7 @@ class _Subscriber:
         self.thread.start()
 
     def _loop(self) -> None:
-        from flight.decoder import StreamEnded, read_message
+        from flight.streams.decoder import StreamEnded, read_message
 
         try:
             while True:
@@ -241,7 +241,7 @@ def _latency_run(child: ServerChild, n_subs: int, cycles: int, warmup: int, keep
 
 def _view_cost(sub: _Subscriber) -> dict[str, Any]:
     """ReferenceView.apply per message, offline on the messages one subscriber decoded."""
-    from flight.decoder import ReferenceView
+    from flight.streams.decoder import ReferenceView
 
     view = ReferenceView(sub.schema)
     t = time.perf_counter_ns()

@@ -29,10 +29,10 @@ import pyarrow.compute as pc
 
 from bench._fuzz_mutate import INTERESTING, maybe_mutate, mutate_bytes, mutate_frames, split_fields
 from flight import substrait
-from flight.framing import batch_frames, frame, schema_frame
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb
+from flight.rpc.framing import batch_frames, frame, schema_frame
 
 FLIGHT = "/arrow.flight.protocol.FlightService/"
 TABLES = "/ticktable_proto.v1.TableService/"

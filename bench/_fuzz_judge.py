@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 
 from bench._fuzz_cases import Case
-from flight.framing import parse_flight_data
 from flight.pb import flight_pb2 as pb
+from flight.rpc.framing import parse_flight_data
 
 
 # ------------------------------------------------------------------------- send and judge

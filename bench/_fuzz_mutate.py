@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from flight.framing import frame, parse_flight_data
+from flight.rpc.framing import frame, parse_flight_data
 
 INTERESTING = (0, 1, -1, 2, 7, 8, 63, 64, 127, 128, 255, 256, 1 << 15, (1 << 31) - 1, 1 << 31,
                 (1 << 32) - 1, 1 << 32, (1 << 62), (1 << 63) - 1, -(1 << 63))

@@ -7,7 +7,7 @@
 * :class:`Writer` upserts, deletes and appends into the watched tables over DoPut and keeps
   a model of every acknowledged write.
 * :class:`Subscriber` follows a watched table over DoExchange through the reference decoder
-  (:mod:`flight.decoder`).
+  (:mod:`flight.streams.decoder`).
 * :func:`check_exact` waits until the writes are visible and every subscriber caught up,
   then compares: snapshot (DoGet) against the writer's model, each subscriber's view
   against the snapshot.
@@ -29,9 +29,9 @@ import pyarrow.flight as fl
 
 from bench._fuzz_cases import CREATED, FUZZ_TABLES, TABLES, WATCHED, WRITE_IDS
 from bench._fuzz_judge import Answer, violations
-from flight.decoder import ReferenceView, StreamEnded, read_message
 from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb
+from flight.streams.decoder import ReferenceView, StreamEnded, read_message
 
 #: A fuzz table with more rows than this is recreated by :func:`cleanup`.
 MAX_FUZZ_ROWS = 300

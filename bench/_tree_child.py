@@ -280,15 +280,15 @@ class _SenderProfile:
     """Wall time the server spends building messages (under the shared lock) and writing them.
 
     "build" is a subscription building its own message (``Subscription._next_message``) or a
-    fan-out building the one its members share (``FanOut`` builds, see flight/fanout.py);
+    fan-out building the one its members share (``FanOut`` builds, see flight/streams/fanout.py);
     "write" is writing one message to one stream (``Subscription._send``). Wraps those for
     the latency section; the numbers include waiting for the GIL, which is the point on a
     busy 2-core machine. A tree without one of those hooks reports ``None`` for it.
     """
 
     def __init__(self) -> None:
-        from flight.fanout import FanOut
-        from flight.subscription import Subscription
+        from flight.streams.fanout import FanOut
+        from flight.streams.subscription import Subscription
 
         self.lock = threading.Lock()
         self.samples: dict[str, list[float]] = {}

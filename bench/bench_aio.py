@@ -6,13 +6,13 @@ serves one workload from both, stripped of everything but the transport:
 * **sync**: ``grpc.server`` with a thread pool and a generic handler. A DoGet's response
   iterator drains a per-stream ``queue.Queue`` (depth --depth, woken by
   ``context.add_callback`` when the call ends); one publisher thread puts each message on
-  every stream's queue (what ``flight.transport.FrameQueue`` and ``flight.fanout`` do).
+  every stream's queue (what ``flight.rpc.flight_service.FrameQueue`` and ``flight.streams.fanout`` do).
 * **aio**: ``grpc.aio.server`` with the same generic handler; a DoGet is an async
   generator awaiting a per-stream ``asyncio.Queue``. The same kind of publisher thread
   hands each message to the event loop once (``loop.call_soon_threadsafe``), and the
   loop puts it on every stream's queue (a full queue drops it: counted, as ``dropped``).
 
-Both send the same pre-framed ``FlightData`` bytes (:mod:`flight.framing`: one 1,000-row
+Both send the same pre-framed ``FlightData`` bytes (:mod:`flight.rpc.framing`: one 1,000-row
 batch of the shared 4-column table, header and body sliced once; per message only the
 ``app_metadata`` changes), with raw-bytes serializers (no protobuf re-encode).
 
@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._common import SCHEMA, batch, print_table, write_json  # noqa: E402
-from flight.framing import frame, parse_flight_data, put_result, schema_frame  # noqa: E402
+from flight.rpc.framing import frame, parse_flight_data, put_result, schema_frame  # noqa: E402
 
 SERVICE = "arrow.flight.protocol.FlightService"
 OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.so_reuseport", 0)]

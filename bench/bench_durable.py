@@ -42,7 +42,7 @@ from bench._common import SCHEMA, batch, print_table, stats_ms, write_json  # no
 from engine.errors import TableNotFound  # noqa: E402
 from engine.graph import UpdateGraph  # noqa: E402
 from engine.ops.aggregate import agg  # noqa: E402
-from flight._publish import Part  # noqa: E402
+from flight.ingest.parts import Part  # noqa: E402
 from flight.pb import flight_pb2 as pb  # noqa: E402
 from flight.server import ServerConfig, TicktableServer  # noqa: E402
 

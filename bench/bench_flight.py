@@ -3,7 +3,7 @@
 Servers: "new" is this working tree; "old" is the tree at ``--old REV`` (default 4ddb344,
 the last pyarrow-based server), checked out for the run with ``git worktree add --detach``
 into a temporary directory and removed at the end; "raw" is a bare ``pyarrow.flight``
-server, the baseline. The clients, and the client-side decoder (``flight.decoder``,
+server, the baseline. The clients, and the client-side decoder (``flight.streams.decoder``,
 ``flight.pb``), are this tree's for every server.
 
 Topology: each section spawns one process per server (bench/_tree_child.py), alive together

@@ -3,7 +3,7 @@
 Every backend makes each batch durable before acknowledging it, and concurrent writers share
 flushes through the same group-commit loop (a queue, one flusher thread, one sync per group):
 
-  sqlite  ``flight.journal.Journal`` itself: SQLite in WAL mode, ``synchronous=FULL``,
+  sqlite  ``flight.durability.journal.Journal`` itself: SQLite in WAL mode, ``synchronous=FULL``,
           64 KiB pages, WAL checkpointed every 64 MiB; CRC32 per record, dedupe tables;
           payloads of 64 KiB or more in payload files beside it, written with ``pwrite``
           and ``fdatasync``-ed before the COMMIT that refers to them.
@@ -45,8 +45,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import batch, print_table, stats_ms, write_json  # noqa: E402
-from flight._journal_records import ipc_bytes  # noqa: E402
-from flight.journal import Journal  # noqa: E402
+from flight.durability.journal import Journal  # noqa: E402
+from flight.durability.records import ipc_bytes  # noqa: E402
 
 _Rec = tuple[int, bytes, Any, int]  # (seq, meta, payload, crc)
 

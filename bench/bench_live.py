@@ -39,9 +39,9 @@ from clients._livestate import _State  # noqa: E402
 from clients._wire import Endpoint  # noqa: E402
 from clients.live import LiveTable  # noqa: E402
 from engine.graph import UpdateGraph  # noqa: E402
-from flight.decoder import Message, read_message  # noqa: E402
 from flight.pb import flight_pb2 as pb  # noqa: E402
 from flight.server import ServerConfig, TicktableServer  # noqa: E402
+from flight.streams.decoder import Message, read_message  # noqa: E402
 
 LOAD_ROWS = 1 << 18  # rows per upsert while filling a table
 

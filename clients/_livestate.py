@@ -1,6 +1,6 @@
 """The client-side state of a live subscription: keys, values and the updates applied.
 
-:class:`_State` applies one subscription message (:mod:`flight.decoder` defines them) at a
+:class:`_State` applies one subscription message (:mod:`flight.streams.decoder` defines them) at a
 cost that follows the message, not the table:
 
 * the table's row keys as a Roaring bitmap (positions, the viewport, validation);
@@ -11,7 +11,7 @@ cost that follows the message, not the table:
 * ``row key -> slot`` in a :class:`~engine._kernels.rowkeymap.RowKeyMap` (a dense array
   while the keys are dense, a vectorized hash map when they are sparse).
 
-Shifts are applied with :func:`flight.decoder.apply_shifts`, one ``searchsorted`` over the
+Shifts are applied with :func:`flight.streams.decoder.apply_shifts`, one ``searchsorted`` over the
 range begins; the ranges become a bitmap with
 :func:`~engine._kernels.arrays.bitmap_from_ranges` (no Python step per range).
 
@@ -35,8 +35,8 @@ from pyroaring import BitMap64
 from engine._kernels.arrays import bitmap_from_ranges, bitmap_from_sorted
 from engine._kernels.rowkeymap import RowKeyMap
 from engine.errors import ProtocolError
-from flight.decoder import apply_shifts
 from flight.pb import flight_pb2 as pb
+from flight.streams.decoder import apply_shifts
 
 __all__ = ["Update"]
 

@@ -1,7 +1,7 @@
 """A live subscription: a table kept current in the background (DESIGN.md §5-6).
 
 :class:`LiveTable` runs one reader thread per subscription. It opens a ``DoExchange``
-stream, applies every message the server sends (:mod:`flight.decoder` is the protocol's
+stream, applies every message the server sends (:mod:`flight.streams.decoder` is the protocol's
 definition) to a columnar, keyed client state, and hands each applied message to
 callbacks and iterators as an :class:`Update`. When the stream breaks it reconnects with
 backoff and resumes from the last applied message (the server answers with one composed
@@ -46,8 +46,8 @@ from clients._liveconsumers import (
     _View,
 )
 from clients._livestate import _RESUMED, Update, _check_viewport, _positions, _State
-from flight.decoder import StreamEnded, read_message
 from flight.pb import flight_pb2 as pb
+from flight.streams.decoder import StreamEnded, read_message
 
 __all__ = ["LiveTable", "Update"]
 

@@ -181,7 +181,7 @@ class UpdateGraph:
         """Like :meth:`shared_lock`, but never waits: yields whether the lock is held.
 
         For work that must not wait for the lock (a fan-out building right after a cycle,
-        flight/fanout.py): ``False`` when a cycle runs or waits to run, and the caller
+        flight/streams/fanout.py): ``False`` when a cycle runs or waits to run, and the caller
         leaves the work to a thread that may wait."""
         if self._lock.held_exclusive_by_me():
             yield True

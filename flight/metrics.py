@@ -39,9 +39,9 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
-    from flight.durable import Durability
+    from flight.durability.durable import Durability
     from flight.pb import flight_pb2 as pb
-    from flight.registry import TableRegistry
+    from flight.streams.registry import TableRegistry
 
 __all__ = ["Measured", "Metrics", "Totals"]
 

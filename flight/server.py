@@ -1,10 +1,10 @@
 """The Ticktable server: Arrow Flight, the TableService, health and reflection on one port
 (DESIGN.md §5).
 
-One ``grpc.aio`` server (:mod:`flight.bridge`: its event loop writes every stream, the
-handlers run on threads) hosts ``arrow.flight.protocol.FlightService`` (:mod:`flight.transport`:
+One ``grpc.aio`` server (:mod:`flight.rpc.aio`: its event loop writes every stream, the
+handlers run on threads) hosts ``arrow.flight.protocol.FlightService`` (:mod:`flight.rpc.flight_service`:
 snapshots, subscriptions, writes, actions), ``ticktable_proto.v1.TableService``
-(:mod:`flight.service`), the standard health service and server reflection. One
+(:mod:`flight.rpc.table_service`), the standard health service and server reflection. One
 interceptor checks the bearer token for every service but health; TLS when a certificate
 and key are given. The port is bound exclusively (``SO_REUSEPORT`` off): a port in use is
 an error at start, never a shared port.
@@ -32,12 +32,9 @@ from grpc_health.v1 import health_pb2
 
 from engine.errors import InputError, ProtocolError
 from engine.graph import UpdateGraph
-from flight._requests import parse
-from flight.bridge import AioServer
-from flight.calls import CallLog
-from flight.durable import Durability, RecoveryReport
+from flight.durability.durable import Durability, RecoveryReport
 from flight.errors import PortInUse
-from flight.limits import (
+from flight.ingest.limits import (
     MAX_COLUMNS,
     MAX_PUT_BATCH_BYTES,
     MAX_STAGED_BYTES_PER_WRITE,
@@ -46,12 +43,15 @@ from flight.limits import (
     MAX_VALUE_BYTES,
     SubscriptionsPerClient,
 )
+from flight.ingest.put import PutHandler
+from flight.ingest.staging import StagingArea
 from flight.metrics import Metrics
 from flight.pb import flight_pb2 as pb
-from flight.put import PutHandler
-from flight.registry import TableRegistry, quoted
-from flight.staging import StagingArea
-from flight.subscription import Subscription, SubscriptionOptions
+from flight.rpc.aio import AioServer
+from flight.rpc.call_log import CallLog
+from flight.rpc.requests import parse
+from flight.streams.registry import TableRegistry, quoted
+from flight.streams.subscription import Subscription, SubscriptionOptions
 
 if TYPE_CHECKING:
     from flight.web.link import WebProcess
@@ -118,7 +118,7 @@ class ServerConfig:
     read_token
         A second bearer token, for reading only: snapshots, subscriptions, listings and
         stats; writes, creates, drops and compositions answer PERMISSION_DENIED
-        (:mod:`flight.auth`). Needs ``token``.
+        (:mod:`flight.rpc.auth`). Needs ``token``.
     tls_cert, tls_key
         PEM certificate chain and private key: serve TLS (``grpc+tls://``).
     max_batch_rows
@@ -172,9 +172,9 @@ class ServerConfig:
         may stall, the server never) or ``"nice"`` (nice 19: a small share even then).
 
     A request past a limit is refused with RESOURCE_EXHAUSTED naming the limit and its
-    ``ticktable serve`` flag; :mod:`flight.limits` has the table of limits and defaults.
+    ``ticktable serve`` flag; :mod:`flight.ingest.limits` has the table of limits and defaults.
     data_dir
-        Where durable tables live (journal and checkpoints, :mod:`flight.durable`); tables
+        Where durable tables live (journal and checkpoints, :mod:`flight.durability.durable`); tables
         created through the server come back after a restart. ``None``: in memory only.
     checkpoint_bytes, checkpoint_seconds
         A checkpoint is written once the journal grew by this many bytes, or this many
@@ -367,7 +367,7 @@ class TicktableServer:
         """Recover durable tables, bind the port and serve in the background.
 
         With a ``data_dir``, the last acknowledged state comes back first (call this before
-        ``graph.start``): see :meth:`flight.durable.Durability.recover`.
+        ``graph.start``): see :meth:`flight.durability.durable.Durability.recover`.
 
         Returns
         -------
@@ -382,7 +382,7 @@ class TicktableServer:
         cfg = self.config
         keep_freed_memory()  # before the threads recovery and serving start
         if self.durability.durable and self.recovery is None:
-            from flight.service import derived_builder
+            from flight.rpc.table_service import derived_builder
 
             self.durability.set_deriver(derived_builder(self.registry))
             try:
@@ -426,11 +426,11 @@ class TicktableServer:
     def _serve(self) -> tuple[AioServer, int]:
         from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-        from flight.auth import BearerTokenInterceptor
         from flight.pb import arrow_flight_pb2, table_service_pb2
-        from flight.service import SERVICE_NAME, add_table_service
-        from flight.transport import SERVICE_NAME as FLIGHT_SERVICE
-        from flight.transport import FlightService
+        from flight.rpc.auth import BearerTokenInterceptor
+        from flight.rpc.flight_service import SERVICE_NAME as FLIGHT_SERVICE
+        from flight.rpc.flight_service import FlightService
+        from flight.rpc.table_service import SERVICE_NAME, add_table_service
 
         cfg = self.config
         options = [
@@ -447,7 +447,7 @@ class TicktableServer:
             server.add_generic_rpc_handlers((FlightService(self).handler(),))
             health = add_table_service(server, self.registry, durability=self.durability)
             health.set(FLIGHT_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-            # the sync servicer: every handler runs on a thread (flight.bridge)
+            # the sync servicer: every handler runs on a thread (flight.rpc.aio)
             reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
                 reflection.ReflectionServicer((
                     arrow_flight_pb2.DESCRIPTOR.services_by_name["FlightService"].full_name,

@@ -14,7 +14,7 @@ some row holds it now. So ``remove = (u.removed | moved_prev) - cur`` and ``upse
 u.added | u.modified | moved_cur``: the cost follows the change, never the table.
 
 Threads. The update cycle calls :meth:`TableFeed.on_table_update` (through the table's
-:class:`~flight.registry.Publisher`), which only queues the update: the cycle never waits
+:class:`~flight.streams.registry.Publisher`), which only queues the update: the cycle never waits
 for a browser. The feed's own thread composes what is queued into one update (updates
 never change, so without any lock), then takes the graph's shared lock, which no cycle
 runs under, only to add what cycles queued meanwhile and read the rows it must send,
@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from engine.rowset import RowSet
 from engine.update import TableUpdate, compose
-from flight.registry import HistoryEntry, TableEntry
+from flight.streams.registry import HistoryEntry, TableEntry
 
 __all__ = ["FEEDS", "ROW_KEY", "SNAPSHOT_CHUNK_ROWS", "Change", "TableFeed", "perspective_schema",
            "split_snapshot", "to_ipc"]

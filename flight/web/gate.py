@@ -1,4 +1,4 @@
-"""The web UI's token gate: the same tokens as Flight (:mod:`flight.auth`), for a browser.
+"""The web UI's token gate: the same tokens as Flight (:mod:`flight.rpc.auth`), for a browser.
 
 A browser cannot put an ``authorization`` header on a WebSocket, so the page asks for the
 token once (the login page), posts it to ``/api/login`` and from then on every HTTP and

@@ -50,7 +50,7 @@ import pyarrow as pa
 
 from engine.errors import TableFailed, TableNotFound, TicktableError
 from engine.graph import UpdateGraph
-from flight.registry import TableRegistry
+from flight.streams.registry import TableRegistry
 from flight.web.feed import FEEDS, Change, TableFeed, ipc_buffer
 
 __all__ = ["SCHEDS", "Settings", "WebProcess", "read_change", "write_change"]

@@ -10,9 +10,9 @@ import pyarrow.flight as fl
 import pytest
 
 from engine.graph import UpdateGraph
-from flight.decoder import ReferenceView, StreamEnded, TriplesView, read_message
 from flight.pb import flight_pb2 as pb
 from flight.server import ServerConfig, TicktableServer
+from flight.streams.decoder import ReferenceView, StreamEnded, TriplesView, read_message
 
 OPEN: list[Sub] = []
 

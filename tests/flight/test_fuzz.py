@@ -45,15 +45,15 @@ from bench._fuzz_watch import Subscriber, Writer, check_exact, cleanup, create_t
 from engine.errors import InputError, SchemaError, TicktableError
 from engine.graph import UpdateGraph
 from flight import substrait
-from flight._requests import parse
 from flight.errors import INTERNAL, grpc_status, status_of
-from flight.framing import IpcDecoder, batch_frames, frame, parse_flight_data, schema_frame
+from flight.ingest.put import check_batch, check_mode
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb
-from flight.put import check_batch, check_mode
-from flight.registry import TableRegistry
+from flight.rpc.framing import IpcDecoder, batch_frames, frame, parse_flight_data, schema_frame
+from flight.rpc.requests import parse
 from flight.server import ServerConfig, TicktableServer
+from flight.streams.registry import TableRegistry
 
 FUZZ = settings(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

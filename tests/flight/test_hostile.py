@@ -25,14 +25,14 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from engine.errors import InputError
 from engine.graph import UpdateGraph
 from flight.errors import MAX_MESSAGE
-from flight.framing import IpcDecoder, batch_frames, frame, parse_flight_data
+from flight.ingest.staging import WriteNotFound
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb
 from flight.pb import table_service_pb2_grpc as tgrpc
-from flight.registry import MAX_RING_CAPACITY
+from flight.rpc.framing import IpcDecoder, batch_frames, frame, parse_flight_data
 from flight.server import ServerConfig, TicktableServer
-from flight.staging import WriteNotFound
+from flight.streams.registry import MAX_RING_CAPACITY
 
 KV = pa.schema([("k", pa.int64()), ("v", pa.float64())])
 FLIGHT = "/arrow.flight.protocol.FlightService/"

@@ -1,4 +1,4 @@
-"""The Prometheus endpoint (flight/metrics.py) and the call log (flight/calls.py), scraped
+"""The Prometheus endpoint (flight/metrics.py) and the call log (flight/rpc/call_log.py), scraped
 over real HTTP from a real server on 127.0.0.1, with real Flight traffic."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flight.framing import _valid_ascii_strings, validate_full
+from flight.rpc.framing import _valid_ascii_strings, validate_full
 
 TEXT = st.one_of(st.text(alphabet="abcXYZ09 ", max_size=6), st.text(max_size=4))
 

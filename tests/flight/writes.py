@@ -5,10 +5,10 @@ from __future__ import annotations
 import pyarrow as pa
 
 from engine.graph import UpdateGraph
+from flight.ingest.put import PutHandler
+from flight.ingest.staging import StagingArea
 from flight.pb import flight_pb2 as pb
-from flight.put import PutHandler
-from flight.registry import TableRegistry
-from flight.staging import StagingArea
+from flight.streams.registry import TableRegistry
 
 KV = pa.schema([("k", pa.int64()), ("s", pa.string()), ("v", pa.float64())])
 COMPOSITE = pa.schema([("sym", pa.string()), ("n", pa.int32()), ("v", pa.float64())])

@@ -47,7 +47,7 @@ def _until(pred: Callable[[], bool], timeout: float, what: str) -> None:
 def _served(server: ServerProcess) -> str:
     """What the server logged since it recovered (recovery logs the commits it replays)."""
     text = server.log_path.read_text(errors="replace")
-    return text[text.find("flight.durable: recovered:"):]
+    return text[text.find("flight.durability.durable: recovered:"):]
 
 
 def _committed(server: ServerProcess) -> list[int]:

@@ -17,9 +17,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine.graph import UpdateGraph
-from flight.decoder import ReferenceView, read_message
 from flight.pb import flight_pb2 as pb
 from flight.server import ServerConfig, TicktableServer
+from flight.streams.decoder import ReferenceView, read_message
 
 ROOT = Path(__file__).resolve().parents[2]
 

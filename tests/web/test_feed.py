@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from engine.graph import UpdateGraph
-from flight.registry import TableRegistry
+from flight.streams.registry import TableRegistry
 from flight.web.feed import ROW_KEY, Change, TableFeed, perspective_schema
 from flight.web.gateway import encode_change
 

@@ -1,0 +1,10 @@
+"""Writes into source tables: DoPut streams, their checks, staging and transactions.
+
+Reading order, in the order a batch travels:
+
+- :mod:`flight.ingest.put`: one DoPut stream: decode, check, stage or hold, acknowledge.
+- :mod:`flight.ingest.limits`: the server's limits on what a client may send or hold.
+- :mod:`flight.ingest.staging`: stage slots, commit and abort, write ids remembered.
+- :mod:`flight.ingest.parts`: a checked :class:`~flight.ingest.parts.Part`, and writing
+  parts into their tables under the graph's and tables' locks.
+"""

@@ -1,0 +1,485 @@
+"""Arrow Flight served by grpcio, beside the TableService on the same port (DESIGN.md §5).
+
+:class:`FlightService` implements ``arrow.flight.protocol.FlightService`` as a generic
+gRPC handler. The unary and small messages go through the classes generated from
+``proto/arrow/flight/protocol/arrow_flight.proto``; ``FlightData`` and ``PutResult`` are
+framed by hand (:mod:`flight.rpc.framing`), so record batch bodies are neither re-encoded per
+subscriber nor copied on the way in.
+
+=================  ==================================================================
+Flight call        what it does
+=================  ==================================================================
+Handshake          answers each request with an empty response (tokens are headers)
+ListFlights        every table: schema, size, kind
+GetFlightInfo      one table (descriptor path ``[name]``); its ticket is a SnapshotRequest
+PollFlightInfo     UNIMPLEMENTED
+GetSchema          one table's schema
+DoGet              a consistent snapshot; the ticket is a ``SnapshotRequest`` (columns,
+                   Substrait filter) or a plain table name
+DoExchange         a subscription (:mod:`flight.streams.subscription`): the first client message's
+                   ``app_metadata`` is a ``ClientMessage`` with ``subscribe``
+DoPut              ingestion (:mod:`flight.ingest.put`); the ``PutRequest`` is the first batch's
+                   ``app_metadata`` or the schema message's (not both)
+DoAction           ``create_table``, ``drop_table``, ``commit``, ``abort``, ``stats``
+ListActions        the actions above
+=================  ==================================================================
+
+Errors. Every handler answers an exception with its row of :mod:`flight.errors`: the
+row's gRPC code and a one-line message; a bug answers INTERNAL with a reference id and
+the traceback goes to the log only. A DoExchange past ``max_subscriptions_per_client``
+open from its client's address is refused RESOURCE_EXHAUSTED (:mod:`flight.ingest.limits`).
+
+Streams. The server is ``grpc.aio`` and every handler here runs on a thread
+(:mod:`flight.rpc.aio`). A streaming answer is a generator whose messages the event loop
+writes; gRPC's HTTP/2 flow control holds the loop's write while the client's window is
+full, and the generator's thread while the bridge's short pipe is. A subscription's
+messages are written by its sender (or its table's fan-out thread) into a
+:class:`FrameQueue` that the event loop drains itself, so a delta reaches the wire without
+waking a handler thread, and a writer blocks when the client stops reading: the
+transport's own flow control is what detects a slow reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+
+import grpc
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from engine.errors import ProtocolError, SchemaError
+from flight.errors import abort, grpc_status
+from flight.ingest.limits import client_of, quoted
+from flight.pb import arrow_flight_pb2 as fpb
+from flight.pb import flight_pb2 as pb
+from flight.rpc.aio import END, CallContext, LoopFeed, LoopQueue, QueueClosed
+from flight.rpc.framing import (
+    IpcDecoder,
+    batch_frames,
+    descriptor_of,
+    parse_flight_data,
+    put_result,
+    schema_frame,
+)
+from flight.rpc.requests import check_metadata_size, parse, table_name
+from flight.streams.subscription import Subscription
+
+if TYPE_CHECKING:
+    from engine.graph import UpdateGraph
+    from flight.ingest.limits import SubscriptionsPerClient
+    from flight.ingest.put import PutHandler
+    from flight.streams.registry import TableEntry, TableRegistry
+    from flight.streams.subscription import SubscriptionOptions
+
+__all__ = ["SERVICE_NAME", "FlightHost", "FlightService"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+SERVICE_NAME = "arrow.flight.protocol.FlightService"
+
+ACTIONS = (("create_table", "CreateTableRequest -> empty"),
+           ("drop_table", "DropTableRequest -> empty"),
+           ("commit", "CommitRequest -> CommitResult"),
+           ("abort", "AbortRequest -> empty"),
+           ("stats", "empty -> Stats"))
+
+
+class _Limits(Protocol):
+    max_batch_rows: int
+    max_metadata_bytes: int
+
+
+class FlightHost(Protocol):
+    """What :class:`FlightService` serves from (a :class:`~flight.server.TicktableServer`)."""
+
+    graph: UpdateGraph
+    registry: TableRegistry
+    puts: PutHandler
+    sub_options: SubscriptionOptions
+    subscriptions_per_client: SubscriptionsPerClient
+
+    @property
+    def config(self) -> _Limits: ...
+
+    def track_subscription(self, sub: Subscription, delta: int) -> None:
+        """Count ``sub`` as open (``delta`` +1) or closed (-1)."""
+
+    def action(self, kind: str, body: bytes) -> bytes | None:
+        """Run one DoAction; returns the serialized result message (or ``None``)."""
+
+
+# ------------------------------------------------------------------------------ errors
+def _unary(fn: Callable[[Any, grpc.ServicerContext], T]) -> Callable[[Any, grpc.ServicerContext], T]:
+    def handler(request: Any, context: grpc.ServicerContext) -> T:
+        try:
+            return fn(request, context)
+        except Exception as exc:
+            abort(context, exc)
+
+    return handler
+
+
+def _streaming(fn: Callable[[Any, grpc.ServicerContext], Iterator[T]]
+               ) -> Callable[[Any, grpc.ServicerContext], Iterator[T]]:
+    """A streaming handler whose exception ends the call with its status (see module doc)."""
+
+    def handler(request: Any, context: grpc.ServicerContext) -> Iterator[T]:
+        try:
+            yield from fn(request, context)
+        except grpc.RpcError:
+            # from the client's messages: the call is over, its status already sent (the
+            # client cancelled, or gRPC refused a message past its receive limit); CallLog
+            # logs the call's end
+            log.debug("%s from %s ended while its messages were read", fn.__name__,
+                      context.peer())
+        except Exception as exc:
+            code, message = grpc_status(exc)
+            context.set_code(code)
+            context.set_details(message)
+
+    return handler
+
+
+def _put_where(descriptor: flight.FlightDescriptor | None) -> str:
+    """How a DoPut's refusals name the call: ``DoPut into 'table'`` when the path says."""
+    if (descriptor is None or descriptor.descriptor_type != flight.DescriptorType.PATH
+            or len(descriptor.path) != 1):
+        return "DoPut"  # refused by PutHandler.serve_acks, naming the descriptor's problem
+    raw = descriptor.path[0]
+    name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    return f"DoPut into {quoted(name)}"
+
+
+class _Context:
+    """What a subscription asks of its call (pyarrow's ServerCallContext's shape)."""
+
+    def __init__(self, context: CallContext) -> None:
+        self._context = context
+
+    def is_cancelled(self) -> bool:
+        return not self._context.is_active()
+
+    def peer(self) -> str:
+        return str(self._context.peer())
+
+
+class _Gone(Exception):
+    """The call ended (client cancelled or disconnected): nothing more can be written."""
+
+
+class FrameQueue(LoopFeed):
+    """Frames written by any thread, written to the call by the server's event loop.
+
+    ``write_frames`` blocks while ``depth`` messages wait (the loop waits in gRPC while
+    the client's flow-control window is full), and raises once the call is over. The
+    handler yields the queue (the bridge drains it on the loop, :mod:`flight.rpc.aio`) and
+    then waits in :meth:`wait` for the end.
+    """
+
+    def __init__(self, context: CallContext, depth: int = 4) -> None:
+        self._queue = LoopQueue(context.loop, depth)
+        self._finished = threading.Event()
+        context.add_callback(self._call_ended)  # cancelled, disconnected or finished
+
+    def _call_ended(self) -> None:
+        self._queue.close()
+        self._finished.set()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop that writes the frames."""
+        return self._queue.loop
+
+    def has_room(self) -> bool:
+        """Whether :meth:`write_frames` now would return at once (it may still raise)."""
+        return self._queue.has_room()
+
+    def write_frames(self, frames: tuple[bytes, ...]) -> None:
+        try:
+            self._queue.put(frames)
+        except QueueClosed:
+            raise _Gone("the client's call ended") from None
+
+    def close(self, error: BaseException | None = None) -> None:
+        """No more frames; the call ends with ``error``'s status (OK without one)."""
+        self._queue.finish(error)
+
+    async def drain(self) -> AsyncIterator[bytes]:
+        """The frames, until :meth:`close` (on the event loop)."""
+        try:
+            while (frames := await self._queue.get()) is not END:
+                for frame in frames:
+                    yield frame
+        finally:
+            self._queue.close()
+            self._finished.set()
+
+    def wait(self) -> None:
+        """Block until the frames are written or the call ended; raises the error the
+        queue was closed with."""
+        self._finished.wait()
+        # raised without a reference left here or in the queue: its traceback holds this
+        # frame and the handler's, and a cycle through them would keep what they hold
+        error, self._queue.error = self._queue.error, None
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error
+
+
+# ----------------------------------------------------------------------------- service
+class FlightService:
+    """``arrow.flight.protocol.FlightService`` over one server (:class:`FlightHost`)."""
+
+    def __init__(self, server: FlightHost) -> None:
+        self.server = server
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The generic handler to add to a ``grpc.Server``."""
+        raw = None  # hand-framed messages: gRPC passes the bytes through
+        unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, {
+            "Handshake": grpc.stream_stream_rpc_method_handler(
+                _streaming(self.handshake), fpb.HandshakeRequest.FromString,
+                fpb.HandshakeResponse.SerializeToString),
+            "ListFlights": stream(_streaming(self.list_flights), fpb.Criteria.FromString,
+                                  fpb.FlightInfo.SerializeToString),
+            "GetFlightInfo": unary(_unary(self.get_flight_info), fpb.FlightDescriptor.FromString,
+                                   fpb.FlightInfo.SerializeToString),
+            "PollFlightInfo": unary(self.poll_flight_info, fpb.FlightDescriptor.FromString,
+                                    fpb.PollInfo.SerializeToString),
+            "GetSchema": unary(_unary(self.get_schema), fpb.FlightDescriptor.FromString,
+                               fpb.SchemaResult.SerializeToString),
+            "DoGet": stream(_streaming(self.do_get), fpb.Ticket.FromString, raw),
+            "DoPut": grpc.stream_stream_rpc_method_handler(_streaming(self.do_put), raw, raw),
+            "DoExchange": grpc.stream_stream_rpc_method_handler(_streaming(self.do_exchange),
+                                                                raw, raw),
+            "DoAction": stream(_streaming(self.do_action), fpb.Action.FromString,
+                               fpb.Result.SerializeToString),
+            "ListActions": stream(_streaming(self.list_actions), fpb.Empty.FromString,
+                                  fpb.ActionType.SerializeToString),
+        })
+
+    # ------------------------------------------------------------------ metadata
+    def handshake(self, requests: Iterator[fpb.HandshakeRequest],
+                  context: grpc.ServicerContext) -> Iterator[fpb.HandshakeResponse]:
+        for r in requests:
+            yield fpb.HandshakeResponse(protocol_version=r.protocol_version)
+
+    def _info(self, entry: TableEntry) -> fpb.FlightInfo:
+        ticket = pb.SnapshotRequest(table=entry.name).SerializeToString()
+        return fpb.FlightInfo(
+            schema=entry.table.schema.serialize().to_pybytes(),
+            flight_descriptor=fpb.FlightDescriptor(type=fpb.FlightDescriptor.PATH,
+                                                   path=[entry.name]),
+            endpoint=[fpb.FlightEndpoint(ticket=fpb.Ticket(ticket=ticket))],
+            total_records=len(entry.table.rowset), total_bytes=-1,
+            app_metadata=entry.kind.encode())
+
+    def list_flights(self, criteria: fpb.Criteria,
+                     context: grpc.ServicerContext) -> Iterator[fpb.FlightInfo]:
+        infos = [self._info(e) for e in self.server.registry.entries()]
+        yield from infos
+
+    def _entry(self, descriptor: fpb.FlightDescriptor) -> TableEntry:
+        if descriptor.type != fpb.FlightDescriptor.PATH or len(descriptor.path) != 1:
+            raise ProtocolError("use FlightDescriptor.for_path(table_name)")
+        return self.server.registry.get(descriptor.path[0])
+
+    def get_flight_info(self, descriptor: fpb.FlightDescriptor,
+                        context: grpc.ServicerContext) -> fpb.FlightInfo:
+        return self._info(self._entry(descriptor))
+
+    def poll_flight_info(self, descriptor: fpb.FlightDescriptor,
+                         context: grpc.ServicerContext) -> fpb.PollInfo:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                      "PollFlightInfo: Ticktable answers every query at once; use GetFlightInfo")
+        raise AssertionError("abort returned")
+
+    def get_schema(self, descriptor: fpb.FlightDescriptor,
+                   context: grpc.ServicerContext) -> fpb.SchemaResult:
+        return fpb.SchemaResult(schema=self._entry(descriptor).table.schema.serialize().to_pybytes())
+
+    # ------------------------------------------------------------------ snapshots
+    def do_get(self, ticket: fpb.Ticket, context: grpc.ServicerContext) -> Iterator[bytes]:
+        req = self._snapshot_request(ticket.ticket)
+        entry = self.server.registry.get(req.table)
+        table = entry.table
+        columns = list(req.columns) or None
+        if columns:
+            unknown = [c for c in columns if c not in table.schema.names]
+            if unknown:
+                raise SchemaError(f"table {req.table!r} has no column(s) {unknown} "
+                                  f"(columns: {', '.join(table.schema.names)})")
+        graph, publisher = self.server.graph, entry.publisher
+        for _ in range(8):  # a snapshot with the step it was taken at (no cycle in between)
+            step = graph.step
+            sequence = publisher.sequence if publisher is not None else 0
+            snap = table.to_arrow(None if req.filter else columns)
+            size = len(table.rowset)
+            if graph.step == step:
+                break
+        if req.filter:
+            from flight.substrait import filter_table
+
+            snap = filter_table(snap, req.filter)
+            if columns:
+                snap = snap.select(columns)
+        meta = pb.UpdateMetadata(step=step, is_snapshot=True, sequence=sequence,
+                                 epoch=publisher.epoch if publisher is not None else "",
+                                 table_size=size, columns=snap.schema.names)
+        # record batches of at most max_batch_rows (zero-copy slices), each framed as it is
+        # sent: no client has to take one message of the whole table; the first carries
+        # the snapshot's step (an empty snapshot: one batch of no rows)
+        batches = snap.to_batches(max_chunksize=self.server.config.max_batch_rows) or [
+            pa.RecordBatch.from_pylist([], snap.schema)]
+        yield schema_frame(snap.schema)
+        yield from batch_frames(snap.schema, batches, first_metadata=meta.SerializeToString())
+
+    def _snapshot_request(self, raw: bytes) -> pb.SnapshotRequest:
+        """The ticket's request: a table name (plain text) or a serialized SnapshotRequest.
+
+        Text without control characters that is not a SnapshotRequest naming a table is
+        taken for a table name (NOT_FOUND when there is none: a serialized SnapshotRequest
+        naming a table always holds a control character, its first field's tag).
+        """
+        try:
+            name: str | None = raw.decode()
+        except UnicodeDecodeError:
+            name = None
+        if name is not None and not name.isprintable():
+            name = None
+        registry = self.server.registry
+        if name is not None and name in registry.names():
+            return pb.SnapshotRequest(table=name)
+        try:
+            req = parse(pb.SnapshotRequest(), raw, "DoGet ticket")
+        except ProtocolError:
+            if name is None:
+                raise
+            req = pb.SnapshotRequest()
+        if req.table:
+            return req
+        if name:
+            registry.get(name)  # raises TableNotFound naming it
+        raise ProtocolError("DoGet ticket names no table; use a SnapshotRequest or a "
+                            "table name")
+
+    # ------------------------------------------------------------------ ingestion
+    def do_put(self, messages: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        first = next(messages, None)
+        if first is None:
+            return  # the client closed without sending anything: nothing to do
+        # the table, from the first message's descriptor, so that every refusal names it
+        where = _put_where(descriptor_of(parse_flight_data(first).descriptor))
+        decoder = IpcDecoder(itertools.chain((first,), messages), where)
+        schema = decoder.read_schema()
+        if schema is None:
+            return
+        for column, n in collections.Counter(schema.names).items():
+            if n > 1:  # pyarrow could not tell the columns apart when conforming them
+                raise SchemaError(f"{where}: column {quoted(column)} appears {n} times; column "
+                                  f"names must be unique")
+        for ack in self.server.puts.serve_acks(decoder.descriptor, decoder,
+                                               decoder.schema_metadata):
+            yield put_result(ack.SerializeToString())
+
+    # -------------------------------------------------------------- subscriptions
+    def do_exchange(self, messages: Iterator[bytes],
+                    context: grpc.ServicerContext) -> Iterator[bytes | LoopFeed]:
+        server = self.server
+        decoder = IpcDecoder(messages, "DoExchange")
+        try:
+            first = decoder.read_chunk()
+        except StopIteration:
+            raise ProtocolError("DoExchange: the client finished writing before sending a "
+                                "ClientMessage with subscribe") from None
+        meta = first.app_metadata
+        check_metadata_size(meta, server.config.max_metadata_bytes, "DoExchange")
+        msg = parse(pb.ClientMessage(), None if meta is None else meta.to_pybytes(), "DoExchange")
+        if msg.WhichOneof("body") != "subscribe":
+            raise ProtocolError("the first DoExchange message must be a subscribe")
+        req = msg.subscribe
+        descriptor = decoder.descriptor
+        if (not req.table and descriptor is not None
+                and descriptor.descriptor_type == flight.DescriptorType.PATH):
+            req.table = table_name(descriptor)
+        entry = server.registry.get(req.table)
+        sub = Subscription(entry, req, server.sub_options)  # checks the request; holds nothing
+        client = client_of(context.peer())
+        server.subscriptions_per_client.acquire(client, f"subscription to {quoted(entry.name)}")
+        out = FrameQueue(cast(CallContext, context))  # flight.rpc.aio runs every handler
+        ctx = _Context(cast(CallContext, context))
+        server.track_subscription(sub, +1)
+
+        def send() -> None:
+            try:
+                sub.run(out, ctx)
+                out.close()
+            except _Gone:
+                out.close()
+            except Exception as exc:
+                # the stream ends from our side: tell the client to finish writing
+                if context.is_active():
+                    try:
+                        sub.send_end(out, grpc_status(exc)[1])
+                    except Exception:
+                        log.debug("could not send end of stream", exc_info=True)
+                out.close(exc)
+            finally:
+                sub.close()
+                server.track_subscription(sub, -1)
+                server.subscriptions_per_client.release(client)
+
+        threading.Thread(target=self._read_changes, args=(decoder, sub), daemon=True,
+                         name=f"ticktable-sub-in-{entry.name}").start()
+        threading.Thread(target=send, daemon=True, name=f"ticktable-sub-{entry.name}").start()
+        try:
+            yield out  # the event loop writes its frames (flight.rpc.aio.LoopFeed)
+            out.wait()
+        finally:
+            sub.close()
+
+    def _read_changes(self, decoder: IpcDecoder, sub: Subscription) -> None:
+        limit = self.server.config.max_metadata_bytes
+        while True:
+            try:
+                chunk = decoder.read_chunk()
+            except StopIteration:
+                return  # the client is done writing; keep sending
+            except ProtocolError as exc:
+                sub.on_table_failure(exc)
+                return
+            except Exception:
+                sub.close()  # the client went away
+                return
+            try:
+                meta = chunk.app_metadata
+                if meta is None or meta.size > limit:
+                    raise ProtocolError("subscription changes need metadata within the limit")
+                msg = parse(pb.ClientMessage(), meta.to_pybytes(), "subscription change")
+                if msg.WhichOneof("body") != "change":
+                    raise ProtocolError("expected a subscription change")
+                sub.change(msg.change)
+            except ProtocolError as exc:
+                sub.on_table_failure(exc)
+                return
+
+    # -------------------------------------------------------------------- actions
+    def list_actions(self, request: fpb.Empty,
+                     context: grpc.ServicerContext) -> Iterator[fpb.ActionType]:
+        for name, description in ACTIONS:
+            yield fpb.ActionType(type=name, description=description)
+
+    def do_action(self, action: fpb.Action, context: grpc.ServicerContext) -> Iterator[fpb.Result]:
+        out = self.server.action(action.type, action.body)
+        if out is not None:
+            yield fpb.Result(body=out)

@@ -1,0 +1,453 @@
+"""The server's named tables and, per table, the publisher that numbers its updates.
+
+A :class:`TableEntry` is a live table the server exposes under a name: a source table
+writers push into (``append``, ``keyed``, ``ring``) or a table derived server-side. Each
+entry has a :class:`Publisher`, which listens to the table inside every cycle, gives each
+update the table's next *sequence number*, keeps a bounded history of recent updates (for
+subscribers resuming after a dropped connection) and hands the update to every subscriber.
+
+The history holds row sets only (updates and the row set before each), never values: a
+subscriber resuming or catching up composes the updates it missed and reads the values
+of the rows they touch from the table's current state, under the graph's shared lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import pyarrow as pa
+
+from engine._kernels.hashing import hash_column
+from engine.errors import (
+    InputError,
+    LimitExceeded,
+    SchemaError,
+    TableExists,
+    TableFailed,
+    TableNotFound,
+)
+from engine.graph import UpdateGraph
+from engine.rowset import RowSet
+from engine.sources import AppendOnlyTable, KeyedTable, RingTable
+from engine.table import Table
+from engine.update import TableUpdate, compose
+from flight.ingest.limits import limit_text, quoted
+
+__all__ = ["MAX_RING_CAPACITY", "HistoryEntry", "Publisher", "TableEntry", "TableRegistry",
+           "UpdateSink", "quoted"]
+
+log = logging.getLogger(__name__)
+
+KINDS = ("append", "keyed", "ring")
+T = TypeVar("T")
+
+#: Largest ring capacity: a ring allocates every column for its capacity when it is created.
+MAX_RING_CAPACITY = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One update of a table: its sequence number, step, and the row set before it."""
+
+    sequence: int
+    step: int
+    update: TableUpdate
+    prev: RowSet
+
+
+class UpdateSink(Protocol):
+    """What a publisher feeds: called inside the cycle, after the table committed."""
+
+    def on_table_update(self, entry: HistoryEntry) -> None: ...
+
+    def on_table_failure(self, exc: BaseException) -> None: ...
+
+
+class Publisher:
+    """Numbers a table's updates, keeps a bounded history and fans out to subscribers.
+
+    Parameters
+    ----------
+    table
+        The table to publish.
+    history_updates
+        How many recent updates to keep for resuming subscribers.
+    history_rows
+        Bound on the total rows (added + removed + modified) the kept updates touch.
+    """
+
+    def __init__(self, table: Table, *, history_updates: int = 256,
+                 history_rows: int = 2_000_000) -> None:
+        self.table = table
+        self.epoch = uuid.uuid4().hex[:16]
+        self.sequence = 0
+        self.history_updates = history_updates
+        self.history_rows = history_rows
+        self._history: collections.deque[HistoryEntry] = collections.deque()
+        self._history_rows = 0
+        self._sinks: list[UpdateSink] = []
+        self._lock = threading.Lock()
+        # per (columns, batch rows): the fan-out writing one shared message per update to
+        # every subscriber of those columns that holds every row (flight/streams/fanout.py)
+        self._fanouts: dict[tuple[Any, ...], Any] = {}
+        self._handle = table.listen(self._on_update, self._on_failure)
+
+    # inside the cycle ----------------------------------------------------------------
+    def _on_update(self, update: TableUpdate, table: Table) -> None:
+        with self._lock:
+            self.sequence += 1
+            entry = HistoryEntry(self.sequence, table.graph.step, update, table.prev_rowset)
+            self._history.append(entry)
+            self._history_rows += _touched(update)
+            while self._history and (len(self._history) > self.history_updates
+                                     or self._history_rows > self.history_rows):
+                old = self._history.popleft()
+                self._history_rows -= _touched(old.update)
+            sinks = list(self._sinks)
+        for sink in sinks:
+            try:
+                sink.on_table_update(entry)
+            except Exception:  # one broken subscriber must not stop the others or the cycle
+                log.exception("subscriber %r on table %r failed; removed", sink, table.name)
+                self.unsubscribe(sink)
+
+    def _on_failure(self, exc: BaseException, table: Table) -> None:
+        if not isinstance(exc, TableFailed):  # subscribers answer FAILED_PRECONDITION, as DoGet
+            failed = TableFailed(f"table {table.name!r} failed: {exc}")
+            failed.__cause__ = exc
+            exc = failed
+        with self._lock:
+            sinks = list(self._sinks)
+        for sink in sinks:
+            try:
+                sink.on_table_failure(exc)
+            except Exception:
+                log.exception("subscriber %r could not be told of the failure", sink)
+
+    # subscribers (call under the graph's shared lock so no update is missed) ----------
+    def subscribe(self, sink: UpdateSink) -> int:
+        """Start feeding ``sink``; returns the sequence number of the state it starts from."""
+        with self._lock:
+            self._sinks.append(sink)
+            return self.sequence
+
+    def unsubscribe(self, sink: UpdateSink) -> None:
+        with self._lock:
+            if sink in self._sinks:
+                self._sinks.remove(sink)
+
+    @property
+    def subscribers(self) -> list[UpdateSink]:
+        with self._lock:
+            return list(self._sinks)
+
+    def missed_since(self, sequence: int) -> tuple[TableUpdate, RowSet, int] | None:
+        """The updates after ``sequence`` composed into one, with the row set before them.
+
+        Returns ``(update, prev, count)``, or ``None`` when some of them are no longer held.
+        Call under the graph's shared lock (the result then leads to the current state).
+        """
+        with self._lock:
+            if sequence > self.sequence:
+                return None
+            if sequence == self.sequence:
+                return TableUpdate(), self.table.rowset, 0
+            if not self._history or self._history[0].sequence > sequence + 1:
+                return None
+            entries = [e for e in self._history if e.sequence > sequence]
+        first = entries[0]
+        total, prev = first.update, first.prev
+        for e in entries[1:]:
+            total = compose(total, e.update, prev)
+        return total, prev, len(entries)
+
+    def fanout(self, key: tuple[Any, ...], create: Callable[[], T]) -> T:
+        """The fan-out (see :mod:`flight.streams.fanout`) for ``key``, created if there is none."""
+        with self._lock:
+            fan = self._fanouts.get(key)
+            if fan is None:
+                fan = self._fanouts[key] = create()
+            out: T = fan
+            return out
+
+    def drop_fanout(self, key: tuple[Any, ...], fan: object) -> None:
+        """Forget ``fan`` (it has no subscribers left); a later subscriber creates a new one."""
+        with self._lock:
+            if self._fanouts.get(key) is fan:
+                del self._fanouts[key]
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def _touched(update: TableUpdate) -> int:
+    return len(update.added) + len(update.removed) + len(update.modified)
+
+
+@dataclass(slots=True)
+class TableEntry:
+    """A table the server exposes by name."""
+
+    name: str
+    table: Table
+    kind: str  # "append", "keyed", "ring" or "derived"
+    keys: list[str] = field(default_factory=list)
+    parents: list[str] = field(default_factory=list)
+    publisher: Publisher | None = None
+    children: set[str] = field(default_factory=set)
+    durable: bool = False  # journaled and checkpointed (flight.durability.durable); demo tables are not
+
+    @property
+    def is_source(self) -> bool:
+        return self.kind in KINDS
+
+
+class TableRegistry:
+    """The server's tables by name (thread-safe).
+
+    Reads (:meth:`get`, :meth:`names`, :meth:`entries`) take no lock: each reads one copy
+    of the name -> entry dict (``dict(d)`` is one step under the GIL), so code holding the
+    graph's lock (cycle listeners, a commit publishing staged parts) may call them. Changes
+    hold the registry's lock and may take the graph's lock inside it (a create builds its
+    table under the exclusive lock): that is the one lock order, registry then graph, and a
+    read under the graph's lock waiting for the registry would deadlock against it.
+
+    Parameters
+    ----------
+    graph
+        The update graph every table lives in.
+    history_updates
+        Per table, how many recent updates are kept for resuming subscribers.
+    max_tables, max_columns
+        Tables the registry holds at most, and columns per table (``None``: no limit);
+        :mod:`flight.ingest.limits`. Read at each creation (a durable server's replay sets them).
+    """
+
+    def __init__(self, graph: UpdateGraph, *, history_updates: int = 256,
+                 history_rows: int = 2_000_000, max_tables: int | None = None,
+                 max_columns: int | None = None) -> None:
+        self.graph = graph
+        self.history_updates = history_updates
+        self.history_rows = history_rows
+        self.max_tables = max_tables
+        self.max_columns = max_columns
+        self._entries: dict[str, TableEntry] = {}
+        self._lock = threading.RLock()
+        self.on_drop: list[Callable[[str], None]] = []
+
+    def get(self, name: str) -> TableEntry:
+        """The entry called ``name``.
+
+        Raises
+        ------
+        TableNotFound
+            Naming the tables that do exist.
+        """
+        entry = self._entries.get(name)
+        if entry is None:
+            have = ", ".join(sorted(dict(self._entries))) or "none"
+            raise TableNotFound(f"no table {quoted(name)} (tables: {have}); create it "
+                                f"first (create_table) or check the name")
+        return entry
+
+    def names(self) -> list[str]:
+        return sorted(dict(self._entries))
+
+    def entries(self) -> list[TableEntry]:
+        entries = dict(self._entries)
+        return [entries[n] for n in sorted(entries)]
+
+    def entries_in_order(self) -> list[TableEntry]:
+        """Every entry in creation order (a table comes after the tables it derives from)."""
+        return list(dict(self._entries).values())
+
+    def add(self, name: str, table: Table, kind: str, *, keys: list[str] | None = None,
+            parents: list[str] | None = None, replace: bool = False) -> TableEntry:
+        """Expose ``table`` as ``name``.
+
+        Raises
+        ------
+        TableExists
+            If the name is taken and ``replace`` is false.
+        InputError
+            If the name is empty, too long or holds control characters.
+        LimitExceeded
+            If the table has more than ``max_columns`` columns, or is new and the registry
+            holds ``max_tables`` already.
+        """
+        _check_name(name)
+        with self._lock:
+            if name in self._entries:
+                if not replace:
+                    raise TableExists(f"table {name!r} already exists; drop it first or pick "
+                                      f"another name")
+                self._check_limits(name, table.schema, new=False)
+                self.drop(name)
+            else:
+                self._check_limits(name, table.schema, new=True)
+            table.name = name
+            entry = TableEntry(name, table, kind, list(keys or []), list(parents or []))
+            entry.publisher = Publisher(table, history_updates=self.history_updates,
+                                        history_rows=self.history_rows)
+            self._entries[name] = entry
+            for parent in entry.parents:
+                if parent in self._entries:
+                    self._entries[parent].children.add(name)
+            return entry
+
+    def create_source(self, name: str, schema: pa.Schema, kind: str, *,
+                      keys: list[str] | None = None, capacity: int = 0,
+                      if_not_exists: bool = False) -> TableEntry:
+        """Create a source table writers can push into.
+
+        Raises
+        ------
+        TableExists
+            If the name is taken: at all, or (with ``if_not_exists``) by a table of another
+            schema, kind or keys.
+        InputError
+            Unknown kind, missing keys for a keyed table, or a ring capacity outside
+            ``1..MAX_RING_CAPACITY`` (or one the server cannot allocate).
+        SchemaError
+            If column names repeat, or ``keys`` repeat, name columns that are not in
+            ``schema`` or columns of a type keys cannot have (lists, structs, maps, unions,
+            null): refused here rather than by the first write.
+        LimitExceeded
+            If ``schema`` has more than ``max_columns`` columns, or the registry holds
+            ``max_tables`` already.
+        """
+        _check_name(name)
+        if kind not in KINDS:
+            raise InputError(f"unknown table kind {kind!r} for {name!r}; use one of {KINDS}")
+        keys = list(keys or [])
+        if kind == "keyed" and not keys:
+            raise InputError(f"keyed table {name!r} needs key columns (keys=...)")
+        if kind != "keyed" and keys:
+            raise InputError(f"{kind} table {name!r} takes no keys; use kind 'keyed' for "
+                             f"upserts")
+        _check_columns(name, schema, keys)
+        if kind == "ring" and not 0 < capacity <= MAX_RING_CAPACITY:
+            raise InputError(f"ring table {name!r} needs a capacity of 1 to {MAX_RING_CAPACITY} "
+                             f"rows, got {capacity} (a ring allocates its capacity at once)")
+        with self._lock:
+            existing = self._entries.get(name)
+            if existing is not None and if_not_exists:
+                if (existing.kind != kind or not existing.table.schema.equals(schema)
+                        or existing.keys != keys):
+                    raise TableExists(
+                        f"table {name!r} exists as a {existing.kind} table with columns "
+                        f"({_columns(existing.table.schema)}) and keys {existing.keys}, not as "
+                        f"requested ({kind}, ({_columns(schema)}), keys {keys}); drop it first "
+                        f"or pick another name")
+                return existing
+            if existing is not None:
+                raise TableExists(f"table {name!r} already exists; drop it first or pass "
+                                  f"if_not_exists")
+            self._check_limits(name, schema, new=True)  # before a ring allocates its capacity
+            table: Table
+            with self.graph.exclusive_lock():
+                if kind == "append":
+                    table = AppendOnlyTable(self.graph, schema, name=name)
+                elif kind == "keyed":
+                    table = KeyedTable(self.graph, schema, keys, name=name)
+                else:
+                    try:
+                        table = RingTable(self.graph, schema, capacity, name=name)
+                    except MemoryError as exc:
+                        raise InputError(f"ring table {name!r}: {capacity} rows of "
+                                         f"({_columns(schema)}) do not fit in the server's "
+                                         f"memory; use a smaller capacity") from exc
+                return self.add(name, table, kind, keys=keys)
+
+    def _check_limits(self, name: str, schema: pa.Schema, *, new: bool) -> None:
+        """Refuse a table of more than ``max_columns`` columns, or a new one past ``max_tables``."""
+        if self.max_columns is not None and len(schema) > self.max_columns:
+            raise LimitExceeded(f"table {quoted(name)} would have {len(schema)} columns, above "
+                                f"{limit_text('max_columns', self.max_columns)}; use fewer "
+                                f"columns or split the table")
+        if new and self.max_tables is not None and len(self._entries) >= self.max_tables:
+            raise LimitExceeded(f"cannot create table {quoted(name)}: the server holds "
+                                f"{len(self._entries)} tables, "
+                                f"{limit_text('max_tables', self.max_tables)}; drop tables "
+                                f"no longer needed")
+
+    def drop(self, name: str) -> bool:
+        """Drop ``name``; returns False when no such table existed.
+
+        Raises
+        ------
+        InputError
+            If other tables are derived from it (drop those first).
+        """
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is None:
+                return False
+            live = sorted(c for c in entry.children if c in self._entries)
+            if live:
+                raise InputError(f"table {name!r} has derived tables {live}; drop them first")
+            del self._entries[name]
+            for parent in entry.parents:
+                if parent in self._entries:
+                    self._entries[parent].children.discard(name)
+        with self.graph.exclusive_lock():
+            if entry.publisher is not None:
+                for sink in entry.publisher.subscribers:
+                    sink.on_table_failure(TableNotFound(f"table {name!r} was dropped"))
+                entry.publisher.close()
+            entry.table.close()
+        for callback in list(self.on_drop):
+            callback(name)
+        return True
+
+
+def _columns(schema: pa.Schema) -> str:
+    """``schema`` on one line: ``name: type, ...``."""
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
+
+
+def _check_name(name: str) -> None:
+    if not name or len(name) > 200 or not name.isprintable():
+        raise InputError(f"bad table name {quoted(name)}: use 1-200 characters, none of them "
+                         f"control characters")
+
+
+def _check_columns(name: str, schema: pa.Schema, keys: list[str]) -> None:
+    """Refuse repeated column names, and keys a keyed table could not hash (see create_source)."""
+    for c, n in collections.Counter(schema.names).items():
+        if n > 1:
+            raise SchemaError(f"table {name!r}: column {quoted(c)} appears {n} times; column "
+                              f"names must be unique")
+    for k, n in collections.Counter(keys).items():
+        if n > 1:
+            raise SchemaError(f"keyed table {name!r}: key column {quoted(k)} is named {n} times "
+                              f"in keys")
+    for k in keys:
+        if k not in schema.names:
+            raise SchemaError(f"keyed table {name!r}: key column {quoted(k)} is not in the "
+                              f"schema ({_columns(schema)})")
+        t = schema.field(k).type
+        if not _hashable(t):
+            raise SchemaError(
+                f"keyed table {name!r}: key column {quoted(k)} has type {t}, which a key cannot "
+                f"have (keys are hashed and compared); use integers, floats, booleans, temporal "
+                f"types, strings, binaries or decimals")
+
+
+def _hashable(t: pa.DataType) -> bool:
+    """Whether keys of type ``t`` can be hashed and compared (the engine's one row hash says)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type  # hashed by its dictionary
+    if pa.types.is_null(t):
+        return False  # nothing but nulls, and keys may not be null
+    try:
+        hash_column(pa.array([], type=t))
+    except (SchemaError, pa.ArrowException):
+        return False
+    return True

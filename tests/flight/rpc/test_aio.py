@@ -1,0 +1,170 @@
+"""flight.rpc.aio: thread handlers on the grpc.aio server, over real gRPC on localhost."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from engine.errors import TableNotFound
+from flight.rpc.aio import AioServer, CallContext, LoopFeed, wake
+
+S = "test.Bridge"
+
+
+class Feed(LoopFeed):
+    """Messages another thread writes; the loop drains them (a FrameQueue in miniature)."""
+
+    def __init__(self, context: CallContext, n: int) -> None:
+        self.loop = context.loop
+        self.items: list[bytes | None] = []
+        self.lock = threading.Lock()
+        self.waiter: Any = None
+        threading.Thread(target=self._write, args=(n,), daemon=True).start()
+
+    def _write(self, n: int) -> None:
+        for i in range(n + 1):
+            with self.lock:
+                self.items.append(None if i == n else b"f%d" % i)
+                waiter, self.waiter = self.waiter, None
+            if waiter is not None:
+                self.loop.call_soon_threadsafe(wake, waiter)
+
+    async def drain(self) -> AsyncIterator[bytes]:
+        while True:
+            with self.lock:
+                item = self.items.pop(0) if self.items else b""
+                if item == b"":
+                    waiter = self.waiter = self.loop.create_future()
+            if item == b"":
+                await waiter
+                continue
+            if item is None:
+                return
+            yield item
+
+
+class Handlers:
+    def __init__(self) -> None:
+        self.ended = threading.Event()
+        self.after_end: dict[str, Any] = {}
+        self.threads: set[str] = set()
+
+    def echo(self, request: bytes, context: CallContext) -> bytes:
+        self.threads.add(threading.current_thread().name)
+        return request.upper()
+
+    def refuse(self, request: bytes, context: CallContext) -> bytes:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "table 't' is read-only")
+        raise AssertionError("abort returned")
+
+    def bug(self, request: bytes, context: CallContext) -> bytes:
+        raise TableNotFound("no table named 'x'")
+
+    def count(self, request: bytes, context: CallContext) -> Iterator[bytes]:
+        for i in range(int(request)):
+            yield b"%d" % i
+
+    def total(self, requests: Iterator[bytes], context: CallContext) -> bytes:
+        return b"%d" % sum(int(r) for r in requests)
+
+    def forever(self, request: bytes, context: CallContext) -> Iterator[bytes]:
+        context.add_callback(self.ended.set)
+        i = 0
+        while context.is_active():
+            yield b"%d" % i
+            i += 1
+            time.sleep(0.001)
+        # the call is over: gRPC has freed it, and asking must not crash the process
+        self.after_end = {"peer": context.peer(), "active": context.is_active(),
+                          "metadata": dict(context.invocation_metadata())}
+
+    def feed(self, request: bytes, context: CallContext) -> Iterator[bytes | LoopFeed]:
+        yield b"head"
+        yield Feed(context, int(request))
+        yield b"tail"
+
+    def generic(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(S, {
+            "Echo": grpc.unary_unary_rpc_method_handler(self.echo),
+            "Refuse": grpc.unary_unary_rpc_method_handler(self.refuse),
+            "Bug": grpc.unary_unary_rpc_method_handler(self.bug),
+            "Count": grpc.unary_stream_rpc_method_handler(self.count),
+            "Total": grpc.stream_unary_rpc_method_handler(self.total),
+            "Forever": grpc.unary_stream_rpc_method_handler(self.forever),
+            "Feed": grpc.unary_stream_rpc_method_handler(self.feed),
+        })
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Handlers, grpc.Channel]]:
+    handlers = Handlers()
+
+    def setup(server: grpc.aio.Server) -> int:
+        server.add_generic_rpc_handlers((handlers.generic(),))
+        return int(server.add_insecure_port("127.0.0.1:0"))
+
+    server = AioServer(setup, [], max_calls=8, options=[("grpc.so_reuseport", 0)])
+    port = server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield handlers, channel
+    finally:
+        channel.close()
+        assert server.stop(1.0)
+        assert server.wait(0)
+
+
+def test_unary_handlers_run_on_the_server_threads(served):
+    handlers, ch = served
+    assert ch.unary_unary(f"/{S}/Echo")(b"abc", timeout=5) == b"ABC"
+    assert handlers.threads and all(t.startswith("ticktable") for t in handlers.threads)
+
+
+def test_abort_and_errors_answer_their_code_and_one_line(served):
+    _, ch = served
+    with pytest.raises(grpc.RpcError) as refused:
+        ch.unary_unary(f"/{S}/Refuse")(b"", timeout=5)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.value.details() == "table 't' is read-only"
+    with pytest.raises(grpc.RpcError) as missing:
+        ch.unary_unary(f"/{S}/Bug")(b"", timeout=5)
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "no table named 'x'" in missing.value.details()
+    assert "Traceback" not in missing.value.details() and "\n" not in missing.value.details()
+
+
+def test_streams_both_ways_keep_order_and_end(served):
+    _, ch = served
+    got = list(ch.unary_stream(f"/{S}/Count")(b"2000", timeout=10))
+    assert got == [b"%d" % i for i in range(2000)]
+    assert ch.stream_unary(f"/{S}/Total")(iter([b"%d" % i for i in range(500)]),
+                                          timeout=10) == b"%d" % sum(range(500))
+    assert ch.stream_unary(f"/{S}/Total")(iter([]), timeout=10) == b"0"
+
+
+def test_a_loop_feed_is_written_between_the_handlers_messages(served):
+    _, ch = served
+    got = list(ch.unary_stream(f"/{S}/Feed")(b"300", timeout=10))
+    assert got == [b"head", *[b"f%d" % i for i in range(300)], b"tail"]
+
+
+def test_a_cancelled_stream_ends_its_handler_and_runs_its_callbacks(served):
+    handlers, ch = served
+    call = ch.unary_stream(f"/{S}/Forever")(b"", timeout=10, metadata=[("who", "me")])
+    for _, _m in zip(range(20), call, strict=False):
+        pass
+    call.cancel()
+    assert handlers.ended.wait(5)
+    deadline = time.monotonic() + 5
+    while not handlers.after_end and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert handlers.after_end["active"] is False
+    assert handlers.after_end["peer"].startswith("ipv4:127.0.0.1:")
+    assert handlers.after_end["metadata"]["who"] == "me"
+    # and the server goes on serving
+    assert ch.unary_unary(f"/{S}/Echo")(b"x", timeout=5) == b"X"
