@@ -32,7 +32,7 @@ whichever service answered.
 
 ``Overloaded`` is UNAVAILABLE (not RESOURCE_EXHAUSTED): the standard "retry later" code.
 RESOURCE_EXHAUSTED is for ``LimitExceeded``: the client sent or holds more than a
-configured limit allows (:mod:`flight.ingest.limits`), and gRPC answers it too for a message
+configured limit allows (:mod:`flight.limits`), and gRPC answers it too for a message
 larger than its receive limit.
 
 Messages are the exception's own text on one line, at most :data:`MAX_MESSAGE` bytes as

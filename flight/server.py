@@ -34,22 +34,22 @@ from engine.errors import InputError, ProtocolError
 from engine.graph import UpdateGraph
 from flight.durability.durable import Durability, RecoveryReport
 from flight.errors import PortInUse
-from flight.ingest.limits import (
+from flight.ingest.put import PutHandler
+from flight.ingest.staging import StagingArea
+from flight.limits import (
     MAX_COLUMNS,
     MAX_PUT_BATCH_BYTES,
     MAX_STAGED_BYTES_PER_WRITE,
     MAX_SUBSCRIPTIONS_PER_CLIENT,
     MAX_TABLES,
     MAX_VALUE_BYTES,
-    SubscriptionsPerClient,
 )
-from flight.ingest.put import PutHandler
-from flight.ingest.staging import StagingArea
 from flight.metrics import Metrics
 from flight.pb import flight_pb2 as pb
 from flight.rpc.aio import AioServer
 from flight.rpc.call_log import CallLog
 from flight.rpc.requests import parse
+from flight.streams.per_client import SubscriptionsPerClient
 from flight.streams.registry import TableRegistry, quoted
 from flight.streams.subscription import Subscription, SubscriptionOptions
 
@@ -172,7 +172,7 @@ class ServerConfig:
         may stall, the server never) or ``"nice"`` (nice 19: a small share even then).
 
     A request past a limit is refused with RESOURCE_EXHAUSTED naming the limit and its
-    ``ticktable serve`` flag; :mod:`flight.ingest.limits` has the table of limits and defaults.
+    ``ticktable serve`` flag; :mod:`flight.limits` has the table of limits and defaults.
     data_dir
         Where durable tables live (journal and checkpoints, :mod:`flight.durability.durable`); tables
         created through the server come back after a restart. ``None``: in memory only.

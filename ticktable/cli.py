@@ -290,8 +290,8 @@ def _size(n: int) -> str:
 
 
 def _add_limits(serve: argparse.ArgumentParser) -> None:
-    """The ``--max-*`` flags of ``serve`` (flight.ingest.limits has the table)."""
-    from flight.ingest import limits as lim
+    """The ``--max-*`` flags of ``serve`` (flight.limits has the table)."""
+    from flight import limits as lim
 
     group = serve.add_argument_group(
         "limits", "A request past one is refused with RESOURCE_EXHAUSTED, in one line naming "

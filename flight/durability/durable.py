@@ -31,7 +31,7 @@ held uncommitted after that are dropped (a Spark commit of them fails, and Spark
 the job); every committed write id and stream batch id is remembered, so a retry after
 the restart still applies once. Demo and embedded tables the server did not create
 through these methods are not durable. A creation or held batch is replayed under the
-limits it was journaled with (:mod:`flight.ingest.limits`), the checkpoint under none, so a
+limits it was journaled with (:mod:`flight.limits`), the checkpoint under none, so a
 restart with other limits refuses nothing that was accepted and accepts nothing refused.
 
 What the clock or a restart decides is journaled too, as a ``forget`` record: the writes

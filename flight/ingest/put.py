@@ -48,8 +48,9 @@ from engine.differential.zset import DIFF, TIME
 from engine.errors import InputError, InvalidKeyError, LimitExceeded, ProtocolError, SchemaError
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable, conform
 from flight.durability.records import Chain
-from flight.ingest.limits import check_values, limit_text, quoted
 from flight.ingest.parts import Part
+from flight.ingest.value_sizes import check_values
+from flight.limits import limit_text, quoted
 from flight.pb import flight_pb2 as pb
 from flight.rpc.requests import check_metadata_size, parse, table_name
 from flight.streams.registry import TableEntry, TableRegistry

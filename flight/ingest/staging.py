@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 
 from engine.errors import InputError, LimitExceeded, Overloaded, TableNotFound
 from engine.graph import UpdateGraph
-from flight.ingest.limits import limit_text, quoted
 from flight.ingest.parts import Part, PartStaging
+from flight.limits import limit_text, quoted
 from flight.pb import flight_pb2 as pb
 from flight.streams.registry import TableRegistry
 

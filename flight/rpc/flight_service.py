@@ -55,7 +55,7 @@ import pyarrow.flight as flight
 
 from engine.errors import ProtocolError, SchemaError
 from flight.errors import abort, grpc_status
-from flight.ingest.limits import client_of, quoted
+from flight.limits import quoted
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
 from flight.rpc.aio import END, CallContext, LoopFeed, LoopQueue, QueueClosed
@@ -68,12 +68,13 @@ from flight.rpc.framing import (
     schema_frame,
 )
 from flight.rpc.requests import check_metadata_size, parse, table_name
+from flight.streams.per_client import client_of
 from flight.streams.subscription import Subscription
 
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
-    from flight.ingest.limits import SubscriptionsPerClient
     from flight.ingest.put import PutHandler
+    from flight.streams.per_client import SubscriptionsPerClient
     from flight.streams.registry import TableEntry, TableRegistry
     from flight.streams.subscription import SubscriptionOptions
 

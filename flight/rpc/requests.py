@@ -14,7 +14,7 @@ import pyarrow.flight as flight
 from google.protobuf.message import DecodeError, Message
 
 from engine.errors import LimitExceeded, ProtocolError
-from flight.ingest.limits import limit_text
+from flight.limits import limit_text
 
 __all__ = ["check_metadata_size", "parse", "table_name"]
 

@@ -37,7 +37,7 @@ from engine.rowset import RowSet
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable
 from engine.table import Table
 from engine.update import TableUpdate, compose
-from flight.ingest.limits import limit_text, quoted
+from flight.limits import limit_text, quoted
 
 __all__ = ["MAX_RING_CAPACITY", "HistoryEntry", "Publisher", "TableEntry", "TableRegistry",
            "UpdateSink", "quoted"]
@@ -226,7 +226,7 @@ class TableRegistry:
         Per table, how many recent updates are kept for resuming subscribers.
     max_tables, max_columns
         Tables the registry holds at most, and columns per table (``None``: no limit);
-        :mod:`flight.ingest.limits`. Read at each creation (a durable server's replay sets them).
+        :mod:`flight.limits`. Read at each creation (a durable server's replay sets them).
     """
 
     def __init__(self, graph: UpdateGraph, *, history_updates: int = 256,

@@ -28,13 +28,14 @@ from engine.errors import LimitExceeded
 from engine.graph import UpdateGraph
 from flight import substrait
 from flight.errors import MAX_MESSAGE
-from flight.ingest.limits import SubscriptionsPerClient, check_values, client_of
+from flight.ingest.value_sizes import check_values
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb
 from flight.pb import table_service_pb2_grpc as tgrpc
 from flight.rpc.framing import batch_frames, frame, parse_flight_data
 from flight.server import ServerConfig, TicktableServer
+from flight.streams.per_client import SubscriptionsPerClient, client_of
 
 FLIGHT = "/arrow.flight.protocol.FlightService/"
 C = grpc.StatusCode
