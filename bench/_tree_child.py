@@ -287,8 +287,12 @@ class _SenderProfile:
     """
 
     def __init__(self) -> None:
-        from flight.streams.fanout import FanOut
-        from flight.streams.subscription import Subscription
+        try:  # flight/ by family since the package split; an older tree is flat
+            from flight.streams.fanout import FanOut
+            from flight.streams.subscription import Subscription
+        except ImportError:
+            from flight.fanout import FanOut  # type: ignore[no-redef]
+            from flight.subscription import Subscription  # type: ignore[no-redef]
 
         self.lock = threading.Lock()
         self.samples: dict[str, list[float]] = {}
