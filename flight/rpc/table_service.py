@@ -16,10 +16,8 @@ Operation messages, field by field (``table_service.proto``):
   ``"slice"`` takes ``start`` and, when ``has_stop``, ``stop`` (negative counts from the end);
 * ``join``: ``kind`` ``natural`` / ``exact`` / ``inner`` / ``left_outer``; empty ``joins``
   brings every right column but the keys;
-* ``agg_by``: ``op`` any kind of :data:`engine.ops.aggregate._kinds.KINDS` (sum, count,
-  min, max, mean, std, var, abs_sum, median, percentile with ``p``, weighted_sum and
-  weighted_avg with ``weight``, first, last, count_distinct); ``name`` defaults to the
-  column (``"count"`` for count);
+* ``agg_by``: ``op`` any kind of :data:`engine.ops.aggregate._kinds.KINDS`, with the
+  ``column``, ``weight`` and ``p`` the kind takes; ``name`` defaults as the kind says;
 * ``by_keys``: ``first_by`` / ``last_by`` / ``count_by`` (``name`` defaults to ``"count"``).
 
 Errors become gRPC status codes through the server's one table (:mod:`flight.errors`); the

@@ -20,24 +20,36 @@ holds no branch on a kind's name (the :class:`AggKind` protocol):
   (:meth:`AggKind.touched`) and their new values (:meth:`AggKind.values`). The listener
   writes and reports only values that changed.
 
-Where each kind lives:
+Where each kind lives, and its output type (the numeric kinds take integer, float and bool
+columns):
 
-==============================  ===========================================================
-kinds                           state
-==============================  ===========================================================
-count                           the listener's group sizes
-sum, mean, std, var             ``Moments`` (:mod:`._states`)
-min, max, median, percentile    ``OrderStats`` (:mod:`._states`), a ``ValueMultiset``
-abs_sum                         ``AbsSums`` (:mod:`._sums`)
-weighted_sum, weighted_avg      ``WeightedSums`` (:mod:`._sums`), one per (column, weight)
-count_distinct                  ``Distinct`` (:mod:`._states`)
-first, last                     the listener's ``RowKeySet`` (it also finds removed rows'
-                                groups and follows parent shifts)
-==============================  ===========================================================
+==============================  ==============================  ===========================
+kinds                           state                           output type
+==============================  ==============================  ===========================
+count                           the listener's group sizes      int64
+sum, abs_sum                    ``Moments``; ``AbsSums``        int64 for integers and bools
+                                (:mod:`._states`, :mod:`._sums`) (wrapping like numpy),
+                                                                else float64
+mean, std, var                  ``Moments`` (:mod:`._states`)   float64
+min, max                        ``OrderStats`` (:mod:`._states`) the column's type (any
+                                a ``ValueMultiset``             fixed-width: numbers, bools,
+                                                                timestamps, dates, durations)
+median, percentile              ``OrderStats``                  float64
+weighted_sum                    ``WeightedSums`` (:mod:`._sums`) int64 when value and weight
+                                one per (column, weight)        are integers or bools, else
+                                                                float64
+weighted_avg                    ``WeightedSums``                float64
+count_distinct                  ``Distinct`` (:mod:`._states`)  int64
+first, last                     the listener's ``RowKeySet``    the column's type (any)
+                                (it also finds removed rows'
+                                groups and follows parent
+                                shifts)
+==============================  ==============================  ===========================
 
-Adding an aggregation is one class here and one line in :data:`KINDS`; a constructor in
-:mod:`~engine.ops.aggregate.spec` is optional sugar, and the wire protocol carries any
-kind by name with its column, weight and ``p``.
+Adding an aggregation is one class here, one line in :data:`KINDS` and a row in the table
+above; a constructor in :mod:`~engine.ops.aggregate.agg` (``tt.agg.<kind>``) is optional
+sugar, and the wire protocol carries any kind by name with its column, weight and ``p``
+(``docs/protocol.md`` lists them for clients).
 """
 
 from __future__ import annotations

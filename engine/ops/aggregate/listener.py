@@ -27,12 +27,8 @@ Semantics (pandas ``groupby(by, dropna=False)`` where pandas has an answer):
   or ``x[i] == x[i+1]`` (so two equal infinities give that infinity where pandas says NaN).
   ``median`` is ``percentile(col, 0.5)``: pandas ``median`` up to the last bit (pandas
   computes ``(a + b) / 2``, which differs only by rounding or when ``a + b`` overflows).
-* **Types.** ``sum`` and ``abs_sum`` of integers or bools are int64 (wrapping like numpy),
-  of floats float64; ``weighted_sum`` is int64 when value and weight are both integers or
-  bools, else float64; ``mean``, ``std``, ``var``, ``median``, ``percentile`` and
-  ``weighted_avg`` are float64; ``count``/``count_distinct`` int64; ``min``/``max`` keep
-  the type of any fixed-width column (numbers, bools, timestamps, dates, durations);
-  ``first``/``last`` keep any type. The numeric kinds take integer, float and bool columns.
+* **Types.** Each kind's output type, given its input columns' types, is the registry's
+  (the table in :mod:`engine.ops.aggregate._kinds`).
 * **First and last** are by parent row order (row-key order): ``first`` is the row with
   the smallest row key in the group.
 
@@ -122,53 +118,17 @@ from engine.columns import (
     make_column_source,
 )
 from engine.errors import SchemaError, UpdateInvariantError
+from engine.ops.aggregate import agg
 from engine.ops.aggregate._keys import fetch, fetch_numpy, pairs_equal
 from engine.ops.aggregate._kinds import KINDS, Need, Refresh, Values, build_states
 from engine.ops.aggregate._sortedset import RowKeySet
 from engine.ops.aggregate._states import Cycle
 from engine.ops.aggregate.spec import Agg as Agg
-from engine.ops.aggregate.spec import abs_sum as abs_sum
-from engine.ops.aggregate.spec import count as count
-from engine.ops.aggregate.spec import count_distinct as count_distinct
-from engine.ops.aggregate.spec import first as first
-from engine.ops.aggregate.spec import last as last
-from engine.ops.aggregate.spec import max_ as max_
-from engine.ops.aggregate.spec import mean as mean
-from engine.ops.aggregate.spec import median as median
-from engine.ops.aggregate.spec import min_ as min_
-from engine.ops.aggregate.spec import percentile as percentile
-from engine.ops.aggregate.spec import std as std
-from engine.ops.aggregate.spec import sum_ as sum_
-from engine.ops.aggregate.spec import var as var
-from engine.ops.aggregate.spec import weighted_avg as weighted_avg
-from engine.ops.aggregate.spec import weighted_sum as weighted_sum
 from engine.rowset import RowSet
 from engine.table import Derivation, DerivedTable, Table, derive
 from engine.update import TableUpdate
 
-__all__ = [
-    "Agg",
-    "AggListener",
-    "abs_sum",
-    "agg_by",
-    "count",
-    "count_by",
-    "count_distinct",
-    "first",
-    "first_by",
-    "last",
-    "last_by",
-    "max_",
-    "mean",
-    "median",
-    "min_",
-    "percentile",
-    "std",
-    "sum_",
-    "var",
-    "weighted_avg",
-    "weighted_sum",
-]
+__all__ = ["Agg", "AggListener", "agg_by", "count_by", "first_by", "last_by"]
 
 log = logging.getLogger(__name__)
 
@@ -249,18 +209,18 @@ def agg_by(table: Table, aggs: Agg | Sequence[Agg], by: str | Sequence[str] = ()
 def first_by(table: Table, by: str | Sequence[str]) -> Table:
     """The first row (smallest row key) of each group: ``by`` columns, then the others."""
     by_list = _as_list(by)
-    return agg_by(table, [first(c) for c in table.column_names if c not in by_list], by_list)
+    return agg_by(table, [agg.first(c) for c in table.column_names if c not in by_list], by_list)
 
 
 def last_by(table: Table, by: str | Sequence[str]) -> Table:
     """The last row (largest row key) of each group: ``by`` columns, then the others."""
     by_list = _as_list(by)
-    return agg_by(table, [last(c) for c in table.column_names if c not in by_list], by_list)
+    return agg_by(table, [agg.last(c) for c in table.column_names if c not in by_list], by_list)
 
 
 def count_by(table: Table, name: str, by: str | Sequence[str] = ()) -> Table:
     """Number of rows per group of ``by``, in column ``name``."""
-    return agg_by(table, [count(name)], by)
+    return agg_by(table, [agg.count(name)], by)
 
 
 class _AggTable(DerivedTable):
