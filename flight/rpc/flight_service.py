@@ -397,7 +397,16 @@ class FlightService:
     def do_exchange(self, messages: Iterator[bytes],
                     context: grpc.ServicerContext) -> Iterator[bytes | LoopFeed]:
         server = self.server
-        decoder = IpcDecoder(messages, "DoExchange")
+        head = next(messages, None)
+        if head is None:
+            raise ProtocolError("DoExchange: the client finished writing before sending a "
+                                "ClientMessage with subscribe")
+        # as Flight's own servers: else a message without one (an empty one, a schema) would
+        # leave the stream open and silent, waiting for a subscribe that may never come
+        if parse_flight_data(head).descriptor is None:
+            raise ProtocolError("DoExchange: the first message must carry a FlightDescriptor "
+                                "(PATH [table])")
+        decoder = IpcDecoder(itertools.chain((head,), messages), "DoExchange")
         try:
             first = decoder.read_chunk()
         except StopIteration:

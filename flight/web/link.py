@@ -48,6 +48,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+import flight
 from engine.errors import TableFailed, TableNotFound, TicktableError
 from engine.graph import UpdateGraph
 from flight.streams.registry import TableRegistry
@@ -106,6 +107,17 @@ def _listen(host: str, port: int) -> socket.socket:
                                     dualstack_ipv6=True)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     return socket.create_server((host or "0.0.0.0", port), family=family, backlog=128)
+
+
+def _child_path() -> str:
+    """The web process's ``PYTHONPATH``, under which it imports the very ``flight`` package
+    this process runs: our path, and this package's root first unless an entry of our path
+    is that root (an editable install finds it through a finder, not a path entry)."""
+    root = os.path.dirname(os.path.dirname(os.path.realpath(flight.__file__)))
+    path = [p for p in sys.path if p]  # "" is the working directory, which the child skips
+    if root not in (os.path.realpath(p) for p in path):
+        path.insert(0, root)
+    return os.pathsep.join(path)
 
 
 class Served(Protocol):
@@ -243,10 +255,11 @@ class WebProcess:
             self.settings = dataclasses.replace(
                 self.settings, port=self.port, fds=tuple(s.fileno() for s in self._listeners))
         ours, theirs = socket.socketpair()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-                   TICKTABLE_WEB_FD=str(theirs.fileno()))
+        env = dict(os.environ, PYTHONPATH=_child_path(), TICKTABLE_WEB_FD=str(theirs.fileno()))
         self._ready.clear()
-        self.proc = subprocess.Popen([sys.executable, "-m", "flight.web.child"], env=env,
+        # -P: no working directory first on its path (``-m`` puts it there), where another
+        # ``flight`` (a checkout whose page is not built, some other project) would win
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "flight.web.child"], env=env,
                                      pass_fds=(theirs.fileno(), *self.settings.fds),
                                      stdin=subprocess.DEVNULL)
         theirs.close()

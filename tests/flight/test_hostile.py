@@ -33,6 +33,7 @@ from flight.pb import table_service_pb2_grpc as tgrpc
 from flight.rpc.framing import IpcDecoder, batch_frames, frame, parse_flight_data
 from flight.server import ServerConfig, TicktableServer
 from flight.streams.registry import MAX_RING_CAPACITY
+from tests.flight.conftest import Sub
 
 KV = pa.schema([("k", pa.int64()), ("v", pa.float64())])
 FLIGHT = "/arrow.flight.protocol.FlightService/"
@@ -286,6 +287,31 @@ def test_subscribe_and_descriptor_in_one_first_message_is_served(server, wire, k
     code, details = refused(lambda: wire.subscribe(frame(descriptor=_desc("nosuch"),
                                                          app_metadata=sub)))
     assert code == C.NOT_FOUND and details.startswith("no table 'nosuch'")
+
+
+# ---------------------------------------------------------------------- issue #35, item 6
+_SUBSCRIBE_T = pb.ClientMessage(subscribe=pb.SubscriptionRequest(table="t")).SerializeToString()
+_NO_DESCRIPTOR = "DoExchange: the first message must carry a FlightDescriptor (PATH [table])"
+
+
+@pytest.mark.parametrize("first", [
+    b"",  # a FlightData without any field: no descriptor, no header, no body
+    frame(header=pa.ipc.read_message(pa.schema([]).serialize()).metadata),  # begin(), no path
+    frame(app_metadata=_SUBSCRIBE_T),  # a subscribe naming the table, but no descriptor
+], ids=["empty", "schema", "subscribe"])
+def test_a_first_exchange_message_without_a_descriptor_is_invalid_argument(
+        server, wire, kv, client, first):
+    # writing stays open (the stream was silent then) and writing finished
+    code, details = refused(lambda: wire.subscribe(first))
+    assert (code, details) == (C.INVALID_ARGUMENT, _NO_DESCRIPTOR)
+    call = wire.ch.stream_stream(FLIGHT + "DoExchange")(iter([first]), timeout=10)
+    code, details = refused(lambda: next(call))
+    assert (code, details) == (C.INVALID_ARGUMENT, _NO_DESCRIPTOR)
+    # the server serves on: the same subscribe with the descriptor, and pyarrow's client
+    assert wire.subscribe(frame(descriptor=_desc("t"), app_metadata=_SUBSCRIBE_T)).table_size == 2
+    sub = Sub(client, "t")
+    sub.read()
+    assert sub.view.to_arrow().num_rows == 2
 
 
 def test_a_plain_ticket_naming_no_table_is_not_found(server, wire, kv, client):

@@ -80,8 +80,9 @@ class Subscribed:
 
     def __init__(self, ch: grpc.Channel, table: str) -> None:
         self._done = threading.Event()
-        first = frame(app_metadata=pb.ClientMessage(
-            subscribe=pb.SubscriptionRequest(table=table)).SerializeToString())
+        desc = fpb.FlightDescriptor(type=fpb.FlightDescriptor.PATH, path=[table])
+        sub = pb.ClientMessage(subscribe=pb.SubscriptionRequest(table=table))
+        first = frame(descriptor=desc.SerializeToString(), app_metadata=sub.SerializeToString())
 
         def requests() -> Iterator[bytes]:
             yield first

@@ -292,7 +292,7 @@ def test_subscribers_on_other_threads_see_every_step(server, graph):
     """Subscribers reading concurrently on their own threads while cycles run."""
     t = server.registry.create_source("t", SCHEMA, "keyed", keys=["Key"]).table
     errors: list[BaseException] = []
-    done = threading.Event()
+    last: list[int] = []  # the sequence of the last update, set just before its cycle
     final: dict[int, pa.Table] = {}
 
     def reader(i: int) -> None:
@@ -300,7 +300,7 @@ def test_subscribers_on_other_threads_see_every_step(server, graph):
             c = fl.connect(server.location)
             s = Sub(c, "t")
             s.read()
-            while not done.is_set() or s.view.sequence < server.registry.get("t").publisher.sequence:
+            while not last or s.view.sequence < last[0]:
                 s.read()
             final[i] = s.view.to_arrow()
             s.close()
@@ -316,9 +316,13 @@ def test_subscribers_on_other_threads_see_every_step(server, graph):
     for _ in range(150):
         src.step()
         graph.run_cycle()
+    # a reader stops once it has the last update, which comes after this: one that saw
+    # no ``last`` yet and waits for a message gets it (set after the cycle, a reader that
+    # already had every update could wait for one more forever)
+    last.append(server.registry.get("t").publisher.sequence + 1)
     t.upsert(src._rows(1))
     graph.run_cycle()
-    done.set()  # after the last cycle: a reader stops once it has the final sequence
+    assert server.registry.get("t").publisher.sequence == last[0]
     for th in threads:
         th.join(30)
     assert not errors, errors
