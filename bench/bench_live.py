@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import SCHEMA, batch, print_table, stats_ms, write_json  # noqa: E402
 from clients._livestate import _State  # noqa: E402
-from clients._wire import Endpoint  # noqa: E402
 from clients.live import LiveTable  # noqa: E402
+from clients.wire import Endpoint  # noqa: E402
 from engine.graph import UpdateGraph  # noqa: E402
 from flight.decoder import Message, read_message  # noqa: E402
 from flight.pb import flight_pb2 as pb  # noqa: E402

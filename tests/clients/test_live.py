@@ -24,8 +24,8 @@ import pytest
 from pyroaring import BitMap64
 
 from clients._livestate import Update, _index_of, _State, _Store
-from clients._wire import Endpoint
 from clients.live import LiveTable
+from clients.wire import Endpoint
 from engine._kernels import rowkeymap
 from engine.errors import ProtocolError
 from engine.graph import UpdateGraph
