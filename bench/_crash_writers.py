@@ -33,7 +33,7 @@ from bench._crash_model import (
     Tx,
     kv_apply,
 )
-from clients._wire import Endpoint, action, put_batches
+from clients.wire import Endpoint, action, put_batches
 from flight.pb import flight_pb2 as pb
 
 

@@ -4,7 +4,7 @@
    --sizes rows gets --updates cycles of --change rows each: half modifies of existing
    keys, a quarter new keys, a quarter deletes. A raw subscriber on a real server
    (127.0.0.1) reads one message per cycle; the decoded messages are then applied,
-   offline, to the client state (``clients._livestate._State.apply``), timing each apply with
+   offline, to the client state (``clients.livestate.LiveState.apply``), timing each apply with
    ``perf_counter_ns`` after --warmup untimed ones. Median, mean, p99 and max per update
    for every size side by side, and the ratio of medians to the smallest size: cost
    should follow the change, not the table. The mean includes the amortized compactions
@@ -35,9 +35,9 @@ import pyarrow.flight as fl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import SCHEMA, batch, print_table, stats_ms, write_json  # noqa: E402
-from clients._livestate import _State  # noqa: E402
-from clients._wire import Endpoint  # noqa: E402
 from clients.live import LiveTable  # noqa: E402
+from clients.livestate import LiveState  # noqa: E402
+from clients.wire import Endpoint  # noqa: E402
 from engine.graph import UpdateGraph  # noqa: E402
 from flight.pb import flight_pb2 as pb  # noqa: E402
 from flight.server import ServerConfig, TicktableServer  # noqa: E402
@@ -105,7 +105,7 @@ def capture(n: int, updates: int, change: int, seed: int) -> list[Message]:
 
 
 def time_apply(messages: list[Message], warmup: int) -> dict[str, Any]:
-    state = _State(messages[0].added.schema)
+    state = LiveState(messages[0].added.schema)
     t = time.perf_counter_ns()
     state.apply(messages[0].meta, messages[0].added, messages[0].modified)
     snap_ms = (time.perf_counter_ns() - t) / 1e6

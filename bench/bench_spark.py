@@ -34,7 +34,7 @@ import pyarrow.flight as fl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import median, print_table, write_json  # noqa: E402
-from clients._wire import Endpoint, action  # noqa: E402
+from clients.wire import Endpoint, action  # noqa: E402
 from flight.pb import flight_pb2 as pb  # noqa: E402
 
 

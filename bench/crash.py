@@ -88,7 +88,7 @@ from bench._crash_writers import (  # noqa: E402
     streamer,
     transactions,
 )
-from clients._wire import Endpoint  # noqa: E402
+from clients.wire import Endpoint  # noqa: E402
 
 __all__ = ["CrashReport", "ServerProcess", "free_port", "run"]
 

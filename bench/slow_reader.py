@@ -4,7 +4,7 @@ One in-process server cycles every 0.1 s, each cycle upserting ``--rows`` rows o
 100k-key table; one :class:`~clients.live.LiveTable` subscribes with a callback that sleeps
 ``--callback`` seconds. Its lag (graph step minus the step of the update it was handed) is
 printed over ``--seconds``, once with the subscription connection's fixed receive window
-(``clients._wire.SUBSCRIPTION_WINDOW``) and once with gRPC's default, BDP-probed window,
+(``clients.wire.SUBSCRIPTION_WINDOW``) and once with gRPC's default, BDP-probed window,
 with the server's message and coalescing counts.
 
 Run: python bench/slow_reader.py [--seconds 40] [--callback 1.0] [--rows 5000]
@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:  # run as a script
     sys.path.insert(0, str(ROOT))
 
 import ticktable as tt  # noqa: E402
-from clients import _wire  # noqa: E402
+from clients import wire  # noqa: E402
 from engine.graph import UpdateGraph  # noqa: E402
 from flight.server import ServerConfig, TicktableServer  # noqa: E402
 
@@ -36,8 +36,8 @@ KEYS = 100_000
 
 
 def run(window: tuple[tuple[str, Any], ...], seconds: float, callback: float, rows: int) -> dict[str, Any]:
-    saved = _wire.SUBSCRIPTION_WINDOW
-    _wire.SUBSCRIPTION_WINDOW = window
+    saved = wire.SUBSCRIPTION_WINDOW
+    wire.SUBSCRIPTION_WINDOW = window
     graph = UpdateGraph()
     srv = TicktableServer(graph, ServerConfig(port=0)).start()
     rng = np.random.default_rng(0)
@@ -75,7 +75,7 @@ def run(window: tuple[tuple[str, Any], ...], seconds: float, callback: float, ro
     client.close()
     srv.shutdown()
     graph.stop()
-    _wire.SUBSCRIPTION_WINDOW = saved
+    wire.SUBSCRIPTION_WINDOW = saved
     return out
 
 
@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--callback", type=float, default=1.0)
     ap.add_argument("--rows", type=int, default=5000)
     args = ap.parse_args()
-    for label, window in (("fixed 1 MiB window (subscriptions)", _wire.SUBSCRIPTION_WINDOW),
+    for label, window in (("fixed 1 MiB window (subscriptions)", wire.SUBSCRIPTION_WINDOW),
                           ("gRPC default (BDP-probed)", ())):
         r = run(window, args.seconds, args.callback, args.rows)
         marks = [f"{t:4.0f}s:{lag}" for t, lag in r["lags"][::max(1, len(r["lags"]) // 10)]]

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
 
-from clients._wire import Endpoint, PutSummary, action, chunks, put_batches
+from clients.wire import Endpoint, PutSummary, action, chunks, put_batches
 from flight.pb import flight_pb2 as pb
 
 if TYPE_CHECKING:

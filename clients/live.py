@@ -5,26 +5,35 @@ stream, applies every message the server sends (:mod:`flight.streams.decoder` is
 definition) to a columnar, keyed client state, and hands each applied message to
 callbacks and iterators as an :class:`Update`. When the stream breaks it reconnects with
 backoff and resumes from the last applied message (the server answers with one composed
-delta, or a new snapshot when it no longer holds the missed updates).
+delta, or a new snapshot when it no longer holds the missed updates); a failure that
+reconnecting cannot fix ends the subscription (:func:`_is_permanent`), reported with the
+server's message only (:func:`_clean`).
 
-Cost follows the update, not the table: the state lives in :mod:`clients._livestate`
+Cost follows the update, not the table: the state lives in :mod:`clients.livestate`
 (keys in a Roaring bitmap, values in an append-only log of Arrow arrays, a vectorized
 ``key -> slot`` index).
 
 A DataFrame is built only when asked for (:attr:`LiveTable.df`, the parts of an
-:class:`Update`), once per applied message, in O(rows held).
+:class:`Update`), once per applied message, in O(rows held) (:class:`_View`).
+
+Iterators (``for update in live``, :class:`_Updates`; ``async for``,
+:class:`_AsyncUpdates`) each have one bounded queue (:class:`_Consumer`). Past ``maxsize``
+queued updates the queue is dropped and the next item is a catch-up snapshot, so a slow
+iterator costs memory bounded by ``maxsize``, never by the stream.
 
 Threads. The reader thread applies a message under the state lock and bumps a version;
 readers materialize under the same lock, so they never see half an update. Callbacks
-run on the reader thread after the lock is released.
-
-This module keeps the stream, its state and its locks (:class:`LiveTable`); what reaches
-the user from them lives in :mod:`clients._liveconsumers`: the iterators' bounded queues,
-the materialized view, and which failures end the subscription.
+run on the reader thread after the lock is released. The reader offers each update to
+the consumers under the state lock (:meth:`_Consumer.offer` takes the consumer's
+condition), and a catch-up resets a consumer under the state lock, then its condition; a
+consumer never takes the state lock while it holds its condition, so the order is always
+state lock, then consumer.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import threading
 import time
@@ -32,20 +41,14 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from clients._liveconsumers import (
-    _AsyncUpdates,
-    _clean,
-    _Consumer,
-    _Finished,
-    _is_permanent,
-    _Updates,
-    _View,
-)
-from clients._livestate import _RESUMED, Update, _check_viewport, _positions, _State
+from clients.livestate import LiveState, Update
+from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
 from flight.streams.decoder import StreamEnded, read_message
 
@@ -54,8 +57,56 @@ __all__ = ["LiveTable", "Update"]
 log = logging.getLogger(__name__)
 
 Ranges = list[tuple[int, int]]
+I64 = npt.NDArray[np.int64]
 _C = TypeVar("_C", bound="_Consumer")
 Connect = Callable[[], tuple[fl.FlightClient, fl.FlightCallOptions]]
+
+_PERMANENT = (KeyError, pa.ArrowInvalid, fl.FlightUnauthenticatedError,
+              fl.FlightUnauthorizedError, fl.FlightServerError)
+
+
+def _clean(exc: BaseException) -> BaseException:
+    """``exc`` with the server's message only (pyarrow appends the server's traceback after
+    ``". Detail:"``), as the same type, chained to the original."""
+    text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+    short = text.split(". Detail:")[0].split(". gRPC client debug context:")[0].strip('"')
+    if short == text:
+        return exc
+    try:
+        out = type(exc)(short)
+    except Exception:
+        return exc
+    out.__cause__ = exc
+    return out
+
+
+def _is_permanent(exc: BaseException) -> bool:
+    """A failure that reconnecting cannot fix: the table is gone (``KeyError``), the request
+    was refused (``ArrowInvalid``), access was denied, or the table failed on the server.
+    Anything else (unavailable, cancelled, a broken stream) is worth another try."""
+    return isinstance(exc, _PERMANENT)
+
+
+class _Finished(Exception):
+    """The subscription is closed and every queued update was delivered."""
+
+
+def _check_viewport(ranges: Sequence[tuple[int, int]] | None) -> Ranges | None:
+    """``ranges`` as a list of ``(begin, end)`` int pairs (``None``: no viewport).
+
+    Raises
+    ------
+    ProtocolError
+        If a range is not ``0 <= begin <= end``.
+    """
+    if ranges is None:
+        return None
+    out = [(int(b), int(e)) for b, e in ranges]
+    bad = [r for r in out if not 0 <= r[0] <= r[1]]
+    if bad:
+        raise ProtocolError(f"bad viewport range(s) {bad}: each is (begin, end) with "
+                            f"0 <= begin <= end, end exclusive")
+    return out
 
 
 # ------------------------------------------------------------------ the live table
@@ -131,7 +182,7 @@ class LiveTable:
         self._callbacks: list[Callable[[Update], None]] = [on_update] if on_update else []
         self._lock = threading.Lock()  # the state, the cache, the consumers
         self._applied = threading.Condition(self._lock)
-        self._state: _State | None = None
+        self._state: LiveState | None = None
         self._version = 0
         self._cache: _View | None = None
         self._consumers: weakref.WeakSet[_Consumer] = weakref.WeakSet()
@@ -222,11 +273,10 @@ class LiveTable:
                 if st is None or not st.messages:  # closed before any snapshot
                     self._cache = _View(self._version, pa.table({}), None)
                 else:
-                    self._cache = _View(self._version, st.to_arrow(),
-                                        _positions(st.viewport, st.size))
+                    self._cache = _View(self._version, st.to_arrow(), st.held_positions())
             return self._cache
 
-    def _get(self, fn: Callable[[_State], Any], default: Any) -> Any:
+    def _get(self, fn: Callable[[LiveState], Any], default: Any) -> Any:
         with self._lock:
             st = self._state
             return default if st is None or not st.messages else fn(st)
@@ -435,7 +485,7 @@ class LiveTable:
         except Exception:  # the stream is breaking: the reconnect subscribes with it
             log.debug("could not send a change to %r", self.table, exc_info=True)
 
-    def _wait_applied(self, done: Callable[[_State], bool], timeout: float | None) -> bool:
+    def _wait_applied(self, done: Callable[[LiveState], bool], timeout: float | None) -> bool:
         if threading.current_thread() is self._thread:  # a callback: it would wait on itself
             timeout = 0
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -450,7 +500,7 @@ class LiveTable:
                 self._applied.wait(left)
 
     @staticmethod
-    def _columns_match(st: _State, want: list[str] | None) -> bool:
+    def _columns_match(st: LiveState, want: list[str] | None) -> bool:
         if want is None:
             return st.columns == list(st.table_schema.names)
         return set(st.columns) == set(want)
@@ -518,11 +568,10 @@ class LiveTable:
                     raise ConnectionError(f"the server ended the stream: {end}") from None
                 except StopIteration:
                     raise ConnectionError("the stream ended") from None
-                self._apply(msg.meta, msg.added, msg.modified)
+                update = self._apply(msg.meta, msg.added, msg.modified)
                 if not self._connected:
                     self._connected = True
-                    log.info("subscribed to %r (%s)", self.table,
-                             _RESUMED.get(msg.meta.resume, "none"))
+                    log.info("subscribed to %r (%s)", self.table, update.resumed)
         finally:
             with self._send_lock:
                 self._writer = None
@@ -556,14 +605,14 @@ class LiveTable:
                 req.resume, req.resume_epoch, req.resume_sequence = True, st.epoch, st.sequence
         return req
 
-    def _apply(self, meta: pb.UpdateMetadata, added: pa.Table, modified: pa.Table) -> None:
+    def _apply(self, meta: pb.UpdateMetadata, added: pa.Table, modified: pa.Table) -> Update:
         with self._lock:
             if self._state is None:
-                self._state = _State(added.schema)
+                self._state = LiveState(added.schema)
             try:
                 update = self._state.apply(meta, added, modified)
             except BaseException:  # maybe half-applied: start over from a new snapshot
-                self._state = _State(self._state.table_schema)
+                self._state = LiveState(self._state.table_schema)
                 self._version += 1
                 raise
             self._version += 1
@@ -575,3 +624,132 @@ class LiveTable:
                 callback(update)
             except Exception:
                 log.exception("an on_update callback of %r failed", self.table)
+        return update
+
+
+# ------------------------------------------------------------------ iterators
+class _Consumer:
+    """One iterator's bounded queue of updates.
+
+    Past ``maxsize`` queued updates the queue is dropped and the consumer stops receiving
+    until it reads again; its next item is then a catch-up snapshot of the view (an
+    :class:`Update` with ``is_snapshot`` and ``skipped`` = the number of updates dropped).
+    """
+
+    def __init__(self, live: LiveTable, maxsize: int, snapshot: bool) -> None:
+        if maxsize < 1:
+            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
+        self._live = live
+        self._maxsize = maxsize
+        self._queue: collections.deque[Update] = collections.deque()
+        self._skipped = 0  # updates dropped since the queue overflowed
+        self._catch_up = snapshot  # the next item is a snapshot of the view
+        self._cond = threading.Condition()
+        self._wake: Callable[[], None] | None = None
+
+    def offer(self, update: Update) -> None:
+        """Called by the reader thread, under the live table's state lock."""
+        with self._cond:
+            if self._catch_up:
+                self._skipped += 1
+            elif len(self._queue) >= self._maxsize:
+                self._skipped = len(self._queue) + 1
+                self._catch_up = True
+                self._queue.clear()
+            else:
+                self._queue.append(update)
+            self._cond.notify_all()
+        if self._wake is not None:
+            self._wake()
+
+    def wake(self) -> None:
+        """Wake a waiting reader (the subscription ended)."""
+        with self._cond:
+            self._cond.notify_all()
+        if self._wake is not None:
+            self._wake()
+
+    def _poll(self) -> Update | None:
+        """The next update, None if there is none yet; raises when the stream is over."""
+        with self._cond:
+            if self._queue:
+                return self._queue.popleft()
+            catch_up = self._catch_up
+        if catch_up:
+            return self._live._catch_up(self)
+        self._live._raise_if_over()
+        return None
+
+
+class _Updates(_Consumer):
+    """A blocking iterator of updates (see :meth:`LiveTable.updates`)."""
+
+    def __init__(self, live: LiveTable, maxsize: int, snapshot: bool,
+                 timeout: float | None) -> None:
+        super().__init__(live, maxsize, snapshot)
+        self._timeout = timeout
+
+    def __iter__(self) -> Iterator[Update]:
+        return self
+
+    def __next__(self) -> Update:
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        while True:
+            try:
+                update = self._poll()
+            except _Finished:
+                raise StopIteration from None
+            if update is not None:
+                return update
+            with self._cond:
+                if self._queue or self._catch_up or self._live._over():
+                    continue
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"no update of {self._live.table!r} within "
+                                       f"{self._timeout} s")
+                self._cond.wait(left)
+
+
+class _AsyncUpdates(_Consumer):
+    """An ``async for`` iterator of updates, woken from the reader thread."""
+
+    def __init__(self, live: LiveTable, maxsize: int, snapshot: bool) -> None:
+        super().__init__(live, maxsize, snapshot)
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        self._event = event
+
+        def wake() -> None:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+
+        self._wake = wake
+
+    def __aiter__(self) -> AsyncIterator[Update]:
+        return self
+
+    async def __anext__(self) -> Update:
+        while True:
+            self._event.clear()
+            try:
+                update = self._poll()
+            except _Finished:
+                raise StopAsyncIteration from None
+            if update is not None:
+                return update
+            await self._event.wait()
+
+
+# ------------------------------------------------------------------ the view
+class _View:
+    """The materialized view of one applied message (the DataFrame is built on demand)."""
+
+    __slots__ = ("version", "table", "positions", "frame")
+
+    def __init__(self, version: int, table: pa.Table, positions: I64 | None) -> None:
+        self.version, self.table, self.positions = version, table, positions
+        self.frame: pd.DataFrame | None = None
+

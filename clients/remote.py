@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 from flight.pb import table_service_pb2 as tpb
 
 if TYPE_CHECKING:
-    from clients._wire import Endpoint
     from clients.live import LiveTable
+    from clients.wire import Endpoint
 
 __all__ = ["RemoteTable"]
 

@@ -86,7 +86,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from clients._wire import CHUNK_BYTES, Endpoint, PutSummary, action, chunks, put_batches
+from clients.wire import CHUNK_BYTES, Endpoint, PutSummary, action, chunks, put_batches
 from flight.pb import flight_pb2 as pb
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from engine._kernels.hashing import (
 )
 from engine._kernels.ids import IdAllocator
 from engine._kernels.keymap import ExactKeyMap
-from engine._source import TableLike, _SourceTable, conform
+from engine._source import SourceTable, TableLike, conform
 from engine.columns import (
     NumpyColumnSource,
     WritableColumnSource,
@@ -78,7 +78,7 @@ class KeyLookup:
         return self.position >= 0
 
 
-class KeyedTable(_SourceTable):
+class KeyedTable(SourceTable):
     """Upsert and delete rows by key columns (DESIGN.md §2 keyed source).
 
     Parameters

@@ -88,8 +88,22 @@ def conform(table_name: str, schema: pa.Schema, data: TableLike, columns: list[s
     return pa.Table.from_arrays(arrays, schema=pa.schema([schema.field(n) for n in want]))
 
 
-class _SourceTable(Table):
-    """Shared staging for source tables: writers stage, the cycle applies."""
+class SourceTable(Table):
+    """The base of every source table: writers stage, the next cycle applies.
+
+    A writer (any thread) checks its data, then stages it with :meth:`_stage`, which takes
+    only the table's staging lock. In the cycle, the table's ``_compute_update`` takes what
+    is staged with :meth:`_take_pending` and returns one update for all of it, applied in
+    the order it was staged. With a ``graph.cycle_gate`` (durability), the graph first
+    calls :meth:`_take_for_cycle` on every table, which sets the writes staged so far aside
+    for that cycle, so writes staged after it wait for the next one.
+
+    A subclass implements ``_compute_update`` (staged writes -> storage and a
+    :class:`~engine.update.TableUpdate`) and :meth:`_restore` (a checkpoint's rows and row
+    keys -> storage); it may override :meth:`_new_column` (one column's storage) and
+    :meth:`_export_extra` (what its next writes depend on besides the rows). Checkpoints
+    go through :meth:`export_state` and :meth:`restore_state`.
+    """
 
     def __init__(self, graph: UpdateGraph, schema: Any, *, name: str | None = None,
                  columns: dict[str, ColumnSource] | None = None) -> None:

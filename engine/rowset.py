@@ -29,12 +29,22 @@ from engine._kernels.arrays import shift_keys
 from engine._kernels.arrays import sorted_unique as unique_keys
 from engine.errors import InvalidKeyError, UpdateInvariantError
 
-__all__ = ["KeyArray", "RowSet", "RowSetShiftData", "unique_keys"]
+__all__ = ["KeyArray", "RowSet", "RowSetShiftData", "as_key_array", "unique_keys"]
 
 KeyArray = npt.NDArray[np.int64]
 
 
-def _as_keys(keys: Any) -> KeyArray:
+def as_key_array(keys: Any) -> KeyArray:
+    """``keys`` (any integer array-like) as a flat int64 array of row keys.
+
+    An int64 array is not converted. Keys are not checked to be non-negative, sorted or
+    distinct: callers that need that check it.
+
+    Raises
+    ------
+    InvalidKeyError
+        If ``keys`` is non-empty and not of an integer dtype.
+    """
     arr = np.asarray(keys)
     if arr.dtype != np.int64:
         if arr.size and arr.dtype.kind not in "iu":
@@ -85,7 +95,7 @@ class RowSet:
         InvalidKeyError
             If a key is negative.
         """
-        arr = _as_keys(keys)
+        arr = as_key_array(keys)
         if arr.size and not assume_sorted:
             arr = unique_keys(arr)
         if arr.size and arr[0] < 0:
@@ -108,7 +118,7 @@ class RowSet:
     @classmethod
     def from_ranges(cls, starts: Any, stops: Any) -> RowSet:
         """Union of half-open ranges ``[starts[i], stops[i])``, sorted and disjoint."""
-        s, e = _as_keys(starts), _as_keys(stops)
+        s, e = as_key_array(starts), as_key_array(stops)
         if s.size != e.size:
             raise InvalidKeyError("starts and stops differ in length")
         if s.size and s.min() < 0:
@@ -182,7 +192,7 @@ class RowSet:
 
     def positions_of(self, keys: Any) -> npt.NDArray[np.int64]:
         """Position of each key; ``-1`` where the key is not in the set."""
-        q = _as_keys(keys)
+        q = as_key_array(keys)
         k = self.keys()
         pos = _searchsorted(k, q)
         ok = pos < k.size
@@ -197,7 +207,7 @@ class RowSet:
         IndexError
             If a position is out of range.
         """
-        p = _as_keys(positions)
+        p = as_key_array(positions)
         k = self.keys()
         if p.size and (p.max() >= k.size or p.min() < -k.size):
             raise IndexError(f"position out of range for a RowSet of size {k.size}")
@@ -294,7 +304,7 @@ class RowSetShiftData:
         UpdateInvariantError
             If the ranges break S1..S4.
         """
-        b, e, d = _as_keys(begins), _as_keys(ends), _as_keys(deltas)
+        b, e, d = as_key_array(begins), as_key_array(ends), as_key_array(deltas)
         if not (b.size == e.size == d.size):
             raise UpdateInvariantError("S1", "begins, ends and deltas differ in length")
         nz = d != 0
@@ -365,14 +375,14 @@ class RowSetShiftData:
     # applying ----------------------------------------------------------------------
     def apply_keys(self, keys: Any) -> KeyArray:
         """Map keys of the previous key space to the current one (unshifted keys stay)."""
-        k = _as_keys(keys)
+        k = as_key_array(keys)
         if not self or k.size == 0:
             return k
         return shift_keys(k, self.begins, self.ends, self.deltas)
 
     def unapply_keys(self, keys: Any) -> KeyArray:
         """Map keys of the current key space back to the previous one."""
-        k = _as_keys(keys)
+        k = as_key_array(keys)
         if not self or k.size == 0:
             return k
         return shift_keys(k, self.begins + self.deltas, self.ends + self.deltas, -self.deltas)
@@ -436,7 +446,7 @@ class RowSetShiftData:
         Pass *all* surviving keys (movers and non-movers), sorted and order-preserving:
         a run of consecutive keys with one non-zero delta becomes one range spanning them.
         """
-        p, c = _as_keys(prev_keys), _as_keys(cur_keys)
+        p, c = as_key_array(prev_keys), as_key_array(cur_keys)
         if p.size == 0:
             return _EMPTY_SHIFT
         d = c - p

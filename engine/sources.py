@@ -4,6 +4,8 @@ Writes (``append``, ``upsert``, ``delete``) may come from any thread. They are c
 once — a bad batch raises and stages nothing — and applied together at the start of the
 next cycle, as one update.
 
+* :class:`SourceTable` — the base of them all: staging from any thread, taken by the next
+  cycle, and checkpoints (``export_state``/``restore_state``).
 * :class:`AppendOnlyTable` — rows only arrive; keys ``0..n-1`` in arrival order.
 * :class:`KeyedTable` — upsert and delete by key columns. A key keeps its row key for its
   whole life; row keys freed by deletes are reused in later cycles (so row order is row
@@ -33,7 +35,8 @@ import pyarrow as pa
 
 from engine._keyed import KeyedTable as KeyedTable
 from engine._keyed import KeyLookup as KeyLookup
-from engine._source import TableLike, _SourceTable
+from engine._source import SourceTable as SourceTable
+from engine._source import TableLike
 from engine._source import as_schema as as_schema
 from engine._source import conform as conform
 from engine.columns import (
@@ -52,11 +55,11 @@ from engine.update import TableUpdate
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
 
-__all__ = ["AppendOnlyTable", "KeyLookup", "KeyedTable", "RingTable", "TimerTable", "as_schema",
-           "conform"]
+__all__ = ["AppendOnlyTable", "KeyLookup", "KeyedTable", "RingTable", "SourceTable", "TimerTable",
+           "as_schema", "conform"]
 
 
-class AppendOnlyTable(_SourceTable):
+class AppendOnlyTable(SourceTable):
     """Rows only arrive; row keys are ``0..size-1`` in arrival order.
 
     Fixed-width columns are numpy arrays (fast gathers of any keys, which sorted views and
@@ -101,7 +104,7 @@ class AppendOnlyTable(_SourceTable):
                 src.set_new_range(0, rows.column(name))
 
 
-class RingTable(_SourceTable):
+class RingTable(SourceTable):
     """Append-only, keeping the newest ``capacity`` rows; older rows are removed.
 
     Row keys keep increasing; row key ``k`` is stored in slot ``k % capacity``.

@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 
 from engine.errors import SchemaError, TableFailed
-from engine.rowset import RowSet
+from engine.rowset import RowSet, as_key_array
 
 if TYPE_CHECKING:
     from engine.columns import ColumnSource
@@ -172,9 +172,7 @@ class Table:
 
     def rows(self, keys: Any, columns: Iterable[str] | None = None, *, prev: bool = False) -> pa.Table:
         """Values at row ``keys`` (previous key space and values when ``prev``)."""
-        from engine.rowset import _as_keys
-
-        k = _as_keys(keys)
+        k = as_key_array(keys)
         names = list(columns) if columns is not None else self.column_names
         arrays = [self.column(n).get_prev(k) if prev else self.column(n).get(k) for n in names]
         return pa.Table.from_arrays(arrays, schema=pa.schema([self.schema.field(n) for n in names]))

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from engine.differential.join import Arranged
     from engine.differential.reduce import Agg
 
-__all__ = ["Collection", "Dataflow", "InputHandle", "Probe"]
+__all__ = ["Collection", "Dataflow", "InputHandle", "InputNode", "Node", "Probe", "ProbeNode", "Scope"]
 
 Time: TypeAlias = tuple[int, ...]
 I64 = npt.NDArray[np.int64]
@@ -69,17 +69,24 @@ def extend_times(batch: ZSet, coord: int) -> ZSet:
     return ZSet(batch.data, batch.diffs, np.hstack((batch.times, extra)))
 
 
-class _Scope:
-    """Nodes sharing one version type, and the times at which some node has work."""
+class Scope:
+    """Nodes sharing one version type, and the times at which some node has work.
 
-    def __init__(self, dataflow: Dataflow, parent: _Scope | None, dims: int) -> None:
+    Versions here have ``dims`` coordinates: the root scope's are ``(step,)``, an
+    iterate's inner scope (whose ``parent`` is the scope around the loop) adds the
+    iteration. A node that has input, or wants to run, at a time adds it to :attr:`times`;
+    :meth:`run` processes them least first, visiting :attr:`nodes` in creation order (the
+    scheduling contract is in the module docstring). :meth:`wire` makes it runnable.
+    """
+
+    def __init__(self, dataflow: Dataflow, parent: Scope | None, dims: int) -> None:
         self.dataflow = dataflow
         self.parent = parent
         self.dims = dims
-        self.nodes: list[_Node] = []
+        self.nodes: list[Node] = []
         self.times: set[Time] = set()
         self.rounds = 0
-        self.entered: dict[int, tuple[_Node, _Node]] = {}   # outer node id -> (outer, inner)
+        self.entered: dict[int, tuple[Node, Node]] = {}   # outer node id -> (outer, inner)
 
     @property
     def nested(self) -> bool:
@@ -113,15 +120,54 @@ class _Scope:
                     node.step(t)
             self.times.discard(t)
 
+    def wire(self) -> None:
+        """Make the scope runnable, once its graph is complete: keep the nodes some sink
+        depends on, connect each to its consumers, narrow the nodes to the columns read
+        downstream (:func:`_prune`) and :meth:`~Node.finalize` each node."""
+        live: set[int] = set()
+        stack = [n for n in self.nodes if n.is_sink]
+        while stack:
+            n = stack.pop()
+            if id(n) in live:
+                continue
+            live.add(id(n))
+            stack.extend(n.inputs)
+        self.nodes = [n for n in self.nodes if id(n) in live]
+        for n in self.nodes:
+            for port, i in enumerate(n.inputs):
+                i.consumers.append((n, port))
+        _prune(self)
+        for n in self.nodes:
+            n.finalize()
 
-class _Node:
-    """One operator: ``process(t, batches)`` sees all of its input at ``t`` at once."""
+
+class Node:
+    """One operator of a scope: ``process(t, batches)`` sees all of its input at ``t`` at once.
+
+    What an operator (a subclass, in this module or in :mod:`.join`, :mod:`.reduce`,
+    :mod:`.iterate`) implements and may rely on:
+
+    * build it before the dataflow's first step, from inputs in the same scope; it joins
+      the scope's :attr:`~Scope.nodes` after them (creation order is topological);
+    * :meth:`process` gets one entry per input port (``None``: no input at ``t``) and
+      returns its output change, at times ``>= t`` (all at ``t`` when the class sets
+      ``emits_at_input_time``); :meth:`emit` hands it to the consumers;
+    * class attributes: ``n_inputs`` (ports), ``is_sink`` (kept without consumers, such as
+      probes); a node that runs at times with no input (a reduce re-evaluating groups)
+      overrides :meth:`has_work` and adds those times to ``scope.times``;
+    * hooks called once, when the scope is wired: :meth:`input_demand` and
+      :meth:`restrict` (columns read downstream), then :meth:`finalize`.
+
+    ``arrangements`` holds the shared arrangements of this node's output by key columns
+    (:func:`engine.differential.join.arrange`), so every join and reduce on the same keys
+    reads one trace.
+    """
 
     n_inputs = 1
     is_sink = False
-    scope: _Scope
+    scope: Scope
 
-    def __init__(self, scope: _Scope, inputs: Sequence[_Node], schema: pa.Schema) -> None:
+    def __init__(self, scope: Scope, inputs: Sequence[Node], schema: pa.Schema) -> None:
         if scope.dataflow._finalized:
             raise InputError("the dataflow already ran: build every operator before the first step")
         for i in inputs:
@@ -130,9 +176,9 @@ class _Node:
         self.scope = scope
         self.inputs = list(inputs)
         self.schema = schema
-        self.consumers: list[tuple[_Node, int]] = []
+        self.consumers: list[tuple[Node, int]] = []
         self._pending: dict[Time, list[list[ZSet]]] = {}
-        self._arrangements: dict[tuple[str, ...], Any] = {}
+        self.arrangements: dict[tuple[str, ...], Any] = {}
         scope.nodes.append(self)
 
     def push(self, port: int, t: Time, batch: ZSet) -> None:
@@ -180,19 +226,21 @@ class _Node:
         its output schema; the default keeps it. Called once, before the first step."""
 
 
-class _InputNode(_Node):
+class InputNode(Node):
+    """Where an :class:`InputHandle` pushes its batches: passes them on as they are."""
+
     n_inputs = 1
     emits_at_input_time = True
 
-    def __init__(self, scope: _Scope, schema: pa.Schema) -> None:
+    def __init__(self, scope: Scope, schema: pa.Schema) -> None:
         super().__init__(scope, [], schema)
 
     def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
         return batches[0]
 
 
-class _LinearNode(_Node):
-    def __init__(self, scope: _Scope, source: _Node, op: LinearOperator) -> None:
+class _LinearNode(Node):
+    def __init__(self, scope: Scope, source: Node, op: LinearOperator) -> None:
         probe = op(ZSet.empty(source.schema, scope.dims))
         super().__init__(scope, [source], probe.schema)
         self.op = op
@@ -202,8 +250,8 @@ class _LinearNode(_Node):
         return None if b is None else self.op(b)
 
 
-class _ConcatNode(_Node):
-    def __init__(self, scope: _Scope, inputs: Sequence[_Node]) -> None:
+class _ConcatNode(Node):
+    def __init__(self, scope: Scope, inputs: Sequence[Node]) -> None:
         schema = inputs[0].schema
         for i in inputs[1:]:
             if i.schema.names != schema.names or i.schema.types != schema.types:
@@ -216,8 +264,8 @@ class _ConcatNode(_Node):
         return concat(*parts) if parts else None
 
 
-class _ConsolidateNode(_Node):
-    def __init__(self, scope: _Scope, source: _Node) -> None:
+class _ConsolidateNode(Node):
+    def __init__(self, scope: Scope, source: Node) -> None:
         super().__init__(scope, [source], source.schema)
 
     def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
@@ -225,8 +273,8 @@ class _ConsolidateNode(_Node):
         return None if b is None else b.consolidate()
 
 
-class _InspectNode(_Node):
-    def __init__(self, scope: _Scope, source: _Node, fn: Callable[[Version, ZSet], None]) -> None:
+class _InspectNode(Node):
+    def __init__(self, scope: Scope, source: Node, fn: Callable[[Version, ZSet], None]) -> None:
         super().__init__(scope, [source], source.schema)
         self.fn = fn
 
@@ -237,10 +285,13 @@ class _InspectNode(_Node):
         return b
 
 
-class _ProbeNode(_Node):
+class ProbeNode(Node):
+    """The sink behind a :class:`Probe`: keeps every batch (``batches``) and those not yet
+    drained (``new``)."""
+
     is_sink = True
 
-    def __init__(self, scope: _Scope, source: _Node) -> None:
+    def __init__(self, scope: Scope, source: Node) -> None:
         super().__init__(scope, [source], source.schema)
         self.batches: list[ZSet] = []
         self.new: list[ZSet] = []
@@ -261,7 +312,7 @@ class Dataflow:
     """
 
     def __init__(self) -> None:
-        self.root = _Scope(self, None, 1)
+        self.root = Scope(self, None, 1)
         self.inputs: list[InputHandle] = []
         self._finalized = False
         self.frontier = Antichain([Version(0)])
@@ -271,7 +322,7 @@ class Dataflow:
         """A new input: the collection it feeds and the handle to send to it."""
         if not isinstance(schema, pa.Schema) or len(schema) == 0:
             raise SchemaError("a dataflow input needs a pyarrow schema with at least one column")
-        node = _InputNode(self.root, schema)
+        node = InputNode(self.root, schema)
         handle = InputHandle(node)
         self.inputs.append(handle)
         return Collection(node), handle
@@ -279,7 +330,7 @@ class Dataflow:
     def _finalize(self) -> None:
         if self._finalized:
             return
-        _wire(self.root)
+        self.root.wire()
         self._finalized = True
 
     def step(self) -> None:
@@ -292,26 +343,7 @@ class Dataflow:
         self.frontier = f
 
 
-def _wire(scope: _Scope) -> None:
-    """Keep the nodes some sink depends on, and connect each to its consumers."""
-    live: set[int] = set()
-    stack = [n for n in scope.nodes if n.is_sink]
-    while stack:
-        n = stack.pop()
-        if id(n) in live:
-            continue
-        live.add(id(n))
-        stack.extend(n.inputs)
-    scope.nodes = [n for n in scope.nodes if id(n) in live]
-    for n in scope.nodes:
-        for port, i in enumerate(n.inputs):
-            i.consumers.append((n, port))
-    _prune(scope)
-    for n in scope.nodes:
-        n.finalize()
-
-
-def _prune(scope: _Scope) -> None:
+def _prune(scope: Scope) -> None:
     """Demand analysis: from the sinks back, the columns each node's consumers read; nodes
     that can (arrangements, joins) then drop the others, so a trace stores and a join
     gathers only what some operator downstream uses. Creation order is topological, so
@@ -338,11 +370,11 @@ class Collection:
     NaN). Despite the names, collections are unordered.
     """
 
-    def __init__(self, node: _Node) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
 
     @property
-    def scope(self) -> _Scope:
+    def scope(self) -> Scope:
         return self.node.scope
 
     @property
@@ -356,7 +388,7 @@ class Collection:
     def __repr__(self) -> str:
         return f"Collection({type(self.node).__name__.lstrip('_')}, columns={self.schema.names})"
 
-    def _local(self, other: Collection) -> _Node:
+    def _local(self, other: Collection) -> Node:
         """``other``'s node in this collection's scope (entering it into an iterate)."""
         if other.dataflow is not self.dataflow:
             raise InputError("collections of different dataflows cannot be combined")
@@ -482,7 +514,7 @@ class Collection:
         """An output probe on this collection (root scope)."""
         if self.scope.nested:
             raise InputError("probe a collection outside the iterate (or use inspect inside)")
-        return Probe(_ProbeNode(self.scope, self.node))
+        return Probe(ProbeNode(self.scope, self.node))
 
     def to_table(self, keys: Sequence[str] | str, name: str | None = None) -> Any:
         """This collection as a live keyed table (see :mod:`engine.differential.bridge`)."""

@@ -13,7 +13,7 @@ from engine.differential.zset import ZSet, concat, split_by_time
 from engine.errors import InputError, SchemaError
 
 if TYPE_CHECKING:
-    from engine.differential.dataflow import _InputNode, _ProbeNode
+    from engine.differential.dataflow import InputNode, ProbeNode
 
 __all__ = ["InputHandle", "Probe"]
 
@@ -24,7 +24,7 @@ class Probe:
     Everything at versions before :attr:`frontier` has been delivered.
     """
 
-    def __init__(self, node: _ProbeNode) -> None:
+    def __init__(self, node: ProbeNode) -> None:
         self._node = node
 
     @property
@@ -73,7 +73,7 @@ class InputHandle:
     [((2,), None, 1), ((4,), None, 1)]
     """
 
-    def __init__(self, node: _InputNode) -> None:
+    def __init__(self, node: InputNode) -> None:
         self._node = node
         self.frontier = Antichain([Version(0)])
 

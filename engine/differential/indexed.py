@@ -39,7 +39,7 @@ from engine._kernels.hashing import combine, exact_hash, hash_rows
 from engine.differential.zset import ZSet, take_rows
 from engine.errors import SchemaError
 
-__all__ = ["IndexedZSet", "exact_records", "index_with"]
+__all__ = ["IndexedZSet", "exact_records", "index_with", "int_key_values", "locate_in_spine"]
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -88,7 +88,7 @@ class IndexedZSet:
 
     def _build_dense(self) -> tuple[int, I64, I64 | None] | None:
         n = len(self)
-        v = _int_key(self.batch.data, self.keys)
+        v = int_key_values(self.batch.data, self.keys)
         if v is None or n == 0:
             return None
         low, high = int(v.min()), int(v.max())
@@ -190,7 +190,7 @@ class IndexedZSet:
         if values:
             # one integer value column mixes in as it is: for a given key the record hash is
             # still a bijection of the value (so exact, see exact_records)
-            raw = _int_key(batch.data, values)
+            raw = int_key_values(batch.data, values)
             rh = combine(kh, raw.view(np.uint64) if raw is not None else hash_rows(batch.data, values))
         else:
             rh = kh
@@ -230,8 +230,10 @@ _FEW = 64  # probes looked up by binary search rather than through a bucket dire
 _DENSE_FEW = 1 << 16  # batches this big are probed by value even by a few probes
 
 
-def _int_key(table: pa.Table, keys: Sequence[str]) -> I64 | None:
-    """The values of a single null-free integer key column as int64, else ``None``."""
+def int_key_values(table: pa.Table, keys: Sequence[str]) -> I64 | None:
+    """The values of ``keys`` as int64 when they are one null-free integer column (not
+    uint64), else ``None``: what a direct-address index and a probe by value take
+    (:meth:`IndexedZSet.locate_values`)."""
     if len(keys) != 1:
         return None
     col = table.column(keys[0])
@@ -274,15 +276,19 @@ def argsort_u64(a: U64) -> I64:
 _S16 = np.uint64(16)
 
 
-def _locate_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = None) -> tuple[I64, I64, list[int]]:
+def locate_in_spine(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = None) -> tuple[I64, I64, list[int]]:
     """:meth:`IndexedZSet.locate` in every batch of a spine: ``(probe, row, per-batch
-    counts)``, grouped by batch in spine order. A few probes binary-search every batch and
-    expand all the ranges at once. Batches much smaller than a large probe set share one
-    occupancy filter (their key hashes' top bits): only the probes that may be in one of
-    them go on, binary-searching those batches together, so many small batches cost about
-    one pass over the probes. The others are probed by key value (``values``, one integer
-    key column) where they have a direct-address index, else through their bucket
-    directory."""
+    counts)``, grouped by batch in spine order, for probes with key hashes ``ph`` (and,
+    with one integer key column, their key values ``values``, see :func:`int_key_values`).
+    The pairs match on the full key hash; a caller whose key hash is not exact compares the
+    key values too.
+
+    A few probes binary-search every batch and expand all the ranges at once. Batches much
+    smaller than a large probe set share one occupancy filter (their key hashes' top bits):
+    only the probes that may be in one of them go on, binary-searching those batches
+    together, so many small batches cost about one pass over the probes. The others are
+    probed by key value (``values``) where they have a direct-address index, else through
+    their bucket directory."""
     n = ph.size
     if n <= _FEW and len(spine) > 1:
         return _search_all(spine, ph, values)

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine.differential.dataflow import Collection, Time, _Node, _Scope, _wire, extend_times
+from engine.differential.dataflow import Collection, Node, Scope, Time, extend_times
 from engine.differential.zset import ZSet, concat
 from engine.errors import InputError, SchemaError
 
 __all__: list[str] = []
 
 
-class _SourceNode(_Node):
+class _SourceNode(Node):
     """A node fed from outside its scope (the loop variable, an entered collection)."""
 
     n_inputs = 1
@@ -38,13 +38,13 @@ class _SourceNode(_Node):
         return batches[0]
 
 
-class _FeedbackNode(_Node):
+class _FeedbackNode(Node):
     """Consolidates the body's result at ``(e, i)``, feeds it back at ``(e, i + 1)`` and
     keeps it for the loop's output."""
 
     is_sink = True
 
-    def __init__(self, scope: _Scope, result: _Node, variable: _SourceNode) -> None:
+    def __init__(self, scope: Scope, result: Node, variable: _SourceNode) -> None:
         super().__init__(scope, [result], result.schema)
         self.variable = variable
         self.out: list[ZSet] = []
@@ -63,12 +63,12 @@ class _FeedbackNode(_Node):
         return None
 
 
-class _IterateNode(_Node):
+class _IterateNode(Node):
     """The loop, as one node of the outer scope: inputs are the loop's input and every
     collection entered into the body."""
 
-    def __init__(self, scope: _Scope, source: _Node, inner: _Scope, variable: _SourceNode,
-                 feedback: _FeedbackNode, entered: list[tuple[_Node, _Node]],
+    def __init__(self, scope: Scope, source: Node, inner: Scope, variable: _SourceNode,
+                 feedback: _FeedbackNode, entered: list[tuple[Node, Node]],
                  max_rounds: int | None) -> None:
         super().__init__(scope, [source] + [o for o, _ in entered], feedback.schema)
         self.n_inputs = 1 + len(entered)
@@ -79,7 +79,7 @@ class _IterateNode(_Node):
         self.max_rounds = max_rounds
 
     def finalize(self) -> None:
-        _wire(self.inner)
+        self.inner.wire()
 
     def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
         x = batches[0]
@@ -98,7 +98,7 @@ class _IterateNode(_Node):
         return res.with_time(t) if res.num_rows else None
 
 
-def enter(node: _Node, scope: _Scope) -> _Node:
+def enter(node: Node, scope: Scope) -> Node:
     """``node``'s collection inside the loop ``scope`` (the same at every iteration)."""
     if scope.parent is not node.scope:
         raise InputError("a collection can only enter the loop directly inside its own scope")
@@ -114,7 +114,7 @@ def iterate(coll: Collection, body: Callable[[Collection], Collection],
     outer = coll.scope
     if outer.nested:
         raise InputError("iterate inside iterate is not supported yet")
-    inner = _Scope(outer.dataflow, outer, outer.dims + 1)
+    inner = Scope(outer.dataflow, outer, outer.dims + 1)
     variable = _SourceNode(inner, [], coll.schema)
     result = body(Collection(variable))
     if not isinstance(result, Collection):

@@ -30,21 +30,27 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from engine._kernels.arrays import numeric_view
-from engine.differential.dataflow import Collection, Time, _Node, _Scope
+from engine.differential.dataflow import Collection, Node, Scope, Time
 from engine.differential.indexed import IndexedZSet
 from engine.differential.trace import Trace, TraceReader
 from engine.differential.zset import ZSet, identity_prefix, take_rows
 from engine.errors import InputError, SchemaError
 
-__all__ = ["Arranged", "join_stream", "join_trace"]
+__all__ = ["ArrangeNode", "Arranged", "join_stream", "join_trace"]
 
 
-class _ArrangeNode(_Node):
-    """Inserts each batch into a trace keyed by ``keys`` and passes it on."""
+class ArrangeNode(Node):
+    """Inserts each batch into a trace keyed by ``keys`` and passes it on.
+
+    The arrangement of :func:`arrange`, shared by every join and reduce on its node and
+    keys: each reads the trace through its own :meth:`reader`, and a consumer running at
+    ``t`` right after it reads the trace without ``t``'s delta from :meth:`before` and the
+    delta as indexed from :meth:`delta`.
+    """
 
     emits_at_input_time = True
 
-    def __init__(self, scope: _Scope, source: _Node, keys: tuple[str, ...]) -> None:
+    def __init__(self, scope: Scope, source: Node, keys: tuple[str, ...]) -> None:
         missing = [k for k in keys if k not in source.schema.names]
         if not keys or missing:
             raise SchemaError(f"index_with: key column(s) {missing or list(keys)} not in "
@@ -107,7 +113,7 @@ class Arranged:
     Made by :meth:`Collection.index_with`; join it with :meth:`Collection.join`.
     """
 
-    node: _ArrangeNode
+    node: ArrangeNode
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -118,11 +124,11 @@ class Arranged:
         return Collection(self.node)
 
 
-def arrange(node: _Node, keys: tuple[str, ...]) -> Arranged:
+def arrange(node: Node, keys: tuple[str, ...]) -> Arranged:
     """The (shared) arrangement of ``node``'s output by ``keys``."""
-    found = node._arrangements.get(keys)
+    found = node.arrangements.get(keys)
     if found is None:
-        found = node._arrangements[keys] = _ArrangeNode(node.scope, node, keys)
+        found = node.arrangements[keys] = ArrangeNode(node.scope, node, keys)
     return Arranged(found)
 
 
@@ -233,14 +239,14 @@ def join_stream(a: ZSet, b: ZSet, on: Sequence[str]) -> ZSet:
     return out if a.times is not None else out.without_times()
 
 
-class _JoinNode(_Node):
+class _JoinNode(Node):
     n_inputs = 2
 
     @property
     def emits_at_input_time(self) -> bool:  # type: ignore[override]
         return not self.scope.nested  # root scope: history is all before t, pairs are at t
 
-    def __init__(self, scope: _Scope, left: _ArrangeNode, right: _ArrangeNode,
+    def __init__(self, scope: Scope, left: ArrangeNode, right: ArrangeNode,
                  on: tuple[str, ...]) -> None:
         super().__init__(scope, [left, right], _output_schema(left.schema, right.schema, on))
         self.on = on
@@ -294,7 +300,7 @@ def join(left: Collection, right: Collection | Arranged, on: tuple[str, ...]) ->
         if right.keys != on:
             raise InputError(f"join on {list(on)} with a collection arranged by {list(right.keys)}; "
                              f"arrange it by the join keys")
-        rnode: _Node = right.node.inputs[0]
+        rnode: Node = right.node.inputs[0]
         if rnode.scope is not scope:
             rnode = left._local(Collection(rnode))
     else:

@@ -51,8 +51,8 @@ import pyarrow as pa
 from engine._kernels.hashing import exact_hash, group_equal, hash_column, hash_rows, same_rows
 from engine._kernels.hashmap import U64Map
 from engine._kernels.keymap import StoredKeyMap
-from engine.differential.dataflow import Collection, Time, _Node, _Scope
-from engine.differential.join import _ArrangeNode, arrange
+from engine.differential.dataflow import Collection, Node, Scope, Time
+from engine.differential.join import ArrangeNode, arrange
 from engine.differential.trace import Lookup, Trace
 from engine.differential.version import Version, VersionLike, as_version
 from engine.differential.zset import ZSet, concat
@@ -244,10 +244,10 @@ def _change(keys: pa.Table, ent: _Entries, t: Time, spec: _Spec) -> ZSet | None:
     return out if out.num_rows else None
 
 
-class _ReduceNode(_Node):
+class _ReduceNode(Node):
     """The general reduce over an arranged input: any scope, any aggregate."""
 
-    def __init__(self, scope: _Scope, source: _ArrangeNode, spec: _Spec) -> None:
+    def __init__(self, scope: Scope, source: ArrangeNode, spec: _Spec) -> None:
         super().__init__(scope, [source], spec.schema)
         self.arranged = source
         self.spec = spec
@@ -425,12 +425,12 @@ def _group_sum(group: I64, values: npt.NDArray[Any], m: int) -> npt.NDArray[Any]
     return out
 
 
-class _LinearAggNode(_Node):
+class _LinearAggNode(Node):
     """Root-scope count/sum: a group's new value is its old value plus the change."""
 
     emits_at_input_time = True
 
-    def __init__(self, scope: _Scope, source: _Node, spec: _Spec) -> None:
+    def __init__(self, scope: Scope, source: Node, spec: _Spec) -> None:
         super().__init__(scope, [source], spec.schema)
         self.spec = spec
         self.state = _GroupState()
@@ -499,12 +499,12 @@ class _LinearAggNode(_Node):
         return ZSet(pa.Table.from_arrays(cols, schema=spec.schema), diffs, np.full((sel.size, len(t)), t, np.int64))
 
 
-class _DistinctNode(_Node):
+class _DistinctNode(Node):
     """Root-scope distinct: each record's accumulated weight, in a hash map."""
 
     emits_at_input_time = True
 
-    def __init__(self, scope: _Scope, source: _Node) -> None:
+    def __init__(self, scope: Scope, source: Node) -> None:
         super().__init__(scope, [source], source.schema)
         self.state = _GroupState()
         self.weight = np.zeros(0, np.int64)

@@ -35,7 +35,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from engine._kernels.hashing import exact_hash, group_equal, hash_rows, rows_equal, same_rows
-from engine.differential.indexed import IndexedZSet, _int_key, _locate_all, exact_records
+from engine.differential.indexed import IndexedZSet, exact_records, int_key_values, locate_in_spine
 from engine.differential.version import Antichain, Version, VersionLike, advance_times, as_version
 from engine.differential.zset import ZSet, concat, take_rows, take_rows_from
 from engine.errors import InputError, SchemaError
@@ -395,7 +395,7 @@ class Trace:
             raise SchemaError(f"lookup keys lack column(s) {missing} (trace keys: {list(self.keys)})")
         ph = hash_rows(keys, self.keys) if key_hash is None else key_hash
         spine = tuple(self._spine) if batches is None else tuple(batches)
-        probe, rows, counts = _locate_all(spine, ph, _int_key(keys, self.keys))
+        probe, rows, counts = locate_in_spine(spine, ph, int_key_values(keys, self.keys))
         hits = [i for i, c in enumerate(counts) if c]
         if not hits:
             e = np.empty(0, np.int64)

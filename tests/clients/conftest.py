@@ -11,8 +11,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from clients._wire import Endpoint
 from clients.live import LiveTable
+from clients.wire import Endpoint
 from engine.graph import UpdateGraph
 from flight.server import ServerConfig, TicktableServer
 

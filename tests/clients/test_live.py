@@ -23,9 +23,9 @@ import pyarrow as pa
 import pytest
 from pyroaring import BitMap64
 
-from clients._livestate import Update, _index_of, _State, _Store
-from clients._wire import Endpoint
 from clients.live import LiveTable
+from clients.livestate import LiveState, Update, _index_of, _Store
+from clients.wire import Endpoint
 from engine._kernels import rowkeymap
 from engine.errors import ProtocolError
 from engine.graph import UpdateGraph
@@ -179,7 +179,7 @@ def test_oracle_random_cycles(server, graph, subscribe, monkeypatch, seed):
     the sorted table, the whole sorted table (shifts). Mid-run the streams are broken and
     resume from the history; the values log and the key index compact and rebuild often
     (lowered thresholds), and a consumer replaying every update onto a dict ends equal."""
-    monkeypatch.setattr(_State, "COMPACT_SLACK", 16)
+    monkeypatch.setattr(LiveState, "COMPACT_SLACK", 16)
     monkeypatch.setattr(rowkeymap, "SPARSE_SLACK", 0)  # the key index turns hashed sooner
     monkeypatch.setattr(_Store, "_SMALL", 16)
     rng = np.random.default_rng(seed)
@@ -322,7 +322,7 @@ def test_a_failed_apply_starts_over_from_a_snapshot(server, graph, subscribe, mo
     live = subscribe("t", reconnect_delay=0.01)
     live.on_update(got.append)
     assert live.wait_for() and live.connected
-    real = _State.apply
+    real = LiveState.apply
     failures: list[int] = []
 
     def once(self, meta, added, modified):
@@ -332,7 +332,7 @@ def test_a_failed_apply_starts_over_from_a_snapshot(server, graph, subscribe, mo
             raise ProtocolError("protocol: injected")
         return real(self, meta, added, modified)
 
-    monkeypatch.setattr(_State, "apply", once)
+    monkeypatch.setattr(LiveState, "apply", once)
     t.upsert(kv([3], [3.0]))
     graph.run_cycle()
     assert live.wait_for(sequence=2)
@@ -340,7 +340,7 @@ def test_a_failed_apply_starts_over_from_a_snapshot(server, graph, subscribe, mo
     assert got[-1].is_snapshot and got[-1].resumed == "none"
     assert live.to_arrow().equals(t.to_arrow())
     with pytest.raises(ProtocolError, match="announced"):  # the state checks what it is sent
-        st = _State(KV)
+        st = LiveState(KV)
         meta = pb.UpdateMetadata(is_snapshot=True, added_data_rows=BitMap64([1]).serialize())
         st.apply(meta, KV.empty_table(), KV.empty_table())
 

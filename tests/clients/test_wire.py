@@ -7,7 +7,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from clients._wire import Endpoint, put_batches
+from clients.wire import Endpoint, put_batches
 from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
 

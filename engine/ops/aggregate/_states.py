@@ -11,16 +11,27 @@ columns' types and the options its aggregations asked for, fed by ``apply`` with
 value array per input column. The registry (:mod:`engine.ops.aggregate._kinds`) decides
 which aggregations share a state.
 
-* :class:`Moments` — count of valid values, sum (int64 exact; float64 with a two-sum
-  compensation carried across cycles) and, for ``std``/``var``, compensated sums of ``x - K`` and
-  ``(x - K)**2`` about a per-group reference ``K``. ``K`` is a *data value* (the group's
-  first value, re-chosen as the batch value nearest the mean when the mean drifts away),
-  so ``x - K`` is small, exact for data on a grid, and the textbook cancellation of
-  ``sum(x**2) - sum(x)**2/n`` does not happen. What running sums cannot avoid — the
-  rounding left by values far larger than the group's current spread — is bounded and
-  healed from the column's :class:`OrderStats`: min == max resets to an exact 0, and a
-  group whose error bound passes :attr:`Moments.TOLERANCE` is recomputed from its values.
-  ``+inf``/``-inf`` are counted apart, so removing an infinity restores a finite sum.
+The sums carried across cycles are written once, here, and every state that sums builds on
+them (:mod:`engine.ops.aggregate._sums` too):
+
+* :class:`CompensatedSum` — a float64 sum per slot with Knuth's two-sum residue carried
+  across cycles, so a value added in one cycle and removed in another leaves no trace;
+* :class:`GroupSum` — the sum of a column's terms per group: int64 exact, or float64 in a
+  :class:`CompensatedSum` with ``+inf``, ``-inf`` and NaN counted apart, read as IEEE
+  arithmetic over the current terms would give it.
+
+The states:
+
+* :class:`Moments` — count of valid values, sum (a :class:`GroupSum`) and, for
+  ``std``/``var``, compensated sums of ``x - K`` and ``(x - K)**2`` about a per-group
+  reference ``K``. ``K`` is a *data value* (the group's first value, re-chosen as the batch
+  value nearest the mean when the mean drifts away), so ``x - K`` is small, exact for data
+  on a grid, and the textbook cancellation of ``sum(x**2) - sum(x)**2/n`` does not happen.
+  What running sums cannot avoid — the rounding left by values far larger than the group's
+  current spread — is bounded and healed from the column's :class:`OrderStats`: min == max
+  resets to an exact 0, and a group whose error bound passes :attr:`Moments.TOLERANCE` is
+  recomputed from its values. Infinities are counted apart (by the sum), so removing an
+  infinity restores a finite sum and spread.
 * :class:`OrderStats` — min, max and (with the ``ranks`` option) values of any rank,
   for median and percentile, through a :class:`ValueMultiset` of order-preserving
   ``uint64`` encodings.
@@ -53,7 +64,8 @@ from engine.ops.aggregate._keys import (
 )
 from engine.ops.aggregate._sortedset import ValueMultiset
 
-__all__ = ["Cycle", "Distinct", "Events", "Moments", "OrderStats", "State"]
+__all__ = ["CompensatedSum", "Cycle", "Distinct", "Events", "GroupSum", "Moments", "OrderStats", "State",
+           "grown_to", "signed_counts"]
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
@@ -146,10 +158,26 @@ def _unique_slots(slots: I64) -> tuple[I64, I64]:
     return touched, rank[slots]
 
 
+def signed_counts(inv: I64, sign: I64, mask: Mask, nt: int) -> I64:
+    """Per touched group (``inv`` indexes ``nt`` of them), the number of events selected by
+    ``mask``, each counted with its ``sign`` (-1 leaving, +1 joining)."""
+    return np.bincount(inv, weights=np.where(mask, sign, 0), minlength=nt).round().astype(np.int64)
+
+
+def grown_to(arr: npt.NDArray[Any], cap: int) -> npt.NDArray[Any]:
+    """``arr`` itself when it holds slots ``[0, cap)``, else a copy at least twice as long
+    whose new slots are zero (the caller replaces ``arr`` with it)."""
+    if cap <= arr.size:
+        return arr
+    out = np.zeros(max(cap, 2 * arr.size), dtype=arr.dtype)
+    out[: arr.size] = arr
+    return out
+
+
+# sums carried across cycles ------------------------------------------------------------
 def _two_sum(hi: F64, lo: F64, at: I64, b: npt.NDArray[Any]) -> None:
     """``hi[at] + lo[at] += b`` keeping the rounding error of the addition in ``lo``
-    (Knuth's two-sum: ``s + err == a + b`` exactly), so sums carried across cycles do
-    not drift: a value added in one cycle and removed in another leaves no trace."""
+    (Knuth's two-sum: ``s + err == a + b`` exactly)."""
     a = hi[at]
     s = a + b
     bb = s - a
@@ -157,12 +185,107 @@ def _two_sum(hi: F64, lo: F64, at: I64, b: npt.NDArray[Any]) -> None:
     lo[at] += (a - (s - bb)) + (b - bb)
 
 
-def _grow(arr: npt.NDArray[Any], cap: int) -> npt.NDArray[Any]:
-    if cap <= arr.size:
-        return arr
-    out = np.zeros(max(cap, 2 * arr.size), dtype=arr.dtype)
-    out[: arr.size] = arr
-    return out
+class CompensatedSum:
+    """A float64 sum per slot that does not drift across cycles: ``hi + lo``, where ``lo``
+    carries the rounding error of every addition (:func:`_two_sum`), so a value added in
+    one cycle and removed in another leaves no trace.
+
+    Only finite terms: :class:`GroupSum` counts the infinities and NaN apart. :meth:`set`
+    replaces a slot's sum by an exact value (no residue), for a caller that recomputed it.
+    """
+
+    __slots__ = ("hi", "lo")
+
+    def __init__(self) -> None:
+        self.hi = np.zeros(16, dtype=np.float64)
+        self.lo = np.zeros(16, dtype=np.float64)
+
+    def ensure(self, cap: int) -> None:
+        """Room for slots ``[0, cap)``."""
+        self.hi = grown_to(self.hi, cap)
+        self.lo = grown_to(self.lo, cap)
+
+    def add(self, at: I64, deltas: npt.NDArray[Any]) -> None:
+        """Add ``deltas[i]`` to the sum of slot ``at[i]`` (``at`` distinct)."""
+        _two_sum(self.hi, self.lo, at, deltas)
+
+    def set(self, slots: I64, values: npt.NDArray[Any]) -> None:
+        self.hi[slots] = values
+        self.lo[slots] = 0.0
+
+    def reset(self, slots: I64) -> None:
+        self.hi[slots] = 0.0
+        self.lo[slots] = 0.0
+
+    def value(self, slots: I64) -> F64:
+        return self.hi[slots] + self.lo[slots]
+
+
+class GroupSum:
+    """The sum of one column's current terms per group, as summing them afresh would give it.
+
+    int64, exact and wrapping like numpy, when every term is an integer (``is_float``
+    false). Otherwise float64: finite terms in a :class:`CompensatedSum`, and ``+inf``,
+    ``-inf`` and NaN terms counted apart, so a term that leaves leaves no trace and a sum
+    reads as IEEE arithmetic over the current terms would: NaN if a term is NaN or both
+    infinities are present, else the infinity present, else the compensated finite sum.
+    A caller resets a group that lost its last term (:meth:`reset`: exact zeros).
+    """
+
+    __slots__ = ("is_float", "exact", "finite", "pinf", "ninf", "nan")
+
+    def __init__(self, is_float: bool) -> None:
+        self.is_float = is_float
+        self.exact = np.zeros(16, dtype=np.int64)
+        self.finite = CompensatedSum()
+        self.pinf = np.zeros(16, dtype=np.int64)
+        self.ninf = np.zeros(16, dtype=np.int64)
+        self.nan = np.zeros(16, dtype=np.int64)
+
+    def ensure(self, cap: int) -> None:
+        """Room for slots ``[0, cap)``."""
+        self.exact = grown_to(self.exact, cap)
+        self.finite.ensure(cap)
+        self.pinf = grown_to(self.pinf, cap)
+        self.ninf = grown_to(self.ninf, cap)
+        self.nan = grown_to(self.nan, cap)
+
+    def add(self, touched: I64, inv: I64, sign: I64, terms: npt.NDArray[Any], ok: Mask) -> Mask:
+        """Add ``sign * terms`` where ``ok`` to the groups ``touched[inv]``; returns the
+        terms that went to the finite sum (``ok``, less the infinities and NaN)."""
+        nt = touched.size
+        if not self.is_float:
+            ds = np.zeros(nt, dtype=np.int64)
+            np.add.at(ds, inv[ok], terms[ok].astype(np.int64) * sign[ok])
+            self.exact[touched] += ds
+            return ok
+        x = terms.astype(np.float64)
+        fin = ok & np.isfinite(x)
+        if not fin.all() and (ok & ~fin).any():
+            self.pinf[touched] += signed_counts(inv, sign, ok & (x == np.inf), nt)
+            self.ninf[touched] += signed_counts(inv, sign, ok & (x == -np.inf), nt)
+            self.nan[touched] += signed_counts(inv, sign, ok & np.isnan(x), nt)
+        self.finite.add(touched, np.bincount(inv, weights=np.where(fin, x * sign, 0.0), minlength=nt))
+        return fin
+
+    def reset(self, slots: I64) -> None:
+        self.exact[slots] = 0
+        self.finite.reset(slots)
+        self.pinf[slots] = 0
+        self.ninf[slots] = 0
+        self.nan[slots] = 0
+
+    def infinities(self, slots: I64) -> I64:
+        """How many of each group's terms are ``+inf`` or ``-inf`` (0 for integers)."""
+        return self.pinf[slots] + self.ninf[slots]
+
+    def value(self, slots: I64) -> npt.NDArray[Any]:
+        if not self.is_float:
+            return self.exact[slots]
+        p, m = self.pinf[slots] > 0, self.ninf[slots] > 0
+        nan = (self.nan[slots] > 0) | (p & m)
+        out = self.finite.value(slots)
+        return np.where(nan, np.nan, np.where(p, np.inf, np.where(m, -np.inf, out)))
 
 
 class Moments:
@@ -197,21 +320,19 @@ class Moments:
         assert values is not None or not want_std
         self.values = values
         self.n = np.zeros(16, dtype=np.int64)  # valid values (infinities included)
-        self.pinf = np.zeros(16, dtype=np.int64)
-        self.ninf = np.zeros(16, dtype=np.int64)
-        self.s_int = np.zeros(16, dtype=np.int64)
-        self.s_hi = np.zeros(16, dtype=np.float64)
-        self.s_lo = np.zeros(16, dtype=np.float64)
+        self.total = GroupSum(self.is_float)
         self.k = np.zeros(16, dtype=np.float64)
-        self.sk = np.zeros(16, dtype=np.float64)  # sum of x - k, and its two-sum residue
-        self.sk_lo = np.zeros(16, dtype=np.float64)
-        self.qk = np.zeros(16, dtype=np.float64)  # sum of (x - k)**2, and its residue
-        self.qk_lo = np.zeros(16, dtype=np.float64)
+        self.sk = CompensatedSum()  # sum of x - k over the finite values
+        self.qk = CompensatedSum()  # sum of (x - k)**2 over the finite values
         self.mag = np.zeros(16, dtype=np.float64)  # sum of |terms| the sum of squares absorbed
 
     def _ensure(self, cap: int) -> None:
-        for name in ("n", "pinf", "ninf", "s_int", "s_hi", "s_lo", "k", "sk", "sk_lo", "qk", "qk_lo", "mag"):
-            setattr(self, name, _grow(getattr(self, name), cap))
+        self.n = grown_to(self.n, cap)
+        self.total.ensure(cap)
+        self.k = grown_to(self.k, cap)
+        self.sk.ensure(cap)
+        self.qk.ensure(cap)
+        self.mag = grown_to(self.mag, cap)
 
     def apply(self, ev: Events, minus: Sequence[NumPair], plus: Sequence[NumPair]) -> I64:
         """Fold one cycle's events in; returns the slots touched."""
@@ -222,38 +343,22 @@ class Moments:
         self._ensure(int(touched[-1]) + 1)
         vals = np.concatenate((minus_v[0], plus_v[0]))
         ok = np.concatenate((valid_mask(*minus_v), valid_mask(*plus_v)))
-        nt = touched.size
-
-        def count(mask: Mask) -> I64:
-            return np.bincount(inv, weights=np.where(mask, sign, 0), minlength=nt).round().astype(np.int64)
-
         n_old = self.n[touched]
-        n_new = n_old + count(ok)
+        n_new = n_old + signed_counts(inv, sign, ok, touched.size)
         self.n[touched] = n_new
-        if self.is_float:
-            x = vals.astype(np.float64)
-            fin = ok & np.isfinite(x)
-            nfin_old = n_old - self.pinf[touched] - self.ninf[touched]
-            if not fin.all() and (ok & ~fin).any():
-                self.pinf[touched] += count(ok & (x == np.inf))
-                self.ninf[touched] += count(ok & (x == -np.inf))
-            _two_sum(self.s_hi, self.s_lo, touched,
-                     np.bincount(inv, weights=np.where(fin, x * sign, 0.0), minlength=nt))
-        else:
-            fin = ok
-            nfin_old = n_old
-            ds = np.zeros(nt, dtype=np.int64)
-            np.add.at(ds, inv[ok], vals[ok].astype(np.int64) * sign[ok])
-            self.s_int[touched] += ds
+        nfin_old = n_old - self.total.infinities(touched)
+        fin = self.total.add(touched, inv, sign, vals, ok)
         if self.want_std:
-            nfin_new = n_new - self.pinf[touched] - self.ninf[touched]
+            nfin_new = n_new - self.total.infinities(touched)
             self._apply_spread(touched, inv, sign, vals.astype(np.float64), fin, nm, nfin_old, nfin_new)
             self._heal(touched, nfin_new)
         empty = touched[n_new == 0]
         if empty.size:  # exact zeros for a group that lost its last value
-            for arr in (self.s_int, self.s_hi, self.s_lo, self.k, self.sk, self.sk_lo, self.qk,
-                        self.qk_lo, self.mag, self.pinf, self.ninf):
-                arr[empty] = 0
+            self.total.reset(empty)
+            self.sk.reset(empty)
+            self.qk.reset(empty)
+            self.k[empty] = 0.0
+            self.mag[empty] = 0.0
         return touched
 
     def _apply_spread(self, touched: I64, inv: I64, sign: I64, x: F64, fin: Mask, nm: int,
@@ -268,19 +373,20 @@ class Moments:
             u, first = np.unique(inv[cand], return_index=True)
             t = touched[u]
             self.k[t] = x[cand[first]]
-            for arr in (self.sk, self.sk_lo, self.qk, self.qk_lo, self.mag):
-                arr[t] = 0.0
+            self.sk.reset(t)
+            self.qk.reset(t)
+            self.mag[t] = 0.0
         k = self.k[touched][inv]
         d = np.where(fin, x - k, 0.0)
         dd = d * d
-        _two_sum(self.sk, self.sk_lo, touched, np.bincount(inv, weights=d * sign, minlength=nt))
-        _two_sum(self.qk, self.qk_lo, touched, np.bincount(inv, weights=dd * sign, minlength=nt))
+        self.sk.add(touched, np.bincount(inv, weights=d * sign, minlength=nt))
+        self.qk.add(touched, np.bincount(inv, weights=dd * sign, minlength=nt))
         self.mag[touched] += np.bincount(inv, weights=dd, minlength=nt)
         # re-centre where the mean drifted away from K (the squares would cancel): the new
         # K is the batch value nearest the mean, so for data on a grid x - K stays exact
         nf = nfin_new.astype(np.float64)
-        sk = self.sk[touched] + self.sk_lo[touched]
-        qk = self.qk[touched] + self.qk_lo[touched]
+        sk = self.sk.value(touched)
+        qk = self.qk.value(touched)
         drift = (nf > 0) & (sk * sk > 0.5 * qk * np.maximum(nf, 1.0))
         if drift.any():
             mean = self.k[touched] + sk / np.maximum(nf, 1.0)
@@ -296,18 +402,18 @@ class Moments:
                 delta = x[pick] - self.k[t]
                 nfu, sku, qku = nf[u], sk[u], qk[u]
                 self.mag[t] += np.abs(2.0 * delta * sku) + nfu * delta * delta
-                self.qk[t] = np.maximum(qku - 2.0 * delta * sku + nfu * delta * delta, 0.0)
-                self.sk[t] = sku - nfu * delta
-                self.sk_lo[t] = self.qk_lo[t] = 0.0
+                self.qk.set(t, np.maximum(qku - 2.0 * delta * sku + nfu * delta * delta, 0.0))
+                self.sk.set(t, sku - nfu * delta)
                 self.k[t] = x[pick]
         gone = touched[nfin_new <= 0]
-        for arr in (self.sk, self.sk_lo, self.qk, self.qk_lo, self.mag):
-            arr[gone] = 0.0
+        self.sk.reset(gone)
+        self.qk.reset(gone)
+        self.mag[gone] = 0.0
 
     def _heal(self, touched: I64, nfin: I64) -> None:
         """Exact zero spread where min == max; recompute groups whose error bound is too big."""
         assert self.values is not None
-        only_finite = (nfin > 0) & (self.pinf[touched] == 0) & (self.ninf[touched] == 0)
+        only_finite = (nfin > 0) & (self.total.infinities(touched) == 0)
         t = touched[only_finite]
         if t.size == 0:
             return
@@ -316,10 +422,11 @@ class Moments:
         flat = lo == hi
         f = t[flat]
         self.k[f] = lo[flat].astype(np.float64)
-        for arr in (self.sk, self.sk_lo, self.qk, self.qk_lo, self.mag):
-            arr[f] = 0.0
+        self.sk.reset(f)
+        self.qk.reset(f)
+        self.mag[f] = 0.0
         t = t[~flat]
-        qk = np.maximum(self.qk[t] + self.qk_lo[t], 0.0)
+        qk = np.maximum(self.qk.value(t), 0.0)
         bad = t[8.0 * np.finfo(np.float64).eps * self.mag[t] > self.TOLERANCE * qk]
         if bad.size:
             self._recompute(bad)
@@ -334,21 +441,13 @@ class Moments:
         mean = np.bincount(owner, weights=c * x, minlength=groups.size) / np.maximum(n, 1.0)
         d = x - mean[owner]
         self.k[groups] = mean
-        self.sk[groups] = np.bincount(owner, weights=c * d, minlength=groups.size)
-        self.qk[groups] = self.mag[groups] = np.bincount(owner, weights=c * d * d, minlength=groups.size)
-        self.sk_lo[groups] = self.qk_lo[groups] = 0.0
-
-    def _special(self, slots: I64) -> tuple[Mask, Mask, Mask]:
-        p, m = self.pinf[slots] > 0, self.ninf[slots] > 0
-        return p & m, p & ~m, m & ~p
+        self.sk.set(groups, np.bincount(owner, weights=c * d, minlength=groups.size))
+        squares = np.bincount(owner, weights=c * d * d, minlength=groups.size)
+        self.qk.set(groups, squares)
+        self.mag[groups] = squares
 
     def sum(self, slots: I64) -> NumPair:
-        if not self.is_float:
-            return self.s_int[slots], None
-        nan, pos, neg = self._special(slots)
-        out = self.s_hi[slots] + self.s_lo[slots]
-        out = np.where(nan, np.nan, np.where(pos, np.inf, np.where(neg, -np.inf, out)))
-        return out, None
+        return self.total.value(slots), None
 
     def mean(self, slots: I64) -> NumPair:
         n = self.n[slots]
@@ -360,10 +459,10 @@ class Moments:
     def var(self, slots: I64) -> NumPair:
         """Sample variance (``ddof=1``): null below two values, NaN with an infinity."""
         n = self.n[slots]
-        nfin = n - self.pinf[slots] - self.ninf[slots]
+        nfin = n - self.total.infinities(slots)
         nf = np.maximum(nfin, 2).astype(np.float64)
-        sk = self.sk[slots] + self.sk_lo[slots]
-        qk = self.qk[slots] + self.qk_lo[slots]
+        sk = self.sk.value(slots)
+        qk = self.qk.value(slots)
         var = np.maximum(qk - sk * sk / nf, 0.0) / (nf - 1.0)
         return np.where(nfin < n, np.nan, var), n > 1
 
@@ -460,7 +559,7 @@ class Distinct:
 
     def _alloc(self, n: int) -> I64:
         ids = self.ids.allocate(n)
-        self.e_cnt = _grow(self.e_cnt, self.ids.end)
+        self.e_cnt = grown_to(self.e_cnt, self.ids.end)
         return ids
 
     @staticmethod
@@ -474,7 +573,7 @@ class Distinct:
     def apply(self, ev: Events, minus: Sequence[pa.Array], plus: Sequence[pa.Array]) -> I64:
         if ev.slots.size == 0:
             return ev.touched
-        self.nd = _grow(self.nd, int(ev.touched[-1]) + 1)
+        self.nd = grown_to(self.nd, int(ev.touched[-1]) + 1)
         parts = [a.dictionary_decode() if pa.types.is_dictionary(a.type) else a for a in (minus[0], plus[0])]
         values = pa.concat_arrays(parts)
         ok = self._counted(values)

@@ -8,12 +8,10 @@
 
 "Valid" is the pandas rule of every state here: not null and, for floats, not NaN.
 
-Both keep their sums in :class:`_Sum`: int64, exact and wrapping like numpy, when every
-input is an integer or bool column; otherwise float64 carried across cycles with a two-sum
-compensation, with ``+inf``, ``-inf`` and NaN terms counted apart. A term that leaves
-therefore leaves no trace, and a sum reads as summing the current terms in IEEE
-arithmetic would: NaN if a term is NaN (``inf * 0``) or both infinities are present, else
-the infinity present, else the compensated finite sum. A group that loses its last valid
+Both keep their sums in :class:`~engine.ops.aggregate._states.GroupSum`, as ``Moments``
+does: int64, exact and wrapping like numpy, when every input is an integer or bool column;
+otherwise float64, compensated across cycles, with the infinities and NaN (``inf * 0``)
+counted apart, so a term that leaves leaves no trace. A group that loses its last valid
 row is reset to exact zeros.
 """
 
@@ -28,7 +26,7 @@ import pyarrow as pa
 
 from engine.columns import numpy_storage_dtype
 from engine.ops.aggregate._keys import valid_mask
-from engine.ops.aggregate._states import Events, State, _grow, _two_sum
+from engine.ops.aggregate._states import Events, GroupSum, State, grown_to, signed_counts
 
 __all__ = ["AbsSums", "WeightedSums"]
 
@@ -36,59 +34,6 @@ I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 Mask = npt.NDArray[np.bool_]
 NumPair = tuple[npt.NDArray[Any], Mask | None]
-
-
-def _counts(inv: I64, sign: I64, mask: Mask, nt: int) -> I64:
-    """Per touched group, the signed number of events selected by ``mask``."""
-    return np.bincount(inv, weights=np.where(mask, sign, 0), minlength=nt).round().astype(np.int64)
-
-
-class _Sum:
-    """One per-group sum of terms: int64 exact, or float64 compensated with the special
-    terms (``+inf``, ``-inf``, NaN) counted apart (see the module docstring)."""
-
-    def __init__(self, is_float: bool) -> None:
-        self.is_float = is_float
-        self.s_int = np.zeros(16, dtype=np.int64)
-        self.hi = np.zeros(16, dtype=np.float64)
-        self.lo = np.zeros(16, dtype=np.float64)
-        self.pinf = np.zeros(16, dtype=np.int64)
-        self.ninf = np.zeros(16, dtype=np.int64)
-        self.nan = np.zeros(16, dtype=np.int64)
-
-    _ARRAYS = ("s_int", "hi", "lo", "pinf", "ninf", "nan")
-
-    def ensure(self, cap: int) -> None:
-        for name in self._ARRAYS:
-            setattr(self, name, _grow(getattr(self, name), cap))
-
-    def add(self, touched: I64, inv: I64, sign: I64, terms: npt.NDArray[Any], ok: Mask) -> None:
-        """Add ``sign * terms`` where ``ok`` to the groups ``touched[inv]``."""
-        nt = touched.size
-        if not self.is_float:
-            ds = np.zeros(nt, dtype=np.int64)
-            np.add.at(ds, inv[ok], terms[ok].astype(np.int64) * sign[ok])
-            self.s_int[touched] += ds
-            return
-        x = terms.astype(np.float64)
-        fin = ok & np.isfinite(x)
-        if not fin.all() and (ok & ~fin).any():
-            self.pinf[touched] += _counts(inv, sign, ok & (x == np.inf), nt)
-            self.ninf[touched] += _counts(inv, sign, ok & (x == -np.inf), nt)
-            self.nan[touched] += _counts(inv, sign, ok & np.isnan(x), nt)
-        _two_sum(self.hi, self.lo, touched, np.bincount(inv, weights=np.where(fin, x * sign, 0.0), minlength=nt))
-
-    def reset(self, slots: I64) -> None:
-        for name in self._ARRAYS:
-            getattr(self, name)[slots] = 0
-
-    def value(self, slots: I64) -> npt.NDArray[Any]:
-        if not self.is_float:
-            return self.s_int[slots]
-        p, m = self.pinf[slots] > 0, self.ninf[slots] > 0
-        nan = (self.nan[slots] > 0) | (p & m)
-        out = self.hi[slots] + self.lo[slots]
-        return np.where(nan, np.nan, np.where(p, np.inf, np.where(m, -np.inf, out)))
 
 
 def _is_float(t: pa.DataType) -> bool:
@@ -110,19 +55,19 @@ class AbsSums:
     def __init__(self, is_float: bool) -> None:
         self.is_float = is_float
         self.n = np.zeros(16, dtype=np.int64)
-        self.sum = _Sum(is_float)
+        self.sum = GroupSum(is_float)
 
     def apply(self, ev: Events, minus: Sequence[NumPair], plus: Sequence[NumPair]) -> I64:
         touched, inv, sign = ev.touched, ev.inv, ev.sign
         if touched.size == 0:
             return touched
         cap = int(touched[-1]) + 1
-        self.n = _grow(self.n, cap)
+        self.n = grown_to(self.n, cap)
         self.sum.ensure(cap)
         (mv,), (pv,) = minus, plus
         vals = np.concatenate((mv[0], pv[0]))
         ok = np.concatenate((valid_mask(*mv), valid_mask(*pv)))
-        n_new = self.n[touched] + _counts(inv, sign, ok, touched.size)
+        n_new = self.n[touched] + signed_counts(inv, sign, ok, touched.size)
         self.n[touched] = n_new
         with np.errstate(over="ignore"):
             terms = np.abs(vals.astype(np.float64 if self.is_float else np.int64))
@@ -150,15 +95,15 @@ class WeightedSums:
     def __init__(self, float_products: bool, float_weights: bool) -> None:
         self.float_products = float_products
         self.n = np.zeros(16, dtype=np.int64)
-        self.xw = _Sum(float_products)
-        self.w = _Sum(float_weights)
+        self.xw = GroupSum(float_products)
+        self.w = GroupSum(float_weights)
 
     def apply(self, ev: Events, minus: Sequence[NumPair], plus: Sequence[NumPair]) -> I64:
         touched, inv, sign = ev.touched, ev.inv, ev.sign
         if touched.size == 0:
             return touched
         cap = int(touched[-1]) + 1
-        self.n = _grow(self.n, cap)
+        self.n = grown_to(self.n, cap)
         self.xw.ensure(cap)
         self.w.ensure(cap)
         (mx, mw), (px, pw) = minus, plus
@@ -166,7 +111,7 @@ class WeightedSums:
         w = np.concatenate((mw[0], pw[0]))
         ok = (np.concatenate((valid_mask(*mx), valid_mask(*px)))
               & np.concatenate((valid_mask(*mw), valid_mask(*pw))))
-        n_new = self.n[touched] + _counts(inv, sign, ok, touched.size)
+        n_new = self.n[touched] + signed_counts(inv, sign, ok, touched.size)
         self.n[touched] = n_new
         kind = np.float64 if self.float_products else np.int64
         with np.errstate(over="ignore", invalid="ignore"):

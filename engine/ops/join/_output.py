@@ -14,17 +14,17 @@ What the listeners build on, apart from the state (:mod:`engine.ops.join._state`
   previous values use the old ``R``.
 * **the many-to-many row keys** — output key ``(left_key << R) | j`` (the scheme is in
   :mod:`engine.ops.join.listener`). For the groups whose right list changed,
-  :class:`_Transition` gives the positions ``j`` that went, that came, that stayed (and of
+  :class:`GroupTransition` gives the positions ``j`` that went, that came, that stayed (and of
   those, the ones modified in place), and the runs of survivors that moved by one delta,
-  so the listener shifts them instead of removing and adding them; :func:`_broadcast`
-  pairs them with the left rows of each group, :class:`_Parts` collects the keys and
+  so the listener shifts them instead of removing and adding them; :func:`group_pairs`
+  pairs them with the left rows of each group, :class:`RowSetParts` collects the keys and
   ranges of one RowSet of the update.
 
 Relied on: a group's right list is in right row-key order and shifts never reorder, so
 the right rows that survive a cycle keep their relative order, and moving them by runs of
 one delta is a valid shift. Group entries come back grouped by group index ``q`` in
 ascending order (:meth:`JoinState.group_entries`; :func:`_entries` keeps it when it adds
-the outer join's null rows), which :func:`_broadcast` needs. Slots fit in 32 bits (as the
+the outer join's null rows), which :func:`group_pairs` needs. Slots fit in 32 bits (as the
 group index of :mod:`engine.ops.join._state` also assumes), so ``(q << 33) | (slot + 1)``
 is one exact code per entry, the null row (slot ``-1``) included.
 """
@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     from engine.table import Table
 
 
+__all__ = ["GroupTransition", "MatchBits", "RowSetParts", "group_pairs", "join_columns", "join_schema",
+           "parse_join_spec"]
+
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
@@ -59,10 +62,19 @@ def _pair(spec: str) -> tuple[str, str]:
     return spec.strip(), spec.strip()
 
 
-def _parse(
+def parse_join_spec(
     left: Table, right: Table, on: str | Sequence[str], joins: Sequence[str] | None, op: str
 ) -> tuple[list[str], list[str], list[tuple[str, str]]]:
-    """``(left_on, right_on, [(out_name, right_col)])``, checked against both schemas."""
+    """The verb ``op``'s ``on`` and ``joins`` as ``(left_on, right_on, [(out_name,
+    right_col)])``: ``"New=Old"`` pairs split, the default ``joins`` (every right column
+    that is not a right key) filled in.
+
+    Raises
+    ------
+    SchemaError
+        Naming the verb, when the tables belong to different graphs, a key or joined
+        column is missing, an output name repeats or clashes with a left column.
+    """
     if left.graph is not right.graph:
         raise SchemaError(f"{op}: {left.name!r} and {right.name!r} belong to different update graphs")
     specs = [on] if isinstance(on, str) else list(on)
@@ -101,7 +113,8 @@ def _parse(
     return left_on, right_on, out
 
 
-def _schema(left: Table, right: Table, out: list[tuple[str, str]]) -> pa.Schema:
+def join_schema(left: Table, right: Table, out: list[tuple[str, str]]) -> pa.Schema:
+    """The left fields, then each joined right column under its output name, nullable."""
     fields = list(left.schema)
     fields += [right.schema.field(src).with_name(name).with_nullable(True) for name, src in out]
     return pa.schema(fields)
@@ -163,8 +176,11 @@ class _RightView(ColumnSource):
         return self._read(keys, True)
 
 
-def _columns(state: JoinState, left: Table, right: Table, out: list[tuple[str, str]],
+def join_columns(state: JoinState, left: Table, right: Table, out: list[tuple[str, str]],
              bits: MatchBits | None) -> dict[str, ColumnSource]:
+    """The output's columns, views that copy nothing: without ``bits`` (natural and exact
+    joins, output key = left key) the left columns themselves, with ``bits`` views reading
+    left row ``k >> R``; every joined column reads its right row through ``state``."""
     if bits is not None:
         cols: dict[str, ColumnSource] = {n: _LeftView(left.column(n), bits) for n in left.column_names}
     else:
@@ -175,8 +191,16 @@ def _columns(state: JoinState, left: Table, right: Table, out: list[tuple[str, s
 
 
 # many-to-many ------------------------------------------------------------------------------------
-class _Transition:
-    """How the right lists of changed groups moved, positions per group index ``q``."""
+class GroupTransition:
+    """How the right lists of the groups ``gids`` moved this cycle, as positions ``i`` in
+    the lists per group index ``q`` (the outer join's null row included when ``outer``).
+
+    ``rem_q, rem_i``: entries that went (previous positions); ``add_q, add_i``: that came
+    (current positions); ``surv_q, surv_i``: that stayed (current positions), and of those
+    ``vm_q, vm_i`` the ones whose right slot is in ``rvm`` (right rows modified in place); ``run_q, run_a,
+    run_b, run_d``: the survivors as runs of one delta ``d`` over previous positions
+    ``[a, b]`` in one group, in previous order, which the listener shifts.
+    """
 
     def __init__(self, st: JoinState, gids: KeyArray, rvm: KeyArray, outer: bool) -> None:
         s_o, q_o, i_o = _entries(st, gids, True, outer)
@@ -224,15 +248,19 @@ def _entries(st: JoinState, gids: KeyArray, prev: bool, outer: bool) -> tuple[Ke
     return s, q, i
 
 
-def _broadcast(row_q: KeyArray, ent_q: KeyArray, ngroups: int) -> tuple[KeyArray, KeyArray]:
-    """Every (row, entry) pair where the entry belongs to the row's group (``ent_q`` sorted)."""
+def group_pairs(row_q: KeyArray, ent_q: KeyArray, ngroups: int) -> tuple[KeyArray, KeyArray]:
+    """Every (row, entry) pair where the entry belongs to the row's group.
+
+    ``row_q`` is each row's group index, ``ent_q`` each entry's, sorted ascending, both
+    below ``ngroups``. Returns the row index and the entry index of every pair, by row.
+    """
     off = np.searchsorted(ent_q, np.arange(ngroups + 1, dtype=np.int64))
     pos, r = expand_with_owner(off[row_q], off[row_q + 1] - off[row_q])
     return r, pos
 
 
-class _Parts:
-    """Keys and half-open ranges collected for one RowSet of the update."""
+class RowSetParts:
+    """Keys and half-open ranges collected for one RowSet of the update (:meth:`rowset`)."""
 
     def __init__(self) -> None:
         self.keys: list[KeyArray] = []

@@ -66,14 +66,13 @@ import numpy as np
 from engine._kernels.arrays import bitmap_of, member, row_for_message, sorted_unique
 from engine.errors import InvalidKeyError, SchemaError
 from engine.ops.join._output import (
-    _EMPTY,
+    GroupTransition,
     MatchBits,
-    _broadcast,
-    _columns,
-    _parse,
-    _Parts,
-    _schema,
-    _Transition,
+    RowSetParts,
+    group_pairs,
+    join_columns,
+    join_schema,
+    parse_join_spec,
 )
 from engine.ops.join._state import JoinState
 from engine.rowset import KeyArray, RowSet, RowSetShiftData
@@ -91,6 +90,8 @@ __all__ = [
     "left_outer_join",
     "natural_join",
 ]
+
+_EMPTY = np.empty(0, dtype=np.int64)
 
 
 def _key_text(table: Table, cols: list[str], key: int, prev: bool = False) -> str:
@@ -193,7 +194,7 @@ class NaturalJoinListener:
 def _natural(left: Table, right: Table, on: str | Sequence[str], joins: Sequence[str] | None,
              exact: bool) -> Table:
     op = "exact_join" if exact else "natural_join"
-    left_on, right_on, out = _parse(left, right, on, joins, op)
+    left_on, right_on, out = parse_join_spec(left, right, on, joins, op)
 
     def plan() -> Derivation:
         state = JoinState(left, right, left_on, right_on, [src for _, src in out])
@@ -204,7 +205,7 @@ def _natural(left: Table, right: Table, on: str | Sequence[str], joins: Sequence
         if exact and left.rowset:
             lk = left.rowset.keys()
             listener._check_matched(lk, state.first_match(state.l_gid_now[state.lmap.lookup(lk)]))
-        return Derivation(_schema(left, right, out), _columns(state, left, right, out, None),
+        return Derivation(join_schema(left, right, out), join_columns(state, left, right, out, None),
                           left.rowset, listener, name=name)
 
     return derive([left, right], plan)
@@ -343,13 +344,13 @@ class JoinListener:
         st, R = self.state, self.bits
         lshift = lu.shifted if lu is not None else RowSetShiftData.empty()
         lmod = lu.modified if lu is not None else RowSet()
-        removed, added, modified = _Parts(), _Parts(), _Parts()
+        removed, added, modified = RowSetParts(), RowSetParts(), RowSetParts()
         cols: set[str] = set()
         vm_cols: set[str] = set()
         for c in d.rvm_cols:
             vm_cols |= self.out_of.get(c, set())
 
-        def block(parts: _Parts, lkeys: KeyArray, n: KeyArray) -> None:
+        def block(parts: RowSetParts, lkeys: KeyArray, n: KeyArray) -> None:
             parts.starts.append(lkeys << R)
             parts.stops.append((lkeys << R) + n)
 
@@ -368,27 +369,27 @@ class JoinListener:
             slots = st.left_members(G)
             slots = slots[~st.fresh(slots)]
             if slots.size:
-                tr = _Transition(st, G, d.rvm_slots, self.outer)
+                tr = GroupTransition(st, G, d.rvm_slots, self.outer)
                 q = st.group_index(G, st.l_gid_now[slots])
                 lc = st.l_key[slots]
                 lp = lshift.unapply_keys(lc)
-                r, e = _broadcast(q, tr.rem_q, G.size)
+                r, e = group_pairs(q, tr.rem_q, G.size)
                 removed.keys.append((lp[r] << R) | tr.rem_i[e])
-                r, e = _broadcast(q, tr.add_q, G.size)
+                r, e = group_pairs(q, tr.add_q, G.size)
                 added.keys.append((lc[r] << R) | tr.add_i[e])
-                r, e = _broadcast(q, tr.run_q, G.size)
+                r, e = group_pairs(q, tr.run_q, G.size)
                 base = lp[r] << R
                 runs = (base | tr.run_a[e], base | tr.run_b[e],
                         ((lc[r] - lp[r]) << R) + tr.run_d[e])
                 punch = lp
-                r, e = _broadcast(q, tr.vm_q, G.size)
+                r, e = group_pairs(q, tr.vm_q, G.size)
                 if r.size:
                     modified.keys.append((lc[r] << R) | tr.vm_i[e])
                     cols |= vm_cols
                 if lmod:
                     lm = st.left_modified(slots)
                     if lm.any():
-                        r, e = _broadcast(q[lm], tr.surv_q, G.size)
+                        r, e = group_pairs(q[lm], tr.surv_q, G.size)
                         if r.size:
                             modified.keys.append((lc[lm][r] << R) | tr.surv_i[e])
                             cols |= lu.modified_columns if lu is not None else set()
@@ -412,7 +413,7 @@ class JoinListener:
                 vm = member(d.rvm_slots, s_e)
                 slots = st.left_members(gv)
                 slots = slots[~st.fresh(slots)]
-                r, e = _broadcast(st.group_index(gv, st.l_gid_now[slots]), q_e[vm], gv.size)
+                r, e = group_pairs(st.group_index(gv, st.l_gid_now[slots]), q_e[vm], gv.size)
                 if r.size:
                     modified.keys.append((st.l_key[slots][r] << R) | i_e[vm][e])
                     cols |= vm_cols
@@ -456,7 +457,7 @@ def _many(left: Table, right: Table, on: str | Sequence[str], joins: Sequence[st
     op = "left_outer_join" if outer else "join"
     if match_bits is not None and not 0 < match_bits < 48:
         raise SchemaError(f"{op}: match_bits must be between 1 and 47, got {match_bits}")
-    left_on, right_on, out = _parse(left, right, on, joins, op)
+    left_on, right_on, out = parse_join_spec(left, right, on, joins, op)
 
     def plan() -> Derivation:
         state = JoinState(left, right, left_on, right_on, [src for _, src in out])
@@ -470,7 +471,7 @@ def _many(left: Table, right: Table, on: str | Sequence[str], joins: Sequence[st
         keep = n > 0
         starts = lk[keep] << bits.now
         rowset = RowSet.from_ranges(starts, starts + n[keep])
-        return Derivation(_schema(left, right, out), _columns(state, left, right, out, bits),
+        return Derivation(join_schema(left, right, out), join_columns(state, left, right, out, bits),
                           rowset, listener, name=name)
 
     return derive([left, right], plan)

@@ -56,7 +56,13 @@ from engine._kernels.rowkeymap import RowKeyMap
 from engine.columns import ColumnSource
 from engine.errors import UpdateInvariantError
 from engine.ops.sort._keys import MAX_CODE, KeyEncoder, as_arrow, order_batch
-from engine.ops.sort._room import _membership, _outermost, _pushes, _respread, _windows
+from engine.ops.sort._room import (
+    outermost_windows,
+    push_runs,
+    respread,
+    respread_windows,
+    window_membership,
+)
 from engine.ops.sort._slots import LiveBits, Redirection, pow2_at_least, shift_from_runs
 from engine.rowset import RowSetShiftData
 
@@ -276,8 +282,8 @@ class SortIndex:
         short = middle & (t - p - 1 < gr)  # gaps without room
 
         # a gap one slot short borrows a free slot next to it by pushing a short run of rows
-        push_lo, push_hi, push_by = _pushes(self._live, gi, p, t, short & (t - p == gr),
-                                            front, back)
+        push_lo, push_hi, push_by = push_runs(self._live, gi, p, t, short & (t - p == gr),
+                                              front, back)
         pushing = push_by != 0
 
         windows = np.empty((0, 2), dtype=np.int64)  # (level, index) of re-spread windows
@@ -288,11 +294,11 @@ class SortIndex:
         pending = np.flatnonzero(short & ~pushing)
         cum = np.concatenate(([0], np.cumsum(gr))) if pending.size else _EMPTY
         while pending.size:
-            found = _windows(self._live, self.capacity, gi, cum, pending)
+            found = respread_windows(self._live, self.capacity, gi, cum, pending)
             if found is None:
                 return self._relayout_with(codes, pks, ins)
-            windows = _outermost(np.concatenate((windows, found)))
-            starts, stops, win, inside, cap = _membership(windows, gi, t)
+            windows = outermost_windows(np.concatenate((windows, found)))
+            starts, stops, win, inside, cap = window_membership(windows, gi, t)
             # a push into a window gives way to it; a gap that runs into a window may only
             # use its part before the window
             k = np.searchsorted(starts, push_hi, side="right") - 1
@@ -343,8 +349,8 @@ class SortIndex:
             owner.append(np.repeat(np.arange(g.size, dtype=np.int64), run_n))
         laid = whose = _EMPTY
         if starts.size:
-            s_old, s_new, s_own, laid, whose = _respread(self._live, starts, stops, inside, win,
-                                                         gi, gr, gstart, grp, slots)
+            s_old, s_new, s_own, laid, whose = respread(self._live, starts, stops, inside, win,
+                                                        gi, gr, gstart, grp, slots)
             old.append(s_old)
             new.append(s_new)
             owner.append(s_own + g.size)

@@ -1,19 +1,21 @@
 """Room for new rows whose gap is full: pushed runs and re-spread windows (engine.ops.sort).
 
-Helpers of :class:`~engine.ops.sort._index.SortIndex`'s placement (cases 2 and 3 of the
-policy in engine.ops.sort._index). New rows with the same insertion slot form a *group*;
-a group's gap lies between the live rows ``p`` and ``t`` around its insertion slot ``gi``
-(found by the index through Invariant G). For the groups whose gap is too short:
+What :class:`~engine.ops.sort._index.SortIndex`'s placement asks when a gap has no room
+(cases 2 and 3 of the policy in engine.ops.sort._index), as functions of its live bits.
+New rows with the same insertion slot form a *group*; a group's gap lies between the live
+rows ``p`` and ``t`` around its insertion slot ``gi`` (found by the index through Invariant
+G). For the groups whose gap is too short:
 
-* :func:`_pushes` (case 2): a gap one slot short takes the nearer free slot beside it by
+* :func:`push_runs` (case 2): a gap one slot short takes the nearer free slot beside it by
   pushing the run of at most ``MAX_PUSH`` rows in between by one slot; claims of two
   groups never overlap;
-* :func:`_windows`, :func:`_outermost`, :func:`_membership` (case 3): the smallest aligned
-  window of ``2**l`` slots (``l >= MIN_LEVEL``) around each other short gap whose density,
-  new rows included, is at most ``tau(l)`` (:func:`_tau`: ``TAU_LEAF`` for the smallest
-  window falling linearly to ``TAU_ROOT`` for the whole space); only the outermost windows
-  are kept, and each group learns whether it falls inside one;
-* :func:`_respread`: the new layout of each window, survivors and new rows together.
+* :func:`respread_windows`, :func:`outermost_windows`, :func:`window_membership` (case 3):
+  the smallest aligned window of ``2**l`` slots (``l >= MIN_LEVEL``) around each other
+  short gap whose density, new rows included, is at most ``tau(l)`` (:func:`_tau`:
+  ``TAU_LEAF`` for the smallest window falling linearly to ``TAU_ROOT`` for the whole
+  space); only the outermost windows are kept, and each group learns whether it falls
+  inside one;
+* :func:`respread`: the new layout of each window, survivors and new rows together.
 
 Everything is computed whole arrays at once from the groups (``gi`` sorted and distinct,
 ``gr`` their sizes) and the index's :class:`~engine.ops.sort._slots.LiveBits`, which is
@@ -30,7 +32,7 @@ import numpy.typing as npt
 from engine._kernels.arrays import member, sorted_unique
 from engine.ops.sort._slots import LiveBits
 
-__all__ = ["_membership", "_outermost", "_pushes", "_respread", "_windows"]
+__all__ = ["outermost_windows", "push_runs", "respread", "respread_windows", "window_membership"]
 
 I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
@@ -46,13 +48,16 @@ def _tau(level: int, capacity: int) -> float:
     return TAU_LEAF - (TAU_LEAF - TAU_ROOT) * (level - MIN_LEVEL) / (top - MIN_LEVEL)
 
 
-def _pushes(live: LiveBits, gi: I64, p: I64, t: I64, cand: Mask, front: Mask, back: Mask
+def push_runs(live: LiveBits, gi: I64, p: I64, t: I64, cand: Mask, front: Mask, back: Mask
             ) -> tuple[I64, I64, I64]:
     """For gaps one slot short: the run of rows to push into the nearest free slot.
 
-    Returns per group the claimed slots ``[lo, hi]`` (gap, run and the free slot) and
-    the direction ``+1``/``-1`` (``0``: no push). A push needs a run of at most
-    ``MAX_PUSH`` rows and a claim that touches no other group's gap or claim.
+    Per group (``gi`` sorted and distinct, its live neighbours ``p`` before and ``t``
+    after; ``front``/``back``: the group goes before the first or after the last row),
+    ``cand`` marks the gaps that may push. Returns per group the claimed slots
+    ``[lo, hi]`` (gap, run and the free slot) and the direction ``+1``/``-1`` (``0``: no
+    push). A push needs a run of at most ``MAX_PUSH`` rows and a claim that touches no
+    other group's gap or claim; ``live`` is only read.
     """
     n = gi.size
     lo = np.zeros(n, dtype=np.int64)
@@ -85,10 +90,15 @@ def _pushes(live: LiveBits, gi: I64, p: I64, t: I64, cand: Mask, front: Mask, ba
     return lo, hi, by
 
 
-def _membership(windows: npt.NDArray[np.int64], gi: I64, t: I64
+def window_membership(windows: npt.NDArray[np.int64], gi: I64, t: I64
                 ) -> tuple[I64, I64, I64, Mask, I64]:
-    """Window bounds; for each group its window (or -1), whether it is inside one, and
-    the end of its usable gap (its successor, or the start of the next window)."""
+    """Where the groups fall among ``windows`` (``(level, index)`` rows, outermost and
+    sorted by start, as :func:`outermost_windows` gives them).
+
+    Returns the windows' ``starts`` and ``stops`` (slots, half-open) and, per group, its
+    window (or -1), whether it is inside one, and the end of its usable gap (its successor
+    ``t``, or the start of the next window if that comes first).
+    """
     starts = windows[:, 1] << windows[:, 0]
     stops = starts + (1 << windows[:, 0])
     nxt = np.searchsorted(starts, gi, side="right")
@@ -104,11 +114,15 @@ def _membership(windows: npt.NDArray[np.int64], gi: I64, t: I64
     return starts, stops, win, inside, cap
 
 
-def _windows(live: LiveBits, capacity: int, gi: I64, cum: I64, pending: I64
+def respread_windows(live: LiveBits, capacity: int, gi: I64, cum: I64, pending: I64
              ) -> npt.NDArray[np.int64] | None:
     """Smallest aligned window around each pending group whose density is allowed.
 
-    Returns ``(level, index)`` rows, or None when even the whole space is too dense.
+    ``pending`` indexes the groups to find room for; ``cum`` is the running total of the
+    groups' sizes (``cum[i]``: new rows before group ``i``), so a window's load is its live
+    rows plus the new rows whose insertion slot falls inside it. Returns ``(level, index)``
+    rows (window ``index`` of ``2**level`` slots), or None when even the whole space is too
+    dense; windows may nest (see :func:`outermost_windows`).
     """
     top = capacity.bit_length() - 1
     out = []
@@ -126,8 +140,9 @@ def _windows(live: LiveBits, capacity: int, gi: I64, cum: I64, pending: I64
     return None
 
 
-def _outermost(windows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Drop windows inside other windows; aligned windows are nested or disjoint."""
+def outermost_windows(windows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """``windows`` without those inside others, sorted by start and without duplicates
+    (aligned windows are nested or disjoint, so what is left is disjoint)."""
     lv, ix = windows[:, 0], windows[:, 1]
     keep = np.ones(lv.size, dtype=bool)
     for level in np.unique(lv):  # one step per window size
@@ -142,12 +157,16 @@ def _outermost(windows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     return w[first]
 
 
-def _respread(live: LiveBits, starts: I64, stops: I64, inside: Mask, win: I64, gi: I64,
+def respread(live: LiveBits, starts: I64, stops: I64, inside: Mask, win: I64, gi: I64,
               gr: I64, gstart: I64, grp: I64, slots: I64) -> tuple[I64, I64, I64, I64, I64]:
     """Lay out each window's survivors and new rows again.
 
-    Fills ``slots`` of the windows' new rows; returns the survivors' old and new slots
+    The windows and groups are as :func:`window_membership` described them; ``gr`` gives
+    each group's size, ``gstart`` its first new row and ``grp`` each new row's group. Half
+    of a window's free slots are spread evenly, half next to its insertion points by group
+    size. Fills ``slots`` of the windows' new rows; returns the survivors' old and new slots
     and their window, and all the windows' rows' new slots (sorted) with their window.
+    ``live`` is only read: moving the survivors is the caller's.
     """
     surv, owner = live.live_in(starts, stops)
     rows = np.flatnonzero(inside[grp])

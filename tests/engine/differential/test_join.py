@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from engine.differential.dataflow import Dataflow
-from engine.differential.join import join_stream, join_trace
+from engine.differential.join import ArrangeNode, join_stream, join_trace
 from engine.differential.trace import Trace
 from engine.differential.zset import ZSet
 from engine.errors import SchemaError
@@ -143,7 +143,7 @@ def test_join_into_count_sum_prunes_unread_columns():
             want[(r, n, total)] += w
         assert acc.update() == want, f"version {v}"
         assert acc_keys.update() == ref_reduce(j, 1, "count"), f"version {v}"
-    arranged = [n for n in df.root.nodes if type(n).__name__ == "_ArrangeNode"]
+    arranged = [n for n in df.root.nodes if isinstance(n, ArrangeNode)]
     # shared arrangements store the union of what their joins read
     assert sorted(n.trace.schema.names for n in arranged) == [["k", "amount"], ["k", "region"]]
     assert joined.schema.names == ["amount", "region"]

@@ -1,6 +1,6 @@
 """The client-side state of a live subscription: keys, values and the updates applied.
 
-:class:`_State` applies one subscription message (:mod:`flight.streams.decoder` defines them) at a
+:class:`LiveState` applies one subscription message (:mod:`flight.streams.decoder` defines them) at a
 cost that follows the message, not the table:
 
 * the table's row keys as a Roaring bitmap (positions, the viewport, validation);
@@ -22,7 +22,7 @@ range begins; the ranges become a bitmap with
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +32,15 @@ import pandas as pd
 import pyarrow as pa
 from pyroaring import BitMap64
 
+# engine._kernels is shared with clients by design (DESIGN.md §1); a public name for it needs
+# flight's imports changed too, so it waits for the flight restructure
 from engine._kernels.arrays import bitmap_from_ranges, bitmap_from_sorted
 from engine._kernels.rowkeymap import RowKeyMap
 from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
 from flight.streams.decoder import apply_shifts
 
-__all__ = ["Update"]
+__all__ = ["LiveState", "Update"]
 
 log = logging.getLogger(__name__)
 
@@ -87,24 +89,6 @@ def _keys_at(bm: BitMap64, viewport: Ranges) -> BitMap64:
             r = BitMap64()
             r.add_range(bm[b], bm[e - 1] + 1)  # select the ends, then one range intersection
             out |= bm & r
-    return out
-
-
-def _positions(viewport: Ranges | None, n: int) -> I64 | None:
-    if viewport is None:
-        return None
-    parts = [np.arange(min(b, n), min(e, n), dtype=np.int64) for b, e in viewport]
-    return np.unique(np.concatenate(parts)) if parts else _EMPTY_KEYS
-
-
-def _check_viewport(ranges: Sequence[tuple[int, int]] | None) -> Ranges | None:
-    if ranges is None:
-        return None
-    out = [(int(b), int(e)) for b, e in ranges]
-    bad = [r for r in out if not 0 <= r[0] <= r[1]]
-    if bad:
-        raise ProtocolError(f"bad viewport range(s) {bad}: each is (begin, end) with "
-                            f"0 <= begin <= end, end exclusive")
     return out
 
 
@@ -299,8 +283,14 @@ class Update:
 
 
 # ------------------------------------------------------------------ client state
-class _State:
+class LiveState:
     """The subscriber's view, rebuilt from ``UPDATES`` messages (cost per message follows it).
+
+    :meth:`apply` takes the messages in stream order, each as its metadata and its added
+    and modified record batches (:func:`flight.streams.decoder.read_message`), and returns the
+    :class:`Update` it made. Not thread-safe: :class:`clients.live.LiveTable` applies and
+    reads it under its state lock. After a :class:`ProtocolError` the state may be half
+    applied: start a new one (the next subscribe brings a snapshot).
 
     Invariants (checked while applying; a message breaking them raises ProtocolError):
       S1  ``held`` (None: every key) is the keys at the viewport's positions in ``keys``
@@ -484,7 +474,17 @@ class _State:
         return keys, _require(slots, "held")
 
     def to_arrow(self) -> pa.Table:
+        """The held rows in table order (the subscribed columns)."""
         return self.store.frozen().take(self.held_slots()[1])
+
+    def held_positions(self) -> I64 | None:
+        """The table positions of the held rows, ascending (``None``: every row is held,
+        at positions ``0..size-1``)."""
+        if self.viewport is None:
+            return None
+        n = self.size
+        parts = [np.arange(min(b, n), min(e, n), dtype=np.int64) for b, e in self.viewport]
+        return np.unique(np.concatenate(parts)) if parts else _EMPTY_KEYS
 
     def catch_up(self, skipped: int) -> Update:
         """A snapshot update of the current view (an iterator that fell behind)."""
