@@ -327,7 +327,11 @@ class Table:
         return left_outer_join(self, right, on, joins)
 
     def agg_by(self, aggs: Any, by: str | Sequence[str] = ()) -> Table:
-        """One row per group of ``by`` with the aggregations ``aggs`` (engine.ops.aggregate)."""
+        """One row per group of ``by`` with the aggregations ``aggs`` (engine.ops.aggregate).
+
+        Groups are in order of their first row in this table's current rows, as a
+        recomputation gives, whatever the history (a restart's rebuild agrees).
+        """
         from engine.ops.aggregate.listener import agg_by
 
         return agg_by(self, aggs, by)

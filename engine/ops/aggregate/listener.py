@@ -36,13 +36,34 @@ What each kind reads, its output type, its checks and the state it shares with o
 the registry's (:mod:`engine.ops.aggregate._kinds`); this module iterates over kinds and
 states without naming any.
 
-Row keys and order of the result: a group's row key is assigned when the group appears and
-kept for its whole life, so the rows are in order of first appearance (for the initial
-build: parent row order). A group whose last row leaves is removed; its key is freed and
-reused from the next cycle on, so a later group may take an earlier position. A group's
-row is modified only when one of its aggregate values changed, and ``modified_columns``
-names exactly the aggregates that changed in some row (key columns never change). Nothing
-shifts.
+**Order of the result** (DESIGN.md §3: the order a recomputation gives): the groups are in
+order of their *first row in the parent's current rows* — a group comes before another when
+its first row (the one with the smallest parent row key) does. That is the order a build
+from scratch gives (pandas ``groupby(sort=False)`` over the parent's rows in order), so the
+live result and one built afresh over the same parent — as a durable server rebuilds its
+derived tables at a restart — agree row for row, whatever history led there. ``by=()``: one
+row, row key 0.
+
+Row keys: a group's row key *is* its first row's parent row key (distinct: the groups
+partition the rows), which makes row-key order the order above. So:
+
+* a parent shift that moves first rows shifts the result alike (the parent's ranges that
+  move one of its rows);
+* a group whose first row changes — the row leaves the table or the group, or a row with a
+  smaller parent key joins (a new row on a reused parent key, say) — is removed at its old
+  key and added at its new one, also where its place among the groups stays the same;
+* a group is modified only when one of its aggregate values changed at a key it keeps, and
+  ``modified_columns`` names exactly the aggregates that changed in some modified row (key
+  columns never change).
+
+Why not the other way round, rebuilding at a restart in the order the live result had:
+that order is history (which group came first, which one was emptied in which cycle, which
+freed key it got back) that no recomputation can know, so a checkpoint would have to carry
+it for every derived table, and a fresh ``agg_by`` over the same rows would still disagree.
+Keying groups by their first rows keeps the per-cycle cost following the change (each
+touched group's first row is one search in the row-key index below). Its price: that index
+for every aggregation with a ``by`` (first and last keep it anyway), and a remove and an add
+where a group's first row changes instead of a modify.
 
 How a cycle runs (every step is numpy over the changed rows, no loop per row or group):
 
@@ -53,8 +74,8 @@ How a cycle runs (every step is numpy over the changed rows, no loop per row or 
    groups. One integer-like column is its own exact hash: only null-ness is compared.
    New groups get slots. Added and modified rows are hashed once, together, in the
    current key space; removed rows (and modified rows whose ``by`` values changed) in the
-   previous one — or, when first/last keep a row-key index anyway, looked up there
-   without reading any key.
+   previous one — or, when there is a ``by`` (so the row-key index below exists), looked
+   up there without reading any key.
 2. Each row leaving a group is a *minus* event (previous values), each row joining one a
    *plus* event (current values); a modify that keeps its group is both, and only for the
    aggregations whose input it modified. A cycle that touches nothing the aggregation reads
@@ -62,23 +83,27 @@ How a cycle runs (every step is numpy over the changed rows, no loop per row or 
 3. States (``engine.ops.aggregate._states``, ``._sums``) fold the events in per touched
    group with ``np.unique``/``np.bincount``, each state once for every aggregation sharing
    it; min/max/median/percentile (and std/var, see below) keep a per-group sorted multiset
-   of values, median/percentile with a rank tree over it, and first/last a per-group
-   sorted set of parent row keys that follows the parent's shifts
-   (``engine.ops.aggregate._sortedset``).
+   of values, median/percentile with a rank tree over it, and a per-group sorted set of
+   parent row keys that follows the parent's shifts (``engine.ops.aggregate._sortedset``)
+   gives every group's first row (its row key) and first/last.
 4. Each aggregation's kind names the groups to evaluate again and computes their new
    values, which are compared with the current output; only real changes are written
    (with previous values tracked) and reported.
+5. Values are stored by *slot* (a dense group id, reused from the cycle after its group
+   went); the result's columns read a row key's slot from the row-key index, and during a
+   cycle a previous row key's slot through the cycle's shift, or from the groups whose key
+   went (:meth:`AggListener.prev_slots_of`).
 
-Costs per cycle: ``O(changed rows + touched groups)`` numpy work, plus for
-min/max/median/percentile/std/var and first/last the sorted structures, which are LSM
-trees: ``O(log N)`` searches per change and an ``O(N)`` merge every ``N/8`` new entries
+Costs per cycle: ``O(changed rows + touched groups)`` numpy work, plus for a ``by`` (the
+row-key index) and for min/max/median/percentile/std/var the sorted structures, which are
+LSM trees: ``O(log N)`` searches per change and an ``O(N)`` merge every ``N/8`` new entries
 (amortized ``O(1)`` per change; the merge itself pauses a cycle by tens of milliseconds per
 million rows). Median and percentile add ``O(log N)`` rank-tree rounds per change and per
 touched group, never a scan of a group: removing a group's median costs what any change
-costs. A parent shift costs first/last ``O(rows moved)``. Memory: the group index and
-per-group state arrays, and for the sorted multiset ~40 bytes per distinct value per group
-(~56 with the rank tree), for first/last ~120 bytes per parent row (a row-key hash and the
-sorted set).
+costs. A parent shift costs ``O(rows moved)`` (with a ``by``, or first/last). Memory: the
+group index and per-group state arrays, and for the sorted multiset ~40 bytes per distinct
+value per group (~56 with the rank tree), for the row-key index (a ``by``, or first/last)
+~120 bytes per parent row (a row-key hash and the sorted set).
 
 Precision: integer sums are exact. Float sums (sum, abs_sum, the weighted sums) are
 carried across cycles with two-sum compensation (a value added in one cycle and removed in
@@ -93,7 +118,7 @@ summation orders do.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -124,7 +149,7 @@ from engine.ops.aggregate._kinds import KINDS, Need, Refresh, Values, build_stat
 from engine.ops.aggregate._sortedset import RowKeySet
 from engine.ops.aggregate._states import Cycle
 from engine.ops.aggregate.spec import Agg as Agg
-from engine.rowset import RowSet
+from engine.rowset import RowSet, RowSetShiftData
 from engine.table import Derivation, DerivedTable, Table, derive
 from engine.update import TableUpdate
 
@@ -139,6 +164,14 @@ _EMPTY_I = np.empty(0, dtype=np.int64)
 
 
 # building ---------------------------------------------------------------------------------
+def _union(arrays: Iterable[I64]) -> I64:
+    """The sorted distinct values of ``arrays`` (each sorted and distinct)."""
+    parts = list(arrays)
+    if len(parts) == 1:
+        return parts[0]
+    return np.unique(np.concatenate(parts)) if parts else _EMPTY_I
+
+
 def _as_list(by: str | Sequence[str]) -> list[str]:
     return [by] if isinstance(by, str) else list(by)
 
@@ -146,7 +179,11 @@ def _as_list(by: str | Sequence[str]) -> list[str]:
 def agg_by(table: Table, aggs: Agg | Sequence[Agg], by: str | Sequence[str] = ()) -> Table:
     """One row per group of ``by`` with the aggregations ``aggs``, kept live.
 
-    See the module docstring for null semantics, types and row order.
+    Order: groups in order of their first row in the parent's current rows, as a
+    recomputation gives (pandas ``groupby(by, sort=False)`` over the parent in row order),
+    whatever the history: a group whose first row leaves moves to where its next row is.
+    Each group's row key is its first row's parent row key. See the module docstring for
+    the reasons, null semantics and types.
 
     Parameters
     ----------
@@ -198,8 +235,9 @@ def agg_by(table: Table, aggs: Agg | Sequence[Agg], by: str | Sequence[str] = ()
 
     def plan() -> Derivation:
         listener = AggListener(table, by_list, specs, schema)
-        columns: dict[str, ColumnSource] = dict(listener.key_cols)
-        columns.update(listener.out_cols)
+        stored: dict[str, WritableColumnSource] = {**listener.key_cols, **listener.out_cols}
+        columns: dict[str, ColumnSource] = (
+            {n: _GroupColumn(c, listener) for n, c in stored.items()} if by_list else dict(stored))
         return Derivation(schema, columns, listener.initial_rowset, listener,
                           name=f"{table.name}.agg_by")
 
@@ -224,16 +262,37 @@ def count_by(table: Table, name: str, by: str | Sequence[str] = ()) -> Table:
 
 
 class _AggTable(DerivedTable):
-    """The result table; compacts its Arrow-backed columns after a cycle when they bloat."""
+    """The result table; after a cycle its listener forgets the cycle's previous row keys,
+    and the Arrow-backed columns are compacted when they bloat."""
 
     def _end_cycle(self) -> None:
         super()._end_cycle()
-        compact_stale(self._columns.values(), self.size, self.rowset.keys)
+        listener = self.listener
+        assert isinstance(listener, AggListener)
+        listener.end_cycle()
+        compact_stale([*listener.key_cols.values(), *listener.out_cols.values()], self.size,
+                      lambda: listener.slots_of(self.rowset.keys()))
+
+
+class _GroupColumn(ColumnSource):
+    """A result column stored by group slot, read by row key (the group's first parent row)."""
+
+    def __init__(self, inner: WritableColumnSource, listener: AggListener) -> None:
+        self.inner = inner
+        self.type = inner.type
+        self._listener = listener
+
+    def get(self, keys: I64) -> pa.Array:
+        return self.inner.get(self._listener.slots_of(np.asarray(keys, dtype=np.int64)))
+
+    def get_prev(self, keys: I64) -> pa.Array:
+        return self.inner.get_prev(self._listener.prev_slots_of(np.asarray(keys, dtype=np.int64)))
 
 
 # the listener -----------------------------------------------------------------------------
 class AggListener:
-    """Keeps the result of :func:`agg_by` equal to a recomputation, one cycle at a time."""
+    """Keeps the result of :func:`agg_by` equal to a recomputation, one cycle at a time:
+    same rows, same order (groups by first row), same values."""
 
     result: Table
 
@@ -255,7 +314,9 @@ class AggListener:
         # dependencies first: the order they are fed in every cycle
         self.states = build_states([n for a, k in zip(aggs, self.kinds, strict=True) for n in k.needs(a)],
                                    lambda cols: [parent.schema.field(c).type for c in cols])
-        self.rows = RowKeySet() if any(k.reads_rows for k in self.kinds) else None
+        # each row's group in parent row-key order: the groups' first rows (their row keys
+        # here, when there is a ``by``) and first/last
+        self.rows = RowKeySet() if by or any(k.reads_rows for k in self.kinds) else None
         # group key -> slot: hash, then verify against key_cols (one integer-like column:
         # its hash is exact, so only null-ness is compared, against the one null group)
         self.exact_key = exact_hash([parent.schema.field(k).type for k in by])
@@ -263,16 +324,20 @@ class AggListener:
         self.null_slot = -1  # the group of the null key, for an exact key column
         self.size = np.zeros(16, dtype=np.int64)
         self.slot_hash = np.zeros(16, dtype=np.uint64)
-        self.group_keys = IdAllocator()  # a freed group key is reused from the next cycle on
+        self.slots = IdAllocator()  # a freed slot is reused from the next cycle on
+        # this cycle's output: removed row keys (sorted, previous key space) with their
+        # groups' slots, and the shift, for get_prev (see prev_slots_of)
+        self._gone_keys, self._gone_slots = _EMPTY_I, _EMPTY_I
+        self._shift = RowSetShiftData.empty()
         self._in_cycle = False
-        added, _, _, _ = self._process(TableUpdate.of(added=parent.rowset))
-        self.initial_rowset = RowSet.from_keys(added, assume_sorted=True)
+        out = self._process(TableUpdate.of(added=parent.rowset))
+        self.initial_rowset = out.added
 
     # groups ------------------------------------------------------------------------------
     def _alloc(self, n: int) -> I64:
-        slots = self.group_keys.allocate(n)
-        if self.group_keys.end > self.size.size:
-            cap = max(self.group_keys.end, 2 * self.size.size)
+        slots = self.slots.allocate(n)
+        if self.slots.end > self.size.size:
+            cap = max(self.slots.end, 2 * self.size.size)
             for name in ("size", "slot_hash"):
                 old = getattr(self, name)
                 grown = np.zeros(cap, dtype=old.dtype)
@@ -347,25 +412,48 @@ class AggListener:
         probe = pa.Table.from_arrays(arrays, names=self.by)
         return lambda i, j: rows_equal_at(probe, i, probe, j)
 
+    # row keys ----------------------------------------------------------------------------
+    def slots_of(self, keys: I64) -> I64:
+        """The slot of the group at each row key (current key space)."""
+        if not self.by:
+            return keys  # the one group's row key is its slot
+        assert self.rows is not None
+        return self.rows.groups_of(keys)  # a group's row key is its first row's
+
+    def prev_slots_of(self, keys: I64) -> I64:
+        """The slot of the group at each row key of the previous key space (this cycle's)."""
+        if not self.by:
+            return keys
+        assert self.rows is not None
+        slots = self.rows.groups_of(self._shift.apply_keys(keys))  # rows that kept their key
+        if self._gone_keys.size and keys.size:
+            pos = np.minimum(np.searchsorted(self._gone_keys, keys), self._gone_keys.size - 1)
+            gone = self._gone_keys[pos] == keys
+            slots[gone] = self._gone_slots[pos[gone]]
+        return slots
+
+    def end_cycle(self) -> None:
+        """The cycle is over: previous row keys are current ones again."""
+        self._gone_keys, self._gone_slots = _EMPTY_I, _EMPTY_I
+        self._shift = RowSetShiftData.empty()
+
+    def _first_rows(self, slots: I64) -> I64:
+        """Each group's first parent row key (garbage for a group without rows)."""
+        assert self.rows is not None
+        return self.rows.min_of(slots)[0].view(np.int64)
+
     # the cycle ---------------------------------------------------------------------------
     def on_update(self, *updates: TableUpdate | None) -> TableUpdate | None:
         up = updates[0]
         if up is None:
             return None
-        self.group_keys.release()  # keys freed last cycle may be reused from now on
+        self.slots.release()  # slots freed last cycle may be reused from now on
         self._in_cycle = True
         try:
-            added, removed, modified, cols = self._process(up)
+            out = self._process(up)
         finally:
             self._in_cycle = False
-        if not (added.size or removed.size or modified.size):
-            return None
-        return TableUpdate.of(
-            added=RowSet.from_keys(added, assume_sorted=True),
-            removed=RowSet.from_keys(removed, assume_sorted=True),
-            modified=RowSet.from_keys(modified, assume_sorted=True),
-            modified_columns=cols,
-        )
+        return None if out.empty() else out
 
     def _cycle(self, up: TableUpdate) -> Cycle | None:
         """Group every changed row; None when nothing this aggregation reads changed."""
@@ -390,25 +478,26 @@ class AggListener:
             cy.moved = cy.m_old != cy.m_new
         return cy
 
-    def _process(self, up: TableUpdate) -> tuple[I64, I64, I64, frozenset[str]]:
-        """Fold ``up`` in; returns (added, removed, modified) slots and modified columns."""
+    def _process(self, up: TableUpdate) -> TableUpdate:
+        """Fold ``up`` in; returns the result's update (possibly empty)."""
         cy = self._cycle(up)
         if cy is None:
             if up.shifted and self.rows is not None:
                 self._shift_rows(up)
-            return _EMPTY_I, _EMPTY_I, _EMPTY_I, frozenset()
+            self._shift = self._out_shift(up, _EMPTY_I)
+            return TableUpdate.of(shifted=self._shift)
         members = cy.events()
         touched = members.touched
         size_old = self.size[touched]
         size_new = size_old + np.bincount(members.inv, weights=members.sign,
                                           minlength=touched.size).round().astype(np.int64)
         self.size[touched] = size_new
+        first_old = self._first_rows(touched) if self.by else touched  # previous key space
         if self.rows is not None:
             self._move_rows(up, cy)
         cx = Refresh(self.parent, cy, touched, self.size, self.states, self._apply_states(cy), self.rows)
         existed_cache: dict[int, tuple[I64, Mask, Mask]] = {}
-        changed: list[I64] = []
-        cols: set[str] = set()
+        changed: dict[str, I64] = {}  # aggregation -> the slots whose value it changed
         for a, kind in zip(self.aggs, self.kinds, strict=True):
             t = kind.touched(a, cx)
             if id(t) not in existed_cache:
@@ -416,17 +505,61 @@ class AggListener:
             live = existed_cache[id(t)]
             mod = self._write(a, live, kind.values(a, cx, live[0]) if live[0].size else None)
             if mod.size:
-                changed.append(mod)
-                cols.add(a.name)
-        added = touched[(size_old == 0) & (size_new > 0)]
-        removed = touched[(size_old > 0) & (size_new == 0)]
-        if removed.size:
-            self.index.delete(self.slot_hash[removed], removed)
-            if self.null_slot >= 0 and (removed == self.null_slot).any():
+                changed[a.name] = mod
+        had, has = size_old > 0, size_new > 0
+        dead = touched[had & ~has]
+        if dead.size:
+            self.index.delete(self.slot_hash[dead], dead)
+            if self.null_slot >= 0 and (dead == self.null_slot).any():
                 self.null_slot = -1
-            self.group_keys.free(removed)
-        modified = np.unique(np.concatenate(changed)) if len(changed) > 1 else (changed[0] if changed else _EMPTY_I)
-        return added, removed, modified, frozenset(cols)
+            self.slots.free(dead)
+        if self.by:
+            return self._rekey(up, touched, had, has, first_old, changed)
+        return TableUpdate.of(  # the one group's row key is its slot
+            added=RowSet.from_keys(touched[~had & has], assume_sorted=True),
+            removed=RowSet.from_keys(dead, assume_sorted=True),
+            modified=RowSet.from_keys(_union(changed.values()), assume_sorted=True),
+            modified_columns=changed.keys(),
+        )
+
+    def _rekey(self, up: TableUpdate, touched: I64, had: Mask, has: Mask, first_old: I64,
+               changed: dict[str, I64]) -> TableUpdate:
+        """The update when row keys are first rows: a touched group keeps its row key while
+        its first row stays its first row (the same surviving parent row, maybe shifted);
+        otherwise it leaves its old key (previous key space) for its new one (current)."""
+        first_new = self._first_rows(touched)
+        stays = had & has & (up.shifted.apply_keys(first_old) == first_new)
+        if up.removed and stays.any():  # a removed row's key may be another's after the shift
+            stays &= ~up.removed.contains_all(first_old)
+        gone, born = had & ~stays, has & ~stays
+        o = np.argsort(first_old[gone])
+        self._gone_keys, self._gone_slots = first_old[gone][o], touched[gone][o]
+        rekeyed = touched[had & born]
+        if rekeyed.size:  # an add at its new key, not a modify
+            kept = {n: m[~np.isin(m, rekeyed)] for n, m in changed.items()}
+            changed = {n: m for n, m in kept.items() if m.size}
+        self._shift = self._out_shift(up, self._gone_keys)
+        return TableUpdate.of(
+            added=RowSet.from_keys(first_new[born]),
+            removed=RowSet.from_keys(self._gone_keys, assume_sorted=True),
+            modified=RowSet.from_keys(self._first_rows(_union(changed.values()))),
+            shifted=self._shift,
+            modified_columns=changed.keys(),
+        )
+
+    def _out_shift(self, up: TableUpdate, gone: I64) -> RowSetShiftData:
+        """The parent's shift ranges that move a row of the result that keeps its key
+        (``gone``: the result's removed keys, sorted): first rows move with the parent."""
+        if not (up.shifted and self.by):
+            return RowSetShiftData.empty()
+        prev, _ = up.shifted.moved_keys(self.result.rowset)  # the result's previous keys
+        if gone.size and prev.size:
+            prev = prev[~np.isin(prev, gone, assume_unique=True)]
+        if prev.size == 0:
+            return RowSetShiftData.empty()
+        sh = up.shifted
+        i = np.unique(np.searchsorted(sh.begins, prev, "right") - 1)
+        return RowSetShiftData.from_arrays(sh.begins[i], sh.ends[i], sh.deltas[i])
 
     def _apply_states(self, cy: Cycle) -> dict[Need, I64]:
         """Feed each state its events and its columns' values; returns its touched slots.

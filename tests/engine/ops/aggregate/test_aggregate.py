@@ -1,9 +1,10 @@
 """agg_by / first_by / last_by / count_by: explicit cycles, parents that shift, and the
 sorted multisets underneath min/max/first/last (the oracle: test_aggregate_oracle.py).
 
-A result's row order is first appearance with freed keys reused (see
-engine.ops.aggregate), which a recomputation from the final source cannot reproduce; the
-example tests here pin that stable-key behaviour down.
+A group's row key is its first parent row's, so the groups are in order of their first
+rows in the parent's current rows, as a recomputation orders them (see
+engine.ops.aggregate); the example tests here pin down when a group keeps its key and when
+it moves (a remove and an add).
 """
 
 from __future__ import annotations
@@ -64,24 +65,25 @@ def _keys(rs: RowSet) -> list[int]:
     return rs.keys().tolist()
 
 
-def _check(up: TableUpdate, added=(), removed=(), modified=(), cols=()) -> None:
+def _check(up: TableUpdate, added=(), removed=(), modified=(), cols=(), shifted=()) -> None:
     assert (_keys(up.added), _keys(up.removed), _keys(up.modified)) == (list(added), list(removed), list(modified))
     assert up.modified_columns == frozenset(cols)
-    assert not up.shifted
+    sh = up.shifted
+    assert list(zip(sh.begins.tolist(), sh.ends.tolist(), sh.deltas.tolist(), strict=True)) == list(shifted)
 
 
 # example tests ----------------------------------------------------------------------------
-def test_groups_keep_row_keys_in_order_of_first_appearance():
+def test_groups_are_keyed_by_their_first_row_in_the_parent():
     g = UpdateGraph(validate=True)
-    src = _keyed(g, [("A", 1, 10.0, 1), ("B", 2, 20.0, 2), ("A", 3, 30.0, 3)])
+    src = _keyed(g, [("A", 1, 10.0, 1), ("B", 2, 20.0, 2), ("A", 3, 30.0, 3)])  # row keys 0, 1, 2
     r = agg_by(src, [agg.sum("Price", "S"), agg.count("N"), agg.max("Price", "Hi")], by="Sym")
     rec = _Recorder(r)
     assert _keys(r.rowset) == [0, 1]
     assert _rows(r) == [{"Sym": "A", "S": 40.0, "N": 2, "Hi": 30.0},
                         {"Sym": "B", "S": 20.0, "N": 1, "Hi": 20.0}]
-    src.upsert(_batch([("C", 4, 5.0, 1)]))
+    src.upsert(_batch([("C", 4, 5.0, 1)]))  # row key 3
     g.run_cycle()
-    _check(rec.last(), added=[2])
+    _check(rec.last(), added=[3])
     src.upsert(_batch([("B", 2, 25.0, 2)]))  # a price change: sum and max, not the count
     g.run_cycle()
     _check(rec.last(), modified=[1], cols={"S", "Hi"})
@@ -89,6 +91,41 @@ def test_groups_keep_row_keys_in_order_of_first_appearance():
     g.run_cycle()
     _check(rec.last(), modified=[0], cols={"S"})
     assert _rows(r)[0] == {"Sym": "A", "S": 42.0, "N": 2, "Hi": 30.0}
+    src.delete(pa.table({"Key": [1]}))  # A's first row: A moves to its next one, after B
+    g.run_cycle()
+    _check(rec.last(), added=[2], removed=[0])
+    assert [row["Sym"] for row in _rows(r)] == ["B", "A", "C"]
+    src.upsert(_batch([("C", 5, 1.0, 1)]))  # on the freed row key 0: C's first row now
+    g.run_cycle()
+    _check(rec.last(), added=[0], removed=[3])
+    assert _rows(r) == [{"Sym": "C", "S": 6.0, "N": 2, "Hi": 5.0}, {"Sym": "B", "S": 25.0, "N": 1, "Hi": 25.0},
+                        {"Sym": "A", "S": 30.0, "N": 1, "Hi": 30.0}]
+
+
+def test_live_result_equals_one_built_afresh_after_first_rows_leave():
+    # what a durable server's restart does: the derived table is built again over the
+    # restored source (tests/flight/test_agg_restart_order.py runs it through a real server)
+    g = UpdateGraph(validate=True)
+    src = _keyed(g, [(s, i, 0.5 * i, 0) for i, s in enumerate("ABCABCDDA")])
+    specs = [agg.sum("Price", "S"), agg.count("N")]
+    r = agg_by(src, specs, by="Sym")
+    writes: list[tuple[list[int], list[tuple[Any, ...]]]] = [
+        ([0], []),  # A's first row
+        ([1, 4], []),  # B emptied ...
+        ([], [("B", 20, 1.5, 0)]),  # ... and back, on a freed row key
+        ([], [("E", 21, 2.0, 0), ("C", 22, 2.5, 0)]),
+        ([2], []),  # C's first row
+    ]
+    for deletes, upserts in writes:
+        if deletes:
+            src.delete(pa.table({"Key": pa.array(deletes, pa.int64())}))
+        if upserts:
+            src.upsert(_batch(upserts))
+        g.run_cycle()
+        fresh = agg_by(src, specs, by="Sym")
+        assert _rows(r) == _rows(fresh)
+        fresh.close()
+    assert [row["Sym"] for row in _rows(r)] == ["B", "E", "A", "C", "D"]
 
 
 def test_initial_build_of_a_big_table_keeps_first_appearance_order():
@@ -123,13 +160,13 @@ def test_removing_the_extreme_finds_the_next_one():
     g.run_cycle()
     _check(rec.last(), modified=[0], cols={"Hi"})
     assert _rows(r)[0]["Hi"] == 30.0
-    src.delete(pa.table({"Key": [1]}))  # the min and the first row
+    src.delete(pa.table({"Key": [1]}))  # the min and the first row: the group's row key moves
     g.run_cycle()
-    _check(rec.last(), modified=[0], cols={"Lo", "F"})
+    _check(rec.last(), added=[2], removed=[0])
     assert _rows(r)[0] == {"Sym": "A", "Lo": 20.0, "Hi": 30.0, "F": 3, "L": 4}
     src.delete(pa.table({"Key": [4]}))  # the max and the last row
     g.run_cycle()
-    _check(rec.last(), modified=[0], cols={"Hi", "L"})
+    _check(rec.last(), modified=[2], cols={"Hi", "L"})
     assert _rows(r)[0] == {"Sym": "A", "Lo": 20.0, "Hi": 20.0, "F": 3, "L": 3}
 
 
@@ -156,17 +193,21 @@ def test_group_emptied_and_recreated():
     g.run_cycle()
     _check(rec.last(), removed=[0])
     assert _rows(r) == [{"Sym": "B", "S": 3.0, "N": 1}]
-    src.upsert(_batch([("A", 5, 7.0, 1)]))  # the freed key is reused from the next cycle on
+    src.upsert(_batch([("A", 5, 7.0, 1)]))  # on the parent's freed row key 0, from the next cycle on
     g.run_cycle()
     _check(rec.last(), added=[0])
     assert _rows(r) == [{"Sym": "A", "S": 7.0, "N": 1}, {"Sym": "B", "S": 3.0, "N": 1}]
-    src.delete(pa.table({"Key": [3]}))  # B's only row goes while another arrives: a modify
-    src.upsert(_batch([("B", 6, 4.0, 1)]))
+    src.delete(pa.table({"Key": [3]}))  # B's only row goes while another arrives, on row key 1:
+    src.upsert(_batch([("B", 6, 4.0, 1)]))  # B moves there
+    g.run_cycle()
+    _check(rec.last(), added=[1], removed=[2])
+    assert _rows(r) == [{"Sym": "A", "S": 7.0, "N": 1}, {"Sym": "B", "S": 4.0, "N": 1}]
+    src.upsert(_batch([("B", 6, 5.0, 1)]))  # the same first row: a modify
     g.run_cycle()
     _check(rec.last(), modified=[1], cols={"S"})
 
 
-def test_freed_key_is_not_reused_in_the_same_cycle():
+def test_a_group_gone_and_one_born_on_a_new_row_are_a_remove_and_an_add():
     g = UpdateGraph(validate=True)
     src = _keyed(g, [("A", 1, 1.0, 1)])
     r = count_by(src, "N", by="Sym")
@@ -183,17 +224,17 @@ def test_modifies_move_rows_between_groups():
     src = _keyed(g, [("A", 1, 1.0, 1), ("A", 2, 2.0, 1), ("B", 3, 3.0, 1)])
     r = agg_by(src, [agg.sum("Price", "S"), agg.count("N"), agg.first("Key", "F")], by="Sym")
     rec = _Recorder(r)
-    src.upsert(_batch([("B", 1, 1.0, 1)]))  # A -> B, and it becomes B's first row
+    src.upsert(_batch([("B", 1, 1.0, 1)]))  # row 0: A -> B, B's first row now; A's is row 1
     g.run_cycle()
-    _check(rec.last(), modified=[0, 1], cols={"S", "N", "F"})
-    assert _rows(r) == [{"Sym": "A", "S": 2.0, "N": 1, "F": 2}, {"Sym": "B", "S": 4.0, "N": 2, "F": 1}]
+    _check(rec.last(), added=[0, 1], removed=[0, 2])
+    assert _rows(r) == [{"Sym": "B", "S": 4.0, "N": 2, "F": 1}, {"Sym": "A", "S": 2.0, "N": 1, "F": 2}]
     src.upsert(_batch([("B", 2, 2.0, 1)]))  # A's last row leaves: A removed, B modified
     g.run_cycle()
-    _check(rec.last(), removed=[0], modified=[1], cols={"S", "N"})
-    src.upsert(_batch([("C", 3, 3.0, 1)]))  # to a new group, on A's freed key
+    _check(rec.last(), removed=[1], modified=[0], cols={"S", "N"})
+    src.upsert(_batch([("C", 3, 3.0, 1)]))  # row 2, B -> C: a new group there
     g.run_cycle()
-    _check(rec.last(), added=[0], modified=[1], cols={"S", "N"})
-    assert _rows(r) == [{"Sym": "C", "S": 3.0, "N": 1, "F": 3}, {"Sym": "B", "S": 3.0, "N": 2, "F": 1}]
+    _check(rec.last(), added=[2], modified=[0], cols={"S", "N"})
+    assert _rows(r) == [{"Sym": "B", "S": 3.0, "N": 2, "F": 1}, {"Sym": "C", "S": 3.0, "N": 1, "F": 3}]
 
 
 def test_modifies_of_unread_columns_are_silent():
@@ -435,17 +476,22 @@ def test_first_and_last_follow_parent_shifts():
     j = _jitter(src, lambda k, v: np.where(k == 0, v % 4, 0))  # the first row moves every cycle
     r = agg_by(j, [agg.first("Qty", "F"), agg.last("Qty", "L")], by="Sym")
     rec, jrec = _Recorder(r), _Recorder(j)
+    assert _keys(r.rowset) == [0, 12]  # the groups' first rows, 4 * 0 and 4 * 3
     src.upsert(_batch([("B", 4, 4.0, 41)]))
     g.run_cycle()
     assert jrec.last().shifted
-    _check(rec.last(), modified=[1], cols={"F", "L"})
+    _check(rec.last(), modified=[12], cols={"F", "L"}, shifted=[(0, 0, 1)])  # A's first row moved
     src.delete(pa.table({"Key": [1]}))  # after shifts, the first row leaves: the next is found
     g.run_cycle()
-    _check(rec.last(), modified=[0], cols={"F"})
+    _check(rec.last(), added=[4], removed=[1])
     assert _rows(r) == [{"Sym": "A", "F": 20, "L": 30}, {"Sym": "B", "F": 41, "L": 41}]
     src.upsert(_batch([("A", 1, 1.0, 5)]))  # the reused parent key 0 joins A first again
     g.run_cycle()
+    _check(rec.last(), added=[3], removed=[4])
     assert _rows(r) == [{"Sym": "A", "F": 5, "L": 30}, {"Sym": "B", "F": 41, "L": 41}]
+    src.upsert(_batch([("B", 4, 4.0, 42)]))
+    g.run_cycle()
+    _check(rec.last(), modified=[12], cols={"F", "L"}, shifted=[(3, 3, -3)])
 
 
 # the sorted multiset underneath min/max/first/last ----------------------------------------

@@ -1,13 +1,14 @@
 """agg_by / first_by / last_by / count_by against the oracle.
 
-Oracle runs compare after sorting both sides by the group key columns: a result's row
-order is first appearance with freed keys reused (see engine.ops.aggregate), which a
-recomputation from the final source cannot reproduce (test_aggregate.py pins it down).
-``test_oracle_agg_by_every_aggregation_by_sym`` is ``tests.oracle.run_oracle`` against
-pandas ``groupby``; the other runs hang several results off one random source
-(:func:`_run_cases`: the same RandomSource, validation, replay and cycle counts) and
-recompute with Arrow's hash aggregation, ten times cheaper, which
-``test_arrow_recomputation_agrees_with_pandas`` ties to the pandas one.
+Every comparison is ordered: a result's groups are in order of their first row in the
+parent's current rows (see engine.ops.aggregate), which is what a recomputation from the
+source gives. ``test_oracle_agg_by_every_aggregation_by_sym`` is ``tests.oracle.run_oracle``
+against pandas ``groupby(sort=False)``; the other runs hang several results off one random
+source (:func:`_run_cases`: the same RandomSource, validation, replay and cycle counts) and
+recompute with Arrow's hash aggregation, ten times cheaper, put in first-row order, which
+``test_arrow_recomputation_agrees_with_pandas`` ties to the pandas one. :func:`_run_cases`
+also builds each result afresh over the source every few cycles (what a server's restart
+does) and requires the same rows in the same order as the live one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
 from engine.ops.aggregate._sortedset import _Sorted
 from engine.ops.aggregate.listener import Agg, agg_by, count_by, first_by, last_by
+from engine.table import Table
 from tests.engine.ops.aggregate.test_aggregate import _jitter
 from tests.replay import ReplayChecker
 
@@ -58,11 +60,9 @@ def _norm(v):
     return v
 
 
-def _records(df: pd.DataFrame, keys: list[str]) -> list[tuple[Any, ...]]:
-    """Rows as tuples of plain values (nulls as None), sorted by the ``keys`` columns."""
-    rows = [tuple(_norm(v) for v in r) for r in df.to_numpy(dtype=object).tolist()]
-    at = [list(df.columns).index(k) for k in keys]
-    return sorted(rows, key=lambda r: tuple((r[i] is not None, r[i] or 0) for i in at))
+def _records(df: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """Rows as tuples of plain values (nulls as None), in order."""
+    return [tuple(_norm(v) for v in r) for r in df.to_numpy(dtype=object).tolist()]
 
 
 def _same(u, v) -> bool:
@@ -80,20 +80,14 @@ def _same_rows(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
     )
 
 
-def _order_free_assert(keys: list[str]):
-    """Compare the frames as sets of rows keyed by ``keys``; on a difference the oracle's
-    own assert prints both (sorted) frames and raises."""
-    original = oracle.assert_same
-
-    def check(got: pd.DataFrame, want: pd.DataFrame, context: str) -> None:
-        a, b = _records(got, keys), _records(want, keys)
-        if list(got.columns) == list(want.columns) and _same_rows(a, b):
-            return
-        cols = list(want.columns)
-        original(pd.DataFrame(a, columns=list(got.columns)), pd.DataFrame(b, columns=cols), context)
-        raise AssertionError(f"{context}: frames differ")
-
-    return check
+def _close_enough(got: pd.DataFrame, want: pd.DataFrame, context: str) -> None:
+    """The same rows in the same order, floats to 1e-9 (an incremental sum and a fresh one
+    may differ in the last bits); on a difference the oracle's own assert prints both."""
+    a, b = _records(got), _records(want)
+    if list(got.columns) == list(want.columns) and _same_rows(a, b):
+        return
+    oracle.assert_same(got, want, context)
+    raise AssertionError(f"{context}: frames differ")
 
 
 #: one aggregation of every kind, over float (with nulls), int and string columns
@@ -104,7 +98,7 @@ ALL = [agg.sum("Qty", "S"), agg.count("N"), agg.mean("Price", "M"), agg.std("Pri
 
 def test_oracle_agg_by_every_aggregation_by_sym():
     oracle.run_oracle(lambda t: agg_by(t, ALL, "Sym"), lambda df: _expected(df, ["Sym"], ALL), seed=11,
-                      compare=_order_free_assert(["Sym"]))
+                      compare=_close_enough)
 
 
 _ARROW_AGG = {
@@ -124,27 +118,29 @@ def _expected_arrow(tbl: pa.Table, by: list[str], specs: list[Agg]) -> list[tupl
     """The same recomputation with Arrow's hash aggregation (C++, ~10x cheaper than pandas).
 
     Same semantics on the oracle's data (no NaN): nulls skipped, sum of nothing 0, sample
-    std, first/last in row order with nulls, null keys grouped, no row for no rows.
+    std, first/last in row order with nulls, null keys grouped, no row for no rows. Groups
+    in order of their first row (Arrow's own output order is not that).
     """
     if tbl.num_rows == 0:
         return []
     keys = by or ["_all"]
     if not by:
         tbl = tbl.append_column("_all", pa.array(np.zeros(tbl.num_rows, dtype=np.int64)))
+    tbl = tbl.append_column("_row", pa.array(np.arange(tbl.num_rows, dtype=np.int64)))
     wanted = []
     for s in specs:
         fn, opts = _ARROW_AGG[s.kind]
         wanted.append((s.column or "Key", fn, opts))
-    uniq = list(dict.fromkeys((c, f) for c, f, _ in wanted))
+    uniq = list(dict.fromkeys([("_row", "min"), *((c, f) for c, f, _ in wanted)]))
     opts_of = {(c, f): o for c, f, o in wanted}
-    res = tbl.group_by(keys, use_threads=False).aggregate([(c, f, opts_of[(c, f)]) for c, f in uniq])
+    res = tbl.group_by(keys, use_threads=False).aggregate([(c, f, opts_of.get((c, f))) for c, f in uniq])
+    res = res.take(pc.sort_indices(res.column("_row_min")))
     names = by + [f"{c}_{f}" for c, f, _ in wanted]
-    return _sorted_rows(list(zip(*(res.column(n).to_pylist() for n in names), strict=True)), len(by))
+    return _plain_rows(list(zip(*(res.column(n).to_pylist() for n in names), strict=True)))
 
 
-def _sorted_rows(rows: list[tuple[Any, ...]], nkeys: int) -> list[tuple[Any, ...]]:
-    rows = [tuple(None if isinstance(v, float) and v != v else v for v in r) for r in rows]
-    return sorted(rows, key=lambda r: tuple((r[i] is not None, r[i] or 0) for i in range(nkeys)))
+def _plain_rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [tuple(None if isinstance(v, float) and v != v else v for v in r) for r in rows]
 
 
 class _Case:
@@ -158,8 +154,7 @@ class _Case:
 
     def rows(self, out: pa.Table) -> list[tuple[Any, ...]]:
         """The result's rows, comparable with :meth:`expected`."""
-        return _sorted_rows(list(zip(*(out.column(n).to_pylist() for n in out.column_names), strict=True)),
-                            len(self.by))
+        return _plain_rows(list(zip(*(out.column(n).to_pylist() for n in out.column_names), strict=True)))
 
 
 def _run_cases(cases: dict[str, _Case], seed: int) -> None:
@@ -169,6 +164,8 @@ def _run_cases(cases: dict[str, _Case], seed: int) -> None:
     a ReplayChecker after every cycle, ``TICKTABLE_CYCLES`` cycles over every kind), but
     the source's cost is paid once for all the results hanging off it, and the
     recomputation is Arrow's (the pandas one anchors test_oracle_agg_by_every_aggregation).
+    Every 5th cycle each result is also built afresh over the source, as a server's restart
+    rebuilds derived tables, and must hold the live result's rows in the live result's order.
     """
     per_kind = max(1, oracle.cycles() // len(oracle.KINDS))
     for k_i, kind in enumerate(oracle.KINDS):
@@ -195,6 +192,22 @@ def _run_cases(cases: dict[str, _Case], seed: int) -> None:
                 except AssertionError:
                     print(f"REPLAY MISMATCH {ctx}")
                     raise
+                if c % 5 == 0:
+                    fresh = _rebuilt(case, src.table)
+                    if not _same_rows(got, fresh):
+                        print(f"REBUILD MISMATCH {ctx}\n--- incremental ---\n{got}\n--- rebuilt ---\n{fresh}")
+                        raise AssertionError(f"{ctx}: the live result and one built afresh differ")
+
+
+def _rebuilt(case: _Case, source: Table) -> list[tuple[Any, ...]]:
+    """The rows of ``case`` built afresh over ``source`` (then detached from the graph again)."""
+    t = case.build(source)
+    try:
+        return case.rows(t.to_arrow())
+    finally:
+        while t is not source:  # the result and what the case built between it and the source
+            t.close()
+            t = t.parents[0]
 
 
 def test_arrow_recomputation_agrees_with_pandas():
@@ -208,7 +221,7 @@ def test_arrow_recomputation_agrees_with_pandas():
                 continue
             tbl = src.table.to_arrow()
             for by in (["Sym"], ["Sym", "Qty"], []):
-                want = _records(_expected(tbl.to_pandas(), by, ALL), by)
+                want = _records(_expected(tbl.to_pandas(), by, ALL))
                 assert _same_rows(_expected_arrow(tbl, by, ALL), want), (kind, step, by)
 
 
