@@ -19,7 +19,8 @@ Split by whose fault it is::
     │   └── TableFailed             the table (or a parent) raised in an earlier cycle
     └── UpdateInvariantError        an update broke DESIGN.md §2: our bug, never the caller's
 
-Every message names the thing (table, column, key) and, where there is one, the way out.
+Every message names the thing (table, column, key) and, where there is one, the way out;
+a name a caller chose is quoted with :func:`quoted`, which cuts a long one.
 """
 
 from __future__ import annotations
@@ -41,7 +42,26 @@ __all__ = [
     "TicktableError",
     "Unauthenticated",
     "UpdateInvariantError",
+    "quoted",
 ]
+
+#: How much of a caller's name a message quotes (a name may be megabytes).
+_QUOTED = 100
+
+
+def quoted(text: str) -> str:
+    """``repr(text)`` for a message, cut to its first 100 characters when longer.
+
+    Examples
+    --------
+    >>> quoted("trades")
+    "'trades'"
+    >>> quoted("x" * 5_000_000)[-30:]
+    "xxxxx'... (5000000 characters)"
+    """
+    if len(text) <= _QUOTED:
+        return repr(text)
+    return f"{text[:_QUOTED]!r}... ({len(text)} characters)"
 
 
 class TicktableError(Exception):

@@ -1,8 +1,10 @@
 """Source tables: where changes enter the graph.
 
 Writes (``append``, ``upsert``, ``delete``) may come from any thread. They are checked at
-once — a bad batch raises and stages nothing — and applied together at the start of the
-next cycle, as one update.
+once, by :meth:`SourceTable.check_batch` — a bad batch raises and stages nothing — and
+applied together at the start of the next cycle, as one update. A writer may check a batch
+and stage the :class:`CheckedBatch` later (:meth:`SourceTable.stage`): it is not checked
+again.
 
 * :class:`AppendOnlyTable` — rows only arrive; keys ``0..n-1`` in arrival order.
 * :class:`KeyedTable` — upsert and delete by key columns. A key keeps its row key for its
@@ -33,7 +35,9 @@ import pyarrow as pa
 
 from engine._keyed import KeyedTable as KeyedTable
 from engine._keyed import KeyLookup as KeyLookup
-from engine._source import TableLike, _SourceTable
+from engine._source import CheckedBatch as CheckedBatch
+from engine._source import SourceTable as SourceTable
+from engine._source import TableLike as TableLike
 from engine._source import as_schema as as_schema
 from engine._source import conform as conform
 from engine.columns import (
@@ -52,11 +56,11 @@ from engine.update import TableUpdate
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
 
-__all__ = ["AppendOnlyTable", "KeyLookup", "KeyedTable", "RingTable", "TimerTable", "as_schema",
-           "conform"]
+__all__ = ["AppendOnlyTable", "CheckedBatch", "KeyLookup", "KeyedTable", "RingTable",
+           "SourceTable", "TableLike", "TimerTable", "as_schema", "conform"]
 
 
-class AppendOnlyTable(_SourceTable):
+class AppendOnlyTable(SourceTable):
     """Rows only arrive; row keys are ``0..size-1`` in arrival order.
 
     Fixed-width columns are numpy arrays (fast gathers of any keys, which sorted views and
@@ -73,12 +77,14 @@ class AppendOnlyTable(_SourceTable):
     def append(self, data: TableLike) -> None:
         """Stage rows to appear in the next cycle.
 
+        :meth:`check_batch` (``"append"``) then :meth:`stage`.
+
         Raises
         ------
         SchemaError
-            If columns are missing, unknown or of a type that cannot be cast safely.
+            If columns are repeated, missing, unknown or of a type that cannot be cast safely.
         """
-        self._stage("append", conform(self.name, self.schema, data))
+        self.stage(self.check_batch(data, "append"))
 
     def _compute_update(self) -> TableUpdate | None:
         pending = self._take_pending()
@@ -101,7 +107,7 @@ class AppendOnlyTable(_SourceTable):
                 src.set_new_range(0, rows.column(name))
 
 
-class RingTable(_SourceTable):
+class RingTable(SourceTable):
     """Append-only, keeping the newest ``capacity`` rows; older rows are removed.
 
     Row keys keep increasing; row key ``k`` is stored in slot ``k % capacity``.
@@ -125,8 +131,11 @@ class RingTable(_SourceTable):
         self._next = 0
 
     def append(self, data: TableLike) -> None:
-        """Stage rows; if more than ``capacity`` arrive in one cycle only the newest stay."""
-        self._stage("append", conform(self.name, self.schema, data))
+        """Stage rows; if more than ``capacity`` arrive in one cycle only the newest stay.
+
+        :meth:`check_batch` (``"append"``) then :meth:`stage`.
+        """
+        self.stage(self.check_batch(data, "append"))
 
     def _compute_update(self) -> TableUpdate | None:
         pending = self._take_pending()

@@ -9,6 +9,10 @@ where their :class:`Part` s land in the registry's tables (DESIGN.md §5), throu
 * the parts of the chosen slots of one commit, in one critical section holding the graph's
   exclusive lock (:meth:`PartStaging._publish`), so one cycle applies them all, across tables.
 
+A part's rows were checked once, by their table
+(:meth:`~engine.sources.SourceTable.check_batch`), when the batch arrived; staging them
+does not check them again (:meth:`~engine.sources.SourceTable.stage`).
+
 A DIFF part (differential triples) is resolved into upserts and deletes by
 :func:`engine.differential.resolve.resolve_triples`, against the key's current row
 *including* the writes staged before it (:meth:`KeyedTable.lookup` with ``staged=True``),
@@ -40,13 +44,12 @@ from engine.differential.resolve import KeyedWrites, resolve_triples
 from engine.differential.zset import ZSet
 from engine.errors import InputError, TableFailed
 from engine.graph import UpdateGraph
-from engine.sources import AppendOnlyTable, KeyedTable, RingTable
+from engine.sources import CheckedBatch, KeyedTable, SourceTable
 from flight.streams.registry import TableEntry, TableRegistry
 
 __all__ = ["Part", "PartStaging"]
 
 I64 = npt.NDArray[np.int64]
-KINDS = ("append", "upsert", "delete", "diff")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,18 +60,27 @@ class Part:
     ----------
     table
         The table's name.
-    kind
-        ``append``, ``upsert``, ``delete`` (``data`` has the key columns only) or ``diff``.
-    data
-        The rows, conformed to the table's schema.
+    rows
+        The rows, checked by the table (:meth:`~engine.sources.SourceTable.check_batch`):
+        an ``append``, ``upsert`` or ``delete`` (the key columns only); a ``diff`` part's
+        rows are checked as an ``upsert``'s.
     diffs
-        The weight per row of a ``diff`` part.
+        The weight per row of a ``diff`` part; ``None`` for any other.
     """
 
     table: str
-    kind: str
-    data: pa.Table
+    rows: CheckedBatch
     diffs: I64 | None = None
+
+    @property
+    def kind(self) -> str:
+        """``append``, ``upsert``, ``delete`` or ``diff``."""
+        return self.rows.kind if self.diffs is None else "diff"
+
+    @property
+    def data(self) -> pa.Table:
+        """The rows, in the table's schema."""
+        return self.rows.data
 
     @property
     def nbytes(self) -> int:
@@ -78,7 +90,7 @@ class Part:
         own (a conformed batch, or rows taken from one), and ``nbytes`` works out the
         slice of each buffer a column uses, 8-55 µs for a 65,536-row batch, asked several
         times per batch (staging, in-flight bytes, metrics)."""
-        return int(self.data.get_total_buffer_size()) + (
+        return int(self.rows.data.get_total_buffer_size()) + (
             self.diffs.nbytes if self.diffs is not None else 0)
 
 
@@ -191,13 +203,6 @@ def _resolve(table: KeyedTable, parts: list[Part], refused: str) -> KeyedWrites:
 
 
 def _stage(table: object, part: Part) -> None:
-    """Stage one checked upsert, delete or append part into its table."""
-    if isinstance(table, KeyedTable):
-        if part.kind == "upsert":
-            table.upsert(part.data)
-        else:
-            assert part.kind == "delete", part.kind
-            table.delete(part.data)
-    else:
-        assert isinstance(table, AppendOnlyTable | RingTable) and part.kind == "append"
-        table.append(part.data)
+    """Stage one checked upsert, delete or append part into its table (no check again)."""
+    assert isinstance(table, SourceTable) and part.diffs is None, part.kind
+    table.stage(part.rows)
