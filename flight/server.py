@@ -31,9 +31,9 @@ import pyarrow as pa
 from grpc_health.v1 import health_pb2
 
 from engine.errors import InputError, ProtocolError
+from engine.errors import PortInUse as PortInUse
 from engine.graph import UpdateGraph
 from flight.durability.durable import Durability, RecoveryReport
-from flight.errors import PortInUse
 from flight.ingest.put import PutHandler
 from flight.ingest.staging import StagingArea
 from flight.limits import (

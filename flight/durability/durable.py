@@ -470,8 +470,9 @@ class Durability:
 
         Raises
         ------
-        flight.durability.checkpoint.CheckpointError, flight.durability.journal.JournalError
-            Damage that would lose acknowledged data: start-up stops, naming the file.
+        CheckpointError, JournalError
+            Damage that would lose acknowledged data: start-up stops, naming the file
+            (:class:`~engine.errors.CheckpointError`, :class:`~engine.errors.JournalError`).
         """
         assert self.journal is not None and self.data_dir is not None
         if self.graph.running:

@@ -24,7 +24,8 @@ once; the last batch id per stream and the results of committed write ids (for
 drops writes nobody committed or aborted within ``stage_ttl``.
 
 A write id the server does not know (nothing was ever held under it, and it was not
-committed, aborted or dropped within ``stage_ttl``) is refused with :class:`WriteNotFound`
+committed, aborted or dropped within ``stage_ttl``) is refused with
+:class:`~engine.errors.WriteNotFound`
 (NOT_FOUND) by a commit naming slots, or all of them, and by an abort: a mistyped write id
 must not look like a write that committed nothing. A commit naming no slot is an empty
 write whatever its id (a Spark job or micro-batch whose partitions were all empty). A
@@ -47,7 +48,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from engine.errors import InputError, LimitExceeded, Overloaded, TableNotFound
+from engine.errors import InputError, LimitExceeded, Overloaded
+from engine.errors import WriteNotFound as WriteNotFound
 from engine.graph import UpdateGraph
 from flight.ingest.parts import Part, PartWriter
 from flight.limits import limit_text, quoted
@@ -57,14 +59,6 @@ from flight.streams.registry import TableEntry, TableRegistry
 __all__ = ["StagingArea", "WriteNotFound"]
 
 log = logging.getLogger(__name__)
-
-
-class WriteNotFound(TableNotFound):
-    """No write of that id is known: nothing was held under it within ``stage_ttl``.
-
-    A subclass of :class:`~engine.errors.TableNotFound` so that the server's error table
-    (:mod:`flight.errors`) answers it NOT_FOUND, as any unknown name.
-    """
 
 
 @dataclass(slots=True)
