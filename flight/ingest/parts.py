@@ -89,7 +89,7 @@ class Part:
 
         ``get_total_buffer_size`` rather than Arrow's ``nbytes``: a part's buffers are its
         own (a conformed batch, or rows taken from one), and ``nbytes`` works out the
-        slice of each buffer a column uses, 8-55 µs for a 65,536-row batch, asked several
+        slice of each buffer a column uses, which costs far more, and is asked several
         times per batch (staging, in-flight bytes, metrics)."""
         return int(self.rows.data.get_total_buffer_size()) + (
             self.diffs.nbytes if self.diffs is not None else 0)
