@@ -253,7 +253,7 @@ def bench_cycles(rows: int, cycles: int) -> list[dict[str, Any]]:
         entry = d.create_table("src", SCHEMA, "keyed", keys=["Key"], capacity=0,
                                if_not_exists=False)
         src = entry.table
-        d.apply(entry, [Part("src", "upsert", batch(rng, np.arange(rows)))])
+        d.apply(entry, [Part("src", src.check_batch(batch(rng, np.arange(rows)), "upsert"))])
         graph.run_cycle()
         f = src.where(pc.field("Price") > 50)
         u = f.update(Notional=pc.field("Price") * pc.field("Qty"))
@@ -278,7 +278,8 @@ def bench_cycles(rows: int, cycles: int) -> list[dict[str, Any]]:
                 mod = rng.integers(0, rows, 1000)
                 new = np.arange(next_key, next_key + 1000)
                 next_key += 1000
-                d.apply(entry, [Part("src", "upsert", batch(rng, np.concatenate((mod, new))))])
+                d.apply(entry, [Part("src", src.check_batch(batch(rng, np.concatenate((mod, new))),
+                                                              "upsert"))])
                 t0 = time.perf_counter_ns()
                 graph.run_cycle()
                 samples.append(time.perf_counter_ns() - t0)

@@ -110,9 +110,9 @@ class Endpoint:
         """:meth:`connect` for one subscription stream: a fixed receive window
         (:data:`SUBSCRIPTION_WINDOW`) in place of gRPC's growing one, so a client whose
         callbacks are slow holds few messages in flight and the server composes the rest
-        into the next one (with gRPC's window a 1 s callback fell ever further behind:
-        35 s after 40 s; with this one it stays ~8 s behind, and a 2M-row snapshot over
-        loopback is no slower)."""
+        into the next one (with gRPC's window a slow callback falls ever further behind;
+        with this one its lag stays bounded, and a large snapshot over loopback is no
+        slower: ``bench/slow_reader.py``)."""
         return self._connect(SUBSCRIPTION_WINDOW)
 
     def _connect(self, options: Sequence[tuple[str, Any]]) -> tuple[fl.FlightClient, fl.FlightCallOptions]:

@@ -93,6 +93,8 @@ class KeyedTable(SourceTable):
     with equal hashes are two rows, like any other two keys.
     """
 
+    write_kinds = ("upsert", "delete")
+
     def __init__(self, graph: UpdateGraph, schema: Any, keys: list[str] | str, *, name: str | None = None) -> None:
         super().__init__(graph, schema, name=name)
         key_list = [keys] if isinstance(keys, str) else list(keys)
@@ -104,31 +106,48 @@ class KeyedTable(SourceTable):
         self._index = ExactKeyMap(exact_hash(self.schema, key_list))  # key -> row key
         self._row_keys = IdAllocator()  # a freed row key is reused from the next cycle on
 
+    def _checked(self, data: TableLike, kind: str) -> pa.Table:
+        t = conform(self.name, self.schema, data, columns=self.keys if kind == "delete" else None)
+        self._check_keys(t)
+        return t
+
+    def _key_columns(self) -> tuple[str, ...]:
+        return tuple(self.keys)
+
     def _check_keys(self, t: pa.Table) -> None:
         for k in self.keys:
             nulls = t.column(k).null_count
             if nulls:
-                raise InvalidKeyError(f"table {self.name!r}: key column {k!r} has {nulls} null value(s)")
+                raise InvalidKeyError(f"table {self.name!r}: key column {k!r} has {nulls} null "
+                                      f"value(s); keys may not be null")
 
     def upsert(self, data: TableLike) -> None:
         """Stage inserts-or-updates by key; all columns must be given.
 
+        :meth:`check_batch` (``"upsert"``) then :meth:`stage`.
+
         Raises
         ------
         SchemaError
-            If columns are missing, unknown or mistyped.
+            If columns are repeated, missing, unknown or mistyped.
         InvalidKeyError
             If a key column holds nulls.
         """
-        t = conform(self.name, self.schema, data)
-        self._check_keys(t)
-        self._stage("upsert", t)
+        self.stage(self.check_batch(data, "upsert"))
 
     def delete(self, keys: TableLike) -> None:
-        """Stage deletes; ``keys`` has exactly the key columns. Absent keys are ignored."""
-        t = conform(self.name, self.schema, keys, columns=self.keys)
-        self._check_keys(t)
-        self._stage("delete", t)
+        """Stage deletes; ``keys`` has exactly the key columns. Absent keys are ignored.
+
+        :meth:`check_batch` (``"delete"``) then :meth:`stage`.
+
+        Raises
+        ------
+        SchemaError
+            If the columns are not exactly the key columns, or one cannot be cast.
+        InvalidKeyError
+            If a key column holds nulls.
+        """
+        self.stage(self.check_batch(keys, "delete"))
 
     @contextmanager
     def write_lock(self) -> Iterator[None]:

@@ -1,14 +1,23 @@
-"""The base of source tables (:mod:`engine.sources`): staging of writes from any thread,
-taken by the next cycle, and the checks that turn what a writer passes (an Arrow table or
-batch, a pandas DataFrame, a dict of columns) into a table of the source's schema.
+"""The base of source tables (:mod:`engine.sources`): the one check a write passes, and
+staging of checked writes from any thread, taken by the next cycle.
+
+Every write is checked once, by :meth:`SourceTable.check_batch`: it turns what a writer
+passes (an Arrow table or batch, a pandas DataFrame, a dict of columns) into a
+:class:`CheckedBatch` of the table's schema, which :meth:`SourceTable.stage` takes as it
+is. The write methods (``append``, ``upsert``, ``delete``) are the two calls in a row; a
+server checks a batch when it arrives and stages it (or holds it for a commit) later.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
+from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 
@@ -17,14 +26,18 @@ from engine.columns import (
     WritableColumnSource,
     make_column_source,
 )
-from engine.errors import InputError, SchemaError
+from engine.errors import InputError, SchemaError, quoted
 from engine.rowset import KeyArray, RowSet
 from engine.table import Table
 
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
 
+__all__ = ["CheckedBatch", "SourceTable", "TableLike", "as_schema", "conform"]
+
 TableLike: TypeAlias = "pa.Table | pa.RecordBatch | pd.DataFrame | dict[str, Any]"
+
+_serials = itertools.count(1)  # one per source table: which table checked a batch
 
 
 def as_schema(schema: Any) -> pa.Schema:
@@ -56,13 +69,17 @@ def conform(table_name: str, schema: pa.Schema, data: TableLike, columns: list[s
     Raises
     ------
     SchemaError
-        Naming the missing, unexpected or mistyped columns.
+        Naming a repeated column, or the missing, unexpected or mistyped columns.
     """
     t = _to_arrow(data)
     if columns is None and t.schema.equals(schema, check_metadata=True):
-        return t  # already conformed (a writer's check before staging, say)
+        return t  # already conformed (rows read from a table of this schema, say)
     want = columns if columns is not None else schema.names
     have = t.column_names
+    if len(set(have)) < len(have):  # pyarrow cannot tell the columns apart (KeyError below)
+        column, n = next((c, n) for c, n in Counter(have).items() if n > 1)
+        raise SchemaError(f"table {quoted(table_name)}: column {quoted(column)} appears {n} "
+                          f"times; column names must be unique")
     missing = [c for c in want if c not in have]
     extra = [c for c in have if c not in want]
     if missing or extra:
@@ -88,15 +105,62 @@ def conform(table_name: str, schema: pa.Schema, data: TableLike, columns: list[s
     return pa.Table.from_arrays(arrays, schema=pa.schema([schema.field(n) for n in want]))
 
 
-class SourceTable(Table):
-    """The base of every source table: writers stage, the next cycle applies.
+@dataclass(frozen=True, slots=True)
+class CheckedBatch:
+    """Rows checked for one write into one source table: staged as they are.
 
-    A writer (any thread) checks its data, then stages it with :meth:`_stage`, which takes
-    only the table's staging lock. In the cycle, the table's ``_compute_update`` takes what
-    is staged with :meth:`_take_pending` and returns one update for all of it, applied in
-    the order it was staged. With a ``graph.cycle_gate`` (durability), the graph first
-    calls :meth:`_take_for_cycle` on every table, which sets the writes staged so far aside
-    for that cycle, so writes staged after it wait for the next one.
+    Made by :meth:`SourceTable.check_batch`, and by :meth:`take` and :meth:`deletes` from
+    one; :meth:`SourceTable.stage` does not check it again when given to the table that
+    checked it. Holds no reference to that table (a batch held for a commit does not keep
+    a dropped table alive).
+
+    Attributes
+    ----------
+    kind
+        The write: ``"append"``, ``"upsert"`` or ``"delete"``.
+    data
+        The rows in the table's schema: its columns in its order and types (a ``"delete"``:
+        the key columns only). Key columns hold no nulls.
+    keys
+        The table's key columns (none for an append-only or ring table).
+    checked_by
+        Which table checked it (a number of its own per source table).
+    """
+
+    kind: str
+    data: pa.Table
+    keys: tuple[str, ...]
+    checked_by: int
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.data.num_rows)
+
+    def take(self, rows: npt.NDArray[np.int64]) -> CheckedBatch:
+        """The write of the given rows only (row numbers of :attr:`data`), still checked."""
+        return CheckedBatch(self.kind, self.data.take(rows), self.keys, self.checked_by)
+
+    def deletes(self, rows: npt.NDArray[np.int64]) -> CheckedBatch:
+        """A ``"delete"`` of the keys of the given rows of this keyed write, still checked."""
+        assert self.keys, "a delete is of a keyed table's rows"
+        return CheckedBatch("delete", self.data.select(list(self.keys)).take(rows), self.keys,
+                            self.checked_by)
+
+
+class SourceTable(Table):
+    """A table whose rows writers stage from any thread, and the next cycle applies.
+
+    A write is checked once, by :meth:`check_batch`, then staged by :meth:`stage`; the
+    write methods of the subclasses (:meth:`~engine.sources.AppendOnlyTable.append`,
+    :meth:`~engine.sources.KeyedTable.upsert`, :meth:`~engine.sources.KeyedTable.delete`)
+    do both. A writer that checks a batch on arrival and stages it later (a server holding
+    it for a commit) calls them apart.
+
+    Staging takes only the table's staging lock. In the cycle, the table's
+    ``_compute_update`` takes what is staged with :meth:`_take_pending` and returns one update
+    for all of it, applied in the order it was staged. With a ``graph.cycle_gate``
+    (durability), the graph first calls :meth:`_take_for_cycle` on every table, which sets the
+    writes staged so far aside for that cycle, so writes staged after it wait for the next one.
 
     A subclass implements ``_compute_update`` (staged writes -> storage and a
     :class:`~engine.update.TableUpdate`) and :meth:`_restore` (a checkpoint's rows and row
@@ -104,6 +168,9 @@ class SourceTable(Table):
     :meth:`_export_extra` (what its next writes depend on besides the rows). Checkpoints
     go through :meth:`export_state` and :meth:`restore_state`.
     """
+
+    #: The writes this table takes: the ``kind`` of :meth:`check_batch`.
+    write_kinds: tuple[str, ...] = ("append",)
 
     def __init__(self, graph: UpdateGraph, schema: Any, *, name: str | None = None,
                  columns: dict[str, ColumnSource] | None = None) -> None:
@@ -117,6 +184,72 @@ class SourceTable(Table):
         self._pending_lock = threading.RLock()
         self._taken: list[tuple[str, pa.Table]] | None = None  # see _take_for_cycle
         self._writer: int | None = None  # thread holding write_lock()
+        self._serial = next(_serials)
+
+    # writes: checked once, then staged -----------------------------------------------
+    def check_batch(self, data: TableLike, kind: str) -> CheckedBatch:
+        """Check ``data`` for a ``kind`` write into this table; nothing is staged.
+
+        The one check of a write: column names are unique, the columns are the table's
+        (any order; types cast when the cast is safe: no overflow or loss), or exactly
+        its key columns for a ``"delete"``, and key columns hold no nulls.
+
+        Parameters
+        ----------
+        data
+            A pyarrow Table or RecordBatch, a pandas DataFrame or a dict of columns.
+        kind
+            One of :attr:`write_kinds`: ``"append"`` for an append-only or ring table,
+            ``"upsert"`` or ``"delete"`` for a keyed table.
+
+        Returns
+        -------
+        CheckedBatch
+            The rows in the table's schema, for :meth:`stage`.
+
+        Raises
+        ------
+        InputError
+            If the table does not take ``kind`` writes.
+        SchemaError
+            Naming the repeated, missing, unknown or mistyped column.
+        InvalidKeyError
+            If a key column holds nulls.
+
+        Examples
+        --------
+        >>> checked = t.check_batch({"k": [1], "v": [1.0]}, "upsert")
+        >>> t.stage(checked); graph.run_cycle()
+        """
+        if kind not in self.write_kinds:
+            raise InputError(f"table {quoted(self.name)} takes {' and '.join(self.write_kinds)} "
+                             f"writes, not {quoted(kind)}")
+        return CheckedBatch(kind, self._checked(data, kind), self._key_columns(), self._serial)
+
+    def _checked(self, data: TableLike, kind: str) -> pa.Table:
+        """``data`` conformed for a ``kind`` write (one of :attr:`write_kinds`)."""
+        return conform(self.name, self.schema, data)
+
+    def _key_columns(self) -> tuple[str, ...]:
+        return ()
+
+    def stage(self, batch: CheckedBatch) -> None:
+        """Stage a checked write for the next cycle.
+
+        Not checked again when this table checked it; a batch another table checked (a
+        write held for a commit while its table was dropped and created anew, say) is
+        checked against this one first.
+
+        Raises
+        ------
+        TableFailed
+            If the table failed in an earlier cycle.
+        InputError
+            Whatever :meth:`check_batch` raises, for a batch another table checked.
+        """
+        if batch.checked_by != self._serial:
+            batch = self.check_batch(batch.data, batch.kind)
+        self._stage(batch.kind, batch.data)
 
     @staticmethod
     def _new_column(type: pa.DataType) -> WritableColumnSource:

@@ -365,9 +365,9 @@ class _ArrowStore:
     """Append-only Arrow values in a few geometrically sized chunks (cheap ``take``).
 
     Chunks merge like a binary counter, but never into one of more than ``max_merge``
-    values: a merge copies both chunks, and merging two halves of a 40M-row string column
-    took 0.9 s in one cycle. Past that size chunks just accumulate (about one per
-    ``max_merge / 2`` values); a gather takes from each chunk it hits.
+    values: a merge copies both chunks, and the cycle that merges the two halves of a
+    large string column waits for that whole copy. Past that size chunks just accumulate
+    (about one per ``max_merge / 2`` values); a gather takes from each chunk it hits.
     """
 
     #: no merge makes a chunk larger than this (an append larger than it stays whole)

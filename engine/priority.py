@@ -1,12 +1,12 @@
 """The cycle thread's scheduling priority: real-time when the process may take it.
 
-A cycle is short (about a millisecond for a thousand-row upsert into a million-row keyed
-table) and every subscriber waits for it. On a machine it shares with other busy processes
-(a browser showing the web UI, a Spark executor), a normal thread that wakes for its cycle
-can wait a whole scheduler slice (1.4 ms on 2 cores) behind one of them, and lose the core
-to another in the middle of the cycle: measured with the web UI open in Chromium on the
-same 2 cores, that wait took the cycle's p99 to 1.7-2.4x of what it was with no page open
-(``bench/bench_web.py --cycle-priority normal``).
+A cycle is short (a thousand-row upsert into a million-row keyed table takes less than a
+scheduler slice) and every subscriber waits for it. On a machine it shares with other busy
+processes (a browser showing the web UI, a Spark executor), a normal thread that wakes for
+its cycle can wait a whole scheduler slice behind one of them, and lose the core to
+another in the middle of the cycle: with the web UI open in Chromium on the same cores,
+that wait shows in the cycle's p99 (``bench/bench_web.py --cycle-priority normal``;
+figures in bench/README.md).
 
 ``realtime`` puts the calling thread under ``SCHED_FIFO`` at priority 1, the lowest
 real-time one: it runs as soon as it wakes and keeps its core until it sleeps again, ahead

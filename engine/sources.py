@@ -1,8 +1,10 @@
 """Source tables: where changes enter the graph.
 
 Writes (``append``, ``upsert``, ``delete``) may come from any thread. They are checked at
-once — a bad batch raises and stages nothing — and applied together at the start of the
-next cycle, as one update.
+once, by :meth:`SourceTable.check_batch` — a bad batch raises and stages nothing — and
+applied together at the start of the next cycle, as one update. A writer may check a batch
+and stage the :class:`CheckedBatch` later (:meth:`SourceTable.stage`): it is not checked
+again.
 
 * :class:`SourceTable` — the base of them all: staging from any thread, taken by the next
   cycle, and checkpoints (``export_state``/``restore_state``).
@@ -35,8 +37,9 @@ import pyarrow as pa
 
 from engine._keyed import KeyedTable as KeyedTable
 from engine._keyed import KeyLookup as KeyLookup
+from engine._source import CheckedBatch as CheckedBatch
 from engine._source import SourceTable as SourceTable
-from engine._source import TableLike
+from engine._source import TableLike as TableLike
 from engine._source import as_schema as as_schema
 from engine._source import conform as conform
 from engine.columns import (
@@ -55,8 +58,8 @@ from engine.update import TableUpdate
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
 
-__all__ = ["AppendOnlyTable", "KeyLookup", "KeyedTable", "RingTable", "SourceTable", "TimerTable",
-           "as_schema", "conform"]
+__all__ = ["AppendOnlyTable", "CheckedBatch", "KeyLookup", "KeyedTable", "RingTable",
+           "SourceTable", "TableLike", "TimerTable", "as_schema", "conform"]
 
 
 class AppendOnlyTable(SourceTable):
@@ -76,12 +79,14 @@ class AppendOnlyTable(SourceTable):
     def append(self, data: TableLike) -> None:
         """Stage rows to appear in the next cycle.
 
+        :meth:`check_batch` (``"append"``) then :meth:`stage`.
+
         Raises
         ------
         SchemaError
-            If columns are missing, unknown or of a type that cannot be cast safely.
+            If columns are repeated, missing, unknown or of a type that cannot be cast safely.
         """
-        self._stage("append", conform(self.name, self.schema, data))
+        self.stage(self.check_batch(data, "append"))
 
     def _compute_update(self) -> TableUpdate | None:
         pending = self._take_pending()
@@ -128,8 +133,11 @@ class RingTable(SourceTable):
         self._next = 0
 
     def append(self, data: TableLike) -> None:
-        """Stage rows; if more than ``capacity`` arrive in one cycle only the newest stay."""
-        self._stage("append", conform(self.name, self.schema, data))
+        """Stage rows; if more than ``capacity`` arrive in one cycle only the newest stay.
+
+        :meth:`check_batch` (``"append"``) then :meth:`stage`.
+        """
+        self.stage(self.check_batch(data, "append"))
 
     def _compute_update(self) -> TableUpdate | None:
         pending = self._take_pending()

@@ -3,43 +3,58 @@
 Every service on the server (Arrow Flight, the TableService, on one port) answers an
 exception with the row of :data:`STATUSES` for the most specific class in the
 exception's MRO: that row's gRPC status code and a one-line message (:func:`grpc_status`,
-:func:`abort`).
+:func:`abort`). Every class of the tree (:mod:`engine.errors`) that the server raises has
+a row of its own or its parent's.
 
-=================  ===================  =========================================
-exception          gRPC status          a ``pyarrow.flight`` client raises
-=================  ===================  =========================================
-TableNotFound      NOT_FOUND            ``pyarrow.ArrowKeyError``
-TableExists        ALREADY_EXISTS       ``pyarrow.ArrowException``
-LimitExceeded      RESOURCE_EXHAUSTED   ``pyarrow.ArrowInvalid``
-InputError         INVALID_ARGUMENT     ``pyarrow.ArrowInvalid``
+===================  ===================  =========================================
+exception            gRPC status          a ``pyarrow.flight`` client raises
+===================  ===================  =========================================
+WriteNotFound        NOT_FOUND            ``pyarrow.ArrowKeyError``
+TableNotFound        NOT_FOUND            ``pyarrow.ArrowKeyError``
+TableExists          ALREADY_EXISTS       ``pyarrow.ArrowException``
+LimitExceeded        RESOURCE_EXHAUSTED   ``pyarrow.ArrowInvalid``
+InputError           INVALID_ARGUMENT     ``pyarrow.ArrowInvalid``
 (schema, key,
 expression,
 protocol)
-Unauthenticated    UNAUTHENTICATED      ``FlightUnauthenticatedError``
-PermissionDenied   PERMISSION_DENIED    ``FlightUnauthorizedError``
-AccessError        PERMISSION_DENIED    ``FlightUnauthorizedError``
-Overloaded         UNAVAILABLE          ``FlightUnavailableError``
-TableFailed        FAILED_PRECONDITION  ``pyarrow.ArrowInvalid``
-ServiceError       UNAVAILABLE          ``FlightUnavailableError``
-anything else      INTERNAL             ``FlightInternalError``
+Unauthenticated      UNAUTHENTICATED      ``FlightUnauthenticatedError``
+PermissionDenied     PERMISSION_DENIED    ``FlightUnauthorizedError``
+AccessError          PERMISSION_DENIED    ``FlightUnauthorizedError``
+Overloaded           UNAVAILABLE          ``FlightUnavailableError``
+TableFailed          FAILED_PRECONDITION  ``pyarrow.ArrowInvalid``
+PortInUse            UNAVAILABLE          ``FlightUnavailableError``
+JournalFull          UNAVAILABLE          ``FlightUnavailableError``
+JournalClosed        UNAVAILABLE          ``FlightUnavailableError``
+JournalUnavailable   UNAVAILABLE          ``FlightUnavailableError``
+ServiceError         UNAVAILABLE          ``FlightUnavailableError``
+JournalCorrupt       INTERNAL             ``FlightInternalError``
+JournalIncompatible  INTERNAL             ``FlightInternalError``
+JournalError         INTERNAL             ``FlightInternalError``
+CheckpointError      INTERNAL             ``FlightInternalError``
+LinkLost             INTERNAL             ``FlightInternalError``
+anything else        INTERNAL             ``FlightInternalError``
 (our bug)
-=================  ===================  =========================================
+===================  ===================  =========================================
 
 The last column is what pyarrow's Flight client makes of each code (it has no class of
 its own for ALREADY_EXISTS or FAILED_PRECONDITION); :func:`flight_error_for` builds the
 same exception from a gRPC status, so a Ticktable client raises one class per error
 whichever service answered.
 
-``Overloaded`` is UNAVAILABLE (not RESOURCE_EXHAUSTED): the standard "retry later" code.
+``Overloaded`` is UNAVAILABLE (not RESOURCE_EXHAUSTED): the standard "retry later" code,
+as for a journal that cannot write now (``JournalFull`` included: space may be freed).
 RESOURCE_EXHAUSTED is for ``LimitExceeded``: the client sent or holds more than a
 configured limit allows (:mod:`flight.limits`), and gRPC answers it too for a message
-larger than its receive limit.
+larger than its receive limit. The INTERNAL rows are the server's own state or process
+(a damaged journal or checkpoint stops start-up; the web UI's process lost the server):
+no call gets them in a server that runs, and were one to, its message, which names
+server paths, stays in the log as for a bug.
 
 Messages are the exception's own text on one line, at most :data:`MAX_MESSAGE` bytes as
 gRPC sends them (``grpc-message`` percent-encodes every byte that is not printable ASCII,
 so a character may cost up to 12): a longer one is cut, so it never reaches the client's
 limit on header sizes. An engine message names the table, column or key and the way out.
-For anything else the client gets only ``internal error, ref=<id>`` and the traceback is
+For INTERNAL the client gets only ``internal error, ref=<id>`` and the traceback is
 logged with that id. No traceback, file path or internal exception text reaches a
 client.
 """
@@ -60,15 +75,25 @@ import pyarrow.flight as flight
 
 from engine.errors import (
     AccessError,
+    CheckpointError,
     InputError,
+    JournalClosed,
+    JournalCorrupt,
+    JournalError,
+    JournalFull,
+    JournalIncompatible,
+    JournalUnavailable,
     LimitExceeded,
+    LinkLost,
     Overloaded,
     PermissionDenied,
+    PortInUse,
     ServiceError,
     TableExists,
     TableFailed,
     TableNotFound,
     Unauthenticated,
+    WriteNotFound,
 )
 
 __all__ = [
@@ -80,15 +105,8 @@ __all__ = [
     "again",
     "flight_error_for",
     "grpc_status",
-    "PortInUse",
     "status_of",
 ]
-
-
-class PortInUse(ServiceError):
-    """A port of the server (Flight, metrics, web UI) cannot be bound (in use by another
-    process, or not allowed)."""
-
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -122,6 +140,7 @@ _C = grpc.StatusCode
 
 #: The table (see the module docstring); :func:`status_of` picks the most specific row.
 STATUSES: tuple[Status, ...] = (
+    Status(WriteNotFound, _C.NOT_FOUND, pa.ArrowKeyError),
     Status(TableNotFound, _C.NOT_FOUND, pa.ArrowKeyError),
     Status(TableExists, _C.ALREADY_EXISTS, pa.ArrowException),
     Status(LimitExceeded, _C.RESOURCE_EXHAUSTED, pa.ArrowInvalid),
@@ -131,10 +150,21 @@ STATUSES: tuple[Status, ...] = (
     Status(AccessError, _C.PERMISSION_DENIED, flight.FlightUnauthorizedError),
     Status(Overloaded, _C.UNAVAILABLE, flight.FlightUnavailableError),
     Status(TableFailed, _C.FAILED_PRECONDITION, pa.ArrowInvalid),
+    Status(PortInUse, _C.UNAVAILABLE, flight.FlightUnavailableError),
+    Status(JournalFull, _C.UNAVAILABLE, flight.FlightUnavailableError),
+    Status(JournalClosed, _C.UNAVAILABLE, flight.FlightUnavailableError),
+    # its own row: its MRO has JournalError (INTERNAL) before ServiceError
+    Status(JournalUnavailable, _C.UNAVAILABLE, flight.FlightUnavailableError),
     Status(ServiceError, _C.UNAVAILABLE, flight.FlightUnavailableError),
+    Status(JournalCorrupt, _C.INTERNAL, flight.FlightInternalError),
+    Status(JournalIncompatible, _C.INTERNAL, flight.FlightInternalError),
+    Status(JournalError, _C.INTERNAL, flight.FlightInternalError),
+    Status(CheckpointError, _C.INTERNAL, flight.FlightInternalError),
+    Status(LinkLost, _C.INTERNAL, flight.FlightInternalError),
 )
 
-#: Anything without a row: our bug. Its message is replaced by a reference id.
+#: Anything without a row: our bug. Its message (as any INTERNAL row's) is replaced by a
+#: reference id.
 INTERNAL = Status(Exception, _C.INTERNAL, flight.FlightInternalError)
 
 _BY_CLASS: dict[type[BaseException], Status] = {s.error: s for s in STATUSES}
@@ -173,7 +203,7 @@ def _one_line(text: str) -> str:
 
 
 def _message(exc: BaseException, row: Status, where: str) -> str:
-    if row is INTERNAL:
+    if row.grpc == _C.INTERNAL:  # our side: the text stays in the log, under a reference
         ref = uuid.uuid4().hex[:12]
         log.error("unexpected error in %s (ref=%s)", where, ref, exc_info=exc)
         return f"internal error, ref={ref}; see the server log"

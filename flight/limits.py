@@ -34,10 +34,12 @@ with (:mod:`flight.durability.durable`): a restart with other limits neither los
 that was accepted nor brings back one that was refused.
 
 A message quotes at most the first 100 characters of a name the client sent
-(:func:`quoted`): a name may be megabytes.
+(:func:`~engine.errors.quoted`): a name may be megabytes.
 """
 
 from __future__ import annotations
+
+from engine.errors import quoted as quoted  # how a message quotes a name: one helper for all
 
 __all__ = ["FLAGS", "MAX_COLUMNS", "MAX_PUT_BATCH_BYTES", "MAX_STAGED_BYTES_PER_WRITE",
            "MAX_SUBSCRIPTIONS_PER_CLIENT", "MAX_TABLES", "MAX_VALUE_BYTES", "limit_text",
@@ -51,9 +53,6 @@ MAX_COLUMNS = 4096
 MAX_VALUE_BYTES = 64 << 20
 MAX_SUBSCRIPTIONS_PER_CLIENT = 1000
 MAX_STAGED_BYTES_PER_WRITE = 1 << 30
-
-#: How much of a client's name a message quotes (a name may be megabytes).
-_QUOTED = 100
 
 #: ServerConfig field -> the ``ticktable serve`` flag that sets it.
 FLAGS = {
@@ -80,18 +79,3 @@ def limit_text(setting: str, value: int) -> str:
     if flag is None:
         return f"the limit of {value} (ServerConfig.{setting})"
     return f"the limit of {value} ({setting}; ticktable serve {flag} N)"
-
-
-def quoted(text: str) -> str:
-    """``repr(text)`` for a message, cut to its first 100 characters when longer.
-
-    Examples
-    --------
-    >>> quoted("trades")
-    "'trades'"
-    >>> quoted("x" * 5_000_000)[-30:]
-    "xxxxx'... (5000000 characters)"
-    """
-    if len(text) <= _QUOTED:
-        return repr(text)
-    return f"{text[:_QUOTED]!r}... ({len(text)} characters)"

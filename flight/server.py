@@ -31,9 +31,9 @@ import pyarrow as pa
 from grpc_health.v1 import health_pb2
 
 from engine.errors import InputError, ProtocolError
+from engine.errors import PortInUse as PortInUse
 from engine.graph import UpdateGraph
 from flight.durability.durable import Durability, RecoveryReport
-from flight.errors import PortInUse
 from flight.ingest.put import PutHandler
 from flight.ingest.staging import StagingArea
 from flight.limits import (
@@ -77,11 +77,11 @@ def keep_freed_memory(trim_bytes: int = 256 << 20, mmap_bytes: int = 32 << 20) -
     Threads keep the heaps they allocate from, too. By default glibc gives each thread a
     heap of its own (a 64 MB mapping) and unmaps a heap as soon as all of it is free,
     whatever the trim threshold: a DoPut stream's messages, received on the event loop's
-    thread and freed after the cycle that applied them, came back to fresh pages in two of
-    three bench runs (the loop then took 886 us and 200 page faults per 65,536-row batch).
-    Threads created from now on share the heaps there are, and with a 64 MB top pad glibc
-    keeps an emptied heap mapped (it unmaps one only when the heap before it has that much
-    to spare): the loop then took 531-576 us and 7-9 faults per batch in three runs of three.
+    thread and freed after the cycle that applied them, came back to fresh pages, faulted
+    in one by one on the event loop. Threads created from now on share the heaps there
+    are, and with a 64 MB top pad glibc keeps an emptied heap mapped (it unmaps one only
+    when the heap before it has that much to spare): the next messages land in pages that
+    are already there (bench_flight's ingest section; figures in bench/README.md).
 
     Process-wide; call it before the server's threads start. A no-op (returning
     ``False``) where the C library is not glibc.

@@ -76,8 +76,9 @@ def distinct_key_order(keys: I64, end: int) -> npt.NDArray[np.intp]:
     """The permutation sorting ``keys``: distinct, non-negative and below ``end``.
 
     When the keys are dense enough (at least one in 16 of ``0 .. end - 1``), by scattering
-    their positions into an array of ``end`` and reading it back in key order: O(end),
-    against 80 ms for ``np.argsort`` of 1M random row keys. Otherwise ``np.argsort``.
+    their positions into an array of ``end`` and reading it back in key order: O(end)
+    and no comparison sort, which on random row keys is the larger cost. Otherwise
+    ``np.argsort``.
 
     Examples
     --------

@@ -15,14 +15,14 @@ larger: a 1 GiB reserve holds 128M int64 rows before its first copy.
 
 The mapping is advised as huge-page memory (``MADV_HUGEPAGE``), as numpy does for its own
 large arrays: on a VM a 4 KiB page fault costs about as much as zeroing the page, so a
-fresh 96 MB column written in 4 KiB pages took 4 times as long as in 2 MiB pages.
+fresh column written in 4 KiB pages takes several times as long as in 2 MiB pages.
 
 When the last view of a reserve is gone (its table was dropped, or it moved to a larger
 reserve), the mapping is not unmapped but kept for the next reserve, its written pages
 advised ``MADV_FREE``: the kernel takes them back only under memory pressure, and until
 then the next table writes into pages that are already there. On a VM a fresh page costs
-far more than a copy (here 1.9 GB/s to fill fresh memory against 25 GB/s warm), so a
-table made and filled per load would otherwise pay that for every row. At most
+far more than a copy (figures: bench/README.md), so a table made and filled per load would
+otherwise pay that for every row. At most
 :data:`POOL_MAPPINGS` mappings holding :data:`POOL_BYTES` written bytes are kept; a reused
 mapping's written part is zeroed as the array grows over it, so the result is the same
 as from fresh pages.
@@ -158,7 +158,7 @@ def grown(a: npt.NDArray[Any], n: int, fill: Any = 0) -> npt.NDArray[Any]:
     ``fill=None`` leaves the new elements as the memory holds them (the kernel's zeros, or
     what an earlier array wrote into a reused reserve): for a caller that writes each one
     before it reads it, such as an append-only column, which then writes its rows once
-    instead of zeroing them first (a sixth of an append cycle's time, measured).
+    instead of zeroing them first.
 
     Examples
     --------

@@ -253,7 +253,7 @@ def _confirm(probe: I64, rows: I64, key_hash: U64, probe_hash: U64) -> tuple[I64
 
 def argsort_u64(a: U64) -> I64:
     """A stable argsort of ``uint64`` values: LSD radix with numpy's 16-bit radix sort,
-    about half the time of a comparison sort from a few thousand values. Three passes
+    faster than a comparison sort from a few thousand values. Three passes
     order the top 48 bits; the rare runs that tie there are then ordered by the whole
     value (a stable sort of those rows alone)."""
     if a.size < 2048 or a.size > 1 << 17:  # past the caches, a comparison sort wins

@@ -6,8 +6,8 @@ by key hash; see :mod:`engine.differential.indexed`) in a *spine*, merged size-t
 once the last ``_FANOUT`` (4) batches are of one size class (``_FANOUT`` x apart, from
 ``_BASE`` rows), they are merged into one. Every update is merged ``O(log n)`` times and a
 lookup probes about ``_FANOUT`` batches per size class. (Merging two batches whenever the
-newer is half the older, the binary-counter policy, measured about twice the merge work
-per update in the upsert benchmark, for fewer batches to probe.) Merges *compact*: every
+newer is half the older, the binary-counter policy, does more merge work per update in
+the upsert benchmark, for fewer batches to probe: bench/README.md.) Merges *compact*: every
 time is advanced by the trace's compaction frontier (:func:`advance_times`) and equal
 (record, time) neighbours are summed, zeros dropped; accumulations at versions beyond the
 frontier are unchanged by this. Rows merged as equal are confirmed equal by value unless

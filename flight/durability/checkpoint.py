@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.errors import TicktableError
+from engine.errors import CheckpointError as CheckpointError
 
 __all__ = ["FORMAT", "ROW_KEY", "Checkpoint", "CheckpointError", "read_checkpoint",
            "write_checkpoint"]
@@ -40,10 +40,6 @@ log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the layout changes; a different version refuses to load
 ROW_KEY = "__row_key"
 _CURRENT = "CURRENT"
-
-
-class CheckpointError(TicktableError):
-    """A checkpoint on disk is missing, damaged or of another format (the message names it)."""
 
 
 @dataclass(frozen=True, slots=True)

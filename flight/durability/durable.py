@@ -59,6 +59,7 @@ import pyarrow as pa
 
 from engine.errors import InputError
 from engine.graph import UpdateGraph
+from engine.sources import SourceTable
 from flight.durability.checkpoint import ROW_KEY, read_checkpoint, write_checkpoint
 from flight.durability.journal import Journal
 from flight.durability.records import Blob, Chain, Record, ipc_bytes, read_ipc
@@ -112,8 +113,17 @@ def encode_parts(parts: list[Part]) -> tuple[list[dict[str, Any]], Blob]:
     return metas, b"".join(blobs)
 
 
-def decode_parts(metas: list[dict[str, Any]], payload: Blob) -> list[Part]:
-    """Inverse of :func:`encode_parts`."""
+def decode_parts(metas: list[dict[str, Any]], payload: Blob, registry: TableRegistry) -> list[Part]:
+    """Inverse of :func:`encode_parts`: each part's rows checked by its table in ``registry``
+    (:meth:`~engine.sources.SourceTable.check_batch`), as rows arriving from a client are.
+
+    Raises
+    ------
+    TableNotFound
+        If a part's table is not in ``registry``.
+    InputError
+        If it is not a source table, or its check refuses the rows.
+    """
     parts, at = [], 0
     for m in metas:  # one IPC stream per part
         data = read_ipc(memoryview(payload)[at: at + m["bytes"]])
@@ -122,7 +132,11 @@ def decode_parts(metas: list[dict[str, Any]], payload: Blob) -> list[Part]:
         if m["diffs"]:
             diffs = np.asarray(data.column(_DIFF).to_numpy(), dtype=np.int64)
             data = data.drop_columns([_DIFF])
-        parts.append(Part(m["table"], m["kind"], data, diffs))
+        table = registry.get(m["table"]).table
+        if not isinstance(table, SourceTable):
+            raise InputError(f"table {m['table']!r} is not a source table; it takes no writes")
+        kind = "upsert" if diffs is not None else m["kind"]  # a diff's rows: an upsert's
+        parts.append(Part(m["table"], table.check_batch(data, kind), diffs))
     return parts
 
 
@@ -456,8 +470,9 @@ class Durability:
 
         Raises
         ------
-        flight.durability.checkpoint.CheckpointError, flight.durability.journal.JournalError
-            Damage that would lose acknowledged data: start-up stops, naming the file.
+        CheckpointError, JournalError
+            Damage that would lose acknowledged data: start-up stops, naming the file
+            (:class:`~engine.errors.CheckpointError`, :class:`~engine.errors.JournalError`).
         """
         assert self.journal is not None and self.data_dir is not None
         if self.graph.running:
@@ -556,10 +571,11 @@ class Durability:
         if kind == "apply":
             assert rec.table is not None
             self.staging.apply(self.registry.get(rec.table),
-                               decode_parts(meta["parts"], rec.payload))
+                               decode_parts(meta["parts"], rec.payload, self.registry))
         elif kind == "hold":
             self.staging.hold(meta["write_id"], (int(meta["slot"][0]), int(meta["slot"][1])),
-                              decode_parts(meta["parts"], rec.payload), int(meta["rows"]))
+                              decode_parts(meta["parts"], rec.payload, self.registry),
+                              int(meta["rows"]))
             self._holds.setdefault(meta["write_id"], set()).add(rec.seq)
         elif kind == "commit":
             req = pb.CommitRequest()

@@ -39,7 +39,8 @@ Contract, relied on by the server and by replay:
 
 Threads: any thread may append and read; one flusher thread owns the write connection and
 runs ``apply``; each read opens its own connection (WAL readers never block the writer).
-The files, the error tree and the checks at open are in :mod:`flight.durability.journal_files`; the
+The files and the checks at open are in :mod:`flight.durability.journal_files`, the errors
+in the one tree of :mod:`engine.errors` (re-exported here); the
 values callers pass and read back (:class:`DedupeUpdate`, :class:`Chain`, :class:`Record`,
 :class:`JournalStats`, ``Blob``) and the payload encoding are in :mod:`flight.durability.records`.
 """
@@ -58,16 +59,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.errors import JournalClosed as JournalClosed
+from engine.errors import JournalCorrupt as JournalCorrupt
+from engine.errors import JournalError as JournalError
+from engine.errors import JournalFull as JournalFull
+from engine.errors import JournalIncompatible as JournalIncompatible
+from engine.errors import JournalUnavailable as JournalUnavailable
 from flight.durability import journal_files as _fmt
 from flight.durability import payloads as _payloads
 from flight.durability.journal_files import FILENAME as FILENAME
 from flight.durability.journal_files import VERSION as VERSION
-from flight.durability.journal_files import JournalClosed as JournalClosed
-from flight.durability.journal_files import JournalCorrupt as JournalCorrupt
-from flight.durability.journal_files import JournalError as JournalError
-from flight.durability.journal_files import JournalFull as JournalFull
-from flight.durability.journal_files import JournalIncompatible as JournalIncompatible
-from flight.durability.journal_files import JournalUnavailable as JournalUnavailable
 from flight.durability.records import Blob, Chain, DedupeUpdate, JournalStats, Record
 
 __all__ = [

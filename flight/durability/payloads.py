@@ -6,12 +6,12 @@ stored in SQLite: it is appended to the current file of ``<data dir>/payloads/``
 ``(seg, off, size)`` instead; its CRC is CRC32C (:func:`flight.durability.journal_files.body_crc`).
 
 Why: SQLite writes a large blob twice (into the WAL, then into the database at the WAL's
-checkpoint, stalling the flusher about 0.1 s per 64 MiB) and copies it through its page
-cache: 5-12 ms to commit one 2.3 MB batch (64K rows), where a payload file takes 1-2 ms.
-Each payload starts at a multiple of :data:`ALIGN`; one that
+checkpoint, stalling the flusher meanwhile) and copies it through its page cache:
+committing a batch that way takes several times what writing it to a payload file takes
+(figures: bench/README.md). Each payload starts at a multiple of :data:`ALIGN`; one that
 :func:`flight.durability.records.ipc_bytes` laid out in aligned, padded memory is written
-with ``O_DIRECT`` (DMA from that memory, no copy into the page cache: 0.1 ms of CPU per
-batch instead of 0.6-0.8 ms, measured here), any other through the page cache.
+with ``O_DIRECT`` (DMA from that memory, no copy into the page cache, a fraction of the
+CPU), any other through the page cache.
 Filesystems without ``O_DIRECT`` (tmpfs) get the page cache for all.
 
 The database stays the single source of truth and the commit point:

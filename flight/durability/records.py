@@ -103,15 +103,15 @@ class JournalStats:
 def ipc_bytes(data: pa.Table | pa.RecordBatch) -> pa.Buffer:
     """Serialize ``data`` as one Arrow IPC stream, for a record's ``payload``.
 
-    Uncompressed: LZ4 cost the writer's thread 1.9 ms per 64K-row batch (2.3 MB) to save
-    a third of a write that a payload file takes in about 1 ms. Returns a
-    ``pyarrow.Buffer``: bytes-like, the journal takes it without a copy into ``bytes``.
+    Uncompressed: LZ4 costs the writer's thread more than it saves of the payload file's
+    write (bench/README.md). Returns a ``pyarrow.Buffer``: bytes-like, the journal takes
+    it without a copy into ``bytes``.
 
     A stream of :data:`~flight.durability.payloads.EXTERNAL_MIN_BYTES` or more (bound for a
     payload file) is written into page-aligned memory and zero-padded to a multiple of
     :data:`~flight.durability.payloads.ALIGN` (Arrow readers stop at the end-of-stream
     marker), so the journal can write it with ``O_DIRECT``: no copy into the page cache,
-    0.1 ms of CPU per 2.3 MB batch instead of 0.6-0.8 ms.
+    and a fraction of the CPU a write through it takes.
     """
     if data.nbytes < _payloads.EXTERNAL_MIN_BYTES:
         sink = pa.BufferOutputStream()

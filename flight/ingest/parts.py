@@ -1,13 +1,19 @@
-"""Publishing checked writes into tables: :class:`Part`, and staging parts under the locks.
+"""Checked writes into their tables: :class:`Part`, and the :class:`PartWriter` that stages
+parts under the graph's and tables' locks.
 
-:mod:`flight.ingest.staging` holds, commits and forgets writes, under its own mutex; this module is
-where their :class:`Part` s land in the registry's tables (DESIGN.md §5), through
-:class:`PartStaging`, the base of :class:`~flight.ingest.staging.StagingArea`:
+:mod:`flight.ingest.staging` holds, commits and forgets writes, under its own mutex; this
+module is where their :class:`Part` s land in the registry's tables (DESIGN.md §5),
+through the :class:`PartWriter` a :class:`~flight.ingest.staging.StagingArea` holds:
 
 * the parts of one batch without a ``write_id``, into their table at once
-  (:meth:`PartStaging.apply`, :meth:`PartStaging.submit`): visible after the next cycle;
+  (:meth:`PartWriter.apply`, :meth:`PartWriter.submit`): visible after the next cycle;
 * the parts of the chosen slots of one commit, in one critical section holding the graph's
-  exclusive lock (:meth:`PartStaging._publish`), so one cycle applies them all, across tables.
+  exclusive lock (:meth:`PartWriter.write_commit`), so one cycle applies them all, across
+  tables.
+
+A part's rows were checked once, by their table
+(:meth:`~engine.sources.SourceTable.check_batch`), when the batch arrived; staging them
+does not check them again (:meth:`~engine.sources.SourceTable.stage`).
 
 A DIFF part (differential triples) is resolved into upserts and deletes by
 :func:`engine.differential.resolve.resolve_triples`, against the key's current row
@@ -39,14 +45,12 @@ import pyarrow as pa
 from engine.differential.resolve import KeyedWrites, resolve_triples
 from engine.differential.zset import ZSet
 from engine.errors import InputError, TableFailed
-from engine.graph import UpdateGraph
-from engine.sources import AppendOnlyTable, KeyedTable, RingTable
+from engine.sources import CheckedBatch, KeyedTable, SourceTable
 from flight.streams.registry import TableEntry, TableRegistry
 
-__all__ = ["Part", "PartStaging"]
+__all__ = ["Part", "PartWriter"]
 
 I64 = npt.NDArray[np.int64]
-KINDS = ("append", "upsert", "delete", "diff")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,18 +61,27 @@ class Part:
     ----------
     table
         The table's name.
-    kind
-        ``append``, ``upsert``, ``delete`` (``data`` has the key columns only) or ``diff``.
-    data
-        The rows, conformed to the table's schema.
+    rows
+        The rows, checked by the table (:meth:`~engine.sources.SourceTable.check_batch`):
+        an ``append``, ``upsert`` or ``delete`` (the key columns only); a ``diff`` part's
+        rows are checked as an ``upsert``'s.
     diffs
-        The weight per row of a ``diff`` part.
+        The weight per row of a ``diff`` part; ``None`` for any other.
     """
 
     table: str
-    kind: str
-    data: pa.Table
+    rows: CheckedBatch
     diffs: I64 | None = None
+
+    @property
+    def kind(self) -> str:
+        """``append``, ``upsert``, ``delete`` or ``diff``."""
+        return self.rows.kind if self.diffs is None else "diff"
+
+    @property
+    def data(self) -> pa.Table:
+        """The rows, in the table's schema."""
+        return self.rows.data
 
     @property
     def nbytes(self) -> int:
@@ -76,28 +89,29 @@ class Part:
 
         ``get_total_buffer_size`` rather than Arrow's ``nbytes``: a part's buffers are its
         own (a conformed batch, or rows taken from one), and ``nbytes`` works out the
-        slice of each buffer a column uses, 8-55 µs for a 65,536-row batch, asked several
+        slice of each buffer a column uses, which costs far more, and is asked several
         times per batch (staging, in-flight bytes, metrics)."""
-        return int(self.data.get_total_buffer_size()) + (
+        return int(self.rows.data.get_total_buffer_size()) + (
             self.diffs.nbytes if self.diffs is not None else 0)
 
 
-class PartStaging:
-    """Stages checked parts into the registry's tables: one batch at once, or a commit's parts.
+class PartWriter:
+    """Writes checked parts into the registry's tables: one batch at once, or a commit's parts.
 
-    The base of :class:`~flight.ingest.staging.StagingArea`, which sets :attr:`registry` and
-    :attr:`graph`. Takes the graph's and the tables' locks, never the StagingArea's mutex.
+    Takes the graph's and the tables' locks; a :class:`~flight.ingest.staging.StagingArea`
+    holds one and calls it without holding its own mutex.
+
+    Parameters
+    ----------
+    registry
+        The server's tables.
     """
 
-    registry: TableRegistry
-    graph: UpdateGraph
+    def __init__(self, registry: TableRegistry) -> None:
+        self.registry = registry
+        self.graph = registry.graph
 
     # writes without a write id --------------------------------------------------------------
-    @property
-    def synchronous(self) -> bool:
-        """Always: :meth:`submit` applies at once (see :class:`flight.ingest.put.Stager`)."""
-        return True
-
     def apply(self, entry: TableEntry, parts: list[Part]) -> None:
         """Stage the parts of one batch into ``entry``'s table for its next cycle, atomically.
 
@@ -136,8 +150,24 @@ class PartStaging:
         return out
 
     # the parts of a commit ------------------------------------------------------------------
-    def _publish(self, write_id: str, parts: list[Part]) -> int:
-        """Stage ``parts`` in one critical section; returns the step of the cycle applying them."""
+    def write_commit(self, write_id: str, parts: list[Part]) -> int:
+        """Stage the parts of a commit in one critical section; returns the step of the
+        cycle that applies them.
+
+        All of them are staged while holding the graph's exclusive lock, so the next cycle
+        applies them all, across tables; DIFF parts are resolved first, against their
+        tables' rows with the writes staged before folded in.
+
+        Raises
+        ------
+        TableFailed
+            If a table of the parts failed in an earlier cycle; nothing is staged.
+        InputError
+            If a commit mixes DIFF with other modes for one table, or a DIFF part is not a
+            valid change of its table; nothing is staged.
+        TableNotFound
+            If a table of the parts was dropped.
+        """
         if not parts:
             return self.graph.step
         names = list(dict.fromkeys(p.table for p in parts))
@@ -191,13 +221,6 @@ def _resolve(table: KeyedTable, parts: list[Part], refused: str) -> KeyedWrites:
 
 
 def _stage(table: object, part: Part) -> None:
-    """Stage one checked upsert, delete or append part into its table."""
-    if isinstance(table, KeyedTable):
-        if part.kind == "upsert":
-            table.upsert(part.data)
-        else:
-            assert part.kind == "delete", part.kind
-            table.delete(part.data)
-    else:
-        assert isinstance(table, AppendOnlyTable | RingTable) and part.kind == "append"
-        table.append(part.data)
+    """Stage one checked upsert, delete or append part into its table (no check again)."""
+    assert isinstance(table, SourceTable) and part.diffs is None, part.kind
+    table.stage(part.rows)

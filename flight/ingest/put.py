@@ -2,8 +2,9 @@
 
 A write flows once through :class:`PutHandler`: **decode** (the ``PutRequest`` in the
 first message's ``app_metadata``; each record batch, within the size limits), **check**
-(the mode fits the table, columns conform to its schema, keys are not null, the reserved
-columns parse), **stage or hold** (:class:`~flight.ingest.staging.StagingArea`: into the table's
+(the mode fits the table, values within the size limit, the reserved columns parse; the
+rows are checked once, by the table: :meth:`~engine.sources.SourceTable.check_batch`),
+**stage or hold** (:class:`~flight.ingest.staging.StagingArea`: into the table's
 next cycle, or into a stage slot until commit), **acknowledge** (one ``PutAck`` per batch,
 after it was staged or held). A bad batch raises and nothing of it is staged; the batches
 before it stay. The handler never runs a cycle.
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, Protocol
@@ -45,12 +46,12 @@ import pyarrow.flight as flight
 from engine._kernels.arrays import aligned_table
 from engine.differential.upsert import DELETE
 from engine.differential.zset import DIFF, TIME
-from engine.errors import InputError, InvalidKeyError, LimitExceeded, ProtocolError, SchemaError
-from engine.sources import AppendOnlyTable, KeyedTable, RingTable, conform
+from engine.errors import InputError, LimitExceeded, ProtocolError, SchemaError
+from engine.sources import AppendOnlyTable, CheckedBatch, KeyedTable, RingTable, SourceTable
 from flight.durability.records import Chain
 from flight.ingest.parts import Part
 from flight.ingest.value_sizes import check_values
-from flight.limits import limit_text, quoted
+from flight.limits import limit_text
 from flight.pb import flight_pb2 as pb
 from flight.rpc.requests import check_metadata_size, parse, table_name
 from flight.streams.registry import TableEntry, TableRegistry
@@ -365,6 +366,10 @@ def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table, 
                 max_value_bytes: int | None = None) -> list[Part]:
     """Check one batch and turn it into parts to stage together (nothing is staged here).
 
+    This takes what the mode adds to the rows (the ``__delete`` marker, the ``__diff``
+    weight, a ``__time`` column) and checks value sizes; the rows are checked once, by the
+    table (:meth:`~engine.sources.SourceTable.check_batch`), and staged as checked.
+
     Raises
     ------
     LimitExceeded
@@ -375,43 +380,42 @@ def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table, 
         If a key column holds nulls.
     """
     name, table = entry.name, entry.table
+    assert isinstance(table, SourceTable), "check_mode lets only source tables through"
     data = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-    for column, n in Counter(data.column_names).items():
-        if n > 1:  # pyarrow cannot tell the columns apart (KeyError when conforming them)
-            raise SchemaError(f"table {quoted(name)}: column {quoted(column)} appears {n} times; "
-                              f"column names must be unique")
     check_values(name, data, max_value_bytes)
-    if kind == "append":
-        return [Part(name, "append", conform(name, table.schema, data))]
-    assert isinstance(table, KeyedTable)
-    keys = list(table.keys)
-    if kind == "delete":
-        t = conform(name, table.schema, data, columns=keys)
-        _check_keys(name, t, keys)
-        return [Part(name, "delete", t)]
+    if kind in ("append", "delete"):
+        return [Part(name, table.check_batch(data, kind))]
     if kind == "upsert":
-        flags = None
-        if DELETE in data.column_names:
-            flags = _bool_column(name, data, DELETE)
-            data = data.drop_columns([DELETE])
-        t = conform(name, table.schema, data)
-        _check_keys(name, t, keys)
+        data, marker = _reserved(data, DELETE)
+        flags = None if marker is None else _bool_column(name, marker, DELETE)
+        rows = table.check_batch(data, "upsert")
         if flags is None or not flags.any():
-            return [Part(name, "upsert", t)]  # the keyed table itself is last-wins
-        return _split_upsert_delete(name, table, t, flags)
+            return [Part(name, rows)]  # the keyed table itself is last-wins
+        return _split_upsert_delete(name, rows, flags)
     # diff
-    if DIFF not in data.column_names:
+    data, weights = _reserved(data, DIFF)
+    if weights is None and DIFF not in data.column_names:
         raise SchemaError(f"table {name!r}: a PUT_MODE_DIFF batch needs an int64 weight column "
                           f"{DIFF!r} (has: {data.column_names})")
-    diffs = _int_column(name, data, DIFF)
-    data = data.drop_columns([c for c in (DIFF, TIME) if c in data.column_names])
-    t = conform(name, table.schema, data)
-    _check_keys(name, t, keys)
-    return [Part(name, "diff", t, diffs)]
+    diffs = None if weights is None else _int_column(name, weights, DIFF)
+    data, _ = _reserved(data, TIME)
+    rows = table.check_batch(data, "upsert")  # refuses a repeated __diff too
+    assert diffs is not None
+    return [Part(name, rows, diffs)]
 
 
-def _bool_column(table: str, data: pa.Table, column: str) -> npt.NDArray[np.bool_]:
-    col = data.column(column)
+def _reserved(data: pa.Table, column: str) -> tuple[pa.Table, pa.ChunkedArray | None]:
+    """``data`` without the reserved ``column``, and that column (``None``: absent).
+
+    A column named more than once stays in ``data``, for the table's check to refuse.
+    """
+    i = data.schema.get_field_index(column)  # -1: absent, or named more than once
+    if i < 0:
+        return data, None
+    return data.remove_column(i), data.column(i)
+
+
+def _bool_column(table: str, col: pa.ChunkedArray, column: str) -> npt.NDArray[np.bool_]:
     if not pa.types.is_boolean(col.type):
         raise SchemaError(f"table {table!r}: column {column!r} has type {col.type}, expected bool "
                           f"(true marks a row whose key is deleted)")
@@ -419,8 +423,7 @@ def _bool_column(table: str, data: pa.Table, column: str) -> npt.NDArray[np.bool
     return np.asarray(col.to_numpy(), dtype=bool)
 
 
-def _int_column(table: str, data: pa.Table, column: str) -> I64:
-    col = data.column(column)
+def _int_column(table: str, col: pa.ChunkedArray, column: str) -> I64:
     if not pa.types.is_integer(col.type):
         raise SchemaError(f"table {table!r}: column {column!r} has type {col.type}, expected int64")
     if col.null_count:
@@ -434,26 +437,18 @@ def _int_column(table: str, data: pa.Table, column: str) -> I64:
     return np.asarray(col.to_numpy(), dtype=np.int64)
 
 
-def _check_keys(table: str, data: pa.Table, keys: list[str]) -> None:
-    for k in keys:
-        nulls = data.column(k).null_count
-        if nulls:
-            raise InvalidKeyError(f"table {table!r}: key column {k!r} has {nulls} null value(s); "
-                                  f"keys may not be null")
-
-
-def _split_upsert_delete(name: str, table: KeyedTable, data: pa.Table,
+def _split_upsert_delete(name: str, rows: CheckedBatch,
                          deleted: npt.NDArray[np.bool_]) -> list[Part]:
     """An upsert batch with ``__delete`` rows: the last row per key decides.
 
     Keys are grouped by Arrow's hash aggregation, which compares the key values exactly.
     Returns an upsert and a delete part on disjoint keys, so their order does not matter.
     """
-    keys = list(table.keys)
-    key_cols = data.select(keys)
+    keys = list(rows.keys)
+    data = rows.data
     row = "__ticktable_row"
     try:  # Acero's aggregation may assume aligned keys, and a decoded body may not be
-        last = (aligned_table(key_cols).append_column(row, pa.array(np.arange(data.num_rows, dtype=np.int64)))
+        last = (aligned_table(data.select(keys)).append_column(row, pa.array(np.arange(data.num_rows, dtype=np.int64)))
                 .group_by(keys, use_threads=False).aggregate([(row, "max")])
                 .column(f"{row}_max").to_numpy())
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
@@ -465,7 +460,7 @@ def _split_upsert_delete(name: str, table: KeyedTable, data: pa.Table,
     ups, dels = last[~is_del], last[is_del]
     out = []
     if ups.size:
-        out.append(Part(name, "upsert", data.take(ups)))
+        out.append(Part(name, rows.take(ups)))
     if dels.size:
-        out.append(Part(name, "delete", key_cols.take(dels)))
+        out.append(Part(name, rows.deletes(dels)))
     return out

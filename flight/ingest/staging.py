@@ -6,15 +6,15 @@ the :class:`StagingArea` puts them where they belong (DESIGN.md §5):
 * without a ``write_id``, into their table at once (:meth:`StagingArea.apply`): visible
   after the next cycle;
 * with one, into the stage slot ``(write_id, partition, attempt)``
-  (:meth:`StagingArea.hold`), invisible until :meth:`StagingArea.commit` publishes the
-  chosen slots, all of them while holding the graph's exclusive lock, so one cycle applies
-  them all, across tables. The write's other slots (failed task attempts) are dropped.
+  (:meth:`StagingArea.hold`), invisible until :meth:`StagingArea.commit` writes the
+  chosen slots into their tables, all of them while holding the graph's exclusive lock, so
+  one cycle applies them all, across tables. The write's other slots (failed task
+  attempts) are dropped.
 
 This module keeps the bookkeeping of writes: their stage slots, the commit decision, the
 write ids remembered once finished, and expiry. How parts land in their tables (DIFF parts
 resolved against the rows staged before them, under the graph's and the tables' locks) is
-:mod:`flight.ingest.parts`, whose :class:`~flight.ingest.parts.PartStaging` is the base of
-:class:`StagingArea`.
+the :class:`~flight.ingest.parts.PartWriter` a :class:`StagingArea` holds and calls.
 
 A commit returns once the cycle that applies it has finished when the graph runs
 periodically (``CommitResult.step`` is that cycle); in manual mode it returns at once with
@@ -24,7 +24,8 @@ once; the last batch id per stream and the results of committed write ids (for
 drops writes nobody committed or aborted within ``stage_ttl``.
 
 A write id the server does not know (nothing was ever held under it, and it was not
-committed, aborted or dropped within ``stage_ttl``) is refused with :class:`WriteNotFound`
+committed, aborted or dropped within ``stage_ttl``) is refused with
+:class:`~engine.errors.WriteNotFound`
 (NOT_FOUND) by a commit naming slots, or all of them, and by an abort: a mistyped write id
 must not look like a write that committed nothing. A commit naming no slot is an empty
 write whatever its id (a Spark job or micro-batch whose partitions were all empty). A
@@ -44,26 +45,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from engine.errors import InputError, LimitExceeded, Overloaded, TableNotFound
+from engine.errors import InputError, LimitExceeded, Overloaded
+from engine.errors import WriteNotFound as WriteNotFound
 from engine.graph import UpdateGraph
-from flight.ingest.parts import Part, PartStaging
+from flight.ingest.parts import Part, PartWriter
 from flight.limits import limit_text, quoted
 from flight.pb import flight_pb2 as pb
-from flight.streams.registry import TableRegistry
+from flight.streams.registry import TableEntry, TableRegistry
 
 __all__ = ["StagingArea", "WriteNotFound"]
 
 log = logging.getLogger(__name__)
-
-
-class WriteNotFound(TableNotFound):
-    """No write of that id is known: nothing was held under it within ``stage_ttl``.
-
-    A subclass of :class:`~engine.errors.TableNotFound` so that the server's error table
-    (:mod:`flight.errors`) answers it NOT_FOUND, as any unknown name.
-    """
 
 
 @dataclass(slots=True)
@@ -84,11 +79,12 @@ class _Write:
         return sum(s.nbytes for s in self.slots.values())
 
 
-class StagingArea(PartStaging):
+class StagingArea:
     """Stages checked writes into the registry's tables; holds and commits staged writes.
 
-    Staging into tables (:meth:`apply`, :meth:`submit`, and a commit's critical section)
-    is :class:`~flight.ingest.parts.PartStaging`'s; this class keeps the writes' bookkeeping.
+    Writing parts into tables (:meth:`apply`, :meth:`submit`, and a commit's critical
+    section) is done by :attr:`writer`, a :class:`~flight.ingest.parts.PartWriter`; this
+    class keeps the writes' bookkeeping.
 
     Thread-safe: every DoPut stream and action runs on its own thread.
 
@@ -115,6 +111,8 @@ class StagingArea(PartStaging):
                  commit_timeout: float = 60.0) -> None:
         self.registry = registry
         self.graph: UpdateGraph = registry.graph
+        #: Writes checked parts into their tables, under the graph's and the tables' locks.
+        self.writer = PartWriter(registry)
         self.stage_ttl = stage_ttl
         self.max_staged_bytes = max_staged_bytes
         self.max_staged_bytes_per_write = max_staged_bytes_per_write
@@ -135,6 +133,31 @@ class StagingArea(PartStaging):
         #: Carries out what :meth:`expire` decided (:meth:`forget`); a durable server journals
         #: it first, since a replay cannot decide by the clock again.
         self.forgetter: Callable[[list[str], list[str], list[str], list[str]], int] = self.forget
+
+    # writes without a write id --------------------------------------------------------------
+    @property
+    def synchronous(self) -> bool:
+        """Always: :meth:`submit` applies at once (see :class:`flight.ingest.put.Stager`)."""
+        return True
+
+    def apply(self, entry: TableEntry, parts: list[Part]) -> None:
+        """Stage the parts of one batch into ``entry``'s table for its next cycle, atomically
+        (:meth:`PartWriter.apply <flight.ingest.parts.PartWriter.apply>`).
+
+        Raises
+        ------
+        InputError
+            If a DIFF part is not a valid change of the table (naming table and key); nothing
+            of the batch is staged.
+        TableFailed
+            If the table failed in an earlier cycle.
+        """
+        self.writer.apply(entry, parts)
+
+    def submit(self, entry: TableEntry, parts: list[Part], chain: object = None) -> Future[None]:
+        """:meth:`apply` at once, its outcome as a done future (the in-memory side of
+        :meth:`flight.durability.durable.Durability.submit`; ``chain`` is not needed here)."""
+        return self.writer.submit(entry, parts, chain)
 
     # stage slots ----------------------------------------------------------------------------
     def hold(self, write_id: str, slot: tuple[int, int], parts: list[Part], rows: int) -> None:
@@ -184,13 +207,13 @@ class StagingArea(PartStaging):
             self._staged_bytes += nbytes
 
     def commit(self, request: pb.CommitRequest, *, wait: bool | None = None) -> pb.CommitResult:
-        """Publish the chosen slots of a staged write atomically, in one cycle.
+        """Write the chosen slots of a staged write into their tables atomically, in one cycle.
 
         The chosen slots (``slots``, or every slot with ``all_slots``) are staged into their
         tables in (partition, attempt) order while holding the graph's exclusive lock, so the
         next cycle applies all of them; the write's other slots are dropped. DIFF parts are
         checked now, against their tables' rows with the writes staged before folded in. On
-        any error nothing is published and the write stays open (abort it, or let it expire).
+        any error nothing is staged and the write stays open (abort it, or let it expire).
 
         With ``stream_id`` and ``has_batch`` the commit is a streaming micro-batch: if
         ``batch_id`` is not above the last one committed for ``stream_id``, the stages are
@@ -210,7 +233,7 @@ class StagingArea(PartStaging):
         Returns
         -------
         pb.CommitResult
-            ``rows`` published, ``applied``, and ``step``: the cycle that makes it visible.
+            ``rows`` committed, ``applied``, and ``step``: the cycle that makes it visible.
 
         Raises
         ------
@@ -284,7 +307,7 @@ class StagingArea(PartStaging):
             if write is not None:
                 write.committing = True
         try:
-            step = self._publish(write_id, parts)
+            step = self.writer.write_commit(write_id, parts)
         except BaseException:
             with self._lock:
                 if write is not None:

@@ -4,9 +4,9 @@ Why ``grpc.aio``. With grpcio's sync server every message a stream sends costs i
 handler thread a round trip through gRPC's completion-queue thread (start the write, wait
 to be told it is done), so fifty subscribers mean fifty threads taking turns at the GIL
 for every delta. On ``grpc.aio`` one event loop writes every stream: a fan-out hands a
-delta to the loop once per stream and the loop writes them all
-(``bench/bench_aio.py``: half the server CPU per message, and 100 subscribers' p99 11 ms
-against 91 ms).
+delta to the loop once per stream and the loop writes them all (``bench/bench_aio.py``:
+less server CPU per message, and a lower p99 with many subscribers; figures in
+bench/README.md).
 
 What stays. The handlers (:mod:`flight.rpc.flight_service`, :mod:`flight.rpc.table_service`, health,
 reflection) are plain functions and generators that block: the engine's locks, the

@@ -40,9 +40,9 @@ every member's stream, each of which must have room for it (:meth:`Member.ready`
 one of those fails (a reader or cycle in the way, a member's client behind), the thread
 builds or writes that message, exactly as above: neither the cycle nor the loop ever
 waits. Per delta this spares the thread's wake-up and its hand-over to the loop, and the
-build runs where the update's data is (bench_flight against the loop building it: the
-1-subscriber p50 lower in 4 of 5 runs, by up to 0.1 ms). Only one of the two builds at a
-time (``_stage``), so messages stay in order.
+build runs where the update's data is (bench_flight's latency section, against the loop
+building it: bench/README.md). Only one of the two builds at a time (``_stage``), so
+messages stay in order.
 
 Lock order: a subscription's condition, then a fan-out's, then the publisher's lock.
 """

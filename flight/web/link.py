@@ -49,7 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 import flight
-from engine.errors import TableFailed, TableNotFound, TicktableError
+from engine.errors import PortInUse, TableFailed, TableNotFound, TicktableError
 from engine.graph import UpdateGraph
 from flight.streams.registry import TableRegistry
 from flight.web.feed import FEEDS, Change, TableFeed, ipc_buffer
@@ -242,8 +242,6 @@ class WebProcess:
         PortInUse
             If the port cannot be bound.
         """
-        from flight.errors import PortInUse
-
         if self._listeners is None:  # a restart keeps the sockets, so the same port
             host, port = self.settings.host, self.settings.port
             try:

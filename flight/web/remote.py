@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
+from engine.errors import LinkLost as LinkLost
 from engine.errors import TableFailed, TableNotFound, TicktableError
 from flight.web.feed import Change
 from flight.web.link import read_change
@@ -21,10 +22,6 @@ __all__ = ["LinkLost", "RemoteFeed", "RemoteTables"]
 log = logging.getLogger(__name__)
 
 _REQUEST_TIMEOUT = 30.0
-
-
-class LinkLost(TicktableError):
-    """The server's end of the link closed (the server stopped)."""
 
 
 class RemoteFeed:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from engine import _keyed
-from engine.errors import InvalidKeyError, SchemaError, TableFailed
+from engine.errors import InputError, InvalidKeyError, SchemaError, TableFailed
 from engine.graph import UpdateGraph
 from engine.rowset import RowSet
 from engine.sources import KeyedTable, TimerTable
@@ -128,6 +128,50 @@ def test_null_keys_and_bad_deletes_are_refused():
         t.upsert([1, 2, 3])
     g.run_cycle()
     assert t.size == 0
+
+
+def test_a_write_is_checked_once_and_staged_as_checked(monkeypatch):
+    g = UpdateGraph(validate=True)
+    t = g.keyed_table(KV, "k")
+    checked = t.check_batch({"v": [1.0, 2.0], "k": pa.array([1, 2], pa.int32()), "s": ["a", "b"]},
+                            "upsert")
+    assert checked.kind == "upsert" and checked.data.schema.equals(KV)  # conformed: order, types
+    gone = t.check_batch({"k": [2]}, "delete")
+    assert gone.data.column_names == ["k"]
+
+    def checked_again(*args, **kwargs):
+        raise AssertionError("a checked batch was checked again")
+
+    monkeypatch.setattr(_keyed, "conform", checked_again)
+    t.stage(checked)
+    t.stage(gone)
+    g.run_cycle()
+    assert t.to_pandas().values.tolist() == [[1, "a", 1.0]]
+
+
+def test_a_batch_checked_by_another_table_is_checked_by_this_one():
+    g = UpdateGraph()
+    t = g.keyed_table(KV, "k")
+    other = g.keyed_table(KV, "s")  # same columns, other key: a null k passes its check
+    with pytest.raises(InvalidKeyError, match="key column 'k' has 1 null value"):
+        t.stage(other.check_batch({"k": pa.array([None], pa.int64()), "s": ["a"], "v": [1.0]},
+                                  "upsert"))
+    with pytest.raises(InputError, match="takes upsert and delete writes, not 'append'"):
+        t.check_batch({"k": [1], "s": ["a"], "v": [1.0]}, "append")
+    g.run_cycle()
+    assert t.size == 0
+
+
+def test_repeated_columns_are_refused_by_name():
+    g = UpdateGraph()
+    t = g.keyed_table(KV, "k")
+    repeated = pa.Table.from_arrays([pa.array([1]), pa.array(["a"]), pa.array([1.0]), pa.array([2.0])],
+                                    names=["k", "s", "v", "v"])
+    with pytest.raises(SchemaError, match="column 'v' appears 2 times; column names must be unique"):
+        t.upsert(repeated)  # was pyarrow's KeyError
+    with pytest.raises(SchemaError, match="column 'k' appears 2 times"):
+        g.append_only_table(pa.schema([("k", pa.int64())])).append(
+            pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["k", "k"]))
 
 
 def test_narrowing_cast_that_overflows_is_refused():

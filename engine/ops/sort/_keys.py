@@ -228,10 +228,10 @@ def order_batch(encoders: Sequence[KeyEncoder], values: Sequence[pa.Array], code
 
 
 def _stable_argsort(k: npt.NDArray[Any]) -> I64:
-    """``argsort(k, kind="stable")``, about twice as fast on mostly distinct keys.
+    """``argsort(k, kind="stable")``, faster on mostly distinct keys.
 
-    numpy's stable sort of 64-bit keys is a timsort (~3 s for 10M random keys here); a
-    quicksort then a sort of the tied runs only by position is ~1.5 s.
+    numpy's stable sort of 64-bit keys is a timsort; a quicksort, then a sort of the tied
+    runs only by position, does less work when few keys tie (figures: bench/README.md).
     """
     order = np.argsort(k).astype(np.int64)
     ks = k[order]

@@ -245,11 +245,12 @@ def test_writes_are_acknowledged_while_a_cycle_runs_and_go_to_the_next_one(tmp_p
 
         derive([entry.table], lambda: Derivation(KV, entry.table.columns, RowSet(), Slow()))
         row = pa.table({"k": [1], "s": ["a"], "v": [1.0]}, schema=KV)
-        d.apply(entry, [Part("kv", "upsert", row)])
+        d.apply(entry, [Part("kv", entry.table.check_batch(row, "upsert"))])
         cycle = threading.Thread(target=graph.run_cycle)
         cycle.start()
         assert inside.wait(30)
-        d.apply(entry, [Part("kv", "upsert", row.set_column(2, "v", pa.array([2.0])))])  # acked now
+        d.apply(entry, [Part("kv", entry.table.check_batch(  # acked now
+            row.set_column(2, "v", pa.array([2.0])), "upsert"))])
         release.set()
         cycle.join(30)
         assert entry.table.to_arrow().column("v").to_pylist() == [1.0]  # the cycle took record 1
