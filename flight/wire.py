@@ -62,7 +62,8 @@ __all__ = [
 ]
 
 #: A row's key, ``int64``: the index of a table's rows in the web UI's feeds
-#: (:mod:`flight.web.feed`) and the row keys of a checkpoint's tables.
+#: (:mod:`flight.web.feed`; ``web/src/app.js`` repeats it) and the row keys of a
+#: checkpoint's tables (renaming it changes the checkpoint format: bump its ``FORMAT``).
 ROW_KEY = "__row_key"
 
 

@@ -42,11 +42,11 @@ from engine.errors import InputError, TableFailed
 from engine.graph import UpdateGraph
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable
 from flight.streams.registry import TableEntry, TableRegistry
+from flight.wire import PutMode
 
 __all__ = ["Part", "PartStaging"]
 
 I64 = npt.NDArray[np.int64]
-KINDS = ("append", "upsert", "delete", "diff")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,8 @@ class Part:
     table
         The table's name.
     kind
-        ``append``, ``upsert``, ``delete`` (``data`` has the key columns only) or ``diff``.
+        How it changes the table: ``APPEND``, ``UPSERT``, ``DELETE`` (``data`` has the key
+        columns only) or ``DIFF``.
     data
         The rows, conformed to the table's schema.
     diffs
@@ -66,7 +67,7 @@ class Part:
     """
 
     table: str
-    kind: str
+    kind: PutMode
     data: pa.Table
     diffs: I64 | None = None
 
@@ -113,7 +114,7 @@ class PartStaging:
             If the table failed in an earlier cycle.
         """
         table = entry.table
-        if any(p.kind == "diff" for p in parts):
+        if any(p.kind == PutMode.DIFF for p in parts):
             assert isinstance(table, KeyedTable) and len(parts) == 1, "diff is one keyed part"
             with table.write_lock():
                 _resolve(table, parts, "nothing of the batch was applied").stage(table)
@@ -146,9 +147,9 @@ class PartStaging:
             for e in entries.values():
                 if e.table.failure is not None:  # check all before staging any
                     raise TableFailed(f"table {e.name!r} failed: {e.table.failure}")
-            diff_tables = sorted({p.table for p in parts if p.kind == "diff"})
+            diff_tables = sorted({p.table for p in parts if p.kind == PutMode.DIFF})
             mixed = [n for n in diff_tables
-                     if any(p.table == n and p.kind != "diff" for p in parts)]
+                     if any(p.table == n and p.kind != PutMode.DIFF for p in parts)]
             if mixed:
                 raise InputError(f"table(s) {mixed}: a commit cannot mix diff writes with other "
                                  f"modes for one table; commit them in separate writes")
@@ -193,11 +194,11 @@ def _resolve(table: KeyedTable, parts: list[Part], refused: str) -> KeyedWrites:
 def _stage(table: object, part: Part) -> None:
     """Stage one checked upsert, delete or append part into its table."""
     if isinstance(table, KeyedTable):
-        if part.kind == "upsert":
+        if part.kind == PutMode.UPSERT:
             table.upsert(part.data)
         else:
-            assert part.kind == "delete", part.kind
+            assert part.kind == PutMode.DELETE, part.kind
             table.delete(part.data)
     else:
-        assert isinstance(table, AppendOnlyTable | RingTable) and part.kind == "append"
+        assert isinstance(table, AppendOnlyTable | RingTable) and part.kind == PutMode.APPEND
         table.append(part.data)

@@ -43,8 +43,6 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from engine._kernels.arrays import aligned_table
-from engine.differential.upsert import DELETE
-from engine.differential.zset import DIFF, TIME
 from engine.errors import InputError, InvalidKeyError, LimitExceeded, ProtocolError, SchemaError
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable, conform
 from flight.durability.records import Chain
@@ -54,20 +52,13 @@ from flight.limits import limit_text, quoted
 from flight.pb import flight_pb2 as pb
 from flight.rpc.requests import check_metadata_size, parse, table_name
 from flight.streams.registry import TableEntry, TableRegistry
+from flight.wire import DELETE, DIFF, TIME, PutMode, TableKind
 
 __all__ = ["PutHandler", "Stager", "check_batch", "check_mode"]
 
 log = logging.getLogger(__name__)
 
 I64 = npt.NDArray[np.int64]
-
-_MODE_NAMES: dict[int, str] = {
-    pb.PUT_MODE_APPEND: "append",
-    pb.PUT_MODE_UPSERT: "upsert",
-    pb.PUT_MODE_DELETE: "delete",
-    pb.PUT_MODE_DIFF: "diff",
-}
-
 
 class Stager(Protocol):
     """Where :class:`PutHandler` sends checked batches."""
@@ -153,7 +144,7 @@ class PutHandler:
             meta = schema_metadata
         check_metadata_size(meta, self.max_metadata_bytes, f"DoPut into {name!r}")
         if meta is None or meta.size == 0:
-            mode = pb.PUT_MODE_UPSERT if entry.kind == "keyed" else pb.PUT_MODE_APPEND
+            mode = pb.PUT_MODE_UPSERT if entry.kind == TableKind.KEYED else pb.PUT_MODE_APPEND
             request = pb.PutRequest(mode=mode)
         else:
             request = parse(pb.PutRequest(), meta.to_pybytes(), "DoPut")
@@ -229,7 +220,7 @@ class PutHandler:
         entry = self.registry.get(table_name)
         kind = check_mode(entry, request.mode)
         staged = bool(request.write_id)
-        if not staged and kind != "diff" and not self.staging.synchronous:
+        if not staged and kind != PutMode.DIFF and not self.staging.synchronous:
             yield from self._pipelined(entry, kind, batches)
             return
         slot = (int(request.partition), int(request.attempt))
@@ -244,7 +235,7 @@ class PutHandler:
             yield pb.PutAck(batch_index=index, rows=batch.num_rows, total_rows=total,
                             staged=staged)
 
-    def _pipelined(self, entry: TableEntry, kind: str,
+    def _pipelined(self, entry: TableEntry, kind: PutMode,
                    batches: Iterable[pa.RecordBatch]) -> Iterator[pb.PutAck]:
         """Check and submit each batch without waiting; acknowledge in order as each lands.
 
@@ -339,20 +330,20 @@ class PutHandler:
 
 
 # checking batches ---------------------------------------------------------------------------
-def check_mode(entry: TableEntry, mode: int) -> str:
+def check_mode(entry: TableEntry, mode: int) -> PutMode:
     """The write kind for ``mode`` on ``entry``, or an InputError saying which mode fits."""
-    name = _MODE_NAMES.get(mode)
+    name = PutMode.from_proto(mode)
     if name is None:
         raise InputError(f"unknown put mode {mode} for table {entry.name!r}")
     table = entry.table
     if isinstance(table, KeyedTable):
-        if name == "append":
+        if name == PutMode.APPEND:
             raise InputError(
                 f"table {entry.name!r} is keyed by {table.keys}: write it with PUT_MODE_UPSERT "
                 f"(or DELETE / DIFF), not APPEND")
         return name
     if isinstance(table, AppendOnlyTable | RingTable):
-        if name != "append":
+        if name != PutMode.APPEND:
             raise InputError(
                 f"table {entry.name!r} is an {entry.kind} table without keys: write it with "
                 f"PUT_MODE_APPEND ({name} needs a keyed table)")
@@ -361,7 +352,7 @@ def check_mode(entry: TableEntry, mode: int) -> str:
                      f"source tables (append, keyed, ring) take writes")
 
 
-def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table, *,
+def check_batch(entry: TableEntry, kind: PutMode, batch: pa.RecordBatch | pa.Table, *,
                 max_value_bytes: int | None = None) -> list[Part]:
     """Check one batch and turn it into parts to stage together (nothing is staged here).
 
@@ -381,15 +372,15 @@ def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table, 
             raise SchemaError(f"table {quoted(name)}: column {quoted(column)} appears {n} times; "
                               f"column names must be unique")
     check_values(name, data, max_value_bytes)
-    if kind == "append":
-        return [Part(name, "append", conform(name, table.schema, data))]
+    if kind == PutMode.APPEND:
+        return [Part(name, PutMode.APPEND, conform(name, table.schema, data))]
     assert isinstance(table, KeyedTable)
     keys = list(table.keys)
-    if kind == "delete":
+    if kind == PutMode.DELETE:
         t = conform(name, table.schema, data, columns=keys)
         _check_keys(name, t, keys)
-        return [Part(name, "delete", t)]
-    if kind == "upsert":
+        return [Part(name, PutMode.DELETE, t)]
+    if kind == PutMode.UPSERT:
         flags = None
         if DELETE in data.column_names:
             flags = _bool_column(name, data, DELETE)
@@ -397,7 +388,7 @@ def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table, 
         t = conform(name, table.schema, data)
         _check_keys(name, t, keys)
         if flags is None or not flags.any():
-            return [Part(name, "upsert", t)]  # the keyed table itself is last-wins
+            return [Part(name, PutMode.UPSERT, t)]  # the keyed table itself is last-wins
         return _split_upsert_delete(name, table, t, flags)
     # diff
     if DIFF not in data.column_names:
@@ -407,7 +398,7 @@ def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table, 
     data = data.drop_columns([c for c in (DIFF, TIME) if c in data.column_names])
     t = conform(name, table.schema, data)
     _check_keys(name, t, keys)
-    return [Part(name, "diff", t, diffs)]
+    return [Part(name, PutMode.DIFF, t, diffs)]
 
 
 def _bool_column(table: str, data: pa.Table, column: str) -> npt.NDArray[np.bool_]:
@@ -465,7 +456,7 @@ def _split_upsert_delete(name: str, table: KeyedTable, data: pa.Table,
     ups, dels = last[~is_del], last[is_del]
     out = []
     if ups.size:
-        out.append(Part(name, "upsert", data.take(ups)))
+        out.append(Part(name, PutMode.UPSERT, data.take(ups)))
     if dels.size:
-        out.append(Part(name, "delete", key_cols.take(dels)))
+        out.append(Part(name, PutMode.DELETE, key_cols.take(dels)))
     return out
