@@ -35,6 +35,7 @@ from bench._crash_model import (
 )
 from clients.wire import Endpoint, action, put_batches
 from flight.pb import flight_pb2 as pb
+from flight.wire import ABORT, COMMIT
 
 
 class Commits:
@@ -149,8 +150,7 @@ def _put(client: Any, r: Round, table: str, data: pa.Table, write_id: str,
 
 def _commit(client: Any, r: Round, request: pb.CommitRequest) -> pb.CommitResult:
     with r.commits.track():
-        result: pb.CommitResult = action(client, r.endpoint.options(timeout=15), "commit",
-                                         request, pb.CommitResult)
+        result: pb.CommitResult = action(client, r.endpoint.options(timeout=15), COMMIT, request)
     return result
 
 
@@ -227,7 +227,7 @@ def transactions(r: Round, rng: random.Random) -> None:
             elif fate == "abort":
                 tx.status = "aborting"
                 try:
-                    action(client, r.endpoint.options(timeout=15), "abort",
+                    action(client, r.endpoint.options(timeout=15), ABORT,
                            pb.AbortRequest(write_id=wid))
                 except Exception as exc:
                     return r.failed(exc, f"abort of transaction {tag}")

@@ -33,6 +33,7 @@ from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb
 from flight.rpc.framing import batch_frames, frame, schema_frame
+from flight.wire import ABORT, ACTIONS, COMMIT, CREATE_TABLE, DROP_TABLE, STATS
 
 FLIGHT = "/arrow.flight.protocol.FlightService/"
 TABLES = "/ticktable_proto.v1.TableService/"
@@ -267,15 +268,15 @@ def _commit_body(rnd: random.Random) -> bytes:
 
 
 def case_doaction(rnd: random.Random) -> Case:
-    kind = rnd.choice(("create_table", "create_table", "drop_table", "commit", "abort", "stats",
-                       "", "CREATE_TABLE", "nope"))
-    if kind.lower() == "create_table":
+    kind = rnd.choice((CREATE_TABLE.name, CREATE_TABLE.name, DROP_TABLE.name, COMMIT.name,
+                       ABORT.name, STATS.name, "", CREATE_TABLE.name.upper(), "nope"))
+    if kind.lower() == CREATE_TABLE.name:
         body = _create_table_body(rnd)
-    elif kind == "drop_table":
+    elif kind == DROP_TABLE.name:
         body = pb.DropTableRequest(name=_name(rnd, writable=True)).SerializeToString()
-    elif kind == "commit":
+    elif kind == COMMIT.name:
         body = _commit_body(rnd)
-    elif kind == "abort":
+    elif kind == ABORT.name:
         body = pb.AbortRequest(write_id=rnd.choice(WRITE_IDS)).SerializeToString()
     else:
         body = rnd.randbytes(rnd.randint(0, 20))
@@ -283,8 +284,7 @@ def case_doaction(rnd: random.Random) -> Case:
         kind = mutate_bytes(rnd, kind.encode()).decode("utf-8", "replace")
     body = maybe_mutate(rnd, body, 0.4)
     return Case(FLIGHT + "DoAction", "us", fpb.Action(type=kind, body=body).SerializeToString(),
-                kind if kind in ("create_table", "drop_table", "commit", "abort", "stats")
-                else "unknown")
+                kind if kind in {a.name for a in ACTIONS} else "unknown")
 
 
 def _put_request(rnd: random.Random, kind: str) -> bytes:

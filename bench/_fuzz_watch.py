@@ -32,6 +32,7 @@ from bench._fuzz_judge import Answer, violations
 from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb
 from flight.streams.decoder import ReferenceView, StreamEnded, read_message
+from flight.wire import ABORT, CREATE_TABLE, STATS, TableKind
 
 #: A fuzz table with more rows than this is recreated by :func:`cleanup`.
 MAX_FUZZ_ROWS = 300
@@ -44,11 +45,9 @@ def _action(client: fl.FlightClient, kind: str, body: bytes) -> list[bytes]:
 
 def create_table(client: fl.FlightClient, name: str) -> None:
     kind, schema, keys, capacity = {**WATCHED, **FUZZ_TABLES}[name]
-    kinds = {"append": pb.TABLE_KIND_APPEND, "keyed": pb.TABLE_KIND_KEYED,
-             "ring": pb.TABLE_KIND_RING}
     req = pb.CreateTableRequest(name=name, schema=schema.serialize().to_pybytes(),
-                                kind=kinds[kind], keys=keys, capacity=capacity)
-    _action(client, "create_table", req.SerializeToString())
+                                kind=TableKind(kind).proto, keys=keys, capacity=capacity)
+    _action(client, CREATE_TABLE.name, req.SerializeToString())
 
 
 def create_tables(client: fl.FlightClient) -> None:
@@ -76,7 +75,7 @@ def cleanup(client: fl.FlightClient, channel: grpc.Channel) -> list[str]:
 
     for write_id in WRITE_IDS:
         if write_id:
-            call(_action, client, "abort", pb.AbortRequest(write_id=write_id).SerializeToString())
+            call(_action, client, ABORT.name, pb.AbortRequest(write_id=write_id).SerializeToString())
     list_tables = channel.unary_unary(TABLES + "ListTables",
                                       request_serializer=tpb.ListTablesRequest.SerializeToString,
                                       response_deserializer=tpb.ListTablesResponse.FromString)
@@ -88,7 +87,7 @@ def cleanup(client: fl.FlightClient, channel: grpc.Channel) -> list[str]:
         if tables is None:
             break
         doomed = [t for t in tables.tables if t.name not in WATCHED and (
-            t.kind == "derived" or t.name in CREATED or t.name not in FUZZ_TABLES
+            t.kind == TableKind.DERIVED or t.name in CREATED or t.name not in FUZZ_TABLES
             or t.kind != FUZZ_TABLES[t.name][0] or t.size > MAX_FUZZ_ROWS)]
         if not doomed:
             break
@@ -282,7 +281,7 @@ def snapshot(client: fl.FlightClient, table: str) -> pa.Table:
 
 
 def sequences(client: fl.FlightClient) -> dict[str, int]:
-    stats = pb.Stats.FromString(_action(client, "stats", b"")[0])
+    stats = pb.Stats.FromString(_action(client, STATS.name, b"")[0])
     return {t.name: t.sequence for t in stats.tables}
 
 

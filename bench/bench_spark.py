@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import median, print_table, write_json  # noqa: E402
 from clients.wire import Endpoint, action  # noqa: E402
 from flight.pb import flight_pb2 as pb  # noqa: E402
+from flight.wire import DROP_TABLE  # noqa: E402
 
 
 def _serve(conn: Any) -> None:
@@ -83,7 +84,7 @@ def _size(endpoint: Endpoint, table: str) -> int:
 def _drop(endpoint: Endpoint, table: str) -> None:
     client, _ = endpoint.connect()
     try:
-        action(client, endpoint.options(), "drop_table", pb.DropTableRequest(name=table))
+        action(client, endpoint.options(), DROP_TABLE, pb.DropTableRequest(name=table))
     finally:
         client.close()
 

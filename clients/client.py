@@ -32,6 +32,18 @@ import pyarrow.flight as fl
 
 from clients.wire import Endpoint, PutSummary, action, chunks, put_batches
 from flight.pb import flight_pb2 as pb
+from flight.wire import (
+    ABORT,
+    COMMIT,
+    CREATE_TABLE,
+    DELETE,
+    DROP_TABLE,
+    PUT_MODES,
+    SOURCE_KINDS,
+    STATS,
+    PutMode,
+    TableKind,
+)
 
 if TYPE_CHECKING:
     from clients.live import LiveTable
@@ -41,14 +53,7 @@ __all__ = ["Client", "PutSummary", "connect"]
 
 PutData: TypeAlias = (pd.DataFrame | pa.Table | pa.RecordBatch | pa.RecordBatchReader
            | Iterable[pd.DataFrame | pa.Table | pa.RecordBatch])
-Mode = Literal["append", "upsert", "delete", "diff"]
-_MODES = {"append": pb.PUT_MODE_APPEND, "upsert": pb.PUT_MODE_UPSERT,
-          "delete": pb.PUT_MODE_DELETE, "diff": pb.PUT_MODE_DIFF}
 log = logging.getLogger(__name__)
-_KINDS = {"append": pb.TABLE_KIND_APPEND, "keyed": pb.TABLE_KIND_KEYED,
-          "ring": pb.TABLE_KIND_RING}
-#: Columns with a meaning in a put mode, passed through as they are (not table columns).
-_SPECIAL = {"upsert": ("__delete",), "diff": ("__diff", "__time")}
 
 
 def connect(uri: str = "grpc://127.0.0.1:8815", token: str | None = None,
@@ -146,7 +151,7 @@ class Client:
         process as a dict (``url``, ``running``, ``pid``, ``restarts``, ``open_tables``),
         ``None`` when the server serves no web UI.
         """
-        st: pb.Stats = action(self._flight, self._opts(), "stats", None, pb.Stats)
+        st: pb.Stats = action(self._flight, self._opts(), STATS)
         cols = ["name", "kind", "size", "last_step", "subscribers", "max_lag_steps", "sequence",
                 "changes", "put_rows", "put_bytes"]
         rows = [{c: getattr(t, c) for c in cols} for t in st.tables]
@@ -198,7 +203,7 @@ class Client:
 
     # ------------------------------------------------------------------ tables
     def create_table(self, name: str, schema: pa.Schema | pd.DataFrame | pa.Table,
-                     kind: Literal["append", "keyed", "ring"] = "append",
+                     kind: TableKind | str = TableKind.APPEND,
                      keys: Sequence[str] | None = None, *, capacity: int = 0,
                      if_not_exists: bool = False) -> None:
         """Create a source table that :meth:`push` (and Spark) can write to.
@@ -208,8 +213,9 @@ class Client:
         schema
             An Arrow schema, or data whose schema to take (a DataFrame or Arrow table).
         kind
-            ``"append"`` (rows only added), ``"keyed"`` (upserts and deletes by ``keys``) or
-            ``"ring"`` (the last ``capacity`` rows).
+            A source :class:`~flight.wire.TableKind`, or its name: ``"append"`` (rows only
+            added), ``"keyed"`` (upserts and deletes by ``keys``) or ``"ring"`` (the last
+            ``capacity`` rows).
         if_not_exists
             Do nothing if a table of that name already exists.
 
@@ -219,22 +225,23 @@ class Client:
             If a table of that name exists and ``if_not_exists`` is false (ALREADY_EXISTS,
             for which pyarrow has no subclass).
         """
-        if kind not in _KINDS:
-            raise ValueError(f"kind must be one of {sorted(_KINDS)}, not {kind!r}")
-        if kind == "keyed" and not keys:
+        if kind not in SOURCE_KINDS:
+            raise ValueError(f"kind must be one of {sorted(k.value for k in SOURCE_KINDS)}, not "
+                             f"{kind!r}")
+        if kind == TableKind.KEYED and not keys:
             raise ValueError(f"a keyed table needs keys (the columns that identify a row); "
                              f"e.g. create_table({name!r}, schema, 'keyed', keys=['id'])")
         sch = _schema_of(schema)
         req = pb.CreateTableRequest(name=name, schema=sch.serialize().to_pybytes(),
-                                    kind=_KINDS[kind], keys=list(keys or ()), capacity=capacity,
-                                    if_not_exists=if_not_exists)
-        action(self._flight, self._opts(), "create_table", req)
+                                    kind=TableKind(kind).proto, keys=list(keys or ()),
+                                    capacity=capacity, if_not_exists=if_not_exists)
+        action(self._flight, self._opts(), CREATE_TABLE, req)
 
     def drop_table(self, name: str) -> None:
         """Drop table ``name``; its subscribers are told the table is gone."""
-        action(self._flight, self._opts(), "drop_table", pb.DropTableRequest(name=name))
+        action(self._flight, self._opts(), DROP_TABLE, pb.DropTableRequest(name=name))
 
-    def push(self, name: str, data: PutData, mode: Mode | None = None,
+    def push(self, name: str, data: PutData, mode: PutMode | str | None = None,
              keys: Sequence[str] | None = None, *, create: bool = True,
              progress: bool | Callable[[int], None] = False,
              chunk_rows: int = 1 << 17, atomic: bool = True) -> PutSummary:
@@ -253,7 +260,8 @@ class Client:
             iterable of any of these (streamed: nothing is collected in memory). Columns are
             matched by name and cast to the table's types.
         mode
-            ``None`` (the default): ``"upsert"`` into a keyed table, else ``"append"``.
+            A :class:`~flight.wire.PutMode`, or its name; ``None`` (the default):
+            ``"upsert"`` into a keyed table, else ``"append"``.
             ``"append"`` adds rows; ``"upsert"`` inserts or replaces rows by key (a bool
             ``__delete`` column marks keys to delete); ``"delete"`` removes the keys given
             (key columns only); ``"diff"`` applies differential triples (an int64 ``__diff``
@@ -286,22 +294,26 @@ class Client:
             If the server refuses the rows: a missing or mistyped column, a mode that does
             not fit the table, null keys. Nothing of a refused batch is applied.
         """
-        if mode is not None and mode not in _MODES:
-            raise ValueError(f"mode must be one of {sorted(_MODES)}, not {mode!r}")
+        if mode is not None and mode not in PUT_MODES:
+            raise ValueError(f"mode must be one of {sorted(m.value for m in PUT_MODES)}, not "
+                             f"{mode!r}")
+        given = PutMode(mode) if mode is not None else None
         first, rest = _peek(_batches(data))
         try:
             info = self._flight.get_flight_info(fl.FlightDescriptor.for_path(name), self._opts())
         except KeyError:
             if not create or first is None:
                 raise
-            data_schema = _strip(first.schema, mode or ("upsert" if keys else "append"))
-            self.create_table(name, data_schema, "keyed" if keys else "append", keys,
-                              if_not_exists=True)
+            data_schema = _strip(first.schema,
+                                 given or (PutMode.UPSERT if keys else PutMode.APPEND))
+            self.create_table(name, data_schema, TableKind.KEYED if keys else TableKind.APPEND,
+                              keys, if_not_exists=True)
             info = self._flight.get_flight_info(fl.FlightDescriptor.for_path(name), self._opts())
         target = info.schema
-        if mode is None:
-            mode = "upsert" if info.app_metadata == b"keyed" else "append"
-        wire = _wire_schema(target, first.schema if first is not None else target, mode)
+        if given is None:
+            keyed = info.app_metadata == TableKind.KEYED.encode()
+            given = PutMode.UPSERT if keyed else PutMode.APPEND
+        wire = _wire_schema(target, first.schema if first is not None else target, given)
         stream = (_conform(b, wire, name) for b in _chain(first, rest))
         bar = None
         cb: Callable[[int], None] | None = None
@@ -312,24 +324,23 @@ class Client:
             cb = bar.update
         elif callable(progress):
             cb = progress
-        request = pb.PutRequest(mode=_MODES[mode])
+        request = pb.PutRequest(mode=given.proto)
         if atomic:
             request.write_id = f"push-{uuid.uuid4().hex}"
         try:
             summary = put_batches(self._flight, self.endpoint.options(timeout=None), name, wire,
                                   chunks(stream, chunk_rows), request, cb)
             if not atomic:
-                return dataclasses.replace(summary, mode=mode)
+                return dataclasses.replace(summary, mode=given.value)
             # name the one slot written: if the server lost it (a restart drops writes never
             # committed), the commit fails instead of committing nothing; without a batch the
             # server never saw the write id, and naming no slot is an empty write
             commit = pb.CommitRequest(write_id=request.write_id,
                                       slots=[pb.StageSlot()] if summary.batches else [])
             done: pb.CommitResult = action(
-                self._flight, self.endpoint.options(timeout=None), "commit", commit,
-                pb.CommitResult)
+                self._flight, self.endpoint.options(timeout=None), COMMIT, commit)
             return PutSummary(rows=int(done.rows), batches=summary.batches, staged=True,
-                              step=int(done.step), mode=mode)
+                              step=int(done.step), mode=given.value)
         except BaseException:
             if atomic:
                 self._abort_quietly(request.write_id)
@@ -341,7 +352,7 @@ class Client:
     def _abort_quietly(self, write_id: str) -> None:
         """Drop a failed push's staged rows (the server also expires them on its own)."""
         try:
-            action(self._flight, self._opts(), "abort", pb.AbortRequest(write_id=write_id))
+            action(self._flight, self._opts(), ABORT, pb.AbortRequest(write_id=write_id))
         except KeyError:  # NOT_FOUND: nothing was staged under it (the first batch failed)
             pass
         except (fl.FlightError, pa.ArrowException, OSError) as exc:
@@ -449,12 +460,12 @@ def _chain(first: pa.RecordBatch | None,
         yield from rest
 
 
-def _strip(schema: pa.Schema, mode: str) -> pa.Schema:
-    special = _SPECIAL.get(mode, ())
-    return pa.schema([f for f in schema if f.name not in special])
+def _strip(schema: pa.Schema, mode: PutMode) -> pa.Schema:
+    """``schema`` without the reserved columns of ``mode`` (they are not table columns)."""
+    return pa.schema([f for f in schema if f.name not in mode.columns])
 
 
-def _wire_schema(target: pa.Schema, data: pa.Schema, mode: str) -> pa.Schema:
+def _wire_schema(target: pa.Schema, data: pa.Schema, mode: PutMode) -> pa.Schema:
     """The schema batches are sent in: the table's columns the data has, plus mode columns.
 
     Columns the table lacks are kept (the server names them in its error); in ``delete``
@@ -462,13 +473,13 @@ def _wire_schema(target: pa.Schema, data: pa.Schema, mode: str) -> pa.Schema:
     """
     fields = []
     for f in data:
-        if f.name in _SPECIAL.get(mode, ()):
-            fields.append(pa.field(f.name, pa.bool_() if f.name == "__delete" else pa.int64()))
+        if f.name in mode.columns:  # passed through as they are
+            fields.append(pa.field(f.name, pa.bool_() if f.name == DELETE else pa.int64()))
         elif f.name in target.names:
             fields.append(target.field(f.name))
         else:
             fields.append(f)
-    if mode in ("append", "upsert"):
+    if mode in (PutMode.APPEND, PutMode.UPSERT):
         order = {n: i for i, n in enumerate(target.names)}
         fields.sort(key=lambda f: order.get(f.name, len(order)))
     return pa.schema(fields)

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from clients.client import Client, connect
 from engine.errors import TicktableError
+from flight.wire import PUT_MODES, PutMode
 
 __all__ = ["add_commands", "read_file_batches"]
 
@@ -188,7 +189,7 @@ def _push(args: argparse.Namespace) -> int:
     keys = [k for k in args.keys.split(",") if k] if args.keys else None
     # argparse checked the choices; without --mode: upsert with --keys, else by the table
     # (upsert into a keyed table, append otherwise)
-    mode: Any = args.mode or ("upsert" if keys else None)
+    mode: Any = args.mode or (PutMode.UPSERT if keys else None)
     progress: Any = False
     bar = None
     if not args.quiet:
@@ -247,7 +248,7 @@ def add_commands(sub: Any) -> None:
     push.add_argument("file", help="a .parquet, .csv, .tsv, .arrow or .feather file")
     push.add_argument("table", help="table name")
     _connection_args(push)
-    push.add_argument("--mode", choices=["append", "upsert", "delete", "diff"], default=None,
+    push.add_argument("--mode", choices=[m.value for m in PUT_MODES], default=None,
                       help="write mode (default: upsert with --keys or into a keyed table, "
                            "else append)")
     push.add_argument("--keys", default=None,

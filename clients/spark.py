@@ -88,6 +88,7 @@ from pyspark.sql.types import StructType
 
 from clients.wire import CHUNK_BYTES, Endpoint, PutSummary, action, chunks, put_batches
 from flight.pb import flight_pb2 as pb
+from flight.wire import ABORT, COMMIT, CREATE_TABLE, PutMode, TableKind
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -98,8 +99,8 @@ log = logging.getLogger(__name__)
 
 FORMAT = "ticktable"
 BATCH_ROWS = 1 << 17
-_MODES = {"append": pb.PUT_MODE_APPEND, "upsert": pb.PUT_MODE_UPSERT}
-_SPECIAL = ("__delete",)  # upsert's marker column: not a table column
+_MODES = (PutMode.APPEND, PutMode.UPSERT)  # the modes a DataFrame is written with
+_SPECIAL = PutMode.UPSERT.columns  # upsert's marker column: not a table column
 _BATCH_ID = "streaming.sql.batchId"  # local properties Spark sets on a micro-batch's tasks
 _QUERY_ID = "sql.streaming.queryId"
 _REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions that know the format
@@ -112,7 +113,7 @@ class _Target:
 
     endpoint: Endpoint
     table: str
-    mode: str
+    mode: PutMode
     batch_rows: int
     stream_id: str | None = None
 
@@ -182,7 +183,7 @@ def _table_kind(endpoint: Endpoint, table: str) -> str | None:
     finally:
         client.close()
     meta = info.app_metadata
-    return meta.decode() if meta else "append"
+    return meta.decode() if meta else TableKind.APPEND
 
 
 def _prepare(options: Mapping[str, str], schema: StructType) -> _Target:
@@ -192,23 +193,26 @@ def _prepare(options: Mapping[str, str], schema: StructType) -> _Target:
     keys = _keys(options)
     mode = _option(options, "mode")
     if mode is not None and mode not in _MODES:
-        raise ValueError(f"ticktable option 'mode' must be one of {sorted(_MODES)}, not {mode!r}")
+        raise ValueError(f"ticktable option 'mode' must be one of "
+                         f"{sorted(m.value for m in _MODES)}, not {mode!r}")
     kind = _table_kind(endpoint, table)
     if kind is None:
         if not _flag(options, "create", True):
             raise KeyError(f"ticktable: table {table!r} does not exist at {endpoint.location} "
                            f"(option create=false)")
-        if mode == "upsert" and not keys:
+        if mode == PutMode.UPSERT and not keys:
             raise ValueError(f"ticktable: table {table!r} does not exist; creating it for upserts "
                              f"needs option('keys', 'col1,col2')")
-        kind = "keyed" if keys else "append"
+        kind = TableKind.KEYED if keys else TableKind.APPEND
         _create_table(endpoint, table, schema, keys)
+    fits = PutMode.UPSERT if kind == TableKind.KEYED else PutMode.APPEND
     if mode is None:
-        mode = "upsert" if kind == "keyed" else "append"
-    if (kind == "keyed") != (mode == "upsert"):
+        mode = fits
+    if mode != fits:
         raise ValueError(f"ticktable: table {table!r} is a {kind} table: write it with mode "
-                         f"{'upsert' if kind == 'keyed' else 'append'}, not {mode}")
-    return _Target(endpoint, table, mode, _batch_rows(options), _option(options, "stream_id"))
+                         f"{fits}, not {mode}")
+    return _Target(endpoint, table, PutMode(mode), _batch_rows(options),
+                   _option(options, "stream_id"))
 
 
 def _arrow_schema(schema: StructType) -> pa.Schema:
@@ -220,14 +224,15 @@ def _arrow_schema(schema: StructType) -> pa.Schema:
 def _create_table(endpoint: Endpoint, table: str, schema: StructType, keys: list[str]) -> None:
     arrow = _arrow_schema(schema)
     req = pb.CreateTableRequest(name=table, schema=arrow.serialize().to_pybytes(),
-                                kind=pb.TABLE_KIND_KEYED if keys else pb.TABLE_KIND_APPEND,
+                                kind=(TableKind.KEYED if keys else TableKind.APPEND).proto,
                                 keys=keys, if_not_exists=True)
     client, _ = endpoint.connect()
     try:
-        action(client, endpoint.options(), "create_table", req)
+        action(client, endpoint.options(), CREATE_TABLE, req)
     finally:
         client.close()
-    log.info("created %s table %r at %s", "keyed" if keys else "append", table, endpoint.location)
+    log.info("created %s table %r at %s", TableKind.KEYED if keys else TableKind.APPEND, table,
+             endpoint.location)
 
 
 # ------------------------------------------------------------------------------ writing
@@ -297,7 +302,7 @@ def _write_partition(target: _Target, write_id: str, batches: Iterator[pa.Record
         yield first
         yield from stream
 
-    request = pb.PutRequest(mode=_MODES[target.mode], write_id=write_id, partition=partition,
+    request = pb.PutRequest(mode=target.mode.proto, write_id=write_id, partition=partition,
                             attempt=attempt)
     client, options = target.endpoint.connect()
     try:
@@ -324,8 +329,8 @@ def _slots(write_id: str, messages: Sequence[WriterCommitMessage | None]) -> tup
 def _commit(target: _Target, request: pb.CommitRequest, rows: int) -> pb.CommitResult:
     client, _ = target.endpoint.connect()
     try:
-        result: pb.CommitResult = action(client, target.endpoint.options(timeout=None), "commit",
-                                         request, pb.CommitResult)
+        result: pb.CommitResult = action(client, target.endpoint.options(timeout=None), COMMIT,
+                                         request)
     finally:
         client.close()
     if result.applied and result.rows != rows:
@@ -337,7 +342,7 @@ def _commit(target: _Target, request: pb.CommitRequest, rows: int) -> pb.CommitR
 def _abort(target: _Target, write_id: str) -> None:
     client, _ = target.endpoint.connect()
     try:
-        action(client, target.endpoint.options(), "abort", pb.AbortRequest(write_id=write_id))
+        action(client, target.endpoint.options(), ABORT, pb.AbortRequest(write_id=write_id))
     except KeyError:  # NOT_FOUND: nothing was staged under it
         pass
     except (fl.FlightError, pa.ArrowException, OSError) as exc:
@@ -488,7 +493,7 @@ def register(spark: SparkSession) -> None:
         _REGISTERED.add(spark)
 
 
-def push(df: DataFrame, uri: str, table: str, *, mode: str = "append",
+def push(df: DataFrame, uri: str, table: str, *, mode: PutMode | str = PutMode.APPEND,
          keys: Sequence[str] | None = None, token: str | None = None,
          create: bool = True) -> PutSummary:
     """Collect ``df`` on the driver (``df.toArrow()``) and write it in one atomic push.
@@ -516,7 +521,7 @@ def push(df: DataFrame, uri: str, table: str, *, mode: str = "append",
 
     data = df.toArrow()
     with connect(uri, token=token) as client:
-        return client.push(table, data, mode=mode, keys=keys, create=create)  # type: ignore[arg-type]
+        return client.push(table, data, mode=mode, keys=keys, create=create)
 
 
 def local_session(app: str = "ticktable", master: str = "local[2]",

@@ -18,6 +18,7 @@ from google.protobuf.message import Message as _Proto
 
 from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
+from flight.wire import Action
 
 __all__ = ["Endpoint", "PutSummary", "action", "chunks", "put_batches"]
 
@@ -233,14 +234,15 @@ def put_batches(client: fl.FlightClient, options: fl.FlightCallOptions, table: s
     return PutSummary(rows=sent, batches=count, staged=bool(staged))
 
 
-def action(client: fl.FlightClient, options: fl.FlightCallOptions, kind: str,
-           body: _Proto | None = None, result: type[_Proto] | None = None) -> Any:
-    """Run one DoAction; parse its single result into ``result`` when given."""
+def action(client: fl.FlightClient, options: fl.FlightCallOptions, what: Action,
+           body: _Proto | None = None) -> Any:
+    """Run the action ``what`` (a row of :data:`flight.wire.ACTIONS`) with ``body``; returns
+    its result parsed as the row's result message (``None`` for an action without one)."""
     raw = body.SerializeToString() if body is not None else b""
-    out = list(client.do_action(fl.Action(kind, raw), options))
-    if result is None:
+    out = list(client.do_action(fl.Action(what.name, raw), options))
+    if what.result is None:
         return None
-    msg = result()
+    msg = what.result()
     if out:
         msg.ParseFromString(out[0].body.to_pybytes())
     return msg

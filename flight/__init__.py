@@ -4,6 +4,8 @@ Reading order:
 
 - :mod:`flight.server`: :class:`~flight.server.TicktableServer`, the entry point, which
   builds the families below and ties them together.
+- :mod:`flight.wire`: the wire vocabulary clients may import (put modes, table kinds,
+  reserved columns, the table of DoActions).
 - :mod:`flight.errors`: the one mapping from exceptions to what a client sees.
 - :mod:`flight.rpc`: the grpcio server, Flight framing, the event-loop bridge, auth and
   the services (Arrow Flight, the TableService).

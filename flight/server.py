@@ -52,6 +52,7 @@ from flight.rpc.requests import parse
 from flight.streams.per_client import SubscriptionsPerClient
 from flight.streams.registry import TableRegistry, quoted
 from flight.streams.subscription import Subscription, SubscriptionOptions
+from flight.wire import TableKind, action_named
 
 if TYPE_CHECKING:
     from flight.web.link import WebProcess
@@ -99,10 +100,6 @@ def keep_freed_memory(trim_bytes: int = 256 << 20, mmap_bytes: int = 32 << 20) -
                     and libc.mallopt(_M_ARENA_MAX, 1))
     except (OSError, AttributeError):
         return False
-
-
-KIND_NAMES = {pb.TABLE_KIND_APPEND: "append", pb.TABLE_KIND_KEYED: "keyed",
-              pb.TABLE_KIND_RING: "ring"}
 
 
 @dataclass(slots=True)
@@ -535,43 +532,46 @@ class TicktableServer:
 
     # --------------------------------------------------------------------- actions
     def action(self, kind: str, body: bytes) -> bytes | None:
-        """Run one DoAction; returns the serialized result message (or ``None``)."""
-        reg = self.registry
-        if kind == "create_table":
-            req = parse(pb.CreateTableRequest(), body, "create_table")
-            try:
-                schema = pa.ipc.read_schema(pa.py_buffer(req.schema))
-                _ = [f.name for f in schema]  # field names must be UTF-8
-            except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:  # also an Int128
-                raise ProtocolError(f"create_table {quoted(req.name)}: schema is not an Arrow "
-                                    f"IPC schema ({exc})") from exc
-            kind_name = KIND_NAMES.get(req.kind)
-            if kind_name is None:
-                raise ProtocolError(f"create_table {quoted(req.name)}: unknown kind {req.kind}")
-            self.durability.create_table(req.name, schema, kind_name, keys=list(req.keys),
-                                         capacity=int(req.capacity),
-                                         if_not_exists=req.if_not_exists)
-            return None
-        if kind == "drop_table":
-            req2 = parse(pb.DropTableRequest(), body, "drop_table")
-            reg.get(req2.name)
-            self.durability.drop_table(req2.name)
-            return None
-        if kind == "commit":
-            res = self.durability.commit(parse(pb.CommitRequest(), body, "commit"))
-            return bytes(res.SerializeToString())
-        if kind == "abort":
-            self.durability.abort(parse(pb.AbortRequest(), body, "abort"))
-            return None
-        if kind == "stats":
-            return bytes(self.stats().SerializeToString())
-        raise InputError(f"unknown action {quoted(kind)}; actions: create_table, drop_table, "
-                         f"commit, abort, stats")
+        """Run one DoAction (a row of :data:`flight.wire.ACTIONS`): the method of its name,
+        with the body parsed as its request; returns the serialized result (or ``None``)."""
+        row = action_named(kind)
+        run = getattr(self, row.name)
+        out = run() if row.request is None else run(parse(row.request(), body, row.name))
+        return None if row.result is None else bytes(out.SerializeToString())
+
+    def create_table(self, req: pb.CreateTableRequest) -> None:
+        """The ``create_table`` action: a source table (:data:`flight.wire.CREATE_TABLE`)."""
+        try:
+            schema = pa.ipc.read_schema(pa.py_buffer(req.schema))
+            _ = [f.name for f in schema]  # field names must be UTF-8
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:  # also an Int128
+            raise ProtocolError(f"create_table {quoted(req.name)}: schema is not an Arrow "
+                                f"IPC schema ({exc})") from exc
+        kind = TableKind.from_proto(req.kind)
+        if kind is None:
+            raise ProtocolError(f"create_table {quoted(req.name)}: unknown kind {req.kind}")
+        self.durability.create_table(req.name, schema, kind, keys=list(req.keys),
+                                     capacity=int(req.capacity),
+                                     if_not_exists=req.if_not_exists)
+
+    def drop_table(self, req: pb.DropTableRequest) -> None:
+        """The ``drop_table`` action (:data:`flight.wire.DROP_TABLE`)."""
+        self.registry.get(req.name)
+        self.durability.drop_table(req.name)
+
+    def commit(self, req: pb.CommitRequest) -> pb.CommitResult:
+        """The ``commit`` action: publish a staged write (:data:`flight.wire.COMMIT`)."""
+        return self.durability.commit(req)
+
+    def abort(self, req: pb.AbortRequest) -> None:
+        """The ``abort`` action: drop a staged write (:data:`flight.wire.ABORT`)."""
+        self.durability.abort(req)
 
     def stats(self) -> pb.Stats:
-        """Per table size, last step, subscribers and lag, changes and DoPut rows/bytes;
-        cycle durations; error answers by code; the journal's size and flush latency (the
-        numbers of the metrics endpoint, :mod:`flight.metrics`); the web UI's process."""
+        """The ``stats`` action (:data:`flight.wire.STATS`): per table size, last step,
+        subscribers and lag, changes and DoPut rows/bytes; cycle durations; error answers
+        by code; the journal's size and flush latency (the numbers of the metrics endpoint,
+        :mod:`flight.metrics`); the web UI's process."""
         ms = np.asarray(self._cycle_ms, dtype=np.float64)
         out = pb.Stats(step=self.graph.step, last_cycle_ms=self.graph.last_cycle_seconds * 1e3,
                        cycle_p50_ms=float(np.median(ms)) if ms.size else 0.0,

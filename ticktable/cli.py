@@ -143,6 +143,7 @@ class JsonFormatter(logging.Formatter):
 
 def _serve(args: argparse.Namespace) -> int:
     from flight.server import ServerConfig, TicktableServer
+    from flight.wire import TableKind
 
     token = args.token or os.environ.get("TICKTABLE_TOKEN") or None
     graph = UpdateGraph()
@@ -175,11 +176,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
     if args.demo:
-        quotes = server.registry.create_source("quotes", QUOTES, "keyed", keys=["Sym"])
+        quotes = server.registry.create_source("quotes", QUOTES, TableKind.KEYED, keys=["Sym"])
         tick = _ticker(quotes.table, args.seed)  # type: ignore[arg-type]
         board, stats = _demo_tables(quotes.table)
-        server.registry.add("board", board, "derived", parents=["quotes"])
-        server.registry.add("stats", stats, "derived", parents=["quotes"])
+        server.registry.add("board", board, TableKind.DERIVED, parents=["quotes"])
+        server.registry.add("stats", stats, TableKind.DERIVED, parents=["quotes"])
 
         def ticking() -> None:
             while not stop.wait(args.interval):

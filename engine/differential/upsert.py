@@ -41,11 +41,10 @@ from engine.differential.trace import Trace
 from engine.differential.version import Antichain, Version
 from engine.differential.zset import TIME, ZSet
 from engine.errors import InputError, InvalidKeyError, SchemaError
+from engine.reserved import DELETE
 from engine.sources import as_schema, conform
 
 __all__ = ["DELETE", "Upsert"]
-
-DELETE = "__delete"
 
 I64 = npt.NDArray[np.int64]
 

@@ -33,11 +33,10 @@ from engine._kernels.arrays import numeric_view
 from engine._kernels.hashing import combine, exact_hash, group_equal, hash_rows, same_rows
 from engine.differential.version import Version, VersionLike, as_version, times_up_to
 from engine.errors import InputError, SchemaError
+from engine.reserved import DIFF, TIME
 
 __all__ = ["DIFF", "TIME", "ZSet", "concat", "consolidate", "minus", "negate", "plus", "split_by_time"]
 
-DIFF = "__diff"
-TIME = "__time"
 _RESERVED = (DIFF, TIME)
 
 

@@ -32,13 +32,13 @@ import pyarrow.parquet as pq
 
 from engine.errors import CheckpointError as CheckpointError
 
-__all__ = ["FORMAT", "ROW_KEY", "Checkpoint", "CheckpointError", "read_checkpoint",
-           "write_checkpoint"]
+__all__ = ["FORMAT", "Checkpoint", "CheckpointError", "read_checkpoint", "write_checkpoint"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when the layout changes; a different version refuses to load
-ROW_KEY = "__row_key"
+#: Bump when the layout changes (the row keys' column, :data:`flight.wire.ROW_KEY`, too): a
+#: different version refuses to load.
+FORMAT = 1
 _CURRENT = "CURRENT"
 
 

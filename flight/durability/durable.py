@@ -60,20 +60,19 @@ import pyarrow as pa
 from engine.errors import InputError
 from engine.graph import UpdateGraph
 from engine.sources import SourceTable
-from flight.durability.checkpoint import ROW_KEY, read_checkpoint, write_checkpoint
+from flight.durability.checkpoint import read_checkpoint, write_checkpoint
 from flight.durability.journal import Journal
 from flight.durability.records import Blob, Chain, Record, ipc_bytes, read_ipc
 from flight.ingest.parts import Part
 from flight.ingest.staging import StagingArea
 from flight.pb import flight_pb2 as pb
 from flight.streams.registry import TableEntry, TableRegistry
+from flight.wire import DIFF, ROW_KEY, PutMode, RecordKind
 
 __all__ = ["Durability", "RecoveryReport"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-_DIFF = "__diff"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +102,9 @@ def encode_parts(parts: list[Part]) -> tuple[list[dict[str, Any]], Blob]:
     for p in parts:  # one IPC stream per part
         data = p.data
         if p.diffs is not None:
-            data = data.append_column(_DIFF, pa.array(p.diffs, pa.int64()))
+            data = data.append_column(DIFF, pa.array(p.diffs, pa.int64()))
         blob = ipc_bytes(data)
-        metas.append({"table": p.table, "kind": p.kind, "bytes": blob.size,
+        metas.append({"table": p.table, "kind": p.kind.value, "bytes": blob.size,
                       "diffs": p.diffs is not None})
         blobs.append(blob)
     if len(blobs) == 1:  # the common case: the IPC buffer itself, no copy
@@ -130,12 +129,12 @@ def decode_parts(metas: list[dict[str, Any]], payload: Blob, registry: TableRegi
         at += m["bytes"]
         diffs = None
         if m["diffs"]:
-            diffs = np.asarray(data.column(_DIFF).to_numpy(), dtype=np.int64)
-            data = data.drop_columns([_DIFF])
+            diffs = np.asarray(data.column(DIFF).to_numpy(), dtype=np.int64)
+            data = data.drop_columns([DIFF])
         table = registry.get(m["table"]).table
         if not isinstance(table, SourceTable):
             raise InputError(f"table {m['table']!r} is not a source table; it takes no writes")
-        kind = "upsert" if diffs is not None else m["kind"]  # a diff's rows: an upsert's
+        kind = PutMode.UPSERT if diffs is not None else PutMode(m["kind"])  # a diff's rows: an upsert's
         parts.append(Part(m["table"], table.check_batch(data, kind), diffs))
     return parts
 
@@ -191,21 +190,22 @@ class Durability:
         if self._applied != self._marked and self.journal is not None:
             # this cycle takes every record up to self._applied: mark it for replay
             self._marked = self._applied
-            self.journal.append_nowait("cycle", None, json.dumps({"through": self._applied}).encode())
+            self.journal.append_nowait(RecordKind.CYCLE.value, None,
+                                       json.dumps({"through": self._applied}).encode())
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._gate.release()
 
     # the write path -----------------------------------------------------------------------
-    def _record(self, kind: str, table: str | None, meta: dict[str, Any], payload: Blob,
+    def _record(self, kind: RecordKind, table: str | None, meta: dict[str, Any], payload: Blob,
                 apply: Callable[[int], T]) -> T:
         """Journal, then apply in journal order; in memory, apply at once."""
         if self.journal is None:
             return apply(0)
         return self._submit(kind, table, meta, payload, apply, None).result()
 
-    def _submit(self, kind: str, table: str | None, meta: dict[str, Any], payload: Blob,
+    def _submit(self, kind: RecordKind, table: str | None, meta: dict[str, Any], payload: Blob,
                 apply: Callable[[int], T], chain: Chain | None) -> Future[T]:
         """Queue a record; the future is the apply's result once durable and applied."""
         assert self.journal is not None
@@ -221,7 +221,7 @@ class Durability:
                 finally:
                     self._applied = seq
 
-        done = self.journal.submit(kind, table, json.dumps(meta).encode(), payload, apply=run,
+        done = self.journal.submit(kind.value, table, json.dumps(meta).encode(), payload, apply=run,
                                    chain=chain)
         # not durable (the apply never ran): the journal's error is the answer
         done.add_done_callback(lambda f: None if out.done() or f.exception() is None
@@ -240,7 +240,7 @@ class Durability:
             self.staging.apply(entry, parts)
         else:
             metas, payload = encode_parts(parts)
-            self._record("apply", entry.name, {"parts": metas}, payload,
+            self._record(RecordKind.APPLY, entry.name, {"parts": metas}, payload,
                          lambda seq: self.staging.apply(entry, parts))
         self._count(parts)
 
@@ -260,7 +260,7 @@ class Durability:
             out = self.staging.submit(entry, parts)
         else:
             metas, payload = encode_parts(parts)
-            out = self._submit("apply", entry.name, {"parts": metas}, payload,
+            out = self._submit(RecordKind.APPLY, entry.name, {"parts": metas}, payload,
                                lambda seq: self.staging.apply(entry, parts), chain)
         if self.on_put is not None:
             on_put, rows, nbytes = self.on_put, sum(p.data.num_rows for p in parts), \
@@ -282,7 +282,7 @@ class Durability:
             if self.journal is not None:
                 self._holds.setdefault(write_id, set()).add(seq)
 
-        self._record("hold", None, {"write_id": write_id, "slot": list(slot), "rows": rows,
+        self._record(RecordKind.HOLD, None, {"write_id": write_id, "slot": list(slot), "rows": rows,
                                     "parts": metas, "limits": self._limits()}, payload, run)
         self._count(parts)
 
@@ -293,8 +293,8 @@ class Durability:
             self._holds.pop(request.write_id, None)
             return result
 
-        result = self._record("commit", None, {"request": _b64(request.SerializeToString())},
-                              b"", run)
+        result = self._record(RecordKind.COMMIT, None,
+                              {"request": _b64(request.SerializeToString())}, b"", run)
         if result.applied:
             self.staging.wait_applied(result.step, wait)
         return result
@@ -305,14 +305,14 @@ class Durability:
             self._holds.pop(request.write_id, None)
             return self.staging.abort(request)
 
-        return self._record("abort", None, {"write_id": request.write_id}, b"", run)
+        return self._record(RecordKind.ABORT, None, {"write_id": request.write_id}, b"", run)
 
     def forget(self, writes: list[str], committed: list[str], aborted: list[str],
                dropped: list[str] | None = None) -> int:
         """Drop expired writes and forget old write ids (see :meth:`StagingArea.forget`)."""
         meta = {"writes": writes, "committed": committed, "aborted": aborted,
                 "dropped": dropped or []}
-        return self._record("forget", None, meta, b"",
+        return self._record(RecordKind.FORGET, None, meta, b"",
                             lambda seq: self.staging.forget(writes, committed, aborted, dropped))
 
     def create_table(self, name: str, schema: pa.Schema, kind: str, *, keys: list[str],
@@ -320,7 +320,7 @@ class Durability:
         """Create a durable source table (see :meth:`TableRegistry.create_source`)."""
         meta = {"schema": _b64(schema.serialize().to_pybytes()), "kind": kind, "keys": keys,
                 "capacity": capacity, "if_not_exists": if_not_exists, "limits": self._limits()}
-        return self._record("create", name, meta, b"", lambda seq: self._create(name, meta))
+        return self._record(RecordKind.CREATE, name, meta, b"", lambda seq: self._create(name, meta))
 
     def _create(self, name: str, meta: dict[str, Any]) -> TableEntry:
         schema = pa.ipc.read_schema(pa.py_buffer(_unb64(meta["schema"])))
@@ -332,7 +332,7 @@ class Durability:
 
     def drop_table(self, name: str) -> bool:
         """Drop a table (see :meth:`TableRegistry.drop`)."""
-        return self._record("drop", name, {}, b"", lambda seq: self._drop(name))
+        return self._record(RecordKind.DROP, name, {}, b"", lambda seq: self._drop(name))
 
     def _drop(self, name: str) -> bool:
         self._derived = [(n, r) for n, r in self._derived if n != name]
@@ -349,7 +349,7 @@ class Durability:
             self.registry.get(name).durable = True
             return name
 
-        return self._record("derive", None, {"request": _b64(request), "limits": self._limits()},
+        return self._record(RecordKind.DERIVE, None, {"request": _b64(request), "limits": self._limits()},
                             b"", run)
 
     def _limits(self) -> dict[str, int | None]:
@@ -483,7 +483,7 @@ class Durability:
         self._applied = self._marked = max([start, *(r.seq for r in records)])
         open_ids = self.staging.open_write_ids()
         if open_ids:  # journaled: a later replay drops them here too, before later commits
-            self._record("forget", None, {"writes": open_ids, "committed": [], "aborted": []},
+            self._record(RecordKind.FORGET, None, {"writes": open_ids, "committed": [], "aborted": []},
                          b"", lambda seq: self.staging.drop_open())
         dropped = len(open_ids)
         self._holds.clear()
@@ -511,14 +511,14 @@ class Durability:
         first = min([start, *(s - 1 for s in wanted)])
         records = list(self._records(first))
         markers = sorted({json.loads(r.meta)["through"] for r in records
-                          if r.kind == "cycle" and r.seq > start})
+                          if r.kind == RecordKind.CYCLE and r.seq > start})
         cycles = n = 0
         for rec in records:  # journal order
             if rec.seq <= start:
                 if rec.seq in wanted:  # a batch of a write still open at the checkpoint
                     self._replay(rec)
                 continue
-            if rec.kind == "cycle":
+            if rec.kind == RecordKind.CYCLE:
                 continue
             while markers and markers[0] < rec.seq:
                 self.graph.run_cycle()
@@ -568,32 +568,32 @@ class Durability:
 
     def _dispatch(self, rec: Record, meta: dict[str, Any]) -> None:
         kind = rec.kind
-        if kind == "apply":
+        if kind == RecordKind.APPLY:
             assert rec.table is not None
             self.staging.apply(self.registry.get(rec.table),
                                decode_parts(meta["parts"], rec.payload, self.registry))
-        elif kind == "hold":
+        elif kind == RecordKind.HOLD:
             self.staging.hold(meta["write_id"], (int(meta["slot"][0]), int(meta["slot"][1])),
                               decode_parts(meta["parts"], rec.payload, self.registry),
                               int(meta["rows"]))
             self._holds.setdefault(meta["write_id"], set()).add(rec.seq)
-        elif kind == "commit":
+        elif kind == RecordKind.COMMIT:
             req = pb.CommitRequest()
             req.ParseFromString(_unb64(meta["request"]))
             self._holds.pop(req.write_id, None)
             self.staging.commit_now(req)
-        elif kind == "abort":
+        elif kind == RecordKind.ABORT:
             self._holds.pop(meta["write_id"], None)
             self.staging.abort(pb.AbortRequest(write_id=meta["write_id"]))
-        elif kind == "create":
+        elif kind == RecordKind.CREATE:
             assert rec.table is not None
             self._create(rec.table, meta)
-        elif kind == "drop":
+        elif kind == RecordKind.DROP:
             assert rec.table is not None
             self._drop(rec.table)
-        elif kind == "derive":
+        elif kind == RecordKind.DERIVE:
             self._rebuild(_unb64(meta["request"]), "?")
-        elif kind == "forget":
+        elif kind == RecordKind.FORGET:
             self.staging.forget(meta["writes"], meta["committed"], meta["aborted"],
                                 meta.get("dropped"))  # absent from older journals
         else:

@@ -178,7 +178,8 @@ class Journal:
         Parameters
         ----------
         kind
-            What the record is (``"append"``, ``"upsert"``, ``"commit"``, ...): the caller's.
+            What the record is, a plain ``str`` (the checksum covers its ``repr``): the
+            caller's (:class:`flight.wire.RecordKind` values, for the server).
         table
             The table it changes, or None.
         meta

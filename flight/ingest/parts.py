@@ -47,6 +47,7 @@ from engine.differential.zset import ZSet
 from engine.errors import InputError, TableFailed
 from engine.sources import CheckedBatch, KeyedTable, SourceTable
 from flight.streams.registry import TableEntry, TableRegistry
+from flight.wire import PutMode
 
 __all__ = ["Part", "PartWriter"]
 
@@ -74,9 +75,9 @@ class Part:
     diffs: I64 | None = None
 
     @property
-    def kind(self) -> str:
-        """``append``, ``upsert``, ``delete`` or ``diff``."""
-        return self.rows.kind if self.diffs is None else "diff"
+    def kind(self) -> PutMode:
+        """How it changes the table: ``APPEND``, ``UPSERT``, ``DELETE`` or ``DIFF``."""
+        return PutMode(self.rows.kind) if self.diffs is None else PutMode.DIFF
 
     @property
     def data(self) -> pa.Table:
@@ -127,7 +128,7 @@ class PartWriter:
             If the table failed in an earlier cycle.
         """
         table = entry.table
-        if any(p.kind == "diff" for p in parts):
+        if any(p.kind == PutMode.DIFF for p in parts):
             assert isinstance(table, KeyedTable) and len(parts) == 1, "diff is one keyed part"
             with table.write_lock():
                 _resolve(table, parts, "nothing of the batch was applied").stage(table)
@@ -176,9 +177,9 @@ class PartWriter:
             for e in entries.values():
                 if e.table.failure is not None:  # check all before staging any
                     raise TableFailed(f"table {e.name!r} failed: {e.table.failure}")
-            diff_tables = sorted({p.table for p in parts if p.kind == "diff"})
+            diff_tables = sorted({p.table for p in parts if p.kind == PutMode.DIFF})
             mixed = [n for n in diff_tables
-                     if any(p.table == n and p.kind != "diff" for p in parts)]
+                     if any(p.table == n and p.kind != PutMode.DIFF for p in parts)]
             if mixed:
                 raise InputError(f"table(s) {mixed}: a commit cannot mix diff writes with other "
                                  f"modes for one table; commit them in separate writes")

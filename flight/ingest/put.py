@@ -44,8 +44,6 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from engine._kernels.arrays import aligned_table
-from engine.differential.upsert import DELETE
-from engine.differential.zset import DIFF, TIME
 from engine.errors import InputError, LimitExceeded, ProtocolError, SchemaError
 from engine.sources import AppendOnlyTable, CheckedBatch, KeyedTable, RingTable, SourceTable
 from flight.durability.records import Chain
@@ -55,20 +53,13 @@ from flight.limits import limit_text
 from flight.pb import flight_pb2 as pb
 from flight.rpc.requests import check_metadata_size, parse, table_name
 from flight.streams.registry import TableEntry, TableRegistry
+from flight.wire import DELETE, DIFF, TIME, PutMode, TableKind
 
 __all__ = ["PutHandler", "Stager", "check_batch", "check_mode"]
 
 log = logging.getLogger(__name__)
 
 I64 = npt.NDArray[np.int64]
-
-_MODE_NAMES: dict[int, str] = {
-    pb.PUT_MODE_APPEND: "append",
-    pb.PUT_MODE_UPSERT: "upsert",
-    pb.PUT_MODE_DELETE: "delete",
-    pb.PUT_MODE_DIFF: "diff",
-}
-
 
 class Stager(Protocol):
     """Where :class:`PutHandler` sends checked batches."""
@@ -154,7 +145,7 @@ class PutHandler:
             meta = schema_metadata
         check_metadata_size(meta, self.max_metadata_bytes, f"DoPut into {name!r}")
         if meta is None or meta.size == 0:
-            mode = pb.PUT_MODE_UPSERT if entry.kind == "keyed" else pb.PUT_MODE_APPEND
+            mode = pb.PUT_MODE_UPSERT if entry.kind == TableKind.KEYED else pb.PUT_MODE_APPEND
             request = pb.PutRequest(mode=mode)
         else:
             request = parse(pb.PutRequest(), meta.to_pybytes(), "DoPut")
@@ -230,7 +221,7 @@ class PutHandler:
         entry = self.registry.get(table_name)
         kind = check_mode(entry, request.mode)
         staged = bool(request.write_id)
-        if not staged and kind != "diff" and not self.staging.synchronous:
+        if not staged and kind != PutMode.DIFF and not self.staging.synchronous:
             yield from self._pipelined(entry, kind, batches)
             return
         slot = (int(request.partition), int(request.attempt))
@@ -245,7 +236,7 @@ class PutHandler:
             yield pb.PutAck(batch_index=index, rows=batch.num_rows, total_rows=total,
                             staged=staged)
 
-    def _pipelined(self, entry: TableEntry, kind: str,
+    def _pipelined(self, entry: TableEntry, kind: PutMode,
                    batches: Iterable[pa.RecordBatch]) -> Iterator[pb.PutAck]:
         """Check and submit each batch without waiting; acknowledge in order as each lands.
 
@@ -340,20 +331,20 @@ class PutHandler:
 
 
 # checking batches ---------------------------------------------------------------------------
-def check_mode(entry: TableEntry, mode: int) -> str:
+def check_mode(entry: TableEntry, mode: int) -> PutMode:
     """The write kind for ``mode`` on ``entry``, or an InputError saying which mode fits."""
-    name = _MODE_NAMES.get(mode)
+    name = PutMode.from_proto(mode)
     if name is None:
         raise InputError(f"unknown put mode {mode} for table {entry.name!r}")
     table = entry.table
     if isinstance(table, KeyedTable):
-        if name == "append":
+        if name == PutMode.APPEND:
             raise InputError(
                 f"table {entry.name!r} is keyed by {table.keys}: write it with PUT_MODE_UPSERT "
                 f"(or DELETE / DIFF), not APPEND")
         return name
     if isinstance(table, AppendOnlyTable | RingTable):
-        if name != "append":
+        if name != PutMode.APPEND:
             raise InputError(
                 f"table {entry.name!r} is an {entry.kind} table without keys: write it with "
                 f"PUT_MODE_APPEND ({name} needs a keyed table)")
@@ -362,7 +353,7 @@ def check_mode(entry: TableEntry, mode: int) -> str:
                      f"source tables (append, keyed, ring) take writes")
 
 
-def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table, *,
+def check_batch(entry: TableEntry, kind: PutMode, batch: pa.RecordBatch | pa.Table, *,
                 max_value_bytes: int | None = None) -> list[Part]:
     """Check one batch and turn it into parts to stage together (nothing is staged here).
 
@@ -383,12 +374,12 @@ def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table, 
     assert isinstance(table, SourceTable), "check_mode lets only source tables through"
     data = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     check_values(name, data, max_value_bytes)
-    if kind in ("append", "delete"):
+    if kind in (PutMode.APPEND, PutMode.DELETE):
         return [Part(name, table.check_batch(data, kind))]
-    if kind == "upsert":
+    if kind == PutMode.UPSERT:
         data, marker = _reserved(data, DELETE)
         flags = None if marker is None else _bool_column(name, marker, DELETE)
-        rows = table.check_batch(data, "upsert")
+        rows = table.check_batch(data, PutMode.UPSERT)
         if flags is None or not flags.any():
             return [Part(name, rows)]  # the keyed table itself is last-wins
         return _split_upsert_delete(name, rows, flags)
@@ -399,7 +390,7 @@ def check_batch(entry: TableEntry, kind: str, batch: pa.RecordBatch | pa.Table, 
                           f"{DIFF!r} (has: {data.column_names})")
     diffs = None if weights is None else _int_column(name, weights, DIFF)
     data, _ = _reserved(data, TIME)
-    rows = table.check_batch(data, "upsert")  # refuses a repeated __diff too
+    rows = table.check_batch(data, PutMode.UPSERT)  # refuses a repeated __diff too
     assert diffs is not None
     return [Part(name, rows, diffs)]
 

@@ -9,17 +9,18 @@ readiness probes need no secret.
 
 Two tokens: the *token* may call everything; the *read token* (optional) may read and
 nothing else. The interceptor decides per method, from :data:`READ_METHODS`, and for
-``DoAction`` per action type, from :data:`READ_ACTIONS` (checked before the action's
-handler runs); anything else answers PERMISSION_DENIED
-(:class:`~engine.errors.PermissionDenied`):
+``DoAction`` per action type, from :data:`READ_ACTIONS`: the rows of
+:data:`flight.wire.ACTIONS` marked ``read_only`` (checked before the action's handler
+runs); anything else answers PERMISSION_DENIED (:class:`~engine.errors.PermissionDenied`):
 
 ==================  =====================================================================
 read token may      Flight ``Handshake``, ``ListFlights``, ``GetFlightInfo``,
                     ``PollFlightInfo``, ``GetSchema``, ``DoGet`` (snapshots),
-                    ``DoExchange`` (subscriptions), ``ListActions``, ``DoAction`` ``stats``;
-                    TableService ``ListTables``; server reflection
-only the token      ``DoPut``, the other actions (``create_table``, ``drop_table``,
-                    ``commit``, ``abort``), TableService ``CreateDerivedTable`` (a
+                    ``DoExchange`` (subscriptions), ``ListActions``, ``DoAction`` of a
+                    read-only action (``stats``); TableService ``ListTables``; server
+                    reflection
+only the token      ``DoPut``, every other action (``create_table``, ``commit``, ...; an
+                    unknown one too), TableService ``CreateDerivedTable`` (a
                     composition) and ``DropTable``
 ==================  =====================================================================
 
@@ -36,6 +37,7 @@ import grpc
 
 from engine.errors import PermissionDenied, Unauthenticated
 from flight.errors import abort
+from flight.wire import ACTIONS
 
 __all__ = ["READ_ACTIONS", "READ_METHODS", "BearerTokenInterceptor", "bearer_header"]
 
@@ -55,7 +57,7 @@ READ_METHODS = frozenset({
 })
 
 #: The Flight actions a call with the read token may run.
-READ_ACTIONS = frozenset({"stats"})
+READ_ACTIONS = frozenset(a.name for a in ACTIONS if a.read_only)
 
 
 def bearer_header(token: str) -> tuple[bytes, bytes]:

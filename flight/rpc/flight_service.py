@@ -20,8 +20,9 @@ DoExchange         a subscription (:mod:`flight.streams.subscription`): the firs
                    ``app_metadata`` is a ``ClientMessage`` with ``subscribe``
 DoPut              ingestion (:mod:`flight.ingest.put`); the ``PutRequest`` is the first batch's
                    ``app_metadata`` or the schema message's (not both)
-DoAction           ``create_table``, ``drop_table``, ``commit``, ``abort``, ``stats``
-ListActions        the actions above
+DoAction           the actions of :data:`flight.wire.ACTIONS` (``create_table``, ``stats``, ...),
+                   run by :meth:`flight.server.TicktableServer.action`
+ListActions        the actions of :data:`flight.wire.ACTIONS`, in order
 =================  ==================================================================
 
 Errors. Every handler answers an exception with its row of :mod:`flight.errors`: the
@@ -70,6 +71,7 @@ from flight.rpc.framing import (
 from flight.rpc.requests import check_metadata_size, parse, table_name
 from flight.streams.per_client import client_of
 from flight.streams.subscription import Subscription
+from flight.wire import ACTIONS
 
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
@@ -84,12 +86,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SERVICE_NAME = "arrow.flight.protocol.FlightService"
-
-ACTIONS = (("create_table", "CreateTableRequest -> empty"),
-           ("drop_table", "DropTableRequest -> empty"),
-           ("commit", "CommitRequest -> CommitResult"),
-           ("abort", "AbortRequest -> empty"),
-           ("stats", "empty -> Stats"))
 
 
 class _Limits(Protocol):
@@ -113,7 +109,8 @@ class FlightHost(Protocol):
         """Count ``sub`` as open (``delta`` +1) or closed (-1)."""
 
     def action(self, kind: str, body: bytes) -> bytes | None:
-        """Run one DoAction; returns the serialized result message (or ``None``)."""
+        """Run one DoAction (a row of :data:`flight.wire.ACTIONS`); returns the serialized
+        result message (or ``None``)."""
 
 
 # ------------------------------------------------------------------------------ errors
@@ -486,8 +483,8 @@ class FlightService:
     # -------------------------------------------------------------------- actions
     def list_actions(self, request: fpb.Empty,
                      context: grpc.ServicerContext) -> Iterator[fpb.ActionType]:
-        for name, description in ACTIONS:
-            yield fpb.ActionType(type=name, description=description)
+        for a in ACTIONS:
+            yield fpb.ActionType(type=a.name, description=a.description)
 
     def do_action(self, action: fpb.Action, context: grpc.ServicerContext) -> Iterator[fpb.Result]:
         out = self.server.action(action.type, action.body)

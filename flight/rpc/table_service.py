@@ -42,6 +42,7 @@ from flight import substrait
 from flight.errors import abort
 from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb
+from flight.wire import TableKind
 
 # imported dynamically so mypy does not check the generated stub, whose ``type: ignore``
 # comments assume types-grpcio (not installed: ``grpc`` is untyped here)
@@ -190,7 +191,7 @@ class TableServiceServicer:
                 raise InputError(f"cannot replace table {request.name!r} with a table that reads "
                                  f"it; pick another name")
             try:
-                self.registry.add(request.name, table, "derived", parents=parents,
+                self.registry.add(request.name, table, TableKind.DERIVED, parents=parents,
                                   replace=request.replace)
             except TableExists as exc:  # taken since the check in create()
                 raise self._exists(request.name) from exc
@@ -200,7 +201,7 @@ class TableServiceServicer:
             if name in self.registry.names():
                 continue
             try:
-                self.registry.add(name, table, "derived", parents=parents)
+                self.registry.add(name, table, TableKind.DERIVED, parents=parents)
             except TableExists:
                 continue
             return name

@@ -42,13 +42,12 @@ from pyroaring import BitMap64
 from engine._kernels.arrays import aligned_table, shift_keys
 from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
+from flight.wire import DIFF, TIME
 
 __all__ = ["Message", "ReferenceView", "StreamEnded", "TriplesView", "apply_shifts", "decode_rows", "iter_messages",
            "read_message"]
 
 I64 = npt.NDArray[np.int64]
-DIFF = "__diff"
-TIME = "__time"
 
 
 def decode_rows(data: bytes) -> I64:

@@ -38,13 +38,13 @@ from engine.sources import AppendOnlyTable, KeyedTable, RingTable
 from engine.table import Table
 from engine.update import TableUpdate, compose
 from flight.limits import limit_text, quoted
+from flight.wire import SOURCE_KINDS, TableKind
 
 __all__ = ["MAX_RING_CAPACITY", "HistoryEntry", "Publisher", "TableEntry", "TableRegistry",
            "UpdateSink", "quoted"]
 
 log = logging.getLogger(__name__)
 
-KINDS = ("append", "keyed", "ring")
 T = TypeVar("T")
 
 #: Largest ring capacity: a ring allocates every column for its capacity when it is created.
@@ -196,7 +196,7 @@ class TableEntry:
 
     name: str
     table: Table
-    kind: str  # "append", "keyed", "ring" or "derived"
+    kind: str  # a TableKind
     keys: list[str] = field(default_factory=list)
     parents: list[str] = field(default_factory=list)
     publisher: Publisher | None = None
@@ -205,7 +205,7 @@ class TableEntry:
 
     @property
     def is_source(self) -> bool:
-        return self.kind in KINDS
+        return self.kind in SOURCE_KINDS
 
 
 class TableRegistry:
@@ -323,16 +323,17 @@ class TableRegistry:
             ``max_tables`` already.
         """
         _check_name(name)
-        if kind not in KINDS:
-            raise InputError(f"unknown table kind {kind!r} for {name!r}; use one of {KINDS}")
+        if kind not in SOURCE_KINDS:
+            raise InputError(f"unknown table kind {kind!r} for {name!r}; use one of "
+                             f"{tuple(k.value for k in SOURCE_KINDS)}")
         keys = list(keys or [])
-        if kind == "keyed" and not keys:
+        if kind == TableKind.KEYED and not keys:
             raise InputError(f"keyed table {name!r} needs key columns (keys=...)")
-        if kind != "keyed" and keys:
+        if kind != TableKind.KEYED and keys:
             raise InputError(f"{kind} table {name!r} takes no keys; use kind 'keyed' for "
                              f"upserts")
         _check_columns(name, schema, keys)
-        if kind == "ring" and not 0 < capacity <= MAX_RING_CAPACITY:
+        if kind == TableKind.RING and not 0 < capacity <= MAX_RING_CAPACITY:
             raise InputError(f"ring table {name!r} needs a capacity of 1 to {MAX_RING_CAPACITY} "
                              f"rows, got {capacity} (a ring allocates its capacity at once)")
         with self._lock:
@@ -352,9 +353,9 @@ class TableRegistry:
             self._check_limits(name, schema, new=True)  # before a ring allocates its capacity
             table: Table
             with self.graph.exclusive_lock():
-                if kind == "append":
+                if kind == TableKind.APPEND:
                     table = AppendOnlyTable(self.graph, schema, name=name)
-                elif kind == "keyed":
+                elif kind == TableKind.KEYED:
                     table = KeyedTable(self.graph, schema, keys, name=name)
                 else:
                     try:

@@ -48,13 +48,11 @@ from flight.pb import flight_pb2 as pb
 from flight.rpc.framing import batch_frames, frame, schema_frame
 from flight.streams.fanout import FanOut
 from flight.streams.registry import HistoryEntry, TableEntry
+from flight.wire import DIFF, TIME
 
 __all__ = ["Subscription", "SubscriptionOptions", "triples_schema"]
 
 log = logging.getLogger(__name__)
-
-DIFF = "__diff"
-TIME = "__time"
 
 
 @dataclass(slots=True)

@@ -46,6 +46,7 @@ import pyarrow as pa
 from engine.rowset import RowSet
 from engine.update import TableUpdate, compose
 from flight.streams.registry import HistoryEntry, TableEntry
+from flight.wire import ROW_KEY
 
 __all__ = ["FEEDS", "ROW_KEY", "SNAPSHOT_CHUNK_ROWS", "Change", "TableFeed", "perspective_schema",
            "split_snapshot", "to_ipc"]
@@ -54,8 +55,6 @@ log = logging.getLogger(__name__)
 
 #: The two ways to feed a grid (``perspective``, the default, and ``arrow``).
 FEEDS = ("perspective", "arrow")
-#: The column carrying each row's row key: the Perspective table's index.
-ROW_KEY = "__row_key"
 #: Rows per part of a large snapshot (the first part is the snapshot, the rest upserts).
 SNAPSHOT_CHUNK_ROWS = 500_000
 

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import perspective
 
-from flight.web.feed import ROW_KEY, Change, split_snapshot, to_ipc
+from flight.web.feed import Change, split_snapshot, to_ipc
+from flight.wire import ROW_KEY
 
 if TYPE_CHECKING:
     from flight.web.remote import RemoteFeed, RemoteTables
