@@ -249,16 +249,23 @@ class Durability:
             self.on_put(parts[0].table, sum(p.data.num_rows for p in parts),
                         sum(p.nbytes for p in parts))
 
-    def submit(self, entry: TableEntry, parts: list[Part], chain: Chain) -> Future[None]:
+    def open_chain(self) -> Chain | None:
+        """A new :class:`~flight.durability.records.Chain` for one DoPut stream's batches
+        (``None`` in memory, where they apply at once and in order)."""
+        return None if self.journal is None else Chain()
+
+    def submit(self, entry: TableEntry, parts: list[Part], chain: object) -> Future[None]:
         """:meth:`apply` without waiting: the future is done once the batch is durable and
         staged. Batches of one ``chain`` (one DoPut stream) become durable as a prefix.
 
         Only for writes whose refusal at apply time is permanent for the table (append,
         upsert, delete: a failed table), so that no batch after a refused one could apply.
+        ``chain`` is what :meth:`open_chain` gave the stream.
         """
         if self.journal is None:  # in memory: at once
             out = self.staging.submit(entry, parts)
         else:
+            assert isinstance(chain, Chain), "a durable stream's chain comes from open_chain"
             metas, payload = encode_parts(parts)
             out = self._submit(RecordKind.APPLY, entry.name, {"parts": metas}, payload,
                                lambda seq: self.staging.apply(entry, parts), chain)

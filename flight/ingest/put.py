@@ -46,7 +46,6 @@ import pyarrow.flight as flight
 from engine._kernels.arrays import aligned_table
 from engine.errors import InputError, LimitExceeded, ProtocolError, SchemaError
 from engine.sources import AppendOnlyTable, CheckedBatch, KeyedTable, RingTable, SourceTable
-from flight.durability.records import Chain
 from flight.ingest.parts import Part
 from flight.ingest.value_sizes import check_values
 from flight.limits import limit_text
@@ -71,7 +70,12 @@ class Stager(Protocol):
 
     def apply(self, entry: TableEntry, parts: list[Part]) -> None: ...
 
-    def submit(self, entry: TableEntry, parts: list[Part], chain: Chain) -> Future[None]: ...
+    def open_chain(self) -> object:
+        """A token for one stream's batches, given to each of its :meth:`submit` calls: they
+        become durable as a prefix (a batch after one that failed is never staged)."""
+        ...
+
+    def submit(self, entry: TableEntry, parts: list[Part], chain: object) -> Future[None]: ...
 
     def hold(self, write_id: str, slot: tuple[int, int], parts: list[Part], rows: int) -> None: ...
 
@@ -250,7 +254,7 @@ class PutHandler:
         cannot write) are permanent for the table or break the chain, so a batch after a
         failed one is never staged: the stream's staged batches are always a prefix.
         """
-        chain = Chain()
+        chain = self.staging.open_chain()
         flight_: deque[tuple[Future[None], int, int]] = deque()  # (future, rows, bytes)
         in_flight = acked = total = 0
         cond = threading.Condition()

@@ -154,6 +154,10 @@ class StagingArea:
         """
         self.writer.apply(entry, parts)
 
+    def open_chain(self) -> object:
+        """Nothing: in memory a stream's batches apply as they come, in order."""
+        return None
+
     def submit(self, entry: TableEntry, parts: list[Part], chain: object = None) -> Future[None]:
         """:meth:`apply` at once, its outcome as a done future (the in-memory side of
         :meth:`flight.durability.durable.Durability.submit`; ``chain`` is not needed here)."""
