@@ -10,7 +10,9 @@ one stream (one table, one format, its columns, viewport and batch size):
 - :meth:`DeltaCodec.delta`: an ``UPDATES`` delta: the update's row sets and shifts, and the
   values of the rows the client must (re)learn, read at the current state;
 - :meth:`DeltaCodec.update_triples` (inside the cycle: it reads previous values) and
-  :meth:`DeltaCodec.triples`: a ``TRIPLES`` delta.
+  :meth:`DeltaCodec.triples`: a ``TRIPLES`` delta, through the differential layer's
+  translator (:func:`~engine.differential.translator.update_to_triples`): one consolidated
+  batch over the carried columns, framed in the stream schema (the other columns null).
 
 :mod:`flight.streams.decoder` is its inverse (tests/flight/streams/test_codec.py checks
 the round trip over random updates).
@@ -35,7 +37,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine.differential.zset import DIFF, TIME, ZSet, concat
+from engine.differential.translator import update_to_triples
+from engine.differential.zset import DIFF, TIME, ZSet
 from engine.rowset import RowSet
 from engine.table import Table
 from engine.update import TableUpdate
@@ -199,20 +202,7 @@ class DeltaCodec:
 
         Call it inside the cycle that made ``update``: previous values exist only then.
         """
-        parts = []
-        old = update.removed | update.shifted.unapply(update.modified)  # previous key space
-        if old:
-            rows = self.table.rows(old.keys(), self.columns, prev=True)
-            parts.append(ZSet(rows, np.full(rows.num_rows, -1, np.int64)))
-        new = update.added | update.modified  # current key space
-        if new:
-            rows = self.table.rows(new.keys(), self.columns)
-            parts.append(ZSet(rows, np.ones(rows.num_rows, np.int64)))
-        if not parts:
-            schema = pa.schema([self.table.schema.field(c) for c in self.columns])
-            return ZSet.empty(schema).with_time(step)
-        out = concat(*parts).with_time(step)
-        return out.consolidate() if update.modified else out
+        return update_to_triples(self.table, update, time=step, columns=self.columns)
 
     def triples(self, batch: ZSet | None, *, sequence: int, step: int, count: int) -> Encoded:
         """The ``TRIPLES`` message of ``batch`` (triples of :meth:`update_triples`, possibly
