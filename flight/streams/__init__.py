@@ -3,9 +3,15 @@
 Reading order, in the order an update travels after its cycle:
 
 - :mod:`flight.streams.registry`: the server's named tables, and per table the publisher
-  that numbers its updates and keeps a bounded history of them.
+  that numbers its updates, keeps a bounded history of them and feeds its
+  :class:`~flight.streams.registry.UpdateSink` s inside the cycle.
+- :mod:`flight.streams.pending`: what a sink received and has not sent yet, composed into
+  one update when it sends (and past a bound, in the cycle).
+- :mod:`flight.streams.codec`: the delta codec: an update (or a snapshot) of a table in,
+  one subscription message's ``FlightData`` frames out. Pure: no threads, queues or locks.
 - :mod:`flight.streams.subscription`: one subscriber's stream: snapshot, then deltas.
 - :mod:`flight.streams.fanout`: one build of each update's message, written to many
   subscribers that share columns and batch size.
-- :mod:`flight.streams.decoder`: the reference decoder, the protocol's executable definition.
+- :mod:`flight.streams.decoder`: the reference decoder, the codec's inverse and the
+  protocol's executable definition.
 """

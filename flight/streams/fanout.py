@@ -44,7 +44,14 @@ build runs where the update's data is (bench_flight's latency section, against t
 building it: bench/README.md). Only one of the two builds at a time (``_stage``), so
 messages stay in order.
 
-Lock order: a subscription's condition, then a fan-out's, then the publisher's lock.
+Building. The fan-out owns the stream's :class:`~flight.streams.codec.DeltaCodec` (its
+members' columns, viewport and batch size) and, for a viewport, the rows its members hold;
+its updates wait in a :class:`~flight.streams.pending.PendingUpdates`. One step,
+:meth:`FanOut._build_pending`, takes them, builds the message and advances the fan-out's
+sequence: the cycle's thread and the fan-out's thread both call it, under the shared lock.
+
+Lock order: a subscription's condition, then a fan-out's, then the publisher's lock (a
+:class:`~flight.streams.pending.PendingUpdates`' lock is innermost).
 """
 
 from __future__ import annotations
@@ -53,29 +60,28 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Hashable
+from typing import Protocol
 
 from engine.graph import UpdateGraph
-from engine.update import compose
+from engine.rowset import RowSet
+from flight.streams.codec import DeltaCodec, Encoded
+from flight.streams.pending import PendingUpdates
 from flight.streams.registry import HistoryEntry, Publisher
 
 __all__ = ["FanOut", "Member"]
 
 log = logging.getLogger(__name__)
 
-M = TypeVar("M")  # a prepared message
-M_contra = TypeVar("M_contra", contravariant=True)
 
-
-class Member(Protocol[M_contra]):
+class Member(Protocol):
     """What a fan-out writes to: a subscription's stream (see Subscription)."""
 
     @property
     def sequence(self) -> int:
         """The sequence number of the last message written to the stream."""
 
-    def write_shared(self, msg: M_contra) -> None:
+    def write_shared(self, msg: Encoded) -> None:
         """Write ``msg`` to the stream (raises if the stream broke)."""
 
     def on_detached(self, exc: BaseException | None) -> None:
@@ -88,7 +94,7 @@ class Member(Protocol[M_contra]):
         """Whether ``write_shared`` now would not block (the event loop writes only then)."""
 
 
-class FanOut(Generic[M]):
+class FanOut:
     """Writes one message per update (or per run of updates) to every member, in order.
 
     Parameters
@@ -99,9 +105,13 @@ class FanOut(Generic[M]):
         The table's publisher; the fan-out is one of its sinks while it has members.
     key
         This fan-out's key at the publisher (:meth:`Publisher.fanout`).
-    build
-        ``build(pending, count)``, called under the shared lock: the message bringing a
-        member from before ``pending[0]`` to the current state (``count`` table updates).
+    codec
+        Builds the members' messages (an ``UPDATES`` stream: their columns, viewport and
+        batch size).
+    held
+        With a viewport: the keys whose values the members hold now (the viewport's rows at
+        the publisher's current state; create the fan-out under the shared lock). ``None``:
+        every row.
     max_pending
         Updates queued before the cycle composes them into one.
     stall_seconds
@@ -112,8 +122,8 @@ class FanOut(Generic[M]):
         on the fan-out's thread.
     """
 
-    def __init__(self, graph: UpdateGraph, publisher: Publisher, key: tuple[Any, ...],
-                 build: Callable[[list[HistoryEntry], int], M], *, max_pending: int,
+    def __init__(self, graph: UpdateGraph, publisher: Publisher, key: Hashable,
+                 codec: DeltaCodec, *, held: RowSet | None, max_pending: int,
                  stall_seconds: float, name: str,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.graph = graph
@@ -121,15 +131,14 @@ class FanOut(Generic[M]):
         self.key = key
         self.stall_seconds = stall_seconds
         self.name = name
-        self._build = build
-        self._max_pending = max_pending
+        self._codec = codec
+        self._held = held  # the viewport's rows the members hold (None: every row)
         self._cond = threading.Condition()
-        self._members: dict[Member[M], None] = {}  # ordered: written in join order
-        self._pending: list[HistoryEntry] = []
-        self._pending_count = 0
-        self._sequence = 0  # the publisher's sequence before _pending[0]
-        self._current: tuple[int, M] | None = None  # (start, message) being written
-        self._writing: dict[Member[M], float] = {}  # writes in flight: member -> since
+        self._members: dict[Member, None] = {}  # ordered: written in join order
+        self._pending = PendingUpdates(max_pending)
+        self._sequence = 0  # the publisher's sequence before the pending updates
+        self._current: tuple[int, Encoded] | None = None  # (start, message) being written
+        self._writing: dict[Member, float] = {}  # writes in flight: member -> since
         self._failure: BaseException | None = None
         self._generation = 0  # bumped to retire the writing thread
         self._subscribed = False
@@ -146,14 +155,7 @@ class FanOut(Generic[M]):
     # ------------------------------------------------------- the cycle's side (sink)
     def on_table_update(self, entry: HistoryEntry) -> None:
         with self._cond:
-            self._pending.append(entry)
-            self._pending_count += 1
-            if len(self._pending) > self._max_pending:  # the writer is behind: compose
-                first, last = self._pending[0], self._pending[-1]
-                total = first.update
-                for e in self._pending[1:]:
-                    total = compose(total, e.update, first.prev)
-                self._pending = [HistoryEntry(last.sequence, last.step, total, first.prev)]
+            self._pending.append(entry)  # composed past max_pending: the writer is behind
             if self._stage == "idle" and self._loop is not None and self._current is None:
                 self._stage = "loop"  # built once the cycle let go of the lock, written on the loop
                 self.graph.call_after_cycle(self._after_cycle)
@@ -169,7 +171,7 @@ class FanOut(Generic[M]):
             m.on_table_failure(exc)
 
     # ------------------------------------------------------------------ membership
-    def join(self, member: Member[M]) -> bool:
+    def join(self, member: Member) -> bool:
         """Add ``member`` if it is exactly at the publisher's sequence and nothing is pending.
 
         Call under the graph's shared lock, with ``member`` unsubscribed from the publisher
@@ -186,7 +188,7 @@ class FanOut(Generic[M]):
             self._members[member] = None
             return True
 
-    def leave(self, member: Member[M]) -> None:
+    def leave(self, member: Member) -> None:
         """Stop writing to ``member``; returns once no write to it is in flight."""
         with self._cond:
             self._members.pop(member, None)
@@ -195,7 +197,7 @@ class FanOut(Generic[M]):
             if not self._members:
                 self._close()
 
-    def retire_if_stalled(self, member: Member[M]) -> bool:
+    def retire_if_stalled(self, member: Member) -> bool:
         """Detach ``member`` if a write to it has blocked for ``stall_seconds``; a new
         thread then serves the others. The member's ``on_detached`` follows when the write
         returns."""
@@ -239,7 +241,7 @@ class FanOut(Generic[M]):
         except RuntimeError:  # the loop is closed (shutting down): the thread writes it
             self._to_thread(built)
 
-    def _to_thread(self, built: tuple[int, M] | None = None) -> None:
+    def _to_thread(self, built: tuple[int, Encoded] | None = None) -> None:
         """Leave the next message to the thread (``built``: this one, to write)."""
         with self._cond:
             if built is None:
@@ -249,41 +251,56 @@ class FanOut(Generic[M]):
                 self._stage = "thread"
             self._cond.notify_all()
 
-    def _build_now(self) -> tuple[int, M] | None:
+    def _build_now(self) -> tuple[int, Encoded] | None:
         """On the cycle's thread, caches still warm with the update: the pending updates'
         message, or ``None`` when the thread is to build it (a reader or cycle in the way)."""
         with self._cond:
             if self._closed or self._failure is not None or not self._pending:
                 self._stage = "idle"
                 return None
+        built: tuple[int, Encoded] | None = None
+        failure: BaseException | None = None
         with self.graph.shared_lock_if_free() as free:
             if not free:
                 self._to_thread()
                 return None
-            with self._cond:
-                pending, self._pending = self._pending, []
-                count, self._pending_count = self._pending_count, 0
-                start = self._sequence
             try:
-                msg = self._build(pending, count)
+                built = self._build_pending()
             except Exception as exc:  # every member ends with it (told outside the lock)
                 log.error("fan-out of %r failed", self.name, exc_info=True)
-                failure: BaseException | None = exc
-            else:
-                failure = None
-        if failure is not None:
+                failure = exc
+        if built is None:
             self._to_thread()
-            self.on_table_failure(failure)
+            if failure is not None:
+                self.on_table_failure(failure)
+        return built
+
+    def _build_pending(self) -> tuple[int, Encoded] | None:
+        """Under the shared lock (no cycle runs): take the pending updates, build their
+        message and advance; ``(start, message)``, or ``None`` when nothing was pending."""
+        run = self._pending.take()  # every update so far: no cycle runs under the shared lock
+        if run is None:
             return None
         with self._cond:
-            self._sequence = pending[-1].sequence
+            start = self._sequence
+        msg = self._build(run.entry, run.count)
+        with self._cond:
+            self._sequence = run.entry.sequence
             self.messages += 1
-            self.coalesced += count - 1
+            self.coalesced += run.count - 1
         return start, msg
 
-    def _write_on_loop(self, start: int, msg: M) -> None:
+    def _build(self, entry: HistoryEntry, count: int) -> Encoded:
+        """The message bringing a member from before ``entry`` (``count`` table updates
+        composed) to the current state; the viewport's rows the members then hold."""
+        msg = self._codec.delta(entry.update, held=self._held, sequence=entry.sequence,
+                                step=self.graph.step, count=count)
+        self._held = msg.held
+        return msg
+
+    def _write_on_loop(self, start: int, msg: Encoded) -> None:
         """Write a built message to every member, here if each has room, else by the thread."""
-        detached: list[tuple[Member[M], BaseException]] = []
+        detached: list[tuple[Member, BaseException]] = []
         with self._cond:  # holds off leave(): no write to a member after it left
             if self._closed or self._failure is not None:
                 self._stage = "idle"
@@ -334,19 +351,15 @@ class FanOut(Generic[M]):
                 self._stage = "thread"  # this message is the thread's, not the cycle's
         if current is None:
             with self.graph.shared_lock():
-                with self._cond:  # every update so far (no cycle runs under the shared lock)
-                    pending, self._pending = self._pending, []
-                    count, self._pending_count = self._pending_count, 0
-                    start = self._sequence
-                msg = self._build(pending, count)
+                built = self._build_pending()
             with self._cond:
-                self._sequence = pending[-1].sequence
-                current = self._current = (start, msg)
-                self.messages += 1
-                self.coalesced += count - 1
+                if built is None:  # nothing was pending after all
+                    self._stage = "idle"
+                    return True
+                current = self._current = built
         return self._write(generation, *current)
 
-    def _write(self, generation: int, start: int, msg: M) -> bool:
+    def _write(self, generation: int, start: int, msg: Encoded) -> bool:
         """Write ``msg`` to every member at ``start``; False if retired meanwhile."""
         with self._cond:
             members = list(self._members)

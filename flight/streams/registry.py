@@ -7,8 +7,13 @@ update the table's next *sequence number*, keeps a bounded history of recent upd
 subscribers resuming after a dropped connection) and hands the update to every subscriber.
 
 The history holds row sets only (updates and the row set before each), never values: a
-subscriber resuming or catching up composes the updates it missed and reads the values
-of the rows they touch from the table's current state, under the graph's shared lock.
+subscriber resuming or catching up composes the updates it missed
+(:func:`~flight.streams.pending.compose_run`) and reads the values of the rows they touch
+from the table's current state, under the graph's shared lock.
+
+The seam to the consumers is typed: a publisher feeds :class:`UpdateSink` s (a
+subscription's stream, a fan-out, a web feed) and keeps, per key, the fan-outs its
+subscribers share (:meth:`Publisher.fanout`).
 """
 
 from __future__ import annotations
@@ -17,9 +22,9 @@ import collections
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
 import pyarrow as pa
 
@@ -36,7 +41,7 @@ from engine.graph import UpdateGraph
 from engine.rowset import RowSet
 from engine.sources import AppendOnlyTable, KeyedTable, RingTable
 from engine.table import Table
-from engine.update import TableUpdate, compose
+from engine.update import TableUpdate
 from flight.limits import limit_text, quoted
 from flight.wire import SOURCE_KINDS, TableKind
 
@@ -45,7 +50,6 @@ __all__ = ["MAX_RING_CAPACITY", "HistoryEntry", "Publisher", "TableEntry", "Tabl
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 #: Largest ring capacity: a ring allocates every column for its capacity when it is created.
 MAX_RING_CAPACITY = 1 << 30
@@ -62,11 +66,20 @@ class HistoryEntry:
 
 
 class UpdateSink(Protocol):
-    """What a publisher feeds: called inside the cycle, after the table committed."""
+    """What a publisher feeds: called inside the cycle, after the table committed.
 
-    def on_table_update(self, entry: HistoryEntry) -> None: ...
+    Neither call may wait on a client: a sink queues the entry
+    (:class:`~flight.streams.pending.PendingUpdates`) and sends it later, on its own thread.
+    """
 
-    def on_table_failure(self, exc: BaseException) -> None: ...
+    def on_table_update(self, entry: HistoryEntry) -> None:
+        """The table's next update (previous values are readable until the cycle ends)."""
+
+    def on_table_failure(self, exc: BaseException) -> None:
+        """The table failed or was dropped: no more updates."""
+
+
+S = TypeVar("S", bound=UpdateSink)
 
 
 class Publisher:
@@ -95,7 +108,7 @@ class Publisher:
         self._lock = threading.Lock()
         # per (columns, batch rows): the fan-out writing one shared message per update to
         # every subscriber of those columns that holds every row (flight/streams/fanout.py)
-        self._fanouts: dict[tuple[Any, ...], Any] = {}
+        self._fanouts: dict[Hashable, UpdateSink] = {}
         self._handle = table.listen(self._on_update, self._on_failure)
 
     # inside the cycle ----------------------------------------------------------------
@@ -147,36 +160,33 @@ class Publisher:
         with self._lock:
             return list(self._sinks)
 
-    def missed_since(self, sequence: int) -> tuple[TableUpdate, RowSet, int] | None:
-        """The updates after ``sequence`` composed into one, with the row set before them.
+    def missed_since(self, sequence: int) -> list[HistoryEntry] | None:
+        """The history entries after ``sequence``, in order (empty when none).
 
-        Returns ``(update, prev, count)``, or ``None`` when some of them are no longer held.
-        Call under the graph's shared lock (the result then leads to the current state).
+        ``None`` when some of them are no longer held. Call under the graph's shared lock
+        (the entries then lead to the current state).
         """
         with self._lock:
             if sequence > self.sequence:
                 return None
             if sequence == self.sequence:
-                return TableUpdate(), self.table.rowset, 0
+                return []
             if not self._history or self._history[0].sequence > sequence + 1:
                 return None
-            entries = [e for e in self._history if e.sequence > sequence]
-        first = entries[0]
-        total, prev = first.update, first.prev
-        for e in entries[1:]:
-            total = compose(total, e.update, prev)
-        return total, prev, len(entries)
+            return [e for e in self._history if e.sequence > sequence]
 
-    def fanout(self, key: tuple[Any, ...], create: Callable[[], T]) -> T:
-        """The fan-out (see :mod:`flight.streams.fanout`) for ``key``, created if there is none."""
+    def fanout(self, key: Hashable, create: Callable[[], S]) -> S:
+        """The fan-out (see :mod:`flight.streams.fanout`) for ``key``, created if there is none.
+
+        Every caller of one key creates the same type (the key names the fan-out's stream).
+        """
         with self._lock:
             fan = self._fanouts.get(key)
             if fan is None:
                 fan = self._fanouts[key] = create()
-            out: T = fan
-            return out
+            return cast(S, fan)  # created by a caller of this key
 
-    def drop_fanout(self, key: tuple[Any, ...], fan: object) -> None:
+    def drop_fanout(self, key: Hashable, fan: UpdateSink) -> None:
         """Forget ``fan`` (it has no subscribers left); a later subscriber creates a new one."""
         with self._lock:
             if self._fanouts.get(key) is fan:

@@ -14,15 +14,16 @@ some row holds it now. So ``remove = (u.removed | moved_prev) - cur`` and ``upse
 u.added | u.modified | moved_cur``: the cost follows the change, never the table.
 
 Threads. The update cycle calls :meth:`TableFeed.on_table_update` (through the table's
-:class:`~flight.streams.registry.Publisher`), which only queues the update: the cycle never waits
-for a browser. The feed's own thread composes what is queued into one update (updates
-never change, so without any lock), then takes the graph's shared lock, which no cycle
-runs under, only to add what cycles queued meanwhile and read the rows it must send,
-releases it and hands the :class:`Change` to its ``deliver`` callback. While ``deliver``
-runs (a slow browser, a busy Perspective engine) updates keep queuing; past
-``max_pending`` the cycle composes each new one into the newest queued (exact
-:func:`~engine.update.compose`, one per cycle), so a slow consumer costs at most
-``max_pending`` updates of memory and receives fewer, larger changes:
+:class:`~flight.streams.registry.Publisher`), which only queues the update in the feed's
+:class:`~flight.streams.pending.PendingUpdates`: the cycle never waits for a browser. The
+feed's own thread takes what is queued as one composed update (updates never change, so
+without the graph's lock), then takes the graph's shared lock, which no cycle runs under,
+only to add what cycles queued meanwhile and read the rows it must send, releases it and
+hands the :class:`Change` to its ``deliver`` callback. While ``deliver`` runs (a slow
+browser, a busy Perspective engine) updates keep queuing; past ``max_pending`` the cycle
+composes each new one into the newest queued (exact :func:`~engine.update.compose`, one
+per cycle), so a slow consumer costs at most ``max_pending`` updates of memory and
+receives fewer, larger changes:
 :attr:`TableFeed.coalesced` counts the updates that never travelled on their own. With ``min_interval``, a change is built
 at most that often (what arrives in between is composed): a screen shows a value for a few
 frames at least, and the per-change cost of the consumer (Perspective's engine, the
@@ -44,7 +45,8 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from engine.rowset import RowSet
-from engine.update import TableUpdate, compose
+from engine.update import TableUpdate
+from flight.streams.pending import PendingUpdates
 from flight.streams.registry import HistoryEntry, TableEntry
 from flight.wire import ROW_KEY
 
@@ -153,14 +155,6 @@ def _conform(rows: pa.Table, keys: npt.NDArray[np.int64], schema: pa.Schema) -> 
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _composed(entries: list[HistoryEntry]) -> TableUpdate:
-    """The updates of ``entries`` (consecutive) as one."""
-    update = entries[0].update
-    for e in entries[1:]:
-        update = compose(update, e.update, entries[0].prev)
-    return update
-
-
 def split_snapshot(change: Change, rows: int = SNAPSHOT_CHUNK_ROWS,
                    first_rows: int | None = None) -> list[Change]:
     """A large snapshot as a snapshot of its first rows and upserts of the rest, ``rows``
@@ -225,11 +219,9 @@ class TableFeed:
         self.schema = perspective_schema(self.table.schema)
         self._deliver = deliver
         self._on_failure = on_failure
-        self._max_pending = max_pending
         self._min_interval = min_interval
         self._cond = threading.Condition()
-        self._pending: list[HistoryEntry] = []
-        self._pending_count = 0
+        self._pending = PendingUpdates(max_pending)
         self._failure: BaseException | None = None
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -261,13 +253,7 @@ class TableFeed:
     # ------------------------------------------------------ the cycle's side (sink)
     def on_table_update(self, entry: HistoryEntry) -> None:
         with self._cond:
-            self._pending.append(entry)
-            self._pending_count += 1
-            if len(self._pending) > self._max_pending:  # one compose per cycle from now on
-                last, new = self._pending[-2], self._pending[-1]
-                self._pending[-2:] = [HistoryEntry(new.sequence, new.step,
-                                                   compose(last.update, new.update, last.prev),
-                                                   last.prev)]
+            self._pending.append(entry)  # one compose per cycle past max_pending
             self._cond.notify()
 
     def on_table_failure(self, exc: BaseException) -> None:
@@ -300,22 +286,17 @@ class TableFeed:
                         return
                     if self._failure is not None and not self._pending:
                         raise self._failure
-                    pending, self._pending = self._pending, []
-                    count, self._pending_count = self._pending_count, 0
                 t0 = time.thread_time()
-                prev = pending[0].prev
-                update = _composed(pending)  # updates never change: no lock needed
+                run = self._pending.take()  # composed: updates never change, no lock needed
+                assert run is not None  # only this thread takes
                 with self.graph.shared_lock():  # no cycle runs while it is held
-                    with self._cond:  # what cycles added meanwhile (no more can come now)
-                        more, self._pending = self._pending, []
-                        count += self._pending_count
-                        self._pending_count = 0
-                    if more:
-                        update = compose(update, _composed(more), prev)
-                        pending += more
-                    change = self._delta(update, prev, pending[-1].sequence, count)
+                    more = self._pending.take()  # what cycles added meanwhile (no more now)
+                    if more is not None:
+                        run = run.then(more)
+                    e = run.entry
+                    change = self._delta(e.update, e.prev, e.sequence, run.count)
                 self.build_seconds += time.thread_time() - t0
-                self.coalesced += count - 1
+                self.coalesced += run.count - 1
                 due = time.monotonic() + self._min_interval
                 self._deliver(change)
                 self.changes += 1

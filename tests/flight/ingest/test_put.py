@@ -401,6 +401,9 @@ class _SlowStager:
     def hold(self, *args):
         self.staging.hold(*args)
 
+    def open_chain(self):
+        return object()
+
     def submit(self, entry, parts, chain):
         from concurrent.futures import Future
         f = Future()
@@ -427,7 +430,9 @@ def test_pipelined_acks_come_in_order_and_only_once_each_batch_landed(env):
 
     t = threading.Thread(target=run)
     t.start()
+    deadline = time.monotonic() + 30
     while stager.submitted < 5:  # every batch is read and submitted without waiting
+        assert t.is_alive() and time.monotonic() < deadline, "the put ended or stalled"
         t.join(0.01)
     assert acks == []
     for k in (2, 0):  # batch 2 lands first: nothing may be acknowledged before batch 0
@@ -453,8 +458,10 @@ def test_pipelined_stream_waits_when_too_much_is_in_flight(env):
     t = threading.Thread(target=lambda: env.puts.put("t", pb.PutRequest(mode=APPEND), batches,
                                                       acks.append))
     t.start()
+    deadline = time.monotonic() + 30
     for i in range(3):
         while stager.submitted < i + 1:
+            assert t.is_alive() and time.monotonic() < deadline, "the put ended or stalled"
             t.join(0.01)
         t.join(0.05)
         assert stager.submitted == i + 1  # the next batch is not read before this one lands

@@ -78,7 +78,7 @@ def test_batch_frames_slice_header_and_body_as_read_message_does(rows, cols):
 
 
 def test_a_delta_table_becomes_as_few_batches_as_its_row_limit_allows():
-    from flight.streams.subscription import _batches
+    from flight.streams.codec import record_batches as _batches
 
     one = pa.table({"k": pa.array(np.arange(10))})
     assert [x.num_rows for x in _batches(one, 4)] == [4, 4, 2]
