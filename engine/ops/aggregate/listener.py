@@ -143,7 +143,6 @@ from engine.columns import (
     make_column_source,
 )
 from engine.errors import SchemaError, UpdateInvariantError
-from engine.ops.aggregate import agg
 from engine.ops.aggregate._keys import fetch, fetch_numpy, pairs_equal
 from engine.ops.aggregate._kinds import KINDS, Need, Refresh, Values, build_states
 from engine.ops.aggregate._sortedset import RowKeySet
@@ -247,18 +246,18 @@ def agg_by(table: Table, aggs: Agg | Sequence[Agg], by: str | Sequence[str] = ()
 def first_by(table: Table, by: str | Sequence[str]) -> Table:
     """The first row (smallest row key) of each group: ``by`` columns, then the others."""
     by_list = _as_list(by)
-    return agg_by(table, [agg.first(c) for c in table.column_names if c not in by_list], by_list)
+    return agg_by(table, [Agg("first", c, c) for c in table.column_names if c not in by_list], by_list)
 
 
 def last_by(table: Table, by: str | Sequence[str]) -> Table:
     """The last row (largest row key) of each group: ``by`` columns, then the others."""
     by_list = _as_list(by)
-    return agg_by(table, [agg.last(c) for c in table.column_names if c not in by_list], by_list)
+    return agg_by(table, [Agg("last", c, c) for c in table.column_names if c not in by_list], by_list)
 
 
 def count_by(table: Table, name: str, by: str | Sequence[str] = ()) -> Table:
     """Number of rows per group of ``by``, in column ``name``."""
-    return agg_by(table, [agg.count(name)], by)
+    return agg_by(table, [Agg("count", None, name)], by)
 
 
 class _AggTable(DerivedTable):
