@@ -30,8 +30,7 @@ import numpy as np
 import pyarrow as pa
 from grpc_health.v1 import health_pb2
 
-from engine.errors import InputError, ProtocolError
-from engine.errors import PortInUse as PortInUse
+from engine.errors import InputError, PortInUse, ProtocolError
 from engine.graph import UpdateGraph
 from flight.durability.durable import Durability, RecoveryReport
 from flight.ingest.put import PutHandler
@@ -57,7 +56,7 @@ from flight.wire import TableKind, action_named
 if TYPE_CHECKING:
     from flight.web.link import WebProcess
 
-__all__ = ["PortInUse", "ServerConfig", "TicktableServer"]
+__all__ = ["ServerConfig", "TicktableServer"]
 
 log = logging.getLogger(__name__)
 

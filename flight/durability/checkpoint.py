@@ -30,9 +30,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.errors import CheckpointError as CheckpointError
+from engine.errors import CheckpointError
 
-__all__ = ["FORMAT", "Checkpoint", "CheckpointError", "read_checkpoint", "write_checkpoint"]
+__all__ = ["FORMAT", "Checkpoint", "read_checkpoint", "write_checkpoint"]
 
 log = logging.getLogger(__name__)
 

@@ -59,12 +59,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import JournalClosed as JournalClosed
-from engine.errors import JournalCorrupt as JournalCorrupt
-from engine.errors import JournalError as JournalError
-from engine.errors import JournalFull as JournalFull
-from engine.errors import JournalIncompatible as JournalIncompatible
-from engine.errors import JournalUnavailable as JournalUnavailable
+from engine.errors import (
+    JournalClosed,
+    JournalFull,
+    JournalUnavailable,
+)
 from flight.durability import journal_files as _fmt
 from flight.durability import payloads as _payloads
 from flight.durability.journal_files import FILENAME as FILENAME
@@ -75,12 +74,6 @@ __all__ = [
     "FILENAME",
     "VERSION",
     "Journal",
-    "JournalClosed",
-    "JournalCorrupt",
-    "JournalError",
-    "JournalFull",
-    "JournalIncompatible",
-    "JournalUnavailable",
 ]
 
 log = logging.getLogger(__name__)

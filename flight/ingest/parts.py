@@ -133,11 +133,11 @@ class PartWriter:
             with table.write_lock():
                 _resolve(table, parts, "nothing of the batch was applied").stage(table)
         elif len(parts) == 1:  # the table's own staging lock makes one part atomic
-            _stage(table, parts[0])
+            _stage_part(table, parts[0])
         else:
             with self.graph.shared_lock():  # one cycle takes all parts; no commit in between
                 for part in parts:
-                    _stage(table, part)
+                    _stage_part(table, part)
 
     def submit(self, entry: TableEntry, parts: list[Part], chain: object = None) -> Future[None]:
         """:meth:`apply` at once, its outcome as a done future (the in-memory side of
@@ -199,7 +199,7 @@ class PartWriter:
                     else:
                         for part in parts:
                             if part.table == n:
-                                _stage(table, part)
+                                _stage_part(table, part)
             step = self.graph.step + 1  # the next cycle takes every pending write
         self.graph.request_cycle()
         return step
@@ -221,7 +221,7 @@ def _resolve(table: KeyedTable, parts: list[Part], refused: str) -> KeyedWrites:
         raise type(exc)(f"{exc}; {refused}") from exc
 
 
-def _stage(table: object, part: Part) -> None:
+def _stage_part(table: object, part: Part) -> None:
     """Stage one checked upsert, delete or append part into its table (no check again)."""
     assert isinstance(table, SourceTable) and part.diffs is None, part.kind
     table.stage(part.rows)

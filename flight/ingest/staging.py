@@ -48,15 +48,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from engine.errors import InputError, LimitExceeded, Overloaded
-from engine.errors import WriteNotFound as WriteNotFound
+from engine.errors import InputError, LimitExceeded, Overloaded, WriteNotFound
 from engine.graph import UpdateGraph
 from flight.ingest.parts import Part, PartWriter
 from flight.limits import limit_text, quoted
 from flight.pb import flight_pb2 as pb
 from flight.streams.registry import TableEntry, TableRegistry
 
-__all__ = ["StagingArea", "WriteNotFound"]
+__all__ = ["StagingArea"]
 
 log = logging.getLogger(__name__)
 

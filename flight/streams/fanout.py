@@ -41,7 +41,7 @@ one of those fails (a reader or cycle in the way, a member's client behind), the
 builds or writes that message, exactly as above: neither the cycle nor the loop ever
 waits. Per delta this spares the thread's wake-up and its hand-over to the loop, and the
 build runs where the update's data is (bench_flight's latency section, against the loop
-building it: bench/README.md). Only one of the two builds at a time (``_stage``), so
+building it: bench/README.md). Only one of the two builds at a time (``_builder``: idle, loop or thread), so
 messages stay in order.
 
 Building. The fan-out owns the stream's :class:`~flight.streams.codec.DeltaCodec` (its
@@ -147,7 +147,7 @@ class FanOut:
         # who builds and writes the next message: "loop" (the cycle builds it, the loop
         # writes it), "thread" (from taking the pending updates, or being handed a built
         # message, until it is written to every member), "idle"
-        self._stage = "idle"
+        self._builder = "idle"
         self.messages = 0
         self.coalesced = 0
         self.loop_messages = 0  # of messages, those written on the event loop
@@ -156,10 +156,10 @@ class FanOut:
     def on_table_update(self, entry: HistoryEntry) -> None:
         with self._cond:
             self._pending.append(entry)  # composed past max_pending: the writer is behind
-            if self._stage == "idle" and self._loop is not None and self._current is None:
-                self._stage = "loop"  # built once the cycle let go of the lock, written on the loop
+            if self._builder == "idle" and self._loop is not None and self._current is None:
+                self._builder = "loop"  # built once the cycle let go of the lock, written on the loop
                 self.graph.call_after_cycle(self._after_cycle)
-            elif self._stage != "loop":
+            elif self._builder != "loop":
                 self._cond.notify_all()
 
     def on_table_failure(self, exc: BaseException) -> None:
@@ -245,10 +245,10 @@ class FanOut:
         """Leave the next message to the thread (``built``: this one, to write)."""
         with self._cond:
             if built is None:
-                self._stage = "idle"
+                self._builder = "idle"
             else:
                 self._current = built
-                self._stage = "thread"
+                self._builder = "thread"
             self._cond.notify_all()
 
     def _build_now(self) -> tuple[int, Encoded] | None:
@@ -256,7 +256,7 @@ class FanOut:
         message, or ``None`` when the thread is to build it (a reader or cycle in the way)."""
         with self._cond:
             if self._closed or self._failure is not None or not self._pending:
-                self._stage = "idle"
+                self._builder = "idle"
                 return None
         built: tuple[int, Encoded] | None = None
         failure: BaseException | None = None
@@ -303,7 +303,7 @@ class FanOut:
         detached: list[tuple[Member, BaseException]] = []
         with self._cond:  # holds off leave(): no write to a member after it left
             if self._closed or self._failure is not None:
-                self._stage = "idle"
+                self._builder = "idle"
                 return
             if not all(m.ready() for m in self._members):
                 self._to_thread((start, msg))  # a member's stream is full: the thread waits
@@ -317,7 +317,7 @@ class FanOut:
                 except Exception as exc:  # the stream broke: that member ends
                     self._members.pop(m, None)
                     detached.append((m, exc))
-            self._stage = "idle"
+            self._builder = "idle"
             if self._pending:  # a cycle ran meanwhile and asked nobody: the thread
                 self._cond.notify_all()
         for m, error in detached:  # each then leaves (the last one closes the fan-out)
@@ -342,19 +342,19 @@ class FanOut:
         with self._cond:
             while (generation == self._generation and not self._closed
                    and self._failure is None
-                   and not (self._current or (self._pending and self._stage != "loop"))):
+                   and not (self._current or (self._pending and self._builder != "loop"))):
                 self._cond.wait()
             if generation != self._generation or self._closed or self._failure is not None:
                 return False
             current = self._current
             if current is None:
-                self._stage = "thread"  # this message is the thread's, not the cycle's
+                self._builder = "thread"  # this message is the thread's, not the cycle's
         if current is None:
             with self.graph.shared_lock():
                 built = self._build_pending()
             with self._cond:
                 if built is None:  # nothing was pending after all
-                    self._stage = "idle"
+                    self._builder = "idle"
                     return True
                 current = self._current = built
         return self._write(generation, *current)
@@ -388,5 +388,5 @@ class FanOut:
         with self._cond:
             if generation == self._generation:
                 self._current = None
-                self._stage = "idle"
+                self._builder = "idle"
             return generation == self._generation

@@ -12,12 +12,11 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
-from engine.errors import LinkLost as LinkLost
-from engine.errors import TableFailed, TableNotFound, TicktableError
+from engine.errors import LinkLost, TableFailed, TableNotFound, TicktableError
 from flight.web.feed import Change
 from flight.web.link import read_change
 
-__all__ = ["LinkLost", "RemoteFeed", "RemoteTables"]
+__all__ = ["RemoteFeed", "RemoteTables"]
 
 log = logging.getLogger(__name__)
 

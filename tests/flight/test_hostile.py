@@ -22,10 +22,9 @@ import pyarrow.flight as fl
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from engine.errors import InputError
+from engine.errors import InputError, WriteNotFound
 from engine.graph import UpdateGraph
 from flight.errors import MAX_MESSAGE
-from flight.ingest.staging import WriteNotFound
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
 from flight.pb import table_service_pb2 as tpb

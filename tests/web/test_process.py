@@ -17,8 +17,9 @@ import pyarrow as pa
 import pytest
 
 import ticktable as tt
+from engine.errors import PortInUse
 from engine.graph import UpdateGraph
-from flight.server import PortInUse, ServerConfig, TicktableServer
+from flight.server import ServerConfig, TicktableServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

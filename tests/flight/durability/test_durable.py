@@ -16,9 +16,9 @@ import pyarrow.compute as pc
 import pytest
 
 import ticktable as tt
+from engine.errors import CheckpointError
 from engine.graph import UpdateGraph
 from engine.rowset import RowSet
-from flight.durability.checkpoint import CheckpointError
 from flight.pb import flight_pb2 as pb
 from flight.server import ServerConfig, TicktableServer
 

@@ -540,7 +540,8 @@ def test_a_read_only_disk_fails_the_write_and_the_next_one_retries(
 
 _TMPFS_CHILD = textwrap.dedent("""
     import json, os, subprocess, sys
-    from flight.durability.journal import Journal, JournalUnavailable
+    from engine.errors import JournalUnavailable
+    from flight.durability.journal import Journal
     mnt = sys.argv[1]
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mnt], check=True)
     out = {}

@@ -18,7 +18,8 @@ import pyarrow as pa
 import pytest
 
 import flight.durability.payloads as journal_payloads
-from flight.durability.journal import FILENAME, Journal, JournalCorrupt, JournalUnavailable
+from engine.errors import JournalCorrupt, JournalUnavailable
+from flight.durability.journal import FILENAME, Journal
 from flight.durability.records import DedupeUpdate, ipc_bytes, read_ipc
 from tests.flight.durability.test_journal import _aligned, _five_records, _marker, _sql, _table
 

@@ -15,8 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from engine.errors import InputError, Overloaded, TableFailed
-from flight.ingest.staging import WriteNotFound
+from engine.errors import InputError, Overloaded, TableFailed, WriteNotFound
 from flight.pb import flight_pb2 as pb
 from tests.flight.writes import APPEND, DELETE, DIFF, UPSERT, Env, diff, kv, row
 

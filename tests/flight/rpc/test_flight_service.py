@@ -22,6 +22,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from engine.errors import PortInUse
 from engine.graph import UpdateGraph
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
@@ -29,7 +30,7 @@ from flight.pb import table_service_pb2 as tpb
 from flight.pb import table_service_pb2_grpc as tgrpc
 from flight.rpc import framing
 from flight.rpc.framing import IpcDecoder, batch_frames, frame, parse_flight_data, schema_frame
-from flight.server import PortInUse, ServerConfig, TicktableServer
+from flight.server import ServerConfig, TicktableServer
 from tests.flight.conftest import OPEN, Sub
 
 KV = pa.schema([("k", pa.int64()), ("v", pa.float64())])
