@@ -10,7 +10,7 @@ speak, so none of them may change. Only the messages the server sends or reads a
 declared; a field a client sends that is not declared here is skipped by protobuf.
 
 The hot messages (FlightData in DoGet, DoPut and DoExchange, PutResult) are framed by
-hand in flight/framing.py, with the same field numbers; everything else goes through the
+hand in flight/rpc/framing.py, with the same field numbers; everything else goes through the
 code generated from this file by `make proto`.
 """
 
