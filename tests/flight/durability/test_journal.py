@@ -29,16 +29,15 @@ import pytest
 import flight.durability.journal as journal_module
 import flight.durability.journal_files as journal_format
 import flight.durability.payloads as journal_payloads
-from engine.errors import ServiceError
-from flight.durability.journal import (
-    FILENAME,
-    Journal,
+from engine.errors import (
     JournalClosed,
     JournalCorrupt,
     JournalFull,
     JournalIncompatible,
     JournalUnavailable,
+    ServiceError,
 )
+from flight.durability.journal import FILENAME, Journal
 from flight.durability.records import Chain, DedupeUpdate, ipc_bytes, read_ipc
 from flight.errors import status_of
 
