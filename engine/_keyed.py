@@ -229,7 +229,7 @@ class KeyedTable(SourceTable):
             self.write_lock() if staged or self._writer == threading.get_ident()
             else self.graph.shared_lock())
         with lock:
-            self._check_alive()
+            self.check_alive()
             return self._lookup(t, staged)
 
     def _lookup(self, t: pa.Table, staged: bool) -> KeyLookup:

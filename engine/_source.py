@@ -256,7 +256,7 @@ class SourceTable(Table):
         return make_column_source(type)
 
     def _stage(self, kind: str, batch: pa.Table) -> None:
-        self._check_alive()
+        self.check_alive()
         with self._pending_lock:
             self._pending.append((kind, batch))
 

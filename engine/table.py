@@ -141,7 +141,12 @@ class Table:
     def columns(self) -> dict[str, ColumnSource]:
         return dict(self._columns)
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """Raise :class:`~engine.errors.TableFailed` if the table failed in an earlier cycle.
+
+        A failed table keeps its last rows but takes no more updates (DESIGN.md §2); readers
+        that serve it (a snapshot, a subscription, a feed) ask this first.
+        """
         if self.failure is not None:
             raise TableFailed(f"table {self.name!r} failed: {self.failure}") from self.failure
 
@@ -155,7 +160,7 @@ class Table:
         """
         names = list(columns) if columns is not None else self.column_names
         with self.graph.shared_lock():
-            self._check_alive()
+            self.check_alive()
             rs = self.rowset
             if rs and rs.last() - rs.first() + 1 == len(rs):  # dense keys: ranges, no gather
                 arrays = [self.column(n).get_range(rs.first(), rs.last() + 1) for n in names]
@@ -442,7 +447,7 @@ def derive(parents: Sequence[Table], plan: Callable[[], Derivation], *,
                               f"than {parents[0].name!r}")
     with graph.shared_lock():
         for p in parents:
-            p._check_alive()
+            p.check_alive()
             if p.closed:
                 raise TableFailed(f"table {p.name!r} is closed; derive from a live table")
         d = plan()

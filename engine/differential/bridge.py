@@ -176,7 +176,7 @@ def collection_to_table(collection: Collection, keys: Sequence[str] | str,
     graph = df.bridges[0].table.graph
     with graph.exclusive_lock():
         for b in df.bridges:  # a child of a failed or closed table would never update
-            b.table._check_alive()
+            b.table.check_alive()
             if b.table.closed:
                 raise TableFailed(f"table {b.table.name!r} is closed; derive from a live table")
         table = CollectionTable(collection, key_list, name)

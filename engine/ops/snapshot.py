@@ -35,7 +35,7 @@ def snapshot(table: Table) -> Table:
     """
     graph = table.graph
     with graph.shared_lock():
-        table._check_alive()
+        table.check_alive()
         keys = table.rowset.keys()
         n = keys.size
         new_keys = np.arange(n, dtype=np.int64)

@@ -210,7 +210,7 @@ class Subscription:
         publisher = self.publisher
         writer.write_frames((schema_frame(self.schema),))
         with self.graph.shared_lock():
-            self.table._check_alive()  # TableFailed: FAILED_PRECONDITION, as DoGet answers
+            self.table.check_alive()  # TableFailed: FAILED_PRECONDITION, as DoGet answers
             first = self._first_message()
             publisher.subscribe(self)
         self._writer = writer

@@ -269,7 +269,7 @@ class TableFeed:
         try:
             t0 = time.thread_time()
             with self.graph.shared_lock():
-                self.table._check_alive()
+                self.table.check_alive()
                 first = self._snapshot(publisher.sequence)
                 publisher.subscribe(self)
             self.build_seconds += time.thread_time() - t0
