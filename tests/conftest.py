@@ -14,3 +14,19 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # Any test that hands Acero a misaligned buffer fails (Arrow reads this at Acero's first
 # check; spawned servers inherit it).
 os.environ.setdefault("ACERO_ALIGNMENT_HANDLING", "error")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the Spark tests first.
+
+    Their session fixture starts Spark's JVM with ``subprocess.Popen(preexec_fn=...)``: a fork
+    that runs Python in the child before ``exec``. Late in a run this process holds dozens of
+    gRPC and server threads, and in one CI-like run (a fresh clone, 2026-11-28) the launcher
+    died between fork and exec, silently, and every Spark test errored; the same tests passed
+    alone and in two earlier full runs. Forking before the other tests start their servers
+    keeps that hazard out of the run.
+    """
+    spark = [item for item in items if "/tests/spark/" in str(item.path)]
+    if spark:
+        rest = [item for item in items if "/tests/spark/" not in str(item.path)]
+        items[:] = spark + rest
