@@ -140,17 +140,9 @@ class StagingArea:
         return True
 
     def apply(self, entry: TableEntry, parts: list[Part]) -> None:
-        """Stage the parts of one batch into ``entry``'s table for its next cycle, atomically
-        (:meth:`PartWriter.apply <flight.ingest.parts.PartWriter.apply>`).
-
-        Raises
-        ------
-        InputError
-            If a DIFF part is not a valid change of the table (naming table and key); nothing
-            of the batch is staged.
-        TableFailed
-            If the table failed in an earlier cycle.
-        """
+        """Stage the parts of one batch into ``entry``'s table for its next cycle, atomically:
+        :meth:`PartWriter.apply <flight.ingest.parts.PartWriter.apply>`, which says what it
+        raises."""
         self.writer.apply(entry, parts)
 
     def open_chain(self) -> object:
