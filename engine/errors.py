@@ -69,8 +69,11 @@ __all__ = [
     "PermissionDenied",
     "PortInUse",
     "ProtocolError",
+    "QueryCancelled",
+    "QueryTimeout",
     "SchemaError",
     "ServiceError",
+    "SqlError",
     "TableExists",
     "TableFailed",
     "TableNotFound",
@@ -163,6 +166,26 @@ class LimitExceeded(InputError):
     holds less (closes subscriptions, drops tables, commits its write) or the limit is
     raised: unlike :class:`Overloaded`, it does not pass by itself.
     """
+
+
+class SqlError(InputError):
+    """A SQL text that does not parse, or a statement or clause Ticktable does not run.
+
+    The message names the clause (``CREATE VIEW v: FULL OUTER JOIN does not map to an
+    incremental operation``) or, for a text that does not parse, the parser's line and
+    column. INVALID_ARGUMENT, as any input error.
+    """
+
+
+class QueryTimeout(LimitExceeded):
+    """A SQL query ran past the server's query timeout (``--sql-timeout``) and was stopped.
+
+    DEADLINE_EXCEEDED. Nothing was changed; the cycle kept running while it ran.
+    """
+
+
+class QueryCancelled(TicktableError):
+    """A SQL query was cancelled by its client (``CancelFlightInfo``) while it ran: CANCELLED."""
 
 
 class AccessError(TicktableError):

@@ -12,11 +12,12 @@ exception            gRPC status          a ``pyarrow.flight`` client raises
 WriteNotFound        NOT_FOUND            ``pyarrow.ArrowKeyError``
 TableNotFound        NOT_FOUND            ``pyarrow.ArrowKeyError``
 TableExists          ALREADY_EXISTS       ``pyarrow.ArrowException``
+QueryTimeout         DEADLINE_EXCEEDED    ``FlightTimedOutError``
 LimitExceeded        RESOURCE_EXHAUSTED   ``pyarrow.ArrowInvalid``
 InputError           INVALID_ARGUMENT     ``pyarrow.ArrowInvalid``
 (schema, key,
 expression,
-protocol)
+protocol, SQL)
 Unauthenticated      UNAUTHENTICATED      ``FlightUnauthenticatedError``
 PermissionDenied     PERMISSION_DENIED    ``FlightUnauthorizedError``
 AccessError          PERMISSION_DENIED    ``FlightUnauthorizedError``
@@ -32,6 +33,7 @@ JournalIncompatible  INTERNAL             ``FlightInternalError``
 JournalError         INTERNAL             ``FlightInternalError``
 CheckpointError      INTERNAL             ``FlightInternalError``
 LinkLost             INTERNAL             ``FlightInternalError``
+QueryCancelled       CANCELLED            ``FlightCancelledError``
 anything else        INTERNAL             ``FlightInternalError``
 (our bug)
 ===================  ===================  =========================================
@@ -88,6 +90,8 @@ from engine.errors import (
     Overloaded,
     PermissionDenied,
     PortInUse,
+    QueryCancelled,
+    QueryTimeout,
     ServiceError,
     TableExists,
     TableFailed,
@@ -143,6 +147,7 @@ STATUSES: tuple[Status, ...] = (
     Status(WriteNotFound, _C.NOT_FOUND, pa.ArrowKeyError),
     Status(TableNotFound, _C.NOT_FOUND, pa.ArrowKeyError),
     Status(TableExists, _C.ALREADY_EXISTS, pa.ArrowException),
+    Status(QueryTimeout, _C.DEADLINE_EXCEEDED, flight.FlightTimedOutError),
     Status(LimitExceeded, _C.RESOURCE_EXHAUSTED, pa.ArrowInvalid),
     Status(InputError, _C.INVALID_ARGUMENT, pa.ArrowInvalid),
     Status(Unauthenticated, _C.UNAUTHENTICATED, flight.FlightUnauthenticatedError),
@@ -161,6 +166,7 @@ STATUSES: tuple[Status, ...] = (
     Status(JournalError, _C.INTERNAL, flight.FlightInternalError),
     Status(CheckpointError, _C.INTERNAL, flight.FlightInternalError),
     Status(LinkLost, _C.INTERNAL, flight.FlightInternalError),
+    Status(QueryCancelled, _C.CANCELLED, flight.FlightCancelledError),
 )
 
 #: Anything without a row: our bug. Its message (as any INTERNAL row's) is replaced by a
