@@ -1,4 +1,4 @@
-"""Compile ``proto/ticktable_proto/v1/*.proto`` and ``proto/arrow/flight/protocol/*.proto`` into
+"""Compile ``proto/ticktable_proto/v1/*.proto`` and ``proto/arrow/flight/protocol/{,sql/}*.proto`` into
 ``flight/pb/`` (``make proto``).
 
 protoc names generated imports after the proto path (``from ticktable_proto.v1 import ...``);
@@ -18,9 +18,11 @@ from pathlib import Path
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent
-_DIRS = (("ticktable_proto", "v1"), ("arrow", "flight", "protocol"))
+_DIRS = (("ticktable_proto", "v1"), ("arrow", "flight", "protocol"),
+         ("arrow", "flight", "protocol", "sql"))
 PROTOS = sorted(p for d in _DIRS for p in ROOT.joinpath(*d).glob("*.proto"))
-_IMPORT = re.compile(r"^from (ticktable_proto\.v1|arrow\.flight\.protocol) import ", re.MULTILINE)
+_IMPORT = re.compile(r"^from (ticktable_proto\.v1|arrow\.flight\.protocol(\.sql)?) import ",
+                     re.MULTILINE)
 
 
 def generate(out: Path) -> list[Path]:
@@ -36,15 +38,17 @@ def generate(out: Path) -> list[Path]:
     if protoc.main(args + [str(p.relative_to(ROOT)) for p in PROTOS]) != 0:
         raise SystemExit("protoc failed")
     written = []
-    for parts in _DIRS:
-        for f in sorted(tmp.joinpath(*parts).iterdir()):
+    for parts in sorted(_DIRS, key=len, reverse=True):  # sql/ before its parent folder
+        for f in sorted(p for p in tmp.joinpath(*parts).iterdir() if p.is_file()):
             text = _IMPORT.sub("from flight.pb import ", f.read_text())
             target = out / f.name
             target.write_text(text)
             written.append(target)
             f.unlink()
         for depth in range(len(parts), 0, -1):
-            tmp.joinpath(*parts[:depth]).rmdir()
+            folder = tmp.joinpath(*parts[:depth])
+            if not any(folder.iterdir()):  # a parent may still hold another folder's files
+                folder.rmdir()
     tmp.rmdir()
     return written
 

@@ -31,6 +31,25 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _CancelStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CancelStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CancelStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CANCEL_STATUS_UNSPECIFIED: _CancelStatus.ValueType  # 0
+    CANCEL_STATUS_CANCELLED: _CancelStatus.ValueType  # 1
+    CANCEL_STATUS_CANCELLING: _CancelStatus.ValueType  # 2
+    CANCEL_STATUS_NOT_CANCELLABLE: _CancelStatus.ValueType  # 3
+
+class CancelStatus(_CancelStatus, metaclass=_CancelStatusEnumTypeWrapper): ...
+
+CANCEL_STATUS_UNSPECIFIED: CancelStatus.ValueType  # 0
+CANCEL_STATUS_CANCELLED: CancelStatus.ValueType  # 1
+CANCEL_STATUS_CANCELLING: CancelStatus.ValueType  # 2
+CANCEL_STATUS_NOT_CANCELLABLE: CancelStatus.ValueType  # 3
+Global___CancelStatus: _TypeAlias = CancelStatus  # noqa: Y015
+
 @_typing.final
 class HandshakeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -446,3 +465,46 @@ class PutResult(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PutResult: _TypeAlias = PutResult  # noqa: Y015
+
+@_typing.final
+class CancelFlightInfoRequest(_message.Message):
+    """DoAction "CancelFlightInfo": stop the query behind a FlightInfo (a Flight SQL query's)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INFO_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def info(self) -> Global___FlightInfo: ...
+    def __init__(
+        self,
+        *,
+        info: Global___FlightInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelFlightInfoRequest: _TypeAlias = CancelFlightInfoRequest  # noqa: Y015
+
+@_typing.final
+class CancelFlightInfoResult(_message.Message):
+    """Its result, in Result.body."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    status: Global___CancelStatus.ValueType
+    def __init__(
+        self,
+        *,
+        status: Global___CancelStatus.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelFlightInfoResult: _TypeAlias = CancelFlightInfoResult  # noqa: Y015
