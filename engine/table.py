@@ -9,6 +9,7 @@ listeners are told.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -150,8 +151,12 @@ class Table:
         if self.failure is not None:
             raise TableFailed(f"table {self.name!r} failed: {self.failure}") from self.failure
 
-    def to_arrow(self, columns: Iterable[str] | None = None) -> pa.Table:
+    def to_arrow(self, columns: Iterable[str] | None = None, *, lock: bool = True) -> pa.Table:
         """A consistent snapshot of the current rows, in row-key order.
+
+        ``lock=False`` reads without taking the graph's shared lock: for a caller that holds
+        it already and reads several tables at one step (taking it twice could wait behind
+        a cycle waiting for the first).
 
         Raises
         ------
@@ -159,7 +164,7 @@ class Table:
             If the table failed in an earlier cycle.
         """
         names = list(columns) if columns is not None else self.column_names
-        with self.graph.shared_lock():
+        with self.graph.shared_lock() if lock else contextlib.nullcontext():
             self.check_alive()
             rs = self.rowset
             if rs and rs.last() - rs.first() + 1 == len(rs):  # dense keys: ranges, no gather

@@ -48,6 +48,7 @@ from flight.pb import flight_pb2 as pb
 from flight.rpc.aio import AioServer
 from flight.rpc.call_log import CallLog
 from flight.rpc.requests import parse
+from flight.sql.service import FlightSqlService
 from flight.streams.per_client import SubscriptionsPerClient
 from flight.streams.registry import TableRegistry, quoted
 from flight.streams.subscription import Subscription, SubscriptionOptions
@@ -166,6 +167,13 @@ class ServerConfig:
         How the web UI's process (:mod:`flight.web.link`) runs: ``"idle"`` (``SCHED_IDLE``:
         only on cores the server leaves idle; on a machine kept busy by other work the page
         may stall, the server never) or ``"nice"`` (nice 19: a small share even then).
+    sql_timeout
+        Seconds a Flight SQL query may run, from its start to its last batch read
+        (:mod:`flight.sql.query`); past it DuckDB is interrupted and the client gets
+        DEADLINE_EXCEEDED.
+    sql_memory_mb
+        Memory DuckDB may use for all running queries together; a query past it gets
+        RESOURCE_EXHAUSTED.
 
     A request past a limit is refused with RESOURCE_EXHAUSTED naming the limit and its
     ``ticktable serve`` flag; :mod:`flight.limits` has the table of limits and defaults.
@@ -205,6 +213,8 @@ class ServerConfig:
     web_feed: str = "perspective"
     web_interval: float = 0.05
     web_sched: str = "idle"
+    sql_timeout: float = 60.0
+    sql_memory_mb: int = 2048
 
     def check(self) -> None:
         """Refuse a setting out of its range, naming it (:class:`TicktableServer` calls this
@@ -227,7 +237,7 @@ class ServerConfig:
         for name in ("max_batch_rows", "max_metadata_bytes", "max_put_batch_bytes",
                      "max_value_bytes", "max_columns", "max_tables",
                      "max_subscriptions_per_client", "max_staged_bytes_per_write",
-                     "max_pending", "max_calls", "checkpoint_bytes"):
+                     "max_pending", "max_calls", "checkpoint_bytes", "sql_memory_mb"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise InputError(f"{name} is {value!r}: it must be an integer of at least 1")
@@ -238,10 +248,11 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value >= 0:
                 raise InputError(f"{name} is {value!r}: it must be a number of seconds, 0 or more")
-        seconds: object = self.checkpoint_seconds
-        if not isinstance(seconds, int | float) or not seconds > 0:
-            raise InputError(f"checkpoint_seconds is {seconds!r}: it must be a number of "
-                             f"seconds above 0")
+        for name in ("checkpoint_seconds", "sql_timeout"):
+            seconds: object = getattr(self, name)
+            if not isinstance(seconds, int | float) or not seconds > 0:
+                raise InputError(f"{name} is {seconds!r}: it must be a number of seconds "
+                                 f"above 0")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise InputError("TLS needs both a certificate and a key")
         if self.read_token and not self.token:
@@ -269,6 +280,15 @@ def _unbound(host: str, port: int, address: str) -> str:
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             return f"cannot listen on {address}: {reason} (is {host} an address of this machine?)"
     return f"cannot listen on {address}: the port is in use or not allowed"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ticktable")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def _is_int(value: object) -> bool:
@@ -335,6 +355,8 @@ class TicktableServer:
         self.metrics: Metrics | None = None
         self.metrics_port: int | None = None
         self.web: WebProcess | None = None
+        self.sql = FlightSqlService(self, version=_version(), timeout=cfg.sql_timeout,
+                                    memory_mb=cfg.sql_memory_mb)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -380,7 +402,8 @@ class TicktableServer:
         if self.durability.durable and self.recovery is None:
             from flight.rpc.table_service import derived_builder
 
-            self.durability.set_deriver(derived_builder(self.registry))
+            self.durability.set_deriver(derived_builder(self.registry,
+                                                        views=self.sql.build_view))
             try:
                 self.recovery = self.durability.recover()
             except BaseException:
@@ -499,6 +522,7 @@ class TicktableServer:
                           self.config.shutdown_timeout + 5.0)
             self._grpc = None
         self.staging.stop()
+        self.sql.close()
         self.durability.close()
         if self.metrics is not None:
             self.metrics.close()
@@ -513,6 +537,13 @@ class TicktableServer:
         self.shutdown()
 
     # ------------------------------------------------------------------ bookkeeping
+    def read_only(self, context: grpc.ServicerContext) -> bool:
+        """Whether a call came with the read-only token (:mod:`flight.rpc.auth`)."""
+        from flight.rpc.auth import is_read_only
+
+        return is_read_only(context.invocation_metadata(), self.config.token,
+                            self.config.read_token)
+
     def track_subscription(self, sub: Subscription, delta: int) -> None:
         """Count ``sub`` as open (``delta`` +1) or closed (-1): :attr:`subscriptions`."""
         with self._subs_lock:

@@ -128,6 +128,8 @@ class TableKind(StrEnum):
     """A source table of its last ``capacity`` rows."""
     DERIVED = "derived"
     """A table computed from others."""
+    VIEW = "view"
+    """A derived table defined by SQL (``CREATE VIEW``, :mod:`flight.sql`)."""
 
     @property
     def proto(self) -> pb.TableKind.ValueType:

@@ -367,11 +367,16 @@ class CreateDerivedTableRequest(_message.Message):
     PARENT_FIELD_NUMBER: _builtins.int
     OPS_FIELD_NUMBER: _builtins.int
     REPLACE_FIELD_NUMBER: _builtins.int
+    SQL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """empty: the server picks one"""
     parent: _builtins.str
     replace: _builtins.bool
     """replace an existing table of that name"""
+    sql: _builtins.str
+    """A live SQL view (CREATE VIEW name AS <sql>, flight/sql): its SELECT, compiled to the
+    engine's operations; parent and ops are then unused. Journaled as such.
+    """
     @_builtins.property
     def ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___Operation]: ...
     def __init__(
@@ -381,10 +386,11 @@ class CreateDerivedTableRequest(_message.Message):
         parent: _builtins.str = ...,
         ops: _abc.Iterable[Global___Operation] | None = ...,
         replace: _builtins.bool = ...,
+        sql: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "ops", b"ops", "parent", b"parent", "replace", b"replace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "ops", b"ops", "parent", b"parent", "replace", b"replace", "sql", b"sql"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

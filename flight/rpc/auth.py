@@ -19,9 +19,14 @@ read token may      Flight ``Handshake``, ``ListFlights``, ``GetFlightInfo``,
                     ``DoExchange`` (subscriptions), ``ListActions``, ``DoAction`` of a
                     read-only action (``stats``); TableService ``ListTables``; server
                     reflection
-only the token      ``DoPut``, every other action (``create_table``, ``commit``, ...; an
-                    unknown one too), TableService ``CreateDerivedTable`` (a
-                    composition) and ``DropTable``
+                    Flight SQL: queries (``GetFlightInfo`` of a query), metadata, the
+                    actions ``CreatePreparedStatement``, ``ClosePreparedStatement``,
+                    ``CancelFlightInfo``, and ``DoPut`` of a prepared query's parameters
+                    (:func:`is_read_only` lets :mod:`flight.sql` refuse the rest)
+only the token      ``DoPut`` (but a prepared query's parameters), every other action
+                    (``create_table``, ``commit``, ...; an unknown one too), TableService
+                    ``CreateDerivedTable`` (a composition) and ``DropTable``; Flight SQL
+                    updates, ingestion and views
 ==================  =====================================================================
 
 Tokens are compared with :func:`hmac.compare_digest` (constant time).
@@ -30,34 +35,42 @@ Tokens are compared with :func:`hmac.compare_digest` (constant time).
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+import pyarrow.flight as flight
 
 from engine.errors import PermissionDenied, Unauthenticated
 from flight.errors import abort
+from flight.pb import flight_sql_pb2 as sql
+from flight.rpc.framing import descriptor_of, parse_flight_data
+from flight.sql.service import SQL_ACTION_TYPES, unpack
 from flight.wire import ACTIONS
 
-__all__ = ["READ_ACTIONS", "READ_METHODS", "BearerTokenInterceptor", "bearer_header"]
+__all__ = ["READ_ACTIONS", "READ_METHODS", "BearerTokenInterceptor", "bearer_header",
+           "is_read_only"]
 
 _HEALTH_PREFIX = "/grpc.health.v1.Health/"
 _FLIGHT = "/arrow.flight.protocol.FlightService/"
 _DO_ACTION = _FLIGHT + "DoAction"
+_DO_PUT = _FLIGHT + "DoPut"
 _HINT = ("missing or wrong bearer token: send the header 'authorization: Bearer <token>' "
          "(ticktable.connect(uri, token=...))")
 
 #: The methods a call with the read token may make (DoAction: only :data:`READ_ACTIONS`).
 READ_METHODS = frozenset({
     *(_FLIGHT + m for m in ("Handshake", "ListFlights", "GetFlightInfo", "PollFlightInfo",
-                            "GetSchema", "DoGet", "DoExchange", "ListActions", "DoAction")),
+                            "GetSchema", "DoGet", "DoExchange", "ListActions", "DoAction",
+                            "DoPut")),
     "/ticktable_proto.v1.TableService/ListTables",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
 })
 
 #: The Flight actions a call with the read token may run.
-READ_ACTIONS = frozenset(a.name for a in ACTIONS if a.read_only)
+READ_ACTIONS = frozenset([*(a.name for a in ACTIONS if a.read_only), *SQL_ACTION_TYPES])
 
 
 def bearer_header(token: str) -> tuple[bytes, bytes]:
@@ -110,6 +123,38 @@ def _read_actions_only(handler: Any) -> Any:
         response_serializer=handler.response_serializer)
 
 
+def _prepared_parameters_only(handler: Any) -> Any:
+    """``DoPut``'s handler for a read-only call: only a prepared query's parameters (the
+    first message's descriptor holds a Flight SQL ``CommandPreparedStatementQuery``)."""
+    run = handler.stream_stream
+
+    def behavior(messages: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        first = next(messages, None)
+        if first is not None:
+            try:
+                descriptor = descriptor_of(parse_flight_data(first).descriptor)
+                cmd = (unpack(descriptor.command) if descriptor is not None
+                       and descriptor.descriptor_type == flight.DescriptorType.CMD else None)
+            except Exception:
+                cmd = None
+            if not isinstance(cmd, sql.CommandPreparedStatementQuery):
+                abort(context, _denied("write (DoPut)"))
+            messages = itertools.chain((first,), messages)
+        return run(messages, context)
+
+    return grpc.stream_stream_rpc_method_handler(
+        behavior, request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer)
+
+
+def is_read_only(metadata: Any, token: str | None, read_token: str | None) -> bool:
+    """Whether a call's ``metadata`` carries the read token (and not the full one)."""
+    if not token or not read_token:
+        return False
+    values = [v for k, v in metadata or () if k.lower() == "authorization"]
+    return not _token_ok(token.encode(), values) and _token_ok(read_token.encode(), values)
+
+
 class BearerTokenInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     """gRPC server interceptor: ``Bearer <token>`` may call everything, ``Bearer
     <read_token>`` only :data:`READ_METHODS`; other calls are refused (health is exempt).
@@ -143,4 +188,6 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             return _refusal(kind, _denied(f"call {method}"))
         if method == _DO_ACTION:
             return _read_actions_only(handler)
+        if method == _DO_PUT:
+            return _prepared_parameters_only(handler)
         return handler

@@ -69,6 +69,7 @@ from flight.rpc.framing import (
     schema_frame,
 )
 from flight.rpc.requests import check_metadata_size, parse, table_name
+from flight.sql.service import SQL_ACTION_TYPES
 from flight.streams.per_client import client_of
 from flight.streams.subscription import Subscription
 from flight.wire import ACTIONS
@@ -76,6 +77,7 @@ from flight.wire import ACTIONS
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
     from flight.ingest.put import PutHandler
+    from flight.sql.service import FlightSqlService
     from flight.streams.per_client import SubscriptionsPerClient
     from flight.streams.registry import TableEntry, TableRegistry
     from flight.streams.subscription import SubscriptionOptions
@@ -105,8 +107,14 @@ class FlightHost(Protocol):
     @property
     def config(self) -> _Limits: ...
 
+    @property
+    def sql(self) -> FlightSqlService: ...
+
     def track_subscription(self, sub: Subscription, delta: int) -> None:
         """Count ``sub`` as open (``delta`` +1) or closed (-1)."""
+
+    def read_only(self, context: grpc.ServicerContext) -> bool:
+        """Whether the call came with the read-only token (:mod:`flight.rpc.auth`)."""
 
     def action(self, kind: str, body: bytes) -> bytes | None:
         """Run one DoAction (a row of :data:`flight.wire.ACTIONS`); returns the serialized
@@ -153,6 +161,17 @@ def _put_where(descriptor: flight.FlightDescriptor | None) -> str:
     raw = descriptor.path[0]
     name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
     return f"DoPut into {quoted(name)}"
+
+
+def _batches(decoder: IpcDecoder) -> Iterator[pa.RecordBatch]:
+    """A DoPut stream's record batches (messages without one are skipped)."""
+    while True:
+        try:
+            chunk = decoder.read_chunk()
+        except StopIteration:
+            return
+        if chunk.data is not None:
+            yield chunk.data
 
 
 class _Context:
@@ -294,6 +313,9 @@ class FlightService:
 
     def get_flight_info(self, descriptor: fpb.FlightDescriptor,
                         context: grpc.ServicerContext) -> fpb.FlightInfo:
+        if descriptor.type == fpb.FlightDescriptor.CMD:  # Flight SQL (flight.sql)
+            return self.server.sql.flight_info(descriptor,
+                                               read_only=self.server.read_only(context))
         return self._info(self._entry(descriptor))
 
     def poll_flight_info(self, descriptor: fpb.FlightDescriptor,
@@ -304,10 +326,17 @@ class FlightService:
 
     def get_schema(self, descriptor: fpb.FlightDescriptor,
                    context: grpc.ServicerContext) -> fpb.SchemaResult:
+        if descriptor.type == fpb.FlightDescriptor.CMD:  # Flight SQL (flight.sql)
+            schema = self.server.sql.schema(descriptor, read_only=self.server.read_only(context))
+            return fpb.SchemaResult(schema=schema.serialize().to_pybytes())
         return fpb.SchemaResult(schema=self._entry(descriptor).table.schema.serialize().to_pybytes())
 
     # ------------------------------------------------------------------ snapshots
     def do_get(self, ticket: fpb.Ticket, context: grpc.ServicerContext) -> Iterator[bytes]:
+        frames = self.server.sql.do_get(ticket.ticket, read_only=self.server.read_only(context))
+        if frames is not None:  # a Flight SQL ticket (flight.sql)
+            yield from frames
+            return
         req = self._snapshot_request(ticket.ticket)
         entry = self.server.registry.get(req.table)
         table = entry.table
@@ -386,6 +415,13 @@ class FlightService:
             if n > 1:  # pyarrow could not tell the columns apart when conforming them
                 raise SchemaError(f"{where}: column {quoted(column)} appears {n} times; column "
                                   f"names must be unique")
+        descriptor = decoder.descriptor
+        if descriptor is not None and descriptor.descriptor_type == flight.DescriptorType.CMD:
+            results = self.server.sql.do_put(descriptor.command, _batches(decoder),
+                                             read_only=self.server.read_only(context))
+            for meta in results:  # Flight SQL (flight.sql)
+                yield put_result(meta)
+            return
         for ack in self.server.puts.serve_acks(decoder.descriptor, decoder,
                                                decoder.schema_metadata):
             yield put_result(ack.SerializeToString())
@@ -485,8 +521,14 @@ class FlightService:
                      context: grpc.ServicerContext) -> Iterator[fpb.ActionType]:
         for a in ACTIONS:
             yield fpb.ActionType(type=a.name, description=a.description)
+        for name in SQL_ACTION_TYPES:
+            yield fpb.ActionType(type=name, description="Flight SQL")
 
     def do_action(self, action: fpb.Action, context: grpc.ServicerContext) -> Iterator[fpb.Result]:
+        if action.type in SQL_ACTION_TYPES:  # Flight SQL (flight.sql)
+            for body in self.server.sql.action(action.type, action.body):
+                yield fpb.Result(body=body)
+            return
         out = self.server.action(action.type, action.body)
         if out is not None:
             yield fpb.Result(body=out)

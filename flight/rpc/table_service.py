@@ -328,17 +328,24 @@ def add_table_service(server: grpc.Server, registry: TableRegistry, *,
     return checker
 
 
-def derived_builder(registry: TableRegistry) -> Callable[[bytes], str]:
+def derived_builder(registry: TableRegistry,
+                    views: Callable[[tpb.CreateDerivedTableRequest], str] | None = None
+                    ) -> Callable[[bytes], str]:
     """How recovery rebuilds a derived table from its journaled definition.
 
     Returns a function taking a serialized ``CreateDerivedTableRequest`` (with its name
-    set) that builds and registers the table and returns its name.
+    set) that builds and registers the table and returns its name; a SQL view's (``sql``
+    set) is built by ``views`` (:meth:`flight.sql.service.FlightSqlService.build_view`).
     """
     servicer = TableServiceServicer(registry)
 
     def build(request: bytes) -> str:
         req = tpb.CreateDerivedTableRequest()
         req.ParseFromString(request)
+        if req.sql:
+            if views is None:
+                raise InputError(f"view {req.name!r} cannot be rebuilt: no SQL service")
+            return views(req)
         return servicer.create(req)[0]
 
     return build

@@ -1,0 +1,323 @@
+"""Queries: DuckDB over one-step Arrow snapshots of the tables a query names (DESIGN.md §10).
+
+A query's text is parsed first (:mod:`flight.sql.parse`): one ``SELECT`` (``WITH``,
+``UNION`` and the rest of DuckDB's query grammar), reading only plain table names, each a
+table of the server. Anything else is refused before DuckDB sees it: another statement
+(``ATTACH``, ``COPY``, ``INSTALL``, ``SET``, ``PRAGMA``, DDL), a table function
+(``read_csv(...)``, ``duckdb_settings()``) or a schema-qualified name
+(``information_schema.tables``). The tables are then read at one step
+(:class:`~flight.sql.snapshots.SnapshotCache`) and registered under their names on a fresh
+cursor of one in-memory DuckDB database whose configuration is locked with external
+access off: no file, network or extension is reachable even by a text that slipped past
+the parser's check.
+
+A :class:`RunningQuery` holds the DuckDB result and streams it in record batches; it is
+stopped by :meth:`QueryRunner.cancel` (Flight's ``CancelFlightInfo``) or by the server's
+timeout (``sql_timeout``), which interrupts DuckDB wherever it is. DuckDB runs on the
+calling thread (and its own worker threads, ``sql_threads``) without the graph's lock:
+cycles keep running while a query runs. A result nobody reads is dropped at the timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from sqlglot import exp
+
+from engine.errors import (
+    InputError,
+    LimitExceeded,
+    PermissionDenied,
+    QueryCancelled,
+    QueryTimeout,
+    SqlError,
+    TableNotFound,
+)
+from flight.limits import quoted
+from flight.sql.parse import parse_one, statement_kind
+from flight.sql.snapshots import Snapshot, SnapshotCache
+from flight.streams.registry import TableEntry, TableRegistry
+
+__all__ = ["QueryRunner", "RunningQuery", "duckdb_error", "named_tables"]
+
+log = logging.getLogger(__name__)
+
+#: The schema metadata key of a result's step (also in FlightInfo.app_metadata).
+STEP_KEY = b"ticktable.step"
+
+
+def duckdb_error(exc: Exception, where: str) -> Exception:
+    """Our error for a DuckDB exception: its first line, under ``where``."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, duckdb.OutOfMemoryException):
+        return LimitExceeded(f"{where}: out of the query memory limit (--sql-memory): {text}")
+    if isinstance(exc, duckdb.PermissionException):
+        return PermissionDenied(f"{where}: a query may read only the tables it names: {text}")
+    if isinstance(exc, duckdb.CatalogException):
+        return SqlError(f"{where}: {text}")
+    return SqlError(f"{where}: {text}")
+
+
+def named_tables(tree: exp.Expression, registry: TableRegistry, where: str) -> list[TableEntry]:
+    """The registry's tables a statement reads, refusing table functions and qualified names.
+
+    Raises
+    ------
+    SqlError
+        For a table function or a name qualified by a schema or catalog.
+    TableNotFound
+        For a name that is no table of the server.
+    """
+    ctes = {c.alias_or_name for c in tree.find_all(exp.CTE)}
+    out: list[TableEntry] = []
+    for t in tree.find_all(exp.Table):
+        if not isinstance(t.this, exp.Identifier):
+            raise SqlError(f"{where}: table function {t.this.sql(dialect='duckdb')[:80]} is not "
+                           f"allowed: a query reads only the server's tables")
+        if t.args.get("db") is not None or t.args.get("catalog") is not None:
+            raise SqlError(f"{where}: {t.sql(dialect='duckdb')[:80]}: qualified names are not "
+                           f"allowed: name a table of the server as it is listed")
+        if t.name in ctes:
+            continue
+        entry = _lookup(registry, t.name)
+        if entry not in out:
+            out.append(entry)
+    return out
+
+
+def _lookup(registry: TableRegistry, name: str) -> TableEntry:
+    names = registry.names()
+    if name in names:
+        return registry.get(name)
+    folded = [n for n in names if n.lower() == name.lower()]  # SQL folds unquoted names
+    if len(folded) == 1:
+        return registry.get(folded[0])
+    raise TableNotFound(f"no table {quoted(name)}; tables: {', '.join(sorted(names)[:20])}")
+
+
+@dataclass(eq=False)
+class RunningQuery:
+    """One query's DuckDB result, read batch by batch (:meth:`QueryRunner.batches`)."""
+
+    handle: bytes
+    sql: str
+    step: int
+    schema: pa.Schema
+    reader: Any  # a pyarrow RecordBatchReader over DuckDB's result
+    cursor: duckdb.DuckDBPyConnection
+    snapshot: Snapshot | None
+    started: float = field(default_factory=time.monotonic)
+    stopped: str | None = None  # "cancelled" or "timeout": why DuckDB was interrupted
+    done: bool = False
+    taken: bool = False  # its DoGet began: a result is read once
+
+
+class QueryRunner:
+    """Runs queries over the server's tables (see the module docstring).
+
+    Parameters
+    ----------
+    registry
+        The server's tables.
+    timeout
+        Seconds a query may run (from its start to its last batch read).
+    memory_limit
+        DuckDB's memory limit for all running queries, e.g. ``"2GB"``.
+    threads
+        DuckDB's worker threads.
+    batch_rows
+        Rows per result batch.
+    """
+
+    def __init__(self, registry: TableRegistry, *, timeout: float = 60.0,
+                 memory_limit: str = "2GB", threads: int = 1, batch_rows: int = 65_536) -> None:
+        self.registry = registry
+        self.timeout = timeout
+        self.batch_rows = batch_rows
+        self.snapshots = SnapshotCache(registry.graph)
+        # one database: DuckDB's configuration is locked after this, and access to files,
+        # the network and extensions is off for every cursor
+        self._db = duckdb.connect(":memory:", config={
+            "enable_external_access": False,
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+            "allow_community_extensions": False,
+            "threads": threads,
+            "memory_limit": memory_limit,
+        })
+        self._db.execute("SET lock_configuration = true")
+        self._running: dict[bytes, RunningQuery] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._salt = os.urandom(8)
+        self._reaper = threading.Thread(target=self._reap, daemon=True, name="ticktable-sql-reaper")
+        self._closed = threading.Event()
+        self._reaper.start()
+
+    # ------------------------------------------------------------------ running
+    def start(self, sql: str, params: Sequence[Any] | None = None, *,
+              tree: exp.Expression | None = None, where: str = "query") -> RunningQuery:
+        """Parse, snapshot and start ``sql``; its batches are read with :meth:`batches`.
+
+        Raises
+        ------
+        SqlError
+            For a text that does not parse, is not one query, or reads other than tables.
+        TableNotFound
+            For a table the server does not have.
+        QueryTimeout, LimitExceeded
+            If DuckDB ran past the timeout or the memory limit while starting.
+        """
+        tree = parse_one(sql) if tree is None else tree
+        if statement_kind(tree) != "select":
+            raise SqlError(f"{where}: not a query (SELECT, WITH, VALUES): {_statement(tree)}")
+        entries = named_tables(tree, self.registry, where)
+        snapshot = self.snapshots.take([(e.name, e.table, None) for e in entries])
+        cursor = self._db.cursor()
+        handle = f"q{next(self._ids)}-".encode() + self._salt.hex().encode()
+        query = RunningQuery(handle, sql, snapshot.step, pa.schema([]), None, cursor, snapshot)
+        with self._lock:
+            self._running[handle] = query
+        try:
+            for name, rows in snapshot.tables.items():
+                cursor.register(name, rows)
+            try:
+                # a relation streams its batches (a DB-API result would copy them first)
+                relation = cursor.sql(sql, params=list(params) if params is not None else None)
+                reader = relation.to_arrow_reader(self.batch_rows)
+            except duckdb.InterruptException:
+                raise self._stopped(query, where) from None
+            except duckdb.Error as exc:
+                raise duckdb_error(exc, where) from None
+        except BaseException:
+            self.close(handle)
+            raise
+        query.reader = reader
+        query.schema = reader.schema.with_metadata({STEP_KEY: str(snapshot.step).encode()})
+        return query
+
+    def batches(self, query: RunningQuery, where: str = "query") -> Iterator[pa.RecordBatch]:
+        """The result's record batches (at least one: an empty result gives one of no rows)."""
+        sent = False
+        try:
+            while True:
+                try:
+                    batch = query.reader.read_next_batch()
+                except StopIteration:
+                    break
+                except (duckdb.InterruptException, pa.ArrowException) as exc:
+                    if query.stopped is not None:
+                        raise self._stopped(query, where) from None
+                    raise duckdb_error(exc, where) from None
+                except duckdb.Error as exc:
+                    raise duckdb_error(exc, where) from None
+                if query.stopped is not None:
+                    raise self._stopped(query, where)
+                sent = True
+                yield batch
+            if not sent:
+                yield pa.RecordBatch.from_pylist([], query.schema)
+        finally:
+            query.done = True
+            self.close(query.handle)
+
+    def get(self, handle: bytes) -> RunningQuery:
+        """The running query of ``handle``, to be read once.
+
+        Raises
+        ------
+        TableNotFound
+            If none runs under it (finished, cancelled, timed out or never started).
+        """
+        with self._lock:
+            query = self._running.get(handle)
+            if query is None or query.taken:
+                raise TableNotFound("no query runs under this ticket: it was read already, "
+                                    "cancelled, or timed out; run the query again")
+            query.taken = True
+        return query
+
+    def cancel(self, handle: bytes) -> bool:
+        """Stop the query of ``handle``; whether one was running."""
+        with self._lock:
+            query = self._running.get(handle)
+        if query is None:
+            return False
+        self._interrupt(query, "cancelled")
+        return True
+
+    def close(self, handle: bytes) -> None:
+        """Forget a query and free its result and snapshot."""
+        with self._lock:
+            query = self._running.pop(handle, None)
+        if query is not None:
+            query.snapshot = None
+            try:
+                query.cursor.close()
+            except duckdb.Error:
+                log.debug("closing a query's cursor", exc_info=True)
+
+    def running(self) -> int:
+        """Queries started and not yet read to their end."""
+        with self._lock:
+            return len(self._running)
+
+    def shutdown(self) -> None:
+        """Stop every query and the database."""
+        self._closed.set()
+        with self._lock:
+            queries = list(self._running.values())
+        for q in queries:
+            self._interrupt(q, "cancelled")
+            self.close(q.handle)
+        self._db.close()
+
+    # ---------------------------------------------------------------- internals
+    def _interrupt(self, query: RunningQuery, why: str) -> None:
+        if query.stopped is None:
+            query.stopped = why
+        try:
+            query.cursor.interrupt()
+        except duckdb.Error:
+            log.debug("interrupting a query", exc_info=True)
+
+    def _stopped(self, query: RunningQuery, where: str) -> Exception:
+        if query.stopped == "timeout":
+            return QueryTimeout(f"{where}: stopped after the query timeout of {self.timeout:g} s "
+                                f"(ticktable serve --sql-timeout)")
+        return QueryCancelled(f"{where}: cancelled by its client")
+
+    def _reap(self) -> None:
+        """Interrupt queries past the timeout; drop results nobody read in time."""
+        while not self._closed.wait(min(0.1, self.timeout / 4)):
+            now = time.monotonic()
+            with self._lock:
+                late = [q for q in self._running.values() if now - q.started > self.timeout]
+            for q in late:
+                self._interrupt(q, "timeout")
+                if not q.taken:  # never read: nobody else will close it
+                    self.close(q.handle)
+
+
+def _statement(tree: exp.Expression) -> str:
+    return tree.sql(dialect="duckdb")[:60]
+
+
+def check_params(params: pa.RecordBatch | pa.Table | None, where: str) -> list[list[Any]]:
+    """Parameter rows of a bound batch (a prepared statement's DoPut), as Python values."""
+    if params is None:
+        return []
+    try:
+        rows = params.to_pylist()
+    except pa.ArrowException as exc:
+        raise InputError(f"{where}: parameters cannot be read: {exc}") from None
+    return [list(r.values()) for r in rows]

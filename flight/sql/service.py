@@ -1,0 +1,610 @@
+"""Arrow Flight SQL on the server's one port, beside plain Flight (DESIGN.md §10).
+
+A Flight SQL command is a ``google.protobuf.Any`` holding a message of
+``proto/arrow/flight/protocol/sql/flight_sql.proto``; :class:`FlightSqlService` takes the
+calls whose descriptor, ticket or action carries one, and :mod:`flight.rpc.flight_service`
+keeps everything else:
+
+==============================  ===========================================================
+call                            what it does
+==============================  ===========================================================
+GetFlightInfo(metadata cmd)     the command's schema; the ticket is the command itself
+GetFlightInfo(StatementQuery)   parses, snapshots at one step and starts the query
+                                (:mod:`flight.sql.query`); the ticket names the result;
+                                ``app_metadata`` is an ``UpdateMetadata`` with the step.
+                                An update statement sent as a query (DB-API ``execute``)
+                                runs at once and returns one row, ``count``
+GetFlightInfo(PreparedQuery)    the same with the statement's bound parameters
+GetSchema(cmd)                  the command's result schema
+DoGet(ticket)                   the result, in record batches; the first carries the step
+DoPut(StatementUpdate)          ``INSERT``, ``DELETE``, ``CREATE VIEW``, ``DROP VIEW``;
+                                answers ``DoPutUpdateResult``
+DoPut(StatementIngest)          bulk ingestion (create, append, replace), atomic
+DoPut(PreparedQuery)            binds parameters; answers ``DoPutPreparedStatementResult``
+DoPut(PreparedUpdate)           runs the update once per parameter row, atomically
+DoAction                        ``CreatePreparedStatement``, ``ClosePreparedStatement``,
+                                ``CancelFlightInfo``
+==============================  ===========================================================
+
+Writes take DoPut's path (:meth:`flight.ingest.put.PutHandler.acks`): the rows are checked
+by the table, held as one staged write and committed, so a statement's rows become visible
+in one cycle, are journaled before the answer on a durable server, and a bad row applies
+nothing. ``INSERT`` into a keyed table upserts by key. ``DELETE`` needs a keyed table: its
+``WHERE`` is evaluated by DuckDB over a snapshot, and the keys it selects are deleted.
+
+A read-only call (the read token) may query, prepare and bind parameters, nothing else.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pyarrow as pa
+from google.protobuf import any_pb2
+from google.protobuf.message import DecodeError, Message
+from sqlglot import exp
+
+from engine.errors import (
+    InputError,
+    PermissionDenied,
+    ProtocolError,
+    SqlError,
+    TableExists,
+    TableNotFound,
+)
+from flight.limits import quoted
+from flight.pb import arrow_flight_pb2 as fpb
+from flight.pb import flight_pb2 as pb
+from flight.pb import flight_sql_pb2 as sql
+from flight.pb import table_service_pb2 as tpb
+from flight.rpc.framing import batch_frames, schema_frame
+from flight.sql import metadata
+from flight.sql.parse import parse_one, statement_kind
+from flight.sql.query import QueryRunner, RunningQuery, check_params
+from flight.wire import PutMode, TableKind
+
+__all__ = ["SQL_ACTION_TYPES", "FlightSqlService", "SqlHost", "unpack"]
+
+log = logging.getLogger(__name__)
+
+_PREFIX = "type.googleapis.com/arrow.flight.protocol.sql."
+
+#: The DoAction types Flight SQL adds (all allowed to the read token: a prepared update
+#: still needs a DoPut to run, which the read token may not make).
+SQL_ACTION_TYPES = ("CreatePreparedStatement", "ClosePreparedStatement", "CancelFlightInfo")
+
+_COUNT_SCHEMA = pa.schema([pa.field("count", pa.int64())])
+
+
+class _Config(Protocol):
+    max_batch_rows: int
+
+
+class SqlHost(Protocol):
+    """What the Flight SQL service runs on (a :class:`~flight.server.TicktableServer`)."""
+
+    registry: Any
+    puts: Any
+    durability: Any
+
+    @property
+    def config(self) -> _Config: ...
+
+    def commit(self, req: pb.CommitRequest) -> pb.CommitResult: ...
+
+    def abort(self, req: pb.AbortRequest) -> None: ...
+
+
+def pack(message: Message) -> bytes:
+    """``message`` in a serialized ``google.protobuf.Any``."""
+    out = any_pb2.Any()
+    out.Pack(message)
+    return out.SerializeToString()
+
+
+_COMMANDS: dict[str, type[Message]] = {m.DESCRIPTOR.name: m for m in (
+    sql.CommandGetSqlInfo, sql.CommandGetXdbcTypeInfo, sql.CommandGetCatalogs,
+    sql.CommandGetDbSchemas, sql.CommandGetTables, sql.CommandGetTableTypes,
+    sql.CommandGetPrimaryKeys, sql.CommandGetExportedKeys, sql.CommandGetImportedKeys,
+    sql.CommandGetCrossReference, sql.CommandStatementQuery, sql.CommandPreparedStatementQuery,
+    sql.CommandStatementUpdate, sql.CommandPreparedStatementUpdate, sql.CommandStatementIngest,
+    sql.TicketStatementQuery, sql.ActionCreatePreparedStatementRequest,
+    sql.ActionClosePreparedStatementRequest)}
+
+
+def unpack(raw: bytes) -> Message | None:
+    """The Flight SQL message in a serialized ``Any``; ``None`` when ``raw`` is not one.
+
+    Raises
+    ------
+    ProtocolError
+        For an ``Any`` of a Flight SQL type this server does not take, or a body that does
+        not parse.
+    """
+    holder = any_pb2.Any()
+    try:
+        holder.ParseFromString(raw)
+    except (DecodeError, ValueError):
+        return None
+    if not holder.type_url.startswith(_PREFIX):
+        return None
+    name = holder.type_url[len(_PREFIX):]
+    cls = _COMMANDS.get(name)
+    if cls is None:
+        raise ProtocolError(f"Flight SQL: {quoted(name)} is not supported by Ticktable")
+    out = cls()
+    try:
+        out.ParseFromString(holder.value)
+    except DecodeError as exc:
+        raise ProtocolError(f"Flight SQL: {name} does not parse: {exc}") from None
+    return out
+
+
+@dataclass(eq=False)
+class _Prepared:
+    handle: bytes
+    text: str
+    tree: exp.Expression
+    params: list[list[Any]] = field(default_factory=list)
+
+
+def _placeholders(tree: exp.Expression) -> int:
+    return sum(1 for _ in tree.find_all(exp.Placeholder)) + sum(
+        1 for p in tree.find_all(exp.Parameter) if p.name.isdigit())
+
+
+class FlightSqlService:
+    """Flight SQL's calls over one server (see the module docstring).
+
+    Parameters
+    ----------
+    server
+        The server whose tables, DoPut path and durability it uses.
+    version
+        The server's version (``FLIGHT_SQL_SERVER_VERSION``).
+    timeout, memory_mb
+        A query's timeout in seconds, and DuckDB's memory for all queries
+        (:class:`~flight.sql.query.QueryRunner`).
+    """
+
+    def __init__(self, server: SqlHost, *, version: str = "0", timeout: float = 60.0,
+                 memory_mb: int = 2048) -> None:
+        self.server = server
+        self.version = version
+        self.runner = QueryRunner(server.registry, timeout=timeout,
+                                  memory_limit=f"{memory_mb}MB",
+                                  batch_rows=server.config.max_batch_rows)
+        self._prepared: dict[bytes, _Prepared] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._salt = os.urandom(8).hex()
+
+    def close(self) -> None:
+        """Stop every running query."""
+        self.runner.shutdown()
+
+    # ----------------------------------------------------------------- GetFlightInfo
+    def flight_info(self, descriptor: fpb.FlightDescriptor, *, read_only: bool) -> fpb.FlightInfo:
+        """GetFlightInfo for a Flight SQL command."""
+        cmd = self._command(descriptor.cmd)
+        if isinstance(cmd, sql.CommandStatementQuery):
+            return self._query_info(descriptor, cmd.query, None, read_only=read_only)
+        if isinstance(cmd, sql.CommandPreparedStatementQuery):
+            prepared = self._prepared_of(cmd.prepared_statement_handle)
+            if len(prepared.params) > 1:
+                raise SqlError(f"prepared query: {len(prepared.params)} parameter rows are "
+                               f"bound; a query takes one")
+            params = prepared.params[0] if prepared.params else None
+            return self._query_info(descriptor, prepared.text, params, tree=prepared.tree,
+                                    read_only=read_only)
+        table = self._metadata(cmd, read_only=read_only)
+        if table is None:
+            raise ProtocolError(f"Flight SQL: {type(cmd).__name__} is not a GetFlightInfo "
+                                f"command")
+        return self._info(descriptor, table.schema, pack(cmd), total=table.num_rows)
+
+    def schema(self, descriptor: fpb.FlightDescriptor, *, read_only: bool) -> pa.Schema:
+        """GetSchema for a Flight SQL command (a query's is found by starting it)."""
+        cmd = self._command(descriptor.cmd)
+        if isinstance(cmd, (sql.CommandStatementQuery, sql.CommandPreparedStatementQuery)):
+            info = self.flight_info(descriptor, read_only=read_only)
+            handle = unpack(info.endpoint[0].ticket.ticket)
+            if isinstance(handle, sql.TicketStatementQuery):
+                self.runner.close(handle.statement_handle)
+            return pa.ipc.read_schema(pa.py_buffer(info.schema))
+        table = self._metadata(cmd, read_only=read_only)
+        if table is None:
+            raise ProtocolError(f"Flight SQL: {type(cmd).__name__} has no result schema")
+        return table.schema
+
+    def _command(self, raw: bytes) -> Message:
+        cmd = unpack(raw)
+        if cmd is None:
+            raise ProtocolError("Flight SQL: the descriptor's cmd is not a Flight SQL command "
+                                "(a google.protobuf.Any of arrow.flight.protocol.sql)")
+        return cmd
+
+    def _info(self, descriptor: fpb.FlightDescriptor, schema: pa.Schema, ticket: bytes, *,
+              total: int = -1, step: int | None = None) -> fpb.FlightInfo:
+        meta = b"" if step is None else pb.UpdateMetadata(
+            step=step, is_snapshot=True).SerializeToString()
+        return fpb.FlightInfo(schema=schema.serialize().to_pybytes(),
+                              flight_descriptor=descriptor,
+                              endpoint=[fpb.FlightEndpoint(ticket=fpb.Ticket(ticket=ticket))],
+                              total_records=total, total_bytes=-1, app_metadata=meta)
+
+    def _query_info(self, descriptor: fpb.FlightDescriptor, text: str,
+                    params: Sequence[Any] | None, *, tree: exp.Expression | None = None,
+                    read_only: bool) -> fpb.FlightInfo:
+        tree = parse_one(text) if tree is None else tree
+        if statement_kind(tree) != "select":  # DB-API execute() sends every statement here
+            if read_only:
+                raise _read_only(f"run {tree.key.upper()}")
+            count = self.update(text, [list(params)] if params else [], tree=tree)
+            ticket = pack(sql.TicketStatementQuery(statement_handle=b"count:%d" % count))
+            return self._info(descriptor, _COUNT_SCHEMA, ticket, total=1)
+        query = self.runner.start(text, params, tree=tree)
+        ticket = pack(sql.TicketStatementQuery(statement_handle=query.handle))
+        return self._info(descriptor, query.schema, ticket, step=query.step)
+
+    def _metadata(self, cmd: Message, *, read_only: bool) -> pa.Table | None:
+        registry = self.server.registry
+        if isinstance(cmd, sql.CommandGetSqlInfo):
+            return metadata.sql_info(cmd.info, version=self.version, read_only=read_only,
+                                     timeout_ms=int(self.runner.timeout * 1000))
+        if isinstance(cmd, sql.CommandGetCatalogs):
+            return metadata.catalogs()
+        if isinstance(cmd, sql.CommandGetDbSchemas):
+            return metadata.db_schemas(cmd.catalog if cmd.HasField("catalog") else None,
+                                       cmd.db_schema_filter_pattern
+                                       if cmd.HasField("db_schema_filter_pattern") else None)
+        if isinstance(cmd, sql.CommandGetTables):
+            return metadata.tables(registry.entries(), cmd)
+        if isinstance(cmd, sql.CommandGetTableTypes):
+            return metadata.table_types()
+        if isinstance(cmd, sql.CommandGetPrimaryKeys):
+            entry = registry.get(cmd.table)  # NOT_FOUND for an unknown table
+            return metadata.primary_keys(entry)
+        if isinstance(cmd, (sql.CommandGetExportedKeys, sql.CommandGetImportedKeys,
+                            sql.CommandGetCrossReference)):
+            return metadata.foreign_keys()
+        if isinstance(cmd, sql.CommandGetXdbcTypeInfo):
+            return metadata.xdbc_type_info(cmd.data_type if cmd.HasField("data_type") else None)
+        return None
+
+    # ------------------------------------------------------------------------- DoGet
+    def do_get(self, ticket: bytes, *, read_only: bool) -> Iterator[bytes] | None:
+        """DoGet of a Flight SQL ticket, as frames; ``None`` when it is not one."""
+        cmd = unpack(ticket)
+        if cmd is None:
+            return None
+        if isinstance(cmd, sql.TicketStatementQuery):
+            handle = cmd.statement_handle
+            if handle.startswith(b"count:"):
+                table = pa.table({"count": pa.array([int(handle[6:])], pa.int64())})
+                return self._frames(table.schema, table.to_batches() or [], None)
+            query = self.runner.get(handle)
+            return self._query_frames(query)
+        table = self._metadata(cmd, read_only=read_only)
+        if table is None:
+            raise ProtocolError(f"Flight SQL: {type(cmd).__name__} is not a DoGet ticket")
+        batches = table.to_batches() or [pa.RecordBatch.from_pylist([], table.schema)]
+        return self._frames(table.schema, batches, None)
+
+    def _frames(self, schema: pa.Schema, batches: Any, meta: bytes | None) -> Iterator[bytes]:
+        yield schema_frame(schema)
+        yield from batch_frames(schema, batches, first_metadata=meta)
+
+    def _query_frames(self, query: RunningQuery) -> Iterator[bytes]:
+        meta = pb.UpdateMetadata(step=query.step, is_snapshot=True).SerializeToString()
+        try:
+            yield from self._frames(query.schema, self.runner.batches(query), meta)
+        finally:
+            self.runner.close(query.handle)
+
+    # ------------------------------------------------------------------------- DoPut
+    def do_put(self, cmd_bytes: bytes, batches: Iterator[pa.RecordBatch], *,
+               read_only: bool) -> Iterator[bytes]:
+        """DoPut of a Flight SQL command: the ``PutResult`` app_metadata to send."""
+        cmd = self._command(cmd_bytes)
+        if isinstance(cmd, sql.CommandPreparedStatementQuery):
+            prepared = self._prepared_of(cmd.prepared_statement_handle)
+            rows: list[list[Any]] = []
+            for batch in batches:
+                rows.extend(check_params(batch, "prepared query parameters"))
+            prepared.params = rows
+            yield sql.DoPutPreparedStatementResult(
+                prepared_statement_handle=prepared.handle).SerializeToString()
+            return
+        if read_only:
+            raise _read_only(f"run {type(cmd).__name__}")
+        if isinstance(cmd, sql.CommandStatementUpdate):
+            for _ in batches:  # a statement takes no batches; read what the client sent
+                pass
+            count = self.update(cmd.query, [])
+        elif isinstance(cmd, sql.CommandPreparedStatementUpdate):
+            prepared = self._prepared_of(cmd.prepared_statement_handle)
+            rows = []
+            for batch in batches:
+                rows.extend(check_params(batch, "prepared update parameters"))
+            count = self.update(prepared.text, rows or prepared.params, tree=prepared.tree)
+        elif isinstance(cmd, sql.CommandStatementIngest):
+            count = self.ingest(cmd, batches)
+        else:
+            raise ProtocolError(f"Flight SQL: {type(cmd).__name__} is not a DoPut command")
+        yield sql.DoPutUpdateResult(record_count=count).SerializeToString()
+
+    # ----------------------------------------------------------------------- DoAction
+    def action(self, kind: str, body: bytes) -> Iterator[bytes]:
+        """A Flight SQL DoAction: the ``Result`` bodies to send."""
+        if kind == "CancelFlightInfo":
+            req = fpb.CancelFlightInfoRequest()
+            try:
+                req.ParseFromString(body)
+            except DecodeError as exc:
+                raise ProtocolError(f"CancelFlightInfo: the body does not parse: {exc}") from None
+            status = fpb.CANCEL_STATUS_NOT_CANCELLABLE
+            for endpoint in req.info.endpoint:
+                ticket = unpack(endpoint.ticket.ticket)
+                if isinstance(ticket, sql.TicketStatementQuery) and self.runner.cancel(
+                        ticket.statement_handle):
+                    status = fpb.CANCEL_STATUS_CANCELLED
+            yield fpb.CancelFlightInfoResult(status=status).SerializeToString()
+            return
+        msg = unpack(body)
+        if kind == "CreatePreparedStatement" and isinstance(
+                msg, sql.ActionCreatePreparedStatementRequest):
+            yield pack(self.prepare(msg.query))
+        elif kind == "ClosePreparedStatement" and isinstance(
+                msg, sql.ActionClosePreparedStatementRequest):
+            with self._lock:
+                self._prepared.pop(msg.prepared_statement_handle, None)
+        else:
+            raise ProtocolError(f"{kind}: the body must be a google.protobuf.Any of "
+                                f"Action{kind}Request")
+
+    def prepare(self, text: str) -> sql.ActionCreatePreparedStatementResult:
+        """CreatePreparedStatement: parse and keep ``text``; a query's result schema is found
+        by running it over the current tables with NULL parameters, when it can be."""
+        tree = parse_one(text)
+        handle = f"p{next(self._ids)}-{self._salt}".encode()
+        n = _placeholders(tree)
+        out = sql.ActionCreatePreparedStatementResult(prepared_statement_handle=handle)
+        if n:
+            out.parameter_schema = pa.schema(
+                [pa.field(f"${i + 1}", pa.null()) for i in range(n)]).serialize().to_pybytes()
+        if statement_kind(tree) == "select":
+            query = self.runner.start(text, [None] * n, tree=tree)  # raises for a bad query
+            self.runner.close(query.handle)
+            out.dataset_schema = query.schema.serialize().to_pybytes()
+        with self._lock:
+            self._prepared[handle] = _Prepared(handle, text, tree)
+        return out
+
+    def _prepared_of(self, handle: bytes) -> _Prepared:
+        with self._lock:
+            prepared = self._prepared.get(handle)
+        if prepared is None:
+            raise TableNotFound("no prepared statement of this handle: it was closed, or "
+                                "the server restarted; prepare it again")
+        return prepared
+
+    # ----------------------------------------------------------------------- updates
+    def update(self, text: str, params: list[list[Any]], *,
+               tree: exp.Expression | None = None) -> int:
+        """Run an update statement (once per parameter row); returns the rows it changed."""
+        tree = parse_one(text) if tree is None else tree
+        kind = statement_kind(tree)
+        if kind == "insert":
+            return self._insert(tree, params)
+        if kind == "delete":
+            return self._delete(tree, params)
+        if kind == "create_view":
+            if params:
+                raise SqlError("CREATE VIEW takes no parameters")
+            self.create_view(tree)
+            return 0
+        if kind == "drop_view":
+            if params:
+                raise SqlError("DROP VIEW takes no parameters")
+            return self._drop_view(tree)
+        if kind == "select":
+            raise SqlError("a query returns rows: run it with CommandStatementQuery "
+                           "(DB-API execute), not as an update")
+        raise SqlError(f"{tree.key.upper()}: not supported; Ticktable runs SELECT, INSERT, "
+                       f"DELETE (keyed tables), CREATE VIEW and DROP VIEW")
+
+    def _rows(self, select: str, params: list[list[Any]], where: str) -> pa.Table:
+        """The rows of a query, once per parameter row (once without), concatenated."""
+        parts = []
+        rows: list[list[Any] | None] = list(params) or [None]
+        for row in rows:
+            query = self.runner.start(select, row, where=where)
+            parts.append(pa.Table.from_batches(list(self.runner.batches(query, where)),
+                                               query.schema))
+        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+    def _insert(self, tree: exp.Expression, params: list[list[Any]]) -> int:
+        target = tree.this
+        columns: list[str] | None = None
+        if isinstance(target, exp.Schema):
+            columns = [c.name for c in target.expressions]
+            target = target.this
+        if not isinstance(target, exp.Table) or not isinstance(target.this, exp.Identifier):
+            raise SqlError("INSERT: name a table of the server")
+        entry = self.server.registry.get(target.name)
+        where = f"INSERT INTO {quoted(entry.name)}"
+        source = tree.expression
+        if source is None:
+            raise SqlError(f"{where}: VALUES or SELECT expected")
+        text = source.sql(dialect="duckdb")
+        if isinstance(source, exp.Values):  # a query of its own only inside FROM
+            text = f"SELECT * FROM ({text})"
+        rows = self._rows(text, params, where)
+        schema = entry.table.schema
+        names = columns if columns is not None else schema.names[:rows.num_columns]
+        if len(names) != rows.num_columns:
+            raise SqlError(f"{where}: {rows.num_columns} values for {len(names)} columns")
+        unknown = [n for n in names if n not in schema.names]
+        if unknown:
+            raise SqlError(f"{where}: no column(s) {unknown}; columns: {', '.join(schema.names)}")
+        arrays = []
+        for f in schema:
+            if f.name in names:
+                col = rows.column(names.index(f.name))
+                try:
+                    arrays.append(col.cast(f.type))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise SqlError(f"{where}: column {quoted(f.name)}: {col.type} values do "
+                                   f"not fit {f.type}: {exc}") from None
+            else:
+                arrays.append(pa.nulls(rows.num_rows, f.type))
+        table = pa.Table.from_arrays(arrays, schema=schema)
+        mode = PutMode.UPSERT if entry.kind == TableKind.KEYED else PutMode.APPEND
+        return self._write(entry.name, mode, table.to_batches())
+
+    def _delete(self, tree: exp.Expression, params: list[list[Any]]) -> int:
+        target = tree.this
+        if not isinstance(target, exp.Table) or not isinstance(target.this, exp.Identifier):
+            raise SqlError("DELETE: name a table of the server")
+        entry = self.server.registry.get(target.name)
+        where = f"DELETE FROM {quoted(entry.name)}"
+        if entry.kind != TableKind.KEYED:
+            raise SqlError(f"{where}: rows are deleted by key: DELETE takes a keyed table, "
+                           f"and {quoted(entry.name)} is {entry.kind}")
+        keys = ", ".join(exp.to_identifier(k).sql(dialect="duckdb") for k in entry.keys)
+        cond = tree.args.get("where")
+        select = f"SELECT DISTINCT {keys} FROM {target.sql(dialect='duckdb')}"
+        if cond is not None:
+            select += " " + cond.sql(dialect="duckdb")
+        rows = self._rows(select, params, where)
+        if rows.num_rows == 0:
+            return 0
+        return self._write(entry.name, PutMode.DELETE, rows.to_batches())
+
+    def _write(self, table: str, mode: PutMode, batches: Sequence[pa.RecordBatch]) -> int:
+        """DoPut's path: check and hold every batch under one write id, then commit it."""
+        write_id = f"sql-{uuid.uuid4().hex}"
+        request = pb.PutRequest(mode=mode.proto, write_id=write_id)
+        try:
+            for _ in self.server.puts.acks(table, request, batches):
+                pass
+        except BaseException:
+            try:
+                self.server.abort(pb.AbortRequest(write_id=write_id))
+            except Exception:
+                log.debug("aborting write %s", write_id, exc_info=True)
+            raise
+        result = self.server.commit(pb.CommitRequest(write_id=write_id, all_slots=True))
+        return int(result.rows)
+
+    # ------------------------------------------------------------------------ ingest
+    def ingest(self, cmd: sql.CommandStatementIngest, batches: Iterator[pa.RecordBatch]) -> int:
+        """CommandStatementIngest: the stream's rows into ``cmd.table``, in one commit."""
+        name = cmd.table
+        where = f"ingest into {quoted(name)}"
+        if not name:
+            raise SqlError("ingest: name the target table")
+        if cmd.temporary:
+            raise SqlError(f"{where}: temporary tables are not supported")
+        if (cmd.HasField("catalog") and cmd.catalog) or (
+                cmd.HasField("schema") and cmd.schema not in ("", metadata.SCHEMA_NAME)):
+            raise SqlError(f"{where}: Ticktable has one schema, {metadata.SCHEMA_NAME!r}, and "
+                           f"no catalogs")
+        opts = cmd.table_definition_options
+        Opts = sql.CommandStatementIngest.TableDefinitionOptions
+        first = next(batches, None)
+        if first is None:
+            return 0
+        registry = self.server.registry
+        exists = name in registry.names()
+        if exists and opts.if_exists == Opts.TABLE_EXISTS_OPTION_FAIL:
+            raise TableExists(f"{where}: table {quoted(name)} already exists (mode 'create': "
+                              f"use 'append' or 'replace')")
+        if exists and opts.if_exists == Opts.TABLE_EXISTS_OPTION_REPLACE:
+            self.server.durability.drop_table(name)
+            exists = False
+        if not exists:
+            if opts.if_not_exist == Opts.TABLE_NOT_EXIST_OPTION_FAIL:
+                raise TableNotFound(f"{where}: no table {quoted(name)} (mode 'append')")
+            keys = [k for k in cmd.options.get("ticktable.keys", "").split(",") if k]
+            kind = TableKind.KEYED if keys else TableKind.APPEND
+            self.server.durability.create_table(name, first.schema, kind, keys=keys, capacity=0,
+                                                if_not_exists=False)
+        entry = registry.get(name)
+        if entry.kind not in (TableKind.APPEND, TableKind.KEYED, TableKind.RING):
+            raise SqlError(f"{where}: {quoted(name)} is a {entry.kind} table; ingest writes "
+                           f"into source tables")
+        mode = PutMode.UPSERT if entry.kind == TableKind.KEYED else PutMode.APPEND
+        return self._write(name, mode, itertools.chain((first,), batches))  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------------- views
+    def create_view(self, tree: exp.Expression) -> str:
+        """CREATE VIEW name AS SELECT ...: a live derived table, journaled as its SQL."""
+        name_expr = tree.this
+        if not isinstance(name_expr, exp.Table) or not isinstance(name_expr.this, exp.Identifier):
+            raise SqlError("CREATE VIEW: name the view")
+        select = tree.expression
+        if not isinstance(select, exp.Query):
+            raise SqlError(f"CREATE VIEW {quoted(name_expr.name)}: AS SELECT ... expected")
+        replace = bool(tree.args.get("replace"))
+        request = tpb.CreateDerivedTableRequest(name=name_expr.name, replace=replace,
+                                                sql=select.sql(dialect="duckdb"))
+        if not replace and name_expr.name in self.server.registry.names():
+            raise TableExists(f"CREATE VIEW: table {quoted(name_expr.name)} already exists; "
+                              f"use CREATE OR REPLACE VIEW or DROP VIEW first")
+        return str(self.server.durability.derive(request.SerializeToString(),
+                                                 lambda: self.build_view(request)))
+
+    def build_view(self, request: tpb.CreateDerivedTableRequest) -> str:
+        """Compile and register a view's SQL (also how recovery rebuilds it)."""
+        from flight.sql.views import compile_view
+
+        registry = self.server.registry
+        name = request.name or f"view_{next(self._ids)}"
+        where = f"CREATE VIEW {quoted(name)}"
+        try:
+            view = compile_view(request.sql, lambda n: registry.get(n).table)
+        except InputError as exc:
+            if isinstance(exc, (SqlError, TableNotFound)) and str(exc).startswith("CREATE VIEW"):
+                raise
+            raise type(exc)(f"{where}: {exc}") from None
+        if request.replace and name in view.parents:
+            view.table.close()
+            raise SqlError(f"{where}: a view cannot replace a table it reads")
+        try:
+            registry.add(name, view.table, TableKind.VIEW, parents=list(view.parents),
+                         replace=request.replace)
+        except BaseException:
+            view.table.close()
+            raise
+        log.info("view %r created from %s", name, view.parents)
+        return name
+
+    def _drop_view(self, tree: exp.Expression) -> int:
+        target = tree.this
+        name = target.name if isinstance(target, exp.Table) else ""
+        registry = self.server.registry
+        if name not in registry.names():
+            if tree.args.get("exists"):
+                return 0
+            raise TableNotFound(f"DROP VIEW: no view {quoted(name)}")
+        entry = registry.get(name)
+        if entry.kind != TableKind.VIEW:
+            raise SqlError(f"DROP VIEW: {quoted(name)} is a {entry.kind} table, not a view; "
+                           f"drop it with the drop_table action")
+        self.server.durability.drop_table(name)
+        self.runner.snapshots.forget(name)
+        return 0
+
+
+def _read_only(what: str) -> PermissionDenied:
+    return PermissionDenied(f"the read-only token may not {what}: writes, creates, drops and "
+                            f"views need the full token")
