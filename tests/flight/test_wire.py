@@ -79,7 +79,9 @@ def test_each_action_is_run_by_the_server_method_of_its_name():
 def test_list_actions_is_the_table(durable):
     with fl.connect(durable.location) as c:
         listed = [(a.type, a.description) for a in c.list_actions(READ)]
-    assert listed == [(a.name, a.description) for a in ACTIONS]
+    sql_actions = [("CreatePreparedStatement", "Flight SQL"), ("ClosePreparedStatement", "Flight SQL"),
+                   ("CancelFlightInfo", "Flight SQL")]
+    assert listed == [(a.name, a.description) for a in ACTIONS] + sql_actions
     assert listed[:5] == [("create_table", "CreateTableRequest -> empty"),  # as they always were
                           ("drop_table", "DropTableRequest -> empty"),
                           ("commit", "CommitRequest -> CommitResult"),

@@ -159,8 +159,9 @@ def test_flight_table_service_health_and_reflection_share_one_port(server, clien
     info = client.get_flight_info(fl.FlightDescriptor.for_path("t"))
     assert info.total_records == 2 and info.schema == KV
     assert client.get_schema(fl.FlightDescriptor.for_path("t")).schema == KV
-    assert [a.type for a in client.list_actions()] == ["create_table", "drop_table", "commit",
-                                                         "abort", "stats"]
+    assert [a.type for a in client.list_actions()] == [
+        "create_table", "drop_table", "commit", "abort", "stats",
+        "CreatePreparedStatement", "ClosePreparedStatement", "CancelFlightInfo"]
     stats = pb.Stats.FromString(next(iter(client.do_action(fl.Action("stats", b"")))).body
                                 .to_pybytes())
     assert stats.table_service_port == server.port
