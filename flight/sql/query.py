@@ -214,7 +214,7 @@ class QueryRunner:
                     batch = query.reader.read_next_batch()
                 except StopIteration:
                     break
-                except (duckdb.InterruptException, pa.ArrowException) as exc:
+                except (duckdb.InterruptException, pa.ArrowException, OSError) as exc:
                     if query.stopped is not None:
                         raise self._stopped(query, where) from None
                     raise duckdb_error(exc, where) from None

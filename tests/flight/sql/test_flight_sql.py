@@ -1,0 +1,348 @@
+"""Flight SQL against a real server, through clients nobody here wrote: ADBC's Flight SQL
+driver (Go) under adbc-driver-manager's DB-API, pandas ``read_sql`` and polars
+``read_database`` on that connection; raw gRPC only where a status code must be read."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import adbc_driver_flightsql.dbapi as flightsql
+import adbc_driver_manager
+import grpc
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+from google.protobuf import any_pb2
+
+from engine.graph import UpdateGraph
+from flight.pb import arrow_flight_pb2 as fpb
+from flight.pb import flight_pb2 as pb
+from flight.pb import flight_sql_pb2 as sqlpb
+from flight.server import ServerConfig, TicktableServer
+
+TOKEN, READ = "full-token", "read-token"
+TRADES = pa.schema([("sym", pa.string()), ("px", pa.float64()), ("qty", pa.int64())])
+QUOTES = pa.schema([("sym", pa.string()), ("bid", pa.float64())])
+
+
+def _server(**cfg: object) -> tuple[UpdateGraph, TicktableServer]:
+    graph = UpdateGraph(validate=True)
+    srv = TicktableServer(graph, ServerConfig(token=TOKEN, read_token=READ, **cfg)).start()  # type: ignore[arg-type]
+    trades = srv.registry.create_source("trades", TRADES, "append").table
+    quotes = srv.registry.create_source("quotes", QUOTES, "keyed", keys=["sym"]).table
+    trades.append(pa.table({"sym": ["a", "b", "a"], "px": [1.0, 2.0, 3.0], "qty": [1, 2, 3]},
+                           schema=TRADES))
+    quotes.upsert(pa.table({"sym": ["a", "b"], "bid": [1.5, 2.5]}, schema=QUOTES))
+    graph.run_cycle()
+    graph.start(0.02)
+    return graph, srv
+
+
+@pytest.fixture
+def server() -> Iterator[TicktableServer]:
+    graph, srv = _server()
+    yield srv
+    srv.shutdown()
+    graph.stop()
+
+
+def _connect(srv: TicktableServer, token: str = TOKEN) -> flightsql.Connection:
+    return flightsql.connect(srv.location, autocommit=True, db_kwargs={
+        "adbc.flight.sql.authorization_header": f"Bearer {token}"})
+
+
+@pytest.fixture
+def conn(server: TicktableServer) -> Iterator[flightsql.Connection]:
+    with _connect(server) as c:
+        yield c
+
+
+def _rows(conn: flightsql.Connection, query: str, params: tuple[object, ...] | None = None
+          ) -> list[tuple[object, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(query, params)
+        return list(cur.fetchall())
+
+
+# ------------------------------------------------------------------------------ metadata
+def test_metadata_as_adbc_asks_for_it(conn):
+    info = conn.adbc_get_info()
+    assert info["vendor_name"] == "Ticktable" and info["vendor_version"]
+    assert info["vendor_arrow_version"] == pa.__version__
+    assert sorted(conn.adbc_get_table_types()) == [
+        "APPEND TABLE", "DERIVED TABLE", "KEYED TABLE", "RING TABLE", "VIEW"]
+    objects = conn.adbc_get_objects(depth="all").read_all().to_pylist()
+    (schema,) = objects[0]["catalog_db_schemas"]
+    assert schema["db_schema_name"] == "main"
+    tables = {t["table_name"]: t for t in schema["db_schema_tables"]}
+    assert tables["trades"]["table_type"] == "APPEND TABLE"
+    assert tables["quotes"]["table_type"] == "KEYED TABLE"
+    assert [c["column_name"] for c in tables["trades"]["table_columns"]] == ["sym", "px", "qty"]
+    assert conn.adbc_get_table_schema("trades") == TRADES
+    filtered = conn.adbc_get_objects(depth="tables", table_name_filter="quo%").read_all()
+    names = [t["table_name"] for c in filtered.to_pylist() for s in c["catalog_db_schemas"]
+             for t in s["db_schema_tables"]]
+    assert names == ["quotes"]
+
+
+def _command(server: TicktableServer, message, token: str = TOKEN) -> pa.Table:
+    any_ = any_pb2.Any()
+    any_.Pack(message)
+    opts = fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())])
+    with fl.connect(server.location) as c:
+        info = c.get_flight_info(fl.FlightDescriptor.for_command(any_.SerializeToString()), opts)
+        table = c.do_get(info.endpoints[0].ticket, opts).read_all()
+    assert table.schema == info.schema
+    return table
+
+
+def test_primary_keys_type_info_and_sql_info(server):
+    keys = _command(server, sqlpb.CommandGetPrimaryKeys(table="quotes")).to_pylist()
+    assert [(k["table_name"], k["column_name"], k["key_sequence"]) for k in keys] == [
+        ("quotes", "sym", 1)]
+    assert _command(server, sqlpb.CommandGetPrimaryKeys(table="trades")).num_rows == 0
+    types = _command(server, sqlpb.CommandGetXdbcTypeInfo()).to_pylist()
+    assert {"BIGINT", "DOUBLE", "VARCHAR", "BOOLEAN", "TIMESTAMP"} <= {t["type_name"] for t in types}
+    bigint = _command(server, sqlpb.CommandGetXdbcTypeInfo(data_type=sqlpb.XDBC_BIGINT))
+    assert bigint.column("type_name").to_pylist() == ["BIGINT"]
+    info = {r["info_name"]: r["value"] for r in _command(server, sqlpb.CommandGetSqlInfo(
+        info=[sqlpb.FLIGHT_SQL_SERVER_NAME, sqlpb.FLIGHT_SQL_SERVER_READ_ONLY,
+              sqlpb.FLIGHT_SQL_SERVER_CANCEL, sqlpb.FLIGHT_SQL_SERVER_STATEMENT_TIMEOUT])
+        ).to_pylist()}
+    assert info == {0: "Ticktable", 3: False, 9: True, 100: 60_000}
+    read = {r["info_name"]: r["value"] for r in _command(server, sqlpb.CommandGetSqlInfo(
+        info=[sqlpb.FLIGHT_SQL_SERVER_READ_ONLY]), READ).to_pylist()}
+    assert read == {3: True}  # the read token's connection is told it may not write
+    assert _command(server, sqlpb.CommandGetCatalogs()).num_rows == 0
+
+
+# ------------------------------------------------------------------------------- queries
+def test_queries_parameters_and_arrow_results(conn):
+    assert _rows(conn, "SELECT sym, sum(px) AS s FROM trades GROUP BY sym ORDER BY sym") == [
+        ("a", 4.0), ("b", 2.0)]
+    assert _rows(conn, "SELECT sym, qty FROM trades WHERE qty > ? ORDER BY qty", (1,)) == [
+        ("b", 2), ("a", 3)]
+    with conn.cursor() as cur:
+        cur.execute("SELECT t.sym, t.px, q.bid FROM trades t JOIN quotes q ON t.sym = q.sym "
+                    "WHERE t.px > ? ORDER BY t.px", (1.5,))
+        table = cur.fetch_arrow_table()
+    assert table.column_names == ["sym", "px", "bid"]
+    assert table.to_pylist() == [{"sym": "b", "px": 2.0, "bid": 2.5},
+                                 {"sym": "a", "px": 3.0, "bid": 1.5}]
+    assert int(table.schema.metadata[b"ticktable.step"]) >= 1  # the step it was taken at
+
+
+def test_pandas_read_sql_and_polars_read_database(conn):
+    df = pd.read_sql("SELECT * FROM trades ORDER BY px", conn)
+    assert df.to_dict("list") == {"sym": ["a", "b", "a"], "px": [1.0, 2.0, 3.0], "qty": [1, 2, 3]}
+    frame = pl.read_database("SELECT sym, count(*) AS n FROM trades GROUP BY sym ORDER BY sym",
+                             conn)
+    assert frame.to_dict(as_series=False) == {"sym": ["a", "b"], "n": [2, 1]}
+
+
+def test_a_join_reads_both_tables_at_one_step(server, conn):
+    """Two tables written in the same cycle are never seen at different steps."""
+    schema = pa.schema([("n", pa.int64())])
+    left = server.registry.create_source("left_t", schema, "append").table
+    right = server.registry.create_source("right_t", schema, "append").table
+    stop = threading.Event()
+
+    def write() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            with server.graph.exclusive_lock():  # both land in the same cycle
+                left.append(pa.table({"n": [n]}, schema=schema))
+                right.append(pa.table({"n": [n]}, schema=schema))
+            time.sleep(0.003)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        seen = []
+        for _ in range(60):
+            (row,) = _rows(conn, "SELECT (SELECT count(*) FROM left_t), (SELECT count(*) FROM right_t)")
+            seen.append(row)
+    finally:
+        stop.set()
+        writer.join()
+    assert all(a == b for a, b in seen), [r for r in seen if r[0] != r[1]][:5]
+    assert seen[-1][0] > seen[0][0]  # the tables were live while queried
+
+
+def test_cycles_run_while_a_query_runs_and_the_timeout_stops_it():
+    graph, srv = _server(sql_timeout=1.0)
+    try:
+        big = srv.registry.create_source("big", pa.schema([("a", pa.int64())]), "append").table
+        big.append(pa.table({"a": pa.array(range(3_000_000), pa.int64())}))
+        time.sleep(0.1)
+        before = graph.step
+        t0 = time.monotonic()
+        with _connect(srv) as conn, pytest.raises(adbc_driver_manager.Error) as raised:
+            _rows(conn, "SELECT count(*) FROM big x, big y WHERE x.a + y.a = 7")
+        took = time.monotonic() - t0
+        assert "query timeout of 1 s" in str(raised.value)
+        assert "DeadlineExceeded" in str(raised.value)  # gRPC DEADLINE_EXCEEDED, as ADBC names it
+        assert 0.9 < took < 10
+        assert graph.step - before >= 10  # the cycle (every 20 ms) kept running meanwhile
+        with _connect(srv) as conn:  # and the server serves on
+            assert _rows(conn, "SELECT count(*) FROM big") == [(3_000_000,)]
+    finally:
+        srv.shutdown()
+        graph.stop()
+
+
+def test_cancel_flight_info_stops_a_query(server):
+    """CancelFlightInfo on a query's FlightInfo: CANCELLED, and its ticket reads nothing."""
+    opts = [("authorization", f"Bearer {TOKEN}")]
+    any_ = any_pb2.Any()
+    any_.Pack(sqlpb.CommandStatementQuery(query="SELECT * FROM trades"))
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        info_call = ch.unary_unary("/arrow.flight.protocol.FlightService/GetFlightInfo",
+                                   fpb.FlightDescriptor.SerializeToString,
+                                   fpb.FlightInfo.FromString)
+        info = info_call(fpb.FlightDescriptor(type=fpb.FlightDescriptor.CMD,
+                                              cmd=any_.SerializeToString()), metadata=opts)
+        assert pb.UpdateMetadata.FromString(info.app_metadata).step >= 1
+        action = ch.unary_stream("/arrow.flight.protocol.FlightService/DoAction",
+                                 fpb.Action.SerializeToString, fpb.Result.FromString)
+        (result,) = action(fpb.Action(type="CancelFlightInfo", body=fpb.CancelFlightInfoRequest(
+            info=info).SerializeToString()), metadata=opts)
+        assert fpb.CancelFlightInfoResult.FromString(result.body).status == \
+            fpb.CANCEL_STATUS_CANCELLED
+        do_get = ch.unary_stream("/arrow.flight.protocol.FlightService/DoGet",
+                                 fpb.Ticket.SerializeToString, lambda b: b)
+        with pytest.raises(grpc.RpcError) as raised:
+            list(do_get(info.endpoint[0].ticket, metadata=opts))
+        assert raised.value.code() == grpc.StatusCode.CANCELLED
+        assert "cancelled by its client" in raised.value.details()
+    assert server.sql.runner.running() == 0
+
+
+# -------------------------------------------------------------------------------- writes
+def test_adbc_ingest_create_append_replace(server, conn):
+    data = pa.table({"x": pa.array([1, 2, 3], pa.int64()), "s": ["a", "b", "c"]})
+    with conn.cursor() as cur:
+        assert cur.adbc_ingest("loaded", data, mode="create") == 3
+        assert cur.adbc_ingest("loaded", data.slice(0, 1), mode="append") == 1
+    assert server.registry.get("loaded").kind == "append"
+    assert _rows(conn, "SELECT count(*), sum(x) FROM loaded") == [(4, 7)]
+    with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error, match="already exists"):
+        cur.adbc_ingest("loaded", data, mode="create")
+    with conn.cursor() as cur:
+        assert cur.adbc_ingest("loaded", data.slice(1), mode="replace") == 2
+        assert cur.adbc_ingest("fresh", data, mode="create_append") == 3
+    assert _rows(conn, "SELECT sum(x) FROM loaded") == [(5,)]
+    with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error, match="unknown column"):
+        cur.adbc_ingest("loaded", pa.table({"y": [1]}), mode="append")
+    assert _rows(conn, "SELECT sum(x) FROM loaded") == [(5,)]  # nothing of a bad write
+
+
+def test_ingest_of_many_batches_is_atomic(server, conn):
+    """A bad batch after good ones: nothing of the ingest is visible."""
+    server.registry.create_source("atomic", pa.schema([("x", pa.int64())]), "append")
+    good = pa.record_batch({"x": pa.array(range(1000), pa.int64())})
+    bad = pa.record_batch({"x": pa.array(["not", "ints"])})
+    reader = pa.RecordBatchReader.from_batches(good.schema, [good, good])
+    with conn.cursor() as cur:
+        assert cur.adbc_ingest("atomic", reader, mode="append") == 2000
+    with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error):
+        cur.adbc_ingest("atomic", pa.RecordBatchReader.from_batches(
+            pa.schema([("x", pa.string())]), [bad.cast(pa.schema([("x", pa.string())]))]),
+            mode="append")
+    assert _rows(conn, "SELECT count(*) FROM atomic") == [(2000,)]
+
+
+def test_insert_and_delete(server, conn):
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO trades VALUES ('c', 9.0, 9), ('d', 4.0, 4)")
+        assert cur.fetchall() == [(2,)]
+        cur.execute("INSERT INTO trades (sym, qty) SELECT sym, qty * 10 FROM trades WHERE sym = ?",
+                    ("b",))
+    assert _rows(conn, "SELECT sym, px, qty FROM trades WHERE sym IN ('c', 'd', 'b') ORDER BY qty"
+                 ) == [("b", 2.0, 2), ("d", 4.0, 4), ("c", 9.0, 9), ("b", None, 20)]
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO quotes VALUES ('a', 9.5), ('z', 0.5)")  # upserts by key
+        cur.execute("DELETE FROM quotes WHERE bid < ?", (1.0,))
+        assert cur.fetchall() == [(1,)]
+    assert _rows(conn, "SELECT * FROM quotes ORDER BY sym") == [("a", 9.5), ("b", 2.5)]
+    with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error,
+                                             match="DELETE takes a keyed table"):
+        cur.execute("DELETE FROM trades WHERE qty > 1")
+    with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error, match="do not fit"):
+        cur.execute("INSERT INTO trades VALUES ('e', 'not a number', 1)")
+    assert _rows(conn, "SELECT count(*) FROM trades") == [(6,)]
+
+
+def test_writes_are_durable_across_a_restart(tmp_path):
+    graph, srv = _server(data_dir=tmp_path)
+    try:
+        with _connect(srv) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("kept", pa.table({"x": [1, 2]}), mode="create")
+            cur.execute("INSERT INTO kept VALUES (3)")
+    finally:
+        srv.shutdown()
+        graph.stop()
+    graph = UpdateGraph()
+    srv = TicktableServer(graph, ServerConfig(data_dir=tmp_path, token=TOKEN)).start()
+    graph.start(0.02)
+    try:
+        with _connect(srv) as conn:
+            assert _rows(conn, "SELECT x FROM kept ORDER BY x") == [(1,), (2,), (3,)]
+    finally:
+        srv.shutdown()
+        graph.stop()
+
+
+# --------------------------------------------------------------------- bad and hostile
+@pytest.mark.parametrize("query, code, words", [
+    ("SELEC * FROM trades", "INVALID_ARGUMENT", "line 1, column"),
+    ("SELECT * FROM nope", "NOT_FOUND", "no table 'nope'"),
+    ("SELECT * FROM read_csv('/etc/passwd')", "INVALID_ARGUMENT", "table function"),
+    ("SELECT * FROM read_parquet('x.parquet')", "INVALID_ARGUMENT", "table function"),
+    ("SELECT * FROM information_schema.tables", "INVALID_ARGUMENT", "qualified names"),
+    ("SELECT * FROM duckdb_settings()", "INVALID_ARGUMENT", "table function"),
+    ("ATTACH '/tmp/evil.db'", "INVALID_ARGUMENT", "not supported"),
+    ("COPY trades TO '/tmp/out.csv'", "INVALID_ARGUMENT", "not supported"),
+    ("INSTALL httpfs", "INVALID_ARGUMENT", "not supported"),
+    ("LOAD httpfs", "INVALID_ARGUMENT", "not supported"),
+    ("SET memory_limit = '100GB'", "INVALID_ARGUMENT", "not supported"),
+    ("PRAGMA database_list", "INVALID_ARGUMENT", "not supported"),
+    ("SELECT 1; SELECT 2", "INVALID_ARGUMENT", "one statement"),
+    ("SELECT nosuch FROM trades", "INVALID_ARGUMENT", "nosuch"),
+    ("SELECT * FROM trades WHERE px > (SELECT max(x) FROM read_csv_auto('/etc/hosts'))",
+     "INVALID_ARGUMENT", "table function"),
+])
+def test_bad_and_hostile_sql_is_refused_in_one_line(conn, query, code, words):
+    with pytest.raises(adbc_driver_manager.Error) as raised:
+        _rows(conn, query)
+    message = str(raised.value)
+    assert code in message and words in message, message
+    assert "Traceback" not in message and "internal error" not in message
+    assert _rows(conn, "SELECT count(*) FROM trades") == [(3,)]  # serving on, nothing changed
+
+
+def test_the_read_token_may_query_but_not_write(server):
+    with _connect(server, READ) as conn:
+        assert _rows(conn, "SELECT count(*) FROM trades WHERE qty > ?", (0,)) == [(3,)]
+        for statement in ("INSERT INTO trades VALUES ('x', 1.0, 1)",
+                          "DELETE FROM quotes WHERE sym = 'a'",
+                          "CREATE VIEW v AS SELECT * FROM trades"):
+            with pytest.raises(adbc_driver_manager.Error, match="PermissionDenied"):
+                _rows(conn, statement)
+        with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error,
+                                                 match="PermissionDenied"):
+            cur.adbc_ingest("trades", pa.table({"sym": ["x"], "px": [1.0], "qty": [1]}),
+                            mode="append")
+        with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error,
+                                                 match="PermissionDenied"):
+            cur.executemany("INSERT INTO trades VALUES (?, ?, ?)", [("x", 1.0, 1)])
+    with _connect(server) as conn:
+        assert _rows(conn, "SELECT count(*) FROM trades") == [(3,)]
+    with _connect(server, "wrong") as conn, pytest.raises(adbc_driver_manager.Error,
+                                                          match="UNAUTHENTICATED"):
+        _rows(conn, "SELECT 1")
