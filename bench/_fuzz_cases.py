@@ -31,6 +31,7 @@ from bench._fuzz_mutate import INTERESTING, maybe_mutate, mutate_bytes, mutate_f
 from flight import substrait
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
+from flight.pb import flight_sql_pb2 as sqlpb
 from flight.pb import table_service_pb2 as tpb
 from flight.rpc.framing import batch_frames, frame, schema_frame
 from flight.wire import ABORT, ACTIONS, COMMIT, CREATE_TABLE, DROP_TABLE, STATS
@@ -481,11 +482,118 @@ def case_metadata(rnd: random.Random) -> Case:
     return Case(FLIGHT + method, "us", maybe_mutate(rnd, b"", 0.3))
 
 
+# ------------------------------------------------------------------------- Flight SQL
+_READ_SQL = (
+    "SELECT * FROM {t}", "SELECT k, v FROM {t} WHERE v > {n} ORDER BY k LIMIT 5",
+    "SELECT s, count(*), sum(v), avg(v) FROM {t} GROUP BY s",
+    "SELECT a.k, b.v FROM {t} a JOIN {u} b ON a.k = b.k", "SELECT * FROM {t} WHERE k = ?",
+    "WITH c AS (SELECT k FROM {t}) SELECT count(*) FROM c", "SELECT {n} / 0",
+    "SELECT * FROM read_csv('/etc/passwd')", "SELECT * FROM information_schema.tables",
+    "ATTACH '/tmp/fz.db'", "COPY {t} TO '/tmp/fz.csv'", "INSTALL httpfs", "SET threads = 64",
+    "PRAGMA version", "SELECT * FROM duckdb_settings()", "SELECT 1; SELECT 2", "SELEC",
+    "SELECT repeat('x', 100000000)", "SELECT * FROM range(100000000000)", "",
+)
+#: Updates name only the fuzz tables (the watched ones stay read only).
+_WRITE_SQL = (
+    "INSERT INTO {w} VALUES ({n}, 's', {n}.5)", "INSERT INTO {w} (k) SELECT k + 1000 FROM {w}",
+    "DELETE FROM {w} WHERE k > {n}", "DELETE FROM {w}", "CREATE VIEW {c} AS SELECT * FROM {w}",
+    "CREATE VIEW {c} AS SELECT s, sum(v) AS t FROM {w} GROUP BY s",
+    "CREATE OR REPLACE VIEW {c} AS SELECT k FROM {w} WHERE v > {n}", "DROP VIEW {c}",
+    "DROP VIEW IF EXISTS {c}", "INSERT INTO {w} VALUES (?, ?, ?)", "UPDATE {w} SET v = 1",
+)
+
+
+def _sql_text(rnd: random.Random, *, write: bool) -> str:
+    fuzz = [n for n in FUZZ_TABLES if FUZZ_TABLES[n][1] is KV]
+    text = rnd.choice(_WRITE_SQL if write else _READ_SQL).format(
+        t=_name(rnd), u=_name(rnd), n=_int(rnd) % 1000, w=rnd.choice(fuzz),
+        c=rnd.choice(CREATED))
+    raw = maybe_mutate(rnd, text.encode(), 0.2)
+    return raw.decode("utf-8", errors="replace")
+
+
+def _any(message: Any) -> bytes:
+    from google.protobuf import any_pb2
+
+    out = any_pb2.Any()
+    out.Pack(message)
+    return out.SerializeToString()
+
+
+def _sql_command(rnd: random.Random) -> bytes:
+    c = rnd.random()
+    if c < 0.45:
+        msg: Any = sqlpb.CommandStatementQuery(query=_sql_text(rnd, write=False))
+    elif c < 0.5:
+        msg = sqlpb.CommandPreparedStatementQuery(prepared_statement_handle=rnd.randbytes(8))
+    else:
+        msg = rnd.choice((
+            sqlpb.CommandGetSqlInfo(info=[_int(rnd) & 0xFFFFFFFF for _ in range(rnd.randint(0, 3))]),
+            sqlpb.CommandGetCatalogs(), sqlpb.CommandGetDbSchemas(db_schema_filter_pattern="%"),
+            sqlpb.CommandGetTables(table_name_filter_pattern=rnd.choice(("%", "fz_%", "_", "[")),
+                                   include_schema=rnd.random() < 0.5,
+                                   table_types=rnd.choice(([], ["VIEW"], ["x"]))),
+            sqlpb.CommandGetTableTypes(), sqlpb.CommandGetPrimaryKeys(table=_name(rnd)),
+            sqlpb.CommandGetXdbcTypeInfo(data_type=_int(rnd) & 0x7FFFFFFF),
+            sqlpb.CommandGetImportedKeys(table=_name(rnd)),
+            sqlpb.CommandGetCrossReference(pk_table=_name(rnd), fk_table=_name(rnd))))
+    return maybe_mutate(rnd, _any(msg), 0.15)
+
+
+def case_sql(rnd: random.Random) -> Case:
+    """Flight SQL: commands in GetFlightInfo/GetSchema, tickets in DoGet, its actions, and
+    updates, prepared parameters and ingestion in DoPut; SQL texts valid, hostile, mutated."""
+    c = rnd.random()
+    if c < 0.4:
+        d = fpb.FlightDescriptor(type=fpb.FlightDescriptor.CMD, cmd=_sql_command(rnd))
+        method = rnd.choice(("GetFlightInfo", "GetFlightInfo", "GetSchema"))
+        return Case(FLIGHT + method, "uu", d.SerializeToString(), "sql")
+    if c < 0.55:
+        ticket = rnd.choice((_any(sqlpb.TicketStatementQuery(statement_handle=rnd.randbytes(8))),
+                             _any(sqlpb.TicketStatementQuery(statement_handle=b"count:x")),
+                             _sql_command(rnd)))
+        return Case(FLIGHT + "DoGet", "us", fpb.Ticket(ticket=maybe_mutate(rnd, ticket, 0.2))
+                    .SerializeToString(), "sql")
+    if c < 0.7:
+        kind = rnd.choice(("CreatePreparedStatement", "ClosePreparedStatement",
+                           "CancelFlightInfo"))
+        if kind == "CreatePreparedStatement":
+            body = _any(sqlpb.ActionCreatePreparedStatementRequest(
+                query=_sql_text(rnd, write=rnd.random() < 0.3)))
+        elif kind == "ClosePreparedStatement":
+            body = _any(sqlpb.ActionClosePreparedStatementRequest(
+                prepared_statement_handle=rnd.randbytes(8)))
+        else:
+            info = fpb.FlightInfo(endpoint=[fpb.FlightEndpoint(ticket=fpb.Ticket(ticket=_any(
+                sqlpb.TicketStatementQuery(statement_handle=rnd.randbytes(8)))))])
+            body = fpb.CancelFlightInfoRequest(info=info).SerializeToString()
+        return Case(FLIGHT + "DoAction", "us", fpb.Action(
+            type=kind, body=maybe_mutate(rnd, body, 0.2)).SerializeToString(), "sql")
+    k = rnd.random()
+    if k < 0.5:
+        cmd: Any = sqlpb.CommandStatementUpdate(query=_sql_text(rnd, write=True))
+    elif k < 0.6:
+        cmd = sqlpb.CommandPreparedStatementQuery(prepared_statement_handle=rnd.randbytes(8))
+    else:
+        opts = sqlpb.CommandStatementIngest.TableDefinitionOptions(
+            if_not_exist=rnd.randint(0, 2), if_exists=rnd.randint(0, 3))
+        cmd = sqlpb.CommandStatementIngest(table=rnd.choice([*FUZZ_TABLES, *CREATED]),
+                                           table_definition_options=opts)
+    d = fpb.FlightDescriptor(type=fpb.FlightDescriptor.CMD,
+                             cmd=maybe_mutate(rnd, _any(cmd), 0.1)).SerializeToString()
+    schema = rnd.choice((KV, random_schema(rnd)))
+    batches = [random_batch(rnd, schema, 0) for _ in range(rnd.randint(0, 2))]
+    frames = list(batch_frames(schema, batches)) if batches else []
+    msgs = [frame(descriptor=d, header=_schema_header(schema)), *frames]
+    return Case(FLIGHT + "DoPut", "ss", mutate_frames(rnd, msgs, _foreign(rnd)) if rnd.random() < 0.2 else msgs,
+                "sql")
+
+
 #: Case builders and their weights in a mixed run.
 BUILDERS: dict[str, tuple[Callable[[random.Random], Case], int]] = {
     "DoGet": (case_doget, 3), "DoAction": (case_doaction, 3), "DoPut": (case_doput, 4),
     "DoExchange": (case_doexchange, 3), "TableService": (case_table_service, 3),
-    "metadata": (case_metadata, 1),
+    "metadata": (case_metadata, 1), "FlightSQL": (case_sql, 3),
 }
 
 

@@ -288,7 +288,10 @@ class FlightSqlService:
         if isinstance(cmd, sql.TicketStatementQuery):
             handle = cmd.statement_handle
             if handle.startswith(b"count:"):
-                table = pa.table({"count": pa.array([int(handle[6:])], pa.int64())})
+                digits = handle[6:]
+                if not digits.isdigit() or len(digits) > 18:
+                    raise ProtocolError("Flight SQL: this ticket names no result")
+                table = pa.table({"count": pa.array([int(digits)], pa.int64())})
                 return self._frames(table.schema, table.to_batches() or [], None)
             query = self.runner.get(handle)
             return self._query_frames(query)

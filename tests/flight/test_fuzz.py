@@ -296,7 +296,7 @@ def fuzz_one(live: Live, case: fz.Case) -> None:
 
 @pytest.mark.parametrize("builder, examples", [
     ("DoGet", 500), ("DoAction", 500), ("DoPut", 600), ("DoExchange", 350),
-    ("TableService", 600), ("metadata", 300)])
+    ("TableService", 600), ("metadata", 300), ("FlightSQL", 500)])
 def test_server_answers_every_case(live, builder, examples):
     @settings(max_examples=examples, parent=FUZZ)
     @given(rnd=RANDOMS)
