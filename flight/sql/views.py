@@ -376,6 +376,14 @@ class _Compiler:
         distinct = node.args.get("distinct")
         if distinct is not None and distinct.args.get("on") is not None:
             raise self.refuse("DISTINCT ON")
+        for key in ("expressions", "where", "group", "having", "order"):
+            for part in node.args.get(key) or [] if key == "expressions" else [node.args.get(key)]:
+                if part is None:
+                    continue
+                sub = part.find(exp.Subquery, exp.Exists)
+                if sub is not None or any(i.args.get("query") for i in part.find_all(exp.In)):
+                    what = (sub or part).sql(dialect=DIALECT)
+                    raise self.refuse(f"subquery in an expression ({what})")
         from_ = node.args.get("from_")
         if from_ is None:
             raise self.refuse("SELECT without FROM")
