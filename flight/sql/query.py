@@ -47,7 +47,7 @@ from flight.sql.parse import parse_one, statement_kind
 from flight.sql.snapshots import Snapshot, SnapshotCache
 from flight.streams.registry import TableEntry, TableRegistry
 
-__all__ = ["QueryRunner", "RunningQuery", "duckdb_error", "named_tables"]
+__all__ = ["QueryRunner", "RunningQuery", "duckdb_error", "is_query", "named_tables"]
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class QueryRunner:
             If DuckDB ran past the timeout or the memory limit while starting.
         """
         tree = parse_one(sql) if tree is None else tree
-        if statement_kind(tree) != "select":
+        if not is_query(tree):
             raise SqlError(f"{where}: not a query (SELECT, WITH, VALUES): {_statement(tree)}")
         entries = named_tables(tree, self.registry, where)
         snapshot = self.snapshots.take([(e.name, e.table, None) for e in entries])
@@ -306,6 +306,11 @@ class QueryRunner:
                 self._interrupt(q, "timeout")
                 if not q.taken:  # never read: nobody else will close it
                     self.close(q.handle)
+
+
+def is_query(tree: exp.Expression) -> bool:
+    """Whether a statement returns rows: a SELECT (WITH, UNION, ...) or a bare VALUES."""
+    return statement_kind(tree) == "select" or isinstance(tree, exp.Values)
 
 
 def _statement(tree: exp.Expression) -> str:

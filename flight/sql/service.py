@@ -67,7 +67,7 @@ from flight.pb import table_service_pb2 as tpb
 from flight.rpc.framing import batch_frames, schema_frame
 from flight.sql import metadata
 from flight.sql.parse import parse_one, statement_kind
-from flight.sql.query import QueryRunner, RunningQuery, check_params
+from flight.sql.query import QueryRunner, RunningQuery, check_params, is_query
 from flight.wire import PutMode, TableKind
 
 __all__ = ["SQL_ACTION_TYPES", "FlightSqlService", "SqlHost", "unpack"]
@@ -244,7 +244,7 @@ class FlightSqlService:
                     params: Sequence[Any] | None, *, tree: exp.Expression | None = None,
                     read_only: bool) -> fpb.FlightInfo:
         tree = parse_one(text) if tree is None else tree
-        if statement_kind(tree) != "select":  # DB-API execute() sends every statement here
+        if not is_query(tree):  # DB-API execute() sends every statement here
             if read_only:
                 raise _read_only(f"run {tree.key.upper()}")
             count = self.update(text, [list(params)] if params else [], tree=tree)
@@ -383,7 +383,7 @@ class FlightSqlService:
         if n:
             out.parameter_schema = pa.schema(
                 [pa.field(f"${i + 1}", pa.null()) for i in range(n)]).serialize().to_pybytes()
-        if statement_kind(tree) == "select":
+        if is_query(tree):
             query = self.runner.start(text, [None] * n, tree=tree)  # raises for a bad query
             self.runner.close(query.handle)
             out.dataset_schema = query.schema.serialize().to_pybytes()
@@ -592,8 +592,10 @@ class FlightSqlService:
         return name
 
     def _drop_view(self, tree: exp.Expression) -> int:
-        target = tree.this
-        name = target.name if isinstance(target, exp.Table) else ""
+        targets = tree.args.get("tables") or ([tree.this] if tree.this is not None else [])
+        if len(targets) != 1 or not isinstance(targets[0], exp.Table):
+            raise SqlError("DROP VIEW: name one view")
+        name = targets[0].name
         registry = self.server.registry
         if name not in registry.names():
             if tree.args.get("exists"):

@@ -346,3 +346,72 @@ def test_the_read_token_may_query_but_not_write(server):
     with _connect(server, "wrong") as conn, pytest.raises(adbc_driver_manager.Error,
                                                           match="UNAUTHENTICATED"):
         _rows(conn, "SELECT 1")
+
+
+# --------------------------------------------------------------------------------- views
+def _wait_for(conn: flightsql.Connection, query: str, expected: list[tuple[object, ...]]) -> None:
+    deadline = time.monotonic() + 10
+    while (got := _rows(conn, query)) != expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert got == expected
+
+
+def test_create_view_is_a_live_listed_derived_table(server, conn):
+    with conn.cursor() as cur:
+        cur.execute("CREATE VIEW by_sym AS SELECT sym, sum(qty) AS n, count(*) AS c FROM trades "
+                    "WHERE px > 0 GROUP BY sym")
+    entry = server.registry.get("by_sym")
+    assert entry.kind == "view" and entry.parents == ["trades"]
+    assert conn.adbc_get_table_schema("by_sym").names == ["sym", "n", "c"]
+    tables = conn.adbc_get_objects(depth="tables", table_name_filter="by_sym").read_all()
+    assert tables.to_pylist()[0]["catalog_db_schemas"][0]["db_schema_tables"][0][
+        "table_type"] == "VIEW"
+    _wait_for(conn, "SELECT * FROM by_sym ORDER BY sym", [("a", 4, 2), ("b", 2, 1)])
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO trades VALUES ('b', 5.0, 10), ('c', 1.0, 1)")
+    # the view updates incrementally: its rows equal the same SQL over the source's rows
+    _wait_for(conn, "SELECT * FROM by_sym ORDER BY sym", [("a", 4, 2), ("b", 12, 2), ("c", 1, 1)])
+    assert _rows(conn, "SELECT * FROM by_sym ORDER BY sym") == _rows(
+        conn, "SELECT sym, sum(qty), count(*) FROM trades WHERE px > 0 GROUP BY sym ORDER BY sym")
+    with conn.cursor() as cur:
+        cur.execute("DROP VIEW by_sym")
+    assert "by_sym" not in server.registry.names()
+    with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error, match="not a view"):
+        cur.execute("DROP VIEW trades")
+
+
+@pytest.mark.parametrize("sql, clause", [
+    ("SELECT * FROM trades FULL OUTER JOIN quotes USING (sym)", "FULL"),
+    ("SELECT sym, row_number() OVER () FROM trades", "window"),
+    ("SELECT * FROM trades LIMIT 2", "LIMIT"),
+])
+def test_a_view_clause_that_does_not_map_is_refused_by_name(server, conn, sql, clause):
+    with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error) as raised:
+        cur.execute(f"CREATE VIEW nope AS {sql}")
+    assert "INVALID_ARGUMENT" in str(raised.value) and clause in str(raised.value)
+    assert "nope" not in server.registry.names()
+
+
+def test_views_are_journaled_as_sql_and_rebuilt_after_a_restart(tmp_path):
+    graph, srv = _server(data_dir=tmp_path)
+    try:
+        with _connect(srv) as conn, conn.cursor() as cur:
+            cur.adbc_ingest("orders", pa.table({"sym": ["a", "b", "a"], "q": [1, 2, 3]}),
+                            mode="create")
+            cur.execute("CREATE VIEW totals AS SELECT sym, sum(q) AS q FROM orders GROUP BY sym")
+    finally:
+        srv.shutdown()
+        graph.stop()
+    graph = UpdateGraph(validate=True)
+    srv = TicktableServer(graph, ServerConfig(data_dir=tmp_path, token=TOKEN)).start()
+    graph.start(0.02)
+    try:
+        assert srv.registry.get("totals").kind == "view"
+        with _connect(srv) as conn:
+            _wait_for(conn, "SELECT * FROM totals ORDER BY sym", [("a", 4), ("b", 2)])
+            with conn.cursor() as cur:
+                cur.execute("INSERT INTO orders VALUES ('b', 5)")
+            _wait_for(conn, "SELECT * FROM totals ORDER BY sym", [("a", 4), ("b", 7)])
+    finally:
+        srv.shutdown()
+        graph.stop()
