@@ -332,3 +332,27 @@ def test_a_table_no_longer_watched_is_released(web, prices, browser, feed):
     assert held() == 0
     assert not [s for s in web.registry.get("prices").publisher.subscribers
                 if type(s).__name__ == "TableFeed"]  # the feed left the table's publisher
+
+
+def test_a_sql_view_is_listed_and_shown_live(web, prices, page):
+    """A view made over Flight SQL (ADBC's driver) is a table of the page like any other."""
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    with flightsql.connect(web.location, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("CREATE VIEW cheap AS SELECT sym, px * 2 AS px2 FROM prices WHERE px < 1.6")
+    try:
+        page.goto(web.web.url)
+        row = page.locator('#tables tr[data-table="cheap"]')
+        row.wait_for()
+        assert row.locator("td").all_inner_texts()[:2] == ["cheap", "view"]
+        open_grid(page, web, "cheap", "arrow")
+        wait_cells(page, "cheap", "c.rows.some((r) => r[0] === 'S00002')")
+        assert cells(page, "cheap")["head"] == ["sym", "px2"]
+        prices.push("prices", pa.table({"sym": ["S00002"], "px": [0.375], "n": [2]},
+                                       schema=SCHEMA), mode="upsert")
+        wait_cells(page, "cheap", "c.rows.some((r) => r[0] === 'S00002' && r[1] === '0.75')",
+                   timeout=3000)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "web-sql-view.png"))
+    finally:
+        prices.drop_table("cheap")
