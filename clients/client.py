@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, overload
 
 import pandas as pd
 import pyarrow as pa
@@ -391,6 +391,14 @@ class Client:
         return live
 
     # ------------------------------------------------------------------ SQL
+    @overload
+    def sql(self, text: str, params: Sequence[Any] | None = None, *,
+            as_: Literal["pandas"] = "pandas") -> pd.DataFrame: ...
+
+    @overload
+    def sql(self, text: str, params: Sequence[Any] | None = None, *,
+            as_: Literal["arrow"]) -> pa.Table: ...
+
     def sql(self, text: str, params: Sequence[Any] | None = None, *,
             as_: Literal["pandas", "arrow"] = "pandas") -> pd.DataFrame | pa.Table:
         """Run one SQL statement on the server (Arrow Flight SQL) and return its result.
