@@ -1,12 +1,12 @@
 """The ``ticktable`` command line.
 
-``ticktable ls``, ``tail TABLE`` and ``push FILE TABLE`` are clients of a running server
-(:mod:`clients.commands`). ``ticktable serve`` runs the server over one update graph:
-Arrow Flight, the gRPC TableService, health and reflection on one port; ``--demo`` adds a
-ticking ``quotes`` table, a sorted ``board`` and an aggregate ``stats`` derived from it.
-``ticktable demo`` runs the same tables in-process and prints the board changing cycle by
-cycle with each update's size. ``ticktable health`` asks a server's gRPC health service
-(the container health check), over TLS too.
+``ticktable ls``, ``tail TABLE``, ``push FILE TABLE`` and ``sql [QUERY]`` are clients of a
+running server (:mod:`clients.commands`). ``ticktable serve`` runs the server over one
+update graph: Arrow Flight (and Flight SQL), the gRPC TableService, health and reflection
+on one port; ``--demo`` adds a ticking ``quotes`` table, a sorted ``board`` and an
+aggregate ``stats`` derived from it. ``ticktable demo`` runs the same tables in-process
+and prints the board changing cycle by cycle with each update's size. ``ticktable
+health`` asks a server's gRPC health service (the container health check), over TLS too.
 """
 
 from __future__ import annotations
