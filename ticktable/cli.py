@@ -167,7 +167,8 @@ def _serve(args: argparse.Namespace) -> int:
                           max_staged_bytes_per_write=args.max_staged_bytes_per_write,
                           http_port=_http_port(args),
                           web_feed=args.web_feed, web_interval=args.web_interval,
-                          web_sched=args.web_sched)
+                          web_sched=args.web_sched, sql_timeout=args.sql_timeout,
+                          sql_memory_mb=args.sql_memory_mb)
     try:
         server = TicktableServer(graph, config).start()
     except TicktableError as exc:  # damaged data, a port in use...: one line, no traceback
@@ -322,6 +323,25 @@ def _add_limits(serve: argparse.ArgumentParser) -> None:
                             f"{_size(lim.MAX_STAGED_BYTES_PER_WRITE)})")
 
 
+def _add_sql(serve: argparse.ArgumentParser) -> None:
+    """The Flight SQL flags of ``serve`` (ServerConfig's ``sql_*``)."""
+    from flight.server import ServerConfig
+
+    default = ServerConfig()
+    group = serve.add_argument_group(
+        "Flight SQL", "Queries run in DuckDB over one-step snapshots of the tables.")
+    group.add_argument("--sql-timeout", type=_period, default=default.sql_timeout,
+                       metavar="SECONDS",
+                       help=f"seconds a query may run, from its start to its last batch "
+                            f"read; past it the client gets DEADLINE_EXCEEDED (default "
+                            f"{default.sql_timeout:g})")
+    group.add_argument("--sql-memory-mb", type=_positive, default=default.sql_memory_mb,
+                       metavar="N",
+                       help=f"memory DuckDB may use for all running queries together, in "
+                            f"MB; a query past it gets RESOURCE_EXHAUSTED (default "
+                            f"{default.sql_memory_mb})")
+
+
 def _health(args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -435,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="write a checkpoint once the journal grew by this many bytes "
                             "(default 512 MiB)")
     _add_limits(serve)
+    _add_sql(serve)
     serve.set_defaults(func=_serve)
     health = sub.add_parser("health", help="exit 0 when a server reports SERVING (gRPC health)",
                             description="Ask a server's gRPC health service, on its one port "
