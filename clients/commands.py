@@ -224,8 +224,10 @@ def statements(text: str) -> list[str]:
 
 @_errors
 def _sql(args: argparse.Namespace) -> int:
-    text = sys.stdin.read() if args.query in (None, "-") else args.query
-    todo = statements(text)
+    if args.query in (None, "-"):
+        todo = statements(sys.stdin.read())
+    else:
+        todo = [args.query] if args.query.strip() else []
     if not todo:
         return _fail("no SQL statement given (pass QUERY, or statements on stdin)")
     with _client(args) as client:
@@ -294,6 +296,6 @@ def add_commands(sub: Any) -> None:
                                      "';'. The first failure stops, in one line, exit "
                                      "status 1.")
     sql.add_argument("query", nargs="?", default=None, metavar="QUERY",
-                     help="one SQL statement (default, or '-': read stdin)")
+                     help="one SQL statement, run as given (omitted, or '-': read stdin)")
     _connection_args(sql)
     sql.set_defaults(func=_sql)
