@@ -15,6 +15,7 @@ An expression that does not fit a table's schema is refused before anything is s
 >>> client.push("trades", df, mode="upsert", keys=["id"])  # doctest: +SKIP
 >>> live = client.subscribe("trades")                      # doctest: +SKIP
 >>> live.df                                                # doctest: +SKIP
+>>> client.sql("SELECT sym, sum(qty) FROM trades GROUP BY sym")  # doctest: +SKIP
 """
 
 from __future__ import annotations
