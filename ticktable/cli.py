@@ -155,6 +155,9 @@ def _serve(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"ticktable serve: {exc}", file=sys.stderr)
         return 2
+    sql = {name: value for name, value in (("sql_timeout", args.sql_timeout),
+                                           ("sql_memory_mb", args.sql_memory_mb))
+           if value is not None}
     config = ServerConfig(host=args.host, port=args.port, token=token, read_token=read_token,
                           tls_cert=tls_cert, tls_key=tls_key,
                           data_dir=data_dir, checkpoint_seconds=args.checkpoint_seconds,
@@ -167,8 +170,7 @@ def _serve(args: argparse.Namespace) -> int:
                           max_staged_bytes_per_write=args.max_staged_bytes_per_write,
                           http_port=_http_port(args),
                           web_feed=args.web_feed, web_interval=args.web_interval,
-                          web_sched=args.web_sched, sql_timeout=args.sql_timeout,
-                          sql_memory_mb=args.sql_memory_mb)
+                          web_sched=args.web_sched, **sql)
     try:
         server = TicktableServer(graph, config).start()
     except TicktableError as exc:  # damaged data, a port in use...: one line, no traceback
@@ -324,22 +326,17 @@ def _add_limits(serve: argparse.ArgumentParser) -> None:
 
 
 def _add_sql(serve: argparse.ArgumentParser) -> None:
-    """The Flight SQL flags of ``serve`` (ServerConfig's ``sql_*``)."""
-    from flight.server import ServerConfig
-
-    default = ServerConfig()
+    """The Flight SQL flags of ``serve``; unset, ServerConfig's ``sql_*`` defaults apply
+    (stated here, not imported: flight.server imports grpc, which reads GRPC_VERBOSITY once,
+    before :func:`main` has set it)."""
     group = serve.add_argument_group(
         "Flight SQL", "Queries run in DuckDB over one-step snapshots of the tables.")
-    group.add_argument("--sql-timeout", type=_period, default=default.sql_timeout,
-                       metavar="SECONDS",
-                       help=f"seconds a query may run, from its start to its last batch "
-                            f"read; past it the client gets DEADLINE_EXCEEDED (default "
-                            f"{default.sql_timeout:g})")
-    group.add_argument("--sql-memory-mb", type=_positive, default=default.sql_memory_mb,
-                       metavar="N",
-                       help=f"memory DuckDB may use for all running queries together, in "
-                            f"MB; a query past it gets RESOURCE_EXHAUSTED (default "
-                            f"{default.sql_memory_mb})")
+    group.add_argument("--sql-timeout", type=_period, default=None, metavar="SECONDS",
+                       help="seconds a query may run, from its start to its last batch "
+                            "read; past it the client gets DEADLINE_EXCEEDED (default 60)")
+    group.add_argument("--sql-memory-mb", type=_positive, default=None, metavar="N",
+                       help="memory DuckDB may use for all running queries together, in "
+                            "MB; a query past it gets RESOURCE_EXHAUSTED (default 2048)")
 
 
 def _health(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from google.protobuf import any_pb2
 
 import ticktable as tt
 from flight.pb import flight_sql_pb2 as fsql
+from flight.server import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -122,3 +123,10 @@ def test_serve_refuses_bad_sql_flags() -> None:
         out = cli("serve", "--port", "0", "--in-memory", flag, value)
         assert out.returncode == 2
         assert re.search(rf"argument {flag}: must be .*{value}", out.stderr.splitlines()[-1])
+
+
+def test_serve_help_states_the_servers_sql_defaults() -> None:
+    text = " ".join(cli("serve", "--help").stdout.split())  # argparse wraps lines
+    cfg = ServerConfig()
+    assert f"DEADLINE_EXCEEDED (default {cfg.sql_timeout:g})" in text
+    assert f"RESOURCE_EXHAUSTED (default {cfg.sql_memory_mb})" in text
