@@ -417,7 +417,9 @@ class Client:
             One statement, DuckDB's dialect. Table names are the server's tables.
         params
             Values for the statement's placeholders (``?`` or ``$1``), in order: the
-            statement is prepared, the values bound, then it runs.
+            statement is prepared, the values bound as one row (types as ``pyarrow.array``
+            infers them), then it runs and the prepared statement is closed. Empty or
+            ``None``: the text runs as it is.
         as_
             ``"pandas"`` for a DataFrame, ``"arrow"`` for a ``pyarrow.Table``.
 
@@ -456,7 +458,7 @@ class Client:
         """
         if as_ not in ("pandas", "arrow"):
             raise ValueError(f"as_ must be 'pandas' or 'arrow', not {as_!r}")
-        if params is None:
+        if not params:
             table = self._sql_run(_sql_command(fsql.CommandStatementQuery(query=text)))
         else:
             table = self._sql_prepared(text, params)
@@ -468,17 +470,22 @@ class Client:
         return df
 
     def _sql_run(self, descriptor: fl.FlightDescriptor) -> pa.Table:
-        """GetFlightInfo of a Flight SQL command, then DoGet of its one endpoint."""
-        info = self._flight.get_flight_info(descriptor, self._opts())
-        tables = [self._flight.do_get(endpoint.ticket, self.endpoint.options(timeout=None))
-                  .read_all() for endpoint in info.endpoints]
+        """GetFlightInfo of a Flight SQL command, then DoGet of its one endpoint.
+
+        Without the client's unary timeout: GetFlightInfo runs an update, or starts a
+        query, and the server bounds both (``ticktable serve --sql-timeout``).
+        """
+        options = self.endpoint.options(timeout=None)
+        info = self._flight.get_flight_info(descriptor, options)
+        tables = [self._flight.do_get(endpoint.ticket, options).read_all()
+                  for endpoint in info.endpoints]
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
     def _sql_prepared(self, text: str, params: Sequence[Any]) -> pa.Table:
         """Prepare ``text``, bind ``params`` (one row), run it, close the statement."""
         request = _pack(fsql.ActionCreatePreparedStatementRequest(query=text))
-        results = list(self._flight.do_action(
-            fl.Action("CreatePreparedStatement", request), self._opts()))
+        results = list(self._flight.do_action(  # runs a query for its schema: no timeout
+            fl.Action("CreatePreparedStatement", request), self.endpoint.options(timeout=None)))
         created = fsql.ActionCreatePreparedStatementResult()
         _unpack(results[0].body.to_pybytes(), created)
         handle = created.prepared_statement_handle
