@@ -15,6 +15,7 @@ An expression that does not fit a table's schema is refused before anything is s
 >>> client.push("trades", df, mode="upsert", keys=["id"])  # doctest: +SKIP
 >>> live = client.subscribe("trades")                      # doctest: +SKIP
 >>> live.df                                                # doctest: +SKIP
+>>> client.sql("SELECT sym, sum(qty) FROM trades GROUP BY sym")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -23,15 +24,19 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, overload
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
 
 from clients.wire import Endpoint, PutSummary, action, chunks, put_batches
+from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
+from flight.pb import flight_sql_pb2 as fsql
 from flight.wire import (
     ABORT,
     COMMIT,
@@ -386,6 +391,203 @@ class Client:
         self._live.append(live)
         return live
 
+    # ------------------------------------------------------------------ SQL
+    @overload
+    def sql(self, text: str, params: Sequence[Any] | None = None, *,
+            as_: Literal["pandas"] = "pandas") -> pd.DataFrame: ...
+
+    @overload
+    def sql(self, text: str, params: Sequence[Any] | None = None, *,
+            as_: Literal["arrow"]) -> pa.Table: ...
+
+    def sql(self, text: str, params: Sequence[Any] | None = None, *,
+            as_: Literal["pandas", "arrow"] = "pandas") -> pd.DataFrame | pa.Table:
+        """Run one SQL statement on the server (Arrow Flight SQL) and return its result.
+
+        A ``SELECT`` reads one consistent snapshot of every table it names, all taken at
+        the same server step; the step is in the result: ``df.attrs["step"]`` for pandas,
+        the schema metadata ``b"ticktable.step"`` for Arrow. An update statement
+        (``INSERT``, ``DELETE`` on a keyed table, ``CREATE VIEW``, ``DROP VIEW``) runs at
+        once, its rows visible in one cycle, and returns one row: ``count``, the rows it
+        changed (0 for a view); it has no step (``attrs["step"]`` is ``None``).
+
+        Parameters
+        ----------
+        text
+            One statement, DuckDB's dialect. Table names are the server's tables.
+        params
+            Values for the statement's placeholders (``?`` or ``$1``), in order: the
+            statement is prepared, the values bound as one row (types as ``pyarrow.array``
+            infers them), then it runs and the prepared statement is closed. Empty or
+            ``None``: the text runs as it is.
+        as_
+            ``"pandas"`` for a DataFrame, ``"arrow"`` for a ``pyarrow.Table``.
+
+        Returns
+        -------
+        pandas.DataFrame or pyarrow.Table
+            The rows, in the query's order.
+
+        Raises
+        ------
+        pyarrow.ArrowInvalid
+            A syntax error (the message names line and column), an unknown column, a
+            statement the server does not run, or values that do not fit a table.
+        KeyError
+            A table the server does not have (``pyarrow.ArrowKeyError``).
+        pyarrow.flight.FlightTimedOutError
+            The query ran past the server's limit (``ticktable serve --sql-timeout``).
+        pyarrow.flight.FlightUnauthorizedError
+            An update with the read-only token.
+
+        Examples
+        --------
+        >>> client.sql("SELECT sym, px FROM trades WHERE px > 50 ORDER BY px")  # doctest: +SKIP
+          sym     px
+        0   B   61.5
+        1   A   99.0
+        >>> client.sql("SELECT * FROM trades WHERE sym = ?", ["A"], as_="arrow")  # doctest: +SKIP
+        pyarrow.Table
+        ...
+
+        An update returns the rows it changed:
+
+        >>> client.sql("INSERT INTO trades VALUES (7, 'C', 12.5, 3)")  # doctest: +SKIP
+           count
+        0      1
+        """
+        if as_ not in ("pandas", "arrow"):
+            raise ValueError(f"as_ must be 'pandas' or 'arrow', not {as_!r}")
+        if not params:
+            table = self._sql_run(_sql_command(fsql.CommandStatementQuery(query=text)))
+        else:
+            table = self._sql_prepared(text, params)
+        if as_ == "arrow":
+            return table
+        df = table.to_pandas()
+        step = (table.schema.metadata or {}).get(b"ticktable.step")
+        df.attrs["step"] = int(step) if step is not None else None
+        return df
+
+    def _sql_run(self, descriptor: fl.FlightDescriptor) -> pa.Table:
+        """GetFlightInfo of a Flight SQL command, then DoGet of its one endpoint.
+
+        Without the client's unary timeout: GetFlightInfo runs an update, or starts a
+        query, and the server bounds both (``ticktable serve --sql-timeout``).
+        """
+        options = self.endpoint.options(timeout=None)
+        info = self._flight.get_flight_info(descriptor, options)
+        tables = [self._flight.do_get(endpoint.ticket, options).read_all()
+                  for endpoint in info.endpoints]
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+    def _sql_prepared(self, text: str, params: Sequence[Any]) -> pa.Table:
+        """Prepare ``text``, bind ``params`` (one row), run it, close the statement."""
+        request = _pack(fsql.ActionCreatePreparedStatementRequest(query=text))
+        results = list(self._flight.do_action(  # runs a query for its schema: no timeout
+            fl.Action("CreatePreparedStatement", request), self.endpoint.options(timeout=None)))
+        created = fsql.ActionCreatePreparedStatementResult()
+        _unpack(results[0].body.to_pybytes(), created)
+        handle = created.prepared_statement_handle
+        try:
+            names = (pa.ipc.read_schema(pa.py_buffer(created.parameter_schema)).names
+                     if created.parameter_schema else [])
+            names = names if len(names) == len(params) else [
+                f"${i + 1}" for i in range(len(params))]
+            batch = pa.RecordBatch.from_arrays([pa.array([v]) for v in params], names=names)
+            bind = _sql_command(
+                fsql.CommandPreparedStatementQuery(prepared_statement_handle=handle))
+            writer, reader = self._flight.do_put(bind, batch.schema,
+                                                 self.endpoint.options(timeout=None))
+            try:
+                writer.write_batch(batch)
+                writer.done_writing()
+                answer = reader.read()
+            finally:
+                writer.close()
+            if answer is not None:  # the server may name the bound statement anew
+                bound = fsql.DoPutPreparedStatementResult()
+                bound.ParseFromString(answer.to_pybytes())
+                if bound.HasField("prepared_statement_handle"):
+                    handle = bound.prepared_statement_handle
+            return self._sql_run(_sql_command(
+                fsql.CommandPreparedStatementQuery(prepared_statement_handle=handle)))
+        finally:
+            close = _pack(fsql.ActionClosePreparedStatementRequest(
+                prepared_statement_handle=handle))
+            try:
+                list(self._flight.do_action(fl.Action("ClosePreparedStatement", close),
+                                            self._opts()))
+            except (fl.FlightError, pa.ArrowException, OSError) as exc:
+                log.debug("could not close a prepared statement: %s", exc)
+
+    def subscribe_sql(self, text: str, **subscribe_kwargs: Any) -> LiveTable:
+        """Subscribe to the result of a SQL query, kept current as its tables change.
+
+        The query becomes a temporary live view on the server, ``CREATE VIEW
+        __sql_<random hex> AS <text>``, which this subscribes to (:meth:`subscribe`). The
+        view is dropped when the :class:`~clients.live.LiveTable` is closed, or this client
+        is. While subscribed, the view is a table like any other: others
+        see it under that name (:meth:`tables`, ``ticktable ls``) and may subscribe to it
+        too. If the connection is gone when the LiveTable closes (or the process dies
+        before), the view stays until dropped by hand (``DROP VIEW``, :meth:`drop_table`):
+        a durable server keeps it across restarts.
+
+        Parameters
+        ----------
+        text
+            One ``SELECT`` the server can keep live (see the server's ``CREATE VIEW``).
+        subscribe_kwargs
+            Passed to :meth:`subscribe` (``columns``, ``viewport``, ``on_update``...).
+
+        Returns
+        -------
+        LiveTable
+            Its :attr:`~clients.live.LiveTable.table` is the view's name.
+
+        Raises
+        ------
+        pyarrow.ArrowInvalid
+            If the query does not parse (the message names line and column) or cannot be
+            kept live.
+        KeyError
+            If the query names a table the server does not have.
+
+        Examples
+        --------
+        >>> live = client.subscribe_sql(                               # doctest: +SKIP
+        ...     "SELECT sym, sum(qty) AS qty FROM trades GROUP BY sym")
+        >>> live.wait_for()                                            # doctest: +SKIP
+        True
+        >>> live.df                                                    # doctest: +SKIP
+          sym  qty
+        0   A   12
+        >>> live.close()                            # drops the view  # doctest: +SKIP
+        """
+        name = f"__sql_{uuid.uuid4().hex}"
+        self.sql(f'CREATE VIEW "{name}" AS {text}')
+        try:
+            live = self.subscribe(name, **subscribe_kwargs)
+        except BaseException:
+            self._drop_view_quietly(name)
+            raise
+        live.on_close(lambda: self._drop_view_quietly(name))
+        return live
+
+    def _drop_view_quietly(self, name: str) -> None:
+        """Drop a temporary view; a connection that is gone leaves it (logged at debug).
+
+        With the ``drop_table`` action: the same drop as ``DROP VIEW`` on the server
+        (``durability.drop_table``), and, unlike it in this server version, it finds the
+        view (``DROP VIEW name`` answers "no view ''", ``IF EXISTS`` drops nothing).
+        """
+        try:
+            self.drop_table(name)
+        except KeyError:  # already gone (dropped by hand)
+            pass
+        except (fl.FlightError, pa.ArrowException, OSError) as exc:
+            log.debug("could not drop the temporary view %r: %s", name, exc)
+
     def table(self, name: str) -> RemoteTable:
         """A server-side table to compose from: ``client.table("t").where(...).agg_by(...)``.
 
@@ -412,6 +614,27 @@ class Client:
             self._grpc = tgrpc.TableServiceStub(self._grpc_channel)
         meta = [(k.decode(), v.decode()) for k, v in self.endpoint.headers()]
         return self._grpc, meta
+
+
+# ---------------------------------------------------------------------- Flight SQL
+def _pack(message: Message) -> bytes:
+    """``message`` in a serialized ``google.protobuf.Any`` (how Flight SQL sends commands)."""
+    holder = any_pb2.Any()
+    holder.Pack(message)
+    return holder.SerializeToString()
+
+
+def _unpack(raw: bytes, into: Message) -> None:
+    """Parse the ``google.protobuf.Any`` ``raw`` into ``into`` (its type must match)."""
+    holder = any_pb2.Any()
+    holder.ParseFromString(raw)
+    if not holder.Unpack(into):
+        raise ProtocolError(f"Flight SQL: expected {into.DESCRIPTOR.full_name}, the server "
+                            f"sent {holder.type_url}")
+
+
+def _sql_command(message: Message) -> fl.FlightDescriptor:
+    return fl.FlightDescriptor.for_command(_pack(message))
 
 
 # ---------------------------------------------------------------------- data helpers

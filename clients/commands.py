@@ -1,4 +1,4 @@
-"""Client commands of the ``ticktable`` CLI: ``ls``, ``tail`` and ``push``.
+"""Client commands of the ``ticktable`` CLI: ``ls``, ``tail``, ``push`` and ``sql``.
 
 Each is a function of parsed arguments returning an exit code; :mod:`ticktable.cli` wires
 them into argparse with :func:`add_commands`. They talk to a server like any client does
@@ -23,7 +23,7 @@ from clients.client import Client, connect
 from engine.errors import TicktableError
 from flight.wire import PUT_MODES, PutMode
 
-__all__ = ["add_commands", "read_file_batches"]
+__all__ = ["add_commands", "read_file_batches", "statements"]
 
 DEFAULT_URI = "grpc://127.0.0.1:8815"
 
@@ -212,6 +212,37 @@ def _push(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------- sql
+def statements(text: str) -> list[str]:
+    """The statements of ``text``: split at ``;`` when it has one, else one per line.
+
+    Kept simple: a ``;`` inside a string literal splits too. Blank pieces are skipped.
+    """
+    pieces = text.split(";") if ";" in text else text.splitlines()
+    return [p.strip() for p in pieces if p.strip()]
+
+
+@_errors
+def _sql(args: argparse.Namespace) -> int:
+    if args.query in (None, "-"):
+        todo = statements(sys.stdin.read())
+    else:
+        todo = [args.query] if args.query.strip() else []
+    if not todo:
+        return _fail("no SQL statement given (pass QUERY, or statements on stdin)")
+    with _client(args) as client:
+        for i, statement in enumerate(todo):
+            result = client.sql(statement)
+            if i:
+                print()
+            if len(result.columns) and len(result):
+                print(result.to_string(index=False), flush=True)
+            else:
+                names = ", ".join(map(str, result.columns))
+                print(f"(no rows{': ' + names if names else ''})", flush=True)
+    return 0
+
+
 # ------------------------------------------------------------------------------- wiring
 def _connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uri", default=os.environ.get("TICKTABLE_URI", DEFAULT_URI),
@@ -221,7 +252,7 @@ def _connection_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub: Any) -> None:
-    """Add ``ls``, ``tail`` and ``push`` to an argparse subparsers object."""
+    """Add ``ls``, ``tail``, ``push`` and ``sql`` to an argparse subparsers object."""
     ls = sub.add_parser("ls", help="list the server's tables with sizes and subscribers",
                         description="List every table: kind, size, last step, subscribers "
                                     "and how far the slowest is behind.")
@@ -255,3 +286,16 @@ def add_commands(sub: Any) -> None:
                       help="comma-separated key columns (creates a keyed table if missing)")
     push.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     push.set_defaults(func=_push)
+
+    sql = sub.add_parser("sql", help="run SQL on the server and print the result",
+                         description="Run QUERY over Arrow Flight SQL and print its rows as a "
+                                     "table; an update (INSERT, DELETE, CREATE VIEW, DROP "
+                                     "VIEW) prints the rows it changed. Without QUERY, or "
+                                     "with '-', run the statements read from stdin: "
+                                     "separated by ';', or one per line when there is no "
+                                     "';'. The first failure stops, in one line, exit "
+                                     "status 1.")
+    sql.add_argument("query", nargs="?", default=None, metavar="QUERY",
+                     help="one SQL statement, run as given (omitted, or '-': read stdin)")
+    _connection_args(sql)
+    sql.set_defaults(func=_sql)

@@ -180,6 +180,7 @@ class LiveTable:
         self._reconnect = reconnect
         self._delay = (float(reconnect_delay), float(max_reconnect_delay))
         self._callbacks: list[Callable[[Update], None]] = [on_update] if on_update else []
+        self._close_callbacks: list[Callable[[], None]] = []
         self._lock = threading.Lock()  # the state, the cache, the consumers
         self._applied = threading.Condition(self._lock)
         self._state: LiveState | None = None
@@ -210,7 +211,10 @@ class LiveTable:
         return self
 
     def close(self, timeout: float = 10.0) -> None:
-        """End the subscription and wait (up to ``timeout``) for the reader thread."""
+        """End the subscription and wait (up to ``timeout``) for the reader thread.
+
+        Then run the :meth:`on_close` callbacks, once: a second ``close`` runs none.
+        """
         with self._stream_lock:
             self._closing.set()
             if self._reader is not None:
@@ -220,6 +224,26 @@ class LiveTable:
             self._finish()
         elif thread is not threading.current_thread():
             thread.join(timeout)
+        with self._lock:
+            callbacks, self._close_callbacks = self._close_callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("an on_close callback of %r failed", self.table)
+
+    def on_close(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` once, when :meth:`close` is first called (usable as a decorator).
+
+        It runs on the closing thread after the stream ended (the reader thread has
+        stopped, unless it outlived ``close``'s timeout); not when the subscription fails
+        on its own, which still needs a ``close``. An exception is logged and does not stop
+        the other callbacks. Registered after ``close``, it is never called.
+        """
+        with self._lock:
+            if not self._closing.is_set():
+                self._close_callbacks.append(callback)
+        return callback
 
     def __enter__(self) -> LiveTable:
         return self.start()

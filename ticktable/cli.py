@@ -1,12 +1,12 @@
 """The ``ticktable`` command line.
 
-``ticktable ls``, ``tail TABLE`` and ``push FILE TABLE`` are clients of a running server
-(:mod:`clients.commands`). ``ticktable serve`` runs the server over one update graph:
-Arrow Flight, the gRPC TableService, health and reflection on one port; ``--demo`` adds a
-ticking ``quotes`` table, a sorted ``board`` and an aggregate ``stats`` derived from it.
-``ticktable demo`` runs the same tables in-process and prints the board changing cycle by
-cycle with each update's size. ``ticktable health`` asks a server's gRPC health service
-(the container health check), over TLS too.
+``ticktable ls``, ``tail TABLE``, ``push FILE TABLE`` and ``sql [QUERY]`` are clients of a
+running server (:mod:`clients.commands`). ``ticktable serve`` runs the server over one
+update graph: Arrow Flight (and Flight SQL), the gRPC TableService, health and reflection
+on one port; ``--demo`` adds a ticking ``quotes`` table, a sorted ``board`` and an
+aggregate ``stats`` derived from it. ``ticktable demo`` runs the same tables in-process
+and prints the board changing cycle by cycle with each update's size. ``ticktable
+health`` asks a server's gRPC health service (the container health check), over TLS too.
 """
 
 from __future__ import annotations
@@ -155,6 +155,9 @@ def _serve(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"ticktable serve: {exc}", file=sys.stderr)
         return 2
+    sql = {name: value for name, value in (("sql_timeout", args.sql_timeout),
+                                           ("sql_memory_mb", args.sql_memory_mb))
+           if value is not None}
     config = ServerConfig(host=args.host, port=args.port, token=token, read_token=read_token,
                           tls_cert=tls_cert, tls_key=tls_key,
                           data_dir=data_dir, checkpoint_seconds=args.checkpoint_seconds,
@@ -167,7 +170,7 @@ def _serve(args: argparse.Namespace) -> int:
                           max_staged_bytes_per_write=args.max_staged_bytes_per_write,
                           http_port=_http_port(args),
                           web_feed=args.web_feed, web_interval=args.web_interval,
-                          web_sched=args.web_sched)
+                          web_sched=args.web_sched, **sql)
     try:
         server = TicktableServer(graph, config).start()
     except TicktableError as exc:  # damaged data, a port in use...: one line, no traceback
@@ -322,6 +325,20 @@ def _add_limits(serve: argparse.ArgumentParser) -> None:
                             f"{_size(lim.MAX_STAGED_BYTES_PER_WRITE)})")
 
 
+def _add_sql(serve: argparse.ArgumentParser) -> None:
+    """The Flight SQL flags of ``serve``; unset, ServerConfig's ``sql_*`` defaults apply
+    (stated here, not imported: flight.server imports grpc, which reads GRPC_VERBOSITY once,
+    before :func:`main` has set it)."""
+    group = serve.add_argument_group(
+        "Flight SQL", "Queries run in DuckDB over one-step snapshots of the tables.")
+    group.add_argument("--sql-timeout", type=_period, default=None, metavar="SECONDS",
+                       help="seconds a query may run, from its start to its last batch "
+                            "read; past it the client gets DEADLINE_EXCEEDED (default 60)")
+    group.add_argument("--sql-memory-mb", type=_positive, default=None, metavar="N",
+                       help="memory DuckDB may use for all running queries together, in "
+                            "MB; a query past it gets RESOURCE_EXHAUSTED (default 2048)")
+
+
 def _health(args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -435,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="write a checkpoint once the journal grew by this many bytes "
                             "(default 512 MiB)")
     _add_limits(serve)
+    _add_sql(serve)
     serve.set_defaults(func=_serve)
     health = sub.add_parser("health", help="exit 0 when a server reports SERVING (gRPC health)",
                             description="Ask a server's gRPC health service, on its one port "

@@ -34,3 +34,24 @@ def test_readme_client_snippet(capsys) -> None:
     finally:
         server.shutdown()
         graph.stop()
+
+
+def test_readme_sql_snippet() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    (code,) = [b for b in blocks if "client.sql(" in b]
+    graph = UpdateGraph(validate=True)
+    graph.start(0.02)
+    server = TicktableServer(graph, ServerConfig()).start()
+    try:
+        scope: dict[str, object] = {}
+        exec(compile(snippet().replace("grpc://127.0.0.1:8815", server.location) + code,
+                     str(README), "exec"), scope)
+        assert scope["df"].to_dict("list") == {"sym": ["B"], "n": [1]}  # type: ignore[attr-defined]
+        assert isinstance(scope["df"].attrs["step"], int)  # type: ignore[attr-defined]
+        assert scope["live"].closed  # type: ignore[attr-defined]
+        tables = scope["client"].tables()  # type: ignore[attr-defined]
+        assert "trades" in tables and not [t for t in tables if t.startswith("__sql_")]
+        scope["client"].close()  # type: ignore[attr-defined]
+    finally:
+        server.shutdown()
+        graph.stop()

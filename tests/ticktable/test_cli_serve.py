@@ -75,7 +75,7 @@ def test_serve_help_lists_every_option():
                          env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
     for opt in ("--host", "--port", "--token", "--tls-cert", "--tls-key", "--demo",
                 "--data-dir", "--in-memory", "--read-token", "--metrics-port", "--log-format",
-                "--cycle-priority", *LIMITS):
+                "--cycle-priority", "--sql-timeout", "--sql-memory-mb", *LIMITS):
         assert opt in out
     assert "--grpc-port" not in out
     text = " ".join(out.split())  # argparse wraps lines
