@@ -1,0 +1,926 @@
+"""Live SQL views: a ``SELECT`` compiled to the engine's incremental operations.
+
+:func:`compile_view` maps each clause to an operation of :class:`engine.table.Table`, so
+the view is a derived table like any other, kept current one cycle at a time; what does
+not map is a :class:`~engine.errors.SqlError` naming the clause, never a result computed
+once (DESIGN.md §10). Its oracle: at every step the view equals DuckDB's answer to the
+same SQL over the same rows (``tests/flight/sql/test_view_oracle.py``).
+
+==========================  ===================================================================
+SQL                         operation
+==========================  ===================================================================
+``FROM t AS a``             the live table ``t``; ``WITH`` names and ``FROM (SELECT ...) s``
+                            are compiled in place
+``[INNER] JOIN ... ON``     ``join`` (many-to-many, null keys never match), on equalities of
+``a.k = b.k [AND ...]``     columns; ``USING (k)`` likewise, one ``k`` for ``*``
+``LEFT [OUTER] JOIN``       ``left_outer_join``
+``WHERE``                   ``where`` (three-valued logic; null is false)
+``SELECT`` expressions      ``view`` (computed on read)
+``GROUP BY`` + aggregates   ``agg_by``: ``count(*)`` count, ``count(x)`` sum of ``x IS NOT
+                            NULL``, ``sum``, ``min``/``max`` (fixed-width types), ``avg``/
+                            ``mean``, ``stddev``/``stddev_samp``, ``variance``/``var_samp``,
+                            ``median``, ``quantile_cont(x, p)``, ``count(DISTINCT x)``
+global aggregate            ``agg_by`` with no key, natural-joined onto a one-row static table
+                            so that an empty input gives SQL's one row (``count`` 0, others null)
+``HAVING``                  ``where`` on the aggregated table
+``DISTINCT``                ``agg_by`` with no aggregation, keyed by every output column
+``UNION ALL`` / ``UNION``   ``merge`` (then ``DISTINCT``)
+``ORDER BY``                ``sort`` on each key's null flag, then the key: nulls last unless
+                            ``NULLS FIRST``, for ``ASC`` and ``DESC`` alike (DuckDB's default)
+``LIMIT n [OFFSET m]``      ``head(n)`` / ``slice(m, m + n)``, after an ``ORDER BY`` only
+==========================  ===================================================================
+
+Expressions: columns (qualified or not), literals, ``+ - *`` (overflow fails the view, as
+it fails DuckDB's query), ``/`` (float division, as DuckDB's), comparisons, ``AND``/``OR``/
+``NOT``, ``IN (list)``, ``BETWEEN``, ``IS [NOT] NULL``, ``[NOT] [I]LIKE``, ``CASE``,
+``COALESCE``, ``CAST`` to integers, floats, ``VARCHAR`` (not from floats: the formats
+differ) and ``BOOLEAN`` (floats to integers round half to even, as DuckDB's), ``upper``,
+``lower``, ``length``, ``abs``, ``||``.
+
+Refused, with the clause named: ``RIGHT``/``FULL``/``CROSS``/``NATURAL``/``ASOF`` joins,
+join conditions other than equalities of columns, window functions, subqueries in
+expressions, ``LIMIT``/``OFFSET`` without ``ORDER BY`` (the rows it keeps are arbitrary),
+``INTERSECT``/``EXCEPT``, ``DISTINCT ON``, ``GROUP BY ALL``, aggregates the engine does not
+compute as SQL does (population variance, ``first``, ``sum(DISTINCT x)``, ``FILTER``),
+``min``/``max`` of strings, ``SELECT`` without ``FROM``, ``//`` and ``%``.
+
+Names and types: output column names are DuckDB's own (``count_star()``, ``sum(x)``,
+``(x + 1)``): the statement is described by DuckDB over empty tables of the sources'
+schemas, which also checks it the way the query engine would. Integer, float, string and
+boolean outputs take DuckDB's types; where DuckDB answers in a type the engine does not
+compute, the view keeps the engine's: ``sum`` of integers is int64 (DuckDB: HUGEINT,
+``decimal128(38, 0)`` in Arrow; the engine's wraps on overflow), a decimal literal
+(``1.5``) is float64 (DuckDB: DECIMAL).
+
+Known differences (no clause to refuse; they depend on the data): the engine's
+aggregates skip NaN, where DuckDB's ``sum``/``avg``/``max`` give NaN and its ``median``
+sorts NaN last; ``count(DISTINCT x)`` does not count NaN.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.acero as acero
+import pyarrow.compute as pc
+from sqlglot import exp
+
+from engine.errors import SqlError
+from engine.ops.aggregate.spec import Agg
+from engine.ops.snapshot import static_table
+from flight.sql.parse import DIALECT, parse_one, tables_of
+
+if TYPE_CHECKING:
+    from engine.table import Table
+
+__all__ = ["CompiledView", "compile_view"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledView:
+    """A compiled ``SELECT``: the live result and the tables it reads.
+
+    Attributes
+    ----------
+    table
+        The view: a derived table that follows its sources every cycle.
+    parents
+        The names of the tables the statement reads, in order of appearance.
+    """
+
+    table: Table
+    parents: list[str]
+
+
+def compile_view(select: exp.Expression | str, table: Callable[[str], Table], *,
+                 name: str | None = None) -> CompiledView:
+    """Compile a ``SELECT`` to the engine's incremental operations (module docstring).
+
+    Parameters
+    ----------
+    select
+        The query: SQL text (DuckDB's dialect) or a parsed statement.
+    table
+        Looks up a live table by name; raises :class:`~engine.errors.TableNotFound` for an
+        unknown one, which passes through.
+    name
+        The view's name, for messages (``CREATE VIEW v: ...``) and the result table.
+
+    Returns
+    -------
+    CompiledView
+        The live result, whose column names are DuckDB's for the same query, and the
+        names of the tables it reads.
+
+    Raises
+    ------
+    SqlError
+        If the text does not parse, is not a query, or holds a clause that does not map
+        to an incremental operation (the message names it), an unknown or ambiguous
+        column (the message names the columns there are), or a statement DuckDB refuses.
+    TableNotFound
+        If a table it reads does not exist.
+
+    Examples
+    --------
+    >>> v = compile_view("SELECT Sym, sum(Qty) FROM trades GROUP BY Sym", tables.__getitem__)
+    >>> v.table.column_names, v.parents
+    (['Sym', 'sum(Qty)'], ['trades'])
+    """
+    statement = parse_one(select) if isinstance(select, str) else select
+    prefix = f"CREATE VIEW {name}" if name else "CREATE VIEW"
+    if not isinstance(statement, exp.Query):
+        raise SqlError(f"{prefix}: a view is a query (SELECT ...), not {statement.key.upper()}")
+    parents = tables_of(statement)
+    ctes = {c.alias_or_name for c in statement.find_all(exp.CTE)}
+    sources = {n: table(n) for n in parents if n not in ctes}  # TableNotFound passes through
+    if not sources:
+        raise SqlError(f"{prefix}: SELECT without FROM does not map to an incremental operation")
+    graph = next(iter(sources.values())).graph
+    before = {id(t) for t in graph.tables}
+    try:
+        compiler = _Compiler(sources, prefix)
+        out, names = compiler.query(statement)
+        text = select if isinstance(select, str) else statement.sql(dialect=DIALECT)
+        result = _finish(out, names, _duckdb_schema(text, sources, prefix), prefix, name)
+    except BaseException:
+        # an operation built before the failure must not keep updating unseen
+        for t in reversed([t for t in graph.tables if id(t) not in before]):
+            t.close()
+        raise
+    return CompiledView(result, parents)
+
+
+# what DuckDB says the output is -----------------------------------------------------------------
+_DUCK_TYPES: dict[str, pa.DataType] = {
+    "BOOLEAN": pa.bool_(), "TINYINT": pa.int8(), "SMALLINT": pa.int16(),
+    "INTEGER": pa.int32(), "BIGINT": pa.int64(), "UTINYINT": pa.uint8(),
+    "USMALLINT": pa.uint16(), "UINTEGER": pa.uint32(), "UBIGINT": pa.uint64(),
+    "FLOAT": pa.float32(), "DOUBLE": pa.float64(), "VARCHAR": pa.string(),
+}
+
+
+def _duckdb_schema(text: str, sources: dict[str, Table], prefix: str
+                   ) -> list[tuple[str, pa.DataType | None]]:
+    """DuckDB's output names and (where the engine computes it) types for the query.
+
+    DuckDB binds the statement over empty tables of the sources' schemas; nothing runs.
+    """
+    import duckdb  # the query engine of flight.sql; only views and queries need it
+
+    con = duckdb.connect()
+    try:
+        for n, t in sources.items():
+            con.register(n, t.schema.empty_table())
+        rel = con.sql(text)
+        return [(c, _DUCK_TYPES.get(str(ty).upper()))
+                for c, ty in zip(rel.columns, rel.types, strict=True)]
+    except duckdb.Error as exc:
+        raise SqlError(f"{prefix}: {str(exc).splitlines()[0]}") from exc
+    finally:
+        con.close()
+
+
+def _finish(out: Table, names: list[str], duck: list[tuple[str, pa.DataType | None]],
+            prefix: str, name: str | None) -> Table:
+    """``out`` (columns ``names``) renamed to DuckDB's names, cast to its types."""
+    if len(duck) != len(names):
+        raise SqlError(f"{prefix}: the view has {len(names)} columns where DuckDB finds "
+                       f"{len(duck)} ({', '.join(c for c, _ in duck)})")
+    final = [c for c, _ in duck]
+    dup = sorted({c for c in final if final.count(c) > 1})
+    if dup:
+        raise SqlError(f"{prefix}: output column name(s) {dup} appear more than once; give "
+                       f"the columns distinct aliases (SELECT a.k AS a_k, b.k AS b_k ...)")
+    if any(c in names and c != mine for c, mine in zip(final, names, strict=True)):
+        # a view reads the columns it defined before by their new definition: move aside
+        hidden = [f"__sql_final_{i}" for i in range(len(names))]
+        out = out.view(**{h: pc.field(n) for h, n in zip(hidden, names, strict=True)})
+        names = hidden
+    exprs: dict[str, pc.Expression] = {}
+    for (col, want), mine in zip(duck, names, strict=True):
+        have = out.schema.field(mine).type
+        e = pc.field(mine)
+        exprs[col] = e.cast(want) if want is not None and have != want else e
+    result = out.view(**exprs)
+    if name:
+        result.name = name
+    return result
+
+
+# the relation being built ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Col:
+    """A column SQL can name: ``qualifier.name``, held in the engine column ``internal``.
+
+    ``merged`` marks the right side's copy of a ``USING`` column: reachable qualified only,
+    not by its bare name and not in ``*``.
+    """
+
+    qualifier: str | None
+    name: str
+    internal: str
+    merged: bool = False
+
+
+@dataclass(slots=True)
+class _Rel:
+    """A FROM clause so far: a table and the columns SQL can name in it."""
+
+    table: Table
+    cols: list[_Col]
+
+    def find(self, node: exp.Column) -> list[_Col]:
+        """The columns ``node`` may mean (DuckDB: names match case-insensitively)."""
+        q, n = node.table, node.name
+        hits = [c for c in self.cols if c.name == n and (c.qualifier == q if q else not c.merged)]
+        if not hits:
+            hits = [c for c in self.cols if c.name.lower() == n.lower()
+                    and ((c.qualifier or "").lower() == q.lower() if q else not c.merged)]
+        return hits
+
+
+def _fresh(base: str, taken: Iterable[str]) -> str:
+    """``base``, or ``base_2``, ``base_3``... whichever is not in ``taken``."""
+    used = set(taken)
+    if base not in used:
+        return base
+    return next(f"{base}_{i}" for i in itertools.count(2) if f"{base}_{i}" not in used)
+
+
+def _type_of(e: pc.Expression, schema: pa.Schema) -> pa.DataType:
+    """The type ``e`` has over ``schema`` (one evaluation on no rows)."""
+    decl = acero.Declaration.from_sequence([
+        acero.Declaration("table_source", acero.TableSourceNodeOptions(schema.empty_table())),
+        acero.Declaration("project", acero.ProjectNodeOptions([e], ["out"])),
+    ])
+    return decl.to_table(use_threads=False).schema.field(0).type
+
+
+# expressions ------------------------------------------------------------------------------------
+_COMPARE: dict[type[exp.Expression], Callable[..., pc.Expression]] = {
+    exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater, exp.GTE: pc.greater_equal,
+    exp.LT: pc.less, exp.LTE: pc.less_equal}
+_ARITH: dict[type[exp.Expression], Callable[..., pc.Expression]] = {
+    exp.Add: pc.add_checked, exp.Sub: pc.subtract_checked, exp.Mul: pc.multiply_checked}
+_CAST = {
+    exp.DataType.Type.BOOLEAN: pa.bool_(), exp.DataType.Type.TINYINT: pa.int8(),
+    exp.DataType.Type.SMALLINT: pa.int16(), exp.DataType.Type.INT: pa.int32(),
+    exp.DataType.Type.BIGINT: pa.int64(), exp.DataType.Type.FLOAT: pa.float32(),
+    exp.DataType.Type.DOUBLE: pa.float64(), exp.DataType.Type.VARCHAR: pa.string(),
+    exp.DataType.Type.TEXT: pa.string(),
+}
+_AGGS = (exp.Count, exp.Sum, exp.Min, exp.Max, exp.Avg, exp.Stddev, exp.StddevSamp,
+         exp.Variance, exp.Median, exp.PercentileCont)
+
+
+def _is_agg(node: exp.Expr) -> bool:
+    return isinstance(node, exp.AggFunc) or (
+        isinstance(node, exp.Anonymous) and str(node.this).lower() == "mean")
+
+
+@dataclass(slots=True)
+class _Scope:
+    """What an expression may read: a relation's columns, or (after GROUP BY) the groups and
+    aggregates, which ``special`` maps by their SQL text."""
+
+    rel: _Rel
+    clause: str
+    special: dict[str, pc.Expression] = field(default_factory=dict)
+    groups: dict[str, str] | None = None  # after GROUP BY: internal column -> group column
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.rel.table.schema
+
+
+class _Compiler:
+    """Compiles one statement; the methods build engine tables as they go."""
+
+    def __init__(self, sources: dict[str, Table], prefix: str) -> None:
+        self.sources = sources
+        self.prefix = prefix
+        self.ctes: dict[str, tuple[Table, list[str]]] = {}
+
+    # errors -------------------------------------------------------------------------------------
+    def refuse(self, clause: str) -> SqlError:
+        return SqlError(f"{self.prefix}: {clause} does not map to an incremental operation")
+
+    def error(self, message: str) -> SqlError:
+        return SqlError(f"{self.prefix}: {message}")
+
+    # queries ------------------------------------------------------------------------------------
+    def query(self, node: exp.Expression) -> tuple[Table, list[str]]:
+        """The table of ``node``'s rows and its output column names (no hidden columns)."""
+        with_ = node.args.get("with_")
+        if with_ is not None:
+            if with_.args.get("recursive"):
+                raise self.refuse("WITH RECURSIVE")
+            for cte in with_.expressions:
+                self.ctes[cte.alias_or_name] = self.query(cte.this)
+        if isinstance(node, exp.Subquery):
+            return self.query(node.this)
+        if isinstance(node, exp.Union):
+            return self.union(node)
+        if isinstance(node, (exp.Intersect, exp.Except)):
+            raise self.refuse(node.key.upper())
+        if isinstance(node, exp.Select):
+            return self.select(node)
+        raise self.refuse(f"{node.key.upper()} {node.sql(dialect=DIALECT)}")
+
+    def union(self, node: exp.Union) -> tuple[Table, list[str]]:
+        if node.args.get("by_name") or node.args.get("side") or node.args.get("kind"):
+            raise self.refuse("UNION BY NAME")
+        left, names = self.query(node.this)
+        right, rnames = self.query(node.expression)
+        if len(names) != len(rnames):
+            raise self.error(f"UNION sides have {len(names)} and {len(rnames)} columns")
+        lexprs: dict[str, pc.Expression] = {}
+        rexprs: dict[str, pc.Expression] = {}
+        for n, rn in zip(names, rnames, strict=True):
+            lt, rt = left.schema.field(n).type, right.schema.field(rn).type
+            common = self.common_type(lt, rt, f"UNION column {n!r}")
+            lexprs[n] = pc.field(n) if lt == common else pc.field(n).cast(common)
+            rexprs[n] = pc.field(rn) if rt == common else pc.field(rn).cast(common)
+        merged = left.view(**lexprs).merge(right.view(**rexprs))
+        if node.args.get("distinct"):
+            merged = merged.agg_by([], by=names)
+        return self.order_limit(merged, names, node)
+
+    def common_type(self, a: pa.DataType, b: pa.DataType, what: str) -> pa.DataType:
+        if a == b:
+            return a
+        if pa.types.is_null(a):
+            return b
+        if pa.types.is_null(b):
+            return a
+        if pa.types.is_integer(a) and pa.types.is_integer(b):
+            return a if a.bit_width >= b.bit_width else b
+        if (pa.types.is_integer(a) or pa.types.is_floating(a)) and (
+                pa.types.is_integer(b) or pa.types.is_floating(b)):
+            return pa.float64()
+        raise self.error(f"{what} is {a} on one side and {b} on the other; CAST one of them")
+
+    def select(self, node: exp.Select) -> tuple[Table, list[str]]:
+        allowed = {"expressions", "from_", "joins", "where", "group", "having", "order", "limit",
+                   "offset", "distinct", "with_", "kind"}
+        for key, value in node.args.items():
+            if value and key not in allowed:
+                raise self.refuse(f"{key.upper().rstrip('_')} clause")
+        if node.args.get("kind"):
+            raise self.refuse(f"SELECT {node.args['kind']}")
+        distinct = node.args.get("distinct")
+        if distinct is not None and distinct.args.get("on") is not None:
+            raise self.refuse("DISTINCT ON")
+        from_ = node.args.get("from_")
+        if from_ is None:
+            raise self.refuse("SELECT without FROM")
+        rel = self.from_item(from_.this)
+        for j in node.args.get("joins") or []:
+            rel = self.join(rel, j)
+        where = node.args.get("where")
+        if where is not None:
+            scope = _Scope(rel, "WHERE")
+            rel = _Rel(rel.table.where(self.predicate(where.this, scope)), rel.cols)
+        items = self.items(node.expressions, rel)
+        group = node.args.get("group")
+        having = node.args.get("having")
+        order = node.args.get("order")
+        orders = list(order.expressions) if order is not None else []
+        is_agg = group is not None or having is not None or any(
+            _is_agg(n) for e in [x for _, x in items] + orders for n in e.walk()
+            if isinstance(n, exp.Expression) and not n.find_ancestor(exp.Window))
+        if is_agg:
+            scope = self.aggregate(rel, group, items, having, orders)
+        else:
+            scope = _Scope(rel, "SELECT")
+        return self.project(scope, items, orders, node, distinct is not None)
+
+    def items(self, expressions: list[exp.Expression], rel: _Rel
+              ) -> list[tuple[str, exp.Expression]]:
+        """The SELECT list with ``*`` expanded: (output name, expression)."""
+        out: list[tuple[str, exp.Expression]] = []
+        for e in expressions:
+            if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
+                star = e if isinstance(e, exp.Star) else e.this
+                if any(star.args.get(k) for k in star.args):
+                    raise self.refuse(f"{e.sql(dialect=DIALECT)}")
+                q = e.table if isinstance(e, exp.Column) else ""
+                cols = [c for c in rel.cols if (c.qualifier == q if q else not c.merged)]
+                if q and not cols:
+                    raise self.error(f"{e.sql(dialect=DIALECT)}: no table {q!r} in FROM")
+                out += [(c.name, exp.column(c.name, table=c.qualifier)) for c in cols]
+            elif isinstance(e, exp.Alias):
+                out.append((e.alias, e.this))
+            elif isinstance(e, exp.Column):
+                out.append((e.name, e))
+            else:
+                out.append((e.sql(dialect=DIALECT), e))
+        return out
+
+    # FROM and JOIN ------------------------------------------------------------------------------
+    def from_item(self, node: exp.Expression) -> _Rel:
+        if isinstance(node, exp.Table):
+            extra = [k for k, v in node.args.items() if v and k not in ("this", "db", "catalog", "alias")]
+            if extra or not node.name:
+                raise self.refuse(f"FROM {node.sql(dialect=DIALECT)}")
+            full = ".".join(p.name for p in node.parts)
+            alias = node.alias or node.name
+            if full in self.ctes:
+                t, names = self.ctes[full]
+                return _Rel(t, [_Col(alias, n, n) for n in names])
+            t = self.sources[full]
+            return _Rel(t, [_Col(alias, n, n) for n in t.column_names])
+        if isinstance(node, exp.Subquery):
+            t, names = self.query(node.this)
+            sub_alias = node.alias or None
+            return _Rel(t, [_Col(sub_alias, n, n) for n in names])
+        raise self.refuse(f"FROM {node.sql(dialect=DIALECT)}")
+
+    def join(self, left: _Rel, j: exp.Join) -> _Rel:
+        side = str(j.args.get("side") or "").upper()
+        kind = str(j.args.get("kind") or "").upper()
+        method = str(j.args.get("method") or "").upper()
+        label = " ".join(x for x in (method, side, kind, "JOIN") if x)
+        if method or side not in ("", "LEFT") or kind not in ("", "INNER", "OUTER"):
+            raise self.refuse(label)
+        on, using = j.args.get("on"), j.args.get("using")
+        if on is None and not using:
+            raise self.refuse(f"{label} {j.this.sql(dialect=DIALECT)} without ON or USING "
+                              f"(a cross join)")
+        right = self.from_item(j.this)
+        taken = set(left.table.column_names)
+        renamed: dict[str, str] = {}
+        for c in right.table.column_names:
+            renamed[c] = _fresh(c, taken)
+            taken.add(renamed[c])
+        pairs: list[tuple[_Col, _Col]] = []
+        merged: set[str] = set()
+        if using:
+            for ident in using:
+                n = ident.name
+                lc = self.one(left.find(exp.column(n)), n, left, "USING")
+                rc = self.one(right.find(exp.column(n)), n, right, "USING")
+                pairs.append((lc, rc))
+                merged.add(rc.internal)
+        elif on is not None:
+            for term in self.conjuncts(on):
+                pairs.append(self.equality(term, left, right))
+        for lc, rc in pairs:
+            lt = left.table.schema.field(lc.internal).type
+            rt = right.table.schema.field(rc.internal).type
+            same = lt == rt or (pa.types.is_integer(lt) and pa.types.is_integer(rt))
+            if not same:
+                raise self.error(f"join keys {lc.name} ({lt}) and {rc.name} ({rt}) have different "
+                                 f"types; CAST one side in a subquery")
+        on_spec = [f"{lc.internal}={rc.internal}" for lc, rc in pairs]
+        joins = [f"{renamed[c]}={c}" for c in right.table.column_names]
+        op = left.table.left_outer_join if side == "LEFT" else left.table.join
+        table = op(right.table, on_spec, joins)
+        cols = left.cols + [_Col(c.qualifier, c.name, renamed[c.internal],
+                                 c.merged or c.internal in merged) for c in right.cols]
+        return _Rel(table, cols)
+
+    def conjuncts(self, node: exp.Expression) -> list[exp.Expression]:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.And):
+            return self.conjuncts(node.this) + self.conjuncts(node.expression)
+        return [node]
+
+    def equality(self, term: exp.Expression, left: _Rel, right: _Rel) -> tuple[_Col, _Col]:
+        text = term.sql(dialect=DIALECT)
+        if not (isinstance(term, exp.EQ) and isinstance(term.this, exp.Column)
+                and isinstance(term.expression, exp.Column)):
+            raise self.refuse(f"join condition {text} (only equalities of columns join)")
+        a, b = term.this, term.expression
+        la, ra, lb, rb = left.find(a), right.find(a), left.find(b), right.find(b)
+        if la and rb and not ra and not lb:
+            return self.one(la, a.sql(), left, "ON"), self.one(rb, b.sql(), right, "ON")
+        if lb and ra and not rb and not la:
+            return self.one(lb, b.sql(), left, "ON"), self.one(ra, a.sql(), right, "ON")
+        for c, hits in ((a, la + ra), (b, lb + rb)):
+            if not hits:
+                raise self.unknown(c, _Rel(left.table, left.cols + right.cols))
+        raise self.refuse(f"join condition {text} (each side must name a column of one side)")
+
+    def one(self, hits: list[_Col], what: str, rel: _Rel, clause: str) -> _Col:
+        if len(hits) == 1:
+            return hits[0]
+        if not hits:
+            raise self.unknown(exp.column(what), rel)
+        raise self.error(f"{clause}: column reference {what!r} is ambiguous (could be "
+                         f"{', '.join(f'{c.qualifier}.{c.name}' for c in hits)})")
+
+    def unknown(self, node: exp.Column, rel: _Rel) -> SqlError:
+        have = ", ".join(f"{c.qualifier}.{c.name}" if c.qualifier else c.name for c in rel.cols)
+        return self.error(f"column {node.sql(dialect=DIALECT)!r} does not exist (columns: {have})")
+
+    # GROUP BY -----------------------------------------------------------------------------------
+    def aggregate(self, rel: _Rel, group: exp.Group | None, items: list[tuple[str, exp.Expression]],
+                  having: exp.Having | None, orders: list[exp.Expression]) -> _Scope:
+        """Build ``agg_by`` (and HAVING); the scope the SELECT list is compiled in after it."""
+        base = _Scope(rel, "GROUP BY")
+        taken = set(rel.table.column_names)
+        pre: dict[str, pc.Expression] = {}  # hidden inputs computed on the rows
+        by: list[str] = []
+        special: dict[str, pc.Expression] = {}
+        groups: dict[str, str] = {}
+        if group is not None:
+            if group.args.get("all") or any(group.args.get(k) for k in ("grouping_sets", "cube", "rollup")):
+                raise self.refuse(f"{group.sql(dialect=DIALECT).strip()}")
+            for g in group.expressions:
+                g = self.select_item(g, items, rel) or g
+                if isinstance(g, exp.Column):
+                    c = self.one(rel.find(g), g.sql(dialect=DIALECT), rel, "GROUP BY")
+                    if c.internal not in by:
+                        by.append(c.internal)
+                    groups[c.internal] = c.internal
+                else:
+                    hidden = _fresh("__sql_group", taken)
+                    taken.add(hidden)
+                    pre[hidden] = self.expr(g, base)
+                    by.append(hidden)
+                    special[g.sql(dialect=DIALECT)] = pc.field(hidden)
+        aggs: list[Agg] = []
+        post: dict[str, pc.Expression] = {}
+        counts: set[str] = set()  # outputs that are 0, not null, for an empty input
+        nodes = [n for _, e in items for n in e.find_all(exp.AggFunc, exp.Anonymous)]
+        nodes += [n for e in ([having.this] if having is not None else []) + orders
+                  for n in e.find_all(exp.AggFunc, exp.Anonymous)]
+        for n in nodes:
+            if not _is_agg(n) or n.sql(dialect=DIALECT) in post:
+                continue
+            if n.find_ancestor(exp.Window):
+                continue
+            for inner in n.find_all(exp.AggFunc):
+                if inner is not n:
+                    raise self.error(f"aggregate {n.sql(dialect=DIALECT)} holds another aggregate")
+            key = n.sql(dialect=DIALECT)
+
+            def column(arg: exp.Expression, key: str = key) -> str:
+                if isinstance(arg, exp.Column):
+                    return self.one(rel.find(arg), arg.sql(dialect=DIALECT), rel, key).internal
+                hidden = _fresh("__sql_arg", taken)
+                taken.add(hidden)
+                pre[hidden] = self.expr(arg, base)
+                return hidden
+
+            out = _fresh("__sql_agg", taken)
+            taken.add(out)
+            post[key] = self.agg(n, key, out, column, aggs, pre, taken, counts, rel)
+        special.update(post)
+        needed = list(dict.fromkeys(
+            [c for c in by if c not in pre]
+            + [c for a in aggs for c in (a.column, a.weight) if c is not None and c not in pre]))
+        source = rel.table.view(*needed, **pre)
+        table = source.agg_by(aggs, by=by) if (aggs or by) else source.agg_by([Agg("count", None, "__sql_n")])
+        if not by:  # SQL's global aggregate has one row, also over no rows
+            one = _fresh("__sql_one", taken)
+            table = static_table(table.graph, pa.table({one: pa.array([0], pa.int64())})).natural_join(
+                table.view(*table.column_names, **{one: pc.scalar(0)}), on=one, joins=table.column_names)
+            for key, e in post.items():
+                if key in counts:
+                    special[key] = pc.coalesce(e, pc.scalar(0))
+        scope = _Scope(_Rel(table, rel.cols), "SELECT", special, groups)
+        if having is not None:
+            scope.clause = "HAVING"
+            table = table.where(self.predicate(having.this, scope))
+            scope = _Scope(_Rel(table, rel.cols), "SELECT", special, groups)
+        return scope
+
+    def agg(self, n: exp.Expr, key: str, out: str, column: Callable[[exp.Expression], str],
+            aggs: list[Agg], pre: dict[str, pc.Expression], taken: set[str], counts: set[str],
+            rel: _Rel) -> pc.Expression:
+        """Append the Agg(s) computing aggregate ``n`` to ``aggs``; its value over their outputs."""
+        if isinstance(n, exp.Count):
+            arg = n.this
+            if isinstance(arg, exp.Star):
+                aggs.append(Agg("count", None, out))
+                counts.add(key)
+                return pc.field(out)
+            if isinstance(arg, exp.Distinct):
+                if len(arg.expressions) != 1:
+                    raise self.refuse(f"aggregate {key}")
+                aggs.append(Agg("count_distinct", column(arg.expressions[0]), out))
+                counts.add(key)
+                return pc.field(out)
+            nn = _fresh("__sql_valid", taken)
+            taken.add(nn)
+            pre[nn] = pc.is_valid(pc.field(column(arg))).cast(pa.int64())
+            aggs.append(Agg("sum", nn, out))
+            counts.add(key)
+            return pc.field(out)
+        if isinstance(n, exp.Anonymous):  # mean(x)
+            if len(n.expressions) != 1:
+                raise self.refuse(f"aggregate {key}")
+            aggs.append(Agg("mean", column(n.expressions[0]), out))
+            return pc.field(out)
+        arg = n.this
+        if isinstance(arg, exp.Distinct):
+            raise self.refuse(f"aggregate {key} (DISTINCT inside an aggregate other than count)")
+        kinds: dict[type[exp.Expr], str] = {
+            exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Avg: "mean", exp.Stddev: "std",
+            exp.StddevSamp: "std", exp.Variance: "var", exp.Median: "median",
+            exp.PercentileCont: "percentile"}
+        kind = kinds.get(type(n))
+        if kind is None:
+            why = " (population statistics)" if isinstance(n, (exp.StddevPop, exp.VariancePop)) else ""
+            raise self.refuse(f"aggregate {key}{why}")
+        col = column(arg)
+        ctype = rel.table.schema.field(col).type if col in rel.table.schema.names else \
+            _type_of(pre[col], rel.table.schema)
+        if kind in ("min", "max") and not (pa.types.is_integer(ctype) or pa.types.is_floating(ctype)
+                                           or pa.types.is_boolean(ctype) or pa.types.is_temporal(ctype)):
+            raise self.refuse(f"aggregate {key} over {ctype} (the engine's min/max take "
+                              f"fixed-width columns)")
+        if kind == "percentile":
+            p = n.expression
+            if not (isinstance(p, exp.Literal) and not p.is_string):
+                raise self.refuse(f"aggregate {key} (the quantile must be one number)")
+            aggs.append(Agg("percentile", col, out, p=float(p.this)))
+            return pc.field(out)
+        aggs.append(Agg(kind, col, out))
+        if kind != "sum":
+            return pc.field(out)
+        # the engine's sum of no values is 0; SQL's is null
+        nn = _fresh("__sql_valid", taken)
+        taken.add(nn)
+        pre[nn] = pc.is_valid(pc.field(col)).cast(pa.int64())
+        cnt = _fresh("__sql_count", taken)
+        taken.add(cnt)
+        aggs.append(Agg("sum", nn, cnt))
+        null = pa.scalar(None, pa.float64() if pa.types.is_floating(ctype) else pa.int64())
+        return pc.if_else(pc.greater(pc.field(cnt), 0), pc.field(out), pc.scalar(null))
+
+    @staticmethod
+    def select_item(node: exp.Expression, items: list[tuple[str, exp.Expression]], rel: _Rel
+                    ) -> exp.Expression | None:
+        """The SELECT item ``node`` refers to (``GROUP BY 1``; an alias that is no column)."""
+        if isinstance(node, exp.Literal) and not node.is_string:
+            i = int(node.this)
+            return items[i - 1][1] if 1 <= i <= len(items) else None
+        if isinstance(node, exp.Column) and not node.table and not rel.find(node):
+            hits = [e for n, e in items if n == node.name]
+            return hits[0] if len(hits) == 1 else None
+        return None
+
+    # SELECT list, DISTINCT, ORDER BY, LIMIT ------------------------------------------------------
+    def project(self, scope: _Scope, items: list[tuple[str, exp.Expression]],
+                orders: list[exp.Expression], node: exp.Select, distinct: bool
+                ) -> tuple[Table, list[str]]:
+        names: list[str] = []
+        for n, _ in items:  # DuckDB may repeat a name; _finish refuses that at the top
+            names.append(_fresh(n, names))
+        taken = set(scope.schema.names) | set(names)
+        hidden = []
+        for _ in items:
+            h = _fresh("__sql_out", taken)
+            taken.add(h)
+            hidden.append(h)
+        exprs = {h: self.expr(e, scope) for h, (_, e) in zip(hidden, items, strict=True)}
+        if distinct or not orders:
+            table = scope.rel.table.view(**exprs)
+            if distinct:
+                table = table.agg_by([], by=hidden)
+            table = table.view(**{n: pc.field(h) for n, h in zip(names, hidden, strict=True)})
+            return self.order_limit(table, names, node)
+        # ORDER BY may read what the SELECT list does not keep: sort before projecting
+        keys: list[tuple[str, bool, bool]] = []
+        for o in orders:
+            target = o.this
+            ref = self.output_ref(target, names)
+            if ref is not None:
+                col = hidden[ref]
+            else:
+                col = _fresh("__sql_key", taken)
+                taken.add(col)
+                exprs[col] = self.expr(target, _Scope(scope.rel, "ORDER BY", scope.special, scope.groups))
+            keys.append((col, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
+        table = self.sort(scope.rel.table.view(**exprs), keys, taken)
+        table = self.limit(table, node)
+        return table.view(**{n: pc.field(h) for n, h in zip(names, hidden, strict=True)}), names
+
+    def output_ref(self, target: exp.Expression, names: list[str]) -> int | None:
+        """The output column an ORDER BY item names (``ORDER BY 2``, an output name), or None."""
+        if isinstance(target, exp.Literal) and not target.is_string:
+            i = int(target.this)
+            if not 1 <= i <= len(names):
+                raise self.error(f"ORDER BY {i}: the SELECT list has {len(names)} columns")
+            return i - 1
+        if isinstance(target, exp.Column) and not target.table and target.name in names:
+            return names.index(target.name)
+        return None
+
+    def order_limit(self, table: Table, names: list[str], node: exp.Expression) -> tuple[Table, list[str]]:
+        """ORDER BY over output columns only (after DISTINCT and UNION), then LIMIT."""
+        order = node.args.get("order")
+        if order is not None:
+            keys = []
+            for o in order.expressions:
+                ref = self.output_ref(o.this, names)
+                if ref is None:
+                    raise self.refuse(f"ORDER BY {o.this.sql(dialect=DIALECT)} (after DISTINCT or "
+                                      f"UNION, order by output columns)")
+                keys.append((names[ref], bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
+            table = self.sort(table, keys, set(names))
+            table = self.limit(table, node)
+            return table.view(*names), names
+        if node.args.get("limit") is not None or node.args.get("offset") is not None:
+            self.limit(table, node)  # refuses
+        return table, names
+
+    def sort(self, table: Table, keys: list[tuple[str, bool, bool]], taken: set[str]) -> Table:
+        """``table`` sorted on ``(column, descending, nulls_first)`` keys, SQL's nulls order.
+
+        The engine's sort puts nulls (and NaN) last ascending and first descending; sorting
+        on each key's null flag first puts them where SQL says, and NaN (not null) as the
+        largest value, as DuckDB does.
+        """
+        flags: dict[str, pc.Expression] = {}
+        by: list[str] = []
+        desc: list[bool] = []
+        for col, d, nulls_first in keys:
+            flag = _fresh("__sql_null", taken | set(flags))
+            flags[flag] = pc.is_null(pc.field(col))
+            by += [flag, col]
+            desc += [nulls_first, d]
+        return table.view(*table.column_names, **flags).sort(by, desc)
+
+    def limit(self, table: Table, node: exp.Expression) -> Table:
+        limit, offset = node.args.get("limit"), node.args.get("offset")
+        if limit is None and offset is None:
+            return table
+        if node.args.get("order") is None:
+            what = "LIMIT" if limit is not None else "OFFSET"
+            raise self.refuse(f"{what} without ORDER BY (which rows it keeps is arbitrary)")
+        n = self.count(limit.expression if limit is not None else None, "LIMIT")
+        m = self.count(offset.expression if offset is not None else None, "OFFSET") or 0
+        if m == 0 and n is not None:
+            return table.head(n)
+        return table.slice(m, None if n is None else m + n)
+
+    def count(self, e: exp.Expression | None, what: str) -> int | None:
+        if e is None:
+            return None
+        if isinstance(e, exp.Literal) and not e.is_string and e.this.isdigit():
+            return int(e.this)
+        raise self.refuse(f"{what} {e.sql(dialect=DIALECT)} (a constant row count maps)")
+
+    # expressions --------------------------------------------------------------------------------
+    def predicate(self, node: exp.Expression, scope: _Scope) -> pc.Expression:
+        e = self.expr(node, scope)
+        t = self.typed(e, scope, node)
+        if not pa.types.is_boolean(t) and not pa.types.is_null(t):
+            raise self.error(f"{scope.clause} {node.sql(dialect=DIALECT)} is {t}, not a boolean")
+        return e
+
+    def typed(self, e: pc.Expression, scope: _Scope, node: exp.Expression) -> pa.DataType:
+        try:
+            return _type_of(e, scope.schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError) as exc:
+            raise self.error(f"{scope.clause} {node.sql(dialect=DIALECT)}: {str(exc).splitlines()[0]}"
+                             ) from exc
+
+    def expr(self, node: exp.Expression, scope: _Scope) -> pc.Expression:
+        """``node`` as a pyarrow expression over ``scope``'s table (checked: it binds)."""
+        e = self._expr(node, scope)
+        self.typed(e, scope, node)
+        return e
+
+    def _expr(self, node: exp.Expression, scope: _Scope) -> pc.Expression:  # noqa: C901, PLR0911, PLR0912
+        key = node.sql(dialect=DIALECT)
+        if key in scope.special:
+            return scope.special[key]
+        if isinstance(node, exp.Paren):
+            return self._expr(node.this, scope)
+        if isinstance(node, exp.Column):
+            return self.column(node, scope)
+        if isinstance(node, exp.Window):
+            raise self.refuse(f"window function {node.this.sql(dialect=DIALECT)}")
+        if isinstance(node, (exp.Subquery, exp.Exists)) or (isinstance(node, exp.In) and node.args.get("query")):
+            raise self.refuse(f"subquery in an expression ({key})")
+        if isinstance(node, exp.Filter):
+            raise self.refuse(f"FILTER clause ({key})")
+        if _is_agg(node):
+            raise self.error(f"aggregate {key} is not allowed in {scope.clause}")
+        if isinstance(node, exp.Literal):
+            if node.is_string:
+                return pc.scalar(node.this)
+            text = node.this
+            return pc.scalar(int(text) if text.lstrip("-").isdigit() else float(text))
+        if isinstance(node, exp.Boolean):
+            return pc.scalar(bool(node.this))
+        if isinstance(node, exp.Null):
+            return pc.scalar(None)
+        if isinstance(node, exp.Neg):
+            return pc.negate_checked(self._expr(node.this, scope))
+        sub = [self._expr(a, scope) for a in (node.this, node.expression)] if isinstance(
+            node, exp.Binary) else []
+        if type(node) in _ARITH:
+            return _ARITH[type(node)](*sub)
+        if type(node) in _COMPARE:
+            return _COMPARE[type(node)](*sub)
+        if isinstance(node, exp.Div):
+            a, b = sub
+            ints = [pa.types.is_integer(self.typed(x, scope, node)) for x in sub]
+            if any(ints):  # DuckDB's / divides as floats
+                a = a.cast(pa.float64()) if ints[0] else a
+                b = b.cast(pa.float64()) if ints[1] else b
+            return pc.divide(a, b)
+        if isinstance(node, exp.And):
+            return pc.and_kleene(*sub)
+        if isinstance(node, exp.Or):
+            return pc.or_kleene(*sub)
+        if isinstance(node, exp.DPipe):
+            return pc.binary_join_element_wise(*sub, "")
+        if isinstance(node, exp.Not):
+            return pc.invert(self._expr(node.this, scope))
+        if isinstance(node, exp.Is):
+            if not isinstance(node.expression, exp.Null):
+                raise self.refuse(f"IS {node.expression.sql(dialect=DIALECT)}")
+            return pc.is_null(self._expr(node.this, scope))
+        if isinstance(node, exp.In):
+            x = self._expr(node.this, scope)
+            terms = [pc.equal(x, self._expr(v, scope)) for v in node.expressions]
+            return _fold(pc.or_kleene, terms)
+        if isinstance(node, exp.Between):
+            if node.args.get("symmetric"):
+                raise self.refuse("BETWEEN SYMMETRIC")
+            x = self._expr(node.this, scope)
+            return pc.and_kleene(pc.greater_equal(x, self._expr(node.args["low"], scope)),
+                                 pc.less_equal(x, self._expr(node.args["high"], scope)))
+        if isinstance(node, (exp.Like, exp.ILike)):
+            pattern = node.expression
+            if node.args.get("escape") or not (isinstance(pattern, exp.Literal) and pattern.is_string) \
+                    or "\\" in pattern.this:
+                raise self.refuse(f"{key} (LIKE takes a constant pattern without escapes)")
+            e = pc.match_like(self._expr(node.this, scope), pattern.this,
+                              ignore_case=isinstance(node, exp.ILike))
+            return pc.invert(e) if node.args.get("negate") else e
+        if isinstance(node, exp.Case):
+            return self.case(node, scope)
+        if isinstance(node, exp.Coalesce):
+            return pc.coalesce(*[self._expr(a, scope) for a in [node.this, *node.expressions]])
+        if isinstance(node, exp.Upper):
+            return pc.utf8_upper(self._expr(node.this, scope))
+        if isinstance(node, exp.Lower):
+            return pc.utf8_lower(self._expr(node.this, scope))
+        if isinstance(node, exp.Length):
+            return pc.utf8_length(self._expr(node.this, scope)).cast(pa.int64())
+        if isinstance(node, exp.Abs):
+            return pc.abs_checked(self._expr(node.this, scope))
+        if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
+            return self.cast(node, scope)
+        if isinstance(node, exp.Func):
+            raise self.refuse(f"function {key}")
+        raise self.refuse(f"expression {key}")
+
+    def case(self, node: exp.Case, scope: _Scope) -> pc.Expression:
+        operand = node.this
+        x = self._expr(operand, scope) if operand is not None else None
+        default = node.args.get("default")
+        acc = self._expr(default, scope) if default is not None else pc.scalar(None)
+        for branch in reversed(node.args.get("ifs") or []):
+            cond = self._expr(branch.this, scope)
+            if x is not None:
+                cond = pc.equal(x, cond)
+            acc = pc.if_else(pc.coalesce(cond, pc.scalar(False)), self._expr(branch.args["true"], scope), acc)
+        return acc
+
+    def cast(self, node: exp.Cast, scope: _Scope) -> pc.Expression:
+        to = node.args["to"]
+        target = _CAST.get(to.this) if isinstance(to, exp.DataType) else None
+        if target is None or to.expressions:
+            raise self.refuse(f"{node.sql(dialect=DIALECT)} (CAST to {to.sql(dialect=DIALECT)})")
+        x = self._expr(node.this, scope)
+        have = self.typed(x, scope, node.this)
+        if pa.types.is_floating(have) and pa.types.is_string(target):
+            raise self.refuse(f"{node.sql(dialect=DIALECT)} (floats print differently)")
+        if pa.types.is_floating(have) and pa.types.is_integer(target):
+            x = pc.round(x, round_mode="half_to_even")  # DuckDB rounds, pyarrow would truncate
+        return x.cast(target)
+
+    def column(self, node: exp.Column, scope: _Scope) -> pc.Expression:
+        if node.args.get("db") or node.args.get("catalog"):
+            raise self.refuse(f"column {node.sql(dialect=DIALECT)}")
+        hits = scope.rel.find(node)
+        c = self.one(hits, node.sql(dialect=DIALECT), scope.rel, scope.clause)
+        if scope.groups is not None:
+            if c.internal not in scope.groups:
+                raise self.error(f"column {node.sql(dialect=DIALECT)!r} must appear in the GROUP BY "
+                                 f"clause or be used in an aggregate function")
+            return pc.field(scope.groups[c.internal])
+        return pc.field(c.internal)
+
+
+def _fold(op: Callable[[pc.Expression, pc.Expression], pc.Expression],
+          terms: Sequence[pc.Expression]) -> pc.Expression:
+    acc = terms[0]
+    for t in terms[1:]:
+        acc = op(acc, t)
+    return acc
