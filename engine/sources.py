@@ -73,7 +73,8 @@ class AppendOnlyTable(SourceTable):
     @staticmethod
     def _new_column(type: pa.DataType) -> WritableColumnSource:
         if numpy_storage_dtype(type) is not None:
-            return NumpyColumnSource(type, written_before_read=True)  # rows only arrive
+            # rows only arrive: snapshots share the stored values (get_range)
+            return NumpyColumnSource(type, written_before_read=True, append_only=True)
         return AppendColumnSource(type)
 
     def append(self, data: TableLike) -> None:

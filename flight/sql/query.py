@@ -205,6 +205,27 @@ class QueryRunner:
         query.schema = reader.schema.with_metadata({STEP_KEY: str(snapshot.step).encode()})
         return query
 
+    def schema_of(self, sql: str, params: Sequence[Any] | None, tree: exp.Expression,
+                  where: str = "query") -> pa.Schema:
+        """The result schema of a query, bound over empty tables of the named tables'
+        schemas (nothing is read or run: a prepared statement's dataset schema).
+
+        Raises what :meth:`start` raises for a text that does not bind.
+        """
+        if not is_query(tree):
+            raise SqlError(f"{where}: not a query (SELECT, WITH, VALUES): {_statement(tree)}")
+        entries = named_tables(tree, self.registry, where)
+        cursor = self._db.cursor()
+        try:
+            for e in entries:
+                cursor.register(e.name, e.table.schema.empty_table())
+            relation = cursor.sql(sql, params=list(params) if params is not None else None)
+            return relation.limit(0).to_arrow_table().schema
+        except duckdb.Error as exc:
+            raise duckdb_error(exc, where) from None
+        finally:
+            cursor.close()
+
     def batches(self, query: RunningQuery, where: str = "query") -> Iterator[pa.RecordBatch]:
         """The result's record batches (at least one: an empty result gives one of no rows)."""
         sent = False

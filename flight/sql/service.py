@@ -375,7 +375,7 @@ class FlightSqlService:
 
     def prepare(self, text: str) -> sql.ActionCreatePreparedStatementResult:
         """CreatePreparedStatement: parse and keep ``text``; a query's result schema is found
-        by running it over the current tables with NULL parameters, when it can be."""
+        by binding it (NULL parameters) over empty tables of the named tables' schemas."""
         tree = parse_one(text)
         handle = f"p{next(self._ids)}-{self._salt}".encode()
         n = _placeholders(tree)
@@ -383,10 +383,9 @@ class FlightSqlService:
         if n:
             out.parameter_schema = pa.schema(
                 [pa.field(f"${i + 1}", pa.null()) for i in range(n)]).serialize().to_pybytes()
-        if is_query(tree):
-            query = self.runner.start(text, [None] * n, tree=tree)  # raises for a bad query
-            self.runner.close(query.handle)
-            out.dataset_schema = query.schema.serialize().to_pybytes()
+        if is_query(tree):  # bound over empty tables: raises for a bad query, runs nothing
+            schema = self.runner.schema_of(text, [None] * n if n else None, tree)
+            out.dataset_schema = schema.serialize().to_pybytes()
         with self._lock:
             self._prepared[handle] = _Prepared(handle, text, tree)
         return out

@@ -455,3 +455,23 @@ def test_conform_passes_a_conformed_table_through_and_fixes_any_other():
     assert out is not with_meta and out.schema.equals(schema, check_metadata=True)
     with pytest.raises(SchemaError, match="column 'k' has type string"):
         conform("t", schema, pa.table({"k": ["x"], "s": ["a"]}))
+
+
+def test_an_append_tables_snapshot_shares_its_values_and_outlives_growth():
+    """Append-only columns are never written twice: a snapshot is a view of the stored
+    values (no copy), and stays exact while later appends grow the arrays past it."""
+    graph = UpdateGraph()
+    t = graph.append_only_table(pa.schema([("x", pa.int64()), ("f", pa.float64())]))
+    t.append(pa.table({"x": [1, None, 3], "f": [0.5, 1.5, None]}))
+    graph.run_cycle()
+    snap = t.to_arrow()
+    stored = t.column("x")._values
+    buf = snap.column("x").chunk(0).buffers()[1]
+    assert stored.ctypes.data <= buf.address < stored.ctypes.data + stored.nbytes  # shared
+    for i in range(12):  # 3 -> ~2M rows: the arrays are regrown many times
+        n = 1 << (i + 8)
+        t.append(pa.table({"x": pa.array(range(n), pa.int64()),
+                           "f": pa.array(range(n), pa.float64())}))
+        graph.run_cycle()
+    assert snap.to_pydict() == {"x": [1, None, 3], "f": [0.5, 1.5, None]}
+    assert t.to_arrow().slice(0, 3).to_pydict() == snap.to_pydict()
