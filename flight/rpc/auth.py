@@ -138,7 +138,7 @@ def _prepared_parameters_only(handler: Any) -> Any:
             except Exception:
                 cmd = None
             if not isinstance(cmd, sql.CommandPreparedStatementQuery):
-                abort(context, _denied("write (DoPut)"))
+                abort(context, _denied(f"call {_DO_PUT}"))
             messages = itertools.chain((first,), messages)
         return run(messages, context)
 

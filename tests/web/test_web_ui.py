@@ -346,13 +346,16 @@ def test_a_sql_view_is_listed_and_shown_live(web, prices, page):
         row.wait_for()
         assert row.locator("td").all_inner_texts()[:2] == ["cheap", "view"]
         open_grid(page, web, "cheap", "arrow")
-        wait_cells(page, "cheap", "c.rows.some((r) => r[0] === 'S00002')")
+        prices.push("prices", pa.table({"sym": ["Q00001"], "px": [0.25], "n": [1]},
+                                       schema=SCHEMA), mode="upsert")  # other tests delete rows
+        wait_cells(page, "cheap", "c.rows.some((r) => r[0] === 'Q00001' && r[1] === '0.50')")
         assert cells(page, "cheap")["head"] == ["sym", "px2"]
-        prices.push("prices", pa.table({"sym": ["S00002"], "px": [0.375], "n": [2]},
+        prices.push("prices", pa.table({"sym": ["Q00001"], "px": [0.375], "n": [2]},
                                        schema=SCHEMA), mode="upsert")
-        wait_cells(page, "cheap", "c.rows.some((r) => r[0] === 'S00002' && r[1] === '0.75')",
+        wait_cells(page, "cheap", "c.rows.some((r) => r[0] === 'Q00001' && r[1] === '0.75')",
                    timeout=3000)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "web-sql-view.png"))
     finally:
         prices.drop_table("cheap")
+        prices.push("prices", pa.table({"sym": ["Q00001"]}), mode="delete")
