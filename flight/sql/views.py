@@ -441,8 +441,10 @@ class _Compiler:
             if full in self.ctes:
                 t, names = self.ctes[full]
                 return _Rel(t, [_Col(alias, n, n) for n in names])
-            t = self.sources[full]
-            return _Rel(t, [_Col(alias, n, n) for n in t.column_names])
+            source = self.sources.get(full)
+            if source is None:  # a WITH name read inside its own definition
+                raise self.refuse(f"FROM {full} inside the WITH clause that defines {full}")
+            return _Rel(source, [_Col(alias, n, n) for n in source.column_names])
         if isinstance(node, exp.Subquery):
             t, names = self.query(node.this)
             sub_alias = node.alias or None
