@@ -44,6 +44,9 @@ expressions, ``LIMIT``/``OFFSET`` without ``ORDER BY`` (the rows it keeps are ar
 compute as SQL does (population variance, ``first``, ``sum(DISTINCT x)``, ``FILTER``),
 ``min``/``max`` of strings, ``SELECT`` without ``FROM``, ``//`` and ``%``.
 
+The operations a view is built of are recorded (:attr:`CompiledView.operations`): a compile
+that fails closes those it built, and :meth:`CompiledView.close` closes them all.
+
 Names and types: output column names are DuckDB's own (``count_star()``, ``sum(x)``,
 ``(x + 1)``): the statement is described by DuckDB over empty tables of the sources'
 schemas, which also checks it the way the query engine would. Integer, float, string and
