@@ -22,7 +22,7 @@ __all__ = ["DIALECT", "parse_one", "statement_kind", "tables_of"]
 #: The dialect every text is parsed in: the one the queries run in.
 DIALECT = "duckdb"
 
-# the tokenizer's inner error says where it stopped: "Missing ' from 1:7" (line:column)
+# the tokenizer's inner error says where it stopped: "Missing ' from 1:7" (line:offset in text)
 _TOKEN_AT = re.compile(r"from (\d+):(\d+)")
 # the parser quotes tokens as their repr: "<Token token_type: TokenType.SENTINEL, text: ...>"
 _TOKEN_REPR = re.compile(r"<Token token_type: TokenType\.(\w+), text: (.*?), line: .*?>")
@@ -86,14 +86,14 @@ def _token_message(text: str, exc: TokenError) -> str:
     inner = exc.__cause__
     what = str(inner) if inner is not None else str(exc)
     m = _TOKEN_AT.search(what)
-    if m:
-        line, col = int(m.group(1)), int(m.group(2)) + 1
+    if m:  # "line:offset", the offset counted from the start of the text
+        at = min(len(text), int(m.group(2)))
         what = what[: m.start()].strip()
     else:  # the snippet is text[start:end], centred (50 characters each side) on the failure
         at = min(len(text), (exc.start or 0) + (50 if exc.start else 0))
-        line = text.count("\n", 0, at) + 1
-        col = at - (text.rfind("\n", 0, at) + 1) + 1
         what = "cannot tokenize"
+    line = text.count("\n", 0, at) + 1
+    col = at - (text.rfind("\n", 0, at) + 1) + 1
     return f"SQL syntax error at line {line}, column {col}: {what.splitlines()[0]}"
 
 

@@ -44,6 +44,9 @@ expressions, ``LIMIT``/``OFFSET`` without ``ORDER BY`` (the rows it keeps are ar
 compute as SQL does (population variance, ``first``, ``sum(DISTINCT x)``, ``FILTER``),
 ``min``/``max`` of strings, ``SELECT`` without ``FROM``, ``//`` and ``%``.
 
+The operations a view is built of are recorded (:attr:`CompiledView.operations`): a compile
+that fails closes those it built, and :meth:`CompiledView.close` closes them all.
+
 Names and types: output column names are DuckDB's own (``count_star()``, ``sum(x)``,
 ``(x + 1)``): the statement is described by DuckDB over empty tables of the sources'
 schemas, which also checks it the way the query engine would. Integer, float, string and
@@ -90,10 +93,21 @@ class CompiledView:
         The view: a derived table that follows its sources every cycle.
     parents
         The names of the tables the statement reads, in order of appearance.
+    operations
+        Every table the compile built, ``table`` last; :meth:`close` closes them.
     """
 
     table: Table
     parents: list[str]
+    operations: tuple[Table, ...] = ()
+
+    def close(self) -> None:
+        """Close the view and every operation it was built of (``DROP VIEW``).
+
+        Closing :attr:`table` alone would leave the operations it reads from updating.
+        """
+        for t in reversed(self.operations):
+            t.close()
 
 
 def compile_view(select: exp.Expression | str, table: Callable[[str], Table], *,
@@ -140,19 +154,18 @@ def compile_view(select: exp.Expression | str, table: Callable[[str], Table], *,
     sources = {n: table(n) for n in parents if n not in ctes}  # TableNotFound passes through
     if not sources:
         raise SqlError(f"{prefix}: SELECT without FROM does not map to an incremental operation")
-    graph = next(iter(sources.values())).graph
-    before = {id(t) for t in graph.tables}
+    compiler = _Compiler(sources, prefix)
     try:
-        compiler = _Compiler(sources, prefix)
         out, names = compiler.query(statement)
         text = select if isinstance(select, str) else statement.sql(dialect=DIALECT)
-        result = _finish(out, names, _duckdb_schema(text, sources, prefix), prefix, name)
+        result = _finish(out, names, _duckdb_schema(text, sources, prefix), prefix, name,
+                         compiler.made)
     except BaseException:
         # an operation built before the failure must not keep updating unseen
-        for t in reversed([t for t in graph.tables if id(t) not in before]):
+        for t in reversed(compiler.created):
             t.close()
         raise
-    return CompiledView(result, parents)
+    return CompiledView(result, parents, tuple(compiler.created))
 
 
 # what DuckDB says the output is -----------------------------------------------------------------
@@ -186,7 +199,7 @@ def _duckdb_schema(text: str, sources: dict[str, Table], prefix: str
 
 
 def _finish(out: Table, names: list[str], duck: list[tuple[str, pa.DataType | None]],
-            prefix: str, name: str | None) -> Table:
+            prefix: str, name: str | None, made: Callable[[Table], Table]) -> Table:
     """``out`` (columns ``names``) renamed to DuckDB's names, cast to its types."""
     if len(duck) != len(names):
         raise SqlError(f"{prefix}: the view has {len(names)} columns where DuckDB finds "
@@ -199,14 +212,14 @@ def _finish(out: Table, names: list[str], duck: list[tuple[str, pa.DataType | No
     if any(c in names and c != mine for c, mine in zip(final, names, strict=True)):
         # a view reads the columns it defined before by their new definition: move aside
         hidden = [f"__sql_final_{i}" for i in range(len(names))]
-        out = out.view(**{h: pc.field(n) for h, n in zip(hidden, names, strict=True)})
+        out = made(out.view(**{h: pc.field(n) for h, n in zip(hidden, names, strict=True)}))
         names = hidden
     exprs: dict[str, pc.Expression] = {}
     for (col, want), mine in zip(duck, names, strict=True):
         have = out.schema.field(mine).type
         e = pc.field(mine)
         exprs[col] = e.cast(want) if want is not None and have != want else e
-    result = out.view(**exprs)
+    result = made(out.view(**exprs))
     if name:
         result.name = name
     return result
@@ -305,6 +318,13 @@ class _Compiler:
         self.sources = sources
         self.prefix = prefix
         self.ctes: dict[str, tuple[Table, list[str]]] = {}
+        #: every table the compile built, in order (closed if it fails, or with the view)
+        self.created: list[Table] = []
+
+    def made(self, table: Table) -> Table:
+        """Record ``table`` as built by this compile; return it."""
+        self.created.append(table)
+        return table
 
     # errors -------------------------------------------------------------------------------------
     def refuse(self, clause: str) -> SqlError:
@@ -346,9 +366,9 @@ class _Compiler:
             common = self.common_type(lt, rt, f"UNION column {n!r}")
             lexprs[n] = pc.field(n) if lt == common else pc.field(n).cast(common)
             rexprs[n] = pc.field(rn) if rt == common else pc.field(rn).cast(common)
-        merged = left.view(**lexprs).merge(right.view(**rexprs))
+        merged = self.made(self.made(left.view(**lexprs)).merge(self.made(right.view(**rexprs))))
         if node.args.get("distinct"):
-            merged = merged.agg_by([], by=names)
+            merged = self.made(merged.agg_by([], by=names))
         return self.order_limit(merged, names, node)
 
     def common_type(self, a: pa.DataType, b: pa.DataType, what: str) -> pa.DataType:
@@ -393,7 +413,7 @@ class _Compiler:
         where = node.args.get("where")
         if where is not None:
             scope = _Scope(rel, "WHERE")
-            rel = _Rel(rel.table.where(self.predicate(where.this, scope)), rel.cols)
+            rel = _Rel(self.made(rel.table.where(self.predicate(where.this, scope))), rel.cols)
         items = self.items(node.expressions, rel)
         group = node.args.get("group")
         having = node.args.get("having")
@@ -441,8 +461,10 @@ class _Compiler:
             if full in self.ctes:
                 t, names = self.ctes[full]
                 return _Rel(t, [_Col(alias, n, n) for n in names])
-            t = self.sources[full]
-            return _Rel(t, [_Col(alias, n, n) for n in t.column_names])
+            source = self.sources.get(full)
+            if source is None:  # a WITH name read inside its own definition
+                raise self.refuse(f"FROM {full} inside the WITH clause that defines {full}")
+            return _Rel(source, [_Col(alias, n, n) for n in source.column_names])
         if isinstance(node, exp.Subquery):
             t, names = self.query(node.this)
             sub_alias = node.alias or None
@@ -488,7 +510,7 @@ class _Compiler:
         on_spec = [f"{lc.internal}={rc.internal}" for lc, rc in pairs]
         joins = [f"{renamed[c]}={c}" for c in right.table.column_names]
         op = left.table.left_outer_join if side == "LEFT" else left.table.join
-        table = op(right.table, on_spec, joins)
+        table = self.made(op(right.table, on_spec, joins))
         cols = left.cols + [_Col(c.qualifier, c.name, renamed[c.internal],
                                  c.merged or c.internal in merged) for c in right.cols]
         return _Rel(table, cols)
@@ -585,19 +607,20 @@ class _Compiler:
         needed = list(dict.fromkeys(
             [c for c in by if c not in pre]
             + [c for a in aggs for c in (a.column, a.weight) if c is not None and c not in pre]))
-        source = rel.table.view(*needed, **pre)
-        table = source.agg_by(aggs, by=by) if (aggs or by) else source.agg_by([Agg("count", None, "__sql_n")])
+        source = self.made(rel.table.view(*needed, **pre))
+        table = self.made(source.agg_by(aggs or [Agg("count", None, "__sql_n")], by=by))
         if not by:  # SQL's global aggregate has one row, also over no rows
             one = _fresh("__sql_one", taken)
-            table = static_table(table.graph, pa.table({one: pa.array([0], pa.int64())})).natural_join(
-                table.view(*table.column_names, **{one: pc.scalar(0)}), on=one, joins=table.column_names)
+            constant = self.made(static_table(table.graph, pa.table({one: pa.array([0], pa.int64())})))
+            keyed = self.made(table.view(*table.column_names, **{one: pc.scalar(0)}))
+            table = self.made(constant.natural_join(keyed, on=one, joins=table.column_names))
             for key, e in post.items():
                 if key in counts:
                     special[key] = pc.coalesce(e, pc.scalar(0))
         scope = _Scope(_Rel(table, rel.cols), "SELECT", special, groups)
         if having is not None:
             scope.clause = "HAVING"
-            table = table.where(self.predicate(having.this, scope))
+            table = self.made(table.where(self.predicate(having.this, scope)))
             scope = _Scope(_Rel(table, rel.cols), "SELECT", special, groups)
         return scope
 
@@ -692,10 +715,10 @@ class _Compiler:
             hidden.append(h)
         exprs = {h: self.expr(e, scope) for h, (_, e) in zip(hidden, items, strict=True)}
         if distinct or not orders:
-            table = scope.rel.table.view(**exprs)
+            table = self.made(scope.rel.table.view(**exprs))
             if distinct:
-                table = table.agg_by([], by=hidden)
-            table = table.view(**{n: pc.field(h) for n, h in zip(names, hidden, strict=True)})
+                table = self.made(table.agg_by([], by=hidden))
+            table = self.made(table.view(**{n: pc.field(h) for n, h in zip(names, hidden, strict=True)}))
             return self.order_limit(table, names, node)
         # ORDER BY may read what the SELECT list does not keep: sort before projecting
         keys: list[tuple[str, bool, bool]] = []
@@ -709,9 +732,9 @@ class _Compiler:
                 taken.add(col)
                 exprs[col] = self.expr(target, _Scope(scope.rel, "ORDER BY", scope.special, scope.groups))
             keys.append((col, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
-        table = self.sort(scope.rel.table.view(**exprs), keys, taken)
+        table = self.sort(self.made(scope.rel.table.view(**exprs)), keys, taken)
         table = self.limit(table, node)
-        return table.view(**{n: pc.field(h) for n, h in zip(names, hidden, strict=True)}), names
+        return self.made(table.view(**{n: pc.field(h) for n, h in zip(names, hidden, strict=True)})), names
 
     def output_ref(self, target: exp.Expression, names: list[str]) -> int | None:
         """The output column an ORDER BY item names (``ORDER BY 2``, an output name), or None."""
@@ -737,7 +760,7 @@ class _Compiler:
                 keys.append((names[ref], bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
             table = self.sort(table, keys, set(names))
             table = self.limit(table, node)
-            return table.view(*names), names
+            return self.made(table.view(*names)), names
         if node.args.get("limit") is not None or node.args.get("offset") is not None:
             self.limit(table, node)  # refuses
         return table, names
@@ -757,7 +780,7 @@ class _Compiler:
             flags[flag] = pc.is_null(pc.field(col))
             by += [flag, col]
             desc += [nulls_first, d]
-        return table.view(*table.column_names, **flags).sort(by, desc)
+        return self.made(self.made(table.view(*table.column_names, **flags)).sort(by, desc))
 
     def limit(self, table: Table, node: exp.Expression) -> Table:
         limit, offset = node.args.get("limit"), node.args.get("offset")
@@ -769,8 +792,8 @@ class _Compiler:
         n = self.count(limit.expression if limit is not None else None, "LIMIT")
         m = self.count(offset.expression if offset is not None else None, "OFFSET") or 0
         if m == 0 and n is not None:
-            return table.head(n)
-        return table.slice(m, None if n is None else m + n)
+            return self.made(table.head(n))
+        return self.made(table.slice(m, None if n is None else m + n))
 
     def count(self, e: exp.Expression | None, what: str) -> int | None:
         if e is None:

@@ -104,7 +104,7 @@ class Grammar:
         """Items, each aliased c<i> or not; returns the list and the output names to order by."""
         parts, names = [], []
         for i, e in enumerate(items):
-            if self.r.random() < 0.5 or e[0] in "-(" or "(" in e or " " in e or "." in e:
+            if self.r.random() < 0.5 or e in names or any(ch in e for ch in "-( ."):
                 parts.append(f"{e} AS c{i}")
                 names.append(f"c{i}")
             else:

@@ -209,3 +209,14 @@ def test_not_grouped_and_not_a_query(graph):
         compile_view("SELECT k, n FROM a GROUP BY k", lookup(tables))
     with pytest.raises(SqlError, match="a view is a query"):
         compile_view("DELETE FROM a", lookup(tables))
+
+
+def test_close_removes_the_view_and_its_operations(graph):
+    g, tables = graph
+    before = len(g.tables)
+    v = compile_view("SELECT count(*) AS c FROM a JOIN b USING (k) HAVING count(*) > 0",
+                     lookup(tables))
+    assert v.operations[-1] is v.table and len(g.tables) == before + len(v.operations)
+    v.close()
+    assert len(g.tables) == before
+    g.run_cycle()
