@@ -68,6 +68,7 @@ from flight.rpc.framing import batch_frames, schema_frame
 from flight.sql import metadata
 from flight.sql.parse import parse_one, statement_kind
 from flight.sql.query import QueryRunner, RunningQuery, check_params, is_query
+from flight.sql.views import CompiledView, compile_view
 from flight.wire import PutMode, TableKind
 
 __all__ = ["SQL_ACTION_TYPES", "FlightSqlService", "SqlHost", "unpack"]
@@ -182,7 +183,11 @@ class FlightSqlService:
                                   memory_limit=f"{memory_mb}MB",
                                   batch_rows=server.config.max_batch_rows)
         self._prepared: dict[bytes, _Prepared] = {}
+        #: each view's compiled operations, closed with it (a dropped view's intermediate
+        #: tables would otherwise go on updating every cycle)
+        self._views: dict[str, CompiledView] = {}
         self._lock = threading.Lock()
+        server.registry.on_drop.append(self._dropped)
         self._ids = itertools.count(1)
         self._salt = os.urandom(8).hex()
 
@@ -567,28 +572,36 @@ class FlightSqlService:
 
     def build_view(self, request: tpb.CreateDerivedTableRequest) -> str:
         """Compile and register a view's SQL (also how recovery rebuilds it)."""
-        from flight.sql.views import compile_view
-
         registry = self.server.registry
         name = request.name or f"view_{next(self._ids)}"
         where = f"CREATE VIEW {quoted(name)}"
         try:
-            view = compile_view(request.sql, lambda n: registry.get(n).table)
+            view = compile_view(request.sql, lambda n: registry.get(n).table, name=name)
         except InputError as exc:
             if isinstance(exc, (SqlError, TableNotFound)) and str(exc).startswith("CREATE VIEW"):
                 raise
             raise type(exc)(f"{where}: {exc}") from None
         if request.replace and name in view.parents:
-            view.table.close()
+            view.close()
             raise SqlError(f"{where}: a view cannot replace a table it reads")
         try:
             registry.add(name, view.table, TableKind.VIEW, parents=list(view.parents),
-                         replace=request.replace)
+                         replace=request.replace)  # a replaced view goes through _dropped
         except BaseException:
-            view.table.close()
+            view.close()
             raise
+        with self._lock:
+            self._views[name] = view
         log.info("view %r created from %s", name, view.parents)
         return name
+
+    def _dropped(self, name: str) -> None:
+        """The registry dropped ``name``: close a view's operations, forget its snapshot."""
+        with self._lock:
+            view = self._views.pop(name, None)
+        if view is not None:
+            view.close()
+        self.runner.snapshots.forget(name)
 
     def _drop_view(self, tree: exp.Expression) -> int:
         targets = tree.args.get("tables") or ([tree.this] if tree.this is not None else [])
@@ -604,8 +617,7 @@ class FlightSqlService:
         if entry.kind != TableKind.VIEW:
             raise SqlError(f"DROP VIEW: {quoted(name)} is a {entry.kind} table, not a view; "
                            f"drop it with the drop_table action")
-        self.server.durability.drop_table(name)
-        self.runner.snapshots.forget(name)
+        self.server.durability.drop_table(name)  # closes its operations (_dropped)
         return 0
 
 

@@ -373,9 +373,17 @@ def test_create_view_is_a_live_listed_derived_table(server, conn):
     _wait_for(conn, "SELECT * FROM by_sym ORDER BY sym", [("a", 4, 2), ("b", 12, 2), ("c", 1, 1)])
     assert _rows(conn, "SELECT * FROM by_sym ORDER BY sym") == _rows(
         conn, "SELECT sym, sum(qty), count(*) FROM trades WHERE px > 0 GROUP BY sym ORDER BY sym")
+    nodes = len(server.graph.tables)
+    with conn.cursor() as cur:
+        cur.execute("CREATE OR REPLACE VIEW by_sym AS SELECT sym, max(px) AS hi FROM trades "
+                    "WHERE qty > 1 GROUP BY sym")
+    assert len(server.graph.tables) == nodes  # the replaced view's operations are gone
+    _wait_for(conn, "SELECT * FROM by_sym ORDER BY sym", [("a", 3.0), ("b", 5.0)])
     with conn.cursor() as cur:
         cur.execute("DROP VIEW by_sym")
     assert "by_sym" not in server.registry.names()
+    # every operation the view was built of left the graph: nothing of it updates any more
+    assert [t.name for t in server.graph.tables] == ["trades", "quotes"]
     with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error, match="not a view"):
         cur.execute("DROP VIEW trades")
 
