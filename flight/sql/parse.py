@@ -28,6 +28,15 @@ _TOKEN_AT = re.compile(r"from (\d+):(\d+)")
 _TOKEN_REPR = re.compile(r"<Token token_type: TokenType\.(\w+), text: (.*?), line: .*?>")
 
 
+#: sqlglot names a node by its class (``<class 'sqlglot.expressions.core.Mul'>``): its name
+#: (``Mul``) is what a user can read
+_CLASS_REPR = re.compile(r"<class 'sqlglot\.[\w.]*?(\w+)'>")
+
+
+def _class_text(m: re.Match[str]) -> str:
+    return m.group(1)
+
+
 def _token_text(m: re.Match[str]) -> str:
     return "the end of the text" if m.group(1) == "SENTINEL" else repr(m.group(2))
 
@@ -64,6 +73,7 @@ def parse_one(text: str) -> exp.Expression:
     except ParseError as exc:
         first = exc.errors[0] if exc.errors else {}
         what = _TOKEN_REPR.sub(_token_text, str(first.get("description") or exc).splitlines()[0])
+        what = _CLASS_REPR.sub(_class_text, what)
         raise SqlError(
             f"SQL syntax error at line {first.get('line', '?')}, column {first.get('col', '?')}: "
             f"{what}"

@@ -47,3 +47,10 @@ def test_syntax_errors_name_line_and_column():
     with pytest.raises(SqlError, match="no statement"):
         parse_one("  ;")
     assert parse_one("SELECT 1;").sql() == "SELECT 1"
+
+
+def test_a_syntax_error_names_sqlglot_nodes_by_their_name_only():
+    with pytest.raises(SqlError) as raised:
+        parse_one("SELEC * FROM orders")
+    assert str(raised.value) == ("SQL syntax error at line 1, column 12: Required keyword: "
+                                 "'expression' missing for Mul")
