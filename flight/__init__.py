@@ -12,6 +12,8 @@ Reading order:
 - :mod:`flight.ingest`: DoPut: batch checks, staging and transactions, limits.
 - :mod:`flight.streams`: published tables, subscriptions, fan-out, the decoder.
 - :mod:`flight.durability`: the one door for durable state, the journal, checkpoints.
+- :mod:`flight.sql`: Flight SQL: metadata, queries in DuckDB over one-step snapshots,
+  writes through DoPut's path, SQL compiled to live views.
 - :mod:`flight.web`: the web UI's gateway and feeds.
 - :mod:`flight.metrics`, :mod:`flight.substrait`: Prometheus metrics; expressions on the wire.
 """
