@@ -59,7 +59,7 @@ def duckdb_error(exc: Exception, where: str) -> Exception:
     """Our error for a DuckDB exception: its first line, under ``where``."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if isinstance(exc, duckdb.OutOfMemoryException):
-        return LimitExceeded(f"{where}: out of the query memory limit (--sql-memory): {text}")
+        return LimitExceeded(f"{where}: out of the memory queries may use (ticktable serve --sql-memory-mb): {text}")
     if isinstance(exc, duckdb.PermissionException):
         return PermissionDenied(f"{where}: a query may read only the tables it names: {text}")
     if isinstance(exc, duckdb.CatalogException):

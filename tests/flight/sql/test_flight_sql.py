@@ -423,3 +423,20 @@ def test_views_are_journaled_as_sql_and_rebuilt_after_a_restart(tmp_path):
     finally:
         srv.shutdown()
         graph.stop()
+
+
+def test_a_query_past_the_memory_limit_is_refused_and_the_server_serves_on():
+    graph, srv = _server(sql_memory_mb=40)
+    try:
+        big = srv.registry.create_source("big", pa.schema([("a", pa.int64())]), "append").table
+        big.append(pa.table({"a": pa.array(range(3_000_000), pa.int64())}))
+        time.sleep(0.1)
+        with _connect(srv) as conn:
+            with pytest.raises(adbc_driver_manager.Error) as raised:
+                _rows(conn, "SELECT string_agg(a::VARCHAR, ',') FROM big")
+            assert "(ResourceExhausted;" in str(raised.value)  # the gRPC status, as ADBC names it
+            assert "--sql-memory-mb" in str(raised.value)
+            assert _rows(conn, "SELECT count(*) FROM big") == [(3_000_000,)]
+    finally:
+        srv.shutdown()
+        graph.stop()
