@@ -524,14 +524,13 @@ class Client:
     def subscribe_sql(self, text: str, **subscribe_kwargs: Any) -> LiveTable:
         """Subscribe to the result of a SQL query, kept current as its tables change.
 
-        The query becomes a temporary live view on the server, ``CREATE VIEW
+        The query becomes a temporary live view on the server, ``CREATE TEMPORARY VIEW
         __sql_<random hex> AS <text>``, which this subscribes to (:meth:`subscribe`). The
         view is dropped when the :class:`~clients.live.LiveTable` is closed, or this client
-        is. While subscribed, the view is a table like any other: others
-        see it under that name (:meth:`tables`, ``ticktable ls``) and may subscribe to it
-        too. If the connection is gone when the LiveTable closes (or the process dies
-        before), the view stays until dropped by hand (``DROP VIEW``, :meth:`drop_table`):
-        a durable server keeps it across restarts.
+        is; and by the server once its last subscriber left, so a process that dies
+        without closing leaves nothing behind (a temporary view is not journaled either).
+        While subscribed, the view is a table like any other: others see it under that
+        name (:meth:`tables`, ``ticktable ls``) and may subscribe to it too.
 
         Parameters
         ----------
@@ -565,7 +564,7 @@ class Client:
         >>> live.close()                            # drops the view  # doctest: +SKIP
         """
         name = f"__sql_{uuid.uuid4().hex}"
-        self.sql(f'CREATE VIEW "{name}" AS {text}')
+        self.sql(f'CREATE TEMPORARY VIEW "{name}" AS {text}')
         try:
             live = self.subscribe(name, **subscribe_kwargs)
         except BaseException:

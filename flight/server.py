@@ -551,6 +551,8 @@ class TicktableServer:
                 self._subs[id(sub)] = sub
             else:
                 self._subs.pop(id(sub), None)
+        if delta > 0:
+            self.sql.subscribed(sub.entry.name)  # a temporary view goes when they all leave
 
     @property
     def subscriptions(self) -> list[Subscription]:

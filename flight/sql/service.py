@@ -41,6 +41,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -186,13 +187,21 @@ class FlightSqlService:
         #: each view's compiled operations, closed with it (a dropped view's intermediate
         #: tables would otherwise go on updating every cycle)
         self._views: dict[str, CompiledView] = {}
+        #: temporary views (CREATE TEMPORARY VIEW: not journaled) by name: when each was
+        #: made, and whether it ever had a subscriber; :meth:`_sweep` drops them
+        self._temporary: dict[str, list[Any]] = {}
         self._lock = threading.Lock()
         server.registry.on_drop.append(self._dropped)
+        self._closed = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep_forever, daemon=True,
+                                         name="ticktable-sql-temp-views")
+        self._sweeper.start()
         self._ids = itertools.count(1)
         self._salt = os.urandom(8).hex()
 
     def close(self) -> None:
         """Stop every running query."""
+        self._closed.set()
         self.runner.shutdown()
 
     # ----------------------------------------------------------------- GetFlightInfo
@@ -567,11 +576,19 @@ class FlightSqlService:
         if not replace and name_expr.name in self.server.registry.names():
             raise TableExists(f"CREATE VIEW: table {quoted(name_expr.name)} already exists; "
                               f"use CREATE OR REPLACE VIEW or DROP VIEW first")
+        properties = tree.args.get("properties")
+        if properties is not None and any(isinstance(p, exp.TemporaryProperty)
+                                          for p in properties.expressions):
+            name = self.build_view(request, durable=False)  # it goes with its subscribers
+            with self._lock:
+                self._temporary[name] = [time.monotonic(), False]
+            return name
         return str(self.server.durability.derive(request.SerializeToString(),
                                                  lambda: self.build_view(request)))
 
-    def build_view(self, request: tpb.CreateDerivedTableRequest) -> str:
-        """Compile and register a view's SQL (also how recovery rebuilds it)."""
+    def build_view(self, request: tpb.CreateDerivedTableRequest, *, durable: bool = True) -> str:
+        """Compile and register a view's SQL (also how recovery rebuilds it); a durable one
+        may not read a temporary view (it could not be rebuilt after a restart)."""
         registry = self.server.registry
         name = request.name or f"view_{next(self._ids)}"
         where = f"CREATE VIEW {quoted(name)}"
@@ -581,6 +598,12 @@ class FlightSqlService:
             if isinstance(exc, (SqlError, TableNotFound)) and str(exc).startswith("CREATE VIEW"):
                 raise
             raise type(exc)(f"{where}: {exc}") from None
+        with self._lock:
+            temporary = [p for p in view.parents if p in self._temporary]
+        if durable and temporary:
+            view.close()
+            raise SqlError(f"{where}: reads temporary view(s) {temporary}; a view kept across "
+                           f"restarts cannot (make it TEMPORARY too)")
         if request.replace and name in view.parents:
             view.close()
             raise SqlError(f"{where}: a view cannot replace a table it reads")
@@ -595,10 +618,64 @@ class FlightSqlService:
         log.info("view %r created from %s", name, view.parents)
         return name
 
+    def _sweep_forever(self) -> None:
+        while not self._closed.wait(self.TEMPORARY_SWEEP):
+            try:
+                self._sweep()
+            except Exception:
+                log.exception("sweeping temporary views")
+
+    #: Seconds between two looks at the temporary views.
+    TEMPORARY_SWEEP = 0.5
+    #: A temporary view nobody subscribed to within this many seconds is dropped.
+    TEMPORARY_GRACE = 30.0
+
+    def _sweep(self) -> None:
+        """Drop each temporary view whose subscribers all left (or that none came to within
+        :attr:`TEMPORARY_GRACE` seconds): a client that died without dropping its view
+        (``subscribe_sql``) leaves nothing behind."""
+        registry = self.server.registry
+        with self._lock:
+            temporary = list(self._temporary.items())
+        now = time.monotonic()
+        for name, state in temporary:
+            try:
+                entry = registry.get(name)
+            except TableNotFound:
+                continue
+            publisher = entry.publisher
+            watched = publisher is not None and bool(publisher.subscribers)
+            if watched:
+                state[1] = True
+            elif state[1] or now - state[0] > self.TEMPORARY_GRACE:
+                if not entry.children:
+                    log.info("temporary view %r dropped: no subscriber left", name)
+                    try:
+                        self._drop(name)
+                    except (TableNotFound, InputError):
+                        pass  # dropped meanwhile, or another table reads it now
+
+    def subscribed(self, name: str) -> None:
+        """A subscription to ``name`` began: a temporary view is dropped once none is left."""
+        with self._lock:
+            state = self._temporary.get(name)
+            if state is not None:
+                state[1] = True
+
+    def _drop(self, name: str) -> None:
+        """Drop a view: a temporary one from the registry alone (it was never journaled)."""
+        with self._lock:
+            temporary = name in self._temporary
+        if temporary:
+            self.server.registry.drop(name)  # closes its operations (_dropped)
+        else:
+            self.server.durability.drop_table(name)
+
     def _dropped(self, name: str) -> None:
         """The registry dropped ``name``: close a view's operations, forget its snapshot."""
         with self._lock:
             view = self._views.pop(name, None)
+            self._temporary.pop(name, None)
         if view is not None:
             view.close()
         self.runner.snapshots.forget(name)
@@ -617,7 +694,7 @@ class FlightSqlService:
         if entry.kind != TableKind.VIEW:
             raise SqlError(f"DROP VIEW: {quoted(name)} is a {entry.kind} table, not a view; "
                            f"drop it with the drop_table action")
-        self.server.durability.drop_table(name)  # closes its operations (_dropped)
+        self._drop(name)  # closes its operations (_dropped)
         return 0
 
 

@@ -6,7 +6,9 @@ for cycles); a test waits for a LiveTable with its ``wait_for``, never by sleepi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
@@ -127,8 +129,10 @@ def test_subscribe_sql_refusals_leave_no_view(client: tt.Client) -> None:
     assert client.tables() == ["trades"]
 
 
-def test_a_closed_connection_leaves_the_view_quietly(server: TicktableServer,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_a_closed_connection_leaves_the_view_to_the_server(server: TicktableServer,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The client cannot drop its view (its connection is gone, logged at debug); the
+    server drops the temporary view itself once its last subscriber left."""
     c = tt.connect(server.location)
     c.push("trades", TRADES, keys=["id"])
     live = c.subscribe_sql("SELECT id FROM trades")
@@ -138,11 +142,36 @@ def test_a_closed_connection_leaves_the_view_quietly(server: TicktableServer,
         live.close()
     assert "could not drop the temporary view" in caplog.text
     with tt.connect(server.location) as other:
-        assert live.table in other.tables()
-        other.drop_table(live.table)
+        deadline = time.monotonic() + 10
+        while live.table in other.tables() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert other.tables() == ["trades"]
+    assert [t.name for t in server.graph.tables] == ["trades"]  # its operations too
     with pytest.raises((fl.FlightError, pa.ArrowException, OSError)):
         c.tables()
+
+
+def test_a_temporary_view_is_not_journaled_and_no_durable_view_reads_one(
+        tmp_path: Path) -> None:
+    graph = UpdateGraph()
+    server = TicktableServer(graph, ServerConfig(data_dir=tmp_path)).start()
+    graph.start(0.02)
+    try:
+        with tt.connect(server.location) as c:
+            c.push("trades", TRADES, keys=["id"])
+            c.sql("CREATE TEMPORARY VIEW tmp AS SELECT id, sym FROM trades")
+            with pytest.raises(pa.ArrowInvalid, match="reads temporary view"):
+                c.sql("CREATE VIEW kept AS SELECT id FROM tmp")
+            c.sql("CREATE VIEW kept AS SELECT id FROM trades")
+    finally:
+        server.shutdown()
+        graph.stop()
+    graph = UpdateGraph()
+    server = TicktableServer(graph, ServerConfig(data_dir=tmp_path)).start()
+    try:
+        assert sorted(server.registry.names()) == ["kept", "trades"]
+    finally:
+        server.shutdown()
 
 
 def test_create_and_drop_view_through_sql(client: tt.Client) -> None:

@@ -440,3 +440,15 @@ def test_a_query_past_the_memory_limit_is_refused_and_the_server_serves_on():
     finally:
         srv.shutdown()
         graph.stop()
+
+
+def test_a_temporary_view_nobody_subscribes_to_goes_after_its_grace(server, conn, monkeypatch):
+    monkeypatch.setattr(type(server.sql), "TEMPORARY_GRACE", 0.5)
+    with conn.cursor() as cur:
+        cur.execute("CREATE TEMPORARY VIEW brief AS SELECT sym FROM trades")
+        cur.execute("CREATE VIEW lasting AS SELECT sym FROM trades")
+    assert server.registry.get("brief").kind == "view"
+    deadline = time.monotonic() + 10
+    while "brief" in server.registry.names() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sorted(server.registry.names()) == ["lasting", "quotes", "trades"]
