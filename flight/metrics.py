@@ -17,6 +17,9 @@ metric                                 type         what
 ``ticktable_journal_bytes``            gauge        the journal's size on disk (durable only)
 ``ticktable_journal_flush_seconds``    histogram    one group commit: write and fsync
 ``ticktable_step``                     gauge        the update graph's step
+``ticktable_sql_queries_total``        counter      Flight SQL queries by ``outcome``: ``ok``,
+                                                    ``error``, ``timeout``, ``cancelled``
+``ticktable_sql_query_seconds``        histogram    a query, from its start to its last batch
 =====================================  ===========  =========================================
 
 The per-table gauges are read from the server at scrape time; counters and histograms are
@@ -56,6 +59,7 @@ class Measured(Protocol):
     def stats(self) -> pb.Stats: ...
 
 _CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_SQL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
 _FLUSH_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -139,6 +143,11 @@ class Metrics:
         self.journal_flush = Histogram("ticktable_journal_flush_seconds",
                                        "One journal group commit: write and fsync.",
                                        buckets=_FLUSH_BUCKETS, registry=r)
+        self.sql_queries = Counter("ticktable_sql_queries", "Flight SQL queries by outcome.",
+                                   ["outcome"], registry=r)
+        self.sql_seconds = Histogram("ticktable_sql_query_seconds",
+                                     "A Flight SQL query, from its start to its last batch.",
+                                     buckets=_SQL_BUCKETS, registry=r)
         r.register(_Tables(server))
         self._flushes: collections.deque[float] = collections.deque(maxlen=1000)
         self._flush_count = 0
@@ -166,6 +175,11 @@ class Metrics:
     def on_error(self, code: str) -> None:
         """An error answer went out with gRPC status ``code`` (e.g. ``"NOT_FOUND"``)."""
         self.errors.labels(code).inc()
+
+    def on_query(self, seconds: float, outcome: str) -> None:
+        """A Flight SQL query ended (``ok``, ``error``, ``timeout`` or ``cancelled``)."""
+        self.sql_queries.labels(outcome).inc()
+        self.sql_seconds.observe(seconds)
 
     def on_flush(self, seconds: float) -> None:
         """A journal group commit took ``seconds``."""

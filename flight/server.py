@@ -413,6 +413,7 @@ class TicktableServer:
             # counted always (the stats action shows them); served over HTTP on request
             self.metrics = Metrics(self)
             self.durability.on_put = self.metrics.on_put
+            self.sql.runner.on_done = self.metrics.on_query
             if self.durability.journal is not None:
                 self.durability.journal.on_flush = self.metrics.on_flush
             self._grpc, self._port = self._serve()

@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,6 +155,9 @@ class QueryRunner:
             "memory_limit": memory_limit,
         })
         self._db.execute("SET lock_configuration = true")
+        #: called with a query's seconds and outcome (ok, error, timeout, cancelled) when
+        #: it ends: the server's metrics
+        self.on_done: Callable[[float, str], None] | None = None
         self._running: dict[bytes, RunningQuery] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -198,8 +201,9 @@ class QueryRunner:
                 raise self._stopped(query, where) from None
             except duckdb.Error as exc:
                 raise duckdb_error(exc, where) from None
-        except BaseException:
+        except BaseException as exc:
             self.close(handle)
+            self._done(query, exc)
             raise
         query.reader = reader
         query.schema = reader.schema.with_metadata({STEP_KEY: str(snapshot.step).encode()})
@@ -229,6 +233,7 @@ class QueryRunner:
     def batches(self, query: RunningQuery, where: str = "query") -> Iterator[pa.RecordBatch]:
         """The result's record batches (at least one: an empty result gives one of no rows)."""
         sent = False
+        failure: BaseException | None = None
         try:
             while True:
                 try:
@@ -247,9 +252,13 @@ class QueryRunner:
                 yield batch
             if not sent:
                 yield pa.RecordBatch.from_pylist([], query.schema)
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             query.done = True
             self.close(query.handle)
+            self._done(query, failure)
 
     def get(self, handle: bytes) -> RunningQuery:
         """The running query of ``handle``, to be read once.
@@ -310,6 +319,22 @@ class QueryRunner:
             query.cursor.interrupt()
         except duckdb.Error:
             log.debug("interrupting a query", exc_info=True)
+
+    def _done(self, query: RunningQuery, failure: BaseException | None) -> None:
+        if self.on_done is None:
+            return
+        if failure is None:
+            outcome = "ok"
+        elif isinstance(failure, QueryTimeout):
+            outcome = "timeout"
+        elif isinstance(failure, (QueryCancelled, GeneratorExit)):
+            outcome = "cancelled"  # by CancelFlightInfo, or the client left mid-stream
+        else:
+            outcome = "error"
+        try:
+            self.on_done(time.monotonic() - query.started, outcome)
+        except Exception:
+            log.exception("counting a query")
 
     def _stopped(self, query: RunningQuery, where: str) -> Exception:
         if query.stopped == "timeout":

@@ -171,3 +171,22 @@ def test_creating_tables_while_cycles_run_never_deadlocks():
             c.close()
         finally:
             graph.stop()
+
+
+def test_flight_sql_queries_are_counted_by_outcome(served):
+    import adbc_driver_flightsql.dbapi as flightsql
+    import adbc_driver_manager
+
+    graph, srv = served
+    srv.registry.create_source("t", KV, "append").table.append(pa.table({"k": [1], "v": [2.0]}))
+    graph.run_cycle()
+    with flightsql.connect(srv.location, autocommit=True) as conn, conn.cursor() as cur:
+        for _ in range(3):
+            cur.execute("SELECT sum(v) FROM t")
+            assert cur.fetchall() == [(2.0,)]
+        with pytest.raises(adbc_driver_manager.Error):
+            cur.execute("SELECT 1 / 'x' FROM t")
+    m = _scrape(srv.metrics_port)
+    assert m[("ticktable_sql_queries_total", (("outcome", "ok"),))] == 3
+    assert m[("ticktable_sql_queries_total", (("outcome", "error"),))] == 1
+    assert m[("ticktable_sql_query_seconds_count", ())] == 4
