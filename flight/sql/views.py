@@ -607,7 +607,9 @@ class _Compiler:
         needed = list(dict.fromkeys(
             [c for c in by if c not in pre]
             + [c for a in aggs for c in (a.column, a.weight) if c is not None and c not in pre]))
-        source = self.made(rel.table.view(*needed, **pre))
+        # agg_by reads plain columns from the relation itself; a computed view only for
+        # the expressions the SQL has (it evaluates them for current and previous values)
+        source = self.made(rel.table.view(*needed, **pre)) if pre else rel.table
         table = self.made(source.agg_by(aggs or [Agg("count", None, "__sql_n")], by=by))
         if not by:  # SQL's global aggregate has one row, also over no rows
             one = _fresh("__sql_one", taken)
