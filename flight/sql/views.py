@@ -17,7 +17,9 @@ SQL                         operation
 ``WHERE``                   ``where`` (three-valued logic; null is false)
 ``SELECT`` expressions      ``view`` (computed on read)
 ``GROUP BY`` + aggregates   ``agg_by``: ``count(*)`` count, ``count(x)`` sum of ``x IS NOT
-                            NULL``, ``sum``, ``min``/``max`` (fixed-width types), ``avg``/
+                            NULL``, ``sum`` (null over no values: integers read the mean,
+                            which shares its state; floats a count of non-null values, as the
+                            mean skips NaN), ``min``/``max`` (fixed-width types), ``avg``/
                             ``mean``, ``stddev``/``stddev_samp``, ``variance``/``var_samp``,
                             ``median``, ``quantile_cont(x, p)``, ``count(DISTINCT x)``
 global aggregate            ``agg_by`` with no key, natural-joined onto a one-row static table
@@ -681,13 +683,21 @@ class _Compiler:
         if kind != "sum":
             return pc.field(out)
         # the engine's sum of no values is 0; SQL's is null
+        if not pa.types.is_floating(ctype):
+            # the mean shares the sum's state, and is null exactly where there is no value
+            mean = _fresh("__sql_mean", taken)
+            taken.add(mean)
+            aggs.append(Agg("mean", col, mean))
+            return pc.if_else(pc.is_valid(pc.field(mean)), pc.field(out), pc.scalar(pa.scalar(None, pa.int64())))
+        # floats: the mean skips NaN too (a group of NaN only would read null, not the
+        # engine's 0), so count the non-null values, through a computed column
         nn = _fresh("__sql_valid", taken)
         taken.add(nn)
         pre[nn] = pc.is_valid(pc.field(col)).cast(pa.int64())
         cnt = _fresh("__sql_count", taken)
         taken.add(cnt)
         aggs.append(Agg("sum", nn, cnt))
-        null = pa.scalar(None, pa.float64() if pa.types.is_floating(ctype) else pa.int64())
+        null = pa.scalar(None, pa.float64())
         return pc.if_else(pc.greater(pc.field(cnt), 0), pc.field(out), pc.scalar(null))
 
     @staticmethod

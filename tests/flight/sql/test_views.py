@@ -117,6 +117,24 @@ def test_names_and_types_are_duckdbs(graph):
     assert v.parents == ["a"]
 
 
+def test_sum_of_no_values_is_null(graph):
+    """Integers tell "no value" by the mean (same state as the sum), floats by a count of
+    non-null values: a group of NaN only keeps the engine's 0 (DuckDB: NaN; module docstring)."""
+    g, tables = graph
+    a = tables["a"]
+    a.upsert(pa.table({"id": [7, 8], "k": [7, 8], "x": [float("nan"), None], "s": ["n", "n"],
+                       "n": pa.array([None, None], pa.int64())}, schema=A))
+    g.run_cycle()
+    v = compile_view("SELECT k, sum(x) AS sx, sum(n) AS sn FROM a WHERE k > 6 GROUP BY k",
+                     lookup(tables)).table
+    assert sorted(v.to_arrow().to_pylist(), key=lambda r: r["k"]) == [
+        {"k": 7, "sx": 0.0, "sn": None}, {"k": 8, "sx": None, "sn": None}]
+    a.upsert(pa.table({"id": [8], "k": [8], "x": [1.5], "s": ["n"], "n": [3]}, schema=A))
+    g.run_cycle()
+    assert sorted(v.to_arrow().to_pylist(), key=lambda r: r["k"]) == [
+        {"k": 7, "sx": 0.0, "sn": None}, {"k": 8, "sx": 1.5, "sn": 3}]
+
+
 def test_parents_in_order_without_ctes(graph):
     _, tables = graph
     v = compile_view("WITH w AS (SELECT * FROM b) SELECT a.id FROM a JOIN w USING (k)",
