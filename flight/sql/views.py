@@ -17,7 +17,9 @@ SQL                         operation
 ``WHERE``                   ``where`` (three-valued logic; null is false)
 ``SELECT`` expressions      ``view`` (computed on read)
 ``GROUP BY`` + aggregates   ``agg_by``: ``count(*)`` count, ``count(x)`` sum of ``x IS NOT
-                            NULL``, ``sum``, ``min``/``max`` (fixed-width types), ``avg``/
+                            NULL``, ``sum`` (null over no values: integers read the mean,
+                            which shares its state; floats a count of non-null values, as the
+                            mean skips NaN), ``min``/``max`` (fixed-width types), ``avg``/
                             ``mean``, ``stddev``/``stddev_samp``, ``variance``/``var_samp``,
                             ``median``, ``quantile_cont(x, p)``, ``count(DISTINCT x)``
 global aggregate            ``agg_by`` with no key, natural-joined onto a one-row static table
@@ -49,9 +51,11 @@ that fails closes those it built, and :meth:`CompiledView.close` closes them all
 
 Names and types: output column names are DuckDB's own (``count_star()``, ``sum(x)``,
 ``(x + 1)``): the statement is described by DuckDB over empty tables of the sources'
-schemas, which also checks it the way the query engine would. Integer, float, string and
-boolean outputs take DuckDB's types; where DuckDB answers in a type the engine does not
-compute, the view keeps the engine's: ``sum`` of integers is int64 (DuckDB: HUGEINT,
+schemas, which also checks it the way the query engine would; the statement's last
+projection gives them (one ``view`` renames, casts and computes the SELECT list; none where
+the columns are so already). Integer, float, string and boolean outputs take DuckDB's
+types; where DuckDB answers in a type the engine does not compute, the view keeps the
+engine's: ``sum`` of integers is int64 (DuckDB: HUGEINT,
 ``decimal128(38, 0)`` in Arrow; the engine's wraps on overflow), a decimal literal
 (``1.5``) is float64 (DuckDB: DECIMAL).
 
@@ -73,6 +77,7 @@ import pyarrow.compute as pc
 from sqlglot import exp
 
 from engine.errors import SqlError
+from engine.expr import bind
 from engine.ops.aggregate.spec import Agg
 from engine.ops.snapshot import static_table
 from flight.sql.parse import DIALECT, parse_one, tables_of
@@ -154,12 +159,22 @@ def compile_view(select: exp.Expression | str, table: Callable[[str], Table], *,
     sources = {n: table(n) for n in parents if n not in ctes}  # TableNotFound passes through
     if not sources:
         raise SqlError(f"{prefix}: SELECT without FROM does not map to an incremental operation")
+    text = select if isinstance(select, str) else statement.sql(dialect=DIALECT)
     compiler = _Compiler(sources, prefix)
     try:
-        out, names = compiler.query(statement)
-        text = select if isinstance(select, str) else statement.sql(dialect=DIALECT)
-        result = _finish(out, names, _duckdb_schema(text, sources, prefix), prefix, name,
-                         compiler.made)
+        # DuckDB's names and types, which the statement's last projection gives its columns;
+        # DuckDB's refusal is raised after the compiler's own (which name the clause)
+        duck: _Output | None = None
+        refused: SqlError | None = None
+        try:
+            duck = _duckdb_schema(text, sources, prefix)
+        except SqlError as exc:
+            refused = exc
+        out, names = compiler.query(statement, duck)
+        if refused is not None:
+            raise refused
+        assert duck is not None
+        result = compiler.finish(out, names, duck, name)
     except BaseException:
         # an operation built before the failure must not keep updating unseen
         for t in reversed(compiler.created):
@@ -177,8 +192,11 @@ _DUCK_TYPES: dict[str, pa.DataType] = {
 }
 
 
-def _duckdb_schema(text: str, sources: dict[str, Table], prefix: str
-                   ) -> list[tuple[str, pa.DataType | None]]:
+#: the statement's output as DuckDB describes it: names, and types where the engine has them
+_Output = list[tuple[str, pa.DataType | None]]
+
+
+def _duckdb_schema(text: str, sources: dict[str, Table], prefix: str) -> _Output:
     """DuckDB's output names and (where the engine computes it) types for the query.
 
     DuckDB binds the statement over empty tables of the sources' schemas; nothing runs.
@@ -196,33 +214,6 @@ def _duckdb_schema(text: str, sources: dict[str, Table], prefix: str
         raise SqlError(f"{prefix}: {str(exc).splitlines()[0]}") from exc
     finally:
         con.close()
-
-
-def _finish(out: Table, names: list[str], duck: list[tuple[str, pa.DataType | None]],
-            prefix: str, name: str | None, made: Callable[[Table], Table]) -> Table:
-    """``out`` (columns ``names``) renamed to DuckDB's names, cast to its types."""
-    if len(duck) != len(names):
-        raise SqlError(f"{prefix}: the view has {len(names)} columns where DuckDB finds "
-                       f"{len(duck)} ({', '.join(c for c, _ in duck)})")
-    final = [c for c, _ in duck]
-    dup = sorted({c for c in final if final.count(c) > 1})
-    if dup:
-        raise SqlError(f"{prefix}: output column name(s) {dup} appear more than once; give "
-                       f"the columns distinct aliases (SELECT a.k AS a_k, b.k AS b_k ...)")
-    if any(c in names and c != mine for c, mine in zip(final, names, strict=True)):
-        # a view reads the columns it defined before by their new definition: move aside
-        hidden = [f"__sql_final_{i}" for i in range(len(names))]
-        out = made(out.view(**{h: pc.field(n) for h, n in zip(hidden, names, strict=True)}))
-        names = hidden
-    exprs: dict[str, pc.Expression] = {}
-    for (col, want), mine in zip(duck, names, strict=True):
-        have = out.schema.field(mine).type
-        e = pc.field(mine)
-        exprs[col] = e.cast(want) if want is not None and have != want else e
-    result = made(out.view(**exprs))
-    if name:
-        result.name = name
-    return result
 
 
 # the relation being built ---------------------------------------------------------------------
@@ -266,7 +257,10 @@ def _fresh(base: str, taken: Iterable[str]) -> str:
 
 
 def _type_of(e: pc.Expression, schema: pa.Schema) -> pa.DataType:
-    """The type ``e`` has over ``schema`` (one evaluation on no rows)."""
+    """The type ``e`` has over ``schema`` (one evaluation on no rows; none for a column)."""
+    for f in schema:
+        if e.equals(pc.field(f.name)):
+            return f.type
     decl = acero.Declaration.from_sequence([
         acero.Declaration("table_source", acero.TableSourceNodeOptions(schema.empty_table())),
         acero.Declaration("project", acero.ProjectNodeOptions([e], ["out"])),
@@ -334,8 +328,11 @@ class _Compiler:
         return SqlError(f"{self.prefix}: {message}")
 
     # queries ------------------------------------------------------------------------------------
-    def query(self, node: exp.Expression) -> tuple[Table, list[str]]:
-        """The table of ``node``'s rows and its output column names (no hidden columns)."""
+    def query(self, node: exp.Expression, final: _Output | None = None) -> tuple[Table, list[str]]:
+        """The table of ``node``'s rows and its output column names (no hidden columns).
+
+        ``final``: the statement's output (DuckDB's names and types) when ``node`` is the
+        statement, for its last projection to give (:meth:`projection`)."""
         with_ = node.args.get("with_")
         if with_ is not None:
             if with_.args.get("recursive"):
@@ -343,16 +340,16 @@ class _Compiler:
             for cte in with_.expressions:
                 self.ctes[cte.alias_or_name] = self.query(cte.this)
         if isinstance(node, exp.Subquery):
-            return self.query(node.this)
+            return self.query(node.this, final)
         if isinstance(node, exp.Union):
-            return self.union(node)
+            return self.union(node, final)
         if isinstance(node, (exp.Intersect, exp.Except)):
             raise self.refuse(node.key.upper())
         if isinstance(node, exp.Select):
-            return self.select(node)
+            return self.select(node, final)
         raise self.refuse(f"{node.key.upper()} {node.sql(dialect=DIALECT)}")
 
-    def union(self, node: exp.Union) -> tuple[Table, list[str]]:
+    def union(self, node: exp.Union, final: _Output | None) -> tuple[Table, list[str]]:
         if node.args.get("by_name") or node.args.get("side") or node.args.get("kind"):
             raise self.refuse("UNION BY NAME")
         left, names = self.query(node.this)
@@ -369,7 +366,7 @@ class _Compiler:
         merged = self.made(self.made(left.view(**lexprs)).merge(self.made(right.view(**rexprs))))
         if node.args.get("distinct"):
             merged = self.made(merged.agg_by([], by=names))
-        return self.order_limit(merged, names, node)
+        return self.order_limit(merged, names, node, final)
 
     def common_type(self, a: pa.DataType, b: pa.DataType, what: str) -> pa.DataType:
         if a == b:
@@ -385,7 +382,7 @@ class _Compiler:
             return pa.float64()
         raise self.error(f"{what} is {a} on one side and {b} on the other; CAST one of them")
 
-    def select(self, node: exp.Select) -> tuple[Table, list[str]]:
+    def select(self, node: exp.Select, final: _Output | None) -> tuple[Table, list[str]]:
         allowed = {"expressions", "from_", "joins", "where", "group", "having", "order", "limit",
                    "offset", "distinct", "with_", "kind"}
         for key, value in node.args.items():
@@ -426,7 +423,7 @@ class _Compiler:
             scope = self.aggregate(rel, group, items, having, orders)
         else:
             scope = _Scope(rel, "SELECT")
-        return self.project(scope, items, orders, node, distinct is not None)
+        return self.project(scope, items, orders, node, distinct is not None, final)
 
     def items(self, expressions: list[exp.Expression], rel: _Rel
               ) -> list[tuple[str, exp.Expression]]:
@@ -607,7 +604,9 @@ class _Compiler:
         needed = list(dict.fromkeys(
             [c for c in by if c not in pre]
             + [c for a in aggs for c in (a.column, a.weight) if c is not None and c not in pre]))
-        source = self.made(rel.table.view(*needed, **pre))
+        # agg_by reads plain columns from the relation itself; a computed view only for
+        # the expressions the SQL has (it evaluates them for current and previous values)
+        source = self.made(rel.table.view(*needed, **pre)) if pre else rel.table
         table = self.made(source.agg_by(aggs or [Agg("count", None, "__sql_n")], by=by))
         if not by:  # SQL's global aggregate has one row, also over no rows
             one = _fresh("__sql_one", taken)
@@ -679,13 +678,21 @@ class _Compiler:
         if kind != "sum":
             return pc.field(out)
         # the engine's sum of no values is 0; SQL's is null
+        if not pa.types.is_floating(ctype):
+            # the mean shares the sum's state, and is null exactly where there is no value
+            mean = _fresh("__sql_mean", taken)
+            taken.add(mean)
+            aggs.append(Agg("mean", col, mean))
+            return pc.if_else(pc.is_valid(pc.field(mean)), pc.field(out), pc.scalar(pa.scalar(None, pa.int64())))
+        # floats: the mean skips NaN too (a group of NaN only would read null, not the
+        # engine's 0), so count the non-null values, through a computed column
         nn = _fresh("__sql_valid", taken)
         taken.add(nn)
         pre[nn] = pc.is_valid(pc.field(col)).cast(pa.int64())
         cnt = _fresh("__sql_count", taken)
         taken.add(cnt)
         aggs.append(Agg("sum", nn, cnt))
-        null = pa.scalar(None, pa.float64() if pa.types.is_floating(ctype) else pa.int64())
+        null = pa.scalar(None, pa.float64())
         return pc.if_else(pc.greater(pc.field(cnt), 0), pc.field(out), pc.scalar(null))
 
     @staticmethod
@@ -702,10 +709,10 @@ class _Compiler:
 
     # SELECT list, DISTINCT, ORDER BY, LIMIT ------------------------------------------------------
     def project(self, scope: _Scope, items: list[tuple[str, exp.Expression]],
-                orders: list[exp.Expression], node: exp.Select, distinct: bool
-                ) -> tuple[Table, list[str]]:
+                orders: list[exp.Expression], node: exp.Select, distinct: bool,
+                final: _Output | None) -> tuple[Table, list[str]]:
         names: list[str] = []
-        for n, _ in items:  # DuckDB may repeat a name; _finish refuses that at the top
+        for n, _ in items:  # DuckDB may repeat a name; finish refuses that at the top
             names.append(_fresh(n, names))
         taken = set(scope.schema.names) | set(names)
         hidden = []
@@ -715,11 +722,13 @@ class _Compiler:
             hidden.append(h)
         exprs = {h: self.expr(e, scope) for h, (_, e) in zip(hidden, items, strict=True)}
         if distinct or not orders:
-            table = self.made(scope.rel.table.view(**exprs))
+            table = scope.rel.table
+            picks = list(zip(names, exprs.values(), strict=True))
             if distinct:
-                table = self.made(table.agg_by([], by=hidden))
-            table = self.made(table.view(**{n: pc.field(h) for n, h in zip(names, hidden, strict=True)}))
-            return self.order_limit(table, names, node)
+                table = self.made(self.made(table.view(**exprs)).agg_by([], by=hidden))
+                picks = [(n, pc.field(h)) for n, h in zip(names, hidden, strict=True)]
+            table, names = self.projection(table, picks, None if orders else final)
+            return self.order_limit(table, names, node, final)
         # ORDER BY may read what the SELECT list does not keep: sort before projecting
         keys: list[tuple[str, bool, bool]] = []
         for o in orders:
@@ -734,7 +743,62 @@ class _Compiler:
             keys.append((col, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
         table = self.sort(self.made(scope.rel.table.view(**exprs)), keys, taken)
         table = self.limit(table, node)
-        return self.made(table.view(**{n: pc.field(h) for n, h in zip(names, hidden, strict=True)})), names
+        return self.projection(table, [(n, pc.field(h)) for n, h in zip(names, hidden, strict=True)], final)
+
+    def projection(self, parent: Table, picks: list[tuple[str, pc.Expression]],
+                   final: _Output | None = None) -> tuple[Table, list[str]]:
+        """A view of ``parent`` computing the columns ``picks`` (name, expression), in order;
+        ``parent`` itself when this compile built it last and it has those columns already.
+
+        ``final`` (the statement's output, where these are its columns) renames them to
+        DuckDB's names and casts them to its types in the same view; ignored if it does not
+        fit (:meth:`finish` refuses that). A view's expression reads a name defined before
+        it in the same view by its new definition (``engine.ops.select``), so where one
+        reads a column of ``parent`` that an earlier one replaced by something else, the
+        columns are computed under hidden names first, then renamed (two views).
+        """
+        names = [n for n, _ in picks]
+        exprs = [e for _, e in picks]
+        if final is not None and _fits(final, len(names)):
+            names = [c for c, _ in final]
+            exprs = [e if want is None or _type_of(e, parent.schema) == want else e.cast(want)
+                     for e, (_, want) in zip(exprs, final, strict=True)]
+        have = parent.column_names
+        same = [e.equals(pc.field(n)) for n, e in zip(names, exprs, strict=True)]
+        if names == have and all(same) and self.created and parent is self.created[-1]:
+            return parent, names
+        replaced: set[str] = set()
+        clash = False
+        for n, e, s in zip(names, exprs, same, strict=True):
+            clash = clash or not replaced.isdisjoint(
+                bind(e, parent.schema, table_name=parent.name or "", what=f"column {n!r}").inputs)
+            if n in have and not s:
+                replaced.add(n)
+        if clash:
+            taken = set(have) | set(names)
+            hidden = []
+            for _ in names:
+                hidden.append(_fresh("__sql_final", taken))
+                taken.add(hidden[-1])
+            parent = self.made(parent.view(**dict(zip(hidden, exprs, strict=True))))
+            exprs = [pc.field(h) for h in hidden]
+        return self.made(parent.view(**dict(zip(names, exprs, strict=True)))), names
+
+    def finish(self, out: Table, names: list[str], duck: _Output, name: str | None) -> Table:
+        """The view: ``out`` (columns ``names``) with DuckDB's names and types, by one
+        projection, or none where the statement's last one gave them."""
+        if len(duck) != len(names):
+            raise self.error(f"the view has {len(names)} columns where DuckDB finds "
+                             f"{len(duck)} ({', '.join(c for c, _ in duck)})")
+        final = [c for c, _ in duck]
+        dup = sorted({c for c in final if final.count(c) > 1})
+        if dup:
+            raise self.error(f"output column name(s) {dup} appear more than once; give the "
+                             f"columns distinct aliases (SELECT a.k AS a_k, b.k AS b_k ...)")
+        result, _ = self.projection(out, [(n, pc.field(n)) for n in names], duck)
+        if name:
+            result.name = name
+        return result
 
     def output_ref(self, target: exp.Expression, names: list[str]) -> int | None:
         """The output column an ORDER BY item names (``ORDER BY 2``, an output name), or None."""
@@ -747,7 +811,8 @@ class _Compiler:
             return names.index(target.name)
         return None
 
-    def order_limit(self, table: Table, names: list[str], node: exp.Expression) -> tuple[Table, list[str]]:
+    def order_limit(self, table: Table, names: list[str], node: exp.Expression,
+                    final: _Output | None) -> tuple[Table, list[str]]:
         """ORDER BY over output columns only (after DISTINCT and UNION), then LIMIT."""
         order = node.args.get("order")
         if order is not None:
@@ -760,7 +825,7 @@ class _Compiler:
                 keys.append((names[ref], bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
             table = self.sort(table, keys, set(names))
             table = self.limit(table, node)
-            return self.made(table.view(*names)), names
+            return self.projection(table, [(n, pc.field(n)) for n in names], final)
         if node.args.get("limit") is not None or node.args.get("offset") is not None:
             self.limit(table, node)  # refuses
         return table, names
@@ -947,6 +1012,11 @@ class _Compiler:
                                  f"clause or be used in an aggregate function")
             return pc.field(scope.groups[c.internal])
         return pc.field(c.internal)
+
+
+def _fits(final: _Output, n: int) -> bool:
+    """Whether ``final`` can name ``n`` columns: as many names, each once."""
+    return len(final) == n and len({c for c, _ in final}) == n
 
 
 def _fold(op: Callable[[pc.Expression, pc.Expression], pc.Expression],

@@ -81,6 +81,8 @@ SHAPES = [
     ("SELECT n FROM a ORDER BY x, n OFFSET 1", ("n",), False),
     ("SELECT k, count(*) AS c FROM a GROUP BY k ORDER BY c DESC, k LIMIT 2", ("c", "k"), True),
     ("SELECT DISTINCT k, s FROM a", (), False),
+    ("SELECT n + 1 AS k, k AS n, id AS x, x AS id FROM a", (), False),  # names swapped around
+    ("SELECT a.id, b.s, a.s AS id_2 FROM a JOIN b USING (k)", (), False),  # b.s is s_2 inside
     ("SELECT k FROM a UNION ALL SELECT y FROM b", (), False),
     ("SELECT k FROM a UNION SELECT k FROM b ORDER BY 1", ("k",), False),
     ("SELECT a.id, b.id AS bid, a.s, b.s AS bs, y FROM a JOIN b ON a.k = b.k", (), False),
@@ -115,6 +117,37 @@ def test_names_and_types_are_duckdbs(graph):
     assert [str(t) for t in v.table.schema.types] == ["int64", "int64", "double", "int64", "int32",
                                                       "int64"]
     assert v.parents == ["a"]
+
+
+def test_sum_of_no_values_is_null(graph):
+    """Integers tell "no value" by the mean (same state as the sum), floats by a count of
+    non-null values: a group of NaN only keeps the engine's 0 (DuckDB: NaN; module docstring)."""
+    g, tables = graph
+    a = tables["a"]
+    a.upsert(pa.table({"id": [7, 8], "k": [7, 8], "x": [float("nan"), None], "s": ["n", "n"],
+                       "n": pa.array([None, None], pa.int64())}, schema=A))
+    g.run_cycle()
+    v = compile_view("SELECT k, sum(x) AS sx, sum(n) AS sn FROM a WHERE k > 6 GROUP BY k",
+                     lookup(tables)).table
+    assert sorted(v.to_arrow().to_pylist(), key=lambda r: r["k"]) == [
+        {"k": 7, "sx": 0.0, "sn": None}, {"k": 8, "sx": None, "sn": None}]
+    a.upsert(pa.table({"id": [8], "k": [8], "x": [1.5], "s": ["n"], "n": [3]}, schema=A))
+    g.run_cycle()
+    assert sorted(v.to_arrow().to_pylist(), key=lambda r: r["k"]) == [
+        {"k": 7, "sx": 0.0, "sn": None}, {"k": 8, "sx": 1.5, "sn": 3}]
+
+
+def test_plain_group_by_is_where_agg_by_and_one_projection(graph):
+    """As the Python API builds it: no computed view before ``agg_by`` (plain columns), the
+    renaming and casting in one view after it; none at all where nothing is renamed."""
+    _, tables = graph
+    v = compile_view("SELECT k, sum(n) AS s, count(*) AS c FROM a WHERE x > 0 GROUP BY k",
+                     lookup(tables))
+    assert [t.column_names for t in v.operations] == [
+        ["id", "k", "x", "s", "n"], ["k", "__sql_agg", "__sql_mean", "__sql_agg_2"], ["k", "s", "c"]]
+    v = compile_view("SELECT * FROM a WHERE n > 1", lookup(tables), name="w")
+    assert len(v.operations) == 1 and v.table.name == "w"
+    assert compile_view("SELECT * FROM a", lookup(tables)).table is not tables["a"]
 
 
 def test_parents_in_order_without_ctes(graph):
