@@ -312,8 +312,8 @@ class FlightSqlService:
         table = self._metadata(cmd, read_only=read_only)
         if table is None:
             raise ProtocolError(f"Flight SQL: {type(cmd).__name__} is not a DoGet ticket")
-        batches = table.to_batches() or [pa.RecordBatch.from_pylist([], table.schema)]
-        return self._frames(table.schema, batches, None)
+        return self._frames(table.schema, table.to_batches() or [_empty_batch(table.schema)],
+                            None)
 
     def _frames(self, schema: pa.Schema, batches: Any, meta: bytes | None) -> Iterator[bytes]:
         yield schema_frame(schema)
@@ -696,6 +696,20 @@ class FlightSqlService:
                            f"drop it with the drop_table action")
         self._drop(name)  # closes its operations (_dropped)
         return 0
+
+
+def _empty_batch(schema: pa.Schema) -> pa.RecordBatch:
+    """A batch of no rows (pyarrow builds no empty dense union from a list: SqlInfo's)."""
+    return pa.RecordBatch.from_arrays([_empty_array(f.type) for f in schema], schema=schema)
+
+
+def _empty_array(typ: pa.DataType) -> pa.Array:
+    if pa.types.is_union(typ):
+        children = [_empty_array(typ.field(i).type) for i in range(typ.num_fields)]
+        return pa.UnionArray.from_dense(pa.array([], pa.int8()), pa.array([], pa.int32()),
+                                        children, [typ.field(i).name for i in range(typ.num_fields)],
+                                        list(typ.type_codes))
+    return pa.array([], typ)
 
 
 def _read_only(what: str) -> PermissionDenied:

@@ -452,3 +452,10 @@ def test_a_temporary_view_nobody_subscribes_to_goes_after_its_grace(server, conn
     while "brief" in server.registry.names() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sorted(server.registry.names()) == ["lasting", "quotes", "trades"]
+
+
+def test_sql_info_of_codes_the_server_does_not_know_is_an_empty_result(server):
+    """The specification: unknown codes are left out (an empty dense-union result; the fuzz
+    found it answered INTERNAL)."""
+    table = _command(server, sqlpb.CommandGetSqlInfo(info=[99_999]))
+    assert table.num_rows == 0 and table.schema.field("value").type.num_fields == 6
