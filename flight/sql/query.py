@@ -117,7 +117,6 @@ class RunningQuery:
     snapshot: Snapshot | None
     started: float = field(default_factory=time.monotonic)
     stopped: str | None = None  # "cancelled" or "timeout": why DuckDB was interrupted
-    done: bool = False
     taken: bool = False  # its DoGet began: a result is read once
 
 
@@ -256,7 +255,6 @@ class QueryRunner:
             failure = exc
             raise
         finally:
-            query.done = True
             self.close(query.handle)
             self._done(query, failure)
 

@@ -225,14 +225,23 @@ class FlightSqlService:
         return self._info(descriptor, table.schema, pack(cmd), total=table.num_rows)
 
     def schema(self, descriptor: fpb.FlightDescriptor, *, read_only: bool) -> pa.Schema:
-        """GetSchema for a Flight SQL command (a query's is found by starting it)."""
+        """GetSchema for a Flight SQL command. A query's schema comes from binding it over
+        empty tables (nothing runs); an update statement's is the one-row ``count`` (it is
+        not run either: GetSchema never writes)."""
         cmd = self._command(descriptor.cmd)
         if isinstance(cmd, (sql.CommandStatementQuery, sql.CommandPreparedStatementQuery)):
-            info = self.flight_info(descriptor, read_only=read_only)
-            handle = unpack(info.endpoint[0].ticket.ticket)
-            if isinstance(handle, sql.TicketStatementQuery):
-                self.runner.close(handle.statement_handle)
-            return pa.ipc.read_schema(pa.py_buffer(info.schema))
+            if isinstance(cmd, sql.CommandStatementQuery):
+                text, tree, params = cmd.query, parse_one(cmd.query), None
+            else:
+                prepared = self._prepared_of(cmd.prepared_statement_handle)
+                text, tree = prepared.text, prepared.tree
+                params = prepared.params[0] if prepared.params else None
+            if not is_query(tree):
+                return _COUNT_SCHEMA
+            n = _placeholders(tree)
+            if params is None and n:
+                params = [None] * n
+            return self.runner.schema_of(text, params, tree)
         table = self._metadata(cmd, read_only=read_only)
         if table is None:
             raise ProtocolError(f"Flight SQL: {type(cmd).__name__} has no result schema")

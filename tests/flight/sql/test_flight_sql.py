@@ -459,3 +459,20 @@ def test_sql_info_of_codes_the_server_does_not_know_is_an_empty_result(server):
     found it answered INTERNAL)."""
     table = _command(server, sqlpb.CommandGetSqlInfo(info=[99_999]))
     assert table.num_rows == 0 and table.schema.field("value").type.num_fields == 6
+
+
+def test_get_schema_runs_nothing_and_never_writes(server):
+    """GetSchema of a query binds it (no query starts); of an update, it is the count's
+    schema and the update does not run."""
+    def schema_of(query: str) -> pa.Schema:
+        any_ = any_pb2.Any()
+        any_.Pack(sqlpb.CommandStatementQuery(query=query))
+        opts = fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+        with fl.connect(server.location) as c:
+            return c.get_schema(fl.FlightDescriptor.for_command(any_.SerializeToString()),
+                                opts).schema
+
+    assert schema_of("SELECT sym, px * 2 AS p2 FROM trades WHERE qty > ?").names == ["sym", "p2"]
+    assert server.sql.runner.running() == 0
+    assert schema_of("INSERT INTO trades VALUES ('z', 1.0, 1)").names == ["count"]
+    assert len(server.registry.get("trades").table.rowset) == 3  # nothing inserted
