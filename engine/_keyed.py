@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -175,7 +175,7 @@ class KeyedTable(SourceTable):
             finally:
                 self._writer = None
 
-    def lookup(self, keys: TableLike, *, staged: bool = False) -> KeyLookup:
+    def lookup(self, keys: TableLike, *, staged: bool = False, lock: bool = True) -> KeyLookup:
         """The rows this table holds for ``keys``, which are present, and their row keys.
 
         Keys are compared exactly: a hash finds the candidate row, equality of the key
@@ -196,6 +196,10 @@ class KeyedTable(SourceTable):
             dict of columns); types are cast when the cast is safe. A key may be repeated.
         staged
             Fold in the writes staged for the next cycle.
+        lock
+            ``False`` reads without taking the graph's shared lock, for a caller that holds
+            it already (as :meth:`~engine.table.Table.to_arrow`'s ``lock``); not with
+            ``staged``.
 
         Returns
         -------
@@ -225,10 +229,10 @@ class KeyedTable(SourceTable):
         """
         t = conform(self.name, self.schema, keys, columns=self.keys)
         self._check_keys(t)
-        lock: AbstractContextManager[None] = (
+        held: AbstractContextManager[None] = (
             self.write_lock() if staged or self._writer == threading.get_ident()
-            else self.graph.shared_lock())
-        with lock:
+            else self.graph.shared_lock() if lock else nullcontext())
+        with held:
             self.check_alive()
             return self._lookup(t, staged)
 

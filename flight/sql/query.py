@@ -46,6 +46,7 @@ from flight.limits import quoted
 from flight.sql.parse import parse_one, statement_kind
 from flight.sql.snapshots import Snapshot, SnapshotCache
 from flight.streams.registry import TableEntry, TableRegistry
+from flight.wire import TableKind
 
 __all__ = ["QueryRunner", "RunningQuery", "duckdb_error", "is_query", "named_tables"]
 
@@ -183,7 +184,11 @@ class QueryRunner:
         if not is_query(tree):
             raise SqlError(f"{where}: not a query (SELECT, WITH, VALUES): {_statement(tree)}")
         entries = named_tables(tree, self.registry, where)
-        snapshot = self.snapshots.take([(e.name, e.table, None) for e in entries])
+        points = key_points(tree, entries, params)
+        if points is not None:  # a lookup by key: the rows of those keys, not a scan
+            snapshot = self.snapshots.take_keys(entries[0].name, entries[0].table, points)
+        else:
+            snapshot = self.snapshots.take([(e.name, e.table, None) for e in entries])
         cursor = self._db.cursor()
         handle = f"q{next(self._ids)}-".encode() + self._salt.hex().encode()
         query = RunningQuery(handle, sql, snapshot.step, pa.schema([]), None, cursor, snapshot)
@@ -350,6 +355,93 @@ class QueryRunner:
                 self._interrupt(q, "timeout")
                 if not q.taken:  # never read: nobody else will close it
                     self.close(q.handle)
+
+
+def key_points(tree: exp.Expression, entries: Sequence[TableEntry],
+               params: Sequence[Any] | None = None) -> pa.Table | None:
+    """The keys a query looks up, when its answer depends on no other rows of its table.
+
+    That is a ``SELECT`` whose only table (named once: no join, no subquery reading it) is a
+    keyed table in its ``FROM``, with a ``WHERE`` whose top-level ``AND`` pins every key
+    column to literals (``k = 5``, ``k IN ('a', 'b')``). SQL filters rows before it groups,
+    windows, orders or limits them, so the query over just the rows of those keys answers
+    what it answers over the whole table; DuckDB still applies the whole ``WHERE`` to them.
+    A query's one ``?`` parameter counts as a literal of its bound value. ``None``
+    otherwise (and for a value of another kind than its key's type, which the scan compares
+    as DuckDB casts it).
+    """
+    if len(entries) != 1 or entries[0].kind != TableKind.KEYED or not isinstance(tree, exp.Select):
+        return None
+    entry = entries[0]
+    source = tree.args.get("from") or tree.args.get("from_")
+    table = source.this if source is not None else None
+    if (not isinstance(table, exp.Table) or tree.args.get("joins") or table.args.get("sample")
+            or sum(1 for _ in tree.find_all(exp.Table)) != 1):
+        return None
+    where = tree.args.get("where")
+    if where is None:
+        return None
+    names = {table.name, table.alias_or_name}
+    keys = set(entry.keys)
+    if any(isinstance(e, exp.Alias) and e.alias in keys for e in tree.expressions):
+        return None  # an output named like a key: leave such a text to the scan
+    holders = list(tree.find_all(exp.Placeholder))
+    param = (params[0] if params is not None and len(params) == 1 and len(holders) == 1
+             and holders[0].this is None else _NO_PARAM)
+    values: dict[str, list[Any]] = {}
+    for term in where.this.flatten() if isinstance(where.this, exp.And) else [where.this]:
+        if isinstance(term, exp.EQ):
+            col, lits = (term.this, [term.expression]) if isinstance(term.this, exp.Column) \
+                else (term.expression, [term.this])
+        elif isinstance(term, exp.In) and not term.args.get("query") and not term.args.get("unnest"):
+            col, lits = term.this, term.expressions
+        else:
+            continue
+        if (not isinstance(col, exp.Column) or col.name not in keys or col.name in values
+                or (col.table and col.table not in names)):
+            continue
+        got = [_literal(lit, entry.table.schema.field(col.name).type, param) for lit in lits]
+        if got and all(v is not None for v in got):
+            values[col.name] = got
+    if set(values) != keys:
+        return None
+    if len(entry.keys) > 1 and any(len(v) != 1 for v in values.values()):
+        return None  # one value per key column of a composite key
+    columns = {k: list(dict.fromkeys(values[k])) for k in entry.keys}
+    try:
+        return pa.table({k: pa.array(v, entry.table.schema.field(k).type) for k, v in columns.items()})
+    except (pa.ArrowException, OverflowError):
+        return None  # out of the key's range: the scan says what it says
+
+
+_NO_PARAM = object()
+
+
+def _literal(node: exp.Expression, type_: pa.DataType, param: Any = _NO_PARAM) -> Any:
+    """A literal's (or the one parameter's) value for a key column of ``type_``; None for
+    another kind of value."""
+    if isinstance(node, exp.Placeholder):
+        if param is _NO_PARAM or isinstance(param, bool):
+            return None
+        if pa.types.is_integer(type_) and isinstance(param, int):
+            return param
+        if (pa.types.is_string(type_) or pa.types.is_large_string(type_)) and isinstance(param, str):
+            return param
+        return None
+    negative = isinstance(node, exp.Neg)
+    if negative:
+        node = node.this
+    if not isinstance(node, exp.Literal):
+        return None
+    if pa.types.is_integer(type_) and not node.is_string:
+        try:
+            value = int(node.this)
+        except ValueError:
+            return None
+        return -value if negative else value
+    if (pa.types.is_string(type_) or pa.types.is_large_string(type_)) and node.is_string and not negative:
+        return str(node.this)
+    return None
 
 
 def is_query(tree: exp.Expression) -> bool:

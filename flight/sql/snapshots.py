@@ -67,6 +67,16 @@ class SnapshotCache:
                 out[name] = self._read(name, table, cols)
         return Snapshot(step, out)
 
+    def take_keys(self, name: str, table: Table, keys: pa.Table) -> Snapshot:
+        """The rows ``table`` holds for ``keys`` (a keyed table's key columns), at one
+        step: what a query that looks up those keys needs of it, read through the table's
+        key index instead of copying the table."""
+        with self.graph.shared_lock():
+            step = self.graph.step
+            table.check_alive()
+            rows = table.lookup(keys, lock=False).rows  # type: ignore[attr-defined]
+        return Snapshot(step, {name: rows})
+
     def _read(self, name: str, table: Table, columns: tuple[str, ...]) -> pa.Table:
         with self._lock:
             kept = self._kept.get(name)
