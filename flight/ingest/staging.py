@@ -126,6 +126,7 @@ class StagingArea:
         self._stream_batches: dict[str, int] = {}
         self._cycle_done = threading.Condition()
         self._last_step = self.graph.step
+        self._committed_step = 0  # the cycle that shows every commit answered so far
         self._remove_terminal = self.graph.add_terminal_listener(self._on_cycle_end)
         self._janitor: threading.Thread | None = None
         self._janitor_stop = threading.Event()
@@ -260,6 +261,14 @@ class StagingArea:
         if self.graph.running if wait is None else wait:
             self._wait_for_step(step)
 
+    def wait_committed(self, wait: bool | None = None) -> None:
+        """Wait for the cycle that shows every commit answered before this call (``wait``
+        as :meth:`wait_applied`'s): a reader that starts after it sees those writes."""
+        with self._lock:
+            step = self._committed_step
+        if step > self._last_step:
+            self.wait_applied(step, wait)
+
     def _commit_locked(self, request: pb.CommitRequest) -> tuple[pb.CommitResult, int]:
         write_id = request.write_id
         with self._lock:
@@ -310,6 +319,7 @@ class StagingArea:
             raise
         result = pb.CommitResult(rows=rows, applied=True, step=step)
         with self._lock:
+            self._committed_step = max(self._committed_step, step)
             self._drop_locked(write_id)
             self._committed[write_id] = (time.monotonic(), result)
             if request.has_batch:

@@ -95,6 +95,7 @@ class SqlHost(Protocol):
     registry: Any
     puts: Any
     durability: Any
+    staging: Any
 
     @property
     def config(self) -> _Config: ...
@@ -273,7 +274,7 @@ class FlightSqlService:
             count = self.update(text, [list(params)] if params else [], tree=tree)
             ticket = pack(sql.TicketStatementQuery(statement_handle=b"count:%d" % count))
             return self._info(descriptor, _COUNT_SCHEMA, ticket, total=1)
-        query = self.runner.start(text, params, tree=tree)
+        query = self._start(text, params, tree=tree)
         ticket = pack(sql.TicketStatementQuery(statement_handle=query.handle))
         return self._info(descriptor, query.schema, ticket, step=query.step)
 
@@ -446,12 +447,19 @@ class FlightSqlService:
         raise SqlError(f"{tree.key.upper()}: not supported; Ticktable runs SELECT, INSERT, "
                        f"DELETE (keyed tables), CREATE VIEW and DROP VIEW")
 
+    def _start(self, text: str, params: Sequence[Any] | None, *,
+               tree: exp.Expression | None = None, where: str = "query") -> RunningQuery:
+        """Start a query once every write answered before it is visible (an INSERT or an
+        ingest is answered when journaled, before the cycle that applies it)."""
+        self.server.staging.wait_committed()
+        return self.runner.start(text, params, tree=tree, where=where)
+
     def _rows(self, select: str, params: list[list[Any]], where: str) -> pa.Table:
         """The rows of a query, once per parameter row (once without), concatenated."""
         parts = []
         rows: list[list[Any] | None] = list(params) or [None]
         for row in rows:
-            query = self.runner.start(select, row, where=where)
+            query = self._start(select, row, where=where)
             parts.append(pa.Table.from_batches(list(self.runner.batches(query, where)),
                                                query.schema))
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
@@ -527,7 +535,10 @@ class FlightSqlService:
             except Exception:
                 log.debug("aborting write %s", write_id, exc_info=True)
             raise
-        result = self.server.commit(pb.CommitRequest(write_id=write_id, all_slots=True))
+        # answered once journaled and staged for the next cycle, as DoPut answers; a query
+        # waits for that cycle (see _start), so whoever is answered reads what it wrote
+        result = self.server.durability.commit(
+            pb.CommitRequest(write_id=write_id, all_slots=True), wait=False)
         return int(result.rows)
 
     # ------------------------------------------------------------------------ ingest

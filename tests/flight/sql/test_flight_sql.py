@@ -257,6 +257,38 @@ def test_ingest_of_many_batches_is_atomic(server, conn):
     assert _rows(conn, "SELECT count(*) FROM atomic") == [(2000,)]
 
 
+def test_a_write_is_answered_before_its_cycle_and_every_later_query_sees_it():
+    """An ingest or INSERT is answered once journaled, before the cycle that applies it
+    (here every cycle starts 0.3 s late); a query (or a DELETE's WHERE) started after the
+    answer waits for that cycle."""
+    graph = UpdateGraph(validate=True)
+    srv = TicktableServer(graph, ServerConfig(token=TOKEN)).start()
+    srv.registry.create_source("kv", pa.schema([("k", pa.int64()), ("v", pa.int64())]), "keyed",
+                               keys=["k"])
+    run_cycle = graph.run_cycle
+
+    def late_cycle() -> int:  # the cycle thread calls graph.run_cycle: this one
+        time.sleep(0.3)
+        return run_cycle()
+
+    graph.run_cycle = late_cycle  # type: ignore[method-assign]
+    graph.start(1.0)
+    try:
+        with _connect(srv) as c, c.cursor() as cur:
+            for i in range(3):
+                cur.adbc_ingest("kv", pa.table({"k": [i, 100 + i], "v": [i, i]}), mode="append")
+                cur.execute("SELECT count(*), sum(v) FROM kv")
+                assert cur.fetchall() == [(2 * (i + 1), i * (i + 1))]
+                cur.execute(f"INSERT INTO kv VALUES ({200 + i}, 1)")
+                cur.execute(f"DELETE FROM kv WHERE k = {200 + i}")  # sees the INSERT
+                assert cur.fetchall() == [(1,)]
+                cur.execute(f"SELECT count(*) FROM kv WHERE k = {200 + i}")
+                assert cur.fetchall() == [(0,)]
+    finally:
+        srv.shutdown()
+        graph.stop()
+
+
 def test_insert_and_delete(server, conn):
     with conn.cursor() as cur:
         cur.execute("INSERT INTO trades VALUES ('c', 9.0, 9), ('d', 4.0, 4)")
