@@ -120,10 +120,12 @@ class _Recorder:
 
 
 class _Writer:
-    """Appends ``rows`` new rows to ``table`` once after every cycle (0: stopped)."""
+    """After every cycle (``rows`` 0: stopped): appends ``rows`` new rows to ``table`` and
+    upserts ``rows`` rows of existing ids (new values) into each table of ``keyed``."""
 
     def __init__(self, graph: Any, table: Any, first_id: int) -> None:
         self.table = table
+        self.keyed: list[Any] = []
         self.rows = 0
         self.next_id = first_id
         self.cycled = threading.Event()
@@ -140,6 +142,9 @@ class _Writer:
             n = self.rows
             if n:
                 self.table.append(sql_rows(rng, self.next_id, n))
+                for k in self.keyed:
+                    ids = np.unique(rng.integers(0, self.next_id, n))
+                    k.upsert(sql_rows(rng, 0, ids.size).set_column(0, "id", pa.array(ids)))
                 self.next_id += n
 
 
@@ -185,14 +190,21 @@ def serve(conn: Any, params: dict[str, Any]) -> None:
     applied: dict[int, float] = {}  # step -> when that cycle ended
     graph.add_terminal_listener(lambda step: applied.__setitem__(step, time.perf_counter()))
 
-    def load(name: str, rows: int) -> int:
-        """Source table ``name`` of ``rows`` rows (:func:`table_chunks`), one cycle run."""
+    def load(name: str, rows: int, kind: str = "append") -> int:
+        """Source table ``name`` of ``rows`` rows (:func:`table_chunks`), one cycle run: the
+        writer's append table, or (``kind="keyed"``, keys ``id``, after the append table) a
+        keyed table the writer upserts into."""
         nonlocal writer
-        table = server.registry.create_source(name, SQL_SCHEMA, "append").table
+        keys = ["id"] if kind == "keyed" else []
+        table = server.registry.create_source(name, SQL_SCHEMA, kind, keys=keys).table
         for chunk in table_chunks(rows):
-            table.append(chunk)
+            table.upsert(chunk) if keys else table.append(chunk)
         graph.run_cycle()
-        writer = _Writer(graph, table, rows)
+        if keys:
+            assert writer is not None, "load the append table first"
+            writer.keyed.append(table)
+        else:
+            writer = _Writer(graph, table, rows)
         return len(table.rowset)
 
     def start(interval: float, priority: str) -> str:
@@ -245,3 +257,30 @@ def serve(conn: Any, params: dict[str, Any]) -> None:
     server.shutdown()
     graph.stop()
     conn.send(("ok", "bye"))
+
+
+def serve_reference(conn: Any, params: dict[str, Any]) -> None:
+    """Entry point of the ingest section's reference: a bare ``pyarrow.flight`` server (C++
+    gRPC and IPC) that only counts the rows a DoPut brings, acking each batch of a path's
+    DoPut and answering a Flight SQL command's with one ``DoPutUpdateResult``; what the two
+    clients reach when the server costs nothing. Answers ``stop`` only."""
+    import pyarrow.flight as fl
+
+    from flight.pb import flight_sql_pb2 as sql
+
+    class Counter(fl.FlightServerBase):  # type: ignore[misc]
+        def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+            n = 0
+            for chunk in reader:
+                n += chunk.data.num_rows
+                if descriptor.descriptor_type == fl.DescriptorType.PATH:
+                    writer.write(pa.py_buffer(b"ack"))
+            if descriptor.descriptor_type != fl.DescriptorType.PATH:
+                writer.write(pa.py_buffer(sql.DoPutUpdateResult(record_count=n).SerializeToString()))
+
+    server = Counter("grpc://127.0.0.1:0")
+    threading.Thread(target=server.serve, daemon=True).start()
+    conn.send(("ok", f"grpc://127.0.0.1:{server.port}"))
+    while conn.recv()[0] != "stop":
+        conn.send(("error", "the reference server answers only stop"))
+    server.shutdown()

@@ -5,16 +5,18 @@ every --interval s (``ticktable serve``'s default, at --cycle-priority), so its 
 gRPC threads and DuckDB have their own GIL; the clients (ADBC's Flight SQL driver, pyarrow
 Flight) and the in-process DuckDB run here. The live table ``t`` is an append-only source
 of --rows rows (``id`` unique, ``g`` in ~1,000 groups, ``x`` int64, ``y`` float64), made
-from the same seed in both processes; when live, a writer in the server appends --change
-rows after every cycle.
+from the same seed in both processes; ``k`` is a keyed table (key ``id``) of the same rows.
+When live, a writer in the server appends --change rows to ``t`` after every cycle and
+upserts about as many rows of existing ids (new values) into ``k``.
 
 Measures:
   1. Query latency, end to end through ADBC (``cursor.execute`` + ``fetch_arrow_table``:
      GetFlightInfo, DoGet, decode) against DuckDB in this process over the same rows as one
      registered Arrow table (``duckdb.connect(config={"threads": --duckdb-threads})``; the
      server's DuckDB runs one thread), taking turns query by query: a point lookup
-     (``WHERE id = <literal>``, a new id each time) and a group-by (``g, count(*), sum(x),
-     avg(y)``). ``x_duckdb`` = DuckDB's median / Ticktable's (goal >= 0.8). Twice: live
+     (``WHERE id = <literal>``, a new id each time) on ``t`` (a scan, as DuckDB's) and on
+     ``k`` (the server looks the key up in the keyed table's index; DuckDB scans its copy,
+     registered as ``k`` too), and a group-by (``g, count(*), sum(x), avg(y)``). ``x_duckdb`` = DuckDB's median / Ticktable's (goal >= 0.8). Twice: live
      (the writer on: a query after a cycle finds the table changed and takes a new snapshot)
      and static (the writer off: every query reuses the one snapshot the cache keeps). The
      server's own timing of each ``SnapshotCache.take`` and ``QueryRunner.start`` is
@@ -33,10 +35,14 @@ Measures:
      graph's cycle. A filter + group-by, and a join onto a 1,000-row keyed dimension.
   4. Ingest: --ingest-rows rows (bench/_common.py's 4-column schema) in --ingest-batch-rows
      batches into a fresh append table of a fresh server, through ADBC's ``adbc_ingest``
-     (``mode="append"``: one DoPut of a ``CommandStatementIngest``, answered once committed)
+     (``mode="append"``: one DoPut of a ``CommandStatementIngest``, answered once journaled
+     and committed, before the cycle that applies it)
      and through ``pyarrow.flight`` DoPut with the table's path (``PUT_MODE_APPEND``, every
      batch acked), taking turns; rows/s until answered (acked) and until the cycle that
-     applied the last row ended. ``x_doput`` = ADBC rows/s / DoPut's (goal >= 0.8).
+     applied the last row ended. ``x_doput`` = ADBC rows/s / DoPut's (goal >= 0.8). Then the
+     same two clients against a bare ``pyarrow.flight`` server that only counts rows (C++
+     gRPC, no Python per message): the "(reference)" rows, what the clients themselves
+     reach, so a ratio below it is the server's part.
 
 Then pyinstrument over the server's SQL service (GetFlightInfo's and DoGet's work, gRPC
 left out) for the live group-by and point lookup, an excerpt printed.
@@ -64,9 +70,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._common import SCHEMA, batch, print_table, write_json  # noqa: E402
-from bench._sql_server import GROUPS, SQL_SCHEMA, serve, sql_rows, table_chunks  # noqa: E402
+from bench._sql_server import GROUPS, SQL_SCHEMA, serve, serve_reference, sql_rows, table_chunks  # noqa: E402
 
 POINT = "SELECT * FROM t WHERE id = {id}"
+POINT_KEYED = "SELECT * FROM k WHERE id = {id}"
+#: the queries of section 1, by name
+KINDS = ("point", "point (keyed)", "group-by")
 GROUP_BY = "SELECT g, count(*), sum(x), avg(y) FROM t GROUP BY g"
 
 
@@ -85,10 +94,10 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 class ServerProcess:
     """bench/_sql_server.py in a spawned process; ``call`` runs one of its commands."""
 
-    def __init__(self) -> None:
+    def __init__(self, target: Any = serve) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=serve, args=(child, {}), daemon=True)
+        self.proc = ctx.Process(target=target, args=(child, {}), daemon=True)
         self.proc.start()
         child.close()
         self.location: str = self._reply(120.0)
@@ -150,6 +159,7 @@ def bench_queries(server: ServerProcess, local: pa.Table, rows: int, change: int
 
     duck = duckdb.connect(config={"threads": duckdb_threads})
     duck.register("t", local)
+    duck.register("k", local)
     con = _adbc(server.location)
     cur = con.cursor()
     stmt = dm.AdbcStatement(con.adbc_connection)
@@ -177,21 +187,22 @@ def bench_queries(server: ServerProcess, local: pa.Table, rows: int, change: int
                 if i == warmup:
                     server.call("mark")
                     times.clear()
-                for kind in ("point", "group-by"):
-                    q = POINT.format(id=int(rng.integers(0, rows))) if kind == "point" else GROUP_BY
+                for kind in KINDS:
+                    q = {"point": POINT, "point (keyed)": POINT_KEYED, "group-by": GROUP_BY}[kind]
+                    q = q.format(id=int(rng.integers(0, rows))) if "point" in kind else q
                     got = {}
                     for engine in ENGINES[i % 3:] + ENGINES[:i % 3]:  # turns rotate
                         ms, got[engine] = _timed(run[engine], q)
                         times.setdefault((kind, engine), []).append(ms)
                     if mode == "static" and i == warmup:
-                        same = (got["ticktable"].equals(got["duckdb"]) if kind == "point"
+                        same = (got["ticktable"].equals(got["duckdb"]) if "point" in kind
                                 else _same_groups(got["ticktable"], got["duckdb"]))
                         checks[f"{kind} same as DuckDB"] = same
             log = server.call("log")
             snaps = log["snapshot"]
             fresh = [ms for ms, changed in snaps if changed]
             cached = [ms for ms, changed in snaps if not changed]
-            for kind in ("point", "group-by"):
+            for kind in KINDS:
                 dd = _stats(times[kind, "duckdb"])
                 for engine in ENGINES:
                     s = _stats(times[kind, engine])
@@ -423,14 +434,36 @@ def bench_ingest(rows: int, batch_rows: int, repeat: int, interval: float, prior
         client.close()
     finally:
         server.close()
+    reference = ServerProcess(serve_reference)  # the clients alone: a server that only counts
+    try:
+        con = _adbc(reference.location)
+        cur = con.cursor()
+        client = fl.FlightClient(reference.location)
+        for r in range(repeat + 1):
+            for how in (("adbc_ingest", "doput") if r % 2 == 0 else ("doput", "adbc_ingest")):
+                t0 = time.perf_counter()
+                if how == "adbc_ingest":
+                    cur.adbc_ingest(f"ref_{r}", table, mode="append")
+                else:
+                    _doput(client, f"ref_{r}", batches, meta)
+                if r:
+                    runs.setdefault(f"{how} (reference)", []).append((time.perf_counter() - t0, np.nan))
+        cur.close()
+        con.close()
+        client.close()
+    finally:
+        reference.close()
     out = []
     med = {k: (float(np.median([a for a, _ in v])), float(np.median([b for _, b in v]))) for k, v in runs.items()}
     for how, (acked, applied) in med.items():
+        doput = med["doput (reference)" if "reference" in how else "doput"]
+        adbc = how.startswith("adbc_ingest")
         out.append({"path": how, "rows": rows, "batch_rows": batch_rows, "repeats": repeat,
-                    "acked_rows_per_s": rows / acked, "applied_rows_per_s": rows / applied,
+                    "acked_rows_per_s": rows / acked,
+                    "applied_rows_per_s": rows / applied if applied == applied else None,
                     "acked_s_rounds": " ".join(f"{a:.2f}" for a, _ in runs[how]),
-                    "x_doput_acked": _ratio(med["doput"][0], acked) if how == "adbc_ingest" else None,
-                    "x_doput_applied": _ratio(med["doput"][1], applied) if how == "adbc_ingest" else None})
+                    "x_doput_acked": _ratio(doput[0], acked) if adbc else None,
+                    "x_doput_applied": _ratio(doput[1], applied) if adbc and applied == applied else None})
     return out
 
 
@@ -463,6 +496,11 @@ def _summary(queries: list[dict[str, Any]], cycles: list[dict[str, Any]], views:
                                     f"(marginal {_fmt(r['x_python_marginal'])}x)",
                         "goal": "<= 1.1x", "verdict": _verdict(x, x is not None and x <= 1.1)})
     for r in ingest:
+        if r["path"] == "adbc_ingest (reference)":
+            out.append({"benchmark": "  the clients alone (a pyarrow server that only counts rows)",
+                        "measured": f"ADBC {r['acked_rows_per_s'] / 1e6:.2f}M rows/s: "
+                                    f"{r['x_doput_acked']:.2f}x pyarrow DoPut",
+                        "goal": "(reference)", "verdict": ""})
         if r["path"] == "adbc_ingest":
             x = r["x_doput_acked"]
             out.append({"benchmark": f"ADBC ingest {r['rows']:,} rows vs DoPut",
@@ -517,6 +555,7 @@ def main() -> None:
         try:
             t = time.perf_counter()
             server.call("load", "t", args.rows)
+            server.call("load", "k", args.rows, "keyed")
             local = pa.concat_tables(table_chunks(args.rows)).combine_chunks()
             got_priority = server.call("start", args.interval, args.cycle_priority)
             print(f"loaded {args.rows:,} rows in {time.perf_counter() - t:.1f} s; cycles every "
