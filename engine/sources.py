@@ -24,6 +24,8 @@ Locks: the graph's shared lock, then a table's staging lock (a cycle holds the g
 exclusive lock when it takes the staged writes); a writer that only stages takes the
 staging lock alone.
 * :class:`RingTable` — append-only with a bound: the oldest rows are removed.
+* :class:`ReplicaTable` — changes exactly as a table of another server did: its updates,
+  one for one, under its row keys (a mirrored table, :mod:`flight.links`).
 * :class:`TimerTable` — one row per tick, for demos.
 """
 
@@ -37,6 +39,9 @@ import pyarrow as pa
 
 from engine._keyed import KeyedTable as KeyedTable
 from engine._keyed import KeyLookup as KeyLookup
+from engine._replica import ReplicaChange as ReplicaChange
+from engine._replica import ReplicaReset as ReplicaReset
+from engine._replica import ReplicaTable as ReplicaTable
 from engine._source import CheckedBatch as CheckedBatch
 from engine._source import SourceTable as SourceTable
 from engine._source import TableLike as TableLike
@@ -58,8 +63,8 @@ from engine.update import TableUpdate
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
 
-__all__ = ["AppendOnlyTable", "CheckedBatch", "KeyLookup", "KeyedTable", "RingTable",
-           "SourceTable", "TableLike", "TimerTable", "as_schema", "conform"]
+__all__ = ["AppendOnlyTable", "CheckedBatch", "KeyLookup", "KeyedTable", "ReplicaChange",
+           "ReplicaReset", "ReplicaTable", "RingTable", "SourceTable", "TableLike", "TimerTable", "as_schema", "conform"]
 
 
 class AppendOnlyTable(SourceTable):
