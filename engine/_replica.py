@@ -144,9 +144,13 @@ class ReplicaTable(SourceTable):
         self._map = RowKeyMap()
         self._ids = IdAllocator()
         self._prev = _Prev()
-        self._queue: collections.deque[ReplicaChange | ReplicaReset] = collections.deque()
+        self._queue: collections.deque[ReplicaChange | ReplicaReset | BaseException] = (
+            collections.deque())
         self._queue_lock = threading.Lock()
         self.position: Any = None
+        #: what feeds this table (a :class:`flight.links.Link`, say): its ``close()`` is
+        #: called when the table is closed
+        self.source: Any = None
 
     # staging --------------------------------------------------------------------------
     def check_batch(self, data: TableLike, kind: str) -> CheckedBatch:
@@ -190,6 +194,19 @@ class ReplicaTable(SourceTable):
         with self._queue_lock:
             self._queue.append(ReplicaReset(keys, data, position))
 
+    def fail(self, exc: BaseException) -> None:
+        """Stage a failure: the cycle that takes it fails the table with ``exc`` (after the
+        changes staged before it), as when its origin can no longer be followed."""
+        with self._queue_lock:
+            self._queue.append(exc)
+
+    def close(self) -> None:
+        """Detach from the graph and close what feeds this table."""
+        super().close()
+        source, self.source = self.source, None
+        if source is not None:
+            source.close()
+
     @property
     def pending_changes(self) -> int:
         """Changes staged and not applied yet."""
@@ -200,7 +217,8 @@ class ReplicaTable(SourceTable):
     def pending_rows(self) -> int:
         with self._queue_lock:
             return sum(c.rows.num_rows if isinstance(c, ReplicaReset)
-                       else c.added_rows.num_rows + c.modified_rows.num_rows for c in self._queue)
+                       else c.added_rows.num_rows + c.modified_rows.num_rows
+                       for c in self._queue if not isinstance(c, BaseException))
 
     # the cycle --------------------------------------------------------------------------
     def _compute_update(self) -> TableUpdate | None:
@@ -213,6 +231,8 @@ class ReplicaTable(SourceTable):
             self.graph.request_cycle()
         if change is None:
             return None
+        if isinstance(change, BaseException):
+            raise change
         if isinstance(change, ReplicaReset):
             change = self._difference(change)
         update = self._apply(change)

@@ -19,11 +19,12 @@ Embedding::
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -43,6 +44,7 @@ from flight.limits import (
     MAX_TABLES,
     MAX_VALUE_BYTES,
 )
+from flight.links import Link, Links, MirrorSpec, parse_mirror
 from flight.metrics import Metrics
 from flight.pb import flight_pb2 as pb
 from flight.rpc.aio import AioServer
@@ -174,6 +176,14 @@ class ServerConfig:
     sql_memory_mb
         Memory DuckDB may use for all running queries together; a query past it gets
         RESOURCE_EXHAUSTED.
+    mirrors
+        Tables of other servers to mirror here (:mod:`flight.links`): each a
+        :class:`~flight.links.MirrorSpec` or its text ``URI/TABLE[=LOCAL]``.
+    mirror_token
+        The bearer token mirrors present to their origins (a spec's own token wins).
+    mirror_give_up
+        Seconds a mirror may stay out of sync before it stops trying and fails (``None``:
+        it retries for ever).
 
     A request past a limit is refused with RESOURCE_EXHAUSTED naming the limit and its
     ``ticktable serve`` flag; :mod:`flight.limits` has the table of limits and defaults.
@@ -215,6 +225,9 @@ class ServerConfig:
     web_sched: str = "idle"
     sql_timeout: float = 60.0
     sql_memory_mb: int = 2048
+    mirrors: list[Any] = field(default_factory=list)
+    mirror_token: str | None = None
+    mirror_give_up: float | None = None
 
     def check(self) -> None:
         """Refuse a setting out of its range, naming it (:class:`TicktableServer` calls this
@@ -357,6 +370,8 @@ class TicktableServer:
         self.web: WebProcess | None = None
         self.sql = FlightSqlService(self, version=_version(), timeout=cfg.sql_timeout,
                                     memory_mb=cfg.sql_memory_mb)
+        self.links = Links(self)
+        self._mirrors = [self._mirror_spec(m) for m in cfg.mirrors]  # bad text: refused now
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -440,6 +455,8 @@ class TicktableServer:
             raise
         self.staging.start_janitor(min(60.0, max(1.0, cfg.stage_ttl / 4)))
         self.durability.start()
+        for spec in self._mirrors:
+            self.links.add(spec)
         log.info("serving Flight, the TableService, health and reflection at %s", self.location)
         return self
 
@@ -511,6 +528,7 @@ class TicktableServer:
         if self.web is not None:
             self.web.close()
             self.web = None
+        self.links.close()
         with self._subs_lock:
             subs = list(self._subs.values())
         for sub in subs:
@@ -536,6 +554,27 @@ class TicktableServer:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    def mirror(self, spec: MirrorSpec | str) -> Link:
+        """Mirror a table of another server here (``ticktable serve --mirror``): a table
+        of kind ``mirror``, registered once the origin answers (see :mod:`flight.links`).
+
+        Raises
+        ------
+        InputError
+            For a text that is not ``URI/TABLE[=LOCAL]``.
+        TableExists
+            If the local name is taken.
+        """
+        return self.links.add(self._mirror_spec(spec))
+
+    def _mirror_spec(self, spec: MirrorSpec | str) -> MirrorSpec:
+        cfg = self.config
+        if isinstance(spec, str):
+            spec = parse_mirror(spec, give_up_after=cfg.mirror_give_up)
+        if spec.token is None and cfg.mirror_token is not None:
+            spec = dataclasses.replace(spec, token=cfg.mirror_token)
+        return spec
 
     # ------------------------------------------------------------------ bookkeeping
     def read_only(self, context: grpc.ServicerContext) -> bool:
@@ -621,6 +660,9 @@ class TicktableServer:
                 name=e.name, size=len(e.table.rowset), last_step=last, subscribers=len(mine),
                 max_lag_steps=lag, kind=e.kind,
                 sequence=e.publisher.sequence if e.publisher else 0)
+            link = e.status() if e.status is not None else None
+            if link is not None:
+                t.link.CopyFrom(link)
             if counts is not None:
                 t.changes = counts.changes.get(e.name, 0)
                 t.put_rows = counts.put_rows.get(e.name, 0)

@@ -130,6 +130,9 @@ class TableKind(StrEnum):
     """A table computed from others."""
     VIEW = "view"
     """A derived table defined by SQL (``CREATE VIEW``, :mod:`flight.sql`)."""
+    MIRROR = "mirror"
+    """A table of another server mirrored here (:mod:`flight.links`): it changes as that
+    table does, under its row keys, and takes no writes."""
 
     @property
     def proto(self) -> pb.TableKind.ValueType:

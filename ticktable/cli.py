@@ -158,6 +158,7 @@ def _serve(args: argparse.Namespace) -> int:
     sql = {name: value for name, value in (("sql_timeout", args.sql_timeout),
                                            ("sql_memory_mb", args.sql_memory_mb))
            if value is not None}
+    mirror_token = args.mirror_token or os.environ.get("TICKTABLE_MIRROR_TOKEN") or None
     config = ServerConfig(host=args.host, port=args.port, token=token, read_token=read_token,
                           tls_cert=tls_cert, tls_key=tls_key,
                           data_dir=data_dir, checkpoint_seconds=args.checkpoint_seconds,
@@ -170,7 +171,8 @@ def _serve(args: argparse.Namespace) -> int:
                           max_staged_bytes_per_write=args.max_staged_bytes_per_write,
                           http_port=_http_port(args),
                           web_feed=args.web_feed, web_interval=args.web_interval,
-                          web_sched=args.web_sched, **sql)
+                          web_sched=args.web_sched, mirrors=list(args.mirror or []),
+                          mirror_token=mirror_token, mirror_give_up=args.mirror_give_up, **sql)
     try:
         server = TicktableServer(graph, config).start()
     except TicktableError as exc:  # damaged data, a port in use...: one line, no traceback
@@ -339,6 +341,22 @@ def _add_sql(serve: argparse.ArgumentParser) -> None:
                             "MB; a query past it gets RESOURCE_EXHAUSTED (default 2048)")
 
 
+def _add_links(serve: argparse.ArgumentParser) -> None:
+    """The flags of ``serve`` that mirror tables of other servers (:mod:`flight.links`)."""
+    group = serve.add_argument_group(
+        "Links", "Tables of other servers mirrored here: each changes as its origin does, "
+                 "under the origin's row keys, and resumes with deltas after a break.")
+    group.add_argument("--mirror", action="append", metavar="URI/TABLE[=LOCAL]",
+                       help="mirror TABLE of the server at URI (grpc://host:port) as LOCAL "
+                            "(default: TABLE); repeat for more tables")
+    group.add_argument("--mirror-token", default=None, metavar="TOKEN",
+                       help="bearer token for the origins (their read-only token is enough; "
+                            "default: $TICKTABLE_MIRROR_TOKEN)")
+    group.add_argument("--mirror-give-up", type=_period, default=None, metavar="SECONDS",
+                       help="a mirror out of sync this long stops trying and fails, telling "
+                            "its subscribers (default: retry for ever)")
+
+
 def _health(args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -453,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                             "(default 512 MiB)")
     _add_limits(serve)
     _add_sql(serve)
+    _add_links(serve)
     serve.set_defaults(func=_serve)
     health = sub.add_parser("health", help="exit 0 when a server reports SERVING (gRPC health)",
                             description="Ask a server's gRPC health service, on its one port "

@@ -374,6 +374,7 @@ class UpdateMetadata(_message.Message):
     FORMAT_FIELD_NUMBER: _builtins.int
     END_OF_STREAM_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    LINK_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """this table's update sequence number reached by this message"""
     step: _builtins.int
@@ -410,6 +411,13 @@ class UpdateMetadata(_message.Message):
 
     @_builtins.property
     def viewport(self) -> _containers.RepeatedCompositeFieldContainer[Global___PositionRange]: ...
+    @_builtins.property
+    def link(self) -> Global___LinkStatus:
+        """A mirrored table's link to the table it mirrors (docs/protocol.md §14), in every message
+        of a mirror's stream; absent for other tables. A change of it alone is sent as a
+        message of no rows (coalesced 0, the previous sequence).
+        """
+
     def __init__(
         self,
         *,
@@ -434,14 +442,74 @@ class UpdateMetadata(_message.Message):
         format: Global___DeltaFormat.ValueType = ...,
         end_of_stream: _builtins.bool = ...,
         error: _builtins.str = ...,
+        link: Global___LinkStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["shifts", b"shifts"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["link", b"link", "shifts", b"shifts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_data_rows", b"added_data_rows", "added_rows", b"added_rows", "coalesced", b"coalesced", "columns", b"columns", "end_of_stream", b"end_of_stream", "epoch", b"epoch", "error", b"error", "format", b"format", "has_viewport", b"has_viewport", "is_snapshot", b"is_snapshot", "modified", b"modified", "modified_data_rows", b"modified_data_rows", "num_added_batches", b"num_added_batches", "num_modified_batches", b"num_modified_batches", "removed_rows", b"removed_rows", "resume", b"resume", "sequence", b"sequence", "shifts", b"shifts", "step", b"step", "table_size", b"table_size", "viewport", b"viewport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_data_rows", b"added_data_rows", "added_rows", b"added_rows", "coalesced", b"coalesced", "columns", b"columns", "end_of_stream", b"end_of_stream", "epoch", b"epoch", "error", b"error", "format", b"format", "has_viewport", b"has_viewport", "is_snapshot", b"is_snapshot", "link", b"link", "modified", b"modified", "modified_data_rows", b"modified_data_rows", "num_added_batches", b"num_added_batches", "num_modified_batches", b"num_modified_batches", "removed_rows", b"removed_rows", "resume", b"resume", "sequence", b"sequence", "shifts", b"shifts", "step", b"step", "table_size", b"table_size", "viewport", b"viewport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UpdateMetadata: _TypeAlias = UpdateMetadata  # noqa: Y015
+
+@_typing.final
+class LinkStatus(_message.Message):
+    """How a mirrored table follows the table it mirrors on another server (flight/links)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IN_SYNC_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    ORIGIN_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    RECONNECTS_FIELD_NUMBER: _builtins.int
+    RESUMED_WITH_DELTAS_FIELD_NUMBER: _builtins.int
+    RESUMED_WITH_SNAPSHOT_FIELD_NUMBER: _builtins.int
+    ORIGIN_EPOCH_FIELD_NUMBER: _builtins.int
+    ORIGIN_SEQUENCE_FIELD_NUMBER: _builtins.int
+    OUT_OF_SYNC_SECONDS_FIELD_NUMBER: _builtins.int
+    in_sync: _builtins.bool
+    """The mirror applies the origin's updates as they come, and so does every link before it
+    (a mirror of a mirror is in sync only while the mirror it reads is).
+    """
+    state: _builtins.str
+    """"connecting", "in sync", "disconnected", "gave up", or "upstream not in sync" """
+    origin: _builtins.str
+    """URI/TABLE of the table mirrored"""
+    detail: _builtins.str
+    """why it is not in sync (the last error), else empty"""
+    reconnects: _builtins.int
+    """streams opened after the first"""
+    resumed_with_deltas: _builtins.int
+    """reconnects the origin answered with the missed deltas"""
+    resumed_with_snapshot: _builtins.int
+    """reconnects answered with a snapshot (its difference applied)"""
+    origin_epoch: _builtins.str
+    """the origin table's epoch and sequence of the last message applied"""
+    origin_sequence: _builtins.int
+    out_of_sync_seconds: _builtins.float
+    """how long it has not been in sync (0 when in sync)"""
+    def __init__(
+        self,
+        *,
+        in_sync: _builtins.bool = ...,
+        state: _builtins.str = ...,
+        origin: _builtins.str = ...,
+        detail: _builtins.str = ...,
+        reconnects: _builtins.int = ...,
+        resumed_with_deltas: _builtins.int = ...,
+        resumed_with_snapshot: _builtins.int = ...,
+        origin_epoch: _builtins.str = ...,
+        origin_sequence: _builtins.int = ...,
+        out_of_sync_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "in_sync", b"in_sync", "origin", b"origin", "origin_epoch", b"origin_epoch", "origin_sequence", b"origin_sequence", "out_of_sync_seconds", b"out_of_sync_seconds", "reconnects", b"reconnects", "resumed_with_deltas", b"resumed_with_deltas", "resumed_with_snapshot", b"resumed_with_snapshot", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LinkStatus: _TypeAlias = LinkStatus  # noqa: Y015
 
 @_typing.final
 class PutRequest(_message.Message):
@@ -683,6 +751,7 @@ class TableStats(_message.Message):
     CHANGES_FIELD_NUMBER: _builtins.int
     PUT_ROWS_FIELD_NUMBER: _builtins.int
     PUT_BYTES_FIELD_NUMBER: _builtins.int
+    LINK_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     size: _builtins.int
     last_step: _builtins.int
@@ -697,6 +766,10 @@ class TableStats(_message.Message):
     """rows accepted by DoPut since the server started"""
     put_bytes: _builtins.int
     """Arrow bytes accepted by DoPut since the server started"""
+    @_builtins.property
+    def link(self) -> Global___LinkStatus:
+        """a mirrored table's link (kind "mirror"), else absent"""
+
     def __init__(
         self,
         *,
@@ -710,10 +783,11 @@ class TableStats(_message.Message):
         changes: _builtins.int = ...,
         put_rows: _builtins.int = ...,
         put_bytes: _builtins.int = ...,
+        link: Global___LinkStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["link", b"link"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "kind", b"kind", "last_step", b"last_step", "max_lag_steps", b"max_lag_steps", "name", b"name", "put_bytes", b"put_bytes", "put_rows", b"put_rows", "sequence", b"sequence", "size", b"size", "subscribers", b"subscribers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "kind", b"kind", "last_step", b"last_step", "link", b"link", "max_lag_steps", b"max_lag_steps", "name", b"name", "put_bytes", b"put_bytes", "put_rows", b"put_rows", "sequence", b"sequence", "size", b"size", "subscribers", b"subscribers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

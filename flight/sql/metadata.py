@@ -54,6 +54,7 @@ TABLE_TYPES: dict[str, str] = {
     TableKind.RING: "RING TABLE",
     TableKind.DERIVED: "DERIVED TABLE",
     TableKind.VIEW: "VIEW",
+    TableKind.MIRROR: "MIRROR TABLE",
 }
 
 # ---------------------------------------------------------------------------- schemas

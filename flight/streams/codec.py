@@ -29,7 +29,7 @@ A delta carries the values of rows newly held and of modified rows already held.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -119,12 +119,15 @@ class DeltaCodec:
         Rows per record batch at most.
     """
 
-    __slots__ = ("_carried", "_no_rows", "batch_rows", "columns", "epoch", "format", "schema",
+    __slots__ = ("_carried", "_no_rows", "batch_rows", "columns", "epoch", "format", "schema", "status",
                  "table", "viewport")
 
     def __init__(self, table: Table, *, epoch: str, format: Format, columns: Sequence[str],
-                 viewport: Sequence[tuple[int, int]] | None, batch_rows: int) -> None:
+                 viewport: Sequence[tuple[int, int]] | None, batch_rows: int,
+                 status: Callable[[], pb.LinkStatus | None] | None = None) -> None:
         self.table = table
+        #: a mirrored table's link status, carried in every message (flight.links)
+        self.status = status
         self.epoch = epoch
         self.format = format
         self.columns = tuple(columns)
@@ -230,6 +233,10 @@ class DeltaCodec:
         if self.viewport is not None:
             meta.has_viewport = True
             meta.viewport.extend(pb.PositionRange(begin=b, end=e) for b, e in self.viewport)
+        if self.status is not None:
+            link = self.status()
+            if link is not None:
+                meta.link.CopyFrom(link)
         return meta
 
     def _rows(self, keys: npt.NDArray[np.int64]) -> pa.Table:

@@ -43,6 +43,7 @@ from engine.sources import AppendOnlyTable, KeyedTable, RingTable
 from engine.table import Table
 from engine.update import TableUpdate
 from flight.limits import limit_text, quoted
+from flight.pb import flight_pb2 as pb
 from flight.wire import SOURCE_KINDS, TableKind
 
 __all__ = ["MAX_RING_CAPACITY", "HistoryEntry", "Publisher", "TableEntry", "TableRegistry",
@@ -212,6 +213,8 @@ class TableEntry:
     publisher: Publisher | None = None
     children: set[str] = field(default_factory=set)
     durable: bool = False  # journaled and checkpointed (flight.durability.durable); demo tables are not
+    #: a mirrored table's link status (flight.links), carried in its subscribers' messages
+    status: Callable[[], pb.LinkStatus | None] | None = None
 
     @property
     def is_source(self) -> bool:

@@ -165,7 +165,7 @@ class Subscription:
         """The codec of this stream's current columns and viewport."""
         return DeltaCodec(self.table, epoch=self.publisher.epoch, format=self.format,
                           columns=self.columns, viewport=self.viewport,
-                          batch_rows=self.batch_rows)
+                          batch_rows=self.batch_rows, status=self.entry.status)
 
     # ------------------------------------------------------- the cycle's side (sink)
     def on_table_update(self, entry: HistoryEntry) -> None:

@@ -74,7 +74,7 @@ def test_metadata_as_adbc_asks_for_it(conn):
     assert info["vendor_name"] == "Ticktable" and info["vendor_version"]
     assert info["vendor_arrow_version"] == pa.__version__
     assert sorted(conn.adbc_get_table_types()) == [
-        "APPEND TABLE", "DERIVED TABLE", "KEYED TABLE", "RING TABLE", "VIEW"]
+        "APPEND TABLE", "DERIVED TABLE", "KEYED TABLE", "MIRROR TABLE", "RING TABLE", "VIEW"]
     objects = conn.adbc_get_objects(depth="all").read_all().to_pylist()
     (schema,) = objects[0]["catalog_db_schemas"]
     assert schema["db_schema_name"] == "main"

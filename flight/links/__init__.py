@@ -1,0 +1,111 @@
+"""Links: tables of other servers mirrored into this one (DESIGN.md §11).
+
+A mirror is a :class:`~engine.sources.ReplicaTable` fed by a :class:`~flight.links.link.Link`
+(one subscription to the origin). The server's :class:`Links` holds its mirrors: it
+registers each one as a table of kind ``mirror`` once the origin's schema is known, puts
+the link's status in the table's entry (so every message of the mirror's streams carries
+it, and ``stats`` shows it) and sends a status message to the mirror's subscribers when the
+link goes out of sync or back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from engine.errors import TableExists
+from engine.sources import ReplicaTable
+from flight.links.link import Link, LinkGaveUp, MirrorSpec, parse_mirror
+from flight.pb import flight_pb2 as pb
+from flight.wire import TableKind
+
+if TYPE_CHECKING:
+    from flight.server import TicktableServer
+
+__all__ = ["Link", "LinkGaveUp", "Links", "MirrorSpec", "parse_mirror"]
+
+log = logging.getLogger(__name__)
+
+
+class Links:
+    """The server's mirrors, by local name.
+
+    Parameters
+    ----------
+    server
+        The server whose registry holds the mirrors and whose subscribers are told of
+        their links' status.
+    """
+
+    def __init__(self, server: TicktableServer) -> None:
+        self.server = server
+        self.registry = server.registry
+        self._links: dict[str, Link] = {}
+        self._lock = threading.Lock()
+        self.registry.on_drop.append(self._dropped)
+
+    def add(self, spec: MirrorSpec) -> Link:
+        """Start mirroring ``spec``'s table as ``spec.name``.
+
+        A mirror restored from a checkpoint (a table of kind ``mirror`` under that name)
+        resumes from where it was; otherwise the name must be free.
+
+        Raises
+        ------
+        TableExists
+            If the name is taken by a table that is not a mirror, or by another mirror.
+        """
+        name = spec.name
+        with self._lock:
+            if name in self._links:
+                raise TableExists(f"table {name!r} already mirrors {self._links[name].spec.origin}")
+            restored = None
+            if name in self.registry.names():
+                entry = self.registry.get(name)
+                if entry.kind != TableKind.MIRROR or not isinstance(entry.table, ReplicaTable):
+                    raise TableExists(f"table {name!r} already exists (a {entry.kind} table); "
+                                      f"mirror {spec.origin} under another name (URI/TABLE=LOCAL)")
+                restored = entry.table
+            link = Link(self.registry.graph, spec, table=restored, on_table=self._register,
+                        on_status=self._status_changed)
+            self._links[name] = link
+            if restored is not None:
+                self.registry.get(name).status = link.status
+        return link.start()
+
+    def get(self, name: str) -> Link | None:
+        """The link feeding mirror ``name``, if it is one."""
+        with self._lock:
+            return self._links.get(name)
+
+    def links(self) -> list[Link]:
+        with self._lock:
+            return list(self._links.values())
+
+    def close(self) -> None:
+        """Stop every link (the mirrors keep their rows)."""
+        with self._lock:
+            links, self._links = list(self._links.values()), {}
+        for link in links:
+            link.close()
+
+    # ------------------------------------------------------------------ callbacks
+    def _register(self, table: ReplicaTable) -> None:
+        """On the link's thread, at its first connection: expose the replica."""
+        link = self.get(table.name)
+        entry = self.registry.add(table.name, table, TableKind.MIRROR)
+        if link is not None:
+            entry.status = link.status
+
+    def _status_changed(self, link: Link) -> None:
+        """Tell the mirror's subscribers: each gets a message carrying the new status."""
+        for sub in self.server.subscriptions:
+            if sub.entry.name == link.spec.name and sub.entry.table is link.table:
+                sub.change(pb.SubscriptionChange())
+
+    def _dropped(self, name: str) -> None:
+        with self._lock:
+            link = self._links.pop(name, None)
+        if link is not None:
+            link.close()

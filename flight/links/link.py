@@ -1,0 +1,446 @@
+"""One mirrored table: a subscription to a table of another server, applied to a local
+:class:`~engine.sources.ReplicaTable` message for message (DESIGN.md §11).
+
+A :class:`Link` runs one thread. It subscribes to the origin table (``DoExchange``, the
+same protocol as any client: docs/protocol.md §7), and turns each message into one staged
+change of the replica:
+
+* a delta (``UPDATES``, no viewport) becomes a :class:`~engine.sources.ReplicaChange` with
+  the message's removed, shifted, added and modified row keys and values: the replica's
+  next update is the origin's update (or the origin's updates the message composed);
+* a snapshot (the first subscription, a resume the origin could not serve from its history,
+  or an origin that restarted: a new epoch) becomes a :meth:`~engine.sources.ReplicaTable.reset`,
+  applied as only its difference from what the replica holds;
+* a message that changes nothing (a status) updates what the link knows of its origin's
+  own link, when the origin is itself a mirror.
+
+When the stream breaks the link reconnects with backoff and resumes from the epoch and
+sequence of the last message it staged (``resume``): the origin answers with the missed
+updates composed into one delta, or with a snapshot. While it is not applying the origin's
+updates as they come the link is *not in sync*, and says so in its :meth:`Link.status`
+(the server puts it in stats, metrics, the web page and every message its own subscribers
+receive). With ``give_up_after`` the link stops after that many seconds out of sync and the
+replica fails (its subscribers are told ``FAILED_PRECONDITION``); without it the link
+retries for ever.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from engine.errors import InputError, ProtocolError, TableFailed
+from engine.graph import UpdateGraph
+from engine.rowset import RowSet, RowSetShiftData
+from engine.sources import ReplicaChange, ReplicaTable
+from flight.pb import flight_pb2 as pb
+from flight.streams.decoder import StreamEnded, decode_rows, read_message
+
+__all__ = ["Link", "LinkGaveUp", "MirrorSpec", "parse_mirror"]
+
+log = logging.getLogger(__name__)
+
+#: States of a link (``LinkStatus.state``).
+CONNECTING, IN_SYNC, DISCONNECTED, GAVE_UP, UPSTREAM = (
+    "connecting", "in sync", "disconnected", "gave up", "upstream not in sync")
+
+#: The subscription's receive window: fixed, as the Python client's (clients/wire.py), so a
+#: mirror that falls behind holds few messages in flight and its origin composes the rest.
+_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1 << 20)]
+
+
+class LinkGaveUp(TableFailed):
+    """A mirror's link stopped trying: the replica fails with this."""
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorSpec:
+    """What to mirror and how.
+
+    Attributes
+    ----------
+    uri
+        The origin server: ``grpc://host:port`` (or ``grpc+tls://``).
+    table
+        The origin's table.
+    local
+        The mirror's name here (default: the origin's).
+    token
+        The origin's bearer token (its read-only token is enough).
+    columns
+        Mirror only these columns (default: all).
+    give_up_after
+        Seconds out of sync after which the link stops and the mirror fails (``None``:
+        retry for ever).
+    tls_roots
+        PEM root certificates for a ``grpc+tls`` origin (default: the system's).
+    """
+
+    uri: str
+    table: str
+    local: str = ""
+    token: str | None = None
+    columns: tuple[str, ...] | None = None
+    give_up_after: float | None = None
+    tls_roots: bytes | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        """The mirror's local name."""
+        return self.local or self.table
+
+    @property
+    def origin(self) -> str:
+        """``URI/TABLE``: the table mirrored."""
+        return f"{self.uri}/{self.table}"
+
+
+def parse_mirror(text: str, *, token: str | None = None,
+                 give_up_after: float | None = None) -> MirrorSpec:
+    """A :class:`MirrorSpec` from ``URI/TABLE[=LOCAL]`` (``ticktable serve --mirror``).
+
+    ``URI`` is ``grpc://host:port``, ``grpc+tls://host:port`` or ``host:port``; the table
+    is what follows the first ``/`` after the port, the local name what follows its last
+    ``=``.
+
+    Raises
+    ------
+    InputError
+        Naming what is missing.
+
+    Examples
+    --------
+    >>> parse_mirror("grpc://10.0.0.5:8815/orders=orders_eu").name
+    'orders_eu'
+    """
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "grpc", text
+    if scheme not in ("grpc", "grpc+tcp", "grpc+tls"):
+        raise InputError(f"mirror {text!r}: the origin's URI must be grpc:// or grpc+tls://")
+    address, slash, path = rest.partition("/")
+    if not slash or not path or not address:
+        raise InputError(f"mirror {text!r}: expected URI/TABLE[=LOCAL], e.g. "
+                         f"grpc://origin:8815/orders=orders_copy")
+    table, eq, local = path.rpartition("=")
+    if not eq:
+        table, local = path, ""
+    if not table or (eq and not local):
+        raise InputError(f"mirror {text!r}: empty table or local name")
+    return MirrorSpec(f"{scheme}://{address}", table, local, token=token,
+                      give_up_after=give_up_after)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+
+
+class Link:
+    """Follows one table of another server into a local :class:`ReplicaTable` (see the
+    module docstring).
+
+    Parameters
+    ----------
+    graph
+        The local graph.
+    spec
+        The origin table and the options.
+    table
+        A replica restored from a checkpoint (its ``position`` says where to resume), or
+        ``None``: made at the first connection, from the origin's schema.
+    on_table
+        Called with the replica once it exists (to register it), on the link's thread.
+    on_status
+        Called with the link whenever its :meth:`status` changes, on the link's thread.
+    reconnect_delay, max_reconnect_delay
+        Backoff between attempts, doubling from the first to the second (with jitter).
+    """
+
+    def __init__(self, graph: UpdateGraph, spec: MirrorSpec, *, table: ReplicaTable | None = None,
+                 on_table: Callable[[ReplicaTable], None] | None = None,
+                 on_status: Callable[[Link], None] | None = None,
+                 reconnect_delay: float = 0.1, max_reconnect_delay: float = 5.0) -> None:
+        self.graph = graph
+        self.spec = spec
+        self.table = table
+        self.on_table = on_table
+        self.on_status = on_status
+        self._delays = (reconnect_delay, max_reconnect_delay)
+        self._lock = threading.Lock()
+        self._state = CONNECTING
+        self._detail = ""
+        self._upstream: pb.LinkStatus | None = None  # the origin's own link, if a mirror
+        self._out_since: float | None = time.monotonic()
+        self._position: tuple[str, int] | None = None
+        if table is not None:
+            table.source = self
+            if table.position is not None:
+                epoch, sequence = table.position
+                self._position = (str(epoch), int(sequence))
+        self.reconnects = 0
+        self.resumed_with_deltas = 0
+        self.resumed_with_snapshot = 0
+        self.messages = 0
+        self.bytes_received = 0
+        self._sessions = 0
+        self._has_table = threading.Event()
+        if table is not None:
+            self._has_table.set()
+        self._closed = threading.Event()
+        self._reader: Any = None
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"ticktable-link-{spec.name}"[:60])
+
+    # ------------------------------------------------------------------ control
+    def start(self) -> Link:
+        """Start following the origin (in the background)."""
+        self._thread.start()
+        return self
+
+    def wait_table(self, timeout: float | None = None) -> ReplicaTable:
+        """The replica, waiting for the first connection to make it.
+
+        Raises
+        ------
+        TimeoutError
+            If the origin did not answer in time (the link keeps trying).
+        """
+        if not self._has_table.wait(timeout):
+            raise TimeoutError(f"mirror {self.spec.name!r}: no answer from {self.spec.origin} "
+                               f"within {timeout:g} s (last: {self._detail or self._state})")
+        assert self.table is not None
+        return self.table
+
+    def wait_in_sync(self, timeout: float | None = None) -> bool:
+        """Wait until the link is in sync and the replica applied what it staged; whether it
+        got there in time."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while end is None or time.monotonic() < end:
+            if self.in_sync and self.table is not None and not self.table.pending_changes:
+                return True
+            time.sleep(0.005)
+        return False
+
+    def close(self) -> None:
+        """Stop following (the replica keeps its rows); waits for the thread."""
+        self._closed.set()
+        reader = self._reader
+        if reader is not None:
+            try:
+                reader.cancel()
+            except Exception:
+                pass
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(10.0)
+
+    # ------------------------------------------------------------------ status
+    @property
+    def in_sync(self) -> bool:
+        """Whether the link, and every link before it, applies its origin's updates as
+        they come."""
+        with self._lock:
+            return self._state == IN_SYNC and (self._upstream is None or self._upstream.in_sync)
+
+    @property
+    def state(self) -> str:
+        with self._lock:
+            if self._state == IN_SYNC and self._upstream is not None and not self._upstream.in_sync:
+                return UPSTREAM
+            return self._state
+
+    def status(self) -> pb.LinkStatus:
+        """The link as ``LinkStatus`` (stats, and every message of the mirror's streams)."""
+        with self._lock:
+            up = self._upstream
+            in_sync = self._state == IN_SYNC and (up is None or up.in_sync)
+            state = UPSTREAM if self._state == IN_SYNC and not in_sync else self._state
+            detail = self._detail
+            if state == UPSTREAM and up is not None:
+                detail = f"{self.spec.origin} is {up.state}" + (f": {up.detail}" if up.detail else "")
+            since = self._out_since
+            pos = self._position
+        return pb.LinkStatus(
+            in_sync=in_sync, state=state, origin=self.spec.origin, detail=detail,
+            reconnects=self.reconnects, resumed_with_deltas=self.resumed_with_deltas,
+            resumed_with_snapshot=self.resumed_with_snapshot,
+            origin_epoch=pos[0] if pos else "", origin_sequence=pos[1] if pos else 0,
+            out_of_sync_seconds=0.0 if in_sync or since is None else time.monotonic() - since)
+
+    def _set_state(self, state: str, detail: str = "") -> None:
+        with self._lock:
+            before = (self._state, self._detail)
+            self._state, self._detail = state, detail
+            if state == IN_SYNC:
+                self._out_since = None
+            elif self._out_since is None:
+                self._out_since = time.monotonic()
+        if before != (state, detail):
+            level = logging.INFO if state in (IN_SYNC, CONNECTING) else logging.WARNING
+            log.log(level, "mirror %r of %s: %s%s", self.spec.name, self.spec.origin, state,
+                    f" ({detail})" if detail else "")
+            self._changed()
+
+    def _changed(self) -> None:
+        if self.on_status is not None:
+            try:
+                self.on_status(self)
+            except Exception:
+                log.exception("mirror %r: telling its subscribers", self.spec.name)
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        delay = self._delays[0]
+        while not self._closed.is_set():
+            synced_before = self.messages
+            try:
+                self._session()
+            except Exception as exc:
+                if self._closed.is_set():
+                    break
+                if isinstance(exc, LinkGaveUp):
+                    return
+                self._set_state(DISCONNECTED, _one_line(exc))
+            if self._closed.is_set():
+                break
+            limit = self.spec.give_up_after
+            with self._lock:
+                since = self._out_since
+            if limit is not None and since is not None and time.monotonic() - since > limit:
+                self._give_up(f"not in sync for {time.monotonic() - since:.1f} s "
+                              f"(give_up_after {limit:g} s); last: {self._detail}")
+                return
+            if self.messages > synced_before:
+                delay = self._delays[0]  # it was connected: start the backoff again
+            self._closed.wait(delay * (0.5 + random.random()))
+            delay = min(delay * 2, self._delays[1])
+            self.reconnects += 1
+
+    def _give_up(self, why: str) -> None:
+        self._set_state(GAVE_UP, why)
+        if self.table is not None:
+            self.table.fail(LinkGaveUp(f"mirror {self.spec.name!r} of {self.spec.origin} gave "
+                                       f"up: {why}"))
+            self.graph.request_cycle()
+
+    def _session(self) -> None:
+        """One stream: subscribe (resuming when a position is known), apply until it breaks."""
+        spec = self.spec
+        kw: dict[str, Any] = {"generic_options": _WINDOW}
+        if spec.tls_roots is not None:
+            kw["tls_root_certs"] = spec.tls_roots
+        client = fl.FlightClient(spec.uri, **kw)
+        headers = [(b"authorization", f"Bearer {spec.token}".encode())] if spec.token else []
+        writer = reader = None
+        try:
+            writer, reader = client.do_exchange(fl.FlightDescriptor.for_path(spec.table),
+                                                fl.FlightCallOptions(headers=headers))
+            self._reader = reader
+            if self._closed.is_set():
+                return
+            request = pb.SubscriptionRequest(table=spec.table, columns=list(spec.columns or ()))
+            with self._lock:
+                pos = self._position
+            if pos is not None:
+                request.resume, request.resume_epoch, request.resume_sequence = True, pos[0], pos[1]
+            writer.begin(pa.schema([]))
+            writer.write_metadata(pa.py_buffer(pb.ClientMessage(subscribe=request).SerializeToString()))
+            schema = reader.schema
+            table = self._ensure_table(schema)
+            first = True
+            while not self._closed.is_set():
+                try:
+                    msg = read_message(reader, schema)
+                except StreamEnded as end:
+                    writer.done_writing()
+                    reader.read_chunk()  # raises the call's status
+                    raise ConnectionError(f"the origin ended the stream: {end}") from None
+                except StopIteration:
+                    raise ConnectionError("the origin ended the stream") from None
+                self._apply(table, msg.meta, msg.added, msg.modified, first)
+                first = False
+        finally:
+            self._reader = None
+            for fn in (getattr(reader, "cancel", None), getattr(writer, "close", None), client.close):
+                if fn is not None:
+                    try:
+                        fn()
+                    except Exception:
+                        pass
+
+    def _ensure_table(self, stream_schema: pa.Schema) -> ReplicaTable:
+        """The replica: made from the origin's schema at the first connection; later, the
+        origin's schema must still be the one it was made with."""
+        cols = list(self.spec.columns) if self.spec.columns else stream_schema.names
+        missing = [c for c in cols if c not in stream_schema.names]
+        if missing:
+            raise InputError(f"mirror {self.spec.name!r}: {self.spec.origin} has no column(s) {missing}")
+        schema = pa.schema([stream_schema.field(c) for c in cols])
+        if self.table is None:
+            table = ReplicaTable(self.graph, schema, name=self.spec.name)
+            table.source = self
+            self.table = table
+            if self.on_table is not None:
+                self.on_table(table)
+            self._has_table.set()
+        elif not self.table.schema.equals(schema):
+            self._give_up(f"the origin's schema changed to ({schema}); it was "
+                          f"({self.table.schema}): drop the mirror and mirror the table again")
+            raise LinkGaveUp(self._detail)
+        return self.table
+
+    def _apply(self, table: ReplicaTable, meta: pb.UpdateMetadata, added: pa.Table,
+               modified: pa.Table, first: bool) -> None:
+        """Stage one message as one change of the replica."""
+        if meta.format != pb.DELTA_FORMAT_UPDATES or meta.has_viewport:
+            raise ProtocolError(f"mirror {self.spec.name!r}: the origin sent a message of another "
+                                f"format or with a viewport")
+        names = table.schema.names
+        position = (meta.epoch, int(meta.sequence))
+        upstream = pb.LinkStatus()
+        upstream.CopyFrom(meta.link)
+        had = meta.HasField("link")
+        self.messages += 1
+        self.bytes_received += added.nbytes + modified.nbytes + meta.ByteSize()
+        if meta.is_snapshot:
+            keys = decode_rows(meta.added_rows)
+            table.reset(keys, added.select(names), position=position)
+            if not first or meta.resume == pb.RESUME_SNAPSHOT:
+                self.resumed_with_snapshot += 1
+        else:
+            removed, add = decode_rows(meta.removed_rows), decode_rows(meta.added_rows)
+            mod = decode_rows(meta.modified_data_rows)
+            shifts = meta.shifts
+            if removed.size or add.size or mod.size or len(shifts.begins) or meta.coalesced:
+                table.apply(ReplicaChange(
+                    removed=RowSet.from_keys(removed, assume_sorted=True),
+                    shifted=RowSetShiftData.from_arrays(
+                        np.asarray(shifts.begins, np.int64), np.asarray(shifts.ends, np.int64),
+                        np.asarray(shifts.deltas, np.int64)),
+                    added=RowSet.from_keys(add, assume_sorted=True),
+                    modified=RowSet.from_keys(mod, assume_sorted=True),
+                    modified_columns=frozenset(m.column for m in meta.modified if m.column in names),
+                    added_rows=added.select(names), modified_rows=modified.select(names),
+                    position=position))
+            if first and meta.resume == pb.RESUME_DELTAS:
+                self.resumed_with_deltas += 1
+        with self._lock:
+            self._position = position
+            up_changed = (self._upstream is not None) != had or (
+                had and self._upstream is not None and (
+                    self._upstream.in_sync, self._upstream.state, self._upstream.detail)
+                != (upstream.in_sync, upstream.state, upstream.detail))
+            self._upstream = upstream if had else None
+        if self._state != IN_SYNC:
+            self._set_state(IN_SYNC)
+        elif up_changed:
+            self._changed()
