@@ -141,8 +141,14 @@ def parse_mirror(text: str, *, token: str | None = None,
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+    """The reason of a failed call in one line: pyarrow's Flight errors without the gRPC
+    debug context they append."""
+    text = str(exc).strip()
+    text = text.split(". gRPC client debug context:")[0].split(" gRPC client debug context:")[0]
+    if "with message: " in text:
+        text = text.split("with message: ", 1)[1]
+    lines = text.splitlines()
+    return lines[0][:300] if lines else type(exc).__name__
 
 
 class Link:
@@ -433,6 +439,7 @@ class Link:
                     position=position))
             if first and meta.resume == pb.RESUME_DELTAS:
                 self.resumed_with_deltas += 1
+        self.graph.request_cycle()  # applied now, not at the next periodic cycle (as a write)
         with self._lock:
             self._position = position
             up_changed = (self._upstream is not None) != had or (
