@@ -4,7 +4,8 @@
 it accepts to one target, full duplex, with two threads per connection (one per
 direction) and 256 KiB reads, so gRPC's HTTP/2 streams pass through unchanged. A test can
 
-* count the bytes forwarded each way (:attr:`TcpProxy.bytes_down`, :attr:`TcpProxy.bytes_up`),
+* count the bytes forwarded each way (:attr:`TcpProxy.bytes_down`, :attr:`TcpProxy.bytes_up`;
+  a chunk is counted as it is handed on, so a receiver that has it sees it counted),
 * drop every open connection as a broken network would (:meth:`TcpProxy.cut`): both sides
   see a reset, new connections are still accepted,
 * stand for a server that is gone (:meth:`TcpProxy.pause`): existing connections are cut and
@@ -73,8 +74,8 @@ class _Pipe:
                 if n == 0:  # the sender finished: pass the half-close on
                     dst.shutdown(socket.SHUT_WR)
                     break
+                self.proxy._count(n, up)  # first: whoever receives them sees them counted
                 dst.sendall(view[:n])
-                self.proxy._count(n, up)
         except OSError:  # reset, cut, or the other direction closed: drop the connection
             self.cut()
         finally:
