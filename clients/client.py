@@ -1,13 +1,16 @@
 """The Python client: ``tt.connect(uri)`` and what a connection can do.
 
-A :class:`Client` wraps one Arrow Flight connection (and, lazily, a gRPC channel to the
-server's TableService, on the same port, for :meth:`Client.table` compositions). Every call
-carries the bearer token; errors are the server's, raised as pyarrow raises them:
-``KeyError`` for an unknown table, ``pyarrow.ArrowInvalid`` for input the server refused
-(the message names the table or column and the way out), plain ``pyarrow.ArrowException``
-for a name already taken, ``pyarrow.flight.FlightUnauthenticatedError`` for a missing or
-wrong token, ``pyarrow.flight.FlightUnavailableError`` when the server cannot be reached.
-An expression that does not fit a table's schema is refused before anything is sent, with
+A :class:`Client` wraps one Arrow Flight connection per server (and, lazily, a gRPC channel
+to the server's TableService, on the same port, for :meth:`Client.table` compositions).
+Given several URIs (an origin and its mirrors, holding the same tables) it sends each call
+to the server that answers and spreads subscriptions over them (see :class:`Client`;
+:mod:`clients.failover` is how). Every call carries the bearer token; errors are the
+server's, raised as pyarrow raises them: ``KeyError`` for an unknown table,
+``pyarrow.ArrowInvalid`` for input the server refused (the message names the table or
+column and the way out), plain ``pyarrow.ArrowException`` for a name already taken,
+``pyarrow.flight.FlightUnauthenticatedError`` for a missing or wrong token,
+``pyarrow.flight.FlightUnavailableError`` when the server cannot be reached. An expression
+that does not fit a table's schema is refused before anything is sent, with
 ``ticktable.errors.ExpressionError``.
 
 >>> import ticktable as tt
@@ -16,10 +19,12 @@ An expression that does not fit a table's schema is refused before anything is s
 >>> live = client.subscribe("trades")                      # doctest: +SKIP
 >>> live.df                                                # doctest: +SKIP
 >>> client.sql("SELECT sym, sum(qty) FROM trades GROUP BY sym")  # doctest: +SKIP
+>>> mirrored = tt.connect("grpc://origin:8815,grpc://mirror:8815")  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import uuid
@@ -33,8 +38,9 @@ import pyarrow.flight as fl
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
+from clients.failover import Attempt, Servers, split_uris
 from clients.wire import Endpoint, PutSummary, action, chunks, put_batches
-from engine.errors import ProtocolError
+from engine.errors import ProtocolError, SqlError
 from flight.pb import flight_pb2 as pb
 from flight.pb import flight_sql_pb2 as fsql
 from flight.wire import (
@@ -61,17 +67,21 @@ PutData: TypeAlias = (pd.DataFrame | pa.Table | pa.RecordBatch | pa.RecordBatchR
 log = logging.getLogger(__name__)
 
 
-def connect(uri: str = "grpc://127.0.0.1:8815", token: str | None = None,
+def connect(uri: str | Sequence[str] = "grpc://127.0.0.1:8815", token: str | None = None,
             tls: bool | bytes | str = False, *, verify: bool = True,
             timeout: float | None = 60.0) -> Client:
-    """Connect to a Ticktable server.
+    """Connect to a Ticktable server, or to several that hold the same tables.
 
     Parameters
     ----------
     uri
-        ``grpc://host:port``, ``grpc+tls://host:port`` or ``host[:port]`` (port 8815).
+        ``grpc://host:port``, ``grpc+tls://host:port`` or ``host[:port]`` (port 8815). Or
+        several: a list or tuple of them, or one string of them separated by commas
+        (``"grpc://a:8815,grpc://b:8815"``): an origin and its mirrors, assumed to hold the
+        same tables. How calls and subscriptions use them: :class:`Client`.
     token
         Bearer token (default: the ``TICKTABLE_TOKEN`` environment variable, if set).
+        The same for every URI, as are ``tls``, ``verify`` and ``timeout``.
     tls
         ``True`` for TLS with the system's roots, or the root certificate(s): PEM ``bytes``
         or the path of a PEM file.
@@ -83,41 +93,119 @@ def connect(uri: str = "grpc://127.0.0.1:8815", token: str | None = None,
     Returns
     -------
     Client
-        A connected client; the server is contacted on the first call.
+        A connected client; the servers are contacted on the first call.
+
+    Raises
+    ------
+    ValueError
+        If ``uri`` holds no URI, or an empty one (``"a:1,,b:2"``).
+    TypeError
+        If a URI is not a string.
+    ProtocolError
+        If a URI's scheme is not one Ticktable speaks.
 
     Examples
     --------
     >>> with tt.connect("grpc://127.0.0.1:8815") as client:   # doctest: +SKIP
     ...     print(client.tables())
     ['board', 'quotes', 'stats']
+
+    An origin and its mirror; subscriptions alternate between them:
+
+    >>> client = tt.connect(["grpc://origin:8815", "mirror"])  # doctest: +SKIP
+    >>> client.uris                                            # doctest: +SKIP
+    ('grpc://origin:8815', 'grpc://mirror:8815')
     """
-    return Client(Endpoint(uri, token=token, tls=tls, verify=verify, timeout=timeout))
+    uris = split_uris(uri)
+    endpoints = [Endpoint(u, token=token, tls=tls, verify=verify, timeout=timeout)
+                 for u in uris]
+    return Client(endpoints[0] if len(endpoints) == 1 else endpoints)
 
 
 class Client:
-    """One connection to a Ticktable server (see :func:`connect`).
+    """A connection to a Ticktable server, or to several holding the same tables.
 
-    Thread-safe: calls may come from several threads; subscriptions use connections of
-    their own so a slow stream never delays a call.
+    Made by :func:`connect`. Thread-safe: calls may come from several threads;
+    subscriptions use connections of their own so a slow stream never delays a call.
+
+    **Several URIs.** The servers are taken to hold the same tables (an origin and its
+    mirrors); the client does not keep them in step: each write goes to one of them.
+
+    * A call (:meth:`tables`, :meth:`schema`, :meth:`stats`, :meth:`snapshot`,
+      :meth:`create_table`, :meth:`drop_table`, :meth:`push`, :meth:`sql`) runs whole on
+      one server: the one that answered last (at first, the first URI). When it fails with
+      UNAVAILABLE it is tried once on each other server, in the order given, if the rule
+      below allows; the client then stays on the server that answered (no fail-back).
+    * The rule, by what the failed call may have done. A read (:meth:`tables`,
+      :meth:`schema`, :meth:`stats`, :meth:`snapshot`, :meth:`sql` of a query) is retried
+      after any UNAVAILABLE. A write (:meth:`create_table`, :meth:`drop_table`, :meth:`sql`
+      of an ``INSERT``, ``DELETE``, ``CREATE VIEW``, ``DROP VIEW`` or anything else that is
+      not a query) is retried only when gRPC never sent it: "failed to connect to all
+      addresses" (refused, reset before HTTP/2 was up) or a name that did not resolve. A
+      write that failed once sent (the connection broke, the server was shutting down) is
+      raised as it is, whether or not the server applied it: retrying could apply it
+      twice. A :meth:`push` is a read of the table's schema, then its rows, staged under
+      a new write id and invisible until the commit, then the commit, a write: a failure
+      while sending the rows is retried (with a new write id; the rows staged on the first
+      server are aborted, or expire there) when ``data`` can be read again (a DataFrame, an Arrow table or record
+      batch, or a list or tuple of these), and raised once a one-shot iterable or reader
+      started going out. With ``atomic=False`` the rows are applied as they arrive:
+      sending them is a write.
+    * When no server answers, the error is one ``pyarrow.flight.FlightUnavailableError``
+      naming the call and every URI tried, with why each failed. A failed attempt before
+      one that answered is logged as a warning. A timeout is not retried: a host that
+      drops packets rather than refusing holds a call until gRPC gives up connecting (an
+      UNAVAILABLE, retried) or the call's ``timeout`` passes (raised).
+    * Subscriptions are spread over the servers: this client's i-th :meth:`subscribe`
+      starts on URI i mod n. Its :class:`~clients.live.LiveTable` reconnects to its own
+      server after a broken stream (resuming by deltas), and to the next one in turn when
+      that one does not answer; there it resumes from a snapshot (another server's table
+      is another epoch) and so ends equal to that server's table. ``live.uri`` says where
+      it is. A subscription to a temporary view (:meth:`subscribe_sql`) or to a
+      composition (:meth:`table`) stays on the server that made it.
+    * With one URI none of this applies: every call goes to it and its errors are raised
+      as pyarrow raised them.
+
+    Parameters
+    ----------
+    endpoint
+        The server, or several (a sequence, in the order calls try them).
     """
 
-    def __init__(self, endpoint: Endpoint) -> None:
-        self.endpoint = endpoint
-        self._flight, _ = endpoint.connect()
-        self._grpc: Any = None
-        self._grpc_channel: Any = None
+    def __init__(self, endpoint: Endpoint | Sequence[Endpoint]) -> None:
+        self._servers = Servers([endpoint] if isinstance(endpoint, Endpoint) else endpoint)
         self._live: list[LiveTable] = []
+
+    # ------------------------------------------------------------------ servers
+    @property
+    def endpoint(self) -> Endpoint:
+        """The endpoint calls go to now (the only one, with one URI)."""
+        return self._servers.active.endpoint
+
+    @property
+    def uri(self) -> str:
+        """The URI calls go to now, normalized (``grpc://host:port``): the last that
+        answered."""
+        return self._servers.active.location
+
+    @property
+    def uris(self) -> tuple[str, ...]:
+        """Every URI of this client, normalized, in the order given."""
+        return self._servers.uris
+
+    @property
+    def _flight(self) -> fl.FlightClient:
+        """The Flight client of the server calls go to (a test breaks it to see a close
+        survive a connection that is gone)."""
+        return self._servers.active.flight
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        """Close every subscription opened here, then the connection."""
+        """Close every subscription opened here, then the connections."""
         for live in list(self._live):
             live.close()
         self._live.clear()
-        if self._grpc_channel is not None:
-            self._grpc_channel.close()
-            self._grpc_channel = None
-        self._flight.close()
+        self._servers.close()
 
     def __enter__(self) -> Client:
         return self
@@ -126,24 +214,26 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<ticktable.Client {self.endpoint.location}>"
-
-    def _opts(self) -> fl.FlightCallOptions:
-        return self.endpoint.options()
+        if len(self.uris) == 1:
+            return f"<ticktable.Client {self.uri}>"
+        return f"<ticktable.Client {', '.join(self.uris)} (on {self.uri})>"
 
     # ------------------------------------------------------------------ metadata
     def tables(self) -> list[str]:
         """Names of every table on the server, sorted."""
-        names = []
-        for info in self._flight.list_flights(b"", self._opts()):
-            raw = info.descriptor.path[0]
-            names.append(raw.decode() if isinstance(raw, bytes) else str(raw))
-        return sorted(names)
+
+        def run(at: Attempt) -> list[str]:
+            names = []
+            for info in at.flight.list_flights(b"", at.endpoint.options()):
+                raw = info.descriptor.path[0]
+                names.append(raw.decode() if isinstance(raw, bytes) else str(raw))
+            return sorted(names)
+
+        return self._servers.call("tables()", run)
 
     def schema(self, name: str) -> pa.Schema:
         """The Arrow schema of table ``name`` (``KeyError`` if there is none)."""
-        res = self._flight.get_schema(fl.FlightDescriptor.for_path(name), self._opts())
-        return res.schema
+        return self._servers.call(f"schema({name!r})", lambda at: _schema_on(at, name))
 
     def stats(self) -> pd.DataFrame:
         """Per table: size, last step, kind, subscribers and their lag, update sequence,
@@ -156,7 +246,8 @@ class Client:
         process as a dict (``url``, ``running``, ``pid``, ``restarts``, ``open_tables``),
         ``None`` when the server serves no web UI.
         """
-        st: pb.Stats = action(self._flight, self._opts(), STATS)
+        st: pb.Stats = self._servers.call(
+            "stats()", lambda at: action(at.flight, at.endpoint.options(), STATS))
         cols = ["name", "kind", "size", "last_step", "subscribers", "max_lag_steps", "sequence",
                 "changes", "put_rows", "put_bytes"]
         rows = [{c: getattr(t, c) for c in cols} for t in st.tables]
@@ -197,13 +288,17 @@ class Client:
         """
         if as_ not in ("pandas", "arrow"):
             raise ValueError(f"as_ must be 'pandas' or 'arrow', not {as_!r}")
-        req = pb.SnapshotRequest(table=name, columns=list(columns or ()))
-        if filter is not None:
-            from flight import substrait
 
-            req.filter = substrait.encode({"filter": filter}, self.schema(name))
-        reader = self._flight.do_get(fl.Ticket(req.SerializeToString()), self._opts())
-        table = reader.read_all()
+        def run(at: Attempt) -> pa.Table:
+            req = pb.SnapshotRequest(table=name, columns=list(columns or ()))
+            if filter is not None:
+                from flight import substrait
+
+                req.filter = substrait.encode({"filter": filter}, _schema_on(at, name))
+            reader = at.flight.do_get(fl.Ticket(req.SerializeToString()), at.endpoint.options())
+            return reader.read_all()
+
+        table = self._servers.call(f"snapshot({name!r})", run)
         return table.to_pandas() if as_ == "pandas" else table
 
     # ------------------------------------------------------------------ tables
@@ -230,21 +325,22 @@ class Client:
             If a table of that name exists and ``if_not_exists`` is false (ALREADY_EXISTS,
             for which pyarrow has no subclass).
         """
-        if kind not in SOURCE_KINDS:
-            raise ValueError(f"kind must be one of {sorted(k.value for k in SOURCE_KINDS)}, not "
-                             f"{kind!r}")
-        if kind == TableKind.KEYED and not keys:
-            raise ValueError(f"a keyed table needs keys (the columns that identify a row); "
-                             f"e.g. create_table({name!r}, schema, 'keyed', keys=['id'])")
-        sch = _schema_of(schema)
-        req = pb.CreateTableRequest(name=name, schema=sch.serialize().to_pybytes(),
-                                    kind=TableKind(kind).proto, keys=list(keys or ()),
-                                    capacity=capacity, if_not_exists=if_not_exists)
-        action(self._flight, self._opts(), CREATE_TABLE, req)
+        req = _create_request(name, schema, kind, keys, capacity, if_not_exists)
+
+        def run(at: Attempt) -> None:
+            with at.effect():
+                action(at.flight, at.endpoint.options(), CREATE_TABLE, req)
+
+        self._servers.call(f"create_table({name!r})", run)
 
     def drop_table(self, name: str) -> None:
         """Drop table ``name``; its subscribers are told the table is gone."""
-        action(self._flight, self._opts(), DROP_TABLE, pb.DropTableRequest(name=name))
+
+        def run(at: Attempt) -> None:
+            with at.effect():
+                action(at.flight, at.endpoint.options(), DROP_TABLE, pb.DropTableRequest(name=name))
+
+        self._servers.call(f"drop_table({name!r})", run)
 
     def push(self, name: str, data: PutData, mode: PutMode | str | None = None,
              keys: Sequence[str] | None = None, *, create: bool = True,
@@ -286,6 +382,9 @@ class Client:
             applied from the next cycle after it arrives (for unbounded iterables), and a
             failure leaves the batches before it applied.
 
+        With several URIs the push runs whole on one server; when it is sent again to the
+        next (see :class:`Client` for when), ``progress`` counts the rows again.
+
         Returns
         -------
         PutSummary
@@ -302,73 +401,90 @@ class Client:
         if mode is not None and mode not in PUT_MODES:
             raise ValueError(f"mode must be one of {sorted(m.value for m in PUT_MODES)}, not "
                              f"{mode!r}")
-        given = PutMode(mode) if mode is not None else None
-        first, rest = _peek(_batches(data))
-        try:
-            info = self._flight.get_flight_info(fl.FlightDescriptor.for_path(name), self._opts())
-        except KeyError:
-            if not create or first is None:
-                raise
-            data_schema = _strip(first.schema,
-                                 given or (PutMode.UPSERT if keys else PutMode.APPEND))
-            self.create_table(name, data_schema, TableKind.KEYED if keys else TableKind.APPEND,
-                              keys, if_not_exists=True)
-            info = self._flight.get_flight_info(fl.FlightDescriptor.for_path(name), self._opts())
-        target = info.schema
-        if given is None:
-            keyed = info.app_metadata == TableKind.KEYED.encode()
-            given = PutMode.UPSERT if keyed else PutMode.APPEND
-        wire = _wire_schema(target, first.schema if first is not None else target, given)
-        stream = (_conform(b, wire, name) for b in _chain(first, rest))
-        bar = None
-        cb: Callable[[int], None] | None = None
-        if progress is True:
-            from tqdm.auto import tqdm  # type: ignore[import-untyped]
+        fixed = PutMode(mode) if mode is not None else None
+        replayable = _replayable(data)
+        peeked: tuple[pa.RecordBatch | None, Iterator[pa.RecordBatch]] | None = _peek(
+            _batches(data))
+        bar: Any = None
 
-            bar = tqdm(unit="rows", unit_scale=True, desc=f"push {name}")
-            cb = bar.update
-        elif callable(progress):
-            cb = progress
-        request = pb.PutRequest(mode=given.proto)
-        if atomic:
-            request.write_id = f"push-{uuid.uuid4().hex}"
-        try:
-            summary = put_batches(self._flight, self.endpoint.options(timeout=None), name, wire,
-                                  chunks(stream, chunk_rows), request, cb)
-            if not atomic:
+        def run(at: Attempt) -> PutSummary:
+            nonlocal peeked, bar
+            if peeked is None:  # a retry: read the data again
+                peeked = _peek(_batches(data))
+            first, rest = peeked
+            given = fixed
+            descriptor = fl.FlightDescriptor.for_path(name)
+            try:
+                info = at.flight.get_flight_info(descriptor, at.endpoint.options())
+            except KeyError:
+                if not create or first is None:
+                    raise
+                data_schema = _strip(first.schema,
+                                     given or (PutMode.UPSERT if keys else PutMode.APPEND))
+                # if_not_exists: harmless to repeat, here or on the next server
+                action(at.flight, at.endpoint.options(), CREATE_TABLE, _create_request(
+                    name, data_schema, TableKind.KEYED if keys else TableKind.APPEND, keys,
+                    0, True))
+                info = at.flight.get_flight_info(descriptor, at.endpoint.options())
+            target = info.schema
+            if given is None:
+                keyed = info.app_metadata == TableKind.KEYED.encode()
+                given = PutMode.UPSERT if keyed else PutMode.APPEND
+            wire = _wire_schema(target, first.schema if first is not None else target, given)
+            stream = (_conform(b, wire, name) for b in _chain(first, rest))
+            cb: Callable[[int], None] | None = progress if callable(progress) else None
+            if progress is True:
+                if bar is None:
+                    from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+                    bar = tqdm(unit="rows", unit_scale=True, desc=f"push {name}")
+                else:  # sent again, to another server
+                    bar.reset()
+                cb = bar.update
+            if replayable:
+                peeked = None  # the rows start going out: a retry reads them again
+            else:
+                at.settle()  # a one-shot input starts going out: it cannot be sent again
+            request = pb.PutRequest(mode=given.proto)
+            if not atomic:  # each batch is applied as it arrives: sending is the write
+                with at.effect():
+                    summary = put_batches(at.flight, at.endpoint.options(timeout=None), name,
+                                          wire, chunks(stream, chunk_rows), request, cb)
                 return dataclasses.replace(summary, mode=given.value)
-            # name the one slot written: if the server lost it (a restart drops writes never
-            # committed), the commit fails instead of committing nothing; without a batch the
-            # server never saw the write id, and naming no slot is an empty write
-            commit = pb.CommitRequest(write_id=request.write_id,
-                                      slots=[pb.StageSlot()] if summary.batches else [])
-            done: pb.CommitResult = action(
-                self._flight, self.endpoint.options(timeout=None), COMMIT, commit)
-            return PutSummary(rows=int(done.rows), batches=summary.batches, staged=True,
-                              step=int(done.step), mode=given.value)
-        except BaseException:
-            if atomic:
-                self._abort_quietly(request.write_id)
-            raise
+            request.write_id = f"push-{uuid.uuid4().hex}"
+            try:  # staged rows are invisible until the commit: a retry duplicates nothing
+                summary = put_batches(at.flight, at.endpoint.options(timeout=None), name, wire,
+                                      chunks(stream, chunk_rows), request, cb)
+                # name the one slot written: if the server lost it (a restart drops writes
+                # never committed), the commit fails instead of committing nothing; without a
+                # batch the server never saw the write id, and naming no slot is an empty write
+                commit = pb.CommitRequest(write_id=request.write_id,
+                                          slots=[pb.StageSlot()] if summary.batches else [])
+                with at.effect():
+                    done: pb.CommitResult = action(
+                        at.flight, at.endpoint.options(timeout=None), COMMIT, commit)
+                return PutSummary(rows=int(done.rows), batches=summary.batches, staged=True,
+                                  step=int(done.step), mode=given.value)
+            except BaseException:
+                _abort_quietly(at, request.write_id)
+                raise
+
+        try:
+            return self._servers.call(f"push into {name!r}", run)
         finally:
             if bar is not None:
                 bar.close()
 
-    def _abort_quietly(self, write_id: str) -> None:
-        """Drop a failed push's staged rows (the server also expires them on its own)."""
-        try:
-            action(self._flight, self._opts(), ABORT, pb.AbortRequest(write_id=write_id))
-        except KeyError:  # NOT_FOUND: nothing was staged under it (the first batch failed)
-            pass
-        except (fl.FlightError, pa.ArrowException, OSError) as exc:
-            log.warning("could not abort write %r (%s); the server drops it when it expires",
-                        write_id, exc)
-
     # ------------------------------------------------------------------ live
     def subscribe(self, name: str, columns: Sequence[str] | None = None,
                   viewport: Sequence[tuple[int, int]] | None = None,
-                  on_update: Callable[[Any], None] | None = None, **options: Any) -> LiveTable:
+                  on_update: Callable[[Any], None] | None = None, *, uri: str | None = None,
+                  **options: Any) -> LiveTable:
         """Subscribe to table ``name``: a :class:`~clients.live.LiveTable` kept current.
+
+        With several URIs, the i-th subscription of this client starts on URI i mod n and
+        fails over to the next in turn when its server does not answer (see
+        :class:`Client`); :attr:`~clients.live.LiveTable.uri` says where it is.
 
         Parameters
         ----------
@@ -379,13 +495,21 @@ class Client:
             rest of the table is tracked by key only.
         on_update
             Called with each applied :class:`~clients.live.Update`.
+        uri
+            Subscribe on this one of :attr:`uris` only, never failing over (a table only
+            that server has); as given to :func:`connect` or normalized.
         options
             Passed to :class:`~clients.live.LiveTable` (``min_update_interval_ms``,
             ``max_batch_rows``, ``reconnect``...).
+
+        Raises
+        ------
+        ValueError
+            If ``uri`` is not one of :attr:`uris`.
         """
         from clients.live import LiveTable
 
-        live = LiveTable(self.endpoint.connect_subscription, name, columns=columns, viewport=viewport,
+        live = LiveTable(self._servers.rotation(uri), name, columns=columns, viewport=viewport,
                          on_update=on_update, **options)
         self._live = [x for x in self._live if not x.closed]
         self._live.append(live)
@@ -450,6 +574,10 @@ class Client:
         pyarrow.Table
         ...
 
+        With several URIs a query is a read, retried on the next server after any
+        UNAVAILABLE; any other statement is a write, retried only when it was never sent
+        (see :class:`Client`). Either runs whole on one server.
+
         An update returns the rows it changed:
 
         >>> client.sql("INSERT INTO trades VALUES (7, 'C', 12.5, 3)")  # doctest: +SKIP
@@ -458,68 +586,14 @@ class Client:
         """
         if as_ not in ("pandas", "arrow"):
             raise ValueError(f"as_ must be 'pandas' or 'arrow', not {as_!r}")
-        if not params:
-            table = self._sql_run(_sql_command(fsql.CommandStatementQuery(query=text)))
-        else:
-            table = self._sql_prepared(text, params)
+        write = len(self.uris) > 1 and not _is_query(text)
+        table = self._servers.call("sql()", lambda at: _sql_on(at, text, params, write=write))
         if as_ == "arrow":
             return table
         df = table.to_pandas()
         step = (table.schema.metadata or {}).get(b"ticktable.step")
         df.attrs["step"] = int(step) if step is not None else None
         return df
-
-    def _sql_run(self, descriptor: fl.FlightDescriptor) -> pa.Table:
-        """GetFlightInfo of a Flight SQL command, then DoGet of its one endpoint.
-
-        Without the client's unary timeout: GetFlightInfo runs an update, or starts a
-        query, and the server bounds both (``ticktable serve --sql-timeout``).
-        """
-        options = self.endpoint.options(timeout=None)
-        info = self._flight.get_flight_info(descriptor, options)
-        tables = [self._flight.do_get(endpoint.ticket, options).read_all()
-                  for endpoint in info.endpoints]
-        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-
-    def _sql_prepared(self, text: str, params: Sequence[Any]) -> pa.Table:
-        """Prepare ``text``, bind ``params`` (one row), run it, close the statement."""
-        request = _pack(fsql.ActionCreatePreparedStatementRequest(query=text))
-        results = list(self._flight.do_action(  # runs a query for its schema: no timeout
-            fl.Action("CreatePreparedStatement", request), self.endpoint.options(timeout=None)))
-        created = fsql.ActionCreatePreparedStatementResult()
-        _unpack(results[0].body.to_pybytes(), created)
-        handle = created.prepared_statement_handle
-        try:
-            names = (pa.ipc.read_schema(pa.py_buffer(created.parameter_schema)).names
-                     if created.parameter_schema else [])
-            names = names if len(names) == len(params) else [
-                f"${i + 1}" for i in range(len(params))]
-            batch = pa.RecordBatch.from_arrays([pa.array([v]) for v in params], names=names)
-            bind = _sql_command(
-                fsql.CommandPreparedStatementQuery(prepared_statement_handle=handle))
-            writer, reader = self._flight.do_put(bind, batch.schema,
-                                                 self.endpoint.options(timeout=None))
-            try:
-                writer.write_batch(batch)
-                writer.done_writing()
-                answer = reader.read()
-            finally:
-                writer.close()
-            if answer is not None:  # the server may name the bound statement anew
-                bound = fsql.DoPutPreparedStatementResult()
-                bound.ParseFromString(answer.to_pybytes())
-                if bound.HasField("prepared_statement_handle"):
-                    handle = bound.prepared_statement_handle
-            return self._sql_run(_sql_command(
-                fsql.CommandPreparedStatementQuery(prepared_statement_handle=handle)))
-        finally:
-            close = _pack(fsql.ActionClosePreparedStatementRequest(
-                prepared_statement_handle=handle))
-            try:
-                list(self._flight.do_action(fl.Action("ClosePreparedStatement", close),
-                                            self._opts()))
-            except (fl.FlightError, pa.ArrowException, OSError) as exc:
-                log.debug("could not close a prepared statement: %s", exc)
 
     def subscribe_sql(self, text: str, **subscribe_kwargs: Any) -> LiveTable:
         """Subscribe to the result of a SQL query, kept current as its tables change.
@@ -531,6 +605,10 @@ class Client:
         without closing leaves nothing behind (a temporary view is not journaled either).
         While subscribed, the view is a table like any other: others see it under that
         name (:meth:`tables`, ``ticktable ls``) and may subscribe to it too.
+
+        With several URIs the view is created where calls go (a write: see
+        :class:`Client`), and the subscription stays on that server: the view exists only
+        there, and goes with it.
 
         Parameters
         ----------
@@ -564,20 +642,27 @@ class Client:
         >>> live.close()                            # drops the view  # doctest: +SKIP
         """
         name = f"__sql_{uuid.uuid4().hex}"
-        self.sql(f'CREATE TEMPORARY VIEW "{name}" AS {text}')
+        create = f'CREATE TEMPORARY VIEW "{name}" AS {text}'
+
+        def run(at: Attempt) -> str:
+            _sql_on(at, create, None, write=True)
+            return at.server.location
+
+        uri = self._servers.call("subscribe_sql()", run)
         try:
-            live = self.subscribe(name, **subscribe_kwargs)
+            live = self.subscribe(name, uri=uri, **subscribe_kwargs)
         except BaseException:
-            self._drop_view_quietly(name)
+            self._drop_view_quietly(name, uri)
             raise
-        live.on_close(lambda: self._drop_view_quietly(name))
+        live.on_close(lambda: self._drop_view_quietly(name, uri))
         return live
 
-    def _drop_view_quietly(self, name: str) -> None:
-        """Drop a temporary view (``DROP VIEW IF EXISTS``: dropped by hand already is
-        fine); a connection that is gone leaves it (logged at debug)."""
+    def _drop_view_quietly(self, name: str, uri: str) -> None:
+        """Drop a temporary view on its server (``DROP VIEW IF EXISTS``: dropped by hand
+        already is fine); a connection that is gone leaves it (logged at debug)."""
+        drop = f'DROP VIEW IF EXISTS "{name}"'
         try:
-            self.sql(f'DROP VIEW IF EXISTS "{name}"', as_="arrow")
+            self._servers.on(uri, lambda at: _sql_on(at, drop, None, write=True))
         except (fl.FlightError, pa.ArrowException, OSError) as exc:
             log.debug("could not drop the temporary view %r: %s", name, exc)
 
@@ -591,25 +676,127 @@ class Client:
         return RemoteTable._root(self, name)
 
     # ------------------------------------------------------------------ TableService
-    def _table_service(self) -> tuple[Any, list[tuple[str, str]]]:
-        """The TableService stub (connected on first use) and the call metadata."""
-        if self._grpc is None:
-            import grpc
+    def _table_service(self) -> tuple[Any, list[tuple[str, str]], str]:
+        """The TableService stub of the server calls go to (connected on first use), the
+        call metadata, and that server's URI (where what the stub creates lives)."""
+        server = self._servers.active
+        meta = [(k.decode(), v.decode()) for k, v in server.endpoint.headers()]
+        return server.table_service(), meta, server.location
 
-            from flight.pb import table_service_pb2_grpc as tgrpc
 
-            target = self.endpoint.location.split("://", 1)[1]  # Flight's own port serves it
-            if self.endpoint.location.startswith("grpc+tls"):
-                creds = grpc.ssl_channel_credentials(root_certificates=self.endpoint._roots())
-                self._grpc_channel = grpc.secure_channel(target, creds)
-            else:
-                self._grpc_channel = grpc.insecure_channel(target)
-            self._grpc = tgrpc.TableServiceStub(self._grpc_channel)
-        meta = [(k.decode(), v.decode()) for k, v in self.endpoint.headers()]
-        return self._grpc, meta
+# ---------------------------------------------------------------------- calls on one server
+def _schema_on(at: Attempt, name: str) -> pa.Schema:
+    """The schema of table ``name`` on ``at``'s server."""
+    res = at.flight.get_schema(fl.FlightDescriptor.for_path(name), at.endpoint.options())
+    return res.schema
+
+
+def _create_request(name: str, schema: pa.Schema | pd.DataFrame | pa.Table,
+                    kind: TableKind | str, keys: Sequence[str] | None, capacity: int,
+                    if_not_exists: bool) -> pb.CreateTableRequest:
+    """The CreateTable action's body (see :meth:`Client.create_table`)."""
+    if kind not in SOURCE_KINDS:
+        raise ValueError(f"kind must be one of {sorted(k.value for k in SOURCE_KINDS)}, not "
+                         f"{kind!r}")
+    if kind == TableKind.KEYED and not keys:
+        raise ValueError(f"a keyed table needs keys (the columns that identify a row); "
+                         f"e.g. create_table({name!r}, schema, 'keyed', keys=['id'])")
+    sch = _schema_of(schema)
+    return pb.CreateTableRequest(name=name, schema=sch.serialize().to_pybytes(),
+                                 kind=TableKind(kind).proto, keys=list(keys or ()),
+                                 capacity=capacity, if_not_exists=if_not_exists)
+
+
+def _abort_quietly(at: Attempt, write_id: str) -> None:
+    """Drop a failed push's staged rows on ``at``'s server (which also expires them on its
+    own)."""
+    try:
+        action(at.flight, at.endpoint.options(), ABORT, pb.AbortRequest(write_id=write_id))
+    except KeyError:  # NOT_FOUND: nothing was staged under it (the first batch failed)
+        pass
+    except (fl.FlightError, pa.ArrowException, OSError) as exc:
+        log.warning("could not abort write %r (%s); the server drops it when it expires",
+                    write_id, exc)
 
 
 # ---------------------------------------------------------------------- Flight SQL
+def _is_query(text: str) -> bool:
+    """Whether ``text`` is a query, which only reads: what the server routes as one
+    (:func:`flight.sql.parse.statement_kind`). A text that does not parse counts as a write
+    (the server refuses it anyway)."""
+    from flight.sql.parse import parse_one, statement_kind
+
+    try:
+        return statement_kind(parse_one(text)) == "select"
+    except SqlError:
+        return False
+
+
+def _sql_on(at: Attempt, text: str, params: Sequence[Any] | None, *, write: bool) -> pa.Table:
+    """Run one statement on ``at``'s server: as it is, or prepared with ``params`` bound.
+
+    For a ``write``, the GetFlightInfo that runs the statement is the attempt's
+    :meth:`~Attempt.effect` (preparing and binding change nothing).
+    """
+    if not params:
+        return _sql_run(at, _sql_command(fsql.CommandStatementQuery(query=text)), write)
+    return _sql_prepared(at, text, params, write)
+
+
+def _sql_run(at: Attempt, descriptor: fl.FlightDescriptor, write: bool) -> pa.Table:
+    """GetFlightInfo of a Flight SQL command, then DoGet of its one endpoint.
+
+    Without the client's unary timeout: GetFlightInfo runs an update, or starts a
+    query, and the server bounds both (``ticktable serve --sql-timeout``).
+    """
+    options = at.endpoint.options(timeout=None)
+    with at.effect() if write else contextlib.nullcontext():
+        info = at.flight.get_flight_info(descriptor, options)
+    tables = [at.flight.do_get(endpoint.ticket, options).read_all()
+              for endpoint in info.endpoints]
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+
+def _sql_prepared(at: Attempt, text: str, params: Sequence[Any], write: bool) -> pa.Table:
+    """Prepare ``text``, bind ``params`` (one row), run it, close the statement."""
+    request = _pack(fsql.ActionCreatePreparedStatementRequest(query=text))
+    results = list(at.flight.do_action(  # runs a query for its schema: no timeout
+        fl.Action("CreatePreparedStatement", request), at.endpoint.options(timeout=None)))
+    created = fsql.ActionCreatePreparedStatementResult()
+    _unpack(results[0].body.to_pybytes(), created)
+    handle = created.prepared_statement_handle
+    try:
+        names = (pa.ipc.read_schema(pa.py_buffer(created.parameter_schema)).names
+                 if created.parameter_schema else [])
+        names = names if len(names) == len(params) else [
+            f"${i + 1}" for i in range(len(params))]
+        batch = pa.RecordBatch.from_arrays([pa.array([v]) for v in params], names=names)
+        bind = _sql_command(
+            fsql.CommandPreparedStatementQuery(prepared_statement_handle=handle))
+        writer, reader = at.flight.do_put(bind, batch.schema, at.endpoint.options(timeout=None))
+        try:
+            writer.write_batch(batch)
+            writer.done_writing()
+            answer = reader.read()
+        finally:
+            writer.close()
+        if answer is not None:  # the server may name the bound statement anew
+            bound = fsql.DoPutPreparedStatementResult()
+            bound.ParseFromString(answer.to_pybytes())
+            if bound.HasField("prepared_statement_handle"):
+                handle = bound.prepared_statement_handle
+        return _sql_run(at, _sql_command(
+            fsql.CommandPreparedStatementQuery(prepared_statement_handle=handle)), write)
+    finally:
+        close = _pack(fsql.ActionClosePreparedStatementRequest(
+            prepared_statement_handle=handle))
+        try:
+            list(at.flight.do_action(fl.Action("ClosePreparedStatement", close),
+                                     at.endpoint.options()))
+        except (fl.FlightError, pa.ArrowException, OSError) as exc:
+            log.debug("could not close a prepared statement: %s", exc)
+
+
 def _pack(message: Message) -> bytes:
     """``message`` in a serialized ``google.protobuf.Any`` (how Flight SQL sends commands)."""
     holder = any_pb2.Any()
@@ -639,6 +826,14 @@ def _schema_of(obj: pa.Schema | pd.DataFrame | pa.Table) -> pa.Schema:
     if isinstance(obj, (pa.Table, pa.RecordBatch)):
         return obj.schema
     raise TypeError(f"expected a pyarrow.Schema, DataFrame or Arrow table, got {type(obj).__name__}")
+
+
+def _replayable(data: PutData) -> bool:
+    """Whether ``data`` can be read again (so a push may be sent again to another server):
+    a DataFrame, an Arrow table or record batch, or a list or tuple of these."""
+    whole = (pd.DataFrame, pa.Table, pa.RecordBatch)
+    return isinstance(data, whole) or (isinstance(data, (list, tuple))
+                                       and all(isinstance(part, whole) for part in data))
 
 
 def _batches(data: PutData) -> Iterator[pa.RecordBatch]:

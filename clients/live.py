@@ -7,7 +7,9 @@ callbacks and iterators as an :class:`Update`. When the stream breaks it reconne
 backoff and resumes from the last applied message (the server answers with one composed
 delta, or a new snapshot when it no longer holds the missed updates); a failure that
 reconnecting cannot fix ends the subscription (:func:`_is_permanent`), reported with the
-server's message only (:func:`_clean`).
+server's message only (:func:`_clean`). Given a :class:`~clients.failover.Rotation` of
+several servers' endpoints, it reconnects to the next one in turn when its own does not
+answer.
 
 Cost follows the update, not the table: the state lives in :mod:`clients.livestate`
 (keys in a Roaring bitmap, values in an append-only log of Arrow arrays, a vectorized
@@ -47,6 +49,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.flight as fl
 
+from clients.failover import Rotation
 from clients.livestate import LiveState, Update
 from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
@@ -130,7 +133,11 @@ class LiveTable:
     ----------
     connect
         Returns a new ``FlightClient`` and the call options (auth headers) for one stream;
-        called again on every reconnect (the previous client is closed).
+        called again on every reconnect (the previous client is closed). A
+        :class:`~clients.failover.Rotation` of several servers' endpoints is advanced
+        when a stream fails before its first message, so the subscription fails over to
+        the next server in turn when its own does not answer (and stays on its server
+        after a break it recovers from); :attr:`uri` says where it is.
     table
         The table's name.
     columns
@@ -173,6 +180,7 @@ class LiveTable:
                  max_reconnect_delay: float = 5.0, start: bool = True) -> None:
         self.table = table
         self._connect = connect
+        self._rotation = connect if isinstance(connect, Rotation) else None
         self._want_columns = list(columns) if columns is not None else None
         self._want_viewport = _check_viewport(viewport)
         self._interval = int(min_update_interval_ms)
@@ -335,6 +343,16 @@ class LiveTable:
     def connected(self) -> bool:
         """Whether a stream is open and has delivered its first message."""
         return self._connected
+
+    @property
+    def uri(self) -> str | None:
+        """The server this subscription is on, or connects to next (``grpc://host:port``).
+
+        ``None`` when built with a plain ``connect`` function rather than a
+        :class:`~clients.failover.Rotation` (which :meth:`~clients.client.Client.subscribe`
+        passes).
+        """
+        return self._rotation.uri if self._rotation is not None else None
 
     @property
     def reconnects(self) -> int:
@@ -544,10 +562,15 @@ class LiveTable:
                         log.error("subscription to %r failed: %s", self.table, exc)
                         self._error = exc
                         break
+                    where = ""
                     if self._connected:  # it worked for a while: start the backoff over
                         delay = self._delay[0]
-                    log.warning("subscription to %r broke (%s: %s); reconnecting in %.1f s",
-                                self.table, type(exc).__name__, exc, delay)
+                    if self._rotation is not None and len(self._rotation.endpoints) > 1:
+                        if not self._connected:  # its server did not answer: the next one
+                            self._rotation.advance()
+                        where = f" to {self._rotation.uri}"
+                    log.warning("subscription to %r broke (%s: %s); reconnecting%s in %.1f s",
+                                self.table, type(exc).__name__, exc, where, delay)
                     log.debug("the failure", exc_info=raw)
                 finally:
                     self._connected = False

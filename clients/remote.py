@@ -3,7 +3,8 @@
 ``client.table("trades").where(pc.field("Price") > 50).agg_by([tt.agg.sum("Qty")], "Sym")``
 describes a chain of operations; the server builds it (one ``CreateDerivedTable`` call on
 the TableService) as live tables that update every cycle like any other table, and the
-result is a named table to snapshot or subscribe to.
+result is a named table to snapshot or subscribe to. With several servers it is created on
+the one the client's calls go to, and a subscription to it stays on that server.
 
 The chain is sent lazily, when its name is first needed (:meth:`RemoteTable.create`,
 :meth:`snapshot`, :meth:`subscribe`, or using it as the other side of a join). Expressions
@@ -40,7 +41,7 @@ class _Client(Protocol):
 
     def drop_table(self, name: str) -> None: ...
 
-    def _table_service(self) -> tuple[Any, list[tuple[str, str]]]: ...
+    def _table_service(self) -> tuple[Any, list[tuple[str, str]], str]: ...
 
     def snapshot(self, name: str, columns: Sequence[str] | None = None,
                  filter: pc.Expression | None = None,
@@ -62,12 +63,13 @@ class RemoteTable:
     """
 
     def __init__(self, client: _Client, parent: str, ops: list[tpb.Operation],
-                 schema: pa.Schema | None, name: str | None) -> None:
+                 schema: pa.Schema | None, name: str | None, uri: str | None = None) -> None:
         self._client = client
         self._parent = parent
         self._ops = ops
         self._schema = schema
         self._name = name
+        self._uri = uri  # the server that created it (None: not created from here)
 
     @classmethod
     def _root(cls, client: _Client, name: str) -> RemoteTable:
@@ -115,12 +117,12 @@ class RemoteTable:
             return self
         out = RemoteTable(self._client, self._parent, list(self._ops), self._schema, None)
         out._send(name, replace=replace)
-        return RemoteTable(self._client, out.name, [], out._schema, out._name)
+        return RemoteTable(self._client, out.name, [], out._schema, out._name, out._uri)
 
     def _send(self, name: str | None, *, replace: bool) -> None:
         import grpc
 
-        stub, meta = self._client._table_service()
+        stub, meta, uri = self._client._table_service()
         req = tpb.CreateDerivedTableRequest(name=name or "", parent=self._parent, ops=self._ops,
                                             replace=replace)
         try:
@@ -130,6 +132,7 @@ class RemoteTable:
             raise _from_grpc(exc) from None
         self._name = resp.name
         self._schema = pa.ipc.read_schema(pa.py_buffer(resp.schema))
+        self._uri = uri
 
     def _then(self, op: tpb.Operation) -> RemoteTable:
         kind = op.WhichOneof("op")
@@ -148,7 +151,8 @@ class RemoteTable:
         """This chain as a created table (expressions after it bind to its schema)."""
         if self._schema is not None:
             return self
-        return RemoteTable(self._client, self.name, [], self._schema, self._name)
+        name = self.name  # (creates it, which sets where)
+        return RemoteTable(self._client, name, [], self._schema, self._name, self._uri)
 
     # ------------------------------------------------------------------ operations
     def where(self, predicate: pc.Expression) -> RemoteTable:
@@ -305,8 +309,12 @@ class RemoteTable:
     def subscribe(self, columns: Sequence[str] | None = None,
                   viewport: Sequence[tuple[int, int]] | None = None,
                   **options: Any) -> LiveTable:
-        """A live subscription (see :meth:`Client.subscribe`)."""
-        return self._client.subscribe(self.name, columns, viewport, **options)
+        """A live subscription (see :meth:`Client.subscribe`), on the server that created
+        the table when it was created from here."""
+        name = self.name  # (creates it, which sets where)
+        if self._uri is not None:
+            options.setdefault("uri", self._uri)
+        return self._client.subscribe(name, columns, viewport, **options)
 
     def drop(self) -> None:
         """Drop this table on the server (intermediate tables of the chain stay)."""
