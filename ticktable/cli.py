@@ -465,10 +465,10 @@ def main(argv: list[str] | None = None) -> int:
                        help="keep nothing: every table is gone when the server stops")
     serve.add_argument("--checkpoint-seconds", type=float, default=300.0,
                        help="write a checkpoint once this many seconds passed with something "
-                            "journaled (default 300)")
+                            "journaled or mirrored (default 300)")
     serve.add_argument("--checkpoint-bytes", type=int, default=512 << 20,
-                       help="write a checkpoint once the journal grew by this many bytes "
-                            "(default 512 MiB)")
+                       help="write a checkpoint once the journal grew by this many bytes, "
+                            "mirrors' changes counted (default 512 MiB)")
     _add_limits(serve)
     _add_sql(serve)
     _add_links(serve)

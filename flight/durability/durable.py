@@ -38,6 +38,23 @@ What the clock or a restart decides is journaled too, as a ``forget`` record: th
 expired after ``stage_ttl`` (and the finished write ids forgotten then), and the open
 writes recovery drops. A replay cannot decide these again, and without the record it
 would bring back a write whose commit, after the expiry or the restart, found it gone.
+
+Mirrors (DESIGN.md §11). A mirror's table is checkpointed as a source table is, its rows
+with their row keys, and with its position in its origin's history (the origin's epoch and
+sequence of the last change applied); recovery brings it back as a
+:class:`~engine.sources.ReplicaTable` of kind ``mirror`` before any link starts, and the
+mirror given again (``--mirror``) resumes from that position
+(:meth:`flight.links.Links.add`).
+
+The changes a mirror applies are *not* journaled: its origin holds them. The trade-off:
+after a restart a mirror is as of the last checkpoint, not as of the moment the server
+stopped, and catches up from its origin: with the updates it missed as one delta when the
+origin still holds them (its history: the last 256 updates by default, docs/protocol.md
+§7.7), else with a snapshot applied as only its difference from the checkpointed rows. To
+keep that position recent, the bytes mirrors stage count toward the checkpoint thresholds
+as journaled bytes do (:meth:`Durability.mirrored`), so a busy mirror is checkpointed as
+often as a busy journal. Anything derived from a mirror sees the catch-up as ordinary
+updates.
 """
 
 from __future__ import annotations
@@ -59,7 +76,7 @@ import pyarrow as pa
 
 from engine.errors import InputError
 from engine.graph import UpdateGraph
-from engine.sources import SourceTable
+from engine.sources import ReplicaTable, SourceTable
 from flight.durability.checkpoint import read_checkpoint, write_checkpoint
 from flight.durability.journal import Journal
 from flight.durability.records import Blob, Chain, Record, ipc_bytes, read_ipc
@@ -67,7 +84,7 @@ from flight.ingest.parts import Part
 from flight.ingest.staging import StagingArea
 from flight.pb import flight_pb2 as pb
 from flight.streams.registry import TableEntry, TableRegistry
-from flight.wire import DIFF, ROW_KEY, PutMode, RecordKind
+from flight.wire import DIFF, ROW_KEY, PutMode, RecordKind, TableKind
 
 __all__ = ["Durability", "RecoveryReport"]
 
@@ -150,7 +167,8 @@ class Durability:
         Where the journal and checkpoints live; ``None``: in memory, nothing is kept.
     checkpoint_bytes, checkpoint_seconds
         A checkpoint is written when the journal has grown by this many bytes, or this
-        many seconds have passed with something journaled, whichever comes first.
+        many seconds have passed with something journaled, whichever comes first; bytes
+        staged into mirrors count as journaled (:meth:`mirrored`).
     """
 
     def __init__(self, graph: UpdateGraph, registry: TableRegistry, staging: StagingArea, *,
@@ -345,6 +363,11 @@ class Durability:
         self._derived = [(n, r) for n, r in self._derived if n != name]
         return self.registry.drop(name)
 
+    def mirrored(self, nbytes: int) -> None:
+        """Count ``nbytes`` staged into a mirror toward the next checkpoint: a mirror's
+        changes are not journaled, its last checkpoint is where it resumes from."""
+        self._since_bytes += nbytes
+
     def derive(self, request: bytes, build: Callable[[], str]) -> str:
         """Build a derived table and keep its definition (``request``) for restarts.
 
@@ -410,8 +433,10 @@ class Durability:
         tables: dict[str, pa.Table] = {}
         catalog = []
         for e in self.registry.entries_in_order():  # creation order: parents first
-            if not getattr(e, "durable", False) or not e.is_source:
+            mirror = e.kind == TableKind.MIRROR and isinstance(e.table, ReplicaTable)
+            if not getattr(e, "durable", False) or not (e.is_source or mirror):
                 continue
+            # a mirror's state: its position in the origin's history (ReplicaTable)
             rows, keys, alloc = e.table.export_state()  # type: ignore[attr-defined]
             tables[e.name] = rows.append_column(ROW_KEY, pa.array(keys, pa.int64()))
             catalog.append({"name": e.name, "kind": e.kind, "keys": e.keys,
@@ -545,7 +570,8 @@ class Durability:
         for c in state["catalog"]:  # creation order
             meta = {"schema": c["schema"], "kind": c["kind"], "keys": c["keys"],
                     "capacity": c["capacity"], "if_not_exists": False}
-            entry = self._create(c["name"], meta)
+            entry = (self._create_mirror(c["name"], meta["schema"]) if c["kind"] == TableKind.MIRROR
+                     else self._create(c["name"], meta))
             data = tables[c["name"]]
             keys = np.asarray(data.column(ROW_KEY).to_numpy(), dtype=np.int64)
             entry.table.restore_state(data.drop_columns([ROW_KEY]), keys,  # type: ignore[attr-defined]
@@ -556,6 +582,15 @@ class Durability:
         for d in state["derived"]:
             self._rebuild(_unb64(d["request"]), d["name"])
         return rows
+
+    def _create_mirror(self, name: str, schema: str) -> TableEntry:
+        """A mirror's table as its checkpoint left it, to be filled by ``restore_state``;
+        its link starts after recovery."""
+        table = ReplicaTable(self.graph, pa.ipc.read_schema(pa.py_buffer(_unb64(schema))),
+                             name=name)
+        entry = self.registry.add(name, table, TableKind.MIRROR)
+        entry.durable = True
+        return entry
 
     def _rebuild(self, request: bytes, name: str) -> None:
         if self._derive is None:

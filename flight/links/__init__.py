@@ -6,6 +6,10 @@ registers each one as a table of kind ``mirror`` once the origin's schema is kno
 the link's status in the table's entry (so every message of the mirror's streams carries
 it, and ``stats`` shows it) and sends a status message to the mirror's subscribers when the
 link goes out of sync or back.
+
+On a durable server a mirror's table is checkpointed with its position in the origin's
+history (:mod:`flight.durability.durable`): after a restart the table comes back before the
+links start, and :meth:`Links.add` resumes it from there.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ class Links:
                                       f"mirror {spec.origin} under another name (URI/TABLE=LOCAL)")
                 restored = entry.table
             link = Link(self.registry.graph, spec, table=restored, on_table=self._register,
-                        on_status=self._status_changed)
+                        on_status=self._status_changed,
+                        on_staged=self.server.durability.mirrored)
             self._links[name] = link
             if restored is not None:
                 self.registry.get(name).status = link.status
@@ -95,6 +100,7 @@ class Links:
         """On the link's thread, at its first connection: expose the replica."""
         link = self.get(table.name)
         entry = self.registry.add(table.name, table, TableKind.MIRROR)
+        entry.durable = self.server.durability.durable  # checkpointed with the source tables
         if link is not None:
             entry.status = link.status
 

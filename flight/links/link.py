@@ -162,6 +162,9 @@ class Link:
         Called with the replica once it exists (to register it), on the link's thread.
     on_status
         Called with the link whenever its :meth:`status` changes, on the link's thread.
+    on_staged
+        Called with the size in bytes of each message staged (its values and metadata), on
+        the link's thread: a durable server counts them toward its next checkpoint.
     reconnect_delay, max_reconnect_delay
         Backoff between attempts, doubling from the first to the second (with jitter).
     """
@@ -169,12 +172,14 @@ class Link:
     def __init__(self, graph: UpdateGraph, spec: MirrorSpec, *, table: ReplicaTable | None = None,
                  on_table: Callable[[ReplicaTable], None] | None = None,
                  on_status: Callable[[Link], None] | None = None,
+                 on_staged: Callable[[int], None] | None = None,
                  reconnect_delay: float = 0.1, max_reconnect_delay: float = 5.0) -> None:
         self.graph = graph
         self.spec = spec
         self.table = table
         self.on_table = on_table
         self.on_status = on_status
+        self.on_staged = on_staged
         self._delays = (reconnect_delay, max_reconnect_delay)
         self._lock = threading.Lock()
         self._state = CONNECTING
@@ -410,7 +415,8 @@ class Link:
         upstream.CopyFrom(meta.link)
         had = meta.HasField("link")
         self.messages += 1
-        self.bytes_received += added.nbytes + modified.nbytes + meta.ByteSize()
+        nbytes = added.nbytes + modified.nbytes + meta.ByteSize()
+        self.bytes_received += nbytes
         if meta.is_snapshot:
             keys = decode_rows(meta.added_rows)
             table.reset(keys, added.select(names), position=position)
@@ -433,6 +439,8 @@ class Link:
                     position=position))
             if first and meta.resume == pb.RESUME_DELTAS:
                 self.resumed_with_deltas += 1
+        if self.on_staged is not None:
+            self.on_staged(nbytes)
         with self._lock:
             self._position = position
             up_changed = (self._upstream is not None) != had or (

@@ -1,0 +1,174 @@
+"""Durable mirrors (DESIGN.md §8, §11): a durable server keeps its mirrors' rows, row keys
+and upstream position in its checkpoints and, after its own restart, resumes each mirror
+from its checkpoint with the updates it missed.
+
+In one process: an in-memory origin ``A`` (cycles run by the test, one update per cycle)
+and a durable server ``B`` mirroring its keyed table ``t``; a "crash" of ``B`` closes its
+journal without the shutdown checkpoint (as tests/flight/durability/test_crash.py does).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from engine.graph import UpdateGraph
+from engine.sources import KeyedTable, ReplicaTable
+from flight.server import ServerConfig, TicktableServer
+from flight.wire import TableKind
+
+KV = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])
+
+
+def _eventually(check: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    """Wait for ``check()`` across threads (the links' and the cycles'), up to ``timeout``."""
+    end = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(0.01)
+
+
+State = tuple[list[int], pa.Table]
+
+
+def _state(server: TicktableServer, name: str) -> State:
+    """A table's row keys and rows (in row-key order), at one step."""
+    table = server.registry.get(name).table
+    with server.graph.shared_lock():
+        return table.rowset.keys().tolist(), table.to_arrow(lock=False)
+
+
+def _same(a: State, b: State) -> bool:
+    return a[0] == b[0] and a[1].equals(b[1])
+
+
+class Origin:
+    """An in-memory server holding keyed table ``t``; each :meth:`write` is one update."""
+
+    def __init__(self) -> None:
+        self.graph = UpdateGraph(validate=True)
+        self.server = TicktableServer(self.graph, ServerConfig()).start()
+        entry = self.server.registry.create_source("t", KV, TableKind.KEYED, keys=["k"])
+        assert isinstance(entry.table, KeyedTable)
+        self.table = entry.table
+        self.rng = random.Random(7)
+        self.live: set[int] = set()
+
+    @property
+    def location(self) -> str:
+        return self.server.location
+
+    def write(self, cycles: int) -> None:
+        """Upserts of new and old keys and deletes, so freed row keys are reused."""
+        for _ in range(cycles):
+            ks = self.rng.sample(range(300), 12)
+            self.table.upsert({"k": ks, "v": [self.rng.random() for _ in ks],
+                               "s": [f"s{self.rng.randrange(50)}" for _ in ks]})
+            self.live |= set(ks)
+            gone = self.rng.sample(sorted(self.live), min(4, len(self.live)))
+            self.graph.run_cycle()
+            self.table.delete({"k": gone})
+            self.live -= set(gone)
+            self.graph.run_cycle()
+
+    def state(self) -> State:
+        return _state(self.server, "t")
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+class Mirror:
+    """A durable server over ``data_dir``; its cycles run once :meth:`run` is called."""
+
+    def __init__(self, data_dir: Path, **config: Any) -> None:
+        self.graph = UpdateGraph(validate=True)
+        self.server = TicktableServer(self.graph, ServerConfig(
+            data_dir=data_dir, **{"checkpoint_seconds": 3600.0, **config})).start()
+
+    def run(self) -> Mirror:
+        self.graph.start(0.01)
+        return self
+
+    def stop(self, *, crash: bool = False) -> None:
+        if crash:  # no shutdown checkpoint: what the last one holds, and the journal
+            self.server.durability.close(checkpoint=False)
+        self.server.shutdown()
+        self.graph.stop()
+
+    def synced(self, origin: Origin, name: str = "t") -> None:
+        want = origin.state()
+        _eventually(lambda: name in self.server.registry.names()
+                    and _same(_state(self.server, name), want), what=f"mirror {name} = origin")
+
+
+@pytest.fixture
+def origin() -> Iterator[Origin]:
+    a = Origin()
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def mirrors() -> Iterator[list[Mirror]]:
+    started: list[Mirror] = []
+    yield started
+    for m in started:
+        if m.server._grpc is not None:
+            m.stop()
+
+
+def _start(started: list[Mirror], data_dir: Path, **config: Any) -> Mirror:
+    started.append(Mirror(data_dir, **config))
+    return started[-1]
+
+
+def test_a_mirror_resumes_from_its_checkpoint_with_deltas(origin, mirrors, tmp_path):
+    data = tmp_path / "b"
+    flag = [f"{origin.location}/t"]  # --mirror, given again at the restart
+    origin.write(5)
+    b = _start(mirrors, data, mirrors=flag).run()
+    b.synced(origin)
+    b.server.durability.checkpoint()
+    saved = _state(b.server, "t")
+    position = b.server.registry.get("t").table.position
+    assert position == (origin.server.registry.get("t").publisher.epoch, 10)
+    b.stop(crash=True)
+
+    origin.write(6)  # missed while B is down; A's history still holds every update
+    b = _start(mirrors, data, mirrors=flag)  # its cycles do not run yet: the restored state stays
+    entry = b.server.registry.get("t")
+    assert entry.kind == TableKind.MIRROR and entry.durable
+    assert isinstance(entry.table, ReplicaTable) and list(entry.table.position) == list(position)
+    assert _same(_state(b.server, "t"), saved)
+    link = b.server.links.get("t")
+    assert link is not None and link.table is entry.table  # resumes the restored replica
+    b.run()
+    b.synced(origin)
+    assert (link.resumed_with_deltas, link.resumed_with_snapshot) == (1, 0)
+    assert link.wait_in_sync(10)
+    origin.write(2)  # and it follows on
+    b.synced(origin)
+    assert list(entry.table.position) == [origin.server.registry.get("t").publisher.epoch, 26]
+
+
+def test_mirror_changes_count_toward_the_next_checkpoint(origin, mirrors, tmp_path):
+    # not journaled, so the checkpoint thresholds are what keeps the position recent
+    b = _start(mirrors, tmp_path / "b", checkpoint_bytes=1).run()
+    b.server.mirror(f"{origin.location}/t")
+    b.synced(origin)
+    durability = b.server.durability
+    _eventually(lambda: durability.checkpoints >= 1, what="a checkpoint after the mirror began")
+    n = durability.checkpoints
+    origin.write(1)  # only the mirror changes on B
+    _eventually(lambda: durability.checkpoints > n, what="a checkpoint after the mirror changed")
+    b.synced(origin)
+    _eventually(lambda: b.server.registry.get("t").table.position
+                == (origin.server.registry.get("t").publisher.epoch, 2), what="position")
