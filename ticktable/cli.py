@@ -348,7 +348,8 @@ def _add_links(serve: argparse.ArgumentParser) -> None:
                  "under the origin's row keys, and resumes with deltas after a break.")
     group.add_argument("--mirror", action="append", metavar="URI/TABLE[=LOCAL]",
                        help="mirror TABLE of the server at URI (grpc://host:port) as LOCAL "
-                            "(default: TABLE); repeat for more tables")
+                            "(default: TABLE); repeat for more tables. A durable server keeps "
+                            "its mirrors across restarts (drop_table ends one)")
     group.add_argument("--mirror-token", default=None, metavar="TOKEN",
                        help="bearer token for the origins (their read-only token is enough; "
                             "default: $TICKTABLE_MIRROR_TOKEN)")

@@ -26,6 +26,7 @@ retries for ever.
 
 from __future__ import annotations
 
+import base64
 import logging
 import random
 import threading
@@ -102,6 +103,24 @@ class MirrorSpec:
     def origin(self) -> str:
         """``URI/TABLE``: the table mirrored."""
         return f"{self.uri}/{self.table}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec as a JSON document, without its token (a durable server keeps this:
+        :mod:`flight.durability.durable`); :meth:`from_json` reads it back."""
+        return {"uri": self.uri, "table": self.table, "local": self.local,
+                "columns": None if self.columns is None else list(self.columns),
+                "give_up_after": self.give_up_after,
+                "tls_roots": None if self.tls_roots is None
+                else base64.b64encode(self.tls_roots).decode()}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], *, token: str | None = None) -> MirrorSpec:
+        """The spec :meth:`to_json` gave, presenting ``token`` to the origin."""
+        columns, roots = doc.get("columns"), doc.get("tls_roots")
+        return cls(str(doc["uri"]), str(doc["table"]), str(doc.get("local") or ""), token=token,
+                   columns=None if columns is None else tuple(str(c) for c in columns),
+                   give_up_after=doc.get("give_up_after"),
+                   tls_roots=None if roots is None else base64.b64decode(roots))
 
 
 def parse_mirror(text: str, *, token: str | None = None,

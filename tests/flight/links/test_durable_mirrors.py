@@ -1,6 +1,6 @@
 """Durable mirrors (DESIGN.md §8, §11): a durable server keeps its mirrors' rows, row keys
-and upstream position in its checkpoints and, after its own restart, resumes each mirror
-from its checkpoint with the updates it missed.
+and upstream position in its checkpoints, remembers what each mirror follows, and after its
+own restart resumes every mirror from its checkpoint with the updates it missed.
 
 In one process: an in-memory origin ``A`` (cycles run by the test, one update per cycle)
 and a durable server ``B`` mirroring its keyed table ``t``; a "crash" of ``B`` closes its
@@ -18,10 +18,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from bench.crash import free_port
 from engine.graph import UpdateGraph
 from engine.sources import KeyedTable, ReplicaTable
+from flight.pb import flight_pb2 as pb
 from flight.server import ServerConfig, TicktableServer
-from flight.wire import TableKind
+from flight.wire import RecordKind, TableKind
 
 KV = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])
 
@@ -130,11 +132,21 @@ def _start(started: list[Mirror], data_dir: Path, **config: Any) -> Mirror:
     return started[-1]
 
 
-def test_a_mirror_resumes_from_its_checkpoint_with_deltas(origin, mirrors, tmp_path):
+def _records(m: Mirror, kind: RecordKind) -> list[Any]:
+    journal = m.server.durability.journal
+    assert journal is not None
+    return [r for r in journal.records() if r.kind == kind]
+
+
+@pytest.mark.parametrize("how", ["flag", "run time"])
+def test_a_mirror_resumes_from_its_checkpoint_with_deltas(origin, mirrors, tmp_path, how):
+    # "flag": given by --mirror at each start; "run time": server.mirror, then remembered
     data = tmp_path / "b"
-    flag = [f"{origin.location}/t"]  # --mirror, given again at the restart
+    flag = [f"{origin.location}/t"] if how == "flag" else []
     origin.write(5)
     b = _start(mirrors, data, mirrors=flag).run()
+    if how == "run time":
+        b.server.mirror(f"{origin.location}/t")
     b.synced(origin)
     b.server.durability.checkpoint()
     saved = _state(b.server, "t")
@@ -157,6 +169,97 @@ def test_a_mirror_resumes_from_its_checkpoint_with_deltas(origin, mirrors, tmp_p
     origin.write(2)  # and it follows on
     b.synced(origin)
     assert list(entry.table.position) == [origin.server.registry.get("t").publisher.epoch, 26]
+
+
+def test_a_mirror_started_at_run_time_comes_back_from_the_journal(origin, mirrors, tmp_path):
+    # no checkpoint since it started: its record brings it back, and a snapshot its rows
+    data = tmp_path / "b"
+    origin.write(3)
+    b = _start(mirrors, data).run()
+    b.server.mirror(f"{origin.location}/t")
+    b.synced(origin)
+    b.stop(crash=True)
+    origin.write(2)
+    b = _start(mirrors, data)
+    assert "t" not in b.server.registry.names()  # nothing checkpointed: made at connection
+    assert list(b.server.durability.mirrors) == ["t"]
+    b.run()
+    b.synced(origin)
+    assert b.server.registry.get("t").durable
+    b.server.durability.checkpoint()  # now in the checkpoint too, and the journal is cut
+    assert _records(b, RecordKind.MIRROR) == []
+    b.stop(crash=True)
+    b = _start(mirrors, data)
+    assert b.server.links.get("t") is not None and list(b.server.durability.mirrors) == ["t"]
+
+
+def test_a_mirror_given_again_by_flag_starts_once(origin, mirrors, tmp_path):
+    data = tmp_path / "b"
+    flag = [f"{origin.location}/t=copy"]
+    origin.write(3)
+    b = _start(mirrors, data, mirrors=flag).run()
+    assert len(_records(b, RecordKind.MIRROR)) == 1
+    b.synced(origin, "copy")
+    b.stop()  # the shutdown checkpoint
+    origin.write(2)
+    b = _start(mirrors, data, mirrors=flag).run()
+    assert [link.spec.name for link in b.server.links.links()] == ["copy"]
+    assert _records(b, RecordKind.MIRROR) == []  # remembered as it is: nothing journaled
+    b.synced(origin, "copy")
+    link = b.server.links.get("copy")
+    assert link is not None and (link.resumed_with_deltas, link.resumed_with_snapshot) == (1, 0)
+    b.stop()
+    b = _start(mirrors, data).run()  # without the flag: still remembered, still resumed
+    b.synced(origin, "copy")
+    assert [link.spec.name for link in b.server.links.links()] == ["copy"]
+
+
+def test_a_mirror_keeps_no_token_and_resumes_with_the_servers(origin, mirrors, tmp_path):
+    data = tmp_path / "b"
+    origin.write(1)
+    b = _start(mirrors, data, mirror_token="sekrit-1").run()
+    link = b.server.mirror(f"{origin.location}/t")
+    assert link.spec.token == "sekrit-1"
+    b.synced(origin)
+    assert all(b"sekrit" not in r.meta for r in _records(b, RecordKind.MIRROR))
+    b.stop()
+    manifest = next((data / "checkpoints").glob("ckpt-*/manifest.json")).read_bytes()
+    assert b"sekrit" not in manifest and b'"mirror"' in manifest
+    b = _start(mirrors, data, mirror_token="sekrit-2")
+    link = b.server.links.get("t")
+    assert link is not None and link.spec.token == "sekrit-2"
+
+
+def test_a_dropped_mirror_stays_dropped(origin, mirrors, tmp_path):
+    data = tmp_path / "b"
+    origin.write(2)
+    b = _start(mirrors, data).run()
+    b.server.mirror(f"{origin.location}/t")
+    b.synced(origin)
+    b.server.durability.checkpoint()  # the mirror is in the checkpoint ...
+    b.server.action("drop_table", pb.DropTableRequest(name="t").SerializeToString())
+    assert b.server.links.get("t") is None
+    b.stop(crash=True)  # ... and its drop only in the journal
+    b = _start(mirrors, data).run()
+    assert "t" not in b.server.registry.names() and b.server.links.links() == []
+    assert b.server.durability.mirrors == {}
+    b.server.mirror(f"{origin.location}/t")  # the name is free again
+    b.synced(origin)
+
+
+def test_a_remembered_mirror_whose_name_was_taken_does_not_stop_the_start(mirrors, tmp_path,
+                                                                           caplog):
+    # a mirror that never reached its origin holds no table: its name could be taken
+    data = tmp_path / "b"
+    b = _start(mirrors, data).run()
+    b.server.mirror(f"grpc://127.0.0.1:{free_port()}/t")
+    b.server.durability.create_table("t", KV, "keyed", keys=["k"], capacity=0,
+                                     if_not_exists=False)
+    b.stop(crash=True)
+    b = _start(mirrors, data)
+    assert b.server.registry.get("t").kind == TableKind.KEYED and b.server.links.links() == []
+    assert any("mirror 't'" in r.getMessage() and "not resumed" in r.getMessage()
+               for r in caplog.records if r.levelname == "ERROR")
 
 
 def test_mirror_changes_count_toward_the_next_checkpoint(origin, mirrors, tmp_path):
