@@ -2,27 +2,34 @@
 and upstream position in its checkpoints, remembers what each mirror follows, and after its
 own restart resumes every mirror from its checkpoint with the updates it missed.
 
-In one process: an in-memory origin ``A`` (cycles run by the test, one update per cycle)
-and a durable server ``B`` mirroring its keyed table ``t``; a "crash" of ``B`` closes its
-journal without the shutdown checkpoint (as tests/flight/durability/test_crash.py does).
+In one process first: an in-memory origin ``A`` (cycles run by the test, one update per
+cycle) and a durable server ``B`` mirroring its keyed table ``t``; a "crash" of ``B`` closes
+its journal without the shutdown checkpoint (as tests/flight/durability/test_crash.py does).
+Then the chain of real ``ticktable serve`` processes ``A -> B -> C``, ``B`` killed with
+SIGKILL while a writer keeps changing ``A``.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
+import pyarrow.flight as fl
 import pytest
 
-from bench.crash import free_port
+import ticktable as tt
+from bench.crash import ServerProcess, free_port
 from engine.graph import UpdateGraph
 from engine.sources import KeyedTable, ReplicaTable
 from flight.pb import flight_pb2 as pb
 from flight.server import ServerConfig, TicktableServer
+from flight.streams.decoder import ReferenceView, read_message
 from flight.wire import RecordKind, TableKind
 
 KV = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])
@@ -275,3 +282,129 @@ def test_mirror_changes_count_toward_the_next_checkpoint(origin, mirrors, tmp_pa
     b.synced(origin)
     _eventually(lambda: b.server.registry.get("t").table.position
                 == (origin.server.registry.get("t").publisher.epoch, 2), what="position")
+
+
+# ---------------------------------------------------------------- real processes, SIGKILL
+def _subscribed(location: str, name: str) -> State:
+    """A table's row keys and rows as a subscriber gets them: its first message, a snapshot
+    (a DoGet's rows carry no row keys)."""
+    client = fl.connect(location)
+    try:
+        writer, reader = client.do_exchange(fl.FlightDescriptor.for_path(name))
+        writer.begin(pa.schema([]))
+        writer.write_metadata(pa.py_buffer(pb.ClientMessage(
+            subscribe=pb.SubscriptionRequest(table=name)).SerializeToString()))
+        view = ReferenceView(reader.schema)
+        view.apply(read_message(reader, reader.schema))
+        writer.done_writing()
+        reader.cancel()
+        return view.keys.tolist(), view.to_arrow()
+    finally:
+        client.close()
+
+
+def _stats(location: str, name: str) -> pb.TableStats:
+    """Table ``name`` as the server's ``stats`` action shows it (a mirror: with its link)."""
+    client = fl.connect(location)
+    try:
+        stats = pb.Stats()
+        result = next(iter(client.do_action(fl.Action("stats", b""))))
+        stats.ParseFromString(result.body.to_pybytes())
+    finally:
+        client.close()
+    return next(t for t in stats.tables if t.name == name)
+
+
+def _write(location: str, stop: threading.Event, errors: list[BaseException]) -> None:
+    """Upserts and deletes into ``t``, each push visible before the next, until ``stop``."""
+    rng = random.Random(11)
+    live: set[int] = set()
+    try:
+        with tt.connect(location, timeout=30) as c:
+            while not stop.is_set():
+                ks = rng.sample(range(400), 20)
+                c.push("t", pd.DataFrame({"k": ks, "v": [rng.random() for _ in ks],
+                                          "s": [f"s{rng.randrange(50)}" for _ in ks]}),
+                       mode="upsert")
+                live |= set(ks)
+                if rng.random() < 0.5:
+                    gone = rng.sample(sorted(live), 8)
+                    c.push("t", pd.DataFrame({"k": gone}), mode="delete")
+                    live -= set(gone)
+                stop.wait(0.03)
+    except BaseException as exc:
+        errors.append(exc)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[ServerProcess]]:
+    started: list[ServerProcess] = []
+    yield started
+    for p in started:
+        if p.proc.poll() is None:
+            p.kill()
+
+
+def test_a_chain_of_servers_survives_a_sigkill_of_its_middle(processes, tmp_path):
+    """A -> B -> C, B durable and killed with SIGKILL while A changes; B restarted with the
+    same flags resumes from its checkpoint with deltas, and all three end equal."""
+    def serve(name: str, port: int, *flags: str, **kw: Any) -> ServerProcess:
+        p = ServerProcess(tmp_path / name, tmp_path / f"{name}.log", port=port,
+                          args=("--http-port", "-1", *flags), **kw)
+        processes.append(p)
+        return p
+
+    a = serve("a", 0, interval=0.05)
+    with tt.connect(a.location, timeout=30) as c:
+        c.create_table("t", KV, "keyed", keys=["k"])
+        c.push("t", pd.DataFrame({"k": range(200), "v": [0.5] * 200, "s": ["x"] * 200}))
+    b_port = free_port()
+    b_flags = ("--mirror", f"{a.location}/t")
+    b = serve("b", b_port, *b_flags, checkpoint_seconds=0.5)
+    c_proc = serve("c", 0, "--mirror", f"{b.location}/t", checkpoint_seconds=0.5)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    writer = threading.Thread(target=_write, args=(a.location, stop, errors), daemon=True)
+    writer.start()
+    try:
+        checkpoints = tmp_path / "b" / "checkpoints"
+
+        def mirror_checkpointed() -> bool:
+            try:  # CURRENT may move on, and the checkpoint it named go, while read
+                current = (checkpoints / "CURRENT").read_text()
+                return b'"mirror"' in (checkpoints / current / "manifest.json").read_bytes()
+            except OSError:
+                return False
+
+        _eventually(mirror_checkpointed, what="a checkpoint of B holding the mirror")
+        held = (checkpoints / "CURRENT").read_text()
+        _eventually(lambda: (checkpoints / "CURRENT").read_text() != held,
+                    what="a later checkpoint of B, taken while A changes")
+        b.kill()
+
+        def a_moved_on(updates: int) -> None:
+            start = _stats(a.location, "t").sequence
+            _eventually(lambda: _stats(a.location, "t").sequence >= start + updates,
+                        what=f"{updates} updates of A")
+
+        a_moved_on(5)  # while B is down
+        b = serve("b", b_port, *b_flags, checkpoint_seconds=0.5)
+        a_moved_on(10)  # while B catches up
+    finally:
+        stop.set()
+        writer.join(30)
+    assert not errors, errors
+    want = _subscribed(a.location, "t")
+    assert len(want[0]) > 0
+
+    def chain_equal() -> bool:
+        return all(_same(_subscribed(p.location, "t"), want) for p in (b, c_proc))
+
+    _eventually(chain_equal, timeout=30, what="B and C equal to A")
+    link = _stats(b.location, "t").link
+    assert link.in_sync
+    assert (link.resumed_with_deltas, link.resumed_with_snapshot) == (1, 0), link
+    link = _stats(c_proc.location, "t").link  # B restarted: a new epoch, C took a snapshot
+    assert link.in_sync and link.resumed_with_snapshot >= 1, link
+    for p in (c_proc, b, a):
+        assert p.stop() == 0, p.stderr_tail()
