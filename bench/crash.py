@@ -60,7 +60,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -122,12 +122,15 @@ class ServerProcess:
         The server's checkpoint thresholds.
     verbose
         ``-v``: the server logs at DEBUG (lifecycle lines such as refused stream replays).
+    args
+        More flags of ``serve``, after these (a flag given again wins: ``("--http-port",
+        "-1")`` serves no web UI).
     """
 
     def __init__(self, data_dir: Path, log_path: Path, *, port: int = 0,
                  interval: float = 0.02, checkpoint_seconds: float = 0.5,
                  checkpoint_bytes: int = 64 << 10, verbose: bool = False,
-                 startup_timeout: float = 60.0) -> None:
+                 startup_timeout: float = 60.0, args: Sequence[str] = ()) -> None:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "ticktable.cli", *(["-v"] if verbose else []), "serve",
@@ -137,7 +140,7 @@ class ServerProcess:
                # a restart reuses the Flight port, and a fixed --port would put the web UI on
                # 8817: any free port instead, so two harnesses (or a server left on 8817)
                # never collide
-               "--http-port", "0"]
+               "--http-port", "0", *args]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         t0 = time.perf_counter()
         self._stderr = open(log_path, "ab")

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 from grpc_health.v1 import health_pb2
 
-from engine.errors import InputError, PortInUse, ProtocolError
+from engine.errors import InputError, PortInUse, ProtocolError, TableExists
 from engine.graph import UpdateGraph
 from flight.durability.durable import Durability, RecoveryReport
 from flight.ingest.put import PutHandler
@@ -178,7 +178,9 @@ class ServerConfig:
         RESOURCE_EXHAUSTED.
     mirrors
         Tables of other servers to mirror here (:mod:`flight.links`): each a
-        :class:`~flight.links.MirrorSpec` or its text ``URI/TABLE[=LOCAL]``.
+        :class:`~flight.links.MirrorSpec` or its text ``URI/TABLE[=LOCAL]``. A durable
+        server also brings back the mirrors it had (:meth:`TicktableServer.mirror`); one
+        given here again, by its local name, starts once.
     mirror_token
         The bearer token mirrors present to their origins (a spec's own token wins).
     mirror_give_up
@@ -455,8 +457,7 @@ class TicktableServer:
             raise
         self.staging.start_janitor(min(60.0, max(1.0, cfg.stage_ttl / 4)))
         self.durability.start()
-        for spec in self._mirrors:
-            self.links.add(spec)
+        self._start_mirrors()
         log.info("serving Flight, the TableService, health and reflection at %s", self.location)
         return self
 
@@ -559,6 +560,10 @@ class TicktableServer:
         """Mirror a table of another server here (``ticktable serve --mirror``): a table
         of kind ``mirror``, registered once the origin answers (see :mod:`flight.links`).
 
+        On a durable server the mirror is journaled (what it follows, not its token) and
+        comes back after a restart, resuming from its last checkpoint
+        (:mod:`flight.durability.durable`).
+
         Raises
         ------
         InputError
@@ -566,7 +571,23 @@ class TicktableServer:
         TableExists
             If the local name is taken.
         """
-        return self.links.add(self._mirror_spec(spec))
+        spec = self._mirror_spec(spec)
+        self.links.check(spec)  # refused before it is journaled
+        return self.durability.mirror(spec.name, spec.to_json(), lambda: self.links.add(spec))
+
+    def _start_mirrors(self) -> None:
+        """Start the mirrors recovery remembered and those of ``config.mirrors``: a mirror
+        given again (by its local name) starts once, following what the config says."""
+        given = {spec.name for spec in self._mirrors}
+        for name, doc in self.durability.mirrors.items():
+            if name in given:
+                continue
+            try:
+                self.links.add(self._mirror_spec(MirrorSpec.from_json(doc)))
+            except TableExists as exc:  # a table created under its name before it connected
+                log.error("mirror %r of %s/%s not resumed: %s", name, doc["uri"], doc["table"], exc)
+        for spec in self._mirrors:
+            self.mirror(spec)
 
     def _mirror_spec(self, spec: MirrorSpec | str) -> MirrorSpec:
         cfg = self.config

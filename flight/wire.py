@@ -179,6 +179,8 @@ class RecordKind(StrEnum):
     """The ``drop_table`` action (or the TableService's ``DropTable``)."""
     DERIVE = "derive"
     """A derived table built through the TableService."""
+    MIRROR = "mirror"
+    """A mirror started (:mod:`flight.links`): what it follows, never its token."""
     FORGET = "forget"
     """Writes expired or dropped, finished write ids forgotten."""
     CYCLE = "cycle"

@@ -348,7 +348,8 @@ def _add_links(serve: argparse.ArgumentParser) -> None:
                  "under the origin's row keys, and resumes with deltas after a break.")
     group.add_argument("--mirror", action="append", metavar="URI/TABLE[=LOCAL]",
                        help="mirror TABLE of the server at URI (grpc://host:port) as LOCAL "
-                            "(default: TABLE); repeat for more tables")
+                            "(default: TABLE); repeat for more tables. A durable server keeps "
+                            "its mirrors across restarts (drop_table ends one)")
     group.add_argument("--mirror-token", default=None, metavar="TOKEN",
                        help="bearer token for the origins (their read-only token is enough; "
                             "default: $TICKTABLE_MIRROR_TOKEN)")
@@ -465,10 +466,10 @@ def main(argv: list[str] | None = None) -> int:
                        help="keep nothing: every table is gone when the server stops")
     serve.add_argument("--checkpoint-seconds", type=float, default=300.0,
                        help="write a checkpoint once this many seconds passed with something "
-                            "journaled (default 300)")
+                            "journaled or mirrored (default 300)")
     serve.add_argument("--checkpoint-bytes", type=int, default=512 << 20,
-                       help="write a checkpoint once the journal grew by this many bytes "
-                            "(default 512 MiB)")
+                       help="write a checkpoint once the journal grew by this many bytes, "
+                            "mirrors' changes counted (default 512 MiB)")
     _add_limits(serve)
     _add_sql(serve)
     _add_links(serve)

@@ -9,5 +9,6 @@ Reading order:
 - :mod:`flight.durability.records`: the values that go into the journal and come back out.
 - :mod:`flight.durability.journal_files`: what is on disk, and the checks at open.
 - :mod:`flight.durability.payloads`: large payloads in files of their own beside it.
-- :mod:`flight.durability.checkpoint`: every source table's rows with their row keys.
+- :mod:`flight.durability.checkpoint`: every source table's and mirror's rows with their row
+  keys.
 """

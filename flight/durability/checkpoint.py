@@ -1,10 +1,11 @@
 """Checkpoints: every source table's rows with their row keys, on disk, atomically.
 
 A checkpoint is a directory ``ckpt-<seq>`` (``ckpt-<seq>-<n>`` when one of that position
-already exists) under ``<data dir>/checkpoints`` holding one
-Parquet file per source table (its rows in row-key order plus the ``__row_key`` column)
-and a ``manifest.json`` naming each file, its row count and CRC, the journal position the
-data reflects and whatever else the server needs to resume (the catalog, allocator state).
+already exists) under ``<data dir>/checkpoints`` holding one Parquet file per source table
+or mirror (its rows in row-key order plus the ``__row_key`` column) and a ``manifest.json``
+naming each file, its row count and CRC, the journal position the data reflects and
+whatever else the server needs to resume (the catalog, allocator state, a mirror's position
+in its origin's history).
 The manifest is written last; a checkpoint exists only once ``CURRENT`` names it.
 
 Every file is written to a temporary name, flushed with ``fsync``, renamed into place and
@@ -51,7 +52,7 @@ class Checkpoint:
     seq
         The journal position the tables' rows reflect (records up to it are applied).
     tables
-        Source table name -> its rows in row-key order, with the ``__row_key`` column.
+        Source table (or mirror) name -> its rows in row-key order, with ``__row_key``.
     state
         The JSON document the writer passed (catalog, allocators, ...).
     path
@@ -101,7 +102,7 @@ def write_checkpoint(root: Path, seq: int, tables: dict[str, pa.Table],
     seq
         The journal position ``tables`` reflect.
     tables
-        Source table name -> rows with their ``__row_key`` column, in row-key order.
+        Source table (or mirror) name -> rows with their ``__row_key`` column, in row-key order.
     state
         JSON-serializable server state to keep beside the rows.
     """

@@ -2,11 +2,12 @@
 
 :class:`Durability` is the one door through which the server changes durable state:
 writes into source tables (DoPut with or without a ``write_id``), commits and aborts,
-``create_table``, ``drop_table`` and derived tables built through the TableService. Each
-change is a journal record (:mod:`flight.durability.journal`) made durable *before* it is applied
-and acknowledged; the apply runs in the journal's flusher thread in journal order, so the
-order in which writes reach the tables is the journal's order, and replaying the journal
-reproduces it. Without a data directory (``--in-memory``) the same methods apply at once.
+``create_table``, ``drop_table``, derived tables built through the TableService and
+mirrors (:mod:`flight.links`). Each change is a journal record
+(:mod:`flight.durability.journal`) made durable *before* it is applied and acknowledged;
+the apply runs in the journal's flusher thread in journal order, so the order in which
+writes reach the tables is the journal's order, and replaying the journal reproduces it.
+Without a data directory (``--in-memory``) the same methods apply at once.
 
 Cycles and records. A cycle takes whatever was staged before it. :class:`Durability` is
 the graph's *cycle gate* (:attr:`engine.graph.UpdateGraph.cycle_gate`): a lock held around
@@ -38,6 +39,27 @@ What the clock or a restart decides is journaled too, as a ``forget`` record: th
 expired after ``stage_ttl`` (and the finished write ids forgotten then), and the open
 writes recovery drops. A replay cannot decide these again, and without the record it
 would bring back a write whose commit, after the expiry or the restart, found it gone.
+
+Mirrors (DESIGN.md §11). What a mirror follows (:meth:`Durability.mirror`: its origin,
+table, local name, columns and ``give_up_after``, never its token: the server's
+``mirror_token`` is presented after a restart) is a ``mirror`` record, written when the
+mirror is new or follows something else than what is remembered (a ``--mirror`` flag given
+again at a restart writes nothing and starts nothing twice); a drop forgets it. A mirror's
+table is checkpointed as a source table is, its rows with their row keys, and with its
+position in its origin's history (the origin's epoch and sequence of the last change
+applied); recovery brings it back as a :class:`~engine.sources.ReplicaTable` of kind
+``mirror`` before any link starts, and the server then resumes every mirror it remembers
+from that position.
+
+The changes a mirror applies are *not* journaled: its origin holds them. The trade-off:
+after a restart a mirror is as of the last checkpoint, not as of the moment the server
+stopped, and catches up from its origin: with the updates it missed as one delta when the
+origin still holds them (its history: the last 256 updates by default, docs/protocol.md
+§7.7), else with a snapshot applied as only its difference from the checkpointed rows. To
+keep that position recent, the bytes mirrors stage count toward the checkpoint thresholds
+as journaled bytes do (:meth:`Durability.mirrored`), so a busy mirror is checkpointed as
+often as a busy journal. Anything derived from a mirror sees the catch-up as ordinary
+updates.
 """
 
 from __future__ import annotations
@@ -57,9 +79,9 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from engine.errors import InputError
+from engine.errors import InputError, TableExists
 from engine.graph import UpdateGraph
-from engine.sources import SourceTable
+from engine.sources import ReplicaTable, SourceTable
 from flight.durability.checkpoint import read_checkpoint, write_checkpoint
 from flight.durability.journal import Journal
 from flight.durability.records import Blob, Chain, Record, ipc_bytes, read_ipc
@@ -67,7 +89,7 @@ from flight.ingest.parts import Part
 from flight.ingest.staging import StagingArea
 from flight.pb import flight_pb2 as pb
 from flight.streams.registry import TableEntry, TableRegistry
-from flight.wire import DIFF, ROW_KEY, PutMode, RecordKind
+from flight.wire import DIFF, ROW_KEY, PutMode, RecordKind, TableKind
 
 __all__ = ["Durability", "RecoveryReport"]
 
@@ -150,7 +172,8 @@ class Durability:
         Where the journal and checkpoints live; ``None``: in memory, nothing is kept.
     checkpoint_bytes, checkpoint_seconds
         A checkpoint is written when the journal has grown by this many bytes, or this
-        many seconds have passed with something journaled, whichever comes first.
+        many seconds have passed with something journaled, whichever comes first; bytes
+        staged into mirrors count as journaled (:meth:`mirrored`).
     """
 
     def __init__(self, graph: UpdateGraph, registry: TableRegistry, staging: StagingArea, *,
@@ -168,6 +191,7 @@ class Durability:
         self._marked = 0                # last position written as a cycle marker
         self._derived: list[tuple[str, bytes]] = []  # durable derived tables, in order
         self._derive: Callable[[bytes], str] | None = None
+        self._mirrors: dict[str, dict[str, Any]] = {}  # mirror name -> its spec, in order
         self._holds: dict[str, set[int]] = {}  # write id -> seqs of its held batches
         self._checkpointer: threading.Thread | None = None
         self._stop = threading.Event()
@@ -343,7 +367,37 @@ class Durability:
 
     def _drop(self, name: str) -> bool:
         self._derived = [(n, r) for n, r in self._derived if n != name]
+        self._mirrors.pop(name, None)
         return self.registry.drop(name)
+
+    def mirror(self, name: str, spec: dict[str, Any], start: Callable[[], T]) -> T:
+        """Start mirror ``name`` and remember what it follows, for restarts.
+
+        ``spec`` is the mirror's JSON description (:meth:`flight.links.MirrorSpec.to_json`:
+        no token); ``start()`` starts its link and returns it. A ``mirror`` record is
+        journaled first unless ``name`` is remembered with this very ``spec`` (a mirror
+        given again at a restart); once ``start()`` returned, ``spec`` is remembered.
+        """
+        if self._mirrors.get(name) == spec:
+            return start()
+
+        def run(seq: int) -> T:
+            out = start()
+            self._mirrors[name] = spec
+            return out
+
+        return self._record(RecordKind.MIRROR, name, {"spec": spec}, b"", run)
+
+    @property
+    def mirrors(self) -> dict[str, dict[str, Any]]:
+        """Mirror name -> the spec :meth:`mirror` remembered (from the checkpoint and the
+        journal after a restart), in the order they were started."""
+        return dict(self._mirrors)
+
+    def mirrored(self, nbytes: int) -> None:
+        """Count ``nbytes`` staged into a mirror toward the next checkpoint: a mirror's
+        changes are not journaled, its last checkpoint is where it resumes from."""
+        self._since_bytes += nbytes
 
     def derive(self, request: bytes, build: Callable[[], str]) -> str:
         """Build a derived table and keep its definition (``request``) for restarts.
@@ -410,8 +464,10 @@ class Durability:
         tables: dict[str, pa.Table] = {}
         catalog = []
         for e in self.registry.entries_in_order():  # creation order: parents first
-            if not getattr(e, "durable", False) or not e.is_source:
+            mirror = e.kind == TableKind.MIRROR and isinstance(e.table, ReplicaTable)
+            if not getattr(e, "durable", False) or not (e.is_source or mirror):
                 continue
+            # a mirror's state: its position in the origin's history (ReplicaTable)
             rows, keys, alloc = e.table.export_state()  # type: ignore[attr-defined]
             tables[e.name] = rows.append_column(ROW_KEY, pa.array(keys, pa.int64()))
             catalog.append({"name": e.name, "kind": e.kind, "keys": e.keys,
@@ -421,6 +477,7 @@ class Durability:
         state = {
             "catalog": catalog,
             "derived": [{"name": n, "request": _b64(r)} for n, r in self._derived],
+            "mirrors": [{"name": n, "spec": s} for n, s in self._mirrors.items()],
             "staging": self.staging.export_memory(),
             "holds": self._open_holds(),
             "step": self.graph.step,
@@ -545,7 +602,8 @@ class Durability:
         for c in state["catalog"]:  # creation order
             meta = {"schema": c["schema"], "kind": c["kind"], "keys": c["keys"],
                     "capacity": c["capacity"], "if_not_exists": False}
-            entry = self._create(c["name"], meta)
+            entry = (self._create_mirror(c["name"], meta["schema"]) if c["kind"] == TableKind.MIRROR
+                     else self._create(c["name"], meta))
             data = tables[c["name"]]
             keys = np.asarray(data.column(ROW_KEY).to_numpy(), dtype=np.int64)
             entry.table.restore_state(data.drop_columns([ROW_KEY]), keys,  # type: ignore[attr-defined]
@@ -553,9 +611,20 @@ class Durability:
             rows += data.num_rows
         self.graph.step = max(self.graph.step, int(state["step"]))
         self.staging.restore_memory(state["staging"])
+        # a checkpoint written before mirrors were durable has none
+        self._mirrors = {m["name"]: m["spec"] for m in state.get("mirrors", [])}
         for d in state["derived"]:
             self._rebuild(_unb64(d["request"]), d["name"])
         return rows
+
+    def _create_mirror(self, name: str, schema: str) -> TableEntry:
+        """A mirror's table as its checkpoint left it, to be filled by ``restore_state``;
+        its link starts after recovery (:meth:`mirrors`)."""
+        table = ReplicaTable(self.graph, pa.ipc.read_schema(pa.py_buffer(_unb64(schema))),
+                             name=name)
+        entry = self.registry.add(name, table, TableKind.MIRROR)
+        entry.durable = True
+        return entry
 
     def _rebuild(self, request: bytes, name: str) -> None:
         if self._derive is None:
@@ -563,6 +632,13 @@ class Durability:
         built = self._derive(request)
         self._derived.append((built, request))
         self.registry.get(built).durable = True
+
+    def _remember_mirror(self, name: str, spec: dict[str, Any]) -> None:
+        """Replay of a ``mirror`` record: remembered, its link started after recovery (a
+        table of another kind under its name refuses it again, as it refused the link)."""
+        if name in self.registry.names() and self.registry.get(name).kind != TableKind.MIRROR:
+            raise TableExists(f"table {name!r} already exists; mirror not restored")
+        self._mirrors[name] = spec
 
     def _replay(self, rec: Record) -> None:
         """Apply one journal record again, as its write did (refusals repeat, and are skipped)."""
@@ -600,6 +676,9 @@ class Durability:
             self._drop(rec.table)
         elif kind == RecordKind.DERIVE:
             self._rebuild(_unb64(meta["request"]), "?")
+        elif kind == RecordKind.MIRROR:
+            assert rec.table is not None
+            self._remember_mirror(rec.table, meta["spec"])
         elif kind == RecordKind.FORGET:
             self.staging.forget(meta["writes"], meta["committed"], meta["aborted"],
                                 meta.get("dropped"))  # absent from older journals

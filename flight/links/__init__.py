@@ -6,6 +6,10 @@ registers each one as a table of kind ``mirror`` once the origin's schema is kno
 the link's status in the table's entry (so every message of the mirror's streams carries
 it, and ``stats`` shows it) and sends a status message to the mirror's subscribers when the
 link goes out of sync or back.
+
+On a durable server a mirror's table is checkpointed with its position in the origin's
+history, and what it follows is journaled (:mod:`flight.durability.durable`): after a restart
+the table comes back before the links start, and :meth:`Links.add` resumes it from there.
 """
 
 from __future__ import annotations
@@ -58,21 +62,33 @@ class Links:
         """
         name = spec.name
         with self._lock:
-            if name in self._links:
-                raise TableExists(f"table {name!r} already mirrors {self._links[name].spec.origin}")
-            restored = None
-            if name in self.registry.names():
-                entry = self.registry.get(name)
-                if entry.kind != TableKind.MIRROR or not isinstance(entry.table, ReplicaTable):
-                    raise TableExists(f"table {name!r} already exists (a {entry.kind} table); "
-                                      f"mirror {spec.origin} under another name (URI/TABLE=LOCAL)")
-                restored = entry.table
+            restored = self._free(spec)
             link = Link(self.registry.graph, spec, table=restored, on_table=self._register,
-                        on_status=self._status_changed)
+                        on_status=self._status_changed,
+                        on_staged=self.server.durability.mirrored)
             self._links[name] = link
             if restored is not None:
                 self.registry.get(name).status = link.status
         return link.start()
+
+    def check(self, spec: MirrorSpec) -> None:
+        """Raise what :meth:`add` would raise for ``spec``'s name, changing nothing (a durable
+        server checks before it journals the mirror)."""
+        with self._lock:
+            self._free(spec)
+
+    def _free(self, spec: MirrorSpec) -> ReplicaTable | None:
+        """The replica to resume under ``spec``'s name, if one was restored (under the lock)."""
+        name = spec.name
+        if name in self._links:
+            raise TableExists(f"table {name!r} already mirrors {self._links[name].spec.origin}")
+        if name not in self.registry.names():
+            return None
+        entry = self.registry.get(name)
+        if entry.kind != TableKind.MIRROR or not isinstance(entry.table, ReplicaTable):
+            raise TableExists(f"table {name!r} already exists (a {entry.kind} table); "
+                              f"mirror {spec.origin} under another name (URI/TABLE=LOCAL)")
+        return entry.table
 
     def get(self, name: str) -> Link | None:
         """The link feeding mirror ``name``, if it is one."""
@@ -95,6 +111,7 @@ class Links:
         """On the link's thread, at its first connection: expose the replica."""
         link = self.get(table.name)
         entry = self.registry.add(table.name, table, TableKind.MIRROR)
+        entry.durable = self.server.durability.durable  # checkpointed with the source tables
         if link is not None:
             entry.status = link.status
 

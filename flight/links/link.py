@@ -26,6 +26,7 @@ retries for ever.
 
 from __future__ import annotations
 
+import base64
 import logging
 import random
 import threading
@@ -103,6 +104,24 @@ class MirrorSpec:
         """``URI/TABLE``: the table mirrored."""
         return f"{self.uri}/{self.table}"
 
+    def to_json(self) -> dict[str, Any]:
+        """The spec as a JSON document, without its token (a durable server keeps this:
+        :mod:`flight.durability.durable`); :meth:`from_json` reads it back."""
+        return {"uri": self.uri, "table": self.table, "local": self.local,
+                "columns": None if self.columns is None else list(self.columns),
+                "give_up_after": self.give_up_after,
+                "tls_roots": None if self.tls_roots is None
+                else base64.b64encode(self.tls_roots).decode()}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], *, token: str | None = None) -> MirrorSpec:
+        """The spec :meth:`to_json` gave, presenting ``token`` to the origin."""
+        columns, roots = doc.get("columns"), doc.get("tls_roots")
+        return cls(str(doc["uri"]), str(doc["table"]), str(doc.get("local") or ""), token=token,
+                   columns=None if columns is None else tuple(str(c) for c in columns),
+                   give_up_after=doc.get("give_up_after"),
+                   tls_roots=None if roots is None else base64.b64decode(roots))
+
 
 def parse_mirror(text: str, *, token: str | None = None,
                  give_up_after: float | None = None) -> MirrorSpec:
@@ -168,6 +187,9 @@ class Link:
         Called with the replica once it exists (to register it), on the link's thread.
     on_status
         Called with the link whenever its :meth:`status` changes, on the link's thread.
+    on_staged
+        Called with the size in bytes of each message staged (its values and metadata), on
+        the link's thread: a durable server counts them toward its next checkpoint.
     reconnect_delay, max_reconnect_delay
         Backoff between attempts, doubling from the first to the second (with jitter).
     """
@@ -175,12 +197,14 @@ class Link:
     def __init__(self, graph: UpdateGraph, spec: MirrorSpec, *, table: ReplicaTable | None = None,
                  on_table: Callable[[ReplicaTable], None] | None = None,
                  on_status: Callable[[Link], None] | None = None,
+                 on_staged: Callable[[int], None] | None = None,
                  reconnect_delay: float = 0.1, max_reconnect_delay: float = 5.0) -> None:
         self.graph = graph
         self.spec = spec
         self.table = table
         self.on_table = on_table
         self.on_status = on_status
+        self.on_staged = on_staged
         self._delays = (reconnect_delay, max_reconnect_delay)
         self._lock = threading.Lock()
         self._state = CONNECTING
@@ -416,7 +440,8 @@ class Link:
         upstream.CopyFrom(meta.link)
         had = meta.HasField("link")
         self.messages += 1
-        self.bytes_received += added.nbytes + modified.nbytes + meta.ByteSize()
+        nbytes = added.nbytes + modified.nbytes + meta.ByteSize()
+        self.bytes_received += nbytes
         if meta.is_snapshot:
             keys = decode_rows(meta.added_rows)
             table.reset(keys, added.select(names), position=position)
@@ -439,6 +464,8 @@ class Link:
                     position=position))
             if first and meta.resume == pb.RESUME_DELTAS:
                 self.resumed_with_deltas += 1
+        if self.on_staged is not None:
+            self.on_staged(nbytes)
         self.graph.request_cycle()  # applied now, not at the next periodic cycle (as a write)
         with self._lock:
             self._position = position
