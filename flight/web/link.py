@@ -51,10 +51,11 @@ import pyarrow as pa
 import flight
 from engine.errors import PortInUse, TableFailed, TableNotFound, TicktableError
 from engine.graph import UpdateGraph
+from flight.pb import flight_pb2 as pb
 from flight.streams.registry import TableRegistry
 from flight.web.feed import FEEDS, Change, TableFeed, ipc_buffer
 
-__all__ = ["SCHEDS", "Settings", "WebProcess", "read_change", "write_change"]
+__all__ = ["SCHEDS", "Settings", "WebProcess", "link_json", "read_change", "write_change"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,15 @@ def read_change(header: tuple[Any, ...], conn: Connection) -> tuple[int, Change]
     upserts = pa.ipc.open_stream(conn.recv_bytes()).read_all()
     return fid, Change(snapshot, upserts, np.frombuffer(removes, "<i8").astype(np.int64), step,
                        sequence, updates, size)
+
+
+def link_json(status: pb.LinkStatus) -> dict[str, Any]:
+    """A mirror's link status as the table list shows it (``null`` for other tables):
+    whether it is in sync, its state (``"in sync"``, ``"disconnected"``...), the table
+    mirrored (``URI/TABLE``), why it is not in sync, its reconnects and for how long."""
+    return {"in_sync": status.in_sync, "state": status.state, "origin": status.origin,
+            "detail": status.detail, "reconnects": status.reconnects,
+            "out_of_sync_seconds": round(status.out_of_sync_seconds, 3)}
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -402,11 +412,13 @@ class WebProcess:
         out = []
         for e in server.registry.entries():
             failure = e.table.failure
+            status = e.status() if e.status is not None else None
             out.append({"name": e.name, "kind": e.kind, "keys": e.keys,
                         "rows": len(e.table.rowset), "last_step": e.table.last_step,
                         "subscribers": subs.get(e.name, 0),
                         "state": "failed" if failure is not None else "live",
-                        "error": None if failure is None else f"table {e.name!r} failed: {failure}"})
+                        "error": None if failure is None else f"table {e.name!r} failed: {failure}",
+                        "link": None if status is None else link_json(status)})
         return out
 
     def _close_feeds(self) -> None:

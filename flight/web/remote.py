@@ -111,7 +111,7 @@ class RemoteTables:
 
     def tables(self) -> tuple[int, list[dict[str, Any]]]:
         """The server's step and its tables (name, kind, keys, rows, last step, subscribers
-        over Flight, state, error).
+        over Flight, state, error, and a mirror's link status).
 
         Raises
         ------
