@@ -9,8 +9,9 @@ credentials gets 401, and a page request the login page with it):
 ``/api/login``              POST ``{"token": ...}``: sets the session cookie, or 401
 ``/api/logout``             POST: clears it
 ``/api/tables``             GET: the tables (name, kind, rows, subscribers, last step,
-                            state; a mirror's link status, :func:`~flight.web.link.link_json`)
-                            and the server's default feed, as JSON
+                            state; a mirror's link status, :func:`~flight.web.link.link_json`,
+                            and ``pending`` while its origin has not answered, so it is no
+                            table yet) and the server's default feed, as JSON
 ``/static/...``             the built front-end (``make web`` builds it from ``web/``)
 ``/ws/perspective?table=``  feed ``perspective``: Perspective's websocket protocol
 ``/ws/arrow?table=``        feed ``arrow``: snapshot and changes as Arrow IPC

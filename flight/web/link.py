@@ -43,7 +43,7 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -51,9 +51,14 @@ import pyarrow as pa
 import flight
 from engine.errors import PortInUse, TableFailed, TableNotFound, TicktableError
 from engine.graph import UpdateGraph
+from flight.links.link import GAVE_UP
 from flight.pb import flight_pb2 as pb
 from flight.streams.registry import TableRegistry
 from flight.web.feed import FEEDS, Change, TableFeed, ipc_buffer
+from flight.wire import TableKind
+
+if TYPE_CHECKING:
+    from flight.links import Links
 
 __all__ = ["SCHEDS", "Settings", "WebProcess", "link_json", "read_change", "write_change"]
 
@@ -144,6 +149,9 @@ class Served(Protocol):
 
     @property
     def subscriptions(self) -> Any: ...  # the Flight subscriptions (``.entry.name``)
+
+    @property
+    def links(self) -> Links: ...
 
 
 class _LinkFeed:
@@ -418,7 +426,18 @@ class WebProcess:
                         "subscribers": subs.get(e.name, 0),
                         "state": "failed" if failure is not None else "live",
                         "error": None if failure is None else f"table {e.name!r} failed: {failure}",
-                        "link": None if status is None else link_json(status)})
+                        "link": None if status is None else link_json(status),
+                        "pending": False})
+        # a mirror whose origin has not answered yet is no table yet, but it is listed: the
+        # page says it is not in sync rather than leave it out
+        names = set(server.registry.names())
+        for link in server.links.links():
+            if link.spec.name not in names:
+                status = link.status()
+                out.append({"name": link.spec.name, "kind": TableKind.MIRROR, "keys": [],
+                            "rows": 0, "last_step": 0, "subscribers": 0,
+                            "state": "gave up" if status.state == GAVE_UP else "waiting",
+                            "error": None, "link": link_json(status), "pending": True})
         return out
 
     def _close_feeds(self) -> None:

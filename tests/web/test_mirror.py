@@ -3,11 +3,12 @@ table, and saying so, in the list and over its grid, while its link is not in sy
 
 Two servers in this process: the origin (A) holds a keyed table, the mirror (B) mirrors it
 and serves the page. A goes away and a new origin comes up on its port, as a restarted
-server would.
+server would; or A is not there yet when B starts mirroring it.
 """
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pyarrow as pa
@@ -104,6 +105,47 @@ def test_a_mirror_is_listed_with_its_origin_and_says_when_it_is_not_in_sync(
         assert page.locator(f"{GRID} .state").inner_text() == "live"
     finally:
         page.close()  # before its server goes, which its viewer would report as an error
+        mirror.shutdown()
+        mirror_graph.stop()
+        for server, graph in up:
+            server.shutdown()
+            graph.stop()
+
+
+def test_a_mirror_whose_origin_has_not_answered_is_listed_and_goes_live_when_it_does(page):
+    with socket.socket() as s:  # a port nobody listens on, for the origin to come up on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mirror, mirror_graph = start_server()
+    up = []
+    try:
+        link = mirror.mirror(f"grpc://127.0.0.1:{port}/prices=prices_a")
+        page.goto(f"{mirror.web.url}?t=prices_a")
+        row = page.locator(ROW)
+        page.locator(f"{ROW} .badge.not-in-sync").wait_for(timeout=5000)
+        texts = row.locator("td").all_inner_texts()
+        assert texts[1] == f"mirror\nof grpc://127.0.0.1:{port}/prices"
+        assert texts[2] == "0" and texts[5] == "waiting"
+        msg = page.locator(f"{GRID} .message")
+        msg.wait_for(timeout=5000)
+        assert msg.inner_text().startswith('Mirror "prices_a" has no rows yet: ')
+        assert page.locator(f"{GRID} .state").inner_text() == "waiting"
+        page.locator(f"{GRID} .banner").wait_for(state="visible", timeout=5000)
+        assert "prices_a" not in mirror.registry.names() and not link.in_sync
+
+        origin, origin_graph = _origin(port=port)
+        up.append((origin, origin_graph))
+        client = tt.connect(origin.location)
+        client.push("prices", pa.table({"sym": ["a"], "px": [1.0]}, schema=SCHEMA),
+                    mode="upsert", keys=["sym"])
+        client.close()
+        page.wait_for_selector(f"{GRID} .state.live", timeout=20_000)
+        wait_cells(page, "prices_a", f"{ROWS} === 'a=1.00'")
+        page.locator(f"{GRID} .banner").wait_for(state="hidden", timeout=5000)
+        assert not page.locator(f"{GRID} .message").count()
+        page.locator(f"{ROW} .badge").wait_for(state="detached", timeout=5000)
+    finally:
+        page.close()
         mirror.shutdown()
         mirror_graph.stop()
         for server, graph in up:

@@ -169,7 +169,7 @@ class Grid {
     this.retryTimer = null;
     this.configured = false;
     this.stopped = null; // "failed" / "dropped": the table stopped updating
-    this.showLink(tables.get(name)?.link);
+    this.showLink(tables.get(name)?.link, tables.get(name)?.pending);
     $("#grids").append(this.el);
   }
 
@@ -196,6 +196,10 @@ class Grid {
       this.unknown();
       return;
     }
+    if (tables.get(this.name)?.pending) {
+      this.waiting(tables.get(this.name));
+      return;
+    }
     this.state(this.attempt ? "reconnecting" : "connecting");
     try {
       if (this.feed === "arrow") await this.connectArrow();
@@ -206,22 +210,34 @@ class Grid {
   }
 
   unknown() {
-    this.isUnknown = true;
     const have = [...tables.keys()].join(", ") || "none";
     this.state("unknown", "unknown table");
+    this.message(`This server has no table named "${this.name}" (tables: ${have}).`);
+  }
+
+  // A mirror whose origin has not answered yet: no table (no columns) until it does.
+  waiting(row) {
+    this.state("waiting", row.state);
+    this.message(`Mirror "${this.name}" has no rows yet: ${row.link.origin} has not answered ` +
+                 `(${row.link.state}).`);
+  }
+
+  // Instead of the grid, `text`, until the table exists (listed() then connects).
+  message(text) {
+    this.isUnknown = true;
     let msg = $(".message", this.el);
     if (!msg) {
       msg = document.createElement("div");
       msg.className = "message";
       this.viewer.before(msg);
     }
-    msg.textContent = `This server has no table named "${this.name}" (tables: ${have}).`;
+    msg.textContent = text;
     this.viewer.hidden = true;
   }
 
   // A mirror's link, from the server's list: which table it mirrors, and a banner over the
   // grid while it is not in sync (the rows shown are the last it received), gone once it is.
-  showLink(link) {
+  showLink(link, pending = false) {
     $(".origin", this.el).textContent = link ? `mirror of ${link.origin}` : "";
     const banner = $(".banner", this.el);
     if (!link || link.in_sync) {
@@ -229,8 +245,8 @@ class Grid {
       return;
     }
     $(".what", banner).textContent = `Not in sync with ${link.origin}: ${link.state}, ` +
-      `for ${outFor(link)} (${link.reconnects} reconnects); the rows shown are the last ` +
-      `received.`;
+      `for ${outFor(link)} (${link.reconnects} reconnects)` +
+      `${pending ? "." : "; the rows shown are the last received."}`;
     const detail = $(".detail", banner);
     detail.textContent = link.detail;
     detail.title = link.detail;
@@ -240,7 +256,7 @@ class Grid {
   // The server's list says how the table is: failed, dropped, or its row count.
   listed(row) {
     if (this.closed) return;
-    if (row) this.showLink(row.link);
+    if (row) this.showLink(row.link, row.pending);
     if (!row) {
       if (this.table || this.stopped) {
         this.stopped = "dropped";
@@ -248,6 +264,10 @@ class Grid {
       } else if (!this.retryTimer) {
         this.unknown();
       }
+      return;
+    }
+    if (row.pending) { // a mirror not yet a table: connect once it is
+      if (!this.table) this.waiting(row);
       return;
     }
     if (this.isUnknown || (this.stopped === "dropped" && !this.retryTimer)) {
