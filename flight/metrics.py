@@ -3,29 +3,38 @@
 Served by ``prometheus-client``'s own HTTP server on a port of its own, in text format at
 ``/metrics``. What is measured:
 
-=====================================  ===========  =========================================
-metric                                 type         what
-=====================================  ===========  =========================================
-``ticktable_cycle_seconds``            histogram    duration of each update cycle
-``ticktable_table_rows``               gauge        rows per table (``table``, ``kind``)
-``ticktable_table_changes_total``      counter      rows added, removed or modified per table
-``ticktable_table_subscribers``        gauge        open subscriptions per table
-``ticktable_table_max_lag_steps``      gauge        the furthest-behind subscriber, in steps
-``ticktable_put_rows_total``           counter      rows accepted by DoPut, per table
-``ticktable_put_bytes_total``          counter      Arrow bytes accepted by DoPut, per table
-``ticktable_errors_total``             counter      error answers by gRPC code
-``ticktable_journal_bytes``            gauge        the journal's size on disk (durable only)
-``ticktable_journal_flush_seconds``    histogram    one group commit: write and fsync
-``ticktable_step``                     gauge        the update graph's step
-``ticktable_sql_queries_total``        counter      Flight SQL queries by ``outcome``: ``ok``,
-                                                    ``error``, ``timeout``, ``cancelled``
-``ticktable_sql_query_seconds``        histogram    a query, from its start to its last batch
-=====================================  ===========  =========================================
+==========================================  ===========  =========================================
+metric                                      type         what
+==========================================  ===========  =========================================
+``ticktable_cycle_seconds``                 histogram    duration of each update cycle
+``ticktable_table_rows``                    gauge        rows per table (``table``, ``kind``)
+``ticktable_table_changes_total``           counter      rows added, removed or modified per table
+``ticktable_table_subscribers``             gauge        open subscriptions per table
+``ticktable_table_max_lag_steps``           gauge        the furthest-behind subscriber, in steps
+``ticktable_put_rows_total``                counter      rows accepted by DoPut, per table
+``ticktable_put_bytes_total``               counter      Arrow bytes accepted by DoPut, per table
+``ticktable_errors_total``                  counter      error answers by gRPC code
+``ticktable_journal_bytes``                 gauge        the journal's size on disk (durable only)
+``ticktable_journal_flush_seconds``         histogram    one group commit: write and fsync
+``ticktable_step``                          gauge        the update graph's step
+``ticktable_sql_queries_total``             counter      Flight SQL queries by ``outcome``: ``ok``,
+                                                         ``error``, ``timeout``, ``cancelled``
+``ticktable_sql_query_seconds``             histogram    a query, from its start to its last batch
+``ticktable_mirror_in_sync``                gauge        per mirror (``table``): 1 while its link
+                                                         is in sync (:mod:`flight.links`), else 0
+``ticktable_mirror_out_of_sync_seconds``    gauge        per mirror: how long it has not been in
+                                                         sync (0 while it is)
+``ticktable_mirror_reconnects_total``       counter      per mirror: streams opened after the first
+``ticktable_mirror_resumes_total``          counter      per mirror and ``kind``: reconnects the
+                                                         origin answered with the missed ``deltas``
+                                                         or with a ``snapshot``
+==========================================  ===========  =========================================
 
-The per-table gauges are read from the server at scrape time; counters and histograms are
-fed as things happen. Every server counts (the ``stats`` action shows the same numbers,
-:meth:`Metrics.totals`); only ``--metrics-port`` serves them over HTTP. Each server has its
-own registry, so several servers in one process (tests) do not mix.
+The per-table gauges and the mirrors' numbers are read from the server at scrape time (a
+mirror whose origin never answered, so not yet a table, is counted too); counters and
+histograms are fed as things happen. Every server counts (the ``stats`` action shows the
+same numbers, :meth:`Metrics.totals`); only ``--metrics-port`` serves them over HTTP. Each
+server has its own registry, so several servers in one process (tests) do not mix.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
     from flight.durability.durable import Durability
+    from flight.links import Links
     from flight.pb import flight_pb2 as pb
     from flight.streams.registry import TableRegistry
 
@@ -55,6 +65,7 @@ class Measured(Protocol):
     graph: UpdateGraph
     registry: TableRegistry
     durability: Durability
+    links: Links
 
     def stats(self) -> pb.Stats: ...
 
@@ -97,6 +108,38 @@ class _Tables(Collector):
         if journal is not None:
             yield GaugeMetricFamily("ticktable_journal_bytes", "The journal's size on disk.",
                                     value=journal.size_bytes())
+
+
+class _Mirrors(Collector):
+    """Per mirror, its link's status (:meth:`flight.links.Link.status`), read at scrape time."""
+
+    def __init__(self, server: Measured) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Any]:
+        in_sync = GaugeMetricFamily("ticktable_mirror_in_sync",
+                                    "1 while the mirror's link is in sync, else 0.",
+                                    labels=["table"])
+        out = GaugeMetricFamily("ticktable_mirror_out_of_sync_seconds",
+                                "Seconds the mirror has not been in sync (0 while it is).",
+                                labels=["table"])
+        reconnects = CounterMetricFamily("ticktable_mirror_reconnects",
+                                         "Streams the mirror's link opened after the first.",
+                                         labels=["table"])
+        resumes = CounterMetricFamily("ticktable_mirror_resumes",
+                                      "Reconnects the origin answered with the missed deltas "
+                                      "or a snapshot.", labels=["table", "kind"])
+        for link in self._server.links.links():
+            name, st = link.spec.name, link.status()
+            in_sync.add_metric([name], int(st.in_sync))
+            out.add_metric([name], st.out_of_sync_seconds)
+            reconnects.add_metric([name], st.reconnects)
+            resumes.add_metric([name, "deltas"], st.resumed_with_deltas)
+            resumes.add_metric([name, "snapshot"], st.resumed_with_snapshot)
+        yield in_sync
+        yield out
+        yield reconnects
+        yield resumes
 
 
 @dataclass
@@ -149,6 +192,7 @@ class Metrics:
                                      "A Flight SQL query, from its start to its last batch.",
                                      buckets=_SQL_BUCKETS, registry=r)
         r.register(_Tables(server))
+        r.register(_Mirrors(server))
         self._flushes: collections.deque[float] = collections.deque(maxlen=1000)
         self._flush_count = 0
         self._http: Any = None

@@ -9,7 +9,9 @@ credentials gets 401, and a page request the login page with it):
 ``/api/login``              POST ``{"token": ...}``: sets the session cookie, or 401
 ``/api/logout``             POST: clears it
 ``/api/tables``             GET: the tables (name, kind, rows, subscribers, last step,
-                            state) and the server's default feed, as JSON
+                            state; a mirror's link status, :func:`~flight.web.link.link_json`,
+                            and ``pending`` while its origin has not answered, so it is no
+                            table yet) and the server's default feed, as JSON
 ``/static/...``             the built front-end (``make web`` builds it from ``web/``)
 ``/ws/perspective?table=``  feed ``perspective``: Perspective's websocket protocol
 ``/ws/arrow?table=``        feed ``arrow``: snapshot and changes as Arrow IPC
@@ -187,7 +189,8 @@ class WebServer:
     # ------------------------------------------------------------------ the list
     def tables(self) -> tuple[int, list[dict[str, Any]]]:
         """The server's step, and each table's name, kind, rows, subscribers (over Flight
-        and grids open here), last step and state (blocks for the server's answer)."""
+        and grids open here), last step, state and link (a mirror's; blocks for the
+        server's answer)."""
         step, tables = self.tables_source.tables()
         web_viewers: dict[str, int] = {}
         if self.hub is not None:

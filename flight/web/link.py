@@ -43,7 +43,7 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -51,10 +51,16 @@ import pyarrow as pa
 import flight
 from engine.errors import PortInUse, TableFailed, TableNotFound, TicktableError
 from engine.graph import UpdateGraph
+from flight.links.link import GAVE_UP
+from flight.pb import flight_pb2 as pb
 from flight.streams.registry import TableRegistry
 from flight.web.feed import FEEDS, Change, TableFeed, ipc_buffer
+from flight.wire import TableKind
 
-__all__ = ["SCHEDS", "Settings", "WebProcess", "read_change", "write_change"]
+if TYPE_CHECKING:
+    from flight.links import Links
+
+__all__ = ["SCHEDS", "Settings", "WebProcess", "link_json", "read_change", "write_change"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +106,15 @@ def read_change(header: tuple[Any, ...], conn: Connection) -> tuple[int, Change]
                        sequence, updates, size)
 
 
+def link_json(status: pb.LinkStatus) -> dict[str, Any]:
+    """A mirror's link status as the table list shows it (``null`` for other tables):
+    whether it is in sync, its state (``"in sync"``, ``"disconnected"``...), the table
+    mirrored (``URI/TABLE``), why it is not in sync, its reconnects and for how long."""
+    return {"in_sync": status.in_sync, "state": status.state, "origin": status.origin,
+            "detail": status.detail, "reconnects": status.reconnects,
+            "out_of_sync_seconds": round(status.out_of_sync_seconds, 3)}
+
+
 def _listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (all of IPv4 and IPv6 for ``""``/``"::"``)."""
     if host in ("", "::") and socket.has_dualstack_ipv6():
@@ -134,6 +149,9 @@ class Served(Protocol):
 
     @property
     def subscriptions(self) -> Any: ...  # the Flight subscriptions (``.entry.name``)
+
+    @property
+    def links(self) -> Links: ...
 
 
 class _LinkFeed:
@@ -402,11 +420,24 @@ class WebProcess:
         out = []
         for e in server.registry.entries():
             failure = e.table.failure
+            status = e.status() if e.status is not None else None
             out.append({"name": e.name, "kind": e.kind, "keys": e.keys,
                         "rows": len(e.table.rowset), "last_step": e.table.last_step,
                         "subscribers": subs.get(e.name, 0),
                         "state": "failed" if failure is not None else "live",
-                        "error": None if failure is None else f"table {e.name!r} failed: {failure}"})
+                        "error": None if failure is None else f"table {e.name!r} failed: {failure}",
+                        "link": None if status is None else link_json(status),
+                        "pending": False})
+        # a mirror whose origin has not answered yet is no table yet, but it is listed: the
+        # page says it is not in sync rather than leave it out
+        names = set(server.registry.names())
+        for link in server.links.links():
+            if link.spec.name not in names:
+                status = link.status()
+                out.append({"name": link.spec.name, "kind": TableKind.MIRROR, "keys": [],
+                            "rows": 0, "last_step": 0, "subscribers": 0,
+                            "state": "gave up" if status.state == GAVE_UP else "waiting",
+                            "error": None, "link": link_json(status), "pending": True})
         return out
 
     def _close_feeds(self) -> None:

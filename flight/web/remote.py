@@ -111,7 +111,8 @@ class RemoteTables:
 
     def tables(self) -> tuple[int, list[dict[str, Any]]]:
         """The server's step and its tables (name, kind, keys, rows, last step, subscribers
-        over Flight, state, error).
+        over Flight, state, error; a mirror's link status, and whether it is pending: its
+        origin has not answered, so it is no table yet).
 
         Raises
         ------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import urllib.request
 
 import pyarrow as pa
@@ -190,3 +191,93 @@ def test_flight_sql_queries_are_counted_by_outcome(served):
     assert m[("ticktable_sql_queries_total", (("outcome", "ok"),))] == 3
     assert m[("ticktable_sql_queries_total", (("outcome", "error"),))] == 1
     assert m[("ticktable_sql_query_seconds_count", ())] == 4
+
+
+def _until(test, timeout=15.0):
+    """Whether ``test()`` held within ``timeout`` seconds (a link's state changes on its
+    own thread, with backoff)."""
+    deadline = time.monotonic() + timeout
+    while not test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _mirror(m, table):
+    """A mirror's samples of a scrape, by short name."""
+    return {"in_sync": m[("ticktable_mirror_in_sync", (("table", table),))],
+            "out_of_sync_seconds": m[("ticktable_mirror_out_of_sync_seconds", (("table", table),))],
+            "reconnects": m[("ticktable_mirror_reconnects_total", (("table", table),))],
+            "deltas": m[("ticktable_mirror_resumes_total", (("kind", "deltas"), ("table", table)))],
+            "snapshot": m[("ticktable_mirror_resumes_total",
+                           (("kind", "snapshot"), ("table", table)))]}
+
+
+def test_a_mirror_reports_whether_it_is_in_sync_its_reconnects_and_resumes():
+    from clients.client import connect
+
+    def origin(port=0):
+        graph = UpdateGraph()
+        srv = TicktableServer(graph, ServerConfig(port=port)).start()
+        graph.start(0.02)
+        tc = connect(srv.location)
+        tc.create_table("t", KV, "keyed", keys=["k"])
+        tc.push("t", pa.table({"k": pa.array([1, 2], pa.int64()), "v": [1.0, 2.0]}), "upsert")
+        tc.close()
+        return srv, graph
+
+    a, a_graph = origin()
+    port, up = a.port, [(a, a_graph)]
+    b_graph = UpdateGraph()
+    b = TicktableServer(b_graph, ServerConfig(metrics_port=0)).start()
+    b_graph.start(0.02)
+    try:
+        link = b.mirror(f"{a.location}/t=m")
+        ghost = b.mirror(f"{a.location}/nosuch=ghost")  # never a table: counted all the same
+        assert link.wait_in_sync(10)
+        assert _until(lambda: ghost.state == "disconnected")
+        assert "ghost" not in b.registry.names()
+        m = _scrape(b.metrics_port)
+        assert _mirror(m, "m") == {"in_sync": 1, "out_of_sync_seconds": 0, "reconnects": 0,
+                                   "deltas": 0, "snapshot": 0}
+        assert m[("ticktable_mirror_in_sync", (("table", "ghost"),))] == 0
+        assert m[("ticktable_mirror_out_of_sync_seconds", (("table", "ghost"),))] > 0
+
+        # the origin ends the stream: the link resumes with the deltas it missed
+        for sub in a.subscriptions:
+            sub.close()
+        assert _until(lambda: link.resumed_with_deltas == 1 and link.in_sync)
+        m = _mirror(_scrape(b.metrics_port), "m")
+        assert (m["in_sync"], m["reconnects"], m["deltas"], m["snapshot"]) == (1, 1, 1, 0)
+
+        # the origin goes: not in sync, and for longer at each scrape
+        a.shutdown()
+        a_graph.stop()
+        up.clear()
+        assert _until(lambda: not link.in_sync)
+        first = _mirror(_scrape(b.metrics_port), "m")
+        assert first["in_sync"] == 0
+        assert _until(lambda: _mirror(_scrape(b.metrics_port), "m")["out_of_sync_seconds"]
+                      > first["out_of_sync_seconds"] + 0.1)
+
+        # a new origin on its port (a new epoch): back in sync from a snapshot
+        up.append(origin(port))
+        assert link.wait_in_sync(20)
+        m = _mirror(_scrape(b.metrics_port), "m")
+        assert m["in_sync"] == 1 and m["out_of_sync_seconds"] == 0
+        assert m["reconnects"] >= 2 and (m["deltas"], m["snapshot"]) == (1, 1)
+        st = b.stats()
+        (row,) = [t for t in st.tables if t.name == "m"]
+        assert (row.link.reconnects, row.link.resumed_with_deltas,
+                row.link.resumed_with_snapshot) == (m["reconnects"], 1, 1)
+
+        # a dropped mirror is no longer reported
+        b.durability.drop_table("m")
+        assert ("ticktable_mirror_in_sync", (("table", "m"),)) not in _scrape(b.metrics_port)
+    finally:
+        b.shutdown()
+        b_graph.stop()
+        for srv, graph in up:
+            srv.shutdown()
+            graph.stop()

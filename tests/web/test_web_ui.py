@@ -16,43 +16,11 @@ import pyarrow as pa
 import pytest
 
 import ticktable as tt
-from tests.web.conftest import ARTIFACTS, start_server
+from tests.web.conftest import ARTIFACTS, cells, open_grid, start_server, wait_cells
 
 N = 5_000
 SCHEMA = pa.schema([("sym", pa.string()), ("px", pa.float64()), ("n", pa.int64())])
 FEEDS = ["perspective", "arrow"]
-
-# the grid's cells: header names and body rows, as on screen
-CELLS = """(name) => {
-  const sec = document.querySelector(`section.grid[data-table="${name}"]`);
-  if (!sec) return null;
-  const found = [];
-  const walk = (root) => {
-    for (const el of root.querySelectorAll("*")) {
-      if (el.tagName === "REGULAR-TABLE") found.push(el);
-      if (el.shadowRoot) walk(el.shadowRoot);
-    }
-  };
-  walk(sec);
-  if (!found.length) return null;
-  const rt = found[0];
-  return {
-    head: [...rt.querySelectorAll("thead tr:last-child th")].map((e) => e.textContent),
-    rows: [...rt.querySelectorAll("tbody tr")].map(
-      (tr) => [...tr.querySelectorAll("td,th")].map((e) => e.textContent)),
-  };
-}"""
-
-
-def cells(page, name):
-    return page.evaluate(CELLS, name)
-
-
-def wait_cells(page, name, js_test, timeout=10_000):
-    """Wait until ``js_test(cells)`` holds (a JS expression over ``c``), polling each frame."""
-    page.wait_for_function(f"([name]) => {{ const c = ({CELLS})(name); return !!c && ({js_test}); }}",
-                           arg=[name], timeout=timeout, polling="raf")
-
 
 @pytest.fixture(scope="module")
 def prices(web):
@@ -64,11 +32,6 @@ def prices(web):
                 mode="upsert", keys=["sym"])
     yield client
     client.close()
-
-
-def open_grid(page, web, name, feed):
-    page.goto(f"{web.web.url}?t={name}&feed={feed}")
-    page.wait_for_selector(f'section.grid[data-table="{name}"] .state.live', timeout=20_000)
 
 
 def test_the_page_lists_the_tables_and_keeps_them_current(web, prices, page):

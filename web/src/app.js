@@ -9,6 +9,9 @@
 //                into Perspective's engine in a Web Worker here (the layout of a message
 //                is in flight/web/gateway.py).
 // Either way a table's row key is Perspective's index (column __row_key, hidden).
+// A mirror (a table of another server) comes with its link's status in the list: the list
+// and its grid show the table it mirrors, and while it is not in sync a badge in the list
+// and a banner over the grid say so (with each poll: gone once it is back in sync).
 // The URL lists the open grids: /?t=quotes&t=board (and &feed=arrow). Every request
 // carries the session cookie set by the login page; a 401 goes back to it.
 
@@ -83,12 +86,29 @@ async function refresh() {
   for (const g of grids.values()) g.listed(tables.get(g.name));
 }
 
+// A mirror's link (row.link of /api/tables) while it is not in sync: a badge saying so with
+// its state, why (the last error) in its tooltip.
+function notInSync(link) {
+  const badge = document.createElement("span");
+  badge.className = "badge not-in-sync";
+  badge.textContent = `not in sync: ${link.state}`;
+  badge.title = `${link.origin}: ${link.state}${link.detail ? ` (${link.detail})` : ""}; ` +
+    `out of sync for ${outFor(link)}, ${link.reconnects} reconnects`;
+  return badge;
+}
+
+function outFor(link) {
+  const s = Math.round(link.out_of_sync_seconds);
+  return s < 120 ? `${s} s` : `${Math.round(s / 60)} min`;
+}
+
 function renderList(rows) {
   const tbody = $("#tables tbody");
   const out = rows.map((t) => {
     const tr = document.createElement("tr");
     tr.dataset.table = t.name;
     if (grids.has(t.name)) tr.classList.add("open");
+    if (t.link) tr.dataset.link = t.link.in_sync ? "in-sync" : "not-in-sync";
     const cells = [t.name, t.kind, t.rows.toLocaleString("en-US"),
                    String(t.subscribers), String(t.last_step), t.state];
     cells.forEach((text, i) => {
@@ -96,6 +116,14 @@ function renderList(rows) {
       td.textContent = text;
       if (i >= 2 && i <= 4) td.className = "num";
       if (i === 5) td.title = t.error || "";
+      if (i === 0 && t.link && !t.link.in_sync) td.append(" ", notInSync(t.link));
+      if (i === 1 && t.link) { // a mirror: of which table, on which server
+        const origin = document.createElement("span");
+        origin.className = "origin";
+        origin.textContent = `of ${t.link.origin}`;
+        td.append(" ", origin);
+        td.title = `a mirror of ${t.link.origin}`;
+      }
       tr.append(td);
     });
     tr.addEventListener("click", () => openGrid(t.name));
@@ -123,8 +151,10 @@ class Grid {
     this.el.className = "grid";
     this.el.dataset.table = name;
     this.el.innerHTML = `<header><span class="name"></span><span class="state"></span>
-      <span class="rows"></span><span class="feed"></span>
+      <span class="rows"></span><span class="feed"></span><span class="origin"></span>
       <button class="close" title="close">×</button></header>
+      <div class="banner not-in-sync" role="status" hidden><div class="what"></div>
+        <div class="detail"></div></div>
       <perspective-viewer></perspective-viewer>`;
     $(".name", this.el).textContent = name;
     $(".feed", this.el).textContent = feed;
@@ -139,6 +169,7 @@ class Grid {
     this.retryTimer = null;
     this.configured = false;
     this.stopped = null; // "failed" / "dropped": the table stopped updating
+    this.showLink(tables.get(name)?.link, tables.get(name)?.pending);
     $("#grids").append(this.el);
   }
 
@@ -165,6 +196,10 @@ class Grid {
       this.unknown();
       return;
     }
+    if (tables.get(this.name)?.pending) {
+      this.waiting(tables.get(this.name));
+      return;
+    }
     this.state(this.attempt ? "reconnecting" : "connecting");
     try {
       if (this.feed === "arrow") await this.connectArrow();
@@ -175,22 +210,53 @@ class Grid {
   }
 
   unknown() {
-    this.isUnknown = true;
     const have = [...tables.keys()].join(", ") || "none";
     this.state("unknown", "unknown table");
+    this.message(`This server has no table named "${this.name}" (tables: ${have}).`);
+  }
+
+  // A mirror whose origin has not answered yet: no table (no columns) until it does.
+  waiting(row) {
+    this.state("waiting", row.state);
+    this.message(`Mirror "${this.name}" has no rows yet: ${row.link.origin} has not answered ` +
+                 `(${row.link.state}).`);
+  }
+
+  // Instead of the grid, `text`, until the table exists (listed() then connects).
+  message(text) {
+    this.isUnknown = true;
     let msg = $(".message", this.el);
     if (!msg) {
       msg = document.createElement("div");
       msg.className = "message";
       this.viewer.before(msg);
     }
-    msg.textContent = `This server has no table named "${this.name}" (tables: ${have}).`;
+    msg.textContent = text;
     this.viewer.hidden = true;
+  }
+
+  // A mirror's link, from the server's list: which table it mirrors, and a banner over the
+  // grid while it is not in sync (the rows shown are the last it received), gone once it is.
+  showLink(link, pending = false) {
+    $(".origin", this.el).textContent = link ? `mirror of ${link.origin}` : "";
+    const banner = $(".banner", this.el);
+    if (!link || link.in_sync) {
+      banner.hidden = true;
+      return;
+    }
+    $(".what", banner).textContent = `Not in sync with ${link.origin}: ${link.state}, ` +
+      `for ${outFor(link)} (${link.reconnects} reconnects)` +
+      `${pending ? "." : "; the rows shown are the last received."}`;
+    const detail = $(".detail", banner);
+    detail.textContent = link.detail;
+    detail.title = link.detail;
+    banner.hidden = false;
   }
 
   // The server's list says how the table is: failed, dropped, or its row count.
   listed(row) {
     if (this.closed) return;
+    if (row) this.showLink(row.link, row.pending);
     if (!row) {
       if (this.table || this.stopped) {
         this.stopped = "dropped";
@@ -198,6 +264,10 @@ class Grid {
       } else if (!this.retryTimer) {
         this.unknown();
       }
+      return;
+    }
+    if (row.pending) { // a mirror not yet a table: connect once it is
+      if (!this.table) this.waiting(row);
       return;
     }
     if (this.isUnknown || (this.stopped === "dropped" && !this.retryTimer)) {
