@@ -344,11 +344,14 @@ def subscribe(conn: Any, params: dict[str, Any]) -> None:
     """``params["n"]`` subscriptions (``LiveTable``, one reader thread each) to ``table`` at
     ``uri``, all columns, the process at ``nice``.
 
-    For each message after the first snapshot, the callback stamps ``perf_counter_ns()``
-    when it starts (the message is applied: ``LiveTable.df`` would show it) and records every
-    push the message carries: its ``seq`` and ``sent_ns`` (one per push; a message the
-    server composed from several cycles carries several). ``log`` returns, for the records
-    since ``mark``, the arrays ``sub``, ``seq``, ``sent``, ``recv`` (record for record).
+    For each message the callback stamps ``perf_counter_ns()`` when it starts (the message
+    is applied: ``LiveTable.df`` would show it) and records every push the message carries:
+    its ``seq`` and ``sent_ns`` (one per push; a message the server composed from several
+    cycles carries several, less the pushes whose every row a later one overwrote). A
+    snapshot counts too: after the first (taken before ``mark``, its rows at ``seq`` -1),
+    one is how a subscriber the server's history no longer reaches back for catches up.
+    ``log`` returns, for the records since ``mark``, the arrays ``sub``, ``seq``, ``sent``,
+    ``recv`` (record for record), and the messages and snapshots applied.
     """
     logging.basicConfig(level=logging.WARNING, format="subscriber %(levelname)s %(name)s: %(message)s")
     import ticktable as tt
@@ -357,13 +360,11 @@ def subscribe(conn: Any, params: dict[str, Any]) -> None:
 
     lock = threading.Lock()
     recs: list[tuple[int, np.ndarray, np.ndarray, int]] = []
-    messages = [0]
+    messages = [0, 0]  # applied since mark: all, snapshots
 
     def callback(i: int) -> Callable[[Any], None]:
         def on_update(u: Any) -> None:
             t = time.perf_counter_ns()
-            if u.is_snapshot:
-                return
             # the rows as Arrow: Update's public frames (to_pandas) cost ~1.9 ms per 1,000-row
             # message against ~0.2 ms, and 400 subscribers would measure pandas
             parts = [u._added.arrow(), u._modified.arrow()]
@@ -375,6 +376,7 @@ def subscribe(conn: Any, params: dict[str, Any]) -> None:
             with lock:
                 recs.append((i, seq[live], sent[live], t))
                 messages[0] += 1
+                messages[1] += u.is_snapshot
         return on_update
 
     client = tt.connect(params["uri"])
@@ -388,21 +390,21 @@ def subscribe(conn: Any, params: dict[str, Any]) -> None:
     def mark() -> None:
         with lock:
             recs.clear()
-            messages[0] = 0
+            messages[:] = [0, 0]
 
     def log() -> dict[str, Any]:
         with lock:
             got = list(recs)
-            msgs = messages[0]
+            msgs, snaps = messages
         if not got:
             e = np.empty(0, np.int64)
-            return {"sub": e, "seq": e, "sent": e, "recv": e, "messages": msgs}
+            return {"sub": e, "seq": e, "sent": e, "recv": e, "messages": msgs, "snapshots": snaps}
         sizes = [r[1].size for r in got]
         return {"sub": np.repeat([r[0] for r in got], sizes).astype(np.int64),
                 "seq": np.concatenate([r[1] for r in got]),
                 "sent": np.concatenate([r[2] for r in got]),
                 "recv": np.repeat([r[3] for r in got], sizes).astype(np.int64),
-                "messages": msgs}
+                "messages": msgs, "snapshots": snaps}
 
     def status() -> dict[str, Any]:
         return {"reconnects": sum(s.reconnects for s in subs),

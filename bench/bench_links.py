@@ -56,7 +56,10 @@ Topology of sections 1 and 2 (one run of servers)::
    delivered latency (``sent_ns`` to a subscriber's callback, every push of the window at
    every subscriber, waiting up to --drain s after the writers stop for late deliveries);
    the writers' acknowledgement (``push`` returned minus ``sent_ns``); rows/s acknowledged
-   against asked; deliveries of expected; CPU by role (A, the mirrors, the subscriber
+   against asked; deliveries (a push seen by a subscriber) of expected (pushes x
+   subscribers: a subscriber that fell behind receives composed deltas, in which a push
+   whose every row a later push overwrote is gone, as a keyed table's values should be, or a
+   catch-up snapshot when the origin's history no longer reaches back: counted); CPU by role (A, the mirrors, the subscriber
    processes, the writers: % of one core) and the machine's (% of all cores). The subscriber
    processes run at nice :data:`FAN_NICE` (see there). Goals: the writers unaffected by the
    number of subscribers (here: rows/s >= 0.95x the writers-only case); ack p99 <= 1 s with
@@ -297,12 +300,18 @@ def _hops(wlog: dict[str, Any], logs: dict[str, dict[str, Any]], t0: float, t1: 
     common = sorted(window.intersection(*(f.keys() for f in first.values())))
     at = {n: np.array([first[n][s] for s in common], dtype=np.int64) for n in HOPS}
     sent_at = np.array([sent[s] for s in common], dtype=np.int64)
-    rows_out = [{"hop": "writer -> A", **_stats((at["A"] - sent_at) / 1e6)}]
+    into = (sent_at / 1e9 - t0)  # seconds into the window
+
+    def hop(name: str, ns: np.ndarray) -> dict[str, Any]:
+        worst = np.argsort(ns)[::-1][:5]  # when the slowest happened: a pause shows as a cluster
+        return {"hop": name, **_stats(ns / 1e6),
+                "worst_at_s": [round(float(into[i]), 2) for i in worst]}
+
+    rows_out = [hop("writer -> A", at["A"] - sent_at)]
     for prev, cur in zip(HOPS, HOPS[1:], strict=False):
-        rows_out.append({"hop": f"{prev} -> {cur}" + (" (via proxy)" if prev == "A" else ""),
-                         **_stats((at[cur] - at[prev]) / 1e6)})
-    rows_out.append({"hop": "A -> D (3 hops)", **_stats((at["D"] - at["A"]) / 1e6)})
-    rows_out.append({"hop": "writer -> D", **_stats((at["D"] - sent_at) / 1e6)})
+        rows_out.append(hop(f"{prev} -> {cur}" + (" (via proxy)" if prev == "A" else ""), at[cur] - at[prev]))
+    rows_out.append(hop("A -> D (3 hops)", at["D"] - at["A"]))
+    rows_out.append(hop("writer -> D", at["D"] - sent_at))
     ack = (wlog["acked"] - wlog["sent"])[np.isin(wlog["seq"], list(window)) & (wlog["acked"] > 0)]
     return {"hops": rows_out, "pushes_in_window": len(window), "seen_by_all": len(common),
             "seen_by": {n: len(window & f.keys()) for n, f in first.items()},
@@ -457,6 +466,7 @@ def bench_fanout(args: argparse.Namespace, case: str) -> dict[str, Any]:
         "pushes": int(win.sum()), "skipped_ticks": int(sum(wlog["skipped"])),
         "push_errors": wlog["error_count"],
         "subscriber_reconnects": sum(s["reconnects"] for s in status),
+        "catch_up_snapshots": sum(int(log["snapshots"]) for log in logs),
         "subscriber_errors": [e for s in status for e in s["errors"]][:3],
         "machine_busy_pct": cpu_pct.pop("machine"),
         **{f"cpu_{k}_pct": v for k, v in cpu_pct.items()},
@@ -565,7 +575,7 @@ def main() -> None:
         rows_1 = [{"config": c, **h} for c, lat in lats.items() for h in lat["hops"]]
         print_table(f"1. latency per hop (ms), cycles every {args.interval:g} s ({chain['priority']}); "
                     "each hop: its subscriber's time minus the one before's", rows_1,
-                    ["config", "hop", "p50_ms", "mean_ms", "p99_ms", "max_ms", "n"])
+                    ["config", "hop", "p50_ms", "mean_ms", "p99_ms", "max_ms", "n", "worst_at_s"])
         for c, lat in lats.items():
             print(f"   {c}: {lat['seen_by_all']} of {lat['pushes_in_window']} pushes of {lat['seconds']:.0f} s "
                   f"seen by all 4 subscribers ({lat['pushes_in_window'] / lat['seconds']:.0f}/s); push ack "
@@ -598,7 +608,8 @@ def main() -> None:
                     "the deliveries (ms)", fan,
                     ["case", "subscribers", "servers", "ack_p50_ms", "ack_p99_ms", "ack_max_ms", "rows_per_s",
                      "asked_rows_per_s", "skipped_ticks", "delivered_p50_ms", "delivered_p99_ms",
-                     "delivered_max_ms", "deliveries", "expected", "subscriber_reconnects"])
+                     "delivered_max_ms", "deliveries", "expected", "catch_up_snapshots",
+                     "subscriber_reconnects"])
         print_table("3. fan-out: A's cycles (ms; stats = the stats action, over A's last 1,000) and CPU "
                     "(% of one core; machine: % of all cores)", fan,
                     ["case", "cycles", "stats_cycle_p99_ms", "cycle_p50_ms", "cycle_p99_ms", "cycle_max_ms",
