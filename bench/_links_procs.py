@@ -54,10 +54,9 @@ def _loop_commands(conn: Any, commands: dict[str, Callable[..., Any]]) -> None:
             reply = ("ok", commands[name](*args))
         except Exception as exc:
             reply = ("error", _failure(exc))
-        if name == "stop":
-            conn.send(reply)
-            return
         conn.send(reply)
+        if name == "stop":
+            return
 
 
 # ---------------------------------------------------------------------------- servers
@@ -97,8 +96,8 @@ class _LinkLog:
             with log.lock:
                 log.states.setdefault(link.spec.name, []).append((time.perf_counter(), state, detail))
 
-        Link._apply = logged_apply  # type: ignore[method-assign]
-        Link._set_state = logged_state  # type: ignore[method-assign]
+        Link._apply = logged_apply  # type: ignore[method-assign,assignment]
+        Link._set_state = logged_state  # type: ignore[method-assign,assignment]
 
     def of(self, name: str) -> dict[str, list[Any]]:
         with self.lock:
@@ -165,9 +164,7 @@ def serve(conn: Any, params: dict[str, Any]) -> None:
 
     _loop_commands(conn, {
         "mirror": mirror, "link": link, "cycles": take_cycles, "stats": stats,
-        "drop": lambda name: server.durability.drop_table(name), "wake": wake,
-        "wait_sync": lambda name, timeout: server.links.get(name).wait_in_sync(timeout),
-        "stop": stop})
+        "drop": lambda name: server.durability.drop_table(name), "wake": wake, "stop": stop})
 
 
 # ---------------------------------------------------------------------------- the proxy

@@ -110,11 +110,14 @@ def _busy_pct(before: tuple[int, int], after: tuple[int, int]) -> float:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid``, all threads."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+def _cpu_s(procs: list[Proc]) -> float:
+    """User + system CPU seconds of ``procs``, all threads."""
+    total = 0.0
+    for p in procs:
+        stat = Path(f"/proc/{p.proc.pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+    return total
 
 
 class CpuWindow:
@@ -124,13 +127,12 @@ class CpuWindow:
         self.roles = roles
         self.machine = _machine()
         self.at = time.perf_counter()
-        self.cpu = {r: sum(_cpu_s(p.proc.pid) for p in ps) for r, ps in roles.items()}
+        self.cpu = {r: _cpu_s(ps) for r, ps in roles.items()}
 
     def end(self) -> dict[str, float]:
         """Percent of one core per role, and ``machine`` as percent of all cores."""
         dt = time.perf_counter() - self.at
-        out = {r: 100.0 * (sum(_cpu_s(p.proc.pid) for p in ps) - self.cpu[r]) / dt
-               for r, ps in self.roles.items()}
+        out = {r: 100.0 * (_cpu_s(ps) - self.cpu[r]) / dt for r, ps in self.roles.items()}
         out["machine"] = _busy_pct(self.machine, _machine())
         return out
 
