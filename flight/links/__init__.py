@@ -116,7 +116,24 @@ class Links:
             entry.status = link.status
 
     def _status_changed(self, link: Link) -> None:
-        """Tell the mirror's subscribers: each gets a message carrying the new status."""
+        """Tell the mirror's subscribers: each gets a message carrying the new status. While
+        the link has changes staged that no cycle applied yet (it just came back in sync),
+        they are told after the cycle that applies them, so "in sync" never arrives before
+        the rows it vouches for."""
+        table = link.table
+        if table is None or not table.pending_changes:
+            self._tell(link)
+            return
+        graph = self.registry.graph
+
+        def after_cycle(step: int) -> None:
+            if not table.pending_changes or table.closed:
+                remove()
+                self._tell(link)
+
+        remove = graph.add_terminal_listener(after_cycle)
+
+    def _tell(self, link: Link) -> None:
         for sub in self.server.subscriptions:
             if sub.entry.name == link.spec.name and sub.entry.table is link.table:
                 sub.change(pb.SubscriptionChange())
