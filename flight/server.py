@@ -45,6 +45,7 @@ from flight.limits import (
     MAX_VALUE_BYTES,
 )
 from flight.links import Link, Links, MirrorSpec, parse_mirror
+from flight.links.follow import OriginFollower
 from flight.metrics import Metrics
 from flight.pb import flight_pb2 as pb
 from flight.rpc.aio import AioServer
@@ -181,6 +182,9 @@ class ServerConfig:
         :class:`~flight.links.MirrorSpec` or its text ``URI/TABLE[=LOCAL]``. A durable
         server also brings back the mirrors it had (:meth:`TicktableServer.mirror`); one
         given here again, by its local name, starts once.
+    mirror_of
+        Servers to mirror whole (``ticktable serve --mirror-of``): every table of each,
+        following its creates and drops (:mod:`flight.links.follow`).
     mirror_token
         The bearer token mirrors present to their origins (a spec's own token wins).
     mirror_give_up
@@ -228,6 +232,7 @@ class ServerConfig:
     sql_timeout: float = 60.0
     sql_memory_mb: int = 2048
     mirrors: list[Any] = field(default_factory=list)
+    mirror_of: list[str] = field(default_factory=list)
     mirror_token: str | None = None
     mirror_give_up: float | None = None
 
@@ -373,6 +378,7 @@ class TicktableServer:
         self.sql = FlightSqlService(self, version=_version(), timeout=cfg.sql_timeout,
                                     memory_mb=cfg.sql_memory_mb)
         self.links = Links(self)
+        self.followers: list[OriginFollower] = []
         self._mirrors = [self._mirror_spec(m) for m in cfg.mirrors]  # bad text: refused now
 
     # ------------------------------------------------------------------ lifecycle
@@ -529,6 +535,8 @@ class TicktableServer:
         if self.web is not None:
             self.web.close()
             self.web = None
+        for follower in self.followers:
+            follower.close()
         self.links.close()
         with self._subs_lock:
             subs = list(self._subs.values())
@@ -588,6 +596,10 @@ class TicktableServer:
                 log.error("mirror %r of %s/%s not resumed: %s", name, doc["uri"], doc["table"], exc)
         for spec in self._mirrors:
             self.mirror(spec)
+        cfg = self.config
+        self.followers = [OriginFollower(self, uri, token=cfg.mirror_token,
+                                         give_up_after=cfg.mirror_give_up).start()
+                          for uri in cfg.mirror_of]
 
     def _mirror_spec(self, spec: MirrorSpec | str) -> MirrorSpec:
         cfg = self.config
@@ -648,7 +660,10 @@ class TicktableServer:
                                      if_not_exists=req.if_not_exists)
 
     def drop_table(self, req: pb.DropTableRequest) -> None:
-        """The ``drop_table`` action (:data:`flight.wire.DROP_TABLE`)."""
+        """The ``drop_table`` action (:data:`flight.wire.DROP_TABLE`); a mirror whose origin
+        never answered (no table yet) is forgotten too."""
+        if req.name not in self.registry.names() and self.links.forget(req.name):
+            return
         self.registry.get(req.name)
         self.durability.drop_table(req.name)
 

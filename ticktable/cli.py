@@ -172,6 +172,7 @@ def _serve(args: argparse.Namespace) -> int:
                           http_port=_http_port(args),
                           web_feed=args.web_feed, web_interval=args.web_interval,
                           web_sched=args.web_sched, mirrors=list(args.mirror or []),
+                          mirror_of=list(args.mirror_of or []),
                           mirror_token=mirror_token, mirror_give_up=args.mirror_give_up, **sql)
     try:
         server = TicktableServer(graph, config).start()
@@ -350,6 +351,9 @@ def _add_links(serve: argparse.ArgumentParser) -> None:
                        help="mirror TABLE of the server at URI (grpc://host:port) as LOCAL "
                             "(default: TABLE); repeat for more tables. A durable server keeps "
                             "its mirrors across restarts (drop_table ends one)")
+    group.add_argument("--mirror-of", action="append", metavar="URI",
+                       help="mirror every table of the server at URI under its own name, "
+                            "following the tables it creates and drops; repeatable")
     group.add_argument("--mirror-token", default=None, metavar="TOKEN",
                        help="bearer token for the origins (their read-only token is enough; "
                             "default: $TICKTABLE_MIRROR_TOKEN)")

@@ -90,6 +90,21 @@ class Links:
                               f"mirror {spec.origin} under another name (URI/TABLE=LOCAL)")
         return entry.table
 
+    def forget(self, name: str) -> bool:
+        """Stop mirror ``name`` and forget it, with its table if it has one (a mirror whose
+        origin never answered has none): journaled on a durable server. Whether there was
+        such a mirror."""
+        with self._lock:
+            known = name in self._links
+        if not known:
+            return False
+        self.server.durability.drop_table(name)  # the table's drop closes the link too
+        with self._lock:
+            link = self._links.pop(name, None)
+        if link is not None:
+            link.close()
+        return True
+
     def get(self, name: str) -> Link | None:
         """The link feeding mirror ``name``, if it is one."""
         with self._lock:

@@ -46,7 +46,7 @@ from engine.sources import ReplicaChange, ReplicaTable
 from flight.pb import flight_pb2 as pb
 from flight.streams.decoder import StreamEnded, decode_rows, read_message
 
-__all__ = ["Link", "LinkGaveUp", "MirrorSpec", "parse_mirror"]
+__all__ = ["Link", "LinkGaveUp", "MirrorSpec", "one_line", "parse_mirror"]
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def parse_mirror(text: str, *, token: str | None = None,
                       give_up_after=give_up_after)
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     """The reason of a failed call in one line: pyarrow's Flight errors without the gRPC
     debug context they append."""
     text = str(exc).strip()
@@ -339,7 +339,7 @@ class Link:
                     break
                 if isinstance(exc, LinkGaveUp):
                     return
-                self._set_state(DISCONNECTED, _one_line(exc))
+                self._set_state(DISCONNECTED, one_line(exc))
             if self._closed.is_set():
                 break
             limit = self.spec.give_up_after

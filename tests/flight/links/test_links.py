@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.flight as fl
 import pytest
 
@@ -377,3 +378,87 @@ def test_bad_mirror_specs_and_writes_into_a_mirror_are_refused(servers):
         client.push("t", pd.DataFrame({"k": [2], "v": [2.0], "s": ["b"]}), mode="upsert")
     assert len(link.table.rowset) == 1
     threading.Event().wait(0.05)
+
+
+def _until(check, timeout: float = 10.0, what: str = "") -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, f"timed out: {what}"
+        time.sleep(0.02)
+
+
+def test_mirror_of_follows_every_table_of_the_origin_and_its_creates_and_drops(servers):
+    """``ticktable serve --mirror-of``: every table of the origin is mirrored under its name;
+    a table created there appears here, a table dropped there goes here; a name this
+    server uses for a table of its own is left alone."""
+    a, t = _origin(servers)
+    u = a.srv.registry.create_source("u", KV, TableKind.APPEND).table
+    a.srv.registry.create_source("mine", KV, TableKind.APPEND)
+    rng = np.random.default_rng(4)
+    _write(t, rng)
+    u.append(pa.table({"k": [1, 2], "v": [1.0, 2.0], "s": ["a", "b"]}, schema=KV))
+    b = Server(mirror_of=[a.location])
+    servers.append(b)
+    own = b.srv.registry.create_source("mine", KV, TableKind.KEYED, keys=["k"]).table
+    (follower,) = b.srv.followers
+    follower.poll = 0.05
+    _until(lambda: {"t", "u"} <= set(b.srv.registry.names()), what="the first mirrors")
+    assert b.srv.registry.get("mine").table is own and b.srv.links.get("mine") is None
+    for name in ("t", "u"):
+        _settle(a, b.srv.links.get(name))
+        _wait_equal(b.srv.registry.get(name).table, a.srv.registry.get(name).table, name)
+    w = a.srv.registry.create_source("w", KV, TableKind.KEYED, keys=["k"]).table
+    w.upsert(pa.table({"k": [7], "v": [7.0], "s": ["w"]}, schema=KV))
+    _until(lambda: "w" in b.srv.registry.names(), what="a table created at the origin")
+    _settle(a, b.srv.links.get("w"))
+    _wait_equal(b.srv.registry.get("w").table, w, "w")
+    a.srv.durability.drop_table("u")
+    _until(lambda: "u" not in b.srv.registry.names() and b.srv.links.get("u") is None,
+           what="a table dropped at the origin")
+    assert b.srv.registry.get("t").kind == TableKind.MIRROR and follower.listings > 3
+
+
+def test_an_embedded_graph_mirrors_a_remote_table(servers):
+    """``tt.UpdateGraph().remote_table(...)``: a table of a server in a graph of this
+    process, derived from like any other, following the origin until closed."""
+    import ticktable as tt
+
+    a, t = _origin(servers)
+    rng = np.random.default_rng(8)
+    _write(t, rng)
+    graph = tt.UpdateGraph(validate=True)
+    remote = graph.remote_table(a.location, "t", local="quotes", columns=["k", "v"], timeout=10)
+    assert remote.name == "quotes" and remote.schema.names == ["k", "v"]
+    big = remote.where(pc.field("v") > 20)
+    graph.start(0.02)
+    try:
+        for _ in range(10):
+            _write(t, rng)
+            time.sleep(0.02)
+        _settle(a, remote.source)
+        _wait_equal(remote, _Projected(t, ["k", "v"]), "embedded mirror")
+        with graph.shared_lock():
+            got = big.to_arrow(lock=False)
+            want = remote.to_arrow(lock=False).filter(pc.greater(remote.to_arrow(lock=False)["v"], 20))
+        assert got.equals(want)
+        link = remote.source
+        remote.close()
+        assert link._closed.is_set()
+    finally:
+        graph.stop()
+    with pytest.raises(TimeoutError, match="no answer"):
+        tt.UpdateGraph().remote_table("grpc://127.0.0.1:1", "t", timeout=0.3)
+
+
+class _Projected:
+    """A table's rows in some columns, for _same (row keys and order as the table's)."""
+
+    def __init__(self, table: Table, columns: list[str]) -> None:
+        self.table, self.columns, self.graph = table, columns, table.graph
+
+    @property
+    def rowset(self):
+        return self.table.rowset
+
+    def to_arrow(self, *, lock: bool = True) -> pa.Table:
+        return self.table.to_arrow(self.columns, lock=lock)
