@@ -13,7 +13,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def snippet() -> str:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    (code,) = [b for b in blocks if "tt.connect(" in b]
+    (code,) = [b for b in blocks if "tt.connect(" in b and "mirror" not in b and "9001" not in b]
     return code
 
 
