@@ -324,6 +324,22 @@ class LiveTable:
         return int(self._get(lambda s: s.sequence, 0))
 
     @property
+    def link(self) -> dict[str, Any] | None:
+        """For a mirrored table (a table of another server followed by this one,
+        docs/protocol.md §14): its link's status as of the last message (``in_sync``,
+        ``state``, ``origin``, ``detail``, reconnect and resume counts,
+        ``out_of_sync_seconds``); ``None`` for other tables. A mirror that goes out of sync
+        or back sends a message of no rows carrying it, so it is current."""
+        return self._get(lambda s: s.link, None)
+
+    @property
+    def in_sync(self) -> bool:
+        """False while the table is a mirror whose link is not in sync (its rows are the
+        last it received); True otherwise."""
+        link = self.link
+        return True if link is None else bool(link["in_sync"])
+
+    @property
     def size(self) -> int:
         """The table's row count, rows outside the viewport included."""
         return int(self._get(lambda s: s.size, 0))

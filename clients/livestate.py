@@ -283,6 +283,15 @@ class Update:
 
 
 # ------------------------------------------------------------------ client state
+def _link(meta: pb.UpdateMetadata) -> dict[str, object]:
+    """A mirror's ``LinkStatus`` (docs/protocol.md §14) as a plain dict."""
+    st = meta.link
+    return {"in_sync": st.in_sync, "state": st.state, "origin": st.origin, "detail": st.detail,
+            "reconnects": int(st.reconnects), "resumed_with_deltas": int(st.resumed_with_deltas),
+            "resumed_with_snapshot": int(st.resumed_with_snapshot),
+            "out_of_sync_seconds": float(st.out_of_sync_seconds)}
+
+
 class LiveState:
     """The subscriber's view, rebuilt from ``UPDATES`` messages (cost per message follows it).
 
@@ -310,6 +319,7 @@ class LiveState:
         self.store = _Store(schema)
         self.index = RowKeyMap()
         self.epoch, self.sequence, self.step, self.messages = "", 0, 0, 0
+        self.link: dict[str, object] | None = None  # a mirror's LinkStatus, as a dict
 
     @property
     def size(self) -> int:
@@ -336,6 +346,7 @@ class LiveState:
                   else self._delta(meta, added, modified, ad_bm, md_bm, viewport))
         self.viewport = viewport
         self.epoch, self.sequence, self.step = meta.epoch, meta.sequence, meta.step
+        self.link = _link(meta) if meta.HasField("link") else None
         self.messages += 1
         return update
 

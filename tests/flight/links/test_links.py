@@ -462,3 +462,33 @@ class _Projected:
 
     def to_arrow(self, *, lock: bool = True) -> pa.Table:
         return self.table.to_arrow(self.columns, lock=lock)
+
+
+def test_a_python_subscriber_of_a_mirror_sees_when_it_is_not_in_sync(servers):
+    import ticktable as tt
+
+    a, t = _origin(servers)
+    port = a.srv.port
+    t.upsert(pa.table({"k": [1, 2], "v": [1.0, 2.0], "s": ["a", "b"]}, schema=KV))
+    b = Server()
+    servers.append(b)
+    link = b.srv.mirror(f"{a.location}/t")
+    link.wait_table(10)
+    _settle(a, link)
+    with tt.connect(b.location) as client, tt.connect(a.location) as direct:
+        live = client.subscribe("t")
+        plain = direct.subscribe("t")
+        _until(lambda: live.in_sync and len(live.df) == 2, what="the mirror's first message")
+        assert live.link["origin"] == f"{a.location}/t" and plain.link is None and plain.in_sync
+        plain.close()
+        servers.remove(a)
+        a.close()
+        _until(lambda: not live.in_sync, what="the link going out of sync, told")
+        assert live.link["state"] in ("disconnected", "connecting") and len(live.df) == 2
+        a2 = Server(port)
+        servers.append(a2)
+        t2 = a2.srv.registry.create_source("t", KV, TableKind.KEYED, keys=["k"]).table
+        t2.upsert(pa.table({"k": [1], "v": [10.0], "s": ["a"]}, schema=KV))
+        _until(lambda: live.in_sync and live.df["v"].tolist() == [10.0], what="back in sync")
+        assert live.link["resumed_with_snapshot"] == 1
+        live.close()
