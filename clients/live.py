@@ -330,7 +330,8 @@ class LiveTable:
         ``state``, ``origin``, ``detail``, reconnect and resume counts,
         ``out_of_sync_seconds``); ``None`` for other tables. A mirror that goes out of sync
         or back sends a message of no rows carrying it, so it is current."""
-        return self._get(lambda s: s.link, None)
+        link: dict[str, Any] | None = self._get(lambda s: s.link, None)
+        return link
 
     @property
     def in_sync(self) -> bool:
