@@ -5,8 +5,8 @@ Every server, writer, subscriber and the proxy is a spawned process of its own
 (bench/_links_procs.py), so none shares a GIL with another; this process only drives them
 over pipes and computes the figures. All run on this host: times are ``perf_counter``
 (CLOCK_MONOTONIC) in every process, compared directly. The servers cycle every --interval s
-(``ticktable serve``'s default) at --cycle-priority; a push asks for a cycle at once, a
-mirror applies what its link staged at its own next cycle.
+(``ticktable serve``'s default) at --cycle-priority; a push asks for a cycle at once, and
+so does a mirror's link for each message it stages.
 
 The table: keyed on ``k``, loaded with every one of --keys keys first; each push (the
 writer's ``tt.connect(A).push(t, rows, mode="upsert")``, which returns once the rows are
@@ -29,11 +29,9 @@ Topology of sections 1 and 2 (one run of servers)::
    delays, and can be negative); also writer -> A (``sent_ns`` to A's subscriber: push,
    A's cycle, fan-out) and end to end A -> D and writer -> D. p50/mean/p99/max per hop;
    goal p99 <= 10 ms per hop. Hop A -> B goes through the proxy (another process: two more
-   loopback sockets). Twice: as on main (a mirror waits for its next periodic cycle, so a
-   hop adds up to --interval, by how the two servers' cycle grids happen to lie), then with
-   the mirrors' links waking their graph's cycle thread for every staged message (a
-   patch of ``Link._apply`` in the mirrors' processes, not main's behaviour: what the hop
-   costs without the wait). CPU per process (% of one core) and of the machine meanwhile.
+   loopback sockets). (Before 2026-11-28 22:30 a mirror waited for its next periodic cycle,
+   so a hop added up to --interval; its link now wakes the cycle for every staged message,
+   as a push does.) CPU per process (% of one core) and of the machine meanwhile.
 2. Resume after a cut: while the writer goes on, the proxy aborts B's connection and every
    new one for --cut-seconds (as a reset network would), then forwards again. From B's link
    (instrumented in B's process): the first message after the restore, delta or snapshot
@@ -210,7 +208,6 @@ HOPS = ("A", "B", "C", "D")
 CHAIN_WRITERS = 2
 #: section 1's two configurations
 MAIN = "main"
-WAKE = "link wakes its cycle (bench patch)"
 
 
 def bench_chain(args: argparse.Namespace) -> dict[str, Any]:
@@ -245,12 +242,10 @@ def bench_chain(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  chain A -> B -> C -> D up ({args.keys:,} keys), priority {a.priority}; writing "
               f"{args.rate:g} pushes/s of {args.rows:,} rows", flush=True)
 
-        # 1. latency: as on main, then with the mirrors' links waking their cycles
+        # 1. latency (a mirror's link wakes its cycle for each message it stages)
         wr.call("start")
         latency = {}
-        for config, warmup in ((MAIN, args.warmup), (WAKE, min(args.warmup, 2.0))):
-            for name in HOPS[1:]:
-                servers[name].call("wake", config == WAKE)
+        for config, warmup in ((MAIN, args.warmup),):
             time.sleep(warmup)
             for sp in subs.values():
                 sp.call("mark")
@@ -261,9 +256,6 @@ def bench_chain(args: argparse.Namespace) -> dict[str, Any]:
             t1 = time.perf_counter()
             latency[config] = _hops(wr.call("log"), {n: sp.call("log") for n, sp in subs.items()}, t0, t1)
             latency[config]["cpu_pct"] = cpu.end()
-        for name in HOPS[1:]:
-            servers[name].call("wake", False)
-
         # 2. cut and resume
         t_cut = px.call("cut")
         time.sleep(args.cut_seconds)
