@@ -492,3 +492,37 @@ def test_a_python_subscriber_of_a_mirror_sees_when_it_is_not_in_sync(servers):
         _until(lambda: live.in_sync and live.df["v"].tolist() == [10.0], what="back in sync")
         assert live.link["resumed_with_snapshot"] == 1
         live.close()
+
+
+def test_a_link_cut_by_a_tcp_proxy_resumes_with_deltas_and_says_it_was_cut(servers):
+    """The network between the mirror and its origin fails (a real TCP proxy resets the
+    connection, then refuses new ones for a while): the mirror says it is not in sync, keeps
+    its rows, and once the network is back resumes with the missed updates only (fewer bytes
+    than its first snapshot) and equals its origin again."""
+    from tests.proxy import TcpProxy
+
+    a, t = _origin(servers)
+    rng = np.random.default_rng(12)
+    t.upsert(pa.table({"k": np.arange(5000), "v": rng.random(5000),
+                       "s": [f"row {i}" for i in range(5000)]}, schema=KV))
+    host, port = a.location.rsplit("//", 1)[1].rsplit(":", 1)
+    with TcpProxy(host, int(port)) as proxy:  # started by the with
+        b = Server()
+        servers.append(b)
+        link = b.srv.mirror(f"grpc://127.0.0.1:{proxy.port}/t")
+        mirror = link.wait_table(10)
+        _settle(a, link)
+        snapshot_bytes = proxy.bytes_down
+        for round_ in range(3):
+            proxy.reset_counts()
+            proxy.pause()  # cut, and refuse until resumed
+            _until(lambda: not link.in_sync, what="the cut seen")
+            assert len(mirror.rowset) > 0
+            for _ in range(3):
+                _write(t, rng)
+                time.sleep(0.03)
+            proxy.resume()
+            _settle(a, link)
+            _wait_equal(mirror, t, f"after cut {round_}")
+            assert link.resumed_with_deltas == round_ + 1 and link.resumed_with_snapshot == 0
+            assert 0 < proxy.bytes_down < snapshot_bytes / 5, (proxy.bytes_down, snapshot_bytes)
