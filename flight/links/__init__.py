@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.errors import TableExists
@@ -140,13 +141,15 @@ class Links:
             self._tell(link)
             return
         graph = self.registry.graph
+        removers: list[Callable[[], None]] = []  # set before a cycle can call after_cycle
 
         def after_cycle(step: int) -> None:
-            if not table.pending_changes or table.closed:
-                remove()
+            if removers and (not table.pending_changes or table.closed):
+                removers.pop()()
                 self._tell(link)
 
-        remove = graph.add_terminal_listener(after_cycle)
+        with graph.shared_lock():  # no cycle ends between adding it and keeping its remover
+            removers.append(graph.add_terminal_listener(after_cycle))
 
     def _tell(self, link: Link) -> None:
         for sub in self.server.subscriptions:

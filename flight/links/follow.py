@@ -6,7 +6,8 @@ seconds: a table the origin has and this server does not is mirrored
 (:meth:`~flight.server.TicktableServer.mirror`, so a durable server journals it); a mirror
 this follower made whose table the origin no longer lists is dropped here (unless tables
 of this server derive from it: then it stays, out of sync, and the log says why). A name
-this server already uses for a table of its own is left alone, said once in the log.
+this server already uses for a table of its own is left alone, said once in the log; a
+client's temporary SQL view (``__sql_...``) is not mirrored.
 Between a drop at the origin and the next listing the mirror's link reports the origin's
 ``NOT_FOUND``: it is out of sync, never silently stale.
 """
@@ -104,7 +105,8 @@ class OriginFollower:
 
     def sync_once(self) -> None:
         """List the origin's tables once; mirror the new ones, drop the mirrors of the gone."""
-        names = set(self.origin_tables())
+        # a client's temporary SQL view (Client.subscribe_sql) is its own, not the origin's
+        names = {n for n in self.origin_tables() if not n.startswith("__sql_")}
         self.listings += 1
         self.last_error = ""
         here = set(self.server.registry.names())
