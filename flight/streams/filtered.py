@@ -167,6 +167,16 @@ class FilteredTables:
             del self._tables[f.key]
         self._close(f, None)
 
+    def entries(self) -> list[TableEntry]:
+        """Every filtered table's entry, watched or lingering."""
+        with self._cond:
+            return [f.entry for f in self._tables.values()]
+
+    def watchers(self, entry: TableEntry) -> int:
+        """How many subscriptions hold ``entry`` now (0: lingering, or closed)."""
+        with self._cond:
+            return next((f.watchers for f in self._tables.values() if f.entry is entry), 0)
+
     def watched(self, name: str) -> bool:
         """Whether a filtered table of table ``name`` has a subscriber (a temporary view
         watched only through filters stays)."""
