@@ -128,8 +128,12 @@ class FilteredTables:
                     gone.append((f, TableNotFound(f"table {base.name!r} was dropped")))
                     f = None
                 if f is None:
-                    self._make_room(base.name, gone)
-                    f = _Filtered(key, base, self._build(base, key[1]))
+                    f = _Filtered(key, base, self._build(base, key[1]))  # a bad filter: nothing made
+                    try:
+                        self._make_room(base.name, gone)
+                    except LimitExceeded:
+                        gone.append((f, None))
+                        raise
                     self._tables[key] = f
                     log.info("filtered table of %r made (%s); %d filtered tables", base.name,
                              f.entry.table.name, len(self._tables))
