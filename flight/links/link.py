@@ -445,7 +445,7 @@ class Link:
                     return
                 if _invalid_argument(exc):  # asking again cannot help
                     self._refused = True
-                    self._give_up(f"{self.spec.origin} refused the subscription: {one_line(exc)}")
+                    self._give_up(f"the origin refused the subscription: {one_line(exc)}")
                     return
                 self._set_state(DISCONNECTED, one_line(exc))
             if self._closed.is_set():
