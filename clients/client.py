@@ -478,7 +478,8 @@ class Client:
     # ------------------------------------------------------------------ live
     def subscribe(self, name: str, columns: Sequence[str] | None = None,
                   viewport: Sequence[tuple[int, int]] | None = None,
-                  on_update: Callable[[Any], None] | None = None, *, uri: str | None = None,
+                  on_update: Callable[[Any], None] | None = None, *,
+                  filter: pc.Expression | None = None, uri: str | None = None,
                   **options: Any) -> LiveTable:
         """Subscribe to table ``name``: a :class:`~clients.live.LiveTable` kept current.
 
@@ -486,15 +487,26 @@ class Client:
         fails over to the next in turn when its server does not answer (see
         :class:`Client`); :attr:`~clients.live.LiveTable.uri` says where it is.
 
+        With a ``filter`` the subscription holds the rows for which it is true, kept live on
+        the server: a row that starts or stops matching arrives as an add or a remove,
+        under the table's own row keys and in its order. Subscribers of one table with the
+        same filter share its evaluation; a reconnect within the server's
+        ``filter_linger`` (60 s by default) resumes with the updates missed.
+
         Parameters
         ----------
         columns
             Columns to receive (default: all).
         viewport
             Position ranges ``[(begin, end), ...]`` (end exclusive) whose rows to hold; the
-            rest of the table is tracked by key only.
+            rest of the table is tracked by key only. With a ``filter``, positions among
+            the matching rows.
         on_update
             Called with each applied :class:`~clients.live.Update`.
+        filter
+            A boolean ``pyarrow.compute`` expression over the table's columns, e.g.
+            ``pc.field("px") > 50``, evaluated on the server (sent as Substrait, in every
+            subscribe and resume of this subscription); a null result counts as false.
         uri
             Subscribe on this one of :attr:`uris` only, never failing over (a table only
             that server has); as given to :func:`connect` or normalized.
@@ -506,11 +518,33 @@ class Client:
         ------
         ValueError
             If ``uri`` is not one of :attr:`uris`.
+        ExpressionError
+            If ``filter`` does not fit the table's schema (a missing column, a type it
+            does not accept); checked against the table's schema before subscribing.
+        KeyError
+            With a ``filter``: if there is no such table (its schema is read first).
+
+        Examples
+        --------
+        >>> big = client.subscribe("quotes", filter=pc.field("px") > 50)  # doctest: +SKIP
+        >>> big.wait_for(); big.df                                       # doctest: +SKIP
+          sym    px
+        0   B  55.0
         """
         from clients.live import LiveTable
 
+        predicate = None
+        if filter is not None:
+            from flight import substrait
+
+            def encode(at: Attempt) -> bytes:
+                return substrait.encode({"filter": filter}, _schema_on(at, name))
+
+            what = f"subscribe({name!r}, filter=...)"
+            predicate = (self._servers.call(what, encode) if uri is None
+                         else self._servers.on(uri, encode))
         live = LiveTable(self._servers.rotation(uri), name, columns=columns, viewport=viewport,
-                         on_update=on_update, **options)
+                         on_update=on_update, filter=predicate, **options)
         self._live = [x for x in self._live if not x.closed]
         self._live.append(live)
         return live

@@ -142,6 +142,12 @@ class LiveTable:
         The table's name.
     columns
         Subscribe to these columns only (``None``: all). The view keeps the table's order.
+    filter
+        Hold only the rows for which this predicate is true: one boolean Substrait
+        ExtendedExpression (``flight.substrait.encode({"filter": expr}, schema)``;
+        :meth:`Client.subscribe <clients.client.Client.subscribe>` encodes a
+        ``pyarrow.compute`` expression), sent with every subscribe, resumes included
+        (``None``: every row).
     viewport
         Hold values only for rows at these position ranges ``[begin, end)``: a scrolling
         window over a large (e.g. sorted) table. Row keys are tracked for the whole table.
@@ -173,7 +179,7 @@ class LiveTable:
     """How long :attr:`df` and :meth:`to_arrow` wait for the first snapshot."""
 
     def __init__(self, connect: Connect, table: str, *, columns: Sequence[str] | None = None,
-                 viewport: Sequence[tuple[int, int]] | None = None,
+                 filter: bytes | None = None, viewport: Sequence[tuple[int, int]] | None = None,
                  on_update: Callable[[Update], None] | None = None,
                  min_update_interval_ms: int = 0, max_batch_rows: int = 0,
                  reconnect: bool = True, reconnect_delay: float = 0.2,
@@ -182,6 +188,7 @@ class LiveTable:
         self._connect = connect
         self._rotation = connect if isinstance(connect, Rotation) else None
         self._want_columns = list(columns) if columns is not None else None
+        self._filter = bytes(filter) if filter else b""  # the same in every subscribe
         self._want_viewport = _check_viewport(viewport)
         self._interval = int(min_update_interval_ms)
         self._batch_rows = int(max_batch_rows)
@@ -655,7 +662,7 @@ class LiveTable:
         """The subscribe message: what is wanted now, and where to resume from."""
         req = pb.SubscriptionRequest(table=self.table, columns=self._want_columns or [],
                                      min_update_interval_ms=self._interval,
-                                     max_batch_rows=self._batch_rows)
+                                     max_batch_rows=self._batch_rows, filter=self._filter)
         if self._want_viewport is not None:
             req.has_viewport = True
             req.viewport.extend(pb.PositionRange(begin=b, end=e) for b, e in self._want_viewport)

@@ -19,7 +19,9 @@ max_value_bytes               64 MiB   a DoPut batch holding a longer string or 
 max_columns                   4096     a table of more columns: ``create_table``, a
                                        derived table (:mod:`flight.streams.registry`)
 max_tables                    10 000   a new table once the server holds this many,
-                                       source and derived (:mod:`flight.streams.registry`)
+                                       source and derived (:mod:`flight.streams.registry`);
+                                       a filtered subscription's new table, counted with
+                                       them (:mod:`flight.streams.filtered`)
 max_subscriptions_per_client  1000     a subscription once this many are open from one
                                        client address: its host, whatever the port, so
                                        clients behind one address share it

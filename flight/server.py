@@ -52,6 +52,7 @@ from flight.rpc.aio import AioServer
 from flight.rpc.call_log import CallLog
 from flight.rpc.requests import parse
 from flight.sql.service import FlightSqlService
+from flight.streams.filtered import FilteredTables
 from flight.streams.per_client import SubscriptionsPerClient
 from flight.streams.registry import TableRegistry, quoted
 from flight.streams.subscription import Subscription, SubscriptionOptions
@@ -190,6 +191,10 @@ class ServerConfig:
     mirror_give_up
         Seconds a mirror may stay out of sync before it stops trying and fails (``None``:
         it retries for ever).
+    filter_linger
+        Seconds the table of a filtered subscription (one per table and filter, shared:
+        :mod:`flight.streams.filtered`) is kept after its last subscriber left, so that a
+        subscriber reconnecting within that time resumes with the updates it missed.
 
     A request past a limit is refused with RESOURCE_EXHAUSTED naming the limit and its
     ``ticktable serve`` flag; :mod:`flight.limits` has the table of limits and defaults.
@@ -235,6 +240,7 @@ class ServerConfig:
     mirror_of: list[str] = field(default_factory=list)
     mirror_token: str | None = None
     mirror_give_up: float | None = None
+    filter_linger: float = 60.0
 
     def check(self) -> None:
         """Refuse a setting out of its range, naming it (:class:`TicktableServer` calls this
@@ -264,7 +270,8 @@ class ServerConfig:
         if not _is_int(self.history_updates) or self.history_updates < 0:
             raise InputError(f"history_updates is {self.history_updates!r}: it must be an "
                              f"integer of at least 0")
-        for name in ("stage_ttl", "end_grace_seconds", "shutdown_timeout", "web_interval"):
+        for name in ("stage_ttl", "end_grace_seconds", "shutdown_timeout", "web_interval",
+                     "filter_linger"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value >= 0:
                 raise InputError(f"{name} is {value!r}: it must be a number of seconds, 0 or more")
@@ -364,6 +371,8 @@ class TicktableServer:
         self.sub_options = SubscriptionOptions(max_batch_rows=self.config.max_batch_rows,
                                                max_pending=self.config.max_pending)
         self._subs: dict[int, Subscription] = {}
+        #: the tables of filtered subscriptions, shared per table and filter; not listed
+        self.filters = FilteredTables(self.registry, linger=cfg.filter_linger)
         #: subscriptions open per client address, at most max_subscriptions_per_client each
         self.subscriptions_per_client = SubscriptionsPerClient(cfg.max_subscriptions_per_client)
         self._subs_lock = threading.Lock()
@@ -542,6 +551,7 @@ class TicktableServer:
             subs = list(self._subs.values())
         for sub in subs:
             sub.close()
+        self.filters.close()
         clean = True
         if self._grpc is not None:
             clean = self._grpc.stop(grace=self.config.shutdown_timeout)
@@ -689,9 +699,10 @@ class TicktableServer:
         counts = self.metrics.totals() if self.metrics is not None else None
         subs = self.subscriptions
         for e in self.registry.entries():
-            mine = [s for s in subs if s.entry is e]
+            mine = [s for s in subs if s.entry.listed is e]  # filtered subscriptions too
             last = e.table.last_step
-            lag = max((max(0, last - s.step) for s in mine), default=0)
+            # behind its own table: a filtered one is silent while its parent's changes miss it
+            lag = max((max(0, s.entry.table.last_step - s.step) for s in mine), default=0)
             t = pb.TableStats(
                 name=e.name, size=len(e.table.rowset), last_step=last, subscribers=len(mine),
                 max_lag_steps=lag, kind=e.kind,

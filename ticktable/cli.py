@@ -156,8 +156,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ticktable serve: {exc}", file=sys.stderr)
         return 2
     sql = {name: value for name, value in (("sql_timeout", args.sql_timeout),
-                                           ("sql_memory_mb", args.sql_memory_mb))
-           if value is not None}
+                                           ("sql_memory_mb", args.sql_memory_mb),
+                                           ("filter_linger", args.filter_linger))
+           if value is not None}  # unset: ServerConfig's defaults
     mirror_token = args.mirror_token or os.environ.get("TICKTABLE_MIRROR_TOKEN") or None
     config = ServerConfig(host=args.host, port=args.port, token=token, read_token=read_token,
                           tls_cert=tls_cert, tls_key=tls_key,
@@ -360,6 +361,10 @@ def _add_links(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--mirror-give-up", type=_period, default=None, metavar="SECONDS",
                        help="a mirror out of sync this long stops trying and fails, telling "
                             "its subscribers (default: retry for ever)")
+    group.add_argument("--filter-linger", type=_seconds, default=None, metavar="SECONDS",
+                       help="as an origin: how long the table of a filtered subscription (a "
+                            "filtered mirror's) is kept after its last subscriber left, so that "
+                            "a link reconnecting within it resumes with deltas (default 60)")
 
 
 def _health(args: argparse.Namespace) -> int:

@@ -152,8 +152,8 @@ class Links:
             removers.append(graph.add_terminal_listener(after_cycle))
 
     def _tell(self, link: Link) -> None:
-        for sub in self.server.subscriptions:
-            if sub.entry.name == link.spec.name and sub.entry.table is link.table:
+        for sub in self.server.subscriptions:  # filtered subscriptions of the mirror too
+            if sub.entry.name == link.spec.name and sub.entry.listed.table is link.table:
                 sub.change(pb.SubscriptionChange())
 
     def _dropped(self, name: str) -> None:

@@ -21,7 +21,13 @@ updates as they come the link is *not in sync*, and says so in its :meth:`Link.s
 (the server puts it in stats, metrics, the web page and every message its own subscribers
 receive). With ``give_up_after`` the link stops after that many seconds out of sync and the
 replica fails (its subscribers are told ``FAILED_PRECONDITION``); without it the link
-retries for ever.
+retries for ever. A subscription the origin refuses as invalid (``INVALID_ARGUMENT``: a
+filter that does not fit the table, an unknown column) is not asked again: the link gives
+up at once with the origin's reason.
+
+A filtered mirror (``MirrorSpec.filter``) sends the same filter bytes in every subscribe,
+resumes included: the origin streams its shared filtered table of those bytes
+(:mod:`flight.streams.filtered`), whose history answers a resume while it lingers there.
 """
 
 from __future__ import annotations
@@ -37,16 +43,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.flight as fl
 
-from engine.errors import InputError, ProtocolError, TableFailed
+from engine.errors import ExpressionError, InputError, ProtocolError, TableFailed
 from engine.graph import UpdateGraph
 from engine.rowset import RowSet, RowSetShiftData
 from engine.sources import ReplicaChange, ReplicaTable
 from flight.pb import flight_pb2 as pb
 from flight.streams.decoder import StreamEnded, decode_rows, read_message
 
-__all__ = ["Link", "LinkGaveUp", "MirrorSpec", "one_line", "parse_mirror"]
+__all__ = ["Link", "LinkGaveUp", "MirrorSpec", "encode_filter", "one_line", "origin_schema",
+           "parse_mirror"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +87,12 @@ class MirrorSpec:
         The origin's bearer token (its read-only token is enough).
     columns
         Mirror only these columns (default: all).
+    filter
+        Mirror only the rows for which this predicate is true: one boolean Substrait
+        ExtendedExpression, the bytes ``SubscriptionRequest.filter`` carries
+        (:func:`encode_filter` makes it from a ``pyarrow.compute`` expression and the
+        origin's schema; ``None``: every row). The same bytes are sent in every subscribe,
+        so a resume finds the origin's filtered table of the first.
     give_up_after
         Seconds out of sync after which the link stops and the mirror fails (``None``:
         retry for ever).
@@ -93,6 +107,7 @@ class MirrorSpec:
     columns: tuple[str, ...] | None = None
     give_up_after: float | None = None
     tls_roots: bytes | None = field(default=None, repr=False)
+    filter: bytes | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -106,21 +121,40 @@ class MirrorSpec:
 
     def to_json(self) -> dict[str, Any]:
         """The spec as a JSON document, without its token (a durable server keeps this:
-        :mod:`flight.durability.durable`); :meth:`from_json` reads it back."""
-        return {"uri": self.uri, "table": self.table, "local": self.local,
-                "columns": None if self.columns is None else list(self.columns),
-                "give_up_after": self.give_up_after,
-                "tls_roots": None if self.tls_roots is None
-                else base64.b64encode(self.tls_roots).decode()}
+        :mod:`flight.durability.durable`); :meth:`from_json` reads it back. A filter is
+        kept as its Substrait bytes in base64 (a spec without one has no ``filter``, as
+        before filters: a remembered spec still equals its flag's)."""
+        doc: dict[str, Any] = {
+            "uri": self.uri, "table": self.table, "local": self.local,
+            "columns": None if self.columns is None else list(self.columns),
+            "give_up_after": self.give_up_after,
+            "tls_roots": None if self.tls_roots is None
+            else base64.b64encode(self.tls_roots).decode()}
+        if self.filter is not None:
+            doc["filter"] = base64.b64encode(self.filter).decode()
+        return doc
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], *, token: str | None = None) -> MirrorSpec:
         """The spec :meth:`to_json` gave, presenting ``token`` to the origin."""
-        columns, roots = doc.get("columns"), doc.get("tls_roots")
+        columns, roots, predicate = doc.get("columns"), doc.get("tls_roots"), doc.get("filter")
         return cls(str(doc["uri"]), str(doc["table"]), str(doc.get("local") or ""), token=token,
                    columns=None if columns is None else tuple(str(c) for c in columns),
                    give_up_after=doc.get("give_up_after"),
-                   tls_roots=None if roots is None else base64.b64decode(roots))
+                   tls_roots=None if roots is None else base64.b64decode(roots),
+                   filter=None if predicate is None else base64.b64decode(predicate))
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """The call headers the origin is shown (the bearer token, if any)."""
+        return [(b"authorization", f"Bearer {self.token}".encode())] if self.token else []
+
+    def flight_client(self) -> fl.FlightClient:
+        """A new Flight client of the origin (with the spec's roots, and the receive window
+        of a subscription)."""
+        kw: dict[str, Any] = {"generic_options": _WINDOW}
+        if self.tls_roots is not None:
+            kw["tls_root_certs"] = self.tls_roots
+        return fl.FlightClient(self.uri, **kw)
 
 
 def parse_mirror(text: str, *, token: str | None = None,
@@ -157,6 +191,63 @@ def parse_mirror(text: str, *, token: str | None = None,
         raise InputError(f"mirror {text!r}: empty table or local name")
     return MirrorSpec(f"{scheme}://{address}", table, local, token=token,
                       give_up_after=give_up_after)
+
+
+def origin_schema(spec: MirrorSpec, timeout: float) -> pa.Schema:
+    """The schema of ``spec``'s origin table, asking again while the origin cannot be
+    reached or has no such table yet (as a link does), until ``timeout`` seconds passed.
+
+    Raises
+    ------
+    TimeoutError
+        If no answer came in time, with the last reason.
+    """
+    end = time.monotonic() + timeout
+    while True:
+        client = spec.flight_client()
+        try:
+            left = max(0.05, end - time.monotonic())
+            return client.get_schema(fl.FlightDescriptor.for_path(spec.table),
+                                     fl.FlightCallOptions(headers=spec.headers(),
+                                                          timeout=left)).schema
+        except (KeyError, fl.FlightUnavailableError, fl.FlightTimedOutError) as exc:
+            if time.monotonic() >= end:
+                raise TimeoutError(f"mirror {spec.name!r}: no answer from {spec.origin} within "
+                                   f"{timeout:g} s (last: {one_line(exc)})") from None
+        finally:
+            client.close()
+        time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+
+
+def encode_filter(predicate: pc.Expression, schema: pa.Schema, table: str) -> bytes:
+    """``predicate`` as :attr:`MirrorSpec.filter`: checked against the origin table's
+    ``schema`` (``table`` names it in messages), serialized as Substrait.
+
+    Raises
+    ------
+    ExpressionError
+        If ``predicate`` names a column ``schema`` does not have, does not fit its types,
+        or is not boolean.
+
+    Examples
+    --------
+    >>> spec = MirrorSpec(uri, "quotes", filter=encode_filter(pc.field("px") > 50,
+    ...                                                       schema, "quotes"))  # doctest: +SKIP
+    """
+    from engine import expr as _expr
+    from flight import substrait
+
+    bound = _expr.bind(predicate, schema, table_name=table, what="filter")
+    if bound.type != pa.bool_():
+        raise ExpressionError(f"filter on table {table!r} must be boolean, but {bound.text} is "
+                              f"{bound.type} (compare it, e.g. pc.field('x') > 0)")
+    return substrait.encode({"filter": predicate}, schema)
+
+
+def _invalid_argument(exc: BaseException) -> bool:
+    """Whether a call failed with INVALID_ARGUMENT. pyarrow raises ``ArrowInvalid`` for it and
+    for RESOURCE_EXHAUSTED alike (a limit, worth another try later); only its text tells."""
+    return isinstance(exc, pa.ArrowInvalid) and "invalid argument" in str(exc)
 
 
 def one_line(exc: BaseException) -> str:
@@ -223,9 +314,11 @@ class Link:
         self.messages = 0
         self.bytes_received = 0
         self._sessions = 0
-        self._has_table = threading.Event()
+        #: set once the replica exists, or the link gave up before making it
+        self._settled = threading.Event()
+        self._refused = False  # it gave up because the origin refused the subscription
         if table is not None:
-            self._has_table.set()
+            self._settled.set()
         self._closed = threading.Event()
         self._reader: Any = None
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -240,15 +333,26 @@ class Link:
     def wait_table(self, timeout: float | None = None) -> ReplicaTable:
         """The replica, waiting for the first connection to make it.
 
+        Returns as soon as the link knows: a link that gives up before the origin's first
+        answer (it refused the subscription) raises at once, not after ``timeout``.
+
         Raises
         ------
         TimeoutError
             If the origin did not answer in time (the link keeps trying).
+        InputError
+            If the origin refused the subscription as invalid (``INVALID_ARGUMENT``: a
+            filter that does not fit its table, an unknown column): the link gave up, and
+            the message is the origin's.
+        LinkGaveUp
+            If the link gave up otherwise before the replica was made.
         """
-        if not self._has_table.wait(timeout):
+        if not self._settled.wait(timeout):
             raise TimeoutError(f"mirror {self.spec.name!r}: no answer from {self.spec.origin} "
                                f"within {timeout:g} s (last: {self._detail or self._state})")
-        assert self.table is not None
+        if self.table is None:
+            why = f"mirror {self.spec.name!r} of {self.spec.origin} gave up: {self._detail}"
+            raise InputError(why) if self._refused else LinkGaveUp(why)
         return self.table
 
     def wait_in_sync(self, timeout: float | None = None) -> bool:
@@ -339,6 +443,10 @@ class Link:
                     break
                 if isinstance(exc, LinkGaveUp):
                     return
+                if _invalid_argument(exc):  # asking again cannot help
+                    self._refused = True
+                    self._give_up(f"the origin refused the subscription: {one_line(exc)}")
+                    return
                 self._set_state(DISCONNECTED, one_line(exc))
             if self._closed.is_set():
                 break
@@ -361,23 +469,22 @@ class Link:
             self.table.fail(LinkGaveUp(f"mirror {self.spec.name!r} of {self.spec.origin} gave "
                                        f"up: {why}"))
             self.graph.request_cycle()
+        self._settled.set()  # wait_table answers now
 
     def _session(self) -> None:
         """One stream: subscribe (resuming when a position is known), apply until it breaks."""
         spec = self.spec
-        kw: dict[str, Any] = {"generic_options": _WINDOW}
-        if spec.tls_roots is not None:
-            kw["tls_root_certs"] = spec.tls_roots
-        client = fl.FlightClient(spec.uri, **kw)
-        headers = [(b"authorization", f"Bearer {spec.token}".encode())] if spec.token else []
+        client = spec.flight_client()
         writer = reader = None
         try:
             writer, reader = client.do_exchange(fl.FlightDescriptor.for_path(spec.table),
-                                                fl.FlightCallOptions(headers=headers))
+                                                fl.FlightCallOptions(headers=spec.headers()))
             self._reader = reader
             if self._closed.is_set():
                 return
-            request = pb.SubscriptionRequest(table=spec.table, columns=list(spec.columns or ()))
+            # the same filter bytes every time: a resume finds the origin's filtered table
+            request = pb.SubscriptionRequest(table=spec.table, columns=list(spec.columns or ()),
+                                             filter=spec.filter or b"")
             with self._lock:
                 pos = self._position
             if pos is not None:
@@ -421,7 +528,7 @@ class Link:
             self.table = table
             if self.on_table is not None:
                 self.on_table(table)
-            self._has_table.set()
+            self._settled.set()
         elif not self.table.schema.equals(schema):
             self._give_up(f"the origin's schema changed to ({schema}); it was "
                           f"({self.table.schema}): drop the mirror and mirror the table again")

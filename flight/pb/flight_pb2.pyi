@@ -183,6 +183,7 @@ class SubscriptionRequest(_message.Message):
     RESUME_EPOCH_FIELD_NUMBER: _builtins.int
     RESUME_SEQUENCE_FIELD_NUMBER: _builtins.int
     RESUME_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
     table: _builtins.str
     has_viewport: _builtins.bool
     min_update_interval_ms: _builtins.int
@@ -194,6 +195,10 @@ class SubscriptionRequest(_message.Message):
     """Resume: the epoch and sequence of the last update the client applied."""
     resume_sequence: _builtins.int
     resume: _builtins.bool
+    filter: _builtins.bytes
+    """Optional: one boolean Substrait ExtendedExpression, as SnapshotRequest.filter. The
+    stream is then of the rows for which it is true, under the table's row keys.
+    """
     @_builtins.property
     def columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """empty: all columns"""
@@ -215,10 +220,11 @@ class SubscriptionRequest(_message.Message):
         resume_epoch: _builtins.str = ...,
         resume_sequence: _builtins.int = ...,
         resume: _builtins.bool = ...,
+        filter: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "format", b"format", "has_viewport", b"has_viewport", "max_batch_rows", b"max_batch_rows", "min_update_interval_ms", b"min_update_interval_ms", "resume", b"resume", "resume_epoch", b"resume_epoch", "resume_sequence", b"resume_sequence", "table", b"table", "viewport", b"viewport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "filter", b"filter", "format", b"format", "has_viewport", b"has_viewport", "max_batch_rows", b"max_batch_rows", "min_update_interval_ms", b"min_update_interval_ms", "resume", b"resume", "resume_epoch", b"resume_epoch", "resume_sequence", b"resume_sequence", "table", b"table", "viewport", b"viewport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -78,6 +78,7 @@ if TYPE_CHECKING:
     from engine.graph import UpdateGraph
     from flight.ingest.put import PutHandler
     from flight.sql.service import FlightSqlService
+    from flight.streams.filtered import FilteredTables
     from flight.streams.per_client import SubscriptionsPerClient
     from flight.streams.registry import TableEntry, TableRegistry
     from flight.streams.subscription import SubscriptionOptions
@@ -103,6 +104,7 @@ class FlightHost(Protocol):
     puts: PutHandler
     sub_options: SubscriptionOptions
     subscriptions_per_client: SubscriptionsPerClient
+    filters: FilteredTables
 
     @property
     def config(self) -> _Limits: ...
@@ -456,9 +458,17 @@ class FlightService:
                 and descriptor.descriptor_type == flight.DescriptorType.PATH):
             req.table = table_name(descriptor)
         entry = server.registry.get(req.table)
-        sub = Subscription(entry, req, server.sub_options)  # checks the request; holds nothing
-        client = client_of(context.peer())
-        server.subscriptions_per_client.acquire(client, f"subscription to {quoted(entry.name)}")
+        filters = server.filters if req.filter else None
+        if filters is not None:  # the shared where of (table, filter): flight.streams.filtered
+            entry = filters.acquire(entry, req.filter)
+        try:
+            sub = Subscription(entry, req, server.sub_options)  # checks the request; holds nothing
+            client = client_of(context.peer())
+            server.subscriptions_per_client.acquire(client, f"subscription to {quoted(entry.name)}")
+        except BaseException:
+            if filters is not None:
+                filters.release(entry, linger=False)
+            raise
         out = FrameQueue(cast(CallContext, context))  # flight.rpc.aio runs every handler
         ctx = _Context(cast(CallContext, context))
         server.track_subscription(sub, +1)
@@ -481,6 +491,8 @@ class FlightService:
                 sub.close()
                 server.track_subscription(sub, -1)
                 server.subscriptions_per_client.release(client)
+                if filters is not None:
+                    filters.release(sub.entry)
 
         threading.Thread(target=self._read_changes, args=(decoder, sub), daemon=True,
                          name=f"ticktable-sub-in-{entry.name}").start()

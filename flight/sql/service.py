@@ -96,6 +96,7 @@ class SqlHost(Protocol):
     puts: Any
     durability: Any
     staging: Any
+    filters: Any  # flight.streams.filtered.FilteredTables
 
     @property
     def config(self) -> _Config: ...
@@ -664,7 +665,8 @@ class FlightSqlService:
             except TableNotFound:
                 continue
             publisher = entry.publisher
-            watched = publisher is not None and bool(publisher.subscribers)
+            watched = (publisher is not None and bool(publisher.subscribers)
+                       or self.server.filters.watched(name))  # filtered subscriptions too
             if watched:
                 state[1] = True
             elif state[1] or now - state[0] > self.TEMPORARY_GRACE:

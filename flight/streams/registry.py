@@ -215,6 +215,14 @@ class TableEntry:
     durable: bool = False  # journaled and checkpointed (flight.durability.durable); demo tables are not
     #: a mirrored table's link status (flight.links), carried in its subscribers' messages
     status: Callable[[], pb.LinkStatus | None] | None = None
+    #: a filtered subscription's table (flight.streams.filtered): the registry's entry it
+    #: filters (its name is that entry's; it is not in the registry)
+    filter_of: TableEntry | None = None
+
+    @property
+    def listed(self) -> TableEntry:
+        """The registry's entry this one stands for: itself, or the table it filters."""
+        return self.filter_of or self
 
     @property
     def is_source(self) -> bool:
@@ -271,6 +279,11 @@ class TableRegistry:
 
     def names(self) -> list[str]:
         return sorted(dict(self._entries))
+
+    def holds(self, entry: TableEntry) -> bool:
+        """Whether ``entry`` is still the registry's table of its name (not dropped or
+        replaced)."""
+        return self._entries.get(entry.name) is entry
 
     def entries(self) -> list[TableEntry]:
         entries = dict(self._entries)

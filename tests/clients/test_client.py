@@ -346,3 +346,35 @@ def test_tls_with_token_for_calls_subscriptions_and_compositions(graph: UpdateGr
         with tt.connect(f"127.0.0.1:{port}", token="t0k") as plain:  # no TLS: refused
             with pytest.raises(fl.FlightError):
                 plain.tables()
+
+
+def test_subscribe_with_a_filter_holds_the_matching_rows_live(client: tt.Client,
+                                                              server: TicktableServer,
+                                                              graph: UpdateGraph) -> None:
+    """Rows moving into and out of the filter arrive as adds and removes, under the
+    table's row keys; the filter is checked against the schema before subscribing."""
+    rng = np.random.default_rng(11)
+    client.create_table("trades", TRADES, "keyed", keys=["id"])
+    df = trades(rng, np.arange(100))
+    client.push("trades", df, mode="upsert")
+    graph.run_cycle()
+    live = client.subscribe("trades", columns=["id", "px"], filter=pc.field("px") > 50)
+    try:
+        assert live.wait_for()
+        (entry,) = server.filters.entries()
+        assert entry.publisher is not None
+        for _ in range(5):
+            more = trades(rng, rng.integers(0, 150, 40)).drop_duplicates("id", keep="last")
+            client.push("trades", more, mode="upsert")
+            graph.run_cycle()
+            assert live.wait_for(sequence=entry.publisher.sequence)
+            whole = server.registry.get("trades").table.to_arrow().to_pandas()  # table order
+            want = whole[whole.px > 50][["id", "px"]].reset_index(drop=True)
+            pd.testing.assert_frame_equal(live.df.reset_index(drop=True), want)
+            assert live.size == len(want)
+    finally:
+        live.close()
+    with pytest.raises(tt.errors.ExpressionError, match="zz"):  # checked before sending
+        client.subscribe("trades", filter=pc.field("zz") > 1)
+    with pytest.raises(KeyError, match="no table 'nope'"):
+        client.subscribe("nope", filter=pc.field("px") > 1)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyroaring import BitMap64
 
@@ -30,6 +31,7 @@ from engine._kernels import rowkeymap
 from engine.errors import ProtocolError
 from engine.graph import UpdateGraph
 from engine.sources import KeyedTable
+from flight import substrait
 from flight.pb import flight_pb2 as pb
 from flight.server import ServerConfig, TicktableServer
 from tests.clients.conftest import KV, Gate, assert_view, kv
@@ -280,6 +282,34 @@ def test_resume_by_deltas_with_a_viewport(server, graph, subscribe):
     assert u.resumed == "deltas" and not u.is_snapshot
     assert sorted(u.added.k.tolist()) == [15, 30] and sorted(u.removed.k.tolist()) == [2, 3]
     assert_view(live, server.registry.get("board").table.to_arrow(), [(0, 4)], "resumed")
+
+
+def test_a_filtered_subscription_resumes_with_its_filter_by_deltas(server, graph, subscribe):
+    """The filter travels in every subscribe, the resume's too: the server answers it from
+    the shared filtered table's history, with rows that entered and left the filter."""
+    src = keyed(server, "t")
+    src.upsert(kv(list(range(20)), [float(i) for i in range(20)]))
+    graph.run_cycle()
+    predicate = substrait.encode({"filter": pc.field("v") >= 10}, KV)
+    gate = Gate(server.location)
+    got: list[Update] = []
+    live = subscribe("t", connect=gate, filter=predicate, on_update=got.append,
+                     reconnect_delay=0.01)
+    assert live.wait_for() and live.size == 10
+    (entry,) = server.filters.entries()
+    assert entry.publisher is not None
+    gate.open.clear()
+    live._drop_connection()
+    src.upsert(kv([3, 12, 30], [11.0, 1.0, 30.0]))  # 3 enters, 12 leaves, 30 is new
+    graph.run_cycle()
+    gate.open.set()
+    assert live.wait_for(sequence=entry.publisher.sequence)
+    u = got[-1]
+    assert u.resumed == "deltas" and not u.is_snapshot
+    assert sorted(u.added.k.tolist()) == [3, 30] and u.removed.k.tolist() == [12]
+    whole = src.to_arrow()
+    assert_view(live, whole.filter(pc.greater_equal(whole["v"], 10.0)), None, "resumed")
+    assert server.filters.entries() == [entry]  # the same table, shared across the break
 
 
 def test_server_restart_resumes_by_snapshot(graph, lives):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.flight as fl
 import pytest
 
@@ -107,6 +108,25 @@ def test_subscribe_sql_is_live_and_its_view_is_dropped_on_close(client: tt.Clien
     live.close()
     assert name not in client.tables()
     live.close()  # a second close drops nothing more, and does not fail
+
+
+def test_a_filtered_subscription_keeps_its_temporary_view(client: tt.Client,
+                                                          server: TicktableServer,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A temporary view goes once no one subscribes to it: a filtered subscriber (of the
+    view's shared filtered table, not of the view itself) counts."""
+    monkeypatch.setattr(type(server.sql), "TEMPORARY_SWEEP", 0.02)  # from its next wait
+    live = client.subscribe_sql("SELECT id, px FROM trades", filter=pc.field("px") > 50)
+    name = live.table
+    assert live.wait_for() and sorted(live.df["id"].tolist()) == [2, 3]
+    time.sleep(0.8)  # sweeps every 0.02 s once the one pending (0.5 s at most) ran
+    assert name in client.tables()
+    seen = live.sequence
+    client.push("trades", pa.table({"id": pa.array([7], pa.int64()), "sym": ["C"],
+                                    "px": [70.0]}))
+    assert live.wait_for(sequence=seen + 1) and sorted(live.df["id"].tolist()) == [2, 3, 7]
+    live.close()
+    assert name not in client.tables()
 
 
 def test_subscribe_sql_views_go_with_the_client(server: TicktableServer) -> None:

@@ -75,7 +75,8 @@ def test_serve_help_lists_every_option():
                          env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
     for opt in ("--host", "--port", "--token", "--tls-cert", "--tls-key", "--demo",
                 "--data-dir", "--in-memory", "--read-token", "--metrics-port", "--log-format",
-                "--cycle-priority", "--sql-timeout", "--sql-memory-mb", *LIMITS):
+                "--cycle-priority", "--sql-timeout", "--sql-memory-mb", "--filter-linger",
+                *LIMITS):
         assert opt in out
     assert "--grpc-port" not in out
     text = " ".join(out.split())  # argparse wraps lines
@@ -143,6 +144,9 @@ def test_serve_limit_flags_reach_the_server(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "ticktable.cli", "serve", "--max-tables", "0"],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
     assert bad.returncode == 2 and "--max-tables: must be at least 1, got 0" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "ticktable.cli", "serve", "--filter-linger",
+                          "-1"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    assert bad.returncode == 2 and "--filter-linger: must be a number of seconds" in bad.stderr
 
 
 def test_serve_on_a_port_in_use_fails_with_one_line(tmp_path):

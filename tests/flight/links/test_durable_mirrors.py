@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.flight as fl
 import pytest
 
@@ -176,6 +177,53 @@ def test_a_mirror_resumes_from_its_checkpoint_with_deltas(origin, mirrors, tmp_p
     origin.write(2)  # and it follows on
     b.synced(origin)
     assert list(entry.table.position) == [origin.server.registry.get("t").publisher.epoch, 26]
+
+
+def _where_v_above_half(state: State) -> State:
+    """``state`` filtered from scratch by ``v > 0.5``, row keys included."""
+    keys, rows = state
+    mask = pc.fill_null(pc.greater(rows["v"], 0.5), False)
+    return [k for k, m in zip(keys, mask.to_pylist(), strict=True) if m], rows.filter(mask)
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_filtered_mirror_comes_back_with_its_filter_and_resumes(origin, mirrors, tmp_path,
+                                                                  checkpointed):
+    """The filter is journaled and checkpointed with the spec; after a crash the mirror
+    subscribes with the same bytes: from its checkpoint, the origin's filtered table (still
+    lingering there) answers with the missed deltas; from the journal alone, with a
+    snapshot, as any mirror."""
+    from flight.links import MirrorSpec
+    from flight.links.link import encode_filter
+
+    data = tmp_path / "b"
+    predicate = encode_filter(pc.field("v") > 0.5, KV, "t")
+    origin.write(4)
+    b = _start(mirrors, data).run()
+    b.server.mirror(MirrorSpec(origin.location, "t", "half", filter=predicate))
+
+    def synced() -> None:
+        want = _where_v_above_half(origin.state())
+        _eventually(lambda: "half" in b.server.registry.names()
+                    and _same(_state(b.server, "half"), want), what="half = origin filtered")
+
+    synced()
+    if checkpointed:
+        b.server.durability.checkpoint()
+    b.stop(crash=True)
+    origin.write(3)  # missed while B is down
+    b = _start(mirrors, data)
+    assert b.server.durability.mirrors["half"]["filter"]  # remembered, as base64
+    link = b.server.links.get("half")
+    assert link is not None and link.spec.filter == predicate
+    b.run()
+    synced()
+    want = (1, 0) if checkpointed else (0, 0)  # from the journal: a first subscription
+    assert (link.resumed_with_deltas, link.resumed_with_snapshot) == want
+    (entry,) = origin.server.filters.entries()  # one filtered table all along
+    assert origin.server.filters.watchers(entry) == 1
+    origin.write(2)
+    synced()
 
 
 def test_a_mirror_started_at_run_time_comes_back_from_the_journal(origin, mirrors, tmp_path):
