@@ -35,8 +35,9 @@ web: $(WEB_BUILT)
 run: $(STAMP) $(WEB_BUILT)
 	$(BIN)/ticktable serve --demo
 
+# the suite on every core (pytest-xdist; Spark's tests share one worker: tests/conftest.py)
 test: lint java-check chromium-check $(WEB_BUILT)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadgroup
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_core.py

@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -24,9 +25,12 @@ def pytest_collection_modifyitems(config, items):
     gRPC and server threads, and in one CI-like run (a fresh clone, 2026-11-28) the launcher
     died between fork and exec, silently, and every Spark test errored; the same tests passed
     alone and in two earlier full runs. Forking before the other tests start their servers
-    keeps that hazard out of the run.
+    keeps that hazard out of the run. Under pytest-xdist (``make test``: ``-n auto --dist
+    loadgroup``) they are one group: one worker, one JVM, its first tests.
     """
     spark = [item for item in items if "/tests/spark/" in str(item.path)]
     if spark:
         rest = [item for item in items if "/tests/spark/" not in str(item.path)]
         items[:] = spark + rest
+        for item in spark:  # one worker, one JVM, first (pytest-xdist's --dist loadgroup)
+            item.add_marker(pytest.mark.xdist_group("spark"))
