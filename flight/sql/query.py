@@ -48,7 +48,8 @@ from flight.sql.snapshots import Snapshot, SnapshotCache
 from flight.streams.registry import TableEntry, TableRegistry
 from flight.wire import TableKind
 
-__all__ = ["QueryRunner", "RunningQuery", "duckdb_error", "is_query", "named_tables"]
+__all__ = ["QueryRunner", "RunningQuery", "duckdb_error", "is_query", "key_points", "named_tables",
+           "value_ranges"]
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,11 @@ class QueryRunner:
             snapshot = self.snapshots.take_keys(entries[0].name, entries[0].table, points)
         else:
             snapshot = self.snapshots.take([(e.name, e.table, None) for e in entries])
+            ranges = value_ranges(tree, entries, params)
+            if ranges is not None:  # the blocks of an append table that can hold its rows
+                name = entries[0].name
+                snapshot.tables[name] = self.snapshots.prune(
+                    name, entries[0].table, snapshot.tables[name], ranges)
         cursor = self._db.cursor()
         handle = f"q{next(self._ids)}-".encode() + self._salt.hex().encode()
         query = RunningQuery(handle, sql, snapshot.step, pa.schema([]), None, cursor, snapshot)
@@ -357,6 +363,45 @@ class QueryRunner:
                     self.close(q.handle)
 
 
+def _one_table_where(tree: exp.Expression, entries: Sequence[TableEntry],
+                     params: Sequence[Any] | None) -> tuple[exp.Expression, set[str], Any] | None:
+    """For a ``SELECT`` whose answer depends only on the rows of its one table that its
+    ``WHERE`` keeps: that ``WHERE``'s top-level ``AND`` terms' holder, the names the table goes
+    by and the query's one ``?`` value; ``None`` for another shape.
+
+    The table is named once, in the ``FROM`` (no join, no subquery reading it, no
+    ``TABLESAMPLE``). SQL filters rows before it groups, windows, orders or limits them, so the
+    query over a subset of the table that holds every row its ``WHERE`` keeps answers what it
+    answers over the whole table (DuckDB still applies the whole ``WHERE``).
+    """
+    if len(entries) != 1 or not isinstance(tree, exp.Select):
+        return None
+    source = tree.args.get("from") or tree.args.get("from_")
+    table = source.this if source is not None else None
+    if (not isinstance(table, exp.Table) or tree.args.get("joins") or table.args.get("sample")
+            or sum(1 for _ in tree.find_all(exp.Table)) != 1):
+        return None
+    where = tree.args.get("where")
+    if where is None:
+        return None
+    holders = list(tree.find_all(exp.Placeholder))
+    param = (params[0] if params is not None and len(params) == 1 and len(holders) == 1
+             and holders[0].this is None else _NO_PARAM)
+    return where.this, {table.name, table.alias_or_name}, param
+
+
+def _terms(where: exp.Expression) -> list[exp.Expression]:
+    return [t for t in where.flatten() if isinstance(t, exp.Expression)] \
+        if isinstance(where, exp.And) else [where]
+
+
+def _own_column(node: exp.Expression, names: set[str]) -> str | None:
+    """The column name of ``node`` when it is a column of the query's one table."""
+    if not isinstance(node, exp.Column) or (node.table and node.table not in names):
+        return None
+    return node.name
+
+
 def key_points(tree: exp.Expression, entries: Sequence[TableEntry],
                params: Sequence[Any] | None = None) -> pa.Table | None:
     """The keys a query looks up, when its answer depends on no other rows of its table.
@@ -370,26 +415,16 @@ def key_points(tree: exp.Expression, entries: Sequence[TableEntry],
     otherwise (and for a value of another kind than its key's type, which the scan compares
     as DuckDB casts it).
     """
-    if len(entries) != 1 or entries[0].kind != TableKind.KEYED or not isinstance(tree, exp.Select):
+    shape = _one_table_where(tree, entries, params)
+    if shape is None or entries[0].kind != TableKind.KEYED:
         return None
+    where, names, param = shape
     entry = entries[0]
-    source = tree.args.get("from") or tree.args.get("from_")
-    table = source.this if source is not None else None
-    if (not isinstance(table, exp.Table) or tree.args.get("joins") or table.args.get("sample")
-            or sum(1 for _ in tree.find_all(exp.Table)) != 1):
-        return None
-    where = tree.args.get("where")
-    if where is None:
-        return None
-    names = {table.name, table.alias_or_name}
     keys = set(entry.keys)
     if any(isinstance(e, exp.Alias) and e.alias in keys for e in tree.expressions):
         return None  # an output named like a key: leave such a text to the scan
-    holders = list(tree.find_all(exp.Placeholder))
-    param = (params[0] if params is not None and len(params) == 1 and len(holders) == 1
-             and holders[0].this is None else _NO_PARAM)
     values: dict[str, list[Any]] = {}
-    for term in where.this.flatten() if isinstance(where.this, exp.And) else [where.this]:
+    for term in _terms(where):
         if isinstance(term, exp.EQ):
             col, lits = (term.this, [term.expression]) if isinstance(term.this, exp.Column) \
                 else (term.expression, [term.this])
@@ -397,12 +432,12 @@ def key_points(tree: exp.Expression, entries: Sequence[TableEntry],
             col, lits = term.this, term.expressions
         else:
             continue
-        if (not isinstance(col, exp.Column) or col.name not in keys or col.name in values
-                or (col.table and col.table not in names)):
+        name = _own_column(col, names)
+        if name is None or name not in keys or name in values:
             continue
-        got = [_literal(lit, entry.table.schema.field(col.name).type, param) for lit in lits]
+        got = [_literal(lit, entry.table.schema.field(name).type, param) for lit in lits]
         if got and all(v is not None for v in got):
-            values[col.name] = got
+            values[name] = got
     if set(values) != keys:
         return None
     if len(entry.keys) > 1 and any(len(v) != 1 for v in values.values()):
@@ -412,6 +447,73 @@ def key_points(tree: exp.Expression, entries: Sequence[TableEntry],
         return pa.table({k: pa.array(v, entry.table.schema.field(k).type) for k, v in columns.items()})
     except (pa.ArrowException, OverflowError):
         return None  # out of the key's range: the scan says what it says
+
+
+#: Comparisons a range is read from: ``col OP literal`` bounds ``col`` below, above or both
+#: (``>`` as ``>=``: a wider range only scans more); a literal on the left swaps the operator.
+_BOUNDS: dict[type[exp.Expression], tuple[bool, bool]] = {
+    exp.EQ: (True, True), exp.GT: (True, False), exp.GTE: (True, False),
+    exp.LT: (False, True), exp.LTE: (False, True)}
+_SWAPPED: dict[type[exp.Expression], type[exp.Expression]] = {
+    exp.EQ: exp.EQ, exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT, exp.LTE: exp.GTE}
+
+
+def value_ranges(tree: exp.Expression, entries: Sequence[TableEntry],
+                 params: Sequence[Any] | None = None) -> dict[str, list[tuple[int, int]]] | None:
+    """The values a query's ``WHERE`` holds integer columns of its append table to.
+
+    For a query of the shape :func:`key_points` reads (one table, every row it answers with
+    kept by its ``WHERE``) over an append table, the top-level ``AND`` terms ``col = v``,
+    ``col IN (v, ...)``, ``col BETWEEN a AND b`` and ``col < v`` (``<=``, ``>``, ``>=``, either
+    side) on integer columns with integer literals (or the one ``?``) hold ``col`` to a union
+    of closed intervals ``[lo, hi]``: a row outside every one fails the ``WHERE`` (an empty
+    list: nothing can match). ``None`` when no term bounds a column. Only narrowing the rows
+    scanned depends on this (:meth:`~flight.sql.snapshots.SnapshotCache.prune`), never the
+    answer.
+    """
+    shape = _one_table_where(tree, entries, params)
+    if shape is None or entries[0].kind != TableKind.APPEND:
+        return None
+    where, names, param = shape
+    schema = entries[0].table.schema
+    ranges: dict[str, list[tuple[int, int]]] = {}
+
+    def bound(node: exp.Expression, lits: list[exp.Expression], lo: bool, hi: bool) -> None:
+        name = _own_column(node, names)
+        if name is None or schema.get_field_index(name) < 0:
+            return
+        type_ = schema.field(name).type
+        if not pa.types.is_integer(type_):
+            return
+        got = [_literal(lit, type_, param) for lit in lits]
+        if not got or any(v is None for v in got):
+            return
+        if lo and hi and len(got) <= _MAX_POINTS:  # points: one interval each
+            new = [(v, v) for v in sorted(set(got))]
+        else:
+            new = [(min(got) if lo else _BELOW, max(got) if hi else _ABOVE)]
+        old = ranges.get(name)
+        ranges[name] = new if old is None else [
+            (max(a, c), min(b, d)) for a, b in old for c, d in new if max(a, c) <= min(b, d)]
+
+    for term in _terms(where):
+        kind: type[exp.Expression] = type(term)
+        if kind in _BOUNDS:
+            left, right = term.this, term.expression
+            if not isinstance(left, exp.Column):
+                left, right, kind = right, left, _SWAPPED[kind]
+            bound(left, [right], *_BOUNDS[kind])
+        elif isinstance(term, exp.In) and not term.args.get("query") and not term.args.get("unnest"):
+            bound(term.this, list(term.expressions), True, True)
+        elif isinstance(term, exp.Between) and not term.args.get("symmetric"):
+            bound(term.this, [term.args["low"]], True, False)
+            bound(term.this, [term.args["high"]], False, True)
+    return ranges or None
+
+
+#: Beyond the bounds of every integer type; ``IN`` lists longer than this bound by their
+#: least and greatest value.
+_BELOW, _ABOVE, _MAX_POINTS = -(2**64), 2**64, 1024
 
 
 _NO_PARAM = object()
