@@ -13,6 +13,10 @@ column and the way out), plain ``pyarrow.ArrowException`` for a name already tak
 that does not fit a table's schema is refused before anything is sent, with
 ``ticktable.errors.ExpressionError``.
 
+Frames are pandas by default; polars, an optional extra (``pip install
+'ticktable[polars]'``), wherever a frame goes in or comes out: ``as_="polars"``,
+``push(polars_frame)`` (:mod:`clients.frames`).
+
 >>> import ticktable as tt
 >>> client = tt.connect("grpc://127.0.0.1:8815")          # doctest: +SKIP
 >>> client.push("trades", df, mode="upsert", keys=["id"])  # doctest: +SKIP
@@ -39,6 +43,14 @@ from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
 from clients.failover import Attempt, Servers, split_uris
+from clients.frames import (
+    FrameKind,
+    from_polars,
+    is_polars,
+    polars_schema,
+    require_polars,
+    to_polars,
+)
 from clients.wire import Endpoint, PutSummary, action, chunks, put_batches
 from engine.errors import ProtocolError, SqlError
 from flight.pb import flight_pb2 as pb
@@ -57,13 +69,18 @@ from flight.wire import (
 )
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from clients.live import LiveTable
     from clients.remote import RemoteTable
 
 __all__ = ["Client", "PutSummary", "connect"]
 
-PutData: TypeAlias = (pd.DataFrame | pa.Table | pa.RecordBatch | pa.RecordBatchReader
-           | Iterable[pd.DataFrame | pa.Table | pa.RecordBatch])
+PutData: TypeAlias = ("pd.DataFrame | pl.DataFrame | pl.LazyFrame | pa.Table | pa.RecordBatch"
+                     " | pa.RecordBatchReader"
+                     " | Iterable[pd.DataFrame | pl.DataFrame | pl.LazyFrame | pa.Table"
+                     " | pa.RecordBatch]")
+SchemaLike: TypeAlias = "pa.Schema | pd.DataFrame | pl.DataFrame | pl.LazyFrame | pa.Table"
 log = logging.getLogger(__name__)
 
 
@@ -264,9 +281,29 @@ class Client:
         return df
 
     # ------------------------------------------------------------------ snapshots
+    @overload
     def snapshot(self, name: str, columns: Sequence[str] | None = None,
                  filter: pc.Expression | None = None,
-                 as_: Literal["pandas", "arrow"] = "pandas") -> pd.DataFrame | pa.Table:
+                 as_: Literal["pandas"] = "pandas") -> pd.DataFrame: ...
+
+    @overload
+    def snapshot(self, name: str, columns: Sequence[str] | None = None,
+                 filter: pc.Expression | None = None,
+                 as_: Literal["arrow"] = ...) -> pa.Table: ...
+
+    @overload
+    def snapshot(self, name: str, columns: Sequence[str] | None = None,
+                 filter: pc.Expression | None = None,
+                 as_: Literal["polars"] = ...) -> pl.DataFrame: ...
+
+    @overload
+    def snapshot(self, name: str, columns: Sequence[str] | None = None,
+                 filter: pc.Expression | None = None,
+                 as_: FrameKind = ...) -> pd.DataFrame | pa.Table | pl.DataFrame: ...
+
+    def snapshot(self, name: str, columns: Sequence[str] | None = None,
+                 filter: pc.Expression | None = None,
+                 as_: FrameKind = "pandas") -> pd.DataFrame | pa.Table | pl.DataFrame:
         """A consistent snapshot of table ``name`` (one cycle's state, in row order).
 
         Parameters
@@ -277,7 +314,9 @@ class Client:
             A ``pyarrow.compute`` boolean expression evaluated on the server, e.g.
             ``pc.field("Price") > 50`` (sent as Substrait).
         as_
-            ``"pandas"`` for a DataFrame, ``"arrow"`` for a ``pyarrow.Table``.
+            ``"pandas"`` for a DataFrame, ``"arrow"`` for a ``pyarrow.Table``,
+            ``"polars"`` for a ``polars.DataFrame`` (made by ``polars.from_arrow``: see
+            :mod:`clients.frames`).
 
         Raises
         ------
@@ -285,9 +324,23 @@ class Client:
             If there is no such table.
         pyarrow.ArrowInvalid
             If a column is unknown or the filter does not fit the table.
+        ModuleNotFoundError
+            With ``as_="polars"``, if polars is not installed (before anything is sent).
+
+        Examples
+        --------
+        >>> client.snapshot("trades", as_="polars")                 # doctest: +SKIP
+        shape: (2, 3)
+        ┌─────┬─────┬──────┐
+        │ id  ┆ sym ┆ px   │
+        │ --- ┆ --- ┆ ---  │
+        │ i64 ┆ str ┆ f64  │
+        ╞═════╪═════╪══════╡
+        │ 1   ┆ A   ┆ 10.0 │
+        │ 2   ┆ B   ┆ 60.0 │
+        └─────┴─────┴──────┘
         """
-        if as_ not in ("pandas", "arrow"):
-            raise ValueError(f"as_ must be 'pandas' or 'arrow', not {as_!r}")
+        _check_as(as_)
 
         def run(at: Attempt) -> pa.Table:
             req = pb.SnapshotRequest(table=name, columns=list(columns or ()))
@@ -299,10 +352,10 @@ class Client:
             return reader.read_all()
 
         table = self._servers.call(f"snapshot({name!r})", run)
-        return table.to_pandas() if as_ == "pandas" else table
+        return _frame(table, as_)
 
     # ------------------------------------------------------------------ tables
-    def create_table(self, name: str, schema: pa.Schema | pd.DataFrame | pa.Table,
+    def create_table(self, name: str, schema: SchemaLike,
                      kind: TableKind | str = TableKind.APPEND,
                      keys: Sequence[str] | None = None, *, capacity: int = 0,
                      if_not_exists: bool = False) -> None:
@@ -311,7 +364,8 @@ class Client:
         Parameters
         ----------
         schema
-            An Arrow schema, or data whose schema to take (a DataFrame or Arrow table).
+            An Arrow schema, or data whose schema to take: a pandas or polars DataFrame
+            (or polars LazyFrame, of which no row is computed) or an Arrow table.
         kind
             A source :class:`~flight.wire.TableKind`, or its name: ``"append"`` (rows only
             added), ``"keyed"`` (upserts and deletes by ``keys``) or ``"ring"`` (the last
@@ -357,9 +411,10 @@ class Client:
         Parameters
         ----------
         data
-            A DataFrame, an Arrow table or record batch, a ``RecordBatchReader``, or an
-            iterable of any of these (streamed: nothing is collected in memory). Columns are
-            matched by name and cast to the table's types.
+            A pandas or polars DataFrame (or polars LazyFrame, collected), an Arrow table or
+            record batch, a ``RecordBatchReader``, or an iterable of any of these (streamed:
+            nothing is collected in memory). Columns are matched by name and cast to the
+            table's types.
         mode
             A :class:`~flight.wire.PutMode`, or its name; ``None`` (the default):
             ``"upsert"`` into a keyed table, else ``"append"``.
@@ -558,13 +613,22 @@ class Client:
     def sql(self, text: str, params: Sequence[Any] | None = None, *,
             as_: Literal["arrow"]) -> pa.Table: ...
 
+    @overload
     def sql(self, text: str, params: Sequence[Any] | None = None, *,
-            as_: Literal["pandas", "arrow"] = "pandas") -> pd.DataFrame | pa.Table:
+            as_: Literal["polars"]) -> pl.DataFrame: ...
+
+    @overload
+    def sql(self, text: str, params: Sequence[Any] | None = None, *,
+            as_: FrameKind = "pandas") -> pd.DataFrame | pa.Table | pl.DataFrame: ...
+
+    def sql(self, text: str, params: Sequence[Any] | None = None, *,
+            as_: FrameKind = "pandas") -> pd.DataFrame | pa.Table | pl.DataFrame:
         """Run one SQL statement on the server (Arrow Flight SQL) and return its result.
 
         A ``SELECT`` reads one consistent snapshot of every table it names, all taken at
         the same server step; the step is in the result: ``df.attrs["step"]`` for pandas,
-        the schema metadata ``b"ticktable.step"`` for Arrow. An update statement
+        the schema metadata ``b"ticktable.step"`` for Arrow (a polars frame has no place
+        for it: ask for Arrow, then ``polars.from_arrow``). An update statement
         (``INSERT``, ``DELETE`` on a keyed table, ``CREATE VIEW``, ``DROP VIEW``) runs at
         once, its rows visible in one cycle, and returns one row: ``count``, the rows it
         changed (0 for a view); it has no step (``attrs["step"]`` is ``None``).
@@ -579,11 +643,12 @@ class Client:
             infers them), then it runs and the prepared statement is closed. Empty or
             ``None``: the text runs as it is.
         as_
-            ``"pandas"`` for a DataFrame, ``"arrow"`` for a ``pyarrow.Table``.
+            ``"pandas"`` for a DataFrame, ``"arrow"`` for a ``pyarrow.Table``,
+            ``"polars"`` for a ``polars.DataFrame``.
 
         Returns
         -------
-        pandas.DataFrame or pyarrow.Table
+        pandas.DataFrame or pyarrow.Table or polars.DataFrame
             The rows, in the query's order.
 
         Raises
@@ -597,6 +662,8 @@ class Client:
             The query ran past the server's limit (``ticktable serve --sql-timeout``).
         pyarrow.flight.FlightUnauthorizedError
             An update with the read-only token.
+        ModuleNotFoundError
+            With ``as_="polars"``, if polars is not installed (before anything is sent).
 
         Examples
         --------
@@ -618,12 +685,11 @@ class Client:
            count
         0      1
         """
-        if as_ not in ("pandas", "arrow"):
-            raise ValueError(f"as_ must be 'pandas' or 'arrow', not {as_!r}")
+        _check_as(as_)
         write = len(self.uris) > 1 and not _is_query(text)
         table = self._servers.call("sql()", lambda at: _sql_on(at, text, params, write=write))
-        if as_ == "arrow":
-            return table
+        if as_ != "pandas":
+            return _frame(table, as_)
         df = table.to_pandas()
         step = (table.schema.metadata or {}).get(b"ticktable.step")
         df.attrs["step"] = int(step) if step is not None else None
@@ -725,7 +791,7 @@ def _schema_on(at: Attempt, name: str) -> pa.Schema:
     return res.schema
 
 
-def _create_request(name: str, schema: pa.Schema | pd.DataFrame | pa.Table,
+def _create_request(name: str, schema: SchemaLike,
                     kind: TableKind | str, keys: Sequence[str] | None, capacity: int,
                     if_not_exists: bool) -> pb.CreateTableRequest:
     """The CreateTable action's body (see :meth:`Client.create_table`)."""
@@ -852,22 +918,44 @@ def _sql_command(message: Message) -> fl.FlightDescriptor:
 
 
 # ---------------------------------------------------------------------- data helpers
-def _schema_of(obj: pa.Schema | pd.DataFrame | pa.Table) -> pa.Schema:
+def _check_as(as_: str) -> None:
+    """Refuse an unknown ``as_``; for ``"polars"``, check it is installed before any call."""
+    if as_ not in ("pandas", "arrow", "polars"):
+        raise ValueError(f"as_ must be 'pandas', 'arrow' or 'polars', not {as_!r}")
+    if as_ == "polars":
+        require_polars()
+
+
+def _frame(table: pa.Table, as_: FrameKind) -> pd.DataFrame | pa.Table | pl.DataFrame:
+    """``table`` as ``as_`` asks."""
+    if as_ == "pandas":
+        return table.to_pandas()
+    return to_polars(table) if as_ == "polars" else table
+
+
+def _schema_of(obj: SchemaLike) -> pa.Schema:
     if isinstance(obj, pa.Schema):
         return obj
     if isinstance(obj, pd.DataFrame):
         return pa.Schema.from_pandas(obj, preserve_index=False)
     if isinstance(obj, (pa.Table, pa.RecordBatch)):
         return obj.schema
-    raise TypeError(f"expected a pyarrow.Schema, DataFrame or Arrow table, got {type(obj).__name__}")
+    if is_polars(obj):
+        return polars_schema(obj)
+    raise TypeError(f"expected a pyarrow.Schema, a pandas or polars DataFrame or an Arrow "
+                    f"table, got {type(obj).__name__}")
 
 
 def _replayable(data: PutData) -> bool:
     """Whether ``data`` can be read again (so a push may be sent again to another server):
     a DataFrame, an Arrow table or record batch, or a list or tuple of these."""
     whole = (pd.DataFrame, pa.Table, pa.RecordBatch)
-    return isinstance(data, whole) or (isinstance(data, (list, tuple))
-                                       and all(isinstance(part, whole) for part in data))
+
+    def replayable(part: object) -> bool:
+        return isinstance(part, whole) or is_polars(part)
+
+    return replayable(data) or (isinstance(data, (list, tuple))
+                                and all(replayable(part) for part in data))
 
 
 def _batches(data: PutData) -> Iterator[pa.RecordBatch]:
@@ -880,16 +968,19 @@ def _batches(data: PutData) -> Iterator[pa.RecordBatch]:
         yield data
     elif isinstance(data, pa.RecordBatchReader):
         yield from data
+    elif is_polars(data):  # a LazyFrame is collected here, once per attempt
+        yield from from_polars(data).to_batches()
     elif isinstance(data, Iterable) and not isinstance(data, (str, bytes, dict)):
         for part in data:
             if isinstance(part, Iterable) and not isinstance(
-                    part, (pd.DataFrame, pa.Table, pa.RecordBatch)):
+                    part, (pd.DataFrame, pa.Table, pa.RecordBatch)) and not is_polars(part):
                 raise TypeError("push takes an iterable of DataFrames, Arrow tables or record "
                                 "batches, not nested iterables")
             yield from _batches(part)
     else:
-        raise TypeError(f"cannot push a {type(data).__name__}: pass a DataFrame, an Arrow table "
-                        f"or record batch, a RecordBatchReader, or an iterable of these")
+        raise TypeError(f"cannot push a {type(data).__name__}: pass a pandas or polars "
+                        f"DataFrame, an Arrow table or record batch, a RecordBatchReader, or "
+                        f"an iterable of these")
 
 
 def _peek(it: Iterator[pa.RecordBatch]) -> tuple[pa.RecordBatch | None, Iterator[pa.RecordBatch]]:

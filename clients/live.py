@@ -15,8 +15,9 @@ Cost follows the update, not the table: the state lives in :mod:`clients.livesta
 (keys in a Roaring bitmap, values in an append-only log of Arrow arrays, a vectorized
 ``key -> slot`` index).
 
-A DataFrame is built only when asked for (:attr:`LiveTable.df`, the parts of an
-:class:`Update`), once per applied message, in O(rows held) (:class:`_View`).
+A DataFrame is built only when asked for (:attr:`LiveTable.df`, or the polars
+:attr:`LiveTable.pl`; the parts of an :class:`Update`), once per applied message, in
+O(rows held) (:class:`_View`).
 
 Iterators (``for update in live``, :class:`_Updates`; ``async for``,
 :class:`_AsyncUpdates`) each have one bounded queue (:class:`_Consumer`). Past ``maxsize``
@@ -41,7 +42,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -50,10 +51,14 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from clients.failover import Rotation
+from clients.frames import to_polars
 from clients.livestate import LiveState, Update
 from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
 from flight.streams.decoder import StreamEnded, read_message
+
+if TYPE_CHECKING:
+    import polars as pl
 
 __all__ = ["LiveTable", "Update"]
 
@@ -116,6 +121,9 @@ def _check_viewport(ranges: Sequence[tuple[int, int]] | None) -> Ranges | None:
 class LiveTable:
     """A server table kept current in the background: a DataFrame plus a stream of updates.
 
+    The DataFrame is pandas (:attr:`df`) or polars (:attr:`pl`), or the rows are an Arrow
+    table (:meth:`to_arrow`); each is built when first asked for after an update.
+
     A reader thread subscribes (``DoExchange``), applies every message the server sends
     and reconnects with backoff when the stream breaks, resuming where it left off (the
     server sends the missed updates composed into one, or a new snapshot). It stops for
@@ -176,7 +184,7 @@ class LiveTable:
     QUEUE_SIZE = 1024
     """Default bound of an iterator's queue (see :meth:`updates`)."""
     FIRST_SNAPSHOT_TIMEOUT = 60.0
-    """How long :attr:`df` and :meth:`to_arrow` wait for the first snapshot."""
+    """How long :attr:`df`, :attr:`pl` and :meth:`to_arrow` wait for the first snapshot."""
 
     def __init__(self, connect: Connect, table: str, *, columns: Sequence[str] | None = None,
                  filter: bytes | None = None, viewport: Sequence[tuple[int, int]] | None = None,
@@ -296,6 +304,35 @@ class LiveTable:
                 frame.index = pd.Index(view.positions, name="position")
             view.frame = frame
         return view.frame
+
+    @property
+    def pl(self) -> pl.DataFrame:
+        """The held rows in table order as a polars DataFrame (built once per applied message).
+
+        What :attr:`df` is for pandas, from the same rows: consistent as of :attr:`step`,
+        waiting for the first snapshot, cached and shared (treat it as read-only), built
+        only when asked for (``polars.from_arrow`` of :meth:`to_arrow`). Polars has no
+        index: with a viewport the rows held are listed without their positions (they are
+        :attr:`df`'s index).
+
+        Raises
+        ------
+        ModuleNotFoundError
+            If polars is not installed (``pip install 'ticktable[polars]'``).
+        TimeoutError
+            If no snapshot arrived in time.
+        Exception
+            :attr:`error`, if the subscription failed before its first snapshot.
+
+        Examples
+        --------
+        >>> live = client.subscribe("trades")                       # doctest: +SKIP
+        >>> live.pl.group_by("sym").agg(pl.col("qty").sum())       # doctest: +SKIP
+        """
+        view = self._view()
+        if view.polars is None:  # polars outside the lock: the table is immutable
+            view.polars = to_polars(view.table)
+        return view.polars
 
     def to_arrow(self) -> pa.Table:
         """The held rows in table order as a pyarrow Table (see :attr:`df`)."""
@@ -816,11 +853,12 @@ class _AsyncUpdates(_Consumer):
 
 # ------------------------------------------------------------------ the view
 class _View:
-    """The materialized view of one applied message (the DataFrame is built on demand)."""
+    """The materialized view of one applied message (the DataFrames are built on demand)."""
 
-    __slots__ = ("version", "table", "positions", "frame")
+    __slots__ = ("version", "table", "positions", "frame", "polars")
 
     def __init__(self, version: int, table: pa.Table, positions: I64 | None) -> None:
         self.version, self.table, self.positions = version, table, positions
         self.frame: pd.DataFrame | None = None
+        self.polars: pl.DataFrame | None = None
 

@@ -15,7 +15,8 @@ Shifts are applied with :func:`flight.streams.decoder.apply_shifts`, one ``searc
 range begins; the ranges become a bitmap with
 :func:`~engine._kernels.arrays.bitmap_from_ranges` (no Python step per range).
 
-:class:`Update` is what one applied message changed, with its DataFrames built lazily.
+:class:`Update` is what one applied message changed, with its DataFrames built lazily
+(pandas, or polars through :attr:`Update.pl`, a :class:`PolarsParts`).
 :mod:`clients.live` runs the stream, reconnects and hands updates to users.
 """
 
@@ -24,13 +25,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
 from pyroaring import BitMap64
+
+from clients.frames import to_polars
 
 # engine._kernels is shared with clients by design (DESIGN.md §1); a public name for it needs
 # flight's imports changed too, so it waits for the flight restructure
@@ -40,7 +43,10 @@ from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
 from flight.streams.decoder import apply_shifts
 
-__all__ = ["LiveState", "Update"]
+if TYPE_CHECKING:
+    import polars as pl
+
+__all__ = ["LiveState", "PolarsParts", "Update"]
 
 log = logging.getLogger(__name__)
 
@@ -197,12 +203,13 @@ class _Store:
 class _Rows:
     """Rows of an update, materialized on first access (slots into a frozen log)."""
 
-    __slots__ = ("_frozen", "_slots", "count", "_table", "_df")
+    __slots__ = ("_frozen", "_slots", "count", "_table", "_df", "_pl")
 
     def __init__(self, frozen: _Frozen, slots: I64 | Callable[[], I64], count: int) -> None:
         self._frozen, self._slots, self.count = frozen, slots, count
         self._table: pa.Table | None = None
         self._df: pd.DataFrame | None = None
+        self._pl: pl.DataFrame | None = None
 
     def arrow(self) -> pa.Table:
         if self._table is None:
@@ -215,6 +222,11 @@ class _Rows:
             self._df = self.arrow().to_pandas()
         return self._df
 
+    def polars(self) -> pl.DataFrame:
+        if self._pl is None:
+            self._pl = to_polars(self.arrow())
+        return self._pl
+
 
 @dataclass(frozen=True, slots=True, repr=False)
 class Update:
@@ -222,7 +234,9 @@ class Update:
 
     The frames are built on first access (an update nobody looks at costs nothing) and
     are cached; treat them as read-only. Each lists rows in table order (ascending row
-    key) under a plain ``RangeIndex``, in the subscribed columns.
+    key) under a plain ``RangeIndex``, in the subscribed columns. The same parts as polars
+    DataFrames are :attr:`pl`'s (``update.pl.added``...), built and cached apart from the
+    pandas ones: ask for one kind, and the other is never built.
 
     With a viewport they cover held rows only: ``added`` are rows that entered the view
     (new rows, or rows that moved into it), ``removed`` rows that left it (deleted, or moved
@@ -276,10 +290,68 @@ class Update:
         """Previous values of the modified rows, row for row with :attr:`modified`."""
         return self._previous.df()
 
+    @property
+    def pl(self) -> PolarsParts:
+        """The parts as polars DataFrames: ``update.pl.added``, ``.removed``,
+        ``.modified``, ``.modified_previous`` (see :class:`PolarsParts`).
+
+        Examples
+        --------
+        >>> live.on_update(lambda u: print(u.pl.added, u.pl.modified))  # doctest: +SKIP
+        """
+        return PolarsParts(self)
+
     def __repr__(self) -> str:
         kind = " snapshot" if self.is_snapshot else ""
         return (f"<Update{kind} seq={self.sequence} step={self.step} +{self._added.count} "
                 f"-{self._removed.count} ~{self._modified.count} resumed={self.resumed}>")
+
+
+class PolarsParts:
+    """An :class:`Update`'s parts as polars DataFrames (what :attr:`Update.pl` returns).
+
+    The attributes are named as the update's pandas parts, and hold the same rows in the
+    same order (table order, the subscribed columns); polars has no index. Each is built on
+    first access, from the same Arrow rows as the pandas part (``polars.from_arrow``), and
+    cached with the update. polars is an optional extra: without it, reading a part raises
+    ``ModuleNotFoundError`` naming ``pip install 'ticktable[polars]'``.
+
+    Examples
+    --------
+    >>> for update in live:                                     # doctest: +SKIP
+    ...     new = update.pl.added
+    ...     print(new.filter(pl.col("px") > 50))
+    """
+
+    __slots__ = ("_update",)
+
+    def __init__(self, update: Update) -> None:
+        self._update = update
+
+    @property
+    def added(self) -> pl.DataFrame:
+        """Values of the rows added (or that entered the viewport): :attr:`Update.added`."""
+        return self._update._added.polars()
+
+    @property
+    def removed(self) -> pl.DataFrame:
+        """Previous values of the rows removed (or that left the viewport):
+        :attr:`Update.removed`."""
+        return self._update._removed.polars()
+
+    @property
+    def modified(self) -> pl.DataFrame:
+        """Current values of the modified rows: :attr:`Update.modified`."""
+        return self._update._modified.polars()
+
+    @property
+    def modified_previous(self) -> pl.DataFrame:
+        """Previous values of the modified rows, row for row with :attr:`modified`:
+        :attr:`Update.modified_previous`."""
+        return self._update._previous.polars()
+
+    def __repr__(self) -> str:
+        return f"<PolarsParts of {self._update!r}>"
 
 
 # ------------------------------------------------------------------ client state

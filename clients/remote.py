@@ -16,15 +16,18 @@ chain so far is created first (an intermediate table named by the server) to lea
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from clients.frames import FrameKind
 from flight.pb import table_service_pb2 as tpb
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from clients.live import LiveTable
     from clients.wire import Endpoint
 
@@ -45,7 +48,7 @@ class _Client(Protocol):
 
     def snapshot(self, name: str, columns: Sequence[str] | None = None,
                  filter: pc.Expression | None = None,
-                 as_: Literal["pandas", "arrow"] = "pandas") -> pd.DataFrame | pa.Table: ...
+                 as_: FrameKind = "pandas") -> pd.DataFrame | pa.Table | pl.DataFrame: ...
 
     def subscribe(self, name: str, columns: Sequence[str] | None = None,
                   viewport: Sequence[tuple[int, int]] | None = None,
@@ -301,8 +304,24 @@ class RemoteTable:
         return self._then(tpb.Operation(merge_with=name))
 
     # ------------------------------------------------------------------ reading
+    @overload
     def snapshot(self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None,
-                 as_: Literal["pandas", "arrow"] = "pandas") -> pd.DataFrame | pa.Table:
+                 as_: Literal["pandas"] = "pandas") -> pd.DataFrame: ...
+
+    @overload
+    def snapshot(self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None,
+                 as_: Literal["arrow"] = ...) -> pa.Table: ...
+
+    @overload
+    def snapshot(self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None,
+                 as_: Literal["polars"] = ...) -> pl.DataFrame: ...
+
+    @overload
+    def snapshot(self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None,
+                 as_: FrameKind = ...) -> pd.DataFrame | pa.Table | pl.DataFrame: ...
+
+    def snapshot(self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None,
+                 as_: FrameKind = "pandas") -> pd.DataFrame | pa.Table | pl.DataFrame:
         """A consistent snapshot (see :meth:`Client.snapshot`)."""
         return self._client.snapshot(self.name, columns, filter, as_)
 

@@ -30,6 +30,7 @@ def test_readme_client_snippet(capsys) -> None:
         assert result.to_dict("list") == {"sym": ["B"], "n": [1]}  # type: ignore[attr-defined]
         out = capsys.readouterr().out
         assert "60.0" in out  # the filtered snapshot printed
+        assert "shape: (1, 2)" in out and "shape: (3, 3)" in out  # live.pl, polars snapshot
         assert scope["live"].closed  # type: ignore[attr-defined]
     finally:
         server.shutdown()

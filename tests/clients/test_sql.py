@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
@@ -42,8 +43,8 @@ def client(server: TicktableServer) -> Iterator[tt.Client]:
         yield c
 
 
-def test_select_as_pandas_and_arrow_with_the_step(client: tt.Client,
-                                                  server: TicktableServer) -> None:
+def test_select_as_pandas_arrow_and_polars_with_the_step(client: tt.Client,
+                                                          server: TicktableServer) -> None:
     df = client.sql("SELECT sym, px FROM trades WHERE px > 50 ORDER BY px")
     pd.testing.assert_frame_equal(df, pd.DataFrame({"sym": ["B", "A"], "px": [61.5, 99.0]}))
     assert isinstance(df.attrs["step"], int) and 0 < df.attrs["step"] <= server.graph.step
@@ -53,8 +54,13 @@ def test_select_as_pandas_and_arrow_with_the_step(client: tt.Client,
     assert table.column("id").to_pylist() == [1, 2, 3]
     step = int(table.schema.metadata[b"ticktable.step"])
     assert df.attrs["step"] <= step <= server.graph.step
-    with pytest.raises(ValueError, match="as_ must be 'pandas' or 'arrow'"):
-        client.sql("SELECT 1", as_="polars")  # type: ignore[call-overload]
+    frame = client.sql("SELECT sym, px FROM trades WHERE px > ? ORDER BY px", [50],
+                       as_="polars")
+    assert isinstance(frame, pl.DataFrame)
+    assert frame.schema == pl.Schema({"sym": pl.String, "px": pl.Float64})
+    assert frame.to_dict(as_series=False) == {"sym": ["B", "A"], "px": [61.5, 99.0]}
+    with pytest.raises(ValueError, match="as_ must be 'pandas', 'arrow' or 'polars'"):
+        client.sql("SELECT 1", as_="numpy")  # type: ignore[call-overload]
 
 
 def test_params_bind_through_a_prepared_statement(client: tt.Client,
