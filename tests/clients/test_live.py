@@ -578,14 +578,14 @@ def test_value_log_take_matches_a_plain_gather(monkeypatch):
     rng = np.random.default_rng(5)
     store = _Store(KV)
     for size in (50, 3, 1, 17, 200, 2, 64):
-        first = store.rows
+        first = store.end
         keys = list(range(first, first + size))
         store.append(kv(keys, [float(k) for k in keys], [None if k % 5 == 0 else f"x{k}"
-                                                         for k in keys]))
+                                                         for k in keys]), np.array(keys))
     assert len(store.frozen().chunks[0]) == 7
-    whole = store.frozen().take(np.arange(store.rows)).combine_chunks()
-    assert whole.column("k").to_pylist() == list(range(store.rows))
-    n = store.rows
+    whole = store.frozen().take(np.arange(store.end)).combine_chunks()
+    assert whole.column("k").to_pylist() == list(range(store.end))
+    n = store.end
     cases = [np.arange(n), np.arange(40, 90), rng.permutation(n), rng.choice(n, 5),
              np.concatenate([np.arange(10, 60), np.arange(0, 5), np.arange(200, 330)]),
              np.array([n - 1]), np.empty(0, np.int64)]
