@@ -2,13 +2,15 @@
 
 1. Apply cost. A keyed table (Key int64, Sym string, Price float64, Qty int64) of each of
    --sizes rows gets --updates cycles of --change rows each: half modifies of existing
-   keys, a quarter new keys, a quarter deletes. A raw subscriber on a real server
-   (127.0.0.1) reads one message per cycle; the decoded messages are then applied,
-   offline, to the client state (``clients.livestate.LiveState.apply``), timing each apply with
-   ``perf_counter_ns`` after --warmup untimed ones. Median, mean, p99 and max per update
-   for every size side by side, and the ratio of medians to the smallest size: cost
-   should follow the change, not the table. The mean includes the amortized compactions
-   (counted) that reclaim dead slots.
+   keys, a quarter new keys, a quarter deletes (``--mix modify``: every row a modify, which
+   piles up dead slots fastest). A raw subscriber on a real server (127.0.0.1) reads one
+   message per cycle; the decoded messages are then applied, offline, to the client state
+   (``clients.livestate.LiveState.apply``), timing each apply with ``perf_counter_ns``
+   after --warmup untimed ones. Median, mean, p99 and max per update for every size side
+   by side, and the ratio of medians to the smallest size: cost should follow the change,
+   not the table. Every figure includes the incremental compaction that reclaims dead
+   slots (``compacting``: the timed updates that cleaned part of the log, ``moved``: the
+   live rows they copied).
 2. Snapshot into pandas. A server in a spawned subprocess (its own GIL, as deployed)
    holds a keyed table of --snap-sizes rows (and 10M with --big); the client times
    ``LiveTable(...)`` until the snapshot is applied (``wait_for``), then the first ``.df``,
@@ -53,15 +55,20 @@ def _fill(graph: UpdateGraph, table: Any, n: int, rng: np.random.Generator) -> N
 
 
 class _Workload:
-    """Each cycle: ``change/2`` modifies, ``change/4`` new keys, ``change/4`` deletes."""
+    """Each cycle: ``change/2`` modifies, ``change/4`` new keys, ``change/4`` deletes
+    (``modify_only``: ``change`` modifies)."""
 
-    def __init__(self, n: int, change: int, rng: np.random.Generator) -> None:
+    def __init__(self, n: int, change: int, rng: np.random.Generator,
+                 modify_only: bool = False) -> None:
         self.live = np.arange(n, dtype=np.int64)  # keys present (unordered)
         self.next_key = n
-        self.change, self.rng = change, rng
+        self.change, self.rng, self.modify_only = change, rng, modify_only
 
     def step(self, table: Any) -> None:
         r, c = self.rng, self.change
+        if self.modify_only:
+            table.upsert(batch(r, self.live[r.choice(self.live.size, c, replace=False)]))
+            return
         pick = r.choice(self.live.size, c // 2 + c // 4, replace=False)
         modify, delete = self.live[pick[: c // 2]], self.live[pick[c // 2:]]
         new = np.arange(self.next_key, self.next_key + c // 4, dtype=np.int64)
@@ -73,7 +80,8 @@ class _Workload:
         table.delete(pa.table({"Key": delete}))
 
 
-def capture(n: int, updates: int, change: int, seed: int) -> list[Message]:
+def capture(n: int, updates: int, change: int, seed: int,
+            modify_only: bool = False) -> list[Message]:
     """The snapshot and one message per cycle, as a subscriber on a real server reads them."""
     rng = np.random.default_rng(seed)
     graph = UpdateGraph()
@@ -88,7 +96,7 @@ def capture(n: int, updates: int, change: int, seed: int) -> list[Message]:
         writer.write_metadata(pa.py_buffer(pb.ClientMessage(subscribe=req).SerializeToString()))
         schema = reader.schema
         messages = [read_message(reader, schema)]
-        work = _Workload(n, change, rng)
+        work = _Workload(n, change, rng, modify_only)
         for _ in range(updates):
             work.step(table)
             graph.run_cycle()
@@ -110,24 +118,26 @@ def time_apply(messages: list[Message], warmup: int) -> dict[str, Any]:
     state.apply(messages[0].meta, messages[0].added, messages[0].modified)
     snap_ms = (time.perf_counter_ns() - t) / 1e6
     samples: list[int] = []
-    compactions = 0
+    compacting = moved = 0
     gc.disable()  # a collection inside one apply would be billed to it
     try:
         for i, m in enumerate(messages[1:]):
-            store = state.store
+            slots, rows = state.compacted_slots, state.compacted_rows
             t = time.perf_counter_ns()
             state.apply(m.meta, m.added, m.modified)
             dt = time.perf_counter_ns() - t
-            compactions += state.store is not store
             if i >= warmup:
                 samples.append(dt)
+                compacting += state.compacted_slots > slots
+                moved += state.compacted_rows - rows
     finally:
         gc.enable()
     t = time.perf_counter_ns()
     df = state.to_arrow().to_pandas()
     df_ms = (time.perf_counter_ns() - t) / 1e6
     return {**stats_ms(samples), "max_ms": max(samples) / 1e6, "snapshot_apply_ms": snap_ms,
-            "compactions": compactions, "rows": int(len(df)), "df_ms": df_ms}
+            "compacting": compacting, "moved": moved, "log_slots": len(state.store),
+            "rows": int(len(df)), "df_ms": df_ms}
 
 
 # ---------------------------------------------------------------------------- snapshots
@@ -188,6 +198,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="10000,1000000", help="table sizes for the apply cost")
     ap.add_argument("--change", type=int, default=1000, help="rows per update")
+    ap.add_argument("--mix", choices=["mixed", "modify"], default="mixed",
+                    help="mixed: 1/2 modifies, 1/4 adds, 1/4 deletes; modify: modifies only")
     ap.add_argument("--updates", type=int, default=2500, help="timed cycles per size")
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--snap-sizes", default="1000000")
@@ -203,7 +215,8 @@ def main() -> None:
     rows = []
     for n in sizes:
         t = time.perf_counter()
-        messages = capture(n, args.updates + args.warmup, args.change, seed=n)
+        messages = capture(n, args.updates + args.warmup, args.change, seed=n,
+                           modify_only=args.mix == "modify")
         print(f"captured {len(messages)} messages of a {n:,}-row table in "
               f"{time.perf_counter() - t:.1f} s", flush=True)
         rows.append({"size": n, **time_apply(messages, args.warmup)})
@@ -211,10 +224,11 @@ def main() -> None:
     base = rows[0]["median_ms"]
     for r in rows:
         r["ratio"] = r["median_ms"] / base
-    print_table(f"apply one {args.change}-row update (500 modified, 250 added, 250 removed), "
-                f"{args.updates} timed", rows,
-                ["size", "median_ms", "mean_ms", "p99_ms", "max_ms", "ratio", "compactions",
-                 "snapshot_apply_ms", "df_ms"])
+    mix = (f"{args.change} modified" if args.mix == "modify" else
+           f"{args.change // 2} modified, {args.change // 4} added, {args.change // 4} removed")
+    print_table(f"apply one {args.change}-row update ({mix}), {args.updates} timed", rows,
+                ["size", "median_ms", "mean_ms", "p99_ms", "max_ms", "ratio", "compacting",
+                 "moved", "log_slots", "snapshot_apply_ms", "df_ms"])
 
     snap_rows = []
     for n in snaps:

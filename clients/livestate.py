@@ -6,8 +6,9 @@ cost that follows the message, not the table:
 * the table's row keys as a Roaring bitmap (positions, the viewport, validation);
 * the values as an append-only log of Arrow arrays per column (:class:`_Store`): an
   added or modified row is appended (zero-copy from the received batches) and its key
-  pointed at the new *slot*; dead slots are reclaimed by a compaction once they
-  outnumber the live ones (amortized O(1) per row);
+  pointed at the new *slot*; once dead slots outnumber the live ones, each message also
+  cleans a head of the log a few times its own size (live rows copied to the tail, the
+  head dropped), so compaction costs every message a share, never one the whole table;
 * ``row key -> slot`` in a :class:`~engine._kernels.rowkeymap.RowKeyMap` (a dense array
   while the keys are dense, a vectorized hash map when they are sparse).
 
@@ -100,15 +101,19 @@ def _keys_at(bm: BitMap64, viewport: Ranges) -> BitMap64:
 
 # ------------------------------------------------------------------ value storage
 class _Frozen:
-    """An immutable view of the value log: columns of Arrow chunks and their offsets."""
+    """An immutable view of the value log: columns of Arrow chunks and their first slots.
 
-    __slots__ = ("chunks", "offsets", "sizes", "rows", "schema")
+    It holds its own chunks and ``base``, so the slots it covered stay readable after the
+    store dropped its head (:meth:`_Store.drop_head`) or appended more.
+    """
+
+    __slots__ = ("chunks", "offsets", "sizes", "rows", "base", "schema")
 
     def __init__(self, schema: pa.Schema, chunks: tuple[tuple[Any, ...], ...],
-                 sizes: list[int]) -> None:
-        self.schema, self.chunks = schema, chunks
+                 sizes: list[int], base: int) -> None:
+        self.schema, self.chunks, self.base = schema, chunks, base
         self.sizes = np.asarray(sizes, dtype=np.int64)
-        self.offsets = np.cumsum(self.sizes) - self.sizes
+        self.offsets = base + np.cumsum(self.sizes) - self.sizes  # each chunk's first slot
         self.rows = int(self.sizes.sum())
 
     def take(self, slots: I64) -> pa.Table:
@@ -124,7 +129,7 @@ class _Frozen:
         if starts.size < max(1, n // 32):
             cols = self._slices(slots, np.concatenate(([0], starts)))
         elif len(self.sizes) == 1 or n * 8 >= self.rows:  # Arrow concatenates: O(rows)
-            idx = pa.array(slots)
+            idx = pa.array(slots - self.base)
             cols = [pa.chunked_array(c, type=f.type).take(idx)
                     for c, f in zip(self.chunks, self.schema, strict=True)]
         else:  # a few scattered rows: take from the chunks they live in
@@ -160,30 +165,48 @@ class _Frozen:
 
 
 class _Store:
-    """Append-only log of row values by slot, one list of Arrow arrays per column."""
+    """Log of row values by slot: one list of Arrow arrays per column, and each slot's key.
+
+    Slots are numbered in append order and never reused; the log holds ``[base, end)``.
+    :meth:`drop_head` forgets the oldest slots without renumbering the others, so slots
+    held elsewhere (the key index, a :class:`_Frozen` view) keep their meaning.
+
+    With every slot the log records the row key it was written for (:meth:`key_of`), kept
+    current for the slots the key index points at (:meth:`rekey` after a shift). A slot
+    ``s`` is then live exactly when ``index.lookup(key_of(s)) == s``: no key points at a
+    dead slot, and slots are never reused, so a dead slot's stale key finds another slot
+    or none.
+    """
 
     _SMALL = 32_768  # tail chunks below this are merged geometrically (O(log) chunks)
+    _MIN_RING = 1024
 
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
         self._chunks: list[list[Any]] = [[] for _ in schema]
         self._sizes: list[int] = []
-        self.rows = 0
-        self.dead = 0
+        self.base = 0  # slot of the first row held
+        self.end = 0  # slot of the next row appended
+        self._ring: I64 = _EMPTY_KEYS  # slot s's row key at s % ring.size: no copy to drop
         self._frozen: _Frozen | None = None
 
-    def append(self, table: pa.Table) -> int:
-        """Append ``table``'s rows (in this store's columns); returns the first slot."""
-        first = self.rows
+    def __len__(self) -> int:
+        return self.end - self.base
+
+    def append(self, table: pa.Table, keys: I64) -> int:
+        """Append ``table``'s rows (in this store's columns), written for row ``keys``;
+        returns the first slot."""
+        first = self.end
         if table.num_rows == 0:
             return first
+        self._record(first, keys)
         table = table.select(self.schema.names)
         for batch in table.to_batches():
             if batch.num_rows:
                 for col, arr in zip(self._chunks, batch.columns, strict=True):
                     col.append(arr)
                 self._sizes.append(batch.num_rows)
-                self.rows += batch.num_rows
+                self.end += batch.num_rows
         s = self._sizes
         while len(s) >= 2 and s[-1] < self._SMALL and s[-2] <= 2 * s[-1]:
             for col in self._chunks:
@@ -192,10 +215,64 @@ class _Store:
         self._frozen = None
         return first
 
+    def _record(self, first: int, keys: I64) -> None:
+        """Write the keys of slots ``first, first + 1, ...``, growing the ring by half
+        (amortized O(1) per slot) when the log would outgrow it."""
+        need = self.end - self.base + keys.size
+        if need > self._ring.size:
+            self.reserve(need + need // 2)
+        self._write(first, keys)
+
+    def reserve(self, slots: int) -> None:
+        """Make room for the keys of ``slots`` slots held at once (copies the held ones:
+        reserve the log's bound up front and a table that does not grow never pays it)."""
+        if slots > self._ring.size:
+            held = self.key_of(np.arange(self.base, self.end, dtype=np.int64))
+            self._ring = np.empty(max(self._MIN_RING, slots), dtype=np.int64)
+            self._write(self.base, held)
+
+    def _write(self, first: int, keys: I64) -> None:
+        ring, n = self._ring, keys.size
+        at = first % ring.size
+        cut = min(n, ring.size - at)  # the ring wraps after ``cut`` keys
+        ring[at:at + cut] = keys[:cut]
+        ring[:n - cut] = keys[cut:]
+
+    def key_of(self, slots: I64) -> I64:
+        """The row key each of ``slots`` (in ``[base, end)``) was written, or last re-keyed,
+        for."""
+        return self._ring[slots % self._ring.size] if slots.size else _EMPTY_KEYS
+
+    def rekey(self, slots: I64, keys: I64) -> None:
+        """Live rows at ``slots`` now have row ``keys`` (a shift moved them)."""
+        if slots.size:
+            self._ring[slots % self._ring.size] = keys
+
+    def drop_head(self, n: int) -> None:
+        """Forget the oldest ``n`` slots: whole chunks go, the first kept one is sliced
+        (zero-copy; its memory is freed with its last row)."""
+        if not 0 <= n <= len(self):
+            raise ValueError(f"cannot drop {n} of the {len(self)} slots held")
+        self.base += n
+        sizes = self._sizes
+        gone = 0
+        while gone < len(sizes) and n >= sizes[gone]:
+            n -= sizes[gone]
+            gone += 1
+        if gone:
+            del sizes[:gone]
+            for col in self._chunks:
+                del col[:gone]
+        if n:
+            sizes[0] -= n
+            for col in self._chunks:
+                col[0] = col[0].slice(n)
+        self._frozen = None
+
     def frozen(self) -> _Frozen:
         if self._frozen is None:
             self._frozen = _Frozen(self.schema, tuple(tuple(c) for c in self._chunks),
-                                   self._sizes)
+                                   self._sizes, self.base)
         return self._frozen
 
 
@@ -377,9 +454,22 @@ class LiveState:
       S1  ``held`` (None: every key) is the keys at the viewport's positions in ``keys``
       S2  ``index`` maps exactly the held keys to slots of ``store``
       S3  ``len(keys)`` is the table size the server reported
+    Kept by construction (the tests check it):
+      S4  ``store.key_of(slots) == keys`` for ``keys, slots = index.items()``
+
+    Compaction is incremental (:meth:`_compact`): each message cleans a bounded head of the
+    value log, so no message pays for the whole table.
+
+    Attributes
+    ----------
+    compacted_slots, compacted_rows
+        Slots the compaction dropped from the log's head, and the live rows among them
+        it copied to the tail, since this state began.
     """
 
     COMPACT_SLACK = 65_536  # dead slots tolerated beyond the live ones
+    COMPACT_FACTOR = 4  # head slots cleaned per row a message appended or removed (>= 2)
+    COMPACT_MIN = 2_048  # ... and at least these (a message of a few rows still cleans)
 
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema  # of the columns held
@@ -392,6 +482,7 @@ class LiveState:
         self.index = RowKeyMap()
         self.epoch, self.sequence, self.step, self.messages = "", 0, 0, 0
         self.link: dict[str, object] | None = None  # a mirror's LinkStatus, as a dict
+        self.compacted_slots = self.compacted_rows = 0
 
     @property
     def size(self) -> int:
@@ -440,9 +531,10 @@ class LiveState:
         self.table_schema = added.schema
         self.schema = pa.schema([added.schema.field(c) for c in columns])
         self.columns = columns
-        self.store = _Store(self.schema)
-        self.store.append(added)
         k = _keys(data)
+        self.store = _Store(self.schema)
+        self.store.reserve(self._bound(k.size))  # a table that keeps its size never regrows it
+        self.store.append(added, k)
         self.index = _index_of(k)
         self.keys, self.held = keys, held
         frozen = self.store.frozen()
@@ -499,17 +591,18 @@ class LiveState:
         rem_k = _keys(removed_held)
         rem_s = _require(index.remove(rem_k), "removed")
         if h_src.size:
-            index.put(h_dst, _require(index.remove(h_src), "shifted"))  # put: never trust
+            h_s = _require(index.remove(h_src), "shifted")
+            index.put(h_dst, h_s)  # put: never trust
+            self.store.rekey(h_s, h_dst)  # live slots know their keys (for compaction)
         drop_k = _keys(dropped)
         drop_s = _require(index.remove(drop_k), "dropped")
         ad, md, rs = _keys(ad_bm), _keys(md_bm), _keys(resent)
         md_prev = _require(index.lookup(md), "modified")
         rs_prev = _require(index.lookup(rs), "re-sent")
-        ad_s = self.store.append(added) + np.arange(ad.size, dtype=np.int64)
-        md_s = self.store.append(modified) + np.arange(md.size, dtype=np.int64)
+        ad_s = self.store.append(added, ad) + np.arange(ad.size, dtype=np.int64)
+        md_s = self.store.append(modified, md) + np.arange(md.size, dtype=np.int64)
         index.put(ad, ad_s)
         index.set_values(md, md_s)  # present: md_prev above found every one
-        self.store.dead += rem_k.size + drop_k.size + md.size + rs.size
         self.held = held_new
         # the update's parts, in key order (removed in the previous key space)
         frozen = self.store.frozen()
@@ -532,18 +625,52 @@ class LiveState:
                         cols, 0, _Rows(frozen, new_s, new_s.size),
                         _Rows(frozen, rem_s, rem_s.size), _Rows(frozen, mod_s, mod_s.size),
                         _Rows(frozen, prev_s, prev_s.size))
-        self._maybe_compact()
+        self._compact(ad.size + md.size + rem_k.size + drop_k.size)
         return update
 
-    def _maybe_compact(self) -> None:
-        """Reclaim dead slots once they outnumber the live ones (amortized O(1) per row)."""
-        live = len(self.index)
-        if self.store.dead > live + self.COMPACT_SLACK:
-            keys, slots = self.index.items()
-            table = self.store.frozen().take(slots)
-            self.store = _Store(self.schema)
-            self.store.append(table)
-            self.index = _index_of(keys)
+    def _compact(self, work: int) -> None:
+        """Clean the head of the value log if dead slots outnumber the live ones (+ slack).
+
+        A copying log cleaner: the oldest ``max(COMPACT_MIN, COMPACT_FACTOR * work)`` slots
+        (``work``: the rows this message appended or removed) are checked against the key
+        index, their live rows appended to the tail (their keys re-pointed) and the head
+        dropped. No message copies more than that, so the cost per message stays a constant
+        times the message, and the whole table is never copied at once.
+
+        Why the log stays bounded (``L`` live rows, ``W`` slots held, ``k`` the factor): a
+        *pass* cleans the ``W0`` slots held when it starts. It moves at most the ``L0``
+        rows live in them (each once: a moved row lands past the pass's end) and, cleaning
+        ``k`` slots per row appended, lets at most ``W0 / k`` rows be appended, so the pass
+        ends with ``W1 <= L0 + W0 / k``. Starting at the trigger, ``W0 ~ 2 L0 + S``, a pass
+        ends at ``1.5 L0 + S / 4`` for ``k = 4``: under the trigger, so cleaning stops and
+        the dead fraction converges instead of drifting up. Within a pass the log grows by
+        at most ``L0 / k`` (only while the head it cleans is all live), so it holds at most
+        ``2.25 L + S`` plus one message's rows, under the ``3 L + S`` the whole-table copy
+        needed at its peak; when rows die at random (the head, being oldest, has the most
+        dead) cleaning reclaims more than a message appends and the log stays near
+        ``2 L + S``.
+        """
+        store, index = self.store, self.index
+        live = len(index)
+        if len(store) - live <= live + self.COMPACT_SLACK:
+            return
+        n = min(len(store), max(self.COMPACT_MIN, self.COMPACT_FACTOR * work))
+        slots = np.arange(store.base, store.base + n, dtype=np.int64)
+        keys = store.key_of(slots)
+        keep = index.lookup(keys) == slots
+        moved = int(np.count_nonzero(keep))
+        if moved:
+            head = store.frozen().take(slots)  # slices of the head's chunks (zero-copy)
+            keys = keys[keep]
+            first = store.append(head.filter(pa.array(keep)), keys)
+            index.set_values(keys, first + np.arange(moved, dtype=np.int64))
+        store.drop_head(n)  # Updates already made keep their own frozen views
+        self.compacted_slots += n
+        self.compacted_rows += moved
+
+    def _bound(self, live: int) -> int:
+        """Slots the value log can hold with ``live`` rows (see :meth:`_compact`)."""
+        return 2 * live + live // 4 + 2 * self.COMPACT_SLACK
 
     def held_slots(self) -> tuple[I64, I64]:
         """``(keys, slots)`` of the held rows, keys ascending."""
