@@ -12,7 +12,14 @@ Each cycle modifies K random rows' Price and appends 1,000 rows. Printed per (N,
 per-cycle median / mean / p99 of the whole chain and of each op, and, in the same run, the
 median time for pandas to recompute the chain from scratch on the same data.
 
+W2 (``--addonly CYCLES``, issue #39 item 8): an append-only table (G: int64, X: float64)
+gains 5,000 rows into 1,000 groups a cycle; one ``agg_by(<kind>("X"), by="G")`` per kind
+(and one with no ``by``), each on its own graph from an empty table, timed in its listener
+(per-cycle median / mean / p99 after the warm-up), so add-only min/max/first/last compare
+with count/sum.
+
 Run: python bench/bench_ops.py [--sizes 1000000 10000000] [--changes 1000 100000] [--cycles 20]
+     python bench/bench_ops.py --addonly 300   (W2 only)
 """
 
 from __future__ import annotations
@@ -54,16 +61,17 @@ def pandas_chain(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 class _Timed:
-    """Wraps a derived table's listener to time its on_update."""
+    """Times a derived table's listener's on_update (wrapped on the listener itself: the
+    table may check its listener's class, as agg_by's result does at the end of a cycle)."""
 
     def __init__(self, table):
-        self.inner = table.listener
+        self.inner = table.listener.on_update
         self.samples: list[int] = []
-        table.listener = self
+        table.listener.on_update = self.on_update
 
     def on_update(self, *ups):
         t = time.perf_counter_ns()
-        out = self.inner.on_update(*ups)
+        out = self.inner(*ups)
         self._last = time.perf_counter_ns() - t
         return out
 
@@ -127,6 +135,38 @@ def run(n: int, k: int, cycles: int, rng: np.random.Generator, check: bool) -> d
     return out
 
 
+ADD_ROWS, ADD_GROUPS = 5_000, 1_000
+ADD_KINDS = ("count", "sum", "min", "max", "first", "last")
+
+
+def run_addonly(kind: str, by: str | tuple[()], cycles: int, seed: int) -> dict:
+    """W2: one aggregation of ``kind`` over an append-only table, per-cycle listener time."""
+    rng = np.random.default_rng(seed)
+    g = UpdateGraph()
+    t = g.append_only_table(pa.schema([("G", pa.int64()), ("X", pa.float64())]), name="ticks")
+    a = t.agg_by([agg.count("N") if kind == "count" else getattr(agg, kind)("X")], by=by)
+    timer = _Timed(a)
+    samples: list[int] = []
+    warm = 10
+    for c in range(cycles + warm):
+        t.append(pa.table({"G": rng.integers(0, ADD_GROUPS, ADD_ROWS), "X": rng.random(ADD_ROWS)}))
+        g.run_cycle()
+        v = timer.take()
+        if c >= warm:
+            samples.append(v)
+    return {"kind": kind, "by": by or "-", **stats_ms(samples)}
+
+
+def main_addonly(cycles: int, json_path: str | None) -> None:
+    results = [run_addonly(k, by, cycles, seed=11) for by in ("G", ()) for k in ADD_KINDS]
+    print_table(f"W2 append-only: {ADD_ROWS:,} rows into {ADD_GROUPS:,} groups a cycle, "
+                f"{cycles} cycles (agg_by listener, ms)",
+                [{"by": r["by"], "kind": r["kind"], "median": r["median_ms"], "mean": r["mean_ms"],
+                  "p99": r["p99_ms"]} for r in results], ["by", "kind", "median", "mean", "p99"])
+    write_json("bench_ops_addonly", {"cycles": cycles, "rows": ADD_ROWS, "groups": ADD_GROUPS,
+                                     "results": results}, json_path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
@@ -134,7 +174,12 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=20)
     ap.add_argument("--check", action="store_true", help="compare the final result with pandas")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--addonly", type=int, default=0, metavar="CYCLES",
+                    help="run only W2 (append-only agg_by per kind) for CYCLES cycles")
     args = ap.parse_args()
+    if args.addonly:
+        main_addonly(args.addonly, args.json)
+        return
     rng = np.random.default_rng(7)
     results = []
     for n in args.sizes:

@@ -72,8 +72,11 @@ class AppendOnlyTable(SourceTable):
 
     Fixed-width columns are numpy arrays (fast gathers of any keys, which sorted views and
     joins do); other columns are Arrow chunks indexed by position
-    (:class:`AppendColumnSource`, no slot array to write).
+    (:class:`AppendColumnSource`, no slot array to write). It is
+    :attr:`~engine.table.Table.add_only`: every update only adds keys after the last.
     """
+
+    add_only = True
 
     @staticmethod
     def _new_column(type: pa.DataType) -> WritableColumnSource:

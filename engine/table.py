@@ -74,7 +74,15 @@ class Table:
     Read it consistently from any thread with :meth:`to_arrow` / :meth:`to_pandas`
     (they take the graph's shared lock). ``prev_rowset`` is the RowSet at the start of
     the running cycle and equals ``rowset`` outside cycles.
+
+    ``add_only`` promises that every update of the table only adds rows, at row keys
+    above all its current ones: no removes, modifies or shifts, ever. It is False unless
+    the table's kind guarantees it (an :class:`~engine.sources.AppendOnlyTable`, and a
+    ``where`` or a column operation over an add-only parent); operations may rely on it
+    (``agg_by`` keeps cheaper states) and fail the table if it is broken.
     """
+
+    add_only: bool = False
 
     def __init__(
         self,
@@ -416,6 +424,8 @@ class Derivation:
     rowset: RowSet
     listener: Listener
     name: str | None = None
+    #: the child only ever adds rows at the end (see :attr:`Table.add_only`)
+    add_only: bool = False
 
 
 def derive(parents: Sequence[Table], plan: Callable[[], Derivation], *,
@@ -457,6 +467,7 @@ def derive(parents: Sequence[Table], plan: Callable[[], Derivation], *,
                 raise TableFailed(f"table {p.name!r} is closed; derive from a live table")
         d = plan()
         child = table_class(graph, d.schema, d.columns, d.rowset, parents=parents, name=d.name)
+        child.add_only = d.add_only
         d.listener.result = child
         child.listener = d.listener
     return child

@@ -78,7 +78,9 @@ def where(table: Table, predicate: pc.Expression) -> Table:
 
     def plan() -> Derivation:
         listener = WhereListener(table, bound)
-        return Derivation(table.schema, table.columns, listener.matching(table.rowset), listener)
+        # over an add-only parent only added rows are filtered, kept at their keys
+        return Derivation(table.schema, table.columns, listener.matching(table.rowset), listener,
+                          add_only=table.add_only)
 
     return derive([table], plan)
 

@@ -323,7 +323,8 @@ def _build(
         )
         listener.initialize()
         columns = {o: sources[n] for n, o in zip(names, out, strict=True)}
-        return Derivation(schema, columns, table.rowset, listener)
+        # the parent's rows and updates pass through; modifies only follow the parent's
+        return Derivation(schema, columns, table.rowset, listener, add_only=table.add_only)
 
     return derive([table], plan)
 

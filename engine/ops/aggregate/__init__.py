@@ -3,7 +3,8 @@
 Modules: :mod:`.listener` (the verbs and the listener), :mod:`.spec` (the spec
 :class:`Agg` and its constructors), :mod:`.agg` (the constructors under their short
 names, ``tt.agg.sum(...)``), :mod:`._kinds` (the registry: one class per aggregation kind),
-:mod:`._states` and :mod:`._sums` (per-group states), :mod:`._sortedset` and :mod:`._bits`
+:mod:`._states` and :mod:`._sums` (per-group states), :mod:`._addonly` (the states of
+min, max, first and last over an add-only parent), :mod:`._sortedset` and :mod:`._bits`
 (per-group sorted sets behind min, max, median, percentile, first and last) and
 :mod:`._keys` (reading values, hashing group keys, order-preserving encodings).
 """

@@ -16,6 +16,10 @@ holds no branch on a kind's name (the :class:`AggKind` protocol):
   ``percentile`` share one ``OrderStats`` (median and percentile add ``"ranks"``). A state
   may need another over the same columns: ``Moments`` with ``"spread"`` heals from the
   column's ``OrderStats``, which is then built (and fed) first;
+* **add-only parents** — :meth:`AggKind.needs` and :meth:`AggKind.reads_rows` are told
+  whether the parent is add-only (:attr:`engine.table.Table.add_only`): ``min``/``max``
+  then keep a ``RunningExtremes`` and ``first``/``last`` a ``RowEnds``
+  (:mod:`._addonly`), with no sorted state;
 * **refresh** — once the states took a cycle's events, which groups to evaluate again
   (:meth:`AggKind.touched`) and their new values (:meth:`AggKind.values`). The listener
   writes and reports only values that changed.
@@ -32,8 +36,8 @@ sum, abs_sum                    ``Moments``; ``AbsSums``        int64 for intege
                                                                 else float64
 mean, std, var                  ``Moments`` (:mod:`._states`)   float64
 min, max                        ``OrderStats`` (:mod:`._states`) the column's type (any
-                                a ``ValueMultiset``             fixed-width: numbers, bools,
-                                                                timestamps, dates, durations)
+                                a ``ValueMultiset``; add-only:  fixed-width: numbers, bools,
+                                ``RunningExtremes``             timestamps, dates, durations)
 median, percentile              ``OrderStats``                  float64
 weighted_sum                    ``WeightedSums`` (:mod:`._sums`) int64 when value and weight
                                 one per (column, weight)        are integers or bools, else
@@ -43,7 +47,7 @@ count_distinct                  ``Distinct`` (:mod:`._states`)  int64
 first, last                     the listener's ``RowKeySet``    the column's type (any)
                                 (it also finds removed rows'
                                 groups and follows parent
-                                shifts)
+                                shifts); add-only: ``RowEnds``
 ==============================  ==============================  ===========================
 
 Adding an aggregation is one class here, one line in :data:`KINDS` and a row in the table
@@ -65,11 +69,13 @@ import pyarrow as pa
 
 from engine.columns import numpy_storage_dtype
 from engine.errors import SchemaError
+from engine.ops.aggregate._addonly import RowEnds, RunningExtremes
 from engine.ops.aggregate._keys import fetch, fetch_numpy
 from engine.ops.aggregate._states import Cycle, Distinct, Moments, OrderStats, State
 from engine.ops.aggregate._sums import AbsSums, WeightedSums
 
 if TYPE_CHECKING:
+    from engine.columns import ColumnSource
     from engine.ops.aggregate._sortedset import RowKeySet
     from engine.ops.aggregate.spec import Agg
     from engine.table import Table
@@ -99,12 +105,14 @@ class Refresh:
     """What a cycle hands the kinds once the states took its events.
 
     ``touched`` are the groups whose membership changed, ``size`` every group's row count
-    after the cycle, ``state_touched`` the groups each state saw events for.
+    after the cycle, ``state_touched`` the groups each state saw events for, ``add_only``
+    whether the parent is add-only (the states were chosen for it).
     """
 
     def __init__(self, parent: Table, cy: Cycle, touched: I64, size: I64, states: dict[Need, State],
-                 state_touched: dict[Need, I64], rows: RowKeySet | None) -> None:
+                 state_touched: dict[Need, I64], rows: RowKeySet | None, add_only: bool) -> None:
         self.parent, self.cy, self.touched, self.size = parent, cy, touched, size
+        self.add_only = add_only
         self.states, self.state_touched, self.rows = states, state_touched, rows
         self._memo: dict[object, Any] = {}
 
@@ -139,8 +147,6 @@ class AggKind(Protocol):
     name: ClassVar[str]
     #: which of "column", "weight", "p" an Agg of this kind takes
     params: ClassVar[tuple[str, ...]]
-    #: whether it reads the listener's per-group row-key set (first/last)
-    reads_rows: ClassVar[bool]
 
     def check(self, agg: Agg) -> None:
         """Raise SchemaError if ``agg`` lacks a parameter the kind takes, or has one more."""
@@ -158,8 +164,14 @@ class AggKind(Protocol):
         """The output type for inputs of ``types``; SchemaError if they do not fit."""
         ...
 
-    def needs(self, agg: Agg) -> tuple[Need, ...]:
-        """The states ``agg`` reads (the first is the one whose touched groups it refreshes)."""
+    def reads_rows(self, add_only: bool) -> bool:
+        """Whether it reads the listener's per-group row-key set (first/last), over an
+        add-only parent or not."""
+        ...
+
+    def needs(self, agg: Agg, add_only: bool) -> tuple[Need, ...]:
+        """The states ``agg`` reads (the first is the one whose touched groups it
+        refreshes), over an add-only parent or not."""
         ...
 
     def touched(self, agg: Agg, cx: Refresh) -> I64:
@@ -190,7 +202,6 @@ class _Kind:
 
     name: ClassVar[str]
     params: ClassVar[tuple[str, ...]] = ("column",)
-    reads_rows: ClassVar[bool] = False
 
     def check(self, agg: Agg) -> None:
         for param in _PARAMS:
@@ -210,14 +221,17 @@ class _Kind:
     def output_type(self, agg: Agg, types: Sequence[pa.DataType], table: str) -> pa.DataType:
         raise NotImplementedError
 
-    def needs(self, agg: Agg) -> tuple[Need, ...]:
+    def reads_rows(self, add_only: bool) -> bool:
+        return False
+
+    def needs(self, agg: Agg, add_only: bool) -> tuple[Need, ...]:
         return ()
 
     def touched(self, agg: Agg, cx: Refresh) -> I64:
-        return cx.state_touched[self.needs(agg)[0]]
+        return cx.state_touched[self.needs(agg, cx.add_only)[0]]
 
     def values(self, agg: Agg, cx: Refresh, slots: I64) -> Values:
-        return self.evaluate(agg, cx.states[self.needs(agg)[0]], slots)
+        return self.evaluate(agg, cx.states[self.needs(agg, cx.add_only)[0]], slots)
 
     def evaluate(self, agg: Agg, state: Any, slots: I64) -> NumPair:
         """New values from the kind's first state (typed by the subclass)."""
@@ -230,7 +244,7 @@ class _StateKind(_Kind):
     state: ClassVar[type[State]]
     option: ClassVar[str] = ""
 
-    def needs(self, agg: Agg) -> tuple[Need, ...]:
+    def needs(self, agg: Agg, add_only: bool) -> tuple[Need, ...]:
         return (Need(self.state, self.inputs(agg), self.option),)
 
 
@@ -315,16 +329,24 @@ class _OrderKind(_StateKind):
 
 
 class Min(_OrderKind):
+    """Over an add-only parent a running value per group (``RunningExtremes``), else the
+    ``OrderStats`` shared with median and percentile; :class:`Max` alike."""
+
     name = "min"
 
-    def evaluate(self, agg: Agg, state: OrderStats, slots: I64) -> NumPair:
+    def needs(self, agg: Agg, add_only: bool) -> tuple[Need, ...]:
+        if add_only:
+            return (Need(RunningExtremes, self.inputs(agg), self.name),)
+        return super().needs(agg, add_only)
+
+    def evaluate(self, agg: Agg, state: OrderStats | RunningExtremes, slots: I64) -> NumPair:
         return state.min(slots)
 
 
-class Max(_OrderKind):
+class Max(Min):
     name = "max"
 
-    def evaluate(self, agg: Agg, state: OrderStats, slots: I64) -> NumPair:
+    def evaluate(self, agg: Agg, state: OrderStats | RunningExtremes, slots: I64) -> NumPair:
         return state.max(slots)
 
 
@@ -416,16 +438,27 @@ class CountDistinct(_StateKind):
 
 class First(_Kind):
     """The value in the group's first row (smallest parent row key); :class:`Last` the
-    last. Both read the listener's row-key set, any column type."""
+    last. Both read the listener's row-key set, any column type; over an add-only parent
+    they read a ``RowEnds`` instead (a group's first row is its first ever, its last the
+    last it gained)."""
 
     name = "first"
-    reads_rows = True
     largest: ClassVar[bool] = False
 
     def output_type(self, agg: Agg, types: Sequence[pa.DataType], table: str) -> pa.DataType:
         return types[0]
 
+    def reads_rows(self, add_only: bool) -> bool:
+        return not add_only
+
+    def needs(self, agg: Agg, add_only: bool) -> tuple[Need, ...]:
+        return (Need(RowEnds, ()),) if add_only else ()
+
     def touched(self, agg: Agg, cx: Refresh) -> I64:
+        if cx.add_only:  # a group's first row is set once; its last moves with every add
+            ends = cx.states[Need(RowEnds, ())]
+            assert isinstance(ends, RowEnds)
+            return cx.state_touched[Need(RowEnds, ())] if self.largest else ends.born
         every, in_touched = cx.row_groups()
         if agg.column in cx.cy.modcols or in_touched.all():
             return every
@@ -433,7 +466,13 @@ class First(_Kind):
         return out
 
     def values(self, agg: Agg, cx: Refresh, slots: I64) -> Values:
-        assert cx.rows is not None and agg.column is not None
+        assert agg.column is not None
+        src = cx.parent.column(agg.column)
+        if cx.add_only:
+            held = cx.states[Need(RowEnds, ())]
+            assert isinstance(held, RowEnds)
+            return self._fetch(src, held.last[slots] if self.largest else held.first[slots])
+        assert cx.rows is not None
         rows = cx.rows
         every, _ = cx.row_groups()
 
@@ -444,7 +483,10 @@ class First(_Kind):
         keys: I64 = cx.memo(("row_ends", self.largest), ends)
         if slots.size != every.size:  # slots are a subset of every
             keys = keys[np.searchsorted(every, slots)]
-        src = cx.parent.column(agg.column)
+        return self._fetch(src, keys)
+
+    @staticmethod
+    def _fetch(src: ColumnSource, keys: I64) -> Values:
         return fetch_numpy(src, keys, False) if numpy_storage_dtype(src.type) is not None \
             else fetch(src, keys, False)
 

@@ -86,6 +86,11 @@ How a cycle runs (every step is numpy over the changed rows, no loop per row or 
    of values, median/percentile with a rank tree over it, and a per-group sorted set of
    parent row keys that follows the parent's shifts (``engine.ops.aggregate._sortedset``)
    gives every group's first row (its row key) and first/last.
+   Over an add-only parent (:attr:`~engine.table.Table.add_only`: rows only arrive, above
+   every current key) min/max keep one running value per group and first/last each
+   group's first and last row key instead (``engine.ops.aggregate._addonly``); an update
+   of such a parent that removes, modifies or shifts rows fails the table before any
+   state changes.
 4. Each aggregation's kind names the groups to evaluate again and computes their new
    values, which are compared with the current output; only real changes are written
    (with previous values tracked) and reported.
@@ -142,7 +147,7 @@ from engine.columns import (
     compact_stale,
     make_column_source,
 )
-from engine.errors import SchemaError, UpdateInvariantError
+from engine.errors import SchemaError, TableFailed, UpdateInvariantError
 from engine.ops.aggregate._keys import fetch, fetch_numpy, pairs_equal
 from engine.ops.aggregate._kinds import KINDS, Need, Refresh, Values, build_states
 from engine.ops.aggregate._sortedset import RowKeySet
@@ -302,6 +307,8 @@ class AggListener:
         self.by_set = frozenset(by)
         self.aggs = aggs
         self.kinds = [KINDS[a.kind] for a in aggs]
+        # rows only ever arrive at the end: kinds keep add-only states (fixed for life)
+        self.add_only = parent.add_only
         self.inputs = frozenset(c for a, k in zip(aggs, self.kinds, strict=True) for c in k.inputs(a))
         self.key_cols: dict[str, WritableColumnSource] = {
             k: make_column_source(parent.schema.field(k).type) for k in by
@@ -311,11 +318,11 @@ class AggListener:
         }
         # one state per distinct need (shared by the aggregations over the same columns),
         # dependencies first: the order they are fed in every cycle
-        self.states = build_states([n for a, k in zip(aggs, self.kinds, strict=True) for n in k.needs(a)],
+        self.states = build_states([n for a, k in zip(aggs, self.kinds, strict=True) for n in k.needs(a, self.add_only)],
                                    lambda cols: [parent.schema.field(c).type for c in cols])
         # each row's group in parent row-key order: the groups' first rows (their row keys
         # here, when there is a ``by``) and first/last
-        self.rows = RowKeySet() if by or any(k.reads_rows for k in self.kinds) else None
+        self.rows = RowKeySet() if by or any(k.reads_rows(self.add_only) for k in self.kinds) else None
         # group key -> slot: hash, then verify against key_cols (one integer-like column:
         # its hash is exact, so only null-ness is compared, against the one null group)
         self.exact_key = exact_hash([parent.schema.field(k).type for k in by])
@@ -446,6 +453,8 @@ class AggListener:
         up = updates[0]
         if up is None:
             return None
+        if self.add_only:
+            self._check_add_only(up)
         self.slots.release()  # slots freed last cycle may be reused from now on
         self._in_cycle = True
         try:
@@ -453,6 +462,19 @@ class AggListener:
         finally:
             self._in_cycle = False
         return None if out.empty() else out
+
+    def _check_add_only(self, up: TableUpdate) -> None:
+        """Fail the table, before any state changes, if the add-only parent broke its
+        promise: the add-only states cannot take a removal, a modify or a move."""
+        prev = self.parent.prev_rowset
+        broken = [what for what, there in (("removes", up.removed), ("modifies", up.modified),
+                                           ("shifts", up.shifted)) if there]
+        if up.added and prev and up.added.first() <= prev.last():
+            broken.append("adds below its last row key")
+        if broken:
+            raise TableFailed(
+                f"table {self.result.name!r}: its parent {self.parent.name!r} is add-only but "
+                f"sent {', '.join(broken)}; agg_by keeps add-only states for such a parent")
 
     def _cycle(self, up: TableUpdate) -> Cycle | None:
         """Group every changed row; None when nothing this aggregation reads changed."""
@@ -494,7 +516,8 @@ class AggListener:
         first_old = self._first_rows(touched) if self.by else touched  # previous key space
         if self.rows is not None:
             self._move_rows(up, cy)
-        cx = Refresh(self.parent, cy, touched, self.size, self.states, self._apply_states(cy), self.rows)
+        cx = Refresh(self.parent, cy, touched, self.size, self.states, self._apply_states(cy), self.rows,
+                     self.add_only)
         existed_cache: dict[int, tuple[I64, Mask, Mask]] = {}
         changed: dict[str, I64] = {}  # aggregation -> the slots whose value it changed
         for a, kind in zip(self.aggs, self.kinds, strict=True):
