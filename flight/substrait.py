@@ -197,7 +197,13 @@ def filter_table(table: pa.Table, buf: bytes, *, table_name: str = "snapshot") -
     """
     from engine import expr as _expr
 
-    predicate = decode_predicate(buf, f"filter on table {table_name!r}")
+    what = f"filter on table {table_name!r}"
+    try:
+        predicate = decode_predicate(buf, what)
+    except ExpressionError as exc:  # a malformed message: say which table it was for
+        if str(exc).startswith(what):
+            raise
+        raise ExpressionError(f"{what}: {exc}") from exc
     bound = _expr.bind(predicate, table.schema, table_name=table_name, what="filter")
     if bound.type != pa.bool_():
         raise ExpressionError(f"filter on table {table_name!r} must be boolean, but {bound.text} "

@@ -359,7 +359,7 @@ class FlightService:
         if req.filter:
             from flight.substrait import filter_table
 
-            snap = filter_table(snap, req.filter)
+            snap = filter_table(snap, req.filter, table_name=req.table)
             if columns:
                 snap = snap.select(columns)
         meta = pb.UpdateMetadata(step=step, is_snapshot=True, sequence=sequence,

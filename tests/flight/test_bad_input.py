@@ -76,8 +76,13 @@ def test_unknown_column_in_snapshot_filter(client, table):
     other = pa.schema([("zz", pa.int64())])
     f = bytes(substrait.serialize_expressions([pc.field("zz") > 1], ["f"], other))
     req = pb.SnapshotRequest(table="t", filter=f)
-    with pytest.raises(pa.ArrowInvalid, match="zz"):
+    with pytest.raises(pa.ArrowInvalid, match="filter on table 't'.*zz"):
         client.do_get(fl.Ticket(req.SerializeToString())).read_all()
+    # a filter that is no Substrait message at all: one line naming the table
+    req = pb.SnapshotRequest(table="t", filter=b"\x08not substrait")
+    with pytest.raises(pa.ArrowInvalid, match="filter on table 't'") as err:
+        client.do_get(fl.Ticket(req.SerializeToString())).read_all()
+    assert "Traceback" not in str(err.value)
 
 
 def test_snapshot_with_columns_and_filter(client, table):
