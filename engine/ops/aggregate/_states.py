@@ -35,8 +35,10 @@ The states:
 * :class:`OrderStats` — min, max and (with the ``ranks`` option) values of any rank,
   for median and percentile, through a :class:`ValueMultiset` of order-preserving
   ``uint64`` encodings.
-* :class:`Distinct` — per ``(group, value)`` counts in an exact key map (:class:`StoredKeyMap`);
-  a group's distinct count changes when a count crosses zero.
+* :class:`Distinct` — per ``(group, value)`` counts in an exact key map (:class:`StoredKeyMap`;
+  for integer and float columns an :class:`ExactKeyMap` verified against the pairs kept in
+  numpy, with no Arrow work in a cycle); a group's distinct count changes when a count
+  crosses zero.
 
 Null semantics follow pandas ``groupby``: nulls (and float NaN, which pandas cannot tell
 from null) are skipped by every state here.
@@ -52,9 +54,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine._kernels.hashing import hash_columns
+from engine._kernels.hashing import combine, hash_columns, mix64
 from engine._kernels.ids import IdAllocator
-from engine._kernels.keymap import StoredKeyMap
+from engine._kernels.keymap import ExactKeyMap, StoredKeyMap
 from engine.columns import numpy_storage_dtype
 from engine.errors import UpdateInvariantError
 from engine.ops.aggregate._keys import (
@@ -539,9 +541,13 @@ class OrderStats:
 class Distinct:
     """Number of distinct valid values of one column per group (any type: Arrow values).
 
-    Counts per ``(slot, value)`` pair, kept in a :class:`StoredKeyMap`: a hash finds the
-    pair, equality of the slot and the value decides, so two different values are never
-    counted as one (floats: ``-0.0`` is ``0.0``; nulls and NaN are skipped).
+    Counts per ``(slot, value)`` pair, kept in an exact key map: a hash finds the pair,
+    equality of the slot and the value decides, so two different values are never counted
+    as one (floats: ``-0.0`` is ``0.0``; nulls and NaN are skipped). Integer and float
+    values are compared as 64-bit patterns (integers widened to ``int64``, floats to
+    ``float64`` with ``-0.0`` made ``0.0``: equal patterns iff equal values) stored by entry
+    in numpy, so a cycle costs numpy work over its events only; other types keep their
+    pairs in a :class:`StoredKeyMap` (Arrow).
     """
 
     arrow: ClassVar[bool] = True
@@ -549,10 +555,16 @@ class Distinct:
     @classmethod
     def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
                dep: Callable[[type[State]], State]) -> Distinct:
-        return cls()
+        t = types[0]
+        return cls(numeric=pa.types.is_integer(t) or pa.types.is_float32(t) or pa.types.is_float64(t))
 
-    def __init__(self) -> None:
-        self.pairs: StoredKeyMap | None = None  # (slot, value) -> entry id
+    def __init__(self, numeric: bool = False) -> None:
+        self.numeric = numeric
+        self.pairs: StoredKeyMap | None = None  # (slot, value) -> entry id (Arrow pairs)
+        self.map = ExactKeyMap(exact=False)  # (slot, value bits) -> entry id (numeric)
+        self.e_slot = np.zeros(1024, dtype=np.int64)  # numeric: slot, value bits, hash per entry
+        self.e_bits = np.zeros(1024, dtype=np.int64)
+        self.e_hash = np.zeros(1024, dtype=np.uint64)
         self.e_cnt = np.zeros(1024, dtype=np.int64)  # rows per entry
         self.ids = IdAllocator()  # entry ids; freed ones are reusable at once
         self.nd = np.zeros(16, dtype=np.int64)
@@ -560,6 +572,10 @@ class Distinct:
     def _alloc(self, n: int) -> I64:
         ids = self.ids.allocate(n)
         self.e_cnt = grown_to(self.e_cnt, self.ids.end)
+        if self.numeric:
+            self.e_slot = grown_to(self.e_slot, self.ids.end)
+            self.e_bits = grown_to(self.e_bits, self.ids.end)
+            self.e_hash = grown_to(self.e_hash, self.ids.end)
         return ids
 
     @staticmethod
@@ -570,6 +586,33 @@ class Distinct:
             ok &= ~np.asarray(pc.fill_null(pc.is_nan(arr), False).to_numpy(zero_copy_only=False), dtype=bool)
         return ok
 
+    @staticmethod
+    def _bits(arr: pa.Array) -> I64:
+        """The 64-bit pattern of each (valid, not NaN) integer or float value."""
+        v = arr.to_numpy(zero_copy_only=False)
+        if v.dtype.kind == "f":
+            out: I64 = (v.astype(np.float64) + 0.0).view(np.int64)  # -0.0 + 0.0 is 0.0
+            return out
+        wide: I64 = v.astype(np.int64)  # uint64 wraps: still one pattern per value
+        return wide
+
+    def _intern_numeric(self, slots: I64, values: pa.Array) -> I64:
+        bits = self._bits(values)
+        h = combine(mix64(slots.view(np.uint64)), mix64(bits.view(np.uint64)))
+
+        def same(i: I64, ids: I64) -> Mask:
+            eq: Mask = (self.e_slot[ids] == slots[i]) & (self.e_bits[ids] == bits[i])
+            return eq
+
+        def same_batch(i: I64, j: I64) -> Mask:
+            eq: Mask = (slots[i] == slots[j]) & (bits[i] == bits[j])
+            return eq
+
+        ids, added, first = self.map.intern(h, same, same_batch, self._alloc)
+        if added.size:
+            self.e_slot[added], self.e_bits[added], self.e_hash[added] = slots[first], bits[first], h[first]
+        return ids
+
     def apply(self, ev: Events, minus: Sequence[pa.Array], plus: Sequence[pa.Array]) -> I64:
         if ev.slots.size == 0:
             return ev.touched
@@ -577,12 +620,17 @@ class Distinct:
         parts = [a.dictionary_decode() if pa.types.is_dictionary(a.type) else a for a in (minus[0], plus[0])]
         values = pa.concat_arrays(parts)
         ok = self._counted(values)
-        pairs = pa.table({"slot": pa.array(ev.slots[ok], pa.int64()), "value": values.filter(pa.array(ok))})
-        if self.pairs is None:
-            self.pairs = StoredKeyMap(pairs.schema)
-        ids, _ = self.pairs.intern(pairs, hash_columns(pairs.columns), self._alloc)
+        slots = ev.slots[ok]
+        kept = values if ok.all() else values.filter(pa.array(ok))
+        if self.numeric:
+            ids = self._intern_numeric(slots, kept)
+        else:
+            pairs = pa.table({"slot": pa.array(slots, pa.int64()), "value": kept})
+            if self.pairs is None:
+                self.pairs = StoredKeyMap(pairs.schema)
+            ids, _ = self.pairs.intern(pairs, hash_columns(pairs.columns), self._alloc)
         uid, first, inv = np.unique(ids, return_index=True, return_inverse=True)
-        us = ev.slots[ok][first]
+        us = slots[first]
         net = np.bincount(inv.reshape(-1), weights=ev.sign[ok], minlength=uid.size).round().astype(np.int64)
         c0 = self.e_cnt[uid]
         c1 = c0 + net
@@ -591,7 +639,11 @@ class Distinct:
         self.e_cnt[uid] = c1
         gone = uid[c1 == 0]
         if gone.size:
-            self.pairs.delete(gone)
+            if self.numeric:
+                self.map.delete(self.e_hash[gone], gone)
+            else:
+                assert self.pairs is not None
+                self.pairs.delete(gone)
             self.ids.free(gone)
             self.ids.release()
         step = (c1 > 0).astype(np.int64) - (c0 > 0).astype(np.int64)
