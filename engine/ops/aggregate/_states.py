@@ -36,8 +36,8 @@ The states:
   for median and percentile, through a :class:`ValueMultiset` of order-preserving
   ``uint64`` encodings.
 * :class:`Distinct` — per ``(group, value)`` counts in an exact key map (:class:`StoredKeyMap`;
-  for integer and float columns an :class:`ExactKeyMap` verified against the pairs kept in
-  numpy, with no Arrow work in a cycle); a group's distinct count changes when a count
+  :class:`NumericDistinct`, for integer and float columns, verifies against the pairs kept
+  in numpy, with no Arrow work in a cycle); a group's distinct count changes when a count
   crosses zero.
 
 Null semantics follow pandas ``groupby``: nulls (and float NaN, which pandas cannot tell
@@ -66,7 +66,7 @@ from engine.ops.aggregate._keys import (
 )
 from engine.ops.aggregate._sortedset import ValueMultiset
 
-__all__ = ["CompensatedSum", "Cycle", "Distinct", "Events", "GroupSum", "Moments", "OrderStats", "State",
+__all__ = ["CompensatedSum", "Cycle", "Distinct", "Events", "GroupSum", "Moments", "NumericDistinct", "OrderStats", "State",
            "grown_to", "signed_counts"]
 
 I64 = npt.NDArray[np.int64]
@@ -541,13 +541,10 @@ class OrderStats:
 class Distinct:
     """Number of distinct valid values of one column per group (any type: Arrow values).
 
-    Counts per ``(slot, value)`` pair, kept in an exact key map: a hash finds the pair,
-    equality of the slot and the value decides, so two different values are never counted
-    as one (floats: ``-0.0`` is ``0.0``; nulls and NaN are skipped). Integer and float
-    values are compared as 64-bit patterns (integers widened to ``int64``, floats to
-    ``float64`` with ``-0.0`` made ``0.0``: equal patterns iff equal values) stored by entry
-    in numpy, so a cycle costs numpy work over its events only; other types keep their
-    pairs in a :class:`StoredKeyMap` (Arrow).
+    Counts per ``(slot, value)`` pair, kept in a :class:`StoredKeyMap`: a hash finds the
+    pair, equality of the slot and the value decides, so two different values are never
+    counted as one (floats: ``-0.0`` is ``0.0``; nulls and NaN are skipped). Integer and
+    float columns get a :class:`NumericDistinct` instead (:meth:`create` picks).
     """
 
     arrow: ClassVar[bool] = True
@@ -556,15 +553,12 @@ class Distinct:
     def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
                dep: Callable[[type[State]], State]) -> Distinct:
         t = types[0]
-        return cls(numeric=pa.types.is_integer(t) or pa.types.is_float32(t) or pa.types.is_float64(t))
+        if pa.types.is_integer(t) or pa.types.is_float32(t) or pa.types.is_float64(t):
+            return NumericDistinct()
+        return cls()
 
-    def __init__(self, numeric: bool = False) -> None:
-        self.numeric = numeric
-        self.pairs: StoredKeyMap | None = None  # (slot, value) -> entry id (Arrow pairs)
-        self.map = ExactKeyMap(exact=False)  # (slot, value bits) -> entry id (numeric)
-        self.e_slot = np.zeros(1024, dtype=np.int64)  # numeric: slot, value bits, hash per entry
-        self.e_bits = np.zeros(1024, dtype=np.int64)
-        self.e_hash = np.zeros(1024, dtype=np.uint64)
+    def __init__(self) -> None:
+        self.pairs: StoredKeyMap | None = None  # (slot, value) -> entry id
         self.e_cnt = np.zeros(1024, dtype=np.int64)  # rows per entry
         self.ids = IdAllocator()  # entry ids; freed ones are reusable at once
         self.nd = np.zeros(16, dtype=np.int64)
@@ -572,10 +566,6 @@ class Distinct:
     def _alloc(self, n: int) -> I64:
         ids = self.ids.allocate(n)
         self.e_cnt = grown_to(self.e_cnt, self.ids.end)
-        if self.numeric:
-            self.e_slot = grown_to(self.e_slot, self.ids.end)
-            self.e_bits = grown_to(self.e_bits, self.ids.end)
-            self.e_hash = grown_to(self.e_hash, self.ids.end)
         return ids
 
     @staticmethod
@@ -586,18 +576,91 @@ class Distinct:
             ok &= ~np.asarray(pc.fill_null(pc.is_nan(arr), False).to_numpy(zero_copy_only=False), dtype=bool)
         return ok
 
+    def apply(self, ev: Events, minus: Sequence[pa.Array], plus: Sequence[pa.Array]) -> I64:
+        if ev.slots.size == 0:
+            return ev.touched
+        parts = [a.dictionary_decode() if pa.types.is_dictionary(a.type) else a for a in (minus[0], plus[0])]
+        values = pa.concat_arrays(parts)
+        ok = self._counted(values)
+        pairs = pa.table({"slot": pa.array(ev.slots[ok], pa.int64()), "value": values.filter(pa.array(ok))})
+        if self.pairs is None:
+            self.pairs = StoredKeyMap(pairs.schema)
+        ids, _ = self.pairs.intern(pairs, hash_columns(pairs.columns), self._alloc)
+        self._count(ev, ok, ids)
+        return ev.touched
+
+    def _count(self, ev: Events, ok: Mask, ids: I64) -> None:
+        """Add the signs of the counted events (``ok``) to their entries ``ids``; a group's
+        distinct count moves where an entry's count leaves or reaches zero."""
+        self.nd = grown_to(self.nd, int(ev.touched[-1]) + 1)
+        uid, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+        us = ev.slots[ok][first]
+        net = np.bincount(inv.reshape(-1), weights=ev.sign[ok], minlength=uid.size).round().astype(np.int64)
+        c0 = self.e_cnt[uid]
+        c1 = c0 + net
+        if (c1 < 0).any():
+            raise UpdateInvariantError("A1", "count_distinct removed a value its group does not hold")
+        self.e_cnt[uid] = c1
+        gone = uid[c1 == 0]
+        if gone.size:
+            self._forget(gone)
+            self.ids.free(gone)
+            self.ids.release()
+        step = (c1 > 0).astype(np.int64) - (c0 > 0).astype(np.int64)
+        np.add.at(self.nd, us, step)
+
+    def _forget(self, gone: I64) -> None:
+        """Drop the entries ``gone`` (their counts reached zero) from the key map."""
+        assert self.pairs is not None
+        self.pairs.delete(gone)
+
+    def count(self, slots: I64) -> NumPair:
+        return self.nd[slots], None
+
+
+class NumericDistinct(Distinct):
+    """:class:`Distinct` of an integer or float column, in numpy (no Arrow in a cycle).
+
+    Values are compared as 64-bit patterns: integers widened to ``int64`` (``uint64``
+    wraps, still one pattern per value), floats to ``float64`` with ``-0.0`` made ``0.0``,
+    so equal patterns are equal values (NaN is skipped). Each entry's slot, pattern and
+    hash are kept by entry id; an :class:`ExactKeyMap` finds candidates by hash and those
+    arrays decide.
+    """
+
+    arrow: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.map = ExactKeyMap(exact=False)  # (slot, value bits) -> entry id
+        self.e_slot = np.zeros(1024, dtype=np.int64)
+        self.e_bits = np.zeros(1024, dtype=np.int64)
+        self.e_hash = np.zeros(1024, dtype=np.uint64)
+
+    def _alloc(self, n: int) -> I64:
+        ids = super()._alloc(n)
+        self.e_slot = grown_to(self.e_slot, self.ids.end)
+        self.e_bits = grown_to(self.e_bits, self.ids.end)
+        self.e_hash = grown_to(self.e_hash, self.ids.end)
+        return ids
+
     @staticmethod
-    def _bits(arr: pa.Array) -> I64:
-        """The 64-bit pattern of each (valid, not NaN) integer or float value."""
-        v = arr.to_numpy(zero_copy_only=False)
+    def _bits(v: npt.NDArray[Any]) -> I64:
         if v.dtype.kind == "f":
             out: I64 = (v.astype(np.float64) + 0.0).view(np.int64)  # -0.0 + 0.0 is 0.0
             return out
-        wide: I64 = v.astype(np.int64)  # uint64 wraps: still one pattern per value
+        wide: I64 = v.astype(np.int64)
         return wide
 
-    def _intern_numeric(self, slots: I64, values: pa.Array) -> I64:
-        bits = self._bits(values)
+    def apply(self, ev: Events, minus: Sequence[NumPair], plus: Sequence[NumPair]) -> I64:
+        if ev.slots.size == 0:
+            return ev.touched
+        (minus_v,), (plus_v,) = minus, plus
+        vals = np.concatenate((minus_v[0], plus_v[0]))
+        ok = np.concatenate((valid_mask(*minus_v), valid_mask(*plus_v)))
+        all_ok = bool(ok.all())
+        slots = ev.slots if all_ok else ev.slots[ok]
+        bits = self._bits(vals if all_ok else vals[ok])
         h = combine(mix64(slots.view(np.uint64)), mix64(bits.view(np.uint64)))
 
         def same(i: I64, ids: I64) -> Mask:
@@ -611,44 +674,8 @@ class Distinct:
         ids, added, first = self.map.intern(h, same, same_batch, self._alloc)
         if added.size:
             self.e_slot[added], self.e_bits[added], self.e_hash[added] = slots[first], bits[first], h[first]
-        return ids
-
-    def apply(self, ev: Events, minus: Sequence[pa.Array], plus: Sequence[pa.Array]) -> I64:
-        if ev.slots.size == 0:
-            return ev.touched
-        self.nd = grown_to(self.nd, int(ev.touched[-1]) + 1)
-        parts = [a.dictionary_decode() if pa.types.is_dictionary(a.type) else a for a in (minus[0], plus[0])]
-        values = pa.concat_arrays(parts)
-        ok = self._counted(values)
-        slots = ev.slots[ok]
-        kept = values if ok.all() else values.filter(pa.array(ok))
-        if self.numeric:
-            ids = self._intern_numeric(slots, kept)
-        else:
-            pairs = pa.table({"slot": pa.array(slots, pa.int64()), "value": kept})
-            if self.pairs is None:
-                self.pairs = StoredKeyMap(pairs.schema)
-            ids, _ = self.pairs.intern(pairs, hash_columns(pairs.columns), self._alloc)
-        uid, first, inv = np.unique(ids, return_index=True, return_inverse=True)
-        us = slots[first]
-        net = np.bincount(inv.reshape(-1), weights=ev.sign[ok], minlength=uid.size).round().astype(np.int64)
-        c0 = self.e_cnt[uid]
-        c1 = c0 + net
-        if (c1 < 0).any():
-            raise UpdateInvariantError("A1", "count_distinct removed a value its group does not hold")
-        self.e_cnt[uid] = c1
-        gone = uid[c1 == 0]
-        if gone.size:
-            if self.numeric:
-                self.map.delete(self.e_hash[gone], gone)
-            else:
-                assert self.pairs is not None
-                self.pairs.delete(gone)
-            self.ids.free(gone)
-            self.ids.release()
-        step = (c1 > 0).astype(np.int64) - (c0 > 0).astype(np.int64)
-        np.add.at(self.nd, us, step)
+        self._count(ev, ok, ids)
         return ev.touched
 
-    def count(self, slots: I64) -> NumPair:
-        return self.nd[slots], None
+    def _forget(self, gone: I64) -> None:
+        self.map.delete(self.e_hash[gone], gone)
