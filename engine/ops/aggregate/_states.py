@@ -489,8 +489,12 @@ class OrderStats:
     def __init__(self, dtype: np.dtype[Any], ranks: bool = False) -> None:
         self.dtype = dtype
         self.set = ValueMultiset(ranks)
+        # the last min (False) and max (True) asked since the values last changed, by slots:
+        # std heals from the min and max of the very groups min and max then ask for
+        self._ends: dict[bool, tuple[I64, U64, Mask]] = {}
 
     def apply(self, ev: Events, minus: Sequence[NumPair], plus: Sequence[NumPair]) -> I64:
+        self._ends.clear()
         if ev.slots.size == 0:
             return ev.touched
         (minus_v,), (plus_v,) = minus, plus
@@ -502,13 +506,20 @@ class OrderStats:
             self.set.update(ev.slots[ok], encode(vals[ok]), ev.sign[ok])
         return ev.touched
 
+    def _end(self, slots: I64, largest: bool) -> NumPair:
+        last = self._ends.get(largest)
+        if last is not None and last[0].size == slots.size and np.array_equal(last[0], slots):
+            enc, found = last[1], last[2]
+        else:
+            enc, found = self.set.max_of(slots) if largest else self.set.min_of(slots)
+            self._ends[largest] = (slots.copy(), enc, found)
+        return decode(enc, self.dtype), found.copy()
+
     def min(self, slots: I64) -> NumPair:
-        enc, found = self.set.min_of(slots)
-        return decode(enc, self.dtype), found
+        return self._end(slots, largest=False)
 
     def max(self, slots: I64) -> NumPair:
-        enc, found = self.set.max_of(slots)
-        return decode(enc, self.dtype), found
+        return self._end(slots, largest=True)
 
     def quantile(self, slots: I64, p: float) -> NumPair:
         """Linear-interpolated quantile ``p`` of each group's values, as float64.
