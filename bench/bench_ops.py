@@ -18,8 +18,16 @@ gains 5,000 rows into 1,000 groups a cycle; one ``agg_by(<kind>("X"), by="G")`` 
 (per-cycle median / mean / p99 after the warm-up), so add-only min/max/first/last compare
 with count/sum.
 
+W3 (``--fixed CYCLES``, issue #39 item 7, the fixed cost of a cycle): a keyed table
+(Key: int64, Sym: string, X: float64, Q: int64) of 20,000 rows and an append-only one with
+the same columns, each with one ``agg_by`` of nine kinds (sum, count, mean, min, max, first,
+last, std, count_distinct) by ``Sym`` (1,000 groups); each cycle upserts (keyed: half
+modifies of existing keys, half new keys) or appends K rows, K = 20 and 200; per-cycle
+listener median / mean / p99 after the warm-up.
+
 Run: python bench/bench_ops.py [--sizes 1000000 10000000] [--changes 1000 100000] [--cycles 20]
      python bench/bench_ops.py --addonly 300   (W2 only)
+     python bench/bench_ops.py --fixed 300     (W3 only)
 """
 
 from __future__ import annotations
@@ -167,6 +175,60 @@ def main_addonly(cycles: int, json_path: str | None) -> None:
                                      "results": results}, json_path)
 
 
+FIX_SCHEMA = pa.schema([("Key", pa.int64()), ("Sym", pa.string()), ("X", pa.float64()), ("Q", pa.int64())])
+FIX_ROWS = 20_000
+
+
+def _fix_rows(rng: np.random.Generator, keys: np.ndarray) -> pa.Table:
+    n = keys.size
+    return pa.table({"Key": keys, "Sym": SYMS.take(pa.array(rng.integers(0, 1000, n))),
+                     "X": rng.random(n) * 100, "Q": rng.integers(0, 50, n)}, schema=FIX_SCHEMA)
+
+
+def run_fixed(source: str, k: int, cycles: int, seed: int) -> dict:
+    """W3: agg_by of nine kinds by Sym; K changed rows a cycle; per-cycle listener time."""
+    rng = np.random.default_rng(seed)
+    g = UpdateGraph()
+    keyed = source == "keyed"
+    t = g.keyed_table(FIX_SCHEMA, "Key", name="src") if keyed else g.append_only_table(FIX_SCHEMA, name="src")
+    load = _fix_rows(rng, np.arange(FIX_ROWS))
+    if keyed:
+        t.upsert(load)
+    else:
+        t.append(load)
+    g.run_cycle()
+    a = t.agg_by([agg.sum("X", "sum"), agg.count("n"), agg.mean("X", "mean"), agg.min("X", "min"),
+                  agg.max("X", "max"), agg.first("X", "first"), agg.last("X", "last"),
+                  agg.std("X", "std"), agg.count_distinct("Q", "distinct")], by="Sym")
+    timer = _Timed(a)
+    samples: list[int] = []
+    warm, next_key = 10, FIX_ROWS
+    for c in range(cycles + warm):
+        if keyed:
+            old = rng.integers(0, next_key, k - k // 2)
+            old = np.unique(old)
+            keys = np.concatenate((old, np.arange(next_key, next_key + k // 2)))
+            next_key += k // 2
+            t.upsert(_fix_rows(rng, keys))
+        else:
+            t.append(_fix_rows(rng, np.arange(next_key, next_key + k)))
+            next_key += k
+        g.run_cycle()
+        v = timer.take()
+        if c >= warm:
+            samples.append(v)
+    return {"source": source, "K": k, **stats_ms(samples)}
+
+
+def main_fixed(cycles: int, json_path: str | None) -> None:
+    results = [run_fixed(src, k, cycles, seed=5) for src in ("keyed", "append") for k in (20, 200)]
+    print_table(f"W3 fixed cost: agg_by of 9 kinds by Sym (1,000 groups) over {FIX_ROWS:,} rows, "
+                f"{cycles} cycles (agg_by listener, ms)",
+                [{"source": r["source"], "K": r["K"], "median": r["median_ms"], "mean": r["mean_ms"],
+                  "p99": r["p99_ms"]} for r in results], ["source", "K", "median", "mean", "p99"])
+    write_json("bench_ops_fixed", {"cycles": cycles, "rows": FIX_ROWS, "results": results}, json_path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
@@ -176,7 +238,12 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--addonly", type=int, default=0, metavar="CYCLES",
                     help="run only W2 (append-only agg_by per kind) for CYCLES cycles")
+    ap.add_argument("--fixed", type=int, default=0, metavar="CYCLES",
+                    help="run only W3 (the fixed cost of a small agg_by cycle) for CYCLES cycles")
     args = ap.parse_args()
+    if args.fixed:
+        main_fixed(args.fixed, args.json)
+        return
     if args.addonly:
         main_addonly(args.addonly, args.json)
         return

@@ -35,8 +35,10 @@ The states:
 * :class:`OrderStats` — min, max and (with the ``ranks`` option) values of any rank,
   for median and percentile, through a :class:`ValueMultiset` of order-preserving
   ``uint64`` encodings.
-* :class:`Distinct` — per ``(group, value)`` counts in an exact key map (:class:`StoredKeyMap`);
-  a group's distinct count changes when a count crosses zero.
+* :class:`Distinct` — per ``(group, value)`` counts in an exact key map (:class:`StoredKeyMap`;
+  :class:`NumericDistinct`, for integer and float columns, verifies against the pairs kept
+  in numpy, with no Arrow work in a cycle); a group's distinct count changes when a count
+  crosses zero.
 
 Null semantics follow pandas ``groupby``: nulls (and float NaN, which pandas cannot tell
 from null) are skipped by every state here.
@@ -52,9 +54,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine._kernels.hashing import hash_columns
+from engine._kernels.hashing import combine, hash_columns, mix64
 from engine._kernels.ids import IdAllocator
-from engine._kernels.keymap import StoredKeyMap
+from engine._kernels.keymap import ExactKeyMap, StoredKeyMap
 from engine.columns import numpy_storage_dtype
 from engine.errors import UpdateInvariantError
 from engine.ops.aggregate._keys import (
@@ -64,7 +66,7 @@ from engine.ops.aggregate._keys import (
 )
 from engine.ops.aggregate._sortedset import ValueMultiset
 
-__all__ = ["CompensatedSum", "Cycle", "Distinct", "Events", "GroupSum", "Moments", "OrderStats", "State",
+__all__ = ["CompensatedSum", "Cycle", "Distinct", "Events", "GroupSum", "Moments", "NumericDistinct", "OrderStats", "State",
            "grown_to", "signed_counts"]
 
 I64 = npt.NDArray[np.int64]
@@ -487,8 +489,12 @@ class OrderStats:
     def __init__(self, dtype: np.dtype[Any], ranks: bool = False) -> None:
         self.dtype = dtype
         self.set = ValueMultiset(ranks)
+        # the last min (False) and max (True) asked since the values last changed, by slots:
+        # std heals from the min and max of the very groups min and max then ask for
+        self._ends: dict[bool, tuple[I64, U64, Mask]] = {}
 
     def apply(self, ev: Events, minus: Sequence[NumPair], plus: Sequence[NumPair]) -> I64:
+        self._ends.clear()
         if ev.slots.size == 0:
             return ev.touched
         (minus_v,), (plus_v,) = minus, plus
@@ -500,13 +506,20 @@ class OrderStats:
             self.set.update(ev.slots[ok], encode(vals[ok]), ev.sign[ok])
         return ev.touched
 
+    def _end(self, slots: I64, largest: bool) -> NumPair:
+        last = self._ends.get(largest)
+        if last is not None and last[0].size == slots.size and np.array_equal(last[0], slots):
+            enc, found = last[1], last[2]
+        else:
+            enc, found = self.set.max_of(slots) if largest else self.set.min_of(slots)
+            self._ends[largest] = (slots.copy(), enc, found)
+        return decode(enc, self.dtype), found.copy()
+
     def min(self, slots: I64) -> NumPair:
-        enc, found = self.set.min_of(slots)
-        return decode(enc, self.dtype), found
+        return self._end(slots, largest=False)
 
     def max(self, slots: I64) -> NumPair:
-        enc, found = self.set.max_of(slots)
-        return decode(enc, self.dtype), found
+        return self._end(slots, largest=True)
 
     def quantile(self, slots: I64, p: float) -> NumPair:
         """Linear-interpolated quantile ``p`` of each group's values, as float64.
@@ -541,7 +554,8 @@ class Distinct:
 
     Counts per ``(slot, value)`` pair, kept in a :class:`StoredKeyMap`: a hash finds the
     pair, equality of the slot and the value decides, so two different values are never
-    counted as one (floats: ``-0.0`` is ``0.0``; nulls and NaN are skipped).
+    counted as one (floats: ``-0.0`` is ``0.0``; nulls and NaN are skipped). Integer and
+    float columns get a :class:`NumericDistinct` instead (:meth:`create` picks).
     """
 
     arrow: ClassVar[bool] = True
@@ -549,6 +563,9 @@ class Distinct:
     @classmethod
     def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
                dep: Callable[[type[State]], State]) -> Distinct:
+        t = types[0]
+        if pa.types.is_integer(t) or pa.types.is_float32(t) or pa.types.is_float64(t):
+            return NumericDistinct()
         return cls()
 
     def __init__(self) -> None:
@@ -573,7 +590,6 @@ class Distinct:
     def apply(self, ev: Events, minus: Sequence[pa.Array], plus: Sequence[pa.Array]) -> I64:
         if ev.slots.size == 0:
             return ev.touched
-        self.nd = grown_to(self.nd, int(ev.touched[-1]) + 1)
         parts = [a.dictionary_decode() if pa.types.is_dictionary(a.type) else a for a in (minus[0], plus[0])]
         values = pa.concat_arrays(parts)
         ok = self._counted(values)
@@ -581,6 +597,13 @@ class Distinct:
         if self.pairs is None:
             self.pairs = StoredKeyMap(pairs.schema)
         ids, _ = self.pairs.intern(pairs, hash_columns(pairs.columns), self._alloc)
+        self._count(ev, ok, ids)
+        return ev.touched
+
+    def _count(self, ev: Events, ok: Mask, ids: I64) -> None:
+        """Add the signs of the counted events (``ok``) to their entries ``ids``; a group's
+        distinct count moves where an entry's count leaves or reaches zero."""
+        self.nd = grown_to(self.nd, int(ev.touched[-1]) + 1)
         uid, first, inv = np.unique(ids, return_index=True, return_inverse=True)
         us = ev.slots[ok][first]
         net = np.bincount(inv.reshape(-1), weights=ev.sign[ok], minlength=uid.size).round().astype(np.int64)
@@ -591,12 +614,79 @@ class Distinct:
         self.e_cnt[uid] = c1
         gone = uid[c1 == 0]
         if gone.size:
-            self.pairs.delete(gone)
+            self._forget(gone)
             self.ids.free(gone)
             self.ids.release()
         step = (c1 > 0).astype(np.int64) - (c0 > 0).astype(np.int64)
         np.add.at(self.nd, us, step)
-        return ev.touched
+
+    def _forget(self, gone: I64) -> None:
+        """Drop the entries ``gone`` (their counts reached zero) from the key map."""
+        assert self.pairs is not None
+        self.pairs.delete(gone)
 
     def count(self, slots: I64) -> NumPair:
         return self.nd[slots], None
+
+
+class NumericDistinct(Distinct):
+    """:class:`Distinct` of an integer or float column, in numpy (no Arrow in a cycle).
+
+    Values are compared as 64-bit patterns: integers widened to ``int64`` (``uint64``
+    wraps, still one pattern per value), floats to ``float64`` with ``-0.0`` made ``0.0``,
+    so equal patterns are equal values (NaN is skipped). Each entry's slot, pattern and
+    hash are kept by entry id; an :class:`ExactKeyMap` finds candidates by hash and those
+    arrays decide.
+    """
+
+    arrow: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.map = ExactKeyMap(exact=False)  # (slot, value bits) -> entry id
+        self.e_slot = np.zeros(1024, dtype=np.int64)
+        self.e_bits = np.zeros(1024, dtype=np.int64)
+        self.e_hash = np.zeros(1024, dtype=np.uint64)
+
+    def _alloc(self, n: int) -> I64:
+        ids = super()._alloc(n)
+        self.e_slot = grown_to(self.e_slot, self.ids.end)
+        self.e_bits = grown_to(self.e_bits, self.ids.end)
+        self.e_hash = grown_to(self.e_hash, self.ids.end)
+        return ids
+
+    @staticmethod
+    def _bits(v: npt.NDArray[Any]) -> I64:
+        if v.dtype.kind == "f":
+            out: I64 = (v.astype(np.float64) + 0.0).view(np.int64)  # -0.0 + 0.0 is 0.0
+            return out
+        wide: I64 = v.astype(np.int64)
+        return wide
+
+    def apply(self, ev: Events, minus: Sequence[NumPair], plus: Sequence[NumPair]) -> I64:
+        if ev.slots.size == 0:
+            return ev.touched
+        (minus_v,), (plus_v,) = minus, plus
+        vals = np.concatenate((minus_v[0], plus_v[0]))
+        ok = np.concatenate((valid_mask(*minus_v), valid_mask(*plus_v)))
+        all_ok = bool(ok.all())
+        slots = ev.slots if all_ok else ev.slots[ok]
+        bits = self._bits(vals if all_ok else vals[ok])
+        h = combine(mix64(slots.view(np.uint64)), mix64(bits.view(np.uint64)))
+
+        def same(i: I64, ids: I64) -> Mask:
+            eq: Mask = (self.e_slot[ids] == slots[i]) & (self.e_bits[ids] == bits[i])
+            return eq
+
+        def same_batch(i: I64, j: I64) -> Mask:
+            eq: Mask = (slots[i] == slots[j]) & (bits[i] == bits[j])
+            return eq
+
+        ids, added, first = self.map.intern(h, same, same_batch, self._alloc)
+        if added.size:
+            self.e_slot[added], self.e_bits[added], self.e_hash[added] = slots[first], bits[first], h[first]
+        self._count(ev, ok, ids)
+        return ev.touched
+
+    def _forget(self, gone: I64) -> None:
+        self.map.delete(self.e_hash[gone], gone)

@@ -176,6 +176,13 @@ def _union(arrays: Iterable[I64]) -> I64:
     return np.unique(np.concatenate(parts)) if parts else _EMPTY_I
 
 
+def _in_sorted(sorted_set: I64, values: I64) -> Mask:
+    """Which ``values`` are in ``sorted_set`` (sorted, not empty): one search, no sort."""
+    at = np.minimum(np.searchsorted(sorted_set, values), sorted_set.size - 1)
+    found: Mask = sorted_set[at] == values
+    return found
+
+
 def _as_list(by: str | Sequence[str]) -> list[str]:
     return [by] if isinstance(by, str) else list(by)
 
@@ -558,13 +565,18 @@ class AggListener:
         self._gone_keys, self._gone_slots = first_old[gone][o], touched[gone][o]
         rekeyed = touched[had & born]
         if rekeyed.size:  # an add at its new key, not a modify
-            kept = {n: m[~np.isin(m, rekeyed)] for n, m in changed.items()}
+            kept = {n: m[~_in_sorted(rekeyed, m)] for n, m in changed.items()}
             changed = {n: m for n, m in kept.items() if m.size}
         self._shift = self._out_shift(up, self._gone_keys)
+        mod = _union(changed.values())
+        if touched.size and _in_sorted(touched, mod).all():  # the usual case: no second search
+            mod_keys = first_new[np.searchsorted(touched, mod)]
+        else:
+            mod_keys = self._first_rows(mod)
         return TableUpdate.of(
             added=RowSet.from_keys(first_new[born]),
             removed=RowSet.from_keys(self._gone_keys, assume_sorted=True),
-            modified=RowSet.from_keys(self._first_rows(_union(changed.values()))),
+            modified=RowSet.from_keys(mod_keys),
             shifted=self._shift,
             modified_columns=changed.keys(),
         )
