@@ -29,12 +29,12 @@ import pyarrow.acero as acero
 import pyarrow.compute as pc
 import pyarrow.substrait as pas
 
-from engine.errors import ExpressionError
+from engine.errors import ExpressionError, quoted
 
 if TYPE_CHECKING:
-    from engine.expr import PositionalExpression
+    from engine.expr import BoundExpression, PositionalExpression
 
-__all__ = ["decode", "decode_predicate", "encode", "filter_table"]
+__all__ = ["bind_filter", "decode", "decode_predicate", "encode", "filter_table"]
 
 _PROBE = "__ticktable_probe__"
 _BIND_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError)
@@ -175,6 +175,33 @@ def decode_predicate(buf: bytes, what: str = "filter") -> PositionalExpression:
     return next(iter(exprs.values()))
 
 
+def bind_filter(buf: bytes, schema: pa.Schema,
+                table_name: str) -> tuple[PositionalExpression, BoundExpression]:
+    """A filter message (one boolean Substrait expression) decoded and bound to ``schema``:
+    ``(expression, bound)`` (:func:`engine.expr.bind`), every message naming the table.
+
+    Raises
+    ------
+    ExpressionError
+        If ``buf`` is malformed, names a column ``schema`` does not have (or has with
+        another type), or is not boolean.
+    """
+    from engine import expr as _expr
+
+    what = f"filter on table {quoted(table_name)}"
+    try:
+        predicate = decode_predicate(buf, what)
+    except ExpressionError as exc:  # a malformed message: say which table it was for
+        if str(exc).startswith(what):
+            raise
+        raise ExpressionError(f"{what}: {exc}") from exc
+    bound = _expr.bind(predicate, schema, table_name=table_name, what="filter")
+    if bound.type != pa.bool_():
+        raise ExpressionError(f"{what} must be boolean, but {bound.text} is {bound.type} "
+                              f"(compare it, e.g. pc.field('x') > 0)")
+    return predicate, bound
+
+
 def filter_table(table: pa.Table, buf: bytes, *, table_name: str = "snapshot") -> pa.Table:
     """The rows of ``table`` for which the Substrait predicate ``buf`` is true.
 
@@ -197,17 +224,7 @@ def filter_table(table: pa.Table, buf: bytes, *, table_name: str = "snapshot") -
     """
     from engine import expr as _expr
 
-    what = f"filter on table {table_name!r}"
-    try:
-        predicate = decode_predicate(buf, what)
-    except ExpressionError as exc:  # a malformed message: say which table it was for
-        if str(exc).startswith(what):
-            raise
-        raise ExpressionError(f"{what}: {exc}") from exc
-    bound = _expr.bind(predicate, table.schema, table_name=table_name, what="filter")
-    if bound.type != pa.bool_():
-        raise ExpressionError(f"filter on table {table_name!r} must be boolean, but {bound.text} "
-                              f"is {bound.type} (compare it, e.g. pc.field('x') > 0)")
+    _, bound = bind_filter(buf, table.schema, table_name)
     columns = {n: table.column(n) for n in bound.inputs}
     mask = _expr.predicate_mask(bound, columns, table.num_rows)
     return table.filter(pa.array(mask, pa.bool_()))

@@ -38,9 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-import pyarrow as pa
-
-from engine.errors import ExpressionError, LimitExceeded, Overloaded, TableNotFound
+from engine.errors import LimitExceeded, Overloaded, TableNotFound
 from flight.limits import limit_text, quoted
 from flight.streams.registry import Publisher, TableEntry, TableRegistry
 from flight.wire import TableKind
@@ -199,22 +197,10 @@ class FilteredTables:
     # ------------------------------------------------------------------ internals
     def _build(self, base: TableEntry, predicate: bytes) -> TableEntry:
         """``base.table.where(predicate)`` and its publisher, as an entry named as ``base``."""
-        from engine import expr as _expr
-        from flight.substrait import decode_predicate
+        from flight.substrait import bind_filter
 
         name, table = base.name, base.table
-        what = f"filter on table {quoted(name)}"
-        try:
-            expr = decode_predicate(predicate, what)
-        except ExpressionError as exc:  # a malformed message: say which table it was for
-            if str(exc).startswith(what):
-                raise
-            raise ExpressionError(f"{what}: {exc}") from exc
-        bound = _expr.bind(expr, table.schema, table_name=name, what="filter")
-        if bound.type != pa.bool_():
-            raise ExpressionError(f"filter on table {quoted(name)} must be boolean, but "
-                                  f"{bound.text} is {bound.type} (compare it, e.g. "
-                                  f"pc.field('x') > 0)")
+        expr, bound = bind_filter(predicate, table.schema, name)
         child = table.where(expr)  # the parent's row keys (engine.ops.filter)
         child.name = f"{name} where {bound.text}"[:300]  # for logs: it is not registered
         entry = TableEntry(name, child, TableKind.DERIVED, list(base.keys), [name],
