@@ -63,14 +63,48 @@ def in_notebook() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
+#: The grid widget's module in the browser: it imports Perspective's widget module once per
+#: page and renders every grid with it. anywidget imports a widget's module again for each
+#: widget, and Perspective's (5.5.1) defines custom elements unguarded, so a second
+#: Perspective widget on a page would fail ("the name "regular-layout" has already been
+#: used"); loaded once, every grid also shares one Perspective engine in the page.
+_ESM = """
+const KEY = Symbol.for("ticktable.perspective-widget");
+function perspective(model) {
+  globalThis[KEY] ??= import(URL.createObjectURL(
+    new Blob([model.get("_perspective_esm")], { type: "text/javascript" })));
+  return globalThis[KEY];
+}
+export default {
+  async render(context) {
+    return (await perspective(context.model)).default.render(context);
+  },
+};
+"""
+
+_GRID_WIDGET: Any = None
+
+
 def _widget_class() -> Any:
-    try:
-        from perspective.widget import PerspectiveWidget
-    except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError(f"a live grid needs Perspective's Jupyter widget, whose "
-                                  f"{exc.name} is not installed: {INSTALL}",
-                                  name=exc.name) from exc
-    return PerspectiveWidget
+    """Perspective's widget with :data:`_ESM` as its module (made once, on first use)."""
+    global _GRID_WIDGET
+    if _GRID_WIDGET is None:
+        try:
+            import traitlets
+            from perspective.widget import PerspectiveWidget
+        except ModuleNotFoundError as exc:
+            raise ModuleNotFoundError(f"a live grid needs Perspective's Jupyter widget, whose "
+                                      f"{exc.name} is not installed: {INSTALL}",
+                                      name=exc.name) from exc
+
+        class GridWidget(PerspectiveWidget):  # type: ignore[misc]
+            """Perspective's widget, its module loaded once per page (see ``_ESM``)."""
+
+            _esm = _ESM
+            _perspective_esm = traitlets.Unicode(str(PerspectiveWidget._esm)).tag(sync=True)
+
+        _GRID_WIDGET = GridWidget
+    return _GRID_WIDGET
 
 
 class LiveGrid:
@@ -141,6 +175,7 @@ class LiveGrid:
             to_ipc(conform(change.rows, change.keys, self._schema)), index=ROW_KEY)
         viewer.setdefault("columns", change.rows.schema.names)
         viewer.setdefault("title", live.table)
+        viewer.setdefault("settings", False)  # the grid first; the viewer's panel a click away
         self.widget = widget_class(self.table, **viewer)
         self._cond = threading.Condition()
         self._step, self._sequence = first.step, first.sequence
