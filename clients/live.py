@@ -452,14 +452,15 @@ class LiveTable:
         then shows :func:`repr`, and nothing Jupyter-related is imported."""
         from clients import notebook
 
-        if not notebook.in_notebook():
-            return None
+        if not notebook.in_notebook() or (self._grid is None and self._done.is_set()):
+            return None  # (closed before it was shown: its text says so)
         try:
-            if self._grid is None or self._grid.closed:
-                self._grid = notebook.LiveGrid(self)
+            if self._grid is None or (self._grid.closed and not self._done.is_set()):
+                self._grid = notebook.LiveGrid(self)  # (a closed table keeps its last grid)
         except ModuleNotFoundError as exc:  # no widget: the text, and how to get the grid
             return {"text/plain": f"{self!r}\n({exc})"}
-        return self._grid._repr_mimebundle_(include, exclude)
+        data, meta = self._grid._repr_mimebundle_(include, exclude)
+        return {**data, "text/plain": repr(self)}, meta
 
     # ------------------------------------------------------------------ waiting
     def wait_for(self, sequence: int | None = None, step: int | None = None,

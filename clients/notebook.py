@@ -180,6 +180,7 @@ class LiveGrid:
         self._cond = threading.Condition()
         self._step, self._sequence = first.step, first.sequence
         self._closed = False
+        self._stopping = False  # close() was called
         self.error: BaseException | None = None
         """Why the grid stopped following its table, if it failed (``None`` otherwise)."""
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -194,13 +195,18 @@ class LiveGrid:
                 with self._cond:
                     self._step, self._sequence = update.step, update.sequence
                     self._cond.notify_all()
-        except Exception as exc:  # the LiveTable failed: it says why; the grid stops
+        except Exception as exc:  # the LiveTable failed (it says why), or Perspective did
             self.error = exc
             log.warning("the grid of %r stopped: %s", self.live.table, exc)
         finally:
+            self._updates.close()  # nothing queues for a reader that is gone
             with self._cond:
                 self._closed = True
                 self._cond.notify_all()
+                stopping = self._stopping
+        if not stopping:  # the table closed or failed: the grid says it is not live any more
+            why = "closed" if self.error is None else f"stopped: {self.error}"
+            self.widget.title = f"{self.widget.title} ({why} at step {self._step})"
 
     def _apply(self, change: KeyedChange) -> None:
         if change.snapshot:
@@ -255,6 +261,8 @@ class LiveGrid:
     def close(self, timeout: float = 10.0) -> None:
         """Stop following the table and close the widget (and, when the grid owns them,
         the LiveTable and its client); waits up to ``timeout`` for the grid's thread."""
+        with self._cond:
+            self._stopping = True
         self._updates.close()  # the thread's loop ends
         if self._owned:
             self.live.close(timeout)
@@ -343,8 +351,8 @@ def show(table: str | LiveTable, *, uri: str | Sequence[str] | None = None,
         return LiveGrid(table, **viewer)
     _widget_class()  # before subscribing: say what to install first
     own = client is None
-    cl = connect(uri if uri is not None else "grpc://127.0.0.1:8815", token) if own else client
-    assert cl is not None
+    cl = client if client is not None else connect(
+        uri if uri is not None else "grpc://127.0.0.1:8815", token)
     live = None
     try:
         live = cl.subscribe(table, columns=columns, filter=filter)

@@ -111,6 +111,33 @@ def test_repr_outside_a_notebook_is_text_and_imports_no_jupyter(server, graph, s
     assert out.stdout.strip() == "[]"
 
 
+def test_a_live_table_in_a_kernel_displays_as_one_grid(server, graph, subscribe, monkeypatch):
+    """Under a kernel (an IPython shell with a ``kernel``, faked here) a LiveTable's bundle is
+    its grid's widget: one grid however often it is shown; closed, it keeps its last grid;
+    closed before it was shown, it is text."""
+    import IPython
+
+    assert not in_notebook()  # IPython, but no kernel
+    shell = type("Shell", (), {"kernel": object()})()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    assert in_notebook()
+    src = keyed(server, "t")
+    src.upsert(kv([1], [1.0]))
+    graph.run_cycle()
+    live = subscribe("t")
+    data, _ = live._repr_mimebundle_()
+    view = data["application/vnd.jupyter.widget-view+json"]
+    assert data["text/plain"] == repr(live) and view["model_id"] == live._grid.widget.model_id
+    assert live._repr_mimebundle_()[0]["application/vnd.jupyter.widget-view+json"] == view
+    grid = live._grid
+    live.close()
+    grid._thread.join(10)
+    assert live._repr_mimebundle_()[0]["application/vnd.jupyter.widget-view+json"] == view
+    never = subscribe("t")
+    never.close()
+    assert never._repr_mimebundle_() is None
+
+
 def test_grid_follows_a_table_and_closes(server: TicktableServer, graph: UpdateGraph):
     src = keyed(server, "t")
     src.upsert(kv([1, 2], [1.0, 2.0]))
@@ -146,6 +173,8 @@ def test_a_displayed_live_tables_grid_ends_with_it(server, graph, subscribe):
     live.close()
     again._thread.join(10)
     assert again.closed and not again._thread.is_alive()
+    assert again.widget.title == "t (closed at step 1)"  # not live any more, and says so
+    assert grid.widget.title == "t"
 
 
 def test_show_needs_a_name_for_a_filter(server, graph, subscribe):
