@@ -220,6 +220,7 @@ class LiveTable:
         self._error: BaseException | None = None
         self._connected = False
         self._reconnects = 0
+        self._grid: Any = None  # a clients.notebook.LiveGrid, once displayed in Jupyter
         if start:
             self.start()
 
@@ -440,8 +441,26 @@ class LiveTable:
         state = ("failed" if self._error else "closed" if self._done.is_set()
                  else "connected" if self._connected else "connecting")
         vp = "" if self.viewport is None else f" viewport={self.viewport}"
+        cols = self.columns
+        shown = ", ".join(cols[:8]) + (f", ... ({len(cols)})" if len(cols) > 8 else "")
         return (f"<LiveTable {self.table!r} {state} size={self.size} step={self.step} "
-                f"sequence={self.sequence}{vp}>")
+                f"sequence={self.sequence}{vp} columns=[{shown}]>")
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
+        """In a Jupyter kernel: a live grid of this table (:class:`clients.notebook.LiveGrid`,
+        one per LiveTable, however often it is displayed). Elsewhere ``None``: IPython
+        then shows :func:`repr`, and nothing Jupyter-related is imported."""
+        from clients import notebook
+
+        if not notebook.in_notebook() or (self._grid is None and self._done.is_set()):
+            return None  # (closed before it was shown: its text says so)
+        try:
+            if self._grid is None or (self._grid.closed and not self._done.is_set()):
+                self._grid = notebook.LiveGrid(self)  # (a closed table keeps its last grid)
+        except ModuleNotFoundError as exc:  # no widget: the text, and how to get the grid
+            return {"text/plain": f"{self!r}\n({exc})"}
+        data, meta = self._grid._repr_mimebundle_(include, exclude)
+        return {**data, "text/plain": repr(self)}, meta
 
     # ------------------------------------------------------------------ waiting
     def wait_for(self, sequence: int | None = None, step: int | None = None,
@@ -510,7 +529,8 @@ class LiveTable:
         ------
         Exception
             :attr:`error` once the queued updates are consumed, if the subscription failed.
-            The iteration ends after :meth:`close`.
+            The iteration ends after :meth:`close`, or the iterator's own ``close()``
+            (which ends a ``next`` waiting on another thread).
         """
         return self._register(_Updates(self, maxsize, snapshot, timeout))
 
@@ -753,7 +773,18 @@ class _Consumer:
         self._skipped = 0  # updates dropped since the queue overflowed
         self._catch_up = snapshot  # the next item is a snapshot of the view
         self._cond = threading.Condition()
+        self._closed = False  # by close(): the iteration ends
         self._wake: Callable[[], None] | None = None
+
+    def close(self) -> None:
+        """Stop this iterator: it ends (a waiting ``next`` too) and receives no more."""
+        with self._live._lock:
+            self._live._consumers.discard(self)
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+        if self._wake is not None:
+            self._wake()
 
     def offer(self, update: Update) -> None:
         """Called by the reader thread, under the live table's state lock."""
@@ -780,6 +811,8 @@ class _Consumer:
     def _poll(self) -> Update | None:
         """The next update, None if there is none yet; raises when the stream is over."""
         with self._cond:
+            if self._closed:
+                raise _Finished
             if self._queue:
                 return self._queue.popleft()
             catch_up = self._catch_up
@@ -810,7 +843,7 @@ class _Updates(_Consumer):
             if update is not None:
                 return update
             with self._cond:
-                if self._queue or self._catch_up or self._live._over():
+                if self._queue or self._catch_up or self._closed or self._live._over():
                     continue
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:

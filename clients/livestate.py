@@ -17,7 +17,9 @@ range begins; the ranges become a bitmap with
 :func:`~engine._kernels.arrays.bitmap_from_ranges` (no Python step per range).
 
 :class:`Update` is what one applied message changed, with its DataFrames built lazily
-(pandas, or polars through :attr:`Update.pl`, a :class:`PolarsParts`).
+(pandas, or polars through :attr:`Update.pl`, a :class:`PolarsParts`), and on request
+as a :class:`KeyedChange` (:meth:`Update.by_row_key`): the same change for a table kept
+by row key, such as a Perspective grid (:mod:`clients.notebook`).
 :mod:`clients.live` runs the stream, reconnects and hands updates to users.
 """
 
@@ -47,7 +49,7 @@ from flight.streams.decoder import apply_shifts
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = ["LiveState", "PolarsParts", "Update"]
+__all__ = ["KeyedChange", "LiveState", "PolarsParts", "Update"]
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +307,66 @@ class _Rows:
         return self._pl
 
 
+@dataclass(frozen=True, slots=True)
+class KeyedChange:
+    """An :class:`Update` as a table indexed by row key applies it (what
+    :meth:`Update.by_row_key` returns): Perspective's grid keeps the row key as its index.
+
+    Apply: drop ``removes``, then insert or overwrite the rows at ``keys`` with ``rows``
+    (for a snapshot, replace everything with them). The result holds exactly the held rows,
+    each under its current row key. A shift moves rows to new keys: they are upserted at
+    their current key and their previous key is removed unless a row holds it now, so the
+    cost follows the change and the rows that moved, never the table (as
+    :class:`flight.web.feed.Change` does on the server).
+
+    Attributes
+    ----------
+    snapshot
+        ``rows`` is the whole view: replace what is held.
+    keys
+        Row keys of ``rows`` (current key space), ascending.
+    rows
+        Current values at ``keys``, in the subscribed columns.
+    removes
+        Row keys (previous key space) no longer held under that key, none in ``keys``.
+    """
+
+    snapshot: bool
+    keys: I64
+    rows: pa.Table
+    removes: I64
+
+
+class _DeltaKeys:
+    """What one delta did by row key, kept as the arrays applying it computed anyway; the
+    :class:`KeyedChange` is worked out only when asked for (:meth:`change`).
+
+    ``upserts`` are ``(keys, slots)`` pairs in priority order (the first pair holding a key
+    gives its newest slot: data sent, then modified, then moved); ``gone`` are keys in the
+    previous key space that may no longer be held there; ``dropped`` are current keys that
+    left the viewport (a moved row among them is not upserted).
+    """
+
+    __slots__ = ("_frozen", "_upserts", "_gone", "_dropped", "_shifts")
+
+    def __init__(self, frozen: _Frozen, upserts: list[tuple[I64, I64]], gone: list[I64],
+                 dropped: I64, shifts: tuple[I64, I64, I64]) -> None:
+        self._frozen, self._upserts, self._gone = frozen, upserts, gone
+        self._dropped, self._shifts = dropped, shifts
+
+    def change(self) -> KeyedChange:
+        (ad, ad_s), (md, md_s), (mv, mv_s) = self._upserts
+        gone = list(self._gone)
+        if self._dropped.size:  # moved, then out of the viewport: not held any more
+            keep = ~np.isin(mv, self._dropped)
+            mv, mv_s = mv[keep], mv_s[keep]
+            gone.append(apply_shifts(self._dropped, self._shifts, inverse=True))
+        keys, first = np.unique(np.concatenate([ad, md, mv]), return_index=True)
+        slots = np.concatenate([ad_s, md_s, mv_s])[first]
+        removes = np.setdiff1d(np.concatenate(gone), keys)  # a key held again is upserted
+        return KeyedChange(False, keys, self._frozen.take(slots), removes)
+
+
 @dataclass(frozen=True, slots=True, repr=False)
 class Update:
     """One applied message of a subscription, as the held rows it changed.
@@ -346,6 +408,24 @@ class Update:
     _removed: _Rows
     _modified: _Rows
     _previous: _Rows
+    _keyed: _DeltaKeys | tuple[I64, _Rows]  # a snapshot: its keys and rows
+
+    def by_row_key(self) -> KeyedChange:
+        """This update as a table indexed by row key applies it (see :class:`KeyedChange`).
+
+        Worked out on each call from what applying the message computed (the rows a shift
+        moved are read from the values held then), in work proportional to the update and
+        the rows it moved.
+
+        Examples
+        --------
+        >>> ch = update.by_row_key()                              # doctest: +SKIP
+        >>> grid.remove(ch.removes); grid.upsert(ch.keys, ch.rows)  # doctest: +SKIP
+        """
+        if isinstance(self._keyed, tuple):
+            keys, rows = self._keyed
+            return KeyedChange(True, keys, rows.arrow(), _EMPTY_KEYS)
+        return self._keyed.change()
 
     @property
     def added(self) -> pd.DataFrame:
@@ -539,10 +619,10 @@ class LiveState:
         self.keys, self.held = keys, held
         frozen = self.store.frozen()
         empty = _Rows(frozen, _EMPTY_KEYS, 0)
+        rows = _Rows(frozen, np.arange(k.size, dtype=np.int64), k.size)
         return Update(meta.step, meta.sequence, True, _RESUMED.get(meta.resume, "none"), (), 0,
-                      _Rows(frozen, np.arange(k.size, dtype=np.int64), k.size),
-                      _Rows(old_frozen, lambda: old_index.items()[1], len(old_index)),
-                      empty, empty)
+                      rows, _Rows(old_frozen, lambda: old_index.items()[1], len(old_index)),
+                      empty, empty, (k, rows))
 
     def _delta(self, meta: pb.UpdateMetadata, added: pa.Table, modified: pa.Table,
                ad_bm: BitMap64, md_bm: BitMap64, viewport: Ranges | None) -> Update:
@@ -590,6 +670,7 @@ class LiveState:
         index = self.index
         rem_k = _keys(removed_held)
         rem_s = _require(index.remove(rem_k), "removed")
+        h_s = _EMPTY_KEYS  # the moved rows' slots
         if h_src.size:
             h_s = _require(index.remove(h_src), "shifted")
             index.put(h_dst, h_s)  # put: never trust
@@ -624,7 +705,9 @@ class LiveState:
         update = Update(meta.step, meta.sequence, False, _RESUMED.get(meta.resume, "none"),
                         cols, 0, _Rows(frozen, new_s, new_s.size),
                         _Rows(frozen, rem_s, rem_s.size), _Rows(frozen, mod_s, mod_s.size),
-                        _Rows(frozen, prev_s, prev_s.size))
+                        _Rows(frozen, prev_s, prev_s.size),
+                        _DeltaKeys(frozen, [(ad, ad_s), (md, md_s), (h_dst, h_s)],
+                                   [rem_k, h_src], drop_k, shifts))
         self._compact(ad.size + md.size + rem_k.size + drop_k.size)
         return update
 
@@ -699,10 +782,11 @@ class LiveState:
     def catch_up(self, skipped: int) -> Update:
         """A snapshot update of the current view (an iterator that fell behind)."""
         frozen = self.store.frozen()
-        slots = self.held_slots()[1]
+        keys, slots = self.held_slots()
         empty = _Rows(frozen, _EMPTY_KEYS, 0)
+        rows = _Rows(frozen, slots, slots.size)
         return Update(self.step, self.sequence, True, "none", (), skipped,
-                      _Rows(frozen, slots, slots.size), empty, empty, empty)
+                      rows, empty, empty, empty, (keys, rows))
 
 
 def _index_of(keys: I64) -> RowKeyMap:

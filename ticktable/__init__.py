@@ -15,6 +15,8 @@ from clients.client import Client as Client
 from clients.client import connect as connect
 from clients.live import LiveTable as LiveTable
 from clients.live import Update as Update
+from clients.notebook import LiveGrid as LiveGrid
+from clients.notebook import show as show
 from clients.remote import RemoteTable as RemoteTable
 from engine import errors as errors
 from engine.graph import UpdateGraph as _EngineGraph
@@ -34,6 +36,7 @@ __all__ = [
     "AppendOnlyTable",
     "Client",
     "KeyedTable",
+    "LiveGrid",
     "LiveTable",
     "RemoteTable",
     "ReplicaTable",
@@ -49,6 +52,7 @@ __all__ = [
     "compose",
     "connect",
     "errors",
+    "show",
 ]
 
 __version__ = "0.1.0"

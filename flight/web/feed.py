@@ -50,8 +50,8 @@ from flight.streams.pending import PendingUpdates
 from flight.streams.registry import HistoryEntry, TableEntry
 from flight.wire import ROW_KEY
 
-__all__ = ["FEEDS", "ROW_KEY", "SNAPSHOT_CHUNK_ROWS", "Change", "TableFeed", "perspective_schema",
-           "split_snapshot", "to_ipc"]
+__all__ = ["FEEDS", "ROW_KEY", "SNAPSHOT_CHUNK_ROWS", "Change", "TableFeed", "conform",
+           "perspective_schema", "split_snapshot", "to_ipc"]
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +137,9 @@ def _perspective_type(t: pa.DataType) -> pa.DataType:
     return pa.string()
 
 
-def _conform(rows: pa.Table, keys: npt.NDArray[np.int64], schema: pa.Schema) -> pa.Table:
-    """``rows`` (values at ``keys``) in ``schema``: the row key column first, types cast."""
+def conform(rows: pa.Table, keys: npt.NDArray[np.int64], schema: pa.Schema) -> pa.Table:
+    """``rows`` (values at ``keys``) in ``schema`` (:func:`perspective_schema`): the row key
+    column first, types cast. Also the notebook grid's (:mod:`clients.notebook`)."""
     arrays: list[pa.Array | pa.ChunkedArray] = [pa.array(keys, pa.int64())]
     for f in list(schema)[1:]:
         col = rows.column(f.name)
@@ -320,7 +321,7 @@ class TableFeed:
                  for n in self.table.column_names], schema=self.table.schema)
         else:
             rows = self.table.rows(keys)
-        return Change(True, _conform(rows, keys, self.schema), np.empty(0, np.int64),
+        return Change(True, conform(rows, keys, self.schema), np.empty(0, np.int64),
                       self.graph.step, sequence, 0, len(keys))
 
     def _delta(self, update: TableUpdate, prev: RowSet, sequence: int, count: int) -> Change:
@@ -336,6 +337,6 @@ class TableFeed:
                 upsert = upsert | RowSet.from_keys(moved_cur, assume_sorted=True)
         keys = upsert.keys()
         rows = self.table.rows(keys)
-        return Change(False, _conform(rows, keys, self.schema), (removed - cur).keys(),
+        return Change(False, conform(rows, keys, self.schema), (removed - cur).keys(),
                       self.graph.step, sequence, count, len(cur))
 

@@ -84,7 +84,7 @@ def test_snapshot_then_exact_updates(server, graph, subscribe):
     assert u.modified_columns == ("v",)
     same(live.df, frame([(2, "s2", 20.0), (3, "s3", 3.0), (9, "s9", 9.0)]))
     assert live.df is live.df  # cached per applied message
-    assert repr(live) == "<LiveTable 't' connected size=3 step=2 sequence=2>"
+    assert repr(live) == "<LiveTable 't' connected size=3 step=2 sequence=2 columns=[k, s, v]>"
     assert repr(u) == "<Update seq=2 step=2 +1 -1 ~1 resumed=none>"
     t.delete(pa.table({"k": [2, 3, 9]}))  # delete everything, then add again
     graph.run_cycle()
