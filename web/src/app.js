@@ -16,8 +16,8 @@
 // carries the session cookie set by the login page; a 401 goes back to it.
 
 import perspective from "./vendor/@perspective-dev/client/dist/cdn/perspective.js";
-import "./vendor/@perspective-dev/viewer/dist/cdn/perspective-viewer.js";
-import "./vendor/@perspective-dev/viewer-datagrid/dist/cdn/perspective-viewer-datagrid.js";
+// <perspective-viewer> with its datagrid and chart plugins (web/build.mjs)
+import "./vendor/perspective-viewer/perspective-viewer.js";
 
 const ROW_KEY = "__row_key";
 const POLL_MS = 1000;
