@@ -202,8 +202,10 @@ def test_the_url_keeps_each_view_and_reopens_them(web, client, page, browser):
 
 def test_a_stale_url_says_what_is_gone_and_shows_the_rest(web, client, page):
     client.push("stale_k", pa.table({"k": ["a", "b"], "v": [1, 2]}), mode="upsert", keys=["k"])
-    views = {"gone": Y_BAR, "stale_k": {"plugin": "Datagrid", "columns": ["nosuch"]}}
-    page.goto(f"{web.web.url}?t=gone&t=stale_k{view_hash(views)}")
+    client.push("stale_f", pa.table({"k": ["a", "b"], "v": [1, 2]}), mode="upsert", keys=["k"])
+    views = {"gone": Y_BAR, "stale_k": {"plugin": "Datagrid", "columns": ["nosuch"]},
+             "stale_f": {"filter": [["v", "~~", 1]]}}  # an operator the viewer refuses
+    page.goto(f"{web.web.url}?t=gone&t=stale_k&t=stale_f{view_hash(views)}")
     msg = page.locator('section.grid[data-table="gone"] .message')
     msg.wait_for(timeout=5000)
     assert 'no table named "gone"' in msg.inner_text()
@@ -213,8 +215,14 @@ def test_a_stale_url_says_what_is_gone_and_shows_the_rest(web, client, page):
     assert "no longer applies" in note.inner_text()
     wait_cells(page, "stale_k", "c.rows.length === 2")
     assert cells(page, "stale_k")["head"] == ["k", "v"]
-    kept = wait_url(page, lambda v: "stale_k" in v)  # the view shown, not the stale one
+    # the refused view: a new viewer shows the table's columns
+    page.wait_for_selector('section.grid[data-table="stale_f"] .state.live', timeout=20_000)
+    assert "no longer applies" in page.locator(
+        'section.grid[data-table="stale_f"] .note').inner_text()
+    wait_cells(page, "stale_f", "c.rows.length === 2")
+    kept = wait_url(page, lambda v: "stale_k" in v and "stale_f" in v)  # the views shown
     assert kept["stale_k"]["columns"] == ["k", "v"]
+    assert "filter" not in kept["stale_f"] and kept["stale_f"]["columns"] == ["k", "v"]
 
 
 def test_a_view_kept_in_the_url_survives_the_token_gate(browser):
