@@ -21,14 +21,16 @@ java-check:
 chromium-check:
 	@$(BIN)/python -m ticktable.chromium_check
 
-# the web UI's front-end: Perspective from the npm registry (pinned by web/package-lock.json)
-# and web/src, copied into flight/web/static (not committed); nothing is fetched at run time
+# the web UI's front-end: Perspective's client from the npm registry (pinned by
+# web/package-lock.json), its viewer and chart plugins from perspective-python's wheel (in the
+# venv), and web/src, copied into flight/web/static (not committed); nothing is fetched at run
+# time
 $(WEB_MODULES): web/package.json web/package-lock.json
 	@command -v npm >/dev/null || { echo "make web: npm is missing: install Node.js 18+ and npm (Debian/Ubuntu: sudo apt-get install -y nodejs npm)" >&2; exit 1; }
 	cd web && npm ci --no-audit --no-fund --loglevel=error
 
-$(WEB_BUILT): $(WEB_MODULES) web/build.mjs $(wildcard web/src/*)
-	node web/build.mjs
+$(WEB_BUILT): $(STAMP) $(WEB_MODULES) web/build.mjs $(wildcard web/src/*)
+	PYTHON=$(BIN)/python node web/build.mjs
 
 web: $(WEB_BUILT)
 

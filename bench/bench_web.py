@@ -26,15 +26,23 @@ into the browser's engine) it prints:
   the HTTP server); ``web_cpu_cores`` is the sum; browser memory: the PSS of all Chromium
   processes and the page's JS heap;
 - time to first paint of ``--paint-sizes`` tables: from navigation to the first rows drawn,
-  and to every row in the page's Perspective table (the grid header's row count).
+  and to every row in the page's Perspective table (the grid header's row count);
+- a chart's latency (``--chart-pushes``): a Y Bar chart (viewer-charts, WebGL) of a 3-row
+  keyed table, opened from a link keeping that view; the bench upserts one bar's value, runs
+  the cycle and notes its end, and the page reads the bar heights from the chart's canvas
+  every frame until they show that value (one push at a time, 50-150 ms apart): push ->
+  chart changed (p50, mean, p99, max).
 
 Usage: ``python bench/bench_web.py [--rows 1000000 --rate 100 --batch 1000 --seconds 20
---paint-sizes 1000000,10000000 --feeds perspective,arrow --repeat 3 --json PATH]``.
+--paint-sizes 1000000,10000000 --feeds perspective,arrow --repeat 3 --chart-pushes 300
+--json PATH]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import os
 import sys
 import threading
@@ -109,6 +117,63 @@ FIRST_ROWS_JS = """([name]) => {
   };
   const rt = walk(sec);
   return !!rt && rt.querySelectorAll("tbody tr td").length > 0;
+}"""
+
+
+CHART_SCHEMA = pa.schema([("sym", pa.string()), ("v", pa.float64())])
+CHART_VIEW = {"plugin": "Y Bar", "columns": ["v"], "group_by": ["sym"]}
+CHART_MAX = 100.0  # bar c, the tallest: bar a's height over c's is a / 100
+
+# every frame while a value is awaited: bar a's height over bar c's, read from the chart's
+# WebGL canvas (one pixel column through each bar's middle, found once), noted with the
+# frame's wall-clock time when it shows the value awaited
+CHART_JS = """([name, maxv]) => {
+  const sec = document.querySelector(`section.grid[data-table="${name}"]`);
+  const canvas = () => sec.querySelector("perspective-viewer-charts-y-bar")
+    ?.shadowRoot?.querySelector("canvas.webgl-canvas");
+  const blue = (d, i) => d[i + 2] > 150 && d[i] < 60 && d[i + 2] - d[i + 1] > 60;
+  let cols = null;  // x of bars a and c
+  const find = (cv) => {
+    const o = new OffscreenCanvas(cv.width, cv.height), g = o.getContext("2d");
+    g.drawImage(cv, 0, 0);
+    const d = g.getImageData(0, 0, cv.width, cv.height).data, runs = [];
+    let start = -1;
+    for (let x = 0; x <= cv.width; x++) {
+      let hit = false;
+      for (let y = 0; x < cv.width && y < cv.height && !hit; y += 2) hit = blue(d, 4 * (y * cv.width + x));
+      if (hit && start < 0) start = x;
+      if (!hit && start >= 0) { if (x - start >= 4) runs.push((start + x) >> 1); start = -1; }
+    }
+    return runs.length === 3 ? [runs[0], runs[2]] : null;
+  };
+  const height = (cv, x) => {
+    const o = new OffscreenCanvas(1, cv.height), g = o.getContext("2d");
+    g.drawImage(cv, x, 0, 1, cv.height, 0, 0, 1, cv.height);
+    const d = g.getImageData(0, 0, 1, cv.height).data;
+    let n = 0;
+    for (let i = 0; i < d.length; i += 4) if (blue(d, i)) n++;
+    return n;
+  };
+  window.__chart = {shown: null};
+  window.__await = (value) => {
+    window.__chart = {shown: null};
+    const tick = () => {
+      const cv = canvas();
+      if (cv && cv.width) {
+        cols ??= find(cv);
+        if (cols) {
+          const hc = height(cv, cols[1]);
+          const v = hc ? maxv * height(cv, cols[0]) / hc : NaN;
+          if (Math.abs(v - value) <= 0.5) {
+            window.__chart.shown = performance.timeOrigin + performance.now();
+            return;
+          }
+        }
+      }
+      requestAnimationFrame(tick);
+    };
+    requestAnimationFrame(tick);
+  };
 }"""
 
 
@@ -366,6 +431,46 @@ def first_paint(browser, server: TicktableServer, feed: str, rows: int) -> dict:
     return res
 
 
+def chart_latency(browser, server: TicktableServer, feed: str, pushes: int) -> dict:
+    """Push -> chart changed, one push at a time (module docstring)."""
+    name = f"chart_{feed}"
+    entry = server.registry.create_source(name, CHART_SCHEMA, "keyed", keys=["sym"])
+    table = entry.table
+    table.upsert(pa.table({"sym": ["a", "b", "c"], "v": [10.0, 50.0, CHART_MAX]},  # type: ignore[attr-defined]
+                          schema=CHART_SCHEMA))
+    server.graph.run_cycle()
+    view = base64.urlsafe_b64encode(json.dumps(CHART_VIEW).encode()).decode().rstrip("=")
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(f"{server.web.url}?t={name}&feed={feed}#{name}={view}")
+    page.wait_for_selector(f'section.grid[data-table="{name}"] .state.live', timeout=60_000)
+    page.evaluate(CHART_JS, [name, CHART_MAX])
+    rng = np.random.default_rng(2)
+    lat, missed = [], 0
+    for i in range(pushes + 5):  # the first five warm up
+        value = float(20 + (i * 7) % 70)  # 20..89, never the value before
+        page.evaluate("(v) => window.__await(v)", value)
+        table.upsert(pa.table({"sym": ["a"], "v": [value]}, schema=CHART_SCHEMA))  # type: ignore[attr-defined]
+        server.graph.run_cycle()
+        end = time.time() * 1e3
+        try:
+            page.wait_for_function("() => window.__chart.shown !== null", timeout=5000,
+                                   polling=20)
+        except Exception:  # not drawn in 5 s: counted, not timed
+            missed += 1
+            continue
+        if i >= 5:
+            lat.append(page.evaluate("() => window.__chart.shown") - end)
+        time.sleep(rng.uniform(0.05, 0.15))
+    page.close()
+    server.registry.drop(name)
+    server.graph.run_cycle()
+    res = {"feed": feed, "pushes": len(lat), "missed": missed,
+           "chart_p50_ms": _pct(lat, 50), "chart_mean_ms": float(np.mean(lat)) if lat else None,
+           "chart_p99_ms": _pct(lat, 99), "chart_max_ms": max(lat) if lat else None}
+    print(f"  {res}", flush=True)
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -391,6 +496,8 @@ def main() -> int:
     ap.add_argument("--cycle-priority", choices=PRIORITIES, default="realtime",
                     help="the cycle thread's priority (engine.priority), as `ticktable serve "
                          "--cycle-priority`: 'realtime' (its default) or 'normal'")
+    ap.add_argument("--chart-pushes", type=int, default=300,
+                    help="pushes timed to a bar chart's change, per feed (0: none)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     path, version = find_chromium()
@@ -404,7 +511,7 @@ def main() -> int:
     server = TicktableServer(graph, ServerConfig(http_port=0, web_interval=args.web_interval,
                                                  web_sched=args.web_sched)).start()
     feeds = [f for f in args.feeds.split(",") if f]
-    live, paints = [], []
+    live, paints, charts = [], [], []
     try:
         _make_table(server, "bench", args.rows)
         with sync_playwright() as p:
@@ -417,6 +524,10 @@ def main() -> int:
                     live.append({"round": rnd + 1, **run_feed(browser, server, feed, args)})
                     print(f"  {live[-1]}", flush=True)
                     time.sleep(2.0)
+            if args.chart_pushes:
+                for feed in feeds:
+                    print(f"chart: {args.chart_pushes} pushes, feed {feed}", flush=True)
+                    charts.append(chart_latency(browser, server, feed, args.chart_pushes))
             for rows in [int(x) for x in args.paint_sizes.split(",") if x]:
                 for feed in feeds:
                     print(f"first paint: {rows:,} rows, feed {feed}", flush=True)
@@ -443,11 +554,16 @@ def main() -> int:
                 "core (run queue), and neither (the GIL or a lock another thread held)", live, [
         "feed", "round", "cycle_cpu_p99_ms_no_page", "cycle_cpu_p99_ms_page", "cycle_runq_p99_ms_no_page",
         "cycle_runq_p99_ms_page", "cycle_other_p99_ms_no_page", "cycle_other_p99_ms_page"])
+    if charts:
+        print_table("a chart's latency: push (cycle end) -> a Y Bar chart showing it", charts,
+                    ["feed", "pushes", "missed", "chart_p50_ms", "chart_mean_ms",
+                     "chart_p99_ms", "chart_max_ms"])
     if paints:  # --paint-sizes "" skips them
         print_table("time to first paint (navigation -> first rows drawn)", paints,
                     ["feed", "rows", "first_paint_s", "all_rows_s", "browser_pss_mb", "state"])
     write_json("bench_web", {"chromium": version, "args": vars(args), "live": live,
-                             "medians": medians, "first_paint": paints}, args.json)
+                             "medians": medians, "first_paint": paints, "charts": charts},
+               args.json)
     return 0
 
 

@@ -8,10 +8,13 @@ credentials gets 401, and a page request the login page with it):
 ``/login``                  the login page (asks for the token once)
 ``/api/login``              POST ``{"token": ...}``: sets the session cookie, or 401
 ``/api/logout``             POST: clears it
-``/api/tables``             GET: the tables (name, kind, rows, subscribers, last step,
-                            state; a mirror's link status, :func:`~flight.web.link.link_json`,
-                            and ``pending`` while its origin has not answered, so it is no
-                            table yet) and the server's default feed, as JSON
+``/api/tables``             GET: the tables (name, kind, keys, parents, schema, rows,
+                            subscribers, last step, state; a mirror's link status,
+                            :func:`~flight.web.link.link_json`, and ``pending`` while its
+                            origin has not answered, so it is no table yet) and the server's
+                            default feed, as JSON
+``/api/tables/NAME``        GET: that table's row of the list and the server's step, as
+                            JSON (a grid's info panel); 404 with one line if there is none
 ``/static/...``             the built front-end (``make web`` builds it from ``web/``)
 ``/ws/perspective?table=``  feed ``perspective``: Perspective's websocket protocol
 ``/ws/arrow?table=``        feed ``arrow``: snapshot and changes as Arrow IPC
@@ -180,6 +183,7 @@ class WebServer:
             (r"/api/login", _LoginHandler, opts),
             (r"/api/logout", _LogoutHandler, opts),
             (r"/api/tables", _TablesHandler, opts),
+            (r"/api/tables/(.+)", _TableHandler, opts),
             (r"/static/(.*)", _StaticHandler, {**opts, "path": str(STATIC)}),
             (r"/ws/perspective", _PerspectiveSocket, opts),
             (r"/ws/arrow", _ArrowSocket, opts),
@@ -284,6 +288,19 @@ class _TablesHandler(_Handler):
         step, tables = await self.web.loop.run_in_executor(None, self.web.tables)
         self.finish({"feed": self.web.feed, "feeds": list(FEEDS), "step": step,
                      "tables": tables})
+
+
+class _TableHandler(_Handler):
+    async def get(self, name: str) -> None:
+        assert self.web.loop is not None
+        step, tables = await self.web.loop.run_in_executor(None, self.web.tables)
+        row = next((t for t in tables if t["name"] == name), None)
+        if row is None:
+            names = ", ".join(sorted(t["name"] for t in tables)) or "none"
+            self.set_status(404)
+            self.finish({"error": f"no table named {name!r} (tables: {names})"[:300]})
+            return
+        self.finish({"step": step, "table": row})
 
 
 class _StaticHandler(tornado.web.StaticFileHandler):

@@ -421,7 +421,8 @@ class WebProcess:
         for e in server.registry.entries():
             failure = e.table.failure
             status = e.status() if e.status is not None else None
-            out.append({"name": e.name, "kind": e.kind, "keys": e.keys,
+            out.append({"name": e.name, "kind": e.kind, "keys": e.keys, "parents": e.parents,
+                        "schema": [[f.name, str(f.type)] for f in e.table.schema],
                         "rows": len(e.table.rowset), "last_step": e.table.last_step,
                         "subscribers": subs.get(e.name, 0),
                         "state": "failed" if failure is not None else "live",
@@ -435,7 +436,7 @@ class WebProcess:
             if link.spec.name not in names:
                 status = link.status()
                 out.append({"name": link.spec.name, "kind": TableKind.MIRROR, "keys": [],
-                            "rows": 0, "last_step": 0, "subscribers": 0,
+                            "parents": [], "schema": [], "rows": 0, "last_step": 0, "subscribers": 0,
                             "state": "gave up" if status.state == GAVE_UP else "waiting",
                             "error": None, "link": link_json(status), "pending": True})
         return out

@@ -110,9 +110,10 @@ class RemoteTables:
                 return False  # the reader sees the end too
 
     def tables(self) -> tuple[int, list[dict[str, Any]]]:
-        """The server's step and its tables (name, kind, keys, rows, last step, subscribers
-        over Flight, state, error; a mirror's link status, and whether it is pending: its
-        origin has not answered, so it is no table yet).
+        """The server's step and its tables (name, kind, keys, parents, schema as
+        ``[[column, type], ...]``, rows, last step, subscribers over Flight, state, error; a
+        mirror's link status, and whether it is pending: its origin has not answered, so it
+        is no table yet).
 
         Raises
         ------

@@ -12,16 +12,28 @@
 // A mirror (a table of another server) comes with its link's status in the list: the list
 // and its grid show the table it mirrors, and while it is not in sync a badge in the list
 // and a banner over the grid say so (with each poll: gone once it is back in sync).
-// The URL lists the open grids: /?t=quotes&t=board (and &feed=arrow). Every request
-// carries the session cookie set by the login page; a 401 goes back to it.
+// Each grid is a <perspective-viewer> titled with its table's name: a datagrid, or a chart
+// (Y Bar, Y Line, X/Y Scatter, Heatmap, Treemap... picked in the viewer's settings), fed
+// alike. Its info button shows the table's kind, keys, parents, step and schema
+// (/api/tables/NAME, then each poll of the list).
+// The URL lists the open grids and keeps each one's view: /?t=quotes&t=board (and
+// &feed=arrow) then #quotes=CFG&board=CFG, CFG being the viewer's configuration (plugin,
+// columns, sort, filter, group_by, split_by, aggregates, expressions...: viewerConfig) as
+// base64url JSON, rewritten whenever a viewer reports a change; opening the link opens the
+// same tables with the same views. Every request carries the session cookie set by the
+// login page; a 401 goes back to it (and the login page back here, hash and all).
 
 import perspective from "./vendor/@perspective-dev/client/dist/cdn/perspective.js";
-import "./vendor/@perspective-dev/viewer/dist/cdn/perspective-viewer.js";
-import "./vendor/@perspective-dev/viewer-datagrid/dist/cdn/perspective-viewer-datagrid.js";
+// <perspective-viewer> with its datagrid and chart plugins (web/build.mjs)
+import "./vendor/perspective-viewer/perspective-viewer.js";
 
 const ROW_KEY = "__row_key";
 const POLL_MS = 1000;
 const params = new URLSearchParams(location.search);
+// the parts of viewer.save() that make a view; the table and title are the grid's own
+const VIEW_KEYS = ["plugin", "columns", "group_by", "split_by", "sort", "filter", "aggregates",
+  "expressions", "group_rollup_mode", "split_rollup_mode", "columns_config", "plugin_config"];
+const savedViews = readViews(location.hash);
 const grids = new Map(); // name -> Grid
 let tables = new Map(); // name -> row of /api/tables
 let listed = false; // the list was read at least once
@@ -42,10 +54,59 @@ function getWorker() {
 
 function setUrl() {
   const p = new URLSearchParams();
-  for (const name of grids.keys()) p.append("t", name);
+  const views = new URLSearchParams();
+  for (const [name, g] of grids) {
+    p.append("t", name);
+    if (g.cfg) views.set(name, encodeView(g.cfg));
+  }
   if (params.get("feed")) p.set("feed", params.get("feed"));
   const q = p.toString();
-  history.replaceState(null, "", q ? `/?${q}` : "/");
+  const h = views.toString();
+  history.replaceState(null, "", (q ? `/?${q}` : "/") + (h ? `#${h}` : ""));
+}
+
+// A view's configuration, without what is empty or not part of the view, as base64url JSON.
+function viewerConfig(cfg) {
+  const out = {};
+  for (const k of VIEW_KEYS) {
+    const v = cfg?.[k];
+    if (v === undefined || v === null) continue;
+    if (Array.isArray(v) ? !v.length : typeof v === "object" && !Object.keys(v).length) continue;
+    out[k] = v;
+  }
+  return out;
+}
+
+// The columns a view names that are neither among `columns` nor its own expressions.
+function missingColumns(view, columns) {
+  const known = new Set([...columns, ...Object.keys(view.expressions ?? {})]);
+  const named = [...(view.columns ?? []), ...(view.group_by ?? []), ...(view.split_by ?? []),
+    ...(view.sort ?? []).map((s) => s[0]), ...(view.filter ?? []).map((f) => f[0]),
+    ...Object.keys(view.aggregates ?? {})];
+  return [...new Set(named.filter((c) => typeof c === "string" && !known.has(c)))];
+}
+
+function encodeView(cfg) {
+  const bytes = new TextEncoder().encode(JSON.stringify(viewerConfig(cfg)));
+  let bin = "";
+  for (const b of bytes) bin += String.fromCharCode(b);
+  return btoa(bin).replaceAll("+", "-").replaceAll("/", "_").replace(/=+$/, "");
+}
+
+// name -> the view the URL's hash keeps for it; a part that does not decode is left out
+// (that table opens as a plain grid) rather than breaking the page.
+function readViews(hash) {
+  const out = new Map();
+  for (const [name, enc] of new URLSearchParams(hash.replace(/^#/, ""))) {
+    try {
+      const bin = atob(enc.replaceAll("-", "+").replaceAll("_", "/"));
+      const cfg = JSON.parse(new TextDecoder().decode(Uint8Array.from(bin, (c) => c.charCodeAt(0))));
+      if (cfg && typeof cfg === "object" && !Array.isArray(cfg)) out.set(name, viewerConfig(cfg));
+    } catch (e) {
+      console.warn(`the URL's view of ${name} does not decode: ${e}`);
+    }
+  }
+  return out;
 }
 
 function setState(el, state, text) {
@@ -132,9 +193,11 @@ function renderList(rows) {
   tbody.replaceChildren(...out);
 }
 
-function openGrid(name) {
+// Open table `name` (or show it if it is open), as the view `view` if given (a
+// viewerConfig: {plugin: "Y Bar", group_by: [...], ...}), else as a datagrid of its columns.
+function openGrid(name, view = null) {
   if (!grids.has(name)) {
-    const g = new Grid(name, params.get("feed") || serverFeed);
+    const g = new Grid(name, params.get("feed") || serverFeed, view);
     grids.set(name, g);
     setUrl();
     g.start();
@@ -144,21 +207,27 @@ function openGrid(name) {
 
 // ----------------------------------------------------------------------- a grid
 class Grid {
-  constructor(name, feed) {
+  constructor(name, feed, view = null) {
     this.name = name;
     this.feed = feed;
+    this.cfg = view; // the view as last reported by the viewer (or asked for)
     this.el = document.createElement("section");
     this.el.className = "grid";
     this.el.dataset.table = name;
     this.el.innerHTML = `<header><span class="name"></span><span class="state"></span>
       <span class="rows"></span><span class="feed"></span><span class="origin"></span>
+      <button class="info-toggle" title="the table's kind, keys, parents, step and schema"
+        aria-expanded="false">info</button>
       <button class="close" title="close">×</button></header>
       <div class="banner not-in-sync" role="status" hidden><div class="what"></div>
         <div class="detail"></div></div>
+      <div class="note" role="status" hidden></div>
+      <div class="info" hidden></div>
       <perspective-viewer></perspective-viewer>`;
     $(".name", this.el).textContent = name;
     $(".feed", this.el).textContent = feed;
     $(".close", this.el).addEventListener("click", () => this.close());
+    $(".info-toggle", this.el).addEventListener("click", () => this.toggleInfo());
     this.viewer = $("perspective-viewer", this.el);
     this.watch(this.viewer);
     this.table = null;
@@ -179,12 +248,99 @@ class Grid {
     return v;
   }
 
+  // The viewer says its configuration changed (the event carries none): read it, keep it
+  // (a new viewer after a lost connection starts from it) and put it in the URL. One read
+  // at a time, in order, so the last change is the one kept.
   watch(viewer) {
-    viewer.addEventListener("perspective-config-update", (ev) => {
-      if (viewer === this.viewer && ev.detail) {
-        this.cfg = JSON.parse(JSON.stringify({...this.cfg, ...ev.detail})); // data only
-      }
+    let chain = Promise.resolve();
+    viewer.addEventListener("perspective-config-update", () => {
+      chain = chain.then(async () => {
+        if (viewer !== this.viewer || !this.configured || this.closed) return;
+        const cfg = viewerConfig(await viewer.save());
+        if (viewer !== this.viewer || this.closed) return;
+        this.cfg = cfg;
+        setUrl();
+      }).catch((e) => console.warn(`could not read the view of ${this.name}: ${e}`));
     });
+  }
+
+  // ----------------------------------------------------------------- the info panel
+  async toggleInfo() {
+    const panel = $(".info", this.el);
+    const button = $(".info-toggle", this.el);
+    if (!panel.hidden) {
+      panel.hidden = true;
+      button.setAttribute("aria-expanded", "false");
+      return;
+    }
+    panel.hidden = false;
+    button.setAttribute("aria-expanded", "true");
+    panel.textContent = "loading…";
+    let row;
+    try {
+      const res = await fetch(`/api/tables/${encodeURIComponent(this.name)}`, {cache: "no-store"});
+      if (res.status === 401) { location.replace("/login"); return; }
+      const body = await res.json();
+      if (!res.ok) { panel.textContent = body.error || `server answered ${res.status}`; return; }
+      row = body.table;
+    } catch (e) {
+      panel.textContent = `server unreachable: ${e.message || e}`;
+      return;
+    }
+    this.showInfo(row);
+  }
+
+  // The table's kind, keys, parents, rows, step and schema, from the server's row for it.
+  showInfo(row) {
+    const panel = $(".info", this.el);
+    if (panel.hidden) return;
+    if (!row) {
+      panel.textContent = `The server has no table named "${this.name}" now.`;
+      return;
+    }
+    const dl = document.createElement("dl");
+    const item = (key, ...value) => {
+      const dt = document.createElement("dt");
+      dt.textContent = key;
+      const dd = document.createElement("dd");
+      dd.dataset.key = key;
+      dd.append(...value);
+      dl.append(dt, dd);
+    };
+    item("kind", row.kind);
+    item("keys", row.keys.length ? row.keys.join(", ") : "none (rows are appended)");
+    const parents = row.parents.map((p, i) => {
+      const a = document.createElement("a");
+      a.href = "#";
+      a.textContent = p;
+      a.title = `open ${p}`;
+      a.addEventListener("click", (ev) => { ev.preventDefault(); openGrid(p); });
+      return i ? [", ", a] : [a];
+    }).flat();
+    item("parents", ...(parents.length ? parents : ["none (a source)"]));
+    item("rows", row.rows.toLocaleString("en-US"));
+    item("last step", String(row.last_step));
+    item("state", row.error || row.state);
+    const schema = document.createElement("table");
+    schema.className = "schema";
+    schema.innerHTML = "<thead><tr><th>column</th><th>type</th></tr></thead><tbody></tbody>";
+    for (const [name, type] of row.schema) {
+      const tr = document.createElement("tr");
+      for (const text of [name, type]) {
+        const td = document.createElement("td");
+        td.textContent = text;
+        tr.append(td);
+      }
+      $("tbody", schema).append(tr);
+    }
+    panel.replaceChildren(dl, schema);
+  }
+
+  // Under the header, `text` (why the saved view was not applied, say); none if empty.
+  note(text) {
+    const el = $(".note", this.el);
+    el.textContent = text;
+    el.hidden = !text;
   }
 
   state(state, text) {
@@ -256,6 +412,7 @@ class Grid {
   // The server's list says how the table is: failed, dropped, or its row count.
   listed(row) {
     if (this.closed) return;
+    this.showInfo(row);
     if (row) this.showLink(row.link, row.pending);
     if (!row) {
       if (this.table || this.stopped) {
@@ -307,13 +464,35 @@ class Grid {
       old.replaceWith(this.viewer);
       old.delete?.().catch?.(() => {});
       await this.viewer.load(client);
-      await this.viewer.restore({...this.cfg, table: tableName});
+      await this.viewer.restore({...viewerConfig(this.cfg), table: tableName, title: this.name});
     } else {
       await this.viewer.load(client);
       const columns = (await table.columns()).filter((c) => c !== ROW_KEY);
-      await this.viewer.restore({table: tableName, plugin: "Datagrid", columns});
-      this.cfg = await this.viewer.save();
+      const grid = {plugin: "Datagrid", columns, table: tableName, title: this.name};
+      const missing = this.cfg ? missingColumns(this.cfg, columns) : [];
+      if (missing.length) { // the view the URL kept no longer fits the table
+        this.note(`The saved view no longer applies (the table has no column ` +
+                  `${missing.map((c) => `"${c}"`).join(", ")}): showing its columns.`);
+        this.cfg = null;
+      }
+      try {
+        await this.viewer.restore(this.cfg ? {...grid, ...this.cfg, table: tableName,
+                                              title: this.name} : grid);
+      } catch (e) {
+        if (!this.cfg) throw e;
+        // the viewer refused it (and is errored, its connection closed): the next attempt
+        // shows the table's columns in a new viewer
+        this.note(`The saved view no longer applies (${e.message || e}): showing its columns.`);
+        this.cfg = null;
+        const old = this.viewer;
+        this.viewer = this.newViewer();
+        old.replaceWith(this.viewer);
+        old.delete?.().catch?.(() => {});
+        throw e;
+      }
+      this.cfg = viewerConfig(await this.viewer.save());
       this.configured = true;
+      setUrl();
     }
     this.table = table;
     this.attempt = 0;
@@ -435,5 +614,8 @@ $("#logout").addEventListener("click", async () => {
 });
 await refresh();
 fetch("/api/login", {method: "POST", body: "{}"}).then((r) => { $("#logout").hidden = r.status === 204; });
-for (const name of params.getAll("t")) openGrid(name);
+for (const name of params.getAll("t")) openGrid(name, savedViews.get(name) ?? null);
+// a link pasted over this one that differs only after the "#" loads no page by itself
+// (history.replaceState above never fires this)
+window.addEventListener("hashchange", () => location.reload());
 setInterval(refresh, POLL_MS);
