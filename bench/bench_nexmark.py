@@ -19,7 +19,8 @@ same events, as Feldera's runs are one query each):
 - q3 local item suggestion: auctions of category 10 joined with their sellers from OR, ID, CA.
 - q4 average selling price by category: the highest bid within each auction's lifetime, then
   the mean of those per category.
-- q5 hot items: per sliding window (10 s long, every 2 s) the auctions with the most bids.
+- q5 hot items: per sliding window (10 s long, every 2 s) the auctions with the most bids
+  (counted by 2 s panes, each window summing its five).
 - q7 highest bid: per tumbling 10 s window, the bids of the highest price.
 - q9 winning bids: each auction with its highest bid (earliest on ties) within its lifetime.
 
@@ -252,12 +253,15 @@ def q4(person: Table, auction: Table, bid: Table) -> Table:
 
 
 def q5(person: Table, auction: Table, bid: Table) -> Table:
-    # each bid is in the five 10 s windows that start every 2 s (window w starts at w * 2 s);
-    # the auctions whose count is their window's highest join it on (w, count): ``num >=
-    # maxn`` is ``num == maxn``, and an equality join touches only the rows at the top when
-    # the top moves (a join on w alone would modify the window's every row)
-    hops = [bid.view("auction", w=pc.subtract(pc.divide(F("date_time"), 2000), k)) for k in range(5)]
-    counts = hops[0].merge(*hops[1:]).count_by("num", by=["auction", "w"])
+    # Sliding windows by panes: bids are counted per auction and 2 s pane, and the 10 s
+    # window starting every 2 s (window w starts at w * 2 s) sums its five panes, so each
+    # bid is counted once, not once per window it falls in. The auctions whose count is
+    # their window's highest join it on (w, count): ``num >= maxn`` is ``num == maxn``, and
+    # an equality join touches only the rows at the top when the top moves (a join on w
+    # alone would modify every row of the window each time).
+    panes = bid.view("auction", p=pc.divide(F("date_time"), 2000)).count_by("n", by=["auction", "p"])
+    hops = [panes.view("auction", "n", w=pc.subtract(F("p"), k)) for k in range(5)]
+    counts = hops[0].merge(*hops[1:]).agg_by([agg.sum("n", "num")], by=["auction", "w"])
     top = counts.agg_by([agg.max("num", "maxn")], by="w")
     return counts.join(top, ["w", "num=maxn"], []).view("auction", "num", "w")
 
