@@ -372,17 +372,29 @@ def _gather(values: npt.NDArray[Any], keys: KeyArray) -> npt.NDArray[Any]:
     return out
 
 
+def _level(n: int, fan: int) -> int:
+    """The level of a chunk of ``n`` values: ``floor(log_fan(n))`` (``fan`` a power of 2)."""
+    return (max(n, 1).bit_length() - 1) // (fan.bit_length() - 1)
+
+
 class _ArrowStore:
     """Append-only Arrow values in a few geometrically sized chunks (cheap ``take``).
 
-    Chunks merge like a binary counter, but never into one of more than ``max_merge``
-    values: a merge copies both chunks, and the cycle that merges the two halves of a
-    large string column waits for that whole copy. Past that size chunks just accumulate
-    (about one per ``max_merge / 2`` values); a gather takes from each chunk it hits.
+    Chunks merge by levels (a tiered LSM): a chunk of ``n`` values is of level
+    ``floor(log_fan(n))``; ``fan_in`` chunks of one level merge into one of the next, and
+    a chunk of a lower level than an append is merged into it. Each value is copied about
+    ``log_fan(n / append)`` times (a binary counter copies it ``log_2`` times: measured at
+    1,000 appends of 1,000 URLs, 0.06 s of copying against 0.21-0.32 s), for at most
+    ``fan_in - 1`` chunks a level (a random gather of 1,000 of those 1M values: 0.17 ms
+    against 0.12 ms in 2 chunks). No merge makes a chunk of more than ``max_merge`` values:
+    the cycle that makes one waits for its whole copy. Past that size chunks just
+    accumulate; a gather takes from each chunk it hits.
     """
 
     #: no merge makes a chunk larger than this (an append larger than it stays whole)
     max_merge = 1 << 21
+    #: chunks of one level that merge into one of the next
+    fan_in = 4
 
     def __init__(self, type: pa.DataType, *, null_slot: bool = True) -> None:
         self.type = type
@@ -401,9 +413,9 @@ class _ArrowStore:
     def append_run(self, values: pa.Array | pa.ChunkedArray) -> int:
         """Store ``values`` as one chunk; returns the first of their (consecutive) slots.
 
-        Binary-counter merging keeps chunk sizes geometric (each over 2x the next) up to
-        ``max_merge``: ``O(log n)`` chunks below it, ``O(log max_merge)`` copies per value,
-        and no merge copies more than ``max_merge`` values in one cycle. The merges an
+        Merging by levels (class docstring) keeps ``O(fan_in log_fan n)`` chunks below
+        ``max_merge``, ``O(log_fan max_merge)`` copies per value, and no merge copies more
+        than ``max_merge`` values in one cycle. The merges an
         append sets off are worked out on lengths first and made in one concatenation of
         the stored chunks they take and ``values``' own chunks, so each value is copied
         once per append: not once to combine an append of several chunks, again per merge.
@@ -415,10 +427,23 @@ class _ArrowStore:
             return start
         lengths = [len(c) for c in self.chunks]
         last, keep = n, len(self.chunks)  # the new last chunk's length; stored chunks kept
-        while (keep >= 1 and 2 * last >= lengths[keep - 1]
-               and last + lengths[keep - 1] <= self.max_merge):
-            keep -= 1
-            last += lengths[keep]
+        fan = self.fan_in
+        while keep >= 1:
+            level = _level(last, fan)
+            if _level(lengths[keep - 1], fan) < level:  # a smaller chunk before a larger append
+                if last + lengths[keep - 1] > self.max_merge:
+                    break
+                keep -= 1
+                last += lengths[keep]
+                continue
+            # fan - 1 stored chunks of the new last chunk's level: the fan merge into one
+            j = keep
+            while j >= 1 and keep - j < fan - 1 and _level(lengths[j - 1], fan) == level:
+                j -= 1
+            if keep - j < fan - 1 or last + sum(lengths[j:keep]) > self.max_merge:
+                break
+            last += sum(lengths[j:keep])
+            keep = j
         parts = [*self.chunks[keep:], *(c for c in new if len(c))]
         # one part is kept as it is, realigned if need be (a decoded Flight body may not be
         # aligned); a concatenation is a new, aligned array

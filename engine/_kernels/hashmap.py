@@ -5,7 +5,9 @@ Keyed sources ask "which row holds this key?" for 10k keys against 10M, aggregat
 that follows the batch, not the map. :class:`U64Map` answers whole arrays at a time:
 open addressing with linear probing over numpy arrays, where one probe *round* advances
 every still-unresolved key of the batch at once. Rounds are few because the load stays
-low (at most 1/2; rebuilt to 1/4).
+low (at most 1/2; rebuilt to 1/4), and once few keys are left a round reads a window of
+8 slots per key: each round costs numpy calls whatever its size, and walking the longest
+probe chains one slot a round made a batch of 1,000 keys pay five or six rounds.
 
 The keys are ``uint64`` as given (hashes, row keys, encoded values); the map scrambles them
 itself (a multiplicative hash on the high bits), so sequential keys spread evenly. Keys are
@@ -33,6 +35,11 @@ _EMPTY = -1
 _DEAD = -2
 _ONE = np.uint64(1)
 _MIN_BITS = 10
+#: slots a probe round reads per key once at most _FEW keys are left (see U64Map._slots)
+_WINDOW = 8
+_FEW = 256
+_UWINDOW = np.uint64(_WINDOW)
+_STEPS = np.arange(_WINDOW, dtype=np.uint64)
 
 
 class U64Map:
@@ -81,20 +88,37 @@ class U64Map:
             return (h * GOLDEN) >> self._shift
 
     def _slots(self, h: U64) -> I64:
-        """Slot of each key, ``-1`` where absent."""
+        """Slot of each key, ``-1`` where absent.
+
+        While many keys are unresolved a round reads one slot per key; once at most
+        :data:`_FEW` are left, a round reads a window of :data:`_WINDOW` slots per key (one
+        2-d gather), so the few keys with long probe chains end in one or two rounds, not
+        one round per slot of their chain. A key resolves at the first slot holding it (a
+        hit) or empty (absent); dead slots are passed.
+        """
         out = np.full(h.size, -1, dtype=np.int64)
         idx = np.arange(h.size)
         s = self._home(h)
         hh = h
         while idx.size:
-            v = self._vals[s]
-            hit = (v >= 0) & (self._keys[s] == hh)
-            if hit.any():
+            if idx.size > _FEW:
+                v = self._vals[s]
+                hit = (v >= 0) & (self._keys[s] == hh)
                 out[idx[hit]] = s[hit].astype(np.int64)
                 go = ~hit & (v != _EMPTY)
-            else:
-                go = v != _EMPTY
-            idx, s, hh = idx[go], (s[go] + _ONE) & self._mask, hh[go]
+                idx, s, hh = idx[go], (s[go] + _ONE) & self._mask, hh[go]
+                continue
+            win = (s[:, None] + _STEPS) & self._mask
+            vw = self._vals[win]
+            hitw = (vw >= 0) & (self._keys[win] == hh[:, None])
+            stop = hitw | (vw == _EMPTY)
+            first = stop.argmax(axis=1)
+            rows = np.arange(idx.size)
+            done = stop[rows, first]
+            found = done & hitw[rows, first]
+            out[idx[found]] = win[found, first[found]].astype(np.int64)
+            go = ~done
+            idx, s, hh = idx[go], (s[go] + _UWINDOW) & self._mask, hh[go]
         return out
 
     def lookup(self, h: U64) -> I64:
@@ -120,24 +144,42 @@ class U64Map:
         self.count += h.size
 
     def _place(self, h: U64, values: I64) -> None:
+        """Store each key in the first free (empty or dead) slot from its home on.
+
+        Each round, each key wants the first free slot from where it stands: one slot read
+        per key while many are left, a window of :data:`_WINDOW` slots once at most
+        :data:`_FEW` are (as :meth:`_slots`). Among keys wanting one slot, one claims it: each
+        scatters its index into the slot and keeps the slot if it reads itself back (no
+        sort). A key that lost goes on from the slot it lost (now taken), a key that saw no
+        free slot from the slot after those it read.
+        """
         idx = np.arange(h.size, dtype=np.int32)
         s = self._home(h)
         while idx.size:
-            free = self._vals[s] < 0
-            fi, fs = idx[free], s[free]
-            # among keys wanting the same free slot this round, one claims it: each scatters
-            # its index into the slot and keeps the slot if it reads itself back (no sort)
-            self._claim[fs] = fi
-            won = self._claim[fs] == fi
-            ws = fs[won]
+            if idx.size > _FEW:
+                some = self._vals[s] < 0
+                fs, step = s, _ONE
+            else:
+                win = (s[:, None] + _STEPS) & self._mask
+                free = self._vals[win] < 0
+                first = free.argmax(axis=1)
+                rows = np.arange(idx.size)
+                some, fs, step = free[rows, first], win[rows, first], _UWINDOW
+            cand = np.flatnonzero(some)
+            fi, cs = idx[cand], fs[cand]
+            self._claim[cs] = fi
+            won = self._claim[cs] == fi
+            ws = cs[won]
             self._dead -= int(np.count_nonzero(self._vals[ws] == _DEAD))
             self._keys[ws] = h[fi[won]]
             self._vals[ws] = values[fi[won]]
-            if won.all() and free.all():
+            if cand.size == idx.size and won.all():
                 return
-            lose = ~free
-            lose[np.flatnonzero(free)[~won]] = True
-            idx, s = idx[lose], (s[lose] + _ONE) & self._mask
+            nxt = (s + step) & self._mask  # saw no free slot: after those it read
+            nxt[cand] = cs  # lost its slot: from that slot on (now taken)
+            go = np.ones(idx.size, dtype=bool)
+            go[cand[won]] = False
+            idx, s = idx[go], nxt[go]
 
     def delete(self, h: U64) -> None:
         """Remove keys (absent ones are ignored)."""

@@ -11,6 +11,7 @@ from engine.columns import (
     ArrowColumnSource,
     NumpyColumnSource,
     RemappedColumnSource,
+    _ArrowStore,
     make_column_source,
 )
 from engine.errors import InputError, SchemaError
@@ -195,10 +196,12 @@ def test_append_source_reads_equal_the_appended_values(typ, seed, max_merge):
         sizes = [len(c) for c in src._store.chunks]
         assert sizes == model  # the merges chunk-by-chunk appends and merges would make
         assert {b.address % 8 for c in src._store.chunks for b in c.buffers() if b is not None} <= {0}
-        if len(expect) <= cap:  # each chunk over twice the next
-            assert all(2 * b < a for a, b in zip(sizes, sizes[1:], strict=False)), sizes
-        else:  # merges stop at the cap; chunks under a third of it are merged away
-            assert len(sizes) <= 3 * len(expect) / cap + 2 * np.log2(cap) + 2, sizes
+        levels = [_level(x) for x in sizes]
+        if len(expect) <= cap:  # levels never rise along the chunks; under FAN chunks a level
+            assert levels == sorted(levels, reverse=True), sizes
+            assert max(levels.count(lv) for lv in set(levels)) < FAN, sizes
+        else:  # merges stop at the cap: past it, chunks accumulate
+            assert len(sizes) <= 2 * len(expect) / cap + FAN * (_level(cap) + 2), sizes
         k = rng.integers(0, len(expect), int(rng.integers(1, 50)))
         assert src.get(k).to_pylist() == [expect[i] for i in k]
         a = int(rng.integers(0, len(expect)))
@@ -206,25 +209,43 @@ def test_append_source_reads_equal_the_appended_values(typ, seed, max_merge):
         assert src.get(np.arange(a, b)).to_pylist() == expect[a:b]
         assert src.get_range(a, b).to_pylist() == expect[a:b]
         assert src.get_prev(k).to_pylist() == [expect[i] for i in k]
-    if len(expect) <= cap:
-        assert len(src._store.chunks) <= int(np.log2(len(expect))) + 1  # geometric sizes
+    if len(expect) <= cap:  # O(FAN log_FAN n) chunks
+        assert len(src._store.chunks) <= (FAN - 1) * (_level(len(expect)) + 1)
+
+
+FAN = 4  # _ArrowStore.fan_in
+
+
+def _level(n: int) -> int:
+    return int(np.floor(np.log(n) / np.log(FAN) + 1e-9))
 
 
 def _merged(sizes: list[int], n: int, cap: int) -> list[int]:
-    """Chunk sizes after appending ``n`` values as one chunk, merging one pair at a time."""
+    """Chunk sizes after appending ``n`` values as one chunk, merging step by step: a chunk of
+    a lower level than the last is merged into it; FAN chunks of one level become one."""
     sizes = [*sizes, n]
-    while len(sizes) >= 2 and 2 * sizes[-1] >= sizes[-2] and sizes[-1] + sizes[-2] <= cap:
-        sizes[-2:] = [sizes[-2] + sizes[-1]]
+    while len(sizes) >= 2:
+        if _level(sizes[-2]) < _level(sizes[-1]) and sizes[-2] + sizes[-1] <= cap:
+            sizes[-2:] = [sizes[-2] + sizes[-1]]
+        elif (len(sizes) >= FAN and len({_level(x) for x in sizes[-FAN:]}) == 1
+              and sum(sizes[-FAN:]) <= cap):
+            sizes[-FAN:] = [sum(sizes[-FAN:])]
+        else:
+            break
     return sizes
+
+
+def test_the_store_merges_at_the_fan_in_it_is_modelled_with():
+    assert _ArrowStore.fan_in == FAN
 
 
 def test_an_append_and_the_merges_it_sets_off_are_one_concatenation(monkeypatch):
     # a put's cycle appends several batches; with the chunks it merges into they are copied
     # once, not once to combine the batches and again per merge of the cascade
     src = AppendColumnSource(pa.string())
-    for n in (8, 3, 1):  # chunks of 8, 3 and 1 values: each over twice the next
+    for n in (16, 16, 16, 4, 4, 4):  # three chunks of level 2, three of level 1 (fan-in 4)
         src.set_new_range(len(src), pa.array([f"v{j}" for j in range(n)]))
-    assert [len(c) for c in src._store.chunks] == [8, 3, 1]
+    assert [len(c) for c in src._store.chunks] == [16, 16, 16, 4, 4, 4]
     calls = []
     concat = pa.concat_arrays
 
@@ -235,9 +256,11 @@ def test_an_append_and_the_merges_it_sets_off_are_one_concatenation(monkeypatch)
     monkeypatch.setattr(pa, "concat_arrays", counting)
     batches = pa.chunked_array([pa.array(["a", "b", None]), pa.array(["c", "d", "e", "f"])])
     src.set_new_range(len(src), batches)
-    assert calls == [[8, 3, 1, 3, 4]]  # 7 values take all three: 14 >= 1, 16 >= 3, 22 >= 8
-    assert [len(c) for c in src._store.chunks] == [19]
-    assert src.get_range(12, 19).to_pylist() == ["a", "b", None, "c", "d", "e", "f"]
+    # 7 values (level 1) make the fourth chunk of level 1: the four merge into 19 values
+    # (level 2), the fourth of level 2: those merge into one of 67
+    assert calls == [[16, 16, 16, 4, 4, 4, 3, 4]]
+    assert [len(c) for c in src._store.chunks] == [67]
+    assert src.get_range(60, 67).to_pylist() == ["a", "b", None, "c", "d", "e", "f"]
 
 
 def test_append_source_merges_one_row_appends_into_few_chunks():

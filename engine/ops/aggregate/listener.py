@@ -495,10 +495,17 @@ class AggListener:
         if use_mod:
             cy.m_keys = up.modified.keys()
             cy.m_prev = up.shifted.unapply_keys(cy.m_keys)
-        # previous key space: removed rows and, if a key column changed, modified rows
-        old = self._lookup(np.concatenate((cy.r_keys, cy.m_prev)) if key_mod else cy.r_keys)
-        # current key space: added and modified rows (one hash and lookup for both)
-        cur = self._assign(np.concatenate((cy.a_keys, cy.m_keys)))
+        if use_mod and not key_mod and self.rows is not None:
+            # a modify of values only keeps its row's group: the row-key structure has it,
+            # so the modified rows' keys are neither read nor hashed
+            old = self._lookup(np.concatenate((cy.r_keys, cy.m_prev)))
+            cur = np.concatenate((self._assign(cy.a_keys), old[cy.r_keys.size :]))
+            old = old[: cy.r_keys.size]
+        else:
+            # previous key space: removed rows and, if a key column changed, modified rows
+            old = self._lookup(np.concatenate((cy.r_keys, cy.m_prev)) if key_mod else cy.r_keys)
+            # current key space: added and modified rows (one hash and lookup for both)
+            cur = self._assign(np.concatenate((cy.a_keys, cy.m_keys)))
         cy.r_slot, cy.a_slot = old[: cy.r_keys.size], cur[: cy.a_keys.size]
         if use_mod:
             cy.m_new = cur[cy.a_keys.size :]

@@ -101,3 +101,35 @@ def test_against_dict(cls, ops):
         assert got == [model.get(k, -1) for k in probe]
     keys, vals = m.items()
     assert dict(zip(keys.tolist(), vals.tolist(), strict=True)) == model
+
+
+class _Wrapping(U64Map):
+    """Homes in the last 16 slots: chains wrap past the table's end into its start."""
+
+    def _home(self, h):
+        return (self._mask - np.uint64(15)) + (h % np.uint64(16))
+
+
+@pytest.mark.parametrize("cls", [U64Map, _Clustered, _Wrapping])
+@pytest.mark.parametrize("seed", range(3))
+def test_large_batches_against_dict(cls, seed):
+    # batches above and below the size at which probe rounds read windows of slots, with
+    # deletes leaving tombstones inside chains: every lookup equals a dict's
+    rng = np.random.default_rng(seed)
+    m, model = cls(), {}
+    universe = rng.choice(2**62, 3_000, replace=False).astype(np.uint64)
+    for step in range(40):
+        n = int(rng.choice([1, 7, 100, 300, 900]))
+        ks = rng.choice(universe, n, replace=False)
+        if step % 3 == 2:
+            m.delete(ks)
+            for k in ks.tolist():
+                model.pop(k, None)
+        else:
+            new = np.array([k for k in ks.tolist() if k not in model], dtype=np.uint64)
+            vals = np.arange(step * 1_000, step * 1_000 + new.size)
+            m.insert(new, vals)
+            model.update(zip(new.tolist(), vals.tolist(), strict=True))
+        probe = rng.choice(universe, 1_000, replace=False)
+        assert m.lookup(probe).tolist() == [model.get(k, -1) for k in probe.tolist()]
+        assert len(m) == len(model)
