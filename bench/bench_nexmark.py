@@ -25,6 +25,7 @@ same events, as Feldera's runs are one query each):
 - q9 winning bids: each auction with its highest bid (earliest on ties) within its lifetime.
 
 Every query's result is checked against pandas computing it from scratch over all events.
+Every cycle size runs over the same events (generated in units that divide each size).
 Timed per cycle: staging the cycle's events into the three source tables and the cycle
 itself (generation is done before timing, as Feldera generates in other threads). Events/s
 is events over the sum of those times; the process is single-threaded, so that is per core.
@@ -37,6 +38,7 @@ Run: python bench/bench_nexmark.py [--events 200000] [--cycle 1000 10000] [--que
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -389,9 +391,15 @@ def main() -> None:
     args = ap.parse_args()
 
     results = []
+    # the same events for every cycle size: generated in units that divide each size
+    unit = math.gcd(*args.cycle)
+    gen = Generator(args.seed)
+    units = [gen.events(s, min(unit, args.events - s)) for s in range(0, args.events, unit)]
     for size in args.cycle:
-        gen = Generator(args.seed)
-        cycles = [gen.events(s, min(size, args.events - s)) for s in range(0, args.events, size)]
+        k = size // unit
+        cycles = [Events(*(pa.concat_tables([getattr(u, part) for u in units[i:i + k]])
+                           for part in ("person", "auction", "bid")))
+                  for i in range(0, len(units), k)]
         for q in args.queries:
             r = run(q, cycles, not args.no_check)
             results.append(r)
