@@ -54,16 +54,22 @@ def web() -> Iterator[TicktableServer]:
     graph.stop()
 
 
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    """A fresh page (its own cookies), 1400x800."""
-    context = browser.new_context(viewport={"width": 1400, "height": 800})
+def open_page(browser: Any, width: int, height: int) -> Iterator[Any]:
+    """A fresh page (its own cookies) of ``width`` x ``height``; after its test, fails on
+    any uncaught error the page raised (a fixture's body: ``yield from open_page(...)``)."""
+    context = browser.new_context(viewport={"width": width, "height": height})
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
     yield pg
     context.close()
     assert not errors, f"uncaught errors in the page: {errors}"
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh page (its own cookies), 1400x800."""
+    yield from open_page(browser, 1400, 800)
 
 
 # the grid's cells: header names and body rows, as on screen

@@ -35,7 +35,7 @@ import pytest
 import ticktable as tt
 from engine.graph import UpdateGraph
 from flight.server import ServerConfig, TicktableServer
-from tests.web.conftest import ARTIFACTS
+from tests.web.conftest import ARTIFACTS, open_page
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -187,13 +187,7 @@ def outputs_text(page: Any) -> str:
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
     """A page tall enough for both grids, failing on uncaught errors."""
-    context = browser.new_context(viewport={"width": 1300, "height": 1500})
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    yield pg
-    context.close()
-    assert not errors, f"uncaught errors in the page: {errors}"
+    yield from open_page(browser, 1300, 1500)
 
 
 def wait_grids(page: Any, want: list[list[list[str]]], timeout: float) -> None:
