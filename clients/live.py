@@ -6,8 +6,8 @@ definition) to a columnar, keyed client state, and hands each applied message to
 callbacks and iterators as an :class:`Update`. When the stream breaks it reconnects with
 backoff and resumes from the last applied message (the server answers with one composed
 delta, or a new snapshot when it no longer holds the missed updates); a failure that
-reconnecting cannot fix ends the subscription (:func:`_is_permanent`), reported with the
-server's message only (:func:`_clean`). Given a :class:`~clients.failover.Rotation` of
+reconnecting cannot fix ends the subscription (:func:`is_permanent`), reported with the
+server's message only (:func:`clean_error`). Given a :class:`~clients.failover.Rotation` of
 several servers' endpoints, it reconnects to the next one in turn when its own does not
 answer.
 
@@ -59,7 +59,7 @@ from flight.streams.decoder import StreamEnded, read_message
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = ["LiveTable", "Update"]
+__all__ = ["LiveTable", "Update", "clean_error", "is_permanent"]
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ _PERMANENT = (KeyError, pa.ArrowInvalid, fl.FlightUnauthenticatedError,
               fl.FlightUnauthorizedError, fl.FlightServerError)
 
 
-def _clean(exc: BaseException) -> BaseException:
+def clean_error(exc: BaseException) -> BaseException:
     """``exc`` with the server's message only (pyarrow appends the server's traceback after
     ``". Detail:"``), as the same type, chained to the original."""
     text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
@@ -87,7 +87,7 @@ def _clean(exc: BaseException) -> BaseException:
     return out
 
 
-def _is_permanent(exc: BaseException) -> bool:
+def is_permanent(exc: BaseException) -> bool:
     """A failure that reconnecting cannot fix: the table is gone (``KeyError``), the request
     was refused (``ArrowInvalid``), access was denied, or the table failed on the server.
     Anything else (unavailable, cancelled, a broken stream) is worth another try."""
@@ -641,8 +641,8 @@ class LiveTable:
                 except Exception as raw:
                     if self._closing.is_set():
                         break
-                    exc = _clean(raw)
-                    if _is_permanent(exc) or not self._reconnect:
+                    exc = clean_error(raw)
+                    if is_permanent(exc) or not self._reconnect:
                         log.error("subscription to %r failed: %s", self.table, exc)
                         self._error = exc
                         break
@@ -665,6 +665,14 @@ class LiveTable:
         finally:
             self._finish()
 
+    def end(self, error: BaseException | None) -> None:
+        """Stop a table whose reader is not its own (a
+        :class:`~clients.livegroup.LiveGroup`'s): ``error`` becomes :attr:`error` (``None``:
+        closed), waiting readers and iterators wake."""
+        self._error = error
+        self._closing.set()
+        self._finish()
+
     def _finish(self) -> None:
         self._done.set()
         with self._lock:
@@ -685,7 +693,7 @@ class LiveTable:
                 self._reader = reader
             with self._send_lock:  # a change is sent after the subscribe, or carried in it
                 writer.begin(pa.schema([]))
-                request = self._request()
+                request = self.subscription_request()
                 writer.write_metadata(pa.py_buffer(
                     pb.ClientMessage(subscribe=request).SerializeToString()))
                 self._writer = writer
@@ -699,7 +707,7 @@ class LiveTable:
                     raise ConnectionError(f"the server ended the stream: {end}") from None
                 except StopIteration:
                     raise ConnectionError("the stream ended") from None
-                update = self._apply(msg.meta, msg.added, msg.modified)
+                update = self.apply(msg.meta, msg.added, msg.modified)
                 if not self._connected:
                     self._connected = True
                     log.info("subscribed to %r (%s)", self.table, update.resumed)
@@ -718,8 +726,9 @@ class LiveTable:
                     except Exception:
                         pass
 
-    def _request(self) -> pb.SubscriptionRequest:
-        """The subscribe message: what is wanted now, and where to resume from."""
+    def subscription_request(self) -> pb.SubscriptionRequest:
+        """The subscribe message: what is wanted now, and where to resume from (also a
+        :class:`~clients.livegroup.LiveGroup`'s, per table)."""
         req = pb.SubscriptionRequest(table=self.table, columns=self._want_columns or [],
                                      min_update_interval_ms=self._interval,
                                      max_batch_rows=self._batch_rows, filter=self._filter)
@@ -736,7 +745,17 @@ class LiveTable:
                 req.resume, req.resume_epoch, req.resume_sequence = True, st.epoch, st.sequence
         return req
 
-    def _apply(self, meta: pb.UpdateMetadata, added: pa.Table, modified: pa.Table) -> Update:
+    def apply(self, meta: pb.UpdateMetadata, added: pa.Table, modified: pa.Table) -> Update:
+        """Apply one message of this table's stream, then tell the iterators and callbacks.
+
+        Called by the reader: this table's thread, or for a table of a
+        :class:`~clients.livegroup.LiveGroup` (never started on its own) the group's.
+
+        Raises
+        ------
+        ProtocolError
+            If the message does not fit the state (which then starts over).
+        """
         with self._lock:
             if self._state is None:
                 self._state = LiveState(added.schema)
