@@ -119,9 +119,9 @@ class GroupMember:
                                 viewport=None, batch_rows=batch_rows, status=entry.status,
                                 slot=slot)
         self.pending = PendingUpdates(options.max_pending)
-        self.sequence = 0
-        self.step = 0
-        self.coalesced = 0
+        self.sequence = 0  # of the last message sent
+        self.step = 0  # of the last group sent (the table is at it)
+        self.coalesced = 0  # table updates composed into others (a slow client)
 
     # the cycle's side (an UpdateSink)
     def on_table_update(self, entry: HistoryEntry) -> None:
@@ -182,8 +182,7 @@ class GroupSubscription:
         self._cond = threading.Condition()
         self._failure: BaseException | None = None
         self._closed = False
-        self.step = 0
-        self.groups = 0
+        self.step = 0  # of the last group sent
 
     @property
     def names(self) -> list[str]:
@@ -237,7 +236,7 @@ class GroupSubscription:
             last_sent = time.monotonic()
             while True:
                 with self._cond:
-                    while not (self._failure or self._closed
+                    while not (self._failure is not None or self._closed
                                or any(m.pending for m in self.members)):
                         self._cond.wait(self.options.poll_seconds)
                         if context.is_cancelled():
@@ -270,7 +269,6 @@ class GroupSubscription:
         for m in self.members:  # every table is at ``step`` now, changed or not
             m.step = step
         self.step = step
-        self.groups += 1
 
     def send_end(self, writer: StreamWriter, error: str) -> None:
         """Tell the client no more messages follow (it should then finish writing)."""

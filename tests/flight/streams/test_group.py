@@ -19,6 +19,7 @@ from flight.streams.decoder import (
     group_schemas,
     read_group_message,
 )
+from flight.streams.group import GroupMember
 from tests.flight.conftest import OPEN
 
 KV = pa.schema([("k", pa.int64()), ("s", pa.string()), ("v", pa.float64())])
@@ -165,6 +166,9 @@ def test_slow_client_gets_the_same_steps_composed_for_every_table(server, client
     assert sub.read_group() == graph.step == first + 5
     counts = {names[m.group_table]: m.coalesced for m in sub.metas}
     assert counts == {"t": 5, "w": 5, "a": 5, "u": 1}
+    members = [s for s in server.subscriptions if isinstance(s, GroupMember)]
+    assert {m.entry.name: m.coalesced for m in members} == {"t": 4, "w": 4, "a": 4, "u": 0}
+    assert {m.step for m in members} == {graph.step}  # every table at the group's step
     assert_views(server, sub, names)
 
 
