@@ -205,12 +205,6 @@ class LiveGroup:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _drop_connection(self) -> None:
-        """Break the current stream as a network failure would (tests: forces a resume)."""
-        with self._stream_lock:
-            if self._reader is not None:
-                self._reader.cancel()
-
     # ------------------------------------------------------------------ the views
     def __getitem__(self, name: str) -> LiveTable:
         """The table ``name``'s view (a :class:`~clients.live.LiveTable` fed by the group)."""
