@@ -278,6 +278,9 @@ def test_iterators_see_whole_groups(world, client, graph):
         world.cycle()
         g = next(it)
         assert g.step == graph.step and set(g) == {"orders", "totals"}
+        it.close()  # this iterator ends; the group goes on
+        with pytest.raises(StopIteration):
+            next(it)
 
         async def one() -> GroupUpdate:
             async for g in group:
