@@ -32,7 +32,7 @@ import contextlib
 import dataclasses
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, overload
 
 import pandas as pd
@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     import polars as pl
 
     from clients.live import LiveTable
+    from clients.livegroup import GroupUpdate, LiveGroup
     from clients.remote import RemoteTable
 
 __all__ = ["Client", "PutSummary", "connect"]
@@ -191,7 +192,7 @@ class Client:
 
     def __init__(self, endpoint: Endpoint | Sequence[Endpoint]) -> None:
         self._servers = Servers([endpoint] if isinstance(endpoint, Endpoint) else endpoint)
-        self._live: list[LiveTable] = []
+        self._live: list[LiveTable | LiveGroup] = []
 
     # ------------------------------------------------------------------ servers
     @property
@@ -603,6 +604,75 @@ class Client:
         self._live = [x for x in self._live if not x.closed]
         self._live.append(live)
         return live
+
+    def subscribe_many(self, names: Sequence[str], *,
+                       columns: Mapping[str, Sequence[str]] | None = None,
+                       on_update: Callable[[GroupUpdate], None] | None = None,
+                       filters: Mapping[str, pc.Expression] | None = None,
+                       uri: str | None = None, **options: Any) -> LiveGroup:
+        """Subscribe to several tables together: a :class:`~clients.livegroup.LiveGroup`,
+        every table at the same server step after each update, never a mix.
+
+        One stream carries them all (docs/protocol.md §7.11): per server step the server
+        sends the changes of every table that changed, then marks the step's end, and the
+        group applies them together. A callback or iterator receives one
+        :class:`~clients.livegroup.GroupUpdate` per step (``g.step``, and ``g[name]`` the
+        :class:`~clients.live.Update` of each table that changed); inside a callback every
+        table's view (``group[name].df``) is at ``g.step``. A slow client receives the
+        steps it missed composed, over the same steps for every table; after a broken
+        connection each table resumes from where it was, and the tables are again at one
+        step. Every row of each table is held (no viewports).
+
+        Parameters
+        ----------
+        names
+            The tables, each once (e.g. a table and tables derived from it).
+        columns
+            Per table, the columns to receive (tables not named: all).
+        on_update
+            Called with each :class:`~clients.livegroup.GroupUpdate`.
+        filters
+            Per table, a boolean ``pyarrow.compute`` expression evaluated on the server, as
+            :meth:`subscribe`'s ``filter``.
+        uri
+            Subscribe on this one of :attr:`uris` only (see :meth:`subscribe`).
+        options
+            Passed to :class:`~clients.livegroup.LiveGroup` (``min_update_interval_ms``,
+            ``max_batch_rows``, ``reconnect``...).
+
+        Raises
+        ------
+        ValueError
+            If ``names`` is empty or repeats a table, ``columns`` or ``filters`` name a
+            table not in it, or ``uri`` is not one of :attr:`uris`.
+        ExpressionError
+            If a filter does not fit its table's schema.
+
+        Examples
+        --------
+        >>> group = client.subscribe_many(["orders", "totals"])      # doctest: +SKIP
+        >>> group.wait_for()                                          # doctest: +SKIP
+        True
+        >>> for g in group:                  # orders and totals at step g.step  # doctest: +SKIP
+        ...     print(g.step, sorted(g), group["totals"].df)
+        """
+        from clients.livegroup import LiveGroup
+
+        predicates: dict[str, bytes] = {}
+        for name, expr in (filters or {}).items():
+            from flight import substrait
+
+            def encode(at: Attempt, name: str = name, expr: pc.Expression = expr) -> bytes:
+                return substrait.encode({"filter": expr}, _schema_on(at, name))
+
+            what = f"subscribe_many(filters={{{name!r}: ...}})"
+            predicates[name] = (self._servers.call(what, encode) if uri is None
+                                else self._servers.on(uri, encode))
+        group = LiveGroup(self._servers.rotation(uri), names, columns=columns,
+                          filters=predicates, on_update=on_update, **options)
+        self._live = [x for x in self._live if not x.closed]
+        self._live.append(group)
+        return group
 
     # ------------------------------------------------------------------ SQL
     @overload

@@ -6,8 +6,8 @@ definition) to a columnar, keyed client state, and hands each applied message to
 callbacks and iterators as an :class:`Update`. When the stream breaks it reconnects with
 backoff and resumes from the last applied message (the server answers with one composed
 delta, or a new snapshot when it no longer holds the missed updates); a failure that
-reconnecting cannot fix ends the subscription (:func:`_is_permanent`), reported with the
-server's message only (:func:`_clean`). Given a :class:`~clients.failover.Rotation` of
+reconnecting cannot fix ends the subscription (:func:`is_permanent`), reported with the
+server's message only (:func:`clean_error`). Given a :class:`~clients.failover.Rotation` of
 several servers' endpoints, it reconnects to the next one in turn when its own does not
 answer.
 
@@ -19,15 +19,15 @@ A DataFrame is built only when asked for (:attr:`LiveTable.df`, or the polars
 :attr:`LiveTable.pl`; the parts of an :class:`Update`), once per applied message, in
 O(rows held) (:class:`_View`).
 
-Iterators (``for update in live``, :class:`_Updates`; ``async for``,
-:class:`_AsyncUpdates`) each have one bounded queue (:class:`_Consumer`). Past ``maxsize``
-queued updates the queue is dropped and the next item is a catch-up snapshot, so a slow
-iterator costs memory bounded by ``maxsize``, never by the stream.
+Iterators (``for update in live``; ``async for``) each have one bounded queue
+(:mod:`clients.queues`). Past ``maxsize`` queued updates the queue is dropped and the next
+item is a catch-up snapshot, so a slow iterator costs memory bounded by ``maxsize``, never
+by the stream.
 
 Threads. The reader thread applies a message under the state lock and bumps a version;
 readers materialize under the same lock, so they never see half an update. Callbacks
 run on the reader thread after the lock is released. The reader offers each update to
-the consumers under the state lock (:meth:`_Consumer.offer` takes the consumer's
+the consumers under the state lock (:meth:`UpdateQueue.offer` takes the consumer's
 condition), and a catch-up resets a consumer under the state lock, then its condition; a
 consumer never takes the state lock while it holds its condition, so the order is always
 state lock, then consumer.
@@ -35,8 +35,6 @@ state lock, then consumer.
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import logging
 import threading
 import time
@@ -53,6 +51,7 @@ import pyarrow.flight as fl
 from clients.failover import Rotation
 from clients.frames import to_polars
 from clients.livestate import LiveState, Update
+from clients.queues import AsyncUpdates, BlockingUpdates, Finished, Hooks, UpdateQueue
 from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
 from flight.streams.decoder import StreamEnded, read_message
@@ -60,20 +59,20 @@ from flight.streams.decoder import StreamEnded, read_message
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = ["LiveTable", "Update"]
+__all__ = ["LiveTable", "Update", "clean_error", "is_permanent"]
 
 log = logging.getLogger(__name__)
 
 Ranges = list[tuple[int, int]]
 I64 = npt.NDArray[np.int64]
-_C = TypeVar("_C", bound="_Consumer")
+_C = TypeVar("_C", bound="UpdateQueue[Update]")
 Connect = Callable[[], tuple[fl.FlightClient, fl.FlightCallOptions]]
 
 _PERMANENT = (KeyError, pa.ArrowInvalid, fl.FlightUnauthenticatedError,
               fl.FlightUnauthorizedError, fl.FlightServerError)
 
 
-def _clean(exc: BaseException) -> BaseException:
+def clean_error(exc: BaseException) -> BaseException:
     """``exc`` with the server's message only (pyarrow appends the server's traceback after
     ``". Detail:"``), as the same type, chained to the original."""
     text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
@@ -88,15 +87,11 @@ def _clean(exc: BaseException) -> BaseException:
     return out
 
 
-def _is_permanent(exc: BaseException) -> bool:
+def is_permanent(exc: BaseException) -> bool:
     """A failure that reconnecting cannot fix: the table is gone (``KeyError``), the request
     was refused (``ArrowInvalid``), access was denied, or the table failed on the server.
     Anything else (unavailable, cancelled, a broken stream) is worth another try."""
     return isinstance(exc, _PERMANENT)
-
-
-class _Finished(Exception):
-    """The subscription is closed and every queued update was delivered."""
 
 
 def _check_viewport(ranges: Sequence[tuple[int, int]] | None) -> Ranges | None:
@@ -209,7 +204,7 @@ class LiveTable:
         self._state: LiveState | None = None
         self._version = 0
         self._cache: _View | None = None
-        self._consumers: weakref.WeakSet[_Consumer] = weakref.WeakSet()
+        self._consumers: weakref.WeakSet[UpdateQueue[Update]] = weakref.WeakSet()
         self._send_lock = threading.Lock()  # wanted columns/viewport, the writer, writes
         self._writer: Any = None
         self._stream_lock = threading.Lock()  # the reader to cancel
@@ -532,23 +527,31 @@ class LiveTable:
             The iteration ends after :meth:`close`, or the iterator's own ``close()``
             (which ends a ``next`` waiting on another thread).
         """
-        return self._register(_Updates(self, maxsize, snapshot, timeout))
+        return self._register(BlockingUpdates(self._hooks(), maxsize, snapshot, timeout))
 
     def __iter__(self) -> Iterator[Update]:
         return self.updates()
 
     def __aiter__(self) -> AsyncIterator[Update]:
         """``async for update in live``: as :meth:`updates`, woken on the running loop."""
-        return self._register(_AsyncUpdates(self, self.QUEUE_SIZE, False))
+        return self._register(AsyncUpdates(self._hooks(), self.QUEUE_SIZE, False))
 
     def _register(self, consumer: _C) -> _C:
         with self._lock:
             self._consumers.add(consumer)
         return consumer
 
-    def _catch_up(self, consumer: _Consumer) -> Update | None:
-        with self._lock, consumer._cond:
-            skipped, consumer._skipped, consumer._catch_up = consumer._skipped, 0, False
+    def _hooks(self) -> Hooks[Update]:
+        return Hooks(self._catch_up, self._raise_if_over, self._over, self._discard, self.table)
+
+    def _discard(self, consumer: UpdateQueue[Update], then: Callable[[], None]) -> None:
+        with self._lock:
+            self._consumers.discard(consumer)
+            then()
+
+    def _catch_up(self, consumer: UpdateQueue[Update]) -> Update | None:
+        with self._lock:
+            skipped = consumer.take_catch_up()
             st = self._state
             if st is None or not st.messages:
                 return None  # nothing to show yet: the first snapshot will follow
@@ -561,7 +564,7 @@ class LiveTable:
         if self._done.is_set():
             if self._error is not None:
                 raise self._error
-            raise _Finished
+            raise Finished
 
     # ------------------------------------------------------------------ changes
     def set_viewport(self, ranges: Sequence[tuple[int, int]] | None,
@@ -638,8 +641,8 @@ class LiveTable:
                 except Exception as raw:
                     if self._closing.is_set():
                         break
-                    exc = _clean(raw)
-                    if _is_permanent(exc) or not self._reconnect:
+                    exc = clean_error(raw)
+                    if is_permanent(exc) or not self._reconnect:
                         log.error("subscription to %r failed: %s", self.table, exc)
                         self._error = exc
                         break
@@ -662,6 +665,14 @@ class LiveTable:
         finally:
             self._finish()
 
+    def end(self, error: BaseException | None) -> None:
+        """Stop a table whose reader is not its own (a
+        :class:`~clients.livegroup.LiveGroup`'s): ``error`` becomes :attr:`error` (``None``:
+        closed), waiting readers and iterators wake."""
+        self._error = error
+        self._closing.set()
+        self._finish()
+
     def _finish(self) -> None:
         self._done.set()
         with self._lock:
@@ -682,7 +693,7 @@ class LiveTable:
                 self._reader = reader
             with self._send_lock:  # a change is sent after the subscribe, or carried in it
                 writer.begin(pa.schema([]))
-                request = self._request()
+                request = self.subscription_request()
                 writer.write_metadata(pa.py_buffer(
                     pb.ClientMessage(subscribe=request).SerializeToString()))
                 self._writer = writer
@@ -696,7 +707,7 @@ class LiveTable:
                     raise ConnectionError(f"the server ended the stream: {end}") from None
                 except StopIteration:
                     raise ConnectionError("the stream ended") from None
-                update = self._apply(msg.meta, msg.added, msg.modified)
+                update = self.apply(msg.meta, msg.added, msg.modified)
                 if not self._connected:
                     self._connected = True
                     log.info("subscribed to %r (%s)", self.table, update.resumed)
@@ -715,8 +726,9 @@ class LiveTable:
                     except Exception:
                         pass
 
-    def _request(self) -> pb.SubscriptionRequest:
-        """The subscribe message: what is wanted now, and where to resume from."""
+    def subscription_request(self) -> pb.SubscriptionRequest:
+        """The subscribe message: what is wanted now, and where to resume from (also a
+        :class:`~clients.livegroup.LiveGroup`'s, per table)."""
         req = pb.SubscriptionRequest(table=self.table, columns=self._want_columns or [],
                                      min_update_interval_ms=self._interval,
                                      max_batch_rows=self._batch_rows, filter=self._filter)
@@ -733,7 +745,17 @@ class LiveTable:
                 req.resume, req.resume_epoch, req.resume_sequence = True, st.epoch, st.sequence
         return req
 
-    def _apply(self, meta: pb.UpdateMetadata, added: pa.Table, modified: pa.Table) -> Update:
+    def apply(self, meta: pb.UpdateMetadata, added: pa.Table, modified: pa.Table) -> Update:
+        """Apply one message of this table's stream, then tell the iterators and callbacks.
+
+        Called by the reader: this table's thread, or for a table of a
+        :class:`~clients.livegroup.LiveGroup` (never started on its own) the group's.
+
+        Raises
+        ------
+        ProtocolError
+            If the message does not fit the state (which then starts over).
+        """
         with self._lock:
             if self._state is None:
                 self._state = LiveState(added.schema)
@@ -753,135 +775,6 @@ class LiveTable:
             except Exception:
                 log.exception("an on_update callback of %r failed", self.table)
         return update
-
-
-# ------------------------------------------------------------------ iterators
-class _Consumer:
-    """One iterator's bounded queue of updates.
-
-    Past ``maxsize`` queued updates the queue is dropped and the consumer stops receiving
-    until it reads again; its next item is then a catch-up snapshot of the view (an
-    :class:`Update` with ``is_snapshot`` and ``skipped`` = the number of updates dropped).
-    """
-
-    def __init__(self, live: LiveTable, maxsize: int, snapshot: bool) -> None:
-        if maxsize < 1:
-            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
-        self._live = live
-        self._maxsize = maxsize
-        self._queue: collections.deque[Update] = collections.deque()
-        self._skipped = 0  # updates dropped since the queue overflowed
-        self._catch_up = snapshot  # the next item is a snapshot of the view
-        self._cond = threading.Condition()
-        self._closed = False  # by close(): the iteration ends
-        self._wake: Callable[[], None] | None = None
-
-    def close(self) -> None:
-        """Stop this iterator: it ends (a waiting ``next`` too) and receives no more."""
-        with self._live._lock:
-            self._live._consumers.discard(self)
-            with self._cond:
-                self._closed = True
-                self._cond.notify_all()
-        if self._wake is not None:
-            self._wake()
-
-    def offer(self, update: Update) -> None:
-        """Called by the reader thread, under the live table's state lock."""
-        with self._cond:
-            if self._catch_up:
-                self._skipped += 1
-            elif len(self._queue) >= self._maxsize:
-                self._skipped = len(self._queue) + 1
-                self._catch_up = True
-                self._queue.clear()
-            else:
-                self._queue.append(update)
-            self._cond.notify_all()
-        if self._wake is not None:
-            self._wake()
-
-    def wake(self) -> None:
-        """Wake a waiting reader (the subscription ended)."""
-        with self._cond:
-            self._cond.notify_all()
-        if self._wake is not None:
-            self._wake()
-
-    def _poll(self) -> Update | None:
-        """The next update, None if there is none yet; raises when the stream is over."""
-        with self._cond:
-            if self._closed:
-                raise _Finished
-            if self._queue:
-                return self._queue.popleft()
-            catch_up = self._catch_up
-        if catch_up:
-            return self._live._catch_up(self)
-        self._live._raise_if_over()
-        return None
-
-
-class _Updates(_Consumer):
-    """A blocking iterator of updates (see :meth:`LiveTable.updates`)."""
-
-    def __init__(self, live: LiveTable, maxsize: int, snapshot: bool,
-                 timeout: float | None) -> None:
-        super().__init__(live, maxsize, snapshot)
-        self._timeout = timeout
-
-    def __iter__(self) -> Iterator[Update]:
-        return self
-
-    def __next__(self) -> Update:
-        deadline = None if self._timeout is None else time.monotonic() + self._timeout
-        while True:
-            try:
-                update = self._poll()
-            except _Finished:
-                raise StopIteration from None
-            if update is not None:
-                return update
-            with self._cond:
-                if self._queue or self._catch_up or self._closed or self._live._over():
-                    continue
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"no update of {self._live.table!r} within "
-                                       f"{self._timeout} s")
-                self._cond.wait(left)
-
-
-class _AsyncUpdates(_Consumer):
-    """An ``async for`` iterator of updates, woken from the reader thread."""
-
-    def __init__(self, live: LiveTable, maxsize: int, snapshot: bool) -> None:
-        super().__init__(live, maxsize, snapshot)
-        loop = asyncio.get_running_loop()
-        event = asyncio.Event()
-        self._event = event
-
-        def wake() -> None:
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
-
-        self._wake = wake
-
-    def __aiter__(self) -> AsyncIterator[Update]:
-        return self
-
-    async def __anext__(self) -> Update:
-        while True:
-            self._event.clear()
-            try:
-                update = self._poll()
-            except _Finished:
-                raise StopAsyncIteration from None
-            if update is not None:
-                return update
-            await self._event.wait()
 
 
 # ------------------------------------------------------------------ the view

@@ -55,7 +55,7 @@ from flight.sql.service import FlightSqlService
 from flight.streams.filtered import FilteredTables
 from flight.streams.per_client import SubscriptionsPerClient
 from flight.streams.registry import TableRegistry, quoted
-from flight.streams.subscription import Subscription, SubscriptionOptions
+from flight.streams.subscription import Subscriber, SubscriptionOptions
 from flight.wire import TableKind, action_named
 
 if TYPE_CHECKING:
@@ -370,7 +370,7 @@ class TicktableServer:
                                max_value_bytes=self.config.max_value_bytes)
         self.sub_options = SubscriptionOptions(max_batch_rows=self.config.max_batch_rows,
                                                max_pending=self.config.max_pending)
-        self._subs: dict[int, Subscription] = {}
+        self._subs: dict[int, Subscriber] = {}
         #: the tables of filtered subscriptions, shared per table and filter; not listed
         self.filters = FilteredTables(self.registry, linger=cfg.filter_linger)
         #: subscriptions open per client address, at most max_subscriptions_per_client each
@@ -627,7 +627,7 @@ class TicktableServer:
         return is_read_only(context.invocation_metadata(), self.config.token,
                             self.config.read_token)
 
-    def track_subscription(self, sub: Subscription, delta: int) -> None:
+    def track_subscription(self, sub: Subscriber, delta: int) -> None:
         """Count ``sub`` as open (``delta`` +1) or closed (-1): :attr:`subscriptions`."""
         with self._subs_lock:
             if delta > 0:
@@ -638,7 +638,7 @@ class TicktableServer:
             self.sql.subscribed(sub.entry.name)  # a temporary view goes when they all leave
 
     @property
-    def subscriptions(self) -> list[Subscription]:
+    def subscriptions(self) -> list[Subscriber]:
         with self._subs_lock:
             return list(self._subs.values())
 

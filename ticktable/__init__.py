@@ -15,6 +15,8 @@ from clients.client import Client as Client
 from clients.client import connect as connect
 from clients.live import LiveTable as LiveTable
 from clients.live import Update as Update
+from clients.livegroup import GroupUpdate as GroupUpdate
+from clients.livegroup import LiveGroup as LiveGroup
 from clients.notebook import LiveGrid as LiveGrid
 from clients.notebook import show as show
 from clients.remote import RemoteTable as RemoteTable
@@ -35,8 +37,10 @@ from engine.update import compose as compose
 __all__ = [
     "AppendOnlyTable",
     "Client",
+    "GroupUpdate",
     "KeyedTable",
     "LiveGrid",
+    "LiveGroup",
     "LiveTable",
     "RemoteTable",
     "ReplicaTable",

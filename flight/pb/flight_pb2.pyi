@@ -267,26 +267,58 @@ class SubscriptionChange(_message.Message):
 Global___SubscriptionChange: _TypeAlias = SubscriptionChange  # noqa: Y015
 
 @_typing.final
+class GroupSubscriptionRequest(_message.Message):
+    """The first message of a multi-table subscription (docs/protocol.md §7.11): one stream
+    carrying several tables, every table's messages of a step sent together and followed by
+    an end-of-step marker. Each request is as for one table, with no viewport and the
+    UPDATES format; the group's min_update_interval_ms is the largest of its requests'.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tables(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubscriptionRequest]:
+        """1 to 128, in the group's order"""
+
+    def __init__(
+        self,
+        *,
+        tables: _abc.Iterable[Global___SubscriptionRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tables", b"tables"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupSubscriptionRequest: _TypeAlias = GroupSubscriptionRequest  # noqa: Y015
+
+@_typing.final
 class ClientMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SUBSCRIBE_FIELD_NUMBER: _builtins.int
     CHANGE_FIELD_NUMBER: _builtins.int
+    SUBSCRIBE_GROUP_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def subscribe(self) -> Global___SubscriptionRequest: ...
     @_builtins.property
     def change(self) -> Global___SubscriptionChange: ...
+    @_builtins.property
+    def subscribe_group(self) -> Global___GroupSubscriptionRequest: ...
     def __init__(
         self,
         *,
         subscribe: Global___SubscriptionRequest | None = ...,
         change: Global___SubscriptionChange | None = ...,
+        subscribe_group: Global___GroupSubscriptionRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "change", b"change", "subscribe", b"subscribe"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "change", b"change", "subscribe", b"subscribe", "subscribe_group", b"subscribe_group"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "change", b"change", "subscribe", b"subscribe"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "change", b"change", "subscribe", b"subscribe", "subscribe_group", b"subscribe_group"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["subscribe", "change"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["subscribe", "change", "subscribe_group"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
@@ -381,6 +413,8 @@ class UpdateMetadata(_message.Message):
     END_OF_STREAM_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     LINK_FIELD_NUMBER: _builtins.int
+    GROUP_TABLE_FIELD_NUMBER: _builtins.int
+    END_OF_STEP_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """this table's update sequence number reached by this message"""
     step: _builtins.int
@@ -407,6 +441,14 @@ class UpdateMetadata(_message.Message):
     """
     error: _builtins.str
     """why, when it is an error"""
+    group_table: _builtins.int
+    """Multi-table streams only (docs/protocol.md §7.11). group_table: the table this message
+    is of, as its index in GroupSubscriptionRequest.tables (its batches use that union code).
+    """
+    end_of_step: _builtins.bool
+    """The end-of-step marker, a metadata-only message: every table's messages bringing it to
+    `step` were sent (tables with none are unchanged). No other field is set but step.
+    """
     @_builtins.property
     def shifts(self) -> Global___ShiftData: ...
     @_builtins.property
@@ -449,10 +491,12 @@ class UpdateMetadata(_message.Message):
         end_of_stream: _builtins.bool = ...,
         error: _builtins.str = ...,
         link: Global___LinkStatus | None = ...,
+        group_table: _builtins.int = ...,
+        end_of_step: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["link", b"link", "shifts", b"shifts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_data_rows", b"added_data_rows", "added_rows", b"added_rows", "coalesced", b"coalesced", "columns", b"columns", "end_of_stream", b"end_of_stream", "epoch", b"epoch", "error", b"error", "format", b"format", "has_viewport", b"has_viewport", "is_snapshot", b"is_snapshot", "link", b"link", "modified", b"modified", "modified_data_rows", b"modified_data_rows", "num_added_batches", b"num_added_batches", "num_modified_batches", b"num_modified_batches", "removed_rows", b"removed_rows", "resume", b"resume", "sequence", b"sequence", "shifts", b"shifts", "step", b"step", "table_size", b"table_size", "viewport", b"viewport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added_data_rows", b"added_data_rows", "added_rows", b"added_rows", "coalesced", b"coalesced", "columns", b"columns", "end_of_step", b"end_of_step", "end_of_stream", b"end_of_stream", "epoch", b"epoch", "error", b"error", "format", b"format", "group_table", b"group_table", "has_viewport", b"has_viewport", "is_snapshot", b"is_snapshot", "link", b"link", "modified", b"modified", "modified_data_rows", b"modified_data_rows", "num_added_batches", b"num_added_batches", "num_modified_batches", b"num_modified_batches", "removed_rows", b"removed_rows", "resume", b"resume", "sequence", b"sequence", "shifts", b"shifts", "step", b"step", "table_size", b"table_size", "viewport", b"viewport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

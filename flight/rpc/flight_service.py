@@ -70,6 +70,7 @@ from flight.rpc.framing import (
 )
 from flight.rpc.requests import check_metadata_size, parse, table_name
 from flight.sql.service import SQL_ACTION_TYPES
+from flight.streams.group import GroupSubscription, check_group_request
 from flight.streams.per_client import client_of
 from flight.streams.subscription import Subscription
 from flight.wire import ACTIONS
@@ -81,7 +82,7 @@ if TYPE_CHECKING:
     from flight.streams.filtered import FilteredTables
     from flight.streams.per_client import SubscriptionsPerClient
     from flight.streams.registry import TableEntry, TableRegistry
-    from flight.streams.subscription import SubscriptionOptions
+    from flight.streams.subscription import Subscriber, SubscriptionOptions
 
 __all__ = ["SERVICE_NAME", "FlightHost", "FlightService"]
 
@@ -112,7 +113,7 @@ class FlightHost(Protocol):
     @property
     def sql(self) -> FlightSqlService: ...
 
-    def track_subscription(self, sub: Subscription, delta: int) -> None:
+    def track_subscription(self, sub: Subscriber, delta: int) -> None:
         """Count ``sub`` as open (``delta`` +1) or closed (-1)."""
 
     def read_only(self, context: grpc.ServicerContext) -> bool:
@@ -187,6 +188,21 @@ class _Context:
 
     def peer(self) -> str:
         return str(self._context.peer())
+
+
+class _Stream(Protocol):
+    """A subscription's server side: one table's (:class:`Subscription`) or a group's
+    (:class:`~flight.streams.group.GroupSubscription`)."""
+
+    def run(self, writer: FrameQueue, context: _Context) -> None: ...
+
+    def send_end(self, writer: FrameQueue, error: str) -> None: ...
+
+    def change(self, change: pb.SubscriptionChange) -> None: ...
+
+    def on_table_failure(self, exc: BaseException) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class _Gone(Exception):
@@ -450,8 +466,13 @@ class FlightService:
         meta = first.app_metadata
         check_metadata_size(meta, server.config.max_metadata_bytes, "DoExchange")
         msg = parse(pb.ClientMessage(), None if meta is None else meta.to_pybytes(), "DoExchange")
-        if msg.WhichOneof("body") != "subscribe":
-            raise ProtocolError("the first DoExchange message must be a subscribe")
+        body = msg.WhichOneof("body")
+        if body == "subscribe_group":
+            yield from self._group(msg.subscribe_group, decoder, context)
+            return
+        if body != "subscribe":
+            raise ProtocolError("the first DoExchange message must be a subscribe (or "
+                                "subscribe_group)")
         req = msg.subscribe
         descriptor = decoder.descriptor
         if (not req.table and descriptor is not None
@@ -469,9 +490,61 @@ class FlightService:
             if filters is not None:
                 filters.release(entry, linger=False)
             raise
+        server.track_subscription(sub, +1)
+
+        def release() -> None:
+            server.track_subscription(sub, -1)
+            server.subscriptions_per_client.release(client)
+            if filters is not None:
+                filters.release(sub.entry)
+
+        yield from self._serve(sub, decoder, context, release, entry.name)
+
+    def _group(self, req: pb.GroupSubscriptionRequest, decoder: IpcDecoder,
+               context: grpc.ServicerContext) -> Iterator[bytes | LoopFeed]:
+        """A multi-table subscription (:mod:`flight.streams.group`): each table counts as
+        one subscription (per-client limit, stats), and one with a filter holds its filtered
+        table, as for one table."""
+        server = self.server
+        check_group_request(req)
+        entries = [server.registry.get(r.table) for r in req.tables]  # NOT_FOUND naming it
+        held: list[TableEntry] = []  # filtered tables acquired
+        client = client_of(context.peer())
+        counted = 0
+        try:
+            for i, r in enumerate(req.tables):
+                if r.filter:
+                    entries[i] = server.filters.acquire(entries[i], r.filter)
+                    held.append(entries[i])
+            group = GroupSubscription(entries, req, server.sub_options)  # checks the columns
+            for e in entries:
+                server.subscriptions_per_client.acquire(
+                    client, f"multi-table subscription to {quoted(e.name)}")
+                counted += 1
+        except BaseException:
+            for _ in range(counted):
+                server.subscriptions_per_client.release(client)
+            for e in held:
+                server.filters.release(e, linger=False)
+            raise
+        for m in group.members:
+            server.track_subscription(m, +1)
+
+        def release() -> None:
+            for m in group.members:
+                server.track_subscription(m, -1)
+                server.subscriptions_per_client.release(client)
+            for e in held:
+                server.filters.release(e)
+
+        yield from self._serve(group, decoder, context, release, "+".join(group.names)[:60])
+
+    def _serve(self, sub: _Stream, decoder: IpcDecoder, context: grpc.ServicerContext,
+               release: Callable[[], None], name: str) -> Iterator[bytes | LoopFeed]:
+        """Run a subscription's sender and its reader of client messages on threads of their
+        own; the event loop writes what the sender queues."""
         out = FrameQueue(cast(CallContext, context))  # flight.rpc.aio runs every handler
         ctx = _Context(cast(CallContext, context))
-        server.track_subscription(sub, +1)
 
         def send() -> None:
             try:
@@ -489,21 +562,18 @@ class FlightService:
                 out.close(exc)
             finally:
                 sub.close()
-                server.track_subscription(sub, -1)
-                server.subscriptions_per_client.release(client)
-                if filters is not None:
-                    filters.release(sub.entry)
+                release()
 
         threading.Thread(target=self._read_changes, args=(decoder, sub), daemon=True,
-                         name=f"ticktable-sub-in-{entry.name}").start()
-        threading.Thread(target=send, daemon=True, name=f"ticktable-sub-{entry.name}").start()
+                         name=f"ticktable-sub-in-{name}").start()
+        threading.Thread(target=send, daemon=True, name=f"ticktable-sub-{name}").start()
         try:
             yield out  # the event loop writes its frames (flight.rpc.aio.LoopFeed)
             out.wait()
         finally:
             sub.close()
 
-    def _read_changes(self, decoder: IpcDecoder, sub: Subscription) -> None:
+    def _read_changes(self, decoder: IpcDecoder, sub: _Stream) -> None:
         limit = self.server.config.max_metadata_bytes
         while True:
             try:

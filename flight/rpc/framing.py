@@ -105,7 +105,13 @@ def schema_frame(schema: pa.Schema, app_metadata: _Bytes | None = None) -> bytes
 
 
 def _has_dictionaries(schema: pa.Schema) -> bool:
-    return any(pa.types.is_dictionary(f.type) for f in schema)
+    return any(_dictionary_in(f.type) for f in schema)
+
+
+def _dictionary_in(t: pa.DataType) -> bool:
+    """Whether ``t`` is, or nests (a multi-table stream's union of structs), a dictionary."""
+    return pa.types.is_dictionary(t) or any(_dictionary_in(t.field(i).type)
+                                            for i in range(t.num_fields))
 
 
 def batch_frames(schema: pa.Schema, batches: Iterable[pa.RecordBatch],

@@ -10,6 +10,8 @@ Reading order, in the order an update travels after its cycle:
 - :mod:`flight.streams.codec`: the delta codec: an update (or a snapshot) of a table in,
   one subscription message's ``FlightData`` frames out. Pure: no threads, queues or locks.
 - :mod:`flight.streams.subscription`: one subscriber's stream: snapshot, then deltas.
+- :mod:`flight.streams.group`: one stream of several tables, every table's messages of a
+  step together and an end-of-step marker (multi-table subscriptions).
 - :mod:`flight.streams.filtered`: what a subscription with a filter streams: one shared,
   unlisted ``where`` per table and filter, kept a while after its last subscriber.
 - :mod:`flight.streams.fanout`: one build of each update's message, written to many

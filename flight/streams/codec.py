@@ -22,6 +22,12 @@ Pure. No threads, queues or locks: the caller holds whatever lock reading the ta
 says which state the client is at (``held``, ``sequence``). A message is an immutable
 :class:`Encoded`: a fan-out writes the same frames to every member.
 
+Multi-table streams (docs/protocol.md §7.11) carry every table of a group in one stream
+schema, :func:`group_schema`: one dense-union column whose member ``i`` is a struct of table
+``i``'s columns. A codec given a :class:`UnionSlot` wraps each record batch as that member
+(zero-copy: the struct's children are the batch's columns) and frames it in the group's
+schema.
+
 Viewports are Barrage's: the client tracks every row key (added, removed and shifted row
 sets are always sent whole) but holds values only for the rows at the viewport's positions.
 A delta carries the values of rows newly held and of modified rows already held.
@@ -46,7 +52,8 @@ from flight.pb import flight_pb2 as pb
 from flight.rpc.framing import batch_frames, frame
 from flight.wire import DIFF, TIME
 
-__all__ = ["DeltaCodec", "Encoded", "end_of_stream", "record_batches", "triples_schema"]
+__all__ = ["GROUP_COLUMN", "MAX_GROUP_TABLES", "DeltaCodec", "Encoded", "UnionSlot",
+           "end_of_stream", "group_schema", "record_batches", "triples_schema"]
 
 Format: TypeAlias = "pb.DeltaFormat.ValueType"
 Resume: TypeAlias = "pb.ResumeResult.ValueType"
@@ -56,6 +63,51 @@ def triples_schema(schema: pa.Schema) -> pa.Schema:
     """The stream schema of a ``TRIPLES`` subscription: the table's columns + time + diff."""
     return pa.schema([*schema, pa.field(TIME, pa.int64(), nullable=False),
                       pa.field(DIFF, pa.int64(), nullable=False)])
+
+
+#: The one column of a multi-table stream's schema (:func:`group_schema`).
+GROUP_COLUMN = "tables"
+#: Tables one multi-table stream carries at most (a dense union has 128 type codes).
+MAX_GROUP_TABLES = 128
+
+
+def group_schema(schemas: Sequence[pa.Schema]) -> pa.Schema:
+    """The stream schema of a multi-table subscription: one column ``tables``, a dense union
+    whose member ``i`` (named ``"i"``, type code ``i``) is a struct of ``schemas[i]``."""
+    members = [pa.field(str(i), pa.struct(list(s))) for i, s in enumerate(schemas)]
+    return pa.schema([pa.field(GROUP_COLUMN, pa.dense_union(members, list(range(len(members)))))])
+
+
+class UnionSlot:
+    """Member ``code`` of a multi-table stream's union (see :func:`group_schema`).
+
+    Parameters
+    ----------
+    schema
+        The group's stream schema.
+    code
+        The table's index in the group (its union type code).
+    """
+
+    __slots__ = ("_children", "_names", "code", "schema")
+
+    def __init__(self, schema: pa.Schema, code: int) -> None:
+        self.schema = schema
+        self.code = code
+        union = schema.field(GROUP_COLUMN).type
+        self._names = [union.field(i).name for i in range(union.num_fields)]
+        self._children = [pa.array([], type=union.field(i).type) for i in range(union.num_fields)]
+
+    def wrap(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` (the table's schema) as a batch of the group's schema: every row in
+        this member, at offsets ``0..n-1`` of its child."""
+        n = batch.num_rows
+        children = list(self._children)
+        children[self.code] = pa.StructArray.from_arrays(batch.columns, fields=list(batch.schema))
+        union = pa.UnionArray.from_dense(
+            pa.array(np.full(n, self.code, np.int8)), pa.array(np.arange(n, dtype=np.int32)),
+            children, self._names, list(range(len(children))))
+        return pa.RecordBatch.from_arrays([union], schema=self.schema)
 
 
 def record_batches(table: pa.Table, rows: int) -> list[pa.RecordBatch]:
@@ -117,15 +169,20 @@ class DeltaCodec:
         ``None``: every row.
     batch_rows
         Rows per record batch at most.
+    slot
+        In a multi-table stream: the table's member of the group's union; every message
+        then carries :attr:`group_table` and its batches are in the group's schema.
     """
 
-    __slots__ = ("_carried", "_no_rows", "batch_rows", "columns", "epoch", "format", "schema", "status",
-                 "table", "viewport")
+    __slots__ = ("_carried", "_no_rows", "batch_rows", "columns", "epoch", "format", "schema", "slot",
+                 "status", "table", "viewport")
 
     def __init__(self, table: Table, *, epoch: str, format: Format, columns: Sequence[str],
                  viewport: Sequence[tuple[int, int]] | None, batch_rows: int,
-                 status: Callable[[], pb.LinkStatus | None] | None = None) -> None:
+                 status: Callable[[], pb.LinkStatus | None] | None = None,
+                 slot: UnionSlot | None = None) -> None:
         self.table = table
+        self.slot = slot
         #: a mirrored table's link status, carried in every message (flight.links)
         self.status = status
         self.epoch = epoch
@@ -233,6 +290,8 @@ class DeltaCodec:
         if self.viewport is not None:
             meta.has_viewport = True
             meta.viewport.extend(pb.PositionRange(begin=b, end=e) for b, e in self.viewport)
+        if self.slot is not None:
+            meta.group_table = self.slot.code
         if self.status is not None:
             link = self.status()
             if link is not None:
@@ -278,6 +337,10 @@ class DeltaCodec:
         meta.num_added_batches = len(a)
         meta.num_modified_batches = len(m)
         schema = added.schema if a else modified.schema
+        if self.slot is not None and (a or m):
+            a = [self.slot.wrap(b) for b in a]
+            m = [self.slot.wrap(b) for b in m]
+            schema = self.slot.schema
         data = meta.SerializeToString()
         frames = (tuple(batch_frames(schema, (*a, *m), first_metadata=data)) if a or m
                   else (frame(app_metadata=data),))

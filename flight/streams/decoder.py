@@ -44,8 +44,8 @@ from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
 from flight.wire import DIFF, TIME
 
-__all__ = ["Message", "ReferenceView", "StreamEnded", "TriplesView", "apply_shifts", "decode_rows", "iter_messages",
-           "read_message"]
+__all__ = ["Message", "ReferenceView", "StreamEnded", "TriplesView", "apply_shifts", "decode_rows",
+           "group_schemas", "iter_messages", "read_group_message", "read_message"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -108,6 +108,73 @@ def read_message(reader: Any, schema: pa.Schema | None = None) -> Message:
     ProtocolError
         If the stream does not follow the protocol.
     """
+    meta, batches = _read(reader)
+    sch = schema if schema is not None else reader.schema
+    n_added = meta.num_added_batches
+    return Message(meta, pa.Table.from_batches(batches[:n_added], schema=sch),
+                   pa.Table.from_batches(batches[n_added:], schema=sch))
+
+
+def group_schemas(schema: pa.Schema) -> list[pa.Schema]:
+    """The tables' schemas of a multi-table stream's schema (docs/protocol.md §7.11): one
+    column, a dense union whose member ``i`` is a struct of table ``i``'s columns.
+
+    Raises
+    ------
+    ProtocolError
+        If ``schema`` is not of that shape.
+    """
+    t = schema.field(0).type if len(schema) == 1 else None
+    if t is None or not pa.types.is_union(t) or t.mode != "dense" or list(t.type_codes) != list(
+            range(t.num_fields)) or not all(pa.types.is_struct(f.type) for f in t):
+        raise ProtocolError(f"protocol: a multi-table stream's schema is one dense union "
+                            f"column of structs with type codes 0..n-1, got {schema}")
+    return [pa.schema(list(f.type)) for f in t]
+
+
+def read_group_message(reader: Any, schemas: list[pa.Schema]) -> Message:
+    """Read one message of a multi-table stream: a table's message, its rows in that table's
+    schema (``schemas[meta.group_table]``, from :func:`group_schemas`), or an end-of-step
+    marker (``meta.end_of_step``; no rows).
+
+    Raises
+    ------
+    StopIteration, StreamEnded, ProtocolError
+        As :func:`read_message`.
+    """
+    meta, batches = _read(reader)
+    if meta.end_of_step:
+        if batches:
+            raise ProtocolError("protocol: an end-of-step marker carries no record batch")
+        empty = pa.table({})
+        return Message(meta, empty, empty)
+    code = meta.group_table
+    if code >= len(schemas):
+        raise ProtocolError(f"protocol: UpdateMetadata.group_table {code} names no table of "
+                            f"the group (it has {len(schemas)})")
+    rows = [_member_rows(b, code) for b in batches]
+    n_added, sch = meta.num_added_batches, schemas[code]
+    return Message(meta, pa.Table.from_batches(rows[:n_added], schema=sch),
+                   pa.Table.from_batches(rows[n_added:], schema=sch))
+
+
+def _member_rows(batch: pa.RecordBatch, code: int) -> pa.RecordBatch:
+    """A group stream's batch as table ``code``'s rows: every row of the union in member
+    ``code``, at offsets ``0..n-1`` of its child (zero-copy)."""
+    union = batch.column(0)
+    n = batch.num_rows
+    codes = np.asarray(union.type_codes)
+    offsets = np.asarray(union.offsets)
+    child = union.field(code)
+    if (np.any(codes != code) or not np.array_equal(offsets, np.arange(n))
+            or len(child) != n):
+        raise ProtocolError(f"protocol: a record batch of group_table {code} holds rows of "
+                            f"other members, or not at offsets 0..n-1")
+    return pa.RecordBatch.from_struct_array(child)
+
+
+def _read(reader: Any) -> tuple[pb.UpdateMetadata, list[pa.RecordBatch]]:
+    """One message's metadata and its record batches (see :func:`read_message`)."""
     chunk = reader.read_chunk()
     if chunk.app_metadata is None:
         raise ProtocolError("protocol: expected a message with an UpdateMetadata in app_metadata, "
@@ -119,7 +186,6 @@ def read_message(reader: Any, schema: pa.Schema | None = None) -> Message:
         raise ProtocolError(f"protocol: app_metadata is not an UpdateMetadata ({exc})") from exc
     if meta.end_of_stream:
         raise StreamEnded(meta.error)
-    sch = schema if schema is not None else reader.schema
     n_added, n_modified = meta.num_added_batches, meta.num_modified_batches
     batches = []
     if chunk.data is not None:  # the first record batch rides with the metadata
@@ -138,8 +204,7 @@ def read_message(reader: Any, schema: pa.Schema | None = None) -> Message:
                                 "message's first (num_added_batches/num_modified_batches "
                                 "promised more batches)")
         batches.append(chunk.data)
-    return Message(meta, pa.Table.from_batches(batches[:n_added], schema=sch),
-                   pa.Table.from_batches(batches[n_added:], schema=sch))
+    return meta, batches
 
 
 class ReferenceView:

@@ -49,7 +49,8 @@ from flight.streams.fanout import FanOut
 from flight.streams.pending import PendingUpdates, compose_run
 from flight.streams.registry import HistoryEntry, Publisher, TableEntry
 
-__all__ = ["CallState", "StreamWriter", "Subscription", "SubscriptionOptions"]
+__all__ = ["CallState", "StreamWriter", "Subscriber", "Subscription", "SubscriptionOptions",
+           "check_columns", "opening"]
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +83,72 @@ class StreamWriter(Protocol):
         """Whether :meth:`write_frames` now would return at once."""
 
 
+class Subscriber(Protocol):
+    """What the server counts as one open subscription of a table (stats, metrics, shutdown):
+    a :class:`Subscription`, or one table of a multi-table one (:mod:`flight.streams.group`)."""
+
+    @property
+    def entry(self) -> TableEntry:
+        """The subscribed table."""
+
+    @property
+    def step(self) -> int:
+        """The graph step of the last message sent (its lag is measured from it)."""
+
+    def change(self, change: pb.SubscriptionChange) -> None:
+        """A change of the subscription (an empty one: a mirror's link status changed,
+        flight/links)."""
+
+    def close(self) -> None:
+        """End the stream (the server is shutting down)."""
+
+
 class CallState(Protocol):
     """What a stream asks of its call."""
 
     def is_cancelled(self) -> bool:
         """Whether the client cancelled or went away."""
+
+
+def check_columns(entry: TableEntry, columns: list[str]) -> list[str]:
+    """The subscribed columns in table order (every column for ``[]``).
+
+    Raises
+    ------
+    SchemaError
+        If a column is not the table's, naming the table and its columns.
+    """
+    names = entry.table.schema.names
+    if not columns:
+        return list(names)
+    unknown = [c for c in columns if c not in names]
+    if unknown:
+        raise SchemaError(f"table {entry.name!r} has no column(s) {unknown} "
+                          f"(columns: {', '.join(names)})")
+    return [c for c in names if c in set(columns)]
+
+
+def opening(codec: DeltaCodec, publisher: Publisher, request: pb.SubscriptionRequest, *,
+            step: int, viewport: bool) -> Encoded:
+    """Under the shared lock: a stream's first message, the snapshot or a resume's answer.
+
+    A resume (``request.resume``) of an ``UPDATES`` stream whose missed updates the
+    publisher still holds gets them composed into one delta (``RESUME_DELTAS``); any
+    other resume a snapshot (``RESUME_SNAPSHOT``); a first subscribe a snapshot.
+    ``viewport``: the stream has one (its every row is then sent again).
+    """
+    if request.resume:
+        missed = (publisher.missed_since(int(request.resume_sequence))
+                  if request.resume_epoch == publisher.epoch else None)
+        if missed is not None and codec.format == pb.DELTA_FORMAT_UPDATES:
+            update = compose_run(missed).update if missed else TableUpdate()
+            # the client held the viewport's rows (or all); it resends no key list, so
+            # for a viewport every row in it is sent again
+            return codec.delta(update, held=RowSet() if viewport else None,
+                               sequence=int(request.resume_sequence) + len(missed), step=step,
+                               count=len(missed), resume=pb.RESUME_DELTAS)
+        return codec.snapshot(sequence=publisher.sequence, step=step, resume=pb.RESUME_SNAPSHOT)
+    return codec.snapshot(sequence=publisher.sequence, step=step, resume=pb.RESUME_NONE)
 
 
 def _ranges(vp: Sequence[pb.PositionRange]) -> list[tuple[int, int]]:
@@ -153,13 +215,7 @@ class Subscription:
 
     # ------------------------------------------------------------------ validation
     def _check_columns(self, columns: list[str]) -> list[str]:
-        if not columns:
-            return list(self.table.schema.names)
-        unknown = [c for c in columns if c not in self.table.schema.names]
-        if unknown:
-            raise SchemaError(f"table {self.entry.name!r} has no column(s) {unknown} "
-                              f"(columns: {', '.join(self.table.schema.names)})")
-        return [c for c in self.table.schema.names if c in set(columns)]
+        return check_columns(self.entry, columns)
 
     def _new_codec(self) -> DeltaCodec:
         """The codec of this stream's current columns and viewport."""
@@ -346,20 +402,8 @@ class Subscription:
     # ------------------------------------------------------- building messages
     def _first_message(self) -> Encoded:
         """Under the shared lock: the snapshot, or the missed deltas of a resume."""
-        req, publisher = self.request, self.publisher
-        if req.resume:
-            missed = (publisher.missed_since(int(req.resume_sequence))
-                      if req.resume_epoch == publisher.epoch else None)
-            if missed is not None and self.format == pb.DELTA_FORMAT_UPDATES:
-                update = compose_run(missed).update if missed else TableUpdate()
-                # the client held the viewport's rows (or all); it resends no key list, so
-                # for a viewport every row in it is sent again
-                return self._codec.delta(
-                    update, held=None if self.viewport is None else RowSet(),
-                    sequence=int(req.resume_sequence) + len(missed), step=self.graph.step,
-                    count=len(missed), resume=pb.RESUME_DELTAS)
-            return self._snapshot(pb.RESUME_SNAPSHOT)
-        return self._snapshot(pb.RESUME_NONE)
+        return opening(self._codec, self.publisher, self.request, step=self.graph.step,
+                       viewport=self.viewport is not None)
 
     def _snapshot(self, resume: pb.ResumeResult.ValueType) -> Encoded:
         return self._codec.snapshot(sequence=self.publisher.sequence, step=self.graph.step,

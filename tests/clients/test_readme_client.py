@@ -32,6 +32,10 @@ def test_readme_client_snippet(capsys) -> None:
         assert "60.0" in out  # the filtered snapshot printed
         assert "shape: (1, 2)" in out and "shape: (3, 3)" in out  # live.pl, polars snapshot
         assert scope["live"].closed  # type: ignore[attr-defined]
+        frames = scope["frames"]  # subscribe_many: both tables at one step
+        assert frames["trades"]["id"].tolist() == [1, 2]  # type: ignore[index]
+        assert frames[scope["big"].name].to_dict("list") == {"sym": ["B"], "n": [1]}  # type: ignore[index,attr-defined]
+        assert scope["group"].closed  # type: ignore[attr-defined]
     finally:
         server.shutdown()
         graph.stop()
