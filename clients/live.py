@@ -665,6 +665,11 @@ class LiveTable:
         finally:
             self._finish()
 
+    def set_connected(self, connected: bool) -> None:
+        """Say whether the stream of a table whose reader is not its own (a
+        :class:`~clients.livegroup.LiveGroup`'s) is open and delivering: :attr:`connected`."""
+        self._connected = connected
+
     def end(self, error: BaseException | None) -> None:
         """Stop a table whose reader is not its own (a
         :class:`~clients.livegroup.LiveGroup`'s): ``error`` becomes :attr:`error` (``None``:

@@ -375,13 +375,18 @@ class LiveGroup:
                     log.warning("subscription to %s broke (%s: %s); reconnecting in %.1f s",
                                 self.names, type(exc).__name__, exc, delay)
                 finally:
-                    self._connected = False
+                    self._set_connected(False)
                 if self._closing.wait(delay):
                     break
                 delay = min(delay * 2, self._delay[1])
                 self._reconnects += 1
         finally:
             self._finish()
+
+    def _set_connected(self, connected: bool) -> None:
+        self._connected = connected
+        for table in self._tables.values():  # each table's view says what its stream does
+            table.set_connected(connected)
 
     def _finish(self) -> None:
         self._done.set()
@@ -430,7 +435,7 @@ class LiveGroup:
                 self._apply_group(msg.meta.step, pending)
                 pending = []
                 if not self._connected:
-                    self._connected = True
+                    self._set_connected(True)
                     log.info("subscribed to %s", self.names)
         finally:
             with self._stream_lock:

@@ -169,6 +169,9 @@ def test_first_group_has_every_table_at_one_step(world, client, graph):
         assert arrived.wait(10)
         assert list(seen[0]) == ["quotes"] and seen[0].step == graph.step  # only what changed
         assert group["quotes"].df.equals(world.tables["quotes"].to_pandas())
+        # each table's view says what the group's stream does
+        assert group.connected and all(group[n].connected for n in NAMES)
+    assert not group.connected and not any(group[n].connected for n in NAMES)
 
 
 @pytest.mark.slow  # about a minute on two shared cores (make test runs it too)
