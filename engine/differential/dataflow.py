@@ -164,7 +164,7 @@ class Node:
       returns its output change, at times ``>= t`` (all at ``t`` when the class sets
       ``emits_at_input_time``); :meth:`emit` hands it to the consumers;
     * class attributes: ``n_inputs`` (ports), ``is_sink`` (kept without consumers, such as
-      probes); a node that runs at times with no input (a reduce re-evaluating groups)
+      probes), ``emits_consolidated`` (its output at a time is one consolidated batch); a node that runs at times with no input (a reduce re-evaluating groups)
       overrides :meth:`has_work` and adds those times to ``scope.times``;
     * hooks called once, when the scope is wired: :meth:`input_demand` and
       :meth:`restrict` (columns read downstream), then :meth:`finalize`.
@@ -214,6 +214,9 @@ class Node:
 
     # every output row is at the time being processed (no split by time needed)
     emits_at_input_time = False
+    # each batch this node emits is consolidated (one row per (record, time), no zero
+    # weights) and it emits at most once per time, so a consumer need not consolidate it
+    emits_consolidated = False
 
     def emit(self, out: ZSet, t: Time | None = None) -> None:
         """Hand ``out`` to the consumers, by time (all at ``t`` when given)."""

@@ -265,6 +265,8 @@ def _change(keys: pa.Table, ent: _Entries, t: Time, spec: _Spec) -> ZSet | None:
 class _ReduceNode(Node):
     """The general reduce over an arranged input: any scope, any aggregate."""
 
+    emits_consolidated = True  # one change per group (distinct: per record) at t
+
     def __init__(self, scope: Scope, source: ArrangeNode, spec: _Spec) -> None:
         super().__init__(scope, [source], spec.schema)
         self.arranged = source
