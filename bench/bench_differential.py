@@ -26,12 +26,15 @@ vectorized numpy BFS (CSR rebuilt from the edge arrays each step). Checked at th
 Run: python bench/bench_differential.py [--only d1 d2 d3 linear] [--d1-sizes 100000 1000000]
      [--d2-sizes 10000 100000] [--steps 50] [--sizes 10000 100000 1000000] [--events 1000000]
      [--batch 10000] [--linear-sizes 10000 100000 1000000] [--repeat 5] [--json PATH]
+     [--pathway PATH_TO_A_PYTHON_WITH_PATHWAY]  (D2 on Pathway too, same workload)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -283,6 +286,15 @@ def run_d2(e: int, args: argparse.Namespace) -> dict:
             "speedup": sb["median_ms"] / st["median_ms"]}
 
 
+def _pathway_d2(args: argparse.Namespace) -> list[dict]:
+    """D2 on Pathway: bench/_pathway_d2.py run by the ``--pathway`` interpreter, one JSON line per size."""
+    script = Path(__file__).resolve().parent / "_pathway_d2.py"
+    cmd = [args.pathway, str(script), "--sizes", *map(str, args.d2_sizes), "--steps", str(args.steps),
+           "--d2-change", str(args.d2_change), "--warmup", "0"]  # the same steps as ours: same final graph
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000],
@@ -299,6 +311,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50, help="timed steps for D1 and D2")
     ap.add_argument("--pandas-steps", type=int, default=10, help="D1 steps also timed with pandas")
     ap.add_argument("--d2-change", type=int, default=10, help="D2 edges added and removed per step")
+    ap.add_argument("--pathway", default=None, metavar="PYTHON",
+                    help="also run D2 on Pathway with this interpreter (one that has pathway and numpy)")
     ap.add_argument("--json", default=None, help="output path (default bench/results/bench_differential.json)")
     args = ap.parse_args()
 
@@ -317,7 +331,16 @@ def main() -> None:
                     f"{args.d2_change} removed per step; recompute = vectorized numpy BFS "
                     f"(CSR rebuilt per step)", d2,
                     ["edges", "nodes", "reached", "load_s", "step_median_ms", "step_mean_ms",
-                     "step_p99_ms", "bfs_numpy_median_ms", "speedup"])
+                     "step_p99_ms", "cpu_median_ms", "cpu_mean_ms", "cpu_p99_ms", "bfs_numpy_median_ms",
+                     "speedup"])
+        if args.pathway:
+            peer = out["d2_pathway"] = _pathway_d2(args)
+            for row, mine in zip(peer, d2, strict=True):
+                row["vs_ticktable"] = row["step_median_ms"] / mine["step_median_ms"]
+            print_table(f"D2 on Pathway {peer[0]['pathway']} (bench/_pathway_d2.py, same graph and changes; "
+                        f"vs_ticktable > 1: Ticktable is faster)", peer,
+                        ["edges", "reached", "step_median_ms", "step_mean_ms", "step_p99_ms", "cpu_median_ms",
+                         "cpu_mean_ms", "cpu_p99_ms", "vs_ticktable"])
     if "d3" in args.only:
         out["d3"] = _d3(args, load)
     if "linear" in args.only:
