@@ -158,13 +158,18 @@ class _Entries:
 
 
 def _entries(found: Lookup, spec: _Spec) -> _Entries:
-    order = np.lexsort((found.rec_hash, found.probe))
-    probe = found.probe[order]
-    rh = found.rec_hash[order]
-    n = probe.size
-    new = np.ones(n, dtype=bool)
-    if n:
+    if spec.distinct:  # the group is the whole record: a probe's entries are one record
+        order = np.argsort(found.probe, kind="stable")
+        probe = found.probe[order]
+        new = np.ones(probe.size, dtype=bool)
+        np.not_equal(probe[1:], probe[:-1], out=new[1:])
+    else:
+        order = np.lexsort((found.rec_hash, found.probe))
+        probe = found.probe[order]
+        rh = found.rec_hash[order]
+        new = np.ones(probe.size, dtype=bool)
         new[1:] = (probe[1:] != probe[:-1]) | (rh[1:] != rh[:-1])
+    n = probe.size
     values: dict[str, npt.NDArray[np.generic]] = {}
     cols = {c for _, fn, c in spec.aggs if c is not None}
     if cols and n:
