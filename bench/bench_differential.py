@@ -26,12 +26,15 @@ vectorized numpy BFS (CSR rebuilt from the edge arrays each step). Checked at th
 Run: python bench/bench_differential.py [--only d1 d2 d3 linear] [--d1-sizes 100000 1000000]
      [--d2-sizes 10000 100000] [--steps 50] [--sizes 10000 100000 1000000] [--events 1000000]
      [--batch 10000] [--linear-sizes 10000 100000 1000000] [--repeat 5] [--json PATH]
+     [--pathway PATH_TO_A_PYTHON_WITH_PATHWAY]  (D2 on Pathway too, same workload)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,6 +46,7 @@ import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import _d2_graph as d2_graph  # noqa: E402
 from bench._common import print_table, stats_ms, write_json  # noqa: E402
 from engine.differential.dataflow import Dataflow  # noqa: E402
 from engine.differential.linear import Expansion, LinearOperator  # noqa: E402
@@ -235,33 +239,8 @@ EDGES = pa.schema([("node", pa.int64()), ("dst", pa.int64())])
 NODES = pa.schema([("node", pa.int64())])
 
 
-def _bfs_numpy(src: np.ndarray, dst: np.ndarray, n_nodes: int, root: int) -> np.ndarray:
-    """Vectorized BFS (numpy, CSR rebuilt from the edge arrays): a loop per level only."""
-    order = np.argsort(src, kind="stable")
-    s, d = src[order], dst[order]
-    starts = np.searchsorted(s, np.arange(n_nodes + 1))
-    seen = np.zeros(n_nodes, dtype=bool)
-    seen[root] = True
-    frontier = np.array([root])
-    while frontier.size:
-        lo, hi = starts[frontier], starts[frontier + 1]
-        cnt = hi - lo
-        if cnt.sum() == 0:
-            break
-        idx = np.repeat(lo - np.concatenate(([0], np.cumsum(cnt)[:-1])), cnt) + np.arange(cnt.sum())
-        nxt = np.unique(d[idx])
-        nxt = nxt[~seen[nxt]]
-        seen[nxt] = True
-        frontier = nxt
-    return np.flatnonzero(seen)
-
-
 def run_d2(e: int, args: argparse.Namespace) -> dict:
-    rng = np.random.default_rng(e)
-    n_nodes = max(e // 4, 2)
-    code = np.unique(rng.integers(0, n_nodes, 2 * e) * n_nodes + rng.integers(0, n_nodes, 2 * e))
-    code = rng.permutation(code)[:e]
-    edges = set(code.tolist())
+    rng, n_nodes, code, edges = d2_graph.initial(e)
 
     df = Dataflow()
     ecoll, ie = df.input(EDGES)
@@ -282,36 +261,38 @@ def run_d2(e: int, args: argparse.Namespace) -> dict:
     reached = int(probe.accumulate().num_rows)
 
     wall: list[int] = []
+    cpu: list[int] = []
     bfs_ns: list[int] = []
-    for step in range(1, args.steps + 1):
-        add: list[int] = []
-        while len(add) < args.d2_change:
-            c = int(rng.integers(n_nodes)) * n_nodes + int(rng.integers(n_nodes))
-            if c not in edges and c not in add:
-                add.append(c)
-        cur = np.fromiter(edges, dtype=np.int64, count=len(edges))
-        rem = rng.choice(cur, args.d2_change, replace=False)
-        edges.difference_update(rem.tolist())
-        edges.update(add)
+    for step, (add, rem) in enumerate(d2_graph.steps(rng, n_nodes, edges, args.steps, args.d2_change), 1):
         ch = np.concatenate((np.array(add, dtype=np.int64), rem))
         batch = _zset(EDGES, [ch // n_nodes, ch % n_nodes],
                       np.concatenate((np.ones(len(add)), -np.ones(rem.size))), step)
-        t = time.perf_counter_ns()
+        t, c = time.perf_counter_ns(), time.process_time_ns()
         ie.send(batch)
         close(step)
         wall.append(time.perf_counter_ns() - t)
-        cur = np.fromiter(edges, dtype=np.int64, count=len(edges))
+        cpu.append(time.process_time_ns() - c)
         t = time.perf_counter_ns()
-        want = _bfs_numpy(cur // n_nodes, cur % n_nodes, n_nodes, 0)
+        want = d2_graph.reachable(edges, n_nodes)
         bfs_ns.append(time.perf_counter_ns() - t)
     got = np.sort(probe.accumulate().data.column("node").to_numpy())
     if not np.array_equal(got, want):
         raise AssertionError(f"D2 E={e}: reachable set differs from BFS")
-    st, sb = stats_ms(wall), stats_ms(bfs_ns)
+    st, sc, sb = stats_ms(wall), stats_ms(cpu), stats_ms(bfs_ns)
     return {"edges": e, "nodes": n_nodes, "reached": int(got.size), "reached_at_load": reached,
             "load_s": load_s, "step_median_ms": st["median_ms"], "step_mean_ms": st["mean_ms"],
-            "step_p99_ms": st["p99_ms"], "bfs_numpy_median_ms": sb["median_ms"],
+            "step_p99_ms": st["p99_ms"], "cpu_median_ms": sc["median_ms"], "cpu_mean_ms": sc["mean_ms"],
+            "cpu_p99_ms": sc["p99_ms"], "bfs_numpy_median_ms": sb["median_ms"],
             "speedup": sb["median_ms"] / st["median_ms"]}
+
+
+def _pathway_d2(args: argparse.Namespace) -> list[dict]:
+    """D2 on Pathway: bench/_pathway_d2.py run by the ``--pathway`` interpreter, one JSON line per size."""
+    script = Path(__file__).resolve().parent / "_pathway_d2.py"
+    cmd = [args.pathway, str(script), "--sizes", *map(str, args.d2_sizes), "--steps", str(args.steps),
+           "--d2-change", str(args.d2_change), "--warmup", "0"]  # the same steps as ours: same final graph
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 def main() -> None:
@@ -330,6 +311,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50, help="timed steps for D1 and D2")
     ap.add_argument("--pandas-steps", type=int, default=10, help="D1 steps also timed with pandas")
     ap.add_argument("--d2-change", type=int, default=10, help="D2 edges added and removed per step")
+    ap.add_argument("--pathway", default=None, metavar="PYTHON",
+                    help="also run D2 on Pathway with this interpreter (one that has pathway and numpy)")
     ap.add_argument("--json", default=None, help="output path (default bench/results/bench_differential.json)")
     args = ap.parse_args()
 
@@ -348,7 +331,16 @@ def main() -> None:
                     f"{args.d2_change} removed per step; recompute = vectorized numpy BFS "
                     f"(CSR rebuilt per step)", d2,
                     ["edges", "nodes", "reached", "load_s", "step_median_ms", "step_mean_ms",
-                     "step_p99_ms", "bfs_numpy_median_ms", "speedup"])
+                     "step_p99_ms", "cpu_median_ms", "cpu_mean_ms", "cpu_p99_ms", "bfs_numpy_median_ms",
+                     "speedup"])
+        if args.pathway:
+            peer = out["d2_pathway"] = _pathway_d2(args)
+            for row, mine in zip(peer, d2, strict=True):
+                row["vs_ticktable"] = row["step_median_ms"] / mine["step_median_ms"]
+            print_table(f"D2 on Pathway {peer[0]['pathway']} (bench/_pathway_d2.py, same graph and changes; "
+                        f"vs_ticktable > 1: Ticktable is faster)", peer,
+                        ["edges", "reached", "step_median_ms", "step_mean_ms", "step_p99_ms", "cpu_median_ms",
+                         "cpu_mean_ms", "cpu_p99_ms", "vs_ticktable"])
     if "d3" in args.only:
         out["d3"] = _d3(args, load)
     if "linear" in args.only:

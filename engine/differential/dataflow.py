@@ -86,6 +86,7 @@ class Scope:
         self.nodes: list[Node] = []
         self.times: set[Time] = set()
         self.rounds = 0
+        self._since_memo: dict[Time, Antichain] = {}
         self.entered: dict[int, tuple[Node, Node]] = {}   # outer node id -> (outer, inner)
 
     @property
@@ -95,12 +96,22 @@ class Scope:
     def join_since(self, t: Time) -> Antichain:
         """How far a join's traces may compact while ``t`` is processed: lub with any later
         time is unchanged by advancing history to the current outer version."""
-        return Antichain([t[:-1] + (0,)]) if self.nested else Antichain([t])
+        v = t[:-1] + (0,) if self.nested else t
+        return self._since(v)
 
     def reduce_since(self, t: Time) -> Antichain:
         """How far a reduce's trace may compact at ``t``: it must still tell the previous
         outer version (``t[0] - 1``) from the current one."""
-        return Antichain([(max(t[0] - 1, 0),) + (0,) * (self.dims - 1)])
+        return self._since((max(t[0] - 1, 0),) + (0,) * (self.dims - 1))
+
+    def _since(self, v: Time) -> Antichain:
+        """``Antichain([v])``, built once per outer version (every operator asks every round)."""
+        found = self._since_memo.get(v)
+        if found is None:
+            if len(self._since_memo) >= 8:  # older versions are not asked about again
+                self._since_memo.clear()
+            found = self._since_memo[v] = Antichain([v])
+        return found
 
     def run(self, limit: int | None = None, max_rounds: int | None = None) -> None:
         """Process pending times in order (root: those whose outer version is < ``limit``)."""
@@ -153,7 +164,7 @@ class Node:
       returns its output change, at times ``>= t`` (all at ``t`` when the class sets
       ``emits_at_input_time``); :meth:`emit` hands it to the consumers;
     * class attributes: ``n_inputs`` (ports), ``is_sink`` (kept without consumers, such as
-      probes); a node that runs at times with no input (a reduce re-evaluating groups)
+      probes), ``emits_consolidated`` (its output at a time is one consolidated batch); a node that runs at times with no input (a reduce re-evaluating groups)
       overrides :meth:`has_work` and adds those times to ``scope.times``;
     * hooks called once, when the scope is wired: :meth:`input_demand` and
       :meth:`restrict` (columns read downstream), then :meth:`finalize`.
@@ -203,6 +214,9 @@ class Node:
 
     # every output row is at the time being processed (no split by time needed)
     emits_at_input_time = False
+    # each batch this node emits is consolidated (one row per (record, time), no zero
+    # weights) and it emits at most once per time, so a consumer need not consolidate it
+    emits_consolidated = False
 
     def emit(self, out: ZSet, t: Time | None = None) -> None:
         """Hand ``out`` to the consumers, by time (all at ``t`` when given)."""

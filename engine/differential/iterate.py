@@ -39,8 +39,8 @@ class _SourceNode(Node):
 
 
 class _FeedbackNode(Node):
-    """Consolidates the body's result at ``(e, i)``, feeds it back at ``(e, i + 1)`` and
-    keeps it for the loop's output."""
+    """Consolidates the body's result at ``(e, i)`` (unless its node emits consolidated
+    batches), feeds it back at ``(e, i + 1)`` and keeps it for the loop's output."""
 
     is_sink = True
 
@@ -53,7 +53,7 @@ class _FeedbackNode(Node):
         b = batches[0]
         if b is None:
             return None
-        c = b.consolidate()
+        c = b if self.inputs[0].emits_consolidated else b.consolidate()
         if c.num_rows:
             self.out.append(c)
             assert c.times is not None

@@ -32,7 +32,7 @@ import pyarrow as pa
 from engine._kernels.arrays import numeric_view
 from engine.differential.dataflow import Collection, Node, Scope, Time
 from engine.differential.indexed import IndexedZSet
-from engine.differential.trace import Trace, TraceReader
+from engine.differential.trace import SMALL_BATCHES, MergePolicy, Trace, TraceReader
 from engine.differential.zset import ZSet, identity_prefix, take_rows
 from engine.errors import InputError, SchemaError
 
@@ -57,7 +57,9 @@ class ArrangeNode(Node):
                               f"{source.schema.names}")
         super().__init__(scope, [source], source.schema)
         self.keys = keys
-        self.trace = Trace(source.schema, keys, dims=scope.dims)
+        # in a loop, batches come per round and hold a few rows each
+        self.trace = Trace(source.schema, keys, dims=scope.dims,
+                           policy=SMALL_BATCHES if scope.nested else MergePolicy())
         self._hold = self.trace.reader()  # released once the consumers hold their own
         self._before: tuple[Time, tuple[IndexedZSet, ...]] | None = None
         self._indexed: tuple[Time, IndexedZSet] | None = None

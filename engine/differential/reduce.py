@@ -158,13 +158,18 @@ class _Entries:
 
 
 def _entries(found: Lookup, spec: _Spec) -> _Entries:
-    order = np.lexsort((found.rec_hash, found.probe))
-    probe = found.probe[order]
-    rh = found.rec_hash[order]
-    n = probe.size
-    new = np.ones(n, dtype=bool)
-    if n:
+    if spec.distinct:  # the group is the whole record: a probe's entries are one record
+        order = np.argsort(found.probe, kind="stable")
+        probe = found.probe[order]
+        new = np.ones(probe.size, dtype=bool)
+        np.not_equal(probe[1:], probe[:-1], out=new[1:])
+    else:
+        order = np.lexsort((found.rec_hash, found.probe))
+        probe = found.probe[order]
+        rh = found.rec_hash[order]
+        new = np.ones(probe.size, dtype=bool)
         new[1:] = (probe[1:] != probe[:-1]) | (rh[1:] != rh[:-1])
+    n = probe.size
     values: dict[str, npt.NDArray[np.generic]] = {}
     cols = {c for _, fn, c in spec.aggs if c is not None}
     if cols and n:
@@ -231,8 +236,26 @@ def _corners(t: Time) -> list[tuple[Time, int]]:
     return out
 
 
+def _distinct_change(ent: _Entries, t: Time) -> ZSet | None:
+    """``distinct``'s change at ``t`` (Moebius over the corners) with one gather: per record,
+    the signed sum over the corners of "present there", then the records whose sum is not 0."""
+    if ent.probe.size == 0:
+        return None
+    net = np.zeros(ent.gstart.size, dtype=np.int64)
+    for c, sign in _corners(t):  # 2 or 4 corners
+        inc = (ent.times <= np.asarray(c, dtype=np.int64)).all(axis=1)
+        rw = np.add.reduceat(np.where(inc, ent.diffs, 0), ent.gstart)  # weight per record
+        net += sign * (rw > 0)
+    pos = np.flatnonzero(net)
+    if pos.size == 0:
+        return None
+    return ZSet(ent.lookup.records(ent.order[ent.gstart[pos]]), net[pos])
+
+
 def _change(keys: pa.Table, ent: _Entries, t: Time, spec: _Spec) -> ZSet | None:
     """The output's change at ``t`` for the groups ``keys`` (Moebius over the corners)."""
+    if spec.distinct:  # a group is one record: no table per corner, one gather
+        return _distinct_change(ent, t)
     parts = []
     for c, sign in _corners(t):
         rows = _evaluate(keys, ent, c, spec)
@@ -246,6 +269,8 @@ def _change(keys: pa.Table, ent: _Entries, t: Time, spec: _Spec) -> ZSet | None:
 
 class _ReduceNode(Node):
     """The general reduce over an arranged input: any scope, any aggregate."""
+
+    emits_consolidated = True  # one change per group (distinct: per record) at t
 
     def __init__(self, scope: Scope, source: ArrangeNode, spec: _Spec) -> None:
         super().__init__(scope, [source], spec.schema)

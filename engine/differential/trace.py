@@ -2,10 +2,14 @@
 
 A :class:`Trace` accumulates indexed batches
 (:class:`~engine.differential.indexed.IndexedZSet`: rows of one key contiguous, looked up
-by key hash; see :mod:`engine.differential.indexed`) in a *spine*, merged size-tiered:
-once the last ``_FANOUT`` (4) batches are of one size class (``_FANOUT`` x apart, from
-``_BASE`` rows), they are merged into one. Every update is merged ``O(log n)`` times and a
-lookup probes about ``_FANOUT`` batches per size class. (Merging two batches whenever the
+by key hash; see :mod:`engine.differential.indexed`) in a *spine*, merged size-tiered by
+its :class:`MergePolicy`: once the last ``fanout`` batches are of one size class
+(``fanout`` x apart, from ``base`` rows), they are merged into one. Every update is merged
+``O(log n)`` times and a lookup probes about ``fanout`` batches per size class. The
+default (4 from 1,024 rows) suits a step's batches; :data:`SMALL_BATCHES` (8 from 64 rows)
+suits the rounds of an ``iterate``, whose batches hold a few rows each: with a 1,024-row
+floor every batch below it is of class 0, so the spine's tail (a whole small collection)
+was rewritten every few rounds. (Merging two batches whenever the
 newer is half the older, the binary-counter policy, does more merge work per update in
 the upsert benchmark, for fewer batches to probe: bench/README.md.) Merges *compact*: every
 time is advanced by the trace's compaction frontier (:func:`advance_times`) and equal
@@ -40,13 +44,11 @@ from engine.differential.version import Antichain, Version, VersionLike, advance
 from engine.differential.zset import ZSet, concat, take_rows, take_rows_from
 from engine.errors import InputError, SchemaError
 
-__all__ = ["Lookup", "Trace", "TraceReader"]
+__all__ = ["SMALL_BATCHES", "Lookup", "MergePolicy", "Trace", "TraceReader"]
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
 
-_FANOUT = 4       # batches merged at once; a lookup probes about _FANOUT per size class
-_BASE = 1024      # rows in the smallest size class
 
 
 def _merged_order(parts: Sequence[IndexedZSet]) -> I64:
@@ -113,12 +115,31 @@ def _merge(parts: Sequence[IndexedZSet], since: Antichain) -> IndexedZSet:
     return IndexedZSet(parts[0].keys, out, key_hash[rows], rec_hash[keep], order_key[keep])
 
 
-_LOG_FANOUT = math.log(_FANOUT)
+@dataclass(frozen=True, slots=True)
+class MergePolicy:
+    """When a trace merges its batches (size-tiered): once the last ``fanout`` batches are
+    of one size class, they become one. A batch of ``n`` rows is of class
+    ``floor(log_fanout(max(n, base) / base))``: every batch below ``base`` rows is of class 0.
+
+    Raises
+    ------
+    InputError
+        If ``fanout < 2`` or ``base < 1``.
+    """
+
+    fanout: int = 4   # batches merged at once; a lookup probes about this many per class
+    base: int = 1024  # rows in the smallest size class
+
+    def __post_init__(self) -> None:
+        if self.fanout < 2 or self.base < 1:
+            raise InputError(f"a merge policy needs fanout >= 2 and base >= 1, got {self}")
+
+    def level(self, n: int) -> int:
+        """Size class of a batch of ``n`` rows."""
+        return int(math.log(max(n, self.base) / self.base) / math.log(self.fanout))
 
 
-def _level(n: int) -> int:
-    """Size class of a batch: batches of one class are merged ``_FANOUT`` at a time."""
-    return int(math.log(max(n, _BASE) / _BASE) / _LOG_FANOUT)
+SMALL_BATCHES = MergePolicy(fanout=8, base=64)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -262,6 +283,8 @@ class Trace:
         The key columns the trace is indexed by.
     dims
         Coordinates per version.
+    policy
+        When batches merge (:class:`MergePolicy`; the default suits a step's batches).
 
     Examples
     --------
@@ -271,7 +294,8 @@ class Trace:
     ([((1, 'a'), None, 1)], [((1, 'b'), None, 1)])
     """
 
-    def __init__(self, schema: pa.Schema, keys: Sequence[str] | str, *, dims: int = 1) -> None:
+    def __init__(self, schema: pa.Schema, keys: Sequence[str] | str, *, dims: int = 1,
+                 policy: MergePolicy = MergePolicy()) -> None:
         self.schema = schema
         self.keys = (keys,) if isinstance(keys, str) else tuple(keys)
         missing = [k for k in self.keys if k not in schema.names]
@@ -280,6 +304,7 @@ class Trace:
         if dims < 1:
             raise InputError(f"a trace's versions need at least one coordinate, got dims={dims}")
         self.dims = dims
+        self.policy = policy
         self.exact_keys = exact_hash(schema, self.keys)
         self._spine: list[IndexedZSet] = []
         self._readers: list[TraceReader] = []
@@ -324,11 +349,11 @@ class Trace:
         ib = batch if isinstance(batch, IndexedZSet) and batch.keys == self.keys \
             else IndexedZSet.build(z, self.keys)
         self._spine.append(ib)
-        # size-tiered: the last _FANOUT batches merge once they are all of one size class
-        while len(self._spine) >= _FANOUT and \
-                _level(len(self._spine[-_FANOUT])) <= _level(len(self._spine[-1])):
-            parts = self._spine[-_FANOUT:]
-            del self._spine[-_FANOUT:]
+        # size-tiered: the last `fanout` batches merge once they are all of one size class
+        fan, level = self.policy.fanout, self.policy.level
+        while len(self._spine) >= fan and level(len(self._spine[-fan])) <= level(len(self._spine[-1])):
+            parts = self._spine[-fan:]
+            del self._spine[-fan:]
             merged = _merge(parts, self.since)
             if len(merged):
                 self._spine.append(merged)

@@ -13,7 +13,7 @@ import pytest
 from engine.differential import indexed as indexed_module
 from engine.differential import trace as trace_module
 from engine.differential.indexed import index_with
-from engine.differential.trace import Trace
+from engine.differential.trace import SMALL_BATCHES, MergePolicy, Trace
 from engine.differential.version import Antichain, Version
 from engine.differential.zset import ZSet
 from engine.errors import InputError, SchemaError
@@ -238,10 +238,11 @@ def _beyond(rng: np.random.Generator, frontier: Antichain, spread: int = 3) -> t
     return (e[0] + int(rng.integers(0, spread + 1)), e[1] + int(rng.integers(0, spread + 1)))
 
 
+@pytest.mark.parametrize("policy", [MergePolicy(), SMALL_BATCHES], ids=["default", "small_batches"])
 @pytest.mark.parametrize("key_col", ["K", "Sym"])
-def test_trace_oracle_over_random_versions(key_col):
+def test_trace_oracle_over_random_versions(key_col, policy):
     rng = np.random.default_rng(17 if key_col == "K" else 18)
-    tr = Trace(SCHEMA, key_col, dims=2)
+    tr = Trace(SCHEMA, key_col, dims=2, policy=policy)
     reader = tr.reader()
     frontier = Antichain([(0, 0)])
     history: Counter = Counter()          # every update ever inserted, uncompacted
@@ -282,6 +283,45 @@ def test_trace_oracle_over_random_versions(key_col):
     tr.compact()
     distinct = {(rec, Version(tt).advance_by(frontier)) for (rec, tt), w in history.items()}
     assert len(tr) <= len(distinct)
+
+
+def test_merge_policy_size_classes():
+    p = MergePolicy(fanout=8, base=64)
+    assert [p.level(n) for n in (0, 1, 64, 511, 512, 4095, 4096)] == [0, 0, 0, 0, 1, 1, 2]
+    assert MergePolicy().level(1023) == 0 and MergePolicy().level(4096) == 1
+    for bad in ({"fanout": 1}, {"base": 0}):
+        with pytest.raises(InputError):
+            MergePolicy(**bad)
+
+
+@pytest.mark.parametrize("policy", [MergePolicy(), SMALL_BATCHES, MergePolicy(fanout=2, base=1)],
+                         ids=["default", "small_batches", "binary"])
+def test_merge_policy_keeps_the_spine_tiered_and_the_collection_exact(policy):
+    # batches of a few rows, as an iterate's rounds insert them: after every insert the last
+    # `fanout` batches are never all of one size class (they would have merged), the spine
+    # stays short, and the collection at every version is the sum of what was inserted
+    rng = np.random.default_rng(23)
+    tr = Trace(SCHEMA, "K", dims=2, policy=policy)
+    history: Counter = Counter()
+    for v in range(600):
+        t = (v // 7, v % 7)  # (step, round)
+        batch = random_batch(rng, int(rng.integers(1, 30)), times=t, keys=40)
+        tr.insert(batch)
+        after = [len(b) for b in tr.batches]
+        for (rec, tt), w in counter(batch).items():
+            history[(rec, tt)] += w
+        f = policy.fanout
+        if len(after) >= f:
+            assert policy.level(after[-f]) > policy.level(after[-1]), (v, after)
+        if v % 25 == 0:
+            at = Version(*t)
+            want: Counter = Counter()
+            for (rec, tt), w in history.items():
+                if tt[0] <= at[0] and tt[1] <= at[1]:
+                    want[(rec, None)] += w
+            assert counter(tr.accumulate(at=at), times=False) == Counter({k: w for k, w in want.items() if w})
+    total = sum(len(b) for b in tr.batches)
+    assert len(tr.batches) <= policy.fanout * (policy.level(total) + 2), [len(b) for b in tr.batches]
 
 
 @pytest.mark.parametrize("shape", ["random", "top_ties", "few_values", "key_runs"])
