@@ -38,6 +38,8 @@ _MIN_BITS = 10
 #: slots a probe round reads per key once at most _FEW keys are left (see U64Map._slots)
 _WINDOW = 8
 _FEW = 256
+#: rounds that read one slot per key whatever is left (a batch of a few keys pays no more)
+_SINGLE_ROUNDS = 2
 _UWINDOW = np.uint64(_WINDOW)
 _STEPS = np.arange(_WINDOW, dtype=np.uint64)
 
@@ -90,18 +92,21 @@ class U64Map:
     def _slots(self, h: U64) -> I64:
         """Slot of each key, ``-1`` where absent.
 
-        While many keys are unresolved a round reads one slot per key; once at most
-        :data:`_FEW` are left, a round reads a window of :data:`_WINDOW` slots per key (one
-        2-d gather), so the few keys with long probe chains end in one or two rounds, not
-        one round per slot of their chain. A key resolves at the first slot holding it (a
+        The first round, and every round while many keys are unresolved, reads one slot
+        per key (most keys end at their home slot, and a batch of a few keys pays no more
+        than that); once at most :data:`_FEW` are left, a round reads a window of
+        :data:`_WINDOW` slots per key (one 2-d gather), so the few keys with long probe
+        chains end in one or two rounds, not one round per slot of their chain. A key resolves at the first slot holding it (a
         hit) or empty (absent); dead slots are passed.
         """
         out = np.full(h.size, -1, dtype=np.int64)
         idx = np.arange(h.size)
         s = self._home(h)
         hh = h
+        single = _SINGLE_ROUNDS
         while idx.size:
-            if idx.size > _FEW:
+            if single or idx.size > _FEW:
+                single = max(single - 1, 0)
                 v = self._vals[s]
                 hit = (v >= 0) & (self._keys[s] == hh)
                 out[idx[hit]] = s[hit].astype(np.int64)
@@ -147,16 +152,18 @@ class U64Map:
         """Store each key in the first free (empty or dead) slot from its home on.
 
         Each round, each key wants the first free slot from where it stands: one slot read
-        per key while many are left, a window of :data:`_WINDOW` slots once at most
-        :data:`_FEW` are (as :meth:`_slots`). Among keys wanting one slot, one claims it: each
+        per key in the first round and while many are left, a window of :data:`_WINDOW`
+        slots once at most :data:`_FEW` are (as :meth:`_slots`). Among keys wanting one slot, one claims it: each
         scatters its index into the slot and keeps the slot if it reads itself back (no
         sort). A key that lost goes on from the slot it lost (now taken), a key that saw no
         free slot from the slot after those it read.
         """
         idx = np.arange(h.size, dtype=np.int32)
         s = self._home(h)
+        single = _SINGLE_ROUNDS
         while idx.size:
-            if idx.size > _FEW:
+            if single or idx.size > _FEW:
+                single = max(single - 1, 0)
                 some = self._vals[s] < 0
                 fs, step = s, _ONE
             else:
