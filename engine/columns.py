@@ -395,6 +395,10 @@ class _ArrowStore:
     max_merge = 1 << 21
     #: chunks of one level that merge into one of the next
     fan_in = 4
+    #: a gather across the chunks of a store of at most this many values concatenates them
+    #: and takes once: 3 values of a 4-chunk, 12-value store (a small keyed table's strings)
+    #: 40 -> 6 us; 4,096 values in 12 chunks 16 us
+    small = 4096
 
     def __init__(self, type: pa.DataType, *, null_slot: bool = True) -> None:
         self.type = type
@@ -459,6 +463,8 @@ class _ArrowStore:
             return self._run(first, slots.size)  # e.g. a whole append-only table: slices
         if len(self.chunks) == 1:
             return self.chunks[0].take(pa.array(slots))
+        if len(self) <= self.small:  # one concatenation of a few values, one take
+            return pa.concat_arrays(self.chunks).take(pa.array(slots))
         which = np.searchsorted(self.offsets, slots, side="right") - 1
         if which.min() == which.max():
             c = int(which[0])

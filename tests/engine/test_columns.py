@@ -167,10 +167,11 @@ def test_set_new_range_run_writes_consecutive_values_in_blocks():
     assert src.capacity >= 3 + n
 
 
+@pytest.mark.parametrize("small", [None, 0])  # 0: every gather takes chunk by chunk
 @pytest.mark.parametrize("max_merge", [None, 64])
 @pytest.mark.parametrize("typ", [pa.int64(), pa.string(), pa.float64()])
 @pytest.mark.parametrize("seed", range(3))
-def test_append_source_reads_equal_the_appended_values(typ, seed, max_merge):
+def test_append_source_reads_equal_the_appended_values(typ, seed, max_merge, small):
     # appends of 1 to 200 rows, some as multi-chunk arrays: every read (random gathers, runs
     # across chunks, ranges, previous values) equals the concatenated input; with a small
     # max_merge, many chunks stop merging and reads cross them
@@ -178,6 +179,8 @@ def test_append_source_reads_equal_the_appended_values(typ, seed, max_merge):
     src = AppendColumnSource(typ)
     if max_merge is not None:
         src._store.max_merge = max_merge
+    if small is not None:
+        src._store.small = small
     cap = src._store.max_merge
     expect: list = []
     for _ in range(120):
