@@ -196,6 +196,78 @@ def test_cycles_run_while_a_query_runs_and_the_timeout_stops_it():
         graph.stop()
 
 
+def _flight_info(srv: TicktableServer, query: str) -> fpb.FlightInfo:
+    any_ = any_pb2.Any()
+    any_.Pack(sqlpb.CommandStatementQuery(query=query))
+    with grpc.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
+        info_call = ch.unary_unary("/arrow.flight.protocol.FlightService/GetFlightInfo",
+                                   fpb.FlightDescriptor.SerializeToString,
+                                   fpb.FlightInfo.FromString)
+        return info_call(fpb.FlightDescriptor(type=fpb.FlightDescriptor.CMD,
+                                              cmd=any_.SerializeToString()),
+                         metadata=[("authorization", f"Bearer {TOKEN}")])
+
+
+SLOW = "SELECT count(*) AS n FROM big x, big y WHERE x.a + y.a = 7"
+
+
+def test_flight_info_answers_while_duckdb_runs_the_query():
+    """GetFlightInfo answers once the query is bound, DuckDB running it meanwhile (the scan
+    overlaps the client's round trip); DoGet then reads its rows at the announced step."""
+    graph, srv = _server()
+    try:
+        big = srv.registry.create_source("big", pa.schema([("a", pa.int64())]), "append").table
+        big.append(pa.table({"a": pa.array(range(20_000), pa.int64())}))
+        time.sleep(0.1)
+        info = _flight_info(srv, SLOW)
+        (running,) = srv.sql.runner._running.values()
+        assert running.starting is not None and not running.starting.done()  # still running
+        assert pa.ipc.read_schema(pa.py_buffer(info.schema)).names == ["n"]
+        step = pb.UpdateMetadata.FromString(info.app_metadata).step
+        reader = fl.connect(srv.location).do_get(
+            fl.Ticket(info.endpoint[0].ticket.ticket),
+            options=fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())]))
+        table = reader.read_all()
+        assert table.to_pylist() == [{"n": 8}]
+        assert int(table.schema.metadata[b"ticktable.step"]) == step
+        assert srv.sql.runner.running() == 0
+    finally:
+        srv.shutdown()
+        graph.stop()
+
+
+def test_a_query_nobody_reads_is_stopped_at_the_timeout():
+    """A query started by GetFlightInfo and never read is interrupted and dropped at the
+    timeout, and its thread serves the next query."""
+    graph, srv = _server(sql_timeout=1.0)
+    try:
+        big = srv.registry.create_source("big", pa.schema([("a", pa.int64())]), "append").table
+        big.append(pa.table({"a": pa.array(range(3_000_000), pa.int64())}))
+        time.sleep(0.1)
+        for _ in range(10):  # more than the runner's threads
+            _flight_info(srv, SLOW)
+        deadline = time.monotonic() + 20
+        while srv.sql.runner.running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert srv.sql.runner.running() == 0
+        with _connect(srv) as conn:
+            assert _rows(conn, "SELECT count(*) FROM big") == [(3_000_000,)]
+    finally:
+        srv.shutdown()
+        graph.stop()
+
+
+def test_an_error_while_duckdb_runs_reaches_the_client_in_one_line(conn, server):
+    """An error DuckDB meets running the query (not binding it) comes with DoGet: the
+    client sees DuckDB's first line, and the query is gone."""
+    with pytest.raises(adbc_driver_manager.Error) as raised:
+        _rows(conn, "SELECT CAST(sym || 'x' AS INTEGER) FROM trades")
+    text = str(raised.value)
+    assert "Conversion Error" in text and "Traceback" not in text
+    assert server.sql.runner.running() == 0
+    assert _rows(conn, "SELECT count(*) FROM trades") == [(3,)]
+
+
 def test_cancel_flight_info_stops_a_query(server):
     """CancelFlightInfo on a query's FlightInfo: CANCELLED, and its ticket reads nothing."""
     opts = [("authorization", f"Bearer {TOKEN}")]
