@@ -29,9 +29,18 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import numpy as np
 import pyarrow as pa
+import pyarrow.flight as fl
 from grpc_health.v1 import health_pb2
 
-from engine.errors import InputError, PortInUse, ProtocolError, TableExists
+from engine.errors import (
+    InputError,
+    PermissionDenied,
+    PortInUse,
+    ProtocolError,
+    ServiceError,
+    TableExists,
+    Unauthenticated,
+)
 from engine.graph import UpdateGraph
 from flight.durability.durable import Durability, RecoveryReport
 from flight.ingest.put import PutHandler
@@ -46,6 +55,7 @@ from flight.limits import (
 )
 from flight.links import Link, Links, MirrorSpec, parse_mirror
 from flight.links.follow import OriginFollower
+from flight.links.link import one_line, origin_schema
 from flight.metrics import Metrics
 from flight.pb import flight_pb2 as pb
 from flight.rpc.aio import AioServer
@@ -180,9 +190,13 @@ class ServerConfig:
         RESOURCE_EXHAUSTED.
     mirrors
         Tables of other servers to mirror here (:mod:`flight.links`): each a
-        :class:`~flight.links.MirrorSpec` or its text ``URI/TABLE[=LOCAL]``. A durable
-        server also brings back the mirrors it had (:meth:`TicktableServer.mirror`); one
-        given here again, by its local name, starts once.
+        :class:`~flight.links.MirrorSpec` or its text
+        ``URI/TABLE[=LOCAL][?columns=A,B&filter=CONDITION]``
+        (:func:`~flight.links.parse_mirror`). A durable server also brings back the mirrors
+        it had (:meth:`TicktableServer.mirror`); one given here again, by its local name,
+        starts once. One with columns or a filter is checked against its origin table's
+        schema by :meth:`TicktableServer.start`, before the port is bound (see
+        ``mirror_timeout``), unless the server remembers it as it is given.
     mirror_of
         Servers to mirror whole (``ticktable serve --mirror-of``): every table of each,
         following its creates and drops (:mod:`flight.links.follow`).
@@ -191,6 +205,10 @@ class ServerConfig:
     mirror_give_up
         Seconds a mirror may stay out of sync before it stops trying and fails (``None``:
         it retries for ever).
+    mirror_timeout
+        Seconds :meth:`TicktableServer.start` waits for the origin of a mirror with columns
+        or a filter to answer with its table's schema (``ticktable serve --mirror
+        URI/TABLE?filter=...``); past it, start fails with a ServiceError.
     filter_linger
         Seconds the table of a filtered subscription (one per table and filter, shared:
         :mod:`flight.streams.filtered`) is kept after its last subscriber left, so that a
@@ -240,6 +258,7 @@ class ServerConfig:
     mirror_of: list[str] = field(default_factory=list)
     mirror_token: str | None = None
     mirror_give_up: float | None = None
+    mirror_timeout: float = 30.0
     filter_linger: float = 60.0
 
     def check(self) -> None:
@@ -448,6 +467,9 @@ class TicktableServer:
             self.sql.runner.on_done = self.metrics.on_query
             if self.durability.journal is not None:
                 self.durability.journal.on_flush = self.metrics.on_flush
+            # a mirror's columns and filter are checked before the port is bound: a bad
+            # one stops the start, with nothing served
+            self._mirrors = [self._checked(spec) for spec in self._mirrors]
             self._grpc, self._port = self._serve()
             if cfg.metrics_port is not None:
                 self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.host)
@@ -582,16 +604,51 @@ class TicktableServer:
         comes back after a restart, resuming from its last checkpoint
         (:mod:`flight.durability.durable`).
 
+        A text with a filter (``URI/TABLE?filter=CONDITION``) is compiled against the
+        origin table's schema, read first (waiting up to ``config.mirror_timeout``).
+
         Raises
         ------
         InputError
-            For a text that is not ``URI/TABLE[=LOCAL]``.
+            For a text that is not ``URI/TABLE[=LOCAL][?columns=A,B&filter=CONDITION]``, or
+            a filter that does not fit the origin's table (:meth:`MirrorSpec.bind`).
         TableExists
             If the local name is taken.
+        ServiceError
+            If the origin of a text with a filter did not answer in time.
         """
         spec = self._mirror_spec(spec)
+        if spec.where is not None and spec.filter is None:
+            spec = self._checked(spec)
         self.links.check(spec)  # refused before it is journaled
         return self.durability.mirror(spec.name, spec.to_json(), lambda: self.links.add(spec))
+
+    def _checked(self, spec: MirrorSpec) -> MirrorSpec:
+        """``spec`` with its columns checked and its filter compiled against the origin's
+        schema (:meth:`MirrorSpec.bind`). A spec the server remembers as it is (a durable
+        restart with the same ``--mirror``) is taken as remembered, with its filter's
+        bytes: the origin need not be up."""
+        if spec.columns is None and spec.where is None:
+            return spec
+        doc = self.durability.mirrors.get(spec.name)
+        if doc is not None:
+            known = MirrorSpec.from_json(doc, token=spec.token)
+            if dataclasses.replace(known, filter=spec.filter) == spec:
+                return known
+        try:
+            schema = origin_schema(spec, self.config.mirror_timeout)
+        except TimeoutError as exc:
+            raise ServiceError(f"{exc}: its columns and filter are checked against the "
+                               f"origin's table before the server starts (--mirror-timeout)"
+                               ) from None
+        except (fl.FlightError, pa.ArrowException) as exc:  # the origin answered, refusing
+            access = {fl.FlightUnauthenticatedError: Unauthenticated,
+                      fl.FlightUnauthorizedError: PermissionDenied}.get(type(exc))
+            what = f"mirror {spec.name!r}: {spec.origin} did not give its schema: {one_line(exc)}"
+            if access is not None:
+                raise access(f"{what} (the origin's token: --mirror-token)") from None
+            raise ServiceError(what) from None
+        return spec.bind(schema)
 
     def _start_mirrors(self) -> None:
         """Start the mirrors recovery remembered and those of ``config.mirrors``: a mirror

@@ -157,7 +157,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     sql = {name: value for name, value in (("sql_timeout", args.sql_timeout),
                                            ("sql_memory_mb", args.sql_memory_mb),
-                                           ("filter_linger", args.filter_linger))
+                                           ("filter_linger", args.filter_linger),
+                                           ("mirror_timeout", args.mirror_timeout))
            if value is not None}  # unset: ServerConfig's defaults
     mirror_token = args.mirror_token or os.environ.get("TICKTABLE_MIRROR_TOKEN") or None
     config = ServerConfig(host=args.host, port=args.port, token=token, read_token=read_token,
@@ -347,11 +348,21 @@ def _add_links(serve: argparse.ArgumentParser) -> None:
     """The flags of ``serve`` that mirror tables of other servers (:mod:`flight.links`)."""
     group = serve.add_argument_group(
         "Links", "Tables of other servers mirrored here: each changes as its origin does, "
-                 "under the origin's row keys, and resumes with deltas after a break.")
-    group.add_argument("--mirror", action="append", metavar="URI/TABLE[=LOCAL]",
+                 "under the origin's row keys, and resumes with deltas after a break. "
+                 "Example: --mirror \"grpc://10.0.0.5:8815/trades=big_trades"
+                 "?columns=sym,px&filter=px > 100 AND sym <> 'X'\"")
+    group.add_argument("--mirror", action="append",
+                       metavar="URI/TABLE[=LOCAL][?columns=A,B&filter=CONDITION]",
                        help="mirror TABLE of the server at URI (grpc://host:port) as LOCAL "
-                            "(default: TABLE); repeat for more tables. A durable server keeps "
-                            "its mirrors across restarts (drop_table ends one)")
+                            "(default: TABLE); repeat for more tables. After '?', options "
+                            "joined by '&', in any order: columns=A,B mirrors only these "
+                            "columns; filter=CONDITION only the rows for which the SQL "
+                            "condition (what may follow WHERE) is true, filtered on the "
+                            "origin. Nothing is URL-encoded: quote the whole value for the "
+                            "shell. Columns and filter are checked against the origin's table "
+                            "before the server starts (see --mirror-timeout). A durable server "
+                            "keeps its mirrors, columns and filter included, across restarts "
+                            "(drop_table ends one)")
     group.add_argument("--mirror-of", action="append", metavar="URI",
                        help="mirror every table of the server at URI under its own name, "
                             "following the tables it creates and drops; repeatable")
@@ -361,6 +372,11 @@ def _add_links(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--mirror-give-up", type=_period, default=None, metavar="SECONDS",
                        help="a mirror out of sync this long stops trying and fails, telling "
                             "its subscribers (default: retry for ever)")
+    group.add_argument("--mirror-timeout", type=_period, default=None, metavar="SECONDS",
+                       help="how long the start waits for the origin of a --mirror with "
+                            "columns or a filter to answer with its table's schema; past it "
+                            "the server does not start (default 30; not waited for when a "
+                            "durable server remembers that mirror as given)")
     group.add_argument("--filter-linger", type=_seconds, default=None, metavar="SECONDS",
                        help="as an origin: how long the table of a filtered subscription (a "
                             "filtered mirror's) is kept after its last subscriber left, so that "

@@ -5,6 +5,7 @@ is a :class:`~engine.errors.SqlError` naming the parser's line and column, and a
 several statements is refused (one statement per query, so a query is one thing to run,
 time and cancel). :func:`statement_kind` says what the statement is, and
 :func:`tables_of` which tables it reads (not the names of its own CTEs).
+:func:`parse_condition` parses what may follow ``WHERE`` alone (a mirror's filter).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from sqlglot.errors import ParseError, TokenError
 
 from engine.errors import SqlError
 
-__all__ = ["DIALECT", "parse_one", "statement_kind", "tables_of"]
+__all__ = ["DIALECT", "parse_condition", "parse_one", "statement_kind", "tables_of"]
 
 #: The dialect every text is parsed in: the one the queries run in.
 DIALECT = "duckdb"
@@ -71,13 +72,7 @@ def parse_one(text: str) -> exp.Expression:
     try:
         statements = sqlglot.parse(text, dialect=DIALECT)
     except ParseError as exc:
-        first = exc.errors[0] if exc.errors else {}
-        what = _TOKEN_REPR.sub(_token_text, str(first.get("description") or exc).splitlines()[0])
-        what = _CLASS_REPR.sub(_class_text, what)
-        raise SqlError(
-            f"SQL syntax error at line {first.get('line', '?')}, column {first.get('col', '?')}: "
-            f"{what}"
-        ) from exc
+        raise SqlError(_parse_message(exc)) from exc
     except TokenError as exc:
         raise SqlError(_token_message(text, exc)) from exc
     found = [s for s in statements if s is not None]
@@ -89,6 +84,59 @@ def parse_one(text: str) -> exp.Expression:
     if not isinstance(statement, exp.Expression):  # every node the parser builds is one
         raise SqlError(f"SQL text parsed to an unexpected {type(statement).__name__}")
     return statement
+
+
+def parse_condition(text: str) -> exp.Expression:
+    """Parse ``text``, which must be one SQL condition: what may follow ``WHERE``.
+
+    Parameters
+    ----------
+    text
+        The condition (DuckDB's dialect), e.g. ``px > 100 AND sym IN ('A', 'B')``.
+
+    Returns
+    -------
+    sqlglot.exp.Expression
+        The condition's syntax tree (its type is checked where it is compiled, against
+        a table's columns: :func:`flight.sql.views.compile_condition`).
+
+    Raises
+    ------
+    SqlError
+        If the text is empty or does not parse as one condition (the message names the
+        line and column, counted from 1, as :func:`parse_one`'s).
+
+    Examples
+    --------
+    >>> parse_condition("px > 100 AND sym = 'A'").sql()
+    "px > 100 AND sym = 'A'"
+    >>> parse_condition("px > 100 ORDER BY px")
+    Traceback (most recent call last):
+    engine.errors.SqlError: SQL syntax error at line 1, column 17: ...
+    """
+    if not text.strip():
+        raise SqlError("empty condition: expected what may follow WHERE, e.g. px > 100")
+    try:
+        node = sqlglot.parse_one(text, read=DIALECT, into=exp.Condition)
+    except ParseError as exc:
+        raise SqlError(_parse_message(exc)) from exc
+    except TokenError as exc:
+        raise SqlError(_token_message(text, exc)) from exc
+    if isinstance(node, exp.Block):  # "a; b": several statements
+        raise SqlError(f"one condition expected: the text holds {len(node.expressions)} "
+                       f"statements")
+    if not isinstance(node, exp.Expression):  # every node the parser builds is one
+        raise SqlError(f"condition parsed to an unexpected {type(node).__name__}")
+    return node
+
+
+def _parse_message(exc: ParseError) -> str:
+    """The parser's first error as one line with a line and a column (counted from 1)."""
+    first = exc.errors[0] if exc.errors else {}
+    what = _TOKEN_REPR.sub(_token_text, str(first.get("description") or exc).splitlines()[0])
+    what = _CLASS_REPR.sub(_class_text, what)
+    return (f"SQL syntax error at line {first.get('line', '?')}, column {first.get('col', '?')}: "
+            f"{what}")
 
 
 def _token_message(text: str, exc: TokenError) -> str:

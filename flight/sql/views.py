@@ -78,14 +78,15 @@ from sqlglot import exp
 
 from engine.errors import SqlError
 from engine.expr import bind
+from engine.graph import UpdateGraph
 from engine.ops.aggregate.spec import Agg
 from engine.ops.snapshot import static_table
-from flight.sql.parse import DIALECT, parse_one, tables_of
+from flight.sql.parse import DIALECT, parse_condition, parse_one, tables_of
 
 if TYPE_CHECKING:
     from engine.table import Table
 
-__all__ = ["CompiledView", "compile_view"]
+__all__ = ["CompiledView", "compile_condition", "compile_view"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +182,46 @@ def compile_view(select: exp.Expression | str, table: Callable[[str], Table], *,
             t.close()
         raise
     return CompiledView(result, parents, tuple(compiler.created))
+
+
+def compile_condition(text: str, schema: pa.Schema, *, table: str, prefix: str) -> pc.Expression:
+    """Compile a SQL condition (what may follow ``WHERE``) over one table's columns to a
+    boolean ``pyarrow.compute`` expression, as a view's ``WHERE`` is compiled (the
+    expressions of the module docstring; a null result is false where it filters).
+
+    Parameters
+    ----------
+    text
+        The condition, e.g. ``px > 100 AND sym IN ('A', 'B')``.
+    schema
+        The table's columns (named as DuckDB names them: case-insensitively when no
+        column has the exact name).
+    table
+        The table's name.
+    prefix
+        What every message starts with (who asked: ``mirror 'big' of URI/trades: filter``).
+
+    Raises
+    ------
+    SqlError
+        If the text does not parse, names a column ``schema`` does not have (the message
+        lists those it has), holds an expression that does not map, or is not boolean.
+
+    Examples
+    --------
+    >>> compile_condition("px > 100", pa.schema([("px", pa.float64())]), table="t",
+    ...                   prefix="filter")
+    <pyarrow.compute.Expression (px > 100)>
+    """
+    try:
+        node = parse_condition(text)
+    except SqlError as exc:
+        raise SqlError(f"{prefix}: {exc}") from exc
+    # the compiler reads columns from a table: an empty one that never updates, on a graph
+    # of its own (nothing runs it)
+    empty = static_table(UpdateGraph(), schema.empty_table(), name=table)
+    rel = _Rel(empty, [_Col(None, f.name, f.name) for f in schema])
+    return _Compiler({table: empty}, prefix).predicate(node, _Scope(rel, "condition"))
 
 
 # what DuckDB says the output is -----------------------------------------------------------------

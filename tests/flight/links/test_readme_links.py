@@ -1,4 +1,4 @@
-"""The README's links topology runs as written: its three ``ticktable serve`` lines as real
+"""The README's links topology runs as written: its four ``ticktable serve`` lines as real
 processes (ports swapped for free ones, data in a temporary directory), then its Python
 lines against them."""
 
@@ -21,7 +21,7 @@ def _blocks(kind: str) -> list[str]:
 def test_the_readme_topology_of_one_origin_and_two_mirrors(tmp_path, capsys):
     (shell,) = [b for b in _blocks("bash") if "--mirror-of" in b]
     (code,) = [b for b in _blocks("python") if "9001" in b]
-    ports = {p: str(free_port()) for p in ("8815", "9001", "9002")}
+    ports = {p: str(free_port()) for p in ("8815", "9001", "9002", "9003")}
 
     def swapped(text: str) -> str:
         for old, new in ports.items():
@@ -39,13 +39,17 @@ def test_the_readme_topology_of_one_origin_and_two_mirrors(tmp_path, capsys):
 
         end = time.monotonic() + 30
         with tt.connect(f"grpc://127.0.0.1:{ports['9001']}") as mirror, \
-                tt.connect(f"grpc://127.0.0.1:{ports['9002']}") as eu:
+                tt.connect(f"grpc://127.0.0.1:{ports['9002']}") as eu, \
+                tt.connect(f"grpc://127.0.0.1:{ports['9003']}") as filtered:
             while not ({"quotes", "board", "stats"} <= set(mirror.tables())
-                       and "board_eu" in eu.tables()):
-                assert time.monotonic() < end, (mirror.tables(), eu.tables())
+                       and "board_eu" in eu.tables() and "big" in filtered.tables()):
+                assert time.monotonic() < end, (mirror.tables(), eu.tables(),
+                                                filtered.tables())
                 time.sleep(0.1)
             kinds = dict(zip(*(mirror.stats()[c] for c in ("name", "kind")), strict=True))
             assert set(kinds.values()) == {"mirror"}
+            big = filtered.snapshot("big")
+            assert list(big.columns) == ["Sym", "Bid"] and (big["Bid"] > 100).all()
         scope: dict[str, object] = {}
         exec(compile(swapped(code), str(README), "exec"), scope)
         out = capsys.readouterr().out
