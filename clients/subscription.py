@@ -249,7 +249,7 @@ class Subscription(ABC, Generic[T]):
         return callback
 
     def updates(self, timeout: float | None = None, *, maxsize: int = QUEUE_SIZE,
-                snapshot: bool = False) -> Iterator[T]:
+                snapshot: bool = False) -> BlockingUpdates[T]:
         """Iterate over every update applied from now on (blocking).
 
         Parameters
