@@ -32,7 +32,6 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
@@ -42,6 +41,7 @@ from flight.wire import ROW_KEY
 
 if TYPE_CHECKING:
     from clients.livestate import KeyedChange, Update
+    from clients.queues import BlockingUpdates
 
 __all__ = ["Closeable", "LiveGrid", "ShownTable", "in_notebook", "widget_class"]
 
@@ -119,7 +119,7 @@ class ShownTable(Protocol):
 
     def wait_for(self, *, timeout: float | None) -> bool: ...
 
-    def updates(self, *, snapshot: bool) -> Iterator[Update]: ...
+    def updates(self, *, snapshot: bool) -> BlockingUpdates[Update]: ...
 
     def close(self, timeout: float) -> None: ...
 
@@ -188,7 +188,7 @@ class LiveGrid:
         if not live.wait_for(timeout=wait):
             raise TimeoutError(f"no snapshot of {live.table!r} within {wait} s ({live!r})")
         # the view now, then every update; its close() ends the thread's loop
-        self._updates: Any = live.updates(snapshot=True)
+        self._updates = live.updates(snapshot=True)
         first = next(self._updates)  # at once: the view has had its snapshot
         change = first.by_row_key()
         self._schema = perspective_schema(change.rows.schema)
@@ -202,6 +202,7 @@ class LiveGrid:
         self.widget = grid_widget(self.table, **viewer)
         self._cond = threading.Condition()
         self._step, self._sequence = first.step, first.sequence
+        self._applied = self._updates.delivered
         self._closed = False
         self._stopping = False  # close() was called
         self.error: BaseException | None = None
@@ -217,6 +218,7 @@ class LiveGrid:
                 self._apply(update.by_row_key())
                 with self._cond:
                     self._step, self._sequence = update.step, update.sequence
+                    self._applied = self._updates.delivered  # (only next() moves it)
                     self._cond.notify_all()
         except Exception as exc:  # the LiveTable failed (it says why), or Perspective did
             self.error = exc
@@ -262,19 +264,37 @@ class LiveGrid:
         return self._sequence
 
     @property
+    def received(self) -> int:
+        """How many updates the grid's table has handed it: every message the table applied
+        since the grid started (a viewport or column change too)."""
+        return self._updates.offered
+
+    @property
+    def applied(self) -> int:
+        """How many of the updates :attr:`received` the grid shows (a catch-up snapshot
+        shows all those before it)."""
+        return self._applied
+
+    @property
     def closed(self) -> bool:
         """Whether the grid stopped following its table (closed, or its table closed)."""
         return self._closed
 
     def wait_for(self, sequence: int | None = None, step: int | None = None,
-                 timeout: float | None = 10.0) -> bool:
+                 timeout: float | None = 10.0, *, applied: int | None = None) -> bool:
         """Wait until the grid shows at least ``sequence`` and ``step`` (as
         :meth:`LiveTable.wait_for <clients.live.LiveTable.wait_for>`, for what the grid
-        shows). Returns False on timeout or once the grid stopped short of them."""
+        shows), and has :attr:`applied` at least ``applied`` updates. Returns False on
+        timeout or once the grid stopped short of them.
+
+        A viewport or column change is a new snapshot at the same step and sequence: to
+        wait until the grid shows it, and everything else its table applied before the
+        call, use ``grid.wait_for(applied=grid.received)``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not ((sequence is None or self._sequence >= sequence)
-                       and (step is None or self._step >= step)):
+                       and (step is None or self._step >= step)
+                       and (applied is None or self._applied >= applied)):
                 left = None if deadline is None else deadline - time.monotonic()
                 if self._closed or (left is not None and left <= 0):
                     return False
