@@ -5,11 +5,9 @@ stream, applies every message the server sends (:mod:`flight.streams.decoder` is
 definition) to a columnar, keyed client state, and hands each applied message to
 callbacks and iterators as an :class:`Update`. When the stream breaks it reconnects with
 backoff and resumes from the last applied message (the server answers with one composed
-delta, or a new snapshot when it no longer holds the missed updates); a failure that
-reconnecting cannot fix ends the subscription (:func:`is_permanent`), reported with the
-server's message only (:func:`clean_error`). Given a :class:`~clients.failover.Rotation` of
-several servers' endpoints, it reconnects to the next one in turn when its own does not
-answer.
+delta, or a new snapshot when it no longer holds the missed updates). The reader thread,
+reconnecting and the consumers are :class:`~clients.subscription.Subscription`'s, shared
+with :class:`~clients.livegroup.LiveGroup`; what is a table's own is here.
 
 Cost follows the update, not the table: the state lives in :mod:`clients.livestate`
 (keys in a Roaring bitmap, values in an append-only log of Arrow arrays, a vectorized
@@ -37,61 +35,31 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
-import pyarrow.flight as fl
 
-from clients.failover import Rotation
 from clients.frames import to_polars
 from clients.livestate import LiveState, Update
-from clients.queues import AsyncUpdates, BlockingUpdates, Finished, Hooks, UpdateQueue
+from clients.queues import UpdateQueue
+from clients.subscription import Connect, Subscription
 from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
-from flight.streams.decoder import StreamEnded, read_message
+from flight.streams.decoder import Message, read_message
 
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = ["LiveTable", "Update", "clean_error", "is_permanent"]
+__all__ = ["LiveTable", "Update"]
 
 log = logging.getLogger(__name__)
 
 Ranges = list[tuple[int, int]]
 I64 = npt.NDArray[np.int64]
-_C = TypeVar("_C", bound="UpdateQueue[Update]")
-Connect = Callable[[], tuple[fl.FlightClient, fl.FlightCallOptions]]
-
-_PERMANENT = (KeyError, pa.ArrowInvalid, fl.FlightUnauthenticatedError,
-              fl.FlightUnauthorizedError, fl.FlightServerError)
-
-
-def clean_error(exc: BaseException) -> BaseException:
-    """``exc`` with the server's message only (pyarrow appends the server's traceback after
-    ``". Detail:"``), as the same type, chained to the original."""
-    text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
-    short = text.split(". Detail:")[0].split(". gRPC client debug context:")[0].strip('"')
-    if short == text:
-        return exc
-    try:
-        out = type(exc)(short)
-    except Exception:
-        return exc
-    out.__cause__ = exc
-    return out
-
-
-def is_permanent(exc: BaseException) -> bool:
-    """A failure that reconnecting cannot fix: the table is gone (``KeyError``), the request
-    was refused (``ArrowInvalid``), access was denied, or the table failed on the server.
-    Anything else (unavailable, cancelled, a broken stream) is worth another try."""
-    return isinstance(exc, _PERMANENT)
 
 
 def _check_viewport(ranges: Sequence[tuple[int, int]] | None) -> Ranges | None:
@@ -113,7 +81,7 @@ def _check_viewport(ranges: Sequence[tuple[int, int]] | None) -> Ranges | None:
 
 
 # ------------------------------------------------------------------ the live table
-class LiveTable:
+class LiveTable(Subscription[Update]):
     """A server table kept current in the background: a DataFrame plus a stream of updates.
 
     The DataFrame is pandas (:attr:`df`) or polars (:attr:`pl`), or the rows are an Arrow
@@ -176,8 +144,6 @@ class LiveTable:
     ...     print(update.added)
     """
 
-    QUEUE_SIZE = 1024
-    """Default bound of an iterator's queue (see :meth:`updates`)."""
     FIRST_SNAPSHOT_TIMEOUT = 60.0
     """How long :attr:`df`, :attr:`pl` and :meth:`to_arrow` wait for the first snapshot."""
 
@@ -187,62 +153,33 @@ class LiveTable:
                  min_update_interval_ms: int = 0, max_batch_rows: int = 0,
                  reconnect: bool = True, reconnect_delay: float = 0.2,
                  max_reconnect_delay: float = 5.0, start: bool = True) -> None:
+        super().__init__(connect, table, table, thread_name=f"ticktable-live-{table}",
+                         lock=threading.Lock(),  # the state, the cache, the consumers
+                         on_update=on_update, reconnect=reconnect,
+                         reconnect_delay=reconnect_delay, max_reconnect_delay=max_reconnect_delay)
         self.table = table
-        self._connect = connect
-        self._rotation = connect if isinstance(connect, Rotation) else None
         self._want_columns = list(columns) if columns is not None else None
         self._filter = bytes(filter) if filter else b""  # the same in every subscribe
         self._want_viewport = _check_viewport(viewport)
         self._interval = int(min_update_interval_ms)
         self._batch_rows = int(max_batch_rows)
-        self._reconnect = reconnect
-        self._delay = (float(reconnect_delay), float(max_reconnect_delay))
-        self._callbacks: list[Callable[[Update], None]] = [on_update] if on_update else []
         self._close_callbacks: list[Callable[[], None]] = []
-        self._lock = threading.Lock()  # the state, the cache, the consumers
-        self._applied = threading.Condition(self._lock)
         self._state: LiveState | None = None
         self._version = 0
         self._cache: _View | None = None
-        self._consumers: weakref.WeakSet[UpdateQueue[Update]] = weakref.WeakSet()
         self._send_lock = threading.Lock()  # wanted columns/viewport, the writer, writes
         self._writer: Any = None
-        self._stream_lock = threading.Lock()  # the reader to cancel
-        self._reader: Any = None
-        self._closing = threading.Event()
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._connected = False
-        self._reconnects = 0
         self._grid: Any = None  # a clients.notebook.LiveGrid, once displayed in Jupyter
         if start:
             self.start()
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> LiveTable:
-        """Start the reader thread (once)."""
-        with self._lock:
-            if self._thread is None and not self._closing.is_set():
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name=f"ticktable-live-{self.table}")
-                self._thread.start()
-        return self
-
     def close(self, timeout: float = 10.0) -> None:
         """End the subscription and wait (up to ``timeout``) for the reader thread.
 
         Then run the :meth:`on_close` callbacks, once: a second ``close`` runs none.
         """
-        with self._stream_lock:
-            self._closing.set()
-            if self._reader is not None:
-                self._reader.cancel()
-        thread = self._thread
-        if thread is None:
-            self._finish()
-        elif thread is not threading.current_thread():
-            thread.join(timeout)
+        super().close(timeout)
         with self._lock:
             callbacks, self._close_callbacks = self._close_callbacks, []
         for callback in callbacks:
@@ -263,18 +200,6 @@ class LiveTable:
             if not self._closing.is_set():
                 self._close_callbacks.append(callback)
         return callback
-
-    def __enter__(self) -> LiveTable:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _drop_connection(self) -> None:
-        """Break the current stream as a network failure would (tests: forces a resume)."""
-        with self._stream_lock:
-            if self._reader is not None:
-                self._reader.cancel()
 
     # ------------------------------------------------------------------ the view
     @property
@@ -396,49 +321,11 @@ class LiveTable:
         vp = self._get(lambda s: s.viewport, None)
         return None if vp is None else list(vp)
 
-    @property
-    def connected(self) -> bool:
-        """Whether a stream is open and has delivered its first message."""
-        return self._connected
-
-    @property
-    def uri(self) -> str | None:
-        """The server this subscription is on, or connects to next (``grpc://host:port``).
-
-        ``None`` when built with a plain ``connect`` function rather than a
-        :class:`~clients.failover.Rotation` (which :meth:`~clients.client.Client.subscribe`
-        passes).
-        """
-        return self._rotation.uri if self._rotation is not None else None
-
-    @property
-    def reconnects(self) -> int:
-        """How many times the reader tried to open the stream again after a failure."""
-        return self._reconnects
-
-    @property
-    def error(self) -> BaseException | None:
-        """Why the subscription stopped for good (``None`` while it runs or after close).
-
-        The exception as pyarrow raised it: ``KeyError`` (``pyarrow.ArrowKeyError``) when
-        the table is gone, ``pyarrow.ArrowInvalid`` for a refused request, a
-        ``pyarrow.flight.FlightError`` for access or a failed table; with
-        ``reconnect=False``, whatever broke the stream.
-        """
-        return self._error
-
-    @property
-    def closed(self) -> bool:
-        """Whether the reader thread has stopped (closed, or failed: see :attr:`error`)."""
-        return self._done.is_set()
-
     def __repr__(self) -> str:
-        state = ("failed" if self._error else "closed" if self._done.is_set()
-                 else "connected" if self._connected else "connecting")
         vp = "" if self.viewport is None else f" viewport={self.viewport}"
         cols = self.columns
         shown = ", ".join(cols[:8]) + (f", ... ({len(cols)})" if len(cols) > 8 else "")
-        return (f"<LiveTable {self.table!r} {state} size={self.size} step={self.step} "
+        return (f"<LiveTable {self.table!r} {self._status()} size={self.size} step={self.step} "
                 f"sequence={self.sequence}{vp} columns=[{shown}]>")
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
@@ -476,79 +363,15 @@ class LiveTable:
         Exception
             :attr:`error`, if the subscription failed for good.
         """
-        if threading.current_thread() is self._thread:  # a callback: it would wait on itself
-            timeout = 0
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._applied:
-            while True:
-                st = self._state
-                if (st is not None and st.messages and (sequence is None or st.sequence >= sequence)
-                        and (step is None or st.step >= step)):
-                    return True
-                if self._error is not None:
-                    raise self._error
-                if self._done.is_set() or self._closing.is_set():
-                    return False
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._applied.wait(left)
+        def ready() -> bool:
+            st = self._state
+            return (st is not None and st.messages > 0
+                    and (sequence is None or st.sequence >= sequence)
+                    and (step is None or st.step >= step))
+
+        return self._wait(ready, timeout)
 
     # ------------------------------------------------------------------ updates
-    def on_update(self, callback: Callable[[Update], None]) -> Callable[[Update], None]:
-        """Call ``callback(update)`` for every applied message (usable as a decorator).
-
-        Callbacks run on the reader thread after the view moved on (so :attr:`df` already
-        shows the update); a slow callback delays the next message. An exception is logged
-        and does not end the subscription.
-        """
-        self._callbacks.append(callback)
-        return callback
-
-    def updates(self, timeout: float | None = None, *, maxsize: int = QUEUE_SIZE,
-                snapshot: bool = False) -> Iterator[Update]:
-        """Iterate over every update applied from now on (blocking).
-
-        Parameters
-        ----------
-        timeout
-            Raise ``TimeoutError`` when no update arrives within this many seconds.
-        maxsize
-            Updates queued for this iterator at most. When it falls further behind, the
-            queue is dropped and the next item is a catch-up snapshot of the view
-            (``is_snapshot``, ``skipped`` = updates dropped), then updates continue.
-        snapshot
-            Start with a snapshot of the current view, atomically with subscribing.
-
-        Raises
-        ------
-        Exception
-            :attr:`error` once the queued updates are consumed, if the subscription failed.
-            The iteration ends after :meth:`close`, or the iterator's own ``close()``
-            (which ends a ``next`` waiting on another thread).
-        """
-        return self._register(BlockingUpdates(self._hooks(), maxsize, snapshot, timeout))
-
-    def __iter__(self) -> Iterator[Update]:
-        return self.updates()
-
-    def __aiter__(self) -> AsyncIterator[Update]:
-        """``async for update in live``: as :meth:`updates`, woken on the running loop."""
-        return self._register(AsyncUpdates(self._hooks(), self.QUEUE_SIZE, False))
-
-    def _register(self, consumer: _C) -> _C:
-        with self._lock:
-            self._consumers.add(consumer)
-        return consumer
-
-    def _hooks(self) -> Hooks[Update]:
-        return Hooks(self._catch_up, self._raise_if_over, self._over, self._discard, self.table)
-
-    def _discard(self, consumer: UpdateQueue[Update], then: Callable[[], None]) -> None:
-        with self._lock:
-            self._consumers.discard(consumer)
-            then()
-
     def _catch_up(self, consumer: UpdateQueue[Update]) -> Update | None:
         with self._lock:
             skipped = consumer.take_catch_up()
@@ -556,15 +379,6 @@ class LiveTable:
             if st is None or not st.messages:
                 return None  # nothing to show yet: the first snapshot will follow
             return st.catch_up(skipped)
-
-    def _over(self) -> bool:
-        return self._done.is_set()
-
-    def _raise_if_over(self) -> None:
-        if self._done.is_set():
-            if self._error is not None:
-                raise self._error
-            raise Finished
 
     # ------------------------------------------------------------------ changes
     def set_viewport(self, ranges: Sequence[tuple[int, int]] | None,
@@ -612,18 +426,11 @@ class LiveTable:
             log.debug("could not send a change to %r", self.table, exc_info=True)
 
     def _wait_applied(self, done: Callable[[LiveState], bool], timeout: float | None) -> bool:
-        if threading.current_thread() is self._thread:  # a callback: it would wait on itself
-            timeout = 0
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._applied:
-            while True:
-                st = self._state
-                if st is not None and st.messages and done(st):
-                    return True
-                left = None if deadline is None else deadline - time.monotonic()
-                if self._done.is_set() or (left is not None and left <= 0):
-                    return False
-                self._applied.wait(left)
+        def ready() -> bool:
+            st = self._state
+            return st is not None and st.messages > 0 and done(st)
+
+        return self._wait(ready, timeout, raise_error=False)
 
     @staticmethod
     def _columns_match(st: LiveState, want: list[str] | None) -> bool:
@@ -631,39 +438,26 @@ class LiveTable:
             return st.columns == list(st.table_schema.names)
         return set(st.columns) == set(want)
 
-    # ------------------------------------------------------------------ the reader thread
-    def _run(self) -> None:
-        delay = self._delay[0]
-        try:
-            while not self._closing.is_set():
-                try:
-                    self._session()
-                except Exception as raw:
-                    if self._closing.is_set():
-                        break
-                    exc = clean_error(raw)
-                    if is_permanent(exc) or not self._reconnect:
-                        log.error("subscription to %r failed: %s", self.table, exc)
-                        self._error = exc
-                        break
-                    where = ""
-                    if self._connected:  # it worked for a while: start the backoff over
-                        delay = self._delay[0]
-                    if self._rotation is not None and len(self._rotation.endpoints) > 1:
-                        if not self._connected:  # its server did not answer: the next one
-                            self._rotation.advance()
-                        where = f" to {self._rotation.uri}"
-                    log.warning("subscription to %r broke (%s: %s); reconnecting%s in %.1f s",
-                                self.table, type(exc).__name__, exc, where, delay)
-                    log.debug("the failure", exc_info=raw)
-                finally:
-                    self._connected = False
-                if self._closing.wait(delay):
-                    break
-                delay = min(delay * 2, self._delay[1])
-                self._reconnects += 1
-        finally:
-            self._finish()
+    # ------------------------------------------------------------------ the stream
+    def _subscribe(self, writer: Any, reader: Any) -> Callable[[], Message]:
+        with self._send_lock:  # a change is sent after the subscribe, or carried in it
+            writer.begin(pa.schema([]))
+            request = self.subscription_request()
+            writer.write_metadata(pa.py_buffer(
+                pb.ClientMessage(subscribe=request).SerializeToString()))
+            self._writer = writer
+        schema = reader.schema
+        return lambda: read_message(reader, schema)
+
+    def _receive(self, msg: Message) -> None:
+        update = self.apply(msg.meta, msg.added, msg.modified)
+        if not self._connected:
+            self._connected = True
+            log.info("subscribed to %r (%s)", self.table, update.resumed)
+
+    def _stream_closed(self) -> None:
+        with self._send_lock:
+            self._writer = None
 
     def set_connected(self, connected: bool) -> None:
         """Say whether the stream of a table whose reader is not its own (a
@@ -677,59 +471,6 @@ class LiveTable:
         self._error = error
         self._closing.set()
         self._finish()
-
-    def _finish(self) -> None:
-        self._done.set()
-        with self._lock:
-            self._applied.notify_all()
-            consumers = list(self._consumers)
-        for c in consumers:
-            c.wake()
-
-    def _session(self) -> None:
-        """One stream, until it breaks (raises) or the table is closed (returns)."""
-        client, options = self._connect()
-        writer = reader = None
-        try:
-            writer, reader = client.do_exchange(fl.FlightDescriptor.for_path(self.table), options)
-            with self._stream_lock:
-                if self._closing.is_set():
-                    return
-                self._reader = reader
-            with self._send_lock:  # a change is sent after the subscribe, or carried in it
-                writer.begin(pa.schema([]))
-                request = self.subscription_request()
-                writer.write_metadata(pa.py_buffer(
-                    pb.ClientMessage(subscribe=request).SerializeToString()))
-                self._writer = writer
-            schema = reader.schema
-            while not self._closing.is_set():
-                try:
-                    msg = read_message(reader, schema)
-                except StreamEnded as end:
-                    writer.done_writing()  # the protocol: finish writing, then read the status
-                    reader.read_chunk()  # raises the call's error
-                    raise ConnectionError(f"the server ended the stream: {end}") from None
-                except StopIteration:
-                    raise ConnectionError("the stream ended") from None
-                update = self.apply(msg.meta, msg.added, msg.modified)
-                if not self._connected:
-                    self._connected = True
-                    log.info("subscribed to %r (%s)", self.table, update.resumed)
-        finally:
-            with self._send_lock:
-                self._writer = None
-            with self._stream_lock:
-                self._reader = None
-            # cancel first (a finished call returns at once), then close the writer here so
-            # its destructor does not log the call's status again
-            for fn in (getattr(reader, "cancel", None), getattr(writer, "close", None),
-                       client.close):
-                if fn is not None:
-                    try:
-                        fn()
-                    except Exception:
-                        pass
 
     def subscription_request(self) -> pb.SubscriptionRequest:
         """The subscribe message: what is wanted now, and where to resume from (also a
@@ -771,14 +512,8 @@ class LiveTable:
                 self._version += 1
                 raise
             self._version += 1
-            self._applied.notify_all()
-            for consumer in list(self._consumers):
-                consumer.offer(update)
-        for callback in list(self._callbacks):
-            try:
-                callback(update)
-            except Exception:
-                log.exception("an on_update callback of %r failed", self.table)
+            self._offer(update)
+        self._call_back(update)
         return update
 
 

@@ -7,9 +7,11 @@ table indexed by row key, as the web UI's grids are (:mod:`flight.web.feed`): ea
 to upsert, row keys to remove; a shift moves rows to new keys), applied as one ``remove``
 and one ``update`` of Arrow IPC, never a Python step per row. Perspective keeps an indexed
 table in index order, and row keys are in table order, so the grid lists rows as the table
-does. :func:`show` (``tt.show``) opens one for a table by name; a ``LiveTable`` that is a
-cell's value displays as one (:meth:`LiveTable._repr_mimebundle_
+does. :func:`ticktable.show` (``tt.show``) opens one for a table by name; a ``LiveTable``
+that is a cell's value displays as one (:meth:`LiveTable._repr_mimebundle_
 <clients.live.LiveTable._repr_mimebundle_>`); anywhere else it is its plain ``repr``.
+This module imports neither :mod:`clients.live` (which imports it to display a table) nor
+:mod:`clients.client`: what a grid asks of its table is :class:`ShownTable`.
 
 Nothing here imports Jupyter, ipywidgets, anywidget or Perspective's widget until a grid is
 made: importing ``ticktable`` or :mod:`clients` never loads them.
@@ -30,8 +32,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -39,13 +40,10 @@ from flight.web.feed import conform, perspective_schema, to_ipc
 from flight.wire import ROW_KEY
 
 if TYPE_CHECKING:
-    import pyarrow.compute as pc
+    from clients.livestate import KeyedChange, Update
+    from clients.queues import BlockingUpdates
 
-    from clients.client import Client
-    from clients.live import LiveTable
-    from clients.livestate import KeyedChange
-
-__all__ = ["LiveGrid", "in_notebook", "show"]
+__all__ = ["Closeable", "LiveGrid", "ShownTable", "in_notebook", "widget_class"]
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +83,14 @@ export default {
 _GRID_WIDGET: Any = None
 
 
-def _widget_class() -> Any:
-    """Perspective's widget with :data:`_ESM` as its module (made once, on first use)."""
+def widget_class() -> Any:
+    """Perspective's widget with :data:`_ESM` as its module (made once, on first use).
+
+    Raises
+    ------
+    ModuleNotFoundError
+        If the widget's packages are missing, saying what to install.
+    """
     global _GRID_WIDGET
     if _GRID_WIDGET is None:
         try:
@@ -107,6 +111,25 @@ def _widget_class() -> Any:
     return _GRID_WIDGET
 
 
+class ShownTable(Protocol):
+    """What a grid asks of the table it shows: a :class:`~clients.live.LiveTable` is one."""
+
+    table: str
+    FIRST_SNAPSHOT_TIMEOUT: float
+
+    def wait_for(self, *, timeout: float | None) -> bool: ...
+
+    def updates(self, *, snapshot: bool) -> BlockingUpdates[Update]: ...
+
+    def close(self, timeout: float) -> None: ...
+
+
+class Closeable(Protocol):
+    """What a grid asks of the client it owns (a :class:`~clients.client.Client`)."""
+
+    def close(self) -> None: ...
+
+
 class LiveGrid:
     """A :class:`~clients.live.LiveTable` shown as Perspective's grid: it ticks with every
     update the table receives.
@@ -122,8 +145,8 @@ class LiveGrid:
     live
         The table to show. The grid waits (up to ``timeout``) for its first snapshot.
     owned
-        Close ``live`` (and ``client``) when the grid is closed (what :func:`show` does
-        for a subscription it opened).
+        Close ``live`` (and ``client``) when the grid is closed (what
+        :func:`ticktable.show` does for a subscription it opened).
     client
         A client to close with the grid (with ``owned``).
     timeout
@@ -154,9 +177,9 @@ class LiveGrid:
         The Perspective table it views, indexed by :data:`~flight.wire.ROW_KEY`.
     """
 
-    def __init__(self, live: LiveTable, *, owned: bool = False, client: Client | None = None,
+    def __init__(self, live: ShownTable, *, owned: bool = False, client: Closeable | None = None,
                  timeout: float | None = None, **viewer: Any) -> None:
-        widget_class = _widget_class()
+        grid_widget = widget_class()
         import perspective
 
         self.live = live
@@ -165,7 +188,7 @@ class LiveGrid:
         if not live.wait_for(timeout=wait):
             raise TimeoutError(f"no snapshot of {live.table!r} within {wait} s ({live!r})")
         # the view now, then every update; its close() ends the thread's loop
-        self._updates: Any = live.updates(snapshot=True)
+        self._updates = live.updates(snapshot=True)
         first = next(self._updates)  # at once: the view has had its snapshot
         change = first.by_row_key()
         self._schema = perspective_schema(change.rows.schema)
@@ -176,9 +199,10 @@ class LiveGrid:
         viewer.setdefault("columns", change.rows.schema.names)
         viewer.setdefault("title", live.table)
         viewer.setdefault("settings", False)  # the grid first; the viewer's panel a click away
-        self.widget = widget_class(self.table, **viewer)
+        self.widget = grid_widget(self.table, **viewer)
         self._cond = threading.Condition()
         self._step, self._sequence = first.step, first.sequence
+        self._applied = self._updates.delivered
         self._closed = False
         self._stopping = False  # close() was called
         self.error: BaseException | None = None
@@ -194,6 +218,7 @@ class LiveGrid:
                 self._apply(update.by_row_key())
                 with self._cond:
                     self._step, self._sequence = update.step, update.sequence
+                    self._applied = self._updates.delivered  # (only next() moves it)
                     self._cond.notify_all()
         except Exception as exc:  # the LiveTable failed (it says why), or Perspective did
             self.error = exc
@@ -239,19 +264,37 @@ class LiveGrid:
         return self._sequence
 
     @property
+    def received(self) -> int:
+        """How many updates the grid's table has handed it: every message the table applied
+        since the grid started (a viewport or column change too)."""
+        return self._updates.offered
+
+    @property
+    def applied(self) -> int:
+        """How many of the updates :attr:`received` the grid shows (a catch-up snapshot
+        shows all those before it)."""
+        return self._applied
+
+    @property
     def closed(self) -> bool:
         """Whether the grid stopped following its table (closed, or its table closed)."""
         return self._closed
 
     def wait_for(self, sequence: int | None = None, step: int | None = None,
-                 timeout: float | None = 10.0) -> bool:
+                 timeout: float | None = 10.0, *, applied: int | None = None) -> bool:
         """Wait until the grid shows at least ``sequence`` and ``step`` (as
         :meth:`LiveTable.wait_for <clients.live.LiveTable.wait_for>`, for what the grid
-        shows). Returns False on timeout or once the grid stopped short of them."""
+        shows), and has :attr:`applied` at least ``applied`` updates. Returns False on
+        timeout or once the grid stopped short of them.
+
+        A viewport or column change is a new snapshot at the same step and sequence: to
+        wait until the grid shows it, and everything else its table applied before the
+        call, use ``grid.wait_for(applied=grid.received)``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not ((sequence is None or self._sequence >= sequence)
-                       and (step is None or self._step >= step)):
+                       and (step is None or self._step >= step)
+                       and (applied is None or self._applied >= applied)):
                 left = None if deadline is None else deadline - time.monotonic()
                 if self._closed or (left is not None and left <= 0):
                     return False
@@ -289,77 +332,3 @@ class LiveGrid:
         state = "closed" if self._closed else "live"
         return f"<LiveGrid {state} step={self._step} of {self.live!r}>"
 
-
-def show(table: str | LiveTable, *, uri: str | Sequence[str] | None = None,
-         client: Client | None = None, token: str | None = None,
-         columns: Sequence[str] | None = None, filter: pc.Expression | None = None,
-         **viewer: Any) -> LiveGrid:
-    """Show a table as a live grid in Jupyter: Perspective's widget, ticking with every update.
-
-    The value of a notebook cell displays as the grid; ``display(tt.show(...))`` shows it
-    from inside a cell. Given a name, it subscribes (on ``client``, or a client of its own
-    connected to ``uri``), and closing the grid ends that subscription; given a
-    :class:`~clients.live.LiveTable`, it shows it and leaves it open. A LiveTable that is a
-    cell's value displays the same way, with the viewer's defaults.
-
-    Parameters
-    ----------
-    table
-        A table's name, or a LiveTable.
-    uri, token
-        Where to connect, when ``table`` is a name and no ``client`` is given (as
-        :func:`~clients.client.connect`; default ``grpc://127.0.0.1:8815``, what
-        ``make run`` serves).
-    client
-        Subscribe with this client instead (it stays open).
-    columns
-        The columns shown, in order: for a name, the columns subscribed to.
-    filter
-        For a name: subscribe to the rows for which this ``pyarrow.compute`` expression is
-        true (filtered on the server, see :meth:`~clients.client.Client.subscribe`).
-    viewer
-        Settings of Perspective's viewer: ``sort=[["px", "desc"]]``, ``group_by``,
-        ``split_by``, ``aggregates``, ``plugin``, ``theme``, ``title``; its own filter is
-        ``viewer_filter=[["px", ">", 50]]`` (``filter`` is the subscription's).
-
-    Returns
-    -------
-    LiveGrid
-        The grid; ``close()`` it to stop following.
-
-    Raises
-    ------
-    ModuleNotFoundError
-        If the widget's packages are missing (``pip install 'ticktable[notebook]'``).
-
-    Examples
-    --------
-    >>> tt.show("trades", uri="grpc://127.0.0.1:8815", sort=[["px", "desc"]])  # doctest: +SKIP
-    """
-    from clients.client import connect
-    from clients.live import LiveTable
-
-    if "viewer_filter" in viewer:
-        viewer["filter"] = viewer.pop("viewer_filter")
-    if isinstance(table, LiveTable):
-        if filter is not None:
-            raise TypeError("filter subscribes to the rows it selects: pass a table's name "
-                            "(a LiveTable already holds its rows); Perspective's own filter "
-                            "is viewer_filter=")
-        if columns is not None:
-            viewer["columns"] = list(columns)
-        return LiveGrid(table, **viewer)
-    _widget_class()  # before subscribing: say what to install first
-    own = client is None
-    cl = client if client is not None else connect(
-        uri if uri is not None else "grpc://127.0.0.1:8815", token)
-    live = None
-    try:
-        live = cl.subscribe(table, columns=columns, filter=filter)
-        return LiveGrid(live, owned=True, client=cl if own else None, **viewer)
-    except BaseException:
-        if live is not None:
-            live.close()
-        if own:
-            cl.close()
-        raise

@@ -66,7 +66,18 @@ class Hooks(Generic[T]):
 
 
 class UpdateQueue(Generic[T]):
-    """One iterator's bounded queue (see the module docstring)."""
+    """One iterator's bounded queue (see the module docstring).
+
+    Attributes
+    ----------
+    offered
+        How many items the subscription has offered this queue (every applied message, or
+        group, since the iterator started).
+    delivered
+        How many of those the items returned so far stand for: one each, and a catch-up
+        every item offered before it. Once what was returned is consumed, the reader is
+        current up to ``offered`` as of when ``delivered`` reached it.
+    """
 
     def __init__(self, hooks: Hooks[T], maxsize: int, snapshot: bool) -> None:
         if maxsize < 1:
@@ -76,6 +87,8 @@ class UpdateQueue(Generic[T]):
         self._queue: collections.deque[T] = collections.deque()
         self._skipped = 0  # items dropped since the queue overflowed
         self._catch_up = snapshot  # the next item is a catch-up
+        self.offered = 0
+        self.delivered = 0
         self._cond = threading.Condition()
         self._closed = False  # by close(): the iteration ends
         self._wake: Callable[[], None] | None = None
@@ -94,6 +107,7 @@ class UpdateQueue(Generic[T]):
     def offer(self, item: T) -> None:
         """Called by the reader thread, under the subscription's state lock."""
         with self._cond:
+            self.offered += 1
             if self._catch_up:
                 self._skipped += 1
             elif len(self._queue) >= self._maxsize:
@@ -111,6 +125,7 @@ class UpdateQueue(Generic[T]):
         it replaces; the queue receives again from here on."""
         with self._cond:
             skipped, self._skipped, self._catch_up = self._skipped, 0, False
+            self.delivered = self.offered  # the catch-up shows the view after all of them
             return skipped
 
     def wake(self) -> None:
@@ -126,6 +141,7 @@ class UpdateQueue(Generic[T]):
             if self._closed:
                 raise Finished
             if self._queue:
+                self.delivered += 1
                 return self._queue.popleft()
             catch_up = self._catch_up
         if catch_up:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses as _dataclasses
 from collections.abc import Sequence as _Sequence
+from typing import Any as _Any
 
 import pyarrow.compute as _pc
 
@@ -18,7 +19,7 @@ from clients.live import Update as Update
 from clients.livegroup import GroupUpdate as GroupUpdate
 from clients.livegroup import LiveGroup as LiveGroup
 from clients.notebook import LiveGrid as LiveGrid
-from clients.notebook import show as show
+from clients.notebook import widget_class as _widget_class
 from clients.remote import RemoteTable as RemoteTable
 from engine import errors as errors
 from engine.graph import UpdateGraph as _EngineGraph
@@ -142,6 +143,79 @@ class UpdateGraph(_EngineGraph):
         except BaseException:
             link.close()
             raise
+
+
+
+def show(table: str | LiveTable, *, uri: str | _Sequence[str] | None = None,
+         client: Client | None = None, token: str | None = None,
+         columns: _Sequence[str] | None = None, filter: _pc.Expression | None = None,
+         **viewer: _Any) -> LiveGrid:
+    """Show a table as a live grid in Jupyter: Perspective's widget, ticking with every update.
+
+    The value of a notebook cell displays as the grid; ``display(tt.show(...))`` shows it
+    from inside a cell. Given a name, it subscribes (on ``client``, or a client of its own
+    connected to ``uri``), and closing the grid ends that subscription; given a
+    :class:`~clients.live.LiveTable`, it shows it and leaves it open. A LiveTable that is a
+    cell's value displays the same way, with the viewer's defaults.
+
+    Parameters
+    ----------
+    table
+        A table's name, or a LiveTable.
+    uri, token
+        Where to connect, when ``table`` is a name and no ``client`` is given (as
+        :func:`~clients.client.connect`; default ``grpc://127.0.0.1:8815``, what
+        ``make run`` serves).
+    client
+        Subscribe with this client instead (it stays open).
+    columns
+        The columns shown, in order: for a name, the columns subscribed to.
+    filter
+        For a name: subscribe to the rows for which this ``pyarrow.compute`` expression is
+        true (filtered on the server, see :meth:`~clients.client.Client.subscribe`).
+    viewer
+        Settings of Perspective's viewer: ``sort=[["px", "desc"]]``, ``group_by``,
+        ``split_by``, ``aggregates``, ``plugin``, ``theme``, ``title``; its own filter is
+        ``viewer_filter=[["px", ">", 50]]`` (``filter`` is the subscription's).
+
+    Returns
+    -------
+    LiveGrid
+        The grid; ``close()`` it to stop following.
+
+    Raises
+    ------
+    ModuleNotFoundError
+        If the widget's packages are missing (``pip install 'ticktable[notebook]'``).
+
+    Examples
+    --------
+    >>> tt.show("trades", uri="grpc://127.0.0.1:8815", sort=[["px", "desc"]])  # doctest: +SKIP
+    """
+    if "viewer_filter" in viewer:
+        viewer["filter"] = viewer.pop("viewer_filter")
+    if isinstance(table, LiveTable):
+        if filter is not None:
+            raise TypeError("filter subscribes to the rows it selects: pass a table's name "
+                            "(a LiveTable already holds its rows); Perspective's own filter "
+                            "is viewer_filter=")
+        if columns is not None:
+            viewer["columns"] = list(columns)
+        return LiveGrid(table, **viewer)
+    _widget_class()  # before subscribing: say what to install first
+    own = client is None
+    cl = client if client is not None else connect(
+        uri if uri is not None else "grpc://127.0.0.1:8815", token)
+    live = None
+    try:
+        live = cl.subscribe(table, columns=columns, filter=filter)
+        return LiveGrid(live, owned=True, client=cl if own else None, **viewer)
+    except BaseException:
+        if live is not None:
+            live.close()
+        if own:
+            cl.close()
+        raise
 
 
 def __getattr__(name: str) -> object:

@@ -457,15 +457,20 @@ def test_iterator_that_falls_behind_gets_a_catch_up_snapshot(server, graph, subs
         t.upsert(kv([i], [float(i)]))
         graph.run_cycle()
         assert live.wait_for(sequence=i + 1)
+    assert (slow.offered, slow.delivered) == (10, 0)
     u = next(slow)
     assert u.is_snapshot and u.skipped == 10 and u.sequence == 10
+    assert slow.delivered == 10  # the catch-up stands for all ten
     same(u.added, live.df)
-    t.upsert(kv([99], [9.9]))
-    graph.run_cycle()
+    for sequence, k in ((11, 99), (12, 98)):
+        t.upsert(kv([k], [9.9]))
+        graph.run_cycle()
+        assert live.wait_for(sequence=sequence)
     u = next(slow)
     assert not u.is_snapshot and u.sequence == 11 and u.added.k.tolist() == [99]
+    assert (slow.offered, slow.delivered) == (12, 11)  # one each, in order
     first = live.updates(snapshot=True, timeout=10)
-    assert next(first).added.shape == (11, 3)
+    assert next(first).added.shape == (12, 3) and (first.offered, first.delivered) == (0, 0)
 
 
 def test_failing_callback_is_logged_and_the_subscription_goes_on(server, graph, subscribe, caplog):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pandas as pd
@@ -51,16 +50,6 @@ def server_rows(table, positions: np.ndarray | None, columns: list[str] | None) 
     return conform(rows, keys, perspective_schema(rows.schema))
 
 
-def _matches(got: pa.Table, want: pa.Table) -> bool:
-    if got.column_names != want.column_names:
-        return False
-    try:
-        pd.testing.assert_frame_equal(got.to_pandas(), want.to_pandas(), check_dtype=False)
-    except AssertionError:
-        return False
-    return True
-
-
 def assert_grid(grid: LiveGrid, want: pa.Table, context: str) -> None:
     got = grid_rows(grid)
     try:
@@ -69,18 +58,6 @@ def assert_grid(grid: LiveGrid, want: pa.Table, context: str) -> None:
     except AssertionError as exc:
         raise AssertionError(f"{context}: the grid differs from the server\n"
                              f"got:\n{got.to_pandas()}\nwant:\n{want.to_pandas()}") from exc
-
-
-def wait_grid(grid: LiveGrid, want: pa.Table, context: str, timeout: float = 10.0) -> None:
-    """Wait until the grid holds exactly ``want``; past ``timeout`` fail as
-    :func:`assert_grid`, with the difference. A viewport or column change is a new snapshot
-    at the same step and sequence, so :meth:`LiveGrid.wait_for` cannot tell whether the
-    grid's thread applied it yet (a fresh-clone CI run caught the grid one viewport behind):
-    what is waited for is the grid's rows."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not _matches(grid_rows(grid), want):
-        time.sleep(0.01)
-    assert_grid(grid, want, context)
 
 
 def viewport_positions(ranges: list[tuple[int, int]]) -> np.ndarray:
@@ -247,9 +224,11 @@ def test_grid_equals_the_table_after_random_cycles(server, graph, subscribe, see
                 live = grid.live
                 table = board if live is not some else src.table
                 assert live.wait_for(sequence=seq(server, "board" if table is board else "src"))
-                assert grid.wait_for(sequence=live.sequence, step=live.step), f"{name} {cycle}"
+                # everything the table applied, a viewport or column change included (a
+                # snapshot at the same step and sequence)
+                assert grid.wait_for(applied=grid.received), f"{name} {cycle}"
                 pos = viewport_positions(ranges) if live is window else None
-                wait_grid(grid, server_rows(table, pos, None if live is not some else columns),
+                assert_grid(grid, server_rows(table, pos, None if live is not some else columns),
                             f"seed {seed} cycle {cycle} {name}")
         assert grids["some"].widget.columns == ["Sym", "Key"]  # the new table's columns
         assert ordered.reconnects == 2 and board.size > 0
