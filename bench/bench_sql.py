@@ -45,7 +45,9 @@ Measures:
      applied the last row ended. ``x_doput`` = ADBC rows/s / DoPut's (goal >= 0.8). Then the
      same two clients against a bare ``pyarrow.flight`` server that only counts rows (C++
      gRPC, no Python per message): the "(reference)" rows, what the clients themselves
-     reach, so a ratio below it is the server's part.
+     reach, so a ratio below it is the server's part. ``client_cpu_ms`` is this process's
+     CPU per ingest while it sends (ADBC's Go driver runs in it), ``server_cpu_ms`` the
+     server process's until the rows are applied: where each path's time goes.
 
 Then pyinstrument over the server's SQL service (GetFlightInfo's and DoGet's work, gRPC
 left out) for the live group-by and point lookup, an excerpt printed.
@@ -119,6 +121,11 @@ class ServerProcess:
         if status != "ok":
             raise RuntimeError(f"server process: {value}")
         return value
+
+    def cpu_seconds(self) -> float:
+        """The server process's CPU time so far (user + system, all its threads)."""
+        fields = open(f"/proc/{self.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def close(self) -> None:
         try:
@@ -417,6 +424,7 @@ def bench_ingest(rows: int, batch_rows: int, repeat: int, interval: float, prior
     schema_bytes = SCHEMA.serialize().to_pybytes()
     server = ServerProcess()
     runs: dict[str, list[tuple[float, float]]] = {"adbc_ingest": [], "doput": []}
+    cpu: dict[str, list[tuple[float, float]]] = {}  # (client, server) CPU seconds per ingest
     try:
         server.call("start", interval, priority)
         con = _adbc(server.location)
@@ -426,6 +434,7 @@ def bench_ingest(rows: int, batch_rows: int, repeat: int, interval: float, prior
             for how in (("adbc_ingest", "doput") if r % 2 == 0 else ("doput", "adbc_ingest")):
                 name = f"ing_{how}_{r}"
                 server.call("create", name, schema_bytes)
+                c0, s0 = time.process_time(), server.cpu_seconds()
                 t0 = time.perf_counter()
                 if how == "adbc_ingest":
                     cur.adbc_ingest(name, table, mode="append")
@@ -433,11 +442,14 @@ def bench_ingest(rows: int, batch_rows: int, repeat: int, interval: float, prior
                     acks = _doput(client, name, batches, meta)
                     assert acks == len(batches), f"{acks} acks for {len(batches)} batches"
                 t1 = time.perf_counter()
+                client_cpu = time.process_time() - c0  # ADBC's Go driver runs in this process
                 applied = server.call("wait", name, rows, 120.0)
                 assert applied is not None, f"{rows:,} rows not applied in 120 s"
+                server_cpu = server.cpu_seconds() - s0  # up to the rows applied
                 server.call("drop", name)
                 if r:
                     runs[how].append((t1 - t0, applied - t0))
+                    cpu.setdefault(how, []).append((client_cpu, server_cpu))
         cur.close()
         con.close()
         client.close()
@@ -450,6 +462,7 @@ def bench_ingest(rows: int, batch_rows: int, repeat: int, interval: float, prior
         client = fl.FlightClient(reference.location)
         for r in range(repeat + 1):
             for how in (("adbc_ingest", "doput") if r % 2 == 0 else ("doput", "adbc_ingest")):
+                c0, s0 = time.process_time(), reference.cpu_seconds()
                 t0 = time.perf_counter()
                 if how == "adbc_ingest":
                     cur.adbc_ingest(f"ref_{r}", table, mode="append")
@@ -457,6 +470,8 @@ def bench_ingest(rows: int, batch_rows: int, repeat: int, interval: float, prior
                     _doput(client, f"ref_{r}", batches, meta)
                 if r:
                     runs.setdefault(f"{how} (reference)", []).append((time.perf_counter() - t0, np.nan))
+                    cpu.setdefault(f"{how} (reference)", []).append(
+                        (time.process_time() - c0, reference.cpu_seconds() - s0))
         cur.close()
         con.close()
         client.close()
@@ -471,6 +486,8 @@ def bench_ingest(rows: int, batch_rows: int, repeat: int, interval: float, prior
                     "acked_rows_per_s": rows / acked,
                     "applied_rows_per_s": rows / applied if applied == applied else None,
                     "acked_s_rounds": " ".join(f"{a:.2f}" for a, _ in runs[how]),
+                    "client_cpu_ms": 1e3 * float(np.median([c for c, _ in cpu[how]])),
+                    "server_cpu_ms": 1e3 * float(np.median([c for _, c in cpu[how]])),
                     "x_doput_acked": _ratio(doput[0], acked) if adbc else None,
                     "x_doput_applied": _ratio(doput[1], applied) if adbc and applied == applied else None})
     return out
@@ -605,7 +622,7 @@ def main() -> None:
     print_table(f"4. ingest into an append table, graph cycling every {args.interval:g} s "
                 f"(median of {args.ingest_repeat}, taking turns)", ingest,
                 ["path", "rows", "batch_rows", "acked_rows_per_s", "applied_rows_per_s", "x_doput_acked",
-                 "x_doput_applied", "acked_s_rounds"])
+                 "x_doput_applied", "client_cpu_ms", "server_cpu_ms", "acked_s_rounds"])
 
     for title, text in profiles.items():
         print(f"\n== profile: server SQL service, {title}, {args.profile_repeat} queries (pyinstrument)")
