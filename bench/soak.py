@@ -323,7 +323,7 @@ def _first_difference(got: pa.Table, want: pa.Table) -> str:
 # ------------------------------------------------------------------ main
 def run(args: argparse.Namespace) -> dict[str, Any]:
     warnings = count_warnings("client")
-    logging.getLogger("clients.live").setLevel(logging.ERROR)  # reconnects: counted below
+    logging.getLogger("clients.subscription").setLevel(logging.ERROR)  # reconnects: counted below
     metrics_port = free_port() if "metrics_port" in ServerConfig.__dataclass_fields__ else None
     server = ServerProcess(args.data_dir, args.interval, metrics_port)
     ctx = mp.get_context("spawn")

@@ -55,7 +55,7 @@ from flight.limits import (
 )
 from flight.links import Link, Links, MirrorSpec, parse_mirror
 from flight.links.follow import OriginFollower
-from flight.links.link import one_line, origin_schema
+from flight.links.spec import one_line, origin_schema
 from flight.metrics import Metrics
 from flight.pb import flight_pb2 as pb
 from flight.rpc.aio import AioServer

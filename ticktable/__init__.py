@@ -123,7 +123,8 @@ class UpdateGraph(_EngineGraph):
         """
         import time
 
-        from flight.links.link import Link, MirrorSpec, encode_filter, origin_schema
+        from flight.links.link import Link
+        from flight.links.spec import MirrorSpec, encode_filter, origin_schema
 
         spec = MirrorSpec(uri if "://" in uri else f"grpc://{uri}", name, local or "",
                           token=token, columns=tuple(columns) if columns else None,

@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.func is _serve and not args.verbose:
         logging.getLogger("ticktable.calls").setLevel(logging.INFO)  # error answers, with peer
     elif not args.verbose:  # a client command says what failed in its own one line
-        logging.getLogger("clients.live").setLevel(logging.CRITICAL)
+        logging.getLogger("clients.subscription").setLevel(logging.CRITICAL)
     result: int = args.func(args)
     return result
 

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 from engine.errors import TableExists
 from engine.sources import ReplicaTable
-from flight.links.link import Link, LinkGaveUp, MirrorSpec, parse_mirror
+from flight.links.link import Link, LinkGaveUp
+from flight.links.spec import MirrorSpec, parse_mirror
 from flight.pb import flight_pb2 as pb
 from flight.wire import TableKind
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import pyarrow.flight as fl
 
 from engine.errors import InputError, TableExists, TicktableError
-from flight.links.link import MirrorSpec, one_line
+from flight.links.spec import MirrorSpec, one_line
 
 if TYPE_CHECKING:
     from flight.server import TicktableServer
@@ -45,7 +45,7 @@ class OriginFollower:
     poll
         Seconds between two listings of the origin's tables.
     give_up_after
-        Passed to every mirror (:class:`~flight.links.link.MirrorSpec`).
+        Passed to every mirror (:class:`~flight.links.spec.MirrorSpec`).
     """
 
     def __init__(self, server: TicktableServer, uri: str, *, token: str | None = None,

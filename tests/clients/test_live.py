@@ -482,7 +482,7 @@ def test_failing_callback_is_logged_and_the_subscription_goes_on(server, graph, 
         raise RuntimeError("boom")
 
     live = subscribe("t", on_update=bad)
-    with caplog.at_level(logging.ERROR, logger="clients.live"):
+    with caplog.at_level(logging.ERROR, logger="clients.subscription"):
         for i in range(3):
             t.upsert(kv([i], [1.0]))
             graph.run_cycle()

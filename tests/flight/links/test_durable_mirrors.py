@@ -194,7 +194,7 @@ def test_a_filtered_mirror_comes_back_with_its_filter_and_resumes(origin, mirror
     lingering there) answers with the missed deltas; from the journal alone, with a
     snapshot, as any mirror."""
     from flight.links import MirrorSpec
-    from flight.links.link import encode_filter
+    from flight.links.spec import encode_filter
 
     data = tmp_path / "b"
     predicate = encode_filter(pc.field("v") > 0.5, KV, "t")

@@ -20,7 +20,7 @@ from engine.table import Table
 from engine.update import TableUpdate, compose
 from flight import substrait
 from flight.links import Link, MirrorSpec
-from flight.links.link import encode_filter
+from flight.links.spec import encode_filter
 from tests.flight.links.test_links import KV, Server, _origin, _settle, _until, _wait_equal, _write
 from tests.flight.links.test_links import servers as servers  # the fixture
 
