@@ -13,12 +13,9 @@ the parser's check.
 
 A :class:`RunningQuery` holds the DuckDB result and streams it in record batches; it is
 stopped by :meth:`QueryRunner.cancel` (Flight's ``CancelFlightInfo``) or by the server's
-timeout (``sql_timeout``), which interrupts DuckDB wherever it is. :meth:`QueryRunner.start`
-parses, snapshots and binds the query on the calling thread (so a text that does not parse
-or bind fails there, in ``GetFlightInfo``) and runs it on one of the runner's threads (and
-DuckDB's own worker threads, ``sql_threads``) without the graph's lock: cycles keep running
-while a query runs, and ``GetFlightInfo`` answers while DuckDB scans, so the scan overlaps the
-client's round trip to ``DoGet``. A result nobody reads is dropped at the timeout.
+timeout (``sql_timeout``), which interrupts DuckDB wherever it is. DuckDB runs on the
+calling thread (and its own worker threads, ``sql_threads``) without the graph's lock:
+cycles keep running while a query runs. A result nobody reads is dropped at the timeout.
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,11 +114,9 @@ class RunningQuery:
     sql: str
     step: int
     schema: pa.Schema
-    reader: Any  # a pyarrow RecordBatchReader over DuckDB's result, once it started
+    reader: Any  # a pyarrow RecordBatchReader over DuckDB's result
     cursor: duckdb.DuckDBPyConnection
     snapshot: Snapshot | None
-    #: DuckDB starting the result on the runner's thread: the reader, or its error
-    starting: futures.Future[Any] | None = None
     started: float = field(default_factory=time.monotonic)
     stopped: str | None = None  # "cancelled" or "timeout": why DuckDB was interrupted
     taken: bool = False  # its DoGet began: a result is read once
@@ -143,13 +137,10 @@ class QueryRunner:
         DuckDB's worker threads.
     batch_rows
         Rows per result batch.
-    workers
-        Queries DuckDB runs at once; later ones wait for a thread (their timeout counts).
     """
 
     def __init__(self, registry: TableRegistry, *, timeout: float = 60.0,
-                 memory_limit: str = "2GB", threads: int = 1, batch_rows: int = 65_536,
-                 workers: int = 8) -> None:
+                 memory_limit: str = "2GB", threads: int = 1, batch_rows: int = 65_536) -> None:
         self.registry = registry
         self.timeout = timeout
         self.batch_rows = batch_rows
@@ -172,11 +163,6 @@ class QueryRunner:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._salt = os.urandom(8)
-        self._pool = futures.ThreadPoolExecutor(max_workers=workers,
-                                                thread_name_prefix="ticktable-sql")
-        #: Arrow schemas of DuckDB results by their columns' names and DuckDB types (a
-        #: result's Arrow schema follows from them: the configuration is locked)
-        self._schemas: dict[tuple[tuple[str, ...], tuple[str, ...]], pa.Schema] = {}
         self._reaper = threading.Thread(target=self._reap, daemon=True, name="ticktable-sql-reaper")
         self._closed = threading.Event()
         self._reaper.start()
@@ -220,7 +206,7 @@ class QueryRunner:
             try:
                 # a relation streams its batches (a DB-API result would copy them first)
                 relation = cursor.sql(sql, params=list(params) if params is not None else None)
-                schema = self._arrow_schema(relation)
+                reader = relation.to_arrow_reader(self.batch_rows)
             except duckdb.InterruptException:
                 raise self._stopped(query, where) from None
             except duckdb.Error as exc:
@@ -229,30 +215,9 @@ class QueryRunner:
             self.close(handle)
             self._done(query, exc)
             raise
-        query.schema = schema.with_metadata({STEP_KEY: str(snapshot.step).encode()})
-        query.starting = self._pool.submit(self._run, query, relation)
+        query.reader = reader
+        query.schema = reader.schema.with_metadata({STEP_KEY: str(snapshot.step).encode()})
         return query
-
-    def _run(self, query: RunningQuery, relation: duckdb.DuckDBPyRelation) -> Any:
-        """On the runner's thread: DuckDB runs the query up to its first batch."""
-        if query.stopped is not None:  # stopped while it waited for a thread
-            return None
-        return relation.to_arrow_reader(self.batch_rows)
-
-    def _arrow_schema(self, relation: duckdb.DuckDBPyRelation) -> pa.Schema:
-        """The Arrow schema of a bound relation's result, without running it (once per
-        shape: DuckDB answers ``LIMIT 0`` in ~0.7 ms). The ``LIMIT`` relation renames
-        repeated column names (``id``, ``id_1``); the result keeps them (``id``, ``id``)."""
-        names = relation.columns
-        shape = (tuple(names), tuple(str(t) for t in relation.types))
-        schema = self._schemas.get(shape)
-        if schema is None:
-            empty = relation.limit(0).to_arrow_table().schema
-            schema = pa.schema([f.with_name(n) for f, n in zip(empty, names, strict=True)])
-            if len(self._schemas) >= 1024:
-                self._schemas.clear()
-            self._schemas[shape] = schema
-        return schema
 
     def schema_of(self, sql: str, params: Sequence[Any] | None, tree: exp.Expression,
                   where: str = "query") -> pa.Schema:
@@ -269,7 +234,7 @@ class QueryRunner:
             for e in entries:
                 cursor.register(e.name, e.table.schema.empty_table())
             relation = cursor.sql(sql, params=list(params) if params is not None else None)
-            return self._arrow_schema(relation)
+            return relation.limit(0).to_arrow_table().schema
         except duckdb.Error as exc:
             raise duckdb_error(exc, where) from None
         finally:
@@ -280,8 +245,6 @@ class QueryRunner:
         sent = False
         failure: BaseException | None = None
         try:
-            if query.reader is None:
-                query.reader = self._started(query, where)
             while True:
                 try:
                     batch = query.reader.read_next_batch()
@@ -295,8 +258,6 @@ class QueryRunner:
                     raise duckdb_error(exc, where) from None
                 if query.stopped is not None:
                     raise self._stopped(query, where)
-                if batch.schema != query.schema:  # announced before DuckDB ran: the same types
-                    batch = _conform(batch, query.schema, where)
                 sent = True
                 yield batch
             if not sent:
@@ -307,21 +268,6 @@ class QueryRunner:
         finally:
             self.close(query.handle)
             self._done(query, failure)
-
-    def _started(self, query: RunningQuery, where: str) -> Any:
-        """The query's reader, once DuckDB started it on the runner's thread."""
-        assert query.starting is not None
-        try:
-            reader = query.starting.result()
-        except (duckdb.InterruptException, futures.CancelledError):
-            raise self._stopped(query, where) from None
-        except duckdb.Error as exc:
-            if query.stopped is not None:
-                raise self._stopped(query, where) from None
-            raise duckdb_error(exc, where) from None
-        if reader is None or query.stopped is not None:
-            raise self._stopped(query, where)
-        return reader
 
     def get(self, handle: bytes) -> RunningQuery:
         """The running query of ``handle``, to be read once.
@@ -354,11 +300,6 @@ class QueryRunner:
             query = self._running.pop(handle, None)
         if query is not None:
             query.snapshot = None
-            starting = query.starting
-            if starting is not None and not starting.done() and not starting.cancel():
-                while not starting.done():  # closed while DuckDB runs it: stop it first (an
-                    self._interrupt(query, "cancelled")  # interrupt just before DuckDB began
-                    futures.wait([starting], timeout=0.05)  # its run is lost: ask again)
             try:
                 query.cursor.close()
             except duckdb.Error:
@@ -377,7 +318,6 @@ class QueryRunner:
         for q in queries:
             self._interrupt(q, "cancelled")
             self.close(q.handle)
-        self._pool.shutdown(wait=True, cancel_futures=True)
         self._db.close()
 
     # ---------------------------------------------------------------- internals
@@ -421,16 +361,6 @@ class QueryRunner:
                 self._interrupt(q, "timeout")
                 if not q.taken:  # never read: nobody else will close it
                     self.close(q.handle)
-
-
-def _conform(batch: pa.RecordBatch, schema: pa.Schema, where: str) -> pa.RecordBatch:
-    """A result batch in the schema announced for it (the same columns and types, barring
-    metadata: a cast that changes nothing)."""
-    try:
-        return batch.cast(schema)
-    except (pa.ArrowException, ValueError) as exc:
-        raise SqlError(f"{where}: the result's columns {batch.schema.types} are not the "
-                       f"announced {schema.types}: {exc}") from None
 
 
 def _one_table_where(tree: exp.Expression, entries: Sequence[TableEntry],

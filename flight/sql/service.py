@@ -333,12 +333,7 @@ class FlightSqlService:
     def _query_frames(self, query: RunningQuery) -> Iterator[bytes]:
         meta = pb.UpdateMetadata(step=query.step, is_snapshot=True).SerializeToString()
         try:
-            batches = self.runner.batches(query)
-            # DuckDB's first batch (or its error) before the schema goes out: a client that
-            # reads the schema when it executes (ADBC) hears of an error there, as it would
-            # have from GetFlightInfo before the query ran beside it
-            first = next(batches)
-            yield from self._frames(query.schema, itertools.chain((first,), batches), meta)
+            yield from self._frames(query.schema, self.runner.batches(query), meta)
         finally:
             self.runner.close(query.handle)
 
