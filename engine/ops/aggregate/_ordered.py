@@ -139,8 +139,10 @@ class OrderedRows:
             raise UpdateInvariantError("A1", "sorted_first/last lost the node of a value it holds")
         return ids
 
-    def _count(self, leaves: I64, sign: int) -> I64:
-        """Add ``sign`` per row to the counts along the paths of ``leaves`` (one per row);
+    def _count(self, leaves: I64, sign: int, top: list[tuple[I64, U64, I64]],
+               deep: list[tuple[I64, U64, I64]]) -> I64:
+        """Add ``sign`` per row to the counts along the paths of ``leaves`` (one per row),
+        appending the multisets' changes to ``top`` and ``deep`` (applied once a cycle);
         returns the nodes whose count reached zero."""
         nodes, counts = np.unique(leaves, return_counts=True)
         emptied = []
@@ -151,24 +153,35 @@ class OrderedRows:
                 raise UpdateInvariantError("A1", "sorted_first/last removed a row it does not hold")
             par, words = self.n_parent[nodes], self.n_word[nodes]
             first = par < 0
-            self.top.update(-1 - par[first], words[first], d[first])
+            top.append((-1 - par[first], words[first], d[first]))
             if sign < 0:
                 emptied.append(nodes[self.n_rows[nodes] == 0])
             if first.all():
                 break
-            self.deep.update(par[~first], words[~first], d[~first])
+            deep.append((par[~first], words[~first], d[~first]))
             nodes, inv = np.unique(par[~first], return_inverse=True)
             counts = np.bincount(inv.reshape(-1), weights=counts[~first]).astype(np.int64)
         return np.concatenate(emptied) if emptied else _EMPTY_I
 
+    @staticmethod
+    def _update(multiset: ValueMultiset, changes: list[tuple[I64, U64, I64]]) -> None:
+        """One update of ``multiset`` with the cycle's ``changes`` (a row moving within a
+        group nets out there)."""
+        if len(changes) == 1:
+            multiset.update(*changes[0])
+        elif changes:
+            multiset.update(*(np.concatenate(c) for c in zip(*changes, strict=True)))
+
     # the cycle -----------------------------------------------------------------------
     def apply(self, ev: Events, minus: Sequence[Any], plus: Sequence[Any]) -> I64:
         emptied = _EMPTY_I
+        top: list[tuple[I64, U64, I64]] = []
+        deep: list[tuple[I64, U64, I64]] = []
         if ev.nm:  # previous key space; rows without an order value are not held
             leaves = self.rows.groups_of(ev.minus_keys)
             held = leaves >= 0
             self.rows.remove_keys(ev.minus_keys[held])
-            emptied = self._count(leaves[held], -1)
+            emptied = self._count(leaves[held], -1, top, deep)
         prev, cur = ev.shifted
         if prev.size:
             held = self.rows.groups_of(prev) >= 0
@@ -181,7 +194,9 @@ class OrderedRows:
                 node[at] = self._intern(parent[at], words)
                 parent[at] = node[at]
             self.rows.insert_keys(node, ev.plus_keys[ok])
-            self._count(node, 1)
+            self._count(node, 1, top, deep)
+        self._update(self.top, top)
+        self._update(self.deep, deep)
         if emptied.size:  # nodes left without rows (after the adds, which may refill one)
             gone = np.unique(emptied)
             gone = gone[self.n_rows[gone] == 0]

@@ -199,7 +199,7 @@ def test_ordered_rows_refuse_rows_they_do_not_hold():
     r = agg_by(src, agg.sorted_first("Qty", "Price", "F"), "Sym")
     (state,) = r.listener.states.values()
     with pytest.raises(UpdateInvariantError):
-        state._count(np.array([0], dtype=np.int64), -2)
+        state._count(np.array([0, 0], dtype=np.int64), -1, [], [])
 
 
 # the oracle -------------------------------------------------------------------------------
