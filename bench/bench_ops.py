@@ -25,9 +25,18 @@ last, std, count_distinct) by ``Sym`` (1,000 groups); each cycle upserts (keyed:
 modifies of existing keys, half new keys) or appends K rows, K = 20 and 200; per-cycle
 listener median / mean / p99 after the warm-up.
 
+W4 (``--sorted CYCLES``, issue #39 item 8): ``agg_by(sorted_last("Qty", order="Price"),
+by="Sym")`` against the pipeline it replaces, ``sort("Price")`` then ``agg_by(last("Qty"),
+by="Sym")``, each on its own graph fed the same rows: an append-only table of 100,000 rows
+gaining K rows a cycle into 1,000 groups, and a keyed table of 100,000 rows taking K upserts a
+cycle (half modifies of Price and Qty, half new keys), K = 1,000 and 10,000. CPU time
+(``time.process_time``: other work may share the machine) of the whole cycle and of the
+operations' listeners, per-cycle median / mean / p99 after the warm-up.
+
 Run: python bench/bench_ops.py [--sizes 1000000 10000000] [--changes 1000 100000] [--cycles 20]
      python bench/bench_ops.py --addonly 300   (W2 only)
      python bench/bench_ops.py --fixed 300     (W3 only)
+     python bench/bench_ops.py --sorted 100    (W4 only)
 """
 
 from __future__ import annotations
@@ -72,15 +81,16 @@ class _Timed:
     """Times a derived table's listener's on_update (wrapped on the listener itself: the
     table may check its listener's class, as agg_by's result does at the end of a cycle)."""
 
-    def __init__(self, table):
+    def __init__(self, table, clock=time.perf_counter_ns):
         self.inner = table.listener.on_update
+        self.clock = clock
         self.samples: list[int] = []
         table.listener.on_update = self.on_update
 
     def on_update(self, *ups):
-        t = time.perf_counter_ns()
+        t = self.clock()
         out = self.inner(*ups)
-        self._last = time.perf_counter_ns() - t
+        self._last = self.clock() - t
         return out
 
     def take(self) -> int:
@@ -229,6 +239,69 @@ def main_fixed(cycles: int, json_path: str | None) -> None:
     write_json("bench_ops_fixed", {"cycles": cycles, "rows": FIX_ROWS, "results": results}, json_path)
 
 
+SORT_ROWS = 100_000
+
+
+def run_sorted(source: str, k: int, pipeline: str, cycles: int, seed: int) -> dict:
+    """W4: sorted_last against sort + last; K changed rows a cycle; per-cycle CPU time."""
+    rng = np.random.default_rng(seed)  # the same rows for both pipelines
+    g = UpdateGraph()
+    keyed = source == "keyed"
+    t = g.keyed_table(FIX_SCHEMA, "Key", name="src") if keyed else g.append_only_table(FIX_SCHEMA, name="src")
+    load = _fix_rows(rng, np.arange(SORT_ROWS))
+    if keyed:
+        t.upsert(load)
+    else:
+        t.append(load)
+    g.run_cycle()
+    if pipeline == "sorted_last":
+        out = t.agg_by([agg.sorted_last("Q", order="X", name="QHi")], by="Sym")
+        timers = [_Timed(out, time.process_time_ns)]
+    else:
+        s = t.sort("X")
+        out = s.agg_by([agg.last("Q", "QHi")], by="Sym")
+        timers = [_Timed(s, time.process_time_ns), _Timed(out, time.process_time_ns)]
+    whole: list[int] = []
+    ops: list[int] = []
+    warm, next_key = 10, SORT_ROWS
+    for c in range(cycles + warm):
+        if keyed:
+            old = np.unique(rng.integers(0, next_key, k - k // 2))
+            keys = np.concatenate((old, np.arange(next_key, next_key + k // 2)))
+            next_key += k // 2
+            t.upsert(_fix_rows(rng, keys))
+        else:
+            t.append(_fix_rows(rng, np.arange(next_key, next_key + k)))
+            next_key += k
+        c0 = time.process_time_ns()
+        g.run_cycle()
+        total = time.process_time_ns() - c0
+        spent = sum(tm.take() for tm in timers)
+        if c >= warm:
+            whole.append(total)
+            ops.append(spent)
+    top = out.to_arrow().sort_by("Sym").column("QHi").to_pylist()
+    return {"source": source, "K": k, "pipeline": pipeline, "cycle": stats_ms(whole), "ops": stats_ms(ops),
+            "result": top}
+
+
+def main_sorted(cycles: int, json_path: str | None) -> None:
+    results = []
+    for src in ("append", "keyed"):
+        for k in (1_000, 10_000):
+            pair = [run_sorted(src, k, p, cycles, seed=9) for p in ("sorted_last", "sort+last")]
+            assert pair[0]["result"] == pair[1]["result"], "the two pipelines disagree"
+            results += pair
+    rows = [{"source": r["source"], "K": r["K"], "pipeline": r["pipeline"],
+             "ops_median": r["ops"]["median_ms"], "ops_mean": r["ops"]["mean_ms"], "ops_p99": r["ops"]["p99_ms"],
+             "cycle_median": r["cycle"]["median_ms"], "cycle_p99": r["cycle"]["p99_ms"]} for r in results]
+    print_table(f"W4 sorted_last vs sort + last: {SORT_ROWS:,} rows, 1,000 groups, {cycles} cycles "
+                f"(CPU ms: the operations' listeners, and the whole cycle)", rows, list(rows[0]))
+    for r in results:
+        r.pop("result")
+    write_json("bench_ops_sorted", {"cycles": cycles, "rows": SORT_ROWS, "results": results}, json_path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
@@ -240,7 +313,12 @@ def main() -> None:
                     help="run only W2 (append-only agg_by per kind) for CYCLES cycles")
     ap.add_argument("--fixed", type=int, default=0, metavar="CYCLES",
                     help="run only W3 (the fixed cost of a small agg_by cycle) for CYCLES cycles")
+    ap.add_argument("--sorted", type=int, default=0, metavar="CYCLES",
+                    help="run only W4 (sorted_last against sort + last) for CYCLES cycles")
     args = ap.parse_args()
+    if args.sorted:
+        main_sorted(args.sorted, args.json)
+        return
     if args.fixed:
         main_fixed(args.fixed, args.json)
         return

@@ -250,13 +250,15 @@ class RemoteTable:
         """One row per group of ``by`` with the aggregations ``aggs``, built on the server.
 
         Any aggregation of ``tt.agg`` travels: its kind, column, name and, where the kind
-        takes them, the weight column and ``p`` (semantics: :mod:`engine.ops.aggregate`).
+        takes them, the weight column, ``p`` and the order column (semantics:
+        :mod:`engine.ops.aggregate`).
 
         Parameters
         ----------
         aggs
             One aggregation or a list of them (``tt.agg.sum("Qty")``,
-            ``tt.agg.percentile("Price", 0.9, "P90")``, ...).
+            ``tt.agg.percentile("Price", 0.9, "P90")``,
+            ``tt.agg.sorted_last("Qty", order="Price")``, ...).
         by
             Group-by column name(s); ``()`` aggregates the whole table.
 
@@ -274,7 +276,8 @@ class RemoteTable:
                 raise TypeError(f"agg_by takes aggregations such as tt.agg.sum('Qty'), "
                                 f"not {a!r}")
             msg = tpb.Aggregation(op=kind, column=a.column or "", name=a.name,
-                                  weight=getattr(a, "weight", None) or "")
+                                  weight=getattr(a, "weight", None) or "",
+                                  order=getattr(a, "order", None) or "")
             p = getattr(a, "p", None)
             if p is not None:
                 msg.p = p

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from flight.pb import flight_pb2 as ticktable__proto_dot_v1_dot_flight__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&ticktable_proto/v1/table_service.proto\x12\x12ticktable_proto.v1\x1a\x1fticktable_proto/v1/flight.proto\"\x1a\n\x05Where\x12\x11\n\tpredicate\x18\x01 \x01(\x0c\"8\n\x10NamedExpressions\x12\x13\n\x0b\x65xpressions\x18\x01 \x01(\x0c\x12\x0f\n\x07\x63olumns\x18\x02 \x03(\t\"&\n\x04Sort\x12\n\n\x02\x62y\x18\x01 \x03(\t\x12\x12\n\ndescending\x18\x02 \x03(\x08\"D\n\x05Slice\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0c\n\x04stop\x18\x03 \x01(\x03\x12\x10\n\x08has_stop\x18\x04 \x01(\x08\">\n\x04Join\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05right\x18\x02 \x01(\t\x12\n\n\x02on\x18\x03 \x03(\t\x12\r\n\x05joins\x18\x04 \x03(\t\"]\n\x0b\x41ggregation\x12\n\n\x02op\x18\x01 \x01(\t\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06weight\x18\x04 \x01(\t\x12\x0e\n\x01p\x18\x05 \x01(\x01H\x00\x88\x01\x01\x42\x04\n\x02_p\"B\n\x05\x41ggBy\x12-\n\x04\x61ggs\x18\x01 \x03(\x0b\x32\x1f.ticktable_proto.v1.Aggregation\x12\n\n\x02\x62y\x18\x02 \x03(\t\"0\n\x06\x42yKeys\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\n\n\x02\x62y\x18\x02 \x03(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"r\n\x06Rename\x12\x38\n\x07mapping\x18\x01 \x03(\x0b\x32\'.ticktable_proto.v1.Rename.MappingEntry\x1a.\n\x0cMappingEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc1\x04\n\tOperation\x12*\n\x05where\x18\x01 \x01(\x0b\x32\x19.ticktable_proto.v1.WhereH\x00\x12\x36\n\x06update\x18\x02 \x01(\x0b\x32$.ticktable_proto.v1.NamedExpressionsH\x00\x12\x36\n\x06select\x18\x03 \x01(\x0b\x32$.ticktable_proto.v1.NamedExpressionsH\x00\x12\x34\n\x04view\x18\x04 \x01(\x0b\x32$.ticktable_proto.v1.NamedExpressionsH\x00\x12<\n\x0c\x64rop_columns\x18\x05 \x01(\x0b\x32$.ticktable_proto.v1.NamedExpressionsH\x00\x12,\n\x06rename\x18\x06 \x01(\x0b\x32\x1a.ticktable_proto.v1.RenameH\x00\x12(\n\x04sort\x18\x07 \x01(\x0b\x32\x18.ticktable_proto.v1.SortH\x00\x12*\n\x05slice\x18\x08 \x01(\x0b\x32\x19.ticktable_proto.v1.SliceH\x00\x12(\n\x04join\x18\t \x01(\x0b\x32\x18.ticktable_proto.v1.JoinH\x00\x12+\n\x06\x61gg_by\x18\n \x01(\x0b\x32\x19.ticktable_proto.v1.AggByH\x00\x12-\n\x07\x62y_keys\x18\x0b \x01(\x0b\x32\x1a.ticktable_proto.v1.ByKeysH\x00\x12\x14\n\nmerge_with\x18\x0c \x01(\tH\x00\x42\x04\n\x02op\"\x83\x01\n\x19\x43reateDerivedTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06parent\x18\x02 \x01(\t\x12*\n\x03ops\x18\x03 \x03(\x0b\x32\x1d.ticktable_proto.v1.Operation\x12\x0f\n\x07replace\x18\x04 \x01(\x08\x12\x0b\n\x03sql\x18\x05 \x01(\t\":\n\x1a\x43reateDerivedTableResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\x0c\"\x13\n\x11ListTablesRequest\"c\n\tTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0c\n\x04keys\x18\x05 \x03(\t\x12\x0e\n\x06parent\x18\x06 \x01(\t\"C\n\x12ListTablesResponse\x12-\n\x06tables\x18\x01 \x03(\x0b\x32\x1d.ticktable_proto.v1.TableInfo\"$\n\x11\x44ropTableResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08\x32\xba\x02\n\x0cTableService\x12s\n\x12\x43reateDerivedTable\x12-.ticktable_proto.v1.CreateDerivedTableRequest\x1a..ticktable_proto.v1.CreateDerivedTableResponse\x12[\n\nListTables\x12%.ticktable_proto.v1.ListTablesRequest\x1a&.ticktable_proto.v1.ListTablesResponse\x12X\n\tDropTable\x12$.ticktable_proto.v1.DropTableRequest\x1a%.ticktable_proto.v1.DropTableResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&ticktable_proto/v1/table_service.proto\x12\x12ticktable_proto.v1\x1a\x1fticktable_proto/v1/flight.proto\"\x1a\n\x05Where\x12\x11\n\tpredicate\x18\x01 \x01(\x0c\"8\n\x10NamedExpressions\x12\x13\n\x0b\x65xpressions\x18\x01 \x01(\x0c\x12\x0f\n\x07\x63olumns\x18\x02 \x03(\t\"&\n\x04Sort\x12\n\n\x02\x62y\x18\x01 \x03(\t\x12\x12\n\ndescending\x18\x02 \x03(\x08\"D\n\x05Slice\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0c\n\x04stop\x18\x03 \x01(\x03\x12\x10\n\x08has_stop\x18\x04 \x01(\x08\">\n\x04Join\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05right\x18\x02 \x01(\t\x12\n\n\x02on\x18\x03 \x03(\t\x12\r\n\x05joins\x18\x04 \x03(\t\"l\n\x0b\x41ggregation\x12\n\n\x02op\x18\x01 \x01(\t\x12\x0e\n\x06\x63olumn\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06weight\x18\x04 \x01(\t\x12\x0e\n\x01p\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\r\n\x05order\x18\x06 \x01(\tB\x04\n\x02_p\"B\n\x05\x41ggBy\x12-\n\x04\x61ggs\x18\x01 \x03(\x0b\x32\x1f.ticktable_proto.v1.Aggregation\x12\n\n\x02\x62y\x18\x02 \x03(\t\"0\n\x06\x42yKeys\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\n\n\x02\x62y\x18\x02 \x03(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"r\n\x06Rename\x12\x38\n\x07mapping\x18\x01 \x03(\x0b\x32\'.ticktable_proto.v1.Rename.MappingEntry\x1a.\n\x0cMappingEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc1\x04\n\tOperation\x12*\n\x05where\x18\x01 \x01(\x0b\x32\x19.ticktable_proto.v1.WhereH\x00\x12\x36\n\x06update\x18\x02 \x01(\x0b\x32$.ticktable_proto.v1.NamedExpressionsH\x00\x12\x36\n\x06select\x18\x03 \x01(\x0b\x32$.ticktable_proto.v1.NamedExpressionsH\x00\x12\x34\n\x04view\x18\x04 \x01(\x0b\x32$.ticktable_proto.v1.NamedExpressionsH\x00\x12<\n\x0c\x64rop_columns\x18\x05 \x01(\x0b\x32$.ticktable_proto.v1.NamedExpressionsH\x00\x12,\n\x06rename\x18\x06 \x01(\x0b\x32\x1a.ticktable_proto.v1.RenameH\x00\x12(\n\x04sort\x18\x07 \x01(\x0b\x32\x18.ticktable_proto.v1.SortH\x00\x12*\n\x05slice\x18\x08 \x01(\x0b\x32\x19.ticktable_proto.v1.SliceH\x00\x12(\n\x04join\x18\t \x01(\x0b\x32\x18.ticktable_proto.v1.JoinH\x00\x12+\n\x06\x61gg_by\x18\n \x01(\x0b\x32\x19.ticktable_proto.v1.AggByH\x00\x12-\n\x07\x62y_keys\x18\x0b \x01(\x0b\x32\x1a.ticktable_proto.v1.ByKeysH\x00\x12\x14\n\nmerge_with\x18\x0c \x01(\tH\x00\x42\x04\n\x02op\"\x83\x01\n\x19\x43reateDerivedTableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06parent\x18\x02 \x01(\t\x12*\n\x03ops\x18\x03 \x03(\x0b\x32\x1d.ticktable_proto.v1.Operation\x12\x0f\n\x07replace\x18\x04 \x01(\x08\x12\x0b\n\x03sql\x18\x05 \x01(\t\":\n\x1a\x43reateDerivedTableResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\x0c\"\x13\n\x11ListTablesRequest\"c\n\tTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0c\n\x04keys\x18\x05 \x03(\t\x12\x0e\n\x06parent\x18\x06 \x01(\t\"C\n\x12ListTablesResponse\x12-\n\x06tables\x18\x01 \x03(\x0b\x32\x1d.ticktable_proto.v1.TableInfo\"$\n\x11\x44ropTableResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08\x32\xba\x02\n\x0cTableService\x12s\n\x12\x43reateDerivedTable\x12-.ticktable_proto.v1.CreateDerivedTableRequest\x1a..ticktable_proto.v1.CreateDerivedTableResponse\x12[\n\nListTables\x12%.ticktable_proto.v1.ListTablesRequest\x1a&.ticktable_proto.v1.ListTablesResponse\x12X\n\tDropTable\x12$.ticktable_proto.v1.DropTableRequest\x1a%.ticktable_proto.v1.DropTableResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,29 +45,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOIN']._serialized_start=291
   _globals['_JOIN']._serialized_end=353
   _globals['_AGGREGATION']._serialized_start=355
-  _globals['_AGGREGATION']._serialized_end=448
-  _globals['_AGGBY']._serialized_start=450
-  _globals['_AGGBY']._serialized_end=516
-  _globals['_BYKEYS']._serialized_start=518
-  _globals['_BYKEYS']._serialized_end=566
-  _globals['_RENAME']._serialized_start=568
-  _globals['_RENAME']._serialized_end=682
-  _globals['_RENAME_MAPPINGENTRY']._serialized_start=636
-  _globals['_RENAME_MAPPINGENTRY']._serialized_end=682
-  _globals['_OPERATION']._serialized_start=685
-  _globals['_OPERATION']._serialized_end=1262
-  _globals['_CREATEDERIVEDTABLEREQUEST']._serialized_start=1265
-  _globals['_CREATEDERIVEDTABLEREQUEST']._serialized_end=1396
-  _globals['_CREATEDERIVEDTABLERESPONSE']._serialized_start=1398
-  _globals['_CREATEDERIVEDTABLERESPONSE']._serialized_end=1456
-  _globals['_LISTTABLESREQUEST']._serialized_start=1458
-  _globals['_LISTTABLESREQUEST']._serialized_end=1477
-  _globals['_TABLEINFO']._serialized_start=1479
-  _globals['_TABLEINFO']._serialized_end=1578
-  _globals['_LISTTABLESRESPONSE']._serialized_start=1580
-  _globals['_LISTTABLESRESPONSE']._serialized_end=1647
-  _globals['_DROPTABLERESPONSE']._serialized_start=1649
-  _globals['_DROPTABLERESPONSE']._serialized_end=1685
-  _globals['_TABLESERVICE']._serialized_start=1688
-  _globals['_TABLESERVICE']._serialized_end=2002
+  _globals['_AGGREGATION']._serialized_end=463
+  _globals['_AGGBY']._serialized_start=465
+  _globals['_AGGBY']._serialized_end=531
+  _globals['_BYKEYS']._serialized_start=533
+  _globals['_BYKEYS']._serialized_end=581
+  _globals['_RENAME']._serialized_start=583
+  _globals['_RENAME']._serialized_end=697
+  _globals['_RENAME_MAPPINGENTRY']._serialized_start=651
+  _globals['_RENAME_MAPPINGENTRY']._serialized_end=697
+  _globals['_OPERATION']._serialized_start=700
+  _globals['_OPERATION']._serialized_end=1277
+  _globals['_CREATEDERIVEDTABLEREQUEST']._serialized_start=1280
+  _globals['_CREATEDERIVEDTABLEREQUEST']._serialized_end=1411
+  _globals['_CREATEDERIVEDTABLERESPONSE']._serialized_start=1413
+  _globals['_CREATEDERIVEDTABLERESPONSE']._serialized_end=1471
+  _globals['_LISTTABLESREQUEST']._serialized_start=1473
+  _globals['_LISTTABLESREQUEST']._serialized_end=1492
+  _globals['_TABLEINFO']._serialized_start=1494
+  _globals['_TABLEINFO']._serialized_end=1593
+  _globals['_LISTTABLESRESPONSE']._serialized_start=1595
+  _globals['_LISTTABLESRESPONSE']._serialized_end=1662
+  _globals['_DROPTABLERESPONSE']._serialized_start=1664
+  _globals['_DROPTABLERESPONSE']._serialized_end=1700
+  _globals['_TABLESERVICE']._serialized_start=1703
+  _globals['_TABLESERVICE']._serialized_end=2017
 # @@protoc_insertion_point(module_scope)

@@ -162,6 +162,8 @@ class Aggregation(_message.Message):
       count_distinct
       percentile                            one column and p (0 <= p <= 1, linear interpolation)
       weighted_sum, weighted_avg            one column and a weight column
+      sorted_first, sorted_last             one column and an order column: the column's value
+                                            in the row with the smallest / largest order value
     A parameter the op does not take must be left unset (INVALID_ARGUMENT otherwise).
     """
 
@@ -172,6 +174,7 @@ class Aggregation(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
     P_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
     op: _builtins.str
     column: _builtins.str
     name: _builtins.str
@@ -180,6 +183,8 @@ class Aggregation(_message.Message):
     """weighted_sum / weighted_avg: the weight column"""
     p: _builtins.float
     """percentile: the quantile, 0 <= p <= 1"""
+    order: _builtins.str
+    """sorted_first / sorted_last: the column rows are ordered by"""
     def __init__(
         self,
         *,
@@ -188,10 +193,11 @@ class Aggregation(_message.Message):
         name: _builtins.str = ...,
         weight: _builtins.str = ...,
         p: _builtins.float | None = ...,
+        order: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_p", b"_p", "p", b"p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_p", b"_p", "column", b"column", "name", b"name", "op", b"op", "p", b"p", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_p", b"_p", "column", b"column", "name", b"name", "op", b"op", "order", b"order", "p", b"p", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__p: _TypeAlias = _typing.Literal["p"]  # noqa: Y015
     _WhichOneofArgType__p: _TypeAlias = _typing.Literal["_p", b"_p"]  # noqa: Y015

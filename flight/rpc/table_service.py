@@ -284,7 +284,8 @@ class TableServiceServicer:
 
         # any kind of the engine's registry; it checks the parameters (SchemaError)
         aggs = [make_agg(spec.op, spec.column or None, spec.name or None,
-                         weight=spec.weight or None, p=spec.p if spec.HasField("p") else None)
+                         weight=spec.weight or None, p=spec.p if spec.HasField("p") else None,
+                         order=spec.order or None)
                 for spec in a.aggs]
         return table.agg_by(aggs, list(a.by))
 

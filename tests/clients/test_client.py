@@ -270,17 +270,22 @@ def test_remote_agg_by_every_registry_kind(client: tt.Client, graph: UpdateGraph
         [tt.agg.var("px", "var"), tt.agg.abs_sum("qty", "abs"),
          tt.agg.weighted_sum("px", "qty", "wsum"), tt.agg.weighted_avg("px", "qty", "wavg"),
          tt.agg.median("px", "med"), tt.agg.percentile("px", 0.25, "p25"),
-         tt.agg.percentile("qty", 1.0, "p100")], "sym").sort("sym")
+         tt.agg.percentile("qty", 1.0, "p100"), tt.agg.sorted_last("px", order="id", name="last_px"),
+         tt.agg.sorted_first("qty", "px", "qty_at_low")], "sym").sort("sym")
     assert remote.schema.field("wsum").type == pa.float64()
     assert remote.schema.field("abs").type == pa.int64()
 
     def want(frame: pd.DataFrame) -> pd.DataFrame:
+        frame = frame.reset_index(drop=True)  # unique labels for idxmax / idxmin
         ok = frame.px.notna()
         g = frame.assign(xw=(frame.px * frame.qty).where(ok), w=frame.qty.where(ok),
                          aq=frame.qty.abs()).groupby("sym")
         out = pd.DataFrame({"var": g.px.var(), "abs": g.aq.sum(), "wsum": g.xw.sum(),
                             "wavg": g.xw.sum() / g.w.sum(), "med": g.px.median(),
-                            "p25": g.px.quantile(0.25), "p100": g.qty.quantile(1.0)})
+                            "p25": g.px.quantile(0.25), "p100": g.qty.quantile(1.0),
+                            "last_px": frame.px[g.id.idxmax()].set_axis(g.id.idxmax().index),
+                            # the lowest price is unique here (two decimals over 1..100)
+                            "qty_at_low": frame.qty[g.px.idxmin()].set_axis(g.px.idxmin().index)})
         return out.reset_index().sort_values("sym").reset_index(drop=True)
 
     for step in range(4):  # the server keeps it current

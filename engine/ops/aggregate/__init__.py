@@ -6,7 +6,9 @@ names, ``tt.agg.sum(...)``), :mod:`._kinds` (the registry: one class per aggrega
 :mod:`._states` and :mod:`._sums` (per-group states), :mod:`._addonly` (the states of
 min, max, first and last over an add-only parent), :mod:`._sortedset` and :mod:`._bits`
 (per-group sorted sets behind min, max, median, percentile, first and last) and
-:mod:`._keys` (reading values, hashing group keys, order-preserving encodings).
+:mod:`._keys` (reading values, hashing group keys, order-preserving encodings);
+:mod:`._ordered` holds the rows of each group in the order of a column (sorted_first and
+sorted_last; over an add-only parent, :mod:`._addonly`).
 """
 
 from engine.ops.aggregate import agg as agg

@@ -9,7 +9,10 @@ rows need no sorted state that could answer "what is left after this removal":
   ``uint64`` encoding :class:`~engine.ops.aggregate._states.OrderStats` sorts by, so
   ``-0.0``/``0.0``, NaN and nulls come out exactly as there);
 * :class:`RowEnds` — ``first`` and ``last``: each group's first row key (set once, when
-  the group appears) and last row key (the largest it gained).
+  the group appears) and last row key (the largest it gained);
+* :class:`BestRows` — ``sorted_first`` and ``sorted_last``: each group's best row so far
+  (its key and order value), challenged each cycle by the best of the rows the group
+  gained (strings: :class:`BestStrings`).
 
 Both take only *plus* events; a *minus* event (a removed or modified row) is an
 :class:`~engine.errors.UpdateInvariantError`. The listener fails the table before one can
@@ -24,15 +27,17 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from engine.columns import numpy_storage_dtype
+from engine.columns import ArrowColumnSource, numpy_storage_dtype
 from engine.errors import UpdateInvariantError
 from engine.ops.aggregate._keys import decode, encode, valid_mask
 from engine.ops.aggregate._states import Events, State, grown_to
 
-__all__ = ["RowEnds", "RunningExtremes"]
+__all__ = ["BestRows", "BestStrings", "RowEnds", "RunningExtremes"]
 
 I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
 Mask = npt.NDArray[np.bool_]
 NumPair = tuple[npt.NDArray[Any], Mask | None]
 
@@ -51,6 +56,7 @@ class RunningExtremes:
     for an add-only parent: nulls and NaN skipped, null for a group without values."""
 
     arrow: ClassVar[bool] = False
+    holds_rows: ClassVar[bool] = False
 
     @classmethod
     def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
@@ -104,6 +110,7 @@ class RowEnds:
     largest key it gained. Reads no column."""
 
     arrow: ClassVar[bool] = False
+    holds_rows: ClassVar[bool] = False
 
     @classmethod
     def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
@@ -136,3 +143,129 @@ class RowEnds:
             self.first[self.born] = low[new]
             self.has[self.born] = True
         return touched
+
+
+class BestRows:
+    """Each group's first (option ``first``) and last (option ``last``) row in the order
+    of one fixed-width column, for an add-only parent: rows without an order value (null,
+    NaN) skipped, ties to the smaller row key for first, the larger for last.
+
+    Per group and wanted end: the best row's key and its encoded order value. A cycle
+    sorts the rows the touched groups gained together with their best rows by ``(group,
+    order value, row key)`` and keeps each group's first (last) entry, so a held row beats
+    a new equal one for first and loses to it for last (new keys are larger). ``changed``
+    holds, per end (``True``: last), the groups whose best row changed this cycle and the
+    groups first seen (their value is null until a row with an order value arrives).
+    Strings and binaries: :class:`BestStrings` (:meth:`create` picks).
+    """
+
+    arrow: ClassVar[bool] = False
+    holds_rows: ClassVar[bool] = False
+
+    @classmethod
+    def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
+               dep: Callable[[type[State]], State]) -> BestRows:
+        ends = tuple(e for e, opt in ((False, "first"), (True, "last")) if opt in options)
+        if numpy_storage_dtype(types[0]) is not None:
+            return cls(ends)
+        return BestStrings(ends, types[0])
+
+    def __init__(self, ends: tuple[bool, ...]) -> None:
+        self.ends_kept = ends
+        self.key = {e: np.zeros(16, dtype=np.int64) for e in ends}
+        self.has = {e: np.zeros(16, dtype=bool) for e in ends}
+        self.enc = {e: np.zeros(16, dtype=np.uint64) for e in ends}
+        self.seen = np.zeros(16, dtype=bool)
+        self.groups = 0  # groups seen
+        self.changed: dict[bool, I64] = {e: np.empty(0, dtype=np.int64) for e in ends}
+
+    def _grow(self, cap: int) -> None:
+        self.seen = grown_to(self.seen, cap)
+        for e in self.ends_kept:
+            self.key[e], self.has[e] = grown_to(self.key[e], cap), grown_to(self.has[e], cap)
+            self.enc[e] = grown_to(self.enc[e], cap)
+
+    def _with_order(self, values: Any) -> tuple[Mask, Any]:
+        """Which new rows have an order value (not null, not NaN), and their values."""
+        vals, valid = values
+        ok = valid_mask(vals, valid)
+        return ok, vals if ok.all() else vals[ok]
+
+    def _order(self, end: bool, new: Any, held: I64) -> tuple[U64, U64]:
+        """Sortable codes, comparable with each other, of the ``new`` order values and of
+        the order values of the groups ``held``'s best rows."""
+        return encode(new), self.enc[end][held]
+
+    def _keep(self, end: bool, groups: I64, new: Any, won: I64, codes: U64) -> None:
+        """Record the order values of the new best rows (``new[won]``, coded ``codes``)."""
+        self.enc[end][groups] = codes
+
+    def apply(self, ev: Events, minus: Sequence[Any], plus: Sequence[Any]) -> I64:
+        _only_adds(ev, "sorted_first/last")
+        touched = ev.touched
+        if touched.size == 0:
+            self.changed = {e: touched for e in self.ends_kept}
+            return touched
+        self._grow(int(touched[-1]) + 1)
+        born = touched[~self.seen[touched]]
+        self.seen[born] = True
+        self.groups += born.size
+        ok, new = self._with_order(plus[0])
+        inv, keys = ev.inv[ok], ev.plus_keys[ok]
+        for end in self.ends_kept:
+            if not ok.any():
+                self.changed[end] = born
+                continue
+            at = np.flatnonzero(self.has[end][touched])  # positions in touched
+            held = touched[at]
+            new_codes, held_codes = self._order(end, new, held)
+            g = np.concatenate((at, inv))
+            order = np.lexsort((np.concatenate((self.key[end][held], keys)),
+                                np.concatenate((held_codes, new_codes)), g))
+            gs = g[order]
+            if end:  # the last entry of each group's run
+                pick = order[np.flatnonzero(np.append(gs[1:] != gs[:-1], True))]
+            else:
+                pick = order[np.flatnonzero(np.insert(gs[1:] != gs[:-1], 0, True))]
+            won = pick[pick >= at.size] - at.size  # new rows that beat the held best
+            groups = touched[inv[won]]
+            self.key[end][groups] = keys[won]
+            self.has[end][groups] = True
+            self._keep(end, groups, new, won, new_codes[won])
+            self.changed[end] = np.union1d(born, groups)
+        return touched
+
+    def ends(self, slots: I64, largest: bool) -> tuple[I64, Mask]:
+        """Each group's best row key for first (``largest``: last), and whether it has one."""
+        return self.key[largest][slots], self.has[largest][slots]
+
+
+class BestStrings(BestRows):
+    """:class:`BestRows` of a string or binary column: the best values are kept in Arrow
+    and the new rows ranked among them (``pyarrow.compute.rank``, bytewise)."""
+
+    arrow: ClassVar[bool] = True
+
+    def __init__(self, ends: tuple[bool, ...], type: pa.DataType) -> None:
+        super().__init__(ends)
+        self.type = type
+        self.best = {e: ArrowColumnSource(type) for e in ends}
+
+    def _with_order(self, values: Any) -> tuple[Mask, Any]:
+        arr: pa.Array = values
+        if not arr.null_count:
+            return np.ones(len(arr), dtype=bool), arr
+        ok = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        return ok, arr.filter(pa.array(ok))
+
+    def _order(self, end: bool, new: Any, held: I64) -> tuple[U64, U64]:
+        both = pa.concat_arrays([self.best[end].get(held), new])
+        ranks = pc.rank(both, sort_keys="ascending", tiebreaker="dense").to_numpy(zero_copy_only=False)
+        codes = np.asarray(ranks, dtype=np.uint64)
+        return codes[held.size :], codes[: held.size]
+
+    def _keep(self, end: bool, groups: I64, new: Any, won: I64, codes: U64) -> None:
+        src = self.best[end]
+        src.set(groups, new.take(pa.array(won)))
+        if src.needs_compaction(self.groups):  # an overwrite appends: compact now and then
+            src.compact(np.flatnonzero(self.has[end]))

@@ -6,7 +6,8 @@
   ``(values, validity)`` pairs (:func:`pairs_equal`: is an output really changed?), the
   rule of :func:`engine._kernels.hashing.values_equal`;
 * order-preserving ``uint64`` encodings of numbers (:func:`encode`, :func:`decode`) for
-  the sorted structures behind min/max.
+  the sorted structures behind min/max, and of strings and binaries as a sequence of words
+  (:class:`StringWords`) for sorted_first/sorted_last (:func:`orderable`).
 
 Hashing group keys and the hash maps are kernels (:mod:`engine._kernels`).
 """
@@ -24,11 +25,13 @@ from engine._kernels.arrays import numeric_view
 from engine.columns import ColumnSource, NumpyColumnSource, numpy_storage_dtype
 
 __all__ = [
+    "StringWords",
     "decode",
     "encode",
     "fetch",
     "fetch_numpy",
     "numpy_of",
+    "orderable",
     "pairs_equal",
     "valid_mask",
 ]
@@ -39,6 +42,7 @@ Mask = npt.NDArray[np.bool_]
 NumPair = tuple[npt.NDArray[Any], Mask | None]
 
 _SIGN = np.uint64(1 << 63)
+_WORD = 7  # bytes of a string per word (the word's low byte is its marker)
 
 # reading parent values ------------------------------------------------------------------
 def fetch(src: ColumnSource, keys: I64, prev: bool) -> pa.Array:
@@ -122,3 +126,68 @@ def decode(enc: U64, dtype: np.dtype[Any]) -> npt.NDArray[Any]:
     if kind in "ub":
         return enc.astype(dtype)
     return (enc ^ _SIGN).view(np.int64).astype(dtype)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
+                or pa.types.is_large_binary(t))
+
+
+def orderable(t: pa.DataType) -> bool:
+    """Whether rows can be ordered by a column of type ``t`` (sorted_first/sorted_last):
+    fixed-width (numbers, bools, temporals: :func:`encode`) or strings and binaries
+    (:class:`StringWords`)."""
+    return numpy_storage_dtype(t) is not None or _is_text(t)
+
+
+class StringWords:
+    """Strings or binaries as sequences of order-preserving ``uint64`` words.
+
+    Word ``k`` of a value holds its bytes ``[7k, 7k + 7)`` in its high seven bytes (zero
+    padded) and ``min(len - 7k, 8)`` in its low byte, the *marker*: 8 means the value goes
+    on in word ``k + 1``, less that it ends in this word. Comparing two values bytewise
+    (UTF-8 code point order for strings) is comparing their words in turn: a value that is
+    a prefix of another has the smaller marker where it ends. Word ``k`` exists for
+    ``k == 0`` and for values of at least ``7k + 1`` bytes. (``engine.ops.sort`` codes a
+    string as its word 0.)
+    """
+
+    def __init__(self, arr: pa.Array) -> None:
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+        n = len(arr)
+        bufs = arr.buffers()
+        if n:
+            offsets = np.frombuffer(bufs[1], dtype=np.int64 if large else np.int32,
+                                    count=arr.offset + n + 1)[arr.offset :].astype(np.int64)
+        else:
+            offsets = np.zeros(1, dtype=np.int64)
+        self.data = np.frombuffer(bufs[2], dtype=np.uint8) if n and bufs[2] is not None \
+            else np.zeros(1, dtype=np.uint8)
+        self.starts = offsets[:-1]
+        self.lengths = offsets[1:] - self.starts
+
+    def rows_at(self, k: int) -> I64:
+        """The values that have a word ``k``."""
+        if k == 0:
+            return np.arange(self.lengths.size, dtype=np.int64)
+        return np.flatnonzero(self.lengths >= _WORD * k + 1)
+
+    def words(self, k: int, rows: I64) -> U64:
+        """Word ``k`` of the values ``rows`` (which have one)."""
+        left = self.lengths[rows] - _WORD * k
+        mat = np.zeros((rows.size, 8), dtype=np.uint8)
+        j = np.arange(_WORD)
+        inside = j[None, :] < np.minimum(left, _WORD)[:, None]
+        head = mat[:, :_WORD]
+        head[inside] = self.data[(self.starts[rows, None] + _WORD * k + j[None, :])[inside]]
+        mat[:, _WORD] = np.minimum(left, _WORD + 1)
+        out: U64 = mat.view(">u8").reshape(rows.size).astype(np.uint64)
+        return out
+
+    @staticmethod
+    def goes_on(words: U64) -> Mask:
+        """Which words are followed by another (marker 8)."""
+        out: Mask = (words & np.uint64(0xFF)) == np.uint64(_WORD + 1)
+        return out

@@ -3,10 +3,10 @@
 A kind tells the listener everything that differs between aggregations, so the listener
 holds no branch on a kind's name (the :class:`AggKind` protocol):
 
-* **parameters** — which of ``column``, ``weight`` and ``p`` an
+* **parameters** — which of ``column``, ``weight``, ``p`` and ``order`` an
   :class:`~engine.ops.aggregate.spec.Agg` of the kind takes (:meth:`AggKind.check`, run
   when the ``Agg`` is built) and the parent columns it reads (:meth:`AggKind.inputs`:
-  the weighted kinds read two);
+  the weighted kinds and sorted_first/sorted_last read two);
 * **output type** given the input columns' types, or a SchemaError naming the table and
   the column (:meth:`AggKind.output_type`, run when ``agg_by`` is called);
 * **states** — the :class:`Need` values it reads: a state class over some columns, with an
@@ -18,8 +18,9 @@ holds no branch on a kind's name (the :class:`AggKind` protocol):
   column's ``OrderStats``, which is then built (and fed) first;
 * **add-only parents** — :meth:`AggKind.needs` and :meth:`AggKind.reads_rows` are told
   whether the parent is add-only (:attr:`engine.table.Table.add_only`): ``min``/``max``
-  then keep a ``RunningExtremes`` and ``first``/``last`` a ``RowEnds``
-  (:mod:`._addonly`), with no sorted state;
+  then keep a ``RunningExtremes``, ``first``/``last`` a ``RowEnds`` and
+  ``sorted_first``/``sorted_last`` a ``BestRows`` (:mod:`._addonly`), with no sorted
+  state;
 * **refresh** — once the states took a cycle's events, which groups to evaluate again
   (:meth:`AggKind.touched`) and their new values (:meth:`AggKind.values`). The listener
   writes and reports only values that changed.
@@ -48,12 +49,17 @@ first, last                     the listener's ``RowKeySet``    the column's typ
                                 (it also finds removed rows'
                                 groups and follows parent
                                 shifts); add-only: ``RowEnds``
+sorted_first, sorted_last       ``OrderedRows``                 the value column's type
+                                (:mod:`._ordered`), one per     (any); the order column is
+                                order column (it holds row      fixed-width, a string or
+                                keys, follows parent shifts);   a binary
+                                add-only: ``BestRows``
 ==============================  ==============================  ===========================
 
 Adding an aggregation is one class here, one line in :data:`KINDS` and a row in the table
 above; a constructor in :mod:`~engine.ops.aggregate.agg` (``tt.agg.<kind>``) is optional
-sugar, and the wire protocol carries any kind by name with its column, weight and ``p``
-(``docs/protocol.md`` lists them for clients).
+sugar, and the wire protocol carries any kind by name with its column, weight, ``p`` and
+order column (``docs/protocol.md`` lists them for clients).
 """
 
 from __future__ import annotations
@@ -69,8 +75,9 @@ import pyarrow as pa
 
 from engine.columns import numpy_storage_dtype
 from engine.errors import SchemaError
-from engine.ops.aggregate._addonly import RowEnds, RunningExtremes
-from engine.ops.aggregate._keys import fetch, fetch_numpy
+from engine.ops.aggregate._addonly import BestRows, RowEnds, RunningExtremes
+from engine.ops.aggregate._keys import fetch, fetch_numpy, orderable
+from engine.ops.aggregate._ordered import OrderedRows
 from engine.ops.aggregate._states import Cycle, Distinct, Moments, OrderStats, State
 from engine.ops.aggregate._sums import AbsSums, WeightedSums
 
@@ -86,7 +93,7 @@ I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
 NumPair = tuple[npt.NDArray[Any], Mask | None]
 Values: TypeAlias = "NumPair | pa.Array"  # numpy if fixed-width, else Arrow (first/last)
-_PARAMS = ("column", "weight", "p")
+_PARAMS = ("column", "weight", "p", "order")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +152,7 @@ class AggKind(Protocol):
 
     #: the kind's name, as ``Agg.kind`` and the wire protocol spell it
     name: ClassVar[str]
-    #: which of "column", "weight", "p" an Agg of this kind takes
+    #: which of "column", "weight", "p", "order" an Agg of this kind takes
     params: ClassVar[tuple[str, ...]]
 
     def check(self, agg: Agg) -> None:
@@ -157,7 +164,7 @@ class AggKind(Protocol):
         ...
 
     def inputs(self, agg: Agg) -> tuple[str, ...]:
-        """The parent columns ``agg`` reads, in order (value, then weight)."""
+        """The parent columns ``agg`` reads, in order (value, then weight or order)."""
         ...
 
     def output_type(self, agg: Agg, types: Sequence[pa.DataType], table: str) -> pa.DataType:
@@ -216,7 +223,7 @@ class _Kind:
         return column or self.name
 
     def inputs(self, agg: Agg) -> tuple[str, ...]:
-        return tuple(c for c in (agg.column, agg.weight) if c is not None)
+        return tuple(c for c in (agg.column, agg.weight, agg.order) if c is not None)
 
     def output_type(self, agg: Agg, types: Sequence[pa.DataType], table: str) -> pa.DataType:
         raise NotImplementedError
@@ -496,6 +503,89 @@ class Last(First):
     largest = True
 
 
+class SortedFirst(_Kind):
+    """The value in the group's first row in the order of another column: the smallest
+    order value, the smallest row key among equal ones (``sort(order)`` then ``first_by``,
+    over the rows with an order value: null and NaN are skipped); :class:`SortedLast` the
+    last (largest value, largest row key). An ``OrderedRows`` per order column, or over an
+    add-only parent a ``BestRows``, shared by the aggregations ordered by that column; the
+    value column is read only for the groups whose value may have changed."""
+
+    name = "sorted_first"
+    params: ClassVar[tuple[str, ...]] = ("column", "order")
+    largest: ClassVar[bool] = False
+
+    def output_type(self, agg: Agg, types: Sequence[pa.DataType], table: str) -> pa.DataType:
+        if not orderable(types[1]):
+            raise SchemaError(
+                f"{agg.kind}({agg.column!r}, order={agg.order!r}) needs an order column of "
+                f"numbers, bools, timestamps, dates, durations, strings or binaries, but "
+                f"{agg.order!r} of table {table!r} is {types[1]}; cast it first (update())")
+        return types[0]
+
+    def needs(self, agg: Agg, add_only: bool) -> tuple[Need, ...]:
+        assert agg.order is not None
+        return (Need(BestRows if add_only else OrderedRows, (agg.order,), "last" if self.largest else "first"),)
+
+    def touched(self, agg: Agg, cx: Refresh) -> I64:
+        need = self.needs(agg, cx.add_only)[0]
+        if cx.add_only:
+            best = cx.states[need]
+            assert isinstance(best, BestRows)
+            return best.changed[self.largest]
+        base = cx.state_touched[need]
+        cy = cx.cy
+        if agg.column not in cy.modcols or not cy.moved.size or cy.moved.all():
+            return base
+
+        def make() -> I64:  # groups whose rows' values changed, the row staying in them
+            stay = np.unique(cy.m_new[~cy.moved])
+            out: I64 = np.union1d(base, stay)
+            return out
+
+        out: I64 = cx.memo(("sorted_touched", need), make)
+        return out
+
+    def values(self, agg: Agg, cx: Refresh, slots: I64) -> Values:
+        assert agg.column is not None
+        need = self.needs(agg, cx.add_only)[0]
+        state = cx.states[need]
+        assert isinstance(state, (BestRows, OrderedRows))
+        last: dict[str, Any] = cx.memo(("sorted_ends", need, self.largest), dict)
+        if "slots" in last and np.array_equal(last["slots"], slots):
+            keys, found = last["ends"]
+        else:  # once per cycle for the aggregations ordered by one column
+            keys, found = state.ends(slots, self.largest)
+            last["slots"], last["ends"] = slots, (keys, found)
+        return _fetch_found(cx.parent.column(agg.column), keys, found)
+
+
+class SortedLast(SortedFirst):
+    name = "sorted_last"
+    largest = True
+
+
+def _fetch_found(src: ColumnSource, keys: I64, found: Mask) -> Values:
+    """Values of ``src`` at ``keys`` where ``found``, null elsewhere."""
+    hit = np.flatnonzero(found)
+    every = hit.size == found.size
+    if numpy_storage_dtype(src.type) is not None:
+        vals, valid = fetch_numpy(src, keys if every else keys[hit], False)
+        if every:
+            return vals, valid
+        out = np.zeros(found.size, dtype=vals.dtype)
+        out[hit] = vals
+        ok = np.zeros(found.size, dtype=bool)
+        ok[hit] = True if valid is None else valid
+        return out, ok
+    arr = fetch(src, keys if every else keys[hit], False)
+    if every:
+        return arr
+    at = np.zeros(found.size, dtype=np.int64)
+    at[hit] = np.arange(hit.size, dtype=np.int64)
+    return arr.take(pa.array(at, mask=~found))
+
+
 #: every aggregation kind by name: one line per kind
 KINDS: dict[str, AggKind] = {
     "sum": Sum(),
@@ -513,6 +603,8 @@ KINDS: dict[str, AggKind] = {
     "first": First(),
     "last": Last(),
     "count_distinct": CountDistinct(),
+    "sorted_first": SortedFirst(),
+    "sorted_last": SortedLast(),
 }
 
 

@@ -82,10 +82,13 @@ class State(Protocol):
     """Per-group state of one or more parent columns, shared by the aggregations reading it.
 
     ``arrow`` says how :meth:`apply` wants values: Arrow arrays, or ``(numpy values,
-    validity or None)`` pairs in the columns' storage dtypes.
+    validity or None)`` pairs in the columns' storage dtypes. ``holds_rows`` says whether
+    it keeps parent row keys: it then sees every cycle that shifts the parent (with no
+    other event, if need be) and moves its keys by :attr:`Events.shifted`.
     """
 
     arrow: ClassVar[bool]
+    holds_rows: ClassVar[bool]
 
     @classmethod
     def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
@@ -104,12 +107,19 @@ class State(Protocol):
 class Events:
     """One cycle's events for a set of inputs: rows leaving groups (``minus``, previous key
     space, the first ``nm``) then rows joining groups (``plus``, current key space), with
-    ``touched = unique(slots)`` and ``inv`` its inverse, computed once for every state."""
+    ``touched = unique(slots)`` and ``inv`` its inverse, computed once for every state.
 
-    __slots__ = ("minus_keys", "plus_keys", "slots", "sign", "nm", "touched", "inv")
+    ``shifted`` takes a state holding row keys from one key space to the other: the
+    parent rows the cycle's shift moved, ``(previous keys, current keys)``, among the rows
+    that stayed (not removed). Such a state removes its minus rows, moves these, then adds
+    its plus rows: in any other order a key could be held twice."""
 
-    def __init__(self, minus_keys: I64, minus_slots: I64, plus_keys: I64, plus_slots: I64) -> None:
+    __slots__ = ("minus_keys", "plus_keys", "slots", "sign", "nm", "touched", "inv", "shifted")
+
+    def __init__(self, minus_keys: I64, minus_slots: I64, plus_keys: I64, plus_slots: I64,
+                 shifted: tuple[I64, I64] = (_EMPTY_I, _EMPTY_I)) -> None:
         self.minus_keys, self.plus_keys = minus_keys, plus_keys
+        self.shifted = shifted
         self.slots = np.concatenate((minus_slots, plus_slots))
         self.nm = minus_slots.size
         self.sign = np.ones(self.slots.size, dtype=np.int64)
@@ -125,13 +135,14 @@ class Cycle:
     rows, and the :class:`Events` views the states consume."""
 
     __slots__ = ("r_keys", "r_slot", "a_keys", "a_slot", "m_keys", "m_prev", "m_old", "m_new",
-                 "moved", "modcols", "_events")
+                 "moved", "modcols", "shifted", "_events")
 
     def __init__(self, modcols: frozenset[str]) -> None:
         self.r_keys = self.r_slot = self.a_keys = self.a_slot = _EMPTY_I
         self.m_keys = self.m_prev = self.m_old = self.m_new = _EMPTY_I
         self.moved = np.empty(0, dtype=bool)
         self.modcols = modcols
+        self.shifted: tuple[I64, I64] = (_EMPTY_I, _EMPTY_I)  # see Events.shifted
         self._events: dict[bool, Events] = {}
 
     def events(self, stay: bool = False) -> Events:
@@ -143,6 +154,7 @@ class Cycle:
             self._events[stay] = Events(
                 np.concatenate((self.r_keys, self.m_prev[sel])), np.concatenate((self.r_slot, self.m_old[sel])),
                 np.concatenate((self.a_keys, self.m_keys[sel])), np.concatenate((self.a_slot, self.m_new[sel])),
+                self.shifted,
             )
         return self._events[stay]
 
@@ -304,6 +316,7 @@ class Moments:
     #: relative error of the sum of squared deviations above which a group is recomputed
     TOLERANCE = 1e-10
     arrow: ClassVar[bool] = False
+    holds_rows: ClassVar[bool] = False
 
     @classmethod
     def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
@@ -478,6 +491,7 @@ class OrderStats:
     """Min, max and (option ``ranks``) quantiles of one numeric column per group."""
 
     arrow: ClassVar[bool] = False
+    holds_rows: ClassVar[bool] = False
 
     @classmethod
     def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
@@ -559,6 +573,7 @@ class Distinct:
     """
 
     arrow: ClassVar[bool] = True
+    holds_rows: ClassVar[bool] = False
 
     @classmethod
     def create(cls, types: Sequence[pa.DataType], options: frozenset[str],

@@ -46,6 +46,7 @@ class AbsSums:
     """Number of valid values and sum of their absolute values, per group."""
 
     arrow: ClassVar[bool] = False
+    holds_rows: ClassVar[bool] = False
 
     @classmethod
     def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
@@ -85,6 +86,7 @@ class WeightedSums:
     ``sum(w)``, per group (columns: value, weight)."""
 
     arrow: ClassVar[bool] = False
+    holds_rows: ClassVar[bool] = False
 
     @classmethod
     def create(cls, types: Sequence[pa.DataType], options: frozenset[str],

@@ -30,6 +30,8 @@ __all__ = [
     "median",
     "min",
     "percentile",
+    "sorted_first",
+    "sorted_last",
     "std",
     "sum",
     "var",
@@ -46,7 +48,7 @@ def sum(col: str, name: str | None = None) -> Agg:
     Examples
     --------
     >>> sum("Qty")
-    Agg(kind='sum', column='Qty', name='Qty', weight=None, p=None)
+    Agg(kind='sum', column='Qty', name='Qty', weight=None, p=None, order=None)
     """
     return Agg("sum", col, name or col)
 
@@ -57,7 +59,7 @@ def count(name: str = "count") -> Agg:
     Examples
     --------
     >>> count("N")
-    Agg(kind='count', column=None, name='N', weight=None, p=None)
+    Agg(kind='count', column=None, name='N', weight=None, p=None, order=None)
     """
     return Agg("count", None, name)
 
@@ -119,7 +121,7 @@ def var(col: str, name: str | None = None) -> Agg:
     Examples
     --------
     >>> var("Px", "PxVar")
-    Agg(kind='var', column='Px', name='PxVar', weight=None, p=None)
+    Agg(kind='var', column='Px', name='PxVar', weight=None, p=None, order=None)
     """
     return Agg("var", col, name or col)
 
@@ -133,7 +135,7 @@ def abs_sum(col: str, name: str | None = None) -> Agg:
     Examples
     --------
     >>> abs_sum("Pnl", "Gross")
-    Agg(kind='abs_sum', column='Pnl', name='Gross', weight=None, p=None)
+    Agg(kind='abs_sum', column='Pnl', name='Gross', weight=None, p=None, order=None)
     """
     return Agg("abs_sum", col, name or col)
 
@@ -148,7 +150,7 @@ def weighted_sum(col: str, weight: str, name: str | None = None) -> Agg:
     Examples
     --------
     >>> weighted_sum("Px", "Qty", "Notional")
-    Agg(kind='weighted_sum', column='Px', name='Notional', weight='Qty', p=None)
+    Agg(kind='weighted_sum', column='Px', name='Notional', weight='Qty', p=None, order=None)
     """
     return Agg("weighted_sum", col, name or col, weight=weight)
 
@@ -163,7 +165,7 @@ def weighted_avg(col: str, weight: str, name: str | None = None) -> Agg:
     Examples
     --------
     >>> weighted_avg("Px", "Qty", "VWAP")
-    Agg(kind='weighted_avg', column='Px', name='VWAP', weight='Qty', p=None)
+    Agg(kind='weighted_avg', column='Px', name='VWAP', weight='Qty', p=None, order=None)
     """
     return Agg("weighted_avg", col, name or col, weight=weight)
 
@@ -177,7 +179,7 @@ def median(col: str, name: str | None = None) -> Agg:
     Examples
     --------
     >>> median("Px", "Mid")
-    Agg(kind='median', column='Px', name='Mid', weight=None, p=None)
+    Agg(kind='median', column='Px', name='Mid', weight=None, p=None, order=None)
     """
     return Agg("median", col, name or col)
 
@@ -199,7 +201,7 @@ def percentile(col: str, p: float, name: str | None = None) -> Agg:
     Examples
     --------
     >>> percentile("Px", 0.95, "P95")
-    Agg(kind='percentile', column='Px', name='P95', weight=None, p=0.95)
+    Agg(kind='percentile', column='Px', name='P95', weight=None, p=0.95, order=None)
     """
     return Agg("percentile", col, name or col, p=p)
 
@@ -224,6 +226,49 @@ def last(col: str, name: str | None = None) -> Agg:
     'Close'
     """
     return Agg("last", col, name or col)
+
+
+def sorted_first(col: str, order: str, name: str | None = None) -> Agg:
+    """Value of ``col`` in the group's first row in the order of column ``order``.
+
+    The row with the smallest ``order`` value, and among equal values the one with the
+    smallest parent row key: per group, the first row of ``sort(order)`` (a stable sort)
+    over the rows whose ``order`` value is not null and not NaN; rows without one are
+    never chosen, and a group without any is null. The value is taken null or not, in
+    ``col``'s type (any type). ``order`` may be any fixed-width column (numbers, bools,
+    timestamps, dates, durations; ``-0.0`` ties with ``0.0``) or a string or binary
+    column (bytewise: code point order). Deephaven's ``AggSortedFirst``.
+
+    Aggregations ordered by the same column share one state, whatever their values.
+
+    See Also
+    --------
+    sorted_last : the last row in that order.
+    first : the first row in parent row order.
+
+    Examples
+    --------
+    >>> sorted_first("Qty", order="Price", name="QtyAtLow")
+    Agg(kind='sorted_first', column='Qty', name='QtyAtLow', weight=None, p=None, order='Price')
+    """
+    return Agg("sorted_first", col, name or col, order=order)
+
+
+def sorted_last(col: str, order: str, name: str | None = None) -> Agg:
+    """Value of ``col`` in the group's last row in the order of column ``order``.
+
+    The row with the largest ``order`` value, and among equal values the one with the
+    largest parent row key: per group, the last row of ``sort(order)`` (a stable sort)
+    over the rows whose ``order`` value is not null and not NaN, so "the row with the
+    highest price" skips rows without a price; a group without any is null. Types as
+    :func:`sorted_first`. Deephaven's ``AggSortedLast``.
+
+    Examples
+    --------
+    >>> sorted_last("Qty", order="Price")
+    Agg(kind='sorted_last', column='Qty', name='Qty', weight=None, p=None, order='Price')
+    """
+    return Agg("sorted_last", col, name or col, order=order)
 
 
 def count_distinct(col: str, name: str | None = None) -> Agg:

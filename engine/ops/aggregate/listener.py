@@ -10,12 +10,14 @@ Semantics (pandas ``groupby(by, dropna=False)`` where pandas has an answer):
   values). Floats: ``-0.0`` and ``0.0`` are one key, every NaN is one key (distinct from
   null). ``by=()`` makes one group of the whole table; like Deephaven, it has *no row*
   while the parent is empty.
-* **Nulls.** Every aggregation but ``count``, ``first`` and ``last`` skips nulls and
-  float NaN (pandas cannot tell them apart); ``count`` counts rows. The sum and abs_sum of
-  a group without values are 0, its mean/min/max/median/percentile null, its std and var
-  null below two values (sample, ``ddof=1``). ``+inf`` and ``-inf`` follow IEEE
-  (``inf - inf`` is NaN; std and var are NaN when a group holds an infinity).
-  ``first``/``last`` take the value of the group's first/last row, null or not.
+* **Nulls.** Every aggregation but ``count``, ``first``, ``last`` and the sorted ones
+  skips nulls and float NaN (pandas cannot tell them apart); ``count`` counts rows. The
+  sum and abs_sum of a group without values are 0, its mean/min/max/median/percentile
+  null, its std and var null below two values (sample, ``ddof=1``). ``+inf`` and ``-inf``
+  follow IEEE (``inf - inf`` is NaN; std and var are NaN when a group holds an infinity).
+  ``first``/``last`` take the value of the group's first/last row, null or not, and
+  ``sorted_first``/``sorted_last`` the value of their row (chosen among the rows whose
+  order value is not null or NaN).
 * **Weighted** (pandas has none; Deephaven's ``AggWSum``/``AggWAvg``): ``weighted_sum``
   is ``sum(x * w)`` and ``weighted_avg`` is ``sum(x * w) / sum(w)``, both over the rows
   where the value ``x`` *and* the weight ``w`` are valid (not null, not NaN). A group
@@ -31,6 +33,12 @@ Semantics (pandas ``groupby(by, dropna=False)`` where pandas has an answer):
   (the table in :mod:`engine.ops.aggregate._kinds`).
 * **First and last** are by parent row order (row-key order): ``first`` is the row with
   the smallest row key in the group.
+* **Sorted first and last** (Deephaven's ``AggSortedFirst``/``AggSortedLast``) are by the
+  order of another column: ``sorted_first(col, order)`` is ``col`` in the row with the
+  smallest ``order`` value, ties to the smallest row key (``sorted_last``: largest value,
+  largest row key) — per group, the first (last) row of a stable ``sort(order)`` over the
+  rows whose ``order`` is not null and not NaN. Those rows are never chosen; a group
+  without any is null. Strings order bytewise, ``-0.0`` ties with ``0.0``.
 
 What each kind reads, its output type, its checks and the state it shares with others are
 the registry's (:mod:`engine.ops.aggregate._kinds`); this module iterates over kinds and
@@ -85,7 +93,8 @@ How a cycle runs (every step is numpy over the changed rows, no loop per row or 
    it; min/max/median/percentile (and std/var, see below) keep a per-group sorted multiset
    of values, median/percentile with a rank tree over it, and a per-group sorted set of
    parent row keys that follows the parent's shifts (``engine.ops.aggregate._sortedset``)
-   gives every group's first row (its row key) and first/last.
+   gives every group's first row (its row key) and first/last; sorted_first/last keep
+   their own rows in order of their order column (``engine.ops.aggregate._ordered``).
    Over an add-only parent (:attr:`~engine.table.Table.add_only`: rows only arrive, above
    every current key) min/max keep one running value per group and first/last each
    group's first and last row key instead (``engine.ops.aggregate._addonly``); an update
@@ -330,6 +339,8 @@ class AggListener:
         # each row's group in parent row-key order: the groups' first rows (their row keys
         # here, when there is a ``by``) and first/last
         self.rows = RowKeySet() if by or any(k.reads_rows(self.add_only) for k in self.kinds) else None
+        # states holding row keys of their own (sorted_first/last) see every shift
+        self.row_states = any(st.holds_rows for st in self.states.values())
         # group key -> slot: hash, then verify against key_cols (one integer-like column:
         # its hash is exact, so only null-ness is compared, against the one null group)
         self.exact_key = exact_hash([parent.schema.field(k).type for k in by])
@@ -488,8 +499,10 @@ class AggListener:
         cy = Cycle(up.modified_columns)
         key_mod = bool(cy.modcols & self.by_set)
         use_mod = bool(up.modified) and (key_mod or bool(cy.modcols & self.inputs))
-        if not (up.added or up.removed or use_mod):
+        if not (up.added or up.removed or use_mod or (up.shifted and self.row_states)):
             return None
+        if up.shifted and (self.rows is not None or self.row_states):
+            cy.shifted = self._moved(up)
         cy.r_keys = up.removed.keys()
         cy.a_keys = up.added.keys()
         if use_mod:
@@ -518,7 +531,7 @@ class AggListener:
         cy = self._cycle(up)
         if cy is None:
             if up.shifted and self.rows is not None:
-                self._shift_rows(up)
+                self._shift_rows(self._moved(up))
             self._shift = self._out_shift(up, _EMPTY_I)
             return TableUpdate.of(shifted=self._shift)
         members = cy.events()
@@ -625,17 +638,22 @@ class AggListener:
         return out
 
     # first / last ----------------------------------------------------------------------
-    def _shift_rows(self, up: TableUpdate) -> None:
+    def _moved(self, up: TableUpdate) -> tuple[I64, I64]:
+        """The parent rows ``up``'s shift moves, among those that stay: previous keys,
+        current keys."""
+        if not (up.shifted and self._in_cycle):
+            return _EMPTY_I, _EMPTY_I
+        return up.shifted.moved_keys(self.parent.prev_rowset - up.removed)
+
+    def _shift_rows(self, moved: tuple[I64, I64]) -> None:
         assert self.rows is not None
-        if up.shifted and self._in_cycle:
-            prev, cur = up.shifted.moved_keys(self.parent.prev_rowset - up.removed)
-            self.rows.shift(prev, cur)
+        self.rows.shift(*moved)
 
     def _move_rows(self, up: TableUpdate, cy: Cycle) -> None:
         """Row-key structure: removals (previous keys), shift, moves and adds (current keys)."""
         assert self.rows is not None
         self.rows.remove_keys(cy.r_keys)
-        self._shift_rows(up)
+        self._shift_rows(cy.shifted)
         mk = cy.m_keys[cy.moved]
         self.rows.remove_keys(mk)
         self.rows.insert_keys(np.concatenate((cy.m_new[cy.moved], cy.a_slot)), np.concatenate((mk, cy.a_keys)))

@@ -40,8 +40,9 @@ __all__ = ["Agg", "make_agg"]
 class Agg:
     """One aggregation: ``kind`` of ``column``, written to the output column ``name``.
 
-    ``weight`` is the weight column of the weighted kinds and ``p`` the quantile of
-    ``percentile``; other kinds leave them ``None``. Build it with the constructors of
+    ``weight`` is the weight column of the weighted kinds, ``p`` the quantile of
+    ``percentile`` and ``order`` the column ``sorted_first``/``sorted_last`` order rows
+    by; other kinds leave them ``None``. Build it with the constructors of
     :mod:`engine.ops.aggregate.agg` (``tt.agg.sum``, ``tt.agg.count``, ...), or directly
     with any kind of the registry.
 
@@ -57,6 +58,7 @@ class Agg:
     name: str
     weight: str | None = None
     p: float | None = None
+    order: str | None = None
 
     def __post_init__(self) -> None:
         spec = KINDS.get(self.kind)
@@ -66,18 +68,18 @@ class Agg:
 
 
 def make_agg(kind: str, column: str | None = None, name: str | None = None, *,
-             weight: str | None = None, p: float | None = None) -> Agg:
+             weight: str | None = None, p: float | None = None, order: str | None = None) -> Agg:
     """An :class:`Agg` of any registered ``kind``, its name defaulting as the kind says
     (the column; ``"count"`` for count). What the TableService builds from the wire.
 
     Examples
     --------
     >>> make_agg("percentile", "Px", p=0.9)
-    Agg(kind='percentile', column='Px', name='Px', weight=None, p=0.9)
+    Agg(kind='percentile', column='Px', name='Px', weight=None, p=0.9, order=None)
     >>> make_agg("count").name
     'count'
     """
     spec = KINDS.get(kind)
     if spec is None:
         raise SchemaError(f"unknown aggregation {kind!r} (known: {', '.join(KINDS)})")
-    return Agg(kind, column, name or spec.default_name(column), weight, p)
+    return Agg(kind, column, name or spec.default_name(column), weight, p, order)

@@ -226,6 +226,13 @@ CASES: dict[str, Case] = {
             agg.weighted_sum("Price", "Qty", "Notional"), agg.weighted_avg("Price", "Qty", "VWAP"),
             agg.median("Price", "Mid"), agg.percentile("Price", 0.9, "P90"),
             agg.percentile("Qty", 0.0, "P0")], "Sym")),
+    "agg_by_sorted": Case(
+        [tpb.Operation(agg_by=tpb.AggBy(by=["Sym"], aggs=[
+            tpb.Aggregation(op="sorted_last", column="Qty", order="Price", name="QtyAtHi"),
+            tpb.Aggregation(op="sorted_first", column="Key", order="Price"),
+        ]))],
+        lambda e: e.trades.agg_by([
+            agg.sorted_last("Qty", "Price", "QtyAtHi"), agg.sorted_first("Key", "Price")], "Sym")),
     "agg_total": Case(
         [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(op="sum", column="Qty"),
                                               tpb.Aggregation(op="count")]))],
@@ -406,6 +413,12 @@ def test_bad_operations(env: Env) -> None:
             op="median", column="Price", p=0.5)]))],
         "agg column": [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(op="sum",
                                                                             column="Nope")]))],
+        "agg no order": [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(
+            op="sorted_last", column="Qty")]))],
+        "agg extra order": [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(
+            op="max", column="Qty", order="Price")]))],
+        "agg order column": [tpb.Operation(agg_by=tpb.AggBy(aggs=[tpb.Aggregation(
+            op="sorted_first", column="Qty", order="Nope")]))],
         "sort column": [sort_op(["Nope"])],
         "drop column": [named("drop_columns", ["Nope"])],
         "by kind": [tpb.Operation(by_keys=tpb.ByKeys(kind="median_by", by=["Sym"]))],

@@ -2,6 +2,8 @@
 weighted_avg, median, percentile. Examples with exact values first, then the structures
 under median/percentile against models, then the oracle.
 
+The reference also holds sorted_first/sorted_last (ordered by ``R``, ``Price`` and ``Sym``).
+
 Oracle runs: ``test_oracle_registry_kinds_by_sym_against_pandas`` is
 ``tests.oracle.run_oracle`` against pandas (``var``, ``median``, ``quantile``,
 ``abs().sum()``, masked products) — the semantic anchor; the other runs hang several results
@@ -365,6 +367,13 @@ class _Group:
 def _reference_value(s: Agg, grp: _Group) -> Any:
     """``s`` over one group by the definitions of engine.ops.aggregate, in plain Python."""
     assert s.column is not None
+    if s.kind in ("sorted_first", "sorted_last"):  # rows are in row-key order: ties by position
+        assert s.order is not None
+        held = [i for i, r in enumerate(grp.rows) if _valid(r[s.order])]
+        if not held:
+            return None
+        pick = min if s.kind == "sorted_first" else max
+        return grp.rows[pick(held, key=lambda i: (grp.rows[i][s.order], i))][s.column]
     if s.kind in ("median", "percentile"):
         xs = grp.sorted(s.column)
         if not xs:
@@ -432,9 +441,11 @@ class _Reference(_Case):
 ON_R = [agg.median("R", "Mid"), agg.percentile("R", 0.8, "P80"), agg.percentile("R", 0.05, "P05"),
         agg.var("R", "V"), agg.abs_sum("R", "A"), agg.weighted_sum("Price", "R", "WS"),
         agg.weighted_avg("R", "Qty", "WA"), agg.weighted_avg("Price", "R", "WR"), agg.sum("R", "S"),
-        agg.min("R", "Lo"), agg.max("R", "Hi")]
+        agg.min("R", "Lo"), agg.max("R", "Hi"), agg.sorted_first("Qty", "R", "QLoR"),
+        agg.sorted_last("Key", "R", "KHiR"), agg.sorted_last("R", "Price", "RHiP")]
 PLAIN = [agg.median("Price", "Mid"), agg.percentile("Qty", 0.3, "P30"), agg.var("Qty", "V"),
-         agg.abs_sum("Qty", "A"), agg.weighted_sum("Qty", "Key", "WI"), agg.weighted_avg("Price", "Qty", "WA")]
+         agg.abs_sum("Qty", "A"), agg.weighted_sum("Qty", "Key", "WI"), agg.weighted_avg("Price", "Qty", "WA"),
+         agg.sorted_last("Sym", "Price", "SHiP"), agg.sorted_first("Price", "Sym", "PLoS")]
 
 
 @pytest.mark.parametrize("merge_min", [3, 50])
