@@ -25,6 +25,11 @@ retries for ever. A subscription the origin refuses as invalid (``INVALID_ARGUME
 filter that does not fit the table, an unknown column) is not asked again: the link gives
 up at once with the origin's reason.
 
+The link's thread runs at the graph's cycle priority once the graph started (real-time when
+``ticktable serve --cycle-priority realtime`` got it, :mod:`engine.priority`): each message
+waits for the link's thread and then for the cycle it asks for, so both wake at once on a
+busy host.
+
 A filtered mirror (``MirrorSpec.filter``) sends the same filter bytes in every subscribe,
 resumes included: the origin streams its shared filtered table of those bytes
 (:mod:`flight.streams.filtered`), whose history answers a resume while it lingers there.
@@ -45,6 +50,7 @@ import pyarrow.flight as fl
 
 from engine.errors import InputError, ProtocolError, TableFailed, quoted
 from engine.graph import UpdateGraph
+from engine.priority import set_thread_priority
 from engine.rowset import RowSet, RowSetShiftData
 from engine.sources import ReplicaChange, ReplicaTable
 from flight.links.spec import MirrorSpec, one_line
@@ -134,6 +140,9 @@ class Link:
             self._settled.set()
         self._closed = threading.Event()
         self._reader: Any = None
+        #: the thread's scheduling priority: the graph's cycle thread's, once that started
+        #: (a real-time cycle thread makes a real-time link: every message waits for both)
+        self._priority = "normal"
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"ticktable-link-{spec.name}"[:60])
 
@@ -316,6 +325,8 @@ class Link:
                     raise ConnectionError(f"the origin ended the stream: {end}") from None
                 except StopIteration:
                     raise ConnectionError("the origin ended the stream") from None
+                if self.graph.priority != self._priority:  # the graph's, once it started
+                    self._priority = set_thread_priority(self.graph.priority)
                 self._apply(table, msg.meta, msg.added, msg.modified, first)
                 first = False
         finally:

@@ -526,3 +526,29 @@ def test_a_link_cut_by_a_tcp_proxy_resumes_with_deltas_and_says_it_was_cut(serve
             _wait_equal(mirror, t, f"after cut {round_}")
             assert link.resumed_with_deltas == round_ + 1 and link.resumed_with_snapshot == 0
             assert 0 < proxy.bytes_down < snapshot_bytes / 5, (proxy.bytes_down, snapshot_bytes)
+
+
+def test_a_link_runs_at_its_graphs_cycle_priority(servers):
+    """Every message of a link waits for its thread and then for the cycle thread: a link
+    takes the cycle thread's priority (real-time when the graph's got it), once the graph
+    started, and stays normal beside a normal graph."""
+    from engine.priority import thread_priority
+
+    a, t = _origin(servers)
+    t.upsert(pa.table({"k": [1], "v": [1.0], "s": ["x"]}, schema=KV))
+    for priority in ("realtime", "normal"):
+        graph = UpdateGraph(validate=True)
+        srv = TicktableServer(graph, ServerConfig()).start()
+        try:
+            link = srv.mirror(f"{a.location}/t")  # before the graph starts, as serve --mirror
+            mirror = link.wait_table(10)
+            graph.start(0.02, priority=priority)
+            t.upsert(pa.table({"k": [2], "v": [2.0], "s": ["y"]}, schema=KV))
+            _wait_equal(t, mirror, "mirror")
+            assert link._thread.native_id is not None
+            assert thread_priority(link._thread.native_id) == graph.priority
+            if priority == "normal":
+                assert graph.priority == "normal"
+        finally:
+            srv.shutdown()
+            graph.stop()
