@@ -480,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="how the cycle thread runs: 'realtime' (default: SCHED_FIFO when "
                             "the process may, i.e. root, CAP_SYS_NICE or ulimit -r >= 1, so "
                             "other busy processes cannot delay a cycle; else normal, said at "
-                            "start) or 'normal'")
+                            "start) or 'normal'; the mirrors' link threads run as the cycle "
+                            "thread does")
     serve.add_argument("--demo", action="store_true",
                        help="add a ticking 'quotes' table and tables derived from it")
     serve.add_argument("--seed", type=int, default=None, help="demo data seed")
