@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import print_table, stats_ms, write_json  # noqa: E402
 from engine.graph import UpdateGraph  # noqa: E402
 from engine.ops.aggregate import agg  # noqa: E402
+from engine.table import Table  # noqa: E402
 
 SCHEMA = pa.schema([("Sym", pa.string()), ("Key", pa.int64()), ("Price", pa.float64()), ("Qty", pa.int64())])
 SYMS = pa.array([f"S{i:04d}" for i in range(1000)])
@@ -195,18 +196,26 @@ def _fix_rows(rng: np.random.Generator, keys: np.ndarray) -> pa.Table:
                      "X": rng.random(n) * 100, "Q": rng.integers(0, 50, n)}, schema=FIX_SCHEMA)
 
 
-def run_fixed(source: str, k: int, cycles: int, seed: int) -> dict:
-    """W3: agg_by of nine kinds by Sym; K changed rows a cycle; per-cycle listener time."""
-    rng = np.random.default_rng(seed)
+def _loaded(source: str, rows: int, rng: np.random.Generator) -> tuple[UpdateGraph, Table]:
+    """A graph with one table ``src`` ("keyed" on Key, or append-only) of ``rows`` rows of
+    :data:`FIX_SCHEMA`, after its first cycle."""
     g = UpdateGraph()
     keyed = source == "keyed"
     t = g.keyed_table(FIX_SCHEMA, "Key", name="src") if keyed else g.append_only_table(FIX_SCHEMA, name="src")
-    load = _fix_rows(rng, np.arange(FIX_ROWS))
+    load = _fix_rows(rng, np.arange(rows))
     if keyed:
         t.upsert(load)
     else:
         t.append(load)
     g.run_cycle()
+    return g, t
+
+
+def run_fixed(source: str, k: int, cycles: int, seed: int) -> dict:
+    """W3: agg_by of nine kinds by Sym; K changed rows a cycle; per-cycle listener time."""
+    rng = np.random.default_rng(seed)
+    g, t = _loaded(source, FIX_ROWS, rng)
+    keyed = source == "keyed"
     a = t.agg_by([agg.sum("X", "sum"), agg.count("n"), agg.mean("X", "mean"), agg.min("X", "min"),
                   agg.max("X", "max"), agg.first("X", "first"), agg.last("X", "last"),
                   agg.std("X", "std"), agg.count_distinct("Q", "distinct")], by="Sym")
@@ -245,15 +254,8 @@ SORT_ROWS = 100_000
 def run_sorted(source: str, k: int, pipeline: str, cycles: int, seed: int) -> dict:
     """W4: sorted_last against sort + last; K changed rows a cycle; per-cycle CPU time."""
     rng = np.random.default_rng(seed)  # the same rows for both pipelines
-    g = UpdateGraph()
+    g, t = _loaded(source, SORT_ROWS, rng)
     keyed = source == "keyed"
-    t = g.keyed_table(FIX_SCHEMA, "Key", name="src") if keyed else g.append_only_table(FIX_SCHEMA, name="src")
-    load = _fix_rows(rng, np.arange(SORT_ROWS))
-    if keyed:
-        t.upsert(load)
-    else:
-        t.append(load)
-    g.run_cycle()
     if pipeline == "sorted_last":
         out = t.agg_by([agg.sorted_last("Q", order="X", name="QHi")], by="Sym")
         timers = [_Timed(out, time.process_time_ns)]

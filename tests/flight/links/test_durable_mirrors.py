@@ -384,15 +384,6 @@ def _write(location: str, stop: threading.Event, errors: list[BaseException]) ->
         errors.append(exc)
 
 
-@pytest.fixture
-def processes() -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    yield started
-    for p in started:
-        if p.proc.poll() is None:
-            p.kill()
-
-
 def test_a_chain_of_servers_survives_a_sigkill_of_its_middle(processes, tmp_path):
     """A -> B -> C, B durable and killed with SIGKILL while A changes; B restarted with the
     same flags resumes from its checkpoint with deltas, and all three end equal."""

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,15 +89,6 @@ def test_bind_checks_columns_and_compiles_the_filter_as_sql_where():
 
 
 # ---------------------------------------------------------------- real processes
-@pytest.fixture
-def processes() -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    yield started
-    for p in started:
-        if p.proc.poll() is None:
-            p.kill()
-
-
 def _serve(started: list[ServerProcess], tmp_path: Path, name: str, *flags: str,
            port: int = 0) -> ServerProcess:
     p = ServerProcess(tmp_path / name, tmp_path / f"{name}.log", port=port, interval=0.02,
