@@ -544,7 +544,11 @@ def test_a_link_runs_at_its_graphs_cycle_priority(servers):
             mirror = link.wait_table(10)
             graph.start(0.02, priority=priority)
             t.upsert(pa.table({"k": [2], "v": [2.0], "s": ["y"]}, schema=KV))
+            end = time.monotonic() + 10  # a message after the start: the mirror holds k=2
+            while len(mirror.rowset) < 2 and time.monotonic() < end:
+                time.sleep(0.01)
             _wait_equal(t, mirror, "mirror")
+            assert len(mirror.rowset) == 2
             assert link._thread.native_id is not None
             assert thread_priority(link._thread.native_id) == graph.priority
             if priority == "normal":
