@@ -34,7 +34,7 @@ from engine._kernels.hashing import values_equal
 from engine._kernels.ids import IdAllocator
 from engine._kernels.rowkeymap import RowKeyMap
 from engine._source import CheckedBatch, SourceTable, TableLike, as_schema, conform
-from engine.columns import ColumnSource, compact_stale, make_column_source
+from engine.columns import ColumnSource, RedirectingColumnSource, compact_stale, make_column_source
 from engine.errors import InputError, ProtocolError, quoted
 from engine.rowset import KeyArray, RowSet, RowSetShiftData
 from engine.update import TableUpdate
@@ -85,7 +85,7 @@ class ReplicaReset:
     position: Any = None
 
 
-class _SlotColumn(ColumnSource):
+class _SlotColumn(RedirectingColumnSource):
     """A replica's column: values in slots, read through the table's row key -> slot map."""
 
     def __init__(self, table: ReplicaTable, inner: ColumnSource) -> None:
@@ -93,11 +93,15 @@ class _SlotColumn(ColumnSource):
         self.inner = inner
         self.type = inner.type
 
-    def get(self, keys: KeyArray) -> pa.Array:
-        return self.inner.get(self._table._slots_of(keys))
+    @property
+    def translation(self) -> object:
+        return self._table
 
-    def get_prev(self, keys: KeyArray) -> pa.Array:
-        return self.inner.get_prev(self._table._prev_slots_of(keys))
+    def translate(self, keys: KeyArray) -> KeyArray:
+        return self._table._slots_of(keys)
+
+    def translate_prev(self, keys: KeyArray) -> KeyArray:
+        return self._table._prev_slots_of(keys)
 
 
 @dataclass(slots=True)

@@ -25,6 +25,8 @@ from engine.columns import (
     ColumnSource,
     WritableColumnSource,
     make_column_source,
+    read_columns,
+    read_range,
 )
 from engine.errors import InputError, SchemaError, quoted
 from engine.rowset import KeyArray, RowSet
@@ -290,10 +292,11 @@ class SourceTable(Table):
         """
         keys = self.rowset.keys()
         rs = self.rowset
+        sources = [self.column(n) for n in self.column_names]
         if rs and rs.last() - rs.first() + 1 == len(rs):  # dense keys: ranges, no gather
-            arrays = [self.column(n).get_range(rs.first(), rs.last() + 1) for n in self.column_names]
+            arrays = read_range(sources, rs.first(), rs.last() + 1)
         else:
-            arrays = [self.column(n).get(keys) for n in self.column_names]
+            arrays = read_columns(sources, keys)
         return pa.Table.from_arrays(arrays, schema=self.schema), keys, self._export_extra()
 
     def _export_extra(self) -> dict[str, Any]:

@@ -15,6 +15,8 @@ previous values cost memory only for what changed, and :meth:`end_cycle` drops t
   merged geometrically, row key = position (no slot array).
 * :class:`RemappedColumnSource` — a view of another source through a vectorized key map
   (ring buffers: key -> key % capacity).
+* :class:`RedirectingColumnSource` — the base of columns read through a map their table's
+  columns share; :func:`read_columns` reads several columns translating keys once per map.
 """
 
 from __future__ import annotations
@@ -37,10 +39,13 @@ __all__ = [
     "ArrowColumnSource",
     "ColumnSource",
     "NumpyColumnSource",
+    "RedirectingColumnSource",
     "RemappedColumnSource",
     "WritableColumnSource",
     "make_column_source",
     "numpy_storage_dtype",
+    "read_columns",
+    "read_range",
 ]
 
 
@@ -92,6 +97,75 @@ class ColumnSource:
     def get_range(self, start: int, stop: int) -> pa.Array | pa.ChunkedArray:
         """Current values at keys ``start .. stop - 1`` (a snapshot of a dense table)."""
         return self.get(np.arange(start, stop, dtype=np.int64))
+
+
+class RedirectingColumnSource(ColumnSource):
+    """A column that reads ``inner`` at keys translated by a map its table's other columns
+    share (an aggregation's group slots, a sort's redirection, a computed column's slots).
+
+    Subclasses give :meth:`translate`, :meth:`translate_prev` and :attr:`translation` (the
+    shared map): :func:`read_columns` translates a batch of keys once per map, not once per
+    column.
+    """
+
+    inner: ColumnSource
+
+    @property
+    def translation(self) -> object:
+        """The object whose map this column reads through (shared by its sibling columns)."""
+        raise NotImplementedError
+
+    def translate(self, keys: KeyArray) -> KeyArray:
+        """``inner``'s keys for current row ``keys``."""
+        raise NotImplementedError
+
+    def translate_prev(self, keys: KeyArray) -> KeyArray:
+        """``inner``'s previous keys for row ``keys`` of the previous key space."""
+        raise NotImplementedError
+
+    def get(self, keys: KeyArray) -> pa.Array:
+        return self.inner.get(self.translate(keys))
+
+    def get_prev(self, keys: KeyArray) -> pa.Array:
+        return self.inner.get_prev(self.translate_prev(keys))
+
+
+def read_columns(sources: Iterable[ColumnSource], keys: KeyArray, *, prev: bool = False) -> list[pa.Array]:
+    """Each source's current (``prev``: previous) values at ``keys``, as ``get`` gives them.
+
+    Columns reading through the same map (:class:`RedirectingColumnSource`, nested or not)
+    translate ``keys`` once between them: a 20-column aggregation looks its groups up once.
+    """
+    translated: dict[tuple[int, int], KeyArray] = {}  # (map, keys) -> keys; values keep ids alive
+
+    def read(source: ColumnSource, at: KeyArray) -> pa.Array:
+        while isinstance(source, RedirectingColumnSource):
+            step = (id(source.translation), id(at))
+            nxt = translated.get(step)
+            if nxt is None:
+                nxt = translated[step] = source.translate_prev(at) if prev else source.translate(at)
+            source, at = source.inner, nxt
+        return source.get_prev(at) if prev else source.get(at)
+
+    return [read(s, keys) for s in sources]
+
+
+def read_range(sources: Iterable[ColumnSource], start: int, stop: int) -> list[pa.Array | pa.ChunkedArray]:
+    """Each source's current values at keys ``start .. stop - 1`` (a dense table's rows):
+    ``get_range`` where a source stores by row key, one translation per map where not."""
+    sources = list(sources)
+    out: list[Any] = [None] * len(sources)
+    redirected = []
+    for i, s in enumerate(sources):
+        if isinstance(s, RedirectingColumnSource):
+            redirected.append(i)
+        else:
+            out[i] = s.get_range(start, stop)
+    if redirected:
+        keys = np.arange(start, stop, dtype=np.int64)
+        for i, arr in zip(redirected, read_columns([sources[i] for i in redirected], keys), strict=True):
+            out[i] = arr
+    return out
 
 
 class WritableColumnSource(ColumnSource):

@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.acero as acero
 import pyarrow.compute as pc
 
-from engine.columns import ColumnSource
+from engine.columns import ColumnSource, read_columns
 from engine.errors import ExpressionError
 from engine.rowset import KeyArray
 
@@ -235,9 +235,7 @@ def gather(
     sources: Mapping[str, ColumnSource], names: Sequence[str], keys: KeyArray, *, prev: bool = False
 ) -> dict[str, pa.Array]:
     """Current (or, with ``prev``, previous) values of ``names`` at ``keys``."""
-    if prev:
-        return {n: sources[n].get_prev(keys) for n in names}
-    return {n: sources[n].get(keys) for n in names}
+    return dict(zip(names, read_columns([sources[n] for n in names], keys, prev=prev), strict=True))
 
 
 def evaluate(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pandas as pd
 import pyarrow as pa
 
+from engine.columns import read_columns, read_range
 from engine.errors import SchemaError, TableFailed
 from engine.rowset import RowSet, as_key_array
 
@@ -175,11 +176,11 @@ class Table:
         with self.graph.shared_lock() if lock else contextlib.nullcontext():
             self.check_alive()
             rs = self.rowset
+            sources = [self.column(n) for n in names]
             if rs and rs.last() - rs.first() + 1 == len(rs):  # dense keys: ranges, no gather
-                arrays = [self.column(n).get_range(rs.first(), rs.last() + 1) for n in names]
+                arrays = read_range(sources, rs.first(), rs.last() + 1)
             else:
-                keys = rs.keys()
-                arrays = [self.column(n).get(keys) for n in names]
+                arrays = read_columns(sources, rs.keys())
         fields = [self.schema.field(n) for n in names]
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
@@ -192,7 +193,7 @@ class Table:
         """Values at row ``keys`` (previous key space and values when ``prev``)."""
         k = as_key_array(keys)
         names = list(columns) if columns is not None else self.column_names
-        arrays = [self.column(n).get_prev(k) if prev else self.column(n).get(k) for n in names]
+        arrays = read_columns([self.column(n) for n in names], k, prev=prev)
         return pa.Table.from_arrays(arrays, schema=pa.schema([self.schema.field(n) for n in names]))
 
     def __repr__(self) -> str:

@@ -44,6 +44,7 @@ from engine._kernels.ids import IdAllocator
 from engine._kernels.rowkeymap import RowKeyMap
 from engine.columns import (
     ColumnSource,
+    RedirectingColumnSource,
     WritableColumnSource,
     compact_stale,
     make_column_source,
@@ -178,19 +179,23 @@ class _RowSlots:
         return slots
 
 
-class _StoredColumnSource(ColumnSource):
+class _StoredColumnSource(RedirectingColumnSource):
     """A computed column stored by slot; reads translate row keys through the slot map."""
 
     def __init__(self, storage: WritableColumnSource, slots: _RowSlots) -> None:
         self.type = storage.type
-        self.storage = storage
+        self.storage = self.inner = storage
         self._slots = slots
 
-    def get(self, keys: KeyArray) -> pa.Array:
-        return self.storage.get(self._slots.lookup(np.asarray(keys, dtype=np.int64)))
+    @property
+    def translation(self) -> object:
+        return self._slots
 
-    def get_prev(self, keys: KeyArray) -> pa.Array:
-        return self.storage.get_prev(self._slots.prev_lookup(np.asarray(keys, dtype=np.int64)))
+    def translate(self, keys: KeyArray) -> KeyArray:
+        return self._slots.lookup(np.asarray(keys, dtype=np.int64))
+
+    def translate_prev(self, keys: KeyArray) -> KeyArray:
+        return self._slots.prev_lookup(np.asarray(keys, dtype=np.int64))
 
 
 class ViewColumnSource(ColumnSource):

@@ -43,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine.columns import read_columns
 from engine.differential.translator import update_to_triples
 from engine.differential.zset import ZSet
 from engine.rowset import RowSet
@@ -304,9 +305,11 @@ class DeltaCodec:
         if n == 0:
             return self._no_rows
         carried = self._carried
+        fields = self.table.schema
+        read = iter(read_columns([self.table.column(f.name) for f in fields if f.name in carried], keys))
         return pa.Table.from_arrays(
-            [self.table.column(f.name).get(keys) if f.name in carried else pa.nulls(n, f.type)
-             for f in self.table.schema], schema=self._no_rows.schema)
+            [next(read) if f.name in carried else pa.nulls(n, f.type) for f in fields],
+            schema=self._no_rows.schema)
 
     def _triples_table(self, batch: ZSet) -> pa.Table:
         """``batch`` in the stream schema: the table's columns (those not carried null), then

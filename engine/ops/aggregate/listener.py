@@ -152,6 +152,7 @@ from engine._kernels.keymap import ExactKeyMap
 from engine.columns import (
     ColumnSource,
     NumpyColumnSource,
+    RedirectingColumnSource,
     WritableColumnSource,
     compact_stale,
     make_column_source,
@@ -294,7 +295,7 @@ class _AggTable(DerivedTable):
                       lambda: listener.slots_of(self.rowset.keys()))
 
 
-class _GroupColumn(ColumnSource):
+class _GroupColumn(RedirectingColumnSource):
     """A result column stored by group slot, read by row key (the group's first parent row)."""
 
     def __init__(self, inner: WritableColumnSource, listener: AggListener) -> None:
@@ -302,11 +303,15 @@ class _GroupColumn(ColumnSource):
         self.type = inner.type
         self._listener = listener
 
-    def get(self, keys: I64) -> pa.Array:
-        return self.inner.get(self._listener.slots_of(np.asarray(keys, dtype=np.int64)))
+    @property
+    def translation(self) -> object:
+        return self._listener
 
-    def get_prev(self, keys: I64) -> pa.Array:
-        return self.inner.get_prev(self._listener.prev_slots_of(np.asarray(keys, dtype=np.int64)))
+    def translate(self, keys: I64) -> I64:
+        return self._listener.slots_of(np.asarray(keys, dtype=np.int64))
+
+    def translate_prev(self, keys: I64) -> I64:
+        return self._listener.prev_slots_of(np.asarray(keys, dtype=np.int64))
 
 
 # the listener -----------------------------------------------------------------------------

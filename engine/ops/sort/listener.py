@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine._kernels.arrays import sorted_unique
-from engine.columns import ColumnSource
+from engine.columns import ColumnSource, RedirectingColumnSource
 from engine.errors import InputError
 from engine.ops.sort._index import SortIndex
 from engine.ops.sort._keys import encoder_for
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
-class RedirectedColumnSource(ColumnSource):
+class RedirectedColumnSource(RedirectingColumnSource):
     """A parent column seen through the sort's redirection (output key -> parent key)."""
 
     def __init__(self, inner: ColumnSource, redirection: Redirection) -> None:
@@ -61,12 +61,16 @@ class RedirectedColumnSource(ColumnSource):
         self.type = inner.type
         self._redirection = redirection
 
-    def get(self, keys: KeyArray) -> pa.Array:
-        return self.inner.get(self._redirection.pk(keys))
+    @property
+    def translation(self) -> object:
+        return self._redirection
 
-    def get_prev(self, keys: KeyArray) -> pa.Array:
-        # previous output keys -> previous parent keys -> the parent's previous values
-        return self.inner.get_prev(self._redirection.prev_pk(keys))
+    def translate(self, keys: KeyArray) -> KeyArray:
+        return self._redirection.pk(keys)
+
+    def translate_prev(self, keys: KeyArray) -> KeyArray:
+        # previous output keys -> previous parent keys (read with the parent's previous values)
+        return self._redirection.prev_pk(keys)
 
 
 def _by_list(table: Table, by: str | Sequence[str], descending: bool | Sequence[bool]
