@@ -70,9 +70,10 @@ def run_image(tmp_path: Path, extra_args: list[str], extra_env: dict[str, str]) 
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the venv's ticktable
     assert env["TICKTABLE_HOST"] == "0.0.0.0"
     tls = "--tls-cert" in extra_args
-    held = HeldPort()  # for the server, which binds it after a while
+    held, web = HeldPort(), HeldPort()  # for the server, which binds them after a while
     port = held.port
-    env.update(TICKTABLE_PORT=str(port), **extra_env)
+    # the web UI too: left alone it takes 8817, which another run of this test may hold
+    env.update(TICKTABLE_PORT=str(port), TICKTABLE_HTTP_PORT=str(web.port), **extra_env)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd="/")
     try:
@@ -99,6 +100,7 @@ def run_image(tmp_path: Path, extra_args: list[str], extra_env: dict[str, str]) 
             proc.kill()
             proc.communicate()
         held.close()
+        web.close()
 
 
 def test_image_entrypoint_serves_and_its_healthcheck_passes(tmp_path: Path) -> None:
