@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 import ticktable as tt
+from bench.ports import HeldPort
 from tests.web.conftest import ARTIFACTS, cells, open_grid, start_server, wait_cells
 
 N = 5_000
@@ -194,9 +195,10 @@ def test_a_failed_table_shows_its_error_in_the_grid_header(web, prices, page):
 
 
 @pytest.mark.parametrize("feed", FEEDS)
-def test_the_page_reconnects_by_itself_after_a_server_restart(browser, feed):
-    first, graph = start_server()
-    ports = {"port": first.port, "http_port": first.web.port}
+def test_the_page_reconnects_by_itself_after_a_server_restart(browser, feed, held_port):
+    web_port = HeldPort()  # both held: free of others between the shutdown and the restart
+    ports = {"port": held_port.port, "http_port": web_port.port}
+    first, graph = start_server(**ports)
     tt.connect(first.location).push("t", pa.table({"k": ["a"], "v": [1]}), mode="upsert",
                                     keys=["k"])
     context = browser.new_context()
@@ -218,6 +220,7 @@ def test_the_page_reconnects_by_itself_after_a_server_restart(browser, feed):
             graph.stop()
     finally:
         context.close()
+        web_port.close()
 
 
 @pytest.mark.parametrize("feed", FEEDS)
