@@ -56,10 +56,10 @@ def count_warnings(prefix: str) -> Counting:
 
 
 # ------------------------------------------------------------------ the server process
-def _serve(conn: Any, data_dir: str | None, interval: float, metrics_port: int | None) -> None:
+def _serve(conn: Any, data_dir: str | None, interval: float, metrics: bool) -> None:
     warnings = count_warnings("server")
     graph = tt.UpdateGraph()
-    extra: dict[str, Any] = {} if metrics_port is None else {"metrics_port": metrics_port}
+    extra: dict[str, Any] = {"metrics_port": 0} if metrics else {}  # any free port
     server = TicktableServer(graph, ServerConfig(
         data_dir=Path(data_dir) if data_dir else None, **extra)).start()
     lock = threading.Lock()
@@ -71,7 +71,7 @@ def _serve(conn: Any, data_dir: str | None, interval: float, metrics_port: int |
 
     graph.add_terminal_listener(on_cycle)
     graph.start(interval)
-    conn.send((server.location, os.getpid()))
+    conn.send((server.location, os.getpid(), server.metrics_port if metrics else None))
     while True:
         cmd = conn.recv()
         if cmd == "cycles":  # the cycles since the last call, and the warnings so far
@@ -87,13 +87,13 @@ def _serve(conn: Any, data_dir: str | None, interval: float, metrics_port: int |
 
 
 class ServerProcess:
-    def __init__(self, data_dir: str | None, interval: float, metrics_port: int | None) -> None:
+    def __init__(self, data_dir: str | None, interval: float, metrics: bool) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, data_dir, interval, metrics_port),
+        self.proc = ctx.Process(target=_serve, args=(child, data_dir, interval, metrics),
                                 daemon=True)
         self.proc.start()
-        self.location, self.pid = self.conn.recv()
+        self.location, self.pid, self.metrics_port = self.conn.recv()
 
     def cycles(self) -> tuple[list[tuple[float, float]], dict[str, int]]:
         self.conn.send("cycles")

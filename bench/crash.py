@@ -53,7 +53,6 @@ import queue
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -88,9 +87,10 @@ from bench._crash_writers import (  # noqa: E402
     streamer,
     transactions,
 )
+from bench.ports import HeldPort  # noqa: E402
 from clients.wire import Endpoint  # noqa: E402
 
-__all__ = ["CrashReport", "ServerProcess", "free_port", "run"]
+__all__ = ["CrashReport", "ServerProcess", "run"]
 
 STRATEGIES = ("checkpoint", "commit", "delay")
 _SERVING = re.compile(r"ticktable serving Flight at (\S+)")
@@ -98,13 +98,6 @@ _RECOVERED = re.compile(r"journal record\(s\) in ([\d.]+) s")
 
 
 # ------------------------------------------------------------------------------ the server
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ServerProcess:
     """``ticktable serve`` over ``data_dir`` in a subprocess; SIGKILL or SIGTERM it.
 
@@ -295,7 +288,8 @@ def run(kill_points: int, seed: int, data_dir: Path, *, checkpoint_seconds: floa
     rep = CrashReport(kill_points, seed)
     model = Model(kv_inflight={w: None for w in range(KEYED_WRITERS)})
     logs = data_dir.with_name(data_dir.name + "-logs")
-    port = free_port()
+    held = HeldPort()  # every server's, free of others between a kill and the restart
+    port = held.port
     ckdir = data_dir / "checkpoints"
     t_start = time.perf_counter()
     expired = threading.Event()
@@ -387,6 +381,7 @@ def run(kill_points: int, seed: int, data_dir: Path, *, checkpoint_seconds: floa
             long_lived.live.close()
         if watcher is not None:
             watcher.close()
+        held.close()
     m = model
     rep.checked = (sum(state == ACKED for _, state in m.appends.values()) + m.kv_acked
                    + sum(tx.status == "committed" for tx in m.tx.values()) + len(m.stream))

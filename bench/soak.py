@@ -69,7 +69,6 @@ from bench._soak_procs import (  # noqa: E402
     rss_mb,
     run_writers,
 )
-from bench.crash import free_port  # noqa: E402
 from clients.live import LiveTable  # noqa: E402
 from flight.server import ServerConfig  # noqa: E402
 
@@ -324,8 +323,9 @@ def _first_difference(got: pa.Table, want: pa.Table) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     warnings = count_warnings("client")
     logging.getLogger("clients.subscription").setLevel(logging.ERROR)  # reconnects: counted below
-    metrics_port = free_port() if "metrics_port" in ServerConfig.__dataclass_fields__ else None
-    server = ServerProcess(args.data_dir, args.interval, metrics_port)
+    server = ServerProcess(args.data_dir, args.interval,
+                           metrics="metrics_port" in ServerConfig.__dataclass_fields__)
+    metrics_port = server.metrics_port
     ctx = mp.get_context("spawn")
     stop, acked = ctx.Event(), ctx.Array("q", len(WRITERS))
     writers_conn, child = ctx.Pipe()

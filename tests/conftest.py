@@ -1,7 +1,10 @@
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from bench.ports import HeldPort
 
 settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=200,
@@ -34,3 +37,11 @@ def pytest_collection_modifyitems(config, items):
         items[:] = spark + rest
         for item in spark:  # one worker, one JVM, first (pytest-xdist's --dist loadgroup)
             item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+@pytest.fixture
+def held_port() -> Iterator[HeldPort]:
+    """A port for servers the test starts on it later (or never: connections are refused),
+    kept from every other process until the test ends (:class:`bench.ports.HeldPort`)."""
+    with HeldPort() as held:
+        yield held

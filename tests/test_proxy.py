@@ -167,11 +167,8 @@ def test_close_ends_every_thread_and_the_port(server):
         proxy.start()
 
 
-def test_a_target_that_is_down_resets_the_connection():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
+def test_a_target_that_is_down_resets_the_connection(held_port):
+    port = held_port.port  # nothing listens there, nor can another process
     with TcpProxy("127.0.0.1", port) as proxy, tt.connect(f"grpc://127.0.0.1:{proxy.port}") as c:
         with pytest.raises(fl.FlightUnavailableError, match="failed to connect"):
             c.tables()

@@ -7,7 +7,8 @@ by row key and filled from a feed of the server's changes
 per change); later viewers share it. The browser's viewer opens it
 by name over Perspective's websocket protocol (:class:`PerspectiveSocket`), so only the
 rows it shows cross the wire. When its last viewer leaves, the table is *released*: the
-feed stops and the Perspective table is deleted.
+feed stops and the Perspective table is deleted, before a new viewer's copy of the table
+can take its name.
 
 Every call into Perspective (building tables, applying changes, the sessions' requests)
 runs on one thread, the hub's :class:`EngineThread`: the engine sees one caller at a time,
@@ -118,6 +119,7 @@ class HostedTable:
     table: Any = None  # perspective.Table, once the snapshot is loaded
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None  # why the feed stopped (failed or dropped table)
+    released: bool = False  # its last viewer left: changes still coming are not applied
 
 
 class PerspectiveHub:
@@ -178,13 +180,17 @@ class PerspectiveHub:
                 return
             if self._hosted.get(hosted.name) is hosted:
                 del self._hosted[hosted.name]
-        if hosted.feed is not None:
-            hosted.feed.close()
-        if hosted.table is not None:
+            hosted.released = True
+            # queued under the lock: a new viewer's copy of the table is made from the
+            # snapshot of a feed started after this, so it is queued behind the delete (one
+            # thread, first in, first out) and finds the name free. Queued after closing
+            # the feed, the delete could come second: 'Table "t" already exists'
             try:
-                self.executor.submit_change(self._delete, hosted.table)
+                self.executor.submit_change(self._drop, hosted)
             except EngineClosed:  # the hub is closing: Perspective's server goes with it
                 pass
+        if hosted.feed is not None:
+            hosted.feed.close()
 
     def close(self) -> None:
         """Stop every feed and Perspective's thread."""
@@ -206,6 +212,8 @@ class PerspectiveHub:
             hosted.ready.set()
 
     def _apply_now(self, hosted: HostedTable, change: Change) -> None:
+        if hosted.released:  # dropped already, or about to be: nobody views it
+            return
         if change.snapshot:
             hosted.table = self.client.table(to_ipc(change.upserts), index=ROW_KEY,
                                              name=hosted.name)
@@ -221,7 +229,11 @@ class PerspectiveHub:
         log.info("web: table %r stopped updating in Perspective: %s", hosted.name, exc)
 
     @staticmethod
-    def _delete(table: Any) -> None:
+    def _drop(hosted: HostedTable) -> None:
+        """On Perspective's thread: delete a released table's Perspective copy, if made."""
+        table, hosted.table = hosted.table, None
+        if table is None:
+            return
         try:
             table.delete()
         except perspective.PerspectiveError as exc:  # a view some session still holds

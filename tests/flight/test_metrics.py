@@ -214,7 +214,7 @@ def _mirror(m, table):
                            (("kind", "snapshot"), ("table", table)))]}
 
 
-def test_a_mirror_reports_whether_it_is_in_sync_its_reconnects_and_resumes():
+def test_a_mirror_reports_whether_it_is_in_sync_its_reconnects_and_resumes(held_port):
     from clients.client import connect
 
     def origin(port=0):
@@ -227,7 +227,7 @@ def test_a_mirror_reports_whether_it_is_in_sync_its_reconnects_and_resumes():
         tc.close()
         return srv, graph
 
-    a, a_graph = origin()
+    a, a_graph = origin(held_port.port)  # held: free of others while no origin is up
     port, up = a.port, [(a, a_graph)]
     b_graph = UpdateGraph()
     b = TicktableServer(b_graph, ServerConfig(metrics_port=0)).start()

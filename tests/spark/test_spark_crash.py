@@ -25,7 +25,7 @@ import pyarrow as pa
 import pytest
 
 import ticktable as tt
-from bench.crash import ServerProcess, free_port
+from bench.crash import ServerProcess
 
 # PySpark 4.x warns that it "does not yet fully support pandas >= 3.0.0" (see test_spark.py).
 pytestmark = pytest.mark.filterwarnings(
@@ -71,8 +71,9 @@ def servers(tmp_path: Path) -> Iterator[list[ServerProcess]]:
 
 
 def test_a_streaming_query_survives_a_server_sigkill_without_duplicates(spark, servers,
-                                                                         tmp_path):
-    port, data, checkpoint = free_port(), tmp_path / "data", tmp_path / "spark-checkpoint"
+                                                                         tmp_path, held_port):
+    port = held_port.port  # the restarted server's too: Spark's URI stays
+    data, checkpoint = tmp_path / "data", tmp_path / "spark-checkpoint"
 
     def serve(name: str) -> ServerProcess:
         server = ServerProcess(data, tmp_path / f"{name}.log", port=port, verbose=True)

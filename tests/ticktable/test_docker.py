@@ -12,13 +12,13 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import ticktable as tt
+from bench.ports import HeldPort
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -39,12 +39,6 @@ def instructions() -> dict[str, str]:
 
 def image_env(env_line: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in shlex.split(env_line))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_dockerfile_is_small_and_non_root() -> None:
@@ -71,13 +65,15 @@ def run_image(tmp_path: Path, extra_args: list[str], extra_env: dict[str, str]) 
     assert argv[:2] == ["ticktable", "serve"] and health[0] == "ticktable"
     env = dict(os.environ, **image_env(ins["ENV"]))
     env.pop("TICKTABLE_TOKEN", None)
-    port = free_port()
-    env.update(TICKTABLE_PORT=str(port), **extra_env)
     assert env["TICKTABLE_DATA_DIR"] == "/data"  # the image's volume; here a temporary dir
     env["TICKTABLE_DATA_DIR"] = str(tmp_path / "data")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the venv's ticktable
     assert env["TICKTABLE_HOST"] == "0.0.0.0"
     tls = "--tls-cert" in extra_args
+    held, web = HeldPort(), HeldPort()  # for the server, which binds them after a while
+    port = held.port
+    # the web UI too: left alone it takes 8817, which another run of this test may hold
+    env.update(TICKTABLE_PORT=str(port), TICKTABLE_HTTP_PORT=str(web.port), **extra_env)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd="/")
     try:
@@ -103,6 +99,8 @@ def run_image(tmp_path: Path, extra_args: list[str], extra_env: dict[str, str]) 
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+        held.close()
+        web.close()
 
 
 def test_image_entrypoint_serves_and_its_healthcheck_passes(tmp_path: Path) -> None:

@@ -3,18 +3,19 @@ table, and saying so, in the list and over its grid, while its link is not in sy
 
 Two servers in this process: the origin (A) holds a keyed table, the mirror (B) mirrors it
 and serves the page. A goes away and a new origin comes up on its port, as a restarted
-server would; or A is not there yet when B starts mirroring it.
+server would; or A is not there yet when B starts mirroring it. A's port is held meanwhile
+(bench.ports.HeldPort): refused, as no server's, and taken by no other process.
 """
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pyarrow as pa
 import pytest
 
 import ticktable as tt
+from bench.ports import HeldPort
 from tests.web.conftest import open_grid, start_server, wait_cells
 
 SCHEMA = pa.schema([("sym", pa.string()), ("px", pa.float64())])
@@ -36,8 +37,9 @@ ROWS = "c.rows.map((r) => `${r[0]}=${r[1]}`).sort().join(',')"
 @pytest.mark.parametrize("feed", FEEDS)
 def test_a_mirror_is_listed_with_its_origin_and_says_when_it_is_not_in_sync(
         browser, page, tmp_path, feed):
-    origin, origin_graph = _origin()
-    port = origin.port
+    held = HeldPort()  # A's, and its successor's
+    port = held.port
+    origin, origin_graph = _origin(port=port)
     up = [(origin, origin_graph)]
     mirror, mirror_graph = start_server()
     try:
@@ -113,12 +115,12 @@ def test_a_mirror_is_listed_with_its_origin_and_says_when_it_is_not_in_sync(
         for server, graph in up:
             server.shutdown()
             graph.stop()
+        held.close()
 
 
 def test_a_mirror_whose_origin_has_not_answered_is_listed_and_goes_live_when_it_does(page):
-    with socket.socket() as s:  # a port nobody listens on, for the origin to come up on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    held = HeldPort()  # nobody listens on it until the origin comes up there
+    port = held.port
     mirror, mirror_graph = start_server()
     up = []
     try:
@@ -154,3 +156,4 @@ def test_a_mirror_whose_origin_has_not_answered_is_listed_and_goes_live_when_it_
         for server, graph in up:
             server.shutdown()
             graph.stop()
+        held.close()

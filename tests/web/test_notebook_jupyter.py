@@ -1,7 +1,7 @@
 """A notebook in a real JupyterLab (from PyPI), in Chromium: its grids tick after a push.
 
 The test process serves a Ticktable server on 127.0.0.1 and starts ``jupyter lab`` (no
-browser, a free port, a token; its config, data, runtime, settings and workspaces under
+browser, a held port, a token; its config, data, runtime, settings and workspaces under
 the test's tmp dir, so nothing is written outside it; the venv's lab extensions stay
 visible). The notebook's cells are the README's notebook lines as written (the server's
 URI swapped in), after a cell connecting the ``client`` the README's earlier lines made.
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import pandas as pd
 import pytest
 
 import ticktable as tt
+from bench.ports import HeldPort
 from engine.graph import UpdateGraph
 from flight.server import ServerConfig, TicktableServer
 from tests.web.conftest import ARTIFACTS, open_page
@@ -82,13 +82,6 @@ def notebook(cells: list[str]) -> dict[str, Any]:
     }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def require_jupyter() -> None:
     missing = []
     for module in ("jupyterlab", "ipykernel", "ipywidgets", "anywidget"):
@@ -130,8 +123,8 @@ def ticktable_server() -> Iterator[TicktableServer]:
 
 
 @pytest.fixture
-def jupyter_lab(tmp_path: Path) -> Iterator[str]:
-    """``jupyter lab`` serving ``tmp_path/nb`` on a free port; yields its base URL."""
+def jupyter_lab(tmp_path: Path, held_port: HeldPort) -> Iterator[str]:
+    """``jupyter lab`` serving ``tmp_path/nb`` on a held port; yields its base URL."""
     require_jupyter()
     root = tmp_path / "nb"
     root.mkdir()
@@ -146,7 +139,7 @@ def jupyter_lab(tmp_path: Path) -> Iterator[str]:
     news = home / "settings" / "@jupyterlab" / "apputils-extension"
     news.mkdir(parents=True)  # no "get notified about Jupyter news?" over the screenshots
     (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    port = free_port()
+    port = held_port.port  # held until jupyter binds it (tornado: SO_REUSEADDR)
     log = tmp_path / "jupyter.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(

@@ -47,8 +47,14 @@ function wsUrl(path) {
   return `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}${path}`;
 }
 
+// <perspective-viewer> defines itself only once its WebAssembly is compiled, after this
+// module has run, and perspective.js finds its own engine through that element: before it,
+// worker() and websocket() throw "Missing perspective-client.wasm". A grid's first data can
+// come sooner (a reload, with everything cached), so both wait for the element.
+const viewerDefined = customElements.whenDefined("perspective-viewer");
+
 function getWorker() {
-  worker ??= perspective.worker();
+  worker ??= viewerDefined.then(() => perspective.worker());
   return worker;
 }
 
@@ -501,6 +507,7 @@ class Grid {
   }
 
   async connectPerspective() {
+    await viewerDefined;
     const client = await perspective.websocket(wsUrl(`/ws/perspective?table=${encodeURIComponent(this.name)}`));
     this.client = client;
     client.on_error((err) => {

@@ -25,7 +25,8 @@ import pyarrow.flight as fl
 import pytest
 
 import ticktable as tt
-from bench.crash import ServerProcess, free_port
+from bench.crash import ServerProcess
+from bench.ports import HeldPort
 from engine.graph import UpdateGraph
 from engine.sources import KeyedTable, ReplicaTable
 from flight.pb import flight_pb2 as pb
@@ -307,11 +308,12 @@ def test_a_remembered_mirror_whose_name_was_taken_does_not_stop_the_start(mirror
     # a mirror that never reached its origin holds no table: its name could be taken
     data = tmp_path / "b"
     b = _start(mirrors, data).run()
-    b.server.mirror(f"grpc://127.0.0.1:{free_port()}/t")
-    b.server.durability.create_table("t", KV, "keyed", keys=["k"], capacity=0,
-                                     if_not_exists=False)
-    b.stop(crash=True)
-    b = _start(mirrors, data)
+    with HeldPort() as nobody:  # refused: the origin never answers
+        b.server.mirror(f"grpc://127.0.0.1:{nobody.port}/t")
+        b.server.durability.create_table("t", KV, "keyed", keys=["k"], capacity=0,
+                                         if_not_exists=False)
+        b.stop(crash=True)
+        b = _start(mirrors, data)
     assert b.server.registry.get("t").kind == TableKind.KEYED and b.server.links.links() == []
     assert any("mirror 't'" in r.getMessage() and "not resumed" in r.getMessage()
                for r in caplog.records if r.levelname == "ERROR")
@@ -397,9 +399,9 @@ def test_a_chain_of_servers_survives_a_sigkill_of_its_middle(processes, tmp_path
     with tt.connect(a.location, timeout=30) as c:
         c.create_table("t", KV, "keyed", keys=["k"])
         c.push("t", pd.DataFrame({"k": range(200), "v": [0.5] * 200, "s": ["x"] * 200}))
-    b_port = free_port()
+    b_port = HeldPort()  # B's, kept from other processes while B is down
     b_flags = ("--mirror", f"{a.location}/t")
-    b = serve("b", b_port, *b_flags, checkpoint_seconds=0.5)
+    b = serve("b", b_port.port, *b_flags, checkpoint_seconds=0.5)
     c_proc = serve("c", 0, "--mirror", f"{b.location}/t", checkpoint_seconds=0.5)
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -427,11 +429,12 @@ def test_a_chain_of_servers_survives_a_sigkill_of_its_middle(processes, tmp_path
                         what=f"{updates} updates of A")
 
         a_moved_on(5)  # while B is down
-        b = serve("b", b_port, *b_flags, checkpoint_seconds=0.5)
+        b = serve("b", b_port.port, *b_flags, checkpoint_seconds=0.5)
         a_moved_on(10)  # while B catches up
     finally:
         stop.set()
         writer.join(30)
+        b_port.close()
     assert not errors, errors
     want = _subscribed(a.location, "t")
     assert len(want[0]) > 0

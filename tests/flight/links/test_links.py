@@ -250,11 +250,12 @@ def _unsubscribe(reader: fl.FlightStreamReader, writer: fl.FlightStreamWriter) -
         pass  # the cancelled call's status
 
 
-def test_an_origin_restart_is_followed_with_its_difference_and_the_gap_is_said(servers):
+def test_an_origin_restart_is_followed_with_its_difference_and_the_gap_is_said(servers,
+                                                                              held_port):
     """The origin goes away: the mirror says it is not in sync (stats, and a message to its
     own subscribers), keeps its rows, and when a new origin answers on the same address
     applies only the difference from what it held, then says it is in sync again."""
-    a, t = _origin(servers)
+    a, t = _origin(servers, held_port.port)  # held: free of others while no origin is up
     port = a.srv.port
     t.upsert(pa.table({"k": np.arange(100), "v": np.arange(100.0), "s": ["x"] * 100}, schema=KV))
     b = Server()
@@ -464,10 +465,10 @@ class _Projected:
         return self.table.to_arrow(self.columns, lock=lock)
 
 
-def test_a_python_subscriber_of_a_mirror_sees_when_it_is_not_in_sync(servers):
+def test_a_python_subscriber_of_a_mirror_sees_when_it_is_not_in_sync(servers, held_port):
     import ticktable as tt
 
-    a, t = _origin(servers)
+    a, t = _origin(servers, held_port.port)  # held: free of others while no origin is up
     port = a.srv.port
     t.upsert(pa.table({"k": [1, 2], "v": [1.0, 2.0], "s": ["a", "b"]}, schema=KV))
     b = Server()

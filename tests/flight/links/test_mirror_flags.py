@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pytest
 
 import ticktable as tt
-from bench.crash import ServerProcess, free_port
+from bench.crash import ServerProcess
 from engine.errors import InputError
 from flight.links import Link, MirrorSpec, parse_mirror
 from tests.flight.links.test_durable_mirrors import _stats, _subscribed
@@ -133,8 +133,9 @@ def _push(location: str, frame: dict[str, list[Any]], mode: str = "upsert") -> N
         c.push("t", pd.DataFrame(frame), mode=mode)
 
 
-def test_a_filtered_mirror_of_some_columns_from_the_command_line(processes, tmp_path):
-    a = _serve(processes, tmp_path, "a")
+def test_a_filtered_mirror_of_some_columns_from_the_command_line(processes, tmp_path,
+                                                                  held_port):
+    a = _serve(processes, tmp_path, "a", port=held_port.port)  # held while A is down
     with tt.connect(a.location, timeout=30) as c:
         c.create_table("t", KV, "keyed", keys=["k"])
     _push(a.location, {"k": [1, 2, 3, 4], "v": [0.9, 0.1, 0.7, 0.6],
@@ -159,12 +160,11 @@ def test_a_filtered_mirror_of_some_columns_from_the_command_line(processes, tmp_
 
     # restarted with the same flag while the origin is down: taken as remembered, no wait
     b.stop()
-    a_port = int(a.location.rsplit(":", 1)[1])
     a.stop()
     b = _serve(processes, tmp_path, "b", "--mirror", flag, "--mirror-timeout", "0.5")
     keys, rows = _subscribed(b.location, "big")
     assert rows.schema.names == ["k", "v"] and sorted(rows["k"].to_pylist()) == [3, 5]
-    a = _serve(processes, tmp_path, "a", port=a_port)  # durable: t comes back
+    a = _serve(processes, tmp_path, "a", port=held_port.port)  # durable: t comes back
     _push(a.location, {"k": [6, 5], "v": [0.9, 0.4], "s": ["y", "y"]})
     _mirrored(a, b, "after both restarts: 6 in, 5 out")
 
@@ -191,7 +191,7 @@ def _fails(args: list[str], *lines: str) -> None:
         assert line in out.stderr, out.stderr
 
 
-def test_bad_mirror_flags_end_the_start_with_one_line(processes, tmp_path):
+def test_bad_mirror_flags_end_the_start_with_one_line(processes, tmp_path, held_port):
     a = _serve(processes, tmp_path, "a")
     with tt.connect(a.location, timeout=30) as c:
         c.create_table("t", KV, "keyed", keys=["k"])
@@ -209,7 +209,7 @@ def test_bad_mirror_flags_end_the_start_with_one_line(processes, tmp_path):
            f"(columns: k, v, s)")
     _fails(["--mirror", f"{at}/t=big?filter=s > 1"],
            f"ticktable serve: mirror 'big' of {at}/t: filter: condition s > 1: ")
-    _fails(["--mirror", f"grpc://127.0.0.1:{free_port()}/t?filter=v > 1",
+    _fails(["--mirror", f"grpc://127.0.0.1:{held_port.port}/t?filter=v > 1",  # refused
             "--mirror-timeout", "0.3"], "no answer from", "within 0.3 s", "--mirror-timeout")
     assert a.stop() == 0, a.stderr_tail()
 

@@ -9,7 +9,8 @@ import shlex
 import time
 from pathlib import Path
 
-from bench.crash import ServerProcess, free_port
+from bench.crash import ServerProcess
+from bench.ports import HeldPort
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 
@@ -21,7 +22,9 @@ def _blocks(kind: str) -> list[str]:
 def test_the_readme_topology_of_one_origin_and_two_mirrors(tmp_path, capsys):
     (shell,) = [b for b in _blocks("bash") if "--mirror-of" in b]
     (code,) = [b for b in _blocks("python") if "9001" in b]
-    ports = {p: str(free_port()) for p in ("8815", "9001", "9002", "9003")}
+    # held until the end: each server starts only after the ones before it are up
+    held = {p: HeldPort() for p in ("8815", "9001", "9002", "9003")}
+    ports = {p: str(h.port) for p, h in held.items()}
 
     def swapped(text: str) -> str:
         for old, new in ports.items():
@@ -59,3 +62,5 @@ def test_the_readme_topology_of_one_origin_and_two_mirrors(tmp_path, capsys):
     finally:
         for s in servers:
             s.stop()
+        for h in held.values():
+            h.close()
