@@ -234,8 +234,10 @@ class LiveTable(Subscription[Update]):
         To keep a moment, take ``live.df.copy()`` or :meth:`to_arrow`: the frame you hold
         changes at the next read, on whatever thread it happens. What you derive from it (a
         column, a slice, a shallow copy) keeps its values, as pandas' Copy-on-Write promises
-        (a column another object shares is copied before it is written). Treat the frame as
-        read-only: a change of yours may be overwritten, or make the next read rebuild it.
+        (a column another object shares is copied before it is written); a NumPy array from
+        ``to_numpy()`` views the frame and follows it, as with any frame pandas writes in
+        place. Treat the frame as read-only: a change of yours may be overwritten, or make
+        the next read rebuild it.
 
         Before the first snapshot this waits for it (up to
         :attr:`FIRST_SNAPSHOT_TIMEOUT` seconds).

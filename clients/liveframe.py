@@ -6,10 +6,11 @@ dtypes, columns, ``RangeIndex``), and brings it current when it is read: it appl
 changes of the messages applied since the last read, in order, each as an
 :class:`~clients.livestate.OrderedChange`, by position. Reading it after a small update
 costs the update, not the table. It is rebuilt from Arrow (``to_pandas``) instead when more
-than :attr:`LiveFrame.REBUILD_FRACTION` of the table changed since the last read, after a
-snapshot (the first one, a resume by snapshot, a column change), with a viewport (its rows
-and their positions follow the viewport: it is small), or when its columns cannot be kept
-(duplicate names, a pandas without the internals below).
+than :attr:`LiveFrame.REBUILD_FRACTION` of the table changed since the last read (or its
+removes and inserts would move more than :attr:`LiveFrame.MOVE_FACTOR` tables' worth of
+rows), after a snapshot (the first one, a resume by snapshot, a column change), with a
+viewport (its rows and their positions follow the viewport: it is small), or when its
+columns cannot be kept (duplicate names, a pandas without the internals below).
 
 How, per change (positions are ranks of the row keys, kept beside the frame in a sorted
 array: a position is a ``searchsorted``):
@@ -31,15 +32,18 @@ array: a position is a ``searchsorted``):
 Copy-on-Write. pandas 3 promises that what is derived from a frame (a column, a slice, a
 shallow copy) behaves as a copy. A column's buffer is written in place only while pandas'
 own reference tracking (``Block.refs``, what pandas' Copy-on-Write consults) says that no
-such object shares it; otherwise the column is copied first, as pandas would. The frame
-itself is the one object that changes: each of its columns is a block of its own over this
-module's buffer, and a change of length swaps new blocks into the same ``DataFrame``
-(as pandas' own ``inplace=True`` methods do).
+such object shares it; otherwise the column is copied first, as pandas would. (A NumPy
+array from ``to_numpy()`` views the buffer and follows it, as it does when pandas writes a
+frame in place.) The frame itself is the one object that changes: each of its columns is
+a block of its own over this module's buffer, and a change of length swaps new blocks
+into the same ``DataFrame`` (as pandas' own ``inplace=True`` methods do).
 
-pandas internals. Five, all here, guarded by :func:`_internals_work` (else every read
-rebuilds, as before): ``DataFrame._mgr`` and ``_update_inplace``, the manager's ``blocks``,
-``blknos`` and ``iget_values``, and ``Block.refs.has_reference()``; the frame is built with
-``pandas.api.internals.create_dataframe_from_blocks``.
+pandas internals, all in the last section of this module and checked once by
+:func:`_internals_work` (without them every read rebuilds, as before):
+``DataFrame._mgr`` and ``_update_inplace``; the block manager's ``blocks``, ``blknos`` and
+``iget_values``; ``Block.refs.has_reference()``. Frames are built with
+``pandas.api.internals.create_dataframe_from_blocks``, a column replaced with the public
+``DataFrame.isetitem``.
 
 Threads. :meth:`LiveFrame.note` runs on the reader thread under the state lock (it only
 appends); :meth:`LiveFrame.pending` and :meth:`LiveFrame.rebuilding` under the state lock;

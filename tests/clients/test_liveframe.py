@@ -206,6 +206,24 @@ def _buffer(live: LiveTable, column: str) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ examples
+def test_a_splice_moves_the_kept_rows_in_runs():
+    """a b c d e f: remove b and e (old positions 1, 4), insert X before a and Y before f
+    (0 and 3 kept rows before them): X a c d Y f, moved in place as runs a, c d, f."""
+    sp = liveframe._Splice(6, np.array([1, 4]), np.array([0, 3]))
+    assert (sp.n_new, sp.first, sp.inserted.tolist()) == (6, 0, [0, 4])
+    assert list(zip(sp.src.tolist(), sp.dst.tolist(), sp.length.tolist(), strict=True)) == [
+        (0, 1, 1), (2, 2, 2), (5, 5, 1)]
+    buf = np.array(list("abcdef") + ["-"], dtype=object)
+    sp.move(buf)
+    buf[sp.inserted] = ["X", "Y"]
+    assert "".join(buf[:6]) == "XacdYf"
+    # as pieces of (old, inserted, modified) with d (new position 3) modified to D
+    source, start, at, length = sp.pieces(np.array([3]))
+    parts = ["abcdef", "XY", "D"]
+    assert "".join(parts[s][b:b + k] for s, b, k in zip(source, start, length, strict=True)) == "XacDYf"
+    assert at.tolist() == [0, 1, 2, 3, 4, 5]
+
+
 def test_a_small_update_writes_only_its_rows_into_the_same_frame():
     live, table = _start(2000, columns=["id", "i", "f", "t", "n", "u"])
     table.p_null = 0.0
