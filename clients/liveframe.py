@@ -10,7 +10,8 @@ than :attr:`LiveFrame.REBUILD_FRACTION` of the table changed since the last read
 removes and inserts would move more than :attr:`LiveFrame.MOVE_FACTOR` tables' worth of
 rows), after a snapshot (the first one, a resume by snapshot, a column change), with a
 viewport (its rows and their positions follow the viewport: it is small), or when its
-columns cannot be kept (duplicate names, a pandas without the internals below).
+columns cannot be kept (duplicate names, more than :attr:`LiveFrame.MAX_BLOCKS` numpy
+columns, a pandas without the internals below).
 
 How, per change (positions are ranks of the row keys, kept beside the frame in a sorted
 array: a position is a ``searchsorted``):
@@ -104,6 +105,10 @@ class LiveFrame:
     STRING_CHUNKS = 256
     """A string column of more Arrow chunks than this is combined into one (a change splices
     slices in: one or two chunks per run of changed rows)."""
+    MAX_BLOCKS = 100
+    """A frame kept in place holds a block per column; past this many numpy ones pandas
+    warns that it is "highly fragmented" when a column is added to it or to a shallow copy
+    (``assign``), so a wider table is rebuilt on each change instead, as before."""
 
     def __init__(self) -> None:
         self.frame: pd.DataFrame | None = None
@@ -446,7 +451,10 @@ def _columns_of(built: pd.DataFrame, schema: pa.Schema) -> list[_Column] | None:
             or not built.columns.is_unique):
         return None
     mgr = _manager(built)
-    return [_column_of(f.name, _values_of(mgr, j), f, -1) for j, f in enumerate(schema)]
+    columns = [_column_of(f.name, _values_of(mgr, j), f, -1) for j, f in enumerate(schema)]
+    if sum(isinstance(c, _NumpyColumn) for c in columns) > LiveFrame.MAX_BLOCKS:
+        return None
+    return columns
 
 
 def _column_of(name: str, values: Any, field: pa.Field, nulls: int) -> _Column:

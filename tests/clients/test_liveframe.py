@@ -412,6 +412,17 @@ def test_without_the_pandas_internals_every_change_rebuilds(monkeypatch):
     assert live._frames.rebuilds == 4
 
 
+def test_a_wide_table_is_rebuilt_so_that_pandas_does_not_warn(monkeypatch):
+    """A frame kept in place has a block per column: pandas warns when a column is added to
+    one of more than 100 (``assign`` does), so a wider table is rebuilt on each change."""
+    monkeypatch.setattr(LiveFrame, "MAX_BLOCKS", 3)
+    live, table = _start(50, columns=["id", "i", "f", "n"])  # 4 numpy columns
+    df = _same(live, "first read")
+    _feed(live, table.step(1, 1, 2, 0.0))
+    assert _same(live, "rebuilt") is df and live._frames.rebuilds == 2
+    df.assign(x=1.0)  # (pandas' warning would fail here: filterwarnings = error)
+
+
 def test_a_frame_that_lost_its_row_keys_rebuilds(caplog):
     live, table = _start(50, columns=["id", "f"])
     df = _same(live, "first read")
