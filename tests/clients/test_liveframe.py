@@ -1,9 +1,11 @@
 """LiveTable.df kept current in place (clients/liveframe.py, issue #39 item 6).
 
-Examples first: a small update writes only its rows into the same frame; appends land in
-spare room; what a user derived from the frame keeps its values (Copy-on-Write); integer
-and boolean columns change dtype with their first and last null; a categorical column is
-converted again; a frame changed by its user and a viewport rebuild.
+Examples first: how a change moves rows (a splice); a small update writes only its rows
+into the same frame; appends land in spare room; what a user derived from the frame keeps
+its values (Copy-on-Write); integer and boolean columns change dtype with their first and
+last null; a categorical column is converted again; a frame changed by its user, a
+viewport, a wide table, too many moves, a message arriving while a column converts and
+lost row keys rebuild; reads on another thread than the reader see whole messages.
 
 Then the property: a model table of many dtypes (nullable integers and booleans, floats,
 strings, time zones, dates, categories) sends random messages to a LiveTable fed by hand
@@ -233,7 +235,8 @@ def test_a_small_update_writes_only_its_rows_into_the_same_frame():
     rebuilds = live._frames.rebuilds
     message = table.step(0, 0, 7, 0.0)
     _feed(live, message)
-    assert live.df is df and live.df is df  # (nothing new: the same object, as it was)
+    assert live.df is df  # the same object, brought current
+    assert live.df is df  # (read again with nothing new: as it was)
     _same(live, "after 7 modifies")
     assert live._frames.rebuilds == rebuilds  # not converted again
     keys = np.array(sorted(table.rows))
