@@ -24,8 +24,9 @@ array: a position is a ``searchsorted``):
 * each column's kind says how (:class:`_NumpyColumn`: numpy dtypes, ``datetime64`` with or
   without a time zone, ``timedelta64``; :class:`_StringColumn`: pandas' ``str`` dtype,
   whose Arrow arrays are immutable, so a change splices zero-copy slices and the column is
-  combined into one chunk once it has :attr:`LiveFrame.STRING_CHUNKS`; anything else,
-  such as a categorical, is converted again from Arrow when a change touches it);
+  combined into one chunk once it has :attr:`LiveFrame.STRING_CHUNKS` (until then a take
+  of rows from it joins its chunks first, as Arrow does for any chunked column); anything
+  else, such as a categorical, is converted again from Arrow when a change touches it);
 * an integer or boolean column turns ``float64`` or ``object`` while it holds a null (as
   ``to_pandas`` does): its nulls are counted, and it is converted again from Arrow when
   its first null arrives or its last one goes.
