@@ -15,9 +15,21 @@
    holds a keyed table of --snap-sizes rows (and 10M with --big); the client times
    ``LiveTable(...)`` until the snapshot is applied (``wait_for``), then the first ``.df``,
    a cached ``.df``, one --change-row update (round trip: the server's cycle, the send,
-   the apply) and ``.df`` again after it.
+   the apply) and ``.df`` again after it (brought current in place since #39 item 6).
+3. ``.df`` after an update (#39 item 6). A keyed table of each of --frame-sizes rows on a
+   real server (127.0.0.1) gets --frame-updates --change-row updates of each kind, read one
+   message per cycle by a raw subscriber: ``modify`` (every column of --change existing
+   keys; the strings change too), ``modify-numeric`` (Price and Qty only), ``append``
+   (new keys: rows at the end), ``remove`` (existing keys at random: rows anywhere) and
+   ``insert`` (new keys taking the row keys the removes freed: rows anywhere), the last
+   two taking turns. Offline, a LiveTable is fed the messages (``LiveTable.apply``) and
+   ``.df`` is read after each one: it is brought current in place; the rebuild it replaced
+   (``to_arrow().to_pandas()`` of the same rows: what ``.df`` cost before) is timed on
+   the first --frame-rebuilds of each kind, in the same run. Median, mean and p99 of each,
+   the ratio of the medians, and how many reads rebuilt (0: all in place); after each kind
+   the frame is checked equal to the rebuild.
 
-Run: python bench/bench_live.py [--quick] [--big] [--json PATH]
+Run: python bench/bench_live.py [--quick] [--big] [--only frames] [--json PATH]
 """
 
 from __future__ import annotations
@@ -31,12 +43,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.flight as fl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import SCHEMA, batch, print_table, stats_ms, write_json  # noqa: E402
+from bench._common import SCHEMA, SYMS, batch, print_table, stats_ms, write_json  # noqa: E402
 from clients.live import LiveTable  # noqa: E402
 from clients.livestate import LiveState  # noqa: E402
 from clients.wire import Endpoint  # noqa: E402
@@ -194,6 +207,129 @@ def time_snapshot(n: int, change: int) -> dict[str, Any]:
             proc.kill()
 
 
+# ---------------------------------------------------------------------------- .df in place
+FRAME_KINDS = ("modify", "modify-numeric", "append", "remove", "insert")
+
+
+class _Frames:
+    """A keyed table of :data:`SCHEMA` (``Key`` 0..n-1 at first) and updates of one kind at
+    a time, tracking each key's symbol (a numeric modify keeps it)."""
+
+    def __init__(self, n: int, change: int, rng: np.random.Generator) -> None:
+        self.rng, self.change = rng, change
+        self.sym = rng.integers(0, 1000, n)  # by key
+        self.alive = np.arange(n, dtype=np.int64)  # the keys present (unordered)
+        self.next_key = n
+
+    def rows(self, keys: np.ndarray, new_sym: bool = True) -> pa.Table:
+        r, n = self.rng, keys.size
+        if new_sym:
+            self.sym[keys] = r.integers(0, 1000, n)
+        return pa.table({"Key": pa.array(keys, pa.int64()),
+                         "Sym": SYMS.take(pa.array(self.sym[keys])),
+                         "Price": pa.array(r.random(n) * 100),
+                         "Qty": pa.array(r.integers(1, 1000, n))}, schema=SCHEMA)
+
+    def step(self, table: Any, kind: str) -> None:
+        r, c = self.rng, self.change
+        if kind in ("modify", "modify-numeric"):
+            keys = self.alive[r.choice(self.alive.size, c, replace=False)]
+            table.upsert(self.rows(keys, new_sym=kind == "modify"))
+        elif kind == "remove":
+            pick = r.choice(self.alive.size, c, replace=False)
+            table.delete(pa.table({"Key": self.alive[pick]}))
+            self.alive = np.delete(self.alive, pick)
+        else:  # append, insert: new keys (insert: after a remove, into the freed row keys)
+            keys = np.arange(self.next_key, self.next_key + c, dtype=np.int64)
+            self.next_key += c
+            self.sym = np.concatenate([self.sym, np.zeros(c, dtype=self.sym.dtype)])
+            self.alive = np.concatenate([self.alive, keys])
+            table.upsert(self.rows(keys))
+
+
+def capture_frames(n: int, change: int, updates: int, seed: int,
+                   ) -> tuple[Message, list[tuple[str, Message]]]:
+    """The snapshot of an ``n``-row keyed table, then ``updates`` messages of each kind in
+    :data:`FRAME_KINDS` (remove and insert taking turns), as a subscriber reads them."""
+    rng = np.random.default_rng(seed)
+    graph = UpdateGraph()
+    server = TicktableServer(graph, ServerConfig(history_updates=4)).start()
+    client = fl.connect(server.location)
+    work = _Frames(n, change, rng)
+    try:
+        table = server.registry.create_source("t", SCHEMA, "keyed", keys=["Key"]).table
+        for start in range(0, n, LOAD_ROWS):
+            table.upsert(work.rows(np.arange(start, min(n, start + LOAD_ROWS)), new_sym=False))
+            graph.run_cycle()
+        writer, reader = client.do_exchange(fl.FlightDescriptor.for_path("t"))
+        writer.begin(pa.schema([]))
+        req = pb.SubscriptionRequest(table="t")
+        writer.write_metadata(pa.py_buffer(pb.ClientMessage(subscribe=req).SerializeToString()))
+        schema = reader.schema
+        snapshot = read_message(reader, schema)
+        messages: list[tuple[str, Message]] = []
+        order = [[k] * updates for k in FRAME_KINDS[:3]] + [["remove", "insert"] * updates]
+        for kind in (k for ks in order for k in ks):
+            work.step(table, kind)
+            graph.run_cycle()
+            messages.append((kind, read_message(reader, schema)))  # read each: no coalescing
+        reader.cancel()
+        try:
+            writer.close()
+        except fl.FlightError:
+            pass
+        return snapshot, messages
+    finally:
+        client.close()
+        server.shutdown()
+
+
+def time_frames(n: int, change: int, updates: int, warmup: int, rebuilds: int,
+                seed: int = 3) -> list[dict[str, Any]]:
+    """``.df`` after each captured message (in place), and the rebuild it replaced."""
+    snapshot, messages = capture_frames(n, change, updates + warmup, seed)
+    live = LiveTable(lambda: None, "t", start=False)  # fed by hand: no reader thread
+    live.apply(snapshot.meta, snapshot.added, snapshot.modified)
+    t = time.perf_counter_ns()
+    _ = live.df
+    first_ms = (time.perf_counter_ns() - t) / 1e6
+    df_ns: dict[str, list[int]] = {k: [] for k in FRAME_KINDS}
+    rebuild_ns: dict[str, list[int]] = {k: [] for k in FRAME_KINDS}
+    rebuilt = dict.fromkeys(FRAME_KINDS, 0)
+    seen = dict.fromkeys(FRAME_KINDS, 0)
+    gc.collect()
+    gc.disable()  # a collection inside one read would be billed to it
+    try:
+        for i, (kind, m) in enumerate(messages):
+            live.apply(m.meta, m.added, m.modified)
+            before = live._frames.rebuilds
+            t = time.perf_counter_ns()
+            _ = live.df
+            dt = time.perf_counter_ns() - t
+            seen[kind] += 1
+            if seen[kind] > warmup:
+                df_ns[kind].append(dt)
+                rebuilt[kind] += live._frames.rebuilds - before
+                if len(rebuild_ns[kind]) < rebuilds:
+                    t = time.perf_counter_ns()
+                    live.to_arrow().to_pandas()
+                    rebuild_ns[kind].append(time.perf_counter_ns() - t)
+                    gc.collect()
+            following = messages[i + 1][0] if i + 1 < len(messages) else None
+            if following != kind and following not in ("remove", "insert"):  # a kind's last
+                pd.testing.assert_frame_equal(live.df, live.to_arrow().to_pandas())
+    finally:
+        gc.enable()
+    rows = []
+    for kind in FRAME_KINDS:
+        df, rb = stats_ms(df_ns[kind]), stats_ms(rebuild_ns[kind])
+        rows.append({"size": n, "update": kind, "first_df_ms": first_ms,
+                     **{f"df_{k}": v for k, v in df.items()},
+                     **{f"rebuild_{k}": v for k, v in rb.items()},
+                     "speedup": rb["median_ms"] / df["median_ms"], "rebuilt": rebuilt[kind]})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="10000,1000000", help="table sizes for the apply cost")
@@ -204,13 +340,26 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--snap-sizes", default="1000000")
     ap.add_argument("--big", action="store_true", help="also snapshot 10M rows (minutes)")
+    ap.add_argument("--frame-sizes", default="1000000,10000000",
+                    help="table sizes for .df after an update")
+    ap.add_argument("--frame-updates", type=int, default=50, help="timed .df reads per kind")
+    ap.add_argument("--frame-rebuilds", type=int, default=7,
+                    help="timed rebuilds (to_arrow().to_pandas()) per kind")
+    ap.add_argument("--only", choices=["apply", "snapshot", "frames"], default=None,
+                    help="run this section only")
     ap.add_argument("--quick", action="store_true", help="small run to check it works")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     snaps = [int(s) for s in args.snap_sizes.split(",")] + ([10_000_000] if args.big else [])
+    frame_sizes = [int(s) for s in args.frame_sizes.split(",")]
     if args.quick:
         sizes, snaps, args.updates, args.warmup = [10_000, 100_000], [100_000], 300, 20
+        frame_sizes, args.frame_updates, args.frame_rebuilds = [100_000], 10, 3
+    if args.only is not None:
+        sizes = [] if args.only != "apply" else sizes
+        snaps = [] if args.only != "snapshot" else snaps
+        frame_sizes = [] if args.only != "frames" else frame_sizes
 
     rows = []
     for n in sizes:
@@ -221,24 +370,41 @@ def main() -> None:
               f"{time.perf_counter() - t:.1f} s", flush=True)
         rows.append({"size": n, **time_apply(messages, args.warmup)})
         del messages
-    base = rows[0]["median_ms"]
-    for r in rows:
-        r["ratio"] = r["median_ms"] / base
-    mix = (f"{args.change} modified" if args.mix == "modify" else
-           f"{args.change // 2} modified, {args.change // 4} added, {args.change // 4} removed")
-    print_table(f"apply one {args.change}-row update ({mix}), {args.updates} timed", rows,
-                ["size", "median_ms", "mean_ms", "p99_ms", "max_ms", "ratio", "compacting",
-                 "moved", "log_slots", "snapshot_apply_ms", "df_ms"])
+    if rows:
+        base = rows[0]["median_ms"]
+        for r in rows:
+            r["ratio"] = r["median_ms"] / base
+        mix = (f"{args.change} modified" if args.mix == "modify" else
+               f"{args.change // 2} modified, {args.change // 4} added, "
+               f"{args.change // 4} removed")
+        print_table(f"apply one {args.change}-row update ({mix}), {args.updates} timed", rows,
+                    ["size", "median_ms", "mean_ms", "p99_ms", "max_ms", "ratio", "compacting",
+                     "moved", "log_slots", "snapshot_apply_ms", "df_ms"])
 
     snap_rows = []
     for n in snaps:
         snap_rows.append(time_snapshot(n, args.change))
         print(f"snapshot of {n:,} rows done", flush=True)
-    print_table("subscribe -> snapshot applied -> .df (server in another process)", snap_rows,
-                ["rows", "subscribe_s", "first_df_s", "total_s", "cached_df_ms",
-                 "update_roundtrip_ms", "df_after_update_s"])
-    write_json("bench_live", {"args": vars(args), "apply": rows, "snapshot": snap_rows},
-               args.json)
+    if snap_rows:
+        print_table("subscribe -> snapshot applied -> .df (server in another process)",
+                    snap_rows, ["rows", "subscribe_s", "first_df_s", "total_s", "cached_df_ms",
+                                "update_roundtrip_ms", "df_after_update_s"])
+
+    frame_rows = []
+    for n in frame_sizes:
+        t = time.perf_counter()
+        frame_rows += time_frames(n, args.change, args.frame_updates, 3, args.frame_rebuilds)
+        print(f".df after updates of a {n:,}-row table: {time.perf_counter() - t:.1f} s",
+              flush=True)
+    if frame_rows:
+        print_table(f".df after one {args.change}-row update, in place vs rebuilt "
+                    f"(to_arrow().to_pandas()), ms: {args.frame_updates} reads and "
+                    f"{args.frame_rebuilds} rebuilds per kind", frame_rows,
+                    ["size", "update", "df_median_ms", "df_mean_ms", "df_p99_ms",
+                     "rebuild_median_ms", "rebuild_mean_ms", "rebuild_p99_ms", "speedup",
+                     "rebuilt", "first_df_ms"])
+    write_json("bench_live", {"args": vars(args), "apply": rows, "snapshot": snap_rows,
+                              "frames": frame_rows}, args.json)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,11 @@ Cost follows the update, not the table: the state lives in :mod:`clients.livesta
 (keys in a Roaring bitmap, values in an append-only log of Arrow arrays, a vectorized
 ``key -> slot`` index).
 
-A DataFrame is built only when asked for (:attr:`LiveTable.df`, or the polars
-:attr:`LiveTable.pl`; the parts of an :class:`Update`), once per applied message, in
-O(rows held) (:class:`_View`).
+A DataFrame is built only when asked for. The pandas one (:attr:`LiveTable.df`) is one
+object kept current in place (:mod:`clients.liveframe`): a read applies the messages applied
+since the last one, so it costs what changed, not the table. The polars one
+(:attr:`LiveTable.pl`) and the Arrow table (:meth:`LiveTable.to_arrow`) are built once per
+applied message, in O(rows held) (:class:`_View`); so are the parts of an :class:`Update`.
 
 Iterators (``for update in live``; ``async for``) each have one bounded queue
 (:mod:`clients.queues`). Past ``maxsize`` queued updates the queue is dropped and the next
@@ -23,7 +25,10 @@ item is a catch-up snapshot, so a slow iterator costs memory bounded by ``maxsiz
 by the stream.
 
 Threads. The reader thread applies a message under the state lock and bumps a version;
-readers materialize under the same lock, so they never see half an update. Callbacks
+readers materialize under the same lock, so they never see half an update. The reader
+only notes what a message changed for the pandas frame; the frame is changed by reads of
+:attr:`LiveTable.df` alone, one at a time (the frame lock, taken before the state lock),
+outside the state lock but for handing the notes over. Callbacks
 run on the reader thread after the lock is released. The reader offers each update to
 the consumers under the state lock (:meth:`UpdateQueue.offer` takes the consumer's
 condition), and a catch-up resets a consumer under the state lock, then its condition; a
@@ -44,6 +49,7 @@ import pandas as pd
 import pyarrow as pa
 
 from clients.frames import to_polars
+from clients.liveframe import LiveFrame
 from clients.livestate import LiveState, Update
 from clients.queues import UpdateQueue
 from clients.subscription import Connect, Subscription
@@ -60,6 +66,7 @@ log = logging.getLogger(__name__)
 
 Ranges = list[tuple[int, int]]
 I64 = npt.NDArray[np.int64]
+_NO_KEYS: I64 = np.empty(0, dtype=np.int64)
 
 
 def _check_viewport(ranges: Sequence[tuple[int, int]] | None) -> Ranges | None:
@@ -84,8 +91,9 @@ def _check_viewport(ranges: Sequence[tuple[int, int]] | None) -> Ranges | None:
 class LiveTable(Subscription[Update]):
     """A server table kept current in the background: a DataFrame plus a stream of updates.
 
-    The DataFrame is pandas (:attr:`df`) or polars (:attr:`pl`), or the rows are an Arrow
-    table (:meth:`to_arrow`); each is built when first asked for after an update.
+    The DataFrame is pandas (:attr:`df`: one object, brought current in place when read)
+    or polars (:attr:`pl`), or the rows are an Arrow table (:meth:`to_arrow`); each is
+    built when first asked for after an update.
 
     A reader thread subscribes (``DoExchange``), applies every message the server sends
     and reconnects with backoff when the stream breaks, resuming where it left off (the
@@ -167,6 +175,8 @@ class LiveTable(Subscription[Update]):
         self._state: LiveState | None = None
         self._version = 0
         self._cache: _View | None = None
+        self._frames = LiveFrame()  # the pandas frame: changed by reads of df alone
+        self._df_lock = threading.Lock()  # one df read at a time; taken before _lock
         self._send_lock = threading.Lock()  # wanted columns/viewport, the writer, writes
         self._writer: Any = None
         self._grid: Any = None  # a clients.notebook.LiveGrid, once displayed in Jupyter
@@ -204,12 +214,33 @@ class LiveTable(Subscription[Update]):
     # ------------------------------------------------------------------ the view
     @property
     def df(self) -> pd.DataFrame:
-        """The held rows in table order as a DataFrame (built once per applied message).
+        """The held rows in table order as a pandas DataFrame: one object, brought current in
+        place each time it is read.
 
-        Consistent as of :attr:`step`. The index is each row's position in the table
-        (a ``RangeIndex`` without a viewport). Before the first snapshot this waits for it
-        (up to :attr:`FIRST_SNAPSHOT_TIMEOUT` seconds). Cached and shared: treat it as
-        read-only.
+        Every read returns the same DataFrame (``live.df is live.df``). A read first applies
+        what the messages applied since the last read changed, in place and by position:
+        modified rows written, removed and added rows taken out and put in (see
+        :mod:`clients.liveframe`), so it costs what changed, not the table. It is built
+        again from the Arrow rows instead (and its contents swapped into the same object)
+        after a snapshot, when a large share of the rows changed, or with a viewport.
+        Between reads it does not change: the reader thread never touches it.
+
+        It equals ``to_arrow().to_pandas()`` (values, dtypes, columns) as of the last
+        message applied when the read began, never part of one: in a callback, the
+        callback's update (so :attr:`step` read there is its step). The index is each row's
+        position in the table: a ``RangeIndex`` without a viewport, else the held positions
+        (named ``position``).
+
+        To keep a moment, take ``live.df.copy()`` or :meth:`to_arrow`: the frame you hold
+        changes at the next read, on whatever thread it happens. What you derive from it (a
+        column, a slice, a shallow copy) keeps its values, as pandas' Copy-on-Write promises
+        (a column another object shares is copied before it is written); a NumPy array from
+        ``to_numpy()`` views the frame and follows it, as with any frame pandas writes in
+        place. Treat the frame as read-only: a change of yours may be overwritten, or make
+        the next read rebuild it.
+
+        Before the first snapshot this waits for it (up to
+        :attr:`FIRST_SNAPSHOT_TIMEOUT` seconds).
 
         Raises
         ------
@@ -217,24 +248,52 @@ class LiveTable(Subscription[Update]):
             If no snapshot arrived in time.
         Exception
             :attr:`error`, if the subscription failed before its first snapshot.
+
+        Examples
+        --------
+        >>> df = live.df                   # the frame, current now      # doctest: +SKIP
+        >>> live.df is df                  # later reads bring it current  # doctest: +SKIP
+        True
+        >>> before = live.df.copy()        # a moment kept apart           # doctest: +SKIP
         """
-        view = self._view()
-        if view.frame is None:  # pandas outside the lock: the table is immutable
-            frame = view.table.to_pandas()
-            if view.positions is not None:
-                frame.index = pd.Index(view.positions, name="position")
-            view.frame = frame
-        return view.frame
+        self._wait_first()
+        with self._df_lock:
+            with self._lock:
+                changes = self._frames.pending()
+            if changes is not None:
+                try:
+                    if self._frames.catch_up(changes, self._held_columns):
+                        frame = self._frames.frame
+                        assert frame is not None
+                        return frame
+                except Exception:  # a bug: the rebuild below replaces the half-changed frame
+                    log.exception("could not bring %r's DataFrame current in place; rebuilding",
+                                  self.table)
+            with self._lock:
+                view = self._current_view()
+                self._frames.rebuilding()
+            # pandas outside the state lock: the Arrow table is immutable
+            return self._frames.install(view.table.to_pandas(), view.keys, view.table.schema,
+                                        view.positions)
+
+    def _held_columns(self, columns: list[str]) -> pa.Table | None:
+        """These columns of the held rows, if no message was applied since the frame's read
+        began (else ``None``)."""
+        with self._lock:
+            st = self._state
+            if st is None or not st.messages or self._frames.moved_on():
+                return None
+            return st.to_arrow(columns)
 
     @property
     def pl(self) -> pl.DataFrame:
         """The held rows in table order as a polars DataFrame (built once per applied message).
 
-        What :attr:`df` is for pandas, from the same rows: consistent as of :attr:`step`,
-        waiting for the first snapshot, cached and shared (treat it as read-only), built
-        only when asked for (``polars.from_arrow`` of :meth:`to_arrow`). Polars has no
-        index: with a viewport the rows held are listed without their positions (they are
-        :attr:`df`'s index).
+        The same rows as :attr:`df`, as a new frame after each applied message (not kept in
+        place): consistent as of :attr:`step`, waiting for the first snapshot, cached and
+        shared until the next message (treat it as read-only), built only when asked for
+        (``polars.from_arrow`` of :meth:`to_arrow`). Polars has no index: with a viewport the
+        rows held are listed without their positions (they are :attr:`df`'s index).
 
         Raises
         ------
@@ -256,22 +315,34 @@ class LiveTable(Subscription[Update]):
         return view.polars
 
     def to_arrow(self) -> pa.Table:
-        """The held rows in table order as a pyarrow Table (see :attr:`df`)."""
-        return self._view().table
+        """The held rows in table order as a pyarrow Table, built once per applied message
+        (immutable: it keeps its moment; see :attr:`df`)."""
+        self._wait_first()
+        with self._lock:
+            return self._current_view().table
 
     def _view(self) -> _View:
+        self._wait_first()
+        with self._lock:
+            return self._current_view()
+
+    def _wait_first(self) -> None:
+        """Wait for the first snapshot (see :attr:`df`)."""
         if not self._get(lambda s: True, False) and not self.wait_for(
                 timeout=self.FIRST_SNAPSHOT_TIMEOUT) and not self._done.is_set():
             raise TimeoutError(f"no snapshot of {self.table!r} within "
                                f"{self.FIRST_SNAPSHOT_TIMEOUT} s ({self!r})")
-        with self._lock:
-            if self._cache is None or self._cache.version != self._version:
-                st = self._state
-                if st is None or not st.messages:  # closed before any snapshot
-                    self._cache = _View(self._version, pa.table({}), None)
-                else:
-                    self._cache = _View(self._version, st.to_arrow(), st.held_positions())
-            return self._cache
+
+    def _current_view(self) -> _View:
+        """Under the state lock: the view of the last applied message."""
+        if self._cache is None or self._cache.version != self._version:
+            st = self._state
+            if st is None or not st.messages:  # closed before any snapshot
+                self._cache = _View(self._version, pa.table({}), _NO_KEYS, None)
+            else:
+                keys, table = st.held_rows()
+                self._cache = _View(self._version, table, keys, st.held_positions())
+        return self._cache
 
     def _get(self, fn: Callable[[LiveState], Any], default: Any) -> Any:
         with self._lock:
@@ -510,8 +581,10 @@ class LiveTable(Subscription[Update]):
             except BaseException:  # maybe half-applied: start over from a new snapshot
                 self._state = LiveState(self._state.table_schema)
                 self._version += 1
+                self._frames.reset()
                 raise
             self._version += 1
+            self._frames.note(update.in_order(), self._state.size)
             self._offer(update)
         self._call_back(update)
         return update
@@ -519,12 +592,13 @@ class LiveTable(Subscription[Update]):
 
 # ------------------------------------------------------------------ the view
 class _View:
-    """The materialized view of one applied message (the DataFrames are built on demand)."""
+    """The held rows of one applied message as Arrow, their row keys and (with a viewport)
+    positions; the polars frame is built on demand."""
 
-    __slots__ = ("version", "table", "positions", "frame", "polars")
+    __slots__ = ("version", "table", "keys", "positions", "polars")
 
-    def __init__(self, version: int, table: pa.Table, positions: I64 | None) -> None:
-        self.version, self.table, self.positions = version, table, positions
-        self.frame: pd.DataFrame | None = None
+    def __init__(self, version: int, table: pa.Table, keys: I64,
+                 positions: I64 | None) -> None:
+        self.version, self.table, self.keys, self.positions = version, table, keys, positions
         self.polars: pl.DataFrame | None = None
 

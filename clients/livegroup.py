@@ -176,7 +176,10 @@ class LiveGroup(Subscription[GroupUpdate]):
 
     def frames(self) -> dict[str, pd.DataFrame]:
         """Every table's :attr:`~clients.live.LiveTable.df` at one step (:attr:`step`),
-        taken between two groups; waits for the first group as ``df`` does."""
+        brought current between two groups; waits for the first group as ``df`` does.
+
+        Each is the one frame its table's ``df`` returns, changed in place by later reads
+        (``frames()`` again, or ``df``): copy what you keep."""
         if not self.wait_for(timeout=LiveTable.FIRST_SNAPSHOT_TIMEOUT) and not self._done.is_set():
             raise TimeoutError(f"no first group of {self.names} within "
                                f"{LiveTable.FIRST_SNAPSHOT_TIMEOUT} s ({self!r})")

@@ -19,7 +19,9 @@ range begins; the ranges become a bitmap with
 :class:`Update` is what one applied message changed, with its DataFrames built lazily
 (pandas, or polars through :attr:`Update.pl`, a :class:`PolarsParts`), and on request
 as a :class:`KeyedChange` (:meth:`Update.by_row_key`): the same change for a table kept
-by row key, such as a Perspective grid (:mod:`clients.notebook`).
+by row key, such as a Perspective grid (:mod:`clients.notebook`); or as an
+:class:`OrderedChange` (:meth:`Update.in_order`): for a table kept in table order, such as
+the pandas frame :mod:`clients.liveframe` keeps in place.
 :mod:`clients.live` runs the stream, reconnects and hands updates to users.
 """
 
@@ -49,7 +51,7 @@ from flight.streams.decoder import apply_shifts
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = ["KeyedChange", "LiveState", "PolarsParts", "Update"]
+__all__ = ["KeyedChange", "LiveState", "OrderedChange", "PolarsParts", "Update"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,12 @@ class _Frozen:
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.offsets = base + np.cumsum(self.sizes) - self.sizes  # each chunk's first slot
         self.rows = int(self.sizes.sum())
+
+    def select(self, columns: list[str]) -> _Frozen:
+        """The same slots, in ``columns`` only (no copy)."""
+        at = [self.schema.get_field_index(c) for c in columns]
+        return _Frozen(pa.schema([self.schema.field(i) for i in at]),
+                       tuple(self.chunks[i] for i in at), self.sizes.tolist(), self.base)
 
     def take(self, slots: I64) -> pa.Table:
         """The rows at ``slots`` (in that order) as a table.
@@ -337,6 +345,55 @@ class KeyedChange:
     removes: I64
 
 
+class OrderedChange:
+    """An :class:`Update` as a table kept in table order applies it (what
+    :meth:`Update.in_order` returns): :class:`clients.liveframe.LiveFrame` keeps a pandas
+    DataFrame current this way, by position.
+
+    Apply, to rows held in ascending row key order (a row's position is its rank): remove
+    the rows of the keys ``removed`` (previous key space); move the keys ``shifts`` moves
+    (a shift never reorders rows, so no row changes position); insert the rows
+    :meth:`added_rows` at the ranks of the keys ``added`` (current key space); overwrite the
+    rows of the keys ``modified`` with :meth:`modified_rows`, in ``modified_columns``.
+
+    Attributes
+    ----------
+    removed
+        Row keys removed, previous key space, ascending.
+    shifts
+        ``(begins, ends, deltas)``: the message's shift ranges (ends inclusive), from the
+        previous key space to the current one.
+    added, modified
+        Row keys, current key space, ascending (disjoint); their rows, in the subscribed
+        columns and the same order, are :meth:`added_rows` and :meth:`modified_rows`.
+    modified_columns
+        The columns whose values may have changed in the modified rows.
+    """
+
+    __slots__ = ("removed", "shifts", "added", "modified", "modified_columns", "_added",
+                 "_modified")
+
+    def __init__(self, removed: I64, shifts: tuple[I64, I64, I64], added: I64, modified: I64,
+                 modified_columns: tuple[str, ...], added_rows: _Rows,
+                 modified_rows: _Rows) -> None:
+        self.removed, self.shifts, self.added, self.modified = removed, shifts, added, modified
+        self.modified_columns = modified_columns
+        self._added, self._modified = added_rows, modified_rows
+
+    @property
+    def rows(self) -> int:
+        """Rows the change removes, adds or overwrites (what applying it costs)."""
+        return int(self.removed.size + self.added.size + self.modified.size)
+
+    def added_rows(self) -> pa.Table:
+        """Values of the rows at ``added`` (built on first call, from the values held then)."""
+        return self._added.arrow()
+
+    def modified_rows(self) -> pa.Table:
+        """Current values of the rows at ``modified`` (as :meth:`added_rows`)."""
+        return self._modified.arrow()
+
+
 class _DeltaKeys:
     """What one delta did by row key, kept as the arrays applying it computed anyway; the
     :class:`KeyedChange` is worked out only when asked for (:meth:`change`).
@@ -409,6 +466,21 @@ class Update:
     _modified: _Rows
     _previous: _Rows
     _keyed: _DeltaKeys | tuple[I64, _Rows]  # a snapshot: its keys and rows
+    _ordered: tuple[I64, I64, I64] | None = None  # a delta without viewport: its keys
+    # removed, added and modified (see in_order)
+
+    def in_order(self) -> OrderedChange | None:
+        """This update as a table kept in table order applies it (see
+        :class:`OrderedChange`), or ``None`` when it is a snapshot (replace everything) or
+        the view holds a viewport's rows (whose positions follow the viewport).
+
+        Costs nothing until the rows are read (:meth:`OrderedChange.added_rows`).
+        """
+        if self._ordered is None or isinstance(self._keyed, tuple):
+            return None
+        removed, added, modified = self._ordered
+        return OrderedChange(removed, self._keyed._shifts, added, modified,
+                             self.modified_columns, self._added, self._modified)
 
     def by_row_key(self) -> KeyedChange:
         """This update as a table indexed by row key applies it (see :class:`KeyedChange`).
@@ -688,13 +760,17 @@ class LiveState:
         # the update's parts, in key order (removed in the previous key space)
         frozen = self.store.frozen()
         if rs.size:
-            new_s = ad_s[np.searchsorted(ad, _keys(newly))]
+            new_k = _keys(newly)
+            new_s = ad_s[np.searchsorted(ad, new_k)]
             mod_k = np.concatenate([md, rs])
             order = np.argsort(mod_k, kind="stable")
+            mod_k = mod_k[order]
             mod_s = np.concatenate([md_s, ad_s[np.searchsorted(ad, rs)]])[order]
             prev_s = np.concatenate([md_prev, rs_prev])[order]
         else:
-            new_s, mod_s, prev_s = ad_s, md_s, md_prev
+            new_k, new_s, mod_k, mod_s, prev_s = ad, ad_s, md, md_s, md_prev
+        # in table order (Update.in_order): every row is held, before and after
+        ordered = (rem_k, new_k, mod_k) if held is None and held_new is None else None
         if drop_k.size:
             pre = apply_shifts(drop_k, shifts, inverse=True)
             order = np.argsort(np.concatenate([rem_k, pre]), kind="stable")
@@ -707,7 +783,7 @@ class LiveState:
                         _Rows(frozen, rem_s, rem_s.size), _Rows(frozen, mod_s, mod_s.size),
                         _Rows(frozen, prev_s, prev_s.size),
                         _DeltaKeys(frozen, [(ad, ad_s), (md, md_s), (h_dst, h_s)],
-                                   [rem_k, h_src], drop_k, shifts))
+                                   [rem_k, h_src], drop_k, shifts), ordered)
         self._compact(ad.size + md.size + rem_k.size + drop_k.size)
         return update
 
@@ -766,9 +842,15 @@ class LiveState:
             raise _ProtocolViolation("the client state lost rows (a bug): resubscribe")
         return keys, _require(slots, "held")
 
-    def to_arrow(self) -> pa.Table:
-        """The held rows in table order (the subscribed columns)."""
-        return self.store.frozen().take(self.held_slots()[1])
+    def to_arrow(self, columns: list[str] | None = None) -> pa.Table:
+        """The held rows in table order (the subscribed columns, or these of them)."""
+        return self.held_rows(columns)[1]
+
+    def held_rows(self, columns: list[str] | None = None) -> tuple[I64, pa.Table]:
+        """The held rows' keys (ascending) and values in table order (as :meth:`to_arrow`)."""
+        keys, slots = self.held_slots()
+        frozen = self.store.frozen()
+        return keys, (frozen if columns is None else frozen.select(columns)).take(slots)
 
     def held_positions(self) -> I64 | None:
         """The table positions of the held rows, ascending (``None``: every row is held,

@@ -3,8 +3,9 @@
     make run                                   # in one terminal: the demo server
     python examples/pandas_subscriber.py       # in another: watch 'board' for 10 s
 
-``live.df`` is a pandas DataFrame kept current in the background; ``on_update`` receives
-each update's added / removed / modified rows as DataFrames (with previous values).
+``live.df`` is one pandas DataFrame, brought current in place each time it is read (what
+changed since the last read is applied to it); ``on_update`` receives each update's added /
+removed / modified rows as DataFrames (with previous values).
 """
 
 from __future__ import annotations
