@@ -182,6 +182,7 @@ class SourceTable(Table):
         self._storage: dict[str, WritableColumnSource] = {f.name: self._new_column(f.type) for f in sch}
         super().__init__(graph, sch, columns if columns is not None else dict(self._storage), name=name)
         self._pending: list[tuple[str, pa.Table]] = []
+        self._pending_bytes = 0  # the buffers of self._pending's batches
         # re-entrant: a thread holding it for a check-then-stage stages through _stage
         self._pending_lock = threading.RLock()
         self._taken: list[tuple[str, pa.Table]] | None = None  # see _take_for_cycle
@@ -261,6 +262,7 @@ class SourceTable(Table):
         self.check_alive()
         with self._pending_lock:
             self._pending.append((kind, batch))
+            self._pending_bytes += batch.get_total_buffer_size()
 
     def _take_pending(self) -> list[tuple[str, pa.Table]]:
         with self._pending_lock:
@@ -268,6 +270,7 @@ class SourceTable(Table):
                 pending, self._taken = self._taken, None
                 return pending
             pending, self._pending = self._pending, []
+            self._pending_bytes = 0
         return pending
 
     def _take_for_cycle(self) -> None:
@@ -276,11 +279,18 @@ class SourceTable(Table):
         with self._pending_lock:
             self._taken = (self._taken or []) + self._pending
             self._pending = []
+            self._pending_bytes = 0
 
     @property
     def pending_rows(self) -> int:
         with self._pending_lock:
             return sum(b.num_rows for _, b in self._pending)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the writes staged for the next cycle (their Arrow buffers), not yet taken
+        by a cycle; a cycle that began takes them (0 again) before it applies them."""
+        return self._pending_bytes
 
     # durability: the state a checkpoint keeps ---------------------------------------
     def export_state(self) -> tuple[pa.Table, KeyArray, dict[str, Any]]:

@@ -17,6 +17,7 @@ Split by whose fault it is::
     │   └── PermissionDenied
     ├── ServiceError                the service cannot do it now
     │   ├── Overloaded
+    │   │   └── BacklogFull         a table's writes waiting for a cycle are past a limit (server)
     │   ├── TableFailed             the table (or a parent) raised in an earlier cycle
     │   ├── PortInUse               a port of the server cannot be bound (server)
     │   └── JournalUnavailable      (also a JournalError, below)
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AccessError",
+    "BacklogFull",
     "CheckpointError",
     "ExpressionError",
     "InputError",
@@ -206,6 +208,12 @@ class ServiceError(TicktableError):
 
 class Overloaded(ServiceError):
     """Too busy, or shutting down; retry later."""
+
+
+class BacklogFull(Overloaded):
+    """A write met a table whose writes waiting for a cycle stayed past the server's limit
+    (:mod:`flight.ingest.backlog`): cycles are behind; nothing of it was staged, send it again
+    later."""
 
 
 class TableFailed(ServiceError):

@@ -21,6 +21,7 @@ protocol, SQL)
 Unauthenticated      UNAUTHENTICATED      ``FlightUnauthenticatedError``
 PermissionDenied     PERMISSION_DENIED    ``FlightUnauthorizedError``
 AccessError          PERMISSION_DENIED    ``FlightUnauthorizedError``
+BacklogFull          RESOURCE_EXHAUSTED   ``pyarrow.ArrowInvalid``
 Overloaded           UNAVAILABLE          ``FlightUnavailableError``
 TableFailed          FAILED_PRECONDITION  ``pyarrow.ArrowInvalid``
 PortInUse            UNAVAILABLE          ``FlightUnavailableError``
@@ -47,7 +48,9 @@ whichever service answered.
 as for a journal that cannot write now (``JournalFull`` included: space may be freed).
 RESOURCE_EXHAUSTED is for ``LimitExceeded``: the client sent or holds more than a
 configured limit allows (:mod:`flight.limits`), and gRPC answers it too for a message
-larger than its receive limit. The INTERNAL rows are the server's own state or process
+larger than its receive limit; and for ``BacklogFull``, the push-back of writers that send
+faster than cycles apply (:mod:`flight.ingest.backlog`): gRPC's code for a rate or quota
+refused, which a client tells apart from a server that is down. The INTERNAL rows are the server's own state or process
 (a damaged journal or checkpoint stops start-up; the web UI's process lost the server):
 no call gets them in a server that runs, and were one to, its message, which names
 server paths, stays in the log as for a bug.
@@ -77,6 +80,7 @@ import pyarrow.flight as flight
 
 from engine.errors import (
     AccessError,
+    BacklogFull,
     CheckpointError,
     InputError,
     JournalClosed,
@@ -153,6 +157,7 @@ STATUSES: tuple[Status, ...] = (
     Status(Unauthenticated, _C.UNAUTHENTICATED, flight.FlightUnauthenticatedError),
     Status(PermissionDenied, _C.PERMISSION_DENIED, flight.FlightUnauthorizedError),
     Status(AccessError, _C.PERMISSION_DENIED, flight.FlightUnauthorizedError),
+    Status(BacklogFull, _C.RESOURCE_EXHAUSTED, pa.ArrowInvalid),
     Status(Overloaded, _C.UNAVAILABLE, flight.FlightUnavailableError),
     Status(TableFailed, _C.FAILED_PRECONDITION, pa.ArrowInvalid),
     Status(PortInUse, _C.UNAVAILABLE, flight.FlightUnavailableError),

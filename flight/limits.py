@@ -28,7 +28,17 @@ max_subscriptions_per_client  1000     a subscription once this many are open fr
                                        (:class:`~flight.streams.per_client.SubscriptionsPerClient`)
 max_staged_bytes_per_write    1 GiB    a batch that would make one ``write_id`` hold more
                                        bytes uncommitted (:mod:`flight.ingest.staging`)
+max_pending_bytes             256 MiB  a DoPut batch into a table whose writes waiting for
+                                       its next cycle stay past this for ``put_wait``
+                                       seconds (``BacklogFull``, :mod:`flight.ingest.backlog`):
+                                       until then the writer waits, held by gRPC's flow
+                                       control
 ============================  =======  ==================================================
+
+Two settings go with ``max_pending_bytes``: ``put_wait`` (``--put-wait``, default 2 s), how
+long a batch waits for room before it is refused, and ``put_window_bytes``
+(``--put-window-bytes``, default 64 KiB), the HTTP/2 window the server announces per
+stream, fixed: how far a writer may send ahead of what the server has read.
 
 A durable server journals the table and staging limits with each ``create_table``,
 derived table and held batch, and replays each record under the limits it was journaled
@@ -43,9 +53,9 @@ from __future__ import annotations
 
 from engine.errors import quoted as quoted  # how a message quotes a name: one helper for all
 
-__all__ = ["FLAGS", "MAX_COLUMNS", "MAX_PUT_BATCH_BYTES", "MAX_STAGED_BYTES_PER_WRITE",
-           "MAX_SUBSCRIPTIONS_PER_CLIENT", "MAX_TABLES", "MAX_VALUE_BYTES", "limit_text",
-           "quoted"]
+__all__ = ["FLAGS", "MAX_COLUMNS", "MAX_PENDING_BYTES", "MAX_PUT_BATCH_BYTES",
+           "MAX_STAGED_BYTES_PER_WRITE", "MAX_SUBSCRIPTIONS_PER_CLIENT", "MAX_TABLES",
+           "MAX_VALUE_BYTES", "PUT_WAIT", "PUT_WINDOW_BYTES", "limit_text", "quoted"]
 
 # the defaults of ServerConfig's fields of the same names (here so that the CLI can state
 # them without importing the server)
@@ -55,6 +65,9 @@ MAX_COLUMNS = 4096
 MAX_VALUE_BYTES = 64 << 20
 MAX_SUBSCRIPTIONS_PER_CLIENT = 1000
 MAX_STAGED_BYTES_PER_WRITE = 1 << 30
+MAX_PENDING_BYTES = 256 << 20
+PUT_WAIT = 2.0
+PUT_WINDOW_BYTES = 64 << 10
 
 #: ServerConfig field -> the ``ticktable serve`` flag that sets it.
 FLAGS = {
@@ -64,6 +77,7 @@ FLAGS = {
     "max_tables": "--max-tables",
     "max_subscriptions_per_client": "--max-subscriptions-per-client",
     "max_staged_bytes_per_write": "--max-staged-bytes-per-write",
+    "max_pending_bytes": "--max-pending-bytes",
 }
 
 

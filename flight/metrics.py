@@ -13,6 +13,12 @@ metric                                      type         what
 ``ticktable_table_max_lag_steps``           gauge        the furthest-behind subscriber, in steps
 ``ticktable_put_rows_total``                counter      rows accepted by DoPut, per table
 ``ticktable_put_bytes_total``               counter      Arrow bytes accepted by DoPut, per table
+``ticktable_table_pending_bytes``           gauge        bytes of writes waiting for a source
+                                                         table's next cycle
+``ticktable_put_waits_total``               counter      DoPut batches that waited for room in
+                                                         their table's backlog, per table
+                                                         (:mod:`flight.ingest.backlog`)
+``ticktable_put_wait_seconds``              histogram    how long each of those waited
 ``ticktable_errors_total``                  counter      error answers by gRPC code
 ``ticktable_journal_bytes``                 gauge        the journal's size on disk (durable only)
 ``ticktable_journal_flush_seconds``         histogram    one group commit: write and fsync
@@ -49,6 +55,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from engine.sources import SourceTable
+
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
     from flight.durability.durable import Durability
@@ -71,6 +79,7 @@ class Measured(Protocol):
 
 _CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _SQL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
+_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 _FLUSH_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -92,9 +101,16 @@ class _Tables(Collector):
             rows.add_metric([t.name, t.kind], t.size)
             subs.add_metric([t.name], t.subscribers)
             lag.add_metric([t.name], t.max_lag_steps)
+        pending = GaugeMetricFamily("ticktable_table_pending_bytes",
+                                    "Bytes of writes waiting for a source table's next cycle.",
+                                    labels=["table"])
+        for e in self._server.registry.entries():
+            if isinstance(e.table, SourceTable):
+                pending.add_metric([e.name], e.table.pending_bytes)
         yield rows
         yield subs
         yield lag
+        yield pending
         yield GaugeMetricFamily("ticktable_step", "The update graph's step.", value=stats.step)
         if stats.HasField("web"):
             yield GaugeMetricFamily("ticktable_web_up", "1 while the web UI's process runs.",
@@ -183,6 +199,13 @@ class Metrics:
                                  ["table"], registry=r)
         self.errors = Counter("ticktable_errors", "Error answers by gRPC status code.", ["code"],
                               registry=r)
+        self.put_waits = Counter("ticktable_put_waits",
+                                 "DoPut batches that waited for their table's writes to be "
+                                 "taken by a cycle (then admitted, or refused "
+                                 "RESOURCE_EXHAUSTED).", ["table"], registry=r)
+        self.put_wait_seconds = Histogram("ticktable_put_wait_seconds",
+                                          "How long a DoPut batch that waited for room waited.",
+                                          buckets=_WAIT_BUCKETS, registry=r)
         self.journal_flush = Histogram("ticktable_journal_flush_seconds",
                                        "One journal group commit: write and fsync.",
                                        buckets=_FLUSH_BUCKETS, registry=r)
@@ -215,6 +238,12 @@ class Metrics:
         """A DoPut batch was accepted."""
         self.put_rows.labels(table).inc(rows)
         self.put_bytes.labels(table).inc(nbytes)
+
+    def on_put_wait(self, table: str, seconds: float) -> None:
+        """A DoPut batch waited ``seconds`` for room in its table's backlog
+        (:mod:`flight.ingest.backlog`), then was admitted or refused."""
+        self.put_waits.labels(table).inc()
+        self.put_wait_seconds.observe(seconds)
 
     def on_error(self, code: str) -> None:
         """An error answer went out with gRPC status ``code`` (e.g. ``"NOT_FOUND"``)."""

@@ -43,15 +43,19 @@ from engine.errors import (
 )
 from engine.graph import UpdateGraph
 from flight.durability.durable import Durability, RecoveryReport
+from flight.ingest.backlog import Backlog
 from flight.ingest.put import PutHandler
 from flight.ingest.staging import StagingArea
 from flight.limits import (
     MAX_COLUMNS,
+    MAX_PENDING_BYTES,
     MAX_PUT_BATCH_BYTES,
     MAX_STAGED_BYTES_PER_WRITE,
     MAX_SUBSCRIPTIONS_PER_CLIENT,
     MAX_TABLES,
     MAX_VALUE_BYTES,
+    PUT_WAIT,
+    PUT_WINDOW_BYTES,
 )
 from flight.links import Link, Links, MirrorSpec, parse_mirror
 from flight.links.follow import OriginFollower
@@ -74,6 +78,10 @@ if TYPE_CHECKING:
 __all__ = ["ServerConfig", "TicktableServer"]
 
 log = logging.getLogger(__name__)
+
+#: Largest HTTP/2 frame the server accepts (what gRPC's BDP probing would have raised the
+#: 16 KiB default to for a fast sender): a few frames for a batch of megabytes.
+_MAX_FRAME_BYTES = 4 << 20
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
@@ -149,6 +157,16 @@ class ServerConfig:
         Subscriptions open at once from one client address (its host, any port).
     max_staged_bytes_per_write
         Bytes one uncommitted write (one ``write_id``) may hold.
+    max_pending_bytes, put_wait
+        Bytes of writes a table may have waiting for its next cycle; a DoPut batch past it
+        waits for a cycle to take them, at most ``put_wait`` seconds, and is then refused
+        with RESOURCE_EXHAUSTED (:mod:`flight.ingest.backlog`).
+    put_window_bytes
+        How far a writer may send ahead of what the server has read: the HTTP/2 window the
+        server announces for each stream, fixed (gRPC's BDP probing, which grows it to
+        megabytes, is off), besides the message the server is reading. Writes queued in
+        the transport are acknowledged late; this keeps them to a few batches, so a writer
+        faster than the server waits in its write call (flow control) instead.
     history_updates
         Per table, recent updates kept for resuming subscribers.
     max_pending
@@ -238,6 +256,9 @@ class ServerConfig:
     max_tables: int = MAX_TABLES
     max_subscriptions_per_client: int = MAX_SUBSCRIPTIONS_PER_CLIENT
     max_staged_bytes_per_write: int = MAX_STAGED_BYTES_PER_WRITE
+    max_pending_bytes: int = MAX_PENDING_BYTES
+    put_wait: float = PUT_WAIT
+    put_window_bytes: int = PUT_WINDOW_BYTES
     history_updates: int = 256
     max_pending: int = 32
     stage_ttl: float = 600.0
@@ -282,7 +303,7 @@ class ServerConfig:
         for name in ("max_batch_rows", "max_metadata_bytes", "max_put_batch_bytes",
                      "max_value_bytes", "max_columns", "max_tables",
                      "max_subscriptions_per_client", "max_staged_bytes_per_write",
-                     "max_pending", "max_calls", "checkpoint_bytes", "sql_memory_mb"):
+                     "max_pending_bytes", "put_window_bytes", "max_pending", "max_calls", "checkpoint_bytes", "sql_memory_mb"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise InputError(f"{name} is {value!r}: it must be an integer of at least 1")
@@ -290,7 +311,7 @@ class ServerConfig:
             raise InputError(f"history_updates is {self.history_updates!r}: it must be an "
                              f"integer of at least 0")
         for name in ("stage_ttl", "end_grace_seconds", "shutdown_timeout", "web_interval",
-                     "filter_linger"):
+                     "filter_linger", "put_wait"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value >= 0:
                 raise InputError(f"{name} is {value!r}: it must be a number of seconds, 0 or more")
@@ -383,10 +404,15 @@ class TicktableServer:
                                      checkpoint_bytes=self.config.checkpoint_bytes,
                                      checkpoint_seconds=self.config.checkpoint_seconds)
         self.recovery: RecoveryReport | None = None
+        self.metrics: Metrics | None = None
+        #: admits writes while a table's writes waiting for a cycle stay bounded
+        self.backlog = Backlog(graph, max_pending_bytes=cfg.max_pending_bytes,
+                               wait_seconds=cfg.put_wait, on_wait=self._on_put_wait)
         self.puts = PutHandler(self.registry, self.durability,
                                max_metadata_bytes=self.config.max_metadata_bytes,
                                max_batch_bytes=self.config.max_put_batch_bytes,
-                               max_value_bytes=self.config.max_value_bytes)
+                               max_value_bytes=self.config.max_value_bytes,
+                               backlog=self.backlog)
         self.sub_options = SubscriptionOptions(max_batch_rows=self.config.max_batch_rows,
                                                max_pending=self.config.max_pending)
         self._subs: dict[int, Subscriber] = {}
@@ -400,7 +426,6 @@ class TicktableServer:
         self._remove_terminal = graph.add_terminal_listener(self._on_cycle)
         self._grpc: AioServer | None = None
         self._port: int | None = None
-        self.metrics: Metrics | None = None
         self.metrics_port: int | None = None
         self.web: WebProcess | None = None
         self.sql = FlightSqlService(self, version=_version(), timeout=cfg.sql_timeout,
@@ -515,6 +540,13 @@ class TicktableServer:
             ("grpc.max_receive_message_length",
              min(cfg.max_put_batch_bytes + cfg.max_metadata_bytes + (1 << 20), (1 << 31) - 1)),
             ("grpc.max_send_message_length", -1),
+            # flow control that holds a writer the server cannot keep up with: a fixed
+            # window per stream (BDP probing would grow it to megabytes, each queued unread
+            # and acknowledged seconds late), and large frames, so that a large batch,
+            # whose whole size is announced once the server reads it, still comes in a few
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", cfg.put_window_bytes),
+            ("grpc.http2.max_frame_size", _MAX_FRAME_BYTES),
         ]
         address = f"{cfg.host}:{cfg.port}"
 
@@ -574,6 +606,7 @@ class TicktableServer:
         for sub in subs:
             sub.close()
         self.filters.close()
+        self.backlog.close()  # a write waiting for room is refused now, not after put_wait
         clean = True
         if self._grpc is not None:
             clean = self._grpc.stop(grace=self.config.shutdown_timeout)
@@ -701,6 +734,11 @@ class TicktableServer:
 
     def _on_cycle(self, step: int) -> None:
         self._cycle_ms.append(self.graph.last_cycle_seconds * 1e3)
+
+    def _on_put_wait(self, table: str, seconds: float) -> None:
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.on_put_wait(table, seconds)
 
     # --------------------------------------------------------------------- actions
     def action(self, kind: str, body: bytes) -> bytes | None:

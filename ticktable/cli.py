@@ -171,6 +171,8 @@ def _serve(args: argparse.Namespace) -> int:
                           max_tables=args.max_tables,
                           max_subscriptions_per_client=args.max_subscriptions_per_client,
                           max_staged_bytes_per_write=args.max_staged_bytes_per_write,
+                          max_pending_bytes=args.max_pending_bytes, put_wait=args.put_wait,
+                          put_window_bytes=args.put_window_bytes,
                           http_port=_http_port(args),
                           web_feed=args.web_feed, web_interval=args.web_interval,
                           web_sched=args.web_sched, mirrors=list(args.mirror or []),
@@ -328,6 +330,20 @@ def _add_limits(serve: argparse.ArgumentParser) -> None:
                        default=lim.MAX_STAGED_BYTES_PER_WRITE, metavar="N",
                        help=f"bytes one uncommitted write (one write_id) may hold (default "
                             f"{_size(lim.MAX_STAGED_BYTES_PER_WRITE)})")
+    group.add_argument("--max-pending-bytes", type=_positive, default=lim.MAX_PENDING_BYTES,
+                       metavar="N",
+                       help=f"bytes of writes a table may have waiting for its next cycle; a "
+                            f"write past it waits for a cycle (the writer is held by flow "
+                            f"control), then is refused (default "
+                            f"{_size(lim.MAX_PENDING_BYTES)})")
+    group.add_argument("--put-wait", type=_seconds, default=lim.PUT_WAIT, metavar="SECONDS",
+                       help=f"how long a write past --max-pending-bytes waits for a cycle "
+                            f"before it is refused (default {lim.PUT_WAIT:g})")
+    group.add_argument("--put-window-bytes", type=_positive, default=lim.PUT_WINDOW_BYTES,
+                       metavar="N",
+                       help=f"how far a writer may send ahead of what the server has read, "
+                            f"the HTTP/2 window of each stream (default "
+                            f"{_size(lim.PUT_WINDOW_BYTES)})")
 
 
 def _add_sql(serve: argparse.ArgumentParser) -> None:
@@ -437,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "Clients are held to the limits below (--max-*): "
                                        "message size, value size, columns per table, "
                                        "tables, subscriptions per client, staged bytes per "
-                                       "write.")
+                                       "write, writes waiting for a cycle.")
     serve.add_argument("--host", default=os.environ.get("TICKTABLE_HOST", "127.0.0.1"),
                        help="address to bind (default $TICKTABLE_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, default=_env_int("TICKTABLE_PORT", 8815),

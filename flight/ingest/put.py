@@ -46,6 +46,7 @@ import pyarrow.flight as flight
 from engine._kernels.arrays import aligned_table
 from engine.errors import InputError, LimitExceeded, ProtocolError, SchemaError
 from engine.sources import AppendOnlyTable, CheckedBatch, KeyedTable, RingTable, SourceTable
+from flight.ingest.backlog import Backlog
 from flight.ingest.parts import Part
 from flight.ingest.value_sizes import check_values
 from flight.limits import limit_text
@@ -104,13 +105,19 @@ class PutHandler:
         before the stream waits for the oldest to be acknowledged (appends, upserts and
         deletes without a ``write_id`` are pipelined this way: the next batch is read and
         checked while the journal writes the last; acks stay in batch order).
+    backlog
+        Admits each batch without a ``write_id`` before it is staged or journaled, while
+        its table's writes waiting for a cycle stay bounded (:mod:`flight.ingest.backlog`);
+        ``None``: no bound.
     """
 
     def __init__(self, registry: TableRegistry, staging: Stager, *,
                  max_metadata_bytes: int = 1 << 20, max_batch_bytes: int = 256 << 20,
-                 max_in_flight_bytes: int = 64 << 20, max_value_bytes: int | None = None) -> None:
+                 max_in_flight_bytes: int = 64 << 20, max_value_bytes: int | None = None,
+                 backlog: Backlog | None = None) -> None:
         self.registry = registry
         self.staging = staging
+        self.backlog = backlog
         self.max_metadata_bytes = max_metadata_bytes
         self.max_batch_bytes = max_batch_bytes
         self.max_value_bytes = max_value_bytes
@@ -218,7 +225,9 @@ class PutHandler:
             batch is not a valid change of the table; :class:`SchemaError` for columns that
             are missing, unknown or mistyped; :class:`InvalidKeyError` for null keys.
         Overloaded
-            If holding a staged batch would pass the staging area's byte limit.
+            If holding a staged batch would pass the staging area's byte limit;
+            :class:`~engine.errors.BacklogFull` if the table's writes waiting for a cycle
+            stay past the backlog's limit (the batches before are acknowledged).
         TableFailed
             If the table failed in an earlier cycle.
         """
@@ -235,6 +244,7 @@ class PutHandler:
             if staged:
                 self.staging.hold(request.write_id, slot, parts, batch.num_rows)
             else:
+                self._admit(entry, parts)
                 self.staging.apply(entry, parts)
             total += batch.num_rows
             yield pb.PutAck(batch_index=index, rows=batch.num_rows, total_rows=total,
@@ -315,7 +325,13 @@ class PutHandler:
                         while flight_:  # the batches before the bad one stay: acknowledge them
                             yield ack_head()
                         raise
-                    nbytes = sum(p.nbytes for p in parts)
+                    try:
+                        nbytes = self._admit(entry, parts, lambda: sum(
+                            n for f, _, n in list(flight_) if not f.done()))
+                    except Exception:
+                        while flight_:
+                            yield ack_head()
+                        raise
                     future = self.staging.submit(entry, parts, chain)
                     flight_.append((future, batch.num_rows, nbytes))
                     in_flight += nbytes
@@ -332,6 +348,17 @@ class PutHandler:
                 cond.notify_all()
             for future, _, _ in flight_:  # after a failure: let the rest settle before answering
                 future.exception()
+
+
+    def _admit(self, entry: TableEntry, parts: list[Part],
+               ahead: Callable[[], int] | None = None) -> int:
+        """Wait for room for ``parts`` in ``entry``'s backlog (``ahead``: the stream's bytes
+        on their way to it); returns their bytes."""
+        nbytes = sum(p.nbytes for p in parts)
+        table = entry.table
+        if self.backlog is not None and isinstance(table, SourceTable):
+            self.backlog.admit(entry.name, table, nbytes, ahead)
+        return nbytes
 
 
 # checking batches ---------------------------------------------------------------------------

@@ -52,6 +52,7 @@ EXPECTED: dict[type[Exception], tuple[grpc.StatusCode, type[Exception]]] = {
     errors.PermissionDenied: (C.PERMISSION_DENIED, fl.FlightUnauthorizedError),
     errors.ServiceError: (C.UNAVAILABLE, fl.FlightUnavailableError),
     errors.Overloaded: (C.UNAVAILABLE, fl.FlightUnavailableError),
+    errors.BacklogFull: (C.RESOURCE_EXHAUSTED, pa.ArrowInvalid),
     errors.TableFailed: (C.FAILED_PRECONDITION, pa.ArrowInvalid),
     errors.UpdateInvariantError: (C.INTERNAL, fl.FlightInternalError),
     errors.WriteNotFound: (C.NOT_FOUND, pa.ArrowKeyError),

@@ -81,25 +81,28 @@ def test_serve_help_lists_every_option():
     assert "--grpc-port" not in out
     text = " ".join(out.split())  # argparse wraps lines
     assert ("Clients are held to the limits below (--max-*): message size, value size, "
-            "columns per table, tables, subscriptions per client, staged bytes per write."
-            in text)
+            "columns per table, tables, subscriptions per client, staged bytes per write, "
+            "writes waiting for a cycle." in text)
     assert "A request past one is refused with RESOURCE_EXHAUSTED" in text
     for opt, default in LIMITS.items():  # each states its default, ServerConfig's
         assert re.search(re.escape(opt) + r" N [^-]*\(default " + re.escape(default) + r"\)",
                          text), opt
+    assert re.search(r"--put-wait SECONDS how long [^()]*\(default 2\)", text)
 
 
 #: serve's limit flags and the defaults their help states (ServerConfig's own)
 LIMITS = {"--max-message-bytes": "256 MiB", "--max-value-bytes": "64 MiB",
           "--max-columns": "4096", "--max-tables": "10000",
-          "--max-subscriptions-per-client": "1000", "--max-staged-bytes-per-write": "1 GiB"}
+          "--max-subscriptions-per-client": "1000", "--max-staged-bytes-per-write": "1 GiB",
+          "--max-pending-bytes": "256 MiB", "--put-window-bytes": "64 KiB"}
 
 
 def test_the_stated_limit_defaults_are_the_servers():
     cfg = ServerConfig()
     assert (cfg.max_put_batch_bytes, cfg.max_value_bytes, cfg.max_columns, cfg.max_tables,
-            cfg.max_subscriptions_per_client, cfg.max_staged_bytes_per_write) == (
-        256 << 20, 64 << 20, 4096, 10_000, 1000, 1 << 30)
+            cfg.max_subscriptions_per_client, cfg.max_staged_bytes_per_write,
+            cfg.max_pending_bytes, cfg.put_wait, cfg.put_window_bytes) == (
+        256 << 20, 64 << 20, 4096, 10_000, 1000, 1 << 30, 256 << 20, 2.0, 64 << 10)
 
 
 def test_serve_limit_flags_reach_the_server(tmp_path):
@@ -108,7 +111,8 @@ def test_serve_limit_flags_reach_the_server(tmp_path):
         [sys.executable, "-m", "ticktable.cli", "serve", "--port", "0", "--in-memory",
          "--max-tables", "1", "--max-columns", "2", "--max-value-bytes", "10",
          "--max-message-bytes", "100000", "--max-subscriptions-per-client", "5",
-         "--max-staged-bytes-per-write", "1000"],
+         "--max-staged-bytes-per-write", "1000", "--interval", "60",
+         "--max-pending-bytes", "1", "--put-wait", "0", "--put-window-bytes", "32768"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
         m = re.fullmatch(r"ticktable serving Flight at (grpc://[\d.]+:\d+)\n",
@@ -132,6 +136,16 @@ def test_serve_limit_flags_reach_the_server(tmp_path):
         with pytest.raises(pa.ArrowInvalid, match=r"column 's' holds a value of 11 bytes, above "
                                                   r"the limit of 10 "):
             w.write_batch(pa.record_batch({"s": ["x" * 11]}))
+            w.close()
+        # no cycle for 60 s: a second batch finds the first waiting, past a limit of 1 byte
+        w, _ = client.do_put(fl.FlightDescriptor.for_path("t"), schema)
+        with pytest.raises(pa.ArrowInvalid, match=r"table 't': \d+ bytes of writes wait for its "
+                                                  r"next cycle .* past the limit of 1 "
+                                                  r"\(max_pending_bytes; ticktable serve "
+                                                  r"--max-pending-bytes N\), still over it "
+                                                  r"after 0 s"):
+            w.write_batch(pa.record_batch({"s": ["a"]}))
+            w.write_batch(pa.record_batch({"s": ["b"]}))
             w.close()
         client.close()
         proc.send_signal(signal.SIGTERM)

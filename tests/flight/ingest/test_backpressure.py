@@ -1,0 +1,228 @@
+"""Push-back on writers the server cannot keep up with (#39 item 5), on a real server.
+
+* **Flow control:** while the server reads nothing of a DoPut stream (its table is held by
+  ``write_lock``, so the handler waits to stage), pyarrow's own Flight client can get only a
+  few batches past ``write_batch`` before it blocks: the server announces a fixed window per
+  stream (``put_window_bytes``), where gRPC's BDP probing would have let megabytes queue,
+  each acknowledged seconds late. Released, every batch is acknowledged and applied.
+* **The backlog:** a table's writes waiting for its next cycle stay under
+  ``max_pending_bytes``. A batch past it waits for a cycle (and goes on when one takes the
+  backlog), and after ``put_wait`` seconds is refused RESOURCE_EXHAUSTED in one line naming
+  the table, the limit and its flag; the batches before it stay acknowledged and are
+  applied, nothing of it or after it is. In memory and durable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+from engine.graph import UpdateGraph
+from engine.sources import KeyedTable
+from flight.errors import MAX_MESSAGE
+from flight.pb import arrow_flight_pb2 as fpb
+from flight.pb import flight_pb2 as pb
+from flight.rpc.framing import batch_frames, frame
+from flight.server import ServerConfig, TicktableServer
+
+SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.float64())])
+ROWS = 2500  # 40 kB a batch
+FLIGHT = "/arrow.flight.protocol.FlightService/"
+
+
+def batch(i: int) -> pa.RecordBatch:
+    keys = np.arange(i * ROWS, (i + 1) * ROWS, dtype=np.int64)
+    return pa.record_batch([pa.array(keys), pa.array(keys * 0.5)], schema=SCHEMA)
+
+
+def start(tmp_path: Path | None = None, **config: object) -> TicktableServer:
+    server = TicktableServer(UpdateGraph(validate=True), ServerConfig(
+        data_dir=tmp_path, **config)).start()  # type: ignore[arg-type]
+    keyed = pb.CreateTableRequest(name="t", schema=SCHEMA.serialize().to_pybytes(),
+                                  kind=pb.TABLE_KIND_KEYED, keys=["k"])
+    server.create_table(keyed)
+    return server
+
+
+@pytest.fixture
+def server() -> Iterator[TicktableServer]:
+    srv = start()
+    yield srv
+    srv.shutdown()
+
+
+def table(server: TicktableServer) -> KeyedTable:
+    t = server.registry.get("t").table
+    assert isinstance(t, KeyedTable)
+    return t
+
+
+# ------------------------------------------------------------------------------ flow control
+def test_a_writer_the_server_does_not_read_is_held_by_flow_control(server):
+    n = 400  # 16 MB in all: what a BDP-grown window lets queue many times over
+    written = [0]  # bytes of the batches write_batch returned from
+    acks: list[int] = []
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            client = fl.connect(server.location)
+            writer, reader = client.do_put(fl.FlightDescriptor.for_path("t"), SCHEMA)
+            for i in range(n):
+                b = batch(i)
+                writer.write_batch(b)
+                written[0] += b.nbytes
+            writer.done_writing()
+            while (buf := reader.read()) is not None:
+                acks.append(pb.PutAck.FromString(buf.to_pybytes()).batch_index)
+            writer.close()
+            client.close()
+        except BaseException as exc:  # noqa: BLE001 - asserted on below
+            errors.append(exc)
+
+    t = table(server)
+    with t.write_lock():  # the handler waits to stage its first batch: nothing more is read
+        thread = threading.Thread(target=write, daemon=True)
+        thread.start()
+        time.sleep(1.0)
+        held = written[0]
+        time.sleep(1.0)
+        assert written[0] == held, "the writer went on while the server read nothing"
+        # the window (64 KiB), the batches read ahead (2) and the one being staged, plus the
+        # one the client is sending: a handful of batches, not megabytes
+        assert 0 < held <= 8 * batch(0).nbytes, held
+    thread.join(60)
+    assert not errors and not thread.is_alive()
+    assert acks == list(range(n))
+    server.graph.run_cycle()
+    assert t.size == n * ROWS
+
+
+def test_a_batch_larger_than_the_window_goes_through(server):
+    big = pa.record_batch([pa.array(np.arange(2_000_000, dtype=np.int64)),
+                           pa.array(np.ones(2_000_000))], schema=SCHEMA)  # 32 MB
+    client = fl.connect(server.location)
+    writer, reader = client.do_put(fl.FlightDescriptor.for_path("t"), SCHEMA)
+    writer.write_batch(big)
+    writer.done_writing()
+    ack = pb.PutAck.FromString(reader.read().to_pybytes())
+    writer.close()
+    client.close()
+    assert ack.rows == 2_000_000
+    server.graph.run_cycle()
+    assert table(server).size == 2_000_000
+
+
+# ------------------------------------------------------------------------------ the backlog
+def put(channel: grpc.Channel, batches: list[pa.RecordBatch]
+        ) -> tuple[list[pb.PutAck], grpc.RpcError | None]:
+    """One raw DoPut of ``batches`` into ``t``: the acks received, and the error it ended with."""
+    desc = fpb.FlightDescriptor(type=fpb.FlightDescriptor.PATH, path=["t"])
+    first = frame(descriptor=desc.SerializeToString(),
+                  header=pa.ipc.read_message(SCHEMA.serialize()).metadata)
+    call = channel.stream_stream(FLIGHT + "DoPut")
+    acks: list[pb.PutAck] = []
+    try:
+        for a in call(iter([first, *batch_frames(SCHEMA, batches, None)]), timeout=30):
+            acks.append(pb.PutAck.FromString(fpb.PutResult.FromString(a).app_metadata))
+    except grpc.RpcError as exc:
+        return acks, exc
+    return acks, None
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["memory", "durable"])
+def test_a_write_past_the_backlog_waits_then_is_refused(tmp_path, durable):
+    nbytes = batch(0).get_total_buffer_size()
+    server = start(tmp_path if durable else None, max_pending_bytes=2 * nbytes, put_wait=0.5)
+    try:  # no cycle runs: two batches fit, the third waits 0.5 s and is refused
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            t0 = time.monotonic()
+            acks, error = put(ch, [batch(i) for i in range(5)])
+            waited = time.monotonic() - t0
+        assert [a.batch_index for a in acks] == [0, 1]
+        assert error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        details = error.details()
+        assert "\n" not in details and "Traceback" not in details and len(details) <= MAX_MESSAGE
+        assert details == (
+            f"table 't': {2 * nbytes} bytes of writes wait for its next cycle and this batch "
+            f"adds {nbytes}, past the limit of {2 * nbytes} (max_pending_bytes; ticktable serve "
+            f"--max-pending-bytes N), still over it after 0.5 s; cycles are behind: nothing of "
+            f"this batch was staged, send it again later")
+        assert waited >= 0.5
+        assert table(server).pending_bytes == 2 * nbytes
+        server.graph.run_cycle()  # the acknowledged batches, and nothing of the refused ones
+        assert table(server).size == 2 * ROWS and table(server).pending_bytes == 0
+        metrics = server.metrics
+        assert metrics is not None
+        assert metrics.registry.get_sample_value("ticktable_put_waits_total", {"table": "t"}) == 1
+        assert metrics.totals().errors == {"RESOURCE_EXHAUSTED": 1}
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:  # the server serves on
+            acks, error = put(ch, [batch(i) for i in range(2, 4)])
+        assert error is None and len(acks) == 2
+        server.graph.run_cycle()
+        assert table(server).size == 4 * ROWS
+    finally:
+        server.shutdown()
+
+
+def test_a_waiting_write_goes_on_when_a_cycle_takes_the_backlog():
+    nbytes = batch(0).get_total_buffer_size()
+    server = start(max_pending_bytes=nbytes, put_wait=30.0)
+    try:
+        out: list[tuple[list[pb.PutAck], grpc.RpcError | None]] = []
+
+        def write() -> None:
+            with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+                out.append(put(ch, [batch(i) for i in range(3)]))
+
+        thread = threading.Thread(target=write, daemon=True)
+        thread.start()
+        t = table(server)
+        for _ in range(2):  # each cycle lets one more batch in
+            deadline = time.monotonic() + 10
+            while t.pending_bytes < nbytes and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)
+            assert t.pending_bytes == nbytes  # one staged, the next one waiting
+            server.graph.run_cycle()
+        thread.join(10)
+        (acks, error), = out
+        assert error is None and [a.batch_index for a in acks] == [0, 1, 2]
+        server.graph.run_cycle()
+        assert t.size == 3 * ROWS
+        metrics = server.metrics
+        assert metrics is not None
+        assert metrics.registry.get_sample_value("ticktable_put_waits_total", {"table": "t"}) == 2
+    finally:
+        server.shutdown()
+
+
+def test_shutdown_refuses_a_waiting_write_at_once():
+    nbytes = batch(0).get_total_buffer_size()
+    server = start(max_pending_bytes=nbytes, put_wait=60.0, shutdown_timeout=30.0)
+    out: list[tuple[list[pb.PutAck], grpc.RpcError | None]] = []
+
+    def write() -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            out.append(put(ch, [batch(i) for i in range(3)]))
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while table(server).pending_bytes < nbytes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    assert server.shutdown()
+    assert time.monotonic() - t0 < 10  # not the 60 s wait, nor the 30 s grace
+    thread.join(10)
+    (acks, error), = out
+    assert len(acks) == 1 and error is not None
