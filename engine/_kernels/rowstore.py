@@ -90,6 +90,10 @@ class RowStore:
         inv[order] = np.arange(rows.size, dtype=np.int64)
         return got.take(inv)
 
+    def ids(self) -> I64:
+        """Every id that holds a row, ascending (costs the id range: for checks, not hot paths)."""
+        return np.flatnonzero(self._row >= 0).astype(np.int64, copy=False)
+
     def get(self, ids: I64, columns: list[str] | None = None) -> pa.Table:
         """The rows of ``ids`` (each holding one), in that order; with ``columns``, only those."""
         ids = np.asarray(ids, dtype=np.int64)

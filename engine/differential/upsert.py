@@ -332,9 +332,12 @@ class Upsert:
             self.time = int(max(int(b.batch.times.max()) for b in trace.batches))  # type: ignore[union-attr]
 
     def validate(self) -> None:
-        """Check the state: the key map finds each stored record's slot and nothing else,
-        one record per key, and, once the trace is published, the trace accumulated holds
-        exactly the stored records (tests call this after every step).
+        """Check the state (tests call this after every step):
+
+          U1  the key map holds one entry per stored record and finds each record's slot
+              by its key (so one record per key);
+          U2  once the trace is published, the trace accumulated holds exactly the stored
+              records, each with weight 1.
 
         Raises
         ------
@@ -349,7 +352,7 @@ class Upsert:
         if len(self._index) != ids.size or not np.array_equal(
                 self._index.lookup(mine, np.arange(ids.size), kh), ids):
             raise UpdateInvariantError(
-                f"upsert state: the key map ({len(self._index)} keys) does not find the "
+                "U1", f"upsert state: the key map ({len(self._index)} keys) does not find the "
                 f"{ids.size} stored records at their slots")
         if self._trace is None:
             return
@@ -364,7 +367,7 @@ class Upsert:
         only_t = sorted(trace_rows - state_rows, key=repr)[:10]
         only_s = sorted(state_rows - trace_rows, key=repr)[:10]
         raise UpdateInvariantError(
-            f"upsert state and trace differ: {held.num_rows} trace records, {mine.num_rows} in the "
+            "U2", f"upsert state and trace differ: {held.num_rows} trace records, {mine.num_rows} in the "
             f"state; only in the trace: {only_t}; only in the state: {only_s}"
         )
 
