@@ -2,13 +2,19 @@
 
 D3: ``--events`` upsert events (``--deletes`` of them deletes) over ``K`` distinct int64
 keys with an int64 value in [0, 1000), in batches of ``--batch``, into a keyed collection
-(:class:`engine.differential.upsert.Upsert`, which reads and writes its trace), then a
-count of live rows by value bucket (``value // 100``): the upsert's triples feed a dataflow
-input, then ``map`` (the bucket) and the ``count`` operator, stepped once per batch. At the
-end the counts are checked against pandas recomputing the last value per key. ``K`` is
-taken from ``--sizes``. Printed per size: events/s (wall clock and process CPU time,
-which is less sensitive to other processes on the machine), per-batch median / p99 /
-max, and the trace's size.
+(:class:`engine.differential.upsert.Upsert`), then a count of live rows by value bucket
+(``value // 100``): the upsert's triples feed a dataflow input, then ``map`` (the bucket)
+and the ``count`` operator, stepped once per batch. Each size runs twice: with no
+operator reading the upsert's arrangement (``arranged`` no: the upsert publishes none),
+and with the arrangement written every step (``arranged`` yes: a trace given to the
+upsert, as when a join shares it). The peer, in the same run and on the same events, is
+pandas doing the same per batch: the current value per key in a Series indexed by key
+(the batch's last event per key replaces the key's row, deletes drop it: ``isin`` +
+``concat``, the fastest of the pandas idioms tried, see bench/README.md), then the count
+by bucket. At the end the counts are checked against pandas recomputing the last value
+per key. ``K`` is taken from ``--sizes``. Printed per size: events/s (wall clock and
+process CPU time, which is less sensitive to other processes on the machine), per-batch
+median / mean / p99 / max, pandas' events/s and per-batch figures, and the ratio.
 
 Linear: one fused chain (filter, map, flat_map, negate) and consolidate over batches of
 ``--linear-sizes`` rows: median ms and rows/s.
@@ -50,6 +56,7 @@ from bench import _d2_graph as d2_graph  # noqa: E402
 from bench._common import print_table, stats_ms, write_json  # noqa: E402
 from engine.differential.dataflow import Dataflow  # noqa: E402
 from engine.differential.linear import Expansion, LinearOperator  # noqa: E402
+from engine.differential.trace import Trace  # noqa: E402
 from engine.differential.upsert import DELETE, Upsert  # noqa: E402
 from engine.differential.zset import ZSet  # noqa: E402
 
@@ -74,10 +81,27 @@ def expected_counts(batches: list[pa.Table]) -> np.ndarray:
     return np.bincount(live["v"].to_numpy() // BUCKET, minlength=N_BUCKETS)
 
 
-def run_d3(n_keys: int, args: argparse.Namespace) -> dict:
+def pandas_d3(batches: list[pa.Table]) -> tuple[list[int], np.ndarray]:
+    """The same work in pandas, batch by batch: per-batch wall times and the last counts."""
+    state = pd.Series(dtype="int64")
+    counts = np.zeros(N_BUCKETS, dtype=np.int64)
+    wall: list[int] = []
+    for b in batches:
+        t = time.perf_counter_ns()
+        df = b.to_pandas()
+        last = df.drop_duplicates("k", keep="last")
+        ups = last[~last[DELETE].to_numpy()]
+        state = pd.concat([state[~state.index.isin(last["k"])],
+                           pd.Series(ups["v"].to_numpy(), index=ups["k"].to_numpy())])
+        counts = np.bincount(state.to_numpy() // BUCKET, minlength=N_BUCKETS)
+        wall.append(time.perf_counter_ns() - t)
+    return wall, counts
+
+
+def run_d3(n_keys: int, args: argparse.Namespace, arranged: bool) -> dict:
     rng = np.random.default_rng(n_keys)
     batches = make_events(rng, args.events, n_keys, args.deletes, args.batch)
-    up = Upsert(SCHEMA, "k")
+    up = Upsert(SCHEMA, "k", trace=Trace(SCHEMA, "k") if arranged else None)
     # the count by bucket is a dataflow: map (bucket = v // 100), then the count operator
     flow = Dataflow()
     coll, inp = flow.input(SCHEMA)
@@ -99,16 +123,25 @@ def run_d3(n_keys: int, args: argparse.Namespace) -> dict:
     if np.any(final.column("__diff").to_numpy() != 1):
         raise AssertionError(f"K={n_keys}: the count output is not a set of rows")
     counts[final.column("bucket").to_numpy()] = final.column("count").to_numpy()
-    if not np.array_equal(counts, expected_counts(batches)):
+    want = expected_counts(batches)
+    if not np.array_equal(counts, want):
         raise AssertionError(f"K={n_keys}: counts by bucket differ from the recomputation")
     st = stats_ms(wall)
-    return {
-        "keys": n_keys, "events": args.events, "batch": args.batch,
-        "events_per_s": args.events / elapsed, "events_per_cpu_s": args.events / cpu,
-        "batch_median_ms": st["median_ms"], "batch_p99_ms": st["p99_ms"],
-        "batch_max_ms": float(np.max(wall) / 1e6), "triples_out": out_rows,
-        "trace_rows": len(up.trace), "trace_batches": len(up.trace.batches),
+    row = {
+        "keys": n_keys, "arranged": "yes" if arranged else "no", "events": args.events,
+        "batch": args.batch, "events_per_s": args.events / elapsed, "events_per_cpu_s": args.events / cpu,
+        "batch_median_ms": st["median_ms"], "batch_mean_ms": st["mean_ms"], "batch_p99_ms": st["p99_ms"],
+        "batch_max_ms": float(np.max(wall) / 1e6), "triples_out": out_rows, "live_keys": int(counts.sum()),
     }
+    if not arranged:
+        return row
+    pd_wall, pd_counts = pandas_d3(batches)
+    if not np.array_equal(pd_counts, want):
+        raise AssertionError(f"K={n_keys}: pandas' counts differ from the recomputation")
+    ps = stats_ms(pd_wall)
+    return row | {"pandas_events_per_s": args.events / (sum(pd_wall) / 1e9),
+                  "pandas_batch_median_ms": ps["median_ms"], "pandas_batch_mean_ms": ps["mean_ms"],
+                  "pandas_batch_p99_ms": ps["p99_ms"]}
 
 
 def _pairs(t: pa.Table) -> Expansion:
@@ -349,14 +382,18 @@ def main() -> None:
 
 
 def _d3(args: argparse.Namespace, load: float) -> list[dict]:
-    d3 = [run_d3(k, args) for k in args.sizes]
-    base = d3[0]["batch_median_ms"]
-    for r in d3:
-        r["ratio"] = r["batch_median_ms"] / base
+    d3 = []
+    for k in args.sizes:
+        bare, arranged = run_d3(k, args, False), run_d3(k, args, True)  # pandas runs with the second
+        for r in (bare, arranged):
+            r["vs_pandas"] = r["events_per_s"] / arranged["pandas_events_per_s"]
+        d3 += [bare, arranged]
     print_table(f"D3: {args.events:,} upserts ({args.deletes:.0%} deletes) in batches of {args.batch:,} "
-                f"+ count by bucket (load average {load:.1f} on {os.cpu_count()} CPUs)", d3,
-                ["keys", "events_per_s", "events_per_cpu_s", "batch_median_ms", "batch_p99_ms",
-                 "batch_max_ms", "trace_rows", "trace_batches", "ratio"])
+                f"+ count by bucket (load average {load:.1f} on {os.cpu_count()} CPUs); vs_pandas: "
+                f"events/s over pandas' in the same run", d3,
+                ["keys", "arranged", "events_per_s", "events_per_cpu_s", "batch_median_ms", "batch_mean_ms",
+                 "batch_p99_ms", "batch_max_ms", "live_keys", "pandas_events_per_s", "pandas_batch_median_ms",
+                 "pandas_batch_mean_ms", "pandas_batch_p99_ms", "vs_pandas"])
     return d3
 
 

@@ -28,8 +28,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._kernels.hashing import Same, exact_hash, group_equal, rows_equal, rows_equal_at
+from engine._kernels.hashing import Same, exact_hash, group_equal, rows_equal_at
 from engine._kernels.hashmap import U64Map
+from engine._kernels.rowstore import RowStore
 
 __all__ = ["ExactKeyMap", "StoredKeyMap"]
 
@@ -245,10 +246,8 @@ class StoredKeyMap:
     """An :class:`ExactKeyMap` that keeps its own copy of each distinct key, in Arrow.
 
     For callers that store no key values (joins). Ids are the caller's and should be
-    dense (small non-negative integers, reused after deletes): the map holds an array
-    indexed by id. Keys live in append-only Arrow levels whose sizes halve from the oldest
-    to the newest (each added key is copied ``O(log n)`` times in all); deleted keys are
-    dropped by a compaction once they outnumber the live ones. An exact key stores nothing.
+    dense (small non-negative integers, reused after deletes): the keys live in a
+    :class:`~engine._kernels.rowstore.RowStore` indexed by id. An exact key stores nothing.
 
     Parameters
     ----------
@@ -263,43 +262,19 @@ class StoredKeyMap:
         self.exact = exact_hash(schema)
         self.map = ExactKeyMap(self.exact)
         self._hash = np.zeros(1024, dtype=np.uint64)  # id -> hash
-        self._row = np.full(1024, -1, dtype=np.int64)  # id -> row in the stored levels
-        self._levels: list[pa.Table] = []  # oldest (largest) first
-        self._starts: list[int] = []  # first row of each level
-        self._rows = 0
-        self._live = 0
+        self._keys = RowStore(schema)
 
     def __len__(self) -> int:
         return len(self.map)
 
     def _fit(self, n: int) -> None:
-        if n > self._row.size:
-            size = max(n, 2 * self._row.size)
+        if n > self._hash.size:
+            size = max(n, 2 * self._hash.size)
             self._hash = np.concatenate((self._hash, np.zeros(size - self._hash.size, np.uint64)))
-            self._row = np.concatenate((self._row, np.full(size - self._row.size, -1, np.int64)))
-
-    def _stored(self, rows: I64) -> pa.Table:
-        """The stored keys at ``rows`` (global row numbers), in that order."""
-        if len(self._levels) == 1:
-            return self._levels[0].take(rows)
-        lv = np.searchsorted(np.asarray(self._starts), rows, side="right") - 1
-        parts, pos = [], []
-        for k, (level, start) in enumerate(zip(self._levels, self._starts, strict=True)):  # per level
-            at = np.flatnonzero(lv == k)
-            if at.size:
-                parts.append(level.take(rows[at] - start))
-                pos.append(at)
-        got = pa.concat_tables(parts)
-        inv = np.empty(rows.size, dtype=np.int64)
-        inv[np.concatenate(pos)] = np.arange(rows.size, dtype=np.int64)
-        return got.take(inv)
 
     def _same(self, keys: pa.Table) -> Same:
         def same(i: I64, ids: I64) -> Mask:
-            rows = self._row[ids]
-            if len(self._levels) == 1:
-                return rows_equal_at(keys, i, self._levels[0], rows)
-            return rows_equal(keys.take(i), self._stored(rows))
+            return self._keys.equal_at(keys, i, ids)
         return same
 
     def lookup(self, keys: pa.Table, h: U64) -> I64:
@@ -315,21 +290,8 @@ class StoredKeyMap:
             self._fit(int(added.max()) + 1)
             self._hash[added] = h[first]
             if not self.exact:
-                self._append(added, keys.take(first))
+                self._keys.put(added, keys.take(first))
         return ids, added
-
-    def _append(self, ids: I64, keys: pa.Table) -> None:
-        cols = [c.cast(f.type) for c, f in zip(keys.columns, self.schema, strict=True)]
-        keys = pa.Table.from_arrays(cols, schema=self.schema).combine_chunks()
-        self._row[ids] = np.arange(self._rows, self._rows + keys.num_rows, dtype=np.int64)
-        self._levels.append(keys)
-        self._starts.append(self._rows)
-        self._rows += keys.num_rows
-        self._live += keys.num_rows
-        while len(self._levels) > 1 and 2 * self._levels[-1].num_rows >= self._levels[-2].num_rows:
-            merged = pa.concat_tables(self._levels[-2:]).combine_chunks()
-            self._levels[-2:] = [merged]
-            self._starts.pop()
 
     def delete(self, ids: I64) -> None:
         """Remove the entries ``ids`` (present)."""
@@ -337,21 +299,9 @@ class StoredKeyMap:
         if ids.size == 0:
             return
         self.map.delete(self._hash[ids], ids)
-        if self.exact:
-            return
-        self._row[ids] = -1
-        self._live -= ids.size
-        if self._rows > 2 * self._live + 1024:
-            self._compact()
-
-    def _compact(self) -> None:
-        live = np.flatnonzero(self._row >= 0)
-        rows = self._row[live]
-        kept = self._stored(rows).combine_chunks() if rows.size else self.schema.empty_table()
-        self._row[live] = np.arange(live.size, dtype=np.int64)
-        self._levels, self._starts = ([kept], [0]) if live.size else ([], [])
-        self._rows = self._live = int(live.size)
+        if not self.exact:
+            self._keys.drop(ids)
 
     def keys_of(self, ids: I64) -> pa.Table:
         """The stored keys of present ``ids`` (inexact maps only)."""
-        return self._stored(self._row[np.asarray(ids, dtype=np.int64)])
+        return self._keys.get(np.asarray(ids, dtype=np.int64))

@@ -6,13 +6,23 @@ differential updates needs the key's current value: a change retracts the old re
 (``-1``) and inserts the new one (``+1``). Repeating the current value, or deleting an
 absent key, says nothing and produces nothing.
 
-The current values are read from the **arrangement the output is written to**: a
-:class:`Trace` of the output collection keyed by the key columns, which other operators
-may share (``upsert.trace.reader()``); the operator keeps no private copy of the state.
-As in seed 000's arrangement-based operator, events of one batch are sorted by key and
-time, the last event per (key, time) wins, and each key's distinct times are walked in
-order from the value found in the trace, all vectorized (numpy over the events, one
-``searchsorted`` per trace batch for the lookups).
+The operator keeps the **current record of each key** itself: an exact key map (a hash
+finds the key's slot, the key values decide, :class:`~engine._kernels.keymap.ExactKeyMap`)
+over a :class:`~engine._kernels.rowstore.RowStore` of records by slot. Finding the current
+values of a batch's keys is one probe of that map and one gather, whatever the history:
+the arrangement is not searched. Events of one batch are grouped by key and time, the last
+event per (key, time) wins, and each key's distinct times are walked in order from its
+current record, all vectorized.
+
+The operator publishes the **arrangement of its output**: a :class:`Trace` of the output
+collection keyed by the key columns, which other operators read
+(``upsert.trace.reader()``). It is made when first asked for, from the state (the current
+records at the last time, what a trace written all along holds once compacted there), and
+written by every step from then on; an upsert that nobody reads pays nothing for it. A
+trace given to the constructor is written from the start, and may hold updates already:
+the state starts as its accumulation. The upsert is the trace's only writer;
+:meth:`Upsert.validate` checks that the state and the trace accumulated to the present
+hold the same records.
 
 Times are single-coordinate versions that never go back: a batch's times are ``>=``
 every time already processed, so the trace can be compacted up to the last time.
@@ -29,6 +39,7 @@ import pyarrow as pa
 
 from engine._kernels.arrays import row_for_message
 from engine._kernels.hashing import (
+    Same,
     exact_hash,
     group_equal,
     hash_rows,
@@ -36,11 +47,15 @@ from engine._kernels.hashing import (
     rows_equal_at,
     same_rows,
 )
-from engine.differential.indexed import exact_records
+from engine._kernels.ids import IdAllocator
+from engine._kernels.keymap import ExactKeyMap
+from engine._kernels.rowkeymap import RowKeyMap
+from engine._kernels.rowstore import RowStore
+from engine.differential.indexed import int_key_values
 from engine.differential.trace import Trace
 from engine.differential.version import Antichain, Version
 from engine.differential.zset import TIME, ZSet
-from engine.errors import InputError, InvalidKeyError, SchemaError
+from engine.errors import InputError, InvalidKeyError, SchemaError, UpdateInvariantError
 from engine.reserved import DELETE
 from engine.sources import as_schema, conform
 
@@ -50,7 +65,7 @@ I64 = npt.NDArray[np.int64]
 
 
 class Upsert:
-    """Turns batches of upsert events into consolidated triples, keeping a keyed trace.
+    """Turns batches of upsert events into consolidated triples, keeping each key's current record.
 
     Parameters
     ----------
@@ -59,8 +74,9 @@ class Upsert:
     keys
         The key column(s).
     trace
-        The arrangement to read and write (keyed by ``keys``, one-coordinate times). A new
-        one is made when omitted; pass the collection's existing arrangement to share it.
+        An existing arrangement of the collection to write from the start (keyed by
+        ``keys``, one-coordinate times; the state starts as what it holds). When omitted,
+        :attr:`trace` is made on first use.
 
     Examples
     --------
@@ -85,21 +101,51 @@ class Upsert:
         if not self.keys or missing:
             raise SchemaError(f"key column(s) {missing or list(self.keys)} not in {self.schema.names}")
         self.values = [n for n in self.schema.names if n not in self.keys]
-        if trace is None:
-            trace = Trace(self.schema, self.keys, dims=1)
-        elif trace.keys != self.keys or trace.dims != 1 or not trace.schema.equals(self.schema):
+        if trace is not None and (trace.keys != self.keys or trace.dims != 1 or not trace.schema.equals(self.schema)):
             raise SchemaError(
                 f"the trace (keys {list(trace.keys)}, {trace.dims}-coordinate times, {trace.schema}) "
                 f"does not fit the upsert (keys {list(self.keys)}, 1-coordinate times, {self.schema})"
             )
-        self.trace = trace
-        self._reader = trace.reader()
+        self._trace = trace
+        self._reader = trace.reader() if trace is not None else None
         self._exact = exact_hash(self.schema, self.keys)
-        self._exact_records = exact_records(self.schema, self.keys)
+        # the state: key -> slot, slot -> current record
+        self._records = RowStore(self.schema)
+        self._index = _KeyIndex(self.keys, self._exact, self._records)
+        self._slots = IdAllocator()
         self.time: int | None = None
+        if trace is not None:
+            self._load(trace)
+
+    def __len__(self) -> int:
+        """Keys with a current record."""
+        return len(self._records)
+
+    @property
+    def trace(self) -> Trace:
+        """The arrangement of the output, keyed by the key columns, for operators to share
+        (``upsert.trace.reader()``).
+
+        Given to the constructor, it is written from the start. Otherwise it is made on
+        first use from the state: one batch of the current records at the last time
+        processed, which is what the trace written from the start would hold once
+        compacted to that time (and every reader starts there: the upsert's own hold is
+        on the present). From then on every step writes to it.
+        """
+        if self._trace is None:
+            trace = Trace(self.schema, self.keys, dims=1)
+            self._reader = trace.reader()
+            if self.time is not None:
+                ids = self._records.ids()
+                trace.insert(ZSet(self._records.get(ids), np.ones(ids.size, dtype=np.int64),
+                                  np.full((ids.size, 1), self.time, dtype=np.int64)))
+                self._reader.set_logical_compaction(Antichain([Version(self.time)]))
+            self._trace = trace
+        return self._trace
 
     def step(self, events: pa.Table, time: int | None = None) -> ZSet:
-        """Apply a batch of events; return their triples (also inserted into the trace).
+        """Apply a batch of events; return their triples (also inserted into the trace once
+        it is published, see :attr:`trace`).
 
         Parameters
         ----------
@@ -129,10 +175,17 @@ class Upsert:
         n = ev.num_rows
         if n == 0:
             return ZSet.empty(self.schema, 1)
-        win, first = self._winners(ev, times)
-        live, live_of_key = self._current(ev.select(list(self.keys)).take(win[first]))
+        self._slots.release()  # slots freed by the last step may be reused from now on
+        kh = hash_rows(ev, self.keys)
+        win, first = self._winners(ev, kh, times)
+        heads = win[first]  # per distinct key (in ``win`` order), its first winner
+        slot = self._index.lookup(ev, heads, kh[heads])
+        found = np.flatnonzero(slot >= 0)
+        live = self._records.get(slot[found])
+        live_of_key = np.full(heads.size, -1, dtype=np.int64)
+        live_of_key[found] = np.arange(found.size)
 
-        # previous state of each winner: the trace's value for the key's first time,
+        # previous state of each winner: the key's current record for its first time,
         # the key's previous winner after that (``src`` indexes live rows then events)
         src_tbl = pa.concat_tables([live, ev])
         prev = np.full(win.size, -1, dtype=np.int64)
@@ -158,11 +211,40 @@ class Upsert:
             order = np.argsort(t_out, kind="stable")
             data, diffs, t_out = data.take(order), diffs[order], t_out[order]
         out = ZSet(data, diffs, t_out.reshape(-1, 1))
-        self.trace.insert(out)
+        self._advance(kh, win, first, slot, changed, deleted, ev)
         self.time = int(times.max())
-        # this operator will only ask about the present from now on
-        self._reader.set_logical_compaction(Antichain([Version(self.time)]))
+        if self._trace is not None:  # published: keep the arrangement current
+            assert self._reader is not None
+            self._trace.insert(out)
+            # this operator will only ask about the present from now on
+            self._reader.set_logical_compaction(Antichain([Version(self.time)]))
         return out
+
+    def _advance(self, kh: npt.NDArray[np.uint64], win: I64, first: npt.NDArray[np.bool_], slot: I64,
+                 changed: npt.NDArray[np.bool_], deleted: npt.NDArray[np.bool_], ev: pa.Table) -> None:
+        """The state after the batch: each key's last winner decides (a key that did not
+        change in the batch is left as it is)."""
+        starts = np.flatnonzero(first)
+        last = np.append(starts[1:], win.size) - 1  # per key: its last winner (index in ``win``)
+        touched = np.logical_or.reduceat(changed, starts)
+        gone = deleted[win[last]]
+        drop = np.flatnonzero(touched & gone & (slot >= 0))
+        put = np.flatnonzero(touched & ~gone)
+        if drop.size:
+            ids = slot[drop]
+            rows = win[last[drop]]
+            self._index.delete(ev, rows, kh[rows], ids)
+            self._records.drop(ids)
+            self._slots.free(ids)
+        if put.size == 0:
+            return
+        ids = slot[put]
+        new = np.flatnonzero(ids < 0)
+        if new.size:
+            ids[new] = self._slots.allocate(new.size)
+            rows = win[last[put[new]]]
+            self._index.insert(ev, rows, kh[rows], ids[new])
+        self._records.put(ids, ev.take(win[last[put]]))
 
     def _split(self, events: pa.Table, time: int | None) -> tuple[pa.Table, I64, npt.NDArray[np.bool_]]:
         """Records, per-event times and delete flags, checked."""
@@ -196,10 +278,10 @@ class Upsert:
                 raise InvalidKeyError(f"upsert key column {k!r} has {nulls} null value(s)")
         return ev, times, deleted
 
-    def _winners(self, ev: pa.Table, times: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
+    def _winners(self, ev: pa.Table, kh: npt.NDArray[np.uint64],
+                 times: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
         """The last event per (key, time), ordered by key then time; and which is a key's first."""
         n = ev.num_rows
-        kh = hash_rows(ev, self.keys)
         key_cols = ev.select(list(self.keys))
 
         def same(i: I64, j: I64) -> npt.NDArray[np.bool_]:
@@ -221,33 +303,141 @@ class Upsert:
         first[1:] = wg[1:] != wg[:-1]
         return win, first
 
-    def _current(self, probe: pa.Table) -> tuple[pa.Table, I64]:
-        """The live record of each probe key in the trace: ``(records, row per key or -1)``."""
-        found = self.trace.lookup(probe.select(list(self.keys)))
-        live_of_key = np.full(probe.num_rows, -1, dtype=np.int64)
-        if len(found) == 0:
-            return self.schema.empty_table(), live_of_key
-
-        def same(i: I64, j: I64) -> npt.NDArray[np.bool_]:
-            if self._exact_records:  # one key: equal record hashes are equal values
-                return found.probe[i] == found.probe[j]  # type: ignore[no-any-return]
-            # records are gathered only for entries whose hash matches another's
-            recs = found.records(np.concatenate((i, j)))
-            return rows_equal(recs.slice(0, i.size), recs.slice(i.size))
-
-        order, starts = group_equal(found.rec_hash, same)
-        sums = np.add.reduceat(found.diffs[order], starts)
-        bad = (sums != 0) & (sums != 1)
+    def _load(self, trace: Trace) -> None:
+        """Start from what a given trace holds: its accumulation, one record per key."""
+        held = trace.accumulate()
+        if held.num_rows == 0:
+            return
+        bad = (held.diffs != 1)
         if bad.any():
-            entry = int(order[starts[np.flatnonzero(bad)[0]]])
+            i = int(np.flatnonzero(bad)[0])
             raise InputError(
-                f"the upsert trace holds record {row_for_message(found.records([entry]), 0)} with weight "
-                f"{int(sums[bad][0])}; an upsert trace holds each key at most once (write it only "
+                f"the upsert trace holds record {row_for_message(held.data, i)} with weight "
+                f"{int(held.diffs[i])}; an upsert trace holds each key at most once (write it only "
                 f"through this Upsert)"
             )
-        reps = np.minimum.reduceat(order, starts)[sums == 1]
-        keys_of = found.probe[reps]
-        if keys_of.size and np.bincount(keys_of).max() > 1:
+        kh = hash_rows(held.data, self.keys)
+        key_cols = held.data.select(list(self.keys))
+
+        def same(i: I64, j: I64) -> npt.NDArray[np.bool_]:
+            return same_rows(key_cols, i, j)
+
+        _, starts = group_equal(kh, None if self._exact else same)
+        if starts.size != held.num_rows:
             raise InputError("the upsert trace holds two live values for one key; write it only through this Upsert")
-        live_of_key[keys_of] = np.arange(reps.size)
-        return found.records(reps), live_of_key
+        ids = self._slots.allocate(held.num_rows)
+        self._records.put(ids, held.data)
+        self._index.insert(held.data, np.arange(ids.size), kh, ids)
+        if trace.batches:
+            self.time = int(max(int(b.batch.times.max()) for b in trace.batches))  # type: ignore[union-attr]
+
+    def validate(self) -> None:
+        """Check the state (tests call this after every step):
+
+          U1  the key map holds one entry per stored record and finds each record's slot
+              by its key (so one record per key);
+          U2  once the trace is published, the trace accumulated holds exactly the stored
+              records, each with weight 1.
+
+        Raises
+        ------
+        UpdateInvariantError
+            Naming the part that disagrees, with up to ten records found in only one of
+            state and trace (the trace was written by someone else, or this operator has
+            a bug).
+        """
+        ids = self._records.ids()
+        mine = self._records.get(ids)
+        kh = hash_rows(mine, self.keys)
+        if len(self._index) != ids.size or not np.array_equal(
+                self._index.lookup(mine, np.arange(ids.size), kh), ids):
+            raise UpdateInvariantError(
+                "U1", f"upsert state: the key map ({len(self._index)} keys) does not find the "
+                f"{ids.size} stored records at their slots")
+        if self._trace is None:
+            return
+        held = self._trace.accumulate()
+        if held.num_rows == mine.num_rows and bool((held.diffs == 1).all()):
+            a = held.data.sort_by([(c, "ascending") for c in self.schema.names])
+            b = mine.sort_by([(c, "ascending") for c in self.schema.names])
+            if rows_equal(a, b).all():
+                return
+        trace_rows = set(map(_row_key, held.data.to_pylist()))
+        state_rows = set(map(_row_key, mine.to_pylist()))
+        only_t = sorted(trace_rows - state_rows, key=repr)[:10]
+        only_s = sorted(state_rows - trace_rows, key=repr)[:10]
+        raise UpdateInvariantError(
+            "U2", f"upsert state and trace differ: {held.num_rows} trace records, {mine.num_rows} in the "
+            f"state; only in the trace: {only_t}; only in the state: {only_s}"
+        )
+
+
+class _KeyIndex:
+    """Key -> slot of the upsert's state, for keys given as rows of a table.
+
+    One integer key column is mapped by its values in a
+    :class:`~engine._kernels.rowkeymap.RowKeyMap` (a dense array while the values are dense,
+    a hash map once they are sparse; the value is the key, so nothing is verified), as long
+    as every value is non-negative: the first negative one moves every key to the general
+    map, once and for good. Other keys go to an
+    :class:`~engine._kernels.keymap.ExactKeyMap`: the hash finds the slot, the key values
+    stored with the slot's record decide.
+    """
+
+    def __init__(self, keys: tuple[str, ...], exact: bool, records: RowStore) -> None:
+        self._keys = list(keys)
+        self._records = records
+        self._map = ExactKeyMap(exact)
+        self._by_value: RowKeyMap | None = RowKeyMap() if int_key_values(
+            records.schema.empty_table(), keys) is not None else None
+
+    def __len__(self) -> int:
+        return len(self._by_value) if self._by_value is not None else len(self._map)
+
+    def _same(self, table: pa.Table, rows: I64) -> Same | None:
+        if self._map.exact:
+            return None
+        key_cols = table.select(self._keys)
+
+        def same(i: I64, ids: I64) -> npt.NDArray[np.bool_]:
+            return self._records.equal_at(key_cols, rows[i], ids, self._keys)
+
+        return same
+
+    def _values(self, table: pa.Table, rows: I64) -> I64:
+        v = int_key_values(table, self._keys)
+        assert v is not None
+        return v.take(rows)
+
+    def lookup(self, table: pa.Table, rows: I64, kh: npt.NDArray[np.uint64]) -> I64:
+        """Slot of the key of each row ``rows[i]`` (distinct keys, hashed ``kh[i]``), -1 if none."""
+        if self._by_value is not None:
+            return self._by_value.lookup(self._values(table, rows))
+        return self._map.lookup(kh, self._same(table, rows))
+
+    def insert(self, table: pa.Table, rows: I64, kh: npt.NDArray[np.uint64], ids: I64) -> None:
+        """Map the keys of ``rows`` (absent, distinct) to ``ids``, whose records are stored."""
+        if self._by_value is not None:
+            v = self._values(table, rows)
+            if v.size == 0 or int(v.min()) >= 0:
+                self._by_value.insert(v, ids)
+                return
+            self._to_general()
+        self._map.insert(kh, ids)
+
+    def delete(self, table: pa.Table, rows: I64, kh: npt.NDArray[np.uint64], ids: I64) -> None:
+        """Unmap the keys of ``rows`` (present, mapped to ``ids``)."""
+        if self._by_value is not None:
+            self._by_value.remove(self._values(table, rows))
+        else:
+            self._map.delete(kh, ids)
+
+    def _to_general(self) -> None:
+        assert self._by_value is not None
+        _, ids = self._by_value.items()
+        self._by_value = None
+        self._map.insert(hash_rows(self._records.get(ids, self._keys)), ids)
+
+
+def _row_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(row.values())

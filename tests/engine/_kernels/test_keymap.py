@@ -158,7 +158,7 @@ def test_stored_key_map_compacts_and_keeps_the_live_keys():
     rest = _table(keys[4500:])
     assert (m.lookup(rest, hash_rows(rest) % np.uint64(64)) == got[4500:]).all()
     assert (m.lookup(t.slice(0, 4500), h[:4500]) == -1).all()
-    assert len(m._levels) == 1 and m._rows == 500
+    assert m._keys.stored == 500 and len(m._keys) == 500
 
 
 def test_stored_key_map_exact_key_stores_nothing():
@@ -166,4 +166,4 @@ def test_stored_key_map_exact_key_stores_nothing():
     t = pa.table({"k": [5, 6, 5]})
     got, added = m.intern(t, hash_rows(t), _Ids())
     assert got.tolist() == [0, 1, 0] and added.tolist() == [0, 1]
-    assert m._levels == []
+    assert m._keys.stored == 0

@@ -1,5 +1,6 @@
-"""Upserts to triples: seed 000's frank/oz sequence, no-ops, sharing the trace, errors,
-hash collisions, then an oracle over >= 500 random steps against a dictionary model."""
+"""Upserts to triples: seed 000's frank/oz sequence, no-ops, sharing the trace (given, or
+published later), errors, hash collisions, then an oracle over >= 500 random steps against
+a dictionary model for each kind of key map, validating the state after every step."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from engine.differential.trace import Trace
 from engine.differential.upsert import DELETE, Upsert
 from engine.differential.version import Antichain
 from engine.differential.zset import TIME, ZSet
-from engine.errors import InputError, InvalidKeyError, SchemaError
+from engine.errors import InputError, InvalidKeyError, SchemaError, UpdateInvariantError
 from tests.engine.differential._reference import counter
 
 NAMES = pa.schema([("first", pa.string()), ("last", pa.string())])
@@ -139,6 +140,10 @@ def test_colliding_key_hashes(monkeypatch):
 
 SCHEMA = pa.schema([("key", pa.string()), ("n", pa.int64()), ("s", pa.string())])
 KEYS = [f"k{i}" for i in range(25)]
+# integer keys: dense non-negative (the by-value map), sparse (its hashed layout), and
+# some negative (the switch to the general map part-way through)
+INT_KEYS = {"int": list(range(25)), "sparse": [i << 40 for i in range(25)],
+            "negative": list(range(20)) + [-5, -1, -(1 << 50), 7 << 45, 3]}
 
 
 def _expected(state: dict, events: list) -> Counter:
@@ -161,48 +166,97 @@ def _expected(state: dict, events: list) -> Counter:
     return Counter({x: w for x, w in out.items() if w})
 
 
-def test_upsert_oracle_over_random_steps():
+def _random_events(rng, state: dict, keys: list, time: int) -> list:
+    n = int(rng.integers(0, 30))
+    multi = rng.random() < 0.3
+    events = []
+    for _ in range(n):
+        k = keys[int(rng.integers(0, len(keys)))]
+        roll = rng.random()
+        if roll < 0.2:
+            val = None                                     # delete (maybe absent)
+        elif roll < 0.35 and k in state:
+            val = state[k]                                 # repeat the current value
+        else:
+            s = [None, "x", "y"][int(rng.integers(0, 3))]
+            val = (int(rng.integers(0, 3)), s)
+        t = time + (int(rng.integers(0, 3)) if multi else 0)
+        events.append((k, val, t))
+    return events
+
+
+@pytest.mark.parametrize("keys", ["string", "int", "sparse", "negative"])
+@pytest.mark.parametrize("publish", ["given", "later"])
+def test_upsert_oracle_over_random_steps(keys, publish):
+    """>= 520 random steps (upserts of present keys, repeats, deletes of absent keys, one key
+    several times in a batch and at several times) against a dictionary; the state is
+    validated after every step, against the trace once it is published (given to the
+    constructor, or asked for at step 260 and then read by a second reader)."""
     rng = np.random.default_rng(23)
-    up = Upsert(SCHEMA, "key")
-    follower = up.trace.reader()            # a second reader keeping up with the steps
+    key_type = pa.string() if keys == "string" else pa.int64()
+    schema = pa.schema([("key", key_type), ("n", pa.int64()), ("s", pa.string())])
+    universe = KEYS if keys == "string" else INT_KEYS[keys]
+    up = Upsert(schema, "key", trace=Trace(schema, "key") if publish == "given" else None)
+    follower = up.trace.reader() if publish == "given" else None
     state: dict = {}
     acc: Counter = Counter()
     time = 0
     for step in range(520):
-        n = int(rng.integers(0, 30))
-        multi = rng.random() < 0.3
-        events = []
-        for _ in range(n):
-            k = KEYS[int(rng.integers(0, len(KEYS)))]
-            roll = rng.random()
-            if roll < 0.2:
-                val = None                                     # delete (maybe absent)
-            elif roll < 0.35 and k in state:
-                val = state[k]                                 # repeat the current value
-            else:
-                s = [None, "x", "y"][int(rng.integers(0, 3))]
-                val = (int(rng.integers(0, 3)), s)
-            t = time + (int(rng.integers(0, 3)) if multi else 0)
-            events.append((k, val, t))
+        if follower is None and step == 260:
+            follower = up.trace.reader()
+        events = _random_events(rng, state, universe, time)
         table = pa.table({
-            "key": pa.array([e[0] for e in events], pa.string()),
+            "key": pa.array([e[0] for e in events], key_type),
             "n": pa.array([e[1][0] if e[1] else 0 for e in events], pa.int64()),
             "s": pa.array([e[1][1] if e[1] else None for e in events], pa.string()),
             DELETE: pa.array([e[1] is None for e in events], pa.bool_()),
             TIME: pa.array([e[2] for e in events], pa.int64()),
         })
         out = up.step(table)
+        up.validate()
         want = _expected(state, events)
         got = counter(out)
-        assert got == want, f"step {step}"
+        assert got == want, f"seed 23, step {step}: only got {got - want}, only wanted {want - got}"
         assert len(out) == len(want) and set(out.diffs.tolist()) <= {-1, 1}
+        assert len(up) == len(state)
         for x, w in got.items():
             acc[(x[0], None)] += w
         time = max([time] + [e[2] for e in events]) + 1
-        follower.set_logical_compaction(Antichain([time - 1]))
         live = Counter({((k,) + v, None): 1 for k, v in state.items()})
         assert Counter({x: w for x, w in acc.items() if w}) == live, f"step {step}"
-        if step % 20 == 0:
-            assert counter(up.trace.accumulate(at=time - 1), times=False) == live
+        if follower is not None:
+            follower.set_logical_compaction(Antichain([time - 1]))
+            if step % 20 == 0:
+                assert counter(up.trace.accumulate(at=time - 1), times=False) == live
     up.trace.compact()
     assert len(up.trace) == len(state)        # compaction leaves the live rows only
+
+
+def test_a_given_trace_seeds_the_state():
+    trace = Trace(NAMES, "first")
+    Upsert(NAMES, "first", trace=trace).step(_events(["a", "b"], ["x", "y"]), 3)
+    up = Upsert(NAMES, "first", trace=trace)   # a new operator over the same arrangement
+    assert len(up) == 2 and up.time == 3
+    assert up.step(_events(["a", "c"], ["x", None]), 4).num_rows == 0
+    assert up.step(_events(["b"], [None]), 5).to_triples() == [(("b", "y"), (5,), -1)]
+    up.validate()
+
+
+def test_validate_catches_another_writer():
+    up = Upsert(NAMES, "first")
+    up.step(_events(["a"], ["x"]), 0)
+    up.trace.insert(ZSet.from_triples([(("b", "z"), 1, 1)], NAMES))   # not through the upsert
+    with pytest.raises(UpdateInvariantError, match=r"U2: .*only in the trace: \[\('b', 'z'\)\]"):
+        up.validate()
+
+
+def test_the_trace_made_later_is_the_state_at_the_present():
+    up = Upsert(NAMES, "first")
+    up.step(_events(["a", "b"], ["x", "y"]), 0)
+    up.step(_events(["a"], ["q"]), 2)
+    trace = up.trace
+    assert sorted(trace.accumulate(at=2).to_triples()) == [(("a", "q"), None, 1), (("b", "y"), None, 1)]
+    with pytest.raises(InputError, match="compacted"):
+        trace.accumulate(at=1)                 # history before the present was never kept
+    up.step(_events(["b"], [None]), 3)
+    assert trace.accumulate(at=3).to_triples() == [(("a", "q"), None, 1)]

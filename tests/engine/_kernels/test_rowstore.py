@@ -1,0 +1,57 @@
+"""RowStore: a few explicit puts, replaces and drops, then random operations against a dict
+(strings with nulls, so rows go through Arrow), with compaction bounding what is held."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from engine._kernels.rowstore import RowStore
+
+SCHEMA = pa.schema([("s", pa.string()), ("n", pa.int64())])
+
+
+def _rows(pairs):
+    return pa.table({"s": pa.array([p[0] for p in pairs], pa.string()),
+                     "n": pa.array([p[1] for p in pairs], pa.int64())})
+
+
+def test_put_replace_drop():
+    st = RowStore(SCHEMA)
+    st.put(np.array([2, 0]), _rows([("b", 2), ("a", 0)]))
+    st.put(np.array([2]), pa.table({"s": ["c"], "n": pa.array([5], pa.int32())}))  # cast to int64
+    assert st.get(np.array([0, 2, 0])).to_pylist() == [{"s": "a", "n": 0}, {"s": "c", "n": 5}, {"s": "a", "n": 0}]
+    assert st.get(np.array([2]), ["n"]).to_pylist() == [{"n": 5}]
+    assert len(st) == 2 and st.stored == 3
+    assert st.equal_at(pa.table({"k": ["a", "x"]}), np.array([0, 1]), np.array([0, 2]), ["s"]).tolist() == [True, False]
+    st.drop(np.array([0]))
+    assert len(st) == 1 and st.get(np.array([2])).column("s").to_pylist() == ["c"]
+
+
+def test_random_operations_against_a_dict():
+    rng = np.random.default_rng(5)
+    st = RowStore(SCHEMA)
+    model: dict[int, tuple] = {}
+    for step in range(400):
+        n = int(rng.integers(0, 300))
+        ids = np.unique(rng.integers(0, 2000, n))
+        rng.shuffle(ids)
+        if rng.random() < 0.3:
+            gone = np.array([i for i in ids.tolist() if i in model], dtype=np.int64)
+            st.drop(gone)
+            for i in gone.tolist():
+                del model[i]
+        else:
+            pairs = [(None if rng.random() < 0.1 else f"v{int(rng.integers(0, 50))}", step) for _ in ids]
+            st.put(ids, _rows(pairs))
+            model.update(zip(ids.tolist(), pairs, strict=True))
+        assert len(st) == len(model)
+        assert st.stored <= 2 * len(model) + 1024 + 300
+        probe = np.array(list(model), dtype=np.int64)
+        rng.shuffle(probe)
+        got = st.get(probe)
+        assert list(zip(got.column("s").to_pylist(), got.column("n").to_pylist(), strict=True)) == \
+            [model[i] for i in probe.tolist()], f"step {step}"
+        if probe.size:
+            eq = st.equal_at(_rows([model[i] for i in probe.tolist()]), np.arange(probe.size), probe)
+            assert eq.all()
