@@ -432,7 +432,8 @@ def _summary(args: argparse.Namespace, monitor: _Monitor, writer_stats: list[dic
     print(f"rows written {summary['rows_written']:,} ({summary['rows_per_s']:,.0f}/s, target "
           f"{summary['target_rows_per_s']:,.0f}/s)")
     for w in writer_stats:
-        print(f"  writer {w['table']}: ack p50 {w['ack_p50_ms']:.1f} ms p99 "
+        print(f"  writer {w['table']}: ack p50 {w['ack_p50_ms']:.1f} ms mean "
+              f"{w['ack_mean_ms']:.1f} ms p99 "
               f"{w['ack_p99_ms']:.1f} ms max {w['ack_max_ms']:.0f} ms, max behind "
               f"{w['max_behind_s']:.2f} s, skipped ticks {w['skipped_ticks']}"
               + (f", error {w['error']}" if w["error"] else ""))
