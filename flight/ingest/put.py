@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -105,6 +106,10 @@ class PutHandler:
         before the stream waits for the oldest to be acknowledged (appends, upserts and
         deletes without a ``write_id`` are pipelined this way: the next batch is read and
         checked while the journal writes the last; acks stay in batch order).
+    max_in_flight_seconds
+        And for how long: while the oldest batch on its way has been so for longer, the
+        stream reads no more (a journal behind, or a cycle holding its gate, would otherwise
+        let ``max_in_flight_bytes`` of small batches queue, each acknowledged seconds late).
     backlog
         Admits each batch without a ``write_id`` before it is staged or journaled, while
         its table's writes waiting for a cycle stay bounded (:mod:`flight.ingest.backlog`);
@@ -113,8 +118,8 @@ class PutHandler:
 
     def __init__(self, registry: TableRegistry, staging: Stager, *,
                  max_metadata_bytes: int = 1 << 20, max_batch_bytes: int = 256 << 20,
-                 max_in_flight_bytes: int = 64 << 20, max_value_bytes: int | None = None,
-                 backlog: Backlog | None = None) -> None:
+                 max_in_flight_bytes: int = 64 << 20, max_in_flight_seconds: float = 0.1,
+                 max_value_bytes: int | None = None, backlog: Backlog | None = None) -> None:
         self.registry = registry
         self.staging = staging
         self.backlog = backlog
@@ -122,6 +127,7 @@ class PutHandler:
         self.max_batch_bytes = max_batch_bytes
         self.max_value_bytes = max_value_bytes
         self.max_in_flight_bytes = max_in_flight_bytes
+        self.max_in_flight_seconds = max_in_flight_seconds
 
     def serve_acks(self, descriptor: flight.FlightDescriptor | None, reader: Any,
                    schema_metadata: pa.Buffer | None = None) -> Iterator[pb.PutAck]:
@@ -265,7 +271,8 @@ class PutHandler:
         failed one is never staged: the stream's staged batches are always a prefix.
         """
         chain = self.staging.open_chain()
-        flight_: deque[tuple[Future[None], int, int]] = deque()  # (future, rows, bytes)
+        # (future, rows, bytes, when submitted)
+        flight_: deque[tuple[Future[None], int, int, float]] = deque()
         in_flight = acked = total = 0
         cond = threading.Condition()
         incoming: deque[pa.RecordBatch] = deque()
@@ -296,12 +303,16 @@ class PutHandler:
 
         def ack_head() -> pb.PutAck:
             nonlocal in_flight, acked, total
-            future, rows, nbytes = flight_.popleft()
+            future, rows, nbytes, _ = flight_.popleft()
             future.result()  # raises the batch's refusal: the stream stops here
             in_flight -= nbytes
             total += rows
             acked += 1
             return pb.PutAck(batch_index=acked - 1, rows=rows, total_rows=total, staged=False)
+
+        def room() -> bool:  # for one more batch on its way (only a landing makes more)
+            return in_flight <= self.max_in_flight_bytes and (
+                not flight_ or time.monotonic() - flight_[0][3] <= self.max_in_flight_seconds)
 
         reader = threading.Thread(target=read, daemon=True, name=f"ticktable-put-{entry.name}")
         reader.start()
@@ -309,10 +320,9 @@ class PutHandler:
             while True:
                 with cond:
                     while not (flight_ and flight_[0][0].done()) and not ended and (
-                            not incoming or in_flight > self.max_in_flight_bytes):
+                            not incoming or not room()):
                         cond.wait()
-                    batch = incoming.popleft() if incoming and (
-                        in_flight <= self.max_in_flight_bytes) else None
+                    batch = incoming.popleft() if incoming and room() else None
                     finished = not incoming and bool(ended)
                     cond.notify_all()
                 while flight_ and flight_[0][0].done():
@@ -327,13 +337,13 @@ class PutHandler:
                         raise
                     try:
                         nbytes = self._admit(entry, parts, lambda: sum(
-                            n for f, _, n in list(flight_) if not f.done()))
+                            n for f, _, n, _ in list(flight_) if not f.done()))
                     except Exception:
                         while flight_:
                             yield ack_head()
                         raise
                     future = self.staging.submit(entry, parts, chain)
-                    flight_.append((future, batch.num_rows, nbytes))
+                    flight_.append((future, batch.num_rows, nbytes, time.monotonic()))
                     in_flight += nbytes
                     future.add_done_callback(landed)
                 elif finished:
@@ -346,7 +356,7 @@ class PutHandler:
             stop.set()
             with cond:
                 cond.notify_all()
-            for future, _, _ in flight_:  # after a failure: let the rest settle before answering
+            for future, _, _, _ in flight_:  # after a failure: let the rest settle before answering
                 future.exception()
 
 

@@ -106,6 +106,53 @@ def test_a_writer_the_server_does_not_read_is_held_by_flow_control(server):
     assert t.size == n * ROWS
 
 
+def test_a_durable_writer_is_held_while_its_batches_wait_to_land(tmp_path):
+    """A durable stream keeps batches on their way to the journal while it reads the next
+    (pipelined, up to 64 MiB), but only while the oldest has waited less than 0.1 s: with a
+    cycle holding the gate its batches are staged through, the writer is held after a
+    few, not after megabytes. Released, every batch is acknowledged and applied."""
+    server = start(tmp_path)
+    n = 800  # 32 MB
+    written = [0]
+    acks: list[int] = []
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            client = fl.connect(server.location)
+            writer, reader = client.do_put(fl.FlightDescriptor.for_path("t"), SCHEMA)
+            for i in range(n):
+                b = batch(i)
+                writer.write_batch(b)
+                written[0] += b.nbytes
+            writer.done_writing()
+            while (buf := reader.read()) is not None:
+                acks.append(pb.PutAck.FromString(buf.to_pybytes()).batch_index)
+            writer.close()
+            client.close()
+        except BaseException as exc:  # noqa: BLE001 - asserted on below
+            errors.append(exc)
+
+    try:
+        gate = server.graph.cycle_gate
+        assert gate is not None
+        with gate:  # as a cycle waiting for the graph's lock: nothing journaled is staged
+            thread = threading.Thread(target=write, daemon=True)
+            thread.start()
+            time.sleep(1.0)
+            held = written[0]
+            time.sleep(1.0)
+            assert written[0] == held, "the writer went on while nothing landed"
+            assert 0 < held <= 8 << 20, held  # 64 MiB would have let all 32 MB go
+        thread.join(60)
+        assert not errors and not thread.is_alive()
+        assert acks == list(range(n))
+        server.graph.run_cycle()
+        assert table(server).size == n * ROWS
+    finally:
+        server.shutdown()
+
+
 def test_a_batch_larger_than_the_window_goes_through(server):
     big = pa.record_batch([pa.array(np.arange(2_000_000, dtype=np.int64)),
                            pa.array(np.ones(2_000_000))], schema=SCHEMA)  # 32 MB
