@@ -66,44 +66,59 @@ def table(server: TicktableServer) -> KeyedTable:
 
 
 # ------------------------------------------------------------------------------ flow control
-def test_a_writer_the_server_does_not_read_is_held_by_flow_control(server):
-    n = 400  # 16 MB in all: what a BDP-grown window lets queue many times over
-    written = [0]  # bytes of the batches write_batch returned from
-    acks: list[int] = []
-    errors: list[BaseException] = []
+class Writer(threading.Thread):
+    """pyarrow's Flight client writing ``n`` batches into ``t`` as fast as it may, then
+    reading the acks; :attr:`written` counts the bytes of the batches ``write_batch`` let go."""
 
-    def write() -> None:
+    def __init__(self, server: TicktableServer, n: int) -> None:
+        super().__init__(daemon=True)
+        self.location, self.n = server.location, n
+        self.written = 0
+        self.acks: list[int] = []
+        self.errors: list[BaseException] = []
+        self.start()
+
+    def run(self) -> None:
         try:
-            client = fl.connect(server.location)
+            client = fl.connect(self.location)
             writer, reader = client.do_put(fl.FlightDescriptor.for_path("t"), SCHEMA)
-            for i in range(n):
+            for i in range(self.n):
                 b = batch(i)
                 writer.write_batch(b)
-                written[0] += b.nbytes
+                self.written += b.nbytes
             writer.done_writing()
             while (buf := reader.read()) is not None:
-                acks.append(pb.PutAck.FromString(buf.to_pybytes()).batch_index)
+                self.acks.append(pb.PutAck.FromString(buf.to_pybytes()).batch_index)
             writer.close()
             client.close()
         except BaseException as exc:  # noqa: BLE001 - asserted on below
-            errors.append(exc)
+            self.errors.append(exc)
 
-    t = table(server)
-    with t.write_lock():  # the handler waits to stage its first batch: nothing more is read
-        thread = threading.Thread(target=write, daemon=True)
-        thread.start()
+    def held(self) -> int:
+        """The bytes written once writing stopped (asserts it stays stopped for a second)."""
         time.sleep(1.0)
-        held = written[0]
+        held = self.written
         time.sleep(1.0)
-        assert written[0] == held, "the writer went on while the server read nothing"
+        assert self.written == held, "the writer went on while nothing was taken"
+        return held
+
+    def finish(self, server: TicktableServer) -> None:
+        """Every batch acknowledged, and applied by the next cycle."""
+        self.join(60)
+        assert not self.errors and not self.is_alive()
+        assert self.acks == list(range(self.n))
+        server.graph.run_cycle()
+        assert table(server).size == self.n * ROWS
+
+
+def test_a_writer_the_server_does_not_read_is_held_by_flow_control(server):
+    with table(server).write_lock():  # the handler waits to stage its first batch
+        writer = Writer(server, 400)  # 16 MB: what a BDP-grown window lets queue many times
+        held = writer.held()
         # the window (64 KiB), the batches read ahead (2) and the one being staged, plus the
         # one the client is sending: a handful of batches, not megabytes
         assert 0 < held <= 8 * batch(0).nbytes, held
-    thread.join(60)
-    assert not errors and not thread.is_alive()
-    assert acks == list(range(n))
-    server.graph.run_cycle()
-    assert t.size == n * ROWS
+    writer.finish(server)
 
 
 def test_a_durable_writer_is_held_while_its_batches_wait_to_land(tmp_path):
@@ -112,43 +127,14 @@ def test_a_durable_writer_is_held_while_its_batches_wait_to_land(tmp_path):
     cycle holding the gate its batches are staged through, the writer is held after a
     few, not after megabytes. Released, every batch is acknowledged and applied."""
     server = start(tmp_path)
-    n = 800  # 32 MB
-    written = [0]
-    acks: list[int] = []
-    errors: list[BaseException] = []
-
-    def write() -> None:
-        try:
-            client = fl.connect(server.location)
-            writer, reader = client.do_put(fl.FlightDescriptor.for_path("t"), SCHEMA)
-            for i in range(n):
-                b = batch(i)
-                writer.write_batch(b)
-                written[0] += b.nbytes
-            writer.done_writing()
-            while (buf := reader.read()) is not None:
-                acks.append(pb.PutAck.FromString(buf.to_pybytes()).batch_index)
-            writer.close()
-            client.close()
-        except BaseException as exc:  # noqa: BLE001 - asserted on below
-            errors.append(exc)
-
     try:
         gate = server.graph.cycle_gate
         assert gate is not None
         with gate:  # as a cycle waiting for the graph's lock: nothing journaled is staged
-            thread = threading.Thread(target=write, daemon=True)
-            thread.start()
-            time.sleep(1.0)
-            held = written[0]
-            time.sleep(1.0)
-            assert written[0] == held, "the writer went on while nothing landed"
+            writer = Writer(server, 800)  # 32 MB
+            held = writer.held()
             assert 0 < held <= 8 << 20, held  # 64 MiB would have let all 32 MB go
-        thread.join(60)
-        assert not errors and not thread.is_alive()
-        assert acks == list(range(n))
-        server.graph.run_cycle()
-        assert table(server).size == n * ROWS
+        writer.finish(server)
     finally:
         server.shutdown()
 
