@@ -206,31 +206,47 @@ def test_a_write_past_the_backlog_waits_then_is_refused(tmp_path, durable):
         server.shutdown()
 
 
+class RawPut(threading.Thread):
+    """:func:`put` of ``n`` batches on a thread; :attr:`out` is its (acks, error)."""
+
+    def __init__(self, server: TicktableServer, n: int) -> None:
+        super().__init__(daemon=True)
+        self.port, self.n = server.port, n
+        self.out: list[tuple[list[pb.PutAck], grpc.RpcError | None]] = []
+        self.start()
+
+    def run(self) -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as ch:
+            self.out.append(put(ch, [batch(i) for i in range(self.n)]))
+
+    def result(self) -> tuple[list[pb.PutAck], grpc.RpcError | None]:
+        self.join(10)
+        (out,) = self.out
+        return out
+
+
+def waiting(server: TicktableServer, nbytes: int) -> None:
+    """Until ``nbytes`` wait in ``t``'s backlog, and a little longer (the next batch waits)."""
+    t = table(server)
+    deadline = time.monotonic() + 10
+    while t.pending_bytes < nbytes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert t.pending_bytes == nbytes
+
+
 def test_a_waiting_write_goes_on_when_a_cycle_takes_the_backlog():
     nbytes = batch(0).get_total_buffer_size()
     server = start(max_pending_bytes=nbytes, put_wait=30.0)
     try:
-        out: list[tuple[list[pb.PutAck], grpc.RpcError | None]] = []
-
-        def write() -> None:
-            with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-                out.append(put(ch, [batch(i) for i in range(3)]))
-
-        thread = threading.Thread(target=write, daemon=True)
-        thread.start()
-        t = table(server)
+        writer = RawPut(server, 3)
         for _ in range(2):  # each cycle lets one more batch in
-            deadline = time.monotonic() + 10
-            while t.pending_bytes < nbytes and time.monotonic() < deadline:
-                time.sleep(0.01)
-            time.sleep(0.2)
-            assert t.pending_bytes == nbytes  # one staged, the next one waiting
+            waiting(server, nbytes)  # one staged, the next one waiting
             server.graph.run_cycle()
-        thread.join(10)
-        (acks, error), = out
+        acks, error = writer.result()
         assert error is None and [a.batch_index for a in acks] == [0, 1, 2]
         server.graph.run_cycle()
-        assert t.size == 3 * ROWS
+        assert table(server).size == 3 * ROWS
         metrics = server.metrics
         assert metrics is not None
         assert metrics.registry.get_sample_value("ticktable_put_waits_total", {"table": "t"}) == 2
@@ -241,21 +257,10 @@ def test_a_waiting_write_goes_on_when_a_cycle_takes_the_backlog():
 def test_shutdown_refuses_a_waiting_write_at_once():
     nbytes = batch(0).get_total_buffer_size()
     server = start(max_pending_bytes=nbytes, put_wait=60.0, shutdown_timeout=30.0)
-    out: list[tuple[list[pb.PutAck], grpc.RpcError | None]] = []
-
-    def write() -> None:
-        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-            out.append(put(ch, [batch(i) for i in range(3)]))
-
-    thread = threading.Thread(target=write, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while table(server).pending_bytes < nbytes and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)
+    writer = RawPut(server, 3)
+    waiting(server, nbytes)
     t0 = time.monotonic()
     assert server.shutdown()
     assert time.monotonic() - t0 < 10  # not the 60 s wait, nor the 30 s grace
-    thread.join(10)
-    (acks, error), = out
+    acks, error = writer.result()
     assert len(acks) == 1 and error is not None
