@@ -331,15 +331,10 @@ class PutHandler:
                     try:
                         parts = check_batch(entry, kind, batch,
                                             max_value_bytes=self.max_value_bytes)
-                    except Exception:
-                        while flight_:  # the batches before the bad one stay: acknowledge them
-                            yield ack_head()
-                        raise
-                    try:
                         nbytes = self._admit(entry, parts, lambda: sum(
                             n for f, _, n, _ in list(flight_) if not f.done()))
                     except Exception:
-                        while flight_:
+                        while flight_:  # the batches before the bad one stay: acknowledge them
                             yield ack_head()
                         raise
                     future = self.staging.submit(entry, parts, chain)
@@ -358,7 +353,6 @@ class PutHandler:
                 cond.notify_all()
             for future, _, _, _ in flight_:  # after a failure: let the rest settle before answering
                 future.exception()
-
 
     def _admit(self, entry: TableEntry, parts: list[Part],
                ahead: Callable[[], int] | None = None) -> int:
