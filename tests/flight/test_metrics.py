@@ -110,8 +110,16 @@ def test_the_stats_action_shows_the_numbers_of_the_metrics_endpoint(served):
     graph.run_cycle()
     with pytest.raises(KeyError):
         tc.snapshot("nope")
-    st = tc.stats()
-    m = _scrape(srv.metrics_port)
+    # the cycle's marker record is flushed after run_cycle returns (nobody waits for it):
+    # read both once the journal's flush count has settled
+    deadline = time.monotonic() + 10
+    while True:
+        st = tc.stats()
+        m = _scrape(srv.metrics_port)
+        flushes = m[("ticktable_journal_flush_seconds_count", ())]
+        if st.attrs["journal_flushes"] == flushes or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     (row,) = st[st["name"] == "t"].to_dict("records")
     assert row["put_rows"] == m[("ticktable_put_rows_total", (("table", "t"),))] == 500
     assert row["put_bytes"] == m[("ticktable_put_bytes_total", (("table", "t"),))] >= 8_000
