@@ -5,6 +5,8 @@ here, where they can be re-measured when numpy, pyarrow or pyroaring change:
 
 * distinct int64 values: ``np.unique`` (hash-based in numpy 2.x when no ``return_*`` flag
   is set) against sort + neighbour diff (``engine._kernels.arrays.sorted_unique``);
+* sorting a cycle's worth of row keys or slots: ``np.sort`` against 16-bit radix passes
+  (``engine._kernels.arrays.sort_keys``);
 * argsort of random uint64 hashes: quicksort against a stable sort (grouping by hash);
 * a RowSet (pyroaring ``BitMap64``) built from sorted keys: from a numpy array, from an
   ``array('Q')`` over the same buffer, and from ranges;
@@ -48,6 +50,13 @@ def _time(fn: Callable[[], Any], repeat: int) -> dict[str, float]:
     return stats_ms(samples)
 
 
+def _radix_sort(a: np.ndarray) -> np.ndarray:
+    """engine._kernels.arrays.sort_keys for keys below 2**32: two 16-bit stable passes."""
+    o = np.argsort(a.astype(np.uint16), kind="stable")
+    o = o[np.argsort((a[o] >> 16).astype(np.uint16), kind="stable")]
+    return a[o]
+
+
 def _sort_unique(a: np.ndarray) -> np.ndarray:
     k = np.sort(a)
     return k[np.concatenate(([True], k[1:] != k[:-1]))]
@@ -73,6 +82,9 @@ def run(sizes: list[int], repeat: int) -> list[dict[str, Any]]:
         keys = rng.integers(0, n // 2, n).astype(np.int64)
         add("np.unique int64", n, lambda keys=keys: np.unique(keys))
         add("sort + diff unique int64", n, lambda keys=keys: _sort_unique(keys))
+        slots = rng.integers(0, 2 * n, n // 10).astype(np.int64)  # a cycle's slots or row keys
+        add("np.sort int64 (n/10 keys < 2n)", n // 10, lambda k=slots: np.sort(k))
+        add("radix sort int64 (n/10 keys < 2n)", n // 10, lambda k=slots: _radix_sort(k))
         h = rng.integers(0, 2**63, n, dtype=np.int64).view(np.uint64)
         add("argsort uint64 quicksort", n, lambda h=h: np.argsort(h))
         add("argsort uint64 stable", n, lambda h=h: np.argsort(h, kind="stable"))

@@ -32,11 +32,13 @@ __all__ = [
     "expand_with_owner",
     "distinct_key_order",
     "highest_bit",
+    "key_order",
     "lowest_bit",
     "member",
     "numeric_view",
     "row_for_message",
     "shift_keys",
+    "sort_keys",
     "sorted_unique",
 ]
 
@@ -55,6 +57,7 @@ def sorted_unique(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """Sorted distinct values of ``a`` (a new array, also when ``a`` has fewer than 2).
 
     Sort + neighbour diff: numpy 2.x's hash-based ``np.unique`` is slower on large arrays.
+    Large arrays of row keys or slots sort by :func:`sort_keys`.
 
     Examples
     --------
@@ -65,11 +68,57 @@ def sorted_unique(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
         return a.copy()
     if (a[1:] > a[:-1]).all():  # already strictly increasing (row keys often are): numpy's
         return a.copy()          # default sort takes as long on sorted input (55 ms per 1M)
-    s = np.sort(a)
+    s = sort_keys(a) if a.dtype == np.int64 else np.sort(a)
     keep = np.empty(s.size, dtype=bool)
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
+
+
+RADIX_MIN = 2048      # below this many keys numpy's comparison sort is as fast
+_RADIX_MAX_BITS = 48  # keys below 2**48: at most three 16-bit passes
+
+
+def key_order(keys: I64) -> npt.NDArray[np.intp]:
+    """A stable permutation sorting ``keys`` (int64; row keys, slots, positions).
+
+    Non-negative keys below ``2**48`` in batches of ``RADIX_MIN`` or more sort by least
+    significant digit first, 16 bits a pass (numpy's stable sort of ``uint16`` is a radix
+    sort): two passes below ``2**32``, each a few times cheaper than a comparison sort of
+    int64 (measured in ``bench/bench_library.py``). Anything else goes to ``np.argsort(kind="stable")``.
+
+    Examples
+    --------
+    >>> key_order(np.array([70000, 3, 70000, 1])).tolist()
+    [3, 1, 0, 2]
+    """
+    if keys.size < RADIX_MIN:
+        return np.argsort(keys, kind="stable")
+    lo, hi = int(keys.min()), int(keys.max())
+    if lo < 0 or hi >= 1 << _RADIX_MAX_BITS:
+        return np.argsort(keys, kind="stable")
+    order: npt.NDArray[np.intp] | None = None
+    for shift in range(0, max(hi.bit_length(), 1), 16):
+        part = keys if order is None else keys[order]
+        digit = (part >> shift).astype(np.uint16)  # the cast keeps the low 16 bits
+        step = np.argsort(digit, kind="stable")
+        order = step if order is None else order[step]
+    assert order is not None
+    return order
+
+
+def sort_keys(keys: I64) -> I64:
+    """``np.sort(keys)`` for int64 keys, by :func:`key_order` where that is faster.
+
+    Examples
+    --------
+    >>> sort_keys(np.array([5, 1, 5, 0])).tolist()
+    [0, 1, 5, 5]
+    """
+    if keys.size < RADIX_MIN:
+        return np.sort(keys)
+    out: I64 = keys[key_order(keys)]
+    return out
 
 
 def distinct_key_order(keys: I64, end: int) -> npt.NDArray[np.intp]:

@@ -19,10 +19,12 @@ from engine._kernels.arrays import (
     expand,
     expand_with_owner,
     highest_bit,
+    key_order,
     lowest_bit,
     member,
     numeric_view,
     shift_keys,
+    sort_keys,
     sorted_unique,
 )
 
@@ -48,6 +50,22 @@ def test_sorted_unique_of_sorted_input_is_a_new_array(xs):
     if a.size:
         got[0] = -1
         assert a[0] != -1  # a copy, as for unsorted input
+
+
+@pytest.mark.parametrize("hi", [1, 300, 1 << 16, 1 << 21, 1 << 33, 1 << 47, 1 << 62])
+@pytest.mark.parametrize("n", [0, 5, 2047, 2048, 9000])
+def test_key_order_is_a_stable_sort(n, hi):
+    # from RADIX_MIN keys on, keys below 2**48 take 16-bit radix passes; repeats keep their order
+    rng = np.random.default_rng(n + hi.bit_length())
+    k = rng.integers(0, hi, n) if hi > 1 else np.zeros(n, dtype=np.int64)
+    k[: n // 3] = k[n // 3 : 2 * (n // 3)]  # plenty of repeats
+    assert key_order(k).tolist() == np.argsort(k, kind="stable").tolist()
+    assert sort_keys(k).tolist() == sorted(k.tolist())
+
+
+def test_key_order_leaves_negative_keys_to_numpy():
+    k = np.arange(5000, dtype=np.int64)[::-1] - 2500
+    assert sort_keys(k).tolist() == sorted(k.tolist())
 
 
 @given(keys=st.sets(st.integers(0, 299), max_size=300), end=st.integers(300, 20_000))
