@@ -27,6 +27,7 @@ __all__ = [
     "aligned_table",
     "bitmap_from_ranges",
     "bitmap_from_sorted",
+    "bitmap_from_words",
     "bitmap_of",
     "expand",
     "expand_with_owner",
@@ -230,11 +231,83 @@ def highest_bit(m: U64) -> I64:
 
 
 # bitmaps --------------------------------------------------------------------------------------
+DENSE_MIN = 8192   # from this many keys, at least one in 64 of their span: built from bit words
+_CONTAINER = 1 << 16  # keys per Roaring container
+_ARRAY_MAX = 4096     # a container of more keys is a bitmap of 2**16 bits
+_NO_RUN_COOKIE = 12346  # portable Roaring: array and bitmap containers only, offsets always
+
+
 def bitmap_from_sorted(keys: I64) -> BitMap64:
-    """A bitmap of sorted distinct keys, through ``array('Q')`` (pyroaring's fast path in)."""
+    """A bitmap of sorted distinct keys.
+
+    Through ``array('Q')`` (pyroaring's fast path in, still a step per key in C), or, for
+    ``DENSE_MIN`` keys or more filling at least one in 64 of their span, as bit words
+    (one flag per key position, packed) written as the portable serialization by
+    :func:`bitmap_from_words`: a few passes over the span instead of a step per key
+    (``bench/bench_library.py``).
+
+    Examples
+    --------
+    >>> list(bitmap_from_sorted(np.array([1, 5, 1 << 40])))
+    [1, 5, 1099511627776]
+    """
     if keys.size == 0:
         return BitMap64()
+    if keys.size >= DENSE_MIN:
+        base = int(keys[0]) & ~(_CONTAINER - 1)
+        span = int(keys[-1]) - base + 1
+        if span <= 64 * keys.size:
+            span = -(-span // _CONTAINER) * _CONTAINER
+            flags = np.zeros(span, dtype=bool)
+            flags[keys - base] = True
+            return bitmap_from_words(np.packbits(flags, bitorder="little").view(np.uint64), base)
     return BitMap64(array.array("Q", np.ascontiguousarray(keys, dtype=np.int64).tobytes()))
+
+
+def bitmap_from_words(words: U64, base: int = 0) -> BitMap64:
+    """The bitmap whose key ``base + 64 * i + b`` is in it when bit ``b`` of ``words[i]`` is set.
+
+    ``base`` is a multiple of ``2**16`` and ``words`` a whole number of Roaring containers
+    (1,024 words each). A container of more than 4,096 keys is its words as they are, a
+    smaller one its keys; one step per non-empty container and per ``2**32`` keys.
+
+    Examples
+    --------
+    >>> w = np.zeros(1024, dtype=np.uint64)
+    >>> w[0], w[1] = 0b101, 1
+    >>> list(bitmap_from_words(w, 1 << 32))
+    [4294967296, 4294967298, 4294967360]
+    """
+    per = words.reshape(-1, _CONTAINER // 64)
+    card = np.bitwise_count(per).sum(axis=1, dtype=np.int64)
+    full = np.flatnonzero(card)
+    if full.size == 0:
+        return BitMap64()
+    ckey = (base >> 16) + full  # container keys: the high 48 bits of their keys
+    high = ckey >> 16
+    bstart = np.flatnonzero(np.diff(high, prepend=high[0] ^ 1) != 0)
+    bstop = np.append(bstart[1:], full.size)
+    parts: list[bytes] = [np.uint64(bstart.size).tobytes()]
+    for b0, b1 in zip(bstart.tolist(), bstop.tolist(), strict=True):  # one step per 2**32 keys
+        c = full[b0:b1]
+        n = c.size
+        cc = card[c]
+        size = np.where(cc > _ARRAY_MAX, 8192, 2 * cc)  # payload bytes per container
+        head = np.empty(2 + 2 * n, dtype=np.uint32)  # cookie, count, (key, card - 1), offsets
+        head[0], head[1] = _NO_RUN_COOKIE, n
+        desc = head[2 : 2 + n].view(np.uint16).reshape(n, 2)
+        desc[:, 0] = ckey[b0:b1] & 0xFFFF
+        desc[:, 1] = cc - 1
+        head[2 + n :] = 8 + 8 * n + np.cumsum(size) - size
+        parts.append(np.uint32(int(high[b0])).tobytes())
+        parts.append(head.tobytes())
+        for i, k in zip(c.tolist(), cc.tolist(), strict=True):  # one step per container
+            if k > _ARRAY_MAX:
+                parts.append(per[i].tobytes())
+            else:
+                bits = np.unpackbits(per[i].view(np.uint8), bitorder="little")
+                parts.append(np.flatnonzero(bits).astype(np.uint16).tobytes())
+    return BitMap64.deserialize(b"".join(parts))
 
 
 def bitmap_of(keys: I64, span: int = 0) -> BitMap64:

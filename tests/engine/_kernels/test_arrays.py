@@ -14,6 +14,7 @@ from engine._kernels.arrays import (
     aligned_table,
     bitmap_from_ranges,
     bitmap_from_sorted,
+    bitmap_from_words,
     bitmap_of,
     distinct_key_order,
     expand,
@@ -147,6 +148,25 @@ def test_bitmaps(keys, span):
     small = [x % 500 for x in keys] * 3  # many repeats in a small span: the mark array
     assert list(bitmap_of(_a(small), 500 if span else 0)) == sorted(set(small))
     assert list(bitmap_of(k)) == sorted(set(keys))
+
+
+@pytest.mark.parametrize("start", [0, 12_345, (1 << 32) - 200_000, (1 << 40) + 7])
+@pytest.mark.parametrize("every", [1, 2, 17, 63, 300])
+def test_bitmap_from_sorted_of_many_keys(start, every):
+    # DENSE_MIN keys or more: bit words (dense enough: every <= 64) or array('Q') (sparser);
+    # containers of both kinds (more and fewer than 4,096 keys), across a 2**32 boundary
+    rng = np.random.default_rng(every)
+    keys = start + np.arange(0, 400_000, every)
+    keys = keys[rng.random(keys.size) < np.where(keys % 300_000 < 150_000, 0.99, 0.02)]
+    got = bitmap_from_sorted(keys)
+    assert len(got) == keys.size and np.array_equal(np.array(got.to_array(), dtype=np.int64), keys)
+
+
+def test_bitmap_from_words_skips_empty_containers():
+    words = np.zeros(4 * 1024, dtype=np.uint64)
+    words[1024 * 3 + 5] = 1 << 63  # the only key, in the fourth container
+    assert list(bitmap_from_words(words, 1 << 16)) == [(1 << 16) + 3 * (1 << 16) + 5 * 64 + 63]
+    assert list(bitmap_from_words(np.zeros(1024, dtype=np.uint64))) == []
 
 
 @given(ranges=st.lists(st.tuples(st.integers(0, 70_000), st.integers(0, 140_000)), max_size=10),
