@@ -198,7 +198,9 @@ def expand_with_owner(starts: I64, counts: I64) -> tuple[I64, I64]:
 def shift_keys(keys: I64, begins: I64, ends: I64, deltas: I64) -> I64:
     """``keys`` after the shift: a key in the inclusive range ``[begins[i], ends[i]]`` moves
     by ``deltas[i]``, any other key stays. One ``searchsorted`` on the range begins, so the
-    cost follows the keys, not the number of ranges; ``keys`` need not be sorted.
+    cost follows the keys, not the number of ranges; ``keys`` need not be sorted. Many
+    sorted keys (a table's rows under a sort's shift) search the other way round: each
+    range's begin among the keys, counted up to each key.
 
     The inverse shift is ``shift_keys(keys, begins + deltas, ends + deltas, -deltas)``.
 
@@ -209,6 +211,15 @@ def shift_keys(keys: I64, begins: I64, ends: I64, deltas: I64) -> I64:
     """
     if begins.size == 0 or keys.size == 0:
         return keys
+    if keys.size >= max(4 * begins.size, RADIX_MIN) and bool((keys[1:] >= keys[:-1]).all()):
+        # range r holds keys[lo[r]:hi[r]]: its delta is added from lo[r] and taken off at hi[r]
+        lo = np.searchsorted(keys, begins, side="left")
+        hi = np.searchsorted(keys, ends, side="right")
+        step = np.zeros(keys.size + 1, dtype=np.int64)
+        np.add.at(step, lo, deltas)
+        np.subtract.at(step, hi, deltas)
+        moved: I64 = keys + np.cumsum(step[: keys.size])
+        return moved
     i = np.searchsorted(begins, keys, side="right") - 1
     safe = np.maximum(i, 0)
     inside = (i >= 0) & (keys <= ends[safe])

@@ -150,6 +150,20 @@ def test_bitmaps(keys, span):
     assert list(bitmap_of(k)) == sorted(set(keys))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_shift_keys_of_many_sorted_keys_counts_ranges_up_to_each_key(seed):
+    # more than 4 keys a range (and RADIX_MIN keys): the ranges are found among the keys
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(0, 60_000, 20_000))
+    begins = np.unique(rng.integers(-5, 60_000, 900))
+    ends = np.minimum(begins + rng.integers(0, 90, begins.size), np.append(begins[1:] - 1, 1 << 40))
+    deltas = rng.integers(-3, 4, begins.size)
+    want = [k + next((int(d) for b, e, d in zip(begins, ends, deltas, strict=True) if b <= k <= e), 0)
+            for k in keys[::97].tolist()]
+    assert shift_keys(keys, begins, ends, deltas)[::97].tolist() == want
+    assert shift_keys(keys[::-1], begins, ends, deltas)[::-1][::97].tolist() == want  # unsorted
+
+
 @pytest.mark.parametrize("start", [0, 12_345, (1 << 32) - 200_000, (1 << 40) + 7])
 @pytest.mark.parametrize("every", [1, 2, 17, 63, 300])
 def test_bitmap_from_sorted_of_many_keys(start, every):
