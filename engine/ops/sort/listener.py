@@ -184,23 +184,32 @@ class SortListener:
         removed = [idx.remove(up.removed.keys())]
         stay = _EMPTY
         rekeyed = _EMPTY
+        known: tuple[list[np.ndarray], list[pa.Array]] | None = None
         if up.modified:
             cur = up.modified.keys()
             prev = up.shifted.unapply_keys(cur)
             slots = idx.slots_of(prev)
             if up.modified_columns & self._by:
-                moved = self._key_changed(slots, prev, cur)
+                moved, codes, values = self._key_changed(slots, prev, cur)
                 removed.append(idx.remove(prev[moved]))  # a new sort key: remove + add
                 rekeyed = cur[moved]
                 slots = slots[~moved]
+                if rekeyed.size:  # their codes are known: only the added rows are encoded
+                    sel = np.flatnonzero(moved)
+                    known = ([c[sel] for c in codes], [v.take(pa.array(sel)) for v in values])
             stay = slots  # previous result key space until our own shift is known
         if up.shifted:
             # the parent moved keys: only the redirection follows, output keys stay
             prev_k, cur_k = up.shifted.moved_keys(self.parent.prev_rowset - up.removed)
             idx.repoint(prev_k, cur_k)
-        new = np.concatenate((up.added.keys(), rekeyed))
+        added = up.added.keys()
+        new = np.concatenate((added, rekeyed))
+        if known is not None and added.size:
+            a_codes, a_values = idx.encode(added)
+            known = ([np.concatenate((a, m)) for a, m in zip(a_codes, known[0], strict=True)],
+                     [pa.concat_arrays([a, m]) for a, m in zip(a_values, known[1], strict=True)])
         if new.size:
-            slots_new, shift = idx.insert(new)
+            slots_new, shift = idx.insert(new, known)
         else:
             idx.finish()
             slots_new, shift = _EMPTY, RowSetShiftData.empty()
@@ -216,8 +225,10 @@ class SortListener:
             modified_columns=up.modified_columns,
         )
 
-    def _key_changed(self, slots: KeyArray, prev: KeyArray, cur: KeyArray) -> np.ndarray:
-        """Which modified rows have a new sort key (their stored codes against new values)."""
+    def _key_changed(self, slots: KeyArray, prev: KeyArray, cur: KeyArray
+                     ) -> tuple[np.ndarray, list[np.ndarray], list[pa.Array]]:
+        """Which modified rows have a new sort key (their stored codes against new values),
+        with the codes and values of all of them."""
         idx = self.index
         codes, values = idx.encode(cur)
         changed = np.zeros(cur.size, dtype=bool)
@@ -229,4 +240,4 @@ class SortListener:
                 if amb.size:
                     before = self.parent.column(enc.column).get_prev(prev[amb])
                     changed[amb[enc.compare(before, values[j].take(pa.array(amb))) != 0]] = True
-        return changed
+        return changed, codes, values
