@@ -50,8 +50,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+from pyroaring import BitMap64
 
-from engine._kernels.arrays import expand, sorted_unique
+from engine._kernels.arrays import bitmap_from_words, expand, sorted_unique
 from engine._kernels.rowkeymap import RowKeyMap
 from engine.columns import ColumnSource
 from engine.errors import UpdateInvariantError
@@ -110,6 +111,7 @@ class SortIndex:
         self._events: list[I64] = []
         self.size = 0
         self.moved = 0  # survivors moved by the last insert (for benchmarks and tests)
+        self.relaid = False  # the last insert laid every row out again
 
     # reading ---------------------------------------------------------------------------
     def slots_of(self, pks: I64) -> I64:
@@ -122,6 +124,12 @@ class SortIndex:
     def live_slots(self) -> I64:
         """Every live slot, sorted (O(capacity); for layouts and tests)."""
         return self._live.all_live()
+
+    def live_bitmap(self) -> BitMap64:
+        """The live slots as a bitmap, from the live bits' words (O(capacity / 64))."""
+        words = self._live.words
+        pad = -words.size % 1024  # whole Roaring containers of 2**16 slots
+        return bitmap_from_words(np.concatenate((words, np.zeros(pad, dtype=np.uint64))) if pad else words)
 
     def encode(self, pks: I64) -> tuple[list[U64], list[pa.Array]]:
         """Codes and current values of the sort columns at parent keys ``pks``."""
@@ -175,6 +183,7 @@ class SortIndex:
         instead of placed gap by gap.
         """
         self.moved = 0
+        self.relaid = False
         if pks.size == 0:
             self._refill()
             return _EMPTY, RowSetShiftData.empty()
@@ -541,6 +550,7 @@ class SortIndex:
         self.size = n
         self._events = []
         self.moved = n_s
+        self.relaid = True
         return new, shift_from_runs(surv, surv_new)
 
     # invariant G ----------------------------------------------------------------------------

@@ -40,13 +40,13 @@ from engine.ops.sort._index import SortIndex
 from engine.ops.sort._keys import encoder_for
 from engine.ops.sort._slots import Redirection
 from engine.rowset import KeyArray, RowSet, RowSetShiftData
-from engine.table import Derivation, derive
+from engine.table import Derivation, DerivedTable, derive
 from engine.update import TableUpdate
 
 if TYPE_CHECKING:
     from engine.table import Table
 
-__all__ = ["RedirectedColumnSource", "SortListener", "sort"]
+__all__ = ["RedirectedColumnSource", "SortListener", "SortedTable", "sort"]
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,19 @@ def sort(table: Table, by: str | Sequence[str], descending: bool | Sequence[bool
                           SortListener(table, index, redirection, cols),
                           name=f"{table.name}.sort({spec})")
 
-    return derive([table], plan)
+    return derive([table], plan, table_class=SortedTable)
+
+
+class SortedTable(DerivedTable):
+    """The sorted table. After a cycle that laid every row out again (a merged batch, a
+    resize), its RowSet is read off the index's live bits rather than by shifting every
+    row key of the previous one."""
+
+    listener: SortListener
+
+    def _next_rowset(self, update: TableUpdate, prev: RowSet) -> RowSet:
+        laid = self.listener.take_layout()
+        return laid if laid is not None else update.apply(prev)
 
 
 class SortListener:
@@ -174,6 +186,12 @@ class SortListener:
         self.index = index
         self._redirection = redirection
         self._by = frozenset(by)
+        self._layout: RowSet | None = None  # the rows after this cycle's full layout
+
+    def take_layout(self) -> RowSet | None:
+        """The result's rows if this cycle laid them all out again (once), else None."""
+        laid, self._layout = self._layout, None
+        return laid
 
     def on_update(self, up: TableUpdate | None) -> TableUpdate | None:
         if up is None:
@@ -208,8 +226,11 @@ class SortListener:
             a_codes, a_values = idx.encode(added)
             known = ([np.concatenate((a, m)) for a, m in zip(a_codes, known[0], strict=True)],
                      [pa.concat_arrays([a, m]) for a, m in zip(a_values, known[1], strict=True)])
+        self._layout = None
         if new.size:
             slots_new, shift = idx.insert(new, known)
+            if idx.relaid:
+                self._layout = RowSet(idx.live_bitmap())
         else:
             idx.finish()
             slots_new, shift = _EMPTY, RowSetShiftData.empty()
