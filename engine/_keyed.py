@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._kernels.arrays import distinct_key_order, numeric_view
+from engine._kernels.arrays import distinct_key_order, numeric_view, sort_keys
 from engine._kernels.hashing import (
     Same,
     exact_hash,
@@ -331,8 +331,10 @@ class KeyedTable(SourceTable):
             h, None if self._index.exact else (lambda i, j: same_rows(keys_t, i, j)))
         if starts.size == order.size:  # every key written once: no sort needed
             last = np.arange(order.size)
-        else:  # the last write per key, in staging order
-            last = np.sort(np.maximum.reduceat(order, starts))
+        else:  # the last write per key, in staging order (distinct positions: marked, not sorted)
+            mark = np.zeros(order.size, dtype=bool)
+            mark[np.maximum.reduceat(order, starts)] = True
+            last = np.flatnonzero(mark)
         h = h[last]
         up_mask = np.concatenate(is_up)[last]
         rows = np.concatenate(row_of)[last]
@@ -341,7 +343,7 @@ class KeyedTable(SourceTable):
 
         # deletes of present keys -> removed
         del_sel = ~up_mask & (found >= 0)
-        removed_keys = np.sort(found[del_sel])
+        removed_keys = sort_keys(found[del_sel])
         self._index.delete(h[del_sel], found[del_sel])
         self._row_keys.free(removed_keys)
 
