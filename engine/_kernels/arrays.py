@@ -15,6 +15,7 @@ Row keys are non-negative int64; shift ranges are ``(begin, end, delta)`` with `
 from __future__ import annotations
 
 import array
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -252,10 +253,11 @@ def bitmap_from_sorted(keys: I64) -> BitMap64:
     """A bitmap of sorted distinct keys.
 
     Through ``array('Q')`` (pyroaring's fast path in, still a step per key in C), or, for
-    ``DENSE_MIN`` keys or more filling at least one in 64 of their span, as bit words
-    (one flag per key position, packed) written as the portable serialization by
-    :func:`bitmap_from_words`: a few passes over the span instead of a step per key
-    (``bench/bench_library.py``).
+    ``DENSE_MIN`` keys or more filling at least one in 64 of their span, written as the
+    portable Roaring serialization and deserialized once (:func:`_containers`): a
+    container of more than 4,096 keys as bit words (one flag per key position, packed),
+    a smaller one as the low 16 bits of its keys, a few passes over the keys and the
+    span instead of a step per key (``bench/bench_library.py``).
 
     Examples
     --------
@@ -268,10 +270,23 @@ def bitmap_from_sorted(keys: I64) -> BitMap64:
         base = int(keys[0]) & ~(_CONTAINER - 1)
         span = int(keys[-1]) - base + 1
         if span <= 64 * keys.size:
-            span = -(-span // _CONTAINER) * _CONTAINER
-            flags = np.zeros(span, dtype=bool)
-            flags[keys - base] = True
-            return bitmap_from_words(np.packbits(flags, bitorder="little").view(np.uint64), base)
+            n = -(-span // _CONTAINER)
+            at = np.searchsorted(keys, base + _CONTAINER * np.arange(n + 1))  # container bounds
+            card = np.diff(at)
+            words: U64 | None = None
+            if (card > _ARRAY_MAX).any():
+                flags = np.zeros(n * _CONTAINER, dtype=bool)
+                flags[keys - base] = True
+                words = np.packbits(flags, bitorder="little").view(np.uint64)
+            per = words.reshape(n, -1) if words is not None else None
+
+            def payload(i: int, k: int) -> bytes:
+                if k > _ARRAY_MAX:
+                    assert per is not None
+                    return bytes(per[i].data)
+                return (keys[at[i] : at[i + 1]] & 0xFFFF).astype(np.uint16).tobytes()
+
+            return _containers(base, card, payload)
     return BitMap64(array.array("Q", np.ascontiguousarray(keys, dtype=np.int64).tobytes()))
 
 
@@ -291,6 +306,20 @@ def bitmap_from_words(words: U64, base: int = 0) -> BitMap64:
     """
     per = words.reshape(-1, _CONTAINER // 64)
     card = np.bitwise_count(per).sum(axis=1, dtype=np.int64)
+
+    def payload(i: int, k: int) -> bytes:
+        if k > _ARRAY_MAX:
+            return bytes(per[i].data)
+        bits = np.unpackbits(per[i].view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits).astype(np.uint16).tobytes()
+
+    return _containers(base, card, payload)
+
+
+def _containers(base: int, card: I64, payload: Callable[[int, int], bytes]) -> BitMap64:
+    """A bitmap from its containers: container ``i`` holds keys ``base + i * 2**16 + ...``,
+    ``card[i]`` of them, serialized as ``payload(i, card[i])`` (words above 4,096 keys,
+    16-bit keys below). Empty containers are skipped; one step per container."""
     full = np.flatnonzero(card)
     if full.size == 0:
         return BitMap64()
@@ -312,12 +341,7 @@ def bitmap_from_words(words: U64, base: int = 0) -> BitMap64:
         head[2 + n :] = 8 + 8 * n + np.cumsum(size) - size
         parts.append(np.uint32(int(high[b0])).tobytes())
         parts.append(head.tobytes())
-        for i, k in zip(c.tolist(), cc.tolist(), strict=True):  # one step per container
-            if k > _ARRAY_MAX:
-                parts.append(per[i].tobytes())
-            else:
-                bits = np.unpackbits(per[i].view(np.uint8), bitorder="little")
-                parts.append(np.flatnonzero(bits).astype(np.uint16).tobytes())
+        parts.extend(payload(i, k) for i, k in zip(c.tolist(), cc.tolist(), strict=True))
     return BitMap64.deserialize(b"".join(parts))
 
 

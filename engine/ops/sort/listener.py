@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from engine._kernels.arrays import sorted_unique
+from engine._kernels.arrays import sort_keys, sorted_unique
 from engine.columns import ColumnSource, RedirectingColumnSource
 from engine.errors import InputError
 from engine.ops.sort._index import SortIndex
@@ -239,7 +239,7 @@ class SortListener:
         log.debug("sort %r: +%d -%d ~%d, %d moved", self.result.name, slots_new.size, gone.size,
                   modified.size, idx.moved)
         return TableUpdate.of(
-            added=RowSet.from_keys(np.sort(slots_new), assume_sorted=True),
+            added=RowSet.from_keys(sort_keys(slots_new), assume_sorted=True),
             removed=RowSet.from_keys(gone, assume_sorted=True),
             modified=RowSet.from_keys(modified, assume_sorted=True),
             shifted=shift,
