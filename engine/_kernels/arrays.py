@@ -126,18 +126,18 @@ def sort_keys(keys: I64) -> I64:
 def distinct_key_order(keys: I64, end: int) -> npt.NDArray[np.intp]:
     """The permutation sorting ``keys``: distinct, non-negative and below ``end``.
 
-    When the keys are dense enough (at least one in 16 of ``0 .. end - 1``), by scattering
-    their positions into an array of ``end`` and reading it back in key order: O(end)
-    and no comparison sort, which on random row keys is the larger cost. Otherwise
-    ``np.argsort``.
+    When the keys fill at least a third of ``0 .. end - 1``, by scattering their positions
+    into an array of ``end`` and reading it back in key order: O(end) and no comparison
+    sort. Sparser keys take :func:`key_order` (radix passes from ``RADIX_MIN`` keys on,
+    cheaper than the O(end) pass below a third; ``np.argsort`` for fewer keys).
 
     Examples
     --------
     >>> distinct_key_order(np.array([7, 2, 5]), 8).tolist()
     [1, 2, 0]
     """
-    if keys.size < 2 or 16 * keys.size < end:
-        return np.argsort(keys)
+    if keys.size < 2 or 3 * keys.size < end:
+        return key_order(keys)
     pos = np.full(end, -1, dtype=np.intp)
     pos[keys] = np.arange(keys.size)
     return pos[pos >= 0]

@@ -71,7 +71,7 @@ def test_key_order_leaves_negative_keys_to_numpy():
 
 @given(keys=st.sets(st.integers(0, 299), max_size=300), end=st.integers(300, 20_000))
 def test_distinct_key_order_sorts_dense_and_sparse_keys(keys, end):
-    # dense (>= 1 in 16 of 0..end-1): by scatter; sparse: argsort; both the sorting order
+    # dense (>= 1 in 3 of 0..end-1): by scatter; sparser: key_order; both the sorting order
     k = np.random.default_rng(len(keys)).permutation(_a(sorted(keys)))
     order = distinct_key_order(k, end)
     assert k[order].tolist() == sorted(keys)
