@@ -491,10 +491,11 @@ class SortIndex:
         c0 = self._codes[0][surv]
         q0 = codes[0]
         before = np.searchsorted(c0, q0, side="left")
-        stop = np.searchsorted(c0, q0, side="right")
-        tie = np.flatnonzero(stop > before)
+        inb = np.flatnonzero(before < c0.size)
+        tie = inb[c0[before[inb]] == q0[inb]]  # first codes tie: the rest of the key decides
         if tie.size:
-            before[tie] = self._narrow(before[tie], stop[tie], tie, codes, values, pks, at=surv)
+            stop = np.searchsorted(c0, q0[tie], side="right")
+            before[tie] = self._narrow(before[tie], stop, tie, codes, values, pks, at=surv)
         n = self.size + pks.size
         room = max(MIN_FRONT, min(self._live.first(), n // 4))
         return self._relayout(codes, pks, before, room, surv)
