@@ -5,9 +5,12 @@ here, where they can be re-measured when numpy, pyarrow or pyroaring change:
 
 * distinct int64 values: ``np.unique`` (hash-based in numpy 2.x when no ``return_*`` flag
   is set) against sort + neighbour diff (``engine._kernels.arrays.sorted_unique``);
+* sorting a cycle's worth of row keys or slots: ``np.sort`` against 16-bit radix passes
+  (``engine._kernels.arrays.sort_keys``);
 * argsort of random uint64 hashes: quicksort against a stable sort (grouping by hash);
 * a RowSet (pyroaring ``BitMap64``) built from sorted keys: from a numpy array, from an
-  ``array('Q')`` over the same buffer, and from ranges;
+  ``array('Q')`` over the same buffer, from bit words (``engine._kernels.arrays.bitmap_from_sorted``
+  on keys filling a quarter of their span), and from ranges;
 * expression evaluation: one Acero ``table_source -> project`` plan against
   ``pyarrow.dataset`` and against ``pc`` kernels called directly, for 2,000 and 1M rows
   (the fixed cost of a plan is why ops batch rows and expressions into one plan);
@@ -36,6 +39,7 @@ from pyroaring import BitMap64
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import print_table, stats_ms, write_json  # noqa: E402
+from engine._kernels.arrays import bitmap_from_sorted, sort_keys  # noqa: E402
 
 
 def _time(fn: Callable[[], Any], repeat: int) -> dict[str, float]:
@@ -73,6 +77,9 @@ def run(sizes: list[int], repeat: int) -> list[dict[str, Any]]:
         keys = rng.integers(0, n // 2, n).astype(np.int64)
         add("np.unique int64", n, lambda keys=keys: np.unique(keys))
         add("sort + diff unique int64", n, lambda keys=keys: _sort_unique(keys))
+        slots = rng.integers(0, 2 * n, n // 10).astype(np.int64)  # a cycle's slots or row keys
+        add("np.sort int64 (n/10 keys < 2n)", n // 10, lambda k=slots: np.sort(k))
+        add("sort_keys int64 (n/10 keys < 2n)", n // 10, lambda k=slots: sort_keys(k))
         h = rng.integers(0, 2**63, n, dtype=np.int64).view(np.uint64)
         add("argsort uint64 quicksort", n, lambda h=h: np.argsort(h))
         add("argsort uint64 stable", n, lambda h=h: np.argsort(h, kind="stable"))
@@ -80,6 +87,7 @@ def run(sizes: list[int], repeat: int) -> list[dict[str, Any]]:
         add("BitMap64 from numpy", sk.size, lambda sk=sk: BitMap64(sk))
         add("BitMap64 from array('Q')", sk.size,
             lambda sk=sk: BitMap64(array.array("Q", sk.tobytes())))
+        add("bitmap_from_sorted (bit words)", sk.size, lambda sk=sk: bitmap_from_sorted(sk.view(np.int64)))
         add("BitMap64 add_range (1 range)", sk.size,
             lambda n=n: BitMap64().add_range(0, n))
     for n in (2_000, *sizes):

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._kernels.arrays import distinct_key_order, numeric_view
+from engine._kernels.arrays import distinct_key_order, key_order, numeric_view, sort_keys
 from engine._kernels.hashing import (
     Same,
     exact_hash,
@@ -327,21 +327,22 @@ class KeyedTable(SourceTable):
             return None
         keys_t = keys_t.combine_chunks()
         h = _key_hashes(keys_t, self.keys)
-        order, starts = group_equal(  # writes grouped by key, exactly
-            h, None if self._index.exact else (lambda i, j: same_rows(keys_t, i, j)))
-        if starts.size == order.size:  # every key written once: no sort needed
-            last = np.arange(order.size)
-        else:  # the last write per key, in staging order
-            last = np.sort(np.maximum.reduceat(order, starts))
+        if self._index.exact:  # looked up first: a held key's writes share its row key
+            found = self._index.lookup(h, None)  # exact keys need no verification
+            last = _last_writes(h, found)
+            found = found[last]
+        else:
+            order, starts = group_equal(  # writes grouped by key, exactly
+                h, lambda i, j: same_rows(keys_t, i, j))
+            last = _last_of_groups(order, starts)
+            found = self._index.lookup(h[last], self._same_as_held(keys_t.take(pa.array(last))))
         h = h[last]
         up_mask = np.concatenate(is_up)[last]
         rows = np.concatenate(row_of)[last]
-        found = self._index.lookup(  # exact keys need no verification, nor the key rows
-            h, None if self._index.exact else self._same_as_held(keys_t.take(pa.array(last))))
 
         # deletes of present keys -> removed
         del_sel = ~up_mask & (found >= 0)
-        removed_keys = np.sort(found[del_sel])
+        removed_keys = sort_keys(found[del_sel])
         self._index.delete(h[del_sel], found[del_sel])
         self._row_keys.free(removed_keys)
 
@@ -415,6 +416,38 @@ class KeyedTable(SourceTable):
             src.set(keys, rows.column(name))
         if keys.size:
             self._index.insert(_key_hashes(rows.select(self.keys).combine_chunks(), self.keys), keys)
+
+
+def _last_of_groups(order: npt.NDArray[np.int64], starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The last write of each group of equal keys (``group_equal``'s), in staging order."""
+    if starts.size == order.size:  # every key written once
+        return np.arange(order.size)
+    mark = np.zeros(order.size, dtype=bool)  # distinct positions: marked, not sorted
+    mark[np.maximum.reduceat(order, starts)] = True
+    return np.flatnonzero(mark)
+
+
+def _last_writes(h: npt.NDArray[np.uint64], found: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The last write per key in staging order, for exact keys already looked up.
+
+    Writes of a held key (``found >= 0``) share its row key: a stable sort of the row keys
+    (radix passes, :func:`~engine._kernels.arrays.key_order`) puts them together in
+    staging order, cheaper than sorting the 64-bit hashes of every write. Only the writes
+    of absent keys are grouped by hash.
+    """
+    mark = np.zeros(h.size, dtype=bool)
+    held = np.flatnonzero(found >= 0)
+    if held.size:
+        o = key_order(found[held])
+        rk = found[held][o]
+        end = np.ones(o.size, dtype=bool)
+        np.not_equal(rk[1:], rk[:-1], out=end[:-1])
+        mark[held[o[end]]] = True
+    new = np.flatnonzero(found < 0)
+    if new.size:
+        order, starts = group_equal(h[new], None)
+        mark[new[_last_of_groups(order, starts)]] = True
+    return np.flatnonzero(mark)
 
 
 def _numeric_changes(src: WritableColumnSource, col: pa.ChunkedArray, keys: KeyArray, rows: KeyArray,

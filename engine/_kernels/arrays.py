@@ -15,6 +15,7 @@ Row keys are non-negative int64; shift ranges are ``(begin, end, delta)`` with `
 from __future__ import annotations
 
 import array
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,16 +28,19 @@ __all__ = [
     "aligned_table",
     "bitmap_from_ranges",
     "bitmap_from_sorted",
+    "bitmap_from_words",
     "bitmap_of",
     "expand",
     "expand_with_owner",
     "distinct_key_order",
     "highest_bit",
+    "key_order",
     "lowest_bit",
     "member",
     "numeric_view",
     "row_for_message",
     "shift_keys",
+    "sort_keys",
     "sorted_unique",
 ]
 
@@ -55,6 +59,7 @@ def sorted_unique(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """Sorted distinct values of ``a`` (a new array, also when ``a`` has fewer than 2).
 
     Sort + neighbour diff: numpy 2.x's hash-based ``np.unique`` is slower on large arrays.
+    Large arrays of row keys or slots sort by :func:`sort_keys`.
 
     Examples
     --------
@@ -65,28 +70,74 @@ def sorted_unique(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
         return a.copy()
     if (a[1:] > a[:-1]).all():  # already strictly increasing (row keys often are): numpy's
         return a.copy()          # default sort takes as long on sorted input (55 ms per 1M)
-    s = np.sort(a)
+    s = sort_keys(a) if a.dtype == np.int64 else np.sort(a)
     keep = np.empty(s.size, dtype=bool)
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
 
 
+RADIX_MIN = 2048      # below this many keys numpy's comparison sort is as fast
+_RADIX_MAX_BITS = 48  # keys below 2**48: at most three 16-bit passes
+
+
+def key_order(keys: I64) -> npt.NDArray[np.intp]:
+    """A stable permutation sorting ``keys`` (int64; row keys, slots, positions).
+
+    Non-negative keys below ``2**48`` in batches of ``RADIX_MIN`` or more sort by least
+    significant digit first, 16 bits a pass (numpy's stable sort of ``uint16`` is a radix
+    sort): two passes below ``2**32``, each a few times cheaper than a comparison sort of
+    int64 (measured in ``bench/bench_library.py``). Anything else goes to ``np.argsort(kind="stable")``.
+
+    Examples
+    --------
+    >>> key_order(np.array([70000, 3, 70000, 1])).tolist()
+    [3, 1, 0, 2]
+    """
+    if keys.size < RADIX_MIN:
+        return np.argsort(keys, kind="stable")
+    lo, hi = int(keys.min()), int(keys.max())
+    if lo < 0 or hi >= 1 << _RADIX_MAX_BITS:
+        return np.argsort(keys, kind="stable")
+    order: npt.NDArray[np.intp] | None = None
+    for shift in range(0, max(hi.bit_length(), 1), 16):
+        part = keys if order is None else keys[order]
+        digit = (part >> shift).astype(np.uint16)  # the cast keeps the low 16 bits
+        step = np.argsort(digit, kind="stable")
+        order = step if order is None else order[step]
+    assert order is not None
+    return order
+
+
+def sort_keys(keys: I64) -> I64:
+    """``np.sort(keys)`` for int64 keys, by :func:`key_order` where that is faster.
+
+    Examples
+    --------
+    >>> sort_keys(np.array([5, 1, 5, 0])).tolist()
+    [0, 1, 5, 5]
+    """
+    if keys.size < RADIX_MIN:
+        return np.sort(keys)
+    out: I64 = keys[key_order(keys)]
+    return out
+
+
 def distinct_key_order(keys: I64, end: int) -> npt.NDArray[np.intp]:
     """The permutation sorting ``keys``: distinct, non-negative and below ``end``.
 
-    When the keys are dense enough (at least one in 16 of ``0 .. end - 1``), by scattering
-    their positions into an array of ``end`` and reading it back in key order: O(end)
-    and no comparison sort, which on random row keys is the larger cost. Otherwise
-    ``np.argsort``.
+    When the keys fill at least a third of ``0 .. end - 1``, by scattering their positions
+    into an array of ``end`` and reading it back in key order: O(end) and no comparison
+    sort. Sparser keys take :func:`key_order` (radix passes from ``RADIX_MIN`` keys on,
+    cheaper than the O(end) pass below a third; ``np.argsort`` for fewer keys).
 
     Examples
     --------
     >>> distinct_key_order(np.array([7, 2, 5]), 8).tolist()
     [1, 2, 0]
     """
-    if keys.size < 2 or 16 * keys.size < end:
-        return np.argsort(keys)
+    if keys.size < 2 or 3 * keys.size < end:
+        return key_order(keys)
     pos = np.full(end, -1, dtype=np.intp)
     pos[keys] = np.arange(keys.size)
     return pos[pos >= 0]
@@ -148,7 +199,9 @@ def expand_with_owner(starts: I64, counts: I64) -> tuple[I64, I64]:
 def shift_keys(keys: I64, begins: I64, ends: I64, deltas: I64) -> I64:
     """``keys`` after the shift: a key in the inclusive range ``[begins[i], ends[i]]`` moves
     by ``deltas[i]``, any other key stays. One ``searchsorted`` on the range begins, so the
-    cost follows the keys, not the number of ranges; ``keys`` need not be sorted.
+    cost follows the keys, not the number of ranges; ``keys`` need not be sorted. Many
+    sorted keys (a table's rows under a sort's shift) search the other way round: each
+    range's begin among the keys, counted up to each key.
 
     The inverse shift is ``shift_keys(keys, begins + deltas, ends + deltas, -deltas)``.
 
@@ -159,6 +212,15 @@ def shift_keys(keys: I64, begins: I64, ends: I64, deltas: I64) -> I64:
     """
     if begins.size == 0 or keys.size == 0:
         return keys
+    if keys.size >= max(4 * begins.size, RADIX_MIN) and bool((keys[1:] >= keys[:-1]).all()):
+        # range r holds keys[lo[r]:hi[r]]: its delta is added from lo[r] and taken off at hi[r]
+        lo = np.searchsorted(keys, begins, side="left")
+        hi = np.searchsorted(keys, ends, side="right")
+        step = np.zeros(keys.size + 1, dtype=np.int64)
+        np.add.at(step, lo, deltas)
+        np.subtract.at(step, hi, deltas)
+        moved: I64 = keys + np.cumsum(step[: keys.size])
+        return moved
     i = np.searchsorted(begins, keys, side="right") - 1
     safe = np.maximum(i, 0)
     inside = (i >= 0) & (keys <= ends[safe])
@@ -181,11 +243,106 @@ def highest_bit(m: U64) -> I64:
 
 
 # bitmaps --------------------------------------------------------------------------------------
+DENSE_MIN = 8192   # from this many keys, at least one in 64 of their span: built from bit words
+_CONTAINER = 1 << 16  # keys per Roaring container
+_ARRAY_MAX = 4096     # a container of more keys is a bitmap of 2**16 bits
+_NO_RUN_COOKIE = 12346  # portable Roaring: array and bitmap containers only, offsets always
+
+
 def bitmap_from_sorted(keys: I64) -> BitMap64:
-    """A bitmap of sorted distinct keys, through ``array('Q')`` (pyroaring's fast path in)."""
+    """A bitmap of sorted distinct keys.
+
+    Through ``array('Q')`` (pyroaring's fast path in, still a step per key in C), or, for
+    ``DENSE_MIN`` keys or more filling at least one in 64 of their span, written as the
+    portable Roaring serialization and deserialized once (:func:`_containers`): a
+    container of more than 4,096 keys as bit words (one flag per key position, packed),
+    a smaller one as the low 16 bits of its keys, a few passes over the keys and the
+    span instead of a step per key (``bench/bench_library.py``).
+
+    Examples
+    --------
+    >>> list(bitmap_from_sorted(np.array([1, 5, 1 << 40])))
+    [1, 5, 1099511627776]
+    """
     if keys.size == 0:
         return BitMap64()
+    if keys.size >= DENSE_MIN:
+        base = int(keys[0]) & ~(_CONTAINER - 1)
+        span = int(keys[-1]) - base + 1
+        if span <= 64 * keys.size:
+            n = -(-span // _CONTAINER)
+            at = np.searchsorted(keys, base + _CONTAINER * np.arange(n + 1))  # container bounds
+            card = np.diff(at)
+            words: U64 | None = None
+            if (card > _ARRAY_MAX).any():
+                flags = np.zeros(n * _CONTAINER, dtype=bool)
+                flags[keys - base] = True
+                words = np.packbits(flags, bitorder="little").view(np.uint64)
+            per = words.reshape(n, -1) if words is not None else None
+
+            def payload(i: int, k: int) -> bytes:
+                if k > _ARRAY_MAX:
+                    assert per is not None
+                    return bytes(per[i].data)
+                return (keys[at[i] : at[i + 1]] & 0xFFFF).astype(np.uint16).tobytes()
+
+            return _containers(base, card, payload)
     return BitMap64(array.array("Q", np.ascontiguousarray(keys, dtype=np.int64).tobytes()))
+
+
+def bitmap_from_words(words: U64, base: int = 0) -> BitMap64:
+    """The bitmap whose key ``base + 64 * i + b`` is in it when bit ``b`` of ``words[i]`` is set.
+
+    ``base`` is a multiple of ``2**16`` and ``words`` a whole number of Roaring containers
+    (1,024 words each). A container of more than 4,096 keys is its words as they are, a
+    smaller one its keys; one step per non-empty container and per ``2**32`` keys.
+
+    Examples
+    --------
+    >>> w = np.zeros(1024, dtype=np.uint64)
+    >>> w[0], w[1] = 0b101, 1
+    >>> list(bitmap_from_words(w, 1 << 32))
+    [4294967296, 4294967298, 4294967360]
+    """
+    per = words.reshape(-1, _CONTAINER // 64)
+    card = np.bitwise_count(per).sum(axis=1, dtype=np.int64)
+
+    def payload(i: int, k: int) -> bytes:
+        if k > _ARRAY_MAX:
+            return bytes(per[i].data)
+        bits = np.unpackbits(per[i].view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits).astype(np.uint16).tobytes()
+
+    return _containers(base, card, payload)
+
+
+def _containers(base: int, card: I64, payload: Callable[[int, int], bytes]) -> BitMap64:
+    """A bitmap from its containers: container ``i`` holds keys ``base + i * 2**16 + ...``,
+    ``card[i]`` of them, serialized as ``payload(i, card[i])`` (words above 4,096 keys,
+    16-bit keys below). Empty containers are skipped; one step per container."""
+    full = np.flatnonzero(card)
+    if full.size == 0:
+        return BitMap64()
+    ckey = (base >> 16) + full  # container keys: the high 48 bits of their keys
+    high = ckey >> 16
+    bstart = np.flatnonzero(np.diff(high, prepend=high[0] ^ 1) != 0)
+    bstop = np.append(bstart[1:], full.size)
+    parts: list[bytes] = [np.uint64(bstart.size).tobytes()]
+    for b0, b1 in zip(bstart.tolist(), bstop.tolist(), strict=True):  # one step per 2**32 keys
+        c = full[b0:b1]
+        n = c.size
+        cc = card[c]
+        size = np.where(cc > _ARRAY_MAX, 8192, 2 * cc)  # payload bytes per container
+        head = np.empty(2 + 2 * n, dtype=np.uint32)  # cookie, count, (key, card - 1), offsets
+        head[0], head[1] = _NO_RUN_COOKIE, n
+        desc = head[2 : 2 + n].view(np.uint16).reshape(n, 2)
+        desc[:, 0] = ckey[b0:b1] & 0xFFFF
+        desc[:, 1] = cc - 1
+        head[2 + n :] = 8 + 8 * n + np.cumsum(size) - size
+        parts.append(np.uint32(int(high[b0])).tobytes())
+        parts.append(head.tobytes())
+        parts.extend(payload(i, k) for i, k in zip(c.tolist(), cc.tolist(), strict=True))
+    return BitMap64.deserialize(b"".join(parts))
 
 
 def bitmap_of(keys: I64, span: int = 0) -> BitMap64:

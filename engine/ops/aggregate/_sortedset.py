@@ -9,7 +9,9 @@ groups" for a whole batch of groups at once:
   ``ranks=True`` it also answers "the value of rank ``k`` in group ``g``" (median,
   percentile), see below;
 * :class:`RowKeySet` — parent row keys, each in one group (for first/last); entries are
-  found through a hash of the row key, and :meth:`RowKeySet.shift` follows parent shifts.
+  found through a :class:`~engine._kernels.rowkeymap.RowKeyMap` (an array indexed by row
+  key while the parent's keys are dense, a hash otherwise), and :meth:`RowKeySet.shift`
+  follows parent shifts.
 
 Layout, an LSM tree of two levels, so that every cost follows the change:
 
@@ -52,8 +54,8 @@ import numpy as np
 import numpy.typing as npt
 
 from engine._kernels.arrays import expand_with_owner
-from engine._kernels.hashmap import U64Map
 from engine._kernels.ids import IdAllocator
+from engine._kernels.rowkeymap import RowKeyMap
 from engine.errors import UpdateInvariantError
 from engine.ops.aggregate._bits import Fenwick, LiveBits
 
@@ -422,7 +424,7 @@ class RowKeySet(_Sorted):
 
     def __init__(self) -> None:
         super().__init__()
-        self._map = U64Map()  # row key -> entry id
+        self._map = RowKeyMap()  # row key -> entry id (dense while the parent's keys are)
         self._eg = np.zeros(1024, dtype=np.int64)  # entry -> group
         self._epos = np.full(1024, -1, dtype=np.int64)  # entry -> base position, or -2 - delta position
         self._entry_ids = IdAllocator()  # entry ids; freed ones are reusable at once
@@ -436,7 +438,7 @@ class RowKeySet(_Sorted):
         return ids
 
     def _ids(self, keys: I64, what: str) -> I64:
-        ids = self._map.lookup(keys.view(np.uint64))
+        ids = self._map.lookup(keys)
         if (ids < 0).any():
             raise UpdateInvariantError("A1", f"{what} row keys {keys[ids < 0][:10].tolist()} are in no group")
         return ids
@@ -446,7 +448,7 @@ class RowKeySet(_Sorted):
 
     def groups_of(self, keys: I64) -> I64:
         """The group of each row key (``-1`` where absent)."""
-        ids = self._map.lookup(keys.view(np.uint64))
+        ids = self._map.lookup(keys)
         return np.where(ids >= 0, self._eg[np.maximum(ids, 0)], -1)
 
     def insert_keys(self, g: I64, keys: I64) -> None:
@@ -456,7 +458,7 @@ class RowKeySet(_Sorted):
         v = keys.view(np.uint64)
         ids = self._alloc(keys.size)
         self._eg[ids] = g
-        self._map.insert(v, ids)
+        self._map.insert(keys, ids)
         o = lex_order(g, v)
         g, v = g[o], v[o]
         (self._d_ids,) = self._delta_insert(g, v, self._coarse(g, v), None, (self._d_ids, ids[o]))
@@ -469,7 +471,7 @@ class RowKeySet(_Sorted):
         if keys.size == 0:
             return
         ids = self._ids(keys, "removed")
-        self._map.delete(keys.view(np.uint64))
+        self._map.remove(keys)
         pos = self._epos[ids]
         inbase = pos >= 0
         self._bits.clear(pos[inbase])  # base ids stay taken until the merge drops them
@@ -492,8 +494,7 @@ class RowKeySet(_Sorted):
             return
         ids = self._ids(prev, "shifted")
         c = cur.view(np.uint64)
-        self._map.delete(prev.view(np.uint64))
-        self._map.insert(c, ids)
+        self._map.move(prev, cur)
         pos = self._epos[ids]
         k = self._coarse(self._eg[ids], c)
         b, d = pos >= 0, -2 - pos[pos < 0]

@@ -7,7 +7,8 @@ slot space), :mod:`._room` (where it finds room when new rows do not fit their g
 """
 
 from engine.ops.sort.listener import RedirectedColumnSource as RedirectedColumnSource
+from engine.ops.sort.listener import SortedTable as SortedTable
 from engine.ops.sort.listener import SortListener as SortListener
 from engine.ops.sort.listener import sort as sort
 
-__all__ = ["RedirectedColumnSource", "SortListener", "sort"]
+__all__ = ["RedirectedColumnSource", "SortListener", "SortedTable", "sort"]

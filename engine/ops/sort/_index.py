@@ -50,8 +50,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+from pyroaring import BitMap64
 
-from engine._kernels.arrays import expand, sorted_unique
+from engine._kernels.arrays import bitmap_from_words, expand, sorted_unique
 from engine._kernels.rowkeymap import RowKeyMap
 from engine.columns import ColumnSource
 from engine.errors import UpdateInvariantError
@@ -75,6 +76,8 @@ Mask = npt.NDArray[np.bool_]
 _ONE = np.uint64(1)
 _EMPTY = np.empty(0, dtype=np.int64)
 
+BULK_RATIO = 16        # a batch of at least 1/16 of the rows left is merged, not placed ...
+BULK_MIN = 4096        # ... in a table of at least this many rows (module attribute: tests shrink it)
 TAU_SPAN = 0.65        # rows per slot between the first and last row that calls for a new layout
 SPACING = 2            # slots per row when laying out or appending
 MIN_FRONT = 64         # free slots in front of the first row after a full layout
@@ -108,6 +111,7 @@ class SortIndex:
         self._events: list[I64] = []
         self.size = 0
         self.moved = 0  # survivors moved by the last insert (for benchmarks and tests)
+        self.relaid = False  # the last insert laid every row out again
 
     # reading ---------------------------------------------------------------------------
     def slots_of(self, pks: I64) -> I64:
@@ -120,6 +124,12 @@ class SortIndex:
     def live_slots(self) -> I64:
         """Every live slot, sorted (O(capacity); for layouts and tests)."""
         return self._live.all_live()
+
+    def live_bitmap(self) -> BitMap64:
+        """The live slots as a bitmap, from the live bits' words (O(capacity / 64))."""
+        words = self._live.words
+        pad = -words.size % 1024  # whole Roaring containers of 2**16 slots
+        return bitmap_from_words(np.concatenate((words, np.zeros(pad, dtype=np.uint64))) if pad else words)
 
     def encode(self, pks: I64) -> tuple[list[U64], list[pa.Array]]:
         """Codes and current values of the sort columns at parent keys ``pks``."""
@@ -162,20 +172,36 @@ class SortIndex:
         self._redir.write(slots, cur_pks)
         self._events.append(slots)
 
-    def insert(self, pks: I64) -> tuple[I64, RowSetShiftData]:
+    def insert(self, pks: I64, known: tuple[list[U64], list[pa.Array]] | None = None
+               ) -> tuple[I64, RowSetShiftData]:
         """Add rows by current parent key; returns their slots (aligned with ``pks``) and
-        the shift of the survivors that had to move to make room."""
+        the shift of the survivors that had to move to make room.
+
+        ``known``: the rows' codes and values when the caller has them already (as
+        :meth:`encode` gives them). A batch of at least ``1 / BULK_RATIO`` of the rows
+        left (of at least ``BULK_MIN``) is merged with them in one pass (:meth:`_merge`)
+        instead of placed gap by gap.
+        """
         self.moved = 0
+        self.relaid = False
         if pks.size == 0:
             self._refill()
             return _EMPTY, RowSetShiftData.empty()
-        self._refill()  # invariant G before searching
-        codes, values = self.encode(pks)
+        if known is None:
+            codes, values = self.encode(pks)
+        else:
+            codes, values = known
         order = order_batch(self.encoders, values, codes, pks)
         codes = [c[order] for c in codes]
         if not all(enc.exact for enc in self.encoders):  # values settle ties codes cannot
             values = [v.take(pa.array(order)) for v in values]
         pks_o = pks[order]
+        if self.size >= max(BULK_MIN, 1) and pks.size * BULK_RATIO >= self.size:
+            slots, shift = self._merge(codes, values, pks_o)
+            out = np.empty(pks.size, dtype=np.int64)
+            out[order] = slots
+            return out, shift
+        self._refill()  # invariant G before searching
         slots, shift = self._place(codes, values, pks_o)
         self._refill()
         out = np.empty(pks.size, dtype=np.int64)
@@ -222,13 +248,14 @@ class SortIndex:
         return np.asarray(np.minimum(base + below, hi), dtype=np.int64)
 
     def _narrow(self, lo: I64, hi: I64, q: I64, codes: list[U64], values: list[pa.Array],
-                pks: I64) -> I64:
-        """Binary search, all queries at once, inside ranges where the first code ties."""
+                pks: I64, at: I64 | None = None) -> I64:
+        """Binary search, all queries at once, inside ranges where the first code ties
+        (ranges of slots, or of positions in the slot array ``at``)."""
         lo, hi = lo.copy(), hi.copy()
         act = np.arange(q.size)
         while act.size:
             mid = (lo[act] + hi[act]) >> 1
-            after = self._slot_after(mid, q[act], codes, values, pks)
+            after = self._slot_after(mid if at is None else at[mid], q[act], codes, values, pks)
             hi[act[after]] = mid[after]
             lo[act[~after]] = mid[~after] + 1
             act = act[lo[act] < hi[act]]
@@ -451,48 +478,81 @@ class SortIndex:
         self.capacity = cap
 
     # full layouts -------------------------------------------------------------------------
+    def _merge(self, codes: list[U64], values: list[pa.Array], pks: I64) -> tuple[I64, RowSetShiftData]:
+        """Rows sorted by key merged with the survivors in one pass and laid out again.
+
+        For a batch that is a good part of the table: placing it gap by gap costs many
+        scattered passes per row (search, room, Invariant G), a full layout a few
+        sequential passes over the table. The survivors are ranked by their codes alone
+        (live slots, so Invariant G is not needed: the removes and repoints of the cycle
+        are never refilled), ties settled as :meth:`_search` settles them.
+        """
+        surv = self._live.all_live()
+        c0 = self._codes[0][surv]
+        q0 = codes[0]
+        before = np.searchsorted(c0, q0, side="left")
+        inb = np.flatnonzero(before < c0.size)
+        tie = inb[c0[before[inb]] == q0[inb]]  # first codes tie: the rest of the key decides
+        if tie.size:
+            stop = np.searchsorted(c0, q0[tie], side="right")
+            before[tie] = self._narrow(before[tie], stop, tie, codes, values, pks, at=surv)
+        n = self.size + pks.size
+        room = max(MIN_FRONT, min(self._live.first(), n // 4))
+        return self._relayout(codes, pks, before, room, surv)
+
     def _relayout_with(self, codes: list[U64], pks: I64, ins: I64, front: bool = False
                        ) -> tuple[I64, RowSetShiftData]:
         n = self.size + pks.size
         room = max(MIN_FRONT, n // 4) if front else max(MIN_FRONT, min(self._live.first(), n // 4))
-        return self._relayout(codes, pks, ins, room)
-
-    def _relayout(self, codes: list[U64], pks: I64, ins: I64, front: int
-                  ) -> tuple[I64, RowSetShiftData]:
-        """Every row (survivors and new rows sorted by key, new row ``i`` going before slot
-        ``ins[i]``) at slots ``front + 2k``; every survivor moves."""
         surv = self._live.all_live() if self.size else _EMPTY
+        # new row i goes before the survivors at slots >= ins[i]
+        return self._relayout(codes, pks, np.searchsorted(surv, ins, side="left"), room, surv)
+
+    def _relayout(self, codes: list[U64], pks: I64, before: I64, front: int, surv: I64 | None = None
+                  ) -> tuple[I64, RowSetShiftData]:
+        """Every row (survivors ``surv``, live slots in order, and new rows sorted by key,
+        new row ``i`` going before survivor ``before[i]``) at slots ``front + 2k``; every
+        survivor moves."""
+        if surv is None:
+            surv = self._live.all_live() if self.size else _EMPTY
         n_s, m = surv.size, pks.size
         n = n_s + m
-        laid_out = front + SPACING * np.arange(n, dtype=np.int64)
-        # merge two sorted sequences: new row i goes before the survivors at slots >= ins[i]
-        before = np.searchsorted(surv, ins, side="left")
-        new = laid_out[before + np.arange(m)]
-        surv_new = laid_out[np.arange(n_s) + np.searchsorted(before, np.arange(n_s), side="right")]
-        cap = pow2_at_least(front + SPACING * n + 64)
+        end = front + SPACING * n  # rows at front, front + SPACING, ... (a slice of slots)
+        # merge two sorted sequences: positions in the merged order (new row i goes before
+        # survivor before[i], after the new rows before it)
+        at_new = before + np.arange(m)
+        at_surv = np.arange(n_s) + np.cumsum(np.bincount(before, minlength=n_s + 1))[:n_s]
+        new = front + SPACING * at_new
+        surv_new = front + SPACING * at_surv
+        cap = pow2_at_least(end + 64)
         old_pk = self._redir.pk(surv)
+        merged = np.empty(n, dtype=np.uint64)
         for j, c_ in enumerate(self._codes):
+            merged[at_surv] = c_[surv]
+            merged[at_new] = codes[j]
             fresh = np.zeros(cap, dtype=np.uint64)
-            fresh[surv_new] = c_[surv]
-            fresh[new] = codes[j]
+            for back in range(SPACING):  # Invariant G: the ghosts before each row hold its values
+                fresh[front - back : end - back : SPACING] = merged
+            fresh[front - SPACING + 1 : front] = 0  # nothing before the first row
             self._codes[j] = fresh
+        merged_pk = np.empty(n, dtype=np.int64)
+        merged_pk[at_surv] = old_pk
+        merged_pk[at_new] = pks
         pk = np.zeros(cap, dtype=np.int64)
-        pk[surv_new] = old_pk
-        pk[new] = pks
-        laid = laid_out[1:]
-        for c_ in self._codes:  # Invariant G: the ghost before each row holds its values
-            c_[laid - 1] = c_[laid]
-        pk[laid - 1] = pk[laid]
+        for back in range(SPACING):
+            pk[front - back : end - back : SPACING] = merged_pk
+        pk[front - SPACING + 1 : front] = 0
         self._redir.replace(pk)
         self._fence = self._codes[0][::64].copy()
-        self._live = LiveBits.from_slots(cap, np.concatenate((surv_new, new)))
+        self._live = LiveBits.from_step(cap, front, end, SPACING)
         self.capacity = cap
         self._pks.set_values(old_pk, surv_new)
         self._pks.insert(pks, new)
         self.size = n
         self._events = []
         self.moved = n_s
-        return new, shift_from_runs(surv, surv_new, np.zeros(n_s, dtype=np.int64))
+        self.relaid = True
+        return new, shift_from_runs(surv, surv_new)
 
     # invariant G ----------------------------------------------------------------------------
     def _refill(self) -> None:

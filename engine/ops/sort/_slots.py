@@ -36,16 +36,19 @@ def pow2_at_least(n: int) -> int:
     return 1 << max(6, int(n - 1).bit_length())
 
 
-def shift_from_runs(old: I64, new: I64, group: I64) -> RowSetShiftData:
+def shift_from_runs(old: I64, new: I64, group: I64 | None = None) -> RowSetShiftData:
     """Shift ranges for survivors moving ``old -> new``; a range never spans two groups.
 
     ``old`` is sorted and lists every survivor of each group (movers and non-movers), so a
-    range ``[old[a], old[b]]`` holds exactly the survivors ``a..b``.
+    range ``[old[a], old[b]]`` holds exactly the survivors ``a..b``. No ``group``: one group.
     """
     if old.size == 0:
         return RowSetShiftData.empty()
     d = new - old
-    brk = np.flatnonzero((np.diff(d) != 0) | (np.diff(group) != 0))
+    step = np.diff(d) != 0
+    if group is not None:
+        step |= np.diff(group) != 0
+    brk = np.flatnonzero(step)
     first = np.concatenate(([0], brk + 1))
     last = np.concatenate((brk, [old.size - 1]))
     nz = d[first] != 0
@@ -86,6 +89,16 @@ class LiveBits:
         out.capacity = capacity
         flags = np.zeros(capacity, dtype=bool)
         flags[slots] = True
+        out._levels = _levels_for(np.packbits(flags, bitorder="little").view(np.uint64))
+        return out
+
+    @classmethod
+    def from_step(cls, capacity: int, start: int, stop: int, step: int) -> LiveBits:
+        """The slots ``range(start, stop, step)`` live (a full layout)."""
+        out = cls.__new__(cls)
+        out.capacity = capacity
+        flags = np.zeros(capacity, dtype=bool)
+        flags[start:stop:step] = True
         out._levels = _levels_for(np.packbits(flags, bitorder="little").view(np.uint64))
         return out
 

@@ -33,20 +33,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from engine._kernels.arrays import sorted_unique
+from engine._kernels.arrays import sort_keys, sorted_unique
 from engine.columns import ColumnSource, RedirectingColumnSource
 from engine.errors import InputError
 from engine.ops.sort._index import SortIndex
 from engine.ops.sort._keys import encoder_for
 from engine.ops.sort._slots import Redirection
 from engine.rowset import KeyArray, RowSet, RowSetShiftData
-from engine.table import Derivation, derive
+from engine.table import Derivation, DerivedTable, derive
 from engine.update import TableUpdate
 
 if TYPE_CHECKING:
     from engine.table import Table
 
-__all__ = ["RedirectedColumnSource", "SortListener", "sort"]
+__all__ = ["RedirectedColumnSource", "SortListener", "SortedTable", "sort"]
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,19 @@ def sort(table: Table, by: str | Sequence[str], descending: bool | Sequence[bool
                           SortListener(table, index, redirection, cols),
                           name=f"{table.name}.sort({spec})")
 
-    return derive([table], plan)
+    return derive([table], plan, table_class=SortedTable)
+
+
+class SortedTable(DerivedTable):
+    """The sorted table. After a cycle that laid every row out again (a merged batch, a
+    resize), its RowSet is read off the index's live bits rather than by shifting every
+    row key of the previous one."""
+
+    listener: SortListener
+
+    def _next_rowset(self, update: TableUpdate, prev: RowSet) -> RowSet:
+        laid = self.listener.take_layout()
+        return laid if laid is not None else update.apply(prev)
 
 
 class SortListener:
@@ -174,6 +186,12 @@ class SortListener:
         self.index = index
         self._redirection = redirection
         self._by = frozenset(by)
+        self._layout: RowSet | None = None  # the rows after this cycle's full layout
+
+    def take_layout(self) -> RowSet | None:
+        """The result's rows if this cycle laid them all out again (once), else None."""
+        laid, self._layout = self._layout, None
+        return laid
 
     def on_update(self, up: TableUpdate | None) -> TableUpdate | None:
         if up is None:
@@ -184,23 +202,35 @@ class SortListener:
         removed = [idx.remove(up.removed.keys())]
         stay = _EMPTY
         rekeyed = _EMPTY
+        known: tuple[list[np.ndarray], list[pa.Array]] | None = None
         if up.modified:
             cur = up.modified.keys()
             prev = up.shifted.unapply_keys(cur)
             slots = idx.slots_of(prev)
             if up.modified_columns & self._by:
-                moved = self._key_changed(slots, prev, cur)
+                moved, codes, values = self._key_changed(slots, prev, cur)
                 removed.append(idx.remove(prev[moved]))  # a new sort key: remove + add
                 rekeyed = cur[moved]
                 slots = slots[~moved]
+                if rekeyed.size:  # their codes are known: only the added rows are encoded
+                    sel = np.flatnonzero(moved)
+                    known = ([c[sel] for c in codes], [v.take(pa.array(sel)) for v in values])
             stay = slots  # previous result key space until our own shift is known
         if up.shifted:
             # the parent moved keys: only the redirection follows, output keys stay
             prev_k, cur_k = up.shifted.moved_keys(self.parent.prev_rowset - up.removed)
             idx.repoint(prev_k, cur_k)
-        new = np.concatenate((up.added.keys(), rekeyed))
+        added = up.added.keys()
+        new = np.concatenate((added, rekeyed))
+        if known is not None and added.size:
+            a_codes, a_values = idx.encode(added)
+            known = ([np.concatenate((a, m)) for a, m in zip(a_codes, known[0], strict=True)],
+                     [pa.concat_arrays([a, m]) for a, m in zip(a_values, known[1], strict=True)])
+        self._layout = None
         if new.size:
-            slots_new, shift = idx.insert(new)
+            slots_new, shift = idx.insert(new, known)
+            if idx.relaid:
+                self._layout = RowSet(idx.live_bitmap())
         else:
             idx.finish()
             slots_new, shift = _EMPTY, RowSetShiftData.empty()
@@ -209,15 +239,17 @@ class SortListener:
         log.debug("sort %r: +%d -%d ~%d, %d moved", self.result.name, slots_new.size, gone.size,
                   modified.size, idx.moved)
         return TableUpdate.of(
-            added=RowSet.from_keys(np.sort(slots_new), assume_sorted=True),
+            added=RowSet.from_keys(sort_keys(slots_new), assume_sorted=True),
             removed=RowSet.from_keys(gone, assume_sorted=True),
             modified=RowSet.from_keys(modified, assume_sorted=True),
             shifted=shift,
             modified_columns=up.modified_columns,
         )
 
-    def _key_changed(self, slots: KeyArray, prev: KeyArray, cur: KeyArray) -> np.ndarray:
-        """Which modified rows have a new sort key (their stored codes against new values)."""
+    def _key_changed(self, slots: KeyArray, prev: KeyArray, cur: KeyArray
+                     ) -> tuple[np.ndarray, list[np.ndarray], list[pa.Array]]:
+        """Which modified rows have a new sort key (their stored codes against new values),
+        with the codes and values of all of them."""
         idx = self.index
         codes, values = idx.encode(cur)
         changed = np.zeros(cur.size, dtype=bool)
@@ -229,4 +261,4 @@ class SortListener:
                 if amb.size:
                     before = self.parent.column(enc.column).get_prev(prev[amb])
                     changed[amb[enc.compare(before, values[j].take(pa.array(amb))) != 0]] = True
-        return changed
+        return changed, codes, values

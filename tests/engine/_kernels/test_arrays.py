@@ -14,15 +14,18 @@ from engine._kernels.arrays import (
     aligned_table,
     bitmap_from_ranges,
     bitmap_from_sorted,
+    bitmap_from_words,
     bitmap_of,
     distinct_key_order,
     expand,
     expand_with_owner,
     highest_bit,
+    key_order,
     lowest_bit,
     member,
     numeric_view,
     shift_keys,
+    sort_keys,
     sorted_unique,
 )
 
@@ -50,9 +53,25 @@ def test_sorted_unique_of_sorted_input_is_a_new_array(xs):
         assert a[0] != -1  # a copy, as for unsorted input
 
 
+@pytest.mark.parametrize("hi", [1, 300, 1 << 16, 1 << 21, 1 << 33, 1 << 47, 1 << 62])
+@pytest.mark.parametrize("n", [0, 5, 2047, 2048, 9000])
+def test_key_order_is_a_stable_sort(n, hi):
+    # from RADIX_MIN keys on, keys below 2**48 take 16-bit radix passes; repeats keep their order
+    rng = np.random.default_rng(n + hi.bit_length())
+    k = rng.integers(0, hi, n) if hi > 1 else np.zeros(n, dtype=np.int64)
+    k[: n // 3] = k[n // 3 : 2 * (n // 3)]  # plenty of repeats
+    assert key_order(k).tolist() == np.argsort(k, kind="stable").tolist()
+    assert sort_keys(k).tolist() == sorted(k.tolist())
+
+
+def test_key_order_leaves_negative_keys_to_numpy():
+    k = np.arange(5000, dtype=np.int64)[::-1] - 2500
+    assert sort_keys(k).tolist() == sorted(k.tolist())
+
+
 @given(keys=st.sets(st.integers(0, 299), max_size=300), end=st.integers(300, 20_000))
 def test_distinct_key_order_sorts_dense_and_sparse_keys(keys, end):
-    # dense (>= 1 in 16 of 0..end-1): by scatter; sparse: argsort; both the sorting order
+    # dense (>= 1 in 3 of 0..end-1): by scatter; sparser: key_order; both the sorting order
     k = np.random.default_rng(len(keys)).permutation(_a(sorted(keys)))
     order = distinct_key_order(k, end)
     assert k[order].tolist() == sorted(keys)
@@ -129,6 +148,39 @@ def test_bitmaps(keys, span):
     small = [x % 500 for x in keys] * 3  # many repeats in a small span: the mark array
     assert list(bitmap_of(_a(small), 500 if span else 0)) == sorted(set(small))
     assert list(bitmap_of(k)) == sorted(set(keys))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_shift_keys_of_many_sorted_keys_counts_ranges_up_to_each_key(seed):
+    # more than 4 keys a range (and RADIX_MIN keys): the ranges are found among the keys
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(0, 60_000, 20_000))
+    begins = np.unique(rng.integers(-5, 60_000, 900))
+    ends = np.minimum(begins + rng.integers(0, 90, begins.size), np.append(begins[1:] - 1, 1 << 40))
+    deltas = rng.integers(-3, 4, begins.size)
+    want = [k + next((int(d) for b, e, d in zip(begins, ends, deltas, strict=True) if b <= k <= e), 0)
+            for k in keys[::97].tolist()]
+    assert shift_keys(keys, begins, ends, deltas)[::97].tolist() == want
+    assert shift_keys(keys[::-1], begins, ends, deltas)[::-1][::97].tolist() == want  # unsorted
+
+
+@pytest.mark.parametrize("start", [0, 12_345, (1 << 32) - 200_000, (1 << 40) + 7])
+@pytest.mark.parametrize("every", [1, 2, 17, 63, 300])
+def test_bitmap_from_sorted_of_many_keys(start, every):
+    # DENSE_MIN keys or more: bit words (dense enough: every <= 64) or array('Q') (sparser);
+    # containers of both kinds (more and fewer than 4,096 keys), across a 2**32 boundary
+    rng = np.random.default_rng(every)
+    keys = start + np.arange(0, 400_000, every)
+    keys = keys[rng.random(keys.size) < np.where(keys % 300_000 < 150_000, 0.99, 0.02)]
+    got = bitmap_from_sorted(keys)
+    assert len(got) == keys.size and np.array_equal(np.array(got.to_array(), dtype=np.int64), keys)
+
+
+def test_bitmap_from_words_skips_empty_containers():
+    words = np.zeros(4 * 1024, dtype=np.uint64)
+    words[1024 * 3 + 5] = 1 << 63  # the only key, in the fourth container
+    assert list(bitmap_from_words(words, 1 << 16)) == [(1 << 16) + 3 * (1 << 16) + 5 * 64 + 63]
+    assert list(bitmap_from_words(np.zeros(1024, dtype=np.uint64))) == []
 
 
 @given(ranges=st.lists(st.tuples(st.integers(0, 70_000), st.integers(0, 140_000)), max_size=10),

@@ -15,6 +15,8 @@ import pytest
 
 from engine.errors import InputError, SchemaError
 from engine.graph import UpdateGraph
+from engine.ops.sort import _index as sort_index
+from engine.ops.sort._index import SortIndex
 from engine.ops.sort._keys import KeyEncoder
 from engine.ops.sort._slots import LiveBits, Redirection
 from engine.rowset import RowSet, RowSetShiftData
@@ -218,8 +220,9 @@ def test_one_insert_in_the_middle_of_100k_rows_moves_few_keys():
     assert np.all(np.diff(got) >= 0) and got.size == n + 60
 
 
-def test_a_table_grown_dense_is_laid_out_again():
+def test_a_table_grown_dense_is_laid_out_again(monkeypatch):
     """Random inserts fill the gaps; past 65% of the span every row moves (a PMA resize)."""
+    monkeypatch.setattr(sort_index, "BULK_MIN", 1 << 40)  # batches placed gap by gap, never merged
     g = UpdateGraph(validate=True)
     rng = np.random.default_rng(5)
     schema = pa.schema([("Id", pa.int64()), ("Price", pa.float64())])
@@ -239,6 +242,39 @@ def test_a_table_grown_dense_is_laid_out_again():
     assert 1 <= relaid <= 3  # 4,000 -> 7,600 rows: once per ~30% of growth
     want = t.to_pandas().sort_values("Price", kind="stable").Id.tolist()
     assert col(s, "Id") == want
+
+
+@pytest.fixture
+def merges(monkeypatch):
+    """Batches of 1/16 of the table or more are merged at any table size (``BULK_MIN`` 0);
+    the list holds each merge's batch size."""
+    monkeypatch.setattr(sort_index, "BULK_MIN", 0)
+    seen: list[int] = []
+    inner = SortIndex._merge
+
+    def counted(self, codes, values, pks):
+        seen.append(pks.size)
+        return inner(self, codes, values, pks)
+
+    monkeypatch.setattr(SortIndex, "_merge", counted)
+    return seen
+
+
+def test_a_large_batch_is_merged_and_the_rows_between_move_as_a_block(merges):
+    """A new sort key for 1 row of 4 is a merge: removed at its old key, added at its new
+    one, and the survivors laid out again, two slots apart, moving in runs of equal shift."""
+    g = UpdateGraph(validate=True)
+    t = keyed(g, [0, 1, 2, 3], ["A", "B", "C", "D"], [1.0, 2.0, 3.0, 4.0])
+    s = checked(t.sort("Price"))
+    seen = record(s)
+    assert s.rowset.keys().tolist() == [64, 66, 68, 70]
+    t.upsert(pa.table({"Id": [0], "K": ["A"], "Price": [3.5]}, schema=SCHEMA))
+    g.run_cycle()
+    assert merges == [1]
+    # B and C move down as one block; D keeps its key
+    assert_update(seen[-1], added=[68], removed=[64], shifted=([66], [68], [-2]))
+    assert col(s, "K") == ["B", "C", "A", "D"]
+    assert s.rowset.keys().tolist() == [64, 66, 68, 70]
 
 
 def test_parent_shift_moves_no_output_key():
@@ -424,3 +460,39 @@ def test_oracle_parent_that_shifts():
         (lambda t: checked(t.sort("Price")), sorted_frame(["Price"], [False])),
         (lambda t: checked(t.sort(["Sym", "Qty"], [True, False])), sorted_frame(["Sym", "Qty"], [True, False])),
     ], seed=28, n_cycles=400)
+
+
+def test_oracle_merged_batches_by_price(merges):
+    run_oracle(lambda t: checked(t.sort("Price")), sorted_frame(["Price"], [False]), seed=31,
+               n_cycles=1200)
+    assert len(merges) > 300 and max(merges) >= 30  # whole-table modifies among them
+
+
+def test_oracle_merged_batches_nan_infinities_signed_zeros_and_nulls(merges):
+    """Price / Qty: 0/0 is NaN, x/0 an infinity, 0/-5 is -0.0, a null price null."""
+    ratio = pc.divide(pc.field("Price"), pc.field("Qty"))
+
+    def expected(df: pd.DataFrame) -> pd.DataFrame:
+        df = df.assign(R=df.Price / df.Qty)
+        return sorted_frame(["R", "Sym"], [True, False])(df)
+
+    run_oracle(lambda t: checked(t.update(R=ratio).sort(["R", "Sym"], [True, False])), expected,
+               seed=32, n_cycles=900)
+    assert len(merges) > 200
+
+
+def test_oracle_merged_batches_of_long_strings_and_a_shifting_parent(merges):
+    """Ties codes cannot settle are settled on the values of live rows; parent shifts."""
+
+    def expected(df: pd.DataFrame) -> pd.DataFrame:
+        df = df.assign(L="instrument/" + df.Sym)  # null stays null (NaN, as to_pandas gives it)
+        return sorted_frame(["L", "Qty"], [True, False])(df)
+
+    run_oracle(lambda t: checked(t.update(L=LONG).sort(["L", "Qty"], [True, False])), expected,
+               seed=33, n_cycles=CHAIN_CYCLES)
+    n = len(merges)
+    run_shifting_oracle([
+        (lambda t: checked(t.sort("Price")), sorted_frame(["Price"], [False])),
+        (lambda t: checked(t.sort(["Sym", "Qty"], [True, False])), sorted_frame(["Sym", "Qty"], [True, False])),
+    ], seed=34, n_cycles=400)
+    assert n > 100 and len(merges) - n > 100
