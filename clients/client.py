@@ -400,7 +400,8 @@ class Client:
     def push(self, name: str, data: PutData, mode: PutMode | str | None = None,
              keys: Sequence[str] | None = None, *, create: bool = True,
              progress: bool | Callable[[int], None] = False,
-             chunk_rows: int = 1 << 17, atomic: bool = True) -> PutSummary:
+             chunk_rows: int = 1 << 17, atomic: bool = True,
+             retry_for: float = 60.0) -> PutSummary:
         """Write rows into table ``name``, all visible in one server cycle.
 
         By default the rows are sent as one staged write and committed when all arrived: the
@@ -437,6 +438,15 @@ class Client:
             ``False`` streams the rows straight into the table instead: each batch is
             applied from the next cycle after it arrives (for unbounded iterables), and a
             failure leaves the batches before it applied.
+        retry_for
+            With ``atomic=False``: when the server's cycles fall behind, it refuses a batch
+            once the table's writes waiting for a cycle pass its limit (RESOURCE_EXHAUSTED,
+            "send it again later"); the push then sends that batch and the rest again after
+            a short backoff, so a fast writer slows to what the server takes. It gives up,
+            raising the refusal, after ``retry_for`` seconds in which the server
+            acknowledged nothing; 0 raises the first refusal. ``retries`` in the result
+            counts them. (An atomic push is never refused so: its rows wait apart from the
+            table until its commit.)
 
         With several URIs the push runs whole on one server; when it is sent again to the
         next (see :class:`Client` for when), ``progress`` counts the rows again.
@@ -505,7 +515,8 @@ class Client:
             if not atomic:  # each batch is applied as it arrives: sending is the write
                 with at.effect():
                     summary = put_batches(at.flight, at.endpoint.options(timeout=None), name,
-                                          wire, chunks(stream, chunk_rows), request, cb)
+                                          wire, chunks(stream, chunk_rows), request, cb,
+                                          retry_for=retry_for)
                 return dataclasses.replace(summary, mode=given.value)
             request.write_id = f"push-{uuid.uuid4().hex}"
             try:  # staged rows are invisible until the commit: a retry duplicates nothing

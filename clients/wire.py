@@ -7,7 +7,12 @@ settings (:class:`Endpoint`) without a ``Client`` object.
 
 from __future__ import annotations
 
+import logging
 import os
+import random
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +23,11 @@ from google.protobuf.message import Message as _Proto
 
 from engine.errors import ProtocolError
 from flight.pb import flight_pb2 as pb
-from flight.wire import Action
+from flight.wire import RETRY_LATER, Action
 
 __all__ = ["Endpoint", "PutSummary", "action", "chunks", "put_batches"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8815
 #: Rows per record batch sent by DoPut (bounded by bytes too, see :func:`chunks`).
@@ -149,6 +156,9 @@ class PutSummary:
         from the next cycle).
     mode
         The write mode used (``"append"``, ``"upsert"``, ...), by name.
+    retries
+        Times the server refused a batch because its table's writes waiting for a cycle
+        were past its limit, and the rest was sent again (see :func:`put_batches`).
     """
 
     rows: int
@@ -156,6 +166,7 @@ class PutSummary:
     staged: bool
     step: int = -1
     mode: str = ""
+    retries: int = 0
 
 
 def chunks(batches: Iterable[pa.RecordBatch], max_rows: int = CHUNK_ROWS,
@@ -172,66 +183,171 @@ def chunks(batches: Iterable[pa.RecordBatch], max_rows: int = CHUNK_ROWS,
 
 def put_batches(client: fl.FlightClient, options: fl.FlightCallOptions, table: str,
                 schema: pa.Schema, batches: Iterable[pa.RecordBatch], request: pb.PutRequest,
-                progress: Callable[[int], None] | None = None) -> PutSummary:
+                progress: Callable[[int], None] | None = None, *,
+                retry_for: float = 0.0) -> PutSummary:
     """One DoPut of ``batches`` into ``table``; returns what the server acknowledged.
 
-    The first message carries ``request`` (mode, optional stage slot). Acknowledgements
-    are read after the last batch (the server sends one small ack per batch), then
-    checked: a server that acknowledged fewer rows than were sent is an error.
+    The first message carries ``request`` (mode, optional stage slot). The server sends one
+    small ack per batch, read while the batches go out; at the end they are checked: a
+    server that acknowledged fewer rows than were sent is an error.
+
+    **Refused because cycles are behind.** A server whose table has too many writes waiting
+    for a cycle refuses a batch with RESOURCE_EXHAUSTED (:class:`~engine.errors.BacklogFull`,
+    whose message ends with :data:`flight.wire.RETRY_LATER`): the batches it acknowledged
+    are applied, the refused one and those after it are not. With ``retry_for`` > 0 and no
+    ``write_id`` in ``request``, those batches are sent again on a new DoPut after a short
+    backoff (0.05 s doubling to 1 s, with jitter), for as long as the server acknowledges
+    something at least every ``retry_for`` seconds; past that the refusal is raised. Sent
+    but unacknowledged batches are kept until their ack (a few, bounded by the server's
+    flow-control window), so a one-shot iterable is sent again too.
 
     Parameters
     ----------
     progress
-        Called with the number of rows of each batch once it is written.
+        Called with the number of rows of each batch once it is first written.
+    retry_for
+        Seconds without any acknowledged batch after which a refusal for a full backlog
+        is raised instead of sent again; 0 raises the first.
 
     Raises
     ------
     KeyError
         No such table (``NOT_FOUND``).
     pyarrow.ArrowInvalid
-        The server refused the data (schema, mode, keys); it names the column.
+        The server refused the data (schema, mode, keys); it names the column. Also a
+        refusal for a full backlog, past ``retry_for``.
     ProtocolError
         The server acknowledged other batches or rows than were sent.
     """
-    writer, reader = client.do_put(fl.FlightDescriptor.for_path(table), schema, options)
     meta = pa.py_buffer(request.SerializeToString())
-    sent = count = 0
-    ok = False
-    try:
-        for b in batches:
-            if b.schema != schema:
-                b = pa.Table.from_batches([b]).cast(schema).to_batches()[0] if b.num_rows else b
-            if count == 0:
-                writer.write_with_metadata(b, meta)
-            else:
-                writer.write_batch(b)
-            sent += b.num_rows
-            count += 1
+    source = iter(batches)
+    again: deque[pa.RecordBatch] = deque()  # refused before: sent first on the next stream
+    acked_rows = acked = retries = 0
+    staged = False
+    delay, last_ack = _RETRY_FIRST, time.monotonic()
+    while True:
+        stream = _PutStream(client, options, table, schema, meta)
+        try:
+            stream.send(again, source, progress)
+            stream.finish()
+        except Exception as exc:
+            refused = stream.close_after(exc)
+            acked_rows, acked = acked_rows + stream.rows, acked + stream.acked
+            staged |= stream.staged
+            if stream.acked:
+                delay, last_ack = _RETRY_FIRST, time.monotonic()
+            if (not refused or request.write_id or retry_for <= 0
+                    or time.monotonic() - last_ack >= retry_for):
+                raise
+            # not applied: the refused batch, those after it, and those not sent again yet
+            stream.unacked.extend(again)
+            again = stream.unacked
+            retries += 1
+            log.info("DoPut into %r: the server's backlog is full; sending %d batches again in "
+                     "%.2f s", table, len(again), delay)
+            time.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, _RETRY_MAX)
+            continue
+        stream.check()
+        return PutSummary(rows=acked_rows + stream.rows, batches=acked + stream.acked,
+                          staged=staged or stream.staged, retries=retries)
+
+
+_RETRY_FIRST, _RETRY_MAX = 0.05, 1.0
+
+
+class _PutStream:
+    """One DoPut call: the batches written, and a thread reading their acks as they come.
+
+    Each batch joins :attr:`unacked` before it is written and leaves it with its ack (acks
+    come in batch order), so after a refusal :attr:`unacked` is exactly what the server did
+    not apply.
+    """
+
+    def __init__(self, client: fl.FlightClient, options: fl.FlightCallOptions, table: str,
+                 schema: pa.Schema, meta: pa.Buffer) -> None:
+        self.table, self.schema, self.meta = table, schema, meta
+        self.writer, self.reader = client.do_put(fl.FlightDescriptor.for_path(table), schema,
+                                                 options)
+        self.unacked: deque[pa.RecordBatch] = deque()
+        self.sent = self.sent_rows = self.acked = self.rows = 0
+        self.staged = False
+        self.last = pb.PutAck()
+        self._lock = threading.Lock()
+        self._extra = 0  # acks past the batches sent: a broken server
+        self._error: BaseException | None = None
+        self._acks = threading.Thread(target=self._read_acks, daemon=True,
+                                      name=f"ticktable-put-acks-{table}")
+        self._acks.start()
+
+    def _read_acks(self) -> None:
+        try:
+            while (buf := self.reader.read()) is not None:
+                ack = pb.PutAck.FromString(buf.to_pybytes())
+                with self._lock:
+                    if self.unacked:
+                        self.rows += self.unacked.popleft().num_rows
+                    else:
+                        self._extra += 1
+                    self.acked += 1
+                    self.last = ack
+                    self.staged |= ack.staged
+        except BaseException as exc:  # noqa: BLE001 - the call's status comes from close()
+            self._error = exc
+
+    def send(self, again: deque[pa.RecordBatch], source: Iterator[pa.RecordBatch],
+             progress: Callable[[int], None] | None) -> None:
+        """Write the batches of ``again`` (taking each out as it goes to :attr:`unacked`),
+        then every batch of ``source`` (reporting those to ``progress``)."""
+        while again:
+            self._write(again.popleft())
+        for b in source:
+            if b.schema != self.schema:
+                b = pa.Table.from_batches([b]).cast(self.schema).to_batches()[0] if b.num_rows else b
+            self._write(b)
             if progress is not None:
                 progress(b.num_rows)
-        if count == 0:
-            writer.write_metadata(meta)
-        writer.done_writing()
-        acked = staged = 0
-        last = pb.PutAck()
-        while True:
-            buf = reader.read()
-            if buf is None:
-                break
-            last.ParseFromString(buf.to_pybytes())
-            acked += 1
-            staged |= last.staged
-        ok = True
-    finally:
+
+    def _write(self, b: pa.RecordBatch) -> None:
+        with self._lock:
+            self.unacked.append(b)
+        if self.sent == 0:
+            self.writer.write_with_metadata(b, self.meta)
+        else:
+            self.writer.write_batch(b)
+        self.sent += 1
+        self.sent_rows += b.num_rows
+
+    def finish(self) -> None:
+        """End the stream and wait for the server's answer (raises the call's error)."""
+        if self.sent == 0:
+            self.writer.write_metadata(self.meta)
+        self.writer.done_writing()
+        self._acks.join()
+        self.writer.close()
+
+    def close_after(self, exc: BaseException) -> bool:
+        """End the stream after ``exc``; whether it was a refusal for a full backlog (then
+        every ack the server sent has been read)."""
         try:
-            writer.close()
-        except Exception:
-            if ok:
-                raise  # else the error that stopped the stream is the one to see
-    if acked != count or (count and last.total_rows != sent):
-        raise ProtocolError(f"DoPut into {table!r}: sent {count} batches ({sent} rows), the server "
-                            f"acknowledged {acked} (PutAck.total_rows {last.total_rows})")
-    return PutSummary(rows=sent, batches=count, staged=bool(staged))
+            self.writer.done_writing()
+        except Exception:  # noqa: BLE001 - the call already ended: its status is below
+            pass
+        self._acks.join()
+        try:
+            self.writer.close()
+        except Exception:  # noqa: BLE001 - ``exc`` stopped the stream: the one to see
+            pass
+        return isinstance(exc, pa.ArrowInvalid) and RETRY_LATER in str(exc)
+
+    def check(self) -> None:
+        """A stream that ended well: every batch acknowledged, with the rows sent."""
+        if self._error is not None:
+            raise self._error
+        if self.acked != self.sent or self._extra or (self.sent and self.last.total_rows != self.sent_rows):
+            raise ProtocolError(
+                f"DoPut into {self.table!r}: sent {self.sent} batches ({self.sent_rows} rows), the "
+                f"server acknowledged {self.acked} (PutAck.total_rows {self.last.total_rows})")
 
 
 def action(client: fl.FlightClient, options: fl.FlightCallOptions, what: Action,

@@ -50,6 +50,7 @@ __all__ = [
     "DIFF",
     "DROP_TABLE",
     "PUT_MODES",
+    "RETRY_LATER",
     "ROW_KEY",
     "SOURCE_KINDS",
     "STATS",
@@ -65,6 +66,12 @@ __all__ = [
 #: (:mod:`flight.web.feed`; ``web/src/app.js`` repeats it) and the row keys of a
 #: checkpoint's tables (renaming it changes the checkpoint format: bump its ``FORMAT``).
 ROW_KEY = "__row_key"
+
+#: How a DoPut refusal that may be sent again ends (:class:`~engine.errors.BacklogFull`,
+#: RESOURCE_EXHAUSTED): the refused batch and any after it were not staged, the batches
+#: acknowledged before it were. Clients match it to send the rest again
+#: (:func:`clients.wire.put_batches`); changing it breaks their retries.
+RETRY_LATER = "nothing of this batch was staged, send it again later"
 
 
 # ---------------------------------------------------------------------------- put modes

@@ -27,6 +27,7 @@ from engine.errors import BacklogFull
 from engine.graph import UpdateGraph
 from engine.sources import SourceTable
 from flight.limits import limit_text, quoted
+from flight.wire import RETRY_LATER
 
 __all__ = ["Backlog"]
 
@@ -90,7 +91,7 @@ class Backlog:
                             f"table {quoted(name)}: {pending} bytes of writes wait for its next "
                             f"cycle and this batch adds {nbytes}, past "
                             f"{limit_text('max_pending_bytes', limit)}, {why}; cycles are "
-                            f"behind: nothing of this batch was staged, send it again later")
+                            f"behind: {RETRY_LATER}")
                     # a cycle's end wakes this; the journal landing a batch does not
                     self._cycles.wait(left if ahead is None else min(left, 0.02))
         finally:

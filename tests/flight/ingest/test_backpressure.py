@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
+import ticktable as tt
 from engine.graph import UpdateGraph
 from engine.sources import KeyedTable
 from flight.errors import MAX_MESSAGE
@@ -264,3 +265,71 @@ def test_shutdown_refuses_a_waiting_write_at_once():
     assert time.monotonic() - t0 < 10  # not the 60 s wait, nor the 30 s grace
     acks, error = writer.result()
     assert len(acks) == 1 and error is not None
+
+
+# ------------------------------------------------------------------ the client sends it again
+def appended(n: int) -> Iterator[pa.RecordBatch]:
+    """``n`` batches for the append table ``a``, as a one-shot generator (it cannot be read
+    twice: what the client sends again it must have kept)."""
+    for i in range(n):
+        yield batch(i)
+
+
+def append_server(**config: object) -> TicktableServer:
+    server = start(None, **config)
+    server.create_table(pb.CreateTableRequest(name="a", schema=SCHEMA.serialize().to_pybytes(),
+                                              kind=pb.TABLE_KIND_APPEND))
+    return server
+
+
+def test_a_streamed_push_sends_refused_batches_again_until_all_are_applied_once():
+    """Cycles every 0.25 s take at most two batches' worth of backlog each: the writer is
+    refused again and again, sends the rest again each time, and every row ends in the table
+    exactly once and in order (an append table would show a batch applied twice)."""
+    nbytes = batch(0).get_total_buffer_size()
+    server = append_server(max_pending_bytes=2 * nbytes, put_wait=0.05)
+    server.graph.start(0.25)
+    try:
+        with tt.connect(server.location) as client:
+            summary = client.push("a", appended(24), atomic=False, chunk_rows=ROWS)
+        assert summary.rows == 24 * ROWS and summary.batches == 24 and not summary.staged
+        assert summary.retries >= 3, summary  # 24 batches at 2 a cycle: refused many times
+        deadline = time.monotonic() + 10
+        a = server.registry.get("a").table
+        while a.size < 24 * ROWS and time.monotonic() < deadline:
+            time.sleep(0.05)
+        got = a.to_arrow()
+        assert got.column("k").to_numpy().tolist() == list(range(24 * ROWS))
+        metrics = server.metrics
+        assert metrics is not None
+        assert metrics.totals().errors["RESOURCE_EXHAUSTED"] == summary.retries
+    finally:
+        server.shutdown()
+
+
+def test_a_streamed_push_raises_the_refusal_once_nothing_is_acknowledged_for_retry_for():
+    """No cycle runs: after the two batches that fit, nothing is acknowledged; the push sends
+    the rest again until ``retry_for`` passed without an ack, then raises the server's one
+    line. ``retry_for=0`` raises the first refusal. The applied batches are exactly those
+    acknowledged: a prefix."""
+    nbytes = batch(0).get_total_buffer_size()
+    server = append_server(max_pending_bytes=2 * nbytes, put_wait=0.05)
+    try:
+        with tt.connect(server.location) as client:
+            t0 = time.monotonic()
+            with pytest.raises(pa.ArrowInvalid, match=r"table 'a': .* past the limit of "
+                               rf"{2 * nbytes} \(max_pending_bytes.*send it again later"):
+                client.push("a", appended(6), atomic=False, chunk_rows=ROWS, retry_for=1.0)
+            took = time.monotonic() - t0
+            assert 1.0 <= took < 5.0, took
+            with pytest.raises(pa.ArrowInvalid, match="send it again later"):
+                client.push("a", appended(6), atomic=False, chunk_rows=ROWS, retry_for=0)
+        metrics = server.metrics
+        assert metrics is not None
+        refusals = metrics.totals().errors["RESOURCE_EXHAUSTED"]
+        assert refusals >= 4  # the first push tried several times over its second
+        server.graph.run_cycle()
+        got = server.registry.get("a").table.to_arrow()
+        assert got.column("k").to_numpy().tolist() == list(range(2 * ROWS))
+    finally:
+        server.shutdown()
