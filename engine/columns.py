@@ -533,7 +533,8 @@ class _ArrowStore:
         if slots.size == 0:
             return pa.array([], type=self.type)
         first = int(slots[0])
-        if int(slots[-1]) - first == slots.size - 1 and np.all(np.diff(slots) == 1):
+        if slots.size == 1 or (int(slots[-1]) - first == slots.size - 1
+                               and bool((np.diff(slots) == 1).all())):
             return self._run(first, slots.size)  # e.g. a whole append-only table: slices
         if len(self.chunks) == 1:
             return self.chunks[0].take(pa.array(slots))

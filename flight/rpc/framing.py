@@ -21,6 +21,7 @@ per message, through pyarrow's stream writer and reader).
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -104,7 +105,10 @@ def schema_frame(schema: pa.Schema, app_metadata: _Bytes | None = None) -> bytes
     return frame(header=ipc.read_message(schema.serialize()).metadata, app_metadata=app_metadata)
 
 
+@functools.lru_cache(maxsize=256)
 def _has_dictionaries(schema: pa.Schema) -> bool:
+    """Whether any column of ``schema`` is or nests a dictionary (a stream's schema is asked
+    once per message: remembered for the last few hundred schemas)."""
     return any(_dictionary_in(f.type) for f in schema)
 
 
