@@ -7,9 +7,15 @@ One :class:`JoinState` keeps, for a ``(left, right)`` pair and its ``on`` column
   shift only rewrites the row-key <-> slot maps of the rows it moves. Slots come from an
   :class:`~engine._kernels.ids.IdAllocator` (freed slots reused from the next cycle on),
   row key -> slot is a :class:`~engine._kernels.rowkeymap.RowKeyMap`.
-* **groups** — one *group id* (gid) per distinct key seen on either side, in a
-  :class:`~engine._kernels.keymap.StoredKeyMap` (key -> gid: a hash finds the candidate
-  group, equality with the group's stored key values decides). A right group is a region of the append-only ``pool``
+* **groups** — one *group id* (gid) per distinct key of a right row (kept while left rows
+  still point at it), in a :class:`~engine._kernels.keymap.StoredKeyMap` (key -> gid: a
+  hash finds the candidate group, equality with the group's stored key values decides).
+  A left row only *looks up* its key: one without a group (no right row has its key)
+  waits in the **pending index** under its key's hash, and a right row that brings a new
+  key attaches the left rows waiting under that hash (re-looked up, so a hash collision
+  attaches nothing). So left keys that never meet a right row cost a hash and a lookup,
+  not a stored key and a gid. Invariant: a live left row with a non-null key has a gid
+  exactly when the map holds its key. A right group is a region of the append-only ``pool``
   holding its right slots in right row-key order (the right table's order; shifts never
   reorder, so the order survives them). A changed group is rewritten copy-on-write at
   the end of the pool, so the region of the previous cycle stays readable for
@@ -17,7 +23,8 @@ One :class:`JoinState` keeps, for a ``(left, right)`` pair and its ``on`` column
 * **the left group index** — gid -> left slots, for "which left rows does this right
   change touch": sorted ``gid << 32 | slot`` codes in a large base plus a small sorted
   delta, deletions lazy (an entry is live when its slot is live and still in that gid);
-  merged and rebuilt with amortized cost.
+  merged and rebuilt with amortized cost. The pending index is the same structure keyed
+  by the top 31 bits of the key hash instead of a gid.
 
 Per left row the match list is therefore ``left key -> left slot -> gid -> pool region ->
 right slot -> right row key``: a per-left-row redirection whose right end survives right
@@ -240,6 +247,9 @@ class JoinState:
         self.l_step = np.full(1024, -1, dtype=np.int64)  # step the slot was born or regrouped
         self.l_mod = np.full(1024, -1, dtype=np.int64)  # step the slot was last modified
         self.l_index = GroupIndex()
+        self.l_pend = np.full(1024, -1, dtype=np.int64)  # pending: hash >> 33, else -1
+        self.p_index = GroupIndex()  # pending left slots by ``l_pend``
+        self._new_codes: list[KeyArray] = []  # pending codes of keys right rows brought this cycle
         self._over_step = -1
         self._fresh_step = -1  # last step in which some slot became fresh
         self._lmod_step = -1  # last step with left modifies (``l_mod`` marks them)
@@ -272,6 +282,7 @@ class JoinState:
         self.l_live = self._grow(self.l_live, n, False)
         self.l_step = self._grow(self.l_step, n, -1)
         self.l_mod = self._grow(self.l_mod, n, -1)
+        self.l_pend = self._grow(self.l_pend, n, -1)
         self.l_gid.ensure_capacity(n)
 
     # reading -----------------------------------------------------------------------------------
@@ -356,14 +367,33 @@ class JoinState:
 
     # gids ---------------------------------------------------------------------------------------
     def _gids_for(self, keys: pa.Table, valid: Mask) -> KeyArray:
-        """Gid per key row (``-1`` where a key is null), allocating gids for new keys."""
+        """Gid per right key row (``-1`` where a key is null), allocating gids for new keys
+        (their pending codes noted for :meth:`_attach`)."""
         g = np.full(keys.num_rows, -1, dtype=np.int64)
         if not valid.any():
             return g
         if not valid.all():
             keys = keys.filter(pa.array(valid))
-        g[valid], _ = self.gids.intern(keys, hash_columns(keys.columns), self._new_gids)
+        h = hash_columns(keys.columns)
+        g[valid], added = self.gids.intern(keys, h, self._new_gids)
+        if added.size and len(self.p_index):
+            self._new_codes.append(_pending_code(h[member(np.sort(added), g[valid])]))
         return g
+
+    def _lookup_left(self, keys: pa.Table, valid: Mask) -> tuple[KeyArray, KeyArray]:
+        """``(gid, pending code)`` per left key row: the gid of its key or ``-1``, and for a
+        non-null key without a group the top 31 bits of its hash (else ``-1``)."""
+        g = np.full(keys.num_rows, -1, dtype=np.int64)
+        code = np.full(keys.num_rows, -1, dtype=np.int64)
+        if not valid.any():
+            return g, code
+        if not valid.all():
+            keys = keys.filter(pa.array(valid))
+        h = hash_columns(keys.columns)
+        gv = self.gids.lookup(keys, h) if len(self.gids) else np.full(h.size, -1, dtype=np.int64)
+        g[valid] = gv
+        code[valid] = np.where(gv < 0, _pending_code(h), -1)
+        return g, code
 
     def _new_gids(self, n: int) -> KeyArray:
         new_g = self.gid_alloc.allocate(n)
@@ -389,6 +419,11 @@ class JoinState:
             slots = np.flatnonzero(self.l_live[: self.l_alloc.end]).astype(np.int64)
             g = self.l_gid_now[slots]
             self.l_index.reset(g[g >= 0], slots[g >= 0])
+        if self.p_index.stale > max(len(self.p_index) - self.p_index.stale, INDEX_MIN_STALE):
+            slots = np.flatnonzero(self.l_live[: self.l_alloc.end]
+                                   & (self.l_pend[: self.l_alloc.end] >= 0)).astype(np.int64)
+            self.p_index.reset(self.l_pend[slots], slots)
+        self._new_codes = []
         for src in (self.g_start, self.g_count, self.r_rkey, self.l_gid):
             self.graph.track(src)
 
@@ -419,7 +454,9 @@ class JoinState:
             touched.append(d.changed)
         if lu is not None:
             self._apply_left(lu, d)
-            touched += [d.removed_gid, d.regroup_old]
+        if self._new_codes:
+            self._attach(sorted_unique(_cat(self._new_codes)), d)
+        touched += [d.removed_gid, d.regroup_old]
         self._free_gids(touched)
         return d
 
@@ -495,7 +532,7 @@ class JoinState:
         self.pool_live += int(cnt.sum()) - int(old_s.size)
 
     def _apply_left(self, lu: TableUpdate, d: Delta) -> None:
-        left, step = self.left, self.graph.step
+        step = self.graph.step
         over_k: list[KeyArray] = []
         over_s: list[KeyArray] = []
         if lu.removed:
@@ -508,6 +545,7 @@ class JoinState:
             self.l_live[ls] = False
             self._ref(g, -1)
             self.l_index.stale += int(np.count_nonzero(g >= 0))
+            self._unpend(ls)
             self.l_alloc.free(ls)
         if lu.shifted:
             pk, ck = lu.shifted.moved_keys(self.left.prev_rowset - lu.removed)
@@ -520,28 +558,28 @@ class JoinState:
             k, s = _cat(over_k), _cat(over_s)
             order = np.argsort(k)
             self._over_step, self._over_keys, self._over_slots = step, k[order], s[order]
+        mk, ms = _EMPTY, _EMPTY
         if lu.modified:
-            self.l_mod[self.lmap.lookup(lu.modified.keys())] = step
-            self._lmod_step = step
-        if lu.modified and lu.modified_columns & set(self.left_on):
             mk = lu.modified.keys()
             ms = self.lmap.lookup(mk)
-            g_new = self._gids_for(*self._key_rows(left, self.left_on, mk))
+            self.l_mod[ms] = step
+            self._lmod_step = step
+            if not lu.modified_columns & set(self.left_on):
+                mk, ms = _EMPTY, _EMPTY  # no key column changed: groups stay
+        ak = lu.added.keys() if lu.added else _EMPTY
+        if mk.size + ak.size == 0:
+            return
+        # one key read, hash and lookup for re-keyed and added rows (current key space)
+        g_all, code_all = self._lookup_left(*self._key_rows(self.left, self.left_on, _cat([mk, ak])))
+        if mk.size:
+            g_new, code = g_all[: mk.size], code_all[: mk.size]
             g_old = self.l_gid_now[ms]
             moved = g_new != g_old
             if moved.any():
-                ms, g_old, g_new = ms[moved], g_old[moved], g_new[moved]
-                self.l_gid.set_numpy(ms, g_new)
-                self.l_step[ms] = step
-                self._fresh_step = step
-                self._ref(g_old, -1)
-                self._ref(g_new, +1)
-                self.l_index.stale += int(np.count_nonzero(g_old >= 0))
-                self.l_index.insert(g_new[g_new >= 0], ms[g_new >= 0])
-                d.regroup_slots, d.regroup_keys = ms, mk[moved]
-                d.regroup_old, d.regroup_new = g_old, g_new
-        if lu.added:
-            ak = lu.added.keys()
+                self._regroup(ms[moved], mk[moved], g_old[moved], g_new[moved], d)
+            self._pend(ms, code)
+        if ak.size:
+            g, code = g_all[mk.size :], code_all[mk.size :]
             slots = self.l_alloc.allocate(ak.size)
             self._fit_left()
             self.lmap.insert(ak, slots)
@@ -549,11 +587,64 @@ class JoinState:
             self.l_live[slots] = True
             self.l_step[slots] = step
             self._fresh_step = step
-            g = self._gids_for(*self._key_rows(left, self.left_on, ak))
             self.l_gid.set_numpy(slots, g)
             self._ref(g, +1)
             self.l_index.insert(g[g >= 0], slots[g >= 0])
+            self._pend(slots, code)  # freed slots were unpended
             d.added_keys, d.added_slots = ak, slots
+
+    def _regroup(self, ms: KeyArray, mk: KeyArray, g_old: KeyArray, g_new: KeyArray, d: Delta) -> None:
+        """Move live left slots ``ms`` (current keys ``mk``) from ``g_old`` to ``g_new``."""
+        step = self.graph.step
+        self.l_gid.set_numpy(ms, g_new)
+        self.l_step[ms] = step
+        self._fresh_step = step
+        self._ref(g_old, -1)
+        self._ref(g_new, +1)
+        self.l_index.stale += int(np.count_nonzero(g_old >= 0))
+        self.l_index.insert(g_new[g_new >= 0], ms[g_new >= 0])
+        d.regroup_slots = _cat([d.regroup_slots, ms])
+        d.regroup_keys = _cat([d.regroup_keys, mk])
+        d.regroup_old = _cat([d.regroup_old, g_old])
+        d.regroup_new = _cat([d.regroup_new, g_new])
+
+    def _pend(self, slots: KeyArray, code: KeyArray) -> None:
+        """Set the pending codes of live left slots (``-1``: not pending), indexing new ones."""
+        old = self.l_pend[slots]
+        change = old != code
+        if not change.any():
+            return
+        slots, old, code = slots[change], old[change], code[change]
+        self.p_index.stale += int(np.count_nonzero(old >= 0))
+        self.l_pend[slots] = code
+        new = code >= 0
+        self.p_index.insert(code[new], slots[new])
+
+    def _unpend(self, slots: KeyArray) -> None:
+        """Left slots that stop being live or pending leave the pending index (lazily)."""
+        old = self.l_pend[slots]
+        self.p_index.stale += int(np.count_nonzero(old >= 0))
+        self.l_pend[slots] = -1
+
+    def _attach(self, codes: KeyArray, d: Delta) -> None:
+        """Give the pending left rows whose key right rows brought this cycle their group.
+
+        ``codes`` (sorted, distinct) are the new keys' :func:`_pending_code`; the rows
+        waiting under them are looked up again by their current key values, so only rows
+        whose key the map now holds attach (a left row looked up this cycle finds nothing
+        new: the right side was applied first).
+        """
+        slots = self.p_index.query(codes, self.l_pend, self.l_live)
+        if slots.size == 0:
+            return
+        keys = self.l_key[slots]
+        g, _ = self._lookup_left(*self._key_rows(self.left, self.left_on, keys))
+        hit = g >= 0
+        if not hit.any():
+            return
+        slots, keys, g = slots[hit], keys[hit], g[hit]
+        self._unpend(slots)
+        self._regroup(slots, keys, np.full(slots.size, -1, dtype=np.int64), g, d)
 
     def _ref(self, g: KeyArray, delta: int) -> None:
         g = g[g >= 0]
@@ -585,6 +676,12 @@ class JoinState:
             self._apply_left(TableUpdate.of(added=self.left.rowset), d)
         self.l_step[: self.l_alloc.end] = -1  # nothing is "fresh" outside a cycle
         self._fresh_step = -1
+
+
+def _pending_code(h: U64) -> KeyArray:
+    """A pending left row's index code: the top 31 bits of its key hash (fits beside a
+    32-bit slot in :class:`GroupIndex`)."""
+    return (h >> np.uint64(33)).astype(np.int64)
 
 
 def _cat(parts: list[KeyArray]) -> KeyArray:
