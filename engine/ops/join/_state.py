@@ -131,27 +131,43 @@ def key_table(cols: list[pa.Array | pa.ChunkedArray], names: list[str]) -> tuple
 class GroupIndex:
     """gid -> member slots as sorted ``gid << 32 | slot`` codes: base + sorted delta.
 
-    Deletion is lazy: :meth:`query` keeps an entry only when ``live[slot]`` and
-    ``gid_of[slot] == gid``; :attr:`stale` counts dead entries so the owner can rebuild.
+    Inserts are appended unsorted and sorted into the delta at the next :meth:`query` (or
+    once they pass the delta's limit), so cycles that only insert (left rows arriving
+    while no right row changes) pay one append each. Deletion is lazy: :meth:`query`
+    keeps an entry only when ``live[slot]`` and ``gid_of[slot] == gid``; :attr:`stale`
+    counts dead entries so the owner can rebuild.
     """
 
     def __init__(self) -> None:
         self.base = _EMPTY
         self.delta = _EMPTY
         self.stale = 0
+        self._fresh: list[KeyArray] = []  # inserted codes not sorted in yet
+        self._n_fresh = 0
 
     def __len__(self) -> int:
-        return int(self.base.size + self.delta.size)
+        return int(self.base.size + self.delta.size) + self._n_fresh
 
     def reset(self, gids: KeyArray, slots: KeyArray) -> None:
         self.base = np.sort((gids << _SLOT_BITS) | slots)
         self.delta = _EMPTY
         self.stale = 0
+        self._fresh, self._n_fresh = [], 0
 
     def insert(self, gids: KeyArray, slots: KeyArray) -> None:
         if gids.size == 0:
             return
-        codes = np.sort((gids << _SLOT_BITS) | slots)
+        self._fresh.append((gids << _SLOT_BITS) | slots)
+        self._n_fresh += gids.size
+        if self._n_fresh > max(INDEX_MIN_DELTA, self.base.size // 8):
+            self._sort_in()
+
+    def _sort_in(self) -> None:
+        """Merge the appended codes into the delta, and the delta into the base past its limit."""
+        if not self._fresh:
+            return
+        codes = np.sort(np.concatenate(self._fresh) if len(self._fresh) > 1 else self._fresh[0])
+        self._fresh, self._n_fresh = [], 0
         self.delta = np.insert(self.delta, np.searchsorted(self.delta, codes), codes)
         if self.delta.size > max(INDEX_MIN_DELTA, self.base.size // 8):
             self.base = np.insert(self.base, np.searchsorted(self.base, self.delta), self.delta)
@@ -161,6 +177,7 @@ class GroupIndex:
         """Live slots in the sorted distinct ``gids``, sorted and distinct."""
         if gids.size == 0:
             return _EMPTY
+        self._sort_in()
         parts = []
         for codes in (self.base, self.delta):  # two sorted runs
             if codes.size == 0:
@@ -203,6 +220,8 @@ class Delta:
     regroup_keys: KeyArray = field(default_factory=lambda: _EMPTY)  # their current keys
     regroup_old: KeyArray = field(default_factory=lambda: _EMPTY)  # previous gid
     regroup_new: KeyArray = field(default_factory=lambda: _EMPTY)  # current gid
+    modified_keys: KeyArray = field(default_factory=lambda: _EMPTY)  # left modifies, current space
+    modified_slots: KeyArray = field(default_factory=lambda: _EMPTY)  # their slots
 
 
 class JoinState:
@@ -564,6 +583,7 @@ class JoinState:
             ms = self.lmap.lookup(mk)
             self.l_mod[ms] = step
             self._lmod_step = step
+            d.modified_keys, d.modified_slots = mk, ms
             if not lu.modified_columns & set(self.left_on):
                 mk, ms = _EMPTY, _EMPTY  # no key column changed: groups stay
         ak = lu.added.keys() if lu.added else _EMPTY

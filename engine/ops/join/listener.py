@@ -395,8 +395,7 @@ class JoinListener:
                             cols |= lu.modified_columns if lu is not None else set()
         # stable left rows of unchanged groups: left modifies and right in-place modifies
         if lmod:
-            mk = lmod.keys()
-            ms = st.lmap.lookup(mk)
+            mk, ms = d.modified_keys, d.modified_slots
             g = st.l_gid_now[ms]
             keep = ~st.fresh(ms) & ~member(G, g)
             if keep.any():
