@@ -210,6 +210,7 @@ class Delta:
     """What :meth:`JoinState.apply` changed, for the listeners to describe."""
 
     changed: KeyArray = field(default_factory=lambda: _EMPTY)  # gids whose right list changed
+    new_gids: KeyArray = field(default_factory=lambda: _EMPTY)  # of those, created this cycle
     rvm_slots: KeyArray = field(default_factory=lambda: _EMPTY)  # right slots modified in place
     rvm_cols: frozenset[str] = frozenset()  # right source columns they changed
     removed_keys: KeyArray = field(default_factory=lambda: _EMPTY)  # left, previous space
@@ -269,6 +270,7 @@ class JoinState:
         self.l_pend = np.full(1024, -1, dtype=np.int64)  # pending: hash >> 33, else -1
         self.p_index = GroupIndex()  # pending left slots by ``l_pend``
         self._new_codes: list[KeyArray] = []  # pending codes of keys right rows brought this cycle
+        self._new_gids_now: list[KeyArray] = []  # the gids of those keys
         self._over_step = -1
         self._fresh_step = -1  # last step in which some slot became fresh
         self._lmod_step = -1  # last step with left modifies (``l_mod`` marks them)
@@ -353,6 +355,17 @@ class JoinState:
         """Live left slots whose current gid is in the sorted distinct ``gids``."""
         return self.l_index.query(gids, self.l_gid_now, self.l_live)
 
+    def stable_members(self, gids: KeyArray, new_gids: KeyArray) -> KeyArray:
+        """Live left slots in the sorted distinct ``gids`` that are not fresh this cycle.
+
+        A group created this cycle (in the sorted ``new_gids``) has only fresh members
+        (each looked its key up, or was attached, this cycle), so it is not queried.
+        """
+        if new_gids.size:
+            gids = gids[~member(new_gids, gids)]
+        slots = self.left_members(gids)
+        return slots[~self.fresh(slots)]
+
     def group_index(self, groups: KeyArray, gids: KeyArray) -> KeyArray:
         """Position of each of ``gids`` in the sorted ``groups`` (all present)."""
         n = self.gid_alloc.end
@@ -395,8 +408,11 @@ class JoinState:
             keys = keys.filter(pa.array(valid))
         h = hash_columns(keys.columns)
         g[valid], added = self.gids.intern(keys, h, self._new_gids)
-        if added.size and len(self.p_index):
-            self._new_codes.append(_pending_code(h[member(np.sort(added), g[valid])]))
+        if added.size:
+            added = np.sort(added)
+            self._new_gids_now.append(added)
+            if len(self.p_index):
+                self._new_codes.append(_pending_code(h[member(added, g[valid])]))
         return g
 
     def _lookup_left(self, keys: pa.Table, valid: Mask) -> tuple[KeyArray, KeyArray]:
@@ -442,7 +458,7 @@ class JoinState:
             slots = np.flatnonzero(self.l_live[: self.l_alloc.end]
                                    & (self.l_pend[: self.l_alloc.end] >= 0)).astype(np.int64)
             self.p_index.reset(self.l_pend[slots], slots)
-        self._new_codes = []
+        self._new_codes, self._new_gids_now = [], []
         for src in (self.g_start, self.g_count, self.r_rkey, self.l_gid):
             self.graph.track(src)
 
@@ -473,6 +489,7 @@ class JoinState:
             touched.append(d.changed)
         if lu is not None:
             self._apply_left(lu, d)
+        d.new_gids = sorted_unique(_cat(self._new_gids_now))
         if self._new_codes:
             self._attach(sorted_unique(_cat(self._new_codes)), d)
         touched += [d.removed_gid, d.regroup_old]
