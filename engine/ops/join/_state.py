@@ -269,8 +269,9 @@ class JoinState:
         self.l_index = GroupIndex()
         self.l_pend = np.full(1024, -1, dtype=np.int64)  # pending: hash >> 33, else -1
         self.p_index = GroupIndex()  # pending left slots by ``l_pend``
-        self._new_codes: list[KeyArray] = []  # pending codes of keys right rows brought this cycle
-        self._new_gids_now: list[KeyArray] = []  # the gids of those keys
+        self.l_hash = np.zeros(1024, dtype=np.uint64)  # key hash of a pending slot
+        self._new_hashes: list[U64] = []  # hashes of keys right rows brought this cycle,
+        self._new_gids_now: list[KeyArray] = []  # their gids (in step)
         self._over_step = -1
         self._fresh_step = -1  # last step in which some slot became fresh
         self._lmod_step = -1  # last step with left modifies (``l_mod`` marks them)
@@ -304,6 +305,7 @@ class JoinState:
         self.l_step = self._grow(self.l_step, n, -1)
         self.l_mod = self._grow(self.l_mod, n, -1)
         self.l_pend = self._grow(self.l_pend, n, -1)
+        self.l_hash = self._grow(self.l_hash, n, 0)
         self.l_gid.ensure_capacity(n)
 
     # reading -----------------------------------------------------------------------------------
@@ -400,7 +402,7 @@ class JoinState:
     # gids ---------------------------------------------------------------------------------------
     def _gids_for(self, keys: pa.Table, valid: Mask) -> KeyArray:
         """Gid per right key row (``-1`` where a key is null), allocating gids for new keys
-        (their pending codes noted for :meth:`_attach`)."""
+        (their hashes noted for :meth:`_attach`)."""
         g = np.full(keys.num_rows, -1, dtype=np.int64)
         if not valid.any():
             return g
@@ -409,26 +411,27 @@ class JoinState:
         h = hash_columns(keys.columns)
         g[valid], added = self.gids.intern(keys, h, self._new_gids)
         if added.size:
-            added = np.sort(added)
-            self._new_gids_now.append(added)
-            if len(self.p_index):
-                self._new_codes.append(_pending_code(h[member(added, g[valid])]))
+            new = member(np.sort(added), g[valid])  # rows with a new key (repeats included)
+            self._new_hashes.append(h[new])
+            self._new_gids_now.append(g[valid][new])
         return g
 
-    def _lookup_left(self, keys: pa.Table, valid: Mask) -> tuple[KeyArray, KeyArray]:
-        """``(gid, pending code)`` per left key row: the gid of its key or ``-1``, and for a
-        non-null key without a group the top 31 bits of its hash (else ``-1``)."""
+    def _lookup_left(self, keys: pa.Table, valid: Mask) -> tuple[KeyArray, KeyArray, U64]:
+        """``(gid, pending code, hash)`` per left key row: the gid of its key or ``-1``; for
+        a non-null key without a group its :func:`_pending_code` (else ``-1``); the key hash
+        (0 for a null key)."""
         g = np.full(keys.num_rows, -1, dtype=np.int64)
         code = np.full(keys.num_rows, -1, dtype=np.int64)
+        h = np.zeros(keys.num_rows, dtype=np.uint64)
         if not valid.any():
-            return g, code
+            return g, code, h
         if not valid.all():
             keys = keys.filter(pa.array(valid))
-        h = hash_columns(keys.columns)
-        gv = self.gids.lookup(keys, h) if len(self.gids) else np.full(h.size, -1, dtype=np.int64)
-        g[valid] = gv
-        code[valid] = np.where(gv < 0, _pending_code(h), -1)
-        return g, code
+        hv = hash_columns(keys.columns)
+        gv = self.gids.lookup(keys, hv) if len(self.gids) else np.full(hv.size, -1, dtype=np.int64)
+        g[valid], h[valid] = gv, hv
+        code[valid] = np.where(gv < 0, _pending_code(hv), -1)
+        return g, code, h
 
     def _new_gids(self, n: int) -> KeyArray:
         new_g = self.gid_alloc.allocate(n)
@@ -458,7 +461,7 @@ class JoinState:
             slots = np.flatnonzero(self.l_live[: self.l_alloc.end]
                                    & (self.l_pend[: self.l_alloc.end] >= 0)).astype(np.int64)
             self.p_index.reset(self.l_pend[slots], slots)
-        self._new_codes, self._new_gids_now = [], []
+        self._new_hashes, self._new_gids_now = [], []
         for src in (self.g_start, self.g_count, self.r_rkey, self.l_gid):
             self.graph.track(src)
 
@@ -489,9 +492,11 @@ class JoinState:
             touched.append(d.changed)
         if lu is not None:
             self._apply_left(lu, d)
-        d.new_gids = sorted_unique(_cat(self._new_gids_now))
-        if self._new_codes:
-            self._attach(sorted_unique(_cat(self._new_codes)), d)
+        if self._new_gids_now:
+            new_g = _cat(self._new_gids_now)
+            d.new_gids = sorted_unique(new_g)
+            if len(self.p_index):
+                self._attach(np.concatenate(self._new_hashes), new_g, d)
         touched += [d.removed_gid, d.regroup_old]
         self._free_gids(touched)
         return d
@@ -607,16 +612,16 @@ class JoinState:
         if mk.size + ak.size == 0:
             return
         # one key read, hash and lookup for re-keyed and added rows (current key space)
-        g_all, code_all = self._lookup_left(*self._key_rows(self.left, self.left_on, _cat([mk, ak])))
+        g_all, code_all, h_all = self._lookup_left(*self._key_rows(self.left, self.left_on, _cat([mk, ak])))
         if mk.size:
-            g_new, code = g_all[: mk.size], code_all[: mk.size]
+            g_new, code, h = g_all[: mk.size], code_all[: mk.size], h_all[: mk.size]
             g_old = self.l_gid_now[ms]
             moved = g_new != g_old
             if moved.any():
                 self._regroup(ms[moved], mk[moved], g_old[moved], g_new[moved], d)
-            self._pend(ms, code)
+            self._pend(ms, code, h)
         if ak.size:
-            g, code = g_all[mk.size :], code_all[mk.size :]
+            g, code, h = g_all[mk.size :], code_all[mk.size :], h_all[mk.size :]
             slots = self.l_alloc.allocate(ak.size)
             self._fit_left()
             self.lmap.insert(ak, slots)
@@ -627,7 +632,7 @@ class JoinState:
             self.l_gid.set_numpy(slots, g)
             self._ref(g, +1)
             self.l_index.insert(g[g >= 0], slots[g >= 0])
-            self._pend(slots, code)  # freed slots were unpended
+            self._pend(slots, code, h)  # freed slots were unpended
             d.added_keys, d.added_slots = ak, slots
 
     def _regroup(self, ms: KeyArray, mk: KeyArray, g_old: KeyArray, g_new: KeyArray, d: Delta) -> None:
@@ -645,8 +650,10 @@ class JoinState:
         d.regroup_old = _cat([d.regroup_old, g_old])
         d.regroup_new = _cat([d.regroup_new, g_new])
 
-    def _pend(self, slots: KeyArray, code: KeyArray) -> None:
-        """Set the pending codes of live left slots (``-1``: not pending), indexing new ones."""
+    def _pend(self, slots: KeyArray, code: KeyArray, h: U64) -> None:
+        """Set the pending codes (``-1``: not pending) and key hashes of live left slots,
+        indexing the new codes."""
+        self.l_hash[slots] = h
         old = self.l_pend[slots]
         change = old != code
         if not change.any():
@@ -663,23 +670,36 @@ class JoinState:
         self.p_index.stale += int(np.count_nonzero(old >= 0))
         self.l_pend[slots] = -1
 
-    def _attach(self, codes: KeyArray, d: Delta) -> None:
-        """Give the pending left rows whose key right rows brought this cycle their group.
+    def _attach(self, hashes: U64, gids: KeyArray, d: Delta) -> None:
+        """Give the pending left rows whose key right rows brought this cycle its group.
 
-        ``codes`` (sorted, distinct) are the new keys' :func:`_pending_code`; the rows
-        waiting under them are looked up again by their current key values, so only rows
-        whose key the map now holds attach (a left row looked up this cycle finds nothing
-        new: the right side was applied first).
+        ``hashes[k]`` is the hash of the new key of gid ``gids[k]`` (repeats allowed). The
+        rows waiting under their :func:`_pending_code` whose full hash is one of them are
+        the candidates: an exact key (its hash a bijection) takes that hash's gid, any
+        other is looked up again by its current values, so a collision attaches nothing
+        wrong. A left row looked up this cycle finds nothing new (the right side was
+        applied first), so only rows that waited attach.
         """
-        slots = self.p_index.query(codes, self.l_pend, self.l_live)
+        order = np.argsort(hashes)
+        hashes, gids = hashes[order], gids[order]
+        slots = self.p_index.query(sorted_unique(_pending_code(hashes)), self.l_pend, self.l_live)
+        if slots.size == 0:
+            return
+        h = self.l_hash[slots]
+        pos = np.minimum(np.searchsorted(hashes, h), hashes.size - 1)
+        hit = hashes[pos] == h
+        slots = slots[hit]
         if slots.size == 0:
             return
         keys = self.l_key[slots]
-        g, _ = self._lookup_left(*self._key_rows(self.left, self.left_on, keys))
-        hit = g >= 0
-        if not hit.any():
-            return
-        slots, keys, g = slots[hit], keys[hit], g[hit]
+        if self.gids.exact:
+            g = gids[pos[hit]]
+        else:
+            g, _, _ = self._lookup_left(*self._key_rows(self.left, self.left_on, keys))
+            found = g >= 0
+            slots, keys, g = slots[found], keys[found], g[found]
+            if slots.size == 0:
+                return
         self._unpend(slots)
         self._regroup(slots, keys, np.full(slots.size, -1, dtype=np.int64), g, d)
 
