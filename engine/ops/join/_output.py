@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from engine._kernels.arrays import bitmap_of, expand_with_owner, member
+from engine._kernels.arrays import bitmap_of, expand, expand_with_owner, member
 from engine.columns import ColumnSource
 from engine.errors import SchemaError
 from engine.rowset import KeyArray, RowSet
@@ -268,13 +268,17 @@ class RowSetParts:
         self.stops: list[KeyArray] = []
 
     def rowset(self) -> RowSet:
-        out = RowSet()
+        keys = list(self.keys)
+        ranges = None
         if self.starts:
             s, e = np.concatenate(self.starts), np.concatenate(self.stops)
             keep = e > s
             s, e = s[keep], e[keep]
-            order = np.argsort(s)
-            out = RowSet.from_ranges(s[order], e[order])
-        if self.keys:
-            out = out | RowSet(bitmap_of(np.concatenate(self.keys)))
-        return out
+            n = e - s
+            if int(n.sum()) <= 2 * n.size:  # mostly one-row blocks: keys build cheaper than runs
+                keys.append(expand(s, n))
+            else:
+                order = np.argsort(s)
+                ranges = RowSet.from_ranges(s[order], e[order])
+        out = RowSet(bitmap_of(np.concatenate(keys))) if keys else RowSet()
+        return out if ranges is None else out | ranges

@@ -7,9 +7,15 @@ One :class:`JoinState` keeps, for a ``(left, right)`` pair and its ``on`` column
   shift only rewrites the row-key <-> slot maps of the rows it moves. Slots come from an
   :class:`~engine._kernels.ids.IdAllocator` (freed slots reused from the next cycle on),
   row key -> slot is a :class:`~engine._kernels.rowkeymap.RowKeyMap`.
-* **groups** — one *group id* (gid) per distinct key seen on either side, in a
-  :class:`~engine._kernels.keymap.StoredKeyMap` (key -> gid: a hash finds the candidate
-  group, equality with the group's stored key values decides). A right group is a region of the append-only ``pool``
+* **groups** — one *group id* (gid) per distinct key of a right row (kept while left rows
+  still point at it), in a :class:`~engine._kernels.keymap.StoredKeyMap` (key -> gid: a
+  hash finds the candidate group, equality with the group's stored key values decides).
+  A left row only *looks up* its key: one without a group (no right row has its key)
+  waits in the **pending index** under its key's hash, and a right row that brings a new
+  key attaches the left rows waiting under that hash (re-looked up, so a hash collision
+  attaches nothing). So left keys that never meet a right row cost a hash and a lookup,
+  not a stored key and a gid. Invariant: a live left row with a non-null key has a gid
+  exactly when the map holds its key. A right group is a region of the append-only ``pool``
   holding its right slots in right row-key order (the right table's order; shifts never
   reorder, so the order survives them). A changed group is rewritten copy-on-write at
   the end of the pool, so the region of the previous cycle stays readable for
@@ -17,7 +23,8 @@ One :class:`JoinState` keeps, for a ``(left, right)`` pair and its ``on`` column
 * **the left group index** — gid -> left slots, for "which left rows does this right
   change touch": sorted ``gid << 32 | slot`` codes in a large base plus a small sorted
   delta, deletions lazy (an entry is live when its slot is live and still in that gid);
-  merged and rebuilt with amortized cost.
+  merged and rebuilt with amortized cost. The pending index is the same structure keyed
+  by the top 31 bits of the key hash instead of a gid.
 
 Per left row the match list is therefore ``left key -> left slot -> gid -> pool region ->
 right slot -> right row key``: a per-left-row redirection whose right end survives right
@@ -124,27 +131,43 @@ def key_table(cols: list[pa.Array | pa.ChunkedArray], names: list[str]) -> tuple
 class GroupIndex:
     """gid -> member slots as sorted ``gid << 32 | slot`` codes: base + sorted delta.
 
-    Deletion is lazy: :meth:`query` keeps an entry only when ``live[slot]`` and
-    ``gid_of[slot] == gid``; :attr:`stale` counts dead entries so the owner can rebuild.
+    Inserts are appended unsorted and sorted into the delta at the next :meth:`query` (or
+    once they pass the delta's limit), so cycles that only insert (left rows arriving
+    while no right row changes) pay one append each. Deletion is lazy: :meth:`query`
+    keeps an entry only when ``live[slot]`` and ``gid_of[slot] == gid``; :attr:`stale`
+    counts dead entries so the owner can rebuild.
     """
 
     def __init__(self) -> None:
         self.base = _EMPTY
         self.delta = _EMPTY
         self.stale = 0
+        self._fresh: list[KeyArray] = []  # inserted codes not sorted in yet
+        self._n_fresh = 0
 
     def __len__(self) -> int:
-        return int(self.base.size + self.delta.size)
+        return int(self.base.size + self.delta.size) + self._n_fresh
 
     def reset(self, gids: KeyArray, slots: KeyArray) -> None:
         self.base = np.sort((gids << _SLOT_BITS) | slots)
         self.delta = _EMPTY
         self.stale = 0
+        self._fresh, self._n_fresh = [], 0
 
     def insert(self, gids: KeyArray, slots: KeyArray) -> None:
         if gids.size == 0:
             return
-        codes = np.sort((gids << _SLOT_BITS) | slots)
+        self._fresh.append((gids << _SLOT_BITS) | slots)
+        self._n_fresh += gids.size
+        if self._n_fresh > max(INDEX_MIN_DELTA, self.base.size // 8):
+            self._sort_in()
+
+    def _sort_in(self) -> None:
+        """Merge the appended codes into the delta, and the delta into the base past its limit."""
+        if not self._fresh:
+            return
+        codes = np.sort(np.concatenate(self._fresh) if len(self._fresh) > 1 else self._fresh[0])
+        self._fresh, self._n_fresh = [], 0
         self.delta = np.insert(self.delta, np.searchsorted(self.delta, codes), codes)
         if self.delta.size > max(INDEX_MIN_DELTA, self.base.size // 8):
             self.base = np.insert(self.base, np.searchsorted(self.base, self.delta), self.delta)
@@ -154,6 +177,7 @@ class GroupIndex:
         """Live slots in the sorted distinct ``gids``, sorted and distinct."""
         if gids.size == 0:
             return _EMPTY
+        self._sort_in()
         parts = []
         for codes in (self.base, self.delta):  # two sorted runs
             if codes.size == 0:
@@ -186,6 +210,7 @@ class Delta:
     """What :meth:`JoinState.apply` changed, for the listeners to describe."""
 
     changed: KeyArray = field(default_factory=lambda: _EMPTY)  # gids whose right list changed
+    new_gids: KeyArray = field(default_factory=lambda: _EMPTY)  # of those, created this cycle
     rvm_slots: KeyArray = field(default_factory=lambda: _EMPTY)  # right slots modified in place
     rvm_cols: frozenset[str] = frozenset()  # right source columns they changed
     removed_keys: KeyArray = field(default_factory=lambda: _EMPTY)  # left, previous space
@@ -196,6 +221,8 @@ class Delta:
     regroup_keys: KeyArray = field(default_factory=lambda: _EMPTY)  # their current keys
     regroup_old: KeyArray = field(default_factory=lambda: _EMPTY)  # previous gid
     regroup_new: KeyArray = field(default_factory=lambda: _EMPTY)  # current gid
+    modified_keys: KeyArray = field(default_factory=lambda: _EMPTY)  # left modifies, current space
+    modified_slots: KeyArray = field(default_factory=lambda: _EMPTY)  # their slots
 
 
 class JoinState:
@@ -240,6 +267,11 @@ class JoinState:
         self.l_step = np.full(1024, -1, dtype=np.int64)  # step the slot was born or regrouped
         self.l_mod = np.full(1024, -1, dtype=np.int64)  # step the slot was last modified
         self.l_index = GroupIndex()
+        self.l_pend = np.full(1024, -1, dtype=np.int64)  # pending: hash >> 33, else -1
+        self.p_index = GroupIndex()  # pending left slots by ``l_pend``
+        self.l_hash = np.zeros(1024, dtype=np.uint64)  # key hash of a pending slot
+        self._new_hashes: list[U64] = []  # hashes of keys right rows brought this cycle,
+        self._new_gids_now: list[KeyArray] = []  # their gids (in step)
         self._over_step = -1
         self._fresh_step = -1  # last step in which some slot became fresh
         self._lmod_step = -1  # last step with left modifies (``l_mod`` marks them)
@@ -272,6 +304,8 @@ class JoinState:
         self.l_live = self._grow(self.l_live, n, False)
         self.l_step = self._grow(self.l_step, n, -1)
         self.l_mod = self._grow(self.l_mod, n, -1)
+        self.l_pend = self._grow(self.l_pend, n, -1)
+        self.l_hash = self._grow(self.l_hash, n, 0)
         self.l_gid.ensure_capacity(n)
 
     # reading -----------------------------------------------------------------------------------
@@ -323,6 +357,17 @@ class JoinState:
         """Live left slots whose current gid is in the sorted distinct ``gids``."""
         return self.l_index.query(gids, self.l_gid_now, self.l_live)
 
+    def stable_members(self, gids: KeyArray, new_gids: KeyArray) -> KeyArray:
+        """Live left slots in the sorted distinct ``gids`` that are not fresh this cycle.
+
+        A group created this cycle (in the sorted ``new_gids``) has only fresh members
+        (each looked its key up, or was attached, this cycle), so it is not queried.
+        """
+        if new_gids.size:
+            gids = gids[~member(new_gids, gids)]
+        slots = self.left_members(gids)
+        return slots[~self.fresh(slots)]
+
     def group_index(self, groups: KeyArray, gids: KeyArray) -> KeyArray:
         """Position of each of ``gids`` in the sorted ``groups`` (all present)."""
         n = self.gid_alloc.end
@@ -356,14 +401,37 @@ class JoinState:
 
     # gids ---------------------------------------------------------------------------------------
     def _gids_for(self, keys: pa.Table, valid: Mask) -> KeyArray:
-        """Gid per key row (``-1`` where a key is null), allocating gids for new keys."""
+        """Gid per right key row (``-1`` where a key is null), allocating gids for new keys
+        (their hashes noted for :meth:`_attach`)."""
         g = np.full(keys.num_rows, -1, dtype=np.int64)
         if not valid.any():
             return g
         if not valid.all():
             keys = keys.filter(pa.array(valid))
-        g[valid], _ = self.gids.intern(keys, hash_columns(keys.columns), self._new_gids)
+        h = hash_columns(keys.columns)
+        g[valid], added = self.gids.intern(keys, h, self._new_gids)
+        if added.size:
+            new = member(np.sort(added), g[valid])  # rows with a new key (repeats included)
+            self._new_hashes.append(h[new])
+            self._new_gids_now.append(g[valid][new])
         return g
+
+    def _lookup_left(self, keys: pa.Table, valid: Mask) -> tuple[KeyArray, KeyArray, U64]:
+        """``(gid, pending code, hash)`` per left key row: the gid of its key or ``-1``; for
+        a non-null key without a group its :func:`_pending_code` (else ``-1``); the key hash
+        (0 for a null key)."""
+        g = np.full(keys.num_rows, -1, dtype=np.int64)
+        code = np.full(keys.num_rows, -1, dtype=np.int64)
+        h = np.zeros(keys.num_rows, dtype=np.uint64)
+        if not valid.any():
+            return g, code, h
+        if not valid.all():
+            keys = keys.filter(pa.array(valid))
+        hv = hash_columns(keys.columns)
+        gv = self.gids.lookup(keys, hv) if len(self.gids) else np.full(hv.size, -1, dtype=np.int64)
+        g[valid], h[valid] = gv, hv
+        code[valid] = np.where(gv < 0, _pending_code(hv), -1)
+        return g, code, h
 
     def _new_gids(self, n: int) -> KeyArray:
         new_g = self.gid_alloc.allocate(n)
@@ -389,6 +457,11 @@ class JoinState:
             slots = np.flatnonzero(self.l_live[: self.l_alloc.end]).astype(np.int64)
             g = self.l_gid_now[slots]
             self.l_index.reset(g[g >= 0], slots[g >= 0])
+        if self.p_index.stale > max(len(self.p_index) - self.p_index.stale, INDEX_MIN_STALE):
+            slots = np.flatnonzero(self.l_live[: self.l_alloc.end]
+                                   & (self.l_pend[: self.l_alloc.end] >= 0)).astype(np.int64)
+            self.p_index.reset(self.l_pend[slots], slots)
+        self._new_hashes, self._new_gids_now = [], []
         for src in (self.g_start, self.g_count, self.r_rkey, self.l_gid):
             self.graph.track(src)
 
@@ -419,7 +492,12 @@ class JoinState:
             touched.append(d.changed)
         if lu is not None:
             self._apply_left(lu, d)
-            touched += [d.removed_gid, d.regroup_old]
+        if self._new_gids_now:
+            new_g = _cat(self._new_gids_now)
+            d.new_gids = sorted_unique(new_g)
+            if len(self.p_index):
+                self._attach(np.concatenate(self._new_hashes), new_g, d)
+        touched += [d.removed_gid, d.regroup_old]
         self._free_gids(touched)
         return d
 
@@ -495,7 +573,7 @@ class JoinState:
         self.pool_live += int(cnt.sum()) - int(old_s.size)
 
     def _apply_left(self, lu: TableUpdate, d: Delta) -> None:
-        left, step = self.left, self.graph.step
+        step = self.graph.step
         over_k: list[KeyArray] = []
         over_s: list[KeyArray] = []
         if lu.removed:
@@ -508,6 +586,7 @@ class JoinState:
             self.l_live[ls] = False
             self._ref(g, -1)
             self.l_index.stale += int(np.count_nonzero(g >= 0))
+            self._unpend(ls)
             self.l_alloc.free(ls)
         if lu.shifted:
             pk, ck = lu.shifted.moved_keys(self.left.prev_rowset - lu.removed)
@@ -520,28 +599,29 @@ class JoinState:
             k, s = _cat(over_k), _cat(over_s)
             order = np.argsort(k)
             self._over_step, self._over_keys, self._over_slots = step, k[order], s[order]
+        mk, ms = _EMPTY, _EMPTY
         if lu.modified:
-            self.l_mod[self.lmap.lookup(lu.modified.keys())] = step
-            self._lmod_step = step
-        if lu.modified and lu.modified_columns & set(self.left_on):
             mk = lu.modified.keys()
             ms = self.lmap.lookup(mk)
-            g_new = self._gids_for(*self._key_rows(left, self.left_on, mk))
+            self.l_mod[ms] = step
+            self._lmod_step = step
+            d.modified_keys, d.modified_slots = mk, ms
+            if not lu.modified_columns & set(self.left_on):
+                mk, ms = _EMPTY, _EMPTY  # no key column changed: groups stay
+        ak = lu.added.keys() if lu.added else _EMPTY
+        if mk.size + ak.size == 0:
+            return
+        # one key read, hash and lookup for re-keyed and added rows (current key space)
+        g_all, code_all, h_all = self._lookup_left(*self._key_rows(self.left, self.left_on, _cat([mk, ak])))
+        if mk.size:
+            g_new, code, h = g_all[: mk.size], code_all[: mk.size], h_all[: mk.size]
             g_old = self.l_gid_now[ms]
             moved = g_new != g_old
             if moved.any():
-                ms, g_old, g_new = ms[moved], g_old[moved], g_new[moved]
-                self.l_gid.set_numpy(ms, g_new)
-                self.l_step[ms] = step
-                self._fresh_step = step
-                self._ref(g_old, -1)
-                self._ref(g_new, +1)
-                self.l_index.stale += int(np.count_nonzero(g_old >= 0))
-                self.l_index.insert(g_new[g_new >= 0], ms[g_new >= 0])
-                d.regroup_slots, d.regroup_keys = ms, mk[moved]
-                d.regroup_old, d.regroup_new = g_old, g_new
-        if lu.added:
-            ak = lu.added.keys()
+                self._regroup(ms[moved], mk[moved], g_old[moved], g_new[moved], d)
+            self._pend(ms, code, h)
+        if ak.size:
+            g, code, h = g_all[mk.size :], code_all[mk.size :], h_all[mk.size :]
             slots = self.l_alloc.allocate(ak.size)
             self._fit_left()
             self.lmap.insert(ak, slots)
@@ -549,11 +629,79 @@ class JoinState:
             self.l_live[slots] = True
             self.l_step[slots] = step
             self._fresh_step = step
-            g = self._gids_for(*self._key_rows(left, self.left_on, ak))
             self.l_gid.set_numpy(slots, g)
             self._ref(g, +1)
             self.l_index.insert(g[g >= 0], slots[g >= 0])
+            self._pend(slots, code, h)  # freed slots were unpended
             d.added_keys, d.added_slots = ak, slots
+
+    def _regroup(self, ms: KeyArray, mk: KeyArray, g_old: KeyArray, g_new: KeyArray, d: Delta) -> None:
+        """Move live left slots ``ms`` (current keys ``mk``) from ``g_old`` to ``g_new``."""
+        step = self.graph.step
+        self.l_gid.set_numpy(ms, g_new)
+        self.l_step[ms] = step
+        self._fresh_step = step
+        self._ref(g_old, -1)
+        self._ref(g_new, +1)
+        self.l_index.stale += int(np.count_nonzero(g_old >= 0))
+        self.l_index.insert(g_new[g_new >= 0], ms[g_new >= 0])
+        d.regroup_slots = _cat([d.regroup_slots, ms])
+        d.regroup_keys = _cat([d.regroup_keys, mk])
+        d.regroup_old = _cat([d.regroup_old, g_old])
+        d.regroup_new = _cat([d.regroup_new, g_new])
+
+    def _pend(self, slots: KeyArray, code: KeyArray, h: U64) -> None:
+        """Set the pending codes (``-1``: not pending) and key hashes of live left slots,
+        indexing the new codes."""
+        self.l_hash[slots] = h
+        old = self.l_pend[slots]
+        change = old != code
+        if not change.any():
+            return
+        slots, old, code = slots[change], old[change], code[change]
+        self.p_index.stale += int(np.count_nonzero(old >= 0))
+        self.l_pend[slots] = code
+        new = code >= 0
+        self.p_index.insert(code[new], slots[new])
+
+    def _unpend(self, slots: KeyArray) -> None:
+        """Left slots that stop being live or pending leave the pending index (lazily)."""
+        old = self.l_pend[slots]
+        self.p_index.stale += int(np.count_nonzero(old >= 0))
+        self.l_pend[slots] = -1
+
+    def _attach(self, hashes: U64, gids: KeyArray, d: Delta) -> None:
+        """Give the pending left rows whose key right rows brought this cycle its group.
+
+        ``hashes[k]`` is the hash of the new key of gid ``gids[k]`` (repeats allowed). The
+        rows waiting under their :func:`_pending_code` whose full hash is one of them are
+        the candidates: an exact key (its hash a bijection) takes that hash's gid, any
+        other is looked up again by its current values, so a collision attaches nothing
+        wrong. A left row looked up this cycle finds nothing new (the right side was
+        applied first), so only rows that waited attach.
+        """
+        order = np.argsort(hashes)
+        hashes, gids = hashes[order], gids[order]
+        slots = self.p_index.query(sorted_unique(_pending_code(hashes)), self.l_pend, self.l_live)
+        if slots.size == 0:
+            return
+        h = self.l_hash[slots]
+        pos = np.minimum(np.searchsorted(hashes, h), hashes.size - 1)
+        hit = hashes[pos] == h
+        slots = slots[hit]
+        if slots.size == 0:
+            return
+        keys = self.l_key[slots]
+        if self.gids.exact:
+            g = gids[pos[hit]]
+        else:
+            g, _, _ = self._lookup_left(*self._key_rows(self.left, self.left_on, keys))
+            found = g >= 0
+            slots, keys, g = slots[found], keys[found], g[found]
+            if slots.size == 0:
+                return
+        self._unpend(slots)
+        self._regroup(slots, keys, np.full(slots.size, -1, dtype=np.int64), g, d)
 
     def _ref(self, g: KeyArray, delta: int) -> None:
         g = g[g >= 0]
@@ -585,6 +733,12 @@ class JoinState:
             self._apply_left(TableUpdate.of(added=self.left.rowset), d)
         self.l_step[: self.l_alloc.end] = -1  # nothing is "fresh" outside a cycle
         self._fresh_step = -1
+
+
+def _pending_code(h: U64) -> KeyArray:
+    """A pending left row's index code: the top 31 bits of its key hash (fits beside a
+    32-bit slot in :class:`GroupIndex`)."""
+    return (h >> np.uint64(33)).astype(np.int64)
 
 
 def _cat(parts: list[KeyArray]) -> KeyArray:

@@ -169,8 +169,7 @@ class NaturalJoinListener:
             m1 = st.first_match(d.changed)
             moved = d.changed[m0 != m1]
             if moved.size:
-                slots = st.left_members(moved)
-                slots = slots[~st.fresh(slots)]
+                slots = st.stable_members(moved, d.new_gids)
                 if slots.size:
                     mods.append(st.l_key[slots])
                     cols |= self.right_out
@@ -366,8 +365,7 @@ class JoinListener:
         punch, runs = _EMPTY, (_EMPTY, _EMPTY, _EMPTY)
         G = d.changed
         if G.size:
-            slots = st.left_members(G)
-            slots = slots[~st.fresh(slots)]
+            slots = st.stable_members(G, d.new_gids)
             if slots.size:
                 tr = GroupTransition(st, G, d.rvm_slots, self.outer)
                 q = st.group_index(G, st.l_gid_now[slots])
@@ -395,8 +393,7 @@ class JoinListener:
                             cols |= lu.modified_columns if lu is not None else set()
         # stable left rows of unchanged groups: left modifies and right in-place modifies
         if lmod:
-            mk = lmod.keys()
-            ms = st.lmap.lookup(mk)
+            mk, ms = d.modified_keys, d.modified_slots
             g = st.l_gid_now[ms]
             keep = ~st.fresh(ms) & ~member(G, g)
             if keep.any():

@@ -253,6 +253,34 @@ def test_join_row_keys_shifts_and_modifies():
     assert ups.last(g) is None
 
 
+def test_join_left_rows_waiting_for_their_key():
+    # left rows whose key no right row has wait for it; the right row that brings the key
+    # adds their matches (a waiting row modified in that cycle too), and a row that left
+    # the key meanwhile is not matched by it
+    g = UpdateGraph(validate=True)
+    left = g.keyed_table({"Id": pa.int64(), "K": pa.string(), "X": pa.int64()}, "Id")
+    right = g.keyed_table({"RId": pa.int64(), "K": pa.string()}, "RId")
+    left.upsert({"Id": [1, 2, 3], "K": ["a", "b", "b"], "X": [0, 0, 0]})
+    g.run_cycle()
+    j = join(left, right, "K", joins=["RId"], match_bits=16)
+    assert j.size == 0
+    ups = _Updates(j)
+    left.upsert({"Id": [4, 3], "K": ["b", "b"], "X": [0, 5]})  # row 4 arrives, row 3 changes X
+    right.upsert({"RId": [7], "K": ["b"]})
+    u = ups.last(g)
+    rk = dict(zip([1, 2, 3, 4], left.rowset.keys().tolist(), strict=True))
+    assert u.added.keys().tolist() == [rk[i] << 16 for i in (2, 3, 4)]
+    assert not u.removed and not u.modified and not u.shifted
+    assert _rows(j) == [[2, "b", 0, 7], [3, "b", 5, 7], [4, "b", 0, 7]]
+    left.upsert({"Id": [1], "K": ["c"], "X": [0]})  # leaves key a in the cycle a arrives
+    right.upsert({"RId": [8], "K": ["a"]})
+    assert ups.last(g) is None
+    left.upsert({"Id": [1], "K": ["a"], "X": [0]})
+    u = ups.last(g)
+    assert u.added.keys().tolist() == [rk[1] << 16] and not u.removed and not u.modified
+    assert _rows(j)[0] == [1, "a", 0, 8]
+
+
 def test_join_left_value_modify_and_self_join():
     g = UpdateGraph(validate=True)
     t = g.keyed_table({"Id": pa.int64(), "K": pa.int64(), "X": pa.int64()}, "Id")

@@ -440,6 +440,28 @@ def test_oracle_tiny_amortization_thresholds(monkeypatch):
     )
 
 
+def test_oracle_pending_codes_all_collide(monkeypatch):
+    # every pending left row waits under one code, so each key a right row brings makes
+    # all of them candidates: only the full hash (an exact integer key) or the re-lookup
+    # by key values (string keys, two-column keys) may attach them
+    monkeypatch.setattr(_joinstate, "_pending_code", lambda h: np.zeros(h.size, dtype=np.int64))
+    run_join_oracle(
+        lambda lt, r1, r2: natural_join(join(lt, r1, "Sym"), r2, "Qty=RQ", joins=_J2),
+        lambda lt, r1, r2: expected_join(expected_join(lt, r1, ["Sym"], ["Sym"], OUT, "inner"),
+                                        r2, ["Qty"], ["RQ"], _OUT2, "left"),
+        right=lambda g, rng: [RightDriver(g, rng, ["Sym"], SYM, "many", 20),
+                              RightDriver(g, rng, ["RQ"], QTY[::2], "unique", 40)],
+        seed=15, n_cycles=cycles(300), max_rows=60,
+    )
+    run_join_oracle(
+        lambda lt, r: natural_join(lt, r, ["Sym", "Qty=RQ"]),
+        lambda lt, r: expected_join(lt, r, ["Sym", "Qty"], ["Sym", "RQ"], OUT, "left"),
+        right=_drivers(["Sym", "RQ"], [(s, q) for s in SYMS[:4] for q in range(-5, 15)], "unique",
+                       max_rows=60),
+        seed=16, n_cycles=cycles(300),
+    )
+
+
 # chains with where and sort -------------------------------------------------------------------
 def _sorted(t, col):
     """Stable ascending sort with nulls last (the sort op's order)."""
