@@ -158,7 +158,7 @@ from engine.columns import (
     make_column_source,
 )
 from engine.errors import SchemaError, TableFailed, UpdateInvariantError
-from engine.ops.aggregate._keys import fetch, fetch_numpy, pairs_equal
+from engine.ops.aggregate._keys import fetch, fetch_numpy, numpy_of, pairs_equal
 from engine.ops.aggregate._kinds import KINDS, Need, Refresh, Values, build_states
 from engine.ops.aggregate._sortedset import RowKeySet
 from engine.ops.aggregate._states import Cycle
@@ -349,6 +349,11 @@ class AggListener:
         # group key -> slot: hash, then verify against key_cols (one integer-like column:
         # its hash is exact, so only null-ness is compared, against the one null group)
         self.exact_key = exact_hash([parent.schema.field(k).type for k in by])
+        # several fixed-width key columns: verified and stored in numpy, no Arrow tables
+        stored_keys = [self.key_cols[k] for k in by]
+        self._numpy_keys: list[NumpyColumnSource] | None = None
+        if by and not self.exact_key and all(isinstance(c, NumpyColumnSource) for c in stored_keys):
+            self._numpy_keys = [c for c in stored_keys if isinstance(c, NumpyColumnSource)]
         self.index = ExactKeyMap(exact=not by)
         self.null_slot = -1  # the group of the null key, for an exact key column
         self.size = np.zeros(16, dtype=np.int64)
@@ -385,7 +390,8 @@ class AggListener:
             slots = self.rows.groups_of(keys)
         else:
             arrays = self._key_arrays(keys, True)
-            slots = self.index.lookup(hash_columns(arrays, self.by, keys.size), self._same_as_group(arrays))
+            slots = self.index.lookup(hash_columns(arrays, self.by, keys.size),
+                                      self._same_as_group(arrays, self._key_pairs(arrays)))
         if (slots < 0).any():
             raise UpdateInvariantError(
                 "A1", f"rows {keys[slots < 0][:10].tolist()} of {self.parent.name!r} belong to no group"
@@ -400,22 +406,42 @@ class AggListener:
             return _EMPTY_I
         arrays = self._key_arrays(keys, prev=False)
         h = hash_columns(arrays, self.by, keys.size)
-        slots, fresh, rows = self.index.intern(h, self._same_as_group(arrays),
-                                               self._same_in_batch(arrays), self._alloc)
+        pairs = self._key_pairs(arrays)
+        slots, fresh, rows = self.index.intern(h, self._same_as_group(arrays, pairs),
+                                               self._same_in_batch(arrays, pairs), self._alloc)
         if fresh.size:
             self.slot_hash[fresh] = h[rows]
-            for k, arr in zip(self.by, arrays, strict=True):  # one write per key column
-                self.key_cols[k].set(fresh, arr.take(pa.array(rows)))
+            if pairs is not None and self._numpy_keys is not None:
+                for src, (v, ok) in zip(self._numpy_keys, pairs, strict=True):
+                    src.set_numpy(fresh, v[rows], None if ok is None else ok[rows])
+            else:
+                for k, arr in zip(self.by, arrays, strict=True):  # one write per key column
+                    self.key_cols[k].set(fresh, arr.take(pa.array(rows)))
             if self.exact_key and arrays[0].null_count:
                 null = np.flatnonzero(~arrays[0].is_valid().to_numpy(zero_copy_only=False)[rows])
                 if null.size:
                     self.null_slot = int(fresh[null[0]])
         return slots
 
-    def _same_as_group(self, arrays: list[pa.Array]) -> Same | None:
-        """``same(i, slots)``: row ``i`` of ``arrays`` has the key of the groups ``slots``."""
+    def _key_pairs(self, arrays: list[pa.Array]) -> list[NumPair] | None:
+        """The key columns as ``(values, validity)`` pairs when they are all fixed-width
+        (and more than one exact column): then verified in numpy."""
+        return [numpy_of(a) for a in arrays] if self._numpy_keys is not None else None
+
+    def _same_as_group(self, arrays: list[pa.Array], pairs: list[NumPair] | None) -> Same | None:
+        """``same(i, slots)``: row ``i`` of ``arrays`` (``pairs``, if given, the same
+        values in numpy) has the key of the groups ``slots``."""
         if not self.by:
             return None
+        if pairs is not None and self._numpy_keys is not None:
+            stored = self._numpy_keys
+
+            def same_numpy(i: I64, slots: I64) -> Mask:
+                out = np.ones(i.size, dtype=bool)
+                for src, (v, ok) in zip(stored, pairs, strict=True):  # one pass per column
+                    out &= pairs_equal(src.get_numpy(slots), (v[i], None if ok is None else ok[i]))
+                return out
+            return same_numpy
         if self.exact_key:  # equal exact hashes: equal values, or a null and one value
             probe_null = (~arrays[0].is_valid().to_numpy(zero_copy_only=False)
                           if arrays[0].null_count else None)
@@ -431,10 +457,17 @@ class AggListener:
             return rows_equal(probe.take(pa.array(i)), stored)
         return same
 
-    def _same_in_batch(self, arrays: list[pa.Array]) -> Same | None:
+    def _same_in_batch(self, arrays: list[pa.Array], pairs: list[NumPair] | None) -> Same | None:
         """``same(i, j)``: rows ``i`` and ``j`` of ``arrays`` have equal keys."""
         if not self.by:
             return None
+        if pairs is not None:
+            def same_numpy(i: I64, j: I64) -> Mask:
+                out = np.ones(i.size, dtype=bool)
+                for v, ok in pairs:
+                    out &= pairs_equal((v[i], None if ok is None else ok[i]), (v[j], None if ok is None else ok[j]))
+                return out
+            return same_numpy
         if self.exact_key:
             valid = arrays[0].is_valid().to_numpy(zero_copy_only=False) if arrays[0].null_count else None
             return None if valid is None else (lambda i, j: valid[i] == valid[j])

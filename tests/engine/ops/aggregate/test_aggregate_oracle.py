@@ -20,10 +20,12 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 import tests.oracle as oracle
 from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
+from engine.ops.aggregate import listener as aggregate_mod
 from engine.ops.aggregate._sortedset import _Sorted
 from engine.ops.aggregate.listener import Agg, agg_by, count_by, first_by, last_by
 from engine.table import Table
@@ -243,6 +245,24 @@ def test_oracle_keys_zero_keys_first_last_count_and_chains():
                        where=pc.field("Price") > 40),
     }
     _run_cases(cases, seed=12)
+
+
+NUMERIC_KEYS = [agg.count("N"), agg.sum("Key", "S"), agg.max("Key", "Hi"), agg.first("Sym", "F"),
+                agg.mean("Qty", "M")]
+
+
+@pytest.mark.parametrize("collide", [False, True])
+def test_oracle_numeric_keys_verified_in_numpy(monkeypatch, collide):
+    # two fixed-width key columns (one with nulls) are verified and stored in numpy; with
+    # ``collide`` every key hashes to one of three values, so most groups share a hash
+    # and every lookup walks chains through that verification
+    if collide:
+        real = aggregate_mod.hash_columns
+        monkeypatch.setattr(aggregate_mod, "hash_columns",
+                            lambda arrays, names=None, num_rows=None: real(arrays, names, num_rows) % np.uint64(3))
+    cases = {"numeric keys": _Case(lambda t: agg_by(t, NUMERIC_KEYS, ["Price", "Qty"]), ["Price", "Qty"],
+                                   NUMERIC_KEYS)}
+    _run_cases(cases, seed=14 + collide)
 
 
 def test_oracle_min_max_first_last_with_constant_merges_and_parent_shifts(monkeypatch):
