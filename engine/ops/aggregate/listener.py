@@ -133,7 +133,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -315,6 +315,14 @@ class _GroupColumn(RedirectingColumnSource):
 
 
 # the listener -----------------------------------------------------------------------------
+class _Live(NamedTuple):
+    """The groups a cycle evaluates for some aggregations: ``slots``, alive (sorted), and
+    the positions of those that existed before the cycle (``None``: every one did)."""
+
+    slots: I64
+    existed: I64 | None
+
+
 class AggListener:
     """Keeps the result of :func:`agg_by` equal to a recomputation, one cycle at a time:
     same rows, same order (groups by first row), same values."""
@@ -579,18 +587,25 @@ class AggListener:
                                           minlength=touched.size).round().astype(np.int64)
         self.size[touched] = size_new
         first_old = self._first_rows(touched) if self.by else touched  # previous key space
+        first_new = None
+        if self.by and not (cy.r_keys.size or cy.moved.any() or up.shifted):
+            # rows only joined groups, no key moved: a group's first row is its old one or
+            # its smallest new row (no second search of the row-key structure)
+            lo = np.full(touched.size, np.iinfo(np.int64).max, dtype=np.int64)
+            np.minimum.at(lo, members.inv, members.plus_keys)
+            first_new = np.where(size_old > 0, np.minimum(first_old, lo), lo)
         if self.rows is not None:
             self._move_rows(up, cy)
         cx = Refresh(self.parent, cy, touched, self.size, self.states, self._apply_states(cy), self.rows,
                      self.add_only)
-        existed_cache: dict[int, tuple[I64, Mask, Mask]] = {}
+        existed_cache: dict[int, _Live] = {}
         changed: dict[str, I64] = {}  # aggregation -> the slots whose value it changed
         for a, kind in zip(self.aggs, self.kinds, strict=True):
             t = kind.touched(a, cx)
             if id(t) not in existed_cache:
                 existed_cache[id(t)] = self._live(t, touched, size_old)
             live = existed_cache[id(t)]
-            mod = self._write(a, live, kind.values(a, cx, live[0]) if live[0].size else None)
+            mod = self._write(a, live, kind.values(a, cx, live.slots) if live.slots.size else None)
             if mod.size:
                 changed[a.name] = mod
         had, has = size_old > 0, size_new > 0
@@ -601,7 +616,7 @@ class AggListener:
                 self.null_slot = -1
             self.slots.free(dead)
         if self.by:
-            return self._rekey(up, touched, had, has, first_old, changed)
+            return self._rekey(up, touched, had, has, first_old, first_new, changed)
         return TableUpdate.of(  # the one group's row key is its slot
             added=RowSet.from_keys(touched[~had & has], assume_sorted=True),
             removed=RowSet.from_keys(dead, assume_sorted=True),
@@ -610,11 +625,13 @@ class AggListener:
         )
 
     def _rekey(self, up: TableUpdate, touched: I64, had: Mask, has: Mask, first_old: I64,
-               changed: dict[str, I64]) -> TableUpdate:
+               first_new: I64 | None, changed: dict[str, I64]) -> TableUpdate:
         """The update when row keys are first rows: a touched group keeps its row key while
         its first row stays its first row (the same surviving parent row, maybe shifted);
-        otherwise it leaves its old key (previous key space) for its new one (current)."""
-        first_new = self._first_rows(touched)
+        otherwise it leaves its old key (previous key space) for its new one (current).
+        ``first_new``: the touched groups' first rows now, when the caller knows them."""
+        if first_new is None:
+            first_new = self._first_rows(touched)
         stays = had & has & (up.shifted.apply_keys(first_old) == first_new)
         if up.removed and stays.any():  # a removed row's key may be another's after the shift
             stays &= ~up.removed.contains_all(first_old)
@@ -697,42 +714,58 @@ class AggListener:
         self.rows.insert_keys(np.concatenate((cy.m_new[cy.moved], cy.a_slot)), np.concatenate((mk, cy.a_keys)))
 
     # output ------------------------------------------------------------------------------
-    def _live(self, t: I64, touched: I64, size_old: I64) -> tuple[I64, Mask, Mask]:
-        """``(slots of t still alive, mask of those in t, which of them existed before)``."""
+    def _live(self, t: I64, touched: I64, size_old: I64) -> _Live:
+        """The slots of ``t`` still alive, and which of them existed before."""
         live = self.size[t] > 0
-        slots = t[live]
-        existed = np.ones(slots.size, dtype=bool)
-        if touched.size:  # membership-touched slots existed iff they had rows before
-            pos = np.minimum(np.searchsorted(touched, slots), touched.size - 1)
-            existed = (touched[pos] != slots) | (size_old[pos] > 0)
-        return slots, live, existed
+        slots = t if live.all() else t[live]
+        if touched.size == 0:
+            return _Live(slots, None)
+        # membership-touched slots existed iff they had rows before
+        pos = np.minimum(np.searchsorted(touched, slots), touched.size - 1)
+        existed = (touched[pos] != slots) | (size_old[pos] > 0)
+        return _Live(slots, None if existed.all() else np.flatnonzero(existed))
 
-    def _write(self, a: Agg, live: tuple[I64, Mask, Mask], new: Values | None) -> I64:
+    def _write(self, a: Agg, live: _Live, new: Values | None) -> I64:
         """Write the new values of ``a`` (for the live slots) where they changed; return
-        the modified slots."""
-        slots, _, existed = live
+        the modified slots (those that existed before)."""
+        slots, ex = live.slots, live.existed
         if slots.size == 0 or new is None:
             return _EMPTY_I
         src = self.out_cols[a.name]
-        ex = np.flatnonzero(existed)
-        same = np.zeros(slots.size, dtype=bool)
+        if ex is None:  # the usual case: compare every slot, no gathers by position
+            if isinstance(new, tuple):
+                assert isinstance(src, NumpyColumnSource)
+                same = pairs_equal(src.get_numpy(slots), new)
+            else:
+                same = values_equal(src.get(slots), new)
+        else:
+            same = np.zeros(slots.size, dtype=bool)
+            if ex.size and isinstance(new, tuple):
+                assert isinstance(src, NumpyColumnSource)
+                vals, valid = new
+                same[ex] = pairs_equal(src.get_numpy(slots[ex]), (vals[ex], None if valid is None else valid[ex]))
+            elif ex.size:
+                assert not isinstance(new, tuple)
+                same[ex] = values_equal(src.get(slots[ex]), new if ex.size == slots.size else new.take(pa.array(ex)))
+        write = np.flatnonzero(~same)
+        if write.size == 0:
+            return _EMPTY_I
+        if self._in_cycle:
+            self.graph.track(src)
+        every = write.size == slots.size
         if isinstance(new, tuple):
             assert isinstance(src, NumpyColumnSource)
             vals, valid = new
-            if ex.size:
-                same[ex] = pairs_equal(src.get_numpy(slots[ex]), (vals[ex], None if valid is None else valid[ex]))
-            write = np.flatnonzero(~same)
-            if write.size:
-                if self._in_cycle:
-                    self.graph.track(src)
+            if every:
+                src.set_numpy(slots, np.asarray(vals, dtype=src.dtype), valid)
+            else:
                 src.set_numpy(slots[write], np.asarray(vals[write], dtype=src.dtype),
                               None if valid is None else valid[write])
         else:  # variable-width first/last: Arrow all the way
-            if ex.size:
-                same[ex] = values_equal(src.get(slots[ex]), new if ex.size == slots.size else new.take(pa.array(ex)))
-            write = np.flatnonzero(~same)
-            if write.size:
-                if self._in_cycle:
-                    self.graph.track(src)
-                src.set(slots[write], new if write.size == slots.size else new.take(pa.array(write)))
-        return slots[existed & ~same]
+            src.set(slots if every else slots[write], new if every else new.take(pa.array(write)))
+        if ex is None:
+            return slots if every else slots[write]
+        changed = np.zeros(slots.size, dtype=bool)
+        changed[ex] = True
+        changed[np.flatnonzero(same)] = False
+        return slots[changed]
