@@ -172,6 +172,7 @@ __all__ = ["Agg", "AggListener", "agg_by", "count_by", "first_by", "last_by"]
 log = logging.getLogger(__name__)
 
 I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
 Mask = npt.NDArray[np.bool_]
 NumPair = tuple[npt.NDArray[Any], Mask | None]
 _EMPTY_I = np.empty(0, dtype=np.int64)
@@ -191,6 +192,16 @@ def _in_sorted(sorted_set: I64, values: I64) -> Mask:
     at = np.minimum(np.searchsorted(sorted_set, values), sorted_set.size - 1)
     found: Mask = sorted_set[at] == values
     return found
+
+
+def _at(same: Same | None, rows: I64, both: bool) -> Same | None:
+    """``same`` over the batch's ``rows`` only: position ``i`` stands for row ``rows[i]``
+    (in the second argument too when ``both``: a ``same_batch``)."""
+    if same is None:
+        return None
+    if both:
+        return lambda i, j: same(rows[i], rows[j])
+    return lambda i, j: same(rows[i], j)
 
 
 def _as_list(by: str | Sequence[str]) -> list[str]:
@@ -329,6 +340,10 @@ class AggListener:
 
     result: Table
 
+    #: a batch of at least this many rows is interned one row per distinct key (see
+    #: :meth:`_distinct_rows`); below it, deduplicating costs more than it saves
+    DISTINCT_MIN = 32
+
     def __init__(self, parent: Table, by: list[str], aggs: list[Agg], schema: pa.Schema) -> None:
         self.parent = parent
         self.graph = parent.graph
@@ -415,8 +430,14 @@ class AggListener:
         arrays = self._key_arrays(keys, prev=False)
         h = hash_columns(arrays, self.by, keys.size)
         pairs = self._key_pairs(arrays)
-        slots, fresh, rows = self.index.intern(h, self._same_as_group(arrays, pairs),
-                                               self._same_in_batch(arrays, pairs), self._alloc)
+        same, same_batch = self._same_as_group(arrays, pairs), self._same_in_batch(arrays, pairs)
+        rep, inv = self._distinct_rows(h, same_batch)
+        if rep is None:
+            slots, fresh, rows = self.index.intern(h, same, same_batch, self._alloc)
+        else:  # the map sees one row per distinct key, in row order
+            slots, fresh, rows = self.index.intern(h[rep], _at(same, rep, False), _at(same_batch, rep, True),
+                                                   self._alloc)
+            slots, rows = slots[inv], rep[rows]
         if fresh.size:
             self.slot_hash[fresh] = h[rows]
             if pairs is not None and self._numpy_keys is not None:
@@ -430,6 +451,25 @@ class AggListener:
                 if null.size:
                     self.null_slot = int(fresh[null[0]])
         return slots
+
+    def _distinct_rows(self, h: U64, same_batch: Same | None) -> tuple[I64 | None, I64]:
+        """``(rep, inv)``: one row per distinct key (``rep``, in row order) and each row's
+        position in ``rep``, when the batch repeats keys; ``(None, _)`` when it does not,
+        is small, or two of its keys share a hash (the map's chains sort those out).
+
+        A batch of a cycle often holds many rows per group (bids of a hot auction): the
+        hash map then probes and verifies each group once, not each row."""
+        if h.size < self.DISTINCT_MIN:
+            return None, _EMPTY_I
+        uh, first, inv = np.unique(h, return_index=True, return_inverse=True)
+        if 2 * uh.size > h.size:  # mostly distinct: the map's work is the same either way
+            return None, _EMPTY_I
+        if same_batch is not None and not same_batch(np.arange(h.size), first[inv]).all():
+            return None, _EMPTY_I
+        order = np.argsort(first)  # new groups take slots in order of their first row
+        rank = np.empty(order.size, dtype=np.int64)
+        rank[order] = np.arange(order.size)
+        return first[order], rank[inv]
 
     def _key_pairs(self, arrays: list[pa.Array]) -> list[NumPair] | None:
         """The key columns as ``(values, validity)`` pairs when they are all fixed-width
