@@ -142,8 +142,9 @@ class _Sorted:
     """The base + delta layout and the min/max queries shared by both structures.
 
     Searches by ``(group, value)`` go through a *coarse key*, one sortable ``uint64``:
-    the group in the high 32 bits and the value, clipped to the range seen at the last
-    merge and shifted down to 32 bits, in the low ones. It is monotone in ``(group,
+    the group in the high 32 bits and the value, shifted down so that the range seen at
+    the last merge takes at most half of 32 bits (the rest is room above it) and clipped,
+    in the low ones. It is monotone in ``(group,
     value)``, so ``np.searchsorted`` on it narrows each query to the few entries sharing
     its coarse key, and a short bisection on the full value finishes.
     """
@@ -167,8 +168,25 @@ class _Sorted:
         """Number of live entries."""
         return int(self._b_v.size - self._dead + self._d_g.size)
 
+    def _fit_coarse(self, lo: int, hi: int, bits: int, below: bool) -> None:
+        """Choose the coarse transform for values in ``[lo, hi]``: they take at most
+        ``bits`` of the 32 bits, the rest is room above them (and, ``below``, a quarter of
+        it below ``lo``). Only while no coarse key is stored: a merge, or an empty set."""
+        shift = max(0, (hi - lo).bit_length() - bits)
+        room = 1 << (32 + shift)
+        vmin = max(0, lo - room // 4) if below else lo
+        self._vmin, self._vmax = np.uint64(vmin), np.uint64(min(2**64 - 1, vmin + room - 1))
+        self._vshift = np.uint64(shift)
+
+    def _fit_empty(self, v: U64) -> None:
+        """A first insert into an empty set fits the transform to its values, with room
+        around them until the first merge fits it again (values of any order of magnitude,
+        and row keys growing as a parent appends, keep coarse keys of their own)."""
+        if self._b_v.size == 0 and self._d_v.size == 0 and v.size:
+            self._fit_coarse(int(v.min()), int(v.max()), bits=24, below=True)
+
     def _coarse(self, g: I64, v: U64) -> U64:
-        low = (np.clip(v, self._vmin, self._vmax) - self._vmin) >> self._vshift
+        low = (np.minimum(np.maximum(v, self._vmin), self._vmax) - self._vmin) >> self._vshift  # not np.clip: its wrappers cost more
         return (g.astype(np.uint64) << np.uint64(32)) | low
 
     @staticmethod
@@ -229,8 +247,10 @@ class _Sorted:
         if b_v.size or d_v.size:  # a fresh coarse transform over the current values
             lo = min(int(b_v.min()) if b_v.size else 2**64 - 1, int(d_v.min()) if d_v.size else 2**64 - 1)
             hi = max(int(b_v.max()) if b_v.size else 0, int(d_v.max()) if d_v.size else 0)
-            self._vmin, self._vmax = np.uint64(lo), np.uint64(hi)
-            self._vshift = np.uint64(max(0, (hi - lo).bit_length() - 32))
+            # the current values take at most a quarter of the 32 bits: values up to three
+            # ranges past the largest (new row keys of an appending parent, above every
+            # merged one) keep coarse keys of their own instead of all tying at the top
+            self._fit_coarse(lo, hi, bits=30, below=False)
         b_k, d_k = self._coarse(b_g, b_v), self._coarse(d_g, d_v)
         merger = _Merger(self._locate(b_k, b_v, d_k, d_v)[0])
         ngroups = max(self._gstart.size, int(d_g[-1]) + 1 if d_g.size else 0)
@@ -315,6 +335,7 @@ class ValueMultiset(_Sorted):
             self._n = _grow(self._n, int(g[-1]) + 1)
             np.add.at(self._n, g, net)
             self._dcum = None
+        self._fit_empty(v)
         k = self._coarse(g, v)
         at = np.zeros(g.size, dtype=np.int64)  # insertion points in the base
         if self._b_v.size:  # base: counts change in place, the bitset follows
@@ -456,6 +477,7 @@ class RowKeySet(_Sorted):
         if keys.size == 0:
             return
         v = keys.view(np.uint64)
+        self._fit_empty(v)
         ids = self._alloc(keys.size)
         self._eg[ids] = g
         self._map.insert(keys, ids)

@@ -133,7 +133,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -158,7 +158,7 @@ from engine.columns import (
     make_column_source,
 )
 from engine.errors import SchemaError, TableFailed, UpdateInvariantError
-from engine.ops.aggregate._keys import fetch, fetch_numpy, pairs_equal
+from engine.ops.aggregate._keys import fetch, fetch_numpy, numpy_of, pairs_equal
 from engine.ops.aggregate._kinds import KINDS, Need, Refresh, Values, build_states
 from engine.ops.aggregate._sortedset import RowKeySet
 from engine.ops.aggregate._states import Cycle
@@ -172,6 +172,7 @@ __all__ = ["Agg", "AggListener", "agg_by", "count_by", "first_by", "last_by"]
 log = logging.getLogger(__name__)
 
 I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
 Mask = npt.NDArray[np.bool_]
 NumPair = tuple[npt.NDArray[Any], Mask | None]
 _EMPTY_I = np.empty(0, dtype=np.int64)
@@ -191,6 +192,16 @@ def _in_sorted(sorted_set: I64, values: I64) -> Mask:
     at = np.minimum(np.searchsorted(sorted_set, values), sorted_set.size - 1)
     found: Mask = sorted_set[at] == values
     return found
+
+
+def _at(same: Same | None, rows: I64, both: bool) -> Same | None:
+    """``same`` over the batch's ``rows`` only: position ``i`` stands for row ``rows[i]``
+    (in the second argument too when ``both``: a ``same_batch``)."""
+    if same is None:
+        return None
+    if both:
+        return lambda i, j: same(rows[i], rows[j])
+    return lambda i, j: same(rows[i], j)
 
 
 def _as_list(by: str | Sequence[str]) -> list[str]:
@@ -315,11 +326,23 @@ class _GroupColumn(RedirectingColumnSource):
 
 
 # the listener -----------------------------------------------------------------------------
+class _Live(NamedTuple):
+    """The groups a cycle evaluates for some aggregations: ``slots``, alive (sorted), and
+    the positions of those that existed before the cycle (``None``: every one did)."""
+
+    slots: I64
+    existed: I64 | None
+
+
 class AggListener:
     """Keeps the result of :func:`agg_by` equal to a recomputation, one cycle at a time:
     same rows, same order (groups by first row), same values."""
 
     result: Table
+
+    #: a batch of at least this many rows is interned one row per distinct key (see
+    #: :meth:`_distinct_rows`); below it, deduplicating costs more than it saves
+    DISTINCT_MIN = 32
 
     def __init__(self, parent: Table, by: list[str], aggs: list[Agg], schema: pa.Schema) -> None:
         self.parent = parent
@@ -349,6 +372,11 @@ class AggListener:
         # group key -> slot: hash, then verify against key_cols (one integer-like column:
         # its hash is exact, so only null-ness is compared, against the one null group)
         self.exact_key = exact_hash([parent.schema.field(k).type for k in by])
+        # several fixed-width key columns: verified and stored in numpy, no Arrow tables
+        stored_keys = [self.key_cols[k] for k in by]
+        self._numpy_keys: list[NumpyColumnSource] | None = None
+        if by and not self.exact_key and all(isinstance(c, NumpyColumnSource) for c in stored_keys):
+            self._numpy_keys = [c for c in stored_keys if isinstance(c, NumpyColumnSource)]
         self.index = ExactKeyMap(exact=not by)
         self.null_slot = -1  # the group of the null key, for an exact key column
         self.size = np.zeros(16, dtype=np.int64)
@@ -385,7 +413,8 @@ class AggListener:
             slots = self.rows.groups_of(keys)
         else:
             arrays = self._key_arrays(keys, True)
-            slots = self.index.lookup(hash_columns(arrays, self.by, keys.size), self._same_as_group(arrays))
+            slots = self.index.lookup(hash_columns(arrays, self.by, keys.size),
+                                      self._same_as_group(arrays, self._key_pairs(arrays)))
         if (slots < 0).any():
             raise UpdateInvariantError(
                 "A1", f"rows {keys[slots < 0][:10].tolist()} of {self.parent.name!r} belong to no group"
@@ -400,22 +429,67 @@ class AggListener:
             return _EMPTY_I
         arrays = self._key_arrays(keys, prev=False)
         h = hash_columns(arrays, self.by, keys.size)
-        slots, fresh, rows = self.index.intern(h, self._same_as_group(arrays),
-                                               self._same_in_batch(arrays), self._alloc)
+        pairs = self._key_pairs(arrays)
+        same, same_batch = self._same_as_group(arrays, pairs), self._same_in_batch(arrays, pairs)
+        rep, inv = self._distinct_rows(h, same_batch)
+        if rep is None:
+            slots, fresh, rows = self.index.intern(h, same, same_batch, self._alloc)
+        else:  # the map sees one row per distinct key, in row order
+            slots, fresh, rows = self.index.intern(h[rep], _at(same, rep, False), _at(same_batch, rep, True),
+                                                   self._alloc)
+            slots, rows = slots[inv], rep[rows]
         if fresh.size:
             self.slot_hash[fresh] = h[rows]
-            for k, arr in zip(self.by, arrays, strict=True):  # one write per key column
-                self.key_cols[k].set(fresh, arr.take(pa.array(rows)))
+            if pairs is not None and self._numpy_keys is not None:
+                for src, (v, ok) in zip(self._numpy_keys, pairs, strict=True):
+                    src.set_numpy(fresh, v[rows], None if ok is None else ok[rows])
+            else:
+                for k, arr in zip(self.by, arrays, strict=True):  # one write per key column
+                    self.key_cols[k].set(fresh, arr.take(pa.array(rows)))
             if self.exact_key and arrays[0].null_count:
                 null = np.flatnonzero(~arrays[0].is_valid().to_numpy(zero_copy_only=False)[rows])
                 if null.size:
                     self.null_slot = int(fresh[null[0]])
         return slots
 
-    def _same_as_group(self, arrays: list[pa.Array]) -> Same | None:
-        """``same(i, slots)``: row ``i`` of ``arrays`` has the key of the groups ``slots``."""
+    def _distinct_rows(self, h: U64, same_batch: Same | None) -> tuple[I64 | None, I64]:
+        """``(rep, inv)``: one row per distinct key (``rep``, in row order) and each row's
+        position in ``rep``, when the batch repeats keys; ``(None, _)`` when it does not,
+        is small, or two of its keys share a hash (the map's chains sort those out).
+
+        A batch of a cycle often holds many rows per group (bids of a hot auction): the
+        hash map then probes and verifies each group once, not each row."""
+        if h.size < self.DISTINCT_MIN:
+            return None, _EMPTY_I
+        uh, first, inv = np.unique(h, return_index=True, return_inverse=True)
+        if 2 * uh.size > h.size:  # mostly distinct: the map's work is the same either way
+            return None, _EMPTY_I
+        if same_batch is not None and not same_batch(np.arange(h.size), first[inv]).all():
+            return None, _EMPTY_I
+        order = np.argsort(first)  # new groups take slots in order of their first row
+        rank = np.empty(order.size, dtype=np.int64)
+        rank[order] = np.arange(order.size)
+        return first[order], rank[inv]
+
+    def _key_pairs(self, arrays: list[pa.Array]) -> list[NumPair] | None:
+        """The key columns as ``(values, validity)`` pairs when they are all fixed-width
+        (and more than one exact column): then verified in numpy."""
+        return [numpy_of(a) for a in arrays] if self._numpy_keys is not None else None
+
+    def _same_as_group(self, arrays: list[pa.Array], pairs: list[NumPair] | None) -> Same | None:
+        """``same(i, slots)``: row ``i`` of ``arrays`` (``pairs``, if given, the same
+        values in numpy) has the key of the groups ``slots``."""
         if not self.by:
             return None
+        if pairs is not None and self._numpy_keys is not None:
+            stored = self._numpy_keys
+
+            def same_numpy(i: I64, slots: I64) -> Mask:
+                out = np.ones(i.size, dtype=bool)
+                for src, (v, ok) in zip(stored, pairs, strict=True):  # one pass per column
+                    out &= pairs_equal(src.get_numpy(slots), (v[i], None if ok is None else ok[i]))
+                return out
+            return same_numpy
         if self.exact_key:  # equal exact hashes: equal values, or a null and one value
             probe_null = (~arrays[0].is_valid().to_numpy(zero_copy_only=False)
                           if arrays[0].null_count else None)
@@ -431,10 +505,17 @@ class AggListener:
             return rows_equal(probe.take(pa.array(i)), stored)
         return same
 
-    def _same_in_batch(self, arrays: list[pa.Array]) -> Same | None:
+    def _same_in_batch(self, arrays: list[pa.Array], pairs: list[NumPair] | None) -> Same | None:
         """``same(i, j)``: rows ``i`` and ``j`` of ``arrays`` have equal keys."""
         if not self.by:
             return None
+        if pairs is not None:
+            def same_numpy(i: I64, j: I64) -> Mask:
+                out = np.ones(i.size, dtype=bool)
+                for v, ok in pairs:
+                    out &= pairs_equal((v[i], None if ok is None else ok[i]), (v[j], None if ok is None else ok[j]))
+                return out
+            return same_numpy
         if self.exact_key:
             valid = arrays[0].is_valid().to_numpy(zero_copy_only=False) if arrays[0].null_count else None
             return None if valid is None else (lambda i, j: valid[i] == valid[j])
@@ -546,18 +627,25 @@ class AggListener:
                                           minlength=touched.size).round().astype(np.int64)
         self.size[touched] = size_new
         first_old = self._first_rows(touched) if self.by else touched  # previous key space
+        first_new = None
+        if self.by and not (cy.r_keys.size or cy.moved.any() or up.shifted):
+            # rows only joined groups, no key moved: a group's first row is its old one or
+            # its smallest new row (no second search of the row-key structure)
+            lo = np.full(touched.size, np.iinfo(np.int64).max, dtype=np.int64)
+            np.minimum.at(lo, members.inv, members.plus_keys)
+            first_new = np.where(size_old > 0, np.minimum(first_old, lo), lo)
         if self.rows is not None:
             self._move_rows(up, cy)
         cx = Refresh(self.parent, cy, touched, self.size, self.states, self._apply_states(cy), self.rows,
                      self.add_only)
-        existed_cache: dict[int, tuple[I64, Mask, Mask]] = {}
+        existed_cache: dict[int, _Live] = {}
         changed: dict[str, I64] = {}  # aggregation -> the slots whose value it changed
         for a, kind in zip(self.aggs, self.kinds, strict=True):
             t = kind.touched(a, cx)
             if id(t) not in existed_cache:
                 existed_cache[id(t)] = self._live(t, touched, size_old)
             live = existed_cache[id(t)]
-            mod = self._write(a, live, kind.values(a, cx, live[0]) if live[0].size else None)
+            mod = self._write(a, live, kind.values(a, cx, live.slots) if live.slots.size else None)
             if mod.size:
                 changed[a.name] = mod
         had, has = size_old > 0, size_new > 0
@@ -568,7 +656,7 @@ class AggListener:
                 self.null_slot = -1
             self.slots.free(dead)
         if self.by:
-            return self._rekey(up, touched, had, has, first_old, changed)
+            return self._rekey(up, touched, had, has, first_old, first_new, changed)
         return TableUpdate.of(  # the one group's row key is its slot
             added=RowSet.from_keys(touched[~had & has], assume_sorted=True),
             removed=RowSet.from_keys(dead, assume_sorted=True),
@@ -577,11 +665,13 @@ class AggListener:
         )
 
     def _rekey(self, up: TableUpdate, touched: I64, had: Mask, has: Mask, first_old: I64,
-               changed: dict[str, I64]) -> TableUpdate:
+               first_new: I64 | None, changed: dict[str, I64]) -> TableUpdate:
         """The update when row keys are first rows: a touched group keeps its row key while
         its first row stays its first row (the same surviving parent row, maybe shifted);
-        otherwise it leaves its old key (previous key space) for its new one (current)."""
-        first_new = self._first_rows(touched)
+        otherwise it leaves its old key (previous key space) for its new one (current).
+        ``first_new``: the touched groups' first rows now, when the caller knows them."""
+        if first_new is None:
+            first_new = self._first_rows(touched)
         stays = had & has & (up.shifted.apply_keys(first_old) == first_new)
         if up.removed and stays.any():  # a removed row's key may be another's after the shift
             stays &= ~up.removed.contains_all(first_old)
@@ -664,42 +754,58 @@ class AggListener:
         self.rows.insert_keys(np.concatenate((cy.m_new[cy.moved], cy.a_slot)), np.concatenate((mk, cy.a_keys)))
 
     # output ------------------------------------------------------------------------------
-    def _live(self, t: I64, touched: I64, size_old: I64) -> tuple[I64, Mask, Mask]:
-        """``(slots of t still alive, mask of those in t, which of them existed before)``."""
+    def _live(self, t: I64, touched: I64, size_old: I64) -> _Live:
+        """The slots of ``t`` still alive, and which of them existed before."""
         live = self.size[t] > 0
-        slots = t[live]
-        existed = np.ones(slots.size, dtype=bool)
-        if touched.size:  # membership-touched slots existed iff they had rows before
-            pos = np.minimum(np.searchsorted(touched, slots), touched.size - 1)
-            existed = (touched[pos] != slots) | (size_old[pos] > 0)
-        return slots, live, existed
+        slots = t if live.all() else t[live]
+        if touched.size == 0:
+            return _Live(slots, None)
+        # membership-touched slots existed iff they had rows before
+        pos = np.minimum(np.searchsorted(touched, slots), touched.size - 1)
+        existed = (touched[pos] != slots) | (size_old[pos] > 0)
+        return _Live(slots, None if existed.all() else np.flatnonzero(existed))
 
-    def _write(self, a: Agg, live: tuple[I64, Mask, Mask], new: Values | None) -> I64:
+    def _write(self, a: Agg, live: _Live, new: Values | None) -> I64:
         """Write the new values of ``a`` (for the live slots) where they changed; return
-        the modified slots."""
-        slots, _, existed = live
+        the modified slots (those that existed before)."""
+        slots, ex = live.slots, live.existed
         if slots.size == 0 or new is None:
             return _EMPTY_I
         src = self.out_cols[a.name]
-        ex = np.flatnonzero(existed)
-        same = np.zeros(slots.size, dtype=bool)
+        if ex is None:  # the usual case: compare every slot, no gathers by position
+            if isinstance(new, tuple):
+                assert isinstance(src, NumpyColumnSource)
+                same = pairs_equal(src.get_numpy(slots), new)
+            else:
+                same = values_equal(src.get(slots), new)
+        else:
+            same = np.zeros(slots.size, dtype=bool)
+            if ex.size and isinstance(new, tuple):
+                assert isinstance(src, NumpyColumnSource)
+                vals, valid = new
+                same[ex] = pairs_equal(src.get_numpy(slots[ex]), (vals[ex], None if valid is None else valid[ex]))
+            elif ex.size:
+                assert not isinstance(new, tuple)
+                same[ex] = values_equal(src.get(slots[ex]), new if ex.size == slots.size else new.take(pa.array(ex)))
+        write = np.flatnonzero(~same)
+        if write.size == 0:
+            return _EMPTY_I
+        if self._in_cycle:
+            self.graph.track(src)
+        every = write.size == slots.size
         if isinstance(new, tuple):
             assert isinstance(src, NumpyColumnSource)
             vals, valid = new
-            if ex.size:
-                same[ex] = pairs_equal(src.get_numpy(slots[ex]), (vals[ex], None if valid is None else valid[ex]))
-            write = np.flatnonzero(~same)
-            if write.size:
-                if self._in_cycle:
-                    self.graph.track(src)
+            if every:
+                src.set_numpy(slots, np.asarray(vals, dtype=src.dtype), valid)
+            else:
                 src.set_numpy(slots[write], np.asarray(vals[write], dtype=src.dtype),
                               None if valid is None else valid[write])
         else:  # variable-width first/last: Arrow all the way
-            if ex.size:
-                same[ex] = values_equal(src.get(slots[ex]), new if ex.size == slots.size else new.take(pa.array(ex)))
-            write = np.flatnonzero(~same)
-            if write.size:
-                if self._in_cycle:
-                    self.graph.track(src)
-                src.set(slots[write], new if write.size == slots.size else new.take(pa.array(write)))
-        return slots[existed & ~same]
+            src.set(slots if every else slots[write], new if every else new.take(pa.array(write)))
+        if ex is None:
+            return slots if every else slots[write]
+        changed = np.zeros(slots.size, dtype=bool)
+        changed[ex] = True
+        changed[np.flatnonzero(same)] = False
+        return slots[changed]

@@ -9,6 +9,7 @@ it moves (a remove and an add).
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -356,6 +357,26 @@ def test_multi_key_and_float_keys_with_nulls():
     ]
     r2 = agg_by(src, [agg.count("N")], by=["Qty"])  # an exact integer key
     assert _rows(r2) == [{"Qty": 1, "N": 5}, {"Qty": 2, "N": 1}]
+
+
+def test_numeric_multi_keys_nan_zero_and_nulls():
+    # two fixed-width key columns are compared in numpy: -0.0 is 0.0, NaN is one key, a
+    # null is its own key, and distinct keys stay apart when their hashes collide
+    g = UpdateGraph(validate=True)
+    rows = [("A", 1, 1.0, 1), ("A", 2, None, 1), ("A", 3, 1.0, 2), ("A", 4, None, 1),
+            ("A", 5, -0.0, 1), ("A", 6, 0.0, 1), ("A", 7, math.nan, 1), ("A", 8, math.nan, 1)]
+    src = _keyed(g, rows)
+    r = count_by(src, "N", by=["Price", "Qty"])
+    want = [(1.0, 1, 1), (None, 1, 2), (1.0, 2, 1), (0.0, 1, 2), ("nan", 1, 2)]
+
+    def got(t: Table) -> list[tuple[Any, ...]]:
+        return [("nan" if isinstance(p, float) and math.isnan(p) else p, q, n)
+                for p, q, n in ((row["Price"], row["Qty"], row["N"]) for row in _rows(t))]
+    assert got(r) == want
+    src.upsert(_batch([("A", 9, math.nan, 1), ("A", 10, 0.0, 1), ("A", 11, None, 2)]))
+    src.delete(pa.table({"Key": pa.array([1], pa.int64())}))
+    g.run_cycle()
+    assert got(r) == [(None, 1, 2), (1.0, 2, 1), (0.0, 1, 3), ("nan", 1, 3), (None, 2, 1)]
 
 
 def test_first_by_last_by_count_by():

@@ -20,12 +20,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 import tests.oracle as oracle
 from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
+from engine.ops.aggregate import listener as aggregate_mod
 from engine.ops.aggregate._sortedset import _Sorted
-from engine.ops.aggregate.listener import Agg, agg_by, count_by, first_by, last_by
+from engine.ops.aggregate.listener import Agg, AggListener, agg_by, count_by, first_by, last_by
 from engine.table import Table
 from tests.engine.ops.aggregate.test_aggregate import _jitter
 from tests.replay import ReplayChecker
@@ -228,7 +230,10 @@ def test_arrow_recomputation_agrees_with_pandas():
                 assert _same_rows(_expected_arrow(tbl, by, ALL), want), (kind, step, by)
 
 
-def test_oracle_keys_zero_keys_first_last_count_and_chains():
+@pytest.mark.parametrize("distinct_min", [AggListener.DISTINCT_MIN, 2])
+def test_oracle_keys_zero_keys_first_last_count_and_chains(monkeypatch, distinct_min):
+    # distinct_min=2: nearly every batch is interned one row per distinct key
+    monkeypatch.setattr(AggListener, "DISTINCT_MIN", distinct_min)
     two = [agg.count("N"), agg.sum("Price", "S"), agg.std("Qty", "SD"), agg.max("Price", "Hi"),
            agg.first("Key", "F"), agg.count_distinct("Sym", "CD")]
     chain = [agg.sum("Qty", "S"), agg.mean("Price", "M"), agg.max("Price", "Hi"), agg.last("Key", "L"),
@@ -243,6 +248,27 @@ def test_oracle_keys_zero_keys_first_last_count_and_chains():
                        where=pc.field("Price") > 40),
     }
     _run_cases(cases, seed=12)
+
+
+NUMERIC_KEYS = [agg.count("N"), agg.sum("Key", "S"), agg.max("Key", "Hi"), agg.first("Sym", "F"),
+                agg.mean("Qty", "M")]
+
+
+@pytest.mark.parametrize("distinct_min", [AggListener.DISTINCT_MIN, 2])
+@pytest.mark.parametrize("collide", [False, True])
+def test_oracle_numeric_keys_verified_in_numpy(monkeypatch, collide, distinct_min):
+    # two fixed-width key columns (one with nulls) are verified and stored in numpy; with
+    # ``collide`` every key hashes to one of three values, so most groups share a hash
+    # and every lookup walks chains through that verification (and a batch whose keys
+    # share hashes is not deduplicated by hash)
+    monkeypatch.setattr(AggListener, "DISTINCT_MIN", distinct_min)
+    if collide:
+        real = aggregate_mod.hash_columns
+        monkeypatch.setattr(aggregate_mod, "hash_columns",
+                            lambda arrays, names=None, num_rows=None: real(arrays, names, num_rows) % np.uint64(3))
+    cases = {"numeric keys": _Case(lambda t: agg_by(t, NUMERIC_KEYS, ["Price", "Qty"]), ["Price", "Qty"],
+                                   NUMERIC_KEYS)}
+    _run_cases(cases, seed=14 + collide)
 
 
 def test_oracle_min_max_first_last_with_constant_merges_and_parent_shifts(monkeypatch):
