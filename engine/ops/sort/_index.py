@@ -36,8 +36,8 @@ Placing new rows (cost follows the change; rows with the same place form a group
    PMA's resize), or the front has no room left, everything is laid out again, two slots
    apart: every row moves, amortized over the inserts that filled the space.
 
-A batch of at most ``FEW_MAX`` rows whose groups all fit where they go (cases 1 and 4, and
-the front with room) is placed as plain integers (:meth:`SortIndex._place_few`): one
+A batch of at most ``FEW_MAX`` rows whose groups all fit where they go (cases 1, 2 and 4,
+and the front with room) is placed as plain integers (:meth:`SortIndex._place_few`): one
 ``searchsorted`` on the fence, a bisection of one block per row, the gap and its ghosts by
 integer arithmetic; and a few touched slots are refilled so (:meth:`SortIndex._refill_few`).
 Same slots, same ghosts as the vectorized path, which takes any batch that needs room made;
@@ -67,6 +67,7 @@ from engine.errors import UpdateInvariantError
 from engine.ops.sort._keys import MAX_CODE, KeyEncoder, as_arrow, order_batch
 from engine.ops.sort._room import (
     outermost_windows,
+    push_one,
     push_runs,
     respread,
     respread_windows,
@@ -83,6 +84,7 @@ Mask = npt.NDArray[np.bool_]
 
 _ONE = np.uint64(1)
 _EMPTY = np.empty(0, dtype=np.int64)
+_END = 1 << 62  # past every slot: the end of a claim at the back
 
 BULK_RATIO = 16        # a batch of at least 1/16 of the rows left is merged, not placed ...
 BULK_MIN = 4096        # ... in a table of at least this many rows (module attribute: tests shrink it)
@@ -449,9 +451,10 @@ class SortIndex:
     def _place_few(self, codes: list[U64], values: list[pa.Array], pks: I64
                    ) -> tuple[I64, RowSetShiftData] | None:
         """:meth:`_place` for a few rows, as plain integers, when every group fits where it
-        goes: a gap with room (case 1), after the last row (case 4) or in front of the
-        first with room. None when one needs room made (cases 2, 3 and 5): :meth:`_place`
-        then decides for the whole batch. Slots and ghost fills are :meth:`_place`'s."""
+        goes: a gap with room (case 1), a gap one slot short that pushes a run aside (case
+        2), after the last row (case 4) or in front of the first with room. None when one
+        needs a window re-spread or a new layout (cases 3 and 5): :meth:`_place` then
+        decides for the whole batch. Slots, pushes and ghost fills are :meth:`_place`'s."""
         m = pks.size
         if self.size == 0:
             return None
@@ -460,46 +463,77 @@ class SortIndex:
         if self.size + m > TAU_SPAN * (last - first + 1) and self.size + m > 1024:
             return None
         ins = self._search_few(codes, values, pks, first, last + 1).tolist()
-        slots: list[int] = []
-        ghosts: list[tuple[int, int, int]] = []  # (first ghost, count, slot they copy)
+        # groups of rows with one insertion slot gi: (gi, rows, p, t, push, claim lo, hi),
+        # p and t the live rows around the gap (p = -1 in front, t = -1 at the back)
+        groups: list[tuple[int, int, int, int, int, int, int]] = []
         i = 0
-        while i < m:  # one step per group of rows with the same insertion slot
+        while i < m:
             gi = ins[i]
             r = 1
             while i + r < m and ins[i + r] == gi:
                 r += 1
-            if gi == last + 1:  # after the last row: spacing 2, the space grows
-                before = last
+            i += r
+            if gi == last + 1:
+                groups.append((gi, r, last, -1, 0, gi, _END))
+                continue
+            t = live.succ_one(gi)
+            if gi == first:
+                if t < r:
+                    return None
+                groups.append((gi, r, -1, t, 0, 0, t - 1))
+                continue
+            p = gi - 1  # by Invariant G, the live row before the gap
+            if t - gi >= r:
+                groups.append((gi, r, p, t, 0, gi, t - 1))
+                continue
+            if t - gi < r - 1:
+                return None
+            by, lo, hi = push_one(live, p, t)
+            if by == 0:
+                return None
+            groups.append((gi, r, p, t, by, lo, hi))
+        for g in groups:  # a push's claim may not touch another group's gap or claim
+            if g[4] and any(h is not g and g[5] <= h[6] and h[5] <= g[6] for h in groups):
+                return None
+
+        slots: list[int] = []
+        ghosts: list[tuple[int, int, int]] = []  # (first ghost, count, slot they copy)
+        moves: list[tuple[int, int, int]] = []  # survivors pushed: (old slot, new slot, group)
+        for k, (gi, r, p, t, by, lo, hi) in enumerate(groups):
+            before = p
+            if by:  # the widened gap, every slot of it; the run keeps its ghosts
+                at = [p + min(by, 0) + 1 + j for j in range(r)]
+                run = range(t, hi) if by > 0 else range(lo + 1, p + 1)
+                moves.extend((s, s + by, k) for s in run)
+                before = at[0] - 1
+            elif t < 0:  # after the last row: spacing 2, the space grows
                 at = [last + SPACING * (j + 1) for j in range(r)]
-            else:
-                t = live.succ_one(gi)  # the live row after the gap
-                if gi == first:  # in front of the first row: a block ending before it
-                    if t < r:
-                        return None
-                    before = -1
-                    bs = min(t, 2 * r + 1)
-                    at = [t - bs - 1 + ((j + 1) * (bs + 1)) // (r + 1) for j in range(r)]
-                else:  # by Invariant G, gi - 1 is the live row before the gap
-                    before = gi - 1
-                    f = t - gi  # free slots in the gap
-                    if f < r:
-                        return None
-                    bs = min(f, 2 * r + 1)
-                    off = min((f - bs) // 2, bs)
-                    at = [before + off + ((j + 1) * (bs + 1)) // (r + 1) for j in range(r)]
-                if before < 0 and t - at[-1] > 1:  # the front block's run up to the first row
+            elif p < 0:  # in front of the first row: a block ending before it
+                bs = min(t, 2 * r + 1)
+                at = [t - bs - 1 + ((j + 1) * (bs + 1)) // (r + 1) for j in range(r)]
+                if t - at[-1] > 1:  # the run up to the first row
                     ghosts.append((at[-1] + 1, t - at[-1] - 1, t))
+            else:  # evenly inside a block of at most 2r + 1 free slots
+                f = t - gi
+                bs = min(f, 2 * r + 1)
+                off = min((f - bs) // 2, bs)
+                at = [p + off + ((j + 1) * (bs + 1)) // (r + 1) for j in range(r)]
             for s in at:  # Invariant G: the ghosts before each new row take its values
                 if before >= 0 and s - before > 1:
                     ghosts.append((before + 1, s - before - 1, s))
                 before = s
             slots.extend(at)
-            i += r
+        shift = RowSetShiftData.empty()
+        if moves:
+            moves.sort()
+            old, new, owner = (np.array(x, dtype=np.int64) for x in zip(*moves, strict=True))
+            self._move(old, new)
+            shift = shift_from_runs(old, new, owner)
         out = np.array(slots, dtype=np.int64)
         self._grow(max(slots) + 1)
         self._store(out, codes, pks)
         self._copy_runs(ghosts)
-        return out, RowSetShiftData.empty()
+        return out, shift
 
     def _copy_runs(self, runs: list[tuple[int, int, int]]) -> None:
         """:meth:`_copy` of runs ``(start, count, source)`` given as plain integers."""

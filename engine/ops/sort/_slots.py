@@ -30,6 +30,7 @@ I64 = npt.NDArray[np.int64]
 
 _ONE = np.uint64(1)
 _ALL = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+_ALL_INT = (1 << 64) - 1
 FEW = 8  # from this many slots down, bits are set and cleared with plain integers
 
 
@@ -200,6 +201,26 @@ class LiveBits:
             lvl -= 1
             pos = (pos << 6) + int(levels[lvl][pos]).bit_length() - 1
         return pos
+
+    def free_succ_one(self, pos: int) -> int:
+        """:meth:`free_succ` of one slot, with plain integers."""
+        words = self._levels[0]
+        w = pos >> 6
+        m = ~int(words[w]) & (_ALL_INT << (pos & 63)) & _ALL_INT
+        if not m and w + 1 < words.size:
+            w += 1
+            m = ~int(words[w]) & _ALL_INT
+        return (w << 6) + (m & -m).bit_length() - 1 if m else -1
+
+    def free_pred_one(self, pos: int) -> int:
+        """:meth:`free_pred` of one slot, with plain integers."""
+        words = self._levels[0]
+        w = pos >> 6
+        m = ~int(words[w]) & ((2 << (pos & 63)) - 1)
+        if not m and w > 0:
+            w -= 1
+            m = ~int(words[w]) & _ALL_INT
+        return (w << 6) + m.bit_length() - 1 if m else -1
 
     def succ(self, pos: I64) -> I64:
         """Smallest live slot ``>= pos`` for each query, ``-1`` if there is none."""

@@ -349,6 +349,9 @@ def test_live_bits_successor_and_predecessor_match_brute_force():
         some = q[:300].tolist()
         assert [bits.succ_one(x) for x in some] == succ[:300].tolist()
         assert [bits.pred_one(x) for x in some] == pred[:300].tolist()
+        inside = np.clip(q[:300], 0, cap - 1)
+        assert [bits.free_succ_one(x) for x in inside.tolist()] == bits.free_succ(inside).tolist()
+        assert [bits.free_pred_one(x) for x in inside.tolist()] == bits.free_pred(inside).tolist()
         if live.size:
             assert (bits.first(), bits.last()) == (live[0], live[-1])
         for level in (4, 6, 9):
