@@ -88,7 +88,7 @@ _END = 1 << 62  # past every slot: the end of a claim at the back
 
 BULK_RATIO = 16        # a batch of at least 1/16 of the rows left is merged, not placed ...
 BULK_MIN = 4096        # ... in a table of at least this many rows (module attribute: tests shrink it)
-FEW_MAX = 8            # a batch of at most this many rows is placed as plain integers (tests change it)
+FEW_MAX = 32           # a batch of at most this many rows is placed as plain integers (tests change it)
 TAU_SPAN = 0.65        # rows per slot between the first and last row that calls for a new layout
 SPACING = 2            # slots per row when laying out or appending
 MIN_FRONT = 64         # free slots in front of the first row after a full layout
