@@ -1,6 +1,10 @@
 """The keyed source table (:class:`KeyedTable`, exported by :mod:`engine.sources`, whose
 docstring states its semantics): upsert and delete by key columns, the last write to a key
 in a cycle wins, modifies only where a value changed, lookups of keys' rows.
+
+A cycle of a few writes (at most ``FEW_KEYS``) skips the vectorized machinery where its
+setup is the cost: distinct hashes mean distinct keys (no grouping), and integer, string
+and binary keys are verified as Python values (:func:`_few_equal`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ if TYPE_CHECKING:
     from engine.graph import UpdateGraph
 
 __all__ = ["KeyLookup", "KeyedTable"]
+
+FEW_KEYS = 16  # up to this many keys are compared as Python values (module attribute: tests change it)
 
 
 def _key_hashes(t: pa.Table, keys: list[str]) -> npt.NDArray[np.uint64]:
@@ -104,6 +110,8 @@ class KeyedTable(SourceTable):
         self.keys = key_list
         self._values = [n for n in self.schema.names if n not in key_list]
         self._index = ExactKeyMap(exact_hash(self.schema, key_list))  # key -> row key
+        # keys whose Python values compare as values_equal does (see _few_equal)
+        self._plain_keys = all(_plain_type(self.schema.field(k).type) for k in key_list)
         self._row_keys = IdAllocator()  # a freed row key is reused from the next cycle on
 
     def _checked(self, data: TableLike, kind: str) -> pa.Table:
@@ -301,6 +309,8 @@ class KeyedTable(SourceTable):
             return None
 
         def same(i: KeyArray, row_keys: KeyArray) -> npt.NDArray[np.bool_]:
+            if t.num_rows <= FEW_KEYS and self._plain_keys:
+                return _few_equal(t, self.keys, i, [self._storage[k].get(row_keys) for k in self.keys])
             stored = pa.Table.from_arrays([self._storage[k].get(row_keys) for k in self.keys],
                                           names=self.keys)
             return rows_equal(t.select(self.keys).take(pa.array(i)), stored)
@@ -332,9 +342,12 @@ class KeyedTable(SourceTable):
             last = _last_writes(h, found)
             found = found[last]
         else:
-            order, starts = group_equal(  # writes grouped by key, exactly
-                h, lambda i, j: same_rows(keys_t, i, j))
-            last = _last_of_groups(order, starts)
+            if h.size <= FEW_KEYS and len(set(h.tolist())) == h.size:
+                last = np.arange(h.size)  # a few writes, distinct hashes: distinct keys
+            else:
+                order, starts = group_equal(  # writes grouped by key, exactly
+                    h, lambda i, j: same_rows(keys_t, i, j))
+                last = _last_of_groups(order, starts)
             found = self._index.lookup(h[last], self._same_as_held(keys_t.take(pa.array(last))))
         h = h[last]
         up_mask = np.concatenate(is_up)[last]
@@ -416,6 +429,25 @@ class KeyedTable(SourceTable):
             src.set(keys, rows.column(name))
         if keys.size:
             self._index.insert(_key_hashes(rows.select(self.keys).combine_chunks(), self.keys), keys)
+
+
+def _plain_type(t: pa.DataType) -> bool:
+    """Whether Python's ``==`` on this type's values is :func:`values_equal`'s rule for
+    non-null values: integers, strings and binaries (floats are not: NaN)."""
+    return bool(pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+                or pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+
+def _few_equal(t: pa.Table, names: list[str], i: KeyArray, stored: list[pa.Array]) -> npt.NDArray[np.bool_]:
+    """Per ``k``: row ``i[k]`` of ``t`` (a few rows) has the (non-null, :func:`_plain_type`)
+    key values ``stored[c][k]``, compared as Python values: for a few keys, a ``take`` and
+    an Arrow comparison per column cost more than the values."""
+    rows = i.tolist()
+    out = [True] * len(rows)
+    for name, held in zip(names, stored, strict=True):  # one pass per key column
+        probe = t.column(name).to_pylist()
+        out = [o and probe[r] == v for o, r, v in zip(out, rows, held.to_pylist(), strict=True)]
+    return np.array(out, dtype=bool)
 
 
 def _last_of_groups(order: npt.NDArray[np.int64], starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:

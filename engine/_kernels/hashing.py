@@ -18,7 +18,8 @@ hash, the same in every column and type):
 * strings and binaries (plain, large, view): the bytes read eight at a time straight from
   Arrow's buffers (two aligned ``uint64`` gathers and shifts per word, no per-byte pass and
   no Python objects), each word folded in with ``mix64``; longer batches with many repeats
-  (judged on a sample) hash their dictionary once instead;
+  (judged on a sample) hash their dictionary once instead, and a few values (at most
+  ``FEW_STRINGS``) are hashed as plain Python integers, by the same steps;
 * decimals, fixed-size binaries, month-day-nano intervals: their fixed-width bytes, folded
   as words; dictionaries hash their dictionary, gathered by index.
 
@@ -70,6 +71,7 @@ _S3, _S7, _S27, _S30, _S31 = np.uint64(3), np.uint64(7), np.uint64(27), np.uint6
 _ONE, _63, _ALL = np.uint64(1), np.uint64(63), np.uint64(0xFFFFFFFFFFFFFFFF)
 _DICT_MIN = 4096  # from this many strings on, a sample decides whether to hash a dictionary
 _DICT_SAMPLE = 1024
+FEW_STRINGS = 16  # up to this many strings hash as plain integers (module attribute: tests change it)
 
 
 # mixing ------------------------------------------------------------------------------------
@@ -201,9 +203,33 @@ def _hash_binary(arr: pa.Array) -> U64:
     return h
 
 
+_MASK = (1 << 64) - 1
+_M1_INT, _M2_INT, _GOLDEN_INT = int(_M1), int(_M2), int(GOLDEN)
+
+
+def _hash_binary_few(arr: pa.Array) -> U64:
+    """:func:`_hash_binary` of a few values, as plain integers (the same hashes: word by
+    word from ``length * GOLDEN``, each zero-padded word folded in with mix64); for a
+    handful of keys numpy's per-call cost is most of the vectorized version's time."""
+    out = []
+    for v in arr.to_pylist():  # nulls hash as anything here: _hash_values overwrites them
+        b = b"" if v is None else v.encode() if isinstance(v, str) else v
+        h = (len(b) * _GOLDEN_INT) & _MASK
+        for j in range(0, len(b), 8):
+            z = h ^ int.from_bytes(b[j:j + 8], "little")
+            z = ((z ^ (z >> 30)) * _M1_INT) & _MASK
+            z = ((z ^ (z >> 27)) * _M2_INT) & _MASK
+            h = z ^ (z >> 31)
+        out.append(h)
+    return np.array(out, dtype=np.uint64)
+
+
 def _hash_strings(arr: pa.Array) -> U64:
-    """:func:`_hash_binary`, through a dictionary when a sample shows many repeats."""
+    """:func:`_hash_binary`, through a dictionary when a sample shows many repeats, or as
+    plain integers for at most ``FEW_STRINGS`` values."""
     n = len(arr)
+    if n <= FEW_STRINGS:
+        return _hash_binary_few(arr)
     # a dictionary pays from ~1 repeat in 40 sampled values on; with fewer repeats,
     # building it costs more than it saves
     if n >= _DICT_MIN and len(pc.unique(arr.slice(0, _DICT_SAMPLE))) * 40 <= 39 * _DICT_SAMPLE:

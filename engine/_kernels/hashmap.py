@@ -14,6 +14,9 @@ itself (a multiplicative hash on the high bits), so sequential keys spread evenl
 distinct by contract: the map stores one value per key. Exact key equality of what the
 ``uint64`` stands for is not this map's business (see :mod:`engine._kernels.keymap`).
 
+A batch of a few keys (at most ``U64Map.scalar_max``) walks each probe chain with plain
+integers instead: the same slots, without a round of numpy calls per probe.
+
 Deletions leave tombstones, so lookups of other keys probing past a deleted slot still find
 them; tombstones are reused by inserts and dropped by the (vectorized) rebuild that runs
 when live plus dead entries pass half of the table.
@@ -64,6 +67,10 @@ class U64Map:
     [1, -1, 0]
     """
 
+    #: batches of at most this many keys are looked up one probe chain at a time, as plain
+    #: integers: a round of numpy calls costs more than a few keys' chains (tests change it)
+    scalar_max = 8
+
     def __init__(self, capacity: int = 0) -> None:
         self._alloc(capacity)
         self.count = 0
@@ -99,6 +106,8 @@ class U64Map:
         chains end in one or two rounds, not one round per slot of their chain. A key resolves at the first slot holding it (a
         hit) or empty (absent); dead slots are passed.
         """
+        if h.size <= self.scalar_max:
+            return self._slots_few(h)
         out = np.full(h.size, -1, dtype=np.int64)
         idx = np.arange(h.size)
         s = self._home(h)
@@ -125,6 +134,20 @@ class U64Map:
             go = ~done
             idx, s, hh = idx[go], (s[go] + _UWINDOW) & self._mask, hh[go]
         return out
+
+    def _slots_few(self, h: U64) -> I64:
+        """:meth:`_slots` of a few keys: each one's probe chain walked with plain integers."""
+        keys, vals = self._keys, self._vals
+        mask = int(self._mask)
+        out = []
+        for k, s in zip(h.tolist(), self._home(h).tolist(), strict=True):
+            while True:  # a hit, or an empty slot: absent; dead slots are passed
+                v = int(vals[s])
+                if v == _EMPTY or (v >= 0 and int(keys[s]) == k):
+                    out.append(s if v >= 0 else -1)
+                    break
+                s = (s + 1) & mask
+        return np.array(out, dtype=np.int64)
 
     def lookup(self, h: U64) -> I64:
         """Value per key, ``-1`` where absent."""

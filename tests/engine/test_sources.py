@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from engine import _keyed
+from engine._kernels import hashing
 from engine.errors import InputError, InvalidKeyError, SchemaError, TableFailed
 from engine.graph import UpdateGraph
 from engine.rowset import RowSet
@@ -349,8 +350,20 @@ def test_write_lock_makes_check_then_stage_atomic():
     assert t.to_pandas()["s"].tolist() == ["other"]  # staged after mine: the last write wins
 
 
-@pytest.mark.parametrize("ktype", [pa.int64(), pa.string()])
-def test_lookup_matches_a_dict_model_over_random_writes(ktype):
+@pytest.mark.parametrize("ktype, few, squeeze", [
+    (pa.int64(), None, False),
+    (pa.string(), 0, False),  # every batch through the vectorized hash and comparison
+    (pa.string(), 1 << 30, False),  # every batch through the plain-integer/Python ones
+    (pa.string(), 0, True),  # hashes squeezed into four values: equality decides
+    (pa.string(), 1 << 30, True),
+])
+def test_lookup_matches_a_dict_model_over_random_writes(ktype, few, squeeze, monkeypatch):
+    if few is not None:
+        monkeypatch.setattr(_keyed, "FEW_KEYS", few)
+        monkeypatch.setattr(hashing, "FEW_STRINGS", few)
+    if squeeze:
+        real = _keyed._key_hashes
+        monkeypatch.setattr(_keyed, "_key_hashes", lambda tbl, keys: real(tbl, keys) & np.uint64(3))
     rng = random.Random(41)
     g = UpdateGraph(validate=True)
     t = g.keyed_table(pa.schema([("k", ktype), ("v", pa.int64())]), "k")

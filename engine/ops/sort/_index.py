@@ -36,6 +36,13 @@ Placing new rows (cost follows the change; rows with the same place form a group
    PMA's resize), or the front has no room left, everything is laid out again, two slots
    apart: every row moves, amortized over the inserts that filled the space.
 
+A batch of at most ``FEW_MAX`` rows whose groups all fit where they go (cases 1, 2 and 4,
+and the front with room) is placed as plain integers (:meth:`SortIndex._place_few`): one
+``searchsorted`` on the fence, a bisection of one block per row, the gap and its ghosts by
+integer arithmetic; and a few touched slots are refilled so (:meth:`SortIndex._refill_few`).
+Same slots, same ghosts as the vectorized path, which takes any batch that needs room made;
+at a handful of rows numpy's per-call cost, not the rows, is what the vectorized path spends.
+
 This module keeps the slot state, the search, the placement itself, full layouts and
 Invariant G; which runs a push moves and which windows are re-spread, and how (cases 2
 and 3), are computed in engine.ops.sort._room, from the live bits, which it only reads.
@@ -45,6 +52,7 @@ Parent keys map to slots through a ``RowKeyMap`` (dense array, or hash map for s
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 
 import numpy as np
@@ -59,6 +67,7 @@ from engine.errors import UpdateInvariantError
 from engine.ops.sort._keys import MAX_CODE, KeyEncoder, as_arrow, order_batch
 from engine.ops.sort._room import (
     outermost_windows,
+    push_one,
     push_runs,
     respread,
     respread_windows,
@@ -75,9 +84,11 @@ Mask = npt.NDArray[np.bool_]
 
 _ONE = np.uint64(1)
 _EMPTY = np.empty(0, dtype=np.int64)
+_END = 1 << 62  # past every slot: the end of a claim at the back
 
 BULK_RATIO = 16        # a batch of at least 1/16 of the rows left is merged, not placed ...
 BULK_MIN = 4096        # ... in a table of at least this many rows (module attribute: tests shrink it)
+FEW_MAX = 32           # a batch of at most this many rows is placed as plain integers (tests change it)
 TAU_SPAN = 0.65        # rows per slot between the first and last row that calls for a new layout
 SPACING = 2            # slots per row when laying out or appending
 MIN_FRONT = 64         # free slots in front of the first row after a full layout
@@ -202,7 +213,8 @@ class SortIndex:
             out[order] = slots
             return out, shift
         self._refill()  # invariant G before searching
-        slots, shift = self._place(codes, values, pks_o)
+        placed = self._place_few(codes, values, pks_o) if pks.size <= FEW_MAX else None
+        slots, shift = placed if placed is not None else self._place(codes, values, pks_o)
         self._refill()
         out = np.empty(pks.size, dtype=np.int64)
         out[order] = slots
@@ -220,12 +232,38 @@ class SortIndex:
         inb = np.flatnonzero(out < hi)
         tie = inb[self._codes[0][out[inb]] == q0[inb]]
         if tie.size:
-            qt = q0[tie]
-            top = qt == MAX_CODE  # no code above it: its ties run to the end
-            b = np.full(tie.size, hi, dtype=np.int64)
-            b[~top] = self._lower_bound(qt[~top] + _ONE, lo, hi)
-            out[tie] = self._narrow(out[tie], b, tie, codes, values, pks)
+            self._settle_ties(out, tie, codes, values, pks, lo, hi)
         return out
+
+    def _search_few(self, codes: list[U64], values: list[pa.Array], pks: I64, lo: int, hi: int) -> I64:
+        """:meth:`_search` for a few rows: one ``searchsorted`` on the fence for all of
+        them, then a bisection of each one's block of 64 codes as plain integers."""
+        c0 = self._codes[0]
+        f0 = (lo + 63) >> 6
+        q0 = codes[0].tolist()
+        at = np.searchsorted(self._fence[f0:(hi + 63) >> 6], codes[0], side="left").tolist()
+        out: list[int] = []
+        tie: list[int] = []
+        for i, (q, j) in enumerate(zip(q0, at, strict=True)):
+            base = ((f0 + j - 1) << 6) + 1 if j > 0 else lo  # codes before base are < q
+            block = c0[base:min(base + 64, hi)].tolist()
+            k = bisect_left(block, q)
+            out.append(base + k)
+            if k < len(block) and block[k] == q:
+                tie.append(i)
+        found = np.array(out, dtype=np.int64)
+        if tie:
+            self._settle_ties(found, np.array(tie, dtype=np.int64), codes, values, pks, lo, hi)
+        return found
+
+    def _settle_ties(self, out: I64, tie: I64, codes: list[U64], values: list[pa.Array], pks: I64,
+                     lo: int, hi: int) -> None:
+        """Narrow ``out[tie]``, rows whose first code ties there, by the rest of the key."""
+        qt = codes[0][tie]
+        top = qt == MAX_CODE  # no code above it: its ties run to the end
+        b = np.full(tie.size, hi, dtype=np.int64)
+        b[~top] = self._lower_bound(qt[~top] + _ONE, lo, hi)
+        out[tie] = self._narrow(out[tie], b, tie, codes, values, pks)
 
     def _lower_bound(self, q: U64, lo: int, hi: int) -> I64:
         """First slot in ``[lo, hi)`` whose first code is ``>= q`` (else ``hi``).
@@ -410,6 +448,106 @@ class SortIndex:
             self._fill_windows(starts, stops, laid, whose)
         return slots, shift
 
+    def _place_few(self, codes: list[U64], values: list[pa.Array], pks: I64
+                   ) -> tuple[I64, RowSetShiftData] | None:
+        """:meth:`_place` for a few rows, as plain integers, when every group fits where it
+        goes: a gap with room (case 1), a gap one slot short that pushes a run aside (case
+        2), after the last row (case 4) or in front of the first with room. None when one
+        needs a window re-spread or a new layout (cases 3 and 5): :meth:`_place` then
+        decides for the whole batch. Slots, pushes and ghost fills are :meth:`_place`'s."""
+        m = pks.size
+        if self.size == 0:
+            return None
+        live = self._live
+        first, last = live.first(), live.last()
+        if self.size + m > TAU_SPAN * (last - first + 1) and self.size + m > 1024:
+            return None
+        ins = self._search_few(codes, values, pks, first, last + 1).tolist()
+        # groups of rows with one insertion slot gi: (gi, rows, p, t, push, claim lo, hi),
+        # p and t the live rows around the gap (p = -1 in front, t = -1 at the back)
+        groups: list[tuple[int, int, int, int, int, int, int]] = []
+        i = 0
+        while i < m:
+            gi = ins[i]
+            r = 1
+            while i + r < m and ins[i + r] == gi:
+                r += 1
+            i += r
+            if gi == last + 1:
+                groups.append((gi, r, last, -1, 0, gi, _END))
+                continue
+            t = live.succ_one(gi)
+            if gi == first:
+                if t < r:
+                    return None
+                groups.append((gi, r, -1, t, 0, 0, t - 1))
+                continue
+            p = gi - 1  # by Invariant G, the live row before the gap
+            if t - gi >= r:
+                groups.append((gi, r, p, t, 0, gi, t - 1))
+                continue
+            if t - gi < r - 1:
+                return None
+            by, lo, hi = push_one(live, p, t)
+            if by == 0:
+                return None
+            groups.append((gi, r, p, t, by, lo, hi))
+        for g in groups:  # a push's claim may not touch another group's gap or claim
+            if g[4] and any(h is not g and g[5] <= h[6] and h[5] <= g[6] for h in groups):
+                return None
+
+        slots: list[int] = []
+        ghosts: list[tuple[int, int, int]] = []  # (first ghost, count, slot they copy)
+        moves: list[tuple[int, int, int]] = []  # survivors pushed: (old slot, new slot, group)
+        for k, (gi, r, p, t, by, lo, hi) in enumerate(groups):
+            before = p
+            if by:  # the widened gap, every slot of it; the run keeps its ghosts
+                at = [p + min(by, 0) + 1 + j for j in range(r)]
+                run = range(t, hi) if by > 0 else range(lo + 1, p + 1)
+                moves.extend((s, s + by, k) for s in run)
+                before = at[0] - 1
+            elif t < 0:  # after the last row: spacing 2, the space grows
+                at = [last + SPACING * (j + 1) for j in range(r)]
+            elif p < 0:  # in front of the first row: a block ending before it
+                bs = min(t, 2 * r + 1)
+                at = [t - bs - 1 + ((j + 1) * (bs + 1)) // (r + 1) for j in range(r)]
+                if t - at[-1] > 1:  # the run up to the first row
+                    ghosts.append((at[-1] + 1, t - at[-1] - 1, t))
+            else:  # evenly inside a block of at most 2r + 1 free slots
+                f = t - gi
+                bs = min(f, 2 * r + 1)
+                off = min((f - bs) // 2, bs)
+                at = [p + off + ((j + 1) * (bs + 1)) // (r + 1) for j in range(r)]
+            for s in at:  # Invariant G: the ghosts before each new row take its values
+                if before >= 0 and s - before > 1:
+                    ghosts.append((before + 1, s - before - 1, s))
+                before = s
+            slots.extend(at)
+        shift = RowSetShiftData.empty()
+        if moves:
+            moves.sort()
+            old, new, owner = (np.array(x, dtype=np.int64) for x in zip(*moves, strict=True))
+            self._move(old, new)
+            shift = shift_from_runs(old, new, owner)
+        out = np.array(slots, dtype=np.int64)
+        self._grow(max(slots) + 1)
+        self._store(out, codes, pks)
+        self._copy_runs(ghosts)
+        return out, shift
+
+    def _copy_runs(self, runs: list[tuple[int, int, int]]) -> None:
+        """:meth:`_copy` of runs ``(start, count, source)`` given as plain integers."""
+        if not runs:
+            return
+        n = sum(c for _, c, _ in runs)
+        if n <= 64:
+            dst = [d for a, c, _ in runs for d in range(a, a + c)]
+            src = [s for _, c, s in runs for _ in range(c)]
+            self._copy(np.array(dst, dtype=np.int64), np.array(src, dtype=np.int64))
+            return
+        a, c, s = (np.array(x, dtype=np.int64) for x in zip(*runs, strict=True))
+        self._copy(expand(a, c), np.repeat(s, c))
+
     def _fill_windows(self, starts: I64, stops: I64, laid: I64, whose: I64) -> None:
         """Invariant G over re-spread windows (``laid``: their rows, sorted, by window).
 
@@ -559,6 +697,9 @@ class SortIndex:
         """Give every ghost in a run touched since the last call its successor's values."""
         if not self._events:
             return
+        if sum(e.size for e in self._events) <= FEW_MAX:
+            self._refill_few()
+            return
         ev = sorted_unique(np.concatenate(self._events))
         self._events = []
         t = self._live.succ(ev)
@@ -569,6 +710,22 @@ class SortIndex:
         if not sel.any():
             return
         self._copy(expand(p[sel] + 1, n[sel]), np.repeat(t[sel], n[sel]))
+
+    def _refill_few(self) -> None:
+        """:meth:`_refill` of a few touched slots, as plain integers."""
+        live = self._live
+        runs = []
+        done = set()
+        for e in sorted({s for ev in self._events for s in ev.tolist()}):
+            t = live.succ_one(e)
+            if t < 0 or t in done:
+                continue
+            done.add(t)
+            p = live.pred_one(t - 1)
+            if p >= 0 and t - p > 1:  # ghosts before the first row are never searched
+                runs.append((p + 1, t - p - 1, t))
+        self._events = []
+        self._copy_runs(runs)
 
     # checking -------------------------------------------------------------------------------
     def check(self) -> None:

@@ -219,6 +219,8 @@ def order_batch(encoders: Sequence[KeyEncoder], values: Sequence[pa.Array], code
     With ``pks_sorted`` the batch is already in parent-key order and a stable sort on the
     keys alone keeps ties in that order.
     """
+    if pks.size < 2:
+        return np.arange(pks.size, dtype=np.int64)
     keys: list[npt.NDArray[Any]] = [] if pks_sorted else [pks]
     for enc, v, c in zip(reversed(encoders), reversed(values), reversed(codes), strict=True):
         keys.append(enc.rank(v, c))

@@ -32,7 +32,8 @@ import numpy.typing as npt
 from engine._kernels.arrays import member, sorted_unique
 from engine.ops.sort._slots import LiveBits
 
-__all__ = ["outermost_windows", "push_runs", "respread", "respread_windows", "window_membership"]
+__all__ = ["outermost_windows", "push_one", "push_runs", "respread", "respread_windows",
+           "window_membership"]
 
 I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
@@ -88,6 +89,21 @@ def push_runs(live: LiveBits, gi: I64, p: I64, t: I64, cand: Mask, front: Mask, 
     clash[:-1] |= b_s[:-1] >= a_s[1:]
     by[order[clash]] = 0
     return lo, hi, by
+
+
+def push_one(live: LiveBits, p: int, t: int) -> tuple[int, int, int]:
+    """:func:`push_runs` for one gap between live rows ``p`` and ``t``, as plain integers,
+    before the check against other groups: ``(direction, lo, hi)``, direction 0 when no
+    run of at most ``MAX_PUSH`` rows reaches a free slot."""
+    z = live.free_succ_one(t)
+    y = live.free_pred_one(p)
+    right = z - t if z >= 0 else MAX_PUSH + 1
+    left = p - y if y >= 0 else MAX_PUSH + 1
+    if right <= left and right <= MAX_PUSH:
+        return 1, p + 1, z
+    if left <= MAX_PUSH:
+        return -1, y, t - 1
+    return 0, 0, -1
 
 
 def window_membership(windows: npt.NDArray[np.int64], gi: I64, t: I64

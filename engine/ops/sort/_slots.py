@@ -2,7 +2,8 @@
 
 * :class:`LiveBits`: which slots of a dense slot space hold a row, as bit words plus
   64-ary summary levels; successor/predecessor queries and counts per aligned window for
-  whole arrays of slots at once;
+  whole arrays of slots at once (and as plain integers for one slot, or up to ``FEW``
+  slots set or cleared, where numpy's per-call cost is most of the work);
 * :class:`Redirection`: output row key -> parent row key, dense by output key, keeping the
   value each slot had at the start of the cycle (the sorted table's ``get_prev``);
 * :func:`shift_from_runs` and :func:`pow2_at_least`, small helpers of the layout.
@@ -29,6 +30,8 @@ I64 = npt.NDArray[np.int64]
 
 _ONE = np.uint64(1)
 _ALL = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+_ALL_INT = (1 << 64) - 1
+FEW = 8  # from this many slots down, bits are set and cleared with plain integers
 
 
 # small vectorized helpers -------------------------------------------------------------
@@ -109,6 +112,9 @@ class LiveBits:
         self._levels = _levels_for(words)
 
     def set(self, slots: I64) -> None:
+        if slots.size <= FEW:
+            self._set_few(slots.tolist())
+            return
         pos = slots
         for words in self._levels:
             if pos.size == 0:
@@ -119,6 +125,9 @@ class LiveBits:
             pos = sorted_unique(w[was_empty])  # only newly non-empty words change one level up
 
     def clear(self, slots: I64) -> None:
+        if slots.size <= FEW:
+            self._clear_few(slots.tolist())
+            return
         pos = slots
         for words in self._levels:
             if pos.size == 0:
@@ -127,6 +136,91 @@ class LiveBits:
             np.bitwise_and.at(words, w, ~(_ONE << (pos & 63).astype(np.uint64)))
             w = w[words[w] == 0]
             pos = sorted_unique(w)  # words that emptied clear their bit one level up
+
+    def _set_few(self, slots: list[int]) -> None:
+        for pos in slots:  # a step per level, only while a word was empty
+            for words in self._levels:
+                w = pos >> 6
+                word = int(words[w])
+                words[w] = word | (1 << (pos & 63))
+                if word:
+                    break
+                pos = w
+
+    def _clear_few(self, slots: list[int]) -> None:
+        for pos in slots:  # a step per level, only while a word empties
+            for words in self._levels:
+                w = pos >> 6
+                word = int(words[w]) & ~(1 << (pos & 63))
+                words[w] = word
+                if word:
+                    break
+                pos = w
+
+    def succ_one(self, pos: int) -> int:
+        """:meth:`succ` of one slot, with plain integers (climbs only to the nearest
+        non-empty word, as :meth:`succ`)."""
+        levels = self._levels
+        pos = max(pos, 0)
+        lvl = 0
+        while True:
+            words = levels[lvl]
+            w = pos >> 6
+            if w >= words.size:
+                return -1
+            m = int(words[w]) >> (pos & 63)
+            if m:
+                pos += (m & -m).bit_length() - 1
+                break
+            if lvl + 1 == len(levels):
+                return -1
+            pos, lvl = w + 1, lvl + 1  # the next word: a bit index one level up
+        while lvl:  # down again through the lowest bit of each word
+            lvl -= 1
+            word = int(levels[lvl][pos])
+            pos = (pos << 6) + (word & -word).bit_length() - 1
+        return pos
+
+    def pred_one(self, pos: int) -> int:
+        """:meth:`pred` of one slot, with plain integers."""
+        levels = self._levels
+        pos = min(pos, self.capacity - 1)
+        lvl = 0
+        while True:
+            if pos < 0:
+                return -1
+            w = pos >> 6
+            m = int(levels[lvl][w]) & ((2 << (pos & 63)) - 1)
+            if m:
+                pos = (w << 6) + m.bit_length() - 1
+                break
+            if lvl + 1 == len(levels):
+                return -1
+            pos, lvl = w - 1, lvl + 1
+        while lvl:
+            lvl -= 1
+            pos = (pos << 6) + int(levels[lvl][pos]).bit_length() - 1
+        return pos
+
+    def free_succ_one(self, pos: int) -> int:
+        """:meth:`free_succ` of one slot, with plain integers."""
+        words = self._levels[0]
+        w = pos >> 6
+        m = ~int(words[w]) & (_ALL_INT << (pos & 63)) & _ALL_INT
+        if not m and w + 1 < words.size:
+            w += 1
+            m = ~int(words[w]) & _ALL_INT
+        return (w << 6) + (m & -m).bit_length() - 1 if m else -1
+
+    def free_pred_one(self, pos: int) -> int:
+        """:meth:`free_pred` of one slot, with plain integers."""
+        words = self._levels[0]
+        w = pos >> 6
+        m = ~int(words[w]) & ((2 << (pos & 63)) - 1)
+        if not m and w > 0:
+            w -= 1
+            m = ~int(words[w]) & _ALL_INT
+        return (w << 6) + m.bit_length() - 1 if m else -1
 
     def succ(self, pos: I64) -> I64:
         """Smallest live slot ``>= pos`` for each query, ``-1`` if there is none."""

@@ -212,7 +212,9 @@ class SortListener:
                 removed.append(idx.remove(prev[moved]))  # a new sort key: remove + add
                 rekeyed = cur[moved]
                 slots = slots[~moved]
-                if rekeyed.size:  # their codes are known: only the added rows are encoded
+                if rekeyed.size == cur.size:  # their codes are known: only the added rows are encoded
+                    known = (codes, values)
+                elif rekeyed.size:
                     sel = np.flatnonzero(moved)
                     known = ([c[sel] for c in codes], [v.take(pa.array(sel)) for v in values])
             stay = slots  # previous result key space until our own shift is known

@@ -37,6 +37,31 @@ def test_strings_hash_alike_in_every_layout():
     assert len(set(h.tolist())) == len(h)
 
 
+@pytest.mark.parametrize("typ", [pa.string(), pa.large_string(), pa.string_view(), pa.binary(),
+                                 pa.large_binary(), pa.binary_view()])
+def test_a_few_strings_hash_as_integers_exactly_as_vectorized(typ):
+    """Keys hashed in a batch of a few are looked up from batches of any size: the plain
+    integer path must give the vectorized path's hashes bit for bit."""
+    rng = np.random.default_rng(11)
+    text = pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_string_view(typ)
+    alphabet = list("ab\x00zé€😀")
+    for _ in range(300):
+        n = int(rng.integers(0, 2 * hashing.FEW_STRINGS))
+        values = []
+        for _ in range(n):
+            size = int(rng.integers(0, 40))
+            v = "".join(rng.choice(alphabet, size)) if text else bytes(rng.integers(0, 256, size, np.uint8))
+            values.append(None if rng.random() < 0.1 else v)
+        a = pa.array(values, typ)
+        if n > 2 and rng.random() < 0.5:
+            a = a.slice(1, n - 2)  # offsets that do not start at 0
+        few, vec = hashing._hash_binary_few(a), hashing._hash_binary(a)
+        valid = np.asarray(a.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        assert np.array_equal(few[valid], vec[valid]), values  # nulls: hash_column's to set
+        if len(a) <= hashing.FEW_STRINGS:
+            assert np.array_equal(hash_column(a)[valid], vec[valid])
+
+
 def test_repeated_strings_hash_through_a_dictionary_alike():
     a = pa.array([f"s{i % 10}" for i in range(10_000)])
     assert np.array_equal(hash_column(a), hashing._hash_binary(a))

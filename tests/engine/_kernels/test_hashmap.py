@@ -17,6 +17,22 @@ class _Clustered(U64Map):
         return (h % np.uint64(3)) & self._mask
 
 
+class _Scalar(U64Map):
+    """Every lookup walks its probe chains as plain integers, whatever the batch's size."""
+
+    scalar_max = 1 << 30
+
+
+class _Vectorized(U64Map):
+    """Every lookup in probe rounds of numpy calls, even of one key."""
+
+    scalar_max = 0
+
+
+class _ClusteredScalar(_Clustered):
+    scalar_max = 1 << 30
+
+
 def _u64(xs):
     return np.array(xs, dtype=np.uint64)
 
@@ -53,8 +69,9 @@ def test_grows_and_keeps_entries(cls):
     assert (m.lookup(keys + _u64(1)) == -1).all()
 
 
-def test_deleted_slot_does_not_hide_later_keys():
-    m = _Clustered()
+@pytest.mark.parametrize("cls", [_Clustered, _ClusteredScalar])
+def test_deleted_slot_does_not_hide_later_keys(cls):
+    m = cls()
     m.insert(_u64([0, 3, 6, 9]), np.arange(4))  # one chain: 0, 3, 6, 9 from home 0
     m.delete(_u64([3]))
     assert m.lookup(_u64([0, 3, 6, 9])).tolist() == [0, -1, 2, 3]
@@ -71,7 +88,7 @@ _ops = st.lists(
 )
 
 
-@pytest.mark.parametrize("cls", [U64Map, _Clustered])
+@pytest.mark.parametrize("cls", [U64Map, _Clustered, _Scalar, _Vectorized, _ClusteredScalar])
 @given(ops=_ops)
 def test_against_dict(cls, ops):
     m, model = cls(), {}
@@ -110,7 +127,12 @@ class _Wrapping(U64Map):
         return (self._mask - np.uint64(15)) + (h % np.uint64(16))
 
 
-@pytest.mark.parametrize("cls", [U64Map, _Clustered, _Wrapping])
+class _WrappingScalar(_Wrapping):
+    scalar_max = 1 << 30
+
+
+@pytest.mark.parametrize("cls", [U64Map, _Clustered, _Wrapping, _Scalar, _ClusteredScalar,
+                                 _WrappingScalar])
 @pytest.mark.parametrize("seed", range(3))
 def test_large_batches_against_dict(cls, seed):
     # batches above and below the size at which probe rounds read windows of slots, with

@@ -16,6 +16,7 @@ import pytest
 from engine.errors import InputError, SchemaError
 from engine.graph import UpdateGraph
 from engine.ops.sort import _index as sort_index
+from engine.ops.sort import _slots as sort_slots
 from engine.ops.sort._index import SortIndex
 from engine.ops.sort._keys import KeyEncoder
 from engine.ops.sort._slots import LiveBits, Redirection
@@ -345,12 +346,35 @@ def test_live_bits_successor_and_predecessor_match_brute_force():
         pred = np.where(j >= 0, live[np.maximum(j, 0)], -1)
         assert np.array_equal(bits.succ(q), succ)
         assert np.array_equal(bits.pred(q), pred)
+        some = q[:300].tolist()
+        assert [bits.succ_one(x) for x in some] == succ[:300].tolist()
+        assert [bits.pred_one(x) for x in some] == pred[:300].tolist()
+        inside = np.clip(q[:300], 0, cap - 1)
+        assert [bits.free_succ_one(x) for x in inside.tolist()] == bits.free_succ(inside).tolist()
+        assert [bits.free_pred_one(x) for x in inside.tolist()] == bits.free_pred(inside).tolist()
         if live.size:
             assert (bits.first(), bits.last()) == (live[0], live[-1])
         for level in (4, 6, 9):
             w = np.arange(cap >> level)
             want = np.bincount(live >> level, minlength=w.size)
             assert np.array_equal(bits.count(level, w), want)
+
+
+def test_live_bits_set_and_clear_a_few_slots_as_integers(monkeypatch):
+    """The plain-integer path (up to ``FEW`` slots) leaves the words and summary levels
+    exactly as the vectorized one does."""
+    rng = np.random.default_rng(4)
+    cap = 1 << 14
+    few, many = LiveBits(cap), LiveBits(cap)
+    for _ in range(400):
+        slots = rng.choice(cap, int(rng.integers(1, sort_slots.FEW + 1)), replace=False)
+        op = "set" if rng.random() < 0.6 else "clear"
+        getattr(few, op)(slots)
+        with monkeypatch.context() as m:
+            m.setattr(sort_slots, "FEW", 0)
+            getattr(many, op)(slots)
+        assert all(np.array_equal(a, b) for a, b in zip(few._levels, many._levels, strict=True))
+    assert few.all_live().size > 100
 
 
 def test_redirection_keeps_values_of_the_cycle_start():
@@ -396,18 +420,47 @@ def test_codes_order_like_the_values(values, descending):
 # the oracle: random sources (append, keyed, ring), recomputed and replayed every cycle
 
 
-def test_oracle_by_price():
+@pytest.fixture(params=["vectorized", "integers"])
+def placement(request, monkeypatch):
+    """Batches placed one way only: ``FEW_MAX`` (and ``LiveBits``' ``FEW``) 0, every batch
+    vectorized, or unbounded, every batch tried as plain integers first (and the ghosts
+    refilled so). Call the returned function after the run: it checks which path ran."""
+    few = 0 if request.param == "vectorized" else 1 << 30
+    monkeypatch.setattr(sort_index, "FEW_MAX", few)
+    monkeypatch.setattr(sort_slots, "FEW", few)
+    placed: list[bool] = []
+    inner = SortIndex._place_few
+
+    def counted(self, codes, values, pks):
+        out = inner(self, codes, values, pks)
+        placed.append(out is not None)
+        return out
+
+    monkeypatch.setattr(SortIndex, "_place_few", counted)
+
+    def check() -> None:
+        if request.param == "vectorized":
+            assert not placed
+        else:  # most batches fit their gaps; the rest fell back to the vectorized path
+            assert sum(placed) > 50 and not all(placed), (sum(placed), len(placed))
+    return check
+
+
+def test_oracle_by_price(placement):
     run_oracle(lambda t: checked(t.sort("Price")), sorted_frame(["Price"], [False]), seed=21)
+    placement()
 
 
-def test_oracle_by_sym_descending():
+def test_oracle_by_sym_descending(placement):
     run_oracle(lambda t: checked(t.sort("Sym", descending=True)), sorted_frame(["Sym"], [True]),
                seed=22)
+    placement()
 
 
-def test_oracle_by_sym_then_price_mixed():
+def test_oracle_by_sym_then_price_mixed(placement):
     run_oracle(lambda t: checked(t.sort(["Sym", "Price"], descending=[False, True])),
                sorted_frame(["Sym", "Price"], [False, True]), seed=23)
+    placement()
 
 
 CHAIN_CYCLES = 500  # chains reuse the paths above; the three runs above are the long ones
@@ -443,7 +496,7 @@ LONG = pc.Expression._call("binary_join_element_wise",
                            [pc.scalar("instrument/"), pc.field("Sym"), pc.scalar("")])
 
 
-def test_oracle_long_strings_after_update():
+def test_oracle_long_strings_after_update(placement):
     """Values sharing a 7+ byte prefix: every comparison goes back to the strings."""
 
     def expected(df: pd.DataFrame) -> pd.DataFrame:
@@ -452,14 +505,16 @@ def test_oracle_long_strings_after_update():
 
     run_oracle(lambda t: checked(t.update(L=LONG).sort(["L", "Qty"], [True, False])), expected,
                seed=27, n_cycles=CHAIN_CYCLES)
+    placement()
 
 
-def test_oracle_parent_that_shifts():
+def test_oracle_parent_that_shifts(placement):
     """A source whose updates carry shifts (shared with the filter tests)."""
     run_shifting_oracle([
         (lambda t: checked(t.sort("Price")), sorted_frame(["Price"], [False])),
         (lambda t: checked(t.sort(["Sym", "Qty"], [True, False])), sorted_frame(["Sym", "Qty"], [True, False])),
     ], seed=28, n_cycles=400)
+    placement()
 
 
 def test_oracle_merged_batches_by_price(merges):
