@@ -371,16 +371,21 @@ _OUT2 = [("RId2", "RId"), ("RV2", "RV"), ("RS2", "RS")]
 _J2 = ["RId2=RId", "RV2=RV", "RS2=RS"]
 
 
-def test_oracle_chain_join_then_natural_join():
-    # left shifts reach the natural join (join output moves rows when matches come and go)
+def _chain_oracle(seed: int, n_cycles: int) -> None:
+    """``natural_join(join(left, r1, "Sym"), r2, "Qty=RQ")`` against recomputation."""
     run_join_oracle(
         lambda lt, r1, r2: natural_join(join(lt, r1, "Sym"), r2, "Qty=RQ", joins=_J2),
         lambda lt, r1, r2: expected_join(expected_join(lt, r1, ["Sym"], ["Sym"], OUT, "inner"),
                                         r2, ["Qty"], ["RQ"], _OUT2, "left"),
         right=lambda g, rng: [RightDriver(g, rng, ["Sym"], SYM, "many", 20),
                               RightDriver(g, rng, ["RQ"], QTY[::2], "unique", 40)],
-        seed=8, n_cycles=cycles(600), max_rows=60,
+        seed=seed, n_cycles=n_cycles, max_rows=60,
     )
+
+
+def test_oracle_chain_join_then_natural_join():
+    # left shifts reach the natural join (join output moves rows when matches come and go)
+    _chain_oracle(8, cycles(600))
 
 
 def test_oracle_chain_outer_join_then_join_then_outer():
@@ -445,14 +450,7 @@ def test_oracle_pending_codes_all_collide(monkeypatch):
     # all of them candidates: only the full hash (an exact integer key) or the re-lookup
     # by key values (string keys, two-column keys) may attach them
     monkeypatch.setattr(_joinstate, "_pending_code", lambda h: np.zeros(h.size, dtype=np.int64))
-    run_join_oracle(
-        lambda lt, r1, r2: natural_join(join(lt, r1, "Sym"), r2, "Qty=RQ", joins=_J2),
-        lambda lt, r1, r2: expected_join(expected_join(lt, r1, ["Sym"], ["Sym"], OUT, "inner"),
-                                        r2, ["Qty"], ["RQ"], _OUT2, "left"),
-        right=lambda g, rng: [RightDriver(g, rng, ["Sym"], SYM, "many", 20),
-                              RightDriver(g, rng, ["RQ"], QTY[::2], "unique", 40)],
-        seed=15, n_cycles=cycles(300), max_rows=60,
-    )
+    _chain_oracle(15, cycles(300))
     run_join_oracle(
         lambda lt, r: natural_join(lt, r, ["Sym", "Qty=RQ"]),
         lambda lt, r: expected_join(lt, r, ["Sym", "Qty"], ["Sym", "RQ"], OUT, "left"),
