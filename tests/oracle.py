@@ -19,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pytest
 
 from engine.graph import UpdateGraph
 from engine.table import Table
@@ -32,6 +33,13 @@ KINDS = ("append", "keyed", "ring")
 def cycles(default: int = 2100) -> int:
     """Cycles per oracle run (``TICKTABLE_CYCLES`` overrides)."""
     return int(os.environ.get("TICKTABLE_CYCLES", default))
+
+
+def share_cycles(monkeypatch: pytest.MonkeyPatch, ways: int) -> None:
+    """Give this test ``1/ways`` of the cycles: for an oracle run once per way an operation
+    can be forced (a threshold set each way, a merge constant), so that the operation still
+    gets :func:`cycles` in all and each way at least a thousand by default."""
+    monkeypatch.setenv("TICKTABLE_CYCLES", str(max(1, cycles() // ways)))
 
 
 class RandomSource:

@@ -234,6 +234,7 @@ def test_arrow_recomputation_agrees_with_pandas():
 def test_oracle_keys_zero_keys_first_last_count_and_chains(monkeypatch, distinct_min):
     # distinct_min=2: nearly every batch is interned one row per distinct key
     monkeypatch.setattr(AggListener, "DISTINCT_MIN", distinct_min)
+    oracle.share_cycles(monkeypatch, 2)
     two = [agg.count("N"), agg.sum("Price", "S"), agg.std("Qty", "SD"), agg.max("Price", "Hi"),
            agg.first("Key", "F"), agg.count_distinct("Sym", "CD")]
     chain = [agg.sum("Qty", "S"), agg.mean("Price", "M"), agg.max("Price", "Hi"), agg.last("Key", "L"),
@@ -262,6 +263,7 @@ def test_oracle_numeric_keys_verified_in_numpy(monkeypatch, collide, distinct_mi
     # and every lookup walks chains through that verification (and a batch whose keys
     # share hashes is not deduplicated by hash)
     monkeypatch.setattr(AggListener, "DISTINCT_MIN", distinct_min)
+    oracle.share_cycles(monkeypatch, 2)
     if collide:
         real = aggregate_mod.hash_columns
         monkeypatch.setattr(aggregate_mod, "hash_columns",

@@ -453,6 +453,7 @@ def test_oracle_infinities_nan_zero_two_keys_and_shifts_while_merging(monkeypatc
     # the sorted multiset merges every few changes: base, tombstones, delta and the rank
     # tree's rebuilds all in play
     monkeypatch.setattr(_Sorted, "MERGE_MIN", merge_min)
+    oracle.share_cycles(monkeypatch, 2)
     cases = {
         "specials": _Reference(lambda t: agg_by(t.update(R=R), ON_R, "Sym"), ["Sym"], ON_R, with_r=True),
         "zero keys": _Reference(lambda t: agg_by(t.update(R=R), ON_R), [], ON_R, with_r=True),

@@ -319,6 +319,7 @@ def test_oracle_sorted_first_last_keyed_append_ring():
 @pytest.mark.parametrize("merge_min", [3, 64])
 def test_oracle_sorted_first_last_over_a_shifting_parent_while_merging(monkeypatch, merge_min):
     monkeypatch.setattr(_Sorted, "MERGE_MIN", merge_min)
+    oracle.share_cycles(monkeypatch, 2)
     cases = {
         "shifts": _SortedRef(lambda t: agg_by(_jitter(_derived(t)), SORTED, "Sym"), ["Sym"], SORTED),
         "shifts, zero keys": _SortedRef(lambda t: agg_by(_jitter(_derived(t)), SORTED[:4]), [], SORTED[:4]),

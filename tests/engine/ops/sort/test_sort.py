@@ -23,7 +23,7 @@ from engine.ops.sort._slots import LiveBits, Redirection
 from engine.rowset import RowSet, RowSetShiftData
 from engine.table import Table
 from engine.update import TableUpdate
-from tests.oracle import run_oracle
+from tests.oracle import run_oracle, share_cycles
 from tests.replay import ReplayChecker
 from tests.shifting import run_shifting_oracle
 
@@ -428,6 +428,7 @@ def placement(request, monkeypatch):
     few = 0 if request.param == "vectorized" else 1 << 30
     monkeypatch.setattr(sort_index, "FEW_MAX", few)
     monkeypatch.setattr(sort_slots, "FEW", few)
+    share_cycles(monkeypatch, 2)
     placed: list[bool] = []
     inner = SortIndex._place_few
 
