@@ -133,15 +133,26 @@ def _values(table: pa.Table, col: str, what: str) -> npt.NDArray[np.generic]:
 
 def _distinct_rows(table: pa.Table) -> pa.Table:
     """``table`` without repeated rows (first occurrences, in order)."""
-    if table.num_rows <= 1:
-        return table
     names = table.column_names
-    exact = exact_hash(table.schema, names)
-    order, starts = group_equal(hash_rows(table, names),
-                                None if exact else (lambda i, j: same_rows(table, i, j)))
+    return _distinct_keys([(table, hash_rows(table, names))], names)[0]
+
+
+def _distinct_keys(parts: list[tuple[pa.Table, U64]], by: Sequence[str]) -> tuple[pa.Table, U64]:
+    """The group keys of ``parts`` (tables of the ``by`` columns, each with its rows' key
+    hashes) without repeats (first occurrences, in order), with their key hashes: each key
+    is hashed once, by whoever built it (the arrangement indexed the delta already)."""
+    if len(parts) == 1:
+        table, h = parts[0]
+    else:
+        table, h = pa.concat_tables([p for p, _ in parts]), np.concatenate([k for _, k in parts])
+    if table.num_rows <= 1:
+        return table, h
+    same = None if exact_hash(table.schema, by) else (lambda i, j: same_rows(table, i, j))
+    order, starts = group_equal(h, same)
     if starts.size == table.num_rows:
-        return table
-    return table.take(np.sort(np.minimum.reduceat(order, starts)))
+        return table, h
+    first = np.sort(np.minimum.reduceat(order, starts))
+    return table.take(first), h.take(first)
 
 
 @dataclass
@@ -238,18 +249,37 @@ def _corners(t: Time) -> list[tuple[Time, int]]:
 
 def _distinct_change(ent: _Entries, t: Time) -> ZSet | None:
     """``distinct``'s change at ``t`` (Moebius over the corners) with one gather: per record,
-    the signed sum over the corners of "present there", then the records whose sum is not 0."""
+    the signed sum over the corners of "present there", then the records whose sum is not 0.
+    Every corner at once: an entry's inclusion per corner is one ``(n, corners)`` mask."""
     if ent.probe.size == 0:
         return None
-    net = np.zeros(ent.gstart.size, dtype=np.int64)
-    for c, sign in _corners(t):  # 2 or 4 corners
-        inc = (ent.times <= np.asarray(c, dtype=np.int64)).all(axis=1)
-        rw = np.add.reduceat(np.where(inc, ent.diffs, 0), ent.gstart)  # weight per record
-        net += sign * (rw > 0)
+    corners, signs = _corner_arrays(t)  # corners by coordinate: (d, k)
+    inc = ent.times[:, 0, None] <= corners[0]                        # (entries, corners)
+    for j in range(1, corners.shape[0]):  # a loop per coordinate (numpy's all(axis) is slow here)
+        inc &= ent.times[:, j, None] <= corners[j]
+    rw = np.add.reduceat(inc * ent.diffs[:, None], ent.gstart, axis=0)  # weight per record, corner
+    net = (rw > 0) @ signs
     pos = np.flatnonzero(net)
     if pos.size == 0:
         return None
     return ZSet(ent.lookup.records(ent.order[ent.gstart[pos]]), net[pos])
+
+
+_CORNERS: dict[Time, tuple[I64, I64]] = {}
+
+
+def _corner_arrays(t: Time) -> tuple[I64, I64]:
+    """:func:`_corners` of ``t`` as arrays, ``(corners (d, k), signs (k,))``: coordinate
+    ``j`` of corner ``c`` is ``corners[j, c]``; memoized (a loop asks for the same few times
+    over and over)."""
+    found = _CORNERS.get(t)
+    if found is None:
+        if len(_CORNERS) >= 64:
+            _CORNERS.clear()
+        cs = _corners(t)
+        found = _CORNERS[t] = (np.array([c for c, _ in cs], dtype=np.int64).T.copy(),
+                               np.array([s for _, s in cs], dtype=np.int64))
+    return found
 
 
 def _change(keys: pa.Table, ent: _Entries, t: Time, spec: _Spec) -> ZSet | None:
@@ -277,7 +307,7 @@ class _ReduceNode(Node):
         self.arranged = source
         self.spec = spec
         self._reader = source.reader()
-        self._scheduled: dict[Time, list[pa.Table]] = {}
+        self._scheduled: dict[Time, list[tuple[pa.Table, U64]]] = {}  # groups, their key hashes
 
     def has_work(self, t: Time) -> bool:
         return t in self._pending or t in self._scheduled
@@ -289,16 +319,18 @@ class _ReduceNode(Node):
         by = list(self.spec.by)
         parts = self._scheduled.pop(t, [])
         if batches[0] is not None:
-            parts.append(batches[0].data.select(by))
-        keys = _distinct_rows(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
-        found = self.arranged.trace.lookup(keys)
+            delta, kh = self.arranged.delta(t, batches[0])  # as the arrangement indexed it
+            data = delta.data.select(by)
+            parts.append((data, hash_rows(data, by) if kh is None else kh))
+        keys, kh = _distinct_keys(parts, by)
+        found = self.arranged.trace.lookup(keys, key_hash=kh)
         ent = _entries(found, self.spec)
         if self.scope.nested:
-            self._schedule(keys, ent, t)
+            self._schedule(keys, kh, ent, t)
         out = _change(keys, ent, t, self.spec)
         return None if out is None else out.with_time(t)
 
-    def _schedule(self, keys: pa.Table, ent: _Entries, t: Time) -> None:
+    def _schedule(self, keys: pa.Table, kh: U64, ent: _Entries, t: Time) -> None:
         """Groups with history at a later iteration of an earlier epoch must be evaluated
         again at that iteration of this epoch."""
         later = (ent.times[:, 0] < t[0]) & (ent.times[:, -1] > t[-1])
@@ -310,7 +342,8 @@ class _ReduceNode(Node):
         bounds = np.flatnonzero(np.concatenate(([True], its[1:] != its[:-1], [True])))
         for a, b in zip(bounds[:-1], bounds[1:], strict=True):  # a loop per later iteration
             tt = t[:-1] + (int(its[a]),)
-            self._scheduled.setdefault(tt, []).append(keys.take(probes[a:b]))
+            sel = probes[a:b]
+            self._scheduled.setdefault(tt, []).append((keys.take(sel), kh.take(sel)))
             self.scope.times.add(tt)
 
 
