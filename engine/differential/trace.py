@@ -420,7 +420,7 @@ class Trace:
             raise SchemaError(f"lookup keys lack column(s) {missing} (trace keys: {list(self.keys)})")
         ph = hash_rows(keys, self.keys) if key_hash is None else key_hash
         spine = tuple(self._spine) if batches is None else tuple(batches)
-        probe, rows, counts = locate_in_spine(spine, ph, int_key_values(keys, self.keys))
+        probe, rows, counts = locate_in_spine(spine, ph, lambda: int_key_values(keys, self.keys))
         hits = [i for i, c in enumerate(counts) if c]
         if not hits:
             e = np.empty(0, np.int64)
