@@ -55,7 +55,7 @@ from engine.differential.dataflow import Collection, Node, Scope, Time
 from engine.differential.join import ArrangeNode, arrange
 from engine.differential.trace import Lookup, Trace
 from engine.differential.version import Version, VersionLike, as_version
-from engine.differential.zset import ZSet, concat
+from engine.differential.zset import ZSet, concat, take_rows
 from engine.errors import InputError, SchemaError
 
 __all__ = ["Agg", "distinct_trace"]
@@ -265,21 +265,22 @@ def _distinct_change(ent: _Entries, t: Time) -> ZSet | None:
     return ZSet(ent.lookup.records(ent.order[ent.gstart[pos]]), net[pos])
 
 
-_CORNERS: dict[Time, tuple[I64, I64]] = {}
+_OFFSETS: dict[int, tuple[I64, I64]] = {}
 
 
 def _corner_arrays(t: Time) -> tuple[I64, I64]:
-    """:func:`_corners` of ``t`` as arrays, ``(corners (d, k), signs (k,))``: coordinate
-    ``j`` of corner ``c`` is ``corners[j, c]``; memoized (a loop asks for the same few times
-    over and over)."""
-    found = _CORNERS.get(t)
+    """Every corner ``t - 1_S`` and its sign ``(-1)^|S|`` as arrays, ``(corners (d, k),
+    signs (k,))``: coordinate ``j`` of corner ``c`` is ``corners[j, c]``. Corners off the
+    grid (a coordinate of -1) are kept: no update is at or before them, so they add 0. The
+    offsets and signs are built once per dimension."""
+    d = len(t)
+    found = _OFFSETS.get(d)
     if found is None:
-        if len(_CORNERS) >= 64:
-            _CORNERS.clear()
-        cs = _corners(t)
-        found = _CORNERS[t] = (np.array([c for c, _ in cs], dtype=np.int64).T.copy(),
+        cs = _corners((1,) * d)  # every corner of the unit time is on the grid
+        found = _OFFSETS[d] = (np.array([[1 - x for x in c] for c, _ in cs], dtype=np.int64).T.copy(),
                                np.array([s for _, s in cs], dtype=np.int64))
-    return found
+    offsets, signs = found
+    return np.array(t, dtype=np.int64)[:, None] - offsets, signs
 
 
 def _change(keys: pa.Table, ent: _Entries, t: Time, spec: _Spec) -> ZSet | None:
@@ -300,6 +301,7 @@ def _change(keys: pa.Table, ent: _Entries, t: Time, spec: _Spec) -> ZSet | None:
 class _ReduceNode(Node):
     """The general reduce over an arranged input: any scope, any aggregate."""
 
+    emits_at_input_time = True  # a change at t, for the groups evaluated at t
     emits_consolidated = True  # one change per group (distinct: per record) at t
 
     def __init__(self, scope: Scope, source: ArrangeNode, spec: _Spec) -> None:
@@ -339,11 +341,11 @@ class _ReduceNode(Node):
         m = np.int64(keys.num_rows)
         code = np.unique(ent.times[later, -1] * m + ent.probe[later])
         its, probes = code // m, code % m
-        bounds = np.flatnonzero(np.concatenate(([True], its[1:] != its[:-1], [True])))
+        bounds = np.flatnonzero(np.concatenate(([True], its[1:] != its[:-1], [True]))).tolist()
+        groups, hashes = take_rows(keys, probes), kh.take(probes)  # by iteration: one gather, then slices
         for a, b in zip(bounds[:-1], bounds[1:], strict=True):  # a loop per later iteration
             tt = t[:-1] + (int(its[a]),)
-            sel = probes[a:b]
-            self._scheduled.setdefault(tt, []).append((keys.take(sel), kh.take(sel)))
+            self._scheduled.setdefault(tt, []).append((groups.slice(a, b - a), hashes[a:b]))
             self.scope.times.add(tt)
 
 
