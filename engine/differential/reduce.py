@@ -247,10 +247,12 @@ def _corners(t: Time) -> list[tuple[Time, int]]:
     return out
 
 
-def _distinct_change(ent: _Entries, t: Time) -> ZSet | None:
+def _distinct_change(keys: pa.Table, ent: _Entries, t: Time) -> ZSet | None:
     """``distinct``'s change at ``t`` (Moebius over the corners) with one gather: per record,
     the signed sum over the corners of "present there", then the records whose sum is not 0.
-    Every corner at once: an entry's inclusion per corner is one ``(n, corners)`` mask."""
+    Every corner at once: an entry's inclusion per corner is one ``(n, corners)`` mask. A
+    group is a whole record, so the records are gathered from ``keys`` (the probes), not
+    from the trace's batches."""
     if ent.probe.size == 0:
         return None
     corners, signs = _corner_arrays(t)  # corners by coordinate: (d, k)
@@ -262,7 +264,7 @@ def _distinct_change(ent: _Entries, t: Time) -> ZSet | None:
     pos = np.flatnonzero(net)
     if pos.size == 0:
         return None
-    return ZSet(ent.lookup.records(ent.order[ent.gstart[pos]]), net[pos])
+    return ZSet(take_rows(keys, ent.probe[ent.gstart[pos]]), net[pos])
 
 
 _OFFSETS: dict[int, tuple[I64, I64]] = {}
@@ -286,7 +288,7 @@ def _corner_arrays(t: Time) -> tuple[I64, I64]:
 def _change(keys: pa.Table, ent: _Entries, t: Time, spec: _Spec) -> ZSet | None:
     """The output's change at ``t`` for the groups ``keys`` (Moebius over the corners)."""
     if spec.distinct:  # a group is one record: no table per corner, one gather
-        return _distinct_change(ent, t)
+        return _distinct_change(keys, ent, t)
     parts = []
     for c, sign in _corners(t):
         rows = _evaluate(keys, ent, c, spec)
