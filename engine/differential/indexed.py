@@ -29,13 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._kernels.arrays import expand_with_owner
+from engine._kernels.arrays import expand_with_owner, numeric_view
 from engine._kernels.hashing import combine, exact_hash, hash_rows
 from engine.differential.zset import ZSet, take_rows
 from engine.errors import SchemaError
@@ -73,9 +73,19 @@ class IndexedZSet:
     order_key: U64
     _directory: dict[int, tuple[int, I64]] | None = field(default=None, repr=False)
     _dense: tuple[int, I64, I64 | None] | bool | None = field(default=None, repr=False)
+    _views: dict[str, npt.NDArray[Any] | None] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return self.batch.num_rows
+
+    def numeric_column(self, name: str) -> npt.NDArray[Any] | None:
+        """:func:`~engine._kernels.arrays.numeric_view` of the column ``name`` (kept: every
+        lookup that gathers records from this batch asks again)."""
+        try:
+            return self._views[name]
+        except KeyError:
+            v = self._views[name] = numeric_view(self.batch.data.column(name))
+            return v
 
     def _dense_index(self) -> tuple[int, I64, I64 | None] | None:
         """``(low, first, count)`` when the key is one null-free integer column over a

@@ -210,8 +210,9 @@ class Lookup:
                 return self._schema.empty_table() if columns is None else \
                     self._schema.empty_table().select(list(columns))
             if len(self._batches) == 1:
-                return take_rows(data(0), self._rows)
-            return take_rows_from([data(b) for b in range(len(self._batches))], self._bounds, self._rows)
+                return take_rows(data(0), self._rows, views=self._views)
+            return take_rows_from([data(b) for b in range(len(self._batches))], self._bounds, self._rows,
+                                  views=self._views)
         idx = np.asarray(sel, dtype=np.int64)
         if idx.size == 0:
             return self._schema.empty_table() if columns is None else \
@@ -229,6 +230,9 @@ class Lookup:
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
         return gathered.take(inverse)
+
+    def _views(self, b: int, name: str) -> npt.NDArray[Any] | None:
+        return self._batches[b].numeric_column(name)
 
     @property
     def times(self) -> I64:
