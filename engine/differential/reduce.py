@@ -169,17 +169,11 @@ class _Entries:
 
 
 def _entries(found: Lookup, spec: _Spec) -> _Entries:
-    if spec.distinct:  # the group is the whole record: a probe's entries are one record
-        order = np.argsort(found.probe, kind="stable")
-        probe = found.probe[order]
-        new = np.ones(probe.size, dtype=bool)
-        np.not_equal(probe[1:], probe[:-1], out=new[1:])
-    else:
-        order = np.lexsort((found.rec_hash, found.probe))
-        probe = found.probe[order]
-        rh = found.rec_hash[order]
-        new = np.ones(probe.size, dtype=bool)
-        new[1:] = (probe[1:] != probe[:-1]) | (rh[1:] != rh[:-1])
+    order = np.lexsort((found.rec_hash, found.probe))
+    probe = found.probe[order]
+    rh = found.rec_hash[order]
+    new = np.ones(probe.size, dtype=bool)
+    new[1:] = (probe[1:] != probe[:-1]) | (rh[1:] != rh[:-1])
     n = probe.size
     values: dict[str, npt.NDArray[np.generic]] = {}
     cols = {c for _, fn, c in spec.aggs if c is not None}
@@ -199,11 +193,6 @@ def _evaluate(keys: pa.Table, ent: _Entries, corner: Time, spec: _Spec) -> pa.Ta
     w = np.where(inc, ent.diffs, 0)
     rw = np.add.reduceat(w, ent.gstart)               # weight per (group, record)
     gprobe = ent.probe[ent.gstart]
-    if spec.distinct:
-        pos = np.flatnonzero(rw > 0)
-        if pos.size == 0:
-            return None
-        return ent.lookup.records(ent.order[ent.gstart[pos]])
     kstart = np.flatnonzero(np.concatenate(([True], gprobe[1:] != gprobe[:-1])))
     kprobe = gprobe[kstart]
     cols: list[pa.Array] = []
@@ -247,24 +236,27 @@ def _corners(t: Time) -> list[tuple[Time, int]]:
     return out
 
 
-def _distinct_change(keys: pa.Table, ent: _Entries, t: Time) -> ZSet | None:
-    """``distinct``'s change at ``t`` (Moebius over the corners) with one gather: per record,
-    the signed sum over the corners of "present there", then the records whose sum is not 0.
-    Every corner at once: an entry's inclusion per corner is one ``(n, corners)`` mask. A
-    group is a whole record, so the records are gathered from ``keys`` (the probes), not
-    from the trace's batches."""
-    if ent.probe.size == 0:
+def _distinct_change(keys: pa.Table, probe: I64, diffs: I64, times: I64, t: Time) -> ZSet | None:
+    """``distinct``'s change at ``t`` (Moebius over the corners) for the records ``keys``,
+    given their trace entries (``probe``: the key of each): per record, the signed sum over
+    the corners of "present there", then the records whose sum is not 0. Every corner at
+    once (an entry's inclusion per corner is one ``(n, corners)`` mask), summed per record
+    and corner without sorting the entries; a group is a whole record, so the records are
+    gathered from ``keys``, not from the trace's batches."""
+    if probe.size == 0:
         return None
     corners, signs = _corner_arrays(t)  # corners by coordinate: (d, k)
-    inc = ent.times[:, 0, None] <= corners[0]                        # (entries, corners)
+    inc = times[:, 0, None] <= corners[0]                            # (entries, corners)
     for j in range(1, corners.shape[0]):  # a loop per coordinate (numpy's all(axis) is slow here)
-        inc &= ent.times[:, j, None] <= corners[j]
-    rw = np.add.reduceat(inc * ent.diffs[:, None], ent.gstart, axis=0)  # weight per record, corner
-    net = (rw > 0) @ signs
+        inc &= times[:, j, None] <= corners[j]
+    k = signs.size
+    rw = np.zeros(keys.num_rows * k, dtype=np.int64)  # weight per record and corner
+    np.add.at(rw, (probe[:, None] * k + np.arange(k)).ravel(), (inc * diffs[:, None]).ravel())
+    net = (rw.reshape(-1, k) > 0) @ signs
     pos = np.flatnonzero(net)
     if pos.size == 0:
         return None
-    return ZSet(take_rows(keys, ent.probe[ent.gstart[pos]]), net[pos])
+    return ZSet(take_rows(keys, pos), net[pos])
 
 
 _OFFSETS: dict[int, tuple[I64, I64]] = {}
@@ -286,9 +278,8 @@ def _corner_arrays(t: Time) -> tuple[I64, I64]:
 
 
 def _change(keys: pa.Table, ent: _Entries, t: Time, spec: _Spec) -> ZSet | None:
-    """The output's change at ``t`` for the groups ``keys`` (Moebius over the corners)."""
-    if spec.distinct:  # a group is one record: no table per corner, one gather
-        return _distinct_change(keys, ent, t)
+    """The output's change at ``t`` for the groups ``keys`` (Moebius over the corners;
+    ``distinct`` has its own, :func:`_distinct_change`)."""
     parts = []
     for c, sign in _corners(t):
         rows = _evaluate(keys, ent, c, spec)
@@ -328,20 +319,27 @@ class _ReduceNode(Node):
             parts.append((data, hash_rows(data, by) if kh is None else kh))
         keys, kh = _distinct_keys(parts, by)
         found = self.arranged.trace.lookup(keys, key_hash=kh)
-        ent = _entries(found, self.spec)
-        if self.scope.nested:
-            self._schedule(keys, kh, ent, t)
-        out = _change(keys, ent, t, self.spec)
+        if self.spec.distinct:  # a group is one record: no sort of the entries, no table per corner
+            probe, times = found.probe, found.times
+            if self.scope.nested:
+                self._schedule(keys, kh, probe, times, t)
+            out = _distinct_change(keys, probe, found.diffs, times, t)
+        else:
+            ent = _entries(found, self.spec)
+            if self.scope.nested:
+                self._schedule(keys, kh, ent.probe, ent.times, t)
+            out = _change(keys, ent, t, self.spec)
         return None if out is None else out.with_time(t)
 
-    def _schedule(self, keys: pa.Table, kh: U64, ent: _Entries, t: Time) -> None:
+    def _schedule(self, keys: pa.Table, kh: U64, probe: I64, times: I64, t: Time) -> None:
         """Groups with history at a later iteration of an earlier epoch must be evaluated
-        again at that iteration of this epoch."""
-        later = (ent.times[:, 0] < t[0]) & (ent.times[:, -1] > t[-1])
+        again at that iteration of this epoch (``probe``, ``times``: the group and version
+        of each of their trace entries)."""
+        later = (times[:, 0] < t[0]) & (times[:, -1] > t[-1])
         if not later.any():
             return
         m = np.int64(keys.num_rows)
-        code = np.unique(ent.times[later, -1] * m + ent.probe[later])
+        code = np.unique(times[later, -1] * m + probe[later])
         its, probes = code // m, code % m
         bounds = np.flatnonzero(np.concatenate(([True], its[1:] != its[:-1], [True]))).tolist()
         groups, hashes = take_rows(keys, probes), kh.take(probes)  # by iteration: one gather, then slices
@@ -622,9 +620,9 @@ def distinct_trace(batch: ZSet, trace: Trace, time: VersionLike | None = None) -
     tmp = Trace(trace.schema, names, dims=len(at))
     tmp.insert(trace.to_zset())
     tmp.insert(b)
-    spec = _Spec(names, (), True, trace.schema)
     # the batch's records, and the trace's: one of those can change at ``time`` without new
     # input there (seed 002's couch), and the corners give 0 for the others
     keys = _distinct_rows(pa.concat_tables([b.data, tmp.to_zset().data]))
-    out = _change(keys, _entries(tmp.lookup(keys), spec), at.coords, spec)
+    found = tmp.lookup(keys)
+    out = _distinct_change(keys, found.probe, found.diffs, found.times, at.coords)
     return ZSet.empty(trace.schema) if out is None else out
