@@ -203,9 +203,9 @@ class IndexedZSet:
             # still a bijection of the value (so exact, see exact_records)
             raw = int_key_values(batch.data, values)
             rh = combine(kh, raw.view(np.uint64) if raw is not None else hash_rows(batch.data, values))
-        else:
-            rh = kh
-        ok = (kh & _HI) | (rh & _LO)
+            ok = (kh & _HI) | (rh & _LO)
+        else:  # the record is its key: the order key is the key hash
+            rh = ok = kh
         order = argsort_u64(ok)
         if order.size < 2048 and np.all(order[1:] > order[:-1]):
             return cls(keys, batch, kh, rh, ok)
@@ -213,7 +213,8 @@ class IndexedZSet:
             z = ZSet(take_rows(batch.data, order), batch.diffs.take(order), batch.times)
         else:
             z = batch.take(order)
-        return cls(keys, z, kh.take(order), rh.take(order), ok.take(order))
+        kh = kh.take(order)
+        return cls(keys, z, kh, rh.take(order) if values else kh, ok.take(order) if values else kh)
 
     def locate(self, probe_hash: U64) -> tuple[I64, I64]:
         """Rows whose key hash equals a probe's: ``(probe index, row)`` pairs, ordered by
