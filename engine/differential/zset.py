@@ -404,12 +404,13 @@ def split_by_time(batch: ZSet) -> list[tuple[tuple[int, ...], ZSet]]:
     elif (times == first).all():
         return [(tuple(first.tolist()), batch)]
     if times.shape[1] == 2 and (times[:, 0] == first[0]).all():  # one outer version
-        last, inverse = np.unique(times[:, 1], return_inverse=True)
-        uniq = np.column_stack((np.full(last.size, first[0]), last))
+        key = times[:, 1]
     else:
-        uniq, inverse = np.unique(times, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    order = np.argsort(inverse, kind="stable")
-    bounds = np.searchsorted(inverse[order], np.arange(uniq.shape[0] + 1))
-    return [(tuple(int(c) for c in uniq[g]), batch.take(order[bounds[g]:bounds[g + 1]]))
-            for g in range(uniq.shape[0])]
+        key = np.unique(times, axis=0, return_inverse=True)[1].reshape(-1)  # lexicographic rank
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    bounds = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1], [True]))).tolist()
+    s = batch.take(order)  # one gather, then a zero-copy slice per time
+    assert s.times is not None
+    return [(tuple(s.times[lo].tolist()), ZSet(s.data.slice(lo, hi - lo), s.diffs[lo:hi], s.times[lo:hi]))
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
