@@ -143,8 +143,9 @@ def _distinct_keys(parts: list[tuple[pa.Table, U64]], by: Sequence[str]) -> tupl
     is hashed once, by whoever built it (the arrangement indexed the delta already)."""
     if len(parts) == 1:
         table, h = parts[0]
-    else:
-        table, h = pa.concat_tables([p for p, _ in parts]), np.concatenate([k for _, k in parts])
+    else:  # one chunk per column: later gathers from it go through numpy (take_rows)
+        table = pa.concat_tables([p for p, _ in parts]).combine_chunks()
+        h = np.concatenate([k for _, k in parts])
     if table.num_rows <= 1:
         return table, h
     same = None if exact_hash(table.schema, by) else (lambda i, j: same_rows(table, i, j))
@@ -152,7 +153,7 @@ def _distinct_keys(parts: list[tuple[pa.Table, U64]], by: Sequence[str]) -> tupl
     if starts.size == table.num_rows:
         return table, h
     first = np.sort(np.minimum.reduceat(order, starts))
-    return table.take(first), h.take(first)
+    return take_rows(table, first), h.take(first)
 
 
 @dataclass
