@@ -258,6 +258,7 @@ class _LinearNode(Node):
         probe = op(ZSet.empty(source.schema, scope.dims))
         super().__init__(scope, [source], probe.schema)
         self.op = op
+        self.emits_at_input_time = op.keeps_times
 
     def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
         b = batches[0]
@@ -265,6 +266,8 @@ class _LinearNode(Node):
 
 
 class _ConcatNode(Node):
+    emits_at_input_time = True
+
     def __init__(self, scope: Scope, inputs: Sequence[Node]) -> None:
         schema = inputs[0].schema
         for i in inputs[1:]:
@@ -279,6 +282,8 @@ class _ConcatNode(Node):
 
 
 class _ConsolidateNode(Node):
+    emits_at_input_time = True
+
     def __init__(self, scope: Scope, source: Node) -> None:
         super().__init__(scope, [source], source.schema)
 
@@ -288,6 +293,8 @@ class _ConsolidateNode(Node):
 
 
 class _InspectNode(Node):
+    emits_at_input_time = True
+
     def __init__(self, scope: Scope, source: Node, fn: Callable[[Version, ZSet], None]) -> None:
         super().__init__(scope, [source], source.schema)
         self.fn = fn

@@ -27,14 +27,15 @@ compacting, shared spine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._kernels.arrays import expand_with_owner
+from engine._kernels.arrays import expand_with_owner, numeric_view
 from engine._kernels.hashing import combine, exact_hash, hash_rows
 from engine.differential.zset import ZSet, take_rows
 from engine.errors import SchemaError
@@ -72,9 +73,19 @@ class IndexedZSet:
     order_key: U64
     _directory: dict[int, tuple[int, I64]] | None = field(default=None, repr=False)
     _dense: tuple[int, I64, I64 | None] | bool | None = field(default=None, repr=False)
+    _views: dict[str, npt.NDArray[Any] | None] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return self.batch.num_rows
+
+    def numeric_column(self, name: str) -> npt.NDArray[Any] | None:
+        """:func:`~engine._kernels.arrays.numeric_view` of the column ``name`` (kept: every
+        lookup that gathers records from this batch asks again)."""
+        try:
+            return self._views[name]
+        except KeyError:
+            v = self._views[name] = numeric_view(self.batch.data.column(name))
+            return v
 
     def _dense_index(self) -> tuple[int, I64, I64 | None] | None:
         """``(low, first, count)`` when the key is one null-free integer column over a
@@ -192,9 +203,9 @@ class IndexedZSet:
             # still a bijection of the value (so exact, see exact_records)
             raw = int_key_values(batch.data, values)
             rh = combine(kh, raw.view(np.uint64) if raw is not None else hash_rows(batch.data, values))
-        else:
-            rh = kh
-        ok = (kh & _HI) | (rh & _LO)
+            ok = (kh & _HI) | (rh & _LO)
+        else:  # the record is its key: the order key is the key hash
+            rh = ok = kh
         order = argsort_u64(ok)
         if order.size < 2048 and np.all(order[1:] > order[:-1]):
             return cls(keys, batch, kh, rh, ok)
@@ -202,7 +213,8 @@ class IndexedZSet:
             z = ZSet(take_rows(batch.data, order), batch.diffs.take(order), batch.times)
         else:
             z = batch.take(order)
-        return cls(keys, z, kh.take(order), rh.take(order), ok.take(order))
+        kh = kh.take(order)
+        return cls(keys, z, kh, rh.take(order) if values else kh, ok.take(order) if values else kh)
 
     def locate(self, probe_hash: U64) -> tuple[I64, I64]:
         """Rows whose key hash equals a probe's: ``(probe index, row)`` pairs, ordered by
@@ -274,12 +286,19 @@ def argsort_u64(a: U64) -> I64:
 
 
 _S16 = np.uint64(16)
+_STEP = np.uint64(1 << _LO_BITS)  # from one key hash's order keys to the next's
+
+KeyValues: TypeAlias = "Callable[[], I64 | None] | None"
+"""The probes' key values for direct-address lookups (:func:`int_key_values`), asked for
+only when some batch can use them."""
 
 
-def locate_in_spine(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = None) -> tuple[I64, I64, list[int]]:
+def locate_in_spine(spine: Sequence[IndexedZSet], ph: U64, key_values: KeyValues = None
+                    ) -> tuple[I64, I64, list[int]]:
     """:meth:`IndexedZSet.locate` in every batch of a spine: ``(probe, row, per-batch
     counts)``, grouped by batch in spine order, for probes with key hashes ``ph`` (and,
-    with one integer key column, their key values ``values``, see :func:`int_key_values`).
+    with one integer key column, a function giving their key values, see
+    :func:`int_key_values`, called only when some batch can use them).
     The pairs match on the full key hash; a caller whose key hash is not exact compares the
     key values too.
 
@@ -291,7 +310,7 @@ def locate_in_spine(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = 
     their bucket directory."""
     n = ph.size
     if n <= _FEW and len(spine) > 1:
-        return _search_all(spine, ph, values)
+        return _search_all(spine, ph, key_values)
     small = [i for i, b in enumerate(spine) if len(b) * 8 < n]
     found: list[tuple[I64, I64] | None] = [None] * len(spine)
     if n >= 1024 and small:
@@ -307,6 +326,7 @@ def locate_in_spine(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = 
         for i, c in zip(small, counts, strict=True):
             found[i] = (sp[at:at + c], sr[at:at + c])
             at += c
+    values = key_values() if key_values is not None and None in found else None
     for i, b in enumerate(spine):  # a loop per trace batch
         if found[i] is None and values is not None:
             found[i] = b.locate_values(values)
@@ -320,30 +340,46 @@ def locate_in_spine(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None = 
             [p.size for p, _ in parts])
 
 
-def _search_all(spine: Sequence[IndexedZSet], ph: U64, values: I64 | None) -> tuple[I64, I64, list[int]]:
+def _search_all(spine: Sequence[IndexedZSet], ph: U64, values: KeyValues) -> tuple[I64, I64, list[int]]:
     """:meth:`IndexedZSet.locate` in every batch by binary search, all the ranges expanded
     and confirmed at once (for a few probes, or the probes that passed the small batches'
     filter): ``(probe, row, per-batch counts)``, grouped by batch in spine order. Big
     batches go by key value when they have a direct-address index (a binary search of a
-    big cold array is a cache miss per level)."""
+    big cold array is a cache miss per level).
+
+    The probes' bounds are computed once: a key's rows are the order keys from ``ph & _HI``
+    up to (not including) ``(ph & _HI) + 2**24``, so one ``searchsorted`` of both bounds per
+    batch finds them (the bound past the largest key, which would wrap, goes through
+    :meth:`IndexedZSet.ranges` instead); batches where no probe has a row skip the
+    confirmation."""
     n = ph.size
-    los, his = [], []
+    qlo = ph & _HI
+    if n and int(qlo.max()) == int(_HI):  # the upper bound of the top key would wrap
+        bounds2 = None
+    else:
+        bounds2 = np.concatenate((qlo, qlo + _STEP))
+    ranges = []
     inexact = []  # batches searched by hash bits: their entries need the full-hash check
+    vals: I64 | None = None
     for i, b in enumerate(spine):  # a loop per trace batch
-        dense = b.value_ranges(values) if values is not None and len(b) >= _DENSE_FEW else None
+        if vals is None and values is not None and len(b) >= _DENSE_FEW:
+            vals = values()
+            if vals is None:
+                values = None
+        dense = b.value_ranges(vals) if vals is not None and len(b) >= _DENSE_FEW else None
         if dense is not None:
-            los.append(dense[0])
-            his.append(dense[0] + dense[1])
+            ranges.append(np.concatenate((dense[0], dense[0] + dense[1])))
         else:
-            lo, hi = b.ranges(ph)
-            los.append(lo)
-            his.append(hi)
+            ranges.append(b.order_key.searchsorted(bounds2) if bounds2 is not None
+                          else np.concatenate(b.ranges(ph)))
             inexact.append(i)
-    lo = np.concatenate(los)
-    rows, probe = expand_with_owner(lo, np.concatenate(his) - lo)
+    both = np.concatenate(ranges).reshape(len(spine), 2, n)  # (batch, lo/hi, probe)
+    lo = both[:, 0].ravel()
+    rows, probe = expand_with_owner(lo, both[:, 1].ravel() - lo)
     bounds = probe.searchsorted(np.arange(len(spine) + 1) * n).tolist()
     if n:
         probe %= n
+    inexact = [i for i in inexact if bounds[i + 1] > bounds[i]]
     if inexact:  # one comparison of full key hashes for those batches' entries
         want = ph.take(probe)
         kh = want.copy()

@@ -33,6 +33,7 @@ class _SourceNode(Node):
     """A node fed from outside its scope (the loop variable, an entered collection)."""
 
     n_inputs = 1
+    emits_at_input_time = True  # fed at one time per push
 
     def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
         return batches[0]

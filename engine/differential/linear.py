@@ -157,6 +157,12 @@ class LinearOperator:
     def _then(self, stage: _Stage) -> LinearOperator:
         return LinearOperator(self.stages + (stage,))
 
+    @property
+    def keeps_times(self) -> bool:
+        """Whether every output row is at its input row's time (no ``join_function`` or
+        ``temporal_filter`` stage)."""
+        return not any(isinstance(s, _Temporal) or (isinstance(s, _Expand) and s.times) for s in self.stages)
+
     def followed_by(self, other: LinearOperator) -> LinearOperator:
         """This chain, then ``other``'s, as one operator (seed 001's ``followed_by``)."""
         return LinearOperator(self.stages + other.stages)

@@ -55,7 +55,7 @@ from engine.differential.dataflow import Collection, Node, Scope, Time
 from engine.differential.join import ArrangeNode, arrange
 from engine.differential.trace import Lookup, Trace
 from engine.differential.version import Version, VersionLike, as_version
-from engine.differential.zset import ZSet, concat
+from engine.differential.zset import ZSet, concat, take_rows
 from engine.errors import InputError, SchemaError
 
 __all__ = ["Agg", "distinct_trace"]
@@ -133,15 +133,27 @@ def _values(table: pa.Table, col: str, what: str) -> npt.NDArray[np.generic]:
 
 def _distinct_rows(table: pa.Table) -> pa.Table:
     """``table`` without repeated rows (first occurrences, in order)."""
-    if table.num_rows <= 1:
-        return table
     names = table.column_names
-    exact = exact_hash(table.schema, names)
-    order, starts = group_equal(hash_rows(table, names),
-                                None if exact else (lambda i, j: same_rows(table, i, j)))
+    return _distinct_keys([(table, hash_rows(table, names))], names)[0]
+
+
+def _distinct_keys(parts: list[tuple[pa.Table, U64]], by: Sequence[str]) -> tuple[pa.Table, U64]:
+    """The group keys of ``parts`` (tables of the ``by`` columns, each with its rows' key
+    hashes) without repeats (first occurrences, in order), with their key hashes: each key
+    is hashed once, by whoever built it (the arrangement indexed the delta already)."""
+    if len(parts) == 1:
+        table, h = parts[0]
+    else:  # one chunk per column: later gathers from it go through numpy (take_rows)
+        table = pa.concat_tables([p for p, _ in parts]).combine_chunks()
+        h = np.concatenate([k for _, k in parts])
+    if table.num_rows <= 1:
+        return table, h
+    same = None if exact_hash(table.schema, by) else (lambda i, j: same_rows(table, i, j))
+    order, starts = group_equal(h, same)
     if starts.size == table.num_rows:
-        return table
-    return table.take(np.sort(np.minimum.reduceat(order, starts)))
+        return table, h
+    first = np.sort(np.minimum.reduceat(order, starts))
+    return take_rows(table, first), h.take(first)
 
 
 @dataclass
@@ -158,17 +170,11 @@ class _Entries:
 
 
 def _entries(found: Lookup, spec: _Spec) -> _Entries:
-    if spec.distinct:  # the group is the whole record: a probe's entries are one record
-        order = np.argsort(found.probe, kind="stable")
-        probe = found.probe[order]
-        new = np.ones(probe.size, dtype=bool)
-        np.not_equal(probe[1:], probe[:-1], out=new[1:])
-    else:
-        order = np.lexsort((found.rec_hash, found.probe))
-        probe = found.probe[order]
-        rh = found.rec_hash[order]
-        new = np.ones(probe.size, dtype=bool)
-        new[1:] = (probe[1:] != probe[:-1]) | (rh[1:] != rh[:-1])
+    order = np.lexsort((found.rec_hash, found.probe))
+    probe = found.probe[order]
+    rh = found.rec_hash[order]
+    new = np.ones(probe.size, dtype=bool)
+    new[1:] = (probe[1:] != probe[:-1]) | (rh[1:] != rh[:-1])
     n = probe.size
     values: dict[str, npt.NDArray[np.generic]] = {}
     cols = {c for _, fn, c in spec.aggs if c is not None}
@@ -188,11 +194,6 @@ def _evaluate(keys: pa.Table, ent: _Entries, corner: Time, spec: _Spec) -> pa.Ta
     w = np.where(inc, ent.diffs, 0)
     rw = np.add.reduceat(w, ent.gstart)               # weight per (group, record)
     gprobe = ent.probe[ent.gstart]
-    if spec.distinct:
-        pos = np.flatnonzero(rw > 0)
-        if pos.size == 0:
-            return None
-        return ent.lookup.records(ent.order[ent.gstart[pos]])
     kstart = np.flatnonzero(np.concatenate(([True], gprobe[1:] != gprobe[:-1])))
     kprobe = gprobe[kstart]
     cols: list[pa.Array] = []
@@ -236,26 +237,50 @@ def _corners(t: Time) -> list[tuple[Time, int]]:
     return out
 
 
-def _distinct_change(ent: _Entries, t: Time) -> ZSet | None:
-    """``distinct``'s change at ``t`` (Moebius over the corners) with one gather: per record,
-    the signed sum over the corners of "present there", then the records whose sum is not 0."""
-    if ent.probe.size == 0:
+def _distinct_change(keys: pa.Table, probe: I64, diffs: I64, times: I64, t: Time) -> ZSet | None:
+    """``distinct``'s change at ``t`` (Moebius over the corners) for the records ``keys``,
+    given their trace entries (``probe``: the key of each): per record, the signed sum over
+    the corners of "present there", then the records whose sum is not 0. Every corner at
+    once (an entry's inclusion per corner is one ``(n, corners)`` mask), summed per record
+    and corner without sorting the entries; a group is a whole record, so the records are
+    gathered from ``keys``, not from the trace's batches."""
+    if probe.size == 0:
         return None
-    net = np.zeros(ent.gstart.size, dtype=np.int64)
-    for c, sign in _corners(t):  # 2 or 4 corners
-        inc = (ent.times <= np.asarray(c, dtype=np.int64)).all(axis=1)
-        rw = np.add.reduceat(np.where(inc, ent.diffs, 0), ent.gstart)  # weight per record
-        net += sign * (rw > 0)
+    corners, signs = _corner_arrays(t)  # corners by coordinate: (d, k)
+    inc = times[:, 0, None] <= corners[0]                            # (entries, corners)
+    for j in range(1, corners.shape[0]):  # a loop per coordinate (numpy's all(axis) is slow here)
+        inc &= times[:, j, None] <= corners[j]
+    k = signs.size
+    rw = np.zeros(keys.num_rows * k, dtype=np.int64)  # weight per record and corner
+    np.add.at(rw, (probe[:, None] * k + np.arange(k)).ravel(), (inc * diffs[:, None]).ravel())
+    net = (rw.reshape(-1, k) > 0) @ signs
     pos = np.flatnonzero(net)
     if pos.size == 0:
         return None
-    return ZSet(ent.lookup.records(ent.order[ent.gstart[pos]]), net[pos])
+    return ZSet(take_rows(keys, pos), net[pos])
+
+
+_OFFSETS: dict[int, tuple[I64, I64]] = {}
+
+
+def _corner_arrays(t: Time) -> tuple[I64, I64]:
+    """Every corner ``t - 1_S`` and its sign ``(-1)^|S|`` as arrays, ``(corners (d, k),
+    signs (k,))``: coordinate ``j`` of corner ``c`` is ``corners[j, c]``. Corners off the
+    grid (a coordinate of -1) are kept: no update is at or before them, so they add 0. The
+    offsets and signs are built once per dimension."""
+    d = len(t)
+    found = _OFFSETS.get(d)
+    if found is None:
+        cs = _corners((1,) * d)  # every corner of the unit time is on the grid
+        found = _OFFSETS[d] = (np.array([[1 - x for x in c] for c, _ in cs], dtype=np.int64).T.copy(),
+                               np.array([s for _, s in cs], dtype=np.int64))
+    offsets, signs = found
+    return np.array(t, dtype=np.int64)[:, None] - offsets, signs
 
 
 def _change(keys: pa.Table, ent: _Entries, t: Time, spec: _Spec) -> ZSet | None:
-    """The output's change at ``t`` for the groups ``keys`` (Moebius over the corners)."""
-    if spec.distinct:  # a group is one record: no table per corner, one gather
-        return _distinct_change(ent, t)
+    """The output's change at ``t`` for the groups ``keys`` (Moebius over the corners;
+    ``distinct`` has its own, :func:`_distinct_change`)."""
     parts = []
     for c, sign in _corners(t):
         rows = _evaluate(keys, ent, c, spec)
@@ -270,6 +295,7 @@ def _change(keys: pa.Table, ent: _Entries, t: Time, spec: _Spec) -> ZSet | None:
 class _ReduceNode(Node):
     """The general reduce over an arranged input: any scope, any aggregate."""
 
+    emits_at_input_time = True  # a change at t, for the groups evaluated at t
     emits_consolidated = True  # one change per group (distinct: per record) at t
 
     def __init__(self, scope: Scope, source: ArrangeNode, spec: _Spec) -> None:
@@ -277,7 +303,7 @@ class _ReduceNode(Node):
         self.arranged = source
         self.spec = spec
         self._reader = source.reader()
-        self._scheduled: dict[Time, list[pa.Table]] = {}
+        self._scheduled: dict[Time, list[tuple[pa.Table, U64]]] = {}  # groups, their key hashes
 
     def has_work(self, t: Time) -> bool:
         return t in self._pending or t in self._scheduled
@@ -289,28 +315,38 @@ class _ReduceNode(Node):
         by = list(self.spec.by)
         parts = self._scheduled.pop(t, [])
         if batches[0] is not None:
-            parts.append(batches[0].data.select(by))
-        keys = _distinct_rows(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
-        found = self.arranged.trace.lookup(keys)
-        ent = _entries(found, self.spec)
-        if self.scope.nested:
-            self._schedule(keys, ent, t)
-        out = _change(keys, ent, t, self.spec)
+            delta, kh = self.arranged.delta(t, batches[0])  # as the arrangement indexed it
+            data = delta.data.select(by)
+            parts.append((data, hash_rows(data, by) if kh is None else kh))
+        keys, kh = _distinct_keys(parts, by)
+        found = self.arranged.trace.lookup(keys, key_hash=kh)
+        if self.spec.distinct:  # a group is one record: no sort of the entries, no table per corner
+            probe, times = found.probe, found.times
+            if self.scope.nested:
+                self._schedule(keys, kh, probe, times, t)
+            out = _distinct_change(keys, probe, found.diffs, times, t)
+        else:
+            ent = _entries(found, self.spec)
+            if self.scope.nested:
+                self._schedule(keys, kh, ent.probe, ent.times, t)
+            out = _change(keys, ent, t, self.spec)
         return None if out is None else out.with_time(t)
 
-    def _schedule(self, keys: pa.Table, ent: _Entries, t: Time) -> None:
+    def _schedule(self, keys: pa.Table, kh: U64, probe: I64, times: I64, t: Time) -> None:
         """Groups with history at a later iteration of an earlier epoch must be evaluated
-        again at that iteration of this epoch."""
-        later = (ent.times[:, 0] < t[0]) & (ent.times[:, -1] > t[-1])
+        again at that iteration of this epoch (``probe``, ``times``: the group and version
+        of each of their trace entries)."""
+        later = (times[:, 0] < t[0]) & (times[:, -1] > t[-1])
         if not later.any():
             return
         m = np.int64(keys.num_rows)
-        code = np.unique(ent.times[later, -1] * m + ent.probe[later])
+        code = np.unique(times[later, -1] * m + probe[later])
         its, probes = code // m, code % m
-        bounds = np.flatnonzero(np.concatenate(([True], its[1:] != its[:-1], [True])))
+        bounds = np.flatnonzero(np.concatenate(([True], its[1:] != its[:-1], [True]))).tolist()
+        groups, hashes = take_rows(keys, probes), kh.take(probes)  # by iteration: one gather, then slices
         for a, b in zip(bounds[:-1], bounds[1:], strict=True):  # a loop per later iteration
             tt = t[:-1] + (int(its[a]),)
-            self._scheduled.setdefault(tt, []).append(keys.take(probes[a:b]))
+            self._scheduled.setdefault(tt, []).append((groups.slice(a, b - a), hashes[a:b]))
             self.scope.times.add(tt)
 
 
@@ -585,9 +621,9 @@ def distinct_trace(batch: ZSet, trace: Trace, time: VersionLike | None = None) -
     tmp = Trace(trace.schema, names, dims=len(at))
     tmp.insert(trace.to_zset())
     tmp.insert(b)
-    spec = _Spec(names, (), True, trace.schema)
     # the batch's records, and the trace's: one of those can change at ``time`` without new
     # input there (seed 002's couch), and the corners give 0 for the others
     keys = _distinct_rows(pa.concat_tables([b.data, tmp.to_zset().data]))
-    out = _change(keys, _entries(tmp.lookup(keys), spec), at.coords, spec)
+    found = tmp.lookup(keys)
+    out = _distinct_change(keys, found.probe, found.diffs, found.times, at.coords)
     return ZSet.empty(trace.schema) if out is None else out

@@ -167,6 +167,7 @@ class Lookup:
     _rows: I64       # per entry: row in that batch
     _schema: pa.Schema
     _dims: int
+    _times: I64 | None = None  # gathered with the diffs when every reader needs them
 
     @property
     def _which(self) -> I64:
@@ -210,8 +211,9 @@ class Lookup:
                 return self._schema.empty_table() if columns is None else \
                     self._schema.empty_table().select(list(columns))
             if len(self._batches) == 1:
-                return take_rows(data(0), self._rows)
-            return take_rows_from([data(b) for b in range(len(self._batches))], self._bounds, self._rows)
+                return take_rows(data(0), self._rows, views=self._views)
+            return take_rows_from([data(b) for b in range(len(self._batches))], self._bounds, self._rows,
+                                  views=self._views)
         idx = np.asarray(sel, dtype=np.int64)
         if idx.size == 0:
             return self._schema.empty_table() if columns is None else \
@@ -230,9 +232,14 @@ class Lookup:
         inverse[order] = np.arange(order.size)
         return gathered.take(inverse)
 
+    def _views(self, b: int, name: str) -> npt.NDArray[Any] | None:
+        return self._batches[b].numeric_column(name)
+
     @property
     def times(self) -> I64:
         """Per entry, its version (gathered on demand)."""
+        if self._times is not None:
+            return self._times
         if not self._batches:
             return np.empty((0, self._dims), dtype=np.int64)
         return self._gather(lambda b: b.batch.times, np.int64)  # type: ignore[no-any-return]
@@ -420,7 +427,7 @@ class Trace:
             raise SchemaError(f"lookup keys lack column(s) {missing} (trace keys: {list(self.keys)})")
         ph = hash_rows(keys, self.keys) if key_hash is None else key_hash
         spine = tuple(self._spine) if batches is None else tuple(batches)
-        probe, rows, counts = locate_in_spine(spine, ph, int_key_values(keys, self.keys))
+        probe, rows, counts = locate_in_spine(spine, ph, lambda: int_key_values(keys, self.keys))
         hits = [i for i, c in enumerate(counts) if c]
         if not hits:
             e = np.empty(0, np.int64)
@@ -429,15 +436,22 @@ class Trace:
         sizes = [counts[i] for i in hits]
         bounds = [0, *np.cumsum(sizes).tolist()]
         diffs = np.empty(rows.size, dtype=np.int64)
+        # partially ordered versions (a loop's): every reader needs the times, so they are
+        # gathered in the same pass as the diffs
+        times = np.empty((rows.size, self.dims), dtype=np.int64) if self.dims > 1 else None
         for i, b in enumerate(spine):  # a loop per trace batch
-            b.batch.diffs.take(rows[bounds[i]:bounds[i + 1]], out=diffs[bounds[i]:bounds[i + 1]])
-        out = Lookup(probe, diffs, spine, bounds, rows, self.schema, self.dims)
+            lo, hi = bounds[i], bounds[i + 1]
+            b.batch.diffs.take(rows[lo:hi], out=diffs[lo:hi])
+            if times is not None:
+                b.batch.times.take(rows[lo:hi], axis=0, out=times[lo:hi])  # type: ignore[union-attr]
+        out = Lookup(probe, diffs, spine, bounds, rows, self.schema, self.dims, times)
         if not self.exact_keys:  # different keys with one hash: drop them
             names = list(self.keys)
             ok = rows_equal(out.records().select(names), keys.select(names).take(probe))
             if not ok.all():
                 kept = np.searchsorted(np.flatnonzero(ok), bounds).tolist()  # entries stay grouped
-                out = Lookup(probe[ok], diffs[ok], spine, kept, rows[ok], self.schema, self.dims)
+                out = Lookup(probe[ok], diffs[ok], spine, kept, rows[ok], self.schema, self.dims,
+                             None if times is None else times[ok])
         return out
 
     def _distinct(self, keys: pa.Table) -> pa.Table:

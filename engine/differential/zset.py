@@ -20,9 +20,9 @@ Records are compared by value: ``null == null``, ``NaN == NaN``, ``0.0 == -0.0``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -40,14 +40,20 @@ __all__ = ["DIFF", "TIME", "ZSet", "concat", "consolidate", "minus", "negate", "
 _RESERVED = (DIFF, TIME)
 
 
-def take_rows(table: pa.Table, rows: npt.NDArray[np.int64], prefix: int = 0) -> pa.Table:
+Views: TypeAlias = "Callable[[int, str], npt.NDArray[Any] | None]"
+"""``views(i, name)``: :func:`~engine._kernels.arrays.numeric_view` of column ``name`` of
+table ``i``, from a cache kept by the caller (a batch that never changes)."""
+
+
+def take_rows(table: pa.Table, rows: npt.NDArray[np.int64], prefix: int = 0, views: Views | None = None) -> pa.Table:
     """``table.take(rows)``: null-free numeric columns gather in numpy (no Arrow kernel
     dispatch per call), the others through Arrow. ``prefix`` says ``rows`` starts with
-    ``0, 1, ..., prefix - 1`` (copied, not gathered)."""
+    ``0, 1, ..., prefix - 1`` (copied, not gathered); ``views`` gives the columns' numeric
+    views (see :data:`Views`)."""
     cols = []
     tail = rows[prefix:] if prefix else rows
-    for col in table.columns:  # a loop per column
-        v = numeric_view(col)
+    for name, col in zip(table.column_names, table.columns, strict=True):  # a loop per column
+        v = numeric_view(col) if views is None else views(0, name)
         if v is None:
             taken = col.take(rows)
         elif prefix:
@@ -65,17 +71,20 @@ def identity_prefix(rows: npt.NDArray[np.int64], k: int) -> int:
     return k if k == 1 or bool((rows[1:k] > rows[:k - 1]).all()) else 0
 
 
-def take_rows_from(tables: Sequence[pa.Table], which_bounds: Sequence[int], rows: npt.NDArray[np.int64]) -> pa.Table:
+def take_rows_from(tables: Sequence[pa.Table], which_bounds: Sequence[int], rows: npt.NDArray[np.int64],
+                   views: Views | None = None) -> pa.Table:
     """Rows of several tables of one schema, as one table: ``rows[b[i]:b[i + 1]]`` of
     ``tables[i]`` in order (``which_bounds`` = ``b``). Numeric columns are gathered into one
-    numpy array (one Arrow array per column, no concatenation of tables)."""
+    numpy array (one Arrow array per column, no concatenation of tables); ``views`` gives
+    the tables' numeric views (see :data:`Views`)."""
     schema = tables[0].schema
     n = rows.size
     cols: list[pa.Array | pa.ChunkedArray] = []
     for j, field in enumerate(schema):  # a loop per column
-        views = [numeric_view(t.column(j)) for t in tables]
-        found = [v for v in views if v is not None]
-        if len(found) == len(views):
+        views_j = [numeric_view(t.column(j)) if views is None else views(i, field.name)
+                   for i, t in enumerate(tables)]
+        found = [v for v in views_j if v is not None]
+        if len(found) == len(views_j):
             out = np.empty(n, dtype=found[0].dtype)  # temporal columns: their int storage
             for i, v in enumerate(found):  # a loop per table
                 lo, hi = which_bounds[i], which_bounds[i + 1]
@@ -120,7 +129,8 @@ class ZSet:
         n = self.data.num_rows
         if self.data.num_columns == 0:
             raise SchemaError("a Z-set batch needs at least one record column")
-        bad = [c for c in self.data.column_names if c in _RESERVED]
+        names = self.data.schema.names  # a tenth of Table.column_names' cost: every batch passes here
+        bad = [c for c in names if c in _RESERVED]
         if bad:
             raise SchemaError(f"record columns may not be named {bad}: {_RESERVED} are reserved")
         if self.diffs.dtype != np.int64 or self.diffs.shape != (n,):
@@ -395,12 +405,13 @@ def split_by_time(batch: ZSet) -> list[tuple[tuple[int, ...], ZSet]]:
     elif (times == first).all():
         return [(tuple(first.tolist()), batch)]
     if times.shape[1] == 2 and (times[:, 0] == first[0]).all():  # one outer version
-        last, inverse = np.unique(times[:, 1], return_inverse=True)
-        uniq = np.column_stack((np.full(last.size, first[0]), last))
+        key = times[:, 1]
     else:
-        uniq, inverse = np.unique(times, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    order = np.argsort(inverse, kind="stable")
-    bounds = np.searchsorted(inverse[order], np.arange(uniq.shape[0] + 1))
-    return [(tuple(int(c) for c in uniq[g]), batch.take(order[bounds[g]:bounds[g + 1]]))
-            for g in range(uniq.shape[0])]
+        key = np.unique(times, axis=0, return_inverse=True)[1].reshape(-1)  # lexicographic rank
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    bounds = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1], [True]))).tolist()
+    s = batch.take(order)  # one gather, then a zero-copy slice per time
+    assert s.times is not None
+    return [(tuple(s.times[lo].tolist()), ZSet(s.data.slice(lo, hi - lo), s.diffs[lo:hi], s.times[lo:hi]))
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]

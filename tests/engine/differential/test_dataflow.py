@@ -70,13 +70,18 @@ def test_join_function_explode_and_temporal_filter_in_a_graph():
     c, inp = df.input(X)
     probe = c.join_function(logic).probe()
     window = c.temporal_filter("x", pc.field("x") + 2).probe()
+    # a count emits at the time it runs: it must see each row at the row's own time
+    counts = c.join_function(logic).count("x").probe()
+    window_counts = c.temporal_filter("x", pc.field("x") + 2).count("x").probe()
     inp.send(ZSet.from_triples([(1, 0, 1), (2, 0, 1)], X))
     for v in range(9):
         inp.advance_to(v + 1)
         df.step()
         want = sorted(((2 * x,), x) for x in (1, 2) if 3 * x <= v < 4 * x)
         assert _triples(probe.accumulate(v)) == want, v
+        assert _triples(counts.accumulate(v)) == sorted(((2 * x, x), 1) for x in (1, 2) if 3 * x <= v < 4 * x), v
         assert _triples(window.accumulate(v)) == sorted(((x,), 1) for x in (1, 2) if x <= v < x + 2), v
+        assert _triples(window_counts.accumulate(v)) == sorted(((x, 1), 1) for x in (1, 2) if x <= v < x + 2), v
 
 
 def test_input_checks():

@@ -187,16 +187,19 @@ def test_colliding_key_hashes_return_only_the_right_key(monkeypatch):
         assert got == Counter({k: w for k, w in want.items() if w})
 
 
+@pytest.mark.parametrize("high", ["zeros", "ones"])
 @pytest.mark.parametrize("probes", [20, 2_000])
-def test_key_hashes_sharing_the_high_bits_are_told_apart(monkeypatch, probes):
+def test_key_hashes_sharing_the_high_bits_are_told_apart(monkeypatch, probes, high):
     # integer keys (hash exact, so no check by value) whose hashes agree on the 40 bits the
     # order key keeps: binary searches and directories return rows of other keys too, and
-    # only the full-hash comparison drops them
+    # only the full-hash comparison drops them. All ones there is the largest key, whose
+    # upper search bound would wrap around.
     real = trace_module.hash_rows
+    top = np.uint64(0) if high == "zeros" else ~np.uint64(0xFFFFFF)
 
     def low_bits(table, names=None):
         h = real(table, names)
-        return h & np.uint64(0xFFFFFF) if list(names or []) == ["k"] else h
+        return (h & np.uint64(0xFFFFFF)) | top if list(names or []) == ["k"] else h
 
     rng = np.random.default_rng(probes)
     pool = rng.choice(10**12, 300, replace=False)  # sparse: no direct-address index
@@ -225,6 +228,46 @@ def test_key_hashes_sharing_the_high_bits_are_told_apart(monkeypatch, probes):
         for (k2, v2, t2), w2 in want.items():
             if k2 == kk:
                 expect[(p, v2, t2)] += w2
+    assert got == expect
+    reader.close()
+
+
+@pytest.mark.parametrize("at", ["bottom", "top"])
+@pytest.mark.parametrize("probes", [5, 2_000])
+def test_a_key_range_ends_where_the_next_key_begins(monkeypatch, probes, at):
+    # keys alone (order key = key hash), hashed so that keys 2m and 2m+1 share the high bits
+    # and sit at the two ends of them (low bits all zeros, all ones), the next pair starting
+    # right after: a search must take both ends of its key's range and nothing of the next
+    # key's, and drop the other key of the pair, even when that is a batch's one candidate.
+    # At the top, the upper bound of the last range would wrap around.
+    real = trace_module.hash_rows
+    base = 0 if at == "bottom" else (1 << 40) - 8
+
+    def pairs(table, names=None):
+        if list(names or []) != ["k"]:
+            return real(table, names)
+        k = table.column("k").to_numpy().astype(np.uint64)
+        return ((np.uint64(base) + (k >> np.uint64(1))) << np.uint64(24)) | \
+            np.where(k & np.uint64(1), np.uint64(0xFFFFFF), np.uint64(0))
+
+    monkeypatch.setattr(indexed_module, "hash_rows", pairs)
+    monkeypatch.setattr(trace_module, "hash_rows", pairs)
+    schema = pa.schema([("k", pa.int64())])
+    tr = Trace(schema, "k")
+    reader = tr.reader()
+    want: Counter = Counter()
+    for t, keys in enumerate([[1], [0, 3, 4, 5, 6, 9, 15], [2, 3, 7, 8, 14]]):  # three batches: no merge
+        tr.insert(ZSet(pa.table({"k": pa.array(keys, pa.int64())}), np.ones(len(keys), np.int64),
+                       np.full((len(keys), 1), t, np.int64)))
+        for kk in keys:
+            want[(kk, t)] += 1
+    assert len(tr.batches) == 3
+    rng = np.random.default_rng(probes)
+    probe_keys = np.array([0, 6, 15, 16, 11]) if probes == 5 else rng.integers(0, 20, probes)
+    found = tr.lookup(pa.table({"k": probe_keys}))
+    got = Counter((int(probe_keys[p]), r["k"], t) for p, r, t in zip(
+        found.probe.tolist(), found.records().to_pylist(), found.times[:, 0].tolist(), strict=True))
+    expect = Counter((int(kk), k2, t2) for kk in probe_keys for (k2, t2), w in want.items() if k2 == kk for _ in range(w))
     assert got == expect
     reader.close()
 
