@@ -101,7 +101,8 @@ class ColumnSource:
 
     def get_pylist(self, keys: KeyArray) -> list[Any]:
         """Current values at ``keys`` as Python values (``get(keys).to_pylist()``)."""
-        return self.get(keys).to_pylist()
+        out: list[Any] = self.get(keys).to_pylist()
+        return out
 
 
 class RedirectingColumnSource(ColumnSource):
@@ -622,7 +623,7 @@ class ArrowColumnSource(WritableColumnSource):
     def get_pylist(self, keys: KeyArray) -> list[Any]:
         # a few values read one by one: no gather, no Arrow array to convert back
         if keys.size > _FEW_SCALARS:
-            return self.get(keys).to_pylist()
+            return super().get_pylist(keys)
         return self._store.pylist(self._slots.get_numpy(keys)[0].tolist())
 
     def set(self, keys: KeyArray, values: pa.Array | pa.ChunkedArray) -> None:
