@@ -265,6 +265,10 @@ class SourceTable(Table):
             self._pending_bytes += batch.get_total_buffer_size()
 
     def _take_pending(self) -> list[tuple[str, pa.Table]]:
+        if self._taken is None and not self._pending:
+            # nothing staged: a write staged from now on is the next cycle's, as it would
+            # be had it waited for the lock after us (an idle source pays no lock)
+            return []
         with self._pending_lock:
             if self._taken is not None:  # set aside when the cycle began
                 pending, self._taken = self._taken, None
