@@ -86,6 +86,21 @@ def test_failing_listener_fails_table_and_descendants_only():
         bad.to_arrow()
 
 
+def test_a_child_fails_with_its_failed_parent_whatever_its_other_parents_did():
+    # the first parent updates in the very cycle the second fails: the child is failed, not
+    # computed from the first parent's update
+    g = UpdateGraph(validate=True)
+    log = []
+    a = g.append_only_table(SCHEMA, name="a")
+    bad = derived(g, [a], "bad", log, fail_on=2)
+    both = derived(g, [a, bad], "both", log)
+    for _ in range(3):
+        a.append({"x": [1]})
+        g.run_cycle()
+    assert isinstance(both.failure, TableFailed) and "'bad'" in str(both.failure)
+    assert both.size == 2 and ("both", (True, True)) in log and len(log) == 3
+
+
 def test_user_listener_that_raises_is_removed_not_the_table():
     g = UpdateGraph()
     a = g.append_only_table(SCHEMA)
