@@ -310,7 +310,8 @@ class KeyedTable(SourceTable):
 
         def same(i: KeyArray, row_keys: KeyArray) -> npt.NDArray[np.bool_]:
             if t.num_rows <= FEW_KEYS and self._plain_keys:
-                return _few_equal(t, self.keys, i, [self._storage[k].get(row_keys) for k in self.keys])
+                return _few_equal(t, self.keys, i, [self._storage[k].get_pylist(row_keys)
+                                                    for k in self.keys])
             stored = pa.Table.from_arrays([self._storage[k].get(row_keys) for k in self.keys],
                                           names=self.keys)
             return rows_equal(t.select(self.keys).take(pa.array(i)), stored)
@@ -348,7 +349,8 @@ class KeyedTable(SourceTable):
                 order, starts = group_equal(  # writes grouped by key, exactly
                     h, lambda i, j: same_rows(keys_t, i, j))
                 last = _last_of_groups(order, starts)
-            found = self._index.lookup(h[last], self._same_as_held(keys_t.take(pa.array(last))))
+            written = keys_t if last.size == h.size else keys_t.take(pa.array(last))  # last is sorted
+            found = self._index.lookup(h[last], self._same_as_held(written))
         h = h[last]
         up_mask = np.concatenate(is_up)[last]
         rows = np.concatenate(row_of)[last]
@@ -438,7 +440,7 @@ def _plain_type(t: pa.DataType) -> bool:
                 or pa.types.is_binary(t) or pa.types.is_large_binary(t))
 
 
-def _few_equal(t: pa.Table, names: list[str], i: KeyArray, stored: list[pa.Array]) -> npt.NDArray[np.bool_]:
+def _few_equal(t: pa.Table, names: list[str], i: KeyArray, stored: list[list[Any]]) -> npt.NDArray[np.bool_]:
     """Per ``k``: row ``i[k]`` of ``t`` (a few rows) has the (non-null, :func:`_plain_type`)
     key values ``stored[c][k]``, compared as Python values: for a few keys, a ``take`` and
     an Arrow comparison per column cost more than the values."""
@@ -446,7 +448,7 @@ def _few_equal(t: pa.Table, names: list[str], i: KeyArray, stored: list[pa.Array
     out = [True] * len(rows)
     for name, held in zip(names, stored, strict=True):  # one pass per key column
         probe = t.column(name).to_pylist()
-        out = [o and probe[r] == v for o, r, v in zip(out, rows, held.to_pylist(), strict=True)]
+        out = [o and probe[r] == v for o, r, v in zip(out, rows, held, strict=True)]
     return np.array(out, dtype=bool)
 
 

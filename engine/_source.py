@@ -265,16 +265,26 @@ class SourceTable(Table):
             self._pending_bytes += batch.get_total_buffer_size()
 
     def _take_pending(self) -> list[tuple[str, pa.Table]]:
+        # _taken is read and written by cycles alone (under the graph's exclusive lock);
+        # writers only append to _pending, under the staging lock
+        if self._taken is not None:  # set aside when the cycle began
+            pending, self._taken = self._taken, None
+            return pending
+        if not self._pending:
+            # nothing staged: a write staged from now on is the next cycle's, as it would
+            # be had it waited for the lock after us (an idle source pays no lock)
+            return []
         with self._pending_lock:
-            if self._taken is not None:  # set aside when the cycle began
-                pending, self._taken = self._taken, None
-                return pending
             pending, self._pending = self._pending, []
             self._pending_bytes = 0
         return pending
 
     def _take_for_cycle(self) -> None:
         if self.parents:  # written by its own listener during the cycle (a dataflow's table)
+            return
+        if not self._pending:  # nothing to set aside (as in _take_pending): no lock
+            if self._taken is None:
+                self._taken = []
             return
         with self._pending_lock:
             self._taken = (self._taken or []) + self._pending

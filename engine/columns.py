@@ -21,6 +21,7 @@ previous values cost memory only for what changed, and :meth:`end_cycle` drops t
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -97,6 +98,11 @@ class ColumnSource:
     def get_range(self, start: int, stop: int) -> pa.Array | pa.ChunkedArray:
         """Current values at keys ``start .. stop - 1`` (a snapshot of a dense table)."""
         return self.get(np.arange(start, stop, dtype=np.int64))
+
+    def get_pylist(self, keys: KeyArray) -> list[Any]:
+        """Current values at ``keys`` as Python values (``get(keys).to_pylist()``)."""
+        out: list[Any] = self.get(keys).to_pylist()
+        return out
 
 
 class RedirectingColumnSource(ColumnSource):
@@ -446,6 +452,10 @@ def _gather(values: npt.NDArray[Any], keys: KeyArray) -> npt.NDArray[Any]:
     return out
 
 
+#: ArrowColumnSource.get_pylist reads up to this many values one by one (tests change it)
+_FEW_SCALARS = 16
+
+
 def _level(n: int, fan: int) -> int:
     """The level of a chunk of ``n`` values: ``floor(log_fan(n))`` (``fan`` a power of 2)."""
     return (max(n, 1).bit_length() - 1) // (fan.bit_length() - 1)
@@ -554,6 +564,15 @@ class _ArrowStore:
         inverse[order] = np.arange(order.size)
         return pa.concat_arrays(parts).take(pa.array(inverse))
 
+    def pylist(self, slots: list[int]) -> list[Any]:
+        """Python values at ``slots``, one scalar read each (callers bound ``len(slots)``)."""
+        offsets = self.offsets.tolist()
+        out = []
+        for s in slots:  # at most _FEW_SCALARS (ArrowColumnSource.get_pylist)
+            c = bisect.bisect_right(offsets, s) - 1
+            out.append(self.chunks[c][s - offsets[c]].as_py())
+        return out
+
     def _run(self, first: int, n: int) -> pa.Array:
         """Slots ``first .. first + n - 1``: chunk slices, no gather."""
         parts = self._slices(first, n)
@@ -600,6 +619,12 @@ class ArrowColumnSource(WritableColumnSource):
 
     def get_range(self, start: int, stop: int) -> pa.Array:
         return self._store.take(self._slots._values[start:stop])
+
+    def get_pylist(self, keys: KeyArray) -> list[Any]:
+        # a few values read one by one: no gather, no Arrow array to convert back
+        if keys.size > _FEW_SCALARS:
+            return super().get_pylist(keys)
+        return self._store.pylist(self._slots.get_numpy(keys)[0].tolist())
 
     def set(self, keys: KeyArray, values: pa.Array | pa.ChunkedArray) -> None:
         if keys.size == 0:

@@ -34,8 +34,9 @@ Why these choices (``bench/bench_library.py`` measures the calls):
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -62,6 +63,9 @@ _ROWS = "__ticktable_rows__"
 _PROBE = "__ticktable_probe__"
 _NO_MATCH = re.compile(r"No match for FieldRef\.Name\((.*?)\) in ")
 _FIELD_PATH = re.compile(r"FieldPath\((\d+)\)")
+
+DIRECT = True
+"""Evaluate expressions that have a direct tree by calling their functions (tests turn it off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +121,134 @@ class BoundExpression:
     type: pa.DataType
     text: str
     positional: bool = False
+    direct: _Node | None = None
+
+
+# ---------------------------------------------------------------------------------------
+# the direct path: a tree recovered from str(expr), trusted only when it rebuilds expr
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A call of a ``pyarrow.compute`` wrapper (the same callable builds and evaluates)."""
+
+    function: Callable[..., Any]
+    args: tuple[_Node, ...]
+
+
+# a column name (str), a literal (pa.Scalar) or a call
+_Node: TypeAlias = "str | pa.Scalar | _Call"
+
+_TOKEN = re.compile(r"""\s*(?:(?P<num>-?\d+(?:\.\d*)?(?:e[+-]?\d+)?)|(?P<str>"(?:[^"\\]|\\.)*")"""
+                    r"""|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>==|!=|<=|>=|<|>|[(),]))""")
+# how Expression::ToString prints comparisons and Kleene logic: "(a == b)", "(a and b)"
+_INFIX = {"==": "equal", "!=": "not_equal", "<": "less", "<=": "less_equal", ">": "greater",
+          ">=": "greater_equal", "and": "and_kleene", "or": "or_kleene", "and_not": "and_not_kleene"}
+
+
+class _NoTree(Exception):
+    """``str(expr)`` is outside the small grammar of the direct path."""
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    out = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None or m.end() == pos:
+            raise _NoTree(text[pos:])
+        kind = m.lastgroup
+        assert kind is not None
+        out.append((kind, m.group(kind)))
+        pos = m.end()
+    return out
+
+
+def _function(name: str) -> Callable[..., Any]:
+    fn = getattr(pc, name, None) or getattr(pc, name + "_", None)
+    if fn is None or getattr(fn, "__arrow_compute_function__", None) is None:
+        raise _NoTree(name)
+    return cast("Callable[..., Any]", fn)
+
+
+def _parse(toks: list[tuple[str, str]], i: int) -> tuple[_Node, int]:
+    """One node from ``toks[i:]`` and the index after it."""
+    if i >= len(toks):
+        raise _NoTree("end")
+    kind, tok = toks[i]
+    nxt = toks[i + 1][1] if i + 1 < len(toks) else ""
+    if kind == "op" and tok == "(":
+        left, i = _parse(toks, i + 1)
+        if i >= len(toks) or toks[i][1] not in _INFIX:
+            raise _NoTree("operator")
+        op = _INFIX[toks[i][1]]
+        right, i = _parse(toks, i + 1)
+        if i >= len(toks) or toks[i][1] != ")":
+            raise _NoTree(")")
+        return _Call(_function(op), (left, right)), i + 1
+    if kind == "name" and nxt == "(":
+        fn = _function(tok)
+        args: list[_Node] = []
+        i += 2
+        while True:
+            arg, i = _parse(toks, i)
+            args.append(arg)
+            if i < len(toks) and toks[i][1] == ",":
+                i += 1
+                continue
+            if i < len(toks) and toks[i][1] == ")":
+                return _Call(fn, tuple(args)), i + 1
+            raise _NoTree("arguments")
+    if kind == "name":
+        if tok in ("true", "false"):
+            return pa.scalar(tok == "true"), i + 1
+        return tok, i + 1
+    if kind == "num":
+        return pa.scalar(float(tok) if any(c in tok for c in ".e") else int(tok)), i + 1
+    if kind == "str":
+        return pa.scalar(re.sub(r"\\(.)", r"\1", tok[1:-1])), i + 1
+    raise _NoTree(tok)
+
+
+def _rebuild(node: _Node) -> pc.Expression:
+    if isinstance(node, str):
+        return pc.field(node)
+    if isinstance(node, pa.Scalar):
+        return pc.scalar(node)
+    return cast("pc.Expression", node.function(*(_rebuild(a) for a in node.args)))
+
+
+def _reads_columns(node: _Node) -> bool:
+    """Whether every call in ``node`` has an argument that is not a literal."""
+    if isinstance(node, str):
+        return True
+    if isinstance(node, pa.Scalar):
+        return False
+    return any(not isinstance(a, pa.Scalar) for a in node.args) and all(
+        _reads_columns(a) for a in node.args if not isinstance(a, pa.Scalar))
+
+
+def _run(node: _Node, columns: Mapping[str, pa.Array | pa.ChunkedArray]) -> Any:
+    if isinstance(node, str):
+        return columns[node]
+    if isinstance(node, pa.Scalar):
+        return node
+    return node.function(*(_run(a, columns) for a in node.args))
+
+
+def _direct_tree(expr: pc.Expression, text: str, schema: pa.Schema, type: pa.DataType) -> _Node | None:
+    """The tree of ``expr`` when the direct path gives exactly what the plan gives, else None."""
+    try:
+        toks = _tokens(text)
+        node, end = _parse(toks, 0)
+        if end != len(toks) or not _reads_columns(node) or not _rebuild(node).equals(expr):
+            return None
+        empty = {f.name: pa.array([], type=f.type) for f in schema}
+        if not _single(pa.chunked_array([_run(node, empty)]), type).type.equals(type):
+            return None
+    except (_NoTree, KeyError, TypeError, ValueError, pa.ArrowException):
+        return None
+    return node
 
 
 def _project(table: pa.Table, exprs: list[pc.Expression]) -> pa.Table:
@@ -189,7 +321,8 @@ def bind(expr: object, schema: pa.Schema, *, table_name: str, what: str) -> Boun
             _project(probe, [expr])
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError):
             inputs.append(name)
-    return BoundExpression(expr, tuple(inputs), out.type, text)
+    return BoundExpression(expr, tuple(inputs), out.type, text,
+                           direct=_direct_tree(expr, text, schema, out.type))
 
 
 def _bind_positional(
@@ -268,14 +401,20 @@ def evaluate_many(
     ExpressionError
         If a kernel fails on these values (overflow, division by zero, a failing cast).
     """
-    if not any(b.positional for b in bounds):
+    if DIRECT and all(b.direct is not None for b in bounds):
+        return [_evaluate_direct(b, columns) for b in bounds]
+    if not any(b.positional for b in bounds) and not (
+            DIRECT and any(b.direct is not None for b in bounds)):
         names = list(dict.fromkeys(c for b in bounds for c in b.inputs))
         return _evaluate_plan(bounds, names, columns, n)
     # one plan per layout: the named expressions together, positional ones by their inputs
     plans: dict[tuple[str, ...] | None, list[int]] = {}
-    for i, b in enumerate(bounds):
-        plans.setdefault(b.inputs if b.positional else None, []).append(i)
     results: dict[int, pa.Array] = {}
+    for i, b in enumerate(bounds):
+        if DIRECT and b.direct is not None:
+            results[i] = _evaluate_direct(b, columns)
+        else:
+            plans.setdefault(b.inputs if b.positional else None, []).append(i)
     for layout, members in plans.items():
         group = [bounds[i] for i in members]
         names = list(layout) if layout is not None else list(
@@ -301,6 +440,19 @@ def _evaluate_plan(
         texts = " / ".join(b.text for b in bounds)
         raise ExpressionError(f"evaluating {texts} failed: {exc}") from exc
     return [_single(out.column(i), b.type) for i, b in enumerate(bounds)]
+
+
+def _evaluate_direct(bound: BoundExpression, columns: Mapping[str, pa.Array | pa.ChunkedArray]
+                     ) -> pa.Array:
+    """``bound`` by calling its functions on the arrays (see the module's docstring)."""
+    assert bound.direct is not None
+    try:
+        out = _run(bound.direct, columns)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise ExpressionError(f"evaluating {bound.text} failed: {exc}") from exc
+    if isinstance(out, pa.ChunkedArray):
+        return _single(out, bound.type)
+    return cast("pa.Array", out)
 
 
 def _single(col: pa.ChunkedArray, type: pa.DataType) -> pa.Array:

@@ -270,13 +270,16 @@ class UpdateGraph:
     def _visit(self, node: Table, touched: list[Table]) -> None:
         if node.failure is not None:
             return
-        failed_parent = next((p for p in node.parents if p.failure is not None), None)
-        if failed_parent is not None:
-            node._fail(TableFailed(f"parent table {failed_parent.name!r} failed"),
-                       cause=failed_parent.failure)
-            return
-        if node.parents and all(p._update is None for p in node.parents):
-            return  # every parent is silent this cycle, so is this table
+        if node.parents:
+            silent = True
+            for p in node.parents:  # one pass, no generators: every table pays it every cycle
+                if p.failure is not None:
+                    node._fail(TableFailed(f"parent table {p.name!r} failed"), cause=p.failure)
+                    return
+                if p._update is not None:
+                    silent = False
+            if silent:
+                return  # every parent is silent this cycle, so is this table
         try:
             update = node._compute_update()
         except Exception as exc:

@@ -97,9 +97,11 @@ class RowSet:
             If a key is negative.
         """
         arr = as_key_array(keys)
-        if arr.size and not assume_sorted:
+        if arr.size == 0:
+            return cls()  # an update's empty parts: no bitmap to build
+        if not assume_sorted:
             arr = unique_keys(arr)
-        if arr.size and arr[0] < 0:
+        if arr[0] < 0:
             raise InvalidKeyError(f"row keys must be non-negative, got {int(arr[0])}")
         rs = cls(_bitmap_from_sorted(arr))
         if assume_sorted:

@@ -244,6 +244,7 @@ def highest_bit(m: U64) -> I64:
 
 # bitmaps --------------------------------------------------------------------------------------
 DENSE_MIN = 8192   # from this many keys, at least one in 64 of their span: built from bit words
+SMALL_MAX = 32     # up to this many keys: built from a list of Python integers (tests change it)
 _CONTAINER = 1 << 16  # keys per Roaring container
 _ARRAY_MAX = 4096     # a container of more keys is a bitmap of 2**16 bits
 _NO_RUN_COOKIE = 12346  # portable Roaring: array and bitmap containers only, offsets always
@@ -266,6 +267,8 @@ def bitmap_from_sorted(keys: I64) -> BitMap64:
     """
     if keys.size == 0:
         return BitMap64()
+    if keys.size <= SMALL_MAX:  # a few keys: Python integers cost less than the array's bytes
+        return BitMap64(keys.tolist())
     if keys.size >= DENSE_MIN:
         base = int(keys[0]) & ~(_CONTAINER - 1)
         span = int(keys[-1]) - base + 1

@@ -93,8 +93,9 @@ class U64Map:
         return int(self._keys.nbytes + self._vals.nbytes + self._claim.nbytes)
 
     def _home(self, h: U64) -> U64:
-        with np.errstate(over="ignore"):
-            return (h * GOLDEN) >> self._shift
+        # integer arithmetic on arrays wraps silently (no errstate needed: entering one
+        # costs more than a few keys' probe walks)
+        return (np.asarray(h, dtype=np.uint64) * GOLDEN) >> self._shift
 
     def _slots(self, h: U64) -> I64:
         """Slot of each key, ``-1`` where absent.
@@ -137,21 +138,30 @@ class U64Map:
 
     def _slots_few(self, h: U64) -> I64:
         """:meth:`_slots` of a few keys: each one's probe chain walked with plain integers."""
+        return np.array(self._walk_few(h), dtype=np.int64)
+
+    def _walk_few(self, h: U64) -> list[int]:
+        """Slot of each of a few keys (``-1``: absent), walked as Python integers."""
         keys, vals = self._keys, self._vals
         mask = int(self._mask)
         out = []
-        for k, s in zip(h.tolist(), self._home(h).tolist(), strict=True):
+        for k, s in zip(h.tolist(), self._home(h).tolist(), strict=True):  # <= scalar_max keys
             while True:  # a hit, or an empty slot: absent; dead slots are passed
-                v = int(vals[s])
-                if v == _EMPTY or (v >= 0 and int(keys[s]) == k):
+                v = vals.item(s)
+                if v == _EMPTY or (v >= 0 and keys.item(s) == k):
                     out.append(s if v >= 0 else -1)
                     break
                 s = (s + 1) & mask
-        return np.array(out, dtype=np.int64)
+        return out
 
     def lookup(self, h: U64) -> I64:
         """Value per key, ``-1`` where absent."""
-        s = self._slots(np.asarray(h, dtype=np.uint64))
+        h = np.asarray(h, dtype=np.uint64)
+        if h.size <= self.scalar_max:
+            vals = self._vals
+            return np.array([vals.item(s) if s >= 0 else -1 for s in self._walk_few(h)],
+                            dtype=np.int64)
+        s = self._slots(h)
         out: I64 = self._vals[s]
         out[s < 0] = -1
         return out

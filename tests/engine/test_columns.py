@@ -281,3 +281,23 @@ def test_append_source_refuses_overwrites_and_gaps():
         src.set_new_range(5, pa.array([4]))
     with pytest.raises(InputError, match="cannot be overwritten"):
         src.set(K(0), pa.array([9]))
+
+
+@pytest.mark.parametrize("few", [0, 1 << 30])
+def test_arrow_source_python_values_of_a_few_keys(few, monkeypatch):
+    # read one by one (``few`` large) or gathered (0): the same values, nulls included,
+    # across chunks of several sizes and after overwrites
+    from engine import columns
+
+    monkeypatch.setattr(columns, "_FEW_SCALARS", few)
+    rng = np.random.default_rng(3)
+    src = ArrowColumnSource(pa.string())
+    model: dict[int, str | None] = {}
+    for rnd in range(60):
+        keys = np.unique(rng.integers(0, 40, int(rng.integers(1, 12))))
+        vals = [None if rng.random() < 0.2 else f"r{rnd}k{k}" for k in keys.tolist()]
+        src.ensure_capacity(40)
+        src.set(keys, pa.array(vals, pa.string()))
+        model.update(zip(keys.tolist(), vals, strict=True))
+        ask = rng.choice(np.array(sorted(model)), int(rng.integers(0, 20)))
+        assert src.get_pylist(ask) == [model[k] for k in ask.tolist()]

@@ -86,6 +86,48 @@ def test_failing_listener_fails_table_and_descendants_only():
         bad.to_arrow()
 
 
+def test_a_child_fails_with_its_failed_parent_whatever_its_other_parents_did():
+    # the first parent updates in the very cycle the second fails: the child is failed, not
+    # computed from the first parent's update
+    g = UpdateGraph(validate=True)
+    log = []
+    a = g.append_only_table(SCHEMA, name="a")
+    bad = derived(g, [a], "bad", log, fail_on=2)
+    both = derived(g, [a, bad], "both", log)
+    for _ in range(3):
+        a.append({"x": [1]})
+        g.run_cycle()
+    assert isinstance(both.failure, TableFailed) and "'bad'" in str(both.failure)
+    assert both.size == 2 and ("both", (True, True)) in log and len(log) == 3
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_a_write_staged_after_the_cycle_gate_closed_waits_for_the_next_cycle(before):
+    # a cycle gate (durability's) sets aside what is staged when the cycle begins; a writer
+    # let through as the gate closes stages into the next cycle, whether or not the table
+    # had something staged before (an idle table sets aside nothing, without its lock)
+    g = UpdateGraph(validate=True)
+    a = g.append_only_table(SCHEMA, name="a")
+    late: list = []
+
+    class Gate:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            while late:
+                late.pop()()
+
+    g.cycle_gate = Gate()
+    if before:
+        a.append({"x": [1]})
+    late.append(lambda: a.append({"x": [2]}))
+    g.run_cycle()
+    assert a.to_pandas().x.tolist() == ([1] if before else [])
+    g.run_cycle()
+    assert a.to_pandas().x.tolist() == ([1, 2] if before else [2])
+
+
 def test_user_listener_that_raises_is_removed_not_the_table():
     g = UpdateGraph()
     a = g.append_only_table(SCHEMA)

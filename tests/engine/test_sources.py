@@ -8,7 +8,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from engine import _keyed
+from engine import _keyed, columns
 from engine._kernels import hashing
 from engine.errors import InputError, InvalidKeyError, SchemaError, TableFailed
 from engine.graph import UpdateGraph
@@ -350,17 +350,20 @@ def test_write_lock_makes_check_then_stage_atomic():
     assert t.to_pandas()["s"].tolist() == ["other"]  # staged after mine: the last write wins
 
 
-@pytest.mark.parametrize("ktype, few, squeeze", [
-    (pa.int64(), None, False),
-    (pa.string(), 0, False),  # every batch through the vectorized hash and comparison
-    (pa.string(), 1 << 30, False),  # every batch through the plain-integer/Python ones
-    (pa.string(), 0, True),  # hashes squeezed into four values: equality decides
-    (pa.string(), 1 << 30, True),
+@pytest.mark.parametrize("ktype, few, squeeze, scalars", [
+    (pa.int64(), None, False, None),
+    (pa.string(), 0, False, 0),  # every batch through the vectorized hash and comparison
+    (pa.string(), 1 << 30, False, 1 << 30),  # every batch through the plain-integer/Python ones
+    (pa.string(), 0, True, 0),  # hashes squeezed into four values: equality decides
+    (pa.string(), 1 << 30, True, 1 << 30),
+    (pa.string(), 1 << 30, True, 0),  # held keys compared as Python values, read gathered
 ])
-def test_lookup_matches_a_dict_model_over_random_writes(ktype, few, squeeze, monkeypatch):
+def test_lookup_matches_a_dict_model_over_random_writes(ktype, few, squeeze, scalars, monkeypatch):
     if few is not None:
         monkeypatch.setattr(_keyed, "FEW_KEYS", few)
         monkeypatch.setattr(hashing, "FEW_STRINGS", few)
+    if scalars is not None:
+        monkeypatch.setattr(columns, "_FEW_SCALARS", scalars)
     if squeeze:
         real = _keyed._key_hashes
         monkeypatch.setattr(_keyed, "_key_hashes", lambda tbl, keys: real(tbl, keys) & np.uint64(3))

@@ -176,6 +176,21 @@ def test_bitmap_from_sorted_of_many_keys(start, every):
     assert len(got) == keys.size and np.array_equal(np.array(got.to_array(), dtype=np.int64), keys)
 
 
+@pytest.mark.parametrize("small", [0, 1 << 30])
+def test_bitmap_from_sorted_of_a_few_keys(small, monkeypatch):
+    # from Python integers (``small`` large) or array('Q') (0): the same bitmap, keys past
+    # 2**32 and 2**63 - 1 included
+    from engine._kernels import arrays
+
+    monkeypatch.setattr(arrays, "SMALL_MAX", small)
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 3, 31, 32, 33):
+        for high in (0, 1 << 32, (1 << 63) - 1000):
+            keys = np.unique(high + rng.integers(0, 1000, n, dtype=np.int64))
+            got = bitmap_from_sorted(keys)
+            assert np.array_equal(np.array(got.to_array(), dtype=np.int64), keys)
+
+
 def test_bitmap_from_words_skips_empty_containers():
     words = np.zeros(4 * 1024, dtype=np.uint64)
     words[1024 * 3 + 5] = 1 << 63  # the only key, in the fourth container

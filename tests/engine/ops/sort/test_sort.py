@@ -16,6 +16,7 @@ import pytest
 from engine.errors import InputError, SchemaError
 from engine.graph import UpdateGraph
 from engine.ops.sort import _index as sort_index
+from engine.ops.sort import _keys as sort_keys
 from engine.ops.sort import _slots as sort_slots
 from engine.ops.sort._index import SortIndex
 from engine.ops.sort._keys import KeyEncoder
@@ -416,18 +417,38 @@ def test_codes_order_like_the_values(values, descending):
             assert got == sign * want, (a, b, descending)
 
 
+@pytest.mark.parametrize("descending", [False, True])
+def test_a_few_floats_encode_as_a_batch_does(descending, monkeypatch):
+    # value by value (up to FEW_FLOATS) or vectorized: the same codes, for float64 and
+    # float32, signed zeros, infinities, NaN, nulls, subnormals and extremes
+    rng = np.random.default_rng(11)
+    pool = [0.0, -0.0, 1.5, -1.5, float("inf"), float("-inf"), float("nan"), None, 5e-324,
+            -5e-324, 1.7976931348623157e308, -1.7976931348623157e308, 0.1, -3.0]
+    for t in (pa.float64(), pa.float32()):
+        enc = KeyEncoder("x", t, descending)
+        for _ in range(200):
+            vals = pa.array([pool[i] for i in rng.integers(0, len(pool), int(rng.integers(0, 9)))], t)
+            monkeypatch.setattr(sort_keys, "FEW_FLOATS", 1 << 30)
+            few = enc.encode(vals)
+            monkeypatch.setattr(sort_keys, "FEW_FLOATS", 0)
+            batch = enc.encode(vals)
+            assert few.dtype == batch.dtype and few.tolist() == batch.tolist(), vals
+
+
 # ---------------------------------------------------------------------------------------
 # the oracle: random sources (append, keyed, ring), recomputed and replayed every cycle
 
 
 @pytest.fixture(params=["vectorized", "integers"])
 def placement(request, monkeypatch):
-    """Batches placed one way only: ``FEW_MAX`` (and ``LiveBits``' ``FEW``) 0, every batch
-    vectorized, or unbounded, every batch tried as plain integers first (and the ghosts
-    refilled so). Call the returned function after the run: it checks which path ran."""
+    """Batches placed one way only: ``FEW_MAX`` (and ``LiveBits``' ``FEW``, the encoder's
+    ``FEW_FLOATS``) 0, every batch vectorized, or unbounded, every batch tried as plain
+    integers first (and the ghosts refilled so, floats encoded value by value). Call the
+    returned function after the run: it checks which path ran."""
     few = 0 if request.param == "vectorized" else 1 << 30
     monkeypatch.setattr(sort_index, "FEW_MAX", few)
     monkeypatch.setattr(sort_slots, "FEW", few)
+    monkeypatch.setattr(sort_keys, "FEW_FLOATS", few)
     share_cycles(monkeypatch, 2)
     placed: list[bool] = []
     inner = SortIndex._place_few

@@ -1,0 +1,133 @@
+"""engine/expr.py's direct path: which expressions get one, and that it gives exactly what
+the Acero plan gives (values, nulls, types, errors); then select/where oracles with the
+path forced off (the other oracles run it on: it is the default)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from engine import expr as _expr
+from engine.errors import ExpressionError
+from tests.oracle import run_oracle
+
+SCHEMA = pa.schema([("i", pa.int64()), ("j", pa.int32()), ("x", pa.float64()), ("y", pa.float64()),
+                    ("s", pa.string()), ("b", pa.bool_()), ("c", pa.bool_())])
+I, J, X, Y, S, B, C = (pc.field(n) for n in SCHEMA.names)  # noqa: E741
+
+DIRECT = [
+    X - Y, I * 2, I + J, X * 2.5, X / Y, I / J, I * X, pc.negate_checked(I), pc.abs(X),
+    X > Y, I <= 3, S == 'a"b\\', S != "A", X * 1e20, Y * 1e-7, (X > 1) & (Y < 2), B | ~C,
+    pc.and_not_kleene(B, C), pc.utf8_upper(S), pc.utf8_length(S), I, (I + J) * (X - 1.5),
+    B == True,  # noqa: E712  (a comparison with a literal true)
+    S == "é",
+    pc.is_null(X),  # no options given: the function's defaults, as in the plan
+]
+NOT_DIRECT = [
+    X * 2.0,                                  # prints "2": the int literal rebuilds another expression
+    I * pc.scalar(pa.scalar(2, pa.int32())),  # likewise: the literal's type is not printed
+    X.is_null(),                              # a call with options
+    I.isin([1, 2]),
+    pc.scalar(1) + pc.scalar(2),              # constant: for the plan (it folds constants)
+    I + (pc.scalar(1) + pc.scalar(2)),
+    X == pc.scalar(None),
+    I.cast(pa.float64()),
+    S == "a\nb",                              # a newline prints escaped: "\\n" reads as "n"
+]
+
+
+def bound(e: pc.Expression) -> _expr.BoundExpression:
+    return _expr.bind(e, SCHEMA, table_name="t", what="test")
+
+
+@pytest.mark.parametrize("e", DIRECT, ids=str)
+def test_direct_tree_for_simple_expressions(e):
+    assert bound(e).direct is not None
+
+
+@pytest.mark.parametrize("e", NOT_DIRECT, ids=str)
+def test_no_direct_tree_when_it_would_not_rebuild_the_expression(e):
+    assert bound(e).direct is None
+
+
+def random_columns(rng: np.random.Generator, n: int) -> dict[str, pa.Array | pa.ChunkedArray]:
+    def nulls() -> np.ndarray:
+        return rng.random(n) < 0.2
+
+    big = np.array([0, 1, -1, 2**62, -(2**62), 2**63 - 1])
+    ints = np.where(rng.random(n) < 0.1, big[rng.integers(0, big.size, n)], rng.integers(-5, 6, n))
+    x = rng.integers(-4, 5, n) * 0.5
+    x[rng.random(n) < 0.1] = np.nan
+    cols: dict[str, pa.Array | pa.ChunkedArray] = {
+        "i": pa.array(ints, mask=nulls()),
+        "j": pa.array(rng.integers(-3, 4, n).astype(np.int32), mask=nulls()),
+        "x": pa.array(x, mask=nulls()),
+        "y": pa.array(rng.integers(-4, 5, n) * 0.25, mask=nulls()),
+        "s": pa.array(np.array(["a", "A", 'a"b\\', "", "é", "a\nb"], dtype=object)[rng.integers(0, 6, n)],
+                      mask=nulls()),
+        "b": pa.array(rng.random(n) < 0.5, mask=nulls()),
+        "c": pa.array(rng.random(n) < 0.5, mask=nulls()),
+    }
+    if n > 2 and rng.random() < 0.5:  # chunked inputs, chunked differently
+        cols["x"] = pa.chunked_array([cols["x"].slice(0, 1), cols["x"].slice(1)])
+        cols["y"] = pa.chunked_array([cols["y"].slice(0, n - 2), cols["y"].slice(n - 2)])
+    return cols
+
+
+def outcome(b: _expr.BoundExpression, cols, n: int, direct: bool):
+    _expr.DIRECT = direct
+    try:
+        return _expr.evaluate(b, cols, n)
+    except ExpressionError as exc:
+        return f"{type(exc.__cause__).__name__}: {exc}"
+    finally:
+        _expr.DIRECT = True
+
+
+def same(a: pa.Array, b: pa.Array) -> bool:
+    """Equal types, nulls and values (NaN equal to NaN, unlike ``Array.equals``)."""
+    return (a.type == b.type and a.is_valid().equals(b.is_valid())
+            and a.to_pandas().equals(b.to_pandas()))
+
+
+def test_direct_path_gives_what_the_plan_gives():
+    # values, nulls (Kleene logic, NaN), implicit casts, overflow and division by zero
+    rng = np.random.default_rng(7)
+    bounds = [bound(e) for e in DIRECT + NOT_DIRECT]
+    for _ in range(60):
+        n = int(rng.choice([0, 1, 3, 8, 40]))
+        cols = random_columns(rng, n)
+        for b in bounds:
+            plan, direct = outcome(b, cols, n, False), outcome(b, cols, n, True)
+            if isinstance(plan, str) or isinstance(direct, str):
+                assert plan == direct, b.text
+            else:
+                assert direct.type == b.type and plan.type == b.type, b.text
+                assert same(direct, plan), (b.text, direct, plan)
+    # several expressions, some direct and some not, in one call keep their order
+    mixed = [bound(e) for e in (X - Y, X.is_null(), I * 2, pc.scalar(3))]
+    cols = random_columns(rng, 8)
+    _expr.DIRECT = False
+    want = _expr.evaluate_many(mixed, cols, 8)
+    _expr.DIRECT = True
+    got = _expr.evaluate_many(mixed, cols, 8)
+    assert [same(g, w) for g, w in zip(got, want, strict=True)] == [True] * 4
+
+
+@pytest.fixture
+def plan_only(monkeypatch):
+    monkeypatch.setattr(_expr, "DIRECT", False)
+
+
+def test_update_and_where_oracle_through_the_plan(plan_only):
+    P, Q = pc.field("Price"), pc.field("Qty")
+
+    def expected(df):
+        out = df.assign(Price=df.Price * 2, N=df.Price * 2 * df.Qty, U=df.Sym.str.upper())
+        return out[(out.N > 100) | out.Sym.isna()]
+
+    run_oracle(lambda t: t.update(Price=P * 2, N=pc.field("Price") * Q, U=pc.utf8_upper(pc.field("Sym")))
+               .where((pc.field("N") > 100) | pc.is_null(pc.field("Sym"))),
+               expected, seed=31, n_cycles=300)
