@@ -24,6 +24,7 @@ from engine.ops.aggregate import agg
 from engine.ops.aggregate._addonly import RowEnds, RunningExtremes
 from engine.ops.aggregate._states import Events, OrderStats
 from engine.ops.aggregate.listener import agg_by
+from engine.ops.join.listener import exact_join, join, left_outer_join, natural_join
 from tests.engine.ops.aggregate.test_aggregate import (
     SCHEMA,
     _batch,
@@ -54,6 +55,32 @@ def test_append_only_tables_where_and_column_ops_are_add_only_nothing_else():
     not_add_only = [keyed, ring, keyed.where(pc.field("Price") > 1), ring.update(P2=pc.field("Price") * 2),
                     t.sort("Price"), t.head(3), t.tail(3), agg_by(t, agg.count("N"), "Sym"), t.merge(g.append_only_table(SCHEMA))]
     assert not any(d.add_only for d in not_add_only)
+
+
+def test_inner_joins_of_insert_only_parents_and_where_over_them_are_insert_only_nothing_else():
+    g = UpdateGraph()
+    a, b = g.append_only_table(SCHEMA), g.append_only_table(SCHEMA)
+    keyed, ring = g.keyed_table(SCHEMA, "Key"), g.ring_table(SCHEMA, 4)
+    ab = join(a, b, "Sym", joins=["K2=Key"])
+    insert_only = [a, ab, ab.where(pc.field("Price") > 1), join(ab, a, "Qty", joins=["K3=Key"])]
+    assert all(t.insert_only for t in insert_only) and not any(t.add_only for t in insert_only[1:])
+    # a right row arriving modifies (natural) or removes (outer: the null row) a left row's
+    # row; a keyed or ring parent removes and modifies
+    not_insert_only = [
+        natural_join(a, b, "Key", joins=["P2=Price"]), exact_join(a, b, "Key", joins=["P2=Price"]),
+        left_outer_join(a, b, "Sym", joins=["K2=Key"]), join(a, keyed, "Sym", joins=["K2=Key"]),
+        join(keyed, a, "Sym", joins=["K2=Key"]), join(a, ring, "Sym", joins=["K2=Key"]),
+        join(left_outer_join(a, b, "Sym", joins=["K2=Key"]), a, "Qty", joins=["K3=Key"]),
+        keyed.where(pc.field("Price") > 1), agg_by(ab, agg.count("N"), "Sym"), ab.sort("Price"),
+        ab.merge(a.update(K2=pc.field("Key"))),
+    ]
+    assert not any(t.insert_only for t in not_insert_only)
+    # min/max run over the insert-only join; first/last keep the row-key set (rows arrive
+    # anywhere in it), the others the sorted states
+    assert _classes(agg_by(ab, EXTREMES, "Sym")) == {RunningExtremes}
+    assert _classes(agg_by(ab.where(pc.field("Price") > 1), EXTREMES)) == {RunningExtremes}
+    for parent in not_insert_only[:3]:
+        assert _classes(agg_by(parent, EXTREMES, "Sym")) == {OrderStats}
 
 
 def test_add_only_parents_get_running_states_others_the_sorted_ones():
@@ -162,6 +189,27 @@ def test_a_parent_that_is_not_add_only_after_all_fails_the_table(write):
     msg = str(r.failure)
     assert repr(r.name) in msg and repr(src.name) in msg and "add-only" in msg
     assert {"delete": "removes", "modify": "modifies", "add below": "adds below"}[write] in msg
+
+
+@pytest.mark.parametrize("write", ["delete", "modify"])
+def test_a_parent_that_is_not_insert_only_after_all_fails_the_table(write):
+    g = UpdateGraph(validate=True)
+    src = _keyed(g, [("A", 1, 1.0, 1), ("A", 2, 2.0, 1), ("B", 3, 5.0, 1)])
+    src._insert_only = True  # a false promise
+    r = agg_by(src, EXTREMES, "Sym")
+    assert _classes(r) == {RunningExtremes}
+    src.upsert(_batch([("A", 5, 0.0, 1)]))  # an add is kept
+    g.run_cycle()
+    assert r.failure is None and _rows(r)[0]["Lo"] == 0.0
+    if write == "delete":
+        src.delete(pa.table({"Key": [2]}))
+    else:
+        src.upsert(_batch([("A", 2, 9.0, 1)]))
+    g.run_cycle()
+    assert isinstance(r.failure, TableFailed)
+    msg = str(r.failure)
+    assert repr(r.name) in msg and repr(src.name) in msg and "insert-only" in msg
+    assert {"delete": "removes", "modify": "modifies"}[write] in msg
 
 
 def test_add_only_states_refuse_rows_leaving_groups():
