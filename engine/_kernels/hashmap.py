@@ -93,8 +93,9 @@ class U64Map:
         return int(self._keys.nbytes + self._vals.nbytes + self._claim.nbytes)
 
     def _home(self, h: U64) -> U64:
-        with np.errstate(over="ignore"):
-            return (h * GOLDEN) >> self._shift
+        # an array times a scalar wraps silently (numpy warns for scalar * scalar only),
+        # so no errstate: entering one costs more than the multiply for a few keys
+        return (h * GOLDEN) >> self._shift
 
     def _slots(self, h: U64) -> I64:
         """Slot of each key, ``-1`` where absent.
