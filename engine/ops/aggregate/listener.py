@@ -100,7 +100,9 @@ How a cycle runs (every step is numpy over the changed rows, no loop per row or 
    running value per group instead, and over an add-only one
    (:attr:`~engine.table.Table.add_only`: rows only arrive, above every current key)
    first/last also keep each group's first and last row key
-   (``engine.ops.aggregate._addonly``); an update of such a parent that removes or
+   (``engine.ops.aggregate._addonly``), and a ``by`` keeps no row-key set: a group's row
+   key is its first row's, set once when the group appears (a map from those keys to the
+   groups serves the result's reads); an update of such a parent that removes or
    modifies rows (add-only: or shifts them, or adds below its last key) fails the table
    before any state changes.
 4. Each aggregation's kind names the groups to evaluate again and computes their new
@@ -152,6 +154,7 @@ from engine._kernels.hashing import (
 )
 from engine._kernels.ids import IdAllocator
 from engine._kernels.keymap import ExactKeyMap
+from engine._kernels.rowkeymap import RowKeyMap
 from engine.columns import (
     ColumnSource,
     NumpyColumnSource,
@@ -175,6 +178,9 @@ __all__ = ["Agg", "AggListener", "agg_by", "count_by", "first_by", "last_by"]
 #: whether an insert-only parent that is not add-only gets the running min/max (tests
 #: switch it off to drive the same oracle through the sorted states)
 RUNNING_OVER_INSERTS = True
+#: whether an aggregation with a ``by`` over an add-only parent keeps only each group's
+#: first row (its row key) instead of every row's group (tests switch it off likewise)
+FIRSTS_OVER_APPENDS = True
 
 
 def _growth(parent: Table) -> Growth:
@@ -382,8 +388,15 @@ class AggListener:
         self.states = build_states([n for a, k in zip(aggs, self.kinds, strict=True) for n in k.needs(a, self.growth)],
                                    lambda cols: [parent.schema.field(c).type for c in cols])
         # each row's group in parent row-key order: the groups' first rows (their row keys
-        # here, when there is a ``by``) and first/last
-        self.rows = RowKeySet() if by or any(k.reads_rows(self.growth) for k in self.kinds) else None
+        # here, when there is a ``by``) and first/last. Over an add-only parent a group's
+        # first row is its first ever and no row leaves a group: each group's first row
+        # (``first_row``, by slot, and ``firsts``, its inverse) is all a ``by`` needs.
+        reads_rows = any(k.reads_rows(self.growth) for k in self.kinds)
+        self.firsts: RowKeyMap | None = None
+        if by and not reads_rows and self.growth is Growth.APPENDS and FIRSTS_OVER_APPENDS:
+            self.firsts = RowKeyMap()
+        self.rows = RowKeySet() if (by and self.firsts is None) or reads_rows else None
+        self.first_row = np.zeros(16 if self.firsts is not None else 0, dtype=np.int64)
         # states holding row keys of their own (sorted_first/last) see every shift
         self.row_states = any(st.holds_rows for st in self.states.values())
         # group key -> slot: hash, then verify against key_cols (one integer-like column:
@@ -412,7 +425,7 @@ class AggListener:
         slots = self.slots.allocate(n)
         if self.slots.end > self.size.size:
             cap = max(self.slots.end, 2 * self.size.size)
-            for name in ("size", "slot_hash"):
+            for name in ("size", "slot_hash", "first_row")[: 3 if self.firsts is not None else 2]:
                 old = getattr(self, name)
                 grown = np.zeros(cap, dtype=old.dtype)
                 grown[: old.size] = old
@@ -544,15 +557,20 @@ class AggListener:
         """The slot of the group at each row key (current key space)."""
         if not self.by:
             return keys  # the one group's row key is its slot
+        return self._groups_at(keys)  # a group's row key is its first row's
+
+    def _groups_at(self, keys: I64) -> I64:
+        """The group whose first row is at each of ``keys`` (current key space)."""
+        if self.firsts is not None:
+            return self.firsts.lookup(keys)
         assert self.rows is not None
-        return self.rows.groups_of(keys)  # a group's row key is its first row's
+        return self.rows.groups_of(keys)
 
     def prev_slots_of(self, keys: I64) -> I64:
         """The slot of the group at each row key of the previous key space (this cycle's)."""
         if not self.by:
             return keys
-        assert self.rows is not None
-        slots = self.rows.groups_of(self._shift.apply_keys(keys))  # rows that kept their key
+        slots = self._groups_at(self._shift.apply_keys(keys))  # rows that kept their key
         if self._gone_keys.size and keys.size:
             pos = np.minimum(np.searchsorted(self._gone_keys, keys), self._gone_keys.size - 1)
             gone = self._gone_keys[pos] == keys
@@ -566,6 +584,8 @@ class AggListener:
 
     def _first_rows(self, slots: I64) -> I64:
         """Each group's first parent row key (garbage for a group without rows)."""
+        if self.firsts is not None:
+            return self.first_row[slots]
         assert self.rows is not None
         return self.rows.min_of(slots)[0].view(np.int64)
 
@@ -656,6 +676,11 @@ class AggListener:
             first_new = np.where(size_old > 0, np.minimum(first_old, lo), lo)
         if self.rows is not None:
             self._move_rows(up, cy)
+        if self.firsts is not None and first_new is not None:  # else the parent broke its promise
+            born = size_old == 0
+            if born.any():
+                self.first_row[touched[born]] = first_new[born]
+                self.firsts.insert(first_new[born], touched[born])
         cx = Refresh(self.parent, cy, touched, self.size, self.states, self._apply_states(cy), self.rows,
                      self.growth)
         existed_cache: dict[int, _Live] = {}

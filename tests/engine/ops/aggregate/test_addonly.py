@@ -21,6 +21,7 @@ import tests.oracle as oracle
 from engine.errors import TableFailed, UpdateInvariantError
 from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
+from engine.ops.aggregate import listener as _agglistener
 from engine.ops.aggregate._addonly import RowEnds, RunningExtremes
 from engine.ops.aggregate._states import Events, OrderStats
 from engine.ops.aggregate.listener import agg_by
@@ -89,6 +90,7 @@ def test_add_only_parents_get_running_states_others_the_sorted_ones():
     with_median = EXTREMES + [agg.median("Price", "Mid")]
     r = agg_by(t, with_median, "Sym")
     assert _classes(r) == {RunningExtremes, RowEnds, OrderStats}  # median keeps its sorted state
+    assert r.listener.firsts is not None and r.listener.rows is None  # groups' first rows only
     assert _classes(agg_by(t.where(pc.field("Price") > 1), EXTREMES, "Sym")) == {RunningExtremes, RowEnds}
     whole = agg_by(t, EXTREMES)
     assert _classes(whole) == {RunningExtremes, RowEnds} and whole.listener.rows is None  # no row-key set
@@ -96,6 +98,7 @@ def test_add_only_parents_get_running_states_others_the_sorted_ones():
         for by in ("Sym", ()):
             res = agg_by(parent, EXTREMES, by)
             assert _classes(res) == {OrderStats} and res.listener.rows is not None
+            assert res.listener.firsts is None
 
 
 # exact values -----------------------------------------------------------------------------
@@ -266,3 +269,26 @@ def _running(build):
         assert RunningExtremes in _classes(r)
         return r
     return run
+
+
+@pytest.mark.parametrize("firsts", [True, False], ids=["first-rows", "row-key-set"])
+def test_oracle_add_only_groups_by_first_rows_switched_on_and_off(monkeypatch, firsts):
+    """A ``by`` over an add-only parent keeps each group's first row, not every row's
+    group; switched off, the row-key set: the same oracle, shorter, both ways."""
+    monkeypatch.setattr(_agglistener, "FIRSTS_OVER_APPENDS", firsts)
+    monkeypatch.setenv("TICKTABLE_CYCLES", "150")
+    sums = [agg.count("N"), agg.sum("Qty", "S"), agg.max("Price", "Hi")]
+
+    def checked(build):
+        def run(t):
+            r = build(t)
+            assert (r.listener.firsts is not None) is firsts and (r.listener.rows is None) is firsts
+            return r
+        return run
+
+    two = ALL_ENDS[:4] + [agg.first("Key", "FK"), agg.last("Price", "LP")]
+    cases = {
+        "by sym": _Case(checked(lambda t: agg_by(t, sums, "Sym")), ["Sym"], sums),
+        "two keys": _Case(checked(lambda t: agg_by(t, two, ["Sym", "Qty"])), ["Sym", "Qty"], two),
+    }
+    _run_cases(cases, seed=43, kinds=("append",), max_rows=200)
