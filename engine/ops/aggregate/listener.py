@@ -181,6 +181,10 @@ RUNNING_OVER_INSERTS = True
 #: whether an aggregation with a ``by`` over an add-only parent keeps only each group's
 #: first row (its row key) instead of every row's group (tests switch it off likewise)
 FIRSTS_OVER_APPENDS = True
+#: the first rows' map stays dense while groups hold up to about this many rows on
+#: average: the result's reads look rows up there once per column and reader, and a
+#: hashed lookup is probe rounds where a dense one is a take (tests set 0: hashed)
+FIRSTS_DENSE_RATIO = 32
 
 
 def _growth(parent: Table) -> Growth:
@@ -394,7 +398,7 @@ class AggListener:
         reads_rows = any(k.reads_rows(self.growth) for k in self.kinds)
         self.firsts: RowKeyMap | None = None
         if by and not reads_rows and self.growth is Growth.APPENDS and FIRSTS_OVER_APPENDS:
-            self.firsts = RowKeyMap()
+            self.firsts = RowKeyMap(dense_ratio=FIRSTS_DENSE_RATIO)
         self.rows = RowKeySet() if (by and self.firsts is None) or reads_rows else None
         self.first_row = np.zeros(16 if self.firsts is not None else 0, dtype=np.int64)
         # states holding row keys of their own (sorted_first/last) see every shift

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pytest
 
 import tests.oracle as oracle
+from engine._kernels import rowkeymap
 from engine.errors import TableFailed, UpdateInvariantError
 from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
@@ -277,12 +278,15 @@ def test_oracle_add_only_groups_by_first_rows_switched_on_and_off(monkeypatch, f
     group; switched off, the row-key set: the same oracle, shorter, both ways."""
     monkeypatch.setattr(_agglistener, "FIRSTS_OVER_APPENDS", firsts)
     monkeypatch.setenv("TICKTABLE_CYCLES", "150")
+    monkeypatch.setattr(rowkeymap, "SPARSE_SLACK", 0)  # the maps turn hashed
+    monkeypatch.setattr(_agglistener, "FIRSTS_DENSE_RATIO", 0)
     sums = [agg.count("N"), agg.sum("Qty", "S"), agg.max("Price", "Hi")]
 
     def checked(build):
         def run(t):
             r = build(t)
             assert (r.listener.firsts is not None) is firsts and (r.listener.rows is None) is firsts
+            hashed.append(r.listener.firsts)
             return r
         return run
 
@@ -291,4 +295,6 @@ def test_oracle_add_only_groups_by_first_rows_switched_on_and_off(monkeypatch, f
         "by sym": _Case(checked(lambda t: agg_by(t, sums, "Sym")), ["Sym"], sums),
         "two keys": _Case(checked(lambda t: agg_by(t, two, ["Sym", "Qty"])), ["Sym", "Qty"], two),
     }
+    hashed: list = []
     _run_cases(cases, seed=43, kinds=("append",), max_rows=200)
+    assert not firsts or any(m.hashed for m in hashed)
