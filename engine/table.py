@@ -81,9 +81,16 @@ class Table:
     the table's kind guarantees it (an :class:`~engine.sources.AppendOnlyTable`, and a
     ``where`` or a column operation over an add-only parent); operations may rely on it
     (``agg_by`` keeps cheaper states) and fail the table if it is broken.
+
+    ``insert_only`` is the weaker promise that no update removes or modifies a row: rows
+    arrive anywhere in the order, and rows may shift. ``add_only`` implies it; an inner
+    ``join`` of two insert-only tables keeps it (a late right row adds a match inside an
+    earlier left row's block; a left row outgrowing its block shifts every row), and so
+    does a ``where`` over one. ``agg_by`` keeps running ``min``/``max`` over it.
     """
 
     add_only: bool = False
+    _insert_only: bool = False
 
     def __init__(
         self,
@@ -122,6 +129,11 @@ class Table:
 
     def __len__(self) -> int:
         return len(self.rowset)
+
+    @property
+    def insert_only(self) -> bool:
+        """No update of this table removes or modifies a row (see the class docstring)."""
+        return self.add_only or self._insert_only
 
     @property
     def prev_rowset(self) -> RowSet:
@@ -432,6 +444,8 @@ class Derivation:
     name: str | None = None
     #: the child only ever adds rows at the end (see :attr:`Table.add_only`)
     add_only: bool = False
+    #: the child never removes or modifies a row (see :attr:`Table.insert_only`)
+    insert_only: bool = False
 
 
 def derive(parents: Sequence[Table], plan: Callable[[], Derivation], *,
@@ -474,6 +488,7 @@ def derive(parents: Sequence[Table], plan: Callable[[], Derivation], *,
         d = plan()
         child = table_class(graph, d.schema, d.columns, d.rowset, parents=parents, name=d.name)
         child.add_only = d.add_only
+        child._insert_only = d.insert_only
         d.listener.result = child
         child.listener = d.listener
     return child

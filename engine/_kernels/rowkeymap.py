@@ -20,7 +20,9 @@ bytes per key position over about 1.6 times the span, so at most about 52 bytes 
 key, which is what the hashed map costs (40-80 bytes per entry at its load of 1/4 to 1/2),
 while a dense lookup is one ``take``, many times faster than probing. ``SPARSE_SLACK``
 (64k positions, under 1 MiB) keeps small tables dense whatever their keys; tests shrink
-it to exercise the hashed mode.
+it to exercise the hashed mode. A map that holds one key in every few of a dense key
+space (an aggregation's groups by their first rows) may pass a larger ratio than 4: it
+pays more bytes per key than the hashed map, for a lookup that stays one ``take``.
 
 Keys within one call are distinct; values are ``>= 0`` (``-1`` means absent). Shifts move
 keys, not values: :meth:`RowKeyMap.move` and :meth:`RowKeyMap.shift` remove every mover
@@ -67,9 +69,10 @@ class RowKeyMap:
     ([10, 16, 17], False)
     """
 
-    __slots__ = ("count", "_base", "_vals", "_hash", "_lo", "_hi")
+    __slots__ = ("count", "_base", "_vals", "_hash", "_lo", "_hi", "_ratio")
 
-    def __init__(self) -> None:
+    def __init__(self, dense_ratio: int = 4) -> None:
+        self._ratio = dense_ratio  # the rule's 4, for a map holding a sparse subset of a dense key space
         self.count = 0
         self._base = 0
         self._vals: I64 = np.full(0, -1, dtype=np.int64)
@@ -242,7 +245,7 @@ class RowKeyMap:
             live = np.flatnonzero(vals[self._lo - base : self._hi - base + 1] >= 0) + (self._lo - base)
             lo, hi = min(k_lo, base + int(live[0])), max(k_hi, base + int(live[-1]))
         span = hi - lo + 1
-        if span > 4 * (self.count + keys.size) + SPARSE_SLACK:
+        if span > self._ratio * (self.count + keys.size) + SPARSE_SLACK:
             index = U64Map(self.count + keys.size)
             if live.size:
                 index.insert((live.astype(np.int64) + base).view(np.uint64), vals[live])

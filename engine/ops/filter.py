@@ -80,7 +80,7 @@ def where(table: Table, predicate: pc.Expression) -> Table:
         listener = WhereListener(table, bound)
         # over an add-only parent only added rows are filtered, kept at their keys
         return Derivation(table.schema, table.columns, listener.matching(table.rowset), listener,
-                          add_only=table.add_only)
+                          add_only=table.add_only, insert_only=table.insert_only)
 
     return derive([table], plan)
 

@@ -17,10 +17,11 @@ holds no branch on a kind's name (the :class:`AggKind` protocol):
   may need another over the same columns: ``Moments`` with ``"spread"`` heals from the
   column's ``OrderStats``, which is then built (and fed) first;
 * **add-only parents** — :meth:`AggKind.needs` and :meth:`AggKind.reads_rows` are told
-  whether the parent is add-only (:attr:`engine.table.Table.add_only`): ``min``/``max``
-  then keep a ``RunningExtremes``, ``first``/``last`` a ``RowEnds`` and
-  ``sorted_first``/``sorted_last`` a ``BestRows`` (:mod:`._addonly`), with no sorted
-  state;
+  how the parent's rows can change (:class:`Growth`): over an insert-only parent
+  (:attr:`engine.table.Table.insert_only`: no removes, no modifies) ``min``/``max`` keep a
+  ``RunningExtremes``; over an add-only one (:attr:`engine.table.Table.add_only`: only
+  appends) ``first``/``last`` also keep a ``RowEnds`` and ``sorted_first``/``sorted_last``
+  a ``BestRows`` (:mod:`._addonly`), with no sorted state;
 * **refresh** — once the states took a cycle's events, which groups to evaluate again
   (:meth:`AggKind.touched`) and their new values (:meth:`AggKind.values`). The listener
   writes and reports only values that changed.
@@ -67,6 +68,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
 
 import numpy as np
@@ -87,13 +89,27 @@ if TYPE_CHECKING:
     from engine.ops.aggregate.spec import Agg
     from engine.table import Table
 
-__all__ = ["KINDS", "AggKind", "Need", "Refresh", "build_states"]
+__all__ = ["KINDS", "AggKind", "Growth", "Need", "Refresh", "build_states"]
 
 I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
 NumPair = tuple[npt.NDArray[Any], Mask | None]
 Values: TypeAlias = "NumPair | pa.Array"  # numpy if fixed-width, else Arrow (first/last)
 _PARAMS = ("column", "weight", "p", "order")
+
+
+class Growth(IntEnum):
+    """How a parent's rows can change, each promise stronger than the one before (fixed
+    for the parent's life; the listener fails the table if the parent breaks it)."""
+
+    #: anything: removes, modifies, shifts, adds anywhere
+    ANY = 0
+    #: no removes and no modifies (:attr:`engine.table.Table.insert_only`): values never
+    #: leave a group, so min/max run; rows still arrive anywhere and shift
+    INSERTS = 1
+    #: only adds above every current row key (:attr:`engine.table.Table.add_only`): a
+    #: group's first row is its first ever, its last the last it gained
+    APPENDS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,14 +128,14 @@ class Refresh:
     """What a cycle hands the kinds once the states took its events.
 
     ``touched`` are the groups whose membership changed, ``size`` every group's row count
-    after the cycle, ``state_touched`` the groups each state saw events for, ``add_only``
-    whether the parent is add-only (the states were chosen for it).
+    after the cycle, ``state_touched`` the groups each state saw events for, ``growth``
+    how the parent's rows can change (the states were chosen for it).
     """
 
     def __init__(self, parent: Table, cy: Cycle, touched: I64, size: I64, states: dict[Need, State],
-                 state_touched: dict[Need, I64], rows: RowKeySet | None, add_only: bool) -> None:
+                 state_touched: dict[Need, I64], rows: RowKeySet | None, growth: Growth) -> None:
         self.parent, self.cy, self.touched, self.size = parent, cy, touched, size
-        self.add_only = add_only
+        self.growth = growth
         self.states, self.state_touched, self.rows = states, state_touched, rows
         self._memo: dict[object, Any] = {}
 
@@ -171,14 +187,14 @@ class AggKind(Protocol):
         """The output type for inputs of ``types``; SchemaError if they do not fit."""
         ...
 
-    def reads_rows(self, add_only: bool) -> bool:
-        """Whether it reads the listener's per-group row-key set (first/last), over an
-        add-only parent or not."""
+    def reads_rows(self, growth: Growth) -> bool:
+        """Whether it reads the listener's per-group row-key set (first/last), over a
+        parent whose rows change as ``growth`` says."""
         ...
 
-    def needs(self, agg: Agg, add_only: bool) -> tuple[Need, ...]:
+    def needs(self, agg: Agg, growth: Growth) -> tuple[Need, ...]:
         """The states ``agg`` reads (the first is the one whose touched groups it
-        refreshes), over an add-only parent or not."""
+        refreshes), over a parent whose rows change as ``growth`` says."""
         ...
 
     def touched(self, agg: Agg, cx: Refresh) -> I64:
@@ -228,17 +244,17 @@ class _Kind:
     def output_type(self, agg: Agg, types: Sequence[pa.DataType], table: str) -> pa.DataType:
         raise NotImplementedError
 
-    def reads_rows(self, add_only: bool) -> bool:
+    def reads_rows(self, growth: Growth) -> bool:
         return False
 
-    def needs(self, agg: Agg, add_only: bool) -> tuple[Need, ...]:
+    def needs(self, agg: Agg, growth: Growth) -> tuple[Need, ...]:
         return ()
 
     def touched(self, agg: Agg, cx: Refresh) -> I64:
-        return cx.state_touched[self.needs(agg, cx.add_only)[0]]
+        return cx.state_touched[self.needs(agg, cx.growth)[0]]
 
     def values(self, agg: Agg, cx: Refresh, slots: I64) -> Values:
-        return self.evaluate(agg, cx.states[self.needs(agg, cx.add_only)[0]], slots)
+        return self.evaluate(agg, cx.states[self.needs(agg, cx.growth)[0]], slots)
 
     def evaluate(self, agg: Agg, state: Any, slots: I64) -> NumPair:
         """New values from the kind's first state (typed by the subclass)."""
@@ -251,7 +267,7 @@ class _StateKind(_Kind):
     state: ClassVar[type[State]]
     option: ClassVar[str] = ""
 
-    def needs(self, agg: Agg, add_only: bool) -> tuple[Need, ...]:
+    def needs(self, agg: Agg, growth: Growth) -> tuple[Need, ...]:
         return (Need(self.state, self.inputs(agg), self.option),)
 
 
@@ -336,15 +352,16 @@ class _OrderKind(_StateKind):
 
 
 class Min(_OrderKind):
-    """Over an add-only parent a running value per group (``RunningExtremes``), else the
-    ``OrderStats`` shared with median and percentile; :class:`Max` alike."""
+    """Over an insert-only parent (values never leave a group) a running value per group
+    (``RunningExtremes``), else the ``OrderStats`` shared with median and percentile;
+    :class:`Max` alike."""
 
     name = "min"
 
-    def needs(self, agg: Agg, add_only: bool) -> tuple[Need, ...]:
-        if add_only:
+    def needs(self, agg: Agg, growth: Growth) -> tuple[Need, ...]:
+        if growth >= Growth.INSERTS:
             return (Need(RunningExtremes, self.inputs(agg), self.name),)
-        return super().needs(agg, add_only)
+        return super().needs(agg, growth)
 
     def evaluate(self, agg: Agg, state: OrderStats | RunningExtremes, slots: I64) -> NumPair:
         return state.min(slots)
@@ -455,14 +472,14 @@ class First(_Kind):
     def output_type(self, agg: Agg, types: Sequence[pa.DataType], table: str) -> pa.DataType:
         return types[0]
 
-    def reads_rows(self, add_only: bool) -> bool:
-        return not add_only
+    def reads_rows(self, growth: Growth) -> bool:
+        return growth is not Growth.APPENDS
 
-    def needs(self, agg: Agg, add_only: bool) -> tuple[Need, ...]:
-        return (Need(RowEnds, ()),) if add_only else ()
+    def needs(self, agg: Agg, growth: Growth) -> tuple[Need, ...]:
+        return (Need(RowEnds, ()),) if growth is Growth.APPENDS else ()
 
     def touched(self, agg: Agg, cx: Refresh) -> I64:
-        if cx.add_only:  # a group's first row is set once; its last moves with every add
+        if cx.growth is Growth.APPENDS:  # a group's first row is set once; its last moves with every add
             ends = cx.states[Need(RowEnds, ())]
             assert isinstance(ends, RowEnds)
             return cx.state_touched[Need(RowEnds, ())] if self.largest else ends.born
@@ -475,7 +492,7 @@ class First(_Kind):
     def values(self, agg: Agg, cx: Refresh, slots: I64) -> Values:
         assert agg.column is not None
         src = cx.parent.column(agg.column)
-        if cx.add_only:
+        if cx.growth is Growth.APPENDS:
             held = cx.states[Need(RowEnds, ())]
             assert isinstance(held, RowEnds)
             return self._fetch(src, held.last[slots] if self.largest else held.first[slots])
@@ -523,13 +540,14 @@ class SortedFirst(_Kind):
                 f"{agg.order!r} of table {table!r} is {types[1]}; cast it first (update())")
         return types[0]
 
-    def needs(self, agg: Agg, add_only: bool) -> tuple[Need, ...]:
+    def needs(self, agg: Agg, growth: Growth) -> tuple[Need, ...]:
         assert agg.order is not None
-        return (Need(BestRows if add_only else OrderedRows, (agg.order,), "last" if self.largest else "first"),)
+        best = growth is Growth.APPENDS
+        return (Need(BestRows if best else OrderedRows, (agg.order,), "last" if self.largest else "first"),)
 
     def touched(self, agg: Agg, cx: Refresh) -> I64:
-        need = self.needs(agg, cx.add_only)[0]
-        if cx.add_only:
+        need = self.needs(agg, cx.growth)[0]
+        if cx.growth is Growth.APPENDS:
             best = cx.states[need]
             assert isinstance(best, BestRows)
             return best.changed[self.largest]
@@ -548,7 +566,7 @@ class SortedFirst(_Kind):
 
     def values(self, agg: Agg, cx: Refresh, slots: I64) -> Values:
         assert agg.column is not None
-        need = self.needs(agg, cx.add_only)[0]
+        need = self.needs(agg, cx.growth)[0]
         state = cx.states[need]
         assert isinstance(state, (BestRows, OrderedRows))
         last: dict[str, Any] = cx.memo(("sorted_ends", need, self.largest), dict)

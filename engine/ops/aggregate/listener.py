@@ -95,11 +95,16 @@ How a cycle runs (every step is numpy over the changed rows, no loop per row or 
    parent row keys that follows the parent's shifts (``engine.ops.aggregate._sortedset``)
    gives every group's first row (its row key) and first/last; sorted_first/last keep
    their own rows in order of their order column (``engine.ops.aggregate._ordered``).
-   Over an add-only parent (:attr:`~engine.table.Table.add_only`: rows only arrive, above
-   every current key) min/max keep one running value per group and first/last each
-   group's first and last row key instead (``engine.ops.aggregate._addonly``); an update
-   of such a parent that removes, modifies or shifts rows fails the table before any
-   state changes.
+   Over an insert-only parent (:attr:`~engine.table.Table.insert_only`: no row is ever
+   removed or modified, as in an inner join of append-only tables) min/max keep one
+   running value per group instead, and over an add-only one
+   (:attr:`~engine.table.Table.add_only`: rows only arrive, above every current key)
+   first/last also keep each group's first and last row key
+   (``engine.ops.aggregate._addonly``), and a ``by`` keeps no row-key set: a group's row
+   key is its first row's, set once when the group appears (a map from those keys to the
+   groups serves the result's reads); an update of such a parent that removes or
+   modifies rows (add-only: or shifts them, or adds below its last key) fails the table
+   before any state changes.
 4. Each aggregation's kind names the groups to evaluate again and computes their new
    values, which are compared with the current output; only real changes are written
    (with previous values tracked) and reported.
@@ -149,6 +154,7 @@ from engine._kernels.hashing import (
 )
 from engine._kernels.ids import IdAllocator
 from engine._kernels.keymap import ExactKeyMap
+from engine._kernels.rowkeymap import RowKeyMap
 from engine.columns import (
     ColumnSource,
     NumpyColumnSource,
@@ -159,7 +165,7 @@ from engine.columns import (
 )
 from engine.errors import SchemaError, TableFailed, UpdateInvariantError
 from engine.ops.aggregate._keys import fetch, fetch_numpy, numpy_of, pairs_equal
-from engine.ops.aggregate._kinds import KINDS, Need, Refresh, Values, build_states
+from engine.ops.aggregate._kinds import KINDS, Growth, Need, Refresh, Values, build_states
 from engine.ops.aggregate._sortedset import RowKeySet
 from engine.ops.aggregate._states import Cycle
 from engine.ops.aggregate.spec import Agg as Agg
@@ -168,6 +174,26 @@ from engine.table import Derivation, DerivedTable, Table, derive
 from engine.update import TableUpdate
 
 __all__ = ["Agg", "AggListener", "agg_by", "count_by", "first_by", "last_by"]
+
+#: whether an insert-only parent that is not add-only gets the running min/max (tests
+#: switch it off to drive the same oracle through the sorted states)
+RUNNING_OVER_INSERTS = True
+#: whether an aggregation with a ``by`` over an add-only parent keeps only each group's
+#: first row (its row key) instead of every row's group (tests switch it off likewise)
+FIRSTS_OVER_APPENDS = True
+#: the first rows' map stays dense while groups hold up to about this many rows on
+#: average: the result's reads look rows up there once per column and reader, and a
+#: hashed lookup is probe rounds where a dense one is a take (tests set 0: hashed)
+FIRSTS_DENSE_RATIO = 32
+
+
+def _growth(parent: Table) -> Growth:
+    """The strongest promise ``parent`` makes about how its rows change."""
+    if parent.add_only:
+        return Growth.APPENDS
+    if parent.insert_only and RUNNING_OVER_INSERTS:
+        return Growth.INSERTS
+    return Growth.ANY
 
 log = logging.getLogger(__name__)
 
@@ -351,8 +377,9 @@ class AggListener:
         self.by_set = frozenset(by)
         self.aggs = aggs
         self.kinds = [KINDS[a.kind] for a in aggs]
-        # rows only ever arrive at the end: kinds keep add-only states (fixed for life)
-        self.add_only = parent.add_only
+        # what the parent promises about its rows: kinds keep cheaper states for a
+        # stronger promise (fixed for life)
+        self.growth = _growth(parent)
         self.inputs = frozenset(c for a, k in zip(aggs, self.kinds, strict=True) for c in k.inputs(a))
         self.key_cols: dict[str, WritableColumnSource] = {
             k: make_column_source(parent.schema.field(k).type) for k in by
@@ -362,11 +389,18 @@ class AggListener:
         }
         # one state per distinct need (shared by the aggregations over the same columns),
         # dependencies first: the order they are fed in every cycle
-        self.states = build_states([n for a, k in zip(aggs, self.kinds, strict=True) for n in k.needs(a, self.add_only)],
+        self.states = build_states([n for a, k in zip(aggs, self.kinds, strict=True) for n in k.needs(a, self.growth)],
                                    lambda cols: [parent.schema.field(c).type for c in cols])
         # each row's group in parent row-key order: the groups' first rows (their row keys
-        # here, when there is a ``by``) and first/last
-        self.rows = RowKeySet() if by or any(k.reads_rows(self.add_only) for k in self.kinds) else None
+        # here, when there is a ``by``) and first/last. Over an add-only parent a group's
+        # first row is its first ever and no row leaves a group: each group's first row
+        # (``first_row``, by slot, and ``firsts``, its inverse) is all a ``by`` needs.
+        reads_rows = any(k.reads_rows(self.growth) for k in self.kinds)
+        self.firsts: RowKeyMap | None = None
+        if by and not reads_rows and self.growth is Growth.APPENDS and FIRSTS_OVER_APPENDS:
+            self.firsts = RowKeyMap(dense_ratio=FIRSTS_DENSE_RATIO)
+        self.rows = RowKeySet() if (by and self.firsts is None) or reads_rows else None
+        self.first_row = np.zeros(16 if self.firsts is not None else 0, dtype=np.int64)
         # states holding row keys of their own (sorted_first/last) see every shift
         self.row_states = any(st.holds_rows for st in self.states.values())
         # group key -> slot: hash, then verify against key_cols (one integer-like column:
@@ -395,7 +429,7 @@ class AggListener:
         slots = self.slots.allocate(n)
         if self.slots.end > self.size.size:
             cap = max(self.slots.end, 2 * self.size.size)
-            for name in ("size", "slot_hash"):
+            for name in ("size", "slot_hash", "first_row")[: 3 if self.firsts is not None else 2]:
                 old = getattr(self, name)
                 grown = np.zeros(cap, dtype=old.dtype)
                 grown[: old.size] = old
@@ -527,15 +561,20 @@ class AggListener:
         """The slot of the group at each row key (current key space)."""
         if not self.by:
             return keys  # the one group's row key is its slot
+        return self._groups_at(keys)  # a group's row key is its first row's
+
+    def _groups_at(self, keys: I64) -> I64:
+        """The group whose first row is at each of ``keys`` (current key space)."""
+        if self.firsts is not None:
+            return self.firsts.lookup(keys)
         assert self.rows is not None
-        return self.rows.groups_of(keys)  # a group's row key is its first row's
+        return self.rows.groups_of(keys)
 
     def prev_slots_of(self, keys: I64) -> I64:
         """The slot of the group at each row key of the previous key space (this cycle's)."""
         if not self.by:
             return keys
-        assert self.rows is not None
-        slots = self.rows.groups_of(self._shift.apply_keys(keys))  # rows that kept their key
+        slots = self._groups_at(self._shift.apply_keys(keys))  # rows that kept their key
         if self._gone_keys.size and keys.size:
             pos = np.minimum(np.searchsorted(self._gone_keys, keys), self._gone_keys.size - 1)
             gone = self._gone_keys[pos] == keys
@@ -549,6 +588,8 @@ class AggListener:
 
     def _first_rows(self, slots: I64) -> I64:
         """Each group's first parent row key (garbage for a group without rows)."""
+        if self.firsts is not None:
+            return self.first_row[slots]
         assert self.rows is not None
         return self.rows.min_of(slots)[0].view(np.int64)
 
@@ -557,8 +598,8 @@ class AggListener:
         up = updates[0]
         if up is None:
             return None
-        if self.add_only:
-            self._check_add_only(up)
+        if self.growth is not Growth.ANY:
+            self._check_growth(up)
         self.slots.release()  # slots freed last cycle may be reused from now on
         self._in_cycle = True
         try:
@@ -567,18 +608,21 @@ class AggListener:
             self._in_cycle = False
         return None if out.empty() else out
 
-    def _check_add_only(self, up: TableUpdate) -> None:
-        """Fail the table, before any state changes, if the add-only parent broke its
-        promise: the add-only states cannot take a removal, a modify or a move."""
-        prev = self.parent.prev_rowset
-        broken = [what for what, there in (("removes", up.removed), ("modifies", up.modified),
-                                           ("shifts", up.shifted)) if there]
-        if up.added and prev and up.added.first() <= prev.last():
-            broken.append("adds below its last row key")
+    def _check_growth(self, up: TableUpdate) -> None:
+        """Fail the table, before any state changes, if the parent broke its promise: the
+        running states cannot take a removal or a modify, the add-only ones no move either."""
+        broken = [what for what, there in (("removes", up.removed), ("modifies", up.modified)) if there]
+        if self.growth is Growth.APPENDS:
+            prev = self.parent.prev_rowset
+            if up.shifted:
+                broken.append("shifts")
+            if up.added and prev and up.added.first() <= prev.last():
+                broken.append("adds below its last row key")
         if broken:
+            promise = "add-only" if self.growth is Growth.APPENDS else "insert-only"
             raise TableFailed(
-                f"table {self.result.name!r}: its parent {self.parent.name!r} is add-only but "
-                f"sent {', '.join(broken)}; agg_by keeps add-only states for such a parent")
+                f"table {self.result.name!r}: its parent {self.parent.name!r} is {promise} but "
+                f"sent {', '.join(broken)}; agg_by keeps {promise} states for such a parent")
 
     def _cycle(self, up: TableUpdate) -> Cycle | None:
         """Group every changed row; None when nothing this aggregation reads changed."""
@@ -636,8 +680,13 @@ class AggListener:
             first_new = np.where(size_old > 0, np.minimum(first_old, lo), lo)
         if self.rows is not None:
             self._move_rows(up, cy)
+        if self.firsts is not None and first_new is not None:  # else the parent broke its promise
+            born = size_old == 0
+            if born.any():
+                self.first_row[touched[born]] = first_new[born]
+                self.firsts.insert(first_new[born], touched[born])
         cx = Refresh(self.parent, cy, touched, self.size, self.states, self._apply_states(cy), self.rows,
-                     self.add_only)
+                     self.growth)
         existed_cache: dict[int, _Live] = {}
         changed: dict[str, I64] = {}  # aggregation -> the slots whose value it changed
         for a, kind in zip(self.aggs, self.kinds, strict=True):

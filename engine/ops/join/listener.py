@@ -468,8 +468,14 @@ def _many(left: Table, right: Table, on: str | Sequence[str], joins: Sequence[st
         keep = n > 0
         starts = lk[keep] << bits.now
         rowset = RowSet.from_ranges(starts, starts + n[keep])
+        # Over parents that never remove or modify a row, an inner join never does either:
+        # a left row brings its matches as a new block, a right row a new match in the
+        # blocks of its key's left rows (later matches shift up inside them), and a left
+        # row outgrowing its block re-keys by a shift. The outer join is not: a left row's
+        # null row is removed when its first match arrives.
+        insert_only = not outer and left.insert_only and right.insert_only
         return Derivation(join_schema(left, right, out), join_columns(state, left, right, out, bits),
-                          rowset, listener, name=name)
+                          rowset, listener, name=name, insert_only=insert_only)
 
     return derive([left, right], plan)
 
@@ -481,6 +487,9 @@ def join(left: Table, right: Table, on: str | Sequence[str], joins: Sequence[str
     Rows come in left order, then right order within a left row; left rows without a
     match (null keys included) are dropped. Row keys are ``left_key << R | j`` (module
     docstring).
+
+    Over two :attr:`~engine.table.Table.insert_only` parents (append-only tables, say) the
+    result is insert-only too: it never removes or modifies a row.
 
     Parameters
     ----------

@@ -66,6 +66,17 @@ def test_the_one_threshold():
     _check(m, {0: 0, 1: 2})
 
 
+@pytest.mark.parametrize("ratio", [4, 32])
+def test_the_threshold_with_another_ratio(ratio):
+    edge = ratio * 2 + rowkeymap.SPARSE_SLACK  # the span allowed for 2 keys
+    for last, hashed in ((edge - 1, False), (edge, True)):
+        m = RowKeyMap(dense_ratio=ratio)
+        m.insert(_a([0]), _a([0]))
+        m.insert(_a([last]), _a([1]))
+        assert m.hashed is hashed
+        _check(m, {0: 0, last: 1})
+
+
 def test_window_slides_with_ring_keys():
     m = RowKeyMap()
     for start in range(0, 2_000_000, 50_000):  # a ring of 100k rows moving up

@@ -18,12 +18,15 @@ import pyarrow.compute as pc
 import pytest
 
 import tests.oracle as oracle
+from engine._kernels import rowkeymap
 from engine.errors import TableFailed, UpdateInvariantError
 from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
+from engine.ops.aggregate import listener as _agglistener
 from engine.ops.aggregate._addonly import RowEnds, RunningExtremes
 from engine.ops.aggregate._states import Events, OrderStats
 from engine.ops.aggregate.listener import agg_by
+from engine.ops.join.listener import exact_join, join, left_outer_join, natural_join
 from tests.engine.ops.aggregate.test_aggregate import (
     SCHEMA,
     _batch,
@@ -56,12 +59,39 @@ def test_append_only_tables_where_and_column_ops_are_add_only_nothing_else():
     assert not any(d.add_only for d in not_add_only)
 
 
+def test_inner_joins_of_insert_only_parents_and_where_over_them_are_insert_only_nothing_else():
+    g = UpdateGraph()
+    a, b = g.append_only_table(SCHEMA), g.append_only_table(SCHEMA)
+    keyed, ring = g.keyed_table(SCHEMA, "Key"), g.ring_table(SCHEMA, 4)
+    ab = join(a, b, "Sym", joins=["K2=Key"])
+    insert_only = [a, ab, ab.where(pc.field("Price") > 1), join(ab, a, "Qty", joins=["K3=Key"])]
+    assert all(t.insert_only for t in insert_only) and not any(t.add_only for t in insert_only[1:])
+    # a right row arriving modifies (natural) or removes (outer: the null row) a left row's
+    # row; a keyed or ring parent removes and modifies
+    not_insert_only = [
+        natural_join(a, b, "Key", joins=["P2=Price"]), exact_join(a, b, "Key", joins=["P2=Price"]),
+        left_outer_join(a, b, "Sym", joins=["K2=Key"]), join(a, keyed, "Sym", joins=["K2=Key"]),
+        join(keyed, a, "Sym", joins=["K2=Key"]), join(a, ring, "Sym", joins=["K2=Key"]),
+        join(left_outer_join(a, b, "Sym", joins=["K2=Key"]), a, "Qty", joins=["K3=Key"]),
+        keyed.where(pc.field("Price") > 1), agg_by(ab, agg.count("N"), "Sym"), ab.sort("Price"),
+        ab.merge(a.update(K2=pc.field("Key"))),
+    ]
+    assert not any(t.insert_only for t in not_insert_only)
+    # min/max run over the insert-only join; first/last keep the row-key set (rows arrive
+    # anywhere in it), the others the sorted states
+    assert _classes(agg_by(ab, EXTREMES, "Sym")) == {RunningExtremes}
+    assert _classes(agg_by(ab.where(pc.field("Price") > 1), EXTREMES)) == {RunningExtremes}
+    for parent in not_insert_only[:3]:
+        assert _classes(agg_by(parent, EXTREMES, "Sym")) == {OrderStats}
+
+
 def test_add_only_parents_get_running_states_others_the_sorted_ones():
     g = UpdateGraph()
     t = g.append_only_table(SCHEMA)
     with_median = EXTREMES + [agg.median("Price", "Mid")]
     r = agg_by(t, with_median, "Sym")
     assert _classes(r) == {RunningExtremes, RowEnds, OrderStats}  # median keeps its sorted state
+    assert r.listener.firsts is not None and r.listener.rows is None  # groups' first rows only
     assert _classes(agg_by(t.where(pc.field("Price") > 1), EXTREMES, "Sym")) == {RunningExtremes, RowEnds}
     whole = agg_by(t, EXTREMES)
     assert _classes(whole) == {RunningExtremes, RowEnds} and whole.listener.rows is None  # no row-key set
@@ -69,6 +99,7 @@ def test_add_only_parents_get_running_states_others_the_sorted_ones():
         for by in ("Sym", ()):
             res = agg_by(parent, EXTREMES, by)
             assert _classes(res) == {OrderStats} and res.listener.rows is not None
+            assert res.listener.firsts is None
 
 
 # exact values -----------------------------------------------------------------------------
@@ -164,6 +195,27 @@ def test_a_parent_that_is_not_add_only_after_all_fails_the_table(write):
     assert {"delete": "removes", "modify": "modifies", "add below": "adds below"}[write] in msg
 
 
+@pytest.mark.parametrize("write", ["delete", "modify"])
+def test_a_parent_that_is_not_insert_only_after_all_fails_the_table(write):
+    g = UpdateGraph(validate=True)
+    src = _keyed(g, [("A", 1, 1.0, 1), ("A", 2, 2.0, 1), ("B", 3, 5.0, 1)])
+    src._insert_only = True  # a false promise
+    r = agg_by(src, EXTREMES, "Sym")
+    assert _classes(r) == {RunningExtremes}
+    src.upsert(_batch([("A", 5, 0.0, 1)]))  # an add is kept
+    g.run_cycle()
+    assert r.failure is None and _rows(r)[0]["Lo"] == 0.0
+    if write == "delete":
+        src.delete(pa.table({"Key": [2]}))
+    else:
+        src.upsert(_batch([("A", 2, 9.0, 1)]))
+    g.run_cycle()
+    assert isinstance(r.failure, TableFailed)
+    msg = str(r.failure)
+    assert repr(r.name) in msg and repr(src.name) in msg and "insert-only" in msg
+    assert {"delete": "removes", "modify": "modifies"}[write] in msg
+
+
 def test_add_only_states_refuse_rows_leaving_groups():
     ev = Events(np.array([3]), np.array([0]), np.array([4]), np.array([0]))
     with pytest.raises(UpdateInvariantError, match="add-only"):
@@ -218,3 +270,31 @@ def _running(build):
         assert RunningExtremes in _classes(r)
         return r
     return run
+
+
+@pytest.mark.parametrize("firsts", [True, False], ids=["first-rows", "row-key-set"])
+def test_oracle_add_only_groups_by_first_rows_switched_on_and_off(monkeypatch, firsts):
+    """A ``by`` over an add-only parent keeps each group's first row, not every row's
+    group; switched off, the row-key set: the same oracle, shorter, both ways."""
+    monkeypatch.setattr(_agglistener, "FIRSTS_OVER_APPENDS", firsts)
+    monkeypatch.setenv("TICKTABLE_CYCLES", "150")
+    monkeypatch.setattr(rowkeymap, "SPARSE_SLACK", 0)  # the maps turn hashed
+    monkeypatch.setattr(_agglistener, "FIRSTS_DENSE_RATIO", 0)
+    sums = [agg.count("N"), agg.sum("Qty", "S"), agg.max("Price", "Hi")]
+
+    def checked(build):
+        def run(t):
+            r = build(t)
+            assert (r.listener.firsts is not None) is firsts and (r.listener.rows is None) is firsts
+            hashed.append(r.listener.firsts)
+            return r
+        return run
+
+    two = ALL_ENDS[:4] + [agg.first("Key", "FK"), agg.last("Price", "LP")]
+    cases = {
+        "by sym": _Case(checked(lambda t: agg_by(t, sums, "Sym")), ["Sym"], sums),
+        "two keys": _Case(checked(lambda t: agg_by(t, two, ["Sym", "Qty"])), ["Sym", "Qty"], two),
+    }
+    hashed: list = []
+    _run_cases(cases, seed=43, kinds=("append",), max_rows=200)
+    assert not firsts or any(m.hashed for m in hashed)

@@ -8,9 +8,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 from engine._kernels import rowkeymap as _rowkeymap
 from engine.graph import UpdateGraph
+from engine.ops.aggregate import agg
+from engine.ops.aggregate import listener as _agglistener
+from engine.ops.aggregate._addonly import RowEnds, RunningExtremes
+from engine.ops.aggregate._states import OrderStats
+from engine.ops.aggregate.listener import agg_by
 from engine.ops.join import _state as _joinstate
 from engine.ops.join.listener import exact_join, join, left_outer_join, natural_join
 from tests.oracle import SYMS, RandomSource, assert_same, cycles
@@ -494,3 +500,92 @@ def test_oracle_chain_sort_join_sort():
                               RightDriver(g, rng, ["RQ"], QTY[::2], "unique", 40)],
         seed=14, n_cycles=cycles(600), max_rows=60,
     )
+
+
+# insert-only parents: the join never removes or modifies, agg_by keeps running min/max -------
+class AppendRight:
+    """An append-only right table (``RId``, ``Sym``, ``RV``, ``RS``): a few rows a cycle on
+    three keys of :data:`SYMS` (some null), so a right row often arrives after the left rows
+    it matches, and left rows outgrow their blocks as their keys gain rows."""
+
+    def __init__(self, graph, rng, max_rows):
+        self.rng, self.max_rows, self.next_id = rng, max_rows, 0
+        self.schema = pa.schema([("RId", pa.int64()), ("Sym", pa.string()), ("RV", pa.float64()),
+                                 ("RS", pa.string())])
+        self.table = graph.append_only_table(self.schema, name="right")
+
+    def step(self):
+        r = self.rng
+        n = int(r.integers(0, 4)) if self.table.size < self.max_rows else 0
+        if n == 0 or r.random() < 0.2:
+            return
+        sym = SYMS[r.integers(0, 3, n)].copy()  # three keys: blocks outgrown often
+        sym[r.random(n) < 0.1] = None
+        rv = [None if r.random() < 0.1 else float(r.integers(0, 50)) for _ in range(n)]
+        rs = [None if r.random() < 0.1 else str(r.choice(["x", "y", "z"])) for _ in range(n)]
+        self.table.append(pa.table({"RId": np.arange(self.next_id, self.next_id + n), "Sym": sym,
+                                    "RV": rv, "RS": rs}, schema=self.schema))
+        self.next_id += n
+
+
+_RUNNING = [agg.min("Price", "Lo"), agg.max("RV", "HiRV"), agg.max("Qty", "HiQ"), agg.count("N"),
+            agg.sum("Qty", "S"), agg.first("RS", "FRS"), agg.last("RV", "LRV")]
+_RUNNING_TYPES = [pa.float64(), pa.float64(), pa.int64(), pa.int64(), pa.int64(), pa.string(), pa.float64()]
+
+
+def _running_expected(t, by):
+    """``_RUNNING`` by ``by`` from scratch: groups in order of their first row, min/max over
+    non-null values (null for a group without one), first/last of every row."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in t.to_pylist():
+        groups.setdefault(tuple(row[c] for c in by), []).append(row)
+
+    def ext(f, rows, c):
+        vals = [r[c] for r in rows if r[c] is not None]
+        return f(vals) if vals else None
+
+    out = []
+    for key, rows in groups.items():
+        out.append((*key, ext(min, rows, "Price"), ext(max, rows, "RV"), ext(max, rows, "Qty"), len(rows),
+                    sum(r["Qty"] for r in rows), rows[0]["RS"], rows[-1]["RV"]))
+    names = [*by, *(a.name for a in _RUNNING)]
+    types = [t.schema.field(c).type for c in by] + _RUNNING_TYPES
+    return pa.table({n: pa.array([o[i] for o in out], ty) for i, (n, ty) in enumerate(zip(names, types, strict=True))})
+
+
+@pytest.mark.parametrize("running", [True, False], ids=["running", "sorted-states"])
+@pytest.mark.parametrize("by", [["Sym"], ["RS", "Sym"]])
+def test_oracle_agg_over_insert_only_join(monkeypatch, running, by):
+    """Append-only left and right: the join (and a where over it) is insert-only, never
+    removes or modifies a row (every update checked), and agg_by over it keeps running
+    min/max — or, switched off, the sorted states — equal to the recomputation."""
+    monkeypatch.setattr(_agglistener, "RUNNING_OVER_INSERTS", running)
+    above = pc.field("Qty") > 10
+    broken: list[str] = []
+    seen = {"shifts": 0, "inside": 0}  # the cases that make the join insert-only, not add-only
+
+    def watch(up, t):
+        if up.removed or up.modified:
+            broken.append(str(up))
+        seen["shifts"] += bool(up.shifted)
+        seen["inside"] += bool(up.added and t.prev_rowset and up.added.first() <= t.prev_rowset.last())
+
+    def build(lt, r):
+        j = join(lt, r, "Sym")
+        w = j.where(above)
+        assert j.insert_only and w.insert_only and not j.add_only
+        j.listen(watch)
+        res = agg_by(w, _RUNNING, by)
+        states = {type(s) for s in res.listener.states.values()}
+        assert (RunningExtremes in states) is running and (OrderStats in states) is not running
+        assert RowEnds not in states  # first/last need the row-key set: rows arrive anywhere
+        return res
+
+    def expected(lt, r):
+        j = expected_join(lt, r, ["Sym"], ["Sym"], OUT, "inner")
+        return _running_expected(j.filter(pc.greater(j.column("Qty"), 10)), by)
+
+    run_join_oracle(build, expected, right=lambda g, rng: [AppendRight(g, rng, 60)],
+                    seed=17 + len(by), n_cycles=cycles(150), kinds=("append",), max_rows=60)
+    assert not broken, broken[:3]
+    assert seen["shifts"] and seen["inside"], seen
