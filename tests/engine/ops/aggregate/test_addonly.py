@@ -189,10 +189,7 @@ def test_a_parent_that_is_not_add_only_after_all_fails_the_table(write):
     else:
         src.upsert(_batch([("B", 4, 0.0, 1)]))
     g.run_cycle()
-    assert isinstance(r.failure, TableFailed)
-    msg = str(r.failure)
-    assert repr(r.name) in msg and repr(src.name) in msg and "add-only" in msg
-    assert {"delete": "removes", "modify": "modifies", "add below": "adds below"}[write] in msg
+    _failed_for(r, src, "add-only", write)
 
 
 @pytest.mark.parametrize("write", ["delete", "modify"])
@@ -210,10 +207,15 @@ def test_a_parent_that_is_not_insert_only_after_all_fails_the_table(write):
     else:
         src.upsert(_batch([("A", 2, 9.0, 1)]))
     g.run_cycle()
+    _failed_for(r, src, "insert-only", write)
+
+
+def _failed_for(r, src, promise: str, write: str) -> None:
+    """``r`` failed, naming itself, its parent, the broken promise and the write."""
     assert isinstance(r.failure, TableFailed)
     msg = str(r.failure)
-    assert repr(r.name) in msg and repr(src.name) in msg and "insert-only" in msg
-    assert {"delete": "removes", "modify": "modifies"}[write] in msg
+    assert repr(r.name) in msg and repr(src.name) in msg and promise in msg
+    assert {"delete": "removes", "modify": "modifies", "add below": "adds below"}[write] in msg
 
 
 def test_add_only_states_refuse_rows_leaving_groups():
