@@ -7,15 +7,22 @@ Every operation that stores something per parent row needs "which slot holds row
 * **dense** — an int64 array over a window ``[base, base + len)`` of key space, ``-1``
   where no key is: a lookup is one numpy ``take``. Sources, ring tables, filters and sorts
   of them, and most derived tables have dense keys.
+* **regions** — one map of its own (dense or hashed by the same rule) per region of
+  ``2**REGION_BITS`` keys, for keys that are dense within a few regions: a merge's parent
+  ``i`` owns the region ``i << 40`` (:mod:`engine.ops.merge`). A lookup splits its keys by
+  region (one sort when they span several) and is one ``take`` per region.
 * **hashed** — the vectorized :class:`~engine._kernels.hashmap.U64Map` with the row key as
-  its own ``uint64`` key, for sparse key spaces (merge regions at ``i << 40``, the blocks
-  of a many-to-many join).
+  its own ``uint64`` key, for sparse key spaces (the blocks of a many-to-many join, keys
+  in more than ``MAX_REGIONS`` regions).
 
 **The one switch-over rule.** The map is dense while the live keys span at most
 ``4 * count + SPARSE_SLACK`` key positions. It is checked when an insert falls outside the
 window (the window is then refitted to the live keys with an eighth of their span as room
 below and half of it above, so refits are amortized O(1) per key, also for a ring table's
-sliding keys); past it the map turns hashed, once and for good. Why 4: the window costs 8
+sliding keys); past it the map turns to regions when its keys lie in 2 to ``MAX_REGIONS``
+regions and each region's keys keep the rule within it, else hashed, once and for good
+(regions turn hashed when a key arrives in one region too many, or one region's keys
+spread: a probe per region would cost more than one probe of all the keys). Why 4: the window costs 8
 bytes per key position over about 1.6 times the span, so at most about 52 bytes per live
 key, which is what the hashed map costs (40-80 bytes per entry at its load of 1/4 to 1/2),
 while a dense lookup is one ``take``, many times faster than probing. ``SPARSE_SLACK``
@@ -31,18 +38,24 @@ before inserting any, so a range may land on keys another range vacated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 
 from engine._kernels.arrays import shift_keys
 from engine._kernels.hashmap import U64Map
 
-__all__ = ["SPARSE_SLACK", "RowKeyMap"]
+__all__ = ["MAX_REGIONS", "REGION_BITS", "SPARSE_SLACK", "RowKeyMap"]
 
 I64 = npt.NDArray[np.int64]
 
 SPARSE_SLACK = 65536  # dense while live keys span <= 4 * count + this (module attribute: tests shrink it)
 _MIN_WINDOW = 1024
+#: a region is the keys sharing ``key >> REGION_BITS`` (a merge's parent's keys)
+REGION_BITS = 40
+#: regions a map splits into before it turns hashed (module attribute: tests change it)
+MAX_REGIONS = 64
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
@@ -69,7 +82,7 @@ class RowKeyMap:
     ([10, 16, 17], False)
     """
 
-    __slots__ = ("count", "_base", "_vals", "_hash", "_lo", "_hi", "_ratio")
+    __slots__ = ("count", "_base", "_vals", "_hash", "_regions", "_lo", "_hi", "_ratio")
 
     def __init__(self, dense_ratio: int = 4) -> None:
         self._ratio = dense_ratio  # the rule's 4, for a map holding a sparse subset of a dense key space
@@ -77,6 +90,7 @@ class RowKeyMap:
         self._base = 0
         self._vals: I64 = np.full(0, -1, dtype=np.int64)
         self._hash: U64Map | None = None
+        self._regions: dict[int, RowKeyMap] | None = None  # region -> its keys' map
         self._lo, self._hi = 0, -1  # dense: every live key is in [_lo, _hi] (a superset)
 
     def __len__(self) -> int:
@@ -84,14 +98,28 @@ class RowKeyMap:
 
     @property
     def hashed(self) -> bool:
-        """True once the map switched to the hashed layout (it never switches back)."""
-        return self._hash is not None
+        """True once the map left the one dense window (it never goes back)."""
+        return self._hash is not None or self._regions is not None
+
+    @property
+    def layout(self) -> str:
+        """``"dense"``, ``"regions"`` or ``"hashed"`` (see the module docstring)."""
+        return "hashed" if self._hash is not None else "regions" if self._regions is not None else "dense"
 
     # reading -----------------------------------------------------------------------------
     def lookup(self, keys: I64) -> I64:
         """Value of each key, ``-1`` where absent."""
         if self._hash is not None:
             return self._hash.lookup(keys.view(np.uint64))
+        if self._regions is not None:
+            out = np.full(keys.size, -1, dtype=np.int64)
+            for region, at in _by_region(keys):
+                sub = self._regions.get(region)
+                if sub is not None:
+                    if at is None:
+                        return sub.lookup(keys)
+                    out[at] = sub.lookup(keys[at])
+            return out
         return self._dense_get(keys - self._base if self._base else keys)
 
     def _dense_get(self, idx: I64) -> I64:
@@ -117,6 +145,11 @@ class RowKeyMap:
             k, v = self._hash.items()
             order = np.argsort(k)
             return k[order].view(np.int64), v[order]
+        if self._regions is not None:  # regions in key order: keys ascending
+            parts = [self._regions[r].items() for r in sorted(self._regions)]
+            if not parts:
+                return _EMPTY, _EMPTY
+            return np.concatenate([k for k, _ in parts]), np.concatenate([v for _, v in parts])
         if not self.count:
             return _EMPTY, _EMPTY
         lo, hi = self._lo, self._hi
@@ -140,6 +173,8 @@ class RowKeyMap:
         self._fit(keys)
         if self._hash is not None:
             self._hash.insert(keys.view(np.uint64), values)
+        elif self._regions is not None:
+            self._each_region(keys, values, RowKeyMap.insert)
         else:
             self._vals[keys - self._base if self._base else keys] = values
         self.count += keys.size
@@ -155,6 +190,11 @@ class RowKeyMap:
         if keys.size == 0:
             return
         self._fit(keys)
+        if self._regions is not None:
+            self._each_region(keys, values, RowKeyMap.put)
+            self.count = (self._hash.count if self._hash is not None
+                          else sum(sub.count for sub in self._regions.values()))
+            return
         h = self._hash
         if h is None:
             idx = keys - self._base
@@ -176,6 +216,8 @@ class RowKeyMap:
             return
         if self._hash is not None:
             self._hash.set_values(keys.view(np.uint64), values)
+        elif self._regions is not None:
+            self._each_region(keys, values, RowKeyMap.set_values)
         else:
             self._vals[keys - self._base if self._base else keys] = values
 
@@ -189,6 +231,17 @@ class RowKeyMap:
             old = h.lookup(u)
             h.delete(u)
             self.count = h.count
+            return old
+        if self._regions is not None:
+            old = np.full(keys.size, -1, dtype=np.int64)
+            for region, at in _by_region(keys):
+                sub = self._regions.get(region)
+                if sub is not None:
+                    if at is None:
+                        old = sub.remove(keys)
+                    else:
+                        old[at] = sub.remove(keys[at])
+            self.count -= int(np.count_nonzero(old >= 0))
             return old
         idx = keys - self._base if self._base else keys
         old = self._dense_get(idx)
@@ -228,13 +281,22 @@ class RowKeyMap:
 
     # layout ------------------------------------------------------------------------------
     def _fit(self, keys: I64) -> None:
-        """Make the dense window cover ``keys`` (about to be inserted), or turn hashed."""
+        """Make the dense window cover ``keys`` (about to be inserted), or split the map by
+        region, or turn it hashed (the module docstring's rule)."""
         lo = int(keys.min())
         if lo < 0:
             raise ValueError(f"row keys are non-negative, got {lo}")
         if self._hash is not None:
             return
         k_lo, k_hi = lo, int(keys.max())
+        if self._regions is not None:
+            r_lo, r_hi = k_lo >> REGION_BITS, k_hi >> REGION_BITS
+            if r_lo == r_hi and (r_lo in self._regions or len(self._regions) < MAX_REGIONS):
+                return
+            new = set(np.unique(keys >> REGION_BITS).tolist())
+            if len(self._regions.keys() | new) > MAX_REGIONS:  # one region too many: hashed
+                self._to_hashed(keys.size)
+            return
         lo, hi = (min(k_lo, self._lo), max(k_hi, self._hi)) if self.count else (k_lo, k_hi)
         base, vals = self._base, self._vals
         if lo >= base and hi < base + vals.size:
@@ -246,6 +308,12 @@ class RowKeyMap:
             lo, hi = min(k_lo, base + int(live[0])), max(k_hi, base + int(live[-1]))
         span = hi - lo + 1
         if span > self._ratio * (self.count + keys.size) + SPARSE_SLACK:
+            held = live.astype(np.int64) + base
+            if self._dense_by_region(np.concatenate([held, keys])):
+                self._regions, self._vals = {}, _EMPTY
+                if live.size:
+                    self._each_region(held, vals[live], RowKeyMap.insert)
+                return
             index = U64Map(self.count + keys.size)
             if live.size:
                 index.insert((live.astype(np.int64) + base).view(np.uint64), vals[live])
@@ -258,3 +326,56 @@ class RowKeyMap:
             grown[base + a - new_base : base + b - new_base] = vals[a:b]
         self._base, self._vals = new_base, grown
         self._lo, self._hi = lo, hi
+
+    def _dense_by_region(self, keys: I64) -> bool:
+        """Whether ``keys`` (every key the map is to hold) lie in 2 to ``MAX_REGIONS``
+        regions, each within the dense rule on its own."""
+        regions, at, counts = np.unique(keys >> REGION_BITS, return_inverse=True, return_counts=True)
+        if not 1 < regions.size <= MAX_REGIONS:
+            return False
+        lo = np.full(regions.size, np.iinfo(np.int64).max, dtype=np.int64)
+        hi = np.full(regions.size, -1, dtype=np.int64)
+        np.minimum.at(lo, at, keys)
+        np.maximum.at(hi, at, keys)
+        return bool((hi - lo + 1 <= self._ratio * counts + SPARSE_SLACK).all())
+
+    def _each_region(self, keys: I64, values: I64, write: Callable[[RowKeyMap, I64, I64], None]) -> None:
+        """``write`` each region's keys and values into its map (made when it is new); the
+        whole map turns hashed once one region's map did (a probe per region would cost
+        more than one probe of all keys)."""
+        assert self._regions is not None
+        sparse = False
+        for region, at in _by_region(keys):
+            sub = self._regions.get(region)
+            if sub is None:
+                sub = self._regions[region] = RowKeyMap(self._ratio)
+            if at is None:
+                write(sub, keys, values)
+            else:
+                write(sub, keys[at], values[at])
+            sparse = sparse or sub._hash is not None
+        if sparse:
+            self._to_hashed(0)
+
+    def _to_hashed(self, more: int) -> None:
+        """Move every entry of the regions into one hashed map (room for ``more``)."""
+        k, v = self.items()
+        self._regions = None
+        self._hash = U64Map(k.size + more)
+        self._hash.insert(k.view(np.uint64), v)
+
+
+def _by_region(keys: I64) -> list[tuple[int, I64 | None]]:
+    """``(region, positions of its keys)`` for each region ``keys`` touch, positions
+    ``None`` when every key is in that one region."""
+    if keys.size == 0:
+        return []
+    r = keys >> REGION_BITS
+    first = int(r[0])
+    if keys.size == 1 or (int(r.min()) == first and int(r.max()) == first):
+        return [(first, None)]
+    order = np.argsort(r, kind="stable")
+    rs = r[order]
+    cuts = np.flatnonzero(rs[1:] != rs[:-1]) + 1
+    bounds = [0, *cuts.tolist(), keys.size]
+    return [(int(rs[b]), order[b:e]) for b, e in zip(bounds[:-1], bounds[1:], strict=True)]

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from engine._kernels.rowkeymap import REGION_BITS  # row-key maps split by these regions
 from engine.columns import ColumnSource
 from engine.errors import InvalidKeyError, SchemaError
 from engine.rowset import KeyArray, RowSet, RowSetShiftData
@@ -41,7 +42,6 @@ __all__ = ["REGION_BITS", "MergeListener", "MergedColumnSource", "merge"]
 
 log = logging.getLogger(__name__)
 
-REGION_BITS = 40
 _LOCAL_MASK = np.int64((1 << REGION_BITS) - 1)
 _MAX_PARENTS = 1 << (63 - REGION_BITS)
 

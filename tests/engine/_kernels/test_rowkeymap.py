@@ -49,6 +49,50 @@ def test_goes_from_dense_to_hash_when_keys_spread():
     assert m.count == 11
 
 
+def test_keys_dense_within_regions_get_a_dense_map_per_region():
+    # a merge of three parents: each one's keys dense in its region of 2**40
+    m = RowKeyMap()
+    keys = np.concatenate([np.arange(100) + (r << 40) for r in range(3)])
+    m.insert(keys, np.arange(300))
+    assert m.layout == "regions" and m.hashed
+    assert all(sub.layout == "dense" for sub in m._regions.values())
+    probe = _a([5, (1 << 40) + 7, (2 << 40) + 99, (3 << 40) + 1, 100, -1])
+    assert m.lookup(probe).tolist() == [5, 107, 299, -1, -1, -1]
+    assert m.lookup(_a([(1 << 40) + 3])).tolist() == [103]  # one region: no split
+    assert m.remove(_a([(2 << 40) + 1, 3, (5 << 40)])).tolist() == [201, 3, -1]
+    m.shift(_a([(1 << 40) + k for k in range(100)]), _a([1 << 40]), _a([(1 << 40) + 99]), _a([10]))
+    model = {int(k): i for i, k in enumerate(keys.tolist())}
+    del model[(2 << 40) + 1], model[3]
+    model = {(k + 10 if k >> 40 == 1 else k): v for k, v in model.items()}
+    _check(m, model)
+    assert m.lookup(_a([(1 << 40) + 10, (1 << 40)])).tolist() == [100, -1]
+
+
+def test_regions_turn_hashed_past_max_regions(monkeypatch):
+    monkeypatch.setattr(rowkeymap, "MAX_REGIONS", 3)
+    m = RowKeyMap()
+    m.insert(_a([1, (1 << 40) + 1]), _a([0, 1]))
+    assert m.layout == "regions"
+    m.insert(_a([(2 << 40) + 1]), _a([2]))  # three regions: still by region
+    assert m.layout == "regions"
+    m.insert(_a([(7 << 40), 2]), _a([3, 4]))  # a fourth: hashed, once and for good
+    assert m.layout == "hashed"
+    _check(m, {1: 0, 2: 4, (1 << 40) + 1: 1, (2 << 40) + 1: 2, 7 << 40: 3})
+
+
+def test_regions_turn_hashed_when_one_region_spreads():
+    m = RowKeyMap()
+    m.insert(_a([0, 1, 1 << 40]), _a([0, 1, 2]))
+    assert m.layout == "regions"
+    far = (1 << 40) + 4 + rowkeymap.SPARSE_SLACK + 10  # region 1 spreads past the rule
+    m.put(_a([far, 1]), _a([3, 4]))
+    assert m.layout == "hashed"
+    _check(m, {0: 0, 1: 4, 1 << 40: 2, far: 3})
+    m = RowKeyMap()
+    m.insert(_a([0, 1 << 40, (1 << 40) + 1 + 4 * 3 + rowkeymap.SPARSE_SLACK]), _a([0, 1, 2]))
+    assert m.layout == "hashed"  # sparse within region 1 from the start
+
+
 def test_the_one_threshold():
     edge = 4 * 2 + rowkeymap.SPARSE_SLACK  # the span allowed for 2 keys
     m = RowKeyMap()
@@ -110,7 +154,10 @@ def test_shift_moves_ranges_at_once():
 
 
 # property tests -----------------------------------------------------------------------------
-_keys = st.lists(st.one_of(st.integers(0, 60), st.integers(0, 1 << 45)), max_size=25)
+# small keys, keys anywhere, and merge-like keys: dense within a few regions of 2**40
+_keys = st.lists(st.one_of(st.integers(0, 60), st.integers(0, 1 << 45),
+                           st.tuples(st.integers(0, 5), st.integers(0, 200)).map(lambda t: (t[0] << 40) + t[1])),
+                 max_size=25)
 _ops = st.lists(
     st.tuples(st.sampled_from(["insert", "put", "set", "remove", "move", "shift"]), _keys,
               st.integers(-70, 70), st.integers(-70, 70)),
@@ -143,11 +190,12 @@ def _two_ranges(present: list[int], cut: int, d1: int, d2: int) -> tuple[list[in
     return b, e, d
 
 
-@pytest.mark.parametrize("slack", [0, 65536])
+@pytest.mark.parametrize(("slack", "regions"), [(0, 64), (65536, 64), (65536, 3), (65536, 1)])
 @given(ops=_ops)
-def test_against_dict(slack, ops):
+def test_against_dict(slack, regions, ops):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(rowkeymap, "SPARSE_SLACK", slack)  # 0: most maps turn hashed
+        mp.setattr(rowkeymap, "MAX_REGIONS", regions)  # 1: never by region; 3: often one too many
         _run_against_dict(ops)
 
 

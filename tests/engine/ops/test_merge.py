@@ -160,3 +160,27 @@ def test_merged_column_routes_many_regions():
     got = m.rows(keys[order], ["Price"]).column(0).combine_chunks()
     want = m.to_arrow(["Price"]).column(0).combine_chunks().take(pa.array(order))
     assert got.equals(want)
+
+
+def test_sort_and_select_over_a_merge_keep_row_key_maps_by_region(monkeypatch):
+    # a merge's keys are dense within each parent's region: the sort's and the stored
+    # column's row-key maps split by region (RowKeyMap's "regions" layout), through
+    # removes, modifies and the parents' shifts; SPARSE_SLACK 0 makes even these small
+    # tables leave the one dense window
+    from engine._kernels import rowkeymap
+    from tests.engine.ops.sort.test_sort import sorted_frame
+
+    monkeypatch.setattr(rowkeymap, "SPARSE_SLACK", 0)
+    layouts: list[bool] = []
+    real = rowkeymap.RowKeyMap._dense_by_region
+
+    def seen(self, keys):
+        layouts.append(real(self, keys))
+        return layouts[-1]
+
+    monkeypatch.setattr(rowkeymap.RowKeyMap, "_dense_by_region", seen)
+    by_price = sorted_frame(["Price"], [False])
+    run_oracle(lambda t: merge(t.where(MATCH), t, t.tail(5)).sort("Price").update(Y=P * 2),
+               lambda df: by_price(pd.concat([df[df.Price > 50], df, df.tail(5)])).assign(Y=lambda d: d.Price * 2),
+               seed=44, n_cycles=600)
+    assert any(layouts), layouts  # some maps went by region
