@@ -145,3 +145,36 @@ def test_a_lookup_sees_the_step_it_reports_while_the_table_changes(runner):
         got = pa.Table.from_batches(list(r.batches(q)), q.schema).to_pylist()
         assert q.step == graph.step
         assert got == ([{"id": 7, "g": i}] + ([] if i % 3 else [{"id": 8, "g": i}]))
+
+
+def test_a_prepared_texts_schema_is_bound_once_per_tables_schemas(runner, monkeypatch):
+    # a DB-API cursor prepares every text it runs: the schema is remembered per text,
+    # parameter count and named tables' schemas, and bound again when a table is made
+    # again with other columns; a parameter with a value is always bound (its type counts)
+    graph, registry, r = runner
+    binds: list[str] = []
+    real = QueryRunner._bound_schema
+
+    def counted(self, sql, *args):
+        binds.append(sql)
+        return real(self, sql, *args)
+
+    monkeypatch.setattr(QueryRunner, "_bound_schema", counted)
+    sql = "SELECT s, x * 2 AS y FROM appended WHERE id > ?"
+    first = r.schema_of(sql, [None], parse_one(sql))
+    assert r.schema_of(sql, [None], parse_one(sql)).equals(first) and len(binds) == 1
+    assert first.names == ["s", "y"] and first.field("y").type == pa.float64()
+    other = "SELECT s, x * 2 AS y FROM appended"  # another text
+    assert r.schema_of(other, None, parse_one(other)).equals(first) and len(binds) == 2
+    assert r.schema_of("SELECT ? AS v", [1], parse_one("SELECT ? AS v")).field("v").type == pa.int32()
+    assert r.schema_of("SELECT ? AS v", [1 << 40], parse_one("SELECT ? AS v")).field("v").type == pa.int64()
+    assert len(binds) == 4
+    registry.drop("appended")
+    registry.create_source("appended", pa.schema([("id", pa.int64()), ("s", pa.int32()), ("x", pa.int64())]),
+                           "append")
+    again = r.schema_of(sql, [None], parse_one(sql))
+    assert len(binds) == 5 and again.field("s").type == pa.int32() and again.field("y").type == pa.int64()
+    with pytest.raises(Exception, match="x2"):  # a failure is not remembered: it fails again
+        r.schema_of("SELECT x2 FROM appended", None, parse_one("SELECT x2 FROM appended"))
+    with pytest.raises(Exception, match="x2"):
+        r.schema_of("SELECT x2 FROM appended", None, parse_one("SELECT x2 FROM appended"))
