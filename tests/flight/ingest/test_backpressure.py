@@ -124,10 +124,17 @@ def test_a_writer_the_server_does_not_read_is_held_by_flow_control(server):
 
 def test_a_durable_writer_is_held_while_its_batches_wait_to_land(tmp_path):
     """A durable stream keeps batches on their way to the journal while it reads the next
-    (pipelined, up to 64 MiB), but only while the oldest has waited less than 0.1 s: with a
-    cycle holding the gate its batches are staged through, the writer is held after a
-    few, not after megabytes. Released, every batch is acknowledged and applied."""
+    (pipelined, up to 64 MiB), but only while the oldest has waited less than
+    ``max_in_flight_seconds``: with a cycle holding the gate its batches are staged through,
+    the writer is held after what the stream reads in that time, not after 64 MiB.
+    Released, every batch is acknowledged and applied.
+
+    What gets through is the stream's read rate times the window, so the window is 0.02 s
+    here (0.1 s by default): at 0.1 s the writer was held after 8.7 MB in a fresh-clone CI
+    and after 9.2-10.8 MB alone on a fast day (2.6-2.7 MB at 0.02 s), so a bound in bytes
+    at 0.1 s measured the machine's speed."""
     server = start(tmp_path)
+    server.puts.max_in_flight_seconds = 0.02
     try:
         gate = server.graph.cycle_gate
         assert gate is not None
