@@ -112,14 +112,7 @@ class RowKeyMap:
         if self._hash is not None:
             return self._hash.lookup(keys.view(np.uint64))
         if self._regions is not None:
-            out = np.full(keys.size, -1, dtype=np.int64)
-            for region, at in _by_region(keys):
-                sub = self._regions.get(region)
-                if sub is not None:
-                    if at is None:
-                        return sub.lookup(keys)
-                    out[at] = sub.lookup(keys[at])
-            return out
+            return self._read_regions(keys, RowKeyMap.lookup)
         return self._dense_get(keys - self._base if self._base else keys)
 
     def _dense_get(self, idx: I64) -> I64:
@@ -233,14 +226,7 @@ class RowKeyMap:
             self.count = h.count
             return old
         if self._regions is not None:
-            old = np.full(keys.size, -1, dtype=np.int64)
-            for region, at in _by_region(keys):
-                sub = self._regions.get(region)
-                if sub is not None:
-                    if at is None:
-                        old = sub.remove(keys)
-                    else:
-                        old[at] = sub.remove(keys[at])
+            old = self._read_regions(keys, RowKeyMap.remove)
             self.count -= int(np.count_nonzero(old >= 0))
             return old
         idx = keys - self._base if self._base else keys
@@ -338,6 +324,19 @@ class RowKeyMap:
         np.minimum.at(lo, at, keys)
         np.maximum.at(hi, at, keys)
         return bool((hi - lo + 1 <= self._ratio * counts + SPARSE_SLACK).all())
+
+    def _read_regions(self, keys: I64, read: Callable[[RowKeyMap, I64], I64]) -> I64:
+        """``read`` (lookup, remove) each region's keys in its map: a value per key, ``-1``
+        where its region has no map."""
+        assert self._regions is not None
+        out = np.full(keys.size, -1, dtype=np.int64)
+        for region, at in _by_region(keys):
+            sub = self._regions.get(region)
+            if sub is not None:
+                if at is None:
+                    return read(sub, keys)
+                out[at] = read(sub, keys[at])
+        return out
 
     def _each_region(self, keys: I64, values: I64, write: Callable[[RowKeyMap, I64, I64], None]) -> None:
         """``write`` each region's keys and values into its map (made when it is new); the
