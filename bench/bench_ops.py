@@ -37,11 +37,15 @@ Run: python bench/bench_ops.py [--sizes 1000000 10000000] [--changes 1000 100000
      python bench/bench_ops.py --addonly 300   (W2 only)
      python bench/bench_ops.py --fixed 300     (W3 only)
      python bench/bench_ops.py --sorted 100    (W4 only)
+     python bench/bench_ops.py --sizes 1000000 --warmup 20 --deephaven /path/to/deephaven-venv/bin/python
+                                               (W1, then the same rows on Deephaven: bench/_deephaven_w1.py)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -99,7 +103,7 @@ class _Timed:
         return v
 
 
-def run(n: int, k: int, cycles: int, rng: np.random.Generator, check: bool) -> dict:
+def run(n: int, k: int, cycles: int, rng: np.random.Generator, check: bool, warmup: int = 2) -> dict:
     g = UpdateGraph()
     src = g.keyed_table(SCHEMA, "Key", name="src")
     t0 = time.perf_counter()
@@ -117,7 +121,7 @@ def run(n: int, k: int, cycles: int, rng: np.random.Generator, check: bool) -> d
     per_op: dict[str, list[int]] = {name: [] for name in timers}
     whole, src_cycle, pandas_ns = [], [], []
     next_key = n
-    for c in range(cycles + 2):
+    for c in range(cycles + warmup):
         mod = rng.integers(0, next_key, k)
         batch = rows(rng, np.concatenate((mod, np.arange(next_key, next_key + APPEND))))
         # keep Sym and Qty of modified rows: only Price changes for them
@@ -132,12 +136,12 @@ def run(n: int, k: int, cycles: int, rng: np.random.Generator, check: bool) -> d
         g.run_cycle()
         total = time.perf_counter_ns() - t
         ops = {name: tm.take() for name, tm in timers.items()}
-        if c >= 2:  # warm-up cycles dropped
+        if c >= warmup:  # warm-up cycles dropped
             whole.append(total)
             for name, v in ops.items():
                 per_op[name].append(v)
             src_cycle.append(total - sum(ops.values()))
-            if c < 2 + min(cycles, 7):  # pandas: a few recomputations are enough for a median
+            if c < warmup + min(cycles, 7):  # pandas: a few recomputations are enough for a median
                 df = src.to_pandas()
                 t = time.perf_counter_ns()
                 pandas_chain(df)
@@ -309,7 +313,10 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     ap.add_argument("--changes", type=int, nargs="+", default=[1000, 100_000])
     ap.add_argument("--cycles", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=2, help="W1 cycles dropped before timing")
     ap.add_argument("--check", action="store_true", help="compare the final result with pandas")
+    ap.add_argument("--deephaven", default=None, metavar="PYTHON",
+                    help="also run W1 on Deephaven with this interpreter (one that has deephaven-server)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--addonly", type=int, default=0, metavar="CYCLES",
                     help="run only W2 (append-only agg_by per kind) for CYCLES cycles")
@@ -333,7 +340,7 @@ def main() -> None:
         for k in args.changes:
             if k >= n:
                 continue
-            r = run(n, k, args.cycles, rng, args.check)
+            r = run(n, k, args.cycles, rng, args.check, args.warmup)
             results.append(r)
             row = {"N": n, "K": k, "chain_med": r["chain"]["median_ms"], "chain_mean": r["chain"]["mean_ms"],
                    "chain_p99": r["chain"]["p99_ms"], "source": r["source_apply"]["median_ms"],
@@ -346,7 +353,35 @@ def main() -> None:
                 "ratio_to_smallest_N": r["chain"]["median_ms"] / base[r["K"]] if r["K"] in base else None,
                 "pandas_med_ms": r["pandas"]["median_ms"], "speedup": r["speedup_vs_pandas"]} for r in results]
     print_table("W1 summary", summary, list(summary[0]))
-    write_json("bench_ops", {"args": vars(args), "results": results}, args.json)
+    out = {"args": vars(args), "results": results}
+    if args.deephaven:
+        out["deephaven"] = _deephaven_w1(args, results)
+    write_json("bench_ops", out, args.json)
+
+
+def _deephaven_w1(args: argparse.Namespace, ours: list[dict]) -> list[dict]:
+    """W1 on Deephaven: bench/_deephaven_w1.py run by the ``--deephaven`` interpreter after
+    ours, on the same rows (same seed, sizes, changes, cycles and warm-up), printed beside ours."""
+    script = Path(__file__).resolve().parent / "_deephaven_w1.py"
+    heap = f"{max(4, 2 * max(args.sizes) // 1_000_000 + 2)}g"
+    cmd = [args.deephaven, str(script), "--sizes", *map(str, args.sizes), "--changes", *map(str, args.changes),
+           "--cycles", str(args.cycles), "--warmup", str(args.warmup), "--heap", heap]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    peer = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not peer:
+        sys.exit(f"bench_ops: Deephaven's W1 failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    theirs = {(r["N"], r["K"]): r for r in peer}
+    rows = []
+    for r in ours:
+        d = theirs[(r["N"], r["K"])]
+        rows.append({"N": r["N"], "K": r["K"], "tt_med": r["chain"]["median_ms"], "tt_mean": r["chain"]["mean_ms"],
+                     "tt_p99": r["chain"]["p99_ms"], "dh_med": d["chain"]["median_ms"],
+                     "dh_mean": d["chain"]["mean_ms"], "dh_p99": d["chain"]["p99_ms"],
+                     "dh_over_tt": d["chain"]["median_ms"] / r["chain"]["median_ms"],
+                     "pandas_med": r["pandas"]["median_ms"]})
+    print_table(f"W1 against Deephaven {peer[0]['deephaven']} (bench/_deephaven_w1.py, same rows; a cycle from "
+                f"its start to the last result's listener; ms)", rows, list(rows[0]))
+    return peer
 
 
 if __name__ == "__main__":
