@@ -23,6 +23,7 @@ from engine._kernels.arrays import distinct_key_order, key_order, numeric_view, 
 from engine._kernels.hashing import (
     Same,
     exact_hash,
+    exact_values,
     group_equal,
     hash_rows,
     rows_equal,
@@ -30,7 +31,7 @@ from engine._kernels.hashing import (
     values_equal,
 )
 from engine._kernels.ids import IdAllocator
-from engine._kernels.keymap import ExactKeyMap
+from engine._kernels.keymap import ExactKeyMap, IntKeyMap
 from engine._source import SourceTable, TableLike, conform
 from engine.columns import (
     NumpyColumnSource,
@@ -50,11 +51,14 @@ FEW_KEYS = 16  # up to this many keys are compared as Python values (module attr
 
 
 def _key_hashes(t: pa.Table, keys: list[str]) -> npt.NDArray[np.uint64]:
-    """One uint64 per row hashing its key (:func:`engine._kernels.hashing.hash_rows`).
-
-    Exact for one integer-like key column; otherwise callers verify the key values where
+    """One uint64 per row for its key: for one integer-like key column the value's own
+    bits (:func:`~engine._kernels.hashing.exact_values`, exact, and dense where the keys
+    are: :class:`~engine._kernels.keymap.IntKeyMap`); otherwise its hash
+    (:func:`~engine._kernels.hashing.hash_rows`), and callers verify the key values where
     hashes match (:class:`~engine._kernels.keymap.ExactKeyMap`), so colliding keys coexist.
     """
+    if len(keys) == 1 and exact_hash(t.schema, keys):
+        return exact_values(t.column(keys[0])).view(np.uint64)
     return hash_rows(t, keys)
 
 
@@ -109,7 +113,9 @@ class KeyedTable(SourceTable):
             raise SchemaError(f"key column(s) {unknown or key_list} not in {self.schema.names}")
         self.keys = key_list
         self._values = [n for n in self.schema.names if n not in key_list]
-        self._index = ExactKeyMap(exact_hash(self.schema, key_list))  # key -> row key
+        # key -> row key
+        self._index: ExactKeyMap | IntKeyMap = (IntKeyMap() if exact_hash(self.schema, key_list)
+                                                else ExactKeyMap(exact=False))
         # keys whose Python values compare as values_equal does (see _few_equal)
         self._plain_keys = all(_plain_type(self.schema.field(k).type) for k in key_list)
         self._row_keys = IdAllocator()  # a freed row key is reused from the next cycle on

@@ -47,6 +47,7 @@ __all__ = [
     "combine",
     "exact_hash",
     "exact_type",
+    "exact_values",
     "group_equal",
     "hash_column",
     "hash_columns",
@@ -311,6 +312,17 @@ def hash_column(col: Column, name: str = "?") -> U64:
     if arr.type == pa.int64() and not arr.null_count:  # the common case, without the type walk
         return _mix64_array(np.asarray(arr.to_numpy()).view(np.uint64))
     return _hash_values(arr, name)
+
+
+def exact_values(col: Column) -> I64:
+    """The ``int64`` values of one integer-like column (:func:`exact_type`; nulls as 0):
+    what its hash is :func:`mix64` of, so they are as exact a key as the hash. ``uint64``
+    values keep their bits (past ``2**63 - 1`` they read negative), booleans are 0 and 1,
+    temporal values their integer counts."""
+    arr = _single(col)
+    if arr.type == pa.int64() and not arr.null_count:
+        return np.asarray(arr.to_numpy())
+    return _int64_values(arr)
 
 
 def _exact_column(arr: pa.Array) -> U64:

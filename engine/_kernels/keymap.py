@@ -30,9 +30,10 @@ import pyarrow as pa
 
 from engine._kernels.hashing import Same, exact_hash, group_equal, rows_equal_at
 from engine._kernels.hashmap import U64Map
+from engine._kernels.rowkeymap import RowKeyMap
 from engine._kernels.rowstore import RowStore
 
-__all__ = ["ExactKeyMap", "StoredKeyMap"]
+__all__ = ["ExactKeyMap", "IntKeyMap", "StoredKeyMap"]
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -240,6 +241,83 @@ class ExactKeyMap:
         ids[miss[order]] = np.repeat(gid, sizes)
         self.insert(h[first], added)
         return ids, added, first
+
+
+class IntKeyMap:
+    """One integer-like key column's values -> non-negative ``int64`` ids: the
+    :class:`ExactKeyMap` of an exact key, over the values themselves
+    (:func:`~engine._kernels.hashing.exact_values`, as ``uint64`` bits) instead of their hashes.
+
+    Values are usually dense (a source keyed by an id, a counter, a date): while every
+    value is non-negative they live in a :class:`~engine._kernels.rowkeymap.RowKeyMap`,
+    whose dense layout answers a lookup with one ``take`` where a hash map probes (and
+    which turns hashed by itself when the values are sparse). The first negative value
+    moves every entry into a :class:`~engine._kernels.hashmap.U64Map` over the values'
+    bits, once and for good. Same methods as an exact :class:`ExactKeyMap`.
+
+    Examples
+    --------
+    >>> m = IntKeyMap()
+    >>> m.insert(np.array([3, 4], dtype=np.uint64), np.array([0, 1]))
+    >>> m.lookup(np.array([4, 5], dtype=np.uint64), None).tolist()
+    [1, -1]
+    >>> m.insert(np.array([-7], dtype=np.int64).view(np.uint64), np.array([2]))
+    >>> m.lookup(np.array([-7, 3], dtype=np.int64).view(np.uint64), None).tolist(), m.layout
+    ([2, 0], 'hashed')
+    """
+
+    exact = True
+
+    def __init__(self) -> None:
+        self._rows: RowKeyMap | None = RowKeyMap()  # while every value is >= 0
+        self._bits = U64Map()  # afterwards
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def count(self) -> int:
+        """How many entries the map holds."""
+        return self._rows.count if self._rows is not None else self._bits.count
+
+    @property
+    def layout(self) -> str:
+        """The row-key map's layout (``"dense"``, ``"regions"``, ``"hashed"``), or
+        ``"hashed"`` once a negative value came."""
+        return self._rows.layout if self._rows is not None else "hashed"
+
+    def lookup(self, h: U64, same: Same | None = None) -> I64:  # noqa: ARG002 - exact: never verified
+        """Id per value (``uint64`` bits), ``-1`` where absent."""
+        h = np.asarray(h, dtype=np.uint64)
+        if self._rows is None:
+            return self._bits.lookup(h)
+        return self._rows.lookup(h.view(np.int64))  # a negative value is absent from it
+
+    def insert(self, h: U64, ids: I64) -> None:
+        """Add entries whose values are absent and distinct."""
+        h = np.asarray(h, dtype=np.uint64)
+        ids = np.asarray(ids, dtype=np.int64)
+        if h.size == 0:
+            return
+        if self._rows is not None:
+            v = h.view(np.int64)
+            if int(v.min()) >= 0:
+                self._rows.insert(v, ids)
+                return
+            held, held_ids = self._rows.items()
+            self._bits.insert(held.view(np.uint64), held_ids)
+            self._rows = None
+        self._bits.insert(h, ids)
+
+    def delete(self, h: U64, ids: I64) -> None:  # noqa: ARG002 - ExactKeyMap's signature
+        """Remove the entries of these values, which must be present."""
+        h = np.asarray(h, dtype=np.uint64)
+        if h.size == 0:
+            return
+        if self._rows is not None:
+            self._rows.remove(h.view(np.int64))
+        else:
+            self._bits.delete(h)
 
 
 class StoredKeyMap:

@@ -350,8 +350,22 @@ def test_write_lock_makes_check_then_stage_atomic():
     assert t.to_pandas()["s"].tolist() == ["other"]  # staged after mine: the last write wins
 
 
+#: integer keys: dense, spread wide (the index leaves its dense layout), negative from the
+#: middle of the run on (the index turns hashed), uint64 past 2**63, timestamps
+_INT_KEYS = {
+    "dense": list(range(30)),
+    "wide": [i * 2**40 + i for i in range(30)],
+    "negative": list(range(15)) + [-1 - i for i in range(15)],
+    "uint64": [2**64 - 1 - i for i in range(15)] + list(range(15)),
+}
+
+
 @pytest.mark.parametrize("ktype, few, squeeze, scalars", [
     (pa.int64(), None, False, None),
+    (pa.int64(), "wide", False, None),
+    (pa.int64(), "negative", False, None),
+    (pa.uint64(), "uint64", False, None),
+    (pa.timestamp("us"), "dense", False, None),
     (pa.string(), 0, False, 0),  # every batch through the vectorized hash and comparison
     (pa.string(), 1 << 30, False, 1 << 30),  # every batch through the plain-integer/Python ones
     (pa.string(), 0, True, 0),  # hashes squeezed into four values: equality decides
@@ -359,6 +373,9 @@ def test_write_lock_makes_check_then_stage_atomic():
     (pa.string(), 1 << 30, True, 0),  # held keys compared as Python values, read gathered
 ])
 def test_lookup_matches_a_dict_model_over_random_writes(ktype, few, squeeze, scalars, monkeypatch):
+    int_keys = _INT_KEYS[few if isinstance(few, str) else "dense"]
+    if isinstance(few, str):
+        few = None
     if few is not None:
         monkeypatch.setattr(_keyed, "FEW_KEYS", few)
         monkeypatch.setattr(hashing, "FEW_STRINGS", few)
@@ -370,12 +387,14 @@ def test_lookup_matches_a_dict_model_over_random_writes(ktype, few, squeeze, sca
     rng = random.Random(41)
     g = UpdateGraph(validate=True)
     t = g.keyed_table(pa.schema([("k", ktype), ("v", pa.int64())]), "k")
-    keys = list(range(30)) if ktype == pa.int64() else [f"key{i}" for i in range(30)]
+    keys = [f"key{i}" for i in range(30)] if ktype == pa.string() else int_keys
     applied: dict[object, int] = {}  # as the last cycle left the table
     pending: dict[object, int] = {}  # with the staged writes
     for rnd in range(300):
+        # integer keys: the first 15 only for half the run (the negatives arrive later)
+        pool = keys[:15] if rnd < 150 and ktype != pa.string() else keys
         for _ in range(rng.randint(0, 3)):
-            ks = [rng.choice(keys) for _ in range(rng.randint(0, 6))]
+            ks = [rng.choice(pool) for _ in range(rng.randint(0, 6))]
             if rng.random() < 0.3:
                 t.delete({"k": pa.array(ks, ktype)})
                 for k in ks:

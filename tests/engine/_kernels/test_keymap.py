@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine._kernels import rowkeymap
 from engine._kernels.hashing import hash_rows
-from engine._kernels.keymap import ExactKeyMap, StoredKeyMap
+from engine._kernels.keymap import ExactKeyMap, IntKeyMap, StoredKeyMap
 
 SCHEMA = pa.schema([("s", pa.string()), ("n", pa.int64())])
 
@@ -65,6 +66,57 @@ def test_exact_map_never_calls_same():
     m = ExactKeyMap(exact=True)
     m.insert(np.array([1, 2], dtype=np.uint64), np.array([10, 20]))
     assert m.lookup(np.array([2, 3], dtype=np.uint64), None).tolist() == [20, -1]
+
+
+#: values as an integer key column holds them: dense from 0, far apart, negative (the map
+#: leaves its row-key map for good), and uint64 bits past 2**63 (negative as int64)
+#: (few values, so deletes and lookups meet inserted ones; negatives rarer, so most runs stay
+#: in the row-key map for a while)
+_dense = st.integers(0, 20)
+_int_value = st.one_of(_dense, _dense, _dense, st.sampled_from([2**40, 2**40 + 3, 2**62 - 1, 2**63 - 1]),
+                       st.sampled_from([-1, -5, -(2**63), 2**64 - 1 - 2**64]))
+_int_ops = st.lists(st.tuples(st.sampled_from(["insert", "delete", "lookup"]),
+                              st.lists(_int_value, max_size=12)), max_size=25)
+
+
+@pytest.mark.parametrize("slack", [rowkeymap.SPARSE_SLACK, 0])
+@given(ops=_int_ops)
+def test_int_key_map_against_dict(slack, ops):
+    # slack 0: the row-key map turns regions or hashed as soon as values spread
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rowkeymap, "SPARSE_SLACK", slack)
+        m, ids = IntKeyMap(), _Ids()
+        model: dict[int, int] = {}
+        for op, values in ops:
+            v = np.array(values, dtype=np.int64).view(np.uint64)
+            if op == "insert":
+                new = list(dict.fromkeys(x for x in values if x not in model))
+                got = ids(len(new))
+                m.insert(np.array(new, dtype=np.int64).view(np.uint64), got)
+                model.update(zip(new, got.tolist(), strict=True))
+            elif op == "delete":
+                present = list(dict.fromkeys(x for x in values if x in model))
+                m.delete(np.array(present, dtype=np.int64).view(np.uint64),
+                         np.array([model[x] for x in present], dtype=np.int64))
+                for x in present:
+                    ids.free.append(model.pop(x))
+            else:
+                assert m.lookup(v, None).tolist() == [model.get(x, -1) for x in values]
+            assert len(m) == len(model)
+            if any(x < 0 for x in model):
+                assert m.layout == "hashed"
+        everything = np.array(list(model), dtype=np.int64).view(np.uint64)
+        assert m.lookup(everything).tolist() == list(model.values())
+
+
+def test_int_key_map_is_dense_for_dense_values():
+    m = IntKeyMap()
+    m.insert(np.arange(1_000_000, dtype=np.uint64), np.arange(1_000_000))
+    assert m.layout == "dense"
+    assert m.lookup(np.array([999_999, 1_000_000, 5], dtype=np.uint64)).tolist() == [999_999, -1, 5]
+    m.insert(np.array([-1], dtype=np.int64).view(np.uint64), np.array([7]))
+    assert m.layout == "hashed" and len(m) == 1_000_001
+    assert m.lookup(np.array([-1, 5], dtype=np.int64).view(np.uint64)).tolist() == [7, 5]
 
 
 _key = st.tuples(st.sampled_from(["a", "b", "", "héllo", "x" * 20, "ab"]), st.integers(-3, 3))
