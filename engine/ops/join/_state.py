@@ -32,7 +32,7 @@ shifts without touching left rows. The arrays read by ``get_prev`` (left slot ->
 gid -> region, right slot -> right key) are :class:`NumpyColumnSource` instances tracked
 by the graph, so values at the start of the cycle stay readable until it ends.
 
-Keys are compared exactly (:func:`key_table` brings both sides to one type per column,
+Keys are compared exactly (:func:`~engine.ops.join._keys.key_table` brings both sides to one type per column,
 :mod:`engine._kernels.hashing` hashes them): one integer column is its own exact hash; any
 other key is verified against the stored key values of the candidate group, so two
 different keys never share a group, whatever their hashes. A row with a null in any key
@@ -59,6 +59,8 @@ from engine._kernels.keymap import StoredKeyMap
 from engine._kernels.rowkeymap import RowKeyMap
 from engine.columns import NumpyColumnSource
 from engine.errors import SchemaError
+from engine.ops.join._groupindex import GroupIndex
+from engine.ops.join._keys import key_kind, key_table, key_type
 from engine.rowset import KeyArray
 
 if TYPE_CHECKING:
@@ -69,137 +71,13 @@ U64 = npt.NDArray[np.uint64]
 Mask = npt.NDArray[np.bool_]
 
 _EMPTY = np.empty(0, dtype=np.int64)
-_SLOT_BITS = 32
 
 # amortization thresholds (module attributes so tests can shrink them)
-INDEX_MIN_DELTA = 16384  # GroupIndex: merge the delta into the base past max(this, base / 8)
-INDEX_MIN_STALE = 16384  # GroupIndex: rebuild once dead entries pass max(this, live rows)
+INDEX_MIN_STALE = 16384  # a GroupIndex is rebuilt once dead entries pass max(this, live rows)
 POOL_MIN_GARBAGE = 65536  # pool: compact once dead entries pass max(this, live entries)
 
 
-# helpers --------------------------------------------------------------------------------
-def _as_array(col: pa.Array | pa.ChunkedArray) -> pa.Array:
-    if isinstance(col, pa.ChunkedArray):
-        return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    return col
-
-
-def key_kind(t: pa.DataType) -> str:
-    """What a key column is compared as; both sides of a pair must have the same kind."""
-    if pa.types.is_dictionary(t):
-        return key_kind(t.value_type)
-    if pa.types.is_integer(t) or pa.types.is_boolean(t):
-        return "integer"
-    if pa.types.is_floating(t):
-        return "floating"
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return "string"
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return "binary"
-    return str(t)
-
-
-_CANONICAL = {"integer": pa.int64(), "floating": pa.float64(), "string": pa.large_string(),
-              "binary": pa.large_binary()}
-
-
-def key_type(t: pa.DataType) -> pa.DataType:
-    """The one type both sides' key columns of this kind are compared as."""
-    return _CANONICAL.get(key_kind(t), t.value_type if pa.types.is_dictionary(t) else t)
-
-
-def key_table(cols: list[pa.Array | pa.ChunkedArray], names: list[str]) -> tuple[pa.Table, Mask]:
-    """``(keys, valid)``: the key columns in their :func:`key_type`, and per row whether no
-    key is null (rows with a null key belong to no group)."""
-    n = len(cols[0])
-    valid = np.ones(n, dtype=bool)
-    out = []
-    for col in cols:  # one pass per key column
-        arr = _as_array(col)
-        if pa.types.is_dictionary(arr.type):
-            arr = arr.dictionary_decode()
-        want = key_type(arr.type)
-        if arr.type != want:
-            arr = arr.cast(want)
-        if arr.null_count:
-            valid &= arr.is_valid().to_numpy(zero_copy_only=False)
-        out.append(arr)
-    return pa.Table.from_arrays(out, names=names), valid
-
-
 # structures -------------------------------------------------------------------------------
-class GroupIndex:
-    """gid -> member slots as sorted ``gid << 32 | slot`` codes: base + sorted delta.
-
-    Inserts are appended unsorted and sorted into the delta at the next :meth:`query` (or
-    once they pass the delta's limit), so cycles that only insert (left rows arriving
-    while no right row changes) pay one append each. Deletion is lazy: :meth:`query`
-    keeps an entry only when ``live[slot]`` and ``gid_of[slot] == gid``; :attr:`stale`
-    counts dead entries so the owner can rebuild.
-    """
-
-    def __init__(self) -> None:
-        self.base = _EMPTY
-        self.delta = _EMPTY
-        self.stale = 0
-        self._fresh: list[KeyArray] = []  # inserted codes not sorted in yet
-        self._n_fresh = 0
-
-    def __len__(self) -> int:
-        return int(self.base.size + self.delta.size) + self._n_fresh
-
-    def reset(self, gids: KeyArray, slots: KeyArray) -> None:
-        self.base = np.sort((gids << _SLOT_BITS) | slots)
-        self.delta = _EMPTY
-        self.stale = 0
-        self._fresh, self._n_fresh = [], 0
-
-    def insert(self, gids: KeyArray, slots: KeyArray) -> None:
-        if gids.size == 0:
-            return
-        self._fresh.append((gids << _SLOT_BITS) | slots)
-        self._n_fresh += gids.size
-        if self._n_fresh > max(INDEX_MIN_DELTA, self.base.size // 8):
-            self._sort_in()
-
-    def _sort_in(self) -> None:
-        """Merge the appended codes into the delta, and the delta into the base past its limit."""
-        if not self._fresh:
-            return
-        codes = np.sort(np.concatenate(self._fresh) if len(self._fresh) > 1 else self._fresh[0])
-        self._fresh, self._n_fresh = [], 0
-        self.delta = np.insert(self.delta, np.searchsorted(self.delta, codes), codes)
-        if self.delta.size > max(INDEX_MIN_DELTA, self.base.size // 8):
-            self.base = np.insert(self.base, np.searchsorted(self.base, self.delta), self.delta)
-            self.delta = _EMPTY
-
-    def query(self, gids: KeyArray, gid_of: KeyArray, live: Mask) -> KeyArray:
-        """Live slots in the sorted distinct ``gids``, sorted and distinct."""
-        if gids.size == 0:
-            return _EMPTY
-        self._sort_in()
-        parts = []
-        for codes in (self.base, self.delta):  # two sorted runs
-            if codes.size == 0:
-                continue
-            lo = np.searchsorted(codes, gids << _SLOT_BITS)
-            hi = np.searchsorted(codes, (gids + 1) << _SLOT_BITS)
-            pos = expand(lo, hi - lo)
-            if pos.size:
-                parts.append(codes[pos])
-        if not parts:
-            return _EMPTY
-        codes = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        slots = codes & ((1 << _SLOT_BITS) - 1)
-        ok = live[slots] & (gid_of[slots] == (codes >> _SLOT_BITS))
-        slots = slots[ok]
-        if slots.size > live.size // 8:  # dense result: a mark array beats sorting
-            mark = np.zeros(live.size, dtype=bool)
-            mark[slots] = True
-            return np.flatnonzero(mark).astype(np.int64)
-        return sorted_unique(slots)
-
-
 def _tracked(capacity: int = 1024) -> NumpyColumnSource:
     src = NumpyColumnSource(pa.int64(), capacity)
     return src

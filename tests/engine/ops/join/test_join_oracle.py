@@ -17,6 +17,7 @@ from engine.ops.aggregate import listener as _agglistener
 from engine.ops.aggregate._addonly import RowEnds, RunningExtremes
 from engine.ops.aggregate._states import OrderStats
 from engine.ops.aggregate.listener import agg_by
+from engine.ops.join import _groupindex
 from engine.ops.join import _state as _joinstate
 from engine.ops.join.listener import exact_join, join, left_outer_join, natural_join
 from tests.oracle import SYMS, RandomSource, assert_same, cycles
@@ -439,8 +440,10 @@ def test_oracle_chain_natural_join_on_shifting_right():
 
 def test_oracle_tiny_amortization_thresholds(monkeypatch):
     # compaction, index merges and rebuilds, and hash-mode key maps on every few cycles
-    for name in ("SPARSE_SLACK", "INDEX_MIN_DELTA", "INDEX_MIN_STALE", "POOL_MIN_GARBAGE"):
-        monkeypatch.setattr(_rowkeymap if name == "SPARSE_SLACK" else _joinstate, name, 0)
+    monkeypatch.setattr(_rowkeymap, "SPARSE_SLACK", 0)
+    monkeypatch.setattr(_groupindex, "INDEX_MIN_DELTA", 0)
+    for name in ("INDEX_MIN_STALE", "POOL_MIN_GARBAGE"):
+        monkeypatch.setattr(_joinstate, name, 0)
     run_join_oracle(
         lambda lt, r1, r2: natural_join(left_outer_join(lt, r1, "Sym"), r2, "Qty=RQ", joins=_J2),
         lambda lt, r1, r2: expected_join(expected_join(lt, r1, ["Sym"], ["Sym"], OUT, "left"),
