@@ -4,7 +4,8 @@ in a cycle wins, modifies only where a value changed, lookups of keys' rows.
 
 A cycle of a few writes (at most ``FEW_KEYS``) skips the vectorized machinery where its
 setup is the cost: distinct hashes mean distinct keys (no grouping), and integer, string
-and binary keys are verified as Python values (:func:`_few_equal`).
+and binary keys are verified as Python values
+(:func:`~engine._kernels.hashing.few_rows_equal`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from engine._kernels.hashing import (
     Same,
     exact_hash,
     exact_values,
+    few_rows_equal,
     group_equal,
     hash_rows,
+    plain_type,
     rows_equal,
     same_rows,
     values_equal,
@@ -116,8 +119,8 @@ class KeyedTable(SourceTable):
         # key -> row key
         self._index: ExactKeyMap | IntKeyMap = (IntKeyMap() if exact_hash(self.schema, key_list)
                                                 else ExactKeyMap(exact=False))
-        # keys whose Python values compare as values_equal does (see _few_equal)
-        self._plain_keys = all(_plain_type(self.schema.field(k).type) for k in key_list)
+        # keys whose Python values compare as values_equal does (see few_rows_equal)
+        self._plain_keys = all(plain_type(self.schema.field(k).type) for k in key_list)
         self._row_keys = IdAllocator()  # a freed row key is reused from the next cycle on
 
     def _checked(self, data: TableLike, kind: str) -> pa.Table:
@@ -316,8 +319,8 @@ class KeyedTable(SourceTable):
 
         def same(i: KeyArray, row_keys: KeyArray) -> npt.NDArray[np.bool_]:
             if t.num_rows <= FEW_KEYS and self._plain_keys:
-                return _few_equal(t, self.keys, i, [self._storage[k].get_pylist(row_keys)
-                                                    for k in self.keys])
+                return few_rows_equal([t.column(k) for k in self.keys], i,
+                                      [self._storage[k].get_pylist(row_keys) for k in self.keys])
             stored = pa.Table.from_arrays([self._storage[k].get(row_keys) for k in self.keys],
                                           names=self.keys)
             return rows_equal(t.select(self.keys).take(pa.array(i)), stored)
@@ -437,25 +440,6 @@ class KeyedTable(SourceTable):
             src.set(keys, rows.column(name))
         if keys.size:
             self._index.insert(_key_hashes(rows.select(self.keys).combine_chunks(), self.keys), keys)
-
-
-def _plain_type(t: pa.DataType) -> bool:
-    """Whether Python's ``==`` on this type's values is :func:`values_equal`'s rule for
-    non-null values: integers, strings and binaries (floats are not: NaN)."""
-    return bool(pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
-                or pa.types.is_binary(t) or pa.types.is_large_binary(t))
-
-
-def _few_equal(t: pa.Table, names: list[str], i: KeyArray, stored: list[list[Any]]) -> npt.NDArray[np.bool_]:
-    """Per ``k``: row ``i[k]`` of ``t`` (a few rows) has the (non-null, :func:`_plain_type`)
-    key values ``stored[c][k]``, compared as Python values: for a few keys, a ``take`` and
-    an Arrow comparison per column cost more than the values."""
-    rows = i.tolist()
-    out = [True] * len(rows)
-    for name, held in zip(names, stored, strict=True):  # one pass per key column
-        probe = t.column(name).to_pylist()
-        out = [o and probe[r] == v for o, r, v in zip(out, rows, held, strict=True)]
-    return np.array(out, dtype=bool)
 
 
 def _last_of_groups(order: npt.NDArray[np.int64], starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:

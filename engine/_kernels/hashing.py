@@ -32,7 +32,7 @@ nowhere else; :mod:`engine._kernels.hashmap` imports :data:`GOLDEN`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -48,11 +48,13 @@ __all__ = [
     "exact_hash",
     "exact_type",
     "exact_values",
+    "few_rows_equal",
     "group_equal",
     "hash_column",
     "hash_columns",
     "hash_rows",
     "mix64",
+    "plain_type",
     "rows_equal",
     "rows_equal_at",
     "same_rows",
@@ -445,6 +447,28 @@ def _nested_equal(a: pa.Array, b: pa.Array) -> Mask:
                            dtype=bool, count=both.size)
     out[both] = same
     return out
+
+
+def plain_type(t: pa.DataType) -> bool:
+    """Whether Python's ``==`` on this type's values is :func:`values_equal`'s rule
+    (integers, strings and binaries; floats are not: NaN), ``None`` included: a null
+    equals a null and nothing else, as grouping has it."""
+    return bool(pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+                or pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+
+def few_rows_equal(probe: Sequence[Column], rows: npt.NDArray[np.int64],
+                   stored: Sequence[list[Any]]) -> Mask:
+    """Per ``k``: row ``rows[k]`` of the key columns ``probe`` (a few rows, of
+    :func:`plain_type` types) has the key values ``stored[c][k]``, compared as Python
+    values: for a few keys, a ``take`` and an Arrow comparison per column cost more than
+    the values themselves."""
+    at = rows.tolist()
+    out = [True] * len(at)
+    for col, held in zip(probe, stored, strict=True):  # one pass per key column
+        values = col.to_pylist()
+        out = [o and values[r] == v for o, r, v in zip(out, at, held, strict=True)]
+    return np.array(out, dtype=bool)
 
 
 def values_equal(a: Column, b: Column) -> Mask:

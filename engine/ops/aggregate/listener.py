@@ -147,7 +147,9 @@ import pyarrow as pa
 from engine._kernels.hashing import (
     Same,
     exact_hash,
+    few_rows_equal,
     hash_columns,
+    plain_type,
     rows_equal,
     rows_equal_at,
     values_equal,
@@ -369,6 +371,9 @@ class AggListener:
     #: a batch of at least this many rows is interned one row per distinct key (see
     #: :meth:`_distinct_rows`); below it, deduplicating costs more than it saves
     DISTINCT_MIN = 32
+    #: a batch of at most this many rows checks its string, binary or integer group keys
+    #: against the groups' as Python values (:func:`few_rows_equal`), not by Arrow
+    FEW_KEYS = 16
 
     def __init__(self, parent: Table, by: list[str], aggs: list[Agg], schema: pa.Schema) -> None:
         self.parent = parent
@@ -409,6 +414,7 @@ class AggListener:
         # several fixed-width key columns: verified and stored in numpy, no Arrow tables
         stored_keys = [self.key_cols[k] for k in by]
         self._numpy_keys: list[NumpyColumnSource] | None = None
+        self._plain_keys = all(plain_type(parent.schema.field(k).type) for k in by)
         if by and not self.exact_key and all(isinstance(c, NumpyColumnSource) for c in stored_keys):
             self._numpy_keys = [c for c in stored_keys if isinstance(c, NumpyColumnSource)]
         self.index = ExactKeyMap(exact=not by)
@@ -533,8 +539,11 @@ class AggListener:
                 return cand_null == probe_null[i] if probe_null is not None else ~cand_null
             return same_exact
         probe = pa.Table.from_arrays(arrays, names=self.by)
+        few = self._plain_keys and probe.num_rows <= self.FEW_KEYS
 
         def same(i: I64, slots: I64) -> Mask:
+            if few:
+                return few_rows_equal(arrays, i, [self.key_cols[k].get_pylist(slots) for k in self.by])
             stored = pa.Table.from_arrays([self.key_cols[k].get(slots) for k in self.by], names=self.by)
             return rows_equal(probe.take(pa.array(i)), stored)
         return same

@@ -273,6 +273,24 @@ def test_oracle_numeric_keys_verified_in_numpy(monkeypatch, collide, distinct_mi
     _run_cases(cases, seed=14 + collide)
 
 
+STRING_KEYS = [agg.count("N"), agg.sum("Price", "S"), agg.first("Key", "F"), agg.last("Sym", "L")]
+
+
+@pytest.mark.parametrize("few", [0, 1 << 30])
+def test_oracle_string_keys_verified_when_hashes_collide(monkeypatch, few):
+    # every key hashes to one of three values, so most groups share a hash: the stored
+    # string and integer keys decide, compared as Python values (every batch, ``few``
+    # huge) or by Arrow (never)
+    monkeypatch.setattr(AggListener, "FEW_KEYS", few)
+    oracle.share_cycles(monkeypatch, 2)
+    real = aggregate_mod.hash_columns
+    monkeypatch.setattr(aggregate_mod, "hash_columns",
+                        lambda arrays, names=None, num_rows=None: real(arrays, names, num_rows) % np.uint64(3))
+    cases = {"string and integer keys": _Case(lambda t: agg_by(t, STRING_KEYS, ["Sym", "Qty"]), ["Sym", "Qty"],
+                                              STRING_KEYS)}
+    _run_cases(cases, seed=16 + bool(few))
+
+
 def test_oracle_min_max_first_last_with_constant_merges_and_parent_shifts(monkeypatch):
     # the LSM merges after every few changes (base, tombstones and delta all in play), and
     # the second parent shifts its row keys every cycle
