@@ -272,6 +272,7 @@ class Subscription:
         self._writer = writer
         try:
             self._send(writer, first)
+            del first  # the snapshot: held here it would stay for the stream's whole life
             last_sent = time.monotonic()
             while True:
                 if self._fanout is None and self._may_share():
