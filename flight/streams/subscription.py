@@ -50,7 +50,7 @@ from flight.streams.pending import PendingUpdates, compose_run
 from flight.streams.registry import HistoryEntry, Publisher, TableEntry
 
 __all__ = ["CallState", "StreamWriter", "Subscriber", "Subscription", "SubscriptionOptions",
-           "check_columns", "opening"]
+           "check_columns", "opening", "snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +147,19 @@ def opening(codec: DeltaCodec, publisher: Publisher, request: pb.SubscriptionReq
             return codec.delta(update, held=RowSet() if viewport else None,
                                sequence=int(request.resume_sequence) + len(missed), step=step,
                                count=len(missed), resume=pb.RESUME_DELTAS)
-        return codec.snapshot(sequence=publisher.sequence, step=step, resume=pb.RESUME_SNAPSHOT)
-    return codec.snapshot(sequence=publisher.sequence, step=step, resume=pb.RESUME_NONE)
+        return snapshot(codec, publisher, step=step, resume=pb.RESUME_SNAPSHOT)
+    return snapshot(codec, publisher, step=step, resume=pb.RESUME_NONE)
+
+
+def snapshot(codec: DeltaCodec, publisher: Publisher, *, step: int,
+             resume: pb.ResumeResult.ValueType) -> Encoded:
+    """Under the shared lock: the snapshot of the current state, shared with every stream
+    that opens at this step with an equal codec (:meth:`Publisher.snapshot`)."""
+    def build() -> Encoded:
+        return codec.snapshot(sequence=publisher.sequence, step=step, resume=resume)
+
+    key = codec.snapshot_key()
+    return build() if key is None else publisher.snapshot((key, step, resume), build)
 
 
 def _ranges(vp: Sequence[pb.PositionRange]) -> list[tuple[int, int]]:
@@ -407,8 +418,7 @@ class Subscription:
                        viewport=self.viewport is not None)
 
     def _snapshot(self, resume: pb.ResumeResult.ValueType) -> Encoded:
-        return self._codec.snapshot(sequence=self.publisher.sequence, step=self.graph.step,
-                                    resume=resume)
+        return snapshot(self._codec, self.publisher, step=self.graph.step, resume=resume)
 
     def _next_message(self, change: pb.SubscriptionChange | None) -> Encoded | None:
         """Under the shared lock: the message bringing the client to the current state."""
