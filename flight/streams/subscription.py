@@ -34,7 +34,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -108,6 +108,9 @@ class CallState(Protocol):
 
     def is_cancelled(self) -> bool:
         """Whether the client cancelled or went away."""
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        """Run ``callback`` when the call ends (``False``, and it never runs, if it has)."""
 
 
 def check_columns(entry: TableEntry, columns: list[str]) -> list[str]:
@@ -275,6 +278,7 @@ class Subscription:
     def run(self, writer: StreamWriter, context: CallState) -> None:
         """Send the first message (snapshot or resume), then every update until closed."""
         publisher = self.publisher
+        context.add_callback(self._wake)  # a stream in a fan-out waits for it, not a timer
         writer.write_frames((schema_frame(self.schema),))
         with self.graph.shared_lock():
             self.table.check_alive()  # TableFailed: FAILED_PRECONDITION, as DoGet answers
@@ -363,19 +367,16 @@ class Subscription:
         then catch up from the last message the fan-out wrote. False: the client left."""
         fan = self._fanout
         assert fan is not None
-        poll = min(self.options.poll_seconds, self.options.stall_seconds)
         cancelled = False
+        # no timeout: the fan-out (detached, stalled), the client (a change, its call's end:
+        # _wake) and the server (failure, close) each notify. A thousand members waking ten
+        # times a second to look cost the cycles dearly (flight/streams/fanout.py)
         with self._cond:
             while not (self._detached or self._change or self._failure or self._closed):
-                self._cond.wait(poll)
                 if context.is_cancelled():
                     cancelled = True
                     break
-                if fan.retire_if_stalled(self):
-                    # back in once caught up, after a wait doubling with each stall (2 s .. 1 min):
-                    # a client that keeps stalling holds the others up rarely
-                    self._fanout_stalls += 1
-                    self._rejoin_after = time.monotonic() + min(60.0, 2.0 ** self._fanout_stalls)
+                self._cond.wait()
             error, self._detach_error = self._detach_error, None
         fan.leave(self)  # no write to this stream is in flight after this
         self._fanout = None
@@ -404,6 +405,18 @@ class Subscription:
     def ready(self) -> bool:
         """Whether a write now would not block (see flight/streams/fanout.py)."""
         return self._writer is not None and self._writer.has_room()
+
+    def _wake(self) -> None:
+        """The call ended (on the event loop): a waiting handler looks again."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def on_stalled(self) -> None:
+        with self._cond:
+            # back in once caught up, after a wait doubling with each stall (2 s .. 1 min):
+            # a client that keeps stalling holds the others up rarely
+            self._fanout_stalls += 1
+            self._rejoin_after = time.monotonic() + min(60.0, 2.0 ** self._fanout_stalls)
 
     def on_detached(self, exc: BaseException | None) -> None:
         with self._cond:
