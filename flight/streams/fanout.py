@@ -232,12 +232,14 @@ class FanOut:
                         self._start_thread()
                     else:
                         self._close()
-            for m in stalled:  # outside our lock: a member's lock comes first
-                m.on_stalled()
-            if stalled:
-                with self._cond:
-                    self._stalled.difference_update(stalled)
-                    self._cond.notify_all()
+            try:
+                for m in stalled:  # outside our lock: a member's lock comes first
+                    m.on_stalled()
+            finally:  # the retired thread waits for this before it hands them back
+                if stalled:
+                    with self._cond:
+                        self._stalled.difference_update(stalled)
+                        self._cond.notify_all()
 
     def _close(self) -> None:  # under self._cond
         if self._closed:
