@@ -23,6 +23,18 @@ from bench._flight_servers import ServerChild, Servers
 
 
 # ---------------------------------------------------------------------------- 2. latency
+def _memory_mib(pid: int | None = None) -> dict[str, float]:
+    """A process's resident memory now and its peak (``VmRSS``, ``VmHWM``) in MiB; ``{}``
+    where there is no ``/proc``."""
+    try:
+        with open(f"/proc/{pid or 'self'}/status") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    kb = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in lines) if k in ("VmRSS", "VmHWM")}
+    return {"rss": kb["VmRSS"] / 1024, "peak": kb["VmHWM"] / 1024}
+
+
 class _Subscriber:
     """A raw DoExchange subscriber reading on its own thread (see tests/flight/conftest.py)."""
 
@@ -51,9 +63,13 @@ class _Subscriber:
                 msg = read_message(self.reader, self.schema)
                 t = time.perf_counter()
                 self.records.append((msg.meta.step, t, msg.meta.coalesced))
+                self.last_step = msg.meta.step
                 if self.keep:
                     self.messages.append(msg)
-                self.last_step = msg.meta.step
+                # decoded, and not held while the next one is awaited: 1,000 subscribers each
+                # holding their last message (the snapshot, until the first delta) would be
+                # the table 1,000 times over in the client processes
+                del msg
         except (StopIteration, StreamEnded):
             return
         except Exception as exc:  # cancelled by close(), or a real failure (reported)
@@ -77,7 +93,7 @@ def _subscriber_proc(location: str, n: int, conn: Any) -> None:
     while any(s.last_step < 0 for s in subs) and time.monotonic() < deadline:
         time.sleep(0.01)
     cpu = os.times()
-    conn.send(("ready", cpu.user + cpu.system))
+    conn.send(("ready", cpu.user + cpu.system, _memory_mib()))
     last = conn.recv()
     deadline = time.monotonic() + 30
     while any(s.last_step < last for s in subs) and time.monotonic() < deadline:
@@ -86,7 +102,8 @@ def _subscriber_proc(location: str, n: int, conn: Any) -> None:
     out = [(s.records, s.last_step, None if s.error is None else repr(s.error)) for s in subs]
     for s in subs:
         s.close()
-    conn.send((out, cpu.user + cpu.system))  # CPU seconds so far (the ready ones subtracted)
+    # CPU seconds so far (the ready ones subtracted); this process's peak memory
+    conn.send((out, cpu.user + cpu.system, _memory_mib()))
 
 
 class _Remote:
@@ -178,6 +195,7 @@ def _latency_run(child: ServerChild, n_subs: int, cycles: int, warmup: int, keep
         deadline = time.monotonic() + 60
         while subs[0].last_step < 0 and time.monotonic() < deadline:
             time.sleep(0.01)  # every snapshot decoded
+        server_ready = _memory_mib(child.proc.pid)
         cpu0, wall0 = os.times(), time.perf_counter()
         res = child.call("run", warmup + cycles)
         last = res["last_step"]
@@ -187,9 +205,12 @@ def _latency_run(child: ServerChild, n_subs: int, cycles: int, warmup: int, keep
         while subs[0].last_step < last and time.monotonic() < deadline:
             time.sleep(0.005)
         cpu1, wall1 = os.times(), time.perf_counter()
+        server_after = _memory_mib(child.proc.pid)
+        client_peak = 0.0
         for p, conn in procs:
-            out, cpu = conn.recv()
+            out, cpu, mem = conn.recv()
             remote_cpu += cpu
+            client_peak = max(client_peak, mem.get("peak", 0.0))
             subs.extend(_Remote(*o) for o in out)
             p.join(30)
         behind = sum(s.last_step < last for s in subs)
@@ -234,6 +255,9 @@ def _latency_run(child: ServerChild, n_subs: int, cycles: int, warmup: int, keep
         "cpu_per_msg_us": res["cpu_s"] / delivered * 1e6 if delivered else None,
         "serve_cpu_per_msg_us": (res["cpu_s"] - res["driver_cpu_s"]) / delivered * 1e6 if delivered else None,
         "server_cpu_cores": res["server_cpu"], "client_cpu_cores": client_cpu,
+        # the server process lives through every subscriber count: its peak is so far
+        "server_rss_ready_mib": server_ready.get("rss"), "server_rss_after_mib": server_after.get("rss"),
+        "server_peak_mib": server_after.get("peak"), "client_proc_peak_mib": client_peak or None,
         **{f"sender_{k}": v for k, v in res["sender"].items()},
         "_lat_ns": lat_ns, "_write_ns": write_ns,  # pooled over rounds by _pooled
     }, subs[0]

@@ -34,7 +34,9 @@ Measures:
      per tick); a terminal listener stamps each cycle's end. Each subscriber reads on its
      own thread with its own connection: subscriber 0 in this process, the others spread
      over --client-procs spawned client processes (as separate clients would be). A message that coalesced several cycles counts
-     once per cycle it covers, each against its own cycle end. Server CPU per message
+     once per cycle it covers, each against its own cycle end. Memory: the server process's
+     resident set once every subscriber decoded its snapshot and after the run, and the
+     largest client process's peak (/proc VmRSS, VmHWM). Server CPU per message
      delivered: the server process's CPU seconds over the run (all threads, cycles too)
      over the messages the subscribers received; "serve" leaves out the thread driving the
      cycles. The ReferenceView apply is timed separately (offline, on the messages the
@@ -432,6 +434,10 @@ def main() -> None:
                     "driving the cycles), CPU cores used per process", lat,
                     ["subscribers", "server", "delivered", "server_cpu_s", "driver_cpu_s", "cpu_per_msg_us",
                      "serve_cpu_per_msg_us", "server_cpu_cores", "client_cpu_cores"])
+        print_table("    memory (MiB): the server once every snapshot was decoded, after the run, its "
+                    "peak so far; the largest client process's peak", lat,
+                    ["subscribers", "server", "server_rss_ready_mib", "server_rss_after_mib",
+                     "server_peak_mib", "client_proc_peak_mib"])
         print_table("    profile: server builds (own = per subscriber, shared = per fan-out) and per-stream "
                     "writes (wall ms incl. GIL waits)", lat,
                     ["subscribers", "server", "sender_messages", "sender_own_builds", "sender_build_median_ms",

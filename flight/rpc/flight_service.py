@@ -186,6 +186,9 @@ class _Context:
     def is_cancelled(self) -> bool:
         return not self._context.is_active()
 
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        return self._context.add_callback(callback)
+
     def peer(self) -> str:
         return str(self._context.peer())
 

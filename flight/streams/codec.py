@@ -35,7 +35,7 @@ A delta carries the values of rows newly held and of modified rows already held.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -212,6 +212,18 @@ class DeltaCodec:
         meta.added_data_rows = held.serialize()
         return self._encode(meta, self._rows(held.keys()), self._no_rows,
                             held=None if self.viewport is None else held)
+
+    def snapshot_key(self) -> Hashable | None:
+        """What this codec's snapshot depends on besides the table's state: codecs with equal
+        keys build the same snapshot of one state, so streams opening together can share one
+        (:meth:`~flight.streams.registry.Publisher.snapshot`).
+
+        ``None`` when the snapshot also carries what a key cannot pin down: a mirror's link
+        status (read when the message is built) or a group's union (its schema is the group's).
+        """
+        if self.status is not None or self.slot is not None:
+            return None
+        return (self.epoch, self.format, self.columns, self.viewport, self.batch_rows)
 
     def delta(self, update: TableUpdate, *, held: RowSet | None, sequence: int, step: int,
               count: int, resume: Resume = pb.RESUME_NONE) -> Encoded:

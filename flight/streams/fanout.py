@@ -7,7 +7,7 @@ lock to build its own copy (50 subscribers: 50 readers holding off the next cycl
 threads contending for the GIL), such subscribers *join* a :class:`FanOut`: one sink of
 the table's publisher and one thread, which per update takes the shared lock once, builds
 one message and writes it to every member's stream in turn. The members' own handler
-threads only wait (and watch for a stall, below).
+threads only wait.
 
 Exactness. A message covers the updates ``(start, end]`` (composed, like a slow
 subscriber's, when the fan-out fell behind: Barrage's batching) with the values at
@@ -25,11 +25,15 @@ or a snapshot when the history no longer reaches back). The fan-out never writes
 member after it left: :meth:`FanOut.leave` waits for a write in flight to that member.
 
 Slow members. A write blocks while the client's flow-control window is full, and with it
-every member after it. When a member's handler sees the fan-out blocked on it for longer
-than ``stall_seconds``, it *retires* the thread: a new thread serves the other members
-(starting with the message in flight), and the old one hands the member back to its
-handler when that write returns. A stalled client thus delays the others once, by at
-most ``stall_seconds`` plus a poll interval, and then receives coalesced deltas.
+every member after it. The fan-out's watch thread looks at the write in flight every
+``stall_seconds``; one blocked for longer *retires* the writing thread: a new thread serves
+the other members (starting with the message in flight), the stalled member is told
+(:meth:`Member.on_stalled`), and the old thread hands it back to its handler when that
+write returns (:meth:`Member.on_detached`). A stalled client thus delays the others once, by at most twice
+``stall_seconds``, and then receives coalesced deltas. One watch per fan-out, not one per
+member: a thousand members' handlers each waking ten times a second to look cost a
+thousand threads' worth of GIL hand-overs, which the cycles paid for (bench_flight's
+latency section, 1,000 subscribers).
 
 On the event loop. A fan-out given the server's event loop skips its thread when it can.
 The cycle that brings an update, once it has let go of the graph's lock
@@ -87,6 +91,10 @@ class Member(Protocol):
     def on_detached(self, exc: BaseException | None) -> None:
         """The fan-out no longer writes to this member (``exc``: its write failed)."""
 
+    def on_stalled(self) -> None:
+        """A write to this member blocked for ``stall_seconds`` and it was detached (its
+        ``on_detached`` follows, once that write returns)."""
+
     def on_table_failure(self, exc: BaseException) -> None:
         """The table failed: no more updates."""
 
@@ -115,7 +123,8 @@ class FanOut:
     max_pending
         Updates queued before the cycle composes them into one.
     stall_seconds
-        How long a write may block before its member is detached.
+        How long a write may block before its member is detached (the watch thread
+        looks this often).
     loop
         The event loop the members' streams are written on: build on the cycle's thread
         and write on the loop when nothing is in the way (module doc). ``None``: always
@@ -139,10 +148,12 @@ class FanOut:
         self._sequence = 0  # the publisher's sequence before the pending updates
         self._current: tuple[int, Encoded] | None = None  # (start, message) being written
         self._writing: dict[Member, float] = {}  # writes in flight: member -> since
+        self._stalled: set[Member] = set()  # detached by the watch, not yet told so
         self._failure: BaseException | None = None
         self._generation = 0  # bumped to retire the writing thread
         self._subscribed = False
         self._closed = False
+        self._stopped = threading.Event()  # set once closed: the watch thread ends
         self._loop = loop
         # who builds and writes the next message: "loop" (the cycle builds it, the loop
         # writes it), "thread" (from taking the pending updates, or being handed a built
@@ -185,6 +196,8 @@ class FanOut:
                 self._sequence = self.publisher.subscribe(self)
                 self._subscribed = True
                 self._start_thread()
+                threading.Thread(target=self._watch, daemon=True,
+                                 name=f"ticktable-fanout-watch-{self.name}").start()
             self._members[member] = None
             return True
 
@@ -197,29 +210,42 @@ class FanOut:
             if not self._members:
                 self._close()
 
-    def retire_if_stalled(self, member: Member) -> bool:
-        """Detach ``member`` if a write to it has blocked for ``stall_seconds``; a new
-        thread then serves the others. The member's ``on_detached`` follows when the write
-        returns."""
-        with self._cond:
-            since = self._writing.get(member)
-            if (since is None or member not in self._members
-                    or time.monotonic() - since < self.stall_seconds):
-                return False
-            log.warning("subscriber of %r stalled for %.2f s; detached from its fan-out (it "
-                        "catches up with coalesced deltas)", self.name, time.monotonic() - since)
-            self._members.pop(member, None)
-            self._generation += 1
-            if self._members:
-                self._start_thread()
-            else:
-                self._close()
-            return True
+    def _watch(self) -> None:
+        """Every ``stall_seconds`` until closed: detach the members a write has blocked on
+        for that long (module doc, slow members)."""
+        while not self._stopped.wait(self.stall_seconds):  # not _cond: notified per write
+            with self._cond:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                stalled = [m for m, since in self._writing.items()
+                           if m in self._members and now - since >= self.stall_seconds]
+                for m in stalled:
+                    log.warning("subscriber of %r stalled for %.2f s; detached from its fan-out "
+                                "(it catches up with coalesced deltas)", self.name,
+                                now - self._writing[m])
+                    self._members.pop(m, None)
+                    self._stalled.add(m)  # its on_detached waits for its on_stalled
+                if stalled:
+                    self._generation += 1  # the writing thread is retired
+                    if self._members:
+                        self._start_thread()
+                    else:
+                        self._close()
+            try:
+                for m in stalled:  # outside our lock: a member's lock comes first
+                    m.on_stalled()
+            finally:  # the retired thread waits for this before it hands them back
+                if stalled:
+                    with self._cond:
+                        self._stalled.difference_update(stalled)
+                        self._cond.notify_all()
 
     def _close(self) -> None:  # under self._cond
         if self._closed:
             return
         self._closed = True
+        self._stopped.set()
         self._cond.notify_all()
         if self._subscribed:
             self.publisher.unsubscribe(self)
@@ -381,6 +407,8 @@ class FanOut:
                 if error is not None:
                     self._members.pop(m, None)
                 self._cond.notify_all()
+                while m in self._stalled:  # the watch tells it first (its back-off)
+                    self._cond.wait()
             if error is not None or retired:
                 m.on_detached(error)
             if retired:

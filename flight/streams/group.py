@@ -233,6 +233,7 @@ class GroupSubscription:
                 m.publisher.subscribe(m)
         try:
             self._send(writer, first, step)
+            del first  # every table's snapshot: held here it would stay for the stream's life
             last_sent = time.monotonic()
             while True:
                 with self._cond:

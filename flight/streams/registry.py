@@ -81,6 +81,7 @@ class UpdateSink(Protocol):
 
 
 S = TypeVar("S", bound=UpdateSink)
+M = TypeVar("M")
 
 
 class Publisher:
@@ -110,12 +111,17 @@ class Publisher:
         # per (columns, batch rows): the fan-out writing one shared message per update to
         # every subscriber of those columns that holds every row (flight/streams/fanout.py)
         self._fanouts: dict[Hashable, UpdateSink] = {}
+        # the last snapshot message built, as ((sequence, key), message): streams opening
+        # at one state share it (see snapshot)
+        self._snapshot_lock = threading.Lock()
+        self._snapshot: tuple[tuple[int, Hashable], object] | None = None
         self._handle = table.listen(self._on_update, self._on_failure)
 
     # inside the cycle ----------------------------------------------------------------
     def _on_update(self, update: TableUpdate, table: Table) -> None:
         with self._lock:
             self.sequence += 1
+            self._snapshot = None  # of the state before this update
             entry = HistoryEntry(self.sequence, table.graph.step, update, table.prev_rowset)
             self._history.append(entry)
             self._history_rows += _touched(update)
@@ -155,6 +161,8 @@ class Publisher:
         with self._lock:
             if sink in self._sinks:
                 self._sinks.remove(sink)
+            if not self._sinks:  # nobody left to open a stream at this state
+                self._snapshot = None
 
     @property
     def subscribers(self) -> list[UpdateSink]:
@@ -175,6 +183,39 @@ class Publisher:
             if not self._history or self._history[0].sequence > sequence + 1:
                 return None
             return [e for e in self._history if e.sequence > sequence]
+
+    def snapshot(self, key: Hashable, build: Callable[[], M]) -> M:
+        """The snapshot message of the current state for ``key``, built once for every
+        stream that opens with it.
+
+        A thousand clients subscribing at once would otherwise each have the whole table
+        gathered and framed for them, under the shared lock, and each hold its own copy of
+        the frames until sent: one copy instead, whatever their number. Callers building at
+        the same time wait for one build (the others are then served from it).
+
+        Held until the table's next update, a snapshot for another key, or the last
+        subscriber leaving: at most one message per table.
+
+        Parameters
+        ----------
+        key
+            Everything the message depends on besides the table's state: the codec's
+            :meth:`~flight.streams.codec.DeltaCodec.snapshot_key`, the graph step and the
+            resume answer it carries.
+        build
+            Builds the message (called under the graph's shared lock, as this is).
+        """
+        with self._snapshot_lock:
+            with self._lock:
+                held = self._snapshot
+                at = (self.sequence, key)
+            if held is not None and held[0] == at:
+                return cast(M, held[1])  # built by a caller of this key
+            msg = build()
+            with self._lock:
+                if self.sequence == at[0]:  # always, under the shared lock
+                    self._snapshot = (at, msg)
+            return msg
 
     def fanout(self, key: Hashable, create: Callable[[], S]) -> S:
         """The fan-out (see :mod:`flight.streams.fanout`) for ``key``, created if there is none.

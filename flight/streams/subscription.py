@@ -34,7 +34,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,7 +50,7 @@ from flight.streams.pending import PendingUpdates, compose_run
 from flight.streams.registry import HistoryEntry, Publisher, TableEntry
 
 __all__ = ["CallState", "StreamWriter", "Subscriber", "Subscription", "SubscriptionOptions",
-           "check_columns", "opening"]
+           "check_columns", "opening", "snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,9 @@ class CallState(Protocol):
     def is_cancelled(self) -> bool:
         """Whether the client cancelled or went away."""
 
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        """Run ``callback`` when the call ends (``False``, and it never runs, if it has)."""
+
 
 def check_columns(entry: TableEntry, columns: list[str]) -> list[str]:
     """The subscribed columns in table order (every column for ``[]``).
@@ -147,8 +150,19 @@ def opening(codec: DeltaCodec, publisher: Publisher, request: pb.SubscriptionReq
             return codec.delta(update, held=RowSet() if viewport else None,
                                sequence=int(request.resume_sequence) + len(missed), step=step,
                                count=len(missed), resume=pb.RESUME_DELTAS)
-        return codec.snapshot(sequence=publisher.sequence, step=step, resume=pb.RESUME_SNAPSHOT)
-    return codec.snapshot(sequence=publisher.sequence, step=step, resume=pb.RESUME_NONE)
+        return snapshot(codec, publisher, step=step, resume=pb.RESUME_SNAPSHOT)
+    return snapshot(codec, publisher, step=step, resume=pb.RESUME_NONE)
+
+
+def snapshot(codec: DeltaCodec, publisher: Publisher, *, step: int,
+             resume: pb.ResumeResult.ValueType) -> Encoded:
+    """Under the shared lock: the snapshot of the current state, shared with every stream
+    that opens at this step with an equal codec (:meth:`Publisher.snapshot`)."""
+    def build() -> Encoded:
+        return codec.snapshot(sequence=publisher.sequence, step=step, resume=resume)
+
+    key = codec.snapshot_key()
+    return build() if key is None else publisher.snapshot((key, step, resume), build)
 
 
 def _ranges(vp: Sequence[pb.PositionRange]) -> list[tuple[int, int]]:
@@ -264,6 +278,7 @@ class Subscription:
     def run(self, writer: StreamWriter, context: CallState) -> None:
         """Send the first message (snapshot or resume), then every update until closed."""
         publisher = self.publisher
+        context.add_callback(self._wake)  # a stream in a fan-out waits for it, not a timer
         writer.write_frames((schema_frame(self.schema),))
         with self.graph.shared_lock():
             self.table.check_alive()  # TableFailed: FAILED_PRECONDITION, as DoGet answers
@@ -272,6 +287,7 @@ class Subscription:
         self._writer = writer
         try:
             self._send(writer, first)
+            del first  # the snapshot: held here it would stay for the stream's whole life
             last_sent = time.monotonic()
             while True:
                 if self._fanout is None and self._may_share():
@@ -351,19 +367,16 @@ class Subscription:
         then catch up from the last message the fan-out wrote. False: the client left."""
         fan = self._fanout
         assert fan is not None
-        poll = min(self.options.poll_seconds, self.options.stall_seconds)
         cancelled = False
+        # no timeout: the fan-out (detached, stalled), the client (a change, its call's end:
+        # _wake) and the server (failure, close) each notify. A thousand members waking ten
+        # times a second to look cost the cycles dearly (flight/streams/fanout.py)
         with self._cond:
             while not (self._detached or self._change or self._failure or self._closed):
-                self._cond.wait(poll)
                 if context.is_cancelled():
                     cancelled = True
                     break
-                if fan.retire_if_stalled(self):
-                    # back in once caught up, after a wait doubling with each stall (2 s .. 1 min):
-                    # a client that keeps stalling holds the others up rarely
-                    self._fanout_stalls += 1
-                    self._rejoin_after = time.monotonic() + min(60.0, 2.0 ** self._fanout_stalls)
+                self._cond.wait()
             error, self._detach_error = self._detach_error, None
         fan.leave(self)  # no write to this stream is in flight after this
         self._fanout = None
@@ -393,6 +406,18 @@ class Subscription:
         """Whether a write now would not block (see flight/streams/fanout.py)."""
         return self._writer is not None and self._writer.has_room()
 
+    def _wake(self) -> None:
+        """The call ended (on the event loop): a waiting handler looks again."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def on_stalled(self) -> None:
+        with self._cond:
+            # back in once caught up, after a wait doubling with each stall (2 s .. 1 min):
+            # a client that keeps stalling holds the others up rarely
+            self._fanout_stalls += 1
+            self._rejoin_after = time.monotonic() + min(60.0, 2.0 ** self._fanout_stalls)
+
     def on_detached(self, exc: BaseException | None) -> None:
         with self._cond:
             self._detached = True
@@ -406,8 +431,7 @@ class Subscription:
                        viewport=self.viewport is not None)
 
     def _snapshot(self, resume: pb.ResumeResult.ValueType) -> Encoded:
-        return self._codec.snapshot(sequence=self.publisher.sequence, step=self.graph.step,
-                                    resume=resume)
+        return snapshot(self._codec, self.publisher, step=self.graph.step, resume=resume)
 
     def _next_message(self, change: pb.SubscriptionChange | None) -> Encoded | None:
         """Under the shared lock: the message bringing the client to the current state."""

@@ -157,6 +157,33 @@ def test_record_batches_slice_a_delta_without_combining_aligned_chunks():
     assert [b.num_rows for b in record_batches(ragged, 5)] == [5, 5]
 
 
+def test_streams_opening_at_one_state_share_one_snapshot_until_the_table_changes():
+    g = UpdateGraph()
+    t, pub = keyed(g)
+    builds: list[Encoded] = []
+
+    def snap(c: DeltaCodec) -> Encoded:
+        def build() -> Encoded:
+            builds.append(c.snapshot(sequence=pub.sequence, step=g.step))
+            return builds[-1]
+        return pub.snapshot((c.snapshot_key(), g.step), build)
+
+    sink = Sink([])
+    pub.subscribe(sink)
+    first = snap(codec(t, pub))
+    assert snap(codec(t, pub)) is first and len(builds) == 1  # an equal codec: the same frames
+    other = snap(codec(t, pub, batch_rows=2))  # another codec: its own (and replaces it)
+    assert other is not first and len(other.frames) == 2 and len(builds) == 2
+    t.upsert(pa.table({"k": [4], "v": [4.0]}, schema=KV))
+    g.run_cycle()  # the next update drops the one held: a new state, a new snapshot
+    assert pub._snapshot is None
+    again = snap(codec(t, pub, batch_rows=2))
+    assert again is not other and len(builds) == 3
+    pub.unsubscribe(sink)  # nobody left to open at this state: nothing held
+    assert pub._snapshot is None
+    assert codec(t, pub, status=lambda: None).snapshot_key() is None  # a mirror's: never shared
+
+
 @dataclass
 class Sink:
     """An :class:`~flight.streams.registry.UpdateSink` that records the entries."""

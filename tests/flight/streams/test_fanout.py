@@ -273,6 +273,55 @@ def test_stalled_subscriber_is_detached_and_the_others_keep_going(graph):
         srv.shutdown()
 
 
+def _wait_for(predicate, seconds: float = 20.0) -> bool:
+    """Whether ``predicate()`` turned true within ``seconds`` (looked at every 10 ms)."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        threading.Event().wait(0.01)
+    return True
+
+
+def test_members_handlers_wait_without_polling_and_leave_when_their_client_does(
+        server, client, graph, monkeypatch):
+    """A member's handler waits for the fan-out, its client or the server to notify it: it
+    does not wake to look (1,000 members looking ten times a second held the cycles up,
+    issue #39). The fan-out's watch thread looks for stalls; a client that cancels is seen
+    through its call's end, at once."""
+    from flight.rpc.flight_service import _Context
+
+    looks: list[int] = []
+    real = _Context.is_cancelled
+
+    def counted(self: _Context) -> bool:
+        looks.append(1)
+        return real(self)
+
+    monkeypatch.setattr(_Context, "is_cancelled", counted)
+    t = server.registry.create_source("t", KV, "keyed", keys=["k"]).table
+    t.upsert(pa.table({"k": [1, 2], "s": ["a", "b"], "v": [1.0, 2.0]}, schema=KV))
+    graph.run_cycle()
+    subs = [Sub(client, "t") for _ in range(3)]
+    for s in subs:
+        s.read()
+    assert _wait_for(lambda: sum(f.members for f in _fanouts(server, "t").values()) == 3)
+    looks.clear()
+    threading.Event().wait(0.5)  # idle: five stall-watch periods, no update
+    assert looks == []  # no handler woke (each looked 5 times in 0.5 s before)
+    n = len(server.subscriptions)
+    subs[0].close()  # cancels the call: its handler is told, and leaves
+    assert _wait_for(lambda: len(server.subscriptions) == n - 1)
+    (fan,) = _fanouts(server, "t").values()
+    assert fan.members == 2
+    t.upsert(pa.table({"k": [3], "s": ["c"], "v": [3.0]}, schema=KV))
+    graph.run_cycle()
+    for s in subs[1:]:
+        _until(s, server.registry.get("t").publisher.sequence)
+        assert s.view.to_arrow().equals(t.to_arrow())
+        s.close()
+
+
 def test_min_interval_subscriber_stays_on_its_own(server, client, graph):
     """A stream asking for a minimum interval is not written per update by a fan-out."""
     t = server.registry.create_source("t", SCHEMA, "keyed", keys=["Key"]).table

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +15,7 @@ import pytest
 
 from engine.ops.aggregate import agg
 from flight.pb import flight_pb2 as pb
+from flight.streams.codec import DeltaCodec, Encoded
 from tests.flight.conftest import Sub, viewport_rows, vp
 from tests.oracle import SCHEMA, RandomSource
 
@@ -56,6 +58,41 @@ def test_delta_carries_only_changed_rows(server, client, graph):
     assert {m.column for m in meta.modified} == {"v"}
     assert sub.view.to_arrow().equals(t.to_arrow())
     sub.close()
+
+
+def test_subscribers_opening_at_one_step_share_one_snapshot_build(server, client, graph,
+                                                                     monkeypatch):
+    """Each of 1,000 subscribers joining at once had the whole table gathered and framed
+    for it under the shared lock, and held its own copy (issue #39): one build instead."""
+    t = server.registry.create_source("t", KV, "keyed", keys=["k"]).table
+    t.upsert(kv(list(range(1000)), [float(i) for i in range(1000)]))
+    graph.run_cycle()
+    builds: list[int] = []
+    real = DeltaCodec.snapshot
+
+    def counted(self: DeltaCodec, **kw: Any) -> Encoded:
+        builds.append(kw["sequence"])
+        return real(self, **kw)
+
+    monkeypatch.setattr(DeltaCodec, "snapshot", counted)
+    subs = [Sub(client, "t", max_batch_rows=300) for _ in range(5)]
+    for s in subs:
+        assert s.read().is_snapshot
+    assert builds == [1]  # five streams, one build
+    narrow = Sub(client, "t", columns=["v"])  # other columns: a snapshot of its own
+    narrow.read()
+    assert builds == [1, 1]
+    t.upsert(kv([3, 2000], [-3.0, 1.0]))
+    graph.run_cycle()
+    late = Sub(client, "t", max_batch_rows=300)  # a later state: built again
+    late.read()
+    assert builds == [1, 1, 2]
+    want = t.to_arrow()
+    for s in [*subs, late]:
+        s.until(2)
+        assert s.view.to_arrow().equals(want)
+        s.close()
+    narrow.close()
 
 
 def test_column_subset_and_change_of_columns(server, client, graph):
