@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine._kernels.arrays import expand_with_owner
 from engine._kernels.hashing import exact_hash, group_equal, hash_rows, rows_equal, same_rows
 from engine.differential.indexed import IndexedZSet, exact_records, int_key_values, locate_in_spine
 from engine.differential.version import Antichain, Version, VersionLike, advance_times, as_version
@@ -69,7 +70,12 @@ def _merged_order(parts: Sequence[IndexedZSet]) -> I64:
 
 
 def _merge(parts: Sequence[IndexedZSet], since: Antichain) -> IndexedZSet:
-    """Merge indexed batches (in arrival order), advance times by ``since``, consolidate."""
+    """Merge indexed batches (in arrival order), advance times by ``since``, consolidate.
+
+    Equal records are neighbours in order-key order; only the neighbouring pairs whose
+    hashes agree (``pair``: rows ``i`` and ``i + 1``) are examined further, so the passes
+    over every row are the gathers and the two comparisons that find those pairs.
+    """
     src = _merged_order(parts)
     both = concat(*(p.batch for p in parts))
     assert both.times is not None
@@ -78,41 +84,50 @@ def _merge(parts: Sequence[IndexedZSet], since: Antichain) -> IndexedZSet:
     times = both.times[src]
     if since:
         times = advance_times(times, since)
-    # equal records are neighbours (same order key); runs of 3+ rows may hold several
-    # times in any order, so sort those rows by time inside their run
-    same = (order_key[1:] == order_key[:-1]) & (rec_hash[1:] == rec_hash[:-1])
-    if (same[1:] & same[:-1]).any():
-        run = np.cumsum(np.concatenate(([True], ~same))) - 1
-        long_run = np.bincount(run)[run] >= 3
-        pos = np.flatnonzero(long_run)
-        o = np.lexsort(tuple(times[pos, j] for j in range(times.shape[1] - 1, -1, -1)) + (run[pos],))
+    pair = np.flatnonzero((order_key[1:] == order_key[:-1]) & (rec_hash[1:] == rec_hash[:-1]))
+    # runs of 3+ equal records may hold several times in any order: sort those rows by
+    # time inside their run, so that equal (record, time) rows become neighbours
+    starts, counts = _runs(pair)
+    long = counts >= 2
+    if long.any():
+        pos, run = expand_with_owner(pair[starts[long]], counts[long] + 1)
+        o = np.lexsort(tuple(times[pos, j] for j in range(times.shape[1] - 1, -1, -1)) + (run,))
         src[pos] = src[pos[o]]
         times[pos] = times[pos[o]]
-    if times.shape[1] == 1:
-        same &= times[1:, 0] == times[:-1, 0]
-    else:
-        same &= (times[1:] == times[:-1]).all(axis=1)
+    if pair.size:
+        pair = pair[(times[pair] == times[pair + 1]).all(axis=1)]
     key_hash = np.concatenate([p.key_hash for p in parts])
-    cand = np.flatnonzero(same)
-    if cand.size:  # confirm: equal hashes are proof only when the record hash is exact
-        a, b = src[cand], src[cand + 1]
+    if pair.size:  # confirm: equal hashes are proof only when the record hash is exact
+        a, b = src[pair], src[pair + 1]
         if exact_records(both.schema, parts[0].keys):
-            same[cand] = key_hash[a] == key_hash[b]
+            pair = pair[key_hash[a] == key_hash[b]]
         else:
-            same[cand] = same_rows(both.data, a, b)
+            pair = pair[same_rows(both.data, a, b)]
     diffs = both.diffs[src]
-    if cand.size == 0 or not same.any():  # nothing to consolidate: a reordering
+    if pair.size == 0:  # nothing to consolidate: a reordering
         out = ZSet(both.data.take(src), diffs, times)
         return IndexedZSet(parts[0].keys, out, key_hash[src], rec_hash, order_key)
-    starts = np.flatnonzero(np.concatenate(([True], ~same)))
-    cs = np.zeros(diffs.size + 1, dtype=np.int64)
-    np.cumsum(diffs, out=cs[1:])
-    sums = cs[np.append(starts[1:], diffs.size)] - cs[starts]  # per run of equal updates
-    nz = sums != 0
-    keep = starts[nz]
+    # each run of equal updates becomes its first row, weighted by the run's sum
+    starts, _ = _runs(pair)
+    diffs[pair[starts]] += np.add.reduceat(diffs[pair + 1], starts)
+    keep_mask = diffs != 0
+    keep_mask[pair + 1] = False
+    keep = np.flatnonzero(keep_mask)
     rows = src[keep]
-    out = ZSet(both.data.take(rows), sums[nz], times[keep])
+    out = ZSet(both.data.take(rows), diffs[keep], times[keep])
     return IndexedZSet(parts[0].keys, out, key_hash[rows], rec_hash[keep], order_key[keep])
+
+
+def _runs(pair: I64) -> tuple[I64, I64]:
+    """Runs of consecutive values in ``pair`` (ascending): where each starts in ``pair``,
+    and how many values it holds (a run of ``c`` pairs links ``c + 1`` rows)."""
+    if pair.size == 0:
+        e = np.empty(0, dtype=np.int64)
+        return e, e
+    first = np.ones(pair.size, dtype=bool)
+    first[1:] = pair[1:] != pair[:-1] + 1
+    starts = np.flatnonzero(first)
+    return starts, np.diff(np.append(starts, pair.size))
 
 
 @dataclass(frozen=True, slots=True)
