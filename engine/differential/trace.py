@@ -25,6 +25,9 @@ only when asked for (:class:`Lookup`).
 A trace is shared: each operator that reads it holds a :class:`TraceReader` whose
 frontier says which versions it will still ask about. The trace compacts to the meet of
 the open readers' frontiers, so no reader loses history it may still need.
+A writer that keeps the collection's present value itself may replace the whole history
+by it once every reader has moved to the present (:meth:`Trace.rebuild`); the trace
+checks that no update it holds is later than that.
 """
 
 from __future__ import annotations
@@ -331,6 +334,7 @@ class Trace:
         self._spine: list[IndexedZSet] = []
         self._readers: list[TraceReader] = []
         self._since = Antichain([Version((0,) * dims)])
+        self._upper: I64 | None = None  # per coordinate, the latest time ever inserted
 
     # sharing ------------------------------------------------------------------------
     def reader(self) -> TraceReader:
@@ -361,13 +365,11 @@ class Trace:
             If the batch is untimed or its versions have another dimension.
         """
         z = batch.batch if isinstance(batch, IndexedZSet) else batch
-        if not z.schema.equals(self.schema) and (
-                z.schema.names != self.schema.names or z.schema.types != self.schema.types):
-            raise SchemaError(f"batch columns {z.schema} do not match the trace's {self.schema}")
-        if z.times is None or z.times.shape[1] != self.dims:
-            raise InputError(f"trace batches need times of {self.dims} coordinate(s), got {z.dims}")
+        times = self._checked_times(z)
         if z.num_rows == 0:
             return
+        latest = times.max(axis=0)
+        self._upper = latest if self._upper is None else np.maximum(self._upper, latest)
         ib = batch if isinstance(batch, IndexedZSet) and batch.keys == self.keys \
             else IndexedZSet.build(z, self.keys)
         self._spine.append(ib)
@@ -379,6 +381,47 @@ class Trace:
             merged = _merge(parts, self.since)
             if len(merged):
                 self._spine.append(merged)
+
+    def _checked_times(self, z: ZSet) -> I64:
+        """``z``'s times, once its columns and version dimension are found to be the trace's."""
+        if not z.schema.equals(self.schema) and (
+                z.schema.names != self.schema.names or z.schema.types != self.schema.types):
+            raise SchemaError(f"batch columns {z.schema} do not match the trace's {self.schema}")
+        if z.times is None or z.times.shape[1] != self.dims:
+            raise InputError(f"trace batches need times of {self.dims} coordinate(s), got {z.dims}")
+        return z.times
+
+    def rebuild(self, accumulation: ZSet) -> None:
+        """Replace every stored update by ``accumulation``: the collection at the compaction
+        frontier, each row timed there.
+
+        When every update ever inserted is at or before the frontier (one version), this is
+        what a full :meth:`compact` leaves, and every version a reader may still ask about
+        accumulates to the same collection. A writer that keeps that collection itself
+        (:class:`~engine.differential.upsert.Upsert`) builds it with one sort instead of
+        merging the history down to it. The trace takes the rows on trust: the writer's own
+        check says whether they agree with what it inserted (``Upsert.validate``, U2).
+
+        Raises
+        ------
+        InputError
+            If the frontier is not one version, an update was inserted at a later time, or a
+            row of ``accumulation`` is not timed at the frontier.
+        SchemaError
+            If the columns are not the trace's.
+        """
+        frontier = self.since
+        if len(frontier) != 1:
+            raise InputError(f"a trace is rebuilt at one version; its compaction frontier is {frontier!r}")
+        at = np.asarray(frontier.elements[0].coords, dtype=np.int64)
+        if self._upper is not None and bool((self._upper > at).any()):
+            raise InputError(
+                f"cannot rebuild the trace at {frontier!r}: it holds updates up to "
+                f"{tuple(self._upper.tolist())}, which a rebuild would lose")
+        times = self._checked_times(accumulation)
+        if bool((times != at).any()):
+            raise InputError(f"a rebuild's rows must all be timed at the frontier {frontier!r}")
+        self._spine = [IndexedZSet.build(accumulation, self.keys, one_time=True)] if accumulation.num_rows else []
 
     def project(self, names: Sequence[str]) -> None:
         """Store only the columns ``names`` (which keep the keys), before any update arrives.

@@ -149,6 +149,42 @@ def test_readers_hold_back_compaction():
         fast.set_logical_compaction(Antichain([4]))
 
 
+def test_rebuild_replaces_the_history_with_the_collection_at_the_frontier():
+    tr = Trace(KV, "k")
+    reader = tr.reader()
+    for t in range(6):
+        tr.insert(ZSet.from_triples([((1, t), t, 1)] + ([((1, t - 1), t, -1)] if t else []), KV))
+    reader.set_logical_compaction(Antichain([5]))
+    tr.rebuild(ZSet.from_triples([((1, 5), 5, 1)], KV))
+    assert len(tr) == 1 and tr.to_zset().to_triples() == [((1, 5), (5,), 1)]  # what compact() leaves
+    tr.insert(ZSet.from_triples([((1, 5), 6, -1), ((2, 0), 6, 1)], KV))
+    assert tr.accumulate(at=5).to_triples() == [((1, 5), None, 1)]
+    assert tr.accumulate(at=6).to_triples() == [((2, 0), None, 1)]
+    reader.set_logical_compaction(Antichain([6]))
+    tr.rebuild(ZSet.empty(KV, 1))              # an empty collection: an empty trace
+    assert len(tr) == 0 and tr.accumulate(at=7).num_rows == 0
+
+
+def test_rebuild_refuses_what_would_lose_history():
+    tr = Trace(KV, "k")
+    reader = tr.reader()
+    tr.insert(ZSet.from_triples([((1, 0), 0, 1), ((1, 0), 3, -1)], KV))
+    reader.set_logical_compaction(Antichain([2]))
+    with pytest.raises(InputError, match=r"holds updates up to \(3,\)"):
+        tr.rebuild(ZSet.from_triples([((1, 0), 2, 1)], KV))   # the retraction at 3 would be lost
+    reader.set_logical_compaction(Antichain([3]))
+    with pytest.raises(InputError, match="timed at the frontier"):
+        tr.rebuild(ZSet.from_triples([((1, 0), 2, 1)], KV))
+    with pytest.raises(SchemaError):
+        tr.rebuild(ZSet.from_triples([((1, "x"), 3, 1)], pa.schema([("k", pa.int64()), ("v", pa.string())])))
+    tr2 = Trace(KV, "k", dims=2)
+    r2 = tr2.reader()
+    r2.set_logical_compaction(Antichain([(0, 1), (1, 0)]))
+    with pytest.raises(InputError, match="one version"):
+        tr2.rebuild(ZSet.empty(KV, 2))
+    assert tr.accumulate(at=3).num_rows == 0 and len(tr) == 2   # nothing was replaced
+
+
 def test_bad_inserts():
     tr = Trace(KV, "k", dims=2)
     with pytest.raises(InputError, match="coordinate"):
