@@ -231,11 +231,11 @@ class Upsert:
         return out
 
     def _present(self) -> ZSet:
-        """The current records, each timed at the last time processed."""
+        """The current records (in no particular order), each timed at the last time processed."""
         assert self.time is not None
-        ids = self._records.ids()
-        return ZSet(self._records.get(ids), np.ones(ids.size, dtype=np.int64),
-                    np.full((ids.size, 1), self.time, dtype=np.int64))
+        records = self._records.rows()
+        n = records.num_rows
+        return ZSet(records, np.ones(n, dtype=np.int64), np.full((n, 1), self.time, dtype=np.int64))
 
     def _advance(self, kh: npt.NDArray[np.uint64], win: I64, first: npt.NDArray[np.bool_], slot: I64,
                  changed: npt.NDArray[np.bool_], deleted: npt.NDArray[np.bool_], ev: pa.Table) -> None:
