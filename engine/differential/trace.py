@@ -334,7 +334,9 @@ class Trace:
         self._spine: list[IndexedZSet] = []
         self._readers: list[TraceReader] = []
         self._since = Antichain([Version((0,) * dims)])
-        self._upper: I64 | None = None  # per coordinate, the latest time ever inserted
+        # per coordinate, the latest time ever inserted (a rebuild's rows sit at the
+        # frontier, which never goes back: they need no entry)
+        self._upper: I64 | None = None
 
     # sharing ------------------------------------------------------------------------
     def reader(self) -> TraceReader:

@@ -22,11 +22,12 @@ written by every step from then on; an upsert that nobody reads pays nothing for
 trace given to the constructor is written from the start, and may hold updates already:
 the state starts as its accumulation. The upsert is the trace's only writer;
 :meth:`Upsert.validate` checks that the state and the trace accumulated to the present
-hold the same records. Once the trace holds more than twice as many updates as the state
-has records (plus a slack), and every reader has moved to the present, the upsert
-replaces the trace's history by its state (:meth:`Trace.rebuild`: one sort of the live
-records instead of the merges that would compact the history down to them); a reader
-held at an older version keeps the history, and the merges compact it as before.
+hold the same records. When a step's updates would leave the trace holding more than
+twice as many updates as the state has records (plus a slack), and every reader has moved
+to the present, the upsert replaces the trace's history, this step's updates included, by
+its state (:meth:`Trace.rebuild`: one sort of the live records instead of the insert and
+the merges that would compact the history down to them); a reader held at an older
+version keeps the history, and the merges compact it as before.
 
 Times are single-coordinate versions that never go back: a batch's times are ``>=``
 every time already processed, so the trace can be compacted up to the last time.
@@ -220,14 +221,17 @@ class Upsert:
         self.time = int(times.max())
         if self._trace is not None:  # published: keep the arrangement current
             assert self._reader is not None
-            self._trace.insert(out)
             # this operator will only ask about the present from now on
             present = Antichain([Version(self.time)])
             self._reader.set_logical_compaction(present)
-            # once the history outweighs the state, and no reader needs it, one sort of the
-            # state replaces the merges that would compact it
-            if len(self._trace) > 2 * len(self._records) + _REBUILD_SLACK and self._trace.since == present:
+            if (len(self._trace) + out.num_rows > 2 * len(self._records) + _REBUILD_SLACK
+                    and self._trace.since == present):
+                # the history would outweigh the state and no reader needs it: one sort of
+                # the state (this step's updates applied) replaces the merges that would
+                # compact it, and the insert of this step's updates
                 self._trace.rebuild(self._present())
+            else:
+                self._trace.insert(out)
         return out
 
     def _present(self) -> ZSet:
