@@ -94,6 +94,20 @@ class RowStore:
         """Every id that holds a row, ascending (costs the id range: for checks, not hot paths)."""
         return np.flatnonzero(self._row >= 0).astype(np.int64, copy=False)
 
+    def rows(self) -> pa.Table:
+        """Every row held, in storage order, not by id: a copy of the whole store in one pass
+        over the stored rows and one take per level (no reordering, unlike
+        ``get(ids())``)."""
+        if not self._levels:
+            return self.schema.empty_table()
+        held = np.zeros(self._rows, dtype=bool)
+        held[self._row[self._row >= 0]] = True
+        parts = []
+        for level, start in zip(self._levels, self._starts, strict=True):  # per level
+            at = np.flatnonzero(held[start:start + level.num_rows])
+            parts.append(level if at.size == level.num_rows else level.take(at))
+        return pa.concat_tables(parts)
+
     def get(self, ids: I64, columns: list[str] | None = None) -> pa.Table:
         """The rows of ``ids`` (each holding one), in that order; with ``columns``, only those."""
         ids = np.asarray(ids, dtype=np.int64)

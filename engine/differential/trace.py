@@ -25,6 +25,9 @@ only when asked for (:class:`Lookup`).
 A trace is shared: each operator that reads it holds a :class:`TraceReader` whose
 frontier says which versions it will still ask about. The trace compacts to the meet of
 the open readers' frontiers, so no reader loses history it may still need.
+A writer that keeps the collection's present value itself may replace the whole history
+by it once every reader has moved to the present (:meth:`Trace.rebuild`); the trace
+checks that no update it holds is later than that.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine._kernels.arrays import expand_with_owner
 from engine._kernels.hashing import exact_hash, group_equal, hash_rows, rows_equal, same_rows
 from engine.differential.indexed import IndexedZSet, exact_records, int_key_values, locate_in_spine
 from engine.differential.version import Antichain, Version, VersionLike, advance_times, as_version
@@ -69,7 +73,12 @@ def _merged_order(parts: Sequence[IndexedZSet]) -> I64:
 
 
 def _merge(parts: Sequence[IndexedZSet], since: Antichain) -> IndexedZSet:
-    """Merge indexed batches (in arrival order), advance times by ``since``, consolidate."""
+    """Merge indexed batches (in arrival order), advance times by ``since``, consolidate.
+
+    Equal records are neighbours in order-key order; only the neighbouring pairs whose
+    hashes agree (``pair``: rows ``i`` and ``i + 1``) are examined further, so the passes
+    over every row are the gathers and the two comparisons that find those pairs.
+    """
     src = _merged_order(parts)
     both = concat(*(p.batch for p in parts))
     assert both.times is not None
@@ -78,41 +87,50 @@ def _merge(parts: Sequence[IndexedZSet], since: Antichain) -> IndexedZSet:
     times = both.times[src]
     if since:
         times = advance_times(times, since)
-    # equal records are neighbours (same order key); runs of 3+ rows may hold several
-    # times in any order, so sort those rows by time inside their run
-    same = (order_key[1:] == order_key[:-1]) & (rec_hash[1:] == rec_hash[:-1])
-    if (same[1:] & same[:-1]).any():
-        run = np.cumsum(np.concatenate(([True], ~same))) - 1
-        long_run = np.bincount(run)[run] >= 3
-        pos = np.flatnonzero(long_run)
-        o = np.lexsort(tuple(times[pos, j] for j in range(times.shape[1] - 1, -1, -1)) + (run[pos],))
+    pair = np.flatnonzero((order_key[1:] == order_key[:-1]) & (rec_hash[1:] == rec_hash[:-1]))
+    # runs of 3+ equal records may hold several times in any order: sort those rows by
+    # time inside their run, so that equal (record, time) rows become neighbours
+    starts, counts = _runs(pair)
+    long = counts >= 2
+    if long.any():
+        pos, run = expand_with_owner(pair[starts[long]], counts[long] + 1)
+        o = np.lexsort(tuple(times[pos, j] for j in range(times.shape[1] - 1, -1, -1)) + (run,))
         src[pos] = src[pos[o]]
         times[pos] = times[pos[o]]
-    if times.shape[1] == 1:
-        same &= times[1:, 0] == times[:-1, 0]
-    else:
-        same &= (times[1:] == times[:-1]).all(axis=1)
+    if pair.size:
+        pair = pair[(times[pair] == times[pair + 1]).all(axis=1)]
     key_hash = np.concatenate([p.key_hash for p in parts])
-    cand = np.flatnonzero(same)
-    if cand.size:  # confirm: equal hashes are proof only when the record hash is exact
-        a, b = src[cand], src[cand + 1]
+    if pair.size:  # confirm: equal hashes are proof only when the record hash is exact
+        a, b = src[pair], src[pair + 1]
         if exact_records(both.schema, parts[0].keys):
-            same[cand] = key_hash[a] == key_hash[b]
+            pair = pair[key_hash[a] == key_hash[b]]
         else:
-            same[cand] = same_rows(both.data, a, b)
+            pair = pair[same_rows(both.data, a, b)]
     diffs = both.diffs[src]
-    if cand.size == 0 or not same.any():  # nothing to consolidate: a reordering
+    if pair.size == 0:  # nothing to consolidate: a reordering
         out = ZSet(both.data.take(src), diffs, times)
         return IndexedZSet(parts[0].keys, out, key_hash[src], rec_hash, order_key)
-    starts = np.flatnonzero(np.concatenate(([True], ~same)))
-    cs = np.zeros(diffs.size + 1, dtype=np.int64)
-    np.cumsum(diffs, out=cs[1:])
-    sums = cs[np.append(starts[1:], diffs.size)] - cs[starts]  # per run of equal updates
-    nz = sums != 0
-    keep = starts[nz]
+    # each run of equal updates becomes its first row, weighted by the run's sum
+    starts, _ = _runs(pair)
+    diffs[pair[starts]] += np.add.reduceat(diffs[pair + 1], starts)
+    keep_mask = diffs != 0
+    keep_mask[pair + 1] = False
+    keep = np.flatnonzero(keep_mask)
     rows = src[keep]
-    out = ZSet(both.data.take(rows), sums[nz], times[keep])
+    out = ZSet(both.data.take(rows), diffs[keep], times[keep])
     return IndexedZSet(parts[0].keys, out, key_hash[rows], rec_hash[keep], order_key[keep])
+
+
+def _runs(pair: I64) -> tuple[I64, I64]:
+    """Runs of consecutive values in ``pair`` (ascending): where each starts in ``pair``,
+    and how many values it holds (a run of ``c`` pairs links ``c + 1`` rows)."""
+    if pair.size == 0:
+        e = np.empty(0, dtype=np.int64)
+        return e, e
+    first = np.ones(pair.size, dtype=bool)
+    first[1:] = pair[1:] != pair[:-1] + 1
+    starts = np.flatnonzero(first)
+    return starts, np.diff(np.append(starts, pair.size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +334,9 @@ class Trace:
         self._spine: list[IndexedZSet] = []
         self._readers: list[TraceReader] = []
         self._since = Antichain([Version((0,) * dims)])
+        # per coordinate, the latest time ever inserted (a rebuild's rows sit at the
+        # frontier, which never goes back: they need no entry)
+        self._upper: I64 | None = None
 
     # sharing ------------------------------------------------------------------------
     def reader(self) -> TraceReader:
@@ -346,13 +367,11 @@ class Trace:
             If the batch is untimed or its versions have another dimension.
         """
         z = batch.batch if isinstance(batch, IndexedZSet) else batch
-        if not z.schema.equals(self.schema) and (
-                z.schema.names != self.schema.names or z.schema.types != self.schema.types):
-            raise SchemaError(f"batch columns {z.schema} do not match the trace's {self.schema}")
-        if z.times is None or z.times.shape[1] != self.dims:
-            raise InputError(f"trace batches need times of {self.dims} coordinate(s), got {z.dims}")
+        times = self._checked_times(z)
         if z.num_rows == 0:
             return
+        latest = times.max(axis=0)
+        self._upper = latest if self._upper is None else np.maximum(self._upper, latest)
         ib = batch if isinstance(batch, IndexedZSet) and batch.keys == self.keys \
             else IndexedZSet.build(z, self.keys)
         self._spine.append(ib)
@@ -364,6 +383,47 @@ class Trace:
             merged = _merge(parts, self.since)
             if len(merged):
                 self._spine.append(merged)
+
+    def _checked_times(self, z: ZSet) -> I64:
+        """``z``'s times, once its columns and version dimension are found to be the trace's."""
+        if not z.schema.equals(self.schema) and (
+                z.schema.names != self.schema.names or z.schema.types != self.schema.types):
+            raise SchemaError(f"batch columns {z.schema} do not match the trace's {self.schema}")
+        if z.times is None or z.times.shape[1] != self.dims:
+            raise InputError(f"trace batches need times of {self.dims} coordinate(s), got {z.dims}")
+        return z.times
+
+    def rebuild(self, accumulation: ZSet) -> None:
+        """Replace every stored update by ``accumulation``: the collection at the compaction
+        frontier, each row timed there.
+
+        When every update ever inserted is at or before the frontier (one version), this is
+        what a full :meth:`compact` leaves, and every version a reader may still ask about
+        accumulates to the same collection. A writer that keeps that collection itself
+        (:class:`~engine.differential.upsert.Upsert`) builds it with one sort instead of
+        merging the history down to it. The trace takes the rows on trust: the writer's own
+        check says whether they agree with what it inserted (``Upsert.validate``, U2).
+
+        Raises
+        ------
+        InputError
+            If the frontier is not one version, an update was inserted at a later time, or a
+            row of ``accumulation`` is not timed at the frontier.
+        SchemaError
+            If the columns are not the trace's.
+        """
+        frontier = self.since
+        if len(frontier) != 1:
+            raise InputError(f"a trace is rebuilt at one version; its compaction frontier is {frontier!r}")
+        at = np.asarray(frontier.elements[0].coords, dtype=np.int64)
+        if self._upper is not None and bool((self._upper > at).any()):
+            raise InputError(
+                f"cannot rebuild the trace at {frontier!r}: it holds updates up to "
+                f"{tuple(self._upper.tolist())}, which a rebuild would lose")
+        times = self._checked_times(accumulation)
+        if bool((times != at).any()):
+            raise InputError(f"a rebuild's rows must all be timed at the frontier {frontier!r}")
+        self._spine = [IndexedZSet.build(accumulation, self.keys, one_time=True)] if accumulation.num_rows else []
 
     def project(self, names: Sequence[str]) -> None:
         """Store only the columns ``names`` (which keep the keys), before any update arrives.

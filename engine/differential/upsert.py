@@ -22,7 +22,12 @@ written by every step from then on; an upsert that nobody reads pays nothing for
 trace given to the constructor is written from the start, and may hold updates already:
 the state starts as its accumulation. The upsert is the trace's only writer;
 :meth:`Upsert.validate` checks that the state and the trace accumulated to the present
-hold the same records.
+hold the same records. When a step's updates would leave the trace holding more than
+twice as many updates as the state has records (plus a slack), and every reader has moved
+to the present, the upsert replaces the trace's history, this step's updates included, by
+its state (:meth:`Trace.rebuild`: one sort of the live records instead of the insert and
+the merges that would compact the history down to them); a reader held at an older
+version keeps the history, and the merges compact it as before.
 
 Times are single-coordinate versions that never go back: a batch's times are ``>=``
 every time already processed, so the trace can be compacted up to the last time.
@@ -62,6 +67,9 @@ from engine.sources import as_schema, conform
 __all__ = ["DELETE", "Upsert"]
 
 I64 = npt.NDArray[np.int64]
+# updates the trace may hold beyond twice the state before the state replaces them: a small
+# state is not rebuilt every step
+_REBUILD_SLACK = 4096
 
 
 class Upsert:
@@ -136,9 +144,7 @@ class Upsert:
             trace = Trace(self.schema, self.keys, dims=1)
             self._reader = trace.reader()
             if self.time is not None:
-                ids = self._records.ids()
-                trace.insert(ZSet(self._records.get(ids), np.ones(ids.size, dtype=np.int64),
-                                  np.full((ids.size, 1), self.time, dtype=np.int64)))
+                trace.insert(self._present())
                 self._reader.set_logical_compaction(Antichain([Version(self.time)]))
             self._trace = trace
         return self._trace
@@ -215,10 +221,25 @@ class Upsert:
         self.time = int(times.max())
         if self._trace is not None:  # published: keep the arrangement current
             assert self._reader is not None
-            self._trace.insert(out)
             # this operator will only ask about the present from now on
-            self._reader.set_logical_compaction(Antichain([Version(self.time)]))
+            present = Antichain([Version(self.time)])
+            self._reader.set_logical_compaction(present)
+            if (len(self._trace) + out.num_rows > 2 * len(self._records) + _REBUILD_SLACK
+                    and self._trace.since == present):
+                # the history would outweigh the state and no reader needs it: one sort of
+                # the state (this step's updates applied) replaces the merges that would
+                # compact it, and the insert of this step's updates
+                self._trace.rebuild(self._present())
+            else:
+                self._trace.insert(out)
         return out
+
+    def _present(self) -> ZSet:
+        """The current records (in no particular order), each timed at the last time processed."""
+        assert self.time is not None
+        records = self._records.rows()
+        n = records.num_rows
+        return ZSet(records, np.ones(n, dtype=np.int64), np.full((n, 1), self.time, dtype=np.int64))
 
     def _advance(self, kh: npt.NDArray[np.uint64], win: I64, first: npt.NDArray[np.bool_], slot: I64,
                  changed: npt.NDArray[np.bool_], deleted: npt.NDArray[np.bool_], ev: pa.Table) -> None:

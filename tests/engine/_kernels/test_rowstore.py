@@ -1,5 +1,6 @@
 """RowStore: a few explicit puts, replaces and drops, then random operations against a dict
-(strings with nulls, so rows go through Arrow), with compaction bounding what is held."""
+(strings with nulls, so rows go through Arrow), with compaction bounding what is held and
+the whole store (``rows``) holding exactly the model's rows."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ def test_put_replace_drop():
     assert st.get(np.array([2]), ["n"]).to_pylist() == [{"n": 5}]
     assert len(st) == 2 and st.stored == 3
     assert st.equal_at(pa.table({"k": ["a", "x"]}), np.array([0, 1]), np.array([0, 2]), ["s"]).tolist() == [True, False]
+    assert sorted(st.rows().column("s").to_pylist()) == ["a", "c"]   # the replaced "b" is not held
     st.drop(np.array([0]))
     assert len(st) == 1 and st.get(np.array([2])).column("s").to_pylist() == ["c"]
+    assert st.rows().to_pylist() == [{"s": "c", "n": 5}] and RowStore(SCHEMA).rows().num_rows == 0
 
 
 def test_random_operations_against_a_dict():
@@ -52,6 +55,9 @@ def test_random_operations_against_a_dict():
         got = st.get(probe)
         assert list(zip(got.column("s").to_pylist(), got.column("n").to_pylist(), strict=True)) == \
             [model[i] for i in probe.tolist()], f"step {step}"
+        everything = st.rows()                  # the whole store, in storage order
+        assert sorted(zip(everything.column("s").to_pylist(), everything.column("n").to_pylist(), strict=True),
+                      key=repr) == sorted(model.values(), key=repr), f"step {step}"
         if probe.size:
             eq = st.equal_at(_rows([model[i] for i in probe.tolist()]), np.arange(probe.size), probe)
             assert eq.all()

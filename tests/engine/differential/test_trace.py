@@ -149,6 +149,43 @@ def test_readers_hold_back_compaction():
         fast.set_logical_compaction(Antichain([4]))
 
 
+def test_rebuild_replaces_the_history_with_the_collection_at_the_frontier():
+    tr = Trace(KV, "k")
+    reader = tr.reader()
+    for t in range(6):
+        tr.insert(ZSet.from_triples([((1, t), t, 1)] + ([((1, t - 1), t, -1)] if t else []), KV))
+    reader.set_logical_compaction(Antichain([5]))
+    tr.rebuild(ZSet.from_triples([((1, 5), 5, 1)], KV))
+    assert len(tr) == 1 and tr.to_zset().to_triples() == [((1, 5), (5,), 1)]  # what compact() leaves
+    tr.insert(ZSet.from_triples([((1, 5), 6, -1), ((2, 0), 6, 1)], KV))
+    assert tr.accumulate(at=5).to_triples() == [((1, 5), None, 1)]
+    assert tr.accumulate(at=6).to_triples() == [((2, 0), None, 1)]
+    reader.set_logical_compaction(Antichain([6]))
+    tr.rebuild(ZSet.empty(KV, 1))              # an empty collection: an empty trace
+    assert len(tr) == 0 and tr.accumulate(at=7).num_rows == 0
+
+
+def test_rebuild_refuses_what_would_lose_history():
+    tr = Trace(KV, "k")
+    reader = tr.reader()
+    tr.insert(ZSet.from_triples([((1, 0), 0, 1)], KV))
+    tr.insert(ZSet.from_triples([((1, 0), 3, -1)], KV))    # the latest time comes in a later batch
+    reader.set_logical_compaction(Antichain([2]))
+    with pytest.raises(InputError, match=r"holds updates up to \(3,\)"):
+        tr.rebuild(ZSet.from_triples([((1, 0), 2, 1)], KV))   # the retraction at 3 would be lost
+    reader.set_logical_compaction(Antichain([3]))
+    with pytest.raises(InputError, match="timed at the frontier"):
+        tr.rebuild(ZSet.from_triples([((1, 0), 2, 1)], KV))
+    with pytest.raises(SchemaError):
+        tr.rebuild(ZSet.from_triples([((1, "x"), 3, 1)], pa.schema([("k", pa.int64()), ("v", pa.string())])))
+    tr2 = Trace(KV, "k", dims=2)
+    r2 = tr2.reader()
+    r2.set_logical_compaction(Antichain([(0, 1), (1, 0)]))
+    with pytest.raises(InputError, match="one version"):
+        tr2.rebuild(ZSet.empty(KV, 2))
+    assert tr.accumulate(at=3).num_rows == 0 and len(tr) == 2   # nothing was replaced
+
+
 def test_bad_inserts():
     tr = Trace(KV, "k", dims=2)
     with pytest.raises(InputError, match="coordinate"):
@@ -326,6 +363,53 @@ def test_trace_oracle_over_random_versions(key_col, policy):
     tr.compact()
     distinct = {(rec, Version(tt).advance_by(frontier)) for (rec, tt), w in history.items()}
     assert len(tr) <= len(distinct)
+
+
+def _kv_batch(rng: np.random.Generator, n: int, t: tuple[int, ...], spread: int) -> ZSet:
+    # int64 key and value: the exact-record path (hashes prove equality)
+    data = pa.table({"k": rng.integers(0, 6, n), "v": rng.integers(0, 3, n)}, schema=KV)
+    w = rng.integers(1, 3, n) * rng.choice([-1, 1], n)
+    tm = np.asarray(t, dtype=np.int64) + rng.integers(0, spread + 1, (n, len(t)))
+    return ZSet(data, w.astype(np.int64), tm.astype(np.int64))
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+@pytest.mark.parametrize("records", ["K", "Sym", "kv"])
+def test_compaction_leaves_each_record_and_time_once(records, dims):
+    """After every compaction the one batch holds each (record, time advanced by the
+    frontier) once, with its summed weight and no zeros, in order-key order: merges
+    consolidate runs of any length (updates that cancel, the same record at several times
+    that advance to one), not only neighbouring pairs. Exact records (``kv``) are confirmed
+    by hash, the others by value (floats with NaN and -0.0, null strings)."""
+    rng = np.random.default_rng({"K": 41, "Sym": 42, "kv": 43}[records] + 10 * dims)
+    schema, key_col = (KV, "k") if records == "kv" else (SCHEMA, records)
+    tr = Trace(schema, key_col, dims=dims)
+    reader = tr.reader()
+    history: Counter = Counter()
+    low = 0
+    for step in range(300):
+        t = (low + int(rng.integers(0, 3)),) * dims
+        n = int(rng.integers(0, 40))
+        batch = _kv_batch(rng, n, t, 2) if records == "kv" else \
+            random_batch(rng, n, times=t, time_spread=2, keys=5)
+        tr.insert(batch)
+        history.update(counter(batch))
+        if rng.random() < 0.3:
+            low += int(rng.integers(0, 3))
+            reader.set_logical_compaction(Antichain([(low,) * dims]))
+        if rng.random() < 0.2 or step == 299:
+            tr.compact()
+            frontier = tr.since
+            want: Counter = Counter()
+            for (rec, tt), w in history.items():
+                want[(rec, tuple(Version(tt).advance_by(frontier)))] += w
+            want = Counter({x: w for x, w in want.items() if w})
+            got = tr.batches[0] if tr.batches else None
+            rows = [] if got is None else [(key(r), tuple(tt)) for r, tt, _ in got.batch.to_triples()]
+            assert len(rows) == len(set(rows)) == len(want), f"step {step}: duplicates or leftovers"
+            assert (got is None or (bool(np.all(got.batch.diffs != 0))
+                                     and bool(np.all(got.order_key[1:] >= got.order_key[:-1])))), f"step {step}"
+            assert (Counter() if got is None else counter(got.batch)) == want, f"step {step}"
 
 
 def test_merge_policy_size_classes():

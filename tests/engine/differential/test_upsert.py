@@ -186,18 +186,25 @@ def _random_events(rng, state: dict, keys: list, time: int) -> list:
 
 
 @pytest.mark.parametrize("keys", ["string", "int", "sparse", "negative"])
-@pytest.mark.parametrize("publish", ["given", "later"])
-def test_upsert_oracle_over_random_steps(keys, publish):
+@pytest.mark.parametrize("publish", ["given", "later", "rebuilt"])
+def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
     """>= 520 random steps (upserts of present keys, repeats, deletes of absent keys, one key
     several times in a batch and at several times) against a dictionary; the state is
     validated after every step, against the trace once it is published (given to the
-    constructor, or asked for at step 260 and then read by a second reader)."""
+    constructor, or asked for at step 260 and then read by a second reader). ``rebuilt``:
+    the trace is given, its second reader keeps up with the present (it moves to each
+    batch's last time before the step) and the upsert rebuilds the trace from its state
+    whenever it may (no slack), so the trace is checked against the dictionary after every
+    step while it is rebuilt, merged, rebuilt again."""
+    if publish == "rebuilt":
+        monkeypatch.setattr(upsert_module, "_REBUILD_SLACK", -(1 << 40))
     rng = np.random.default_rng(23)
     key_type = pa.string() if keys == "string" else pa.int64()
     schema = pa.schema([("key", key_type), ("n", pa.int64()), ("s", pa.string())])
     universe = KEYS if keys == "string" else INT_KEYS[keys]
-    up = Upsert(schema, "key", trace=Trace(schema, "key") if publish == "given" else None)
-    follower = up.trace.reader() if publish == "given" else None
+    up = Upsert(schema, "key", trace=Trace(schema, "key") if publish != "later" else None)
+    follower = up.trace.reader() if publish != "later" else None
+    rebuilds = 0
     state: dict = {}
     acc: Counter = Counter()
     time = 0
@@ -212,8 +219,11 @@ def test_upsert_oracle_over_random_steps(keys, publish):
             DELETE: pa.array([e[1] is None for e in events], pa.bool_()),
             TIME: pa.array([e[2] for e in events], pa.int64()),
         })
+        if publish == "rebuilt" and events:
+            follower.set_logical_compaction(Antichain([max(time, max(e[2] for e in events))]))
         out = up.step(table)
         up.validate()
+        rebuilds += publish == "rebuilt" and len(up.trace) == len(state) and len(up.trace.batches) == 1
         want = _expected(state, events)
         got = counter(out)
         assert got == want, f"seed 23, step {step}: only got {got - want}, only wanted {want - got}"
@@ -226,10 +236,31 @@ def test_upsert_oracle_over_random_steps(keys, publish):
         assert Counter({x: w for x, w in acc.items() if w}) == live, f"step {step}"
         if follower is not None:
             follower.set_logical_compaction(Antichain([time - 1]))
-            if step % 20 == 0:
-                assert counter(up.trace.accumulate(at=time - 1), times=False) == live
+            if step % 20 == 0 or publish == "rebuilt":
+                assert counter(up.trace.accumulate(at=time - 1), times=False) == live, f"step {step}"
+    assert publish != "rebuilt" or rebuilds > 100
     up.trace.compact()
     assert len(up.trace) == len(state)        # compaction leaves the live rows only
+
+
+def test_the_trace_is_rebuilt_only_when_no_reader_needs_its_history(monkeypatch):
+    """A reader held back at time 0 keeps every version from 0 on exact: the upsert does not
+    rebuild the trace from its state (which only knows the present) until it lets go."""
+    monkeypatch.setattr(upsert_module, "_REBUILD_SLACK", -(1 << 40))
+    up = Upsert(NAMES, "first", trace=Trace(NAMES, "first"))
+    held = up.trace.reader()                   # at time 0
+    values = ["x", "y", "z", "x", "w", "y", "z", "w"]
+    for t, v in enumerate(values):
+        up.step(_events(["a", "b"], [v, v]), t)
+        up.validate()
+    assert len(up.trace) > len(up)             # the history is kept
+    for t, v in enumerate(values):
+        assert sorted(up.trace.accumulate(at=t).to_triples()) == [(("a", v), None, 1), (("b", v), None, 1)]
+    held.set_logical_compaction(Antichain([len(values)]))
+    up.step(_events(["a"], ["q"]), len(values))   # every reader at the present: rebuilt
+    up.validate()
+    assert len(up.trace) == len(up) == 2 and len(up.trace.batches) == 1
+    assert sorted(up.trace.accumulate(at=len(values)).to_triples()) == [(("a", "q"), None, 1), (("b", "w"), None, 1)]
 
 
 def test_a_given_trace_seeds_the_state():
