@@ -17,9 +17,10 @@ seven bytes for a string or binary (:class:`~engine.ops.aggregate._keys.StringWo
   below 8), and holds the rows with exactly that value in its group;
 * **ordering** — a :class:`~engine.ops.aggregate._sortedset.ValueMultiset` of ``(slot,
   first word)`` counting rows (``top``), and one of ``(node, next word)`` for the nodes
-  that go on (``deep``, strings only): the smallest value of a group is its smallest first
-  word, then that node's smallest next word, and so on to a leaf — one batched min/max
-  query per word of the longest value asked for, never a scan of a group;
+  that go on (``deep``, strings only), each pair carrying its node's id: the smallest
+  value of a group is its smallest first word's node, then that node's smallest next
+  word's, and so on to a leaf — one batched min/max query per word of the longest value
+  asked for, never a scan of a group nor a hash lookup;
 * **ties** — a :class:`~engine.ops.aggregate._sortedset.RowKeySet` of the leaves' row
   keys (the leaf is its "group"): the smallest or largest row key among the rows with the
   value, following parent shifts.
@@ -58,6 +59,7 @@ U64 = npt.NDArray[np.uint64]
 Mask = npt.NDArray[np.bool_]
 NumPair = tuple[npt.NDArray[Any], Mask | None]
 Levels = list[tuple[I64, U64]]  # per word: (which held rows have it, the word)
+Changes = tuple[I64, U64, I64, I64]  # a multiset's (group, word, rows, node)
 
 _EMPTY_I = np.empty(0, dtype=np.int64)
 
@@ -76,8 +78,8 @@ class OrderedRows:
         return cls() if numpy_storage_dtype(types[0]) is not None else OrderedStrings()
 
     def __init__(self) -> None:
-        self.top = ValueMultiset()  # (slot, first word) -> rows
-        self.deep = ValueMultiset()  # (node, next word) -> rows (strings)
+        self.top = ValueMultiset(ids=True)  # (slot, first word) -> rows, and its node
+        self.deep = ValueMultiset(ids=True)  # (node, next word) -> rows, and its node (strings)
         self.nodes = ExactKeyMap(exact=False)  # (parent, word) -> node
         self.ids = IdAllocator()  # node ids; freed ones are reusable from the next cycle
         self.n_parent = np.zeros(1024, dtype=np.int64)  # -1 - slot for a first word
@@ -128,19 +130,7 @@ class OrderedRows:
             self.n_hash[added], self.n_rows[added] = h[first], 0
         return ids
 
-    def _lookup(self, parent: I64, words: U64) -> I64:
-        """The node of each ``(parent, word)``, which must exist."""
-        def same(i: I64, ids: I64) -> Mask:
-            eq: Mask = (self.n_parent[ids] == parent[i]) & (self.n_word[ids] == words[i])
-            return eq
-
-        ids = self.nodes.lookup(self._hash(parent, words), same)
-        if (ids < 0).any():
-            raise UpdateInvariantError("A1", "sorted_first/last lost the node of a value it holds")
-        return ids
-
-    def _count(self, leaves: I64, sign: int, top: list[tuple[I64, U64, I64]],
-               deep: list[tuple[I64, U64, I64]]) -> I64:
+    def _count(self, leaves: I64, sign: int, top: list[Changes], deep: list[Changes]) -> I64:
         """Add ``sign`` per row to the counts along the paths of ``leaves`` (one per row),
         appending the multisets' changes to ``top`` and ``deep`` (applied once a cycle);
         returns the nodes whose count reached zero."""
@@ -153,18 +143,18 @@ class OrderedRows:
                 raise UpdateInvariantError("A1", "sorted_first/last removed a row it does not hold")
             par, words = self.n_parent[nodes], self.n_word[nodes]
             first = par < 0
-            top.append((-1 - par[first], words[first], d[first]))
+            top.append((-1 - par[first], words[first], d[first], nodes[first]))
             if sign < 0:
                 emptied.append(nodes[self.n_rows[nodes] == 0])
             if first.all():
                 break
-            deep.append((par[~first], words[~first], d[~first]))
+            deep.append((par[~first], words[~first], d[~first], nodes[~first]))
             nodes, inv = np.unique(par[~first], return_inverse=True)
             counts = np.bincount(inv.reshape(-1), weights=counts[~first]).astype(np.int64)
         return np.concatenate(emptied) if emptied else _EMPTY_I
 
     @staticmethod
-    def _update(multiset: ValueMultiset, changes: list[tuple[I64, U64, I64]]) -> None:
+    def _update(multiset: ValueMultiset, changes: list[Changes]) -> None:
         """One update of ``multiset`` with the cycle's ``changes`` (a row moving within a
         group nets out there)."""
         if len(changes) == 1:
@@ -175,8 +165,8 @@ class OrderedRows:
     # the cycle -----------------------------------------------------------------------
     def apply(self, ev: Events, minus: Sequence[Any], plus: Sequence[Any]) -> I64:
         emptied = _EMPTY_I
-        top: list[tuple[I64, U64, I64]] = []
-        deep: list[tuple[I64, U64, I64]] = []
+        top: list[Changes] = []
+        deep: list[Changes] = []
         if ev.nm:  # previous key space; rows without an order value are not held
             leaves = self.rows.groups_of(ev.minus_keys)
             held = leaves >= 0
@@ -208,13 +198,14 @@ class OrderedRows:
     def ends(self, slots: I64, largest: bool) -> tuple[I64, Mask]:
         """Each group's first row in order (``largest``: its last) — the row key, and
         whether the group holds a row with an order value (else the key is garbage)."""
-        word, found = self.top.max_of(slots) if largest else self.top.min_of(slots)
+        node, found = self.top.extreme_ids(slots, largest)
         hit = np.flatnonzero(found)
-        node = self._lookup(-1 - slots[hit], word[hit])
+        node = node[hit]
         on = np.flatnonzero(self._goes_on(self.n_word[node]))
         while on.size:  # one round per word, for the groups whose best value goes on
-            nxt, _ = self.deep.max_of(node[on]) if largest else self.deep.min_of(node[on])
-            node[on] = self._lookup(node[on], nxt)
+            node[on], below = self.deep.extreme_ids(node[on], largest)
+            if not below.all():
+                raise UpdateInvariantError("A1", "sorted_first/last lost the rest of a value it holds")
             on = on[self._goes_on(self.n_word[node[on]])]
         keys = np.zeros(slots.size, dtype=np.int64)
         rows, _ = self.rows.max_of(node) if largest else self.rows.min_of(node)
