@@ -9,18 +9,18 @@ Layout: a trie per group over the rows' values, each value a sequence of order-p
 ``uint64`` words — one for a number (:func:`~engine.ops.aggregate._keys.encode`), one per
 seven bytes for a string or binary (:class:`~engine.ops.aggregate._keys.StringWords`):
 
-* **nodes** — ``(parent, word)`` pairs interned in an
-  :class:`~engine._kernels.keymap.ExactKeyMap` (a hash finds the node, the stored parent
-  and word decide), with the number of rows under each; a node's parent is its group
-  (``-1 - slot``) for a value's first word, else the node of the word before. A node is a
-  *leaf* where its value ends (every node of a number; a string's word with a marker
-  below 8), and holds the rows with exactly that value in its group;
+* **nodes** — ids for the ``(parent, word)`` pairs held, with the number of rows under
+  each; a node's parent is its group (``-1 - slot``) for a value's first word, else the
+  node of the word before. A node is a *leaf* where its value ends (every node of a
+  number; a string's word with a marker below 8), and holds the rows with exactly that
+  value in its group;
 * **ordering** — a :class:`~engine.ops.aggregate._sortedset.ValueMultiset` of ``(slot,
   first word)`` counting rows (``top``), and one of ``(node, next word)`` for the nodes
-  that go on (``deep``, strings only), each pair carrying its node's id: the smallest
+  that go on (``deep``, strings only), each live pair carrying its node's id (they are
+  the nodes' only index: a value's node is found by searching its pair): the smallest
   value of a group is its smallest first word's node, then that node's smallest next
   word's, and so on to a leaf — one batched min/max query per word of the longest value
-  asked for, never a scan of a group nor a hash lookup;
+  asked for, never a scan of a group;
 * **ties** — a :class:`~engine.ops.aggregate._sortedset.RowKeySet` of the leaves' row
   keys (the leaf is its "group"): the smallest or largest row key among the rows with the
   value, following parent shifts.
@@ -43,13 +43,11 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._kernels.hashing import combine, mix64
 from engine._kernels.ids import IdAllocator
-from engine._kernels.keymap import ExactKeyMap
 from engine.columns import numpy_storage_dtype
 from engine.errors import UpdateInvariantError
 from engine.ops.aggregate._keys import StringWords, encode, valid_mask
-from engine.ops.aggregate._sortedset import RowKeySet, ValueMultiset
+from engine.ops.aggregate._sortedset import RowKeySet, ValueMultiset, lex_order
 from engine.ops.aggregate._states import Events, State, grown_to
 
 __all__ = ["OrderedRows", "OrderedStrings"]
@@ -80,11 +78,9 @@ class OrderedRows:
     def __init__(self) -> None:
         self.top = ValueMultiset(ids=True)  # (slot, first word) -> rows, and its node
         self.deep = ValueMultiset(ids=True)  # (node, next word) -> rows, and its node (strings)
-        self.nodes = ExactKeyMap(exact=False)  # (parent, word) -> node
         self.ids = IdAllocator()  # node ids; freed ones are reusable from the next cycle
         self.n_parent = np.zeros(1024, dtype=np.int64)  # -1 - slot for a first word
         self.n_word = np.zeros(1024, dtype=np.uint64)
-        self.n_hash = np.zeros(1024, dtype=np.uint64)
         self.n_rows = np.zeros(1024, dtype=np.int64)  # rows under the node
         self.rows = RowKeySet()  # leaf -> its rows' keys
 
@@ -105,29 +101,24 @@ class OrderedRows:
         ids = self.ids.allocate(n)
         cap = self.ids.end
         self.n_parent, self.n_word = grown_to(self.n_parent, cap), grown_to(self.n_word, cap)
-        self.n_hash, self.n_rows = grown_to(self.n_hash, cap), grown_to(self.n_rows, cap)
+        self.n_rows = grown_to(self.n_rows, cap)
         return ids
 
-    @staticmethod
-    def _hash(parent: I64, words: U64) -> U64:
-        return combine(mix64(parent.view(np.uint64)), mix64(words))
-
-    def _intern(self, parent: I64, words: U64) -> I64:
-        """The node of each ``(parent, word)``, made where it is new."""
-        h = self._hash(parent, words)
-
-        def same(i: I64, ids: I64) -> Mask:
-            eq: Mask = (self.n_parent[ids] == parent[i]) & (self.n_word[ids] == words[i])
-            return eq
-
-        def same_batch(i: I64, j: I64) -> Mask:
-            eq: Mask = (parent[i] == parent[j]) & (words[i] == words[j])
-            return eq
-
-        ids, added, first = self.nodes.intern(h, same, same_batch, self._alloc)
-        if added.size:
-            self.n_parent[added], self.n_word[added] = parent[first], words[first]
-            self.n_hash[added], self.n_rows[added] = h[first], 0
+    def _intern(self, parent: I64, words: U64, first: bool) -> I64:
+        """The node of each ``(parent, word)`` (``first``: the values' first words, whose
+        parents are groups), made where it is new: a pair held at the start of the cycle is
+        live in its multiset, which carries its node (the cycle's changes to the multisets
+        wait until its adds are in, so a node the cycle's removes emptied is found again)."""
+        ids = self.top.ids_of(-1 - parent, words) if first else self.deep.ids_of(parent, words)
+        miss = np.flatnonzero(ids < 0)
+        if miss.size:  # one new node per distinct pair
+            o = miss[lex_order(parent[miss], words[miss])]
+            p, w = parent[o], words[o]
+            starts = np.ones(o.size, dtype=bool)
+            starts[1:] = (p[1:] != p[:-1]) | (w[1:] != w[:-1])
+            new = self._alloc(int(np.count_nonzero(starts)))
+            ids[o] = new[np.cumsum(starts) - 1]
+            self.n_parent[new], self.n_word[new], self.n_rows[new] = p[starts], w[starts], 0
         return ids
 
     def _count(self, leaves: I64, sign: int, top: list[Changes], deep: list[Changes]) -> I64:
@@ -180,8 +171,8 @@ class OrderedRows:
             ok, levels = self._levels(plus[0])
             parent = -1 - ev.slots[ev.nm :][ok]
             node = np.empty(parent.size, dtype=np.int64)
-            for at, words in levels:  # a loop per word of the longest value, not per row
-                node[at] = self._intern(parent[at], words)
+            for k, (at, words) in enumerate(levels):  # a loop per word of the longest value, not per row
+                node[at] = self._intern(parent[at], words, k == 0)
                 parent[at] = node[at]
             self.rows.insert_keys(node, ev.plus_keys[ok])
             self._count(node, 1, top, deep)
@@ -190,7 +181,6 @@ class OrderedRows:
         if emptied.size:  # nodes left without rows (after the adds, which may refill one)
             gone = np.unique(emptied)
             gone = gone[self.n_rows[gone] == 0]
-            self.nodes.delete(self.n_hash[gone], gone)
             self.ids.free(gone)
             self.ids.release()
         return ev.touched

@@ -397,6 +397,24 @@ class ValueMultiset(_Sorted):
         if self._should_merge():
             self._merge()
 
+    def ids_of(self, g: I64, v: U64) -> I64:
+        """The id of each pair ``(g[i], v[i])`` held (count above zero), ``-1`` for the
+        others. Needs ``ids``."""
+        assert self.ids
+        out = np.full(g.size, -1, dtype=np.int64)
+        if g.size == 0 or len(self) == 0:
+            return out
+        k = self._coarse(g, v)
+        if self._b_v.size:  # a tombstone is not held: its id is stale
+            pos, hit = self._locate(self._b_k, self._b_v, k, v)
+            at = np.flatnonzero(hit)
+            at = at[self._b_c[pos[at]] > 0]
+            out[at] = self._b_i[pos[at]]
+        if self._d_v.size:  # the delta holds no zero counts
+            pos, hit = self._locate(self._d_k, self._d_v, k, v)
+            out[hit] = self._d_i[pos[hit]]
+        return out
+
     def extreme_ids(self, groups: I64, largest: bool) -> tuple[I64, Mask]:
         """The id of each group's smallest (``largest``: largest) live value, and whether
         the group holds one (else the id is garbage). Needs ``ids``."""
