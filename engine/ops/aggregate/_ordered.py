@@ -112,7 +112,14 @@ class OrderedRows:
         ids = self.top.ids_of(-1 - parent, words) if first else self.deep.ids_of(parent, words)
         miss = np.flatnonzero(ids < 0)
         if miss.size:  # one new node per distinct pair
-            o = miss[lex_order(parent[miss], words[miss])]
+            o = miss[np.argsort(words[miss])]
+            w = words[o]
+            tie = np.flatnonzero(w[1:] == w[:-1])
+            if tie.size:  # words shared by rows: order each such run by parent too
+                run = np.union1d(tie, tie + 1)
+                wr = w[run]
+                which = np.cumsum(np.concatenate(([False], wr[1:] != wr[:-1])))  # the run of each
+                o[run] = o[run][lex_order(which, parent[o[run]].view(np.uint64))]
             p, w = parent[o], words[o]
             starts = np.ones(o.size, dtype=bool)
             starts[1:] = (p[1:] != p[:-1]) | (w[1:] != w[:-1])
