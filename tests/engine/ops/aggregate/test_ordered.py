@@ -206,7 +206,8 @@ def test_ordered_rows_refuse_rows_they_do_not_hold():
 @pytest.mark.parametrize("merge_min", [3, 64])
 def test_value_multiset_ids_follow_live_pairs_through_merges(monkeypatch, merge_min):
     # the ids OrderedRows finds its nodes by: a pair that dies and comes back (a base
-    # tombstone revived, or a new delta entry) carries the id of its latest update
+    # tombstone revived, or a new delta entry) carries the id of its latest update, and a
+    # dead one has none
     monkeypatch.setattr(_Sorted, "MERGE_MIN", merge_min)
     rng = np.random.default_rng(merge_min)
     ms, count, ident, fresh = ValueMultiset(ids=True), Counter(), {}, iter(range(10**9))
@@ -229,6 +230,9 @@ def test_value_multiset_ids_follow_live_pairs_through_merges(monkeypatch, merge_
         ms.update(np.concatenate((g, [p[0] for p in gone])).astype(np.int64),
                   np.concatenate((v, np.array([p[1] for p in gone], dtype=np.uint64))),
                   np.concatenate((np.ones(n, np.int64), -np.ones(len(gone), np.int64))), np.array(ids, np.int64))
+        seen = sorted(ident)
+        got_ids = ms.ids_of(np.array([p[0] for p in seen], np.int64), np.array([p[1] for p in seen], np.uint64))
+        assert got_ids.tolist() == [ident[p] if count[p] else -1 for p in seen]  # dead pairs: -1
         qs = np.arange(14)
         for largest in (False, True):
             got, found = ms.extreme_ids(qs, largest)
