@@ -135,20 +135,23 @@ class OrderedRows:
         nodes, counts = np.unique(leaves, return_counts=True)
         emptied = []
         while nodes.size:  # one round per word: leaves, their parents, ...
-            d = sign * counts
-            self.n_rows[nodes] += d
-            if (self.n_rows[nodes] < 0).any():
-                raise UpdateInvariantError("A1", "sorted_first/last removed a row it does not hold")
+            d = counts if sign > 0 else -counts
+            after = self.n_rows[nodes] + d  # nodes are distinct: no lost updates
+            if sign < 0:
+                if (after < 0).any():
+                    raise UpdateInvariantError("A1", "sorted_first/last removed a row it does not hold")
+                emptied.append(nodes[after == 0])
+            self.n_rows[nodes] = after
             par, words = self.n_parent[nodes], self.n_word[nodes]
             first = par < 0
-            top.append((-1 - par[first], words[first], d[first], nodes[first]))
-            if sign < 0:
-                emptied.append(nodes[self.n_rows[nodes] == 0])
-            if first.all():
+            if first.all():  # numbers: the one round
+                top.append((-1 - par, words, d, nodes))
                 break
-            deep.append((par[~first], words[~first], d[~first], nodes[~first]))
-            nodes, inv = np.unique(par[~first], return_inverse=True)
-            counts = np.bincount(inv.reshape(-1), weights=counts[~first]).astype(np.int64)
+            top.append((-1 - par[first], words[first], d[first], nodes[first]))
+            on = ~first
+            deep.append((par[on], words[on], d[on], nodes[on]))
+            nodes, inv = np.unique(par[on], return_inverse=True)
+            counts = np.bincount(inv.reshape(-1), weights=counts[on]).astype(np.int64)
         return np.concatenate(emptied) if emptied else _EMPTY_I
 
     @staticmethod
@@ -166,10 +169,8 @@ class OrderedRows:
         top: list[Changes] = []
         deep: list[Changes] = []
         if ev.nm:  # previous key space; rows without an order value are not held
-            leaves = self.rows.groups_of(ev.minus_keys)
-            held = leaves >= 0
-            self.rows.remove_keys(ev.minus_keys[held])
-            emptied = self._count(leaves[held], -1, top, deep)
+            leaves = self.rows.discard_keys(ev.minus_keys)
+            emptied = self._count(leaves[leaves >= 0], -1, top, deep)
         prev, cur = ev.shifted
         if prev.size:
             held = self.rows.groups_of(prev) >= 0

@@ -324,7 +324,7 @@ class ValueMultiset(_Sorted):
         self._b_i: I64 = _EMPTY_I  # id per base position (stale on a tombstone), with ``ids``
         self._d_i: I64 = _EMPTY_I
         self.ranks = ranks
-        self._d_at: I64 = _EMPTY_I  # insertion point of each delta pair in the base
+        self._d_at: I64 = _EMPTY_I  # insertion point of each delta pair in the base (ranks only)
         self._fen = Fenwick(np.zeros(1, dtype=np.int64))  # 2 * len(base) + 1 slots
         self._n = np.zeros(16, dtype=np.int64)  # live values per group (ranks only)
         self._dcum: I64 | None = None  # 0, then cumulative delta counts (cached per cycle)
@@ -354,7 +354,7 @@ class ValueMultiset(_Sorted):
             self._dcum = None
         self._fit_empty(v)
         k = self._coarse(g, v)
-        at = np.zeros(g.size, dtype=np.int64)  # insertion points in the base
+        at = np.zeros(g.size, dtype=np.int64) if self.ranks else _EMPTY_I  # insertion points in the base
         if self._b_v.size:  # base: counts change in place, the bitset follows
             pos, hit = self._locate(self._b_k, self._b_v, k, v)
             bp = pos[hit]
@@ -372,7 +372,9 @@ class ValueMultiset(_Sorted):
             self._bits.set(born)
             self._dead += died.size - born.size
             rest = ~hit
-            g, v, k, net, at = g[rest], v[rest], k[rest], net[rest], pos[rest]
+            g, v, k, net = g[rest], v[rest], k[rest], net[rest]
+            if self.ranks:
+                at = pos[rest]
             if self.ids:
                 i = i[rest]
         if g.size:  # delta: counts in place, new pairs inserted, zero counts dropped
@@ -383,15 +385,24 @@ class ValueMultiset(_Sorted):
                 raise UpdateInvariantError("A1", "a value was removed from a group that does not hold it")
             if self.ranks:
                 self._fen.add(2 * at, net)
-            if new.any():
-                extra = [(self._d_c, net[new]), (self._d_at, at[new])] + ([(self._d_i, i[new])] if self.ids else [])
-                self._d_c, self._d_at, *d_i = self._delta_insert(g[new], v[new], k[new], pos[new], *extra)
+            if new.any():  # the delta's side columns: counts, insertion points (ranks), ids
+                side = [(self._d_c, net[new])]
+                if self.ranks:
+                    side.append((self._d_at, at[new]))
                 if self.ids:
-                    (self._d_i,) = d_i
+                    side.append((self._d_i, i[new]))
+                cols = iter(self._delta_insert(g[new], v[new], k[new], pos[new], *side))
+                self._d_c = next(cols)
+                if self.ranks:
+                    self._d_at = next(cols)
+                if self.ids:
+                    self._d_i = next(cols)
             keep = self._d_c != 0
             if not keep.all():
                 self._delta_keep(keep)
-                self._d_c, self._d_at = self._d_c[keep], self._d_at[keep]
+                self._d_c = self._d_c[keep]
+                if self.ranks:
+                    self._d_at = self._d_at[keep]
                 if self.ids:
                     self._d_i = self._d_i[keep]
         if self._should_merge():
@@ -553,6 +564,27 @@ class RowKeySet(_Sorted):
             return
         ids = self._ids(keys, "removed")
         self._map.remove(keys)
+        self._drop(ids)
+
+    def discard_keys(self, keys: I64) -> I64:
+        """Remove those of row ``keys`` (distinct) that are present; returns the group
+        each key was in (``-1`` where absent): :meth:`groups_of` and :meth:`remove_keys`
+        in one search."""
+        if keys.size == 0:
+            return _EMPTY_I
+        ids = self._map.remove(keys)
+        held = ids >= 0
+        if held.all():
+            groups = self._eg[ids]
+        else:
+            groups = np.full(keys.size, -1, dtype=np.int64)
+            ids = ids[held]
+            groups[held] = self._eg[ids]
+        self._drop(ids)
+        return groups
+
+    def _drop(self, ids: I64) -> None:
+        """Drop the entries ``ids`` of keys just unmapped."""
         pos = self._epos[ids]
         inbase = pos >= 0
         self._bits.clear(pos[inbase])  # base ids stay taken until the merge drops them
