@@ -27,11 +27,11 @@ seven bytes for a string or binary (:class:`~engine.ops.aggregate._keys.StringWo
 
 A cycle removes the rows leaving groups (previous key space), moves the shifted ones, then
 adds the rows joining groups (current key space); row counts change along each row's path
-with one ``np.unique`` per level, and nodes left without rows are dropped. Cost per cycle:
-``O(changed rows * words per value)`` numpy work plus the sorted structures' ``O(log N)``
-searches (their LSM merges amortized), and ``O(rows moved)`` for a parent shift.
-Memory: the row-key set (~120 bytes per held row) plus a node and a multiset entry per
-distinct value per group (per word, for strings).
+with one ``np.unique`` per level (leaving and joining rows netted in one pass), and nodes
+left without rows are dropped. Cost per cycle: ``O(changed rows * words per value)`` numpy
+work plus the sorted structures' ``O(log N)`` searches (their LSM merges amortized), and
+``O(rows moved)`` for a parent shift. Memory: the row-key set (~120 bytes per held row)
+plus a node and a multiset entry per distinct value per group (per word, for strings).
 """
 
 from __future__ import annotations
@@ -128,19 +128,18 @@ class OrderedRows:
             self.n_parent[new], self.n_word[new], self.n_rows[new] = p[starts], w[starts], 0
         return ids
 
-    def _count(self, leaves: I64, sign: int, top: list[Changes], deep: list[Changes]) -> I64:
-        """Add ``sign`` per row to the counts along the paths of ``leaves`` (one per row),
-        appending the multisets' changes to ``top`` and ``deep`` (applied once a cycle);
-        returns the nodes whose count reached zero."""
-        nodes, counts = np.unique(leaves, return_counts=True)
+    def _count(self, leaves: I64, signs: I64, top: list[Changes], deep: list[Changes]) -> I64:
+        """Add ``signs[i]`` (-1: a row leaves, +1: one joins) to the counts along the path of
+        ``leaves[i]``, appending the multisets' changes to ``top`` and ``deep``; returns the
+        nodes left without rows (distinct)."""
+        nodes, inv = np.unique(leaves, return_inverse=True)
+        d = np.bincount(inv.reshape(-1), weights=signs, minlength=nodes.size).astype(np.int64)
         emptied = []
         while nodes.size:  # one round per word: leaves, their parents, ...
-            d = counts if sign > 0 else -counts
             after = self.n_rows[nodes] + d  # nodes are distinct: no lost updates
-            if sign < 0:
-                if (after < 0).any():
-                    raise UpdateInvariantError("A1", "sorted_first/last removed a row it does not hold")
-                emptied.append(nodes[after == 0])
+            if (after < 0).any():
+                raise UpdateInvariantError("A1", "sorted_first/last removed a row it does not hold")
+            emptied.append(nodes[after == 0])
             self.n_rows[nodes] = after
             par, words = self.n_parent[nodes], self.n_word[nodes]
             first = par < 0
@@ -151,8 +150,8 @@ class OrderedRows:
             on = ~first
             deep.append((par[on], words[on], d[on], nodes[on]))
             nodes, inv = np.unique(par[on], return_inverse=True)
-            counts = np.bincount(inv.reshape(-1), weights=counts[on]).astype(np.int64)
-        return np.concatenate(emptied) if emptied else _EMPTY_I
+            d = np.bincount(inv.reshape(-1), weights=d[on], minlength=nodes.size).astype(np.int64)
+        return np.concatenate(emptied) if len(emptied) > 1 else emptied[0] if emptied else _EMPTY_I
 
     @staticmethod
     def _update(multiset: ValueMultiset, changes: list[Changes]) -> None:
@@ -165,12 +164,11 @@ class OrderedRows:
 
     # the cycle -----------------------------------------------------------------------
     def apply(self, ev: Events, minus: Sequence[Any], plus: Sequence[Any]) -> I64:
-        emptied = _EMPTY_I
-        top: list[Changes] = []
-        deep: list[Changes] = []
+        leaves = _EMPTY_I
         if ev.nm:  # previous key space; rows without an order value are not held
             leaves = self.rows.discard_keys(ev.minus_keys)
-            emptied = self._count(leaves[leaves >= 0], -1, top, deep)
+            leaves = leaves[leaves >= 0]
+        gone = leaves.size
         prev, cur = ev.shifted
         if prev.size:
             held = self.rows.groups_of(prev) >= 0
@@ -183,13 +181,18 @@ class OrderedRows:
                 node[at] = self._intern(parent[at], words, k == 0)
                 parent[at] = node[at]
             self.rows.insert_keys(node, ev.plus_keys[ok])
-            self._count(node, 1, top, deep)
+            leaves = np.concatenate((leaves, node))
+        if leaves.size == 0:
+            return ev.touched
+        top: list[Changes] = []
+        deep: list[Changes] = []
+        signs = np.ones(leaves.size, dtype=np.int64)
+        signs[:gone] = -1
+        emptied = self._count(leaves, signs, top, deep)  # a row moving within a node nets out
         self._update(self.top, top)
         self._update(self.deep, deep)
-        if emptied.size:  # nodes left without rows (after the adds, which may refill one)
-            gone = np.unique(emptied)
-            gone = gone[self.n_rows[gone] == 0]
-            self.ids.free(gone)
+        if emptied.size:  # nodes left without rows
+            self.ids.free(emptied)
             self.ids.release()
         return ev.touched
 

@@ -200,7 +200,7 @@ def test_ordered_rows_refuse_rows_they_do_not_hold():
     r = agg_by(src, agg.sorted_first("Qty", "Price", "F"), "Sym")
     (state,) = r.listener.states.values()
     with pytest.raises(UpdateInvariantError):
-        state._count(np.array([0, 0], dtype=np.int64), -1, [], [])
+        state._count(np.array([0, 0], dtype=np.int64), np.array([-1, -1], dtype=np.int64), [], [])
 
 
 @pytest.mark.parametrize("merge_min", [3, 64])
