@@ -312,8 +312,9 @@ class ValueMultiset(_Sorted):
     With ``ranks`` it also keeps per-group counts and the Fenwick tree of the module
     docstring, for :meth:`count_of` and :meth:`kth` (order statistics). With ``ids`` each
     live pair also carries the caller's ``int64`` id (given with every :meth:`update` of
-    it, the same while the pair is live), and :meth:`extreme_ids` answers with the ids of
-    the smallest or largest pairs: OrderedRows' trie nodes, found without a hash lookup.
+    it, the same while the pair is live): :meth:`ids_of` finds the ids of pairs and
+    :meth:`extreme_ids` those of each group's smallest or largest pair (OrderedRows' trie
+    nodes: the multisets are their only index).
     """
 
     def __init__(self, ranks: bool = False, ids: bool = False) -> None:
