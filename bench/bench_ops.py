@@ -33,10 +33,19 @@ cycle (half modifies of Price and Qty, half new keys), K = 1,000 and 10,000. CPU
 (``time.process_time``: other work may share the machine) of the whole cycle and of the
 operations' listeners, per-cycle median / mean / p99 after the warm-up.
 
+W5 (``--small CYCLES``, issue #39 item 10, the fixed cost of an ordered aggregation): a
+keyed table of 120 rows (Key, Sym: 8 groups, X: float64, Q: int64, S: a string over
+several words) taking 1-10 upserts or deletes a cycle (modifies of X and Q, new keys,
+deletes; the size stays near 120), one ``agg_by`` of sorted_first and sorted_last of Q
+ordered by X and by S, by Sym. CPU time (``time.process_time``) of the listener per cycle
+and of each ``OrderedRows.apply`` call, median / mean / p99 after the warm-up: at this size
+what is measured is the per-call constant, not the change.
+
 Run: python bench/bench_ops.py [--sizes 1000000 10000000] [--changes 1000 100000] [--cycles 20]
      python bench/bench_ops.py --addonly 300   (W2 only)
      python bench/bench_ops.py --fixed 300     (W3 only)
      python bench/bench_ops.py --sorted 100    (W4 only)
+     python bench/bench_ops.py --small 2000    (W5 only)
      python bench/bench_ops.py --sizes 1000000 --warmup 20 --deephaven /path/to/deephaven-venv/bin/python
                                                (W1, then the same rows on Deephaven: bench/_deephaven_w1.py)
 """
@@ -308,6 +317,70 @@ def main_sorted(cycles: int, json_path: str | None) -> None:
     write_json("bench_ops_sorted", {"cycles": cycles, "rows": SORT_ROWS, "results": results}, json_path)
 
 
+SMALL_SCHEMA = pa.schema([("Key", pa.int64()), ("Sym", pa.string()), ("X", pa.float64()), ("Q", pa.int64()),
+                          ("S", pa.string())])
+SMALL_ROWS = 120
+
+
+def _small_rows(rng: np.random.Generator, keys: np.ndarray) -> pa.Table:
+    n = keys.size
+    q = rng.integers(0, 50, n)
+    return pa.table({"Key": keys, "Sym": SYMS.take(pa.array(rng.integers(0, 8, n))), "X": rng.random(n) * 100,
+                     "Q": q, "S": pa.array([f"instrument:long-prefix/{v}" for v in q])}, schema=SMALL_SCHEMA)
+
+
+def run_small(cycles: int, seed: int) -> dict:
+    """W5: sorted_first/last by X and by S over a 120-row keyed table, 1-10 changes a cycle."""
+    rng = np.random.default_rng(seed)
+    g = UpdateGraph()
+    t = g.keyed_table(SMALL_SCHEMA, "Key", name="src")
+    t.upsert(_small_rows(rng, np.arange(SMALL_ROWS)))
+    g.run_cycle()
+    a = t.agg_by([agg.sorted_first("Q", order="X", name="F"), agg.sorted_last("Q", order="X", name="L"),
+                  agg.sorted_first("Q", order="S", name="FS"), agg.sorted_last("Q", order="S", name="LS")],
+                 by="Sym")
+    timer = _Timed(a, time.process_time_ns)
+    applies: list[int] = []
+    for state in a.listener.states.values():  # an OrderedRows per order column
+        inner = state.apply
+
+        def timed_apply(*args, inner=inner):
+            c0 = time.process_time_ns()
+            out = inner(*args)
+            applies.append(time.process_time_ns() - c0)
+            return out
+
+        state.apply = timed_apply  # type: ignore[method-assign]
+    samples: list[int] = []
+    warm, next_key = 50, SMALL_ROWS
+    for c in range(cycles + warm):
+        keys = t.to_arrow().column("Key").to_numpy()
+        n = int(rng.integers(1, 11))
+        if rng.random() < 0.3 and keys.size:
+            t.delete(pa.table({"Key": rng.choice(keys, min(n, keys.size), replace=False)}))
+        else:
+            new = n // 2 if keys.size < SMALL_ROWS else 0
+            old = rng.choice(keys, min(n - new, keys.size), replace=False)
+            t.upsert(_small_rows(rng, np.concatenate((old, np.arange(next_key, next_key + new)))))
+            next_key += new
+        if c == warm:
+            applies.clear()
+        g.run_cycle()
+        v = timer.take()
+        if c >= warm:
+            samples.append(v)
+    return {"listener": stats_ms(samples), "apply": stats_ms(applies)}
+
+
+def main_small(cycles: int, json_path: str | None) -> None:
+    r = run_small(cycles, seed=3)
+    rows = [{"what": w, "median": r[w]["median_ms"], "mean": r[w]["mean_ms"], "p99": r[w]["p99_ms"], "n": r[w]["n"]}
+            for w in ("listener", "apply")]
+    print_table(f"W5 sorted_first/last over {SMALL_ROWS} keyed rows, 1-10 changes a cycle, {cycles} cycles "
+                f"(CPU ms: the agg_by listener per cycle, OrderedRows.apply per call)", rows, list(rows[0]))
+    write_json("bench_ops_small", {"cycles": cycles, "rows": SMALL_ROWS, "results": r}, json_path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
@@ -324,7 +397,12 @@ def main() -> None:
                     help="run only W3 (the fixed cost of a small agg_by cycle) for CYCLES cycles")
     ap.add_argument("--sorted", type=int, default=0, metavar="CYCLES",
                     help="run only W4 (sorted_last against sort + last) for CYCLES cycles")
+    ap.add_argument("--small", type=int, default=0, metavar="CYCLES",
+                    help="run only W5 (sorted_first/last over a 120-row table) for CYCLES cycles")
     args = ap.parse_args()
+    if args.small:
+        main_small(args.small, args.json)
+        return
     if args.sorted:
         main_sorted(args.sorted, args.json)
         return

@@ -9,28 +9,29 @@ Layout: a trie per group over the rows' values, each value a sequence of order-p
 ``uint64`` words — one for a number (:func:`~engine.ops.aggregate._keys.encode`), one per
 seven bytes for a string or binary (:class:`~engine.ops.aggregate._keys.StringWords`):
 
-* **nodes** — ``(parent, word)`` pairs interned in an
-  :class:`~engine._kernels.keymap.ExactKeyMap` (a hash finds the node, the stored parent
-  and word decide), with the number of rows under each; a node's parent is its group
-  (``-1 - slot``) for a value's first word, else the node of the word before. A node is a
-  *leaf* where its value ends (every node of a number; a string's word with a marker
-  below 8), and holds the rows with exactly that value in its group;
+* **nodes** — ids for the ``(parent, word)`` pairs held, with the number of rows under
+  each; a node's parent is its group (``-1 - slot``) for a value's first word, else the
+  node of the word before. A node is a *leaf* where its value ends (every node of a
+  number; a string's word with a marker below 8), and holds the rows with exactly that
+  value in its group;
 * **ordering** — a :class:`~engine.ops.aggregate._sortedset.ValueMultiset` of ``(slot,
   first word)`` counting rows (``top``), and one of ``(node, next word)`` for the nodes
-  that go on (``deep``, strings only): the smallest value of a group is its smallest first
-  word, then that node's smallest next word, and so on to a leaf — one batched min/max
-  query per word of the longest value asked for, never a scan of a group;
+  that go on (``deep``, strings only), each live pair carrying its node's id (they are
+  the nodes' only index: a value's node is found by searching its pair): the smallest
+  value of a group is its smallest first word's node, then that node's smallest next
+  word's, and so on to a leaf — one batched min/max query per word of the longest value
+  asked for, never a scan of a group;
 * **ties** — a :class:`~engine.ops.aggregate._sortedset.RowKeySet` of the leaves' row
   keys (the leaf is its "group"): the smallest or largest row key among the rows with the
   value, following parent shifts.
 
 A cycle removes the rows leaving groups (previous key space), moves the shifted ones, then
 adds the rows joining groups (current key space); row counts change along each row's path
-with one ``np.unique`` per level, and nodes left without rows are dropped. Cost per cycle:
-``O(changed rows * words per value)`` numpy work plus the sorted structures' ``O(log N)``
-searches (their LSM merges amortized), and ``O(rows moved)`` for a parent shift.
-Memory: the row-key set (~120 bytes per held row) plus a node and a multiset entry per
-distinct value per group (per word, for strings).
+with one ``np.unique`` per level (leaving and joining rows netted in one pass), and nodes
+left without rows are dropped. Cost per cycle: ``O(changed rows * words per value)`` numpy
+work plus the sorted structures' ``O(log N)`` searches (their LSM merges amortized), and
+``O(rows moved)`` for a parent shift. Memory: the row-key set (~120 bytes per held row)
+plus a node and a multiset entry per distinct value per group (per word, for strings).
 """
 
 from __future__ import annotations
@@ -42,13 +43,11 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from engine._kernels.hashing import combine, mix64
 from engine._kernels.ids import IdAllocator
-from engine._kernels.keymap import ExactKeyMap
 from engine.columns import numpy_storage_dtype
 from engine.errors import UpdateInvariantError
 from engine.ops.aggregate._keys import StringWords, encode, valid_mask
-from engine.ops.aggregate._sortedset import RowKeySet, ValueMultiset
+from engine.ops.aggregate._sortedset import RowKeySet, ValueMultiset, lex_order
 from engine.ops.aggregate._states import Events, State, grown_to
 
 __all__ = ["OrderedRows", "OrderedStrings"]
@@ -58,6 +57,7 @@ U64 = npt.NDArray[np.uint64]
 Mask = npt.NDArray[np.bool_]
 NumPair = tuple[npt.NDArray[Any], Mask | None]
 Levels = list[tuple[I64, U64]]  # per word: (which held rows have it, the word)
+Changes = tuple[I64, U64, I64, I64]  # a multiset's (group, word, rows, node)
 
 _EMPTY_I = np.empty(0, dtype=np.int64)
 
@@ -76,13 +76,11 @@ class OrderedRows:
         return cls() if numpy_storage_dtype(types[0]) is not None else OrderedStrings()
 
     def __init__(self) -> None:
-        self.top = ValueMultiset()  # (slot, first word) -> rows
-        self.deep = ValueMultiset()  # (node, next word) -> rows (strings)
-        self.nodes = ExactKeyMap(exact=False)  # (parent, word) -> node
+        self.top = ValueMultiset(ids=True)  # (slot, first word) -> rows, and its node
+        self.deep = ValueMultiset(ids=True)  # (node, next word) -> rows, and its node (strings)
         self.ids = IdAllocator()  # node ids; freed ones are reusable from the next cycle
         self.n_parent = np.zeros(1024, dtype=np.int64)  # -1 - slot for a first word
         self.n_word = np.zeros(1024, dtype=np.uint64)
-        self.n_hash = np.zeros(1024, dtype=np.uint64)
         self.n_rows = np.zeros(1024, dtype=np.int64)  # rows under the node
         self.rows = RowKeySet()  # leaf -> its rows' keys
 
@@ -103,68 +101,60 @@ class OrderedRows:
         ids = self.ids.allocate(n)
         cap = self.ids.end
         self.n_parent, self.n_word = grown_to(self.n_parent, cap), grown_to(self.n_word, cap)
-        self.n_hash, self.n_rows = grown_to(self.n_hash, cap), grown_to(self.n_rows, cap)
+        self.n_rows = grown_to(self.n_rows, cap)
         return ids
 
-    @staticmethod
-    def _hash(parent: I64, words: U64) -> U64:
-        return combine(mix64(parent.view(np.uint64)), mix64(words))
-
-    def _intern(self, parent: I64, words: U64) -> I64:
-        """The node of each ``(parent, word)``, made where it is new."""
-        h = self._hash(parent, words)
-
-        def same(i: I64, ids: I64) -> Mask:
-            eq: Mask = (self.n_parent[ids] == parent[i]) & (self.n_word[ids] == words[i])
-            return eq
-
-        def same_batch(i: I64, j: I64) -> Mask:
-            eq: Mask = (parent[i] == parent[j]) & (words[i] == words[j])
-            return eq
-
-        ids, added, first = self.nodes.intern(h, same, same_batch, self._alloc)
-        if added.size:
-            self.n_parent[added], self.n_word[added] = parent[first], words[first]
-            self.n_hash[added], self.n_rows[added] = h[first], 0
+    def _intern(self, parent: I64, words: U64, first: bool) -> I64:
+        """The node of each ``(parent, word)`` (``first``: the values' first words, whose
+        parents are groups), made where it is new: a pair held at the start of the cycle is
+        live in its multiset, which carries its node (the cycle's changes to the multisets
+        wait until its adds are in, so a node the cycle's removes emptied is found again)."""
+        ids = self.top.ids_of(-1 - parent, words) if first else self.deep.ids_of(parent, words)
+        miss = np.flatnonzero(ids < 0)
+        if miss.size:  # one new node per distinct pair
+            o = miss[np.argsort(words[miss])]
+            w = words[o]
+            tie = np.flatnonzero(w[1:] == w[:-1])
+            if tie.size:  # words shared by rows: order each such run by parent too
+                run = np.union1d(tie, tie + 1)
+                wr = w[run]
+                which = np.cumsum(np.concatenate(([False], wr[1:] != wr[:-1])))  # the run of each
+                o[run] = o[run][lex_order(which, parent[o[run]].view(np.uint64))]
+            p, w = parent[o], words[o]
+            starts = np.ones(o.size, dtype=bool)
+            starts[1:] = (p[1:] != p[:-1]) | (w[1:] != w[:-1])
+            new = self._alloc(int(np.count_nonzero(starts)))
+            ids[o] = new[np.cumsum(starts) - 1]
+            self.n_parent[new], self.n_word[new], self.n_rows[new] = p[starts], w[starts], 0
         return ids
 
-    def _lookup(self, parent: I64, words: U64) -> I64:
-        """The node of each ``(parent, word)``, which must exist."""
-        def same(i: I64, ids: I64) -> Mask:
-            eq: Mask = (self.n_parent[ids] == parent[i]) & (self.n_word[ids] == words[i])
-            return eq
-
-        ids = self.nodes.lookup(self._hash(parent, words), same)
-        if (ids < 0).any():
-            raise UpdateInvariantError("A1", "sorted_first/last lost the node of a value it holds")
-        return ids
-
-    def _count(self, leaves: I64, sign: int, top: list[tuple[I64, U64, I64]],
-               deep: list[tuple[I64, U64, I64]]) -> I64:
-        """Add ``sign`` per row to the counts along the paths of ``leaves`` (one per row),
-        appending the multisets' changes to ``top`` and ``deep`` (applied once a cycle);
-        returns the nodes whose count reached zero."""
-        nodes, counts = np.unique(leaves, return_counts=True)
+    def _count(self, leaves: I64, signs: I64, top: list[Changes], deep: list[Changes]) -> I64:
+        """Add ``signs[i]`` (-1: a row leaves, +1: one joins) to the counts along the path of
+        ``leaves[i]``, appending the multisets' changes to ``top`` and ``deep``; returns the
+        nodes left without rows (distinct)."""
+        nodes, inv = np.unique(leaves, return_inverse=True)
+        d = np.bincount(inv.reshape(-1), weights=signs, minlength=nodes.size).astype(np.int64)
         emptied = []
         while nodes.size:  # one round per word: leaves, their parents, ...
-            d = sign * counts
-            self.n_rows[nodes] += d
-            if (self.n_rows[nodes] < 0).any():
+            after = self.n_rows[nodes] + d  # nodes are distinct: no lost updates
+            if (after < 0).any():
                 raise UpdateInvariantError("A1", "sorted_first/last removed a row it does not hold")
+            emptied.append(nodes[after == 0])
+            self.n_rows[nodes] = after
             par, words = self.n_parent[nodes], self.n_word[nodes]
             first = par < 0
-            top.append((-1 - par[first], words[first], d[first]))
-            if sign < 0:
-                emptied.append(nodes[self.n_rows[nodes] == 0])
-            if first.all():
+            if first.all():  # numbers: the one round
+                top.append((-1 - par, words, d, nodes))
                 break
-            deep.append((par[~first], words[~first], d[~first]))
-            nodes, inv = np.unique(par[~first], return_inverse=True)
-            counts = np.bincount(inv.reshape(-1), weights=counts[~first]).astype(np.int64)
-        return np.concatenate(emptied) if emptied else _EMPTY_I
+            top.append((-1 - par[first], words[first], d[first], nodes[first]))
+            on = ~first
+            deep.append((par[on], words[on], d[on], nodes[on]))
+            nodes, inv = np.unique(par[on], return_inverse=True)
+            d = np.bincount(inv.reshape(-1), weights=d[on], minlength=nodes.size).astype(np.int64)
+        return np.concatenate(emptied) if len(emptied) > 1 else emptied[0] if emptied else _EMPTY_I
 
     @staticmethod
-    def _update(multiset: ValueMultiset, changes: list[tuple[I64, U64, I64]]) -> None:
+    def _update(multiset: ValueMultiset, changes: list[Changes]) -> None:
         """One update of ``multiset`` with the cycle's ``changes`` (a row moving within a
         group nets out there)."""
         if len(changes) == 1:
@@ -174,14 +164,11 @@ class OrderedRows:
 
     # the cycle -----------------------------------------------------------------------
     def apply(self, ev: Events, minus: Sequence[Any], plus: Sequence[Any]) -> I64:
-        emptied = _EMPTY_I
-        top: list[tuple[I64, U64, I64]] = []
-        deep: list[tuple[I64, U64, I64]] = []
+        leaves = _EMPTY_I
         if ev.nm:  # previous key space; rows without an order value are not held
-            leaves = self.rows.groups_of(ev.minus_keys)
-            held = leaves >= 0
-            self.rows.remove_keys(ev.minus_keys[held])
-            emptied = self._count(leaves[held], -1, top, deep)
+            leaves = self.rows.discard_keys(ev.minus_keys)
+            leaves = leaves[leaves >= 0]
+        gone = leaves.size
         prev, cur = ev.shifted
         if prev.size:
             held = self.rows.groups_of(prev) >= 0
@@ -190,31 +177,36 @@ class OrderedRows:
             ok, levels = self._levels(plus[0])
             parent = -1 - ev.slots[ev.nm :][ok]
             node = np.empty(parent.size, dtype=np.int64)
-            for at, words in levels:  # a loop per word of the longest value, not per row
-                node[at] = self._intern(parent[at], words)
+            for k, (at, words) in enumerate(levels):  # a loop per word of the longest value, not per row
+                node[at] = self._intern(parent[at], words, k == 0)
                 parent[at] = node[at]
             self.rows.insert_keys(node, ev.plus_keys[ok])
-            self._count(node, 1, top, deep)
+            leaves = np.concatenate((leaves, node))
+        if leaves.size == 0:
+            return ev.touched
+        top: list[Changes] = []
+        deep: list[Changes] = []
+        signs = np.ones(leaves.size, dtype=np.int64)
+        signs[:gone] = -1
+        emptied = self._count(leaves, signs, top, deep)  # a row moving within a node nets out
         self._update(self.top, top)
         self._update(self.deep, deep)
-        if emptied.size:  # nodes left without rows (after the adds, which may refill one)
-            gone = np.unique(emptied)
-            gone = gone[self.n_rows[gone] == 0]
-            self.nodes.delete(self.n_hash[gone], gone)
-            self.ids.free(gone)
+        if emptied.size:  # nodes left without rows
+            self.ids.free(emptied)
             self.ids.release()
         return ev.touched
 
     def ends(self, slots: I64, largest: bool) -> tuple[I64, Mask]:
         """Each group's first row in order (``largest``: its last) — the row key, and
         whether the group holds a row with an order value (else the key is garbage)."""
-        word, found = self.top.max_of(slots) if largest else self.top.min_of(slots)
+        node, found = self.top.extreme_ids(slots, largest)
         hit = np.flatnonzero(found)
-        node = self._lookup(-1 - slots[hit], word[hit])
+        node = node[hit]
         on = np.flatnonzero(self._goes_on(self.n_word[node]))
         while on.size:  # one round per word, for the groups whose best value goes on
-            nxt, _ = self.deep.max_of(node[on]) if largest else self.deep.min_of(node[on])
-            node[on] = self._lookup(node[on], nxt)
+            node[on], below = self.deep.extreme_ids(node[on], largest)
+            if not below.all():
+                raise UpdateInvariantError("A1", "sorted_first/last lost the rest of a value it holds")
             on = on[self._goes_on(self.n_word[node[on]])]
         keys = np.zeros(slots.size, dtype=np.int64)
         rows, _ = self.rows.max_of(node) if largest else self.rows.min_of(node)

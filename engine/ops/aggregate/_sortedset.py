@@ -263,7 +263,10 @@ class _Sorted:
         self._d_g, self._d_v, self._d_k = _EMPTY_I, _EMPTY_U, _EMPTY_U
         return merger
 
-    def _extreme(self, groups: I64, largest: bool) -> tuple[U64, Mask]:
+    def _extreme(self, groups: I64, largest: bool, where: I64 | None = None) -> tuple[U64, Mask]:
+        """Each group's smallest (``largest``: largest) live value, and whether it has one;
+        with ``where``, also writes there the value's base position, or ``-2 - `` its delta
+        position."""
         val = np.zeros(groups.size, dtype=np.uint64)
         found = np.zeros(groups.size, dtype=bool)
         if self._b_v.size:
@@ -278,15 +281,20 @@ class _Sorted:
                 ok = (p >= 0) & (p < hi)
             val[sel[ok]] = self._b_v[p[ok]]
             found[sel[ok]] = True
+            if where is not None:
+                where[sel[ok]] = p[ok]
         if self._d_g.size:
             lo = np.searchsorted(self._d_g, groups, "left")
             hi = np.searchsorted(self._d_g, groups, "right")
             has = np.flatnonzero(lo < hi)
-            dv = self._d_v[(hi - 1 if largest else lo)[has]]
+            dp = (hi - 1 if largest else lo)[has]
+            dv = self._d_v[dp]
             cur, had = val[has], found[has]
             better = ~had | ((dv > cur) if largest else (dv < cur))
             val[has] = np.where(better, dv, cur)
             found[has] = True
+            if where is not None:
+                where[has[better]] = -2 - dp[better]
         return val, found
 
     def min_of(self, groups: I64) -> tuple[U64, Mask]:
@@ -302,21 +310,29 @@ class ValueMultiset(_Sorted):
     """Values with multiplicities per group; min and max per group, vectorized.
 
     With ``ranks`` it also keeps per-group counts and the Fenwick tree of the module
-    docstring, for :meth:`count_of` and :meth:`kth` (order statistics).
+    docstring, for :meth:`count_of` and :meth:`kth` (order statistics). With ``ids`` each
+    live pair also carries the caller's ``int64`` id (given with every :meth:`update` of
+    it, the same while the pair is live): :meth:`ids_of` finds the ids of pairs and
+    :meth:`extreme_ids` those of each group's smallest or largest pair (OrderedRows' trie
+    nodes: the multisets are their only index).
     """
 
-    def __init__(self, ranks: bool = False) -> None:
+    def __init__(self, ranks: bool = False, ids: bool = False) -> None:
         super().__init__()
         self._b_c: I64 = _EMPTY_I  # count per base position (0: tombstone)
         self._d_c: I64 = _EMPTY_I
+        self.ids = ids
+        self._b_i: I64 = _EMPTY_I  # id per base position (stale on a tombstone), with ``ids``
+        self._d_i: I64 = _EMPTY_I
         self.ranks = ranks
-        self._d_at: I64 = _EMPTY_I  # insertion point of each delta pair in the base
+        self._d_at: I64 = _EMPTY_I  # insertion point of each delta pair in the base (ranks only)
         self._fen = Fenwick(np.zeros(1, dtype=np.int64))  # 2 * len(base) + 1 slots
         self._n = np.zeros(16, dtype=np.int64)  # live values per group (ranks only)
         self._dcum: I64 | None = None  # 0, then cumulative delta counts (cached per cycle)
 
-    def update(self, g: I64, v: U64, d: I64) -> None:
-        """Add ``d[i]`` (may be negative) to the count of ``(g[i], v[i])``.
+    def update(self, g: I64, v: U64, d: I64, ids: I64 | None = None) -> None:
+        """Add ``d[i]`` (may be negative) to the count of ``(g[i], v[i])``; with ``ids``
+        (needed when the multiset keeps them), ``ids[i]`` is that pair's id.
 
         Raises
         ------
@@ -325,19 +341,21 @@ class ValueMultiset(_Sorted):
         """
         if g.size == 0:
             return
+        assert (ids is not None) == self.ids
         o = lex_order(g, v)
         g, v, d = g[o], v[o], d[o]
         first = np.flatnonzero(np.concatenate(([True], (g[1:] != g[:-1]) | (v[1:] != v[:-1]))))
         g, v, net = g[first], v[first], np.add.reduceat(d, first)
         nz = net != 0
         g, v, net = g[nz], v[nz], net[nz]
+        i = ids[o][first][nz] if ids is not None else _EMPTY_I
         if self.ranks and g.size:
             self._n = _grow(self._n, int(g[-1]) + 1)
             np.add.at(self._n, g, net)
             self._dcum = None
         self._fit_empty(v)
         k = self._coarse(g, v)
-        at = np.zeros(g.size, dtype=np.int64)  # insertion points in the base
+        at = np.zeros(g.size, dtype=np.int64) if self.ranks else _EMPTY_I  # insertion points in the base
         if self._b_v.size:  # base: counts change in place, the bitset follows
             pos, hit = self._locate(self._b_k, self._b_v, k, v)
             bp = pos[hit]
@@ -346,6 +364,8 @@ class ValueMultiset(_Sorted):
             if (c1 < 0).any():
                 raise UpdateInvariantError("A1", "a value was removed from a group that does not hold it")
             self._b_c[bp] = c1
+            if self.ids:  # a tombstone coming back may have a new id
+                self._b_i[bp] = i[hit]
             if self.ranks:
                 self._fen.add(2 * bp + 1, net[hit])
             died, born = bp[(c0 > 0) & (c1 == 0)], bp[(c0 == 0) & (c1 > 0)]
@@ -353,7 +373,11 @@ class ValueMultiset(_Sorted):
             self._bits.set(born)
             self._dead += died.size - born.size
             rest = ~hit
-            g, v, k, net, at = g[rest], v[rest], k[rest], net[rest], pos[rest]
+            g, v, k, net = g[rest], v[rest], k[rest], net[rest]
+            if self.ranks:
+                at = pos[rest]
+            if self.ids:
+                i = i[rest]
         if g.size:  # delta: counts in place, new pairs inserted, zero counts dropped
             pos, hit = self._locate(self._d_k, self._d_v, k, v)
             self._d_c[pos[hit]] += net[hit]
@@ -362,15 +386,59 @@ class ValueMultiset(_Sorted):
                 raise UpdateInvariantError("A1", "a value was removed from a group that does not hold it")
             if self.ranks:
                 self._fen.add(2 * at, net)
-            if new.any():
-                self._d_c, self._d_at = self._delta_insert(
-                    g[new], v[new], k[new], pos[new], (self._d_c, net[new]), (self._d_at, at[new]))
+            if new.any():  # the delta's side columns: counts, insertion points (ranks), ids
+                side = [(self._d_c, net[new])]
+                if self.ranks:
+                    side.append((self._d_at, at[new]))
+                if self.ids:
+                    side.append((self._d_i, i[new]))
+                cols = iter(self._delta_insert(g[new], v[new], k[new], pos[new], *side))
+                self._d_c = next(cols)
+                if self.ranks:
+                    self._d_at = next(cols)
+                if self.ids:
+                    self._d_i = next(cols)
             keep = self._d_c != 0
             if not keep.all():
                 self._delta_keep(keep)
-                self._d_c, self._d_at = self._d_c[keep], self._d_at[keep]
+                self._d_c = self._d_c[keep]
+                if self.ranks:
+                    self._d_at = self._d_at[keep]
+                if self.ids:
+                    self._d_i = self._d_i[keep]
         if self._should_merge():
             self._merge()
+
+    def ids_of(self, g: I64, v: U64) -> I64:
+        """The id of each pair ``(g[i], v[i])`` held (count above zero), ``-1`` for the
+        others. Needs ``ids``."""
+        assert self.ids
+        out = np.full(g.size, -1, dtype=np.int64)
+        if g.size == 0 or len(self) == 0:
+            return out
+        k = self._coarse(g, v)
+        if self._b_v.size:  # a tombstone is not held: its id is stale
+            pos, hit = self._locate(self._b_k, self._b_v, k, v)
+            at = np.flatnonzero(hit)
+            at = at[self._b_c[pos[at]] > 0]
+            out[at] = self._b_i[pos[at]]
+        if self._d_v.size:  # the delta holds no zero counts
+            pos, hit = self._locate(self._d_k, self._d_v, k, v)
+            out[hit] = self._d_i[pos[hit]]
+        return out
+
+    def extreme_ids(self, groups: I64, largest: bool) -> tuple[I64, Mask]:
+        """The id of each group's smallest (``largest``: largest) live value, and whether
+        the group holds one (else the id is garbage). Needs ``ids``."""
+        assert self.ids
+        where = np.zeros(groups.size, dtype=np.int64)
+        _, found = self._extreme(groups, largest, where)
+        out = np.zeros(groups.size, dtype=np.int64)
+        b = found & (where >= 0)
+        out[b] = self._b_i[where[b]]
+        d = found & (where < 0)
+        out[d] = self._d_i[-2 - where[d]]
+        return out, found
 
     def entries(self, groups: I64) -> tuple[I64, U64, I64]:
         """Every live ``(value, count)`` of ``groups``: ``(index into groups, value, count)``.
@@ -432,8 +500,11 @@ class ValueMultiset(_Sorted):
         """Fold the delta into the base and drop tombstones (O(N), amortized over changes)."""
         alive = self._b_c > 0
         b_c, d_c = self._b_c[alive], self._d_c
-        self._b_c = self._merge_base(alive)(b_c, d_c)
-        self._d_c, self._d_at, self._dcum = _EMPTY_I, _EMPTY_I, None
+        merger = self._merge_base(alive)
+        self._b_c = merger(b_c, d_c)
+        if self.ids:
+            self._b_i = merger(self._b_i[alive], self._d_i)
+        self._d_c, self._d_at, self._d_i, self._dcum = _EMPTY_I, _EMPTY_I, _EMPTY_I, None
         if self.ranks:
             slots = np.zeros(2 * self._b_c.size + 1, dtype=np.int64)
             slots[1::2] = self._b_c
@@ -494,6 +565,27 @@ class RowKeySet(_Sorted):
             return
         ids = self._ids(keys, "removed")
         self._map.remove(keys)
+        self._drop(ids)
+
+    def discard_keys(self, keys: I64) -> I64:
+        """Remove those of row ``keys`` (distinct) that are present; returns the group
+        each key was in (``-1`` where absent): :meth:`groups_of` and :meth:`remove_keys`
+        in one search."""
+        if keys.size == 0:
+            return _EMPTY_I
+        ids = self._map.remove(keys)
+        held = ids >= 0
+        if held.all():
+            groups = self._eg[ids]
+        else:
+            groups = np.full(keys.size, -1, dtype=np.int64)
+            ids = ids[held]
+            groups[held] = self._eg[ids]
+        self._drop(ids)
+        return groups
+
+    def _drop(self, ids: I64) -> None:
+        """Drop the entries ``ids`` of keys just unmapped."""
         pos = self._epos[ids]
         inbase = pos >= 0
         self._bits.clear(pos[inbase])  # base ids stay taken until the merge drops them

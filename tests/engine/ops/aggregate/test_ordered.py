@@ -12,6 +12,7 @@ infinities, NaN, -0.0 and nulls, ``LS`` strings over several words, prefixes of 
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
 from engine.ops.aggregate._addonly import BestRows, BestStrings
 from engine.ops.aggregate._ordered import OrderedRows, OrderedStrings
-from engine.ops.aggregate._sortedset import _Sorted
+from engine.ops.aggregate._sortedset import ValueMultiset, _Sorted
 from engine.ops.aggregate.listener import Agg, agg_by
 from engine.ops.aggregate.spec import make_agg
 from tests.engine.ops.aggregate.test_aggregate import (
@@ -199,7 +200,48 @@ def test_ordered_rows_refuse_rows_they_do_not_hold():
     r = agg_by(src, agg.sorted_first("Qty", "Price", "F"), "Sym")
     (state,) = r.listener.states.values()
     with pytest.raises(UpdateInvariantError):
-        state._count(np.array([0, 0], dtype=np.int64), -1, [], [])
+        state._count(np.array([0, 0], dtype=np.int64), np.array([-1, -1], dtype=np.int64), [], [])
+
+
+@pytest.mark.parametrize("merge_min", [3, 64])
+def test_value_multiset_ids_follow_live_pairs_through_merges(monkeypatch, merge_min):
+    # the ids OrderedRows finds its nodes by: a pair that dies and comes back (a base
+    # tombstone revived, or a new delta entry) carries the id of its latest update, and a
+    # dead one has none
+    monkeypatch.setattr(_Sorted, "MERGE_MIN", merge_min)
+    rng = np.random.default_rng(merge_min)
+    ms, count, ident, fresh = ValueMultiset(ids=True), Counter(), {}, iter(range(10**9))
+    for _ in range(300):
+        n = int(rng.integers(1, 40))
+        g, v = rng.integers(0, 12, n), rng.integers(0, 30, n).astype(np.uint64)
+        live = sorted(count)
+        pick = rng.choice(len(live), min(len(live), int(rng.integers(0, 40))), replace=False) if live else []
+        gone = [live[i] for i in pick]
+        ids = []
+        for pair in zip(g.tolist(), v.tolist(), strict=True):
+            if not count[pair]:
+                ident[pair] = next(fresh)
+            count[pair] += 1
+            ids.append(ident[pair])
+        for pair in gone:
+            count[pair] -= 1
+            ids.append(ident[pair])
+        count = Counter({p: c for p, c in count.items() if c})
+        ms.update(np.concatenate((g, [p[0] for p in gone])).astype(np.int64),
+                  np.concatenate((v, np.array([p[1] for p in gone], dtype=np.uint64))),
+                  np.concatenate((np.ones(n, np.int64), -np.ones(len(gone), np.int64))), np.array(ids, np.int64))
+        seen = sorted(ident)
+        got_ids = ms.ids_of(np.array([p[0] for p in seen], np.int64), np.array([p[1] for p in seen], np.uint64))
+        assert got_ids.tolist() == [ident[p] if count[p] else -1 for p in seen]  # dead pairs: -1
+        qs = np.arange(14)
+        for largest in (False, True):
+            got, found = ms.extreme_ids(qs, largest)
+            want = {}
+            for (a, b) in count:
+                if a not in want or (b > want[a][1] if largest else b < want[a][1]):
+                    want[a] = (ident[(a, b)], b)
+            assert found.tolist() == [q in want for q in qs.tolist()]
+            assert got[found].tolist() == [want[q][0] for q in qs.tolist() if q in want]
 
 
 # the oracle -------------------------------------------------------------------------------
