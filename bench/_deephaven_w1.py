@@ -17,7 +17,12 @@ update graph's cycle start (``cycleStartNanoTime``) to the later of the listener
 wait for the cycle to begin. Warm-up cycles (the JIT) are dropped. Checked against pandas at
 the end. Prints one JSON line per (N, K).
 
+Set up (once; Java 11 or later on the PATH, ``make test`` checks for one):
+    python3 -m venv /path/to/deephaven-venv
+    /path/to/deephaven-venv/bin/pip install deephaven-server==42.7 pyarrow numpy
+
 Run: /path/to/deephaven-venv/bin/python bench/_deephaven_w1.py [--sizes 1000000] [--changes 1000 100000]
+(or through ``bench_ops.py --deephaven /path/to/deephaven-venv/bin/python``, which prints both)
 """
 
 from __future__ import annotations
