@@ -241,6 +241,7 @@ def _latency_run(child: ServerChild, n_subs: int, cycles: int, warmup: int, keep
     # every message of the run (warm-up too): what the server's CPU over the run paid for
     delivered = sum(step >= res["first_step"] for s in subs for step, _, _ in s.records[1:])
     cyc = np.array(res["cycle_ms"][warmup:])
+    cyc_cpu = np.array(res["cycle_cpu_ms"][warmup:])
     span = ends[last] - ends[min(measured)]
     return {
         "cycles": len(measured), "rate_hz": (len(measured) - 1) / span if span > 0 else float("nan"),
@@ -249,6 +250,10 @@ def _latency_run(child: ServerChild, n_subs: int, cycles: int, warmup: int, keep
         "from_write_p50_ms": float(np.percentile(np.array(write_ns) / 1e6, 50)) if write_ns else None,
         "from_write_p99_ms": float(np.percentile(np.array(write_ns) / 1e6, 99)) if write_ns else None,
         "cycle_median_ms": float(np.median(cyc)), "cycle_p99_ms": float(np.percentile(cyc, 99)),
+        # the cycle thread's own CPU for run_cycle (its after-cycle builds too): a cycle whose
+        # wall time is far above it waited, for the GIL or a core
+        "cycle_cpu_median_ms": float(np.median(cyc_cpu)),
+        "cycle_cpu_p99_ms": float(np.percentile(cyc_cpu, 99)),
         "behind_at_end": behind, "errors": errors[:3],
         "cycle_priority": res.get("cycle_priority", "normal"),
         "delivered": delivered, "server_cpu_s": res["cpu_s"], "driver_cpu_s": res["driver_cpu_s"],

@@ -26,7 +26,9 @@ Measures:
   2. Delta latency, cycle end -> client decode (``read_message``), for --change-row upserts
      into a --keyed-rows keyed table at --rate cycles/s, with each of --subscribers, in
      --latency-rounds rounds per server taken in turn (each server's figures pool the cycles
-     of its rounds; the summary lists each round's p50 too); and
+     of its rounds; the summary lists each round's p50 too), with each cycle's wall time
+     (``last_cycle_seconds``) and the CPU its thread spent in ``run_cycle`` (the after-cycle
+     builds included: wall time far above it means the cycle waited for the GIL); and
      "from write": from just before the upsert staged its rows (what a writer waits for,
      the cycle itself included, so work moved into the cycle does not hide).
      The server process drives the cycles itself (upsert a pre-built batch, ``run_cycle``,
@@ -429,7 +431,8 @@ def main() -> None:
                     f"{args.keyed_rows:,} keyed rows at {args.rate:g}/s", lat,
                     ["subscribers", "server", "cycle_priority", "cycles", "rate_hz", "p50_ms", "median_ms", "mean_ms", "p99_ms",
                      "max_ms", "from_write_p50_ms", "from_write_p99_ms", "messages", "coalesced_msgs",
-                     "cycle_median_ms", "cycle_p99_ms", "behind_at_end"])
+                     "cycle_median_ms", "cycle_p99_ms", "cycle_cpu_median_ms", "cycle_cpu_p99_ms",
+                     "behind_at_end"])
         print_table("    server CPU per message delivered (whole process; serve = without the thread "
                     "driving the cycles), CPU cores used per process", lat,
                     ["subscribers", "server", "delivered", "server_cpu_s", "driver_cpu_s", "cpu_per_msg_us",

@@ -33,6 +33,9 @@ __all__ = ["UpdateGraph"]
 
 log = logging.getLogger(__name__)
 
+#: How much of a cycle :meth:`UpdateGraph.give_way` waits for, at most (seconds).
+GIVE_WAY_SECONDS = 0.02
+
 
 class _SharedLock:
     """Many readers or one writer (the cycle), fair both ways.
@@ -130,6 +133,10 @@ class UpdateGraph:
         # source table takes its staged writes first (``_take_for_cycle``), then the gate
         # is let go, so a cycle takes whole records and writes go on staging meanwhile.
         self.cycle_gate: AbstractContextManager[object] | None = None
+        # Clear while a cycle runs (its after-cycle callbacks included): give_way's flag.
+        self._quiet = threading.Event()
+        self._quiet.set()
+        self._quiet_until = 0.0  # monotonic: give_way waits for the running cycle until then
 
     # registration -----------------------------------------------------------------
     def _add_node(self, table: Table) -> None:
@@ -216,6 +223,24 @@ class UpdateGraph:
         finally:
             self._lock.release_exclusive()
 
+    def give_way(self) -> None:
+        """Wait while a cycle runs, for at most :data:`GIVE_WAY_SECONDS` of it.
+
+        For a busy thread that shares the GIL with the cycles and can wait a little: the
+        server's event loop calls it between stream writes (flight/rpc/aio.py). Every time a
+        cycle lets go of the GIL (a numpy call, a lock) such a thread takes it, and the
+        cycle waits up to the interpreter's switch interval (5 ms) to get it back: with a
+        thousand subscribers' writes on the loop, a cycle of 1 ms took 17 ms. Waiting
+        here releases the GIL until the cycle and its after-cycle callbacks end, or its
+        first :data:`GIVE_WAY_SECONDS` have passed (a long cycle shares the GIL again, so
+        the loop keeps answering). Returns at once when no cycle runs.
+        """
+        if self._quiet.is_set():
+            return
+        left = self._quiet_until - time.monotonic()
+        if left > 0:
+            self._quiet.wait(left)
+
     # the cycle --------------------------------------------------------------------
     def run_cycle(self) -> int:
         """Run one update cycle now; returns the new step."""
@@ -226,6 +251,8 @@ class UpdateGraph:
                 if gate is not None:
                     gated.enter_context(gate)
                 with self.exclusive_lock():
+                    self._quiet_until = time.monotonic() + GIVE_WAY_SECONDS
+                    self._quiet.clear()  # give_way from here until the callbacks ran
                     if gate is not None:
                         for node in self.tables:  # this cycle applies what is staged now
                             node._take_for_cycle()
@@ -235,11 +262,14 @@ class UpdateGraph:
                     finally:  # taken under the lock: the next cycle's are its own
                         after, self._after = self._after, []
         finally:
-            for callback in after:
-                try:
-                    callback()
-                except Exception:
-                    log.exception("after-cycle callback %r raised", callback)
+            try:
+                for callback in after:
+                    try:
+                        callback()
+                    except Exception:
+                        log.exception("after-cycle callback %r raised", callback)
+            finally:
+                self._quiet.set()
 
     def _run_locked(self) -> int:
         t0 = time.perf_counter()

@@ -576,7 +576,8 @@ class TicktableServer:
         server = AioServer(setup, [CallLog(self.metrics),
                                    *([BearerTokenInterceptor(cfg.token, cfg.read_token)]
                                      if cfg.token else [])],
-                           max_calls=cfg.max_calls, options=options)
+                           max_calls=cfg.max_calls, options=options,
+                           give_way=self.graph.give_way)
         return server, server.start()
 
     def serve_forever(self) -> None:

@@ -398,6 +398,10 @@ class _Pipe(LoopQueue):
         self.finish(error)
 
 
+def _never_wait() -> None:
+    pass
+
+
 class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """The aio server's interceptor: the sync interceptors, then every handler on a thread.
 
@@ -412,15 +416,20 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         Request messages read ahead of a request-streaming handler.
     write_ahead
         Response messages a streaming handler may have waiting to be written.
+    give_way
+        Called on the loop before each response message is written: it may block (without
+        the GIL) to let other work go first, as the server's update cycles do
+        (:meth:`engine.graph.UpdateGraph.give_way`). ``None``: never waits.
     """
 
     def __init__(self, interceptors: Sequence[grpc.ServerInterceptor],
                  pool: futures.ThreadPoolExecutor, *, read_ahead: int = 2,
-                 write_ahead: int = 4) -> None:
+                 write_ahead: int = 4, give_way: Callable[[], None] | None = None) -> None:
         self._interceptors = list(interceptors)
         self._pool = pool
         self._read_ahead = read_ahead
         self._write_ahead = write_ahead
+        self._give_way = give_way or _never_wait
 
     async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = await continuation(details)
@@ -470,7 +479,7 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def _stream(self, behavior: Callable[[Any, Any], Generator[Any, None, None]],
                 streaming: bool) -> Any:
-        pool, depth = self._pool, self._write_ahead
+        pool, depth, give_way = self._pool, self._write_ahead, self._give_way
 
         async def run(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             request, ctx = self._context(request, context, streaming)
@@ -486,10 +495,12 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                         feed = item.drain()
                         try:
                             async for message in feed:
+                                give_way()
                                 yield message
                         finally:
                             await feed.aclose()  # type: ignore[attr-defined]
                     else:
+                        give_way()
                         yield item
             finally:
                 pipe.close()
@@ -531,11 +542,14 @@ class AioServer:
         Calls served at once (past it: RESOURCE_EXHAUSTED), and the threads handlers run on.
     options
         gRPC channel arguments.
+    give_way
+        Called on the loop before each response message (see :class:`Bridge`).
     """
 
     def __init__(self, setup: Callable[[grpc.aio.Server], int],
                  interceptors: Sequence[grpc.ServerInterceptor], *, max_calls: int,
-                 options: Sequence[tuple[str, Any]]) -> None:
+                 options: Sequence[tuple[str, Any]],
+                 give_way: Callable[[], None] | None = None) -> None:
         self._pool = futures.ThreadPoolExecutor(max_workers=max_calls,
                                                 thread_name_prefix="ticktable")
         self._loop = asyncio.new_event_loop()
@@ -544,7 +558,7 @@ class AioServer:
         self._stopped = threading.Event()
         self._server: grpc.aio.Server | None = None
         self._setup = setup
-        self._interceptors = [Bridge(interceptors, self._pool)]
+        self._interceptors = [Bridge(interceptors, self._pool, give_way=give_way)]
         self._max_calls = max_calls
         self._options = list(options)
         self.port = 0

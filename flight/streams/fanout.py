@@ -77,6 +77,9 @@ __all__ = ["FanOut", "Member"]
 
 log = logging.getLogger(__name__)
 
+#: Members written to on the event loop between two chances for a cycle to go first.
+LOOP_RUN = 64
+
 
 class Member(Protocol):
     """What a fan-out writes to: a subscription's stream (see Subscription)."""
@@ -325,7 +328,13 @@ class FanOut:
         return msg
 
     def _write_on_loop(self, start: int, msg: Encoded) -> None:
-        """Write a built message to every member, here if each has room, else by the thread."""
+        """Write a built message to every member, here if each has room, else by the thread.
+
+        In runs of :data:`LOOP_RUN` members, giving way to a cycle between them
+        (:meth:`~engine.graph.UpdateGraph.give_way`): a thousand members' writes hold the
+        GIL for milliseconds, and a cycle waiting for it would wait that long each time it
+        let go of it. ``_builder`` stays "loop" until the last run, so no other message
+        starts meanwhile; a member that left (or joined) between runs is skipped."""
         detached: list[tuple[Member, BaseException]] = []
         with self._cond:  # holds off leave(): no write to a member after it left
             if self._closed or self._failure is not None:
@@ -335,19 +344,32 @@ class FanOut:
                 self._to_thread((start, msg))  # a member's stream is full: the thread waits
                 return
             self.loop_messages += 1
-            for m in list(self._members):
-                if m.sequence != start:
-                    continue  # joined at the end of this message
-                try:
-                    m.write_shared(msg)  # ready: returns at once
-                except Exception as exc:  # the stream broke: that member ends
-                    self._members.pop(m, None)
-                    detached.append((m, exc))
-            self._builder = "idle"
-            if self._pending:  # a cycle ran meanwhile and asked nobody: the thread
-                self._cond.notify_all()
+            members = list(self._members)
+        try:
+            for first in range(0, len(members), LOOP_RUN):
+                if first:
+                    self.graph.give_way()
+                with self._cond:
+                    if self._ended():  # closed or failed between two runs
+                        break
+                    for m in members[first:first + LOOP_RUN]:
+                        if m not in self._members or m.sequence != start:
+                            continue  # gone, or joined at the end of this message
+                        try:
+                            m.write_shared(msg)  # ready (only this fan-out writes it): at once
+                        except Exception as exc:  # the stream broke: that member ends
+                            self._members.pop(m, None)
+                            detached.append((m, exc))
+        finally:
+            with self._cond:
+                self._builder = "idle"
+                if self._pending:  # a cycle ran meanwhile and asked nobody: the thread
+                    self._cond.notify_all()
         for m, error in detached:  # each then leaves (the last one closes the fan-out)
             m.on_detached(error)
+
+    def _ended(self) -> bool:  # under self._cond
+        return self._closed or self._failure is not None
 
     # ------------------------------------------------------------------ the writer
     def _start_thread(self) -> None:  # under self._cond

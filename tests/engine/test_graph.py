@@ -314,3 +314,51 @@ def test_call_after_cycle_runs_once_after_the_lock_is_let_go(caplog):
         g.run_cycle()
         probe.append(len(got))
     assert probe == [2]  # ran before the outer lock was let go (its holder: "free")
+
+
+def test_give_way_waits_for_a_running_cycle_and_its_after_callbacks(monkeypatch):
+    """``give_way`` returns at once between cycles; while a cycle (or a callback it asked
+    for) runs it waits for its end, but never past the cycle's first GIVE_WAY_SECONDS."""
+    import engine.graph as graph_module
+
+    monkeypatch.setattr(graph_module, "GIVE_WAY_SECONDS", 30.0)
+    g = UpdateGraph()
+    g.give_way()  # no cycle: no wait (a wait here would hang, the flag never cleared)
+    reached = {n: threading.Event() for n in ("cycle", "after", "long")}
+    release = {n: threading.Event() for n in ("cycle", "after", "long")}
+
+    def hold(name):
+        reached[name].set()
+        assert release[name].wait(10)
+
+    def listener(step):
+        if step == 1:
+            g.call_after_cycle(lambda: hold("after"))
+            hold("cycle")
+        elif step == 2:
+            hold("long")
+
+    g.add_terminal_listener(listener)
+    cycle = threading.Thread(target=g.run_cycle)
+    cycle.start()
+    assert reached["cycle"].wait(5)
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (g.give_way(), done.set()))
+    waiter.start()
+    assert not done.wait(0.2)  # it waits while the cycle holds ...
+    release["cycle"].set()
+    assert reached["after"].wait(5)
+    assert not done.wait(0.2)  # ... and while the callback it asked for runs
+    release["after"].set()
+    assert done.wait(5)
+    cycle.join(5)
+    g.give_way()  # after the cycle: no wait
+
+    monkeypatch.setattr(graph_module, "GIVE_WAY_SECONDS", 0.05)
+    long_cycle = threading.Thread(target=g.run_cycle)
+    long_cycle.start()
+    assert reached["long"].wait(5)
+    g.give_way()  # the cycle still holds: give_way stopped waiting on its own
+    assert long_cycle.is_alive()
+    release["long"].set()
+    long_cycle.join(5)

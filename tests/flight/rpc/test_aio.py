@@ -168,3 +168,66 @@ def test_a_cancelled_stream_ends_its_handler_and_runs_its_callbacks(served):
     assert handlers.after_end["metadata"]["who"] == "me"
     # and the server goes on serving
     assert ch.unary_unary(f"/{S}/Echo")(b"x", timeout=5) == b"X"
+
+
+class Gate:
+    """A ``give_way`` that counts its calls and their threads, and waits while shut."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.open.set()
+        self.calls = 0
+        self.threads: set[str] = set()
+
+    def __call__(self) -> None:
+        self.calls += 1
+        self.threads.add(threading.current_thread().name)
+        self.open.wait()
+
+
+@pytest.fixture
+def gated() -> Iterator[tuple[Gate, grpc.Channel]]:
+    gate, handlers = Gate(), Handlers()
+
+    def setup(server: grpc.aio.Server) -> int:
+        server.add_generic_rpc_handlers((handlers.generic(),))
+        return int(server.add_insecure_port("127.0.0.1:0"))
+
+    server = AioServer(setup, [], max_calls=8, options=[("grpc.so_reuseport", 0)],
+                       give_way=gate)
+    port = server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield gate, channel
+    finally:
+        gate.open.set()
+        channel.close()
+        assert server.stop(1.0)
+
+
+def test_the_loop_gives_way_before_each_response_message(gated):
+    """``give_way`` runs on the loop's thread before every message a stream sends, the
+    handler's own and a loop feed's, and no message goes out while it waits."""
+    gate, ch = gated
+    assert list(ch.unary_stream(f"/{S}/Count")(b"40", timeout=10)) == [b"%d" % i for i in range(40)]
+    assert gate.calls == 40
+    assert list(ch.unary_stream(f"/{S}/Feed")(b"25", timeout=10))[-1] == b"tail"
+    assert gate.calls == 40 + 27  # head, 25 fed, tail
+    assert gate.threads == {"ticktable-grpc-loop"}
+    assert ch.unary_unary(f"/{S}/Echo")(b"u", timeout=5) == b"U"  # unary answers: no wait
+    assert gate.calls == 67
+
+    gate.open.clear()
+    call = ch.unary_stream(f"/{S}/Count")(b"3", timeout=10)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.extend(call), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 5
+    while gate.calls == 67 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert gate.calls == 68  # the loop waits before the first message ...
+    reader.join(0.3)
+    assert reader.is_alive() and got == []  # ... and nothing was sent meanwhile
+    gate.open.set()
+    reader.join(5)
+    assert got == [b"0", b"1", b"2"]
