@@ -85,9 +85,13 @@ class _Subscriber:
         self.client.close()
 
 
-def _subscriber_proc(location: str, n: int, conn: Any) -> None:
+def _subscriber_proc(location: str, n: int, conn: Any, nice: int = 0) -> None:
     """A client process holding ``n`` subscribers: "ready" once every snapshot is decoded,
-    then, told the run's last step, its subscribers' records once they reached it."""
+    then, told the run's last step, its subscribers' records once they reached it. ``nice``:
+    its scheduling niceness (above 0: the server goes first when the cores are full, as
+    with clients on other machines)."""
+    if nice:
+        os.nice(nice)
     subs = [_Subscriber(location, "quotes", keep=False) for _ in range(n)]
     deadline = time.monotonic() + 60
     while any(s.last_step < 0 for s in subs) and time.monotonic() < deadline:
@@ -116,7 +120,7 @@ class _Remote:
 def bench_latency(trees: list[tuple[str, str]], rows: int, change: int, rate: float, cycles: int,
                   warmup: int, subscribers: list[int],
                   failures: list[dict[str, str]], client_procs: int = 5,
-                  priority: str = "realtime", rounds: int = 3,
+                  priority: str = "realtime", rounds: int = 3, client_nice: int = 0,
                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Per subscriber count, ``rounds`` runs of every server in turn (old, new, old, new,
     ...), so a drift of the machine's speed hits them alike; each server's figures pool the
@@ -133,7 +137,7 @@ def bench_latency(trees: list[tuple[str, str]], rows: int, change: int, rate: fl
                     with servers.guard(label):
                         keep = n_subs == subscribers[0] and turn == 0
                         row, first = _latency_run(servers.children[label], n_subs, cycles, warmup,
-                                                  keep, client_procs)
+                                                  keep, client_procs, client_nice)
                         runs[label].append(row)
                         if keep:
                             views.append({"server": label, **_view_cost(first)})
@@ -170,7 +174,7 @@ def _pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _latency_run(child: ServerChild, n_subs: int, cycles: int, warmup: int, keep: bool,
-                 client_procs: int) -> tuple[dict[str, Any], _Subscriber]:
+                 client_procs: int, client_nice: int = 0) -> tuple[dict[str, Any], _Subscriber]:
     """Subscriber 0 reads in this process; the others are spread over ``client_procs``
     spawned client processes (50 subscribers are 50 clients, not 50 threads of one
     Python process contending for its GIL)."""
@@ -184,7 +188,8 @@ def _latency_run(child: ServerChild, n_subs: int, cycles: int, warmup: int, keep
         for j in range(k):
             parent, child_conn = ctx.Pipe()
             n = rest // k + (j < rest % k)
-            p = ctx.Process(target=_subscriber_proc, args=(child.ready, n, child_conn), daemon=True)
+            p = ctx.Process(target=_subscriber_proc, args=(child.ready, n, child_conn, client_nice),
+                            daemon=True)
             p.start()
             procs.append((p, parent))
         remote_cpu = 0.0

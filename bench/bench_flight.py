@@ -35,7 +35,9 @@ Measures:
      sleep to the next tick: what ``start(1/rate)`` does with a writer that stages once
      per tick); a terminal listener stamps each cycle's end. Each subscriber reads on its
      own thread with its own connection: subscriber 0 in this process, the others spread
-     over --client-procs spawned client processes (as separate clients would be). A message that coalesced several cycles counts
+     over --client-procs spawned client processes (as separate clients would be; at
+     --client-nice, the server goes first when the two cores are full, as with clients on
+     other machines). A message that coalesced several cycles counts
      once per cycle it covers, each against its own cycle end. Memory: the server process's
      resident set once every subscriber decoded its snapshot and after the run, and the
      largest client process's peak (/proc VmRSS, VmHWM). Server CPU per message
@@ -382,6 +384,9 @@ def main() -> None:
                     help="runs of each server per subscriber count, in turn (their cycles pooled)")
     ap.add_argument("--client-procs", type=int, default=5,
                     help="client processes the subscribers after the first are spread over")
+    ap.add_argument("--client-nice", type=int, default=0,
+                    help="niceness of the client processes (e.g. 10: the server goes first when "
+                         "the cores are full, as with clients on other machines)")
     ap.add_argument("--append-rows", type=int, default=4_000_000)
     ap.add_argument("--upsert-rows", type=int, default=1_000_000)
     ap.add_argument("--put-batch-rows", type=int, default=65_536)
@@ -426,7 +431,7 @@ def main() -> None:
         if "latency" in args.sections:
             lat, views = bench_latency(trees, args.keyed_rows, args.change, args.rate, args.cycles,
                                        args.warmup, args.subscribers, failures, args.client_procs,
-                                       args.cycle_priority, args.latency_rounds)
+                                       args.cycle_priority, args.latency_rounds, args.client_nice)
         print_table(f"2. delta latency cycle end -> read_message done, {args.change:,}-row upserts into "
                     f"{args.keyed_rows:,} keyed rows at {args.rate:g}/s", lat,
                     ["subscribers", "server", "cycle_priority", "cycles", "rate_hz", "p50_ms", "median_ms", "mean_ms", "p99_ms",
