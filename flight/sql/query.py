@@ -123,6 +123,25 @@ class RunningQuery:
     taken: bool = False  # its DoGet began: a result is read once
 
 
+
+def locked_database(*, threads: int, memory_limit: str) -> duckdb.DuckDBPyConnection:
+    """A new in-memory DuckDB database that reads nothing but what is registered with it.
+
+    Access to files, the network and extensions is off and the configuration is locked,
+    for every cursor of it: a statement that names ``read_csv('/etc/passwd')``, an
+    ``http://`` URL or ``INSTALL`` fails in DuckDB's binder, before anything is read.
+    """
+    db = duckdb.connect(":memory:", config={
+        "enable_external_access": False,
+        "autoinstall_known_extensions": False,
+        "autoload_known_extensions": False,
+        "allow_community_extensions": False,
+        "threads": threads,
+        "memory_limit": memory_limit,
+    })
+    db.execute("SET lock_configuration = true")
+    return db
+
 class QueryRunner:
     """Runs queries over the server's tables (see the module docstring).
 
@@ -151,15 +170,7 @@ class QueryRunner:
         self.snapshots = SnapshotCache(registry.graph)
         # one database: DuckDB's configuration is locked after this, and access to files,
         # the network and extensions is off for every cursor
-        self._db = duckdb.connect(":memory:", config={
-            "enable_external_access": False,
-            "autoinstall_known_extensions": False,
-            "autoload_known_extensions": False,
-            "allow_community_extensions": False,
-            "threads": threads,
-            "memory_limit": memory_limit,
-        })
-        self._db.execute("SET lock_configuration = true")
+        self._db = locked_database(threads=threads, memory_limit=memory_limit)
         #: called with a query's seconds and outcome (ok, error, timeout, cancelled) when
         #: it ends: the server's metrics
         self.on_done: Callable[[float, str], None] | None = None

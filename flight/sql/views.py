@@ -67,6 +67,7 @@ sorts NaN last; ``count(DISTINCT x)`` does not count NaN.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -84,6 +85,8 @@ from engine.ops.snapshot import static_table
 from flight.sql.parse import DIALECT, parse_condition, parse_one, tables_of
 
 if TYPE_CHECKING:
+    import duckdb
+
     from engine.table import Table
 
 __all__ = ["CompiledView", "compile_condition", "compile_view"]
@@ -237,14 +240,27 @@ _DUCK_TYPES: dict[str, pa.DataType] = {
 _Output = list[tuple[str, pa.DataType | None]]
 
 
+_binder: list[duckdb.DuckDBPyConnection] = []  # the one database views are bound in
+_binder_lock = threading.Lock()
+
+
 def _duckdb_schema(text: str, sources: dict[str, Table], prefix: str) -> _Output:
     """DuckDB's output names and (where the engine computes it) types for the query.
 
     DuckDB binds the statement over empty tables of the sources' schemas; nothing runs.
+    It binds in a database locked as the queries' is (:func:`~flight.sql.query.locked_database`):
+    a table function's binding reads its file or URL (``read_csv`` samples it), which a
+    statement the compiler refuses afterwards must not have done. One database for the
+    process, a cursor of its own per statement (a new database costs milliseconds).
     """
     import duckdb  # the query engine of flight.sql; only views and queries need it
 
-    con = duckdb.connect()
+    from flight.sql.query import locked_database
+
+    with _binder_lock:
+        if not _binder:
+            _binder.append(locked_database(threads=1, memory_limit="256MB"))
+        con = _binder[0].cursor()
     try:
         for n, t in sources.items():
             con.register(n, t.schema.empty_table())

@@ -253,3 +253,22 @@ def test_close_removes_the_view_and_its_operations(graph):
     v.close()
     assert len(g.tables) == before
     g.run_cycle()
+
+
+def test_binding_a_view_reads_no_file_or_url(graph, tmp_path):
+    """DuckDB binds a view's statement for its names and types before the compiler has
+    looked at every clause; that binding must not read what a table function names (it
+    would sample the file), whatever the compiler then says about the statement."""
+    from flight.sql.views import _duckdb_schema
+
+    _, tables = graph
+    secret = tmp_path / "secret.csv"
+    secret.write_text("inside,b\n1,2\n")
+    for source in (f"read_csv_auto('{secret}')", "read_parquet('http://127.0.0.1:9/x.parquet')"):
+        sql = f"SELECT * FROM a WHERE x > (SELECT max(inside) FROM {source})"
+        with pytest.raises(SqlError, match="disabled by configuration|disabled through"):
+            _duckdb_schema(sql, {"a": tables["a"]}, "CREATE VIEW v")
+        with pytest.raises(SqlError, match="does not map"):  # the compiler's own refusal first
+            compile_view(sql, lookup(tables), name="v")
+    assert _duckdb_schema("SELECT x * 2 AS y FROM a", {"a": tables["a"]}, "CREATE VIEW v") \
+        == [("y", pa.float64())]
