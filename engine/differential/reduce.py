@@ -152,8 +152,14 @@ def _distinct_keys(parts: list[tuple[pa.Table, U64]], by: Sequence[str]) -> tupl
             h = parts[0][1] if len(parts) == 1 else np.concatenate([k for _, k in parts])
             v = views[0] if len(parts) == 1 else np.concatenate(views)  # type: ignore[arg-type]
             if h.size > 1:
-                h, first = np.unique(h, return_index=True)
-                v = v.take(first)  # type: ignore[union-attr]
+                order = h.argsort(kind="stable")
+                h = h.take(order)
+                new = np.empty(h.size, dtype=bool)
+                new[0] = True
+                np.not_equal(h[1:], h[:-1], out=new[1:])
+                if not new.all():
+                    order, h = order[new], h[new]
+                v = v.take(order)  # type: ignore[union-attr]
             return pa.Table.from_arrays([pa.array(v, type=schema.field(0).type)], schema=schema), h
     if len(parts) == 1:
         table, h = parts[0]
@@ -354,7 +360,8 @@ class _ReduceNode(Node):
         if not later.any():
             return
         m = np.int64(keys.num_rows)
-        code = np.unique(times[later, -1] * m + probe[later])
+        code = np.sort(times[later, -1] * m + probe[later])
+        code = code[np.concatenate(([True], code[1:] != code[:-1]))]  # each (iteration, group) once
         its, probes = code // m, code % m
         bounds = np.flatnonzero(np.concatenate(([True], its[1:] != its[:-1], [True]))).tolist()
         groups, hashes = take_rows(keys, probes), kh.take(probes)  # by iteration: one gather, then slices
