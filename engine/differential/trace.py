@@ -510,8 +510,8 @@ class Trace:
         while big < len(spine) and len(spine[big]) >= _RUN_MIN_BIG:  # a loop per big batch
             big += 1
         run = spine[big:]
-        if len(run) > RUN_MAX_BATCHES or len(run) * ph.size > _RUN_PROBES:
-            big, run = len(spine), ()
+        if len(run) < 2 or len(run) > RUN_MAX_BATCHES or len(run) * ph.size > _RUN_PROBES:
+            big, run = len(spine), ()  # one batch gains nothing from the run
         hit_batches: list[IndexedZSet] = []
         sizes: list[int] = []
         probes: list[I64] = []
