@@ -477,9 +477,12 @@ def numeric_view(col: pa.Array | pa.ChunkedArray, *, combine: bool = False) -> n
     >>> numeric_view(pa.array([1, None])) is None
     True
     """
-    t = col.type
     if col.null_count:
         return None
+    t = col.type
+    if t.id in _PLAIN_IDS and (not isinstance(col, pa.ChunkedArray) or col.num_chunks == 1):
+        # the common case, told by the type's id (the type predicates cost more than the view)
+        return np.asarray((col.chunk(0) if isinstance(col, pa.ChunkedArray) else col).to_numpy(zero_copy_only=True))
     temporal = pa.types.is_temporal(t) and not pa.types.is_interval(t)
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or temporal):
         return None
@@ -503,6 +506,11 @@ def numeric_view(col: pa.Array | pa.ChunkedArray, *, combine: bool = False) -> n
         view.flags.writeable = False  # as to_numpy's views: Arrow's memory is immutable
         return view
     return np.asarray(col.to_numpy(zero_copy_only=True))
+
+
+# integer and floating-point type ids: their numeric view is to_numpy's
+_PLAIN_IDS = frozenset(t.id for t in (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(),
+                                      pa.uint32(), pa.uint64(), pa.float16(), pa.float32(), pa.float64()))
 
 
 # alignment ------------------------------------------------------------------------------------

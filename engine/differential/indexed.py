@@ -40,7 +40,8 @@ from engine._kernels.hashing import combine, exact_hash, hash_rows
 from engine.differential.zset import ZSet, take_rows
 from engine.errors import SchemaError
 
-__all__ = ["IndexedZSet", "exact_records", "index_with", "int_key_values", "locate_in_spine"]
+__all__ = ["RUN_MAX_BATCHES", "IndexedZSet", "SpineRun", "exact_records", "index_with", "int_key_values",
+           "locate_in_spine"]
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -391,6 +392,105 @@ def _search_all(spine: Sequence[IndexedZSet], ph: U64, values: KeyValues) -> tup
             probe, rows = probe.take(keep), rows.take(keep)
             bounds = keep.searchsorted(bounds).tolist()
     return probe, rows, [bounds[i + 1] - bounds[i] for i in range(len(spine))]
+
+
+_RUN_BITS = 6  # batch-number bits of a SpineRun search key
+_RUN_SHIFT = np.uint64(_RUN_BITS)
+_RUN_BATCH = np.uint64(64 - _RUN_BITS)
+_RUN_STEP = np.uint64(1 << (_LO_BITS - _RUN_BITS))  # from one key's search keys to the next's
+RUN_MAX_BATCHES = (1 << _RUN_BITS) - 1  # the last batch's top bound would wrap
+
+
+class SpineRun:
+    """Batches of a spine laid end to end, so that a few probes find their rows in all of
+    them with one binary search and gather their weights and times with one take each.
+
+    Row ``r`` of the ``b``-th batch is at ``starts[b] + r``; its search key is ``b`` in the
+    top six bits over the order key's top 58 (the low bits of the record hash dropped): the
+    batches are in spine order and each is sorted, so the keys are ascending, and a key's
+    rows in batch ``b`` are the search keys from ``b << 58 | (hash & _HI) >> 6`` up to that
+    plus ``2**18`` (for the top key, the next batch's first). A trace keeps one, and
+    :meth:`sync` keeps it level with the spine, which changes at the end only (a batch
+    appended, the last batches merged): the batches still in place keep their rows, so an
+    insert costs the rows it adds, not a pass over the run. At most :data:`RUN_MAX_BATCHES`
+    batches; the searches cost per (probe, batch) pair, so it suits a few probes.
+    """
+
+    def __init__(self, dims: int) -> None:
+        self.batches: list[IndexedZSet] = []
+        self.starts: list[int] = [0]
+        self._search = np.empty(0, dtype=np.uint64)
+        self._key_hash = np.empty(0, dtype=np.uint64)
+        self._diffs = np.empty(0, dtype=np.int64)
+        self._times = np.empty((0, dims), dtype=np.int64)
+
+    def sync(self, spine: Sequence[IndexedZSet]) -> None:
+        """Hold exactly the batches ``spine`` (at most :data:`RUN_MAX_BATCHES`): keep the
+        longest prefix already held, append the rest."""
+        if len(spine) > RUN_MAX_BATCHES:
+            raise ValueError(f"a spine run holds at most {RUN_MAX_BATCHES} batches, got {len(spine)}")
+        k = 0
+        held = self.batches
+        while k < len(held) and k < len(spine) and held[k] is spine[k]:  # a loop per batch
+            k += 1
+        if k == len(held) == len(spine):
+            return
+        del held[k:]
+        del self.starts[k + 1:]
+        add = spine[k:]
+        n0 = self.starts[-1]
+        need = n0 + sum(len(b) for b in add)
+        if need > self._search.size:  # grow by doubling: appends cost the rows they add
+            cap = max(need, 2 * self._search.size, 256)
+            self._search = _grown(self._search, n0, cap)
+            self._key_hash = _grown(self._key_hash, n0, cap)
+            self._diffs = _grown(self._diffs, n0, cap)
+            self._times = _grown(self._times, n0, cap)
+        at = n0
+        for b in add:  # a loop per appended batch
+            m = len(b)
+            top = np.uint64(len(held)) << _RUN_BATCH
+            np.right_shift(b.order_key, _RUN_SHIFT, out=self._search[at:at + m])
+            self._search[at:at + m] |= top
+            self._key_hash[at:at + m] = b.key_hash
+            self._diffs[at:at + m] = b.batch.diffs
+            assert b.batch.times is not None  # a trace's batches are timed
+            self._times[at:at + m] = b.batch.times
+            at += m
+            held.append(b)
+            self.starts.append(at)
+
+    def locate(self, ph: U64) -> tuple[I64, I64, list[int]]:
+        """:meth:`IndexedZSet.locate` in every batch held: ``(probe, position, per-batch
+        counts)``, grouped by batch in spine order; a position is a row of the run (the
+        batch's row plus its start)."""
+        nb, n = len(self.batches), ph.size
+        lo = ((np.arange(nb, dtype=np.uint64) << _RUN_BATCH)[:, None] | ((ph & _HI) >> _RUN_SHIFT)).ravel()
+        found = self._search[:self.starts[-1]].searchsorted(np.concatenate((lo, lo + _RUN_STEP)))
+        start = found[:lo.size]
+        pos, owner = expand_with_owner(start, found[lo.size:] - start)  # owner: batch * n + probe
+        probe = owner % n if n else owner
+        hit = self._key_hash.take(pos) == ph.take(probe)  # the full key hash
+        if not hit.all():
+            keep = hit.nonzero()[0]
+            pos, probe, owner = pos.take(keep), probe.take(keep), owner.take(keep)
+        bounds = owner.searchsorted(np.arange(nb + 1, dtype=np.int64) * n).tolist()
+        return probe, pos, [bounds[i + 1] - bounds[i] for i in range(nb)]
+
+    def diffs(self, pos: I64) -> I64:
+        """The weights of the rows at ``pos``."""
+        return self._diffs.take(pos)
+
+    def times(self, pos: I64) -> I64:
+        """The versions of the rows at ``pos``."""
+        return self._times.take(pos, axis=0)
+
+
+def _grown(a: npt.NDArray[Any], n: int, cap: int) -> npt.NDArray[Any]:
+    """``a``'s first ``n`` rows in a new array of ``cap`` rows."""
+    out = np.empty((cap,) + a.shape[1:], dtype=a.dtype)
+    out[:n] = a[:n]
+    return out
 
 
 def index_with(batch: ZSet, keys: Sequence[str]) -> IndexedZSet:

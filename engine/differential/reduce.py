@@ -48,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine._kernels.arrays import numeric_view
 from engine._kernels.hashing import exact_hash, group_equal, hash_column, hash_rows, same_rows
 from engine._kernels.hashmap import U64Map
 from engine._kernels.keymap import StoredKeyMap
@@ -132,15 +133,34 @@ def _values(table: pa.Table, col: str, what: str) -> npt.NDArray[np.generic]:
 
 
 def _distinct_rows(table: pa.Table) -> pa.Table:
-    """``table`` without repeated rows (first occurrences, in order)."""
+    """``table`` without repeated rows (in no particular order)."""
     names = table.column_names
     return _distinct_keys([(table, hash_rows(table, names))], names)[0]
 
 
 def _distinct_keys(parts: list[tuple[pa.Table, U64]], by: Sequence[str]) -> tuple[pa.Table, U64]:
     """The group keys of ``parts`` (tables of the ``by`` columns, each with its rows' key
-    hashes) without repeats (first occurrences, in order), with their key hashes: each key
-    is hashed once, by whoever built it (the arrangement indexed the delta already)."""
+    hashes) without repeats, with their key hashes (first occurrences, in order): each key
+    is hashed once, by whoever built it (the arrangement indexed the delta already).
+
+    One null-free integer-like column (an exact hash) is deduplicated in numpy, by hash,
+    and comes back in key-hash order: no Arrow concatenation, no gather per part."""
+    schema = parts[0][0].schema
+    if len(by) == 1 and exact_hash(schema, by):
+        views = [numeric_view(p.column(0)) for p, _ in parts]
+        if all(v is not None for v in views):
+            h = parts[0][1] if len(parts) == 1 else np.concatenate([k for _, k in parts])
+            v = views[0] if len(parts) == 1 else np.concatenate(views)  # type: ignore[arg-type]
+            if h.size > 1:
+                order = h.argsort(kind="stable")
+                h = h.take(order)
+                new = np.empty(h.size, dtype=bool)
+                new[0] = True
+                np.not_equal(h[1:], h[:-1], out=new[1:])
+                if not new.all():
+                    order, h = order[new], h[new]
+                v = v.take(order)  # type: ignore[union-attr]
+            return pa.Table.from_arrays([pa.array(v, type=schema.field(0).type)], schema=schema), h
     if len(parts) == 1:
         table, h = parts[0]
     else:  # one chunk per column: later gathers from it go through numpy (take_rows)
@@ -340,7 +360,8 @@ class _ReduceNode(Node):
         if not later.any():
             return
         m = np.int64(keys.num_rows)
-        code = np.unique(times[later, -1] * m + probe[later])
+        code = np.sort(times[later, -1] * m + probe[later])
+        code = code[np.concatenate(([True], code[1:] != code[:-1]))]  # each (iteration, group) once
         its, probes = code // m, code % m
         bounds = np.flatnonzero(np.concatenate(([True], its[1:] != its[:-1], [True]))).tolist()
         groups, hashes = take_rows(keys, probes), kh.take(probes)  # by iteration: one gather, then slices

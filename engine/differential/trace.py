@@ -18,7 +18,10 @@ frontier are unchanged by this. Rows merged as equal are confirmed equal by valu
 the record hash is exact (:func:`exact_records`).
 
 A lookup locates the probe keys in every batch of the spine at once (by full key hash,
-see :mod:`engine.differential.indexed`) and, unless the key hash is exact, drops rows whose
+see :mod:`engine.differential.indexed`; a few probes search the spine's batches below
+``_RUN_MIN_BIG`` rows as one :class:`~engine.differential.indexed.SpineRun`, which the
+trace keeps level with its spine, so a lookup's searches and gathers do not multiply with
+the batches) and, unless the key hash is exact, drops rows whose
 key values differ, so a collision never returns a wrong row; the records are gathered
 only when asked for (:class:`Lookup`).
 
@@ -43,7 +46,14 @@ import pyarrow as pa
 
 from engine._kernels.arrays import expand_with_owner
 from engine._kernels.hashing import exact_hash, group_equal, hash_rows, rows_equal, same_rows
-from engine.differential.indexed import IndexedZSet, exact_records, int_key_values, locate_in_spine
+from engine.differential.indexed import (
+    RUN_MAX_BATCHES,
+    IndexedZSet,
+    SpineRun,
+    exact_records,
+    int_key_values,
+    locate_in_spine,
+)
 from engine.differential.version import Antichain, Version, VersionLike, advance_times, as_version
 from engine.differential.zset import ZSet, concat, take_rows, take_rows_from
 from engine.errors import InputError, SchemaError
@@ -52,6 +62,12 @@ __all__ = ["SMALL_BATCHES", "Lookup", "MergePolicy", "Trace", "TraceReader"]
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
+
+# lookups go through the spine run (SpineRun) for at most this many (probe, batch) pairs
+# (the run's one search costs per pair); batches this big are probed by themselves, by key
+# value where they can be (a search of a big cold array is a cache miss per level)
+_RUN_PROBES = 1024
+_RUN_MIN_BIG = 1 << 16
 
 
 
@@ -337,6 +353,7 @@ class Trace:
         # per coordinate, the latest time ever inserted (a rebuild's rows sit at the
         # frontier, which never goes back: they need no entry)
         self._upper: I64 | None = None
+        self._run = SpineRun(dims)  # the spine's small batches, end to end (for lookups)
 
     # sharing ------------------------------------------------------------------------
     def reader(self) -> TraceReader:
@@ -487,23 +504,58 @@ class Trace:
             raise SchemaError(f"lookup keys lack column(s) {missing} (trace keys: {list(self.keys)})")
         ph = hash_rows(keys, self.keys) if key_hash is None else key_hash
         spine = tuple(self._spine) if batches is None else tuple(batches)
-        probe, rows, counts = locate_in_spine(spine, ph, lambda: int_key_values(keys, self.keys))
-        hits = [i for i, c in enumerate(counts) if c]
-        if not hits:
-            e = np.empty(0, np.int64)
-            return Lookup(e, e, (), [0], e, self.schema, self.dims)
-        spine = tuple(spine[i] for i in hits)
-        sizes = [counts[i] for i in hits]
-        bounds = [0, *np.cumsum(sizes).tolist()]
-        diffs = np.empty(rows.size, dtype=np.int64)
+        # the leading big batches are probed one by one (by key value where they can be),
+        # the others through the spine run: one search and one gather for all of them
+        big = 0
+        while big < len(spine) and len(spine[big]) >= _RUN_MIN_BIG:  # a loop per big batch
+            big += 1
+        run = spine[big:]
+        if len(run) < 2 or len(run) > RUN_MAX_BATCHES or len(run) * ph.size > _RUN_PROBES:
+            big, run = len(spine), ()  # one batch gains nothing from the run
+        hit_batches: list[IndexedZSet] = []
+        sizes: list[int] = []
+        probes: list[I64] = []
+        all_rows: list[I64] = []
+        all_diffs: list[I64] = []
+        all_times: list[I64] = []
         # partially ordered versions (a loop's): every reader needs the times, so they are
         # gathered in the same pass as the diffs
-        times = np.empty((rows.size, self.dims), dtype=np.int64) if self.dims > 1 else None
-        for i, b in enumerate(spine):  # a loop per trace batch
-            lo, hi = bounds[i], bounds[i + 1]
-            b.batch.diffs.take(rows[lo:hi], out=diffs[lo:hi])
-            if times is not None:
-                b.batch.times.take(rows[lo:hi], axis=0, out=times[lo:hi])  # type: ignore[union-attr]
+        timed = self.dims > 1
+        if big:
+            probe, rows, counts = locate_in_spine(spine[:big], ph, lambda: int_key_values(keys, self.keys))
+            at = 0
+            for b, c in zip(spine[:big], counts, strict=True):  # a loop per big batch
+                if c:
+                    r = rows[at:at + c]
+                    hit_batches.append(b)
+                    sizes.append(c)
+                    all_diffs.append(b.batch.diffs.take(r))
+                    if timed:
+                        all_times.append(b.batch.times.take(r, axis=0))  # type: ignore[union-attr]
+                at += c
+            probes.append(probe)
+            all_rows.append(rows)
+        if run:
+            self._run.sync(run)
+            probe, pos, counts = self._run.locate(ph)
+            starts = [self._run.starts[i] for i, c in enumerate(counts) if c]
+            hit_batches.extend(b for b, c in zip(run, counts, strict=True) if c)
+            run_sizes = [c for c in counts if c]
+            sizes.extend(run_sizes)
+            probes.append(probe)
+            all_rows.append(pos - np.repeat(np.asarray(starts, dtype=np.int64), run_sizes) if starts else pos)
+            all_diffs.append(self._run.diffs(pos))
+            if timed:
+                all_times.append(self._run.times(pos))
+        if not hit_batches:
+            e = np.empty(0, np.int64)
+            return Lookup(e, e, (), [0], e, self.schema, self.dims)
+        spine = tuple(hit_batches)
+        bounds = [0, *np.cumsum(sizes).tolist()]
+        probe = probes[0] if len(probes) == 1 else np.concatenate(probes)
+        rows = all_rows[0] if len(all_rows) == 1 else np.concatenate(all_rows)
+        diffs = all_diffs[0] if len(all_diffs) == 1 else np.concatenate(all_diffs)
+        times = None if not timed else all_times[0] if len(all_times) == 1 else np.concatenate(all_times)
         out = Lookup(probe, diffs, spine, bounds, rows, self.schema, self.dims, times)
         if not self.exact_keys:  # different keys with one hash: drop them
             names = list(self.keys)

@@ -309,6 +309,47 @@ def test_a_key_range_ends_where_the_next_key_begins(monkeypatch, probes, at):
     reader.close()
 
 
+def _entries(found):
+    return Counter((int(p), tuple(r.values()), tuple(t), int(d)) for p, r, t, d in zip(
+        found.probe.tolist(), found.records().to_pylist(), found.times.tolist(), found.diffs.tolist(),
+        strict=True))
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_spine_run_follows_appends_merges_and_snapshots(monkeypatch, big):
+    # lookups of a few keys go through the trace's spine run, which follows the spine as
+    # batches are appended and the last ones merged; a snapshot taken before an insert (a
+    # join's A_old) is looked up in between. Each answer must be the one the batches give
+    # one by one (the run turned off). With ``big``, the first batch is past the run's
+    # size floor and is probed by itself, the others through the run.
+    if big:
+        monkeypatch.setattr(trace_module, "_RUN_MIN_BIG", 300)
+    rng = np.random.default_rng(5)
+    schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+    tr = Trace(schema, "k", dims=2, policy=SMALL_BATCHES)
+    reader = tr.reader()
+    first = 400 if big else 30
+    seen_runs = 0
+    for t in range(60):
+        n = first if t == 0 else int(rng.integers(1, 40))
+        k = rng.integers(0, 200, n)
+        z = ZSet(pa.table({"k": k, "v": rng.integers(0, 3, n)}), rng.choice([-1, 1, 2], n).astype(np.int64),
+                 np.tile(np.array([[t // 7, t % 7]], np.int64), (n, 1)))
+        snapshot = tr.batches
+        tr.insert(z)
+        reader.set_logical_compaction(Antichain([(max(t // 7 - 1, 0), 0)]))
+        for spine in (snapshot, tr.batches, snapshot):
+            probes = pa.table({"k": rng.integers(-5, 205, int(rng.integers(1, 12)))})
+            got = _entries(tr.lookup(probes, batches=spine))
+            seen_runs += bool(tr._run.batches)
+            with monkeypatch.context() as m:
+                m.setattr(trace_module, "_RUN_PROBES", 0)  # every batch by itself
+                want = _entries(tr.lookup(probes, batches=spine))
+            assert got == want, (t, [len(b) for b in spine])
+    assert seen_runs and (tr._run.batches[0] is not tr.batches[0]) == big
+    reader.close()
+
+
 # ---------------------------------------------------------------------------------------
 # oracle: >= 500 versions, two-coordinate times, frontiers that advance as antichains
 
