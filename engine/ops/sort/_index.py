@@ -636,7 +636,7 @@ class SortIndex:
             before[tie] = self._narrow(before[tie], stop, tie, codes, values, pks, at=surv)
         n = self.size + pks.size
         room = max(MIN_FRONT, min(self._live.first(), n // 4))
-        return self._relayout(codes, pks, before, room, surv)
+        return self._relayout(codes, pks, before, room, surv, c0)
 
     def _relayout_with(self, codes: list[U64], pks: I64, ins: I64, front: bool = False
                        ) -> tuple[I64, RowSetShiftData]:
@@ -646,11 +646,11 @@ class SortIndex:
         # new row i goes before the survivors at slots >= ins[i]
         return self._relayout(codes, pks, np.searchsorted(surv, ins, side="left"), room, surv)
 
-    def _relayout(self, codes: list[U64], pks: I64, before: I64, front: int, surv: I64 | None = None
-                  ) -> tuple[I64, RowSetShiftData]:
+    def _relayout(self, codes: list[U64], pks: I64, before: I64, front: int, surv: I64 | None = None,
+                  surv_c0: U64 | None = None) -> tuple[I64, RowSetShiftData]:
         """Every row (survivors ``surv``, live slots in order, and new rows sorted by key,
         new row ``i`` going before survivor ``before[i]``) at slots ``front + 2k``; every
-        survivor moves."""
+        survivor moves. ``surv_c0``: the survivors' first codes, when the caller read them."""
         if surv is None:
             surv = self._live.all_live() if self.size else _EMPTY
         n_s, m = surv.size, pks.size
@@ -666,7 +666,7 @@ class SortIndex:
         old_pk = self._redir.pk(surv)
         merged = np.empty(n, dtype=np.uint64)
         for j, c_ in enumerate(self._codes):
-            merged[at_surv] = c_[surv]
+            merged[at_surv] = surv_c0 if j == 0 and surv_c0 is not None else c_[surv]
             merged[at_new] = codes[j]
             fresh = np.zeros(cap, dtype=np.uint64)
             for back in range(SPACING):  # Invariant G: the ghosts before each row hold its values
