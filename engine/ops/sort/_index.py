@@ -101,7 +101,10 @@ def _shift_at(old: I64, new: I64, breaks: I64) -> RowSetShiftData:
     n = old.size
     if n == 0:
         return RowSetShiftData.empty()
-    starts = sorted_unique(np.concatenate(([0], breaks[breaks < n])))
+    at = np.zeros(n + 1, dtype=bool)  # one pass over flags beats sorting the breaks
+    at[0] = True
+    at[breaks] = True
+    starts = np.flatnonzero(at[:n])
     d = new[starts] - old[starts]
     run = np.flatnonzero(np.concatenate(([True], d[1:] != d[:-1])))  # runs of one delta
     starts, d = starts[run], d[run]
@@ -677,9 +680,9 @@ class SortIndex:
         assert self._grid is not None
         front, end = self._grid
         keep = np.ones((end - front) // SPACING, dtype=bool)
-        gone = sorted_unique(np.concatenate(self._gone)) if self._gone else _EMPTY
-        at = (gone - front) // SPACING
-        keep[at] = False
+        if self._gone:
+            keep[(np.concatenate(self._gone) - front) // SPACING] = False
+        at = np.flatnonzero(~keep)  # the removed rows' places in the layout, sorted
         surv = np.flatnonzero(keep).astype(np.int64)
         surv *= SPACING
         surv += front
