@@ -30,7 +30,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine._kernels.arrays import aligned, member
+from engine._kernels.arrays import aligned
 from engine._kernels.grow import grown
 from engine.errors import InputError, SchemaError
 from engine.rowset import KeyArray, unique_keys
@@ -202,7 +202,14 @@ class WritableColumnSource(ColumnSource):
 
 
 class _PrevSlots:
-    """Old contents of slots overwritten this cycle: sorted keys + their old values."""
+    """Old contents of slots overwritten this cycle: keys in the order saved, their old
+    values, and where each key's value is, through the column's dense position array
+    ``at`` (``at[key]``: the position, ``-1`` for a key not saved).
+
+    ``at`` is passed in, not kept: the column owns it across cycles (it grows with the
+    values) and :meth:`forget` resets only the saved keys, so a lookup is one gather and
+    a cycle's cost follows the keys it overwrote.
+    """
 
     __slots__ = ("keys", "values", "valid")
 
@@ -211,29 +218,32 @@ class _PrevSlots:
         self.values: npt.NDArray[Any] | None = None
         self.valid: npt.NDArray[np.bool_] | None = None
 
-    def new_keys(self, keys: KeyArray) -> KeyArray:
+    def new_keys(self, at: npt.NDArray[np.int32], keys: KeyArray) -> KeyArray:
         """The distinct keys among ``keys`` not saved yet."""
         k = unique_keys(keys)
         if self.keys.size:
-            k = k[~member(self.keys, k)]
+            k = k[at[k] < 0]
         return k
 
-    def add(self, keys: KeyArray, values: npt.NDArray[Any], valid: npt.NDArray[np.bool_]) -> None:
+    def add(self, at: npt.NDArray[np.int32], keys: KeyArray, values: npt.NDArray[Any],
+            valid: npt.NDArray[np.bool_]) -> None:
+        at[keys] = np.arange(self.keys.size, self.keys.size + keys.size, dtype=np.int32)
         if self.values is None or self.keys.size == 0:
             self.keys, self.values, self.valid = keys, values, valid
             return
         assert self.valid is not None
-        k = np.concatenate((self.keys, keys))
-        order = np.argsort(k, kind="stable")
-        self.keys = k[order]
-        self.values = np.concatenate((self.values, values))[order]
-        self.valid = np.concatenate((self.valid, valid))[order]
+        self.keys = np.concatenate((self.keys, keys))
+        self.values = np.concatenate((self.values, values))
+        self.valid = np.concatenate((self.valid, valid))
 
-    def lookup(self, keys: KeyArray) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.intp]]:
-        pos = np.searchsorted(self.keys, keys)
-        hit = pos < self.keys.size
-        hit[hit] = self.keys[pos[hit]] == keys[hit]
-        return hit, pos
+    def lookup(self, at: npt.NDArray[np.int32], keys: KeyArray
+               ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int32]]:
+        pos = at[keys]
+        return pos >= 0, pos
+
+    def forget(self, at: npt.NDArray[np.int32]) -> None:
+        """Reset ``at`` at the saved keys (the cycle is over)."""
+        at[self.keys] = -1
 
 
 class NumpyColumnSource(WritableColumnSource):
@@ -265,6 +275,7 @@ class NumpyColumnSource(WritableColumnSource):
         self._values: npt.NDArray[Any] = np.zeros(max(capacity, 16), dtype=dtype)
         self._valid: npt.NDArray[np.bool_] | None = None
         self._prev: _PrevSlots | None = None
+        self._prev_at: npt.NDArray[np.int32] | None = None  # see _PrevSlots; made at the first overwrite
 
     # storage --------------------------------------------------------------------
     @property
@@ -276,6 +287,8 @@ class NumpyColumnSource(WritableColumnSource):
             return
         cap = max(n, self._values.size * 2)
         self._values = grown(self._values, cap, self._tail)  # large: in place (_kernels/grow.py)
+        if self._prev_at is not None:
+            self._prev_at = grown(self._prev_at, cap, -1)
         if self._valid is not None:
             self._valid = grown(self._valid, cap, True)
 
@@ -313,7 +326,8 @@ class NumpyColumnSource(WritableColumnSource):
         p = self._prev
         if p is None or p.keys.size == 0:
             return values, valid
-        hit, pos = p.lookup(keys)
+        assert self._prev_at is not None
+        hit, pos = p.lookup(self._prev_at, keys)
         if hit.any():
             assert p.values is not None and p.valid is not None
             values = values.copy()
@@ -349,10 +363,12 @@ class NumpyColumnSource(WritableColumnSource):
         p = self._prev
         if p is None:
             return
-        new = p.new_keys(keys)
+        if self._prev_at is None:
+            self._prev_at = np.full(self._values.size, -1, dtype=np.int32)
+        new = p.new_keys(self._prev_at, keys)
         if new.size:
             valid = np.ones(new.size, dtype=bool) if self._valid is None else self._valid[new]
-            p.add(new, self._values[new], valid)
+            p.add(self._prev_at, new, self._values[new], valid)
 
     def set(self, keys: KeyArray, values: pa.Array | pa.ChunkedArray) -> None:
         data, valid = self._split(values)
@@ -426,6 +442,8 @@ class NumpyColumnSource(WritableColumnSource):
             self._prev = _PrevSlots()
 
     def end_cycle(self) -> None:
+        if self._prev is not None and self._prev_at is not None:
+            self._prev.forget(self._prev_at)
         self._prev = None
 
 

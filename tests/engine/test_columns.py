@@ -74,6 +74,31 @@ def test_move_keeps_previous_values_of_overwritten_slots():
     assert src.get_prev(K(1, 2, 3)).to_pylist() == [11, 12, 13]
 
 
+def test_previous_values_across_writes_growth_and_cycles_match_a_copy():
+    """Random writes (repeating keys, nulls, a write that grows the column mid-cycle):
+    ``get_prev`` is the copy taken at the start of the cycle, and after the cycle what was
+    saved is forgotten (prev == current, also for keys saved in an earlier cycle)."""
+    rng = np.random.default_rng(3)
+    src = NumpyColumnSource(pa.float64())
+    n = 40
+    src.set(np.arange(n), pa.array(rng.random(n)))
+    for c in range(60):
+        start = src.get(np.arange(n))
+        src.begin_cycle()
+        for _ in range(int(rng.integers(0, 4))):
+            keys = rng.integers(0, n, int(rng.integers(1, 12)))
+            vals = [None if v < 0.1 else float(v) for v in rng.random(keys.size)]
+            src.set(keys, pa.array(vals, pa.float64()))
+        if c % 7 == 3:  # grows the column past its capacity, saving as it goes
+            src.set(np.arange(n, 2 * n), pa.array(rng.random(n)))
+            start = pa.concat_arrays([start, pa.array([0.0] * n)])  # new keys read as zero before
+            n *= 2
+        probe = rng.permutation(n)
+        assert src.get_prev(probe).to_pylist() == start.take(pa.array(probe)).to_pylist(), c
+        src.end_cycle()
+        assert src.get_prev(probe).to_pylist() == src.get(probe).to_pylist(), c
+
+
 def test_arrow_store_compacts_and_keeps_values():
     src = ArrowColumnSource(pa.string())
     keys = np.arange(100, dtype=np.int64)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from engine._kernels.arrays import sorted_unique
+
 __all__ = ["Fenwick", "LiveBits"]
 
 I64 = npt.NDArray[np.int64]
@@ -66,7 +68,7 @@ class LiveBits:
                 return
             w = pos >> _SIX
             np.bitwise_or.at(words, w, _ONE << (pos & _63).astype(np.uint64))
-            pos = np.unique(w)
+            pos = sorted_unique(w)
 
     def clear(self, pos: I64) -> None:
         for words in self.levels:
@@ -74,7 +76,7 @@ class LiveBits:
                 return
             w = pos >> _SIX
             np.bitwise_and.at(words, w, ~(_ONE << (pos & _63).astype(np.uint64)))
-            uw = np.unique(w)
+            uw = sorted_unique(w)
             pos = uw[words[uw] == 0]
 
     def next_set(self, pos: I64, level: int = 0) -> I64:

@@ -22,7 +22,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine._kernels.arrays import numeric_view
-from engine.columns import ColumnSource, NumpyColumnSource, numpy_storage_dtype
+from engine.columns import (
+    ColumnSource,
+    NumpyColumnSource,
+    RedirectingColumnSource,
+    numpy_storage_dtype,
+)
 
 __all__ = [
     "StringWords",
@@ -54,9 +59,16 @@ def fetch(src: ColumnSource, keys: I64, prev: bool) -> pa.Array:
 
 
 def fetch_numpy(src: ColumnSource, keys: I64, prev: bool) -> NumPair:
-    """``(values, validity or None)`` at ``keys`` in the column's numpy storage dtype."""
-    if isinstance(src, NumpyColumnSource):
-        return src.get_prev_numpy(keys) if prev else src.get_numpy(keys)
+    """``(values, validity or None)`` at ``keys`` in the column's numpy storage dtype.
+
+    A column read through maps (a computed column stored by slot, a sorted table's) down
+    to numpy storage is read there, keys translated map by map: no Arrow array between."""
+    inner, at = src, keys
+    while isinstance(inner, RedirectingColumnSource):
+        at = inner.translate_prev(at) if prev else inner.translate(at)
+        inner = inner.inner
+    if isinstance(inner, NumpyColumnSource):
+        return inner.get_prev_numpy(at) if prev else inner.get_numpy(at)
     return numpy_of(fetch(src, keys, prev))
 
 

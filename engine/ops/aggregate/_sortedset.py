@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from engine._kernels.arrays import expand_with_owner
+from engine._kernels.arrays import expand_with_owner, key_order
 from engine._kernels.ids import IdAllocator
 from engine._kernels.rowkeymap import RowKeyMap
 from engine.errors import UpdateInvariantError
@@ -552,7 +552,8 @@ class RowKeySet(_Sorted):
         ids = self._alloc(keys.size)
         self._eg[ids] = g
         self._map.insert(keys, ids)
-        o = lex_order(g, v)
+        o = key_order(keys)  # by (group, row key): radix passes over small non-negative ints
+        o = o[key_order(g[o])]
         g, v = g[o], v[o]
         (self._d_ids,) = self._delta_insert(g, v, self._coarse(g, v), None, (self._d_ids, ids[o]))
         self._index_delta()

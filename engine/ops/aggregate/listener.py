@@ -501,9 +501,17 @@ class AggListener:
         hash map then probes and verifies each group once, not each row."""
         if h.size < self.DISTINCT_MIN:
             return None, _EMPTY_I
-        uh, first, inv = np.unique(h, return_index=True, return_inverse=True)
-        if 2 * uh.size > h.size:  # mostly distinct: the map's work is the same either way
+        o = np.argsort(h)  # equal hashes in any order: each run's first row is its minimum
+        hs = h[o]
+        head = np.empty(h.size, dtype=bool)
+        head[0] = True
+        np.not_equal(hs[1:], hs[:-1], out=head[1:])
+        starts = np.flatnonzero(head)
+        if 2 * starts.size > h.size:  # mostly distinct: the map's work is the same either way
             return None, _EMPTY_I
+        first = np.minimum.reduceat(o, starts)
+        inv = np.empty(h.size, dtype=np.int64)
+        inv[o] = np.cumsum(head) - 1
         if same_batch is not None and not same_batch(np.arange(h.size), first[inv]).all():
             return None, _EMPTY_I
         order = np.argsort(first)  # new groups take slots in order of their first row

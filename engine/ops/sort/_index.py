@@ -94,6 +94,25 @@ SPACING = 2            # slots per row when laying out or appending
 MIN_FRONT = 64         # free slots in front of the first row after a full layout
 
 
+def _shift_at(old: I64, new: I64, breaks: I64) -> RowSetShiftData:
+    """:func:`shift_from_runs` of survivors ``old -> new`` whose delta changes at most at
+    the indices ``breaks`` (any order, repeats and ``old.size`` allowed): the shift read
+    at those indices only."""
+    n = old.size
+    if n == 0:
+        return RowSetShiftData.empty()
+    at = np.zeros(n + 1, dtype=bool)  # one pass over flags beats sorting the breaks
+    at[0] = True
+    at[breaks] = True
+    starts = np.flatnonzero(at[:n])
+    d = new[starts] - old[starts]
+    run = np.flatnonzero(np.concatenate(([True], d[1:] != d[:-1])))  # runs of one delta
+    starts, d = starts[run], d[run]
+    ends = np.append(starts[1:] - 1, n - 1)
+    nz = d != 0
+    return RowSetShiftData.from_arrays(old[starts[nz]], old[ends[nz]], d[nz])
+
+
 # the index ------------------------------------------------------------------------------
 class SortIndex:
     """Parent rows kept in sort order on gapped slots (see the module docstring).
@@ -120,6 +139,10 @@ class SortIndex:
         self._live = LiveBits(64)
         self._pks = RowKeyMap()
         self._events: list[I64] = []
+        # (front, end) of the last full layout while only removes followed it (its rows
+        # are still at front, front + SPACING, ... but for the slots in _gone), else None
+        self._grid: tuple[int, int] | None = None
+        self._gone: list[I64] = []
         self.size = 0
         self.moved = 0  # survivors moved by the last insert (for benchmarks and tests)
         self.relaid = False  # the last insert laid every row out again
@@ -167,6 +190,8 @@ class SortIndex:
         self._live.clear(slots)
         self.size -= slots.size
         self._events.append(slots)
+        if self._grid is not None:
+            self._gone.append(slots)
         return slots
 
     def repoint(self, prev_pks: I64, cur_pks: I64) -> None:
@@ -575,6 +600,7 @@ class SortIndex:
         if not self.moved:
             return
         src, dst = old[moving], new[moving]
+        self._grid = None
         old_codes = [c_[src] for c_ in self._codes]
         old_pk = self._redir.pk(src)
         self._live.clear(src)
@@ -597,6 +623,7 @@ class SortIndex:
             self._put(dst, [c_[src] for c_ in self._codes], self._redir.pk(src))
 
     def _store(self, slots: I64, codes: list[U64], pks: I64) -> None:
+        self._grid = None
         self._put(slots, codes, pks)
         self._pks.insert(pks, slots)
         self._live.set(slots)
@@ -624,8 +651,16 @@ class SortIndex:
         sequential passes over the table. The survivors are ranked by their codes alone
         (live slots, so Invariant G is not needed: the removes and repoints of the cycle
         are never refilled), ties settled as :meth:`_search` settles them.
+
+        When only removes followed the last full layout (a bulk cycle after a bulk cycle),
+        the survivors are that layout's slots less the removed ones, and the survivors'
+        shift changes only where a new row goes in or a removed row was
+        (:meth:`_grid_survivors`): no scan of the live bits, no pass over every delta.
         """
-        surv = self._live.all_live()
+        if self._grid is not None:
+            surv, breaks = self._grid_survivors()
+        else:
+            surv, breaks = self._live.all_live(), None
         c0 = self._codes[0][surv]
         q0 = codes[0]
         before = np.searchsorted(c0, q0, side="left")
@@ -636,7 +671,23 @@ class SortIndex:
             before[tie] = self._narrow(before[tie], stop, tie, codes, values, pks, at=surv)
         n = self.size + pks.size
         room = max(MIN_FRONT, min(self._live.first(), n // 4))
-        return self._relayout(codes, pks, before, room, surv)
+        return self._relayout(codes, pks, before, room, surv, c0, breaks)
+
+    def _grid_survivors(self) -> tuple[I64, I64]:
+        """The live slots of the last full layout, and the survivors (by index) that
+        follow a removed row: with the rows ``before`` which the new ones go, the only
+        places where the survivors' shift can change."""
+        assert self._grid is not None
+        front, end = self._grid
+        keep = np.ones((end - front) // SPACING, dtype=bool)
+        if self._gone:
+            keep[(np.concatenate(self._gone) - front) // SPACING] = False
+        at = np.flatnonzero(~keep)  # the removed rows' places in the layout, sorted
+        surv = np.flatnonzero(keep).astype(np.int64)
+        surv *= SPACING
+        surv += front
+        # the survivor after the j-th removed row (in layout order) has index at[j] - j
+        return surv, at - np.arange(at.size, dtype=np.int64)
 
     def _relayout_with(self, codes: list[U64], pks: I64, ins: I64, front: bool = False
                        ) -> tuple[I64, RowSetShiftData]:
@@ -646,11 +697,14 @@ class SortIndex:
         # new row i goes before the survivors at slots >= ins[i]
         return self._relayout(codes, pks, np.searchsorted(surv, ins, side="left"), room, surv)
 
-    def _relayout(self, codes: list[U64], pks: I64, before: I64, front: int, surv: I64 | None = None
-                  ) -> tuple[I64, RowSetShiftData]:
+    def _relayout(self, codes: list[U64], pks: I64, before: I64, front: int, surv: I64 | None = None,
+                  surv_c0: U64 | None = None, breaks: I64 | None = None) -> tuple[I64, RowSetShiftData]:
         """Every row (survivors ``surv``, live slots in order, and new rows sorted by key,
         new row ``i`` going before survivor ``before[i]``) at slots ``front + 2k``; every
-        survivor moves."""
+        survivor moves. ``surv_c0``: the survivors' first codes, when the caller read them;
+        ``breaks``: survivors (by index) other than those of ``before`` where the
+        survivors' shift may change, when the caller knows them (else it is read off
+        every survivor's)."""
         if surv is None:
             surv = self._live.all_live() if self.size else _EMPTY
         n_s, m = surv.size, pks.size
@@ -666,7 +720,7 @@ class SortIndex:
         old_pk = self._redir.pk(surv)
         merged = np.empty(n, dtype=np.uint64)
         for j, c_ in enumerate(self._codes):
-            merged[at_surv] = c_[surv]
+            merged[at_surv] = surv_c0 if j == 0 and surv_c0 is not None else c_[surv]
             merged[at_new] = codes[j]
             fresh = np.zeros(cap, dtype=np.uint64)
             for back in range(SPACING):  # Invariant G: the ghosts before each row hold its values
@@ -688,9 +742,12 @@ class SortIndex:
         self._pks.insert(pks, new)
         self.size = n
         self._events = []
+        self._grid, self._gone = (front, end), []
         self.moved = n_s
         self.relaid = True
-        return new, shift_from_runs(surv, surv_new)
+        if breaks is None:
+            return new, shift_from_runs(surv, surv_new)
+        return new, _shift_at(surv, surv_new, np.concatenate((before, breaks)))
 
     # invariant G ----------------------------------------------------------------------------
     def _refill(self) -> None:

@@ -32,6 +32,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine._kernels.arrays import key_order
 from engine.errors import SchemaError
 
 __all__ = ["KeyEncoder", "MAX_CODE", "encoder_for", "order_batch", "as_arrow"]
@@ -242,12 +243,15 @@ def order_batch(encoders: Sequence[KeyEncoder], values: Sequence[pa.Array], code
     """
     if pks.size < 2:
         return np.arange(pks.size, dtype=np.int64)
-    keys: list[npt.NDArray[Any]] = [] if pks_sorted else [pks]
-    for enc, v, c in zip(reversed(encoders), reversed(values), reversed(codes), strict=True):
-        keys.append(enc.rank(v, c))
-    if len(keys) == 1:
-        return _stable_argsort(keys[0])
-    return np.lexsort(keys).astype(np.int64)
+    ranks = [enc.rank(v, c) for enc, v, c in zip(reversed(encoders), reversed(values), reversed(codes), strict=True)]
+    if len(ranks) == 1:
+        if pks_sorted:
+            return _stable_argsort(ranks[0])
+        # into parent-key order first (a radix sort), then a stable sort of the one key:
+        # a lexsort of two 64-bit keys costs several times more
+        by_pk = np.asarray(key_order(pks), dtype=np.int64)
+        return by_pk[_stable_argsort(ranks[0][by_pk])]
+    return np.lexsort(ranks if pks_sorted else [pks, *ranks]).astype(np.int64)
 
 
 def _stable_argsort(k: npt.NDArray[Any]) -> I64:

@@ -332,8 +332,16 @@ class LiveBits:
         return slots[keep], owner[keep]
 
     def all_live(self) -> I64:
-        bits = np.unpackbits(self._levels[0].view(np.uint8), bitorder="little")
-        return np.flatnonzero(bits).astype(np.int64)
+        """Every live slot, sorted: the words from the first live one to the last (the
+        space past the last row may be as large again as the rows' span)."""
+        first = self.first()
+        if first < 0:
+            return np.empty(0, dtype=np.int64)
+        w0, w1 = first >> 6, (self.last() >> 6) + 1
+        bits = np.unpackbits(self._levels[0][w0:w1].view(np.uint8), bitorder="little")
+        out = np.flatnonzero(bits).astype(np.int64)
+        out += w0 << 6
+        return out
 
 
 # output key -> parent key ---------------------------------------------------------------

@@ -24,7 +24,7 @@ from engine.ops.sort._slots import LiveBits, Redirection
 from engine.rowset import RowSet, RowSetShiftData
 from engine.table import Table
 from engine.update import TableUpdate
-from tests.oracle import run_oracle, share_cycles
+from tests.oracle import assert_same, run_oracle, share_cycles
 from tests.replay import ReplayChecker
 from tests.shifting import run_shifting_oracle
 
@@ -246,19 +246,30 @@ def test_a_table_grown_dense_is_laid_out_again(monkeypatch):
     assert col(s, "Id") == want
 
 
+class Merges(list[int]):
+    """Each merge's batch size; ``grid``: how many of them found the survivors on the
+    last full layout (only removes since), not by a scan of the live bits."""
+
+    grid = 0
+
+
 @pytest.fixture
 def merges(monkeypatch):
-    """Batches of 1/16 of the table or more are merged at any table size (``BULK_MIN`` 0);
-    the list holds each merge's batch size."""
+    """Batches of 1/16 of the table or more are merged at any table size (``BULK_MIN`` 0)."""
     monkeypatch.setattr(sort_index, "BULK_MIN", 0)
-    seen: list[int] = []
-    inner = SortIndex._merge
+    seen = Merges()
+    inner, grid = SortIndex._merge, SortIndex._grid_survivors
 
     def counted(self, codes, values, pks):
         seen.append(pks.size)
         return inner(self, codes, values, pks)
 
+    def on_grid(self):
+        seen.grid += 1
+        return grid(self)
+
     monkeypatch.setattr(SortIndex, "_merge", counted)
+    monkeypatch.setattr(SortIndex, "_grid_survivors", on_grid)
     return seen
 
 
@@ -277,6 +288,77 @@ def test_a_large_batch_is_merged_and_the_rows_between_move_as_a_block(merges):
     assert_update(seen[-1], added=[68], removed=[64], shifted=([66], [68], [-2]))
     assert col(s, "K") == ["B", "C", "A", "D"]
     assert s.rowset.keys().tolist() == [64, 66, 68, 70]
+
+
+def test_merges_back_to_back_shift_the_rows_between_the_changes_as_blocks(merges):
+    """A merge after a merge: the survivors are the last layout's slots less the removed
+    ones, and the shift changes only where a row went in or out."""
+    g = UpdateGraph(validate=True)
+    ids = list(range(8))
+    t = keyed(g, ids, list("ABCDEFGH"), [float(i) for i in ids])
+    s = checked(t.sort("Price"))
+    seen = record(s)
+    t.upsert(pa.table({"Id": [2], "K": ["C"], "Price": [7.5]}, schema=SCHEMA))  # C to the end
+    g.run_cycle()
+    assert merges == [1] and merges.grid == 1  # the build was a full layout
+    assert col(s, "K") == list("ABDEFGHC")
+    t.delete(pa.table({"Id": [4]}))  # E goes, ...
+    t.upsert(pa.table({"Id": [0, 8], "K": ["A", "I"], "Price": [6.5, 1.5]}, schema=SCHEMA))  # A moves, I is new
+    g.run_cycle()
+    assert merges == [1, 2] and merges.grid == 2
+    assert col(s, "K") == list("BIDFGAHC")
+    # A (64) and E (70) leave; B moves down a row, D stays, F and G move down as one
+    # range, H and C stay; I and A come in at 66 and 74
+    assert_update(seen[-1], added=[66, 74], removed=[64, 70], shifted=([66, 72], [66, 74], [-2, -2]))
+
+
+def test_shift_read_at_the_breaks_is_the_shift_read_off_every_survivor():
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        n = int(rng.integers(1, 60))
+        old = 100 + 10 * np.sort(rng.choice(1000, n, replace=False))
+        at = np.unique(rng.integers(0, n + 1, int(rng.integers(1, 6))))  # the delta changes here
+        delta = np.zeros(n, dtype=np.int64)
+        for a, m in zip(at, rng.integers(-3, 4, at.size), strict=True):
+            delta[a:] += m
+        new = old + delta  # order kept: neighbours 10 apart move at most 3 closer
+        extra = rng.integers(0, n + 1, int(rng.integers(0, 4)))  # breaks where nothing changes
+        got = sort_index._shift_at(old, new, np.concatenate((at, extra)))
+        assert got == sort_slots.shift_from_runs(old, new)
+
+
+def test_oracle_bulk_cycles_back_to_back(merges):
+    """W1's shape: every cycle modifies the sort key of a third of the rows (some to the
+    value they had), deletes a tenth and adds a tenth, so each cycle is a merge right
+    after a merge; every fifth cycle is a small one placed gap by gap in between."""
+    rng = np.random.default_rng(41)
+    schema = pa.schema([("Id", pa.int64()), ("Price", pa.float64()), ("Q", pa.int64())])
+    g = UpdateGraph(validate=True)
+    t = g.keyed_table(schema, "Id")
+    n, next_id = 400, 400
+    t.upsert(pa.table({"Id": np.arange(n), "Price": rng.integers(0, 50, n) * 1.0,
+                       "Q": rng.integers(0, 9, n)}, schema=schema))
+    g.run_cycle()
+    s = checked(t.sort(["Price", "Q"]))
+    replay = ReplayChecker(s)
+    want = sorted_frame(["Price", "Q"], [False, False])
+    for c in range(150):
+        ids = t.to_pandas().Id.to_numpy()
+        small = c % 5 == 4
+        k = 2 if small else ids.size // 3
+        mod = rng.choice(ids, k, replace=False)
+        gone = rng.choice(np.setdiff1d(ids, mod), 0 if small else ids.size // 10, replace=False)
+        new = np.arange(next_id, next_id + (1 if small else ids.size // 10))
+        next_id += new.size
+        keys = np.concatenate((mod, new))
+        price = rng.integers(0, 50, keys.size) * 1.0  # ties, and some rows keep their price
+        if gone.size:
+            t.delete(pa.table({"Id": gone}))
+        t.upsert(pa.table({"Id": keys, "Price": price, "Q": rng.integers(0, 9, keys.size)}, schema=schema))
+        g.run_cycle()
+        assert_same(s.to_pandas(), want(t.to_pandas()), f"cycle {c}")
+        replay.check()
+    assert merges.grid > 80  # the merges that followed a merge (120 merges)
 
 
 def test_parent_shift_moves_no_output_key():
@@ -543,6 +625,7 @@ def test_oracle_merged_batches_by_price(merges):
     run_oracle(lambda t: checked(t.sort("Price")), sorted_frame(["Price"], [False]), seed=31,
                n_cycles=1200)
     assert len(merges) > 300 and max(merges) >= 30  # whole-table modifies among them
+    assert merges.grid > 30  # and merges right after a merge
 
 
 def test_oracle_merged_batches_nan_infinities_signed_zeros_and_nulls(merges):
@@ -573,3 +656,4 @@ def test_oracle_merged_batches_of_long_strings_and_a_shifting_parent(merges):
         (lambda t: checked(t.sort(["Sym", "Qty"], [True, False])), sorted_frame(["Sym", "Qty"], [True, False])),
     ], seed=34, n_cycles=400)
     assert n > 100 and len(merges) - n > 100
+    assert merges.grid > 30
