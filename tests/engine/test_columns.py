@@ -74,14 +74,21 @@ def test_move_keeps_previous_values_of_overwritten_slots():
     assert src.get_prev(K(1, 2, 3)).to_pylist() == [11, 12, 13]
 
 
-def test_previous_values_across_writes_growth_and_cycles_match_a_copy():
+@pytest.mark.parametrize("share", [4, 0])
+def test_previous_values_across_writes_growth_and_cycles_match_a_copy(monkeypatch, share):
     """Random writes (repeating keys, nulls, a write that grows the column mid-cycle):
     ``get_prev`` is the copy taken at the start of the cycle, and after the cycle what was
-    saved is forgotten (prev == current, also for keys saved in an earlier cycle)."""
+    saved is forgotten (prev == current, also for keys saved in an earlier cycle). With
+    ``share`` 4 some cycles turn to the dense position array part way (and the column
+    keeps it only after such a cycle); with 0 none does."""
+    import engine.columns as columns_module
+
+    monkeypatch.setattr(columns_module, "PREV_DENSE_SHARE", share)
     rng = np.random.default_rng(3)
     src = NumpyColumnSource(pa.float64())
     n = 40
     src.set(np.arange(n), pa.array(rng.random(n)))
+    dense = 0
     for c in range(60):
         start = src.get(np.arange(n))
         src.begin_cycle()
@@ -95,8 +102,15 @@ def test_previous_values_across_writes_growth_and_cycles_match_a_copy():
             n *= 2
         probe = rng.permutation(n)
         assert src.get_prev(probe).to_pylist() == start.take(pa.array(probe)).to_pylist(), c
+        assert src._prev is not None
+        went_dense = src._prev.at is not None
+        dense += went_dense
         src.end_cycle()
+        assert (src._prev_at is not None) == went_dense, c  # kept only after a dense cycle
+        if went_dense:
+            assert (src._prev_at == -1).all(), c  # every saved key reset
         assert src.get_prev(probe).to_pylist() == src.get(probe).to_pylist(), c
+    assert (0 < dense < 60) if share == 4 else dense == 0
 
 
 def test_arrow_store_compacts_and_keeps_values():
