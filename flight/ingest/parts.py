@@ -27,8 +27,9 @@ summed into one batch (partitions have no order); a commit may not mix DIFF with
 modes for one table.
 
 Locks, always in this order: the graph's lock (shared, or exclusive for a commit), then a
-table's staging lock. One part is staged under its table's staging lock alone; several
-parts of one batch under the graph's shared lock too (one cycle takes them all); a DIFF
+table's staging lock. The parts of one batch are staged under their table's staging lock
+alone, all of them in one hold (:meth:`~engine.sources.SourceTable.stage_all`: one cycle
+takes them all, and a cycle waiting for readers of the graph holds up no writer); a DIFF
 part under the table's write lock. Nothing here takes the StagingArea's own mutex.
 """
 
@@ -132,12 +133,9 @@ class PartWriter:
             assert isinstance(table, KeyedTable) and len(parts) == 1, "diff is one keyed part"
             with table.write_lock():
                 _resolve(table, parts, "nothing of the batch was applied").stage(table)
-        elif len(parts) == 1:  # the table's own staging lock makes one part atomic
-            _stage_part(table, parts[0])
-        else:
-            with self.graph.shared_lock():  # one cycle takes all parts; no commit in between
-                for part in parts:
-                    _stage_part(table, part)
+        else:  # the table's own staging lock makes them atomic: one cycle takes them all
+            assert isinstance(table, SourceTable) and all(p.diffs is None for p in parts)
+            table.stage_all([p.rows for p in parts])
 
     def submit(self, entry: TableEntry, parts: list[Part], chain: object = None) -> Future[None]:
         """:meth:`apply` at once, its outcome as a done future (the in-memory side of

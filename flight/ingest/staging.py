@@ -33,8 +33,9 @@ write the server dropped (``stage_ttl``, a restart) is still known, for ``stage_
 commit says which slots are missing, as before the drop.
 
 Locks, always in this order: the graph's lock (shared, or exclusive for a commit), then a
-table's staging lock. One part is staged under its table's staging lock alone; several
-parts of one batch under the graph's shared lock too (one cycle takes them all); a DIFF
+table's staging lock. The parts of one batch are staged under their table's staging lock
+alone, all of them in one hold (:meth:`~engine.sources.SourceTable.stage_all`: one cycle
+takes them all, and a cycle waiting for readers of the graph holds up no writer); a DIFF
 part under the table's write lock. The StagingArea's own mutex guards its bookkeeping, is
 held only briefly, and never while taking a graph or table lock.
 """

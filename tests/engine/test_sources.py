@@ -150,6 +150,22 @@ def test_a_write_is_checked_once_and_staged_as_checked(monkeypatch):
     assert t.to_pandas().values.tolist() == [[1, "a", 1.0]]
 
 
+def test_stage_all_stages_in_order_and_nothing_when_one_batch_fails_its_check():
+    g = UpdateGraph(validate=True)
+    t = g.keyed_table(KV, "k")
+    other = g.keyed_table(KV, "s")  # same columns, other key: a null k passes its check
+    good = t.check_batch({"k": [1, 2], "s": ["a", "b"], "v": [1.0, 2.0]}, "upsert")
+    bad = other.check_batch({"k": pa.array([None], pa.int64()), "s": ["c"], "v": [3.0]}, "upsert")
+    with pytest.raises(InvalidKeyError, match="key column 'k' has 1 null value"):
+        t.stage_all([good, bad])
+    assert t.pending_rows == 0
+    t.stage_all([good, t.check_batch({"k": [1]}, "delete"),
+                 other.check_batch({"k": [1], "s": ["z"], "v": [9.0]}, "upsert")])
+    assert t.pending_rows == 4
+    g.run_cycle()
+    assert t.to_pandas().sort_values("k").values.tolist() == [[1, "z", 9.0], [2, "b", 2.0]]
+
+
 def test_a_batch_checked_by_another_table_is_checked_by_this_one():
     g = UpdateGraph()
     t = g.keyed_table(KV, "k")

@@ -7,6 +7,7 @@ semantics, no cycle ever run by a put), then over real Flight on 127.0.0.1 port 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pyarrow as pa
@@ -224,6 +225,72 @@ def test_a_put_never_runs_a_cycle(env, monkeypatch):
     monkeypatch.undo()
     env.graph.run_cycle()
     assert env.keyed("t") == {1: row(1, "c", 3.0)}
+
+
+def test_an_upsert_with_deletes_does_not_wait_for_readers_of_the_graph(env):
+    """Its two parts (upserts, deletes) are staged under the table's staging lock alone: a
+    snapshot holding the graph, and a cycle waiting for it, hold up no writer (#39 item 5)."""
+    env.create("t")
+    env.put("t", UPSERT, kv([1, 2], ["a", "b"], [1, 2]))
+    env.graph.run_cycle()
+    reading, release = threading.Event(), threading.Event()
+
+    def reader():
+        with env.graph.shared_lock():
+            reading.set()
+            release.wait(30)
+
+    threads = [threading.Thread(target=reader)]
+    threads[0].start()
+    assert reading.wait(10)
+    cycle = threading.Thread(target=env.graph.run_cycle)  # waits for the reader
+    cycle.start()
+    deadline = time.monotonic() + 10
+    while not env.graph._lock._writers_waiting and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert env.graph._lock._writers_waiting  # new readers now wait behind the cycle
+    put = threading.Thread(target=env.put, args=("t", UPSERT, kv(
+        [1, 2, 3], ["x", "-", "c"], [10, 0, 3], __delete=[False, True, False])))
+    put.start()
+    put.join(10)
+    try:
+        assert not put.is_alive(), "the put waited for the graph's readers"
+        assert env.registry.get("t").table.pending_rows == 3  # both parts staged
+    finally:
+        release.set()
+        threads[0].join(10)
+        cycle.join(10)
+        put.join(10)
+    assert env.keyed("t") == {1: row(1, "x", 10.0), 3: row(3, "c", 3.0)}
+
+
+def test_the_parts_of_a_batch_land_in_one_cycle_while_cycles_run(env):
+    """Each batch upserts key 1 and deletes key 2 (or the reverse): a cycle taking one part
+    without the other would leave both keys present, or neither."""
+    env.create("t")
+    env.put("t", UPSERT, kv([1], ["a"], [0]))
+    env.graph.run_cycle()
+    stop = threading.Event()
+    seen: list[set[int]] = []
+
+    def cycles():
+        while not stop.is_set():
+            env.graph.run_cycle()
+            seen.append(set(env.keyed("t")))
+
+    runner = threading.Thread(target=cycles)
+    runner.start()
+    try:
+        for i in range(1, 400):
+            up, down = (2, 1) if i % 2 else (1, 2)
+            env.put("t", UPSERT, kv([up, down], ["u", "-"], [i, 0], __delete=[False, True]))
+    finally:
+        stop.set()
+        runner.join(30)
+    env.graph.run_cycle()
+    seen.append(set(env.keyed("t")))
+    assert len(seen) > 10
+    assert all(len(keys) == 1 for keys in seen), [k for k in seen if len(k) != 1][:5]
 
 
 def test_a_diff_batch_sees_the_earlier_batches_of_its_own_stream(env):
