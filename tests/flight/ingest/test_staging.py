@@ -397,6 +397,96 @@ def test_commit_into_a_failed_table_publishes_nothing(env):
     assert env.staging.open_stages == 2 and a.pending_rows == 0
 
 
+def test_a_one_table_commit_into_a_failed_table_publishes_nothing(env):
+    k = env.create("k")
+    env.put("k", UPSERT, kv([1], ["x"], [1]), write_id="w", partition=0)
+    env.put("k", DELETE, {"k": [2]}, write_id="w", partition=1)
+    k.failure = RuntimeError("boom")
+    with pytest.raises(TableFailed, match="table 'k' failed: boom"):
+        env.commit("w", all_slots=True)
+    assert env.staging.open_stages == 2 and k.pending_rows == 0
+
+
+def test_a_one_table_commit_does_not_wait_for_readers_of_the_graph(env):
+    """A commit into one table (no DIFF) is staged under the table's staging lock alone: a
+    snapshot holding the graph, and a cycle waiting for it, hold up no commit; the step it
+    answers is one that shows it."""
+    k = env.create("k")
+    env.put("k", UPSERT, kv([1, 2], ["a", "b"], [1, 2]))
+    env.graph.run_cycle()
+    env.put("k", UPSERT, kv([1], ["x"], [10]), write_id="w", partition=0)
+    env.put("k", DELETE, {"k": [2]}, write_id="w", partition=1)
+    reading, release = threading.Event(), threading.Event()
+
+    def reader():
+        with env.graph.shared_lock():
+            reading.set()
+            release.wait(30)
+
+    held = threading.Thread(target=reader)
+    held.start()
+    assert reading.wait(10)
+    cycle = threading.Thread(target=env.graph.run_cycle)  # waits for the reader
+    cycle.start()
+    deadline = time.monotonic() + 10
+    while not env.graph._lock._writers_waiting and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert env.graph._lock._writers_waiting  # new readers now wait behind the cycle
+    answer: list[pb.CommitResult] = []
+    commit = threading.Thread(target=lambda: answer.append(env.commit("w", all_slots=True)))
+    commit.start()
+    commit.join(10)
+    try:
+        assert not commit.is_alive(), "the commit waited for the graph's readers"
+        assert k.pending_rows == 2
+    finally:
+        release.set()
+        held.join(10)
+        cycle.join(10)
+        commit.join(10)
+    (res,) = answer
+    assert res.applied and res.rows == 2
+    assert env.graph.step == res.step  # the waiting cycle took it
+    assert env.keyed("k") == {1: row(1, "x", 10.0)}
+    assert k.last_step == res.step
+
+
+def test_one_table_commits_land_whole_in_one_cycle_while_cycles_run(env):
+    """Each commit's two slots upsert key 1 and delete key 2 (or the reverse): a cycle taking
+    one slot without the other would leave both keys present, or neither; and every answered
+    step shows its commit."""
+    env.create("k")
+    env.put("k", UPSERT, kv([1], ["a"], [0]))
+    env.graph.run_cycle()
+    stop = threading.Event()
+    seen: dict[int, dict[int, float]] = {}  # step -> the rows it left: key -> v
+
+    def cycles():
+        while not stop.is_set():
+            step = env.graph.run_cycle()
+            seen[step] = {k: r["v"] for k, r in env.keyed("k").items()}
+
+    runner = threading.Thread(target=cycles)
+    runner.start()
+    answered = []
+    try:
+        for i in range(1, 300):
+            up, down = (2, 1) if i % 2 else (1, 2)
+            env.put("k", UPSERT, kv([up], ["u"], [i]), write_id=f"w{i}", partition=0)
+            env.put("k", DELETE, {"k": [down]}, write_id=f"w{i}", partition=1)
+            answered.append((env.commit(f"w{i}", all_slots=True).step, i))
+    finally:
+        stop.set()
+        runner.join(30)
+    step = env.graph.run_cycle()
+    seen[step] = {k: r["v"] for k, r in env.keyed("k").items()}
+    assert len(seen) > 10
+    assert all(len(rows) == 1 for rows in seen.values()), [r for r in seen.values() if len(r) != 1][:5]
+    for at, i in answered:  # the state the answered step left shows commit i (or a later one)
+        (v,) = seen[at].values()
+        assert v >= i, (at, i, v)
+
+
 def test_a_staged_diff_is_checked_against_writes_staged_before_its_commit(env):
     env.create("k")
     env.put("k", DIFF, diff([1, 1], ["a", "b"], [1, 2], [-1, 1]), write_id="w")
