@@ -76,7 +76,9 @@ def _same(u, v) -> bool:
 
 
 def _same_rows(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
-    return len(a) == len(b) and all(
+    # equal lists are the same rows (equal values pass _same; no NaN: _plain_rows and _norm
+    # made them None); only lists that differ are compared value by value, floats to 1e-9
+    return a == b or len(a) == len(b) and all(
         len(ra) == len(rb) and all(_same(u, v) for u, v in zip(ra, rb, strict=True))
         for ra, rb in zip(a, b, strict=True)
     )
