@@ -9,7 +9,7 @@ through the :class:`PartWriter` a :class:`~flight.ingest.staging.StagingArea` ho
   (:meth:`PartWriter.apply`, :meth:`PartWriter.submit`): visible after the next cycle;
 * the parts of the chosen slots of one commit, in one critical section holding the graph's
   exclusive lock (:meth:`PartWriter.write_commit`), so one cycle applies them all, across
-  tables; a commit into one table without DIFF parts needs only that table's staging lock.
+  tables.
 
 A part's rows were checked once, by their table
 (:meth:`~engine.sources.SourceTable.check_batch`), when the batch arrived; staging them
@@ -170,8 +170,6 @@ class PartWriter:
         if not parts:
             return self.graph.step
         names = list(dict.fromkeys(p.table for p in parts))
-        if len(names) == 1 and all(p.kind != PutMode.DIFF for p in parts):
-            return self._commit_one_table(self.registry.get(names[0]), parts)
         with self.graph.exclusive_lock():
             entries = {n: self.registry.get(n) for n in names}
             for e in entries.values():
@@ -201,28 +199,6 @@ class PartWriter:
                             if part.table == n:
                                 _stage_part(table, part)
             step = self.graph.step + 1  # the next cycle takes every pending write
-        self.graph.request_cycle()
-        return step
-
-
-    def _commit_one_table(self, entry: TableEntry, parts: list[Part]) -> int:
-        """A commit into one table without DIFF parts: staged under the table's staging lock
-        alone (:meth:`~engine.sources.SourceTable.stage_all`), which is all one cycle needs
-        to take them all, so a commit does not wait for the graph's readers (subscribers
-        building their messages) as the exclusive lock would.
-
-        Returns the step of the cycle that applies them, or of the one after it when a cycle
-        was running as they were staged and had not yet reached the table (the wait for it
-        then lasts a cycle longer than needed; it never ends before the rows are visible).
-        """
-        table = entry.table
-        assert isinstance(table, SourceTable)
-        if table.failure is not None:
-            raise TableFailed(f"table {entry.name!r} failed: {table.failure}")
-        table.stage_all([p.rows for p in parts])
-        # read once staged: every cycle up to this step has begun, and the next one takes
-        # whatever is staged, so the rows are visible once it ended (if not before)
-        step = self.graph.step + 1
         self.graph.request_cycle()
         return step
 
