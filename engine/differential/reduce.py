@@ -156,14 +156,19 @@ def _distinct_keys(parts: list[tuple[_Keys, U64]], by: Sequence[str]) -> tuple[_
             h = parts[0][1] if len(parts) == 1 else np.concatenate([k for _, k in parts])
             v = views[0] if len(parts) == 1 else np.concatenate(views)  # type: ignore[arg-type]
             if h.size > 1:
-                order = h.argsort(kind="stable")
-                h = h.take(order)
                 new = np.empty(h.size, dtype=bool)
                 new[0] = True
-                np.not_equal(h[1:], h[:-1], out=new[1:])
-                if not new.all():
-                    order, h = order[new], h[new]
-                v = v.take(order)  # type: ignore[union-attr]
+                if len(parts) == 1 and bool((h[1:] >= h[:-1]).all()):  # an indexed delta: in hash order
+                    np.not_equal(h[1:], h[:-1], out=new[1:])
+                    if not new.all():
+                        h, v = h[new], v[new]  # type: ignore[index]
+                else:
+                    order = h.argsort(kind="stable")
+                    h = h.take(order)
+                    np.not_equal(h[1:], h[:-1], out=new[1:])
+                    if not new.all():
+                        order, h = order[new], h[new]
+                    v = v.take(order)  # type: ignore[union-attr]
             return _IntKeys(by[0], v, schema.field(0).type), h  # type: ignore[arg-type]
     tables = [p.table() if isinstance(p, _IntKeys) else p for p, _ in parts]
     if len(parts) == 1:
