@@ -260,6 +260,9 @@ class _LinearNode(Node):
         self.op = op
         self.emits_at_input_time = op.keeps_times
 
+    def input_demand(self, port: int, need: set[str] | None) -> set[str] | None:
+        return self.op.reads  # a chain that starts by picking columns reads those only
+
     def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
         b = batches[0]
         return None if b is None else self.op(b)

@@ -399,6 +399,7 @@ _RUN_SHIFT = np.uint64(_RUN_BITS)
 _RUN_BATCH = np.uint64(64 - _RUN_BITS)
 _RUN_STEP = np.uint64(1 << (_LO_BITS - _RUN_BITS))  # from one key's search keys to the next's
 RUN_MAX_BATCHES = (1 << _RUN_BITS) - 1  # the last batch's top bound would wrap
+_RUN_TOPS = np.arange(RUN_MAX_BATCHES, dtype=np.uint64)[:, None] << _RUN_BATCH  # batch b's search-key bits
 
 
 class SpineRun:
@@ -465,15 +466,20 @@ class SpineRun:
         counts)``, grouped by batch in spine order; a position is a row of the run (the
         batch's row plus its start)."""
         nb, n = len(self.batches), ph.size
-        lo = ((np.arange(nb, dtype=np.uint64) << _RUN_BATCH)[:, None] | ((ph & _HI) >> _RUN_SHIFT)).ravel()
+        tops = _RUN_TOPS[:nb] if nb <= RUN_MAX_BATCHES else np.arange(nb, dtype=np.uint64)[:, None] << _RUN_BATCH
+        q = ph & _HI
+        q >>= _RUN_SHIFT
+        lo = (tops | q).ravel()
         found = self._search[:self.starts[-1]].searchsorted(np.concatenate((lo, lo + _RUN_STEP)))
         start = found[:lo.size]
-        pos, owner = expand_with_owner(start, found[lo.size:] - start)  # owner: batch * n + probe
+        count = found[lo.size:] - start
+        pos, owner = expand_with_owner(start, count)  # owner: batch * n + probe
         probe = owner % n if n else owner
         hit = self._key_hash.take(pos) == ph.take(probe)  # the full key hash
-        if not hit.all():
-            keep = hit.nonzero()[0]
-            pos, probe, owner = pos.take(keep), probe.take(keep), owner.take(keep)
+        if hit.all():
+            return probe, pos, count.reshape(nb, n).sum(axis=1).tolist() if n else [0] * nb
+        keep = hit.nonzero()[0]
+        pos, probe, owner = pos.take(keep), probe.take(keep), owner.take(keep)
         bounds = owner.searchsorted(np.arange(nb + 1, dtype=np.int64) * n).tolist()
         return probe, pos, [bounds[i + 1] - bounds[i] for i in range(nb)]
 

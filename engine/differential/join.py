@@ -171,7 +171,8 @@ def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], names: Sequence[str],
     diffs = batch.diffs
     if not same_order:  # the first trace batch's entries often start with every probe in order
         k = identity_prefix(rows, min(found.first_count, n))
-        mine = take_rows(mine, rows, k)
+        if mine.num_columns:  # none when only the trace's columns are read downstream
+            mine = take_rows(mine, rows, k)
         diffs = np.concatenate((diffs[:k], diffs.take(rows[k:]))) if k else diffs.take(rows)
     theirs = found.records(columns=[c for c in trace.schema.names if c not in on and c in want])
     diffs = diffs * found.diffs

@@ -163,6 +163,18 @@ class LinearOperator:
         ``temporal_filter`` stage)."""
         return not any(isinstance(s, _Temporal) or (isinstance(s, _Expand) and s.times) for s in self.stages)
 
+    @property
+    def reads(self) -> set[str] | None:
+        """The input columns the chain reads, when it starts by picking columns by name (a
+        ``map`` of column names, after any ``negate``); ``None``: maybe every column."""
+        for s in self.stages:  # a loop per leading negate
+            if isinstance(s, _Negate):
+                continue
+            if isinstance(s, _Project) and s.columns is not None:
+                return set(s.columns)
+            return None
+        return None
+
     def followed_by(self, other: LinearOperator) -> LinearOperator:
         """This chain, then ``other``'s, as one operator (seed 001's ``followed_by``)."""
         return LinearOperator(self.stages + other.stages)

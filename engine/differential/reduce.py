@@ -135,36 +135,46 @@ def _values(table: pa.Table, col: str, what: str) -> npt.NDArray[np.generic]:
 def _distinct_rows(table: pa.Table) -> pa.Table:
     """``table`` without repeated rows (in no particular order)."""
     names = table.column_names
-    return _distinct_keys([(table, hash_rows(table, names))], names)[0]
+    keys = _distinct_keys([(table, hash_rows(table, names))], names)[0]
+    return keys.table() if isinstance(keys, _IntKeys) else keys
 
 
-def _distinct_keys(parts: list[tuple[pa.Table, U64]], by: Sequence[str]) -> tuple[pa.Table, U64]:
-    """The group keys of ``parts`` (tables of the ``by`` columns, each with its rows' key
-    hashes) without repeats, with their key hashes (first occurrences, in order): each key
-    is hashed once, by whoever built it (the arrangement indexed the delta already).
+def _distinct_keys(parts: list[tuple[_Keys, U64]], by: Sequence[str]) -> tuple[_Keys, U64]:
+    """The group keys of ``parts`` (tables of the ``by`` columns, or :class:`_IntKeys`, each
+    with its rows' key hashes) without repeats, with their key hashes (first occurrences, in
+    order): each key is hashed once, by whoever built it (the arrangement indexed the delta
+    already).
 
     One null-free integer-like column (an exact hash) is deduplicated in numpy, by hash,
-    and comes back in key-hash order: no Arrow concatenation, no gather per part."""
-    schema = parts[0][0].schema
+    and comes back as :class:`_IntKeys` in key-hash order: no Arrow concatenation, no
+    gather per part, no table until one is asked for."""
+    first_part = parts[0][0]
+    schema = first_part.schema
     if len(by) == 1 and exact_hash(schema, by):
-        views = [numeric_view(p.column(0)) for p, _ in parts]
+        views = [p.values if isinstance(p, _IntKeys) else numeric_view(p.column(0)) for p, _ in parts]
         if all(v is not None for v in views):
             h = parts[0][1] if len(parts) == 1 else np.concatenate([k for _, k in parts])
             v = views[0] if len(parts) == 1 else np.concatenate(views)  # type: ignore[arg-type]
             if h.size > 1:
-                order = h.argsort(kind="stable")
-                h = h.take(order)
                 new = np.empty(h.size, dtype=bool)
                 new[0] = True
-                np.not_equal(h[1:], h[:-1], out=new[1:])
-                if not new.all():
-                    order, h = order[new], h[new]
-                v = v.take(order)  # type: ignore[union-attr]
-            return pa.Table.from_arrays([pa.array(v, type=schema.field(0).type)], schema=schema), h
+                if len(parts) == 1 and bool((h[1:] >= h[:-1]).all()):  # an indexed delta: in hash order
+                    np.not_equal(h[1:], h[:-1], out=new[1:])
+                    if not new.all():
+                        h, v = h[new], v[new]  # type: ignore[index]
+                else:
+                    order = h.argsort(kind="stable")
+                    h = h.take(order)
+                    np.not_equal(h[1:], h[:-1], out=new[1:])
+                    if not new.all():
+                        order, h = order[new], h[new]
+                    v = v.take(order)  # type: ignore[union-attr]
+            return _IntKeys(by[0], v, schema.field(0).type), h  # type: ignore[arg-type]
+    tables = [p.table() if isinstance(p, _IntKeys) else p for p, _ in parts]
     if len(parts) == 1:
-        table, h = parts[0]
+        table, h = tables[0], parts[0][1]
     else:  # one chunk per column: later gathers from it go through numpy (take_rows)
-        table = pa.concat_tables([p for p, _ in parts]).combine_chunks()
+        table = pa.concat_tables(tables).combine_chunks()
         h = np.concatenate([k for _, k in parts])
     if table.num_rows <= 1:
         return table, h
@@ -174,6 +184,49 @@ def _distinct_keys(parts: list[tuple[pa.Table, U64]], by: Sequence[str]) -> tupl
         return table, h
     first = np.sort(np.minimum.reduceat(order, starts))
     return take_rows(table, first), h.take(first)
+
+
+@dataclass(frozen=True)
+class _IntKeys:
+    """Groups of one integer-like column as their numpy values (storage type of ``type``),
+    taken and sliced without Arrow; a table only when one is asked for."""
+
+    name: str
+    values: npt.NDArray[Any]
+    type: pa.DataType
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.values.size)
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([pa.field(self.name, self.type)])
+
+    def table(self) -> pa.Table:
+        return _int_table(self.name, self.values, self.type)
+
+    def take(self, sel: I64) -> pa.Table:
+        """The groups ``sel`` as a table."""
+        return _int_table(self.name, self.values.take(sel), self.type)
+
+    def subset(self, sel: I64) -> _IntKeys:
+        """The groups ``sel``, still as values."""
+        return _IntKeys(self.name, self.values.take(sel), self.type)
+
+    def slice(self, offset: int, length: int) -> _IntKeys:
+        return _IntKeys(self.name, self.values[offset:offset + length], self.type)
+
+
+def _int_table(name: str, values: npt.NDArray[Any], typ: pa.DataType) -> pa.Table:
+    if values.dtype == np.int64 and typ != pa.int64() and not pa.types.is_temporal(typ):
+        arr = pa.array(values, type=pa.int64()).cast(typ)  # int64 values of a narrower column
+    else:
+        arr = pa.array(values, type=typ)
+    return pa.Table.from_arrays([arr], names=[name])
+
+
+_Keys: TypeAlias = "pa.Table | _IntKeys"
 
 
 @dataclass
@@ -257,7 +310,7 @@ def _corners(t: Time) -> list[tuple[Time, int]]:
     return out
 
 
-def _distinct_change(keys: pa.Table, probe: I64, diffs: I64, times: I64, t: Time) -> ZSet | None:
+def _distinct_change(keys: _Keys, probe: I64, diffs: I64, times: I64, t: Time) -> ZSet | None:
     """``distinct``'s change at ``t`` (Moebius over the corners) for the records ``keys``,
     given their trace entries (``probe``: the key of each): per record, the signed sum over
     the corners of "present there", then the records whose sum is not 0. Every corner at
@@ -277,7 +330,7 @@ def _distinct_change(keys: pa.Table, probe: I64, diffs: I64, times: I64, t: Time
     pos = np.flatnonzero(net)
     if pos.size == 0:
         return None
-    return ZSet(take_rows(keys, pos), net[pos])
+    return ZSet(keys.take(pos) if isinstance(keys, _IntKeys) else take_rows(keys, pos), net[pos])
 
 
 _OFFSETS: dict[int, tuple[I64, I64]] = {}
@@ -323,7 +376,7 @@ class _ReduceNode(Node):
         self.arranged = source
         self.spec = spec
         self._reader = source.reader()
-        self._scheduled: dict[Time, list[tuple[pa.Table, U64]]] = {}  # groups, their key hashes
+        self._scheduled: dict[Time, list[tuple[_Keys, U64]]] = {}  # groups, their key hashes
 
     def has_work(self, t: Time) -> bool:
         return t in self._pending or t in self._scheduled
@@ -338,13 +391,14 @@ class _ReduceNode(Node):
             delta, kh = self.arranged.delta(t, batches[0])  # as the arrangement indexed it
             data = delta.data.select(by)
             parts.append((data, hash_rows(data, by) if kh is None else kh))
-        keys, kh = _distinct_keys(parts, by)
+        groups, kh = _distinct_keys(parts, by)
+        keys = groups.table() if isinstance(groups, _IntKeys) else groups
         found = self.arranged.trace.lookup(keys, key_hash=kh)
         if self.spec.distinct:  # a group is one record: no sort of the entries, no table per corner
             probe, times = found.probe, found.times
             if self.scope.nested:
-                self._schedule(keys, kh, probe, times, t)
-            out = _distinct_change(keys, probe, found.diffs, times, t)
+                self._schedule(groups, kh, probe, times, t)
+            out = _distinct_change(groups, probe, found.diffs, times, t)
         else:
             ent = _entries(found, self.spec)
             if self.scope.nested:
@@ -352,7 +406,7 @@ class _ReduceNode(Node):
             out = _change(keys, ent, t, self.spec)
         return None if out is None else out.with_time(t)
 
-    def _schedule(self, keys: pa.Table, kh: U64, probe: I64, times: I64, t: Time) -> None:
+    def _schedule(self, keys: _Keys, kh: U64, probe: I64, times: I64, t: Time) -> None:
         """Groups with history at a later iteration of an earlier epoch must be evaluated
         again at that iteration of this epoch (``probe``, ``times``: the group and version
         of each of their trace entries)."""
@@ -364,7 +418,8 @@ class _ReduceNode(Node):
         code = code[np.concatenate(([True], code[1:] != code[:-1]))]  # each (iteration, group) once
         its, probes = code // m, code % m
         bounds = np.flatnonzero(np.concatenate(([True], its[1:] != its[:-1], [True]))).tolist()
-        groups, hashes = take_rows(keys, probes), kh.take(probes)  # by iteration: one gather, then slices
+        groups = keys.subset(probes) if isinstance(keys, _IntKeys) else take_rows(keys, probes)
+        hashes = kh.take(probes)  # by iteration: one gather, then slices
         for a, b in zip(bounds[:-1], bounds[1:], strict=True):  # a loop per later iteration
             tt = t[:-1] + (int(its[a]),)
             self._scheduled.setdefault(tt, []).append((groups.slice(a, b - a), hashes[a:b]))
@@ -459,20 +514,6 @@ class _GroupState:
         out = np.arange(self.size, self.size + n, dtype=np.int64)
         self.size += n
         return out
-
-
-@dataclass(frozen=True)
-class _IntKeys:
-    """One integer group column's values, taken like a table (no Arrow kernel per step)."""
-
-    name: str
-    values: I64
-    type: pa.DataType
-
-    def take(self, sel: I64) -> pa.Table:
-        v = self.values.take(sel)
-        arr = pa.array(v, type=pa.int64())
-        return pa.table({self.name: arr if self.type == pa.int64() else arr.cast(self.type)})
 
 
 def _grow(a: npt.NDArray[np.generic], n: int) -> npt.NDArray[np.generic]:

@@ -35,6 +35,7 @@ checks that no update it holds is later than that.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -499,7 +500,8 @@ class Trace:
         SchemaError
             If ``keys`` lacks a key column.
         """
-        missing = [k for k in self.keys if k not in keys.column_names]
+        names = keys.schema.names
+        missing = [k for k in self.keys if k not in names]
         if missing:
             raise SchemaError(f"lookup keys lack column(s) {missing} (trace keys: {list(self.keys)})")
         ph = hash_rows(keys, self.keys) if key_hash is None else key_hash
@@ -551,7 +553,7 @@ class Trace:
             e = np.empty(0, np.int64)
             return Lookup(e, e, (), [0], e, self.schema, self.dims)
         spine = tuple(hit_batches)
-        bounds = [0, *np.cumsum(sizes).tolist()]
+        bounds = list(itertools.accumulate(sizes, initial=0))
         probe = probes[0] if len(probes) == 1 else np.concatenate(probes)
         rows = all_rows[0] if len(all_rows) == 1 else np.concatenate(all_rows)
         diffs = all_diffs[0] if len(all_diffs) == 1 else np.concatenate(all_diffs)

@@ -256,8 +256,12 @@ class ZSet:
 
     def with_time(self, time: VersionLike) -> ZSet:
         """Every row stamped with ``time`` (replacing any times)."""
-        v = as_version(time)
-        times = np.broadcast_to(np.asarray(v.coords, dtype=np.int64), (self.num_rows, len(v))).copy()
+        if type(time) is tuple and time and all(type(c) is int and c >= 0 for c in time):
+            coords: tuple[int, ...] = time  # a scheduler's time: already a version's coordinates
+        else:
+            coords = as_version(time).coords
+        times = np.empty((self.num_rows, len(coords)), dtype=np.int64)
+        times[:] = coords
         return ZSet(self.data, self.diffs, times)
 
     def without_times(self) -> ZSet:
