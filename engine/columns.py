@@ -256,15 +256,15 @@ class _PrevSlots:
         at[self.keys] = np.arange(self.keys.size, dtype=np.int32)
         self.at = at
 
-    def lookup(self, keys: KeyArray) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.intp]]:
-        """Which of ``keys`` are saved, and where (meaningful where saved)."""
+    def lookup(self, keys: KeyArray) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.integer[Any]]]:
+        """Which of ``keys`` are saved, and where: a position of ``keys``' saved values
+        (some key saved) everywhere, meaningful where saved (so it can index unmasked)."""
         if self.at is not None:
-            pos = self.at[keys].astype(np.intp)
+            pos: npt.NDArray[np.integer[Any]] = self.at[keys]  # -1: not saved, the last position
             return pos >= 0, pos
         pos = np.searchsorted(self.keys, keys)
-        hit = pos < self.keys.size
-        hit[hit] = self.keys[pos[hit]] == keys[hit]
-        return hit, pos
+        np.minimum(pos, self.keys.size - 1, out=pos)
+        return self.keys[pos] == keys, pos
 
     def forget(self) -> None:
         """Reset ``at`` at the saved keys (the cycle is over)."""
@@ -346,22 +346,25 @@ class NumpyColumnSource(WritableColumnSource):
     # reading ----------------------------------------------------------------------
     def get_numpy(self, keys: KeyArray) -> tuple[npt.NDArray[Any], npt.NDArray[np.bool_] | None]:
         """Current ``(values, validity or None)`` at ``keys``."""
-        return _gather(self._values, keys), None if self._valid is None else self._valid[keys]
+        return _gather(self._values, keys), None if self._valid is None else self._valid.take(keys)
 
     def get_prev_numpy(self, keys: KeyArray) -> tuple[npt.NDArray[Any], npt.NDArray[np.bool_] | None]:
         """Previous ``(values, validity or None)`` at previous-key-space ``keys``."""
-        values, valid = self.get_numpy(keys)
+        # fresh arrays (gathers), so the saved values are written into them
+        values = _gather(self._values, keys)
+        valid = None if self._valid is None else self._valid.take(keys)
         p = self._prev
         if p is None or p.keys.size == 0:
             return values, valid
         hit, pos = p.lookup(keys)
         if hit.any():
             assert p.values is not None and p.valid is not None
-            values = values.copy()
-            values[hit] = p.values[pos[hit]]
+            # unmasked gathers of the saved values, one masked copy: no compress of hits
+            np.copyto(values, p.values[pos], where=hit)
             if valid is not None or not p.valid.all():
-                valid = np.ones(keys.size, dtype=bool) if valid is None else valid.copy()
-                valid[hit] = p.valid[pos[hit]]
+                if valid is None:
+                    valid = np.ones(keys.size, dtype=bool)
+                np.copyto(valid, p.valid[pos], where=hit)
         return values, valid
 
     def get(self, keys: KeyArray) -> pa.Array:
@@ -495,7 +498,7 @@ def _gather(values: npt.NDArray[Any], keys: KeyArray) -> npt.NDArray[Any]:
     then wrapped for Arrow without a copy either way.
     """
     if keys.size < _POOL_GATHER or values.dtype == np.bool_:
-        return values[keys]
+        return values.take(keys)  # take: about a third cheaper than fancy indexing
     buf = pa.allocate_buffer(keys.size * values.itemsize)
     out = np.frombuffer(buf, dtype=values.dtype)
     np.take(values, keys, out=out)

@@ -145,11 +145,10 @@ class _RowSlots:
         pk, ps = self._overlay()
         if pk.size and keys.size:
             pos = np.searchsorted(pk, keys)
-            hit = pos < pk.size
-            hit[hit] = pk[pos[hit]] == keys[hit]
+            np.minimum(pos, pk.size - 1, out=pos)  # a position everywhere: unmasked gathers
+            hit = pk.take(pos) == keys
             if hit.any():
-                slots = slots.copy()
-                slots[hit] = ps[pos[hit]]
+                slots = np.where(hit, ps.take(pos), slots)
         return slots
 
     def remove(self, keys: KeyArray) -> None:

@@ -60,7 +60,7 @@ import numpy.typing as npt
 import pyarrow as pa
 from pyroaring import BitMap64
 
-from engine._kernels.arrays import bitmap_from_words, expand, sorted_unique
+from engine._kernels.arrays import bitmap_from_words, expand, sort_keys, sorted_unique
 from engine._kernels.rowkeymap import RowKeyMap
 from engine.columns import ColumnSource
 from engine.errors import UpdateInvariantError
@@ -661,7 +661,7 @@ class SortIndex:
             surv, breaks = self._grid_survivors()
         else:
             surv, breaks = self._live.all_live(), None
-        c0 = self._codes[0][surv]
+        c0 = self._codes[0].take(surv)
         q0 = codes[0]
         before = np.searchsorted(c0, q0, side="left")
         inb = np.flatnonzero(before < c0.size)
@@ -680,14 +680,17 @@ class SortIndex:
         assert self._grid is not None
         front, end = self._grid
         keep = np.ones((end - front) // SPACING, dtype=bool)
-        if self._gone:
-            keep[(np.concatenate(self._gone) - front) // SPACING] = False
-        at = np.flatnonzero(~keep)  # the removed rows' places in the layout, sorted
+        gone = (np.concatenate(self._gone) - front) // SPACING if self._gone else _EMPTY
+        keep[gone] = False
         surv = np.flatnonzero(keep).astype(np.int64)
         surv *= SPACING
         surv += front
-        # the survivor after the j-th removed row (in layout order) has index at[j] - j
-        return surv, at - np.arange(at.size, dtype=np.int64)
+        # the removed rows' places in the layout, sorted (radix passes over the few of
+        # them, cheaper than a scan of the mostly set flags); the survivor after the j-th
+        # removed row (in layout order) has index at[j] - j
+        at = sort_keys(gone)
+        at -= np.arange(at.size, dtype=np.int64)
+        return surv, at
 
     def _relayout_with(self, codes: list[U64], pks: I64, ins: I64, front: bool = False
                        ) -> tuple[I64, RowSetShiftData]:
@@ -713,14 +716,16 @@ class SortIndex:
         # merge two sorted sequences: positions in the merged order (new row i goes before
         # survivor before[i], after the new rows before it)
         at_new = before + np.arange(m)
-        at_surv = np.arange(n_s) + np.cumsum(np.bincount(before, minlength=n_s + 1))[:n_s]
+        flags = np.ones(n, dtype=bool)  # the survivors' positions: the others (a prefix sum
+        flags[at_new] = False           # of the new rows' counts costs several times more)
+        at_surv = np.flatnonzero(flags)
         new = front + SPACING * at_new
         surv_new = front + SPACING * at_surv
         cap = pow2_at_least(end + 64)
         old_pk = self._redir.pk(surv)
         merged = np.empty(n, dtype=np.uint64)
         for j, c_ in enumerate(self._codes):
-            merged[at_surv] = surv_c0 if j == 0 and surv_c0 is not None else c_[surv]
+            merged[at_surv] = surv_c0 if j == 0 and surv_c0 is not None else c_.take(surv)
             merged[at_new] = codes[j]
             fresh = np.zeros(cap, dtype=np.uint64)
             for back in range(SPACING):  # Invariant G: the ghosts before each row hold its values

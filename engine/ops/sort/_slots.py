@@ -368,7 +368,7 @@ class Redirection(WritableColumnSource):
 
     def pk(self, keys: I64) -> I64:
         """Current parent keys at output ``keys``."""
-        return self._pk[keys]
+        return self._pk.take(keys)  # take: about a third cheaper than fancy indexing
 
     def prev_pk(self, keys: I64) -> I64:
         """Parent keys (previous key spaces) at previous output ``keys``."""
