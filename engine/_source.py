@@ -184,7 +184,7 @@ class SourceTable(Table):
         super().__init__(graph, sch, columns if columns is not None else dict(self._storage), name=name)
         self._pending: list[tuple[str, pa.Table]] = []
         self._pending_bytes = 0  # the buffers of self._pending's batches
-        # re-entrant: a thread holding it for a check-then-stage stages through _stage
+        # re-entrant: a thread holding it for a check-then-stage stages through stage_all
         self._pending_lock = threading.RLock()
         self._taken: list[tuple[str, pa.Table]] | None = None  # see _take_for_cycle
         self._writer: int | None = None  # thread holding write_lock()
@@ -251,23 +251,14 @@ class SourceTable(Table):
         InputError
             Whatever :meth:`check_batch` raises, for a batch another table checked.
         """
-        if batch.checked_by != self._serial:
-            batch = self.check_batch(batch.data, batch.kind)
-        self._stage(batch.kind, batch.data)
+        self.stage_all((batch,))
 
     def stage_all(self, batches: Sequence[CheckedBatch]) -> None:
         """Stage several checked writes at once: one cycle takes all of them, in order.
 
-        As :meth:`stage` for each, under the table's staging lock alone, so no cycle and no
-        other writer of this table comes in between; a batch that fails its check stages
-        nothing of the others.
-
-        Raises
-        ------
-        TableFailed
-            If the table failed in an earlier cycle.
-        InputError
-            Whatever :meth:`check_batch` raises, for a batch another table checked.
+        As :meth:`stage` for each (raising what it raises), under the table's staging lock
+        alone, so no cycle and no other writer of this table comes in between; a batch that
+        fails its check stages nothing of the others.
         """
         checked = [b if b.checked_by == self._serial else self.check_batch(b.data, b.kind)
                    for b in batches]
@@ -280,12 +271,6 @@ class SourceTable(Table):
     @staticmethod
     def _new_column(type: pa.DataType) -> WritableColumnSource:
         return make_column_source(type)
-
-    def _stage(self, kind: str, batch: pa.Table) -> None:
-        self.check_alive()
-        with self._pending_lock:
-            self._pending.append((kind, batch))
-            self._pending_bytes += batch.get_total_buffer_size()
 
     def _take_pending(self) -> list[tuple[str, pa.Table]]:
         # _taken is read and written by cycles alone (under the graph's exclusive lock);

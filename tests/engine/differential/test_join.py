@@ -113,6 +113,25 @@ def _orders_customers(df: Dataflow):
     return so, sc, o, io, c, ic
 
 
+def _random_versions(rng, df: Dataflow, orders, customers, *, amounts: int, versions: int):
+    """Random changes of orders (amounts in ``[1, amounts)``) and customers, one version a
+    step; yields each version and the reference join after it, (oid, k, amount, note,
+    region, name) -> weight."""
+    (so, io), (sc, ic) = orders, customers
+    ro = RandomInput(rng, so, lambda r: (int(r.integers(20)), int(r.integers(6)),
+                                         int(r.integers(1, amounts)), "xyz"[int(r.integers(3))]))
+    rc = RandomInput(rng, sc, lambda r: (int(r.integers(6)), int(r.integers(3)), "pq"[int(r.integers(2))]))
+    for v in range(versions):
+        if rng.random() < 0.9:
+            io.send(ro.change(int(rng.integers(0, 6)), v))
+        if rng.random() < 0.9:
+            ic.send(rc.change(int(rng.integers(0, 4)), v))
+        io.advance_to(v + 1)
+        ic.advance_to(v + 1)
+        df.step()
+        yield v, ref_join(ro.state, rc.state, 1, 0)
+
+
 def test_join_into_count_sum_prunes_unread_columns():
     """The arrangements store, and the joins emit, only the columns the count/sum read; the
     results are exact against recomputation over 500 random versions (weights > 1,
@@ -125,18 +144,7 @@ def test_join_into_count_sum_prunes_unread_columns():
     pairs = o.join(c.index_with("k"), "k")  # a second join sharing both arrangements
     keys_only = pairs.count("k").probe()  # reads the key alone
     acc, acc_keys = Accumulated(agg), Accumulated(keys_only)
-    ro = RandomInput(rng, so, lambda r: (int(r.integers(20)), int(r.integers(6)), int(r.integers(1, 50)),
-                                         "xyz"[int(r.integers(3))]))
-    rc = RandomInput(rng, sc, lambda r: (int(r.integers(6)), int(r.integers(3)), "pq"[int(r.integers(2))]))
-    for v in range(500):
-        if rng.random() < 0.9:
-            io.send(ro.change(int(rng.integers(0, 6)), v))
-        if rng.random() < 0.9:
-            ic.send(rc.change(int(rng.integers(0, 4)), v))
-        io.advance_to(v + 1)
-        ic.advance_to(v + 1)
-        df.step()
-        j = ref_join(ro.state, rc.state, 1, 0)  # (oid, k, amount, note, region, name)
+    for v, j in _random_versions(rng, df, (so, io), (sc, ic), amounts=50, versions=500):
         want = Counter()
         for (r, n), w in ref_reduce(j, 4, "count").items():
             total = sum(w2 * rec[2] for rec, w2 in j.items() if rec[4] == r)
@@ -161,18 +169,7 @@ def test_join_into_column_picking_map_emits_only_those_columns():
     picked = joined.map({"r": "region", "a": "amount"}).distinct().probe()
     negated = joined.negate().map({"r": "region"}).count("r").probe()
     acc_picked, acc_negated = Accumulated(picked), Accumulated(negated)
-    ro = RandomInput(rng, so, lambda r: (int(r.integers(20)), int(r.integers(6)), int(r.integers(1, 4)),
-                                         "xyz"[int(r.integers(3))]))
-    rc = RandomInput(rng, sc, lambda r: (int(r.integers(6)), int(r.integers(3)), "pq"[int(r.integers(2))]))
-    for v in range(300):
-        if rng.random() < 0.9:
-            io.send(ro.change(int(rng.integers(0, 6)), v))
-        if rng.random() < 0.9:
-            ic.send(rc.change(int(rng.integers(0, 4)), v))
-        io.advance_to(v + 1)
-        ic.advance_to(v + 1)
-        df.step()
-        j = ref_join(ro.state, rc.state, 1, 0)  # (oid, k, amount, note, region, name)
+    for v, j in _random_versions(rng, df, (so, io), (sc, ic), amounts=4, versions=300):
         proj: Counter = Counter()
         for rec, w in j.items():
             proj[(rec[4], rec[2])] += w
