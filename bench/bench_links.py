@@ -59,7 +59,11 @@ Topology of sections 1 and 2 (one run of servers)::
    whose every row a later push overwrote is gone, as a keyed table's values should be, or a
    catch-up snapshot when the origin's history no longer reaches back: counted); CPU by role (A, the mirrors, the subscriber
    processes, the writers: % of one core) and the machine's (% of all cores). The subscriber
-   processes run at nice :data:`FAN_NICE` (see there). Goals: the writers unaffected by the
+   processes run at nice :data:`FAN_NICE` (see there). With --fan-pin, A and the writer
+   process keep to the first CPU and the mirrors and subscriber processes to the others, in
+   every case: on one host, that stands in for the mirrors' and clients' own machines, so
+   the writers' figures show what serving them costs A rather than what the host's other
+   processes take from it. Goals: the writers unaffected by the
    number of subscribers (here: rows/s >= 0.95x the writers-only case); ack p99 <= 1 s with
    400 subscribers.
 
@@ -383,10 +387,34 @@ CASES = ("writers only", "all on A", "A + mirrors")
 FAN_NICE = 10
 
 
+def _pin(proc: Proc, cpus: set[int] | None) -> None:
+    """Keep every thread of ``proc`` (and every thread it starts later) on ``cpus``."""
+    if cpus is None:
+        return
+    for tid in os.listdir(f"/proc/{proc.proc.pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass
+
+
+def _pin_sets(args: argparse.Namespace) -> tuple[set[int] | None, set[int] | None]:
+    """(origin side, the rest) under --fan-pin: A and its writers on the first CPU, the mirrors
+    and subscriber processes on the others; (None, None) without it."""
+    if not args.fan_pin:
+        return None, None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--fan-pin needs at least 2 CPUs")
+    return {cpus[0]}, set(cpus[1:])
+
+
 def bench_fanout(args: argparse.Namespace, case: str) -> dict[str, Any]:
     procs: list[Proc] = []
+    origin_cpus, other_cpus = _pin_sets(args)
     try:
         a = Server(args)
+        _pin(a, origin_cpus)
         procs.append(a)
         _load(a.location, "f", args.fan_keys)
         targets: list[str] = []
@@ -396,6 +424,7 @@ def bench_fanout(args: argparse.Namespace, case: str) -> dict[str, Any]:
         elif case == "A + mirrors":
             for _ in range(args.fan_procs):
                 m = Server(args)
+                _pin(m, other_cpus)
                 procs.append(m)
                 mirrors.append(m)
                 m.call("mirror", f"{a.location}/f", 120.0)
@@ -405,12 +434,15 @@ def bench_fanout(args: argparse.Namespace, case: str) -> dict[str, Any]:
                 for u in targets]
         procs.extend(subs)
         for sp in subs:
+            _pin(sp, other_cpus)
+        for sp in subs:
             assert sp.call("ready", 600.0), "a subscriber got no snapshot"
         nsubs = len(subs) * args.fan_subs
         if subs:
             print(f"  {case}: {nsubs} subscribers ready in {time.perf_counter() - t:.1f} s", flush=True)
         wr = Proc(write, {"writers": args.fan_writers, "rate": args.fan_rate, "rows": args.fan_rows,
                           "keys": args.fan_keys, "table": "f", "uri": a.location})
+        _pin(wr, origin_cpus)
         procs.append(wr)
         wr.call("start")
         time.sleep(args.warmup)
@@ -553,6 +585,10 @@ def main() -> None:
     ap.add_argument("--fan-seconds", type=float, default=40.0, help="each fan-out case's window")
     ap.add_argument("--drain", type=float, default=120.0,
                     help="seconds at most for deliveries after the writers stop")
+    ap.add_argument("--fan-pin", action="store_true",
+                    help="fan-out: A and its writer process on the first CPU, the mirrors and "
+                         "subscriber processes on the others (in every case), standing in for "
+                         "separate hosts")
     ap.add_argument("--json", default=None, help="output path (default bench/results/bench_links.json)")
     if ap.parse_args().quick:  # smaller defaults; a value given on the command line still wins
         ap.set_defaults(warmup=2.0, keys=100_000, seconds=5.0, fan_subs=10, fan_seconds=5.0,
