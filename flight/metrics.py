@@ -104,13 +104,20 @@ class _Tables(Collector):
         pending = GaugeMetricFamily("ticktable_table_pending_bytes",
                                     "Bytes of writes waiting for a source table's next cycle.",
                                     labels=["table"])
+        shared = CounterMetricFamily(
+            "ticktable_table_shared_deltas",
+            "Delta messages a stream sent from another stream's build of the same update "
+            "(streams outside a fan-out catching up from one state).", labels=["table"])
         for e in self._server.registry.entries():
             if isinstance(e.table, SourceTable):
                 pending.add_metric([e.name], e.table.pending_bytes)
+            if e.publisher is not None:
+                shared.add_metric([e.name], e.publisher.deltas_shared)
         yield rows
         yield subs
         yield lag
         yield pending
+        yield shared
         yield GaugeMetricFamily("ticktable_step", "The update graph's step.", value=stats.step)
         if stats.HasField("web"):
             yield GaugeMetricFamily("ticktable_web_up", "1 while the web UI's process runs.",

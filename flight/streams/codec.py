@@ -151,6 +151,10 @@ class Encoded:
     step: int
     held: RowSet | None = None
 
+    def nbytes(self) -> int:
+        """The bytes of its frames."""
+        return sum(len(f) for f in self.frames)
+
 
 class DeltaCodec:
     """Builds the messages of one stream (see the module docstring).

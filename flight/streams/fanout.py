@@ -322,8 +322,18 @@ class FanOut:
     def _build(self, entry: HistoryEntry, count: int) -> Encoded:
         """The message bringing a member from before ``entry`` (``count`` table updates
         composed) to the current state; the viewport's rows the members then hold."""
-        msg = self._codec.delta(entry.update, held=self._held, sequence=entry.sequence,
-                                step=self.graph.step, count=count)
+        codec, held, step = self._codec, self._held, self.graph.step
+
+        def build() -> Encoded:
+            return codec.delta(entry.update, held=held, sequence=entry.sequence, step=step,
+                               count=count)
+
+        key = codec.snapshot_key()
+        if key is None or held is not None or codec.viewport is not None:
+            msg = build()
+        else:  # the members hold every row: a stream catching up from here sends the same
+            msg = self.publisher.delta((key, step), entry.sequence - count, build,
+                                       Encoded.nbytes)
         self._held = msg.held
         return msg
 

@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 #: Largest ring capacity: a ring allocates every column for its capacity when it is created.
 MAX_RING_CAPACITY = 1 << 30
 
+#: Delta messages a publisher holds at one sequence for streams to share (Publisher.delta),
+#: and their bytes at most.
+MAX_SHARED_DELTAS = 16
+MAX_SHARED_DELTA_BYTES = 64 << 20
+
 
 @dataclass(frozen=True, slots=True)
 class HistoryEntry:
@@ -115,6 +120,11 @@ class Publisher:
         # at one state share it (see snapshot)
         self._snapshot_lock = threading.Lock()
         self._snapshot: tuple[tuple[int, Hashable], object] | None = None
+        # the deltas built at the current sequence, per (key, start): streams catching up
+        # from one state share each (see delta); a build in progress is an Event to wait on
+        self._deltas: dict[tuple[Hashable, int], object] = {}
+        self._delta_bytes = 0  # of the messages in _deltas
+        self.deltas_shared = 0  # deltas served from another stream's build
         self._handle = table.listen(self._on_update, self._on_failure)
 
     # inside the cycle ----------------------------------------------------------------
@@ -122,6 +132,7 @@ class Publisher:
         with self._lock:
             self.sequence += 1
             self._snapshot = None  # of the state before this update
+            self._deltas, self._delta_bytes = {}, 0
             entry = HistoryEntry(self.sequence, table.graph.step, update, table.prev_rowset)
             self._history.append(entry)
             self._history_rows += _touched(update)
@@ -163,6 +174,7 @@ class Publisher:
                 self._sinks.remove(sink)
             if not self._sinks:  # nobody left to open a stream at this state
                 self._snapshot = None
+                self._deltas, self._delta_bytes = {}, 0
 
     @property
     def subscribers(self) -> list[UpdateSink]:
@@ -216,6 +228,77 @@ class Publisher:
                 if self.sequence == at[0]:  # always, under the shared lock
                     self._snapshot = (at, msg)
             return msg
+
+    def delta(self, key: Hashable, start: int, build: Callable[[], M],
+              size: Callable[[M], int]) -> M:
+        """The delta message from the state after update ``start`` to the current state for
+        ``key``, built once for every stream that catches up from ``start`` with it.
+
+        Streams that are not in a fan-out (behind, stalled, or between joins) each build
+        their own message under the shared lock, and under load many wake for the same
+        update, at the same sequence: the rows of one composed update are then read and
+        framed once, and the cycle waits for one reader's build instead of one per stream.
+        Callers of one ``(key, start)`` building at the same time wait for the first one's
+        build; builds of other keys go on meanwhile.
+
+        Held until the table's next update or the last subscriber leaving, at most
+        :data:`MAX_SHARED_DELTAS` messages and :data:`MAX_SHARED_DELTA_BYTES` per table (past
+        that, a delta is built for its caller only).
+
+        Parameters
+        ----------
+        key
+            Everything the message depends on besides the two states: the codec's
+            :meth:`~flight.streams.codec.DeltaCodec.snapshot_key` and the graph step it
+            carries (for a stream whose client holds every row).
+        start
+            The sequence of the state the client holds.
+        build
+            Builds the message (called under the graph's shared lock, as this is).
+        size
+            A message's size in bytes.
+        """
+        at = (key, start)
+        with self._lock:
+            sequence = self.sequence
+            held = self._deltas.get(at)
+            mine = held is None and len(self._deltas) < MAX_SHARED_DELTAS
+            if mine:
+                done = threading.Event()
+                self._deltas[at] = done
+        if held is not None and not isinstance(held, threading.Event):
+            with self._lock:
+                self.deltas_shared += 1
+            return cast(M, held)
+        if isinstance(held, threading.Event):
+            held.wait()
+            with self._lock:
+                msg = self._deltas.get(at)
+                if msg is not None and not isinstance(msg, threading.Event):
+                    self.deltas_shared += 1
+                    return cast(M, msg)
+            return build()  # the first build failed: this caller tries its own
+        if not mine:
+            return build()
+        try:
+            msg = build()
+        except BaseException:
+            with self._lock:
+                if self._deltas.get(at) is done:
+                    del self._deltas[at]
+            done.set()
+            raise
+        nbytes = size(msg)
+        with self._lock:
+            if self._deltas.get(at) is done:  # else the table moved on or nobody is left
+                if (self.sequence == sequence  # always, under the shared lock
+                        and self._delta_bytes + nbytes <= MAX_SHARED_DELTA_BYTES):
+                    self._deltas[at] = msg
+                    self._delta_bytes += nbytes
+                else:
+                    del self._deltas[at]
+        done.set()
+        return msg
 
     def fanout(self, key: Hashable, create: Callable[[], S]) -> S:
         """The fan-out (see :mod:`flight.streams.fanout`) for ``key``, created if there is none.

@@ -23,6 +23,10 @@ the pending queue; past ``max_pending`` they are composed in the cycle (exact
 memory (each bounded by the table's size) and still converges: it just receives fewer,
 larger messages. Values are never queued; they are read when sent. ``TRIPLES`` streams
 queue each update's triples instead, built in the cycle (they hold previous values).
+Streams outside a fan-out that catch up from the same state to the same step with equal
+codecs (under load, many wake for each cycle) send one message, built by the first of them
+(:meth:`~flight.streams.registry.Publisher.delta`): the rows are read once, and the next
+cycle waits for one such reader instead of one per stream.
 
 Viewports are Barrage's (:mod:`flight.streams.codec`): the stream remembers which rows'
 values its client holds (``held``) and each message says which it holds next.
@@ -458,8 +462,18 @@ class Subscription:
         if self.format == pb.DELTA_FORMAT_TRIPLES:
             return self._codec.triples(run.triples, sequence=run.entry.sequence, step=step,
                                        count=run.count)
-        return self._codec.delta(run.entry.update, held=self._held, sequence=run.entry.sequence,
-                                 step=step, count=run.count)
+        entry, count, codec = run.entry, run.count, self._codec
+
+        def build() -> Encoded:
+            return codec.delta(entry.update, held=self._held, sequence=entry.sequence,
+                               step=step, count=count)
+
+        key = codec.snapshot_key()
+        if key is None or self._held is not None or self.viewport is not None:
+            return build()
+        # a client holding every row: the same message as every stream at this start's
+        return self.publisher.delta((key, step), entry.sequence - count, build,
+                                        Encoded.nbytes)
 
     def _set_viewport(self, change: pb.SubscriptionChange) -> None:
         if change.has_viewport and self.format == pb.DELTA_FORMAT_TRIPLES:

@@ -58,6 +58,7 @@ def test_metrics_follow_writes_cycles_subscribers_and_errors(served, caplog):
     assert m[("ticktable_put_bytes_total", (("table", "t"),))] >= 16_000
     assert m[("ticktable_table_rows", (("kind", "keyed"), ("table", "t")))] == 1000
     assert m[("ticktable_table_changes_total", (("table", "t"),))] == 1000
+    assert m[("ticktable_table_shared_deltas_total", (("table", "t"),))] == 0  # no subscriber
     assert m[("ticktable_errors_total", (("code", "NOT_FOUND"),))] == 1
     assert m[("ticktable_cycle_seconds_count", ())] >= 1
     assert m[("ticktable_journal_bytes", ())] > 0

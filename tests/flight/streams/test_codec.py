@@ -9,11 +9,14 @@ a viewport (changing mid-stream) and a column subset, and for ``TRIPLES``.
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,8 +30,8 @@ from flight.pb import flight_pb2 as pb
 from flight.rpc.framing import IpcDecoder, schema_frame
 from flight.streams.codec import DeltaCodec, Encoded, end_of_stream, record_batches, triples_schema
 from flight.streams.decoder import Message, ReferenceView, TriplesView, decode_rows, read_message
-from flight.streams.pending import PendingUpdates
-from flight.streams.registry import HistoryEntry, Publisher
+from flight.streams.pending import PendingUpdates, compose_run
+from flight.streams.registry import MAX_SHARED_DELTA_BYTES, HistoryEntry, Publisher
 from tests.oracle import SCHEMA, RandomSource
 from tests.shifting import ShiftingSource
 
@@ -182,6 +185,75 @@ def test_streams_opening_at_one_state_share_one_snapshot_until_the_table_changes
     pub.unsubscribe(sink)  # nobody left to open at this state: nothing held
     assert pub._snapshot is None
     assert codec(t, pub, status=lambda: None).snapshot_key() is None  # a mirror's: never shared
+
+
+def test_streams_catching_up_from_one_state_share_one_delta_until_the_table_changes():
+    g = UpdateGraph()
+    t, pub = keyed(g)
+    sink = Sink([])
+    pub.subscribe(sink)
+    builds: list[tuple[int, int]] = []
+
+    def delta(c: DeltaCodec, start: int) -> Encoded:
+        run = compose_run([e for e in sink.seen if e.sequence > start])
+
+        def build() -> Encoded:
+            builds.append((start, run.sequence))
+            return c.delta(run.update, held=None, sequence=run.sequence, step=g.step,
+                           count=run.sequence - start)
+        return pub.delta((c.snapshot_key(), g.step), start, build, Encoded.nbytes)
+
+    for k in (4, 5):
+        t.upsert(pa.table({"k": [k], "v": [float(k)]}, schema=KV))
+        g.run_cycle()
+    first = delta(codec(t, pub), 0)
+    assert delta(codec(t, pub), 0) is first and builds == [(0, 2)]  # one build, shared
+    later = delta(codec(t, pub), 1)  # another start: its own message
+    assert later is not first and builds == [(0, 2), (1, 2)]
+    assert delta(codec(t, pub, batch_rows=2), 0) is not first  # another codec: its own
+    assert decode(KV, first).meta.coalesced == 2 and decode(KV, later).meta.coalesced == 1
+    t.upsert(pa.table({"k": [6], "v": [6.0]}, schema=KV))
+    g.run_cycle()  # a new state: nothing held from the old one
+    assert pub._deltas == {} and pub.deltas_shared == 1
+    assert delta(codec(t, pub), 0) is not first and builds[-1] == (0, 3)
+    pub.unsubscribe(sink)
+    assert pub._deltas == {}
+
+
+def test_a_shared_delta_is_built_once_for_streams_asking_together_and_never_held_on_failure():
+    g = UpdateGraph()
+    t, pub = keyed(g)
+    pub.subscribe(Sink([]))
+    started, release = threading.Event(), threading.Event()
+    builds = []
+
+    def slow() -> Encoded:
+        builds.append(1)
+        started.set()
+        assert release.wait(5)
+        return Encoded((b"x",), 1, 1)
+
+    got: list[Encoded] = []
+    first = threading.Thread(target=lambda: got.append(pub.delta("k", 0, slow, Encoded.nbytes)))
+    first.start()
+    assert started.wait(5)
+    second = threading.Thread(target=lambda: got.append(pub.delta("k", 0, slow, Encoded.nbytes)))
+    second.start()
+    time.sleep(0.05)  # the second caller waits for the first one's build
+    assert len(builds) == 1
+    release.set()
+    first.join(5), second.join(5)
+    assert len(builds) == 1 and got[0] is got[1]
+
+    def broken() -> Encoded:
+        raise RuntimeError("build failed")
+
+    with pytest.raises(RuntimeError):
+        pub.delta("k", 1, broken, Encoded.nbytes)
+    assert ("k", 1) not in pub._deltas  # a later caller builds its own
+    assert pub.delta("k", 1, lambda: Encoded((b"y",), 1, 1), Encoded.nbytes).frames == (b"y",)
+    huge = Encoded((bytes(MAX_SHARED_DELTA_BYTES + 1),), 1, 1)  # past the bound: not held
+    assert pub.delta("k", 2, lambda: huge, Encoded.nbytes) is huge and ("k", 2) not in pub._deltas
 
 
 @dataclass

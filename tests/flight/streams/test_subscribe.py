@@ -95,6 +95,42 @@ def test_subscribers_opening_at_one_step_share_one_snapshot_build(server, client
     narrow.close()
 
 
+def test_subscribers_catching_up_from_one_state_share_one_delta_build(server, client, graph,
+                                                                        monkeypatch):
+    """Streams outside a fan-out (here: each with a minimum interval) each read and framed
+    the rows of the same composed update under the shared lock (issue #39, the soak): one
+    build per state they start from instead."""
+    entry = server.registry.create_source("t", KV, "keyed", keys=["k"])
+    t = entry.table
+    t.upsert(kv(list(range(100)), [float(i) for i in range(100)]))
+    graph.run_cycle()
+    builds: list[int] = []
+    real = DeltaCodec.delta
+
+    def counted(self: DeltaCodec, update: Any, **kw: Any) -> Encoded:
+        builds.append(kw["sequence"])
+        return real(self, update, **kw)
+
+    monkeypatch.setattr(DeltaCodec, "delta", counted)
+    subs = [Sub(client, "t", min_update_interval_ms=1) for _ in range(5)]
+    narrow = Sub(client, "t", columns=["v"], min_update_interval_ms=1)
+    for s in [*subs, narrow]:
+        assert s.read().is_snapshot
+    for seq in (2, 3):
+        t.upsert(kv([3, 1000 + seq], [-3.0 * seq, 1.0]))
+        graph.run_cycle()  # nothing else runs until every stream has read it
+        for s in [*subs, narrow]:
+            s.until(seq)
+        assert builds.count(seq) == 2  # five streams share one build; other columns, their own
+    assert entry.publisher is not None and entry.publisher.deltas_shared == 8
+    want = t.to_arrow()
+    for s in subs:
+        assert s.view.to_arrow().equals(want)
+        s.close()
+    assert narrow.view.to_arrow().equals(t.to_arrow(["v"]))
+    narrow.close()
+
+
 def test_column_subset_and_change_of_columns(server, client, graph):
     t = server.registry.create_source("t", KV, "keyed", keys=["k"]).table
     t.upsert(kv([1, 2], [1.0, 2.0]))
