@@ -523,9 +523,9 @@ class _LoopDistinctNode(Node):
         e, i = t
         due = self._due.pop(t, [])
         if values is not None and diffs is not None:
-            if values.size and int(values.max()) - int(values.min()) < 4 * values.size + 1024:
+            if values.size and int(values.max()) - int(values.min()) < 4 * (self.state.size + values.size) + 1024:
                 slots = self.state._value_slots(values, self.type, self.name)  # by value (cached)
-            else:  # a sparse batch: no value cache over its range
+            else:  # records too far apart for a value cache over their range
                 slots = self.state.slots(hash_column(pa.array(values, pa.int64()).cast(self.type), self.name))
             if not self._fits(i):
                 self._to_trace(t, due)
