@@ -205,6 +205,35 @@ def test_reachability_from_weighted_roots_oracle(monkeypatch, node_type, dense_c
         assert moved_at is None
 
 
+def test_self_join_in_a_loop_oracle():
+    # the variable joined with itself (one arrangement, both sides of the join, changed in
+    # the same rounds): each x at or after a root, up to 12; roots come and go
+    rng = np.random.default_rng(8)
+    df = Dataflow()
+    roots, ir = df.input(X)
+
+    def body(c: Collection) -> Collection:
+        up = c.join(c, "x").map({"x": pc.field("x") + 1}).filter(pc.field("x") <= 12)
+        return up.concat(roots).distinct()
+
+    acc = Accumulated(roots.iterate(body).probe())
+    weight: Counter = Counter()
+    for v in range(300):
+        changes: Counter = Counter()
+        for _ in range(int(rng.integers(0, 3))):
+            x = int(rng.integers(0, 15))
+            changes[x] += -1 if weight[x] + changes[x] > 0 and rng.random() < 0.6 else 1
+        changes = Counter({k: w for k, w in changes.items() if w and 0 <= weight[k] + w <= 2})
+        weight.update(changes)
+        ir.send(batch(X, [(k,) for k in changes], list(changes.values()), v))
+        ir.advance_to(v + 1)
+        df.step()
+        live = [k for k, w in weight.items() if w > 0]
+        want = Counter({(y,): 1 for y in set(live) | {y for r in live for y in range(r, 13)}})
+        got = acc.update()
+        assert got == want, f"version {v}: only incremental {got - want}, only expected {want - got}"
+
+
 def _components(edges: set, nodes: range) -> dict:
     parent = {n: n for n in nodes}
 
