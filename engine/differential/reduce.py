@@ -523,10 +523,7 @@ class _LoopDistinctNode(Node):
         e, i = t
         due = self._due.pop(t, [])
         if values is not None and diffs is not None:
-            if values.size and int(values.max()) - int(values.min()) < 4 * (self.state.size + values.size) + 1024:
-                slots = self.state._value_slots(values, self.type, self.name)  # by value (cached)
-            else:  # records too far apart for a value cache over their range
-                slots = self.state.slots(hash_column(pa.array(values, pa.int64()).cast(self.type), self.name))
+            slots = self.state._value_slots(values, self.type, self.name)
             if not self._fits(i):
                 self._to_trace(t, due)
                 return self.process(t, [ZSet(_int_table(self.name, values, self.type), diffs)])
@@ -624,7 +621,8 @@ class _GroupState:
         self._by_value: tuple[int, I64] | None = None
 
     def _value_slots(self, values: I64, column: pa.DataType, name: str) -> I64:
-        """Slots of integer group values (distinct), through the value cache."""
+        """Slots of integer group values (repeats allowed), through the value cache; values
+        too far apart for one (a range over 4x the groups) go to the hash map."""
         if values.size == 0:
             return values
         lo, hi = int(values.min()), int(values.max())
@@ -633,6 +631,8 @@ class _GroupState:
             low = lo if cache is None else min(lo, cache[0])
             high = hi if cache is None else max(hi, cache[0] + cache[1].size - 1)
             if high - low >= 4 * (self.size + values.size) + 1024:  # too sparse: this range only
+                if hi - lo >= 4 * (self.size + values.size) + 1024:  # even the values' own
+                    return self.slots(hash_column(pa.array(values, type=pa.int64()).cast(column), name))
                 cache, low, high = None, lo, hi
             fresh = np.full(high - low + 1, -1, dtype=np.int64)
             if cache is not None:
