@@ -186,9 +186,10 @@ def _output_schema(left: pa.Schema, right: pa.Schema, on: tuple[str, ...]) -> pa
 
 def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], names: Sequence[str], *,
            at: Time | None = None, batches: Sequence[IndexedZSet] | None = None,
-           key_hash: npt.NDArray[np.uint64] | None = None) -> ZSet | None:
+           key_hash: npt.NDArray[np.uint64] | None = None, labels: Sequence[str] | None = None) -> ZSet | None:
     """``batch`` joined with every update in ``trace``: the output columns ``names`` (the
-    key columns and ``batch``'s others from the batch, the trace's others from the trace).
+    key columns and ``batch``'s others from the batch, the trace's others from the trace),
+    named ``labels`` when given.
 
     ``batches`` reads a snapshot of the trace's spine instead of the current one. ``at``
     says every row of ``batch`` is at that time and every update of the trace at or
@@ -217,7 +218,7 @@ def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], names: Sequence[str],
         times = np.maximum(batch.times[rows], found.times)  # the lattice join of versions
     cols = dict(zip(mine.column_names, mine.columns, strict=True))
     cols.update(zip(theirs.column_names, theirs.columns, strict=True))
-    return ZSet(pa.Table.from_arrays([cols[c] for c in names], names=list(names)), diffs, times)
+    return ZSet(pa.Table.from_arrays([cols[c] for c in names], names=list(labels or names)), diffs, times)
 
 
 def _conform(out: ZSet, schema: pa.Schema) -> ZSet:
@@ -289,6 +290,7 @@ class _JoinNode(Node):
         self.on = on
         self.left, self.right = left, right
         self._readers = (left.reader(), right.reader())
+        self._columns: list[str] | None = None  # the pairs' columns behind the output's, when renamed
 
     def input_demand(self, port: int, need: set[str] | None) -> set[str] | None:
         if need is None:
@@ -301,6 +303,13 @@ class _JoinNode(Node):
         keep = [f for f in self.schema if f.name in need] or [self.schema.field(self.on[0])]
         self.schema = pa.schema(keep)
 
+    def rename_output(self, renames: list[tuple[str, str]], schema: pa.Schema) -> bool:
+        if any(c not in self.schema.names for _, c in renames):
+            return False
+        self._columns = [c for _, c in renames]
+        self.schema = schema
+        return True
+
     def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
         since = self.scope.join_since(t)
         for r in self._readers:
@@ -311,17 +320,18 @@ class _JoinNode(Node):
         # first); A_old the left trace as it was before its arrangement inserted dA.
         at = None if self.scope.nested else t  # root scope: history is all before t
         dl, dr = batches
-        names = self.schema.names
+        labels = self.schema.names
+        names = labels if self._columns is None else self._columns
         parts = []
         if dl is not None:
             dl, kh = self.left.delta(t, dl)
-            p = _pairs(dl, self.right.current(t), self.on, names, at=at, key_hash=kh)
+            p = _pairs(dl, self.right.current(t), self.on, names, at=at, key_hash=kh, labels=labels)
             if p is not None:
                 parts.append(p)
         if dr is not None:
             dr, kh = self.right.delta(t, dr)
             old = self.left.before(t)  # the left trace's object, read through this snapshot
-            p = _pairs(dr, self.left.trace, self.on, names, at=at, batches=old, key_hash=kh)
+            p = _pairs(dr, self.left.trace, self.on, names, at=at, batches=old, key_hash=kh, labels=labels)
             if p is not None:
                 parts.append(p)
         if not parts:
