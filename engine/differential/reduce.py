@@ -530,8 +530,9 @@ class _LoopDistinctNode(Node):
             self.values[slots] = values
             due.append(slots)
         g = due[0] if len(due) == 1 else np.concatenate(due)
-        if g.size > 1:
-            g = np.unique(g)
+        if g.size > 1:  # each record once (sort and mask: np.unique's wrappers cost more here)
+            g = np.sort(g)
+            g = g[np.concatenate(([True], g[1:] != g[:-1]))]
         stale = g[self.epoch.take(g) != e]
         if stale.size:  # first change in version e: the old "now" is "before" e
             self.before[stale] = self.now[stale]
@@ -549,9 +550,10 @@ class _LoopDistinctNode(Node):
             later = moved.any(axis=1)
             if later.any():
                 nxt = moved.argmax(axis=1)[later] + (i + 1)
-                for j in np.unique(nxt).tolist():  # a loop per later iteration
+                gl = g[later]
+                for j in set(nxt.tolist()):  # a loop per later iteration
                     tt = (e, j)
-                    self._due.setdefault(tt, []).append(g[later][nxt == j])
+                    self._due.setdefault(tt, []).append(gl[nxt == j])
                     self.scope.times.add(tt)
         pos = np.flatnonzero(net)
         if pos.size == 0:
