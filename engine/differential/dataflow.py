@@ -134,7 +134,8 @@ class Scope:
     def wire(self) -> None:
         """Make the scope runnable, once its graph is complete: keep the nodes some sink
         depends on, connect each to its consumers, narrow the nodes to the columns read
-        downstream (:func:`_prune`) and :meth:`~Node.finalize` each node."""
+        downstream (:func:`_prune`), let nodes absorb a ``map`` of column names after them
+        (:func:`_absorb_renames`) and :meth:`~Node.finalize` each node."""
         live: set[int] = set()
         stack = [n for n in self.nodes if n.is_sink]
         while stack:
@@ -148,6 +149,7 @@ class Scope:
             for port, i in enumerate(n.inputs):
                 i.consumers.append((n, port))
         _prune(self)
+        _absorb_renames(self)
         for n in self.nodes:
             n.finalize()
 
@@ -238,6 +240,13 @@ class Node:
     def restrict(self, need: set[str]) -> None:
         """Produce only the columns ``need`` (at least) from now on: a node that can narrows
         its output schema; the default keeps it. Called once, before the first step."""
+
+    def rename_output(self, renames: list[tuple[str, str]], schema: pa.Schema) -> bool:
+        """Emit ``schema`` from now on: per ``(name, column)`` of ``renames``, the column
+        ``column`` of the current output named ``name`` (the ``map`` of column names that
+        was this node's only consumer). True when the node can; the default cannot. Called
+        once, after :meth:`restrict`."""
+        return False
 
 
 class InputNode(Node):
@@ -365,6 +374,24 @@ class Dataflow:
             f = f.meet(h.frontier)
         self.root.run(limit=f.elements[0][0] if f else None)
         self.frontier = f
+
+
+def _absorb_renames(scope: Scope) -> None:
+    """A node whose only consumer is a ``map`` of column names (picking and renaming
+    columns) names its output itself when it can (:meth:`Node.rename_output`), and the map
+    leaves the graph: one node, one batch and one hand-off less per time (a join followed
+    by ``map({"node": "dst"})``, as in a reachability loop)."""
+    for n in list(scope.nodes):  # a loop per operator, once
+        if len(n.consumers) != 1:
+            continue
+        c, _ = n.consumers[0]
+        renames = c.op.renames if isinstance(c, _LinearNode) else None
+        if renames is None or not n.rename_output(renames, c.schema):
+            continue
+        n.consumers = c.consumers
+        for d, port in c.consumers:
+            d.inputs[port] = n
+        scope.nodes.remove(c)
 
 
 def _prune(scope: Scope) -> None:

@@ -33,7 +33,7 @@ from engine._kernels.arrays import numeric_view
 from engine.differential.dataflow import Collection, Node, Scope, Time
 from engine.differential.indexed import IndexedZSet
 from engine.differential.trace import SMALL_BATCHES, MergePolicy, Trace, TraceReader
-from engine.differential.zset import ZSet, identity_prefix, take_rows
+from engine.differential.zset import ZSet, concat, identity_prefix, take_rows
 from engine.errors import InputError, SchemaError
 
 __all__ = ["ArrangeNode", "Arranged", "join_stream", "join_trace"]
@@ -44,8 +44,13 @@ class ArrangeNode(Node):
 
     The arrangement of :func:`arrange`, shared by every join and reduce on its node and
     keys: each reads the trace through its own :meth:`reader`, and a consumer running at
-    ``t`` right after it reads the trace without ``t``'s delta from :meth:`before` and the
-    delta as indexed from :meth:`delta`.
+    ``t`` right after it reads the trace without ``t``'s delta from :meth:`before`, with it
+    from :meth:`current`, and the delta as indexed from :meth:`delta`.
+
+    Inside a loop, an arrangement read by joins only is read when the *other* side changes,
+    which may be rarer than its own rounds (a loop variable joined with edges that change
+    once a step): its batches wait, unindexed, until a join reads the trace, then go in as
+    one batch (one indexing and one insert for several rounds, and a shorter spine).
     """
 
     emits_at_input_time = True
@@ -64,6 +69,8 @@ class ArrangeNode(Node):
         self._before: tuple[Time, tuple[IndexedZSet, ...]] | None = None
         self._indexed: tuple[Time, IndexedZSet] | None = None
         self._columns: list[str] | None = None  # the stored columns, when pruned
+        self._lazy = False  # batches wait in _waiting until a consumer reads the trace
+        self._waiting: list[tuple[Time, ZSet]] = []
 
     def input_demand(self, port: int, need: set[str] | None) -> set[str] | None:
         return None if need is None else need | set(self.keys)
@@ -80,13 +87,37 @@ class ArrangeNode(Node):
 
     def finalize(self) -> None:
         self._hold.close()
+        self._lazy = self.scope.nested and all(isinstance(c, _JoinNode) for c, _ in self.consumers)
 
     def before(self, t: Time) -> tuple[IndexedZSet, ...]:
         """The trace's batches as they were before this node inserted its input at ``t``
         (its consumers run at ``t`` right after it: the collection without ``t``'s delta)."""
+        if self._waiting:
+            self._insert_waiting(but=t)
         if self._before is not None and self._before[0] == t:
             return self._before[1]
         return self.trace.batches
+
+    def current(self, t: Time) -> Trace:
+        """The trace with every batch this node has had, ``t``'s delta included (inserted by
+        itself, after a snapshot for :meth:`before`: a self-join reads both)."""
+        if self._waiting:
+            self._insert_waiting(but=t)
+        if self._waiting:
+            (_, b), = self._waiting
+            self._waiting = []
+            self._before = (t, self.trace.batches)
+            self.trace.insert(IndexedZSet.build(b, self.keys, one_time=True))
+        return self.trace
+
+    def _insert_waiting(self, but: Time) -> None:
+        """Index and insert the waiting batches as one, but the one at ``but`` (the last)."""
+        keep = self._waiting[-1:] if self._waiting[-1][0] == but else []
+        go = self._waiting[:len(self._waiting) - len(keep)]
+        self._waiting = keep
+        if go:
+            z = concat(*(b for _, b in go))
+            self.trace.insert(IndexedZSet.build(z, self.keys, one_time=len(go) == 1))
 
     def delta(self, t: Time, batch: ZSet) -> tuple[ZSet, npt.NDArray[np.uint64] | None]:
         """``batch`` (this node's input at ``t``) as indexed for the trace, with its key
@@ -101,6 +132,9 @@ class ArrangeNode(Node):
         if b is not None:
             if self._columns is not None:
                 b = ZSet(b.data.select(self._columns), b.diffs, b.times)
+            if self._lazy:  # a node's input at t is all at t
+                self._waiting.append((t, b))
+                return b
             self._before = (t, self.trace.batches)
             ib = IndexedZSet.build(b, self.keys, one_time=True)  # a node's input at t is all at t
             self._indexed = (t, ib)
@@ -152,9 +186,10 @@ def _output_schema(left: pa.Schema, right: pa.Schema, on: tuple[str, ...]) -> pa
 
 def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], names: Sequence[str], *,
            at: Time | None = None, batches: Sequence[IndexedZSet] | None = None,
-           key_hash: npt.NDArray[np.uint64] | None = None) -> ZSet | None:
+           key_hash: npt.NDArray[np.uint64] | None = None, labels: Sequence[str] | None = None) -> ZSet | None:
     """``batch`` joined with every update in ``trace``: the output columns ``names`` (the
-    key columns and ``batch``'s others from the batch, the trace's others from the trace).
+    key columns and ``batch``'s others from the batch, the trace's others from the trace),
+    named ``labels`` when given.
 
     ``batches`` reads a snapshot of the trace's spine instead of the current one. ``at``
     says every row of ``batch`` is at that time and every update of the trace at or
@@ -183,7 +218,7 @@ def _pairs(batch: ZSet, trace: Trace, on: tuple[str, ...], names: Sequence[str],
         times = np.maximum(batch.times[rows], found.times)  # the lattice join of versions
     cols = dict(zip(mine.column_names, mine.columns, strict=True))
     cols.update(zip(theirs.column_names, theirs.columns, strict=True))
-    return ZSet(pa.Table.from_arrays([cols[c] for c in names], names=list(names)), diffs, times)
+    return ZSet(pa.Table.from_arrays([cols[c] for c in names], names=list(labels or names)), diffs, times)
 
 
 def _conform(out: ZSet, schema: pa.Schema) -> ZSet:
@@ -255,6 +290,7 @@ class _JoinNode(Node):
         self.on = on
         self.left, self.right = left, right
         self._readers = (left.reader(), right.reader())
+        self._columns: list[str] | None = None  # the pairs' columns behind the output's, when renamed
 
     def input_demand(self, port: int, need: set[str] | None) -> set[str] | None:
         if need is None:
@@ -267,6 +303,13 @@ class _JoinNode(Node):
         keep = [f for f in self.schema if f.name in need] or [self.schema.field(self.on[0])]
         self.schema = pa.schema(keep)
 
+    def rename_output(self, renames: list[tuple[str, str]], schema: pa.Schema) -> bool:
+        if any(c not in self.schema.names for _, c in renames):
+            return False
+        self._columns = [c for _, c in renames]
+        self.schema = schema
+        return True
+
     def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
         since = self.scope.join_since(t)
         for r in self._readers:
@@ -277,16 +320,18 @@ class _JoinNode(Node):
         # first); A_old the left trace as it was before its arrangement inserted dA.
         at = None if self.scope.nested else t  # root scope: history is all before t
         dl, dr = batches
-        names = self.schema.names
+        labels = self.schema.names
+        names = labels if self._columns is None else self._columns
         parts = []
         if dl is not None:
             dl, kh = self.left.delta(t, dl)
-            p = _pairs(dl, self.right.trace, self.on, names, at=at, key_hash=kh)
+            p = _pairs(dl, self.right.current(t), self.on, names, at=at, key_hash=kh, labels=labels)
             if p is not None:
                 parts.append(p)
         if dr is not None:
             dr, kh = self.right.delta(t, dr)
-            p = _pairs(dr, self.left.trace, self.on, names, at=at, batches=self.left.before(t), key_hash=kh)
+            old = self.left.before(t)  # the left trace's object, read through this snapshot
+            p = _pairs(dr, self.left.trace, self.on, names, at=at, batches=old, key_hash=kh, labels=labels)
             if p is not None:
                 parts.append(p)
         if not parts:

@@ -175,6 +175,17 @@ class LinearOperator:
             return None
         return None
 
+    @property
+    def renames(self) -> list[tuple[str, str]] | None:
+        """``(output name, input column)`` per output column when the whole chain is one
+        ``map`` of column names (it only picks and renames columns); else ``None``."""
+        if len(self.stages) != 1:
+            return None
+        s = self.stages[0]
+        if not isinstance(s, _Project) or s.columns is None:
+            return None
+        return [(name, col) for (name, _), col in zip(s.exprs, s.columns, strict=True)]
+
     def followed_by(self, other: LinearOperator) -> LinearOperator:
         """This chain, then ``other``'s, as one operator (seed 001's ``followed_by``)."""
         return LinearOperator(self.stages + other.stages)

@@ -36,6 +36,13 @@ group column over a narrow range (count/sum add up over the whole range and keep
 whose aggregates changed; only those values are hashed), else by state slot
 (a mark array when the state is small next to the batch); integer sums go through
 ``np.add.at`` (exact, and faster than a float ``bincount`` at these sizes).
+
+Inside an ``iterate``, ``distinct`` of one integer column keeps state too
+(:class:`_LoopDistinctNode`): per record, its input accumulated at every iteration of the
+current and the previous outer version, as two dense rows of cumulative weights, so the
+four corners are two gathers and there is no arrangement to insert into or look up; past a
+size budget (records x iterations) or on a null record it moves that history into a trace
+and goes on as the general reduce.
 """
 
 from __future__ import annotations
@@ -53,8 +60,9 @@ from engine._kernels.hashing import exact_hash, group_equal, hash_column, hash_r
 from engine._kernels.hashmap import U64Map
 from engine._kernels.keymap import StoredKeyMap
 from engine.differential.dataflow import Collection, Node, Scope, Time
+from engine.differential.indexed import IndexedZSet, int_key_values
 from engine.differential.join import ArrangeNode, arrange
-from engine.differential.trace import Lookup, Trace
+from engine.differential.trace import SMALL_BATCHES, Lookup, Trace
 from engine.differential.version import Version, VersionLike, as_version
 from engine.differential.zset import ZSet, concat, take_rows
 from engine.errors import InputError, SchemaError
@@ -365,35 +373,34 @@ def _change(keys: pa.Table, ent: _Entries, t: Time, spec: _Spec) -> ZSet | None:
     return out if out.num_rows else None
 
 
-class _ReduceNode(Node):
-    """The general reduce over an arranged input: any scope, any aggregate."""
+class _TraceEval:
+    """The general reduce's evaluation over a trace of its input (any scope, any
+    aggregate): at ``t``, the groups of the delta and those scheduled for ``t`` are looked
+    up in the trace (which holds the delta already) and their change computed by Moebius
+    inversion (see the module docstring). Shared by :class:`_ReduceNode` (an arranged
+    input) and :class:`_LoopDistinctNode` (its own trace, once it leaves its dense rows)."""
 
-    emits_at_input_time = True  # a change at t, for the groups evaluated at t
-    emits_consolidated = True  # one change per group (distinct: per record) at t
-
-    def __init__(self, scope: Scope, source: ArrangeNode, spec: _Spec) -> None:
-        super().__init__(scope, [source], spec.schema)
-        self.arranged = source
+    def __init__(self, scope: Scope, trace: Trace, spec: _Spec) -> None:
+        self.scope = scope
+        self.trace = trace
         self.spec = spec
-        self._reader = source.reader()
-        self._scheduled: dict[Time, list[tuple[_Keys, U64]]] = {}  # groups, their key hashes
+        self._reader = trace.reader()
+        self.scheduled: dict[Time, list[tuple[_Keys, U64]]] = {}  # groups, their key hashes
 
-    def has_work(self, t: Time) -> bool:
-        return t in self._pending or t in self._scheduled
-
-    def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
+    def run(self, t: Time, delta: tuple[pa.Table, U64] | None) -> ZSet | None:
+        """The change at ``t`` for the groups of ``delta`` (the ``by`` columns of the
+        input at ``t`` and their key hashes) and those scheduled for ``t``."""
         since = self.scope.reduce_since(t)
         if self._reader.since != since:
             self._reader.set_logical_compaction(since)
-        by = list(self.spec.by)
-        parts = self._scheduled.pop(t, [])
-        if batches[0] is not None:
-            delta, kh = self.arranged.delta(t, batches[0])  # as the arrangement indexed it
-            data = delta.data.select(by)
-            parts.append((data, hash_rows(data, by) if kh is None else kh))
-        groups, kh = _distinct_keys(parts, by)
+        parts = self.scheduled.pop(t, [])
+        if delta is not None:
+            parts.append(delta)
+        if not parts:
+            return None
+        groups, kh = _distinct_keys(parts, self.spec.by)
         keys = groups.table() if isinstance(groups, _IntKeys) else groups
-        found = self.arranged.trace.lookup(keys, key_hash=kh)
+        found = self.trace.lookup(keys, key_hash=kh)
         if self.spec.distinct:  # a group is one record: no sort of the entries, no table per corner
             probe, times = found.probe, found.times
             if self.scope.nested:
@@ -422,8 +429,185 @@ class _ReduceNode(Node):
         hashes = kh.take(probes)  # by iteration: one gather, then slices
         for a, b in zip(bounds[:-1], bounds[1:], strict=True):  # a loop per later iteration
             tt = t[:-1] + (int(its[a]),)
-            self._scheduled.setdefault(tt, []).append((groups.slice(a, b - a), hashes[a:b]))
+            self.scheduled.setdefault(tt, []).append((groups.slice(a, b - a), hashes[a:b]))
             self.scope.times.add(tt)
+
+
+class _ReduceNode(Node):
+    """The general reduce over an arranged input: any scope, any aggregate."""
+
+    emits_at_input_time = True  # a change at t, for the groups evaluated at t
+    emits_consolidated = True  # one change per group (distinct: per record) at t
+
+    def __init__(self, scope: Scope, source: ArrangeNode, spec: _Spec) -> None:
+        super().__init__(scope, [source], spec.schema)
+        self.arranged = source
+        self.spec = spec
+        self._eval = _TraceEval(scope, source.trace, spec)
+
+    def has_work(self, t: Time) -> bool:
+        return t in self._pending or t in self._eval.scheduled
+
+    def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
+        delta = None
+        if batches[0] is not None:
+            indexed, kh = self.arranged.delta(t, batches[0])  # as the arrangement indexed it
+            data = indexed.data.select(list(self.spec.by))
+            delta = (data, hash_rows(data, self.spec.by) if kh is None else kh)
+        return self._eval.run(t, delta)
+
+
+# a loop's distinct keeps its records' history in dense rows (records x iterations) while
+# they hold at most this many cells each, then in a trace
+_DENSE_CELLS = 1 << 21
+
+
+class _LoopDistinctNode(Node):
+    """``distinct`` inside an ``iterate`` over one integer column: each record's history in
+    two dense rows of cumulative weights by iteration, no arrangement, no trace lookups.
+
+    The scope's times are ``(e, i)`` and it runs one outer version ``e`` to its fixed point
+    before the next, so a record's history is two rows (of its state slot ``s``, in the
+    value -> slot map of :class:`_GroupState`): ``now[s, i]``, the input accumulated at
+    ``(e_s, i)`` where ``e_s`` is the last version that changed it, and ``before[s, i]``,
+    at ``(e_s - 1, i)``. A record first changed in a later version moves ``now`` into
+    ``before`` (nothing changed it in between). At ``(e, i)`` the four corners of the
+    Moebius sum (:func:`_distinct_change`) are then ``now[s, i]``, ``now[s, i - 1]``,
+    ``before[s, i]`` and ``before[s, i - 1]``: two gathers. A record evaluated at ``(e, i)``
+    is evaluated again at the next iteration where ``before`` changes (the "interesting
+    times" of the module docstring); its inputs of version ``e`` at later iterations arrive
+    there by themselves.
+
+    Past :data:`_DENSE_CELLS` cells per row array, or on a null record, the history moves
+    into a trace (``before``'s steps at ``(e - 1, i)``, which the reduce's compaction
+    frontier makes equivalent to their versions, ``now``'s at ``(e, i)``) and the node
+    continues as the general reduce (:class:`_TraceEval`).
+    """
+
+    emits_at_input_time = True
+    emits_consolidated = True
+
+    def __init__(self, scope: Scope, source: Node) -> None:
+        super().__init__(scope, [source], source.schema)
+        self.name = source.schema.names[0]
+        self.type = source.schema.field(0).type
+        self.spec = _Spec((self.name,), (), True, source.schema)
+        self.state = _GroupState()
+        self.values = np.zeros(0, np.int64)          # per slot: its record
+        self.epoch = np.zeros(0, np.int64)           # per slot: e_s (-1: never changed)
+        self.now = np.zeros((0, 1), np.int64)        # per slot and iteration, cumulative
+        self.before = np.zeros((0, 1), np.int64)
+        self._due: dict[Time, list[I64]] = {}        # slots to evaluate again at a time
+        self._eval: _TraceEval | None = None         # once the history is in a trace
+
+    def has_work(self, t: Time) -> bool:
+        return t in self._pending or t in self._due or (self._eval is not None and t in self._eval.scheduled)
+
+    def process(self, t: Time, batches: list[ZSet | None]) -> ZSet | None:
+        b = batches[0]
+        if self._eval is None:
+            values = None if b is None else int_key_values(b.data, (self.name,))
+            if b is not None and values is None:  # a null record
+                self._to_trace(t)
+            else:
+                return self._dense(t, values, None if b is None else b.diffs)
+        assert self._eval is not None
+        delta = None
+        if b is not None:
+            ib = IndexedZSet.build(b.with_time(t), self.spec.by, one_time=True)
+            self._eval.trace.insert(ib)
+            delta = (ib.batch.data, ib.key_hash)
+        return self._eval.run(t, delta)
+
+    def _dense(self, t: Time, values: I64 | None, diffs: I64 | None) -> ZSet | None:
+        e, i = t
+        due = self._due.pop(t, [])
+        if values is not None and diffs is not None:
+            slots = self.state._value_slots(values, self.type, self.name)
+            if not self._fits(i):
+                self._to_trace(t, due)
+                return self.process(t, [ZSet(_int_table(self.name, values, self.type), diffs)])
+            self.values[slots] = values
+            due.append(slots)
+        g = due[0] if len(due) == 1 else np.concatenate(due)
+        if g.size > 1:  # each record once (sort and mask: np.unique's wrappers cost more here)
+            g = np.sort(g)
+            g = g[np.concatenate(([True], g[1:] != g[:-1]))]
+        stale = g[self.epoch.take(g) != e]
+        if stale.size:  # first change in version e: the old "now" is "before" e
+            self.before[stale] = self.now[stale]
+            self.epoch[stale] = e
+        if values is not None and diffs is not None:
+            np.add.at(self.now[:, i:], slots, diffs[:, None])  # cumulative: every later iteration
+        cols = slice(i - 1, i + 1) if i else slice(0, 1)
+        now, before = self.now[g, cols], self.before[g, cols]
+        net = (now[:, -1] > 0).astype(np.int64) - (before[:, -1] > 0)
+        if i:
+            net -= (now[:, 0] > 0).astype(np.int64) - (before[:, 0] > 0)
+        if i + 1 < self.before.shape[1]:  # the next iteration where an earlier version changed it
+            steps = self.before[g, i:]
+            moved = steps[:, 1:] != steps[:, :-1]
+            later = moved.any(axis=1)
+            if later.any():
+                nxt = moved.argmax(axis=1)[later] + (i + 1)
+                gl = g[later]
+                for j in set(nxt.tolist()):  # a loop per later iteration
+                    tt = (e, j)
+                    self._due.setdefault(tt, []).append(gl[nxt == j])
+                    self.scope.times.add(tt)
+        pos = np.flatnonzero(net)
+        if pos.size == 0:
+            return None
+        return ZSet(_int_table(self.name, self.values.take(g.take(pos)), self.type), net.take(pos)).with_time(t)
+
+    def _fits(self, i: int) -> bool:
+        """Make room for the slots allocated so far and iteration ``i``; False when that
+        would pass :data:`_DENSE_CELLS`."""
+        have, w = self.now.shape
+        if self.state.size <= have and i < w:
+            return True
+        rows = have if self.state.size <= have else max(self.state.size, 2 * have, 256)
+        width = w if i < w else max(i + 1, 2 * w)
+        if rows * width > _DENSE_CELLS:
+            return False
+        self.values = np.concatenate((self.values, np.zeros(rows - have, np.int64)))
+        self.epoch = np.concatenate((self.epoch, np.full(rows - have, -1, np.int64)))
+        for name in ("now", "before"):  # cumulative: a new iteration holds the last one's value
+            old = getattr(self, name)
+            new = np.zeros((rows, width), np.int64)
+            new[:have, :w] = old
+            new[:have, w:] = old[:, w - 1:w]
+            setattr(self, name, new)
+        return True
+
+    def _to_trace(self, t: Time, due: list[I64] | None = None) -> None:
+        """Move the history (and the records due later) into a trace; the general reduce
+        continues from there."""
+        e = t[0]
+        changed = (self.epoch == e)[:, None]
+        # the input accumulated up to version e - 1 (a record not changed in e: all of it),
+        # and version e's own changes
+        parts = [(np.where(changed, self.before, self.now), e - 1), (np.where(changed, self.now - self.before, 0), e)]
+        rows, its, diffs, times = [], [], [], []
+        for cum, at in parts:  # the steps of each cumulative row are the updates
+            step = np.diff(cum, axis=1, prepend=0)
+            r, c = np.nonzero(step)
+            if r.size and at >= 0:  # nothing is before version 0
+                rows.append(r)
+                its.append(c)
+                diffs.append(step[r, c])
+                times.append(np.full(r.size, at, np.int64))
+        trace = Trace(self.schema, self.spec.by, dims=2, policy=SMALL_BATCHES)
+        self._eval = _TraceEval(self.scope, trace, self.spec)
+        if rows:
+            r = np.concatenate(rows)
+            tm = np.stack((np.concatenate(times), np.concatenate(its)), axis=1)
+            trace.insert(ZSet(_int_table(self.name, self.values.take(r), self.type), np.concatenate(diffs), tm))
+        pending = list(self._due.items()) + ([(t, due)] if due else [])
+        for tt, slots in pending:  # a loop per time with records due
+            keys = _int_table(self.name, self.values.take(np.unique(np.concatenate(slots))), self.type)
+            self._eval.scheduled.setdefault(tt, []).append((keys, hash_rows(keys)))
+        self._due = {}
 
 
 class _GroupState:
@@ -439,7 +623,8 @@ class _GroupState:
         self._by_value: tuple[int, I64] | None = None
 
     def _value_slots(self, values: I64, column: pa.DataType, name: str) -> I64:
-        """Slots of integer group values (distinct), through the value cache."""
+        """Slots of integer group values (repeats allowed), through the value cache; values
+        too far apart for one (a range over 4x the groups) go to the hash map."""
         if values.size == 0:
             return values
         lo, hi = int(values.min()), int(values.max())
@@ -448,6 +633,8 @@ class _GroupState:
             low = lo if cache is None else min(lo, cache[0])
             high = hi if cache is None else max(hi, cache[0] + cache[1].size - 1)
             if high - low >= 4 * (self.size + values.size) + 1024:  # too sparse: this range only
+                if hi - lo >= 4 * (self.size + values.size) + 1024:  # even the values' own
+                    return self.slots(hash_column(pa.array(values, type=pa.int64()).cast(column), name))
                 cache, low, high = None, lo, hi
             fresh = np.full(high - low + 1, -1, dtype=np.int64)
             if cache is not None:
@@ -663,6 +850,9 @@ def distinct(coll: Collection) -> Collection:
     if not coll.scope.nested:
         return Collection(_DistinctNode(coll.scope, coll.node))
     names = tuple(coll.schema.names)
+    typ = coll.schema.field(0).type
+    if len(names) == 1 and coll.scope.dims == 2 and pa.types.is_integer(typ) and not pa.types.is_uint64(typ):
+        return Collection(_LoopDistinctNode(coll.scope, coll.node))
     spec = _Spec(names, (), True, coll.schema)
     return Collection(_ReduceNode(coll.scope, arrange(coll.node, names).node, spec))
 
