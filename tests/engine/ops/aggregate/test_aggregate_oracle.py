@@ -308,3 +308,22 @@ def test_oracle_min_max_first_last_with_constant_merges_and_parent_shifts(monkey
                                  [agg.first(c) for c in ("Key", "Price", "Qty")]),
     }
     _run_cases(cases, seed=13)
+
+
+def test_oracle_cached_first_rows_with_occasional_shifts():
+    # a group's first row is read from the listener's cache until a cycle touches the group
+    # or shifts the parent: here rows shift only every fourth cycle (in between, groups that
+    # only see modifies of values answer from the cache), and the where makes rows leave and
+    # rejoin groups (first rows lost and searched again)
+    specs = [agg.count("N"), agg.sum("Qty", "S"), agg.mean("Price", "M"), agg.last("Key", "L")]
+
+    def rare(k, v):
+        return (k % 3 == 0) * ((v // 4) % 2)
+
+    cases = {
+        "rare shifts": _Case(lambda t: agg_by(_jitter(t, rare), specs, "Sym"), ["Sym"], specs),
+        "where, rare shifts": _Case(lambda t: agg_by(_jitter(t.where(pc.field("Qty") > 30), rare), specs, "Sym"),
+                                    ["Sym"], specs, where=pc.field("Qty") > 30),
+        "two keys": _Case(lambda t: agg_by(t, specs, ["Sym", "Qty"]), ["Sym", "Qty"], specs),
+    }
+    _run_cases(cases, seed=18)
