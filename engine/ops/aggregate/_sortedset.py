@@ -69,6 +69,7 @@ T = TypeVar("T", bound=np.generic)
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _EMPTY_I = np.empty(0, dtype=np.int64)
 _EMPTY_U = np.empty(0, dtype=np.uint64)
+_IN_DELTA = -2  # RowKeySet's position of an entry in the delta (found by a search)
 
 
 def lex_order(g: I64, v: U64) -> I64:
@@ -518,7 +519,7 @@ class RowKeySet(_Sorted):
         super().__init__()
         self._map = RowKeyMap()  # row key -> entry id (dense while the parent's keys are)
         self._eg = np.zeros(1024, dtype=np.int64)  # entry -> group
-        self._epos = np.full(1024, -1, dtype=np.int64)  # entry -> base position, or -2 - delta position
+        self._epos = np.full(1024, -1, dtype=np.int64)  # entry -> base position, or _IN_DELTA
         self._entry_ids = IdAllocator()  # entry ids; freed ones are reusable at once
         self._b_ids: I64 = _EMPTY_I
         self._d_ids: I64 = _EMPTY_I
@@ -535,8 +536,12 @@ class RowKeySet(_Sorted):
             raise UpdateInvariantError("A1", f"{what} row keys {keys[ids < 0][:10].tolist()} are in no group")
         return ids
 
-    def _index_delta(self) -> None:
-        self._epos[self._d_ids] = -2 - np.arange(self._d_ids.size, dtype=np.int64)
+    def _delta_positions(self, ids: I64, keys: I64) -> I64:
+        """The delta positions of entries ``ids`` (in the delta, holding row ``keys``): one
+        search of the delta, whose positions move with every insert (so they are not kept
+        per entry: rewriting them cost the delta's size every cycle)."""
+        v = keys.view(np.uint64)
+        return self._locate(self._d_k, self._d_v, self._coarse(self._eg[ids], v), v)[0]
 
     def groups_of(self, keys: I64) -> I64:
         """The group of each row key (``-1`` where absent)."""
@@ -556,7 +561,7 @@ class RowKeySet(_Sorted):
         o = o[key_order(g[o])]
         g, v = g[o], v[o]
         (self._d_ids,) = self._delta_insert(g, v, self._coarse(g, v), None, (self._d_ids, ids[o]))
-        self._index_delta()
+        self._epos[ids] = _IN_DELTA
         if self._should_merge():
             self._merge()
 
@@ -566,7 +571,7 @@ class RowKeySet(_Sorted):
             return
         ids = self._ids(keys, "removed")
         self._map.remove(keys)
-        self._drop(ids)
+        self._drop(ids, keys)
 
     def discard_keys(self, keys: I64) -> I64:
         """Remove those of row ``keys`` (distinct) that are present; returns the group
@@ -580,26 +585,26 @@ class RowKeySet(_Sorted):
             groups = self._eg[ids]
         else:
             groups = np.full(keys.size, -1, dtype=np.int64)
-            ids = ids[held]
+            ids, keys = ids[held], keys[held]
             groups[held] = self._eg[ids]
-        self._drop(ids)
+        self._drop(ids, keys)
         return groups
 
-    def _drop(self, ids: I64) -> None:
-        """Drop the entries ``ids`` of keys just unmapped."""
+    def _drop(self, ids: I64, keys: I64) -> None:
+        """Drop the entries ``ids`` of row ``keys`` just unmapped."""
         pos = self._epos[ids]
         inbase = pos >= 0
         self._bits.clear(pos[inbase])  # base ids stay taken until the merge drops them
         self._dead += int(inbase.sum())
         if not inbase.all():
+            out = ~inbase
             keep = np.ones(self._d_ids.size, dtype=bool)
-            keep[-2 - pos[~inbase]] = False
-            self._epos[ids[~inbase]] = -1
-            self._entry_ids.free(ids[~inbase])
+            keep[self._delta_positions(ids[out], keys[out])] = False
+            self._epos[ids[out]] = -1
+            self._entry_ids.free(ids[out])
             self._entry_ids.release()
             self._delta_keep(keep)
             self._d_ids = self._d_ids[keep]
-            self._index_delta()
         if self._should_merge():
             self._merge()
 
@@ -612,7 +617,8 @@ class RowKeySet(_Sorted):
         self._map.move(prev, cur)
         pos = self._epos[ids]
         k = self._coarse(self._eg[ids], c)
-        b, d = pos >= 0, -2 - pos[pos < 0]
+        b = pos >= 0
+        d = self._delta_positions(ids[~b], prev[~b]) if not b.all() else _EMPTY_I  # before any write
         self._b_v[pos[b]], self._b_k[pos[b]] = c[b], k[b]
         self._d_v[d], self._d_k[d] = c[~b], k[~b]
 
