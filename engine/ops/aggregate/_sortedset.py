@@ -70,6 +70,7 @@ _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _EMPTY_I = np.empty(0, dtype=np.int64)
 _EMPTY_U = np.empty(0, dtype=np.uint64)
 _IN_DELTA = -2  # RowKeySet's position of an entry in the delta (found by a search)
+_TAIL = -3  # RowKeySet's position of tail entry t: _TAIL - t
 
 
 def lex_order(g: I64, v: U64) -> I64:
@@ -513,16 +514,44 @@ class ValueMultiset(_Sorted):
 
 
 class RowKeySet(_Sorted):
-    """Parent row keys per group, following parent shifts; first and last row per group."""
+    """Parent row keys per group, following parent shifts; first and last row per group.
+
+    Above the base and the delta, new entries go to a *tail* in arrival order, unsorted:
+    an insert appends (no search, no copy of the delta), a remove clears the entry's live
+    flag, a shift rewrites its key in place (entries keep their tail positions). A query
+    scans the tail for the groups it asks about while the tail holds at most
+    :attr:`SCAN_MAX` entries, and sorts it into the delta first beyond that; a merge sorts
+    it in as well. So a parent's changes cost their own size until someone asks for first
+    or last rows (the aggregation's first-row cache asks rarely), not the delta's.
+    """
+
+    #: queries scan an unsorted tail of at most this many entries; a longer one is sorted
+    #: into the delta first
+    SCAN_MAX = 16384
 
     def __init__(self) -> None:
         super().__init__()
         self._map = RowKeyMap()  # row key -> entry id (dense while the parent's keys are)
         self._eg = np.zeros(1024, dtype=np.int64)  # entry -> group
-        self._epos = np.full(1024, -1, dtype=np.int64)  # entry -> base position, or _IN_DELTA
+        # entry -> base position, or _IN_DELTA, or _TAIL - its tail position
+        self._epos = np.full(1024, -1, dtype=np.int64)
         self._entry_ids = IdAllocator()  # entry ids; freed ones are reusable at once
         self._b_ids: I64 = _EMPTY_I
         self._d_ids: I64 = _EMPTY_I
+        self._t_g = np.zeros(1024, dtype=np.int64)  # tail: group, row key, entry id, live
+        self._t_k = np.zeros(1024, dtype=np.int64)
+        self._t_ids = np.zeros(1024, dtype=np.int64)
+        self._t_live = np.zeros(1024, dtype=bool)
+        self._t_n = 0  # tail entries, live or not
+        self._t_dead = 0
+
+    def __len__(self) -> int:
+        return super().__len__() + self._t_n - self._t_dead
+
+    def _should_merge(self) -> bool:
+        live = self._b_v.size - self._dead
+        return (self._d_g.size + self._t_n > max(self.MERGE_MIN, live // 8)
+                or self._dead > max(self.MERGE_MIN, live))
 
     def _alloc(self, n: int) -> I64:
         ids = self._entry_ids.allocate(n)
@@ -549,21 +578,66 @@ class RowKeySet(_Sorted):
         return np.where(ids >= 0, self._eg[np.maximum(ids, 0)], -1)
 
     def insert_keys(self, g: I64, keys: I64) -> None:
-        """Add row ``keys`` (absent, distinct) to groups ``g``."""
+        """Add row ``keys`` (absent, distinct) to groups ``g`` (appended to the tail)."""
+        if keys.size == 0:
+            return
+        ids = self._alloc(keys.size)
+        self._eg[ids] = g
+        self._map.insert(keys, ids)
+        start, end = self._t_n, self._t_n + keys.size
+        if end > self._t_g.size:
+            self._t_g, self._t_k = _grow(self._t_g, end), _grow(self._t_k, end)
+            self._t_ids, self._t_live = _grow(self._t_ids, end), _grow(self._t_live, end)
+        self._t_g[start:end], self._t_k[start:end], self._t_ids[start:end] = g, keys, ids
+        self._t_live[start:end] = True
+        self._epos[ids] = _TAIL - np.arange(start, end, dtype=np.int64)
+        self._t_n = end
+        if self._should_merge():
+            self._merge()
+
+    def _flush(self) -> None:
+        """Sort the tail's live entries into the delta; the tail is empty after."""
+        n = self._t_n
+        if n == 0:
+            return
+        live = self._t_live[:n]
+        g, keys, ids = self._t_g[:n][live], self._t_k[:n][live], self._t_ids[:n][live]
+        self._t_n = self._t_dead = 0
         if keys.size == 0:
             return
         v = keys.view(np.uint64)
         self._fit_empty(v)
-        ids = self._alloc(keys.size)
-        self._eg[ids] = g
-        self._map.insert(keys, ids)
         o = key_order(keys)  # by (group, row key): radix passes over small non-negative ints
         o = o[key_order(g[o])]
         g, v = g[o], v[o]
         (self._d_ids,) = self._delta_insert(g, v, self._coarse(g, v), None, (self._d_ids, ids[o]))
         self._epos[ids] = _IN_DELTA
-        if self._should_merge():
-            self._merge()
+
+    def _extreme(self, groups: I64, largest: bool, where: I64 | None = None) -> tuple[U64, Mask]:
+        assert where is None, "a RowKeySet answers values only"
+        if self._t_n > self.SCAN_MAX:
+            self._flush()
+        val, found = super()._extreme(groups, largest)
+        n = self._t_n - self._t_dead
+        if n == 0 or groups.size == 0:
+            return val, found
+        # the tail's entries of the groups asked about: each group's best among them
+        tg, tk = self._t_g[: self._t_n], self._t_k[: self._t_n]
+        ug = np.unique(groups)
+        at = np.minimum(np.searchsorted(ug, tg), ug.size - 1)
+        sel = np.flatnonzero((ug[at] == tg) & self._t_live[: self._t_n])
+        if sel.size == 0:
+            return val, found
+        best = np.full(ug.size, -1 if largest else np.iinfo(np.int64).max, dtype=np.int64)
+        (np.maximum if largest else np.minimum).at(best, at[sel], tk[sel])
+        has = np.zeros(ug.size, dtype=bool)
+        has[at[sel]] = True
+        q = np.searchsorted(ug, groups)
+        tb, th = best[q].view(np.uint64), has[q]
+        better = th & (~found | ((tb > val) if largest else (tb < val)))
+        val[better] = tb[better]
+        found |= th
+        return val, found
 
     def remove_keys(self, keys: I64) -> None:
         """Remove row ``keys`` (present, distinct)."""
@@ -598,13 +672,19 @@ class RowKeySet(_Sorted):
         self._dead += int(inbase.sum())
         if not inbase.all():
             out = ~inbase
-            keep = np.ones(self._d_ids.size, dtype=bool)
-            keep[self._delta_positions(ids[out], keys[out])] = False
+            tail = pos <= _TAIL
+            if tail.any():  # a flag: tail positions never move
+                self._t_live[_TAIL - pos[tail]] = False
+                self._t_dead += int(tail.sum())
+            delta = pos == _IN_DELTA
+            if delta.any():
+                keep = np.ones(self._d_ids.size, dtype=bool)
+                keep[self._delta_positions(ids[delta], keys[delta])] = False
+                self._delta_keep(keep)
+                self._d_ids = self._d_ids[keep]
             self._epos[ids[out]] = -1
             self._entry_ids.free(ids[out])
             self._entry_ids.release()
-            self._delta_keep(keep)
-            self._d_ids = self._d_ids[keep]
         if self._should_merge():
             self._merge()
 
@@ -617,13 +697,17 @@ class RowKeySet(_Sorted):
         self._map.move(prev, cur)
         pos = self._epos[ids]
         k = self._coarse(self._eg[ids], c)
-        b = pos >= 0
-        d = self._delta_positions(ids[~b], prev[~b]) if not b.all() else _EMPTY_I  # before any write
+        b, t = pos >= 0, pos <= _TAIL
+        d = pos == _IN_DELTA
+        dp = self._delta_positions(ids[d], prev[d]) if d.any() else _EMPTY_I  # before any write
         self._b_v[pos[b]], self._b_k[pos[b]] = c[b], k[b]
-        self._d_v[d], self._d_k[d] = c[~b], k[~b]
+        self._d_v[dp], self._d_k[dp] = c[d], k[d]
+        self._t_k[_TAIL - pos[t]] = cur[t]  # the tail is unsorted: keys change in place
 
     def _merge(self) -> None:
-        """Fold the delta into the base and drop tombstones (O(N), amortized over changes)."""
+        """Fold the tail and the delta into the base and drop tombstones (O(N), amortized
+        over changes)."""
+        self._flush()
         alive = self._live_mask()
         dead = self._b_ids[~alive]
         if dead.size:  # removed rows' ids are free once the base forgets them

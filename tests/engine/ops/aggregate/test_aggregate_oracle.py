@@ -26,7 +26,7 @@ import tests.oracle as oracle
 from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
 from engine.ops.aggregate import listener as aggregate_mod
-from engine.ops.aggregate._sortedset import _Sorted
+from engine.ops.aggregate._sortedset import RowKeySet, _Sorted
 from engine.ops.aggregate.listener import Agg, AggListener, agg_by, count_by, first_by, last_by
 from engine.table import Table
 from tests.engine.ops.aggregate.test_aggregate import _jitter
@@ -310,12 +310,18 @@ def test_oracle_min_max_first_last_with_constant_merges_and_parent_shifts(monkey
     _run_cases(cases, seed=13)
 
 
-def test_oracle_cached_first_rows_with_occasional_shifts():
+@pytest.mark.parametrize("scan_max", [5, RowKeySet.SCAN_MAX])
+def test_oracle_cached_first_rows_with_occasional_shifts(monkeypatch, scan_max):
     # a group's first row is read from the listener's cache until a cycle touches the group
     # or shifts the parent: here rows shift only every fourth cycle (in between, groups that
     # only see modifies of values answer from the cache), and the where makes rows leave and
-    # rejoin groups (first rows lost and searched again)
-    specs = [agg.count("N"), agg.sum("Qty", "S"), agg.mean("Price", "M"), agg.last("Key", "L")]
+    # rejoin groups (first rows lost and searched again). The row-key set's unsorted tail
+    # is sorted into its delta whenever a query finds more than 5 entries there, or (the
+    # default) only at merges, queries scanning it
+    monkeypatch.setattr(RowKeySet, "SCAN_MAX", scan_max)
+    oracle.share_cycles(monkeypatch, 2)
+    specs = [agg.count("N"), agg.sum("Qty", "S"), agg.mean("Price", "M"), agg.last("Key", "L"),
+             agg.first("Qty", "F")]
 
     def rare(k, v):
         return (k % 3 == 0) * ((v // 4) % 2)
