@@ -519,14 +519,17 @@ class RowKeySet(_Sorted):
     Above the base and the delta, new entries go to a *tail* in arrival order, unsorted:
     an insert appends (no search, no copy of the delta), a remove clears the entry's live
     flag, a shift rewrites its key in place (entries keep their tail positions). A query
-    scans the tail for the groups it asks about while the tail holds at most
-    :attr:`SCAN_MAX` entries, and sorts it into the delta first beyond that; a merge sorts
-    it in as well. So a parent's changes cost their own size until someone asks for first
-    or last rows (the aggregation's first-row cache asks rarely), not the delta's.
+    for at most :attr:`SCAN_GROUPS` groups scans the tail for them while it holds at most
+    :attr:`SCAN_MAX` entries; any other query sorts the tail into the delta first (a query
+    every cycle, as first/last make, then pays what inserting into the delta cost), and so
+    does a merge. So a parent's changes cost their own size until someone asks for many
+    groups' first or last rows (the aggregation's first-row cache asks for few, rarely),
+    not the delta's.
     """
 
-    #: queries scan an unsorted tail of at most this many entries; a longer one is sorted
-    #: into the delta first
+    #: a query for at most this many groups may scan the tail ...
+    SCAN_GROUPS = 8
+    #: ... while it holds at most this many entries
     SCAN_MAX = 16384
 
     def __init__(self) -> None:
@@ -595,6 +598,19 @@ class RowKeySet(_Sorted):
         if self._should_merge():
             self._merge()
 
+    def _compact_tail(self) -> None:
+        """Drop the tail's dead entries (those removed outnumber the live ones: queries
+        would scan them, and a parent that keeps replacing rows would grow it forever)."""
+        n = self._t_n
+        keep = np.flatnonzero(self._t_live[:n])
+        m = keep.size
+        for col in (self._t_g, self._t_k, self._t_ids):
+            col[:m] = col[keep]
+        self._t_live[:m] = True
+        self._t_live[m:n] = False
+        self._t_n, self._t_dead = m, 0
+        self._epos[self._t_ids[:m]] = _TAIL - np.arange(m, dtype=np.int64)
+
     def _flush(self) -> None:
         """Sort the tail's live entries into the delta; the tail is empty after."""
         n = self._t_n
@@ -615,23 +631,23 @@ class RowKeySet(_Sorted):
 
     def _extreme(self, groups: I64, largest: bool, where: I64 | None = None) -> tuple[U64, Mask]:
         assert where is None, "a RowKeySet answers values only"
-        if self._t_n > self.SCAN_MAX:
+        if self._t_n and (groups.size > self.SCAN_GROUPS or self._t_n > self.SCAN_MAX):
             self._flush()
         val, found = super()._extreme(groups, largest)
-        n = self._t_n - self._t_dead
-        if n == 0 or groups.size == 0:
+        n = self._t_n
+        if n == self._t_dead or groups.size == 0:
             return val, found
         # the tail's entries of the groups asked about: each group's best among them
-        tg, tk = self._t_g[: self._t_n], self._t_k[: self._t_n]
-        ug = np.unique(groups)
-        at = np.minimum(np.searchsorted(ug, tg), ug.size - 1)
-        sel = np.flatnonzero((ug[at] == tg) & self._t_live[: self._t_n])
+        tg = self._t_g[:n]
+        sel = np.flatnonzero(np.isin(tg, groups) & self._t_live[:n])  # a pass per group
         if sel.size == 0:
             return val, found
+        ug = np.unique(groups)
+        at = np.searchsorted(ug, tg[sel])
         best = np.full(ug.size, -1 if largest else np.iinfo(np.int64).max, dtype=np.int64)
-        (np.maximum if largest else np.minimum).at(best, at[sel], tk[sel])
+        (np.maximum if largest else np.minimum).at(best, at, self._t_k[:n][sel])
         has = np.zeros(ug.size, dtype=bool)
-        has[at[sel]] = True
+        has[at] = True
         q = np.searchsorted(ug, groups)
         tb, th = best[q].view(np.uint64), has[q]
         better = th & (~found | ((tb > val) if largest else (tb < val)))
@@ -673,9 +689,11 @@ class RowKeySet(_Sorted):
         if not inbase.all():
             out = ~inbase
             tail = pos <= _TAIL
-            if tail.any():  # a flag: tail positions never move
+            if tail.any():  # a flag: tail positions move only when it is compacted
                 self._t_live[_TAIL - pos[tail]] = False
                 self._t_dead += int(tail.sum())
+                if self._t_dead > max(64, self._t_n // 2):
+                    self._compact_tail()
             delta = pos == _IN_DELTA
             if delta.any():
                 keep = np.ones(self._d_ids.size, dtype=bool)

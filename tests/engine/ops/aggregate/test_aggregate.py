@@ -565,14 +565,16 @@ def test_value_multiset_matches_a_counter_model(monkeypatch, merge_min):
         assert len(ms) == sum(len(c) for c in model.values())
 
 
-@pytest.mark.parametrize("scan_max", [0, 40, 1 << 30])
+@pytest.mark.parametrize("scan", [0, 40, 1 << 30])
 @pytest.mark.parametrize("merge_min", [2, 4096])
-def test_row_key_set_follows_shifts(monkeypatch, merge_min, scan_max):
-    # scan_max: the tail is sorted into the delta before every query (0), now and then
-    # (40), or only at merges (huge: queries scan it)
+def test_row_key_set_follows_shifts(monkeypatch, merge_min, scan):
+    # scan: the tail is sorted into the delta before every query (0); queries of 4 groups
+    # scan it up to 40 entries, those of 12 sort it in (40); or only merges sort it in
+    # (huge: every query scans it)
     monkeypatch.setattr(_Sorted, "MERGE_MIN", merge_min)
-    monkeypatch.setattr(RowKeySet, "SCAN_MAX", scan_max)
-    rng = np.random.default_rng(merge_min + scan_max)
+    monkeypatch.setattr(RowKeySet, "SCAN_MAX", scan)
+    monkeypatch.setattr(RowKeySet, "SCAN_GROUPS", 4 if scan == 40 else scan)
+    rng = np.random.default_rng(merge_min + scan)
     ms, group = RowKeySet(), {}
     for _ in range(200):
         keys = np.array(sorted(group), dtype=np.int64)

@@ -310,16 +310,17 @@ def test_oracle_min_max_first_last_with_constant_merges_and_parent_shifts(monkey
     _run_cases(cases, seed=13)
 
 
-@pytest.mark.parametrize("scan_max", [5, RowKeySet.SCAN_MAX])
-def test_oracle_cached_first_rows_with_occasional_shifts(monkeypatch, scan_max):
+@pytest.mark.parametrize("scan", [(5, 2), (RowKeySet.SCAN_MAX, RowKeySet.SCAN_GROUPS), (1 << 30, 1 << 30)])
+def test_oracle_cached_first_rows_with_occasional_shifts(monkeypatch, scan):
     # a group's first row is read from the listener's cache until a cycle touches the group
     # or shifts the parent: here rows shift only every fourth cycle (in between, groups that
     # only see modifies of values answer from the cache), and the where makes rows leave and
     # rejoin groups (first rows lost and searched again). The row-key set's unsorted tail
-    # is sorted into its delta whenever a query finds more than 5 entries there, or (the
-    # default) only at merges, queries scanning it
-    monkeypatch.setattr(RowKeySet, "SCAN_MAX", scan_max)
-    oracle.share_cycles(monkeypatch, 2)
+    # is scanned by queries of at most (2, the default, any number of) groups while it
+    # holds at most (5, the default, any number of) entries, else sorted into its delta
+    monkeypatch.setattr(RowKeySet, "SCAN_MAX", scan[0])
+    monkeypatch.setattr(RowKeySet, "SCAN_GROUPS", scan[1])
+    oracle.share_cycles(monkeypatch, 3)
     specs = [agg.count("N"), agg.sum("Qty", "S"), agg.mean("Price", "M"), agg.last("Key", "L"),
              agg.first("Qty", "F")]
 
