@@ -76,7 +76,15 @@ class TableUpdate:
 
     def apply(self, prev: RowSet) -> RowSet:
         """The current RowSet: ``shifted(prev - removed) | added``."""
-        return self.shifted.apply(prev - self.removed) | self.added
+        if self.shifted:
+            return self.shifted.apply(prev - self.removed) | self.added
+        if not (self.removed or self.added):
+            return prev  # RowSets never change: the same one serves
+        if not self.removed:
+            return prev | self.added
+        bm = prev.bitmap - self.removed.bitmap  # a new bitmap: added in place, one copy in all
+        bm |= self.added.bitmap
+        return RowSet(bm)
 
     def validate(
         self, prev: RowSet, cur: RowSet, columns: Iterable[str] | None = None

@@ -69,6 +69,8 @@ T = TypeVar("T", bound=np.generic)
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _EMPTY_I = np.empty(0, dtype=np.int64)
 _EMPTY_U = np.empty(0, dtype=np.uint64)
+_IN_DELTA = -2  # RowKeySet's position of an entry in the delta (found by a search)
+_TAIL = -3  # RowKeySet's position of tail entry t: _TAIL - t
 
 
 def lex_order(g: I64, v: U64) -> I64:
@@ -512,16 +514,47 @@ class ValueMultiset(_Sorted):
 
 
 class RowKeySet(_Sorted):
-    """Parent row keys per group, following parent shifts; first and last row per group."""
+    """Parent row keys per group, following parent shifts; first and last row per group.
+
+    Above the base and the delta, new entries go to a *tail* in arrival order, unsorted:
+    an insert appends (no search, no copy of the delta), a remove clears the entry's live
+    flag, a shift rewrites its key in place (entries keep their tail positions). A query
+    for at most :attr:`SCAN_GROUPS` groups scans the tail for them while it holds at most
+    :attr:`SCAN_MAX` entries; any other query sorts the tail into the delta first (a query
+    every cycle, as first/last make, then pays what inserting into the delta cost), and so
+    does a merge. So a parent's changes cost their own size until someone asks for many
+    groups' first or last rows (the aggregation's first-row cache asks for few, rarely),
+    not the delta's.
+    """
+
+    #: a query for at most this many groups may scan the tail ...
+    SCAN_GROUPS = 8
+    #: ... while it holds at most this many entries
+    SCAN_MAX = 16384
 
     def __init__(self) -> None:
         super().__init__()
         self._map = RowKeyMap()  # row key -> entry id (dense while the parent's keys are)
         self._eg = np.zeros(1024, dtype=np.int64)  # entry -> group
-        self._epos = np.full(1024, -1, dtype=np.int64)  # entry -> base position, or -2 - delta position
+        # entry -> base position, or _IN_DELTA, or _TAIL - its tail position
+        self._epos = np.full(1024, -1, dtype=np.int64)
         self._entry_ids = IdAllocator()  # entry ids; freed ones are reusable at once
         self._b_ids: I64 = _EMPTY_I
         self._d_ids: I64 = _EMPTY_I
+        self._t_g = np.zeros(1024, dtype=np.int64)  # tail: group, row key, entry id, live
+        self._t_k = np.zeros(1024, dtype=np.int64)
+        self._t_ids = np.zeros(1024, dtype=np.int64)
+        self._t_live = np.zeros(1024, dtype=bool)
+        self._t_n = 0  # tail entries, live or not
+        self._t_dead = 0
+
+    def __len__(self) -> int:
+        return super().__len__() + self._t_n - self._t_dead
+
+    def _should_merge(self) -> bool:
+        live = self._b_v.size - self._dead
+        return (self._d_g.size + self._t_n > max(self.MERGE_MIN, live // 8)
+                or self._dead > max(self.MERGE_MIN, live))
 
     def _alloc(self, n: int) -> I64:
         ids = self._entry_ids.allocate(n)
@@ -535,8 +568,12 @@ class RowKeySet(_Sorted):
             raise UpdateInvariantError("A1", f"{what} row keys {keys[ids < 0][:10].tolist()} are in no group")
         return ids
 
-    def _index_delta(self) -> None:
-        self._epos[self._d_ids] = -2 - np.arange(self._d_ids.size, dtype=np.int64)
+    def _delta_positions(self, ids: I64, keys: I64) -> I64:
+        """The delta positions of entries ``ids`` (in the delta, holding row ``keys``): one
+        search of the delta, whose positions move with every insert (so they are not kept
+        per entry: rewriting them cost the delta's size every cycle)."""
+        v = keys.view(np.uint64)
+        return self._locate(self._d_k, self._d_v, self._coarse(self._eg[ids], v), v)[0]
 
     def groups_of(self, keys: I64) -> I64:
         """The group of each row key (``-1`` where absent)."""
@@ -544,21 +581,79 @@ class RowKeySet(_Sorted):
         return np.where(ids >= 0, self._eg[np.maximum(ids, 0)], -1)
 
     def insert_keys(self, g: I64, keys: I64) -> None:
-        """Add row ``keys`` (absent, distinct) to groups ``g``."""
+        """Add row ``keys`` (absent, distinct) to groups ``g`` (appended to the tail)."""
+        if keys.size == 0:
+            return
+        ids = self._alloc(keys.size)
+        self._eg[ids] = g
+        self._map.insert(keys, ids)
+        start, end = self._t_n, self._t_n + keys.size
+        if end > self._t_g.size:
+            self._t_g, self._t_k = _grow(self._t_g, end), _grow(self._t_k, end)
+            self._t_ids, self._t_live = _grow(self._t_ids, end), _grow(self._t_live, end)
+        self._t_g[start:end], self._t_k[start:end], self._t_ids[start:end] = g, keys, ids
+        self._t_live[start:end] = True
+        self._epos[ids] = _TAIL - np.arange(start, end, dtype=np.int64)
+        self._t_n = end
+        if self._should_merge():
+            self._merge()
+
+    def _compact_tail(self) -> None:
+        """Drop the tail's dead entries (those removed outnumber the live ones: queries
+        would scan them, and a parent that keeps replacing rows would grow it forever)."""
+        n = self._t_n
+        keep = np.flatnonzero(self._t_live[:n])
+        m = keep.size
+        for col in (self._t_g, self._t_k, self._t_ids):
+            col[:m] = col[keep]
+        self._t_live[:m] = True
+        self._t_live[m:n] = False
+        self._t_n, self._t_dead = m, 0
+        self._epos[self._t_ids[:m]] = _TAIL - np.arange(m, dtype=np.int64)
+
+    def _flush(self) -> None:
+        """Sort the tail's live entries into the delta; the tail is empty after."""
+        n = self._t_n
+        if n == 0:
+            return
+        live = self._t_live[:n]
+        g, keys, ids = self._t_g[:n][live], self._t_k[:n][live], self._t_ids[:n][live]
+        self._t_n = self._t_dead = 0
         if keys.size == 0:
             return
         v = keys.view(np.uint64)
         self._fit_empty(v)
-        ids = self._alloc(keys.size)
-        self._eg[ids] = g
-        self._map.insert(keys, ids)
         o = key_order(keys)  # by (group, row key): radix passes over small non-negative ints
         o = o[key_order(g[o])]
         g, v = g[o], v[o]
         (self._d_ids,) = self._delta_insert(g, v, self._coarse(g, v), None, (self._d_ids, ids[o]))
-        self._index_delta()
-        if self._should_merge():
-            self._merge()
+        self._epos[ids] = _IN_DELTA
+
+    def _extreme(self, groups: I64, largest: bool, where: I64 | None = None) -> tuple[U64, Mask]:
+        assert where is None, "a RowKeySet answers values only"
+        if self._t_n and (groups.size > self.SCAN_GROUPS or self._t_n > self.SCAN_MAX):
+            self._flush()
+        val, found = super()._extreme(groups, largest)
+        n = self._t_n
+        if n == self._t_dead or groups.size == 0:
+            return val, found
+        # the tail's entries of the groups asked about: each group's best among them
+        tg = self._t_g[:n]
+        sel = np.flatnonzero(np.isin(tg, groups) & self._t_live[:n])  # a pass per group
+        if sel.size == 0:
+            return val, found
+        ug = np.unique(groups)
+        at = np.searchsorted(ug, tg[sel])
+        best = np.full(ug.size, -1 if largest else np.iinfo(np.int64).max, dtype=np.int64)
+        (np.maximum if largest else np.minimum).at(best, at, self._t_k[:n][sel])
+        has = np.zeros(ug.size, dtype=bool)
+        has[at] = True
+        q = np.searchsorted(ug, groups)
+        tb, th = best[q].view(np.uint64), has[q]
+        better = th & (~found | ((tb > val) if largest else (tb < val)))
+        val[better] = tb[better]
+        found |= th
+        return val, found
 
     def remove_keys(self, keys: I64) -> None:
         """Remove row ``keys`` (present, distinct)."""
@@ -566,7 +661,7 @@ class RowKeySet(_Sorted):
             return
         ids = self._ids(keys, "removed")
         self._map.remove(keys)
-        self._drop(ids)
+        self._drop(ids, keys)
 
     def discard_keys(self, keys: I64) -> I64:
         """Remove those of row ``keys`` (distinct) that are present; returns the group
@@ -580,26 +675,34 @@ class RowKeySet(_Sorted):
             groups = self._eg[ids]
         else:
             groups = np.full(keys.size, -1, dtype=np.int64)
-            ids = ids[held]
+            ids, keys = ids[held], keys[held]
             groups[held] = self._eg[ids]
-        self._drop(ids)
+        self._drop(ids, keys)
         return groups
 
-    def _drop(self, ids: I64) -> None:
-        """Drop the entries ``ids`` of keys just unmapped."""
+    def _drop(self, ids: I64, keys: I64) -> None:
+        """Drop the entries ``ids`` of row ``keys`` just unmapped."""
         pos = self._epos[ids]
         inbase = pos >= 0
         self._bits.clear(pos[inbase])  # base ids stay taken until the merge drops them
         self._dead += int(inbase.sum())
         if not inbase.all():
-            keep = np.ones(self._d_ids.size, dtype=bool)
-            keep[-2 - pos[~inbase]] = False
-            self._epos[ids[~inbase]] = -1
-            self._entry_ids.free(ids[~inbase])
+            out = ~inbase
+            tail = pos <= _TAIL
+            if tail.any():  # a flag: tail positions move only when it is compacted
+                self._t_live[_TAIL - pos[tail]] = False
+                self._t_dead += int(tail.sum())
+                if self._t_dead > max(64, self._t_n // 2):
+                    self._compact_tail()
+            delta = pos == _IN_DELTA
+            if delta.any():
+                keep = np.ones(self._d_ids.size, dtype=bool)
+                keep[self._delta_positions(ids[delta], keys[delta])] = False
+                self._delta_keep(keep)
+                self._d_ids = self._d_ids[keep]
+            self._epos[ids[out]] = -1
+            self._entry_ids.free(ids[out])
             self._entry_ids.release()
-            self._delta_keep(keep)
-            self._d_ids = self._d_ids[keep]
-            self._index_delta()
         if self._should_merge():
             self._merge()
 
@@ -612,12 +715,17 @@ class RowKeySet(_Sorted):
         self._map.move(prev, cur)
         pos = self._epos[ids]
         k = self._coarse(self._eg[ids], c)
-        b, d = pos >= 0, -2 - pos[pos < 0]
+        b, t = pos >= 0, pos <= _TAIL
+        d = pos == _IN_DELTA
+        dp = self._delta_positions(ids[d], prev[d]) if d.any() else _EMPTY_I  # before any write
         self._b_v[pos[b]], self._b_k[pos[b]] = c[b], k[b]
-        self._d_v[d], self._d_k[d] = c[~b], k[~b]
+        self._d_v[dp], self._d_k[dp] = c[d], k[d]
+        self._t_k[_TAIL - pos[t]] = cur[t]  # the tail is unsorted: keys change in place
 
     def _merge(self) -> None:
-        """Fold the delta into the base and drop tombstones (O(N), amortized over changes)."""
+        """Fold the tail and the delta into the base and drop tombstones (O(N), amortized
+        over changes)."""
+        self._flush()
         alive = self._live_mask()
         dead = self._b_ids[~alive]
         if dead.size:  # removed rows' ids are free once the base forgets them

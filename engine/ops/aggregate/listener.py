@@ -169,7 +169,7 @@ from engine.errors import SchemaError, TableFailed, UpdateInvariantError
 from engine.ops.aggregate._keys import fetch, fetch_numpy, numpy_of, pairs_equal
 from engine.ops.aggregate._kinds import KINDS, Growth, Need, Refresh, Values, build_states
 from engine.ops.aggregate._sortedset import RowKeySet
-from engine.ops.aggregate._states import Cycle
+from engine.ops.aggregate._states import Cycle, Events
 from engine.ops.aggregate.spec import Agg as Agg
 from engine.rowset import RowSet, RowSetShiftData
 from engine.table import Derivation, DerivedTable, Table, derive
@@ -405,7 +405,10 @@ class AggListener:
         if by and not reads_rows and self.growth is Growth.APPENDS and FIRSTS_OVER_APPENDS:
             self.firsts = RowKeyMap(dense_ratio=FIRSTS_DENSE_RATIO)
         self.rows = RowKeySet() if (by and self.firsts is None) or reads_rows else None
-        self.first_row = np.zeros(16 if self.firsts is not None else 0, dtype=np.int64)
+        # each group's first row by slot: over an add-only parent the truth; over the
+        # row-key set a cache of its answers where ``first_ok`` (see :meth:`_first_rows`)
+        self.first_row = np.zeros(16 if by else 0, dtype=np.int64)
+        self.first_ok = np.zeros(16 if by and self.firsts is None else 0, dtype=bool)
         # states holding row keys of their own (sorted_first/last) see every shift
         self.row_states = any(st.holds_rows for st in self.states.values())
         # group key -> slot: hash, then verify against key_cols (one integer-like column:
@@ -435,8 +438,10 @@ class AggListener:
         slots = self.slots.allocate(n)
         if self.slots.end > self.size.size:
             cap = max(self.slots.end, 2 * self.size.size)
-            for name in ("size", "slot_hash", "first_row")[: 3 if self.firsts is not None else 2]:
+            for name in ("size", "slot_hash", "first_row", "first_ok"):
                 old = getattr(self, name)
+                if old.size == 0:  # not kept for this aggregation
+                    continue
                 grown = np.zeros(cap, dtype=old.dtype)
                 grown[: old.size] = old
                 setattr(self, name, grown)
@@ -604,11 +609,54 @@ class AggListener:
         self._shift = RowSetShiftData.empty()
 
     def _first_rows(self, slots: I64) -> I64:
-        """Each group's first parent row key (garbage for a group without rows)."""
+        """Each group's first parent row key (garbage for a group without rows), in the
+        key space the row-key set holds now.
+
+        Over the row-key set, ``first_row`` caches its answers where ``first_ok``: a group
+        asked for is searched once, then read, until the cycle that touches it (which
+        writes its new first row, :meth:`_keep_firsts`) or shifts the parent (which
+        forgets every cached row). Between :meth:`_move_rows` and :meth:`_keep_firsts` the
+        touched groups' entries are stale, and so is every entry of a shifting cycle:
+        nothing reads them there."""
         if self.firsts is not None:
             return self.first_row[slots]
         assert self.rows is not None
-        return self.rows.min_of(slots)[0].view(np.int64)
+        out = self.first_row[slots]
+        miss = np.flatnonzero(~self.first_ok[slots])
+        if miss.size:
+            found = self.rows.min_of(slots[miss])[0].view(np.int64)
+            out[miss] = found
+            self.first_row[slots[miss]] = found
+            self.first_ok[slots[miss]] = True
+        return out
+
+    def _keep_firsts(self, shifted: bool, touched: I64, first_new: I64, alive: Mask) -> None:
+        """The cycle's end for the first-row cache: a shift forgets every group's cached
+        row (moved in the parent), then the touched groups' new first rows are kept (the
+        ``alive`` ones: a group gone has none)."""
+        if self.firsts is not None:
+            return
+        if shifted:
+            self.first_ok[:] = False
+        self.first_row[touched] = first_new
+        self.first_ok[touched] = alive
+
+    def _new_firsts(self, up: TableUpdate, members: Events, touched: I64, first_old: I64,
+                    had: Mask) -> I64:
+        """Each touched group's first row after the cycle (current key space), from its old
+        one and the rows joining it; only a group whose first row left it (removed, or
+        moved to another group) is searched, after the row-key set has moved
+        (:meth:`_research_firsts`). Returns -1 for those."""
+        nm = members.nm
+        keep = had.copy()
+        if nm:  # a group whose first row is among its leaving rows lost it
+            inv_m = members.inv[:nm]
+            keep[inv_m[members.minus_keys == first_old[inv_m]]] = False
+        out = np.full(touched.size, np.iinfo(np.int64).max, dtype=np.int64)
+        out[keep] = up.shifted.apply_keys(first_old[keep]) if up.shifted else first_old[keep]
+        np.minimum.at(out, members.inv[nm:], members.plus_keys)
+        out[had & ~keep] = -1
+        return out
 
     # the cycle ---------------------------------------------------------------------------
     def on_update(self, *updates: TableUpdate | None) -> TableUpdate | None:
@@ -679,6 +727,8 @@ class AggListener:
         if cy is None:
             if up.shifted and self.rows is not None:
                 self._shift_rows(self._moved(up))
+                if self.by:
+                    self.first_ok[:] = False  # cached first rows moved with the parent
             self._shift = self._out_shift(up, _EMPTY_I)
             return TableUpdate.of(shifted=self._shift)
         members = cy.events()
@@ -688,16 +738,13 @@ class AggListener:
                                           minlength=touched.size).round().astype(np.int64)
         self.size[touched] = size_new
         first_old = self._first_rows(touched) if self.by else touched  # previous key space
-        first_new = None
-        if self.by and not (cy.r_keys.size or cy.moved.any() or up.shifted):
-            # rows only joined groups, no key moved: a group's first row is its old one or
-            # its smallest new row (no second search of the row-key structure)
-            lo = np.full(touched.size, np.iinfo(np.int64).max, dtype=np.int64)
-            np.minimum.at(lo, members.inv, members.plus_keys)
-            first_new = np.where(size_old > 0, np.minimum(first_old, lo), lo)
+        first_new = self._new_firsts(up, members, touched, first_old, size_old > 0) if self.by else touched
         if self.rows is not None:
             self._move_rows(up, cy)
-        if self.firsts is not None and first_new is not None:  # else the parent broke its promise
+            lost = np.flatnonzero((first_new < 0) & (size_new > 0))
+            if lost.size and self.by:  # their first row left: the row-key set knows the next
+                first_new[lost] = self.rows.min_of(touched[lost])[0].view(np.int64)
+        if self.firsts is not None:
             born = size_old == 0
             if born.any():
                 self.first_row[touched[born]] = first_new[born]
@@ -731,13 +778,12 @@ class AggListener:
         )
 
     def _rekey(self, up: TableUpdate, touched: I64, had: Mask, has: Mask, first_old: I64,
-               first_new: I64 | None, changed: dict[str, I64]) -> TableUpdate:
+               first_new: I64, changed: dict[str, I64]) -> TableUpdate:
         """The update when row keys are first rows: a touched group keeps its row key while
         its first row stays its first row (the same surviving parent row, maybe shifted);
         otherwise it leaves its old key (previous key space) for its new one (current).
-        ``first_new``: the touched groups' first rows now, when the caller knows them."""
-        if first_new is None:
-            first_new = self._first_rows(touched)
+        ``first_new``: the touched groups' first rows now."""
+        self._keep_firsts(bool(up.shifted), touched, first_new, has)
         stays = had & has & (up.shifted.apply_keys(first_old) == first_new)
         if up.removed and stays.any():  # a removed row's key may be another's after the shift
             stays &= ~up.removed.contains_all(first_old)

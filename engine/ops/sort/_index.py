@@ -146,6 +146,9 @@ class SortIndex:
         self.size = 0
         self.moved = 0  # survivors moved by the last insert (for benchmarks and tests)
         self.relaid = False  # the last insert laid every row out again
+        # the survivors the last insert moved, (old slots, new slots), both sorted: the
+        # members of the previous rows that its shift moves, and where (unless relaid)
+        self.moves: tuple[I64, I64] = (_EMPTY, _EMPTY)
 
     # reading ---------------------------------------------------------------------------
     def slots_of(self, pks: I64) -> I64:
@@ -220,6 +223,7 @@ class SortIndex:
         """
         self.moved = 0
         self.relaid = False
+        self.moves = (_EMPTY, _EMPTY)
         if pks.size == 0:
             self._refill()
             return _EMPTY, RowSetShiftData.empty()
@@ -600,6 +604,7 @@ class SortIndex:
         if not self.moved:
             return
         src, dst = old[moving], new[moving]
+        self.moves = (src, dst)
         self._grid = None
         old_codes = [c_[src] for c_ in self._codes]
         old_pk = self._redir.pk(src)

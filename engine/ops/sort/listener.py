@@ -160,7 +160,19 @@ class SortedTable(DerivedTable):
 
     def _next_rowset(self, update: TableUpdate, prev: RowSet) -> RowSet:
         laid = self.listener.take_layout()
-        return laid if laid is not None else update.apply(prev)
+        if laid is not None:
+            return laid
+        moved = self.listener.take_moves()
+        if moved is None:
+            return update.apply(prev)
+        # the shift's moving rows are the survivors the index moved: no search of the
+        # shift's ranges among the previous rows (one bitmap, changed in place)
+        src, dst = moved
+        bm = prev.bitmap - update.removed.bitmap
+        bm -= RowSet.from_keys(src, assume_sorted=True).bitmap
+        bm |= RowSet.from_keys(dst, assume_sorted=True).bitmap
+        bm |= update.added.bitmap
+        return RowSet(bm)
 
 
 class SortListener:
@@ -187,6 +199,13 @@ class SortListener:
         self._redirection = redirection
         self._by = frozenset(by)
         self._layout: RowSet | None = None  # the rows after this cycle's full layout
+        self._moves: tuple[np.ndarray, np.ndarray] | None = None  # this cycle's moved survivors
+
+    def take_moves(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The survivors this cycle moved, ``(previous keys, current keys)`` (sorted), when
+        the update's shift is exactly those moves (no full layout), else None; once."""
+        moves, self._moves = self._moves, None
+        return moves
 
     def take_layout(self) -> RowSet | None:
         """The result's rows if this cycle laid them all out again (once), else None."""
@@ -228,11 +247,13 @@ class SortListener:
             a_codes, a_values = idx.encode(added)
             known = ([np.concatenate((a, m)) for a, m in zip(a_codes, known[0], strict=True)],
                      [pa.concat_arrays([a, m]) for a, m in zip(a_values, known[1], strict=True)])
-        self._layout = None
+        self._layout = self._moves = None
         if new.size:
             slots_new, shift = idx.insert(new, known)
             if idx.relaid:
                 self._layout = RowSet(idx.live_bitmap())
+            elif shift:
+                self._moves = idx.moves
         else:
             idx.finish()
             slots_new, shift = _EMPTY, RowSetShiftData.empty()

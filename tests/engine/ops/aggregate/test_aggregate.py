@@ -565,10 +565,16 @@ def test_value_multiset_matches_a_counter_model(monkeypatch, merge_min):
         assert len(ms) == sum(len(c) for c in model.values())
 
 
+@pytest.mark.parametrize("scan", [0, 40, 1 << 30])
 @pytest.mark.parametrize("merge_min", [2, 4096])
-def test_row_key_set_follows_shifts(monkeypatch, merge_min):
+def test_row_key_set_follows_shifts(monkeypatch, merge_min, scan):
+    # scan: the tail is sorted into the delta before every query (0); queries of 4 groups
+    # scan it up to 40 entries, those of 12 sort it in (40); or only merges sort it in
+    # (huge: every query scans it)
     monkeypatch.setattr(_Sorted, "MERGE_MIN", merge_min)
-    rng = np.random.default_rng(merge_min)
+    monkeypatch.setattr(RowKeySet, "SCAN_MAX", scan)
+    monkeypatch.setattr(RowKeySet, "SCAN_GROUPS", 4 if scan == 40 else scan)
+    rng = np.random.default_rng(merge_min + scan)
     ms, group = RowKeySet(), {}
     for _ in range(200):
         keys = np.array(sorted(group), dtype=np.int64)
@@ -589,9 +595,10 @@ def test_row_key_set_follows_shifts(monkeypatch, merge_min):
         members = defaultdict(list)
         for k, gg in group.items():
             members[gg].append(k)
-        qs = np.arange(12)
-        (lo, f1), (hi, _) = ms.min_of(qs), ms.max_of(qs)
-        for q in qs.tolist():
-            assert bool(f1[q]) == bool(members.get(q))
-            if members.get(q):
-                assert (int(lo[q]), int(hi[q])) == (min(members[q]), max(members[q]))
+        assert len(ms) == len(group)
+        for qs in (np.arange(12), rng.integers(0, 12, 4)):  # every group; a few, repeated
+            (lo, f1), (hi, _) = ms.min_of(qs), ms.max_of(qs)
+            for i, q in enumerate(qs.tolist()):
+                assert bool(f1[i]) == bool(members.get(q))
+                if members.get(q):
+                    assert (int(lo[i]), int(hi[i])) == (min(members[q]), max(members[q]))

@@ -26,7 +26,7 @@ import tests.oracle as oracle
 from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
 from engine.ops.aggregate import listener as aggregate_mod
-from engine.ops.aggregate._sortedset import _Sorted
+from engine.ops.aggregate._sortedset import RowKeySet, _Sorted
 from engine.ops.aggregate.listener import Agg, AggListener, agg_by, count_by, first_by, last_by
 from engine.table import Table
 from tests.engine.ops.aggregate.test_aggregate import _jitter
@@ -308,3 +308,29 @@ def test_oracle_min_max_first_last_with_constant_merges_and_parent_shifts(monkey
                                  [agg.first(c) for c in ("Key", "Price", "Qty")]),
     }
     _run_cases(cases, seed=13)
+
+
+@pytest.mark.parametrize("scan", [(5, 2), (RowKeySet.SCAN_MAX, RowKeySet.SCAN_GROUPS), (1 << 30, 1 << 30)])
+def test_oracle_cached_first_rows_with_occasional_shifts(monkeypatch, scan):
+    # a group's first row is read from the listener's cache until a cycle touches the group
+    # or shifts the parent: here rows shift only every fourth cycle (in between, groups that
+    # only see modifies of values answer from the cache), and the where makes rows leave and
+    # rejoin groups (first rows lost and searched again). The row-key set's unsorted tail
+    # is scanned by queries of at most (2, the default, any number of) groups while it
+    # holds at most (5, the default, any number of) entries, else sorted into its delta
+    monkeypatch.setattr(RowKeySet, "SCAN_MAX", scan[0])
+    monkeypatch.setattr(RowKeySet, "SCAN_GROUPS", scan[1])
+    oracle.share_cycles(monkeypatch, 3)
+    specs = [agg.count("N"), agg.sum("Qty", "S"), agg.mean("Price", "M"), agg.last("Key", "L"),
+             agg.first("Qty", "F")]
+
+    def rare(k, v):
+        return (k % 3 == 0) * ((v // 4) % 2)
+
+    cases = {
+        "rare shifts": _Case(lambda t: agg_by(_jitter(t, rare), specs, "Sym"), ["Sym"], specs),
+        "where, rare shifts": _Case(lambda t: agg_by(_jitter(t.where(pc.field("Qty") > 30), rare), specs, "Sym"),
+                                    ["Sym"], specs, where=pc.field("Qty") > 30),
+        "two keys": _Case(lambda t: agg_by(t, specs, ["Sym", "Qty"]), ["Sym", "Qty"], specs),
+    }
+    _run_cases(cases, seed=18)
