@@ -123,10 +123,11 @@ class RunningQuery:
     sql: str
     step: int
     schema: pa.Schema
-    reader: Any  # a pyarrow RecordBatchReader over DuckDB's result
-    cursor: duckdb.DuckDBPyConnection
+    reader: Any  # a pyarrow RecordBatchReader over DuckDB's result; None once read whole
+    cursor: duckdb.DuckDBPyConnection | None  # None once the result was read whole
     snapshot: Snapshot | None
     lease: _Cursor | None = None  # the cursor's names, given back to the pool at the end
+    ready: list[pa.RecordBatch] = field(default_factory=list)  # read by start, not yet sent
     started: float = field(default_factory=time.monotonic)
     stopped: str | None = None  # "cancelled" or "timeout": why DuckDB was interrupted
     taken: bool = False  # its DoGet began: a result is read once
@@ -269,17 +270,26 @@ class QueryRunner:
                 self._point(lease, snapshot.tables)
                 # a relation streams its batches (a DB-API result would copy them first)
                 relation = cursor.sql(sql, params=list(params) if params is not None else None)
-                reader = relation.to_arrow_reader(self.batch_rows)
+                query.reader = relation.to_arrow_reader(self.batch_rows)
             except duckdb.InterruptException:
                 raise self._stopped(query, where) from None
             except duckdb.Error as exc:
                 raise duckdb_error(exc, where) from None
+            query.schema = query.reader.schema.with_metadata(
+                {STEP_KEY: str(snapshot.step).encode()})
+            # up to two batches now: DuckDB has run most of a small result's work already
+            # (a scan filling its first batch), and a result that ends within them needs no
+            # cursor past this point (nor a thread to send it: flight.sql.service)
+            for _ in range(2):
+                batch = self._read(query, where)
+                if batch is None:
+                    self._read_whole(query)
+                    break
+                query.ready.append(batch)
         except BaseException as exc:
             self.close(handle)
             self._done(query, exc)
             raise
-        query.reader = reader
-        query.schema = reader.schema.with_metadata({STEP_KEY: str(snapshot.step).encode()})
         return query
 
     def schema_of(self, sql: str, params: Sequence[Any] | None, tree: exp.Expression,
@@ -335,17 +345,12 @@ class QueryRunner:
         failure: BaseException | None = None
         try:
             while True:
-                try:
-                    batch = query.reader.read_next_batch()
-                except StopIteration:
-                    query.finished = True
-                    break
-                except (duckdb.InterruptException, pa.ArrowException, OSError) as exc:
-                    if query.stopped is not None:
-                        raise self._stopped(query, where) from None
-                    raise duckdb_error(exc, where) from None
-                except duckdb.Error as exc:
-                    raise duckdb_error(exc, where) from None
+                if query.ready:
+                    batch: pa.RecordBatch | None = query.ready.pop(0)
+                else:
+                    batch = self._read(query, where)
+                    if batch is None:
+                        break
                 if query.stopped is not None:
                     raise self._stopped(query, where)
                 sent = True
@@ -358,6 +363,54 @@ class QueryRunner:
         finally:
             self.close(query.handle)
             self._done(query, failure)
+
+    def _read(self, query: RunningQuery, where: str) -> pa.RecordBatch | None:
+        """The result's next batch from DuckDB; None at its end (or once read whole)."""
+        if query.reader is None:
+            return None
+        try:
+            return query.reader.read_next_batch()
+        except StopIteration:
+            query.finished = True
+            return None
+        except (duckdb.InterruptException, pa.ArrowException, OSError) as exc:
+            if query.stopped is not None:
+                raise self._stopped(query, where) from None
+            raise duckdb_error(exc, where) from None
+        except duckdb.Error as exc:
+            raise duckdb_error(exc, where) from None
+
+    def _read_whole(self, query: RunningQuery) -> None:
+        """A result read to its end by :meth:`start`: its cursor goes back to the pool now
+        (or is closed if the query was interrupted meanwhile)."""
+        with self._lock:  # from here on, _interrupt leaves the cursor alone
+            cursor, query.cursor = query.cursor, None
+            lease, query.lease = query.lease, None
+        reader, query.reader = query.reader, None
+        keep = self._close_reader(reader) and query.stopped is None and lease is not None
+        if keep and lease is not None:
+            self._give_back(lease)
+        elif cursor is not None:
+            self._close_cursor(cursor)
+
+    @staticmethod
+    def _close_reader(reader: Any) -> bool:
+        """Close a result's reader; whether that went cleanly."""
+        if reader is None:
+            return True
+        try:
+            reader.close()
+        except (pa.ArrowException, duckdb.Error):
+            log.debug("closing a query's reader", exc_info=True)
+            return False
+        return True
+
+    @staticmethod
+    def _close_cursor(cursor: duckdb.DuckDBPyConnection) -> None:
+        try:
+            cursor.close()
+        except duckdb.Error:
+            log.debug("closing a query's cursor", exc_info=True)
 
     def get(self, handle: bytes) -> RunningQuery:
         """The running query of ``handle``, to be read once.
@@ -393,21 +446,13 @@ class QueryRunner:
             return
         # out of _running: nothing interrupts it from here on (_interrupt looks there)
         query.snapshot = None
+        query.ready = []
         reader, query.reader = query.reader, None
-        keep = query.finished and query.stopped is None and query.lease is not None
-        if reader is not None:
-            try:
-                reader.close()
-            except (pa.ArrowException, duckdb.Error):
-                log.debug("closing a query's reader", exc_info=True)
-                keep = False
+        keep = self._close_reader(reader) and query.finished and query.stopped is None
         if keep and query.lease is not None:
             self._give_back(query.lease)
-            return
-        try:
-            query.cursor.close()
-        except duckdb.Error:
-            log.debug("closing a query's cursor", exc_info=True)
+        elif query.cursor is not None:
+            self._close_cursor(query.cursor)
 
     def running(self) -> int:
         """Queries started and not yet read to their end."""
@@ -460,10 +505,7 @@ class QueryRunner:
                     and len(lease.names) <= self.NAMES_KEPT):
                 self._idle.append(lease)
                 return
-        try:
-            lease.con.close()
-        except duckdb.Error:
-            log.debug("closing a query's cursor", exc_info=True)
+        self._close_cursor(lease.con)
 
     def _interrupt(self, query: RunningQuery, why: str) -> None:
         # under the lock, and only while the query runs: once close() took it out of
@@ -473,6 +515,8 @@ class QueryRunner:
                 return
             if query.stopped is None:
                 query.stopped = why
+            if query.cursor is None:  # read whole by start: nothing runs, nothing to stop
+                return
             try:
                 query.cursor.interrupt()
             except duckdb.Error:
