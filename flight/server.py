@@ -577,7 +577,10 @@ class TicktableServer:
                                    *([BearerTokenInterceptor(cfg.token, cfg.read_token)]
                                      if cfg.token else [])],
                            max_calls=cfg.max_calls, options=options,
-                           give_way=self.graph.give_way)
+                           give_way=self.graph.give_way,
+                           # DoGet starts on the loop: a Flight SQL result read whole
+                           # when its query started needs no thread (flight.rpc.aio)
+                           loop_first=[f"/{FLIGHT_SERVICE}/DoGet"])
         return server, server.start()
 
     def serve_forever(self) -> None:

@@ -29,6 +29,13 @@ How messages cross:
   thread put messages on it and the loop writes them, with no handler thread in between
   (a subscription's :class:`~flight.rpc.flight_service.FrameQueue`).
 
+Short calls on the loop. A response-streaming method named in ``Bridge(loop_first=...)``
+(DoGet) starts on the loop: its handler runs there, message by message, until it yields
+:data:`HAND_OFF` (its next step may block: a scan, a lock, DuckDB), and the rest of it then
+runs on a thread as above. A Flight SQL result read whole when its query started is sent
+without a thread at all: the hop to a thread and back, and the pipe, cost about as much as
+sending a small result.
+
 :class:`AioServer` runs the loop on its own thread and gives the rest of the server a
 blocking ``start``/``stop``/``wait`` (grpc.aio objects live on their loop's thread).
 """
@@ -39,7 +46,7 @@ import asyncio
 import collections
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -47,8 +54,8 @@ import grpc
 
 from flight.errors import again, grpc_status
 
-__all__ = ["END", "AioServer", "Bridge", "CallContext", "CallEnded", "LoopFeed", "LoopQueue",
-           "QueueClosed", "wake"]
+__all__ = ["END", "HAND_OFF", "AioServer", "Bridge", "CallContext", "CallEnded", "HandOff",
+           "LoopFeed", "LoopQueue", "QueueClosed", "wake"]
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +243,21 @@ class LoopFeed:
 END = object()
 
 
+class HandOff:
+    """The type of :data:`HAND_OFF`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "HAND_OFF"
+
+
+#: Yielded by a handler the bridge starts on the event loop (``Bridge(loop_first=...)``):
+#: what it does next may block, so the rest of it runs on a thread. Never sent; a handler
+#: already on a thread (or called directly) just goes on.
+HAND_OFF = HandOff()
+
+
 class _Ended:
     """The end of a call's requests: EOF (``error`` None) or the call ended."""
 
@@ -383,12 +405,22 @@ class _Pipe(LoopQueue):
     def pump(self, behavior: Callable[[Any, Any], Generator[Any, None, None]], request: Any,
              context: CallContext) -> None:
         """Run a response-streaming handler on this thread, putting what it yields."""
-        error: BaseException | None = None
         try:
             gen = behavior(request, context)
+        except BaseException as exc:
+            self.finish(exc)
+            return
+        self.resume(gen)
+
+    def resume(self, gen: Generator[Any, None, None]) -> None:
+        """Run the rest of a response-streaming handler on this thread, putting what it
+        yields (a :data:`HAND_OFF` is not sent)."""
+        error: BaseException | None = None
+        try:
             try:
                 for item in gen:
-                    self.put(item)
+                    if item is not HAND_OFF:
+                        self.put(item)
             finally:
                 gen.close()
         except QueueClosed:
@@ -420,16 +452,22 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         Called on the loop before each response message is written: it may block (without
         the GIL) to let other work go first, as the server's update cycles do
         (:meth:`engine.graph.UpdateGraph.give_way`). ``None``: never waits.
+    loop_first
+        Full names of unary-request, streaming-response methods (``/package.Service/Method``)
+        whose handlers start on the loop and yield :data:`HAND_OFF` before anything that may
+        block (see the module docstring).
     """
 
     def __init__(self, interceptors: Sequence[grpc.ServerInterceptor],
                  pool: futures.ThreadPoolExecutor, *, read_ahead: int = 2,
-                 write_ahead: int = 4, give_way: Callable[[], None] | None = None) -> None:
+                 write_ahead: int = 4, give_way: Callable[[], None] | None = None,
+                 loop_first: Collection[str] = ()) -> None:
         self._interceptors = list(interceptors)
         self._pool = pool
         self._read_ahead = read_ahead
         self._write_ahead = write_ahead
         self._give_way = give_way or _never_wait
+        self._loop_first = frozenset(loop_first)
 
     async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = await continuation(details)
@@ -439,9 +477,9 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             handler = interceptor.intercept_service(lambda _d, h=handler: h, details)
             if handler is None:
                 return None
-        return self._on_loop(handler)
+        return self._on_loop(handler, details.method in self._loop_first)
 
-    def _on_loop(self, handler: Any) -> Any:
+    def _on_loop(self, handler: Any, loop_first: bool = False) -> Any:
         decode, encode = handler.request_deserializer, handler.response_serializer
         streaming = bool(handler.request_streaming)
         if handler.unary_unary is not None:
@@ -452,7 +490,7 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 self._unary(handler.stream_unary, streaming), decode, encode)
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                self._stream(handler.unary_stream, streaming), decode, encode)
+                self._stream(handler.unary_stream, streaming, loop_first), decode, encode)
         return grpc.stream_stream_rpc_method_handler(
             self._stream(handler.stream_stream, streaming), decode, encode)
 
@@ -478,14 +516,40 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return run
 
     def _stream(self, behavior: Callable[[Any, Any], Generator[Any, None, None]],
-                streaming: bool) -> Any:
+                streaming: bool, loop_first: bool = False) -> Any:
         pool, depth, give_way = self._pool, self._write_ahead, self._give_way
+        loop_first = loop_first and not streaming
 
         async def run(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             request, ctx = self._context(request, context, streaming)
             loop = asyncio.get_running_loop()
             pipe = _Pipe(loop, depth)
-            loop.run_in_executor(pool, pipe.pump, behavior, request, ctx)
+            if not loop_first:
+                loop.run_in_executor(pool, pipe.pump, behavior, request, ctx)
+            else:  # on the loop until the handler hands off (or ends)
+                gen: Generator[Any, None, None] | None = None
+                try:
+                    gen = behavior(request, ctx)
+                    for item in gen:
+                        if item is HAND_OFF:
+                            break
+                        if isinstance(item, LoopFeed):  # drained below, as a thread's
+                            pipe.put(item)  # the pipe is empty: this never waits
+                            break
+                        give_way()
+                        yield item
+                    else:
+                        return
+                except Exception as exc:
+                    if gen is not None:
+                        gen.close()
+                    await _answer(context, exc)
+                    return
+                except BaseException:  # the call ended (cancelled) while on the loop
+                    if gen is not None:
+                        gen.close()
+                    raise
+                loop.run_in_executor(pool, pipe.resume, gen)
             try:
                 while True:
                     item = await pipe.get()
@@ -544,12 +608,15 @@ class AioServer:
         gRPC channel arguments.
     give_way
         Called on the loop before each response message (see :class:`Bridge`).
+    loop_first
+        Methods whose handlers start on the loop (see :class:`Bridge`).
     """
 
     def __init__(self, setup: Callable[[grpc.aio.Server], int],
                  interceptors: Sequence[grpc.ServerInterceptor], *, max_calls: int,
                  options: Sequence[tuple[str, Any]],
-                 give_way: Callable[[], None] | None = None) -> None:
+                 give_way: Callable[[], None] | None = None,
+                 loop_first: Collection[str] = ()) -> None:
         self._pool = futures.ThreadPoolExecutor(max_workers=max_calls,
                                                 thread_name_prefix="ticktable")
         self._loop = asyncio.new_event_loop()
@@ -558,7 +625,8 @@ class AioServer:
         self._stopped = threading.Event()
         self._server: grpc.aio.Server | None = None
         self._setup = setup
-        self._interceptors = [Bridge(interceptors, self._pool, give_way=give_way)]
+        self._interceptors = [Bridge(interceptors, self._pool, give_way=give_way,
+                                     loop_first=loop_first)]
         self._max_calls = max_calls
         self._options = list(options)
         self.port = 0

@@ -59,7 +59,7 @@ from flight.errors import abort, grpc_status
 from flight.limits import quoted
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
-from flight.rpc.aio import END, CallContext, LoopFeed, LoopQueue, QueueClosed
+from flight.rpc.aio import END, HAND_OFF, CallContext, HandOff, LoopFeed, LoopQueue, QueueClosed
 from flight.rpc.framing import (
     IpcDecoder,
     batch_frames,
@@ -353,11 +353,15 @@ class FlightService:
         return fpb.SchemaResult(schema=self._entry(descriptor).table.schema.serialize().to_pybytes())
 
     # ------------------------------------------------------------------ snapshots
-    def do_get(self, ticket: fpb.Ticket, context: grpc.ServicerContext) -> Iterator[bytes]:
+    def do_get(self, ticket: fpb.Ticket,
+               context: grpc.ServicerContext) -> Iterator[bytes | HandOff]:
+        # starts on the event loop (flight.rpc.aio's loop_first): HAND_OFF before any work
+        # that may block; Flight SQL's frames say themselves when theirs begins
         frames = self.server.sql.do_get(ticket.ticket, read_only=self.server.read_only(context))
         if frames is not None:  # a Flight SQL ticket (flight.sql)
             yield from frames
             return
+        yield HAND_OFF  # a table's snapshot: the graph's lock
         req = self._snapshot_request(ticket.ticket)
         entry = self.server.registry.get(req.table)
         table = entry.table

@@ -6,10 +6,18 @@ table of the server. Anything else is refused before DuckDB sees it: another sta
 (``ATTACH``, ``COPY``, ``INSTALL``, ``SET``, ``PRAGMA``, DDL), a table function
 (``read_csv(...)``, ``duckdb_settings()``) or a schema-qualified name
 (``information_schema.tables``). The tables are then read at one step
-(:class:`~flight.sql.snapshots.SnapshotCache`) and registered under their names on a fresh
-cursor of one in-memory DuckDB database whose configuration is locked with external
-access off: no file, network or extension is reachable even by a text that slipped past
-the parser's check.
+(:class:`~flight.sql.snapshots.SnapshotCache`) and handed, under their names, to a cursor
+of one in-memory DuckDB database whose configuration is locked with external access off:
+no file, network or extension is reachable even by a text that slipped past the parser's
+check.
+
+**Cursors are kept.** Creating a cursor and registering a table with it costs DuckDB a
+catalog entry per name, for every query. A cursor whose query read its result to the end
+goes back to an idle pool with its names still registered, each pointing through a
+:class:`_Rows` at nothing: the next query on it points each name it reads at that query's
+snapshot (a name whose schema changed is registered again). A cursor serves one query at a
+time; one whose query was interrupted (cancel, timeout) or left unread is closed, never
+kept, so an interrupt can never reach a later query, and an idle cursor holds no rows.
 
 A :class:`RunningQuery` holds the DuckDB result and streams it in record batches; it is
 stopped by :meth:`QueryRunner.cancel` (Flight's ``CancelFlightInfo``) or by the server's
@@ -115,12 +123,44 @@ class RunningQuery:
     sql: str
     step: int
     schema: pa.Schema
-    reader: Any  # a pyarrow RecordBatchReader over DuckDB's result
-    cursor: duckdb.DuckDBPyConnection
+    reader: Any  # a pyarrow RecordBatchReader over DuckDB's result; None once read whole
+    cursor: duckdb.DuckDBPyConnection | None  # None once the result was read whole
     snapshot: Snapshot | None
+    lease: _Cursor | None = None  # the cursor's names, given back to the pool at the end
+    ready: list[pa.RecordBatch] = field(default_factory=list)  # read by start, not yet sent
     started: float = field(default_factory=time.monotonic)
     stopped: str | None = None  # "cancelled" or "timeout": why DuckDB was interrupted
     taken: bool = False  # its DoGet began: a result is read once
+    finished: bool = False  # its reader reached the end of the result
+
+
+class _Rows:
+    """What one registered name of a kept cursor scans: the running query's snapshot of
+    that table, or nothing between queries (DuckDB then refuses to read it).
+
+    DuckDB asks for the Arrow stream when it binds and when it scans a query (the Arrow
+    PyCapsule interface), so pointing :attr:`rows` elsewhere between two queries is what
+    registering the name again would do, without the catalog's work.
+    """
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: pa.Table | None) -> None:
+        self.rows = rows
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        if self.rows is None:
+            raise RuntimeError("no query reads this table through this cursor now")
+        return self.rows.__arrow_c_stream__(requested_schema)
+
+
+@dataclass(eq=False, slots=True)
+class _Cursor:
+    """A DuckDB cursor and the names registered with it (folded to lower case), each with
+    its schema."""
+
+    con: duckdb.DuckDBPyConnection
+    names: dict[str, tuple[pa.Schema, _Rows]] = field(default_factory=dict)
 
 
 
@@ -161,6 +201,10 @@ class QueryRunner:
 
     #: result schemas :meth:`schema_of` remembers (least recently used first out)
     SCHEMAS_KEPT = 256
+    #: idle cursors kept for the next queries (see the module docstring), and the names
+    #: one may have registered to be kept
+    CURSORS_KEPT = 4
+    NAMES_KEPT = 64
 
     def __init__(self, registry: TableRegistry, *, timeout: float = 60.0,
                  memory_limit: str = "2GB", threads: int = 1, batch_rows: int = 65_536) -> None:
@@ -175,6 +219,8 @@ class QueryRunner:
         #: it ends: the server's metrics
         self.on_done: Callable[[float, str], None] | None = None
         self._running: dict[bytes, RunningQuery] = {}
+        self._idle: list[_Cursor] = []
+        self._idle_lock = threading.Lock()
         self._schemas: OrderedDict[tuple[Any, ...], pa.Schema] = OrderedDict()
         self._schemas_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -212,28 +258,38 @@ class QueryRunner:
                 name = entries[0].name
                 snapshot.tables[name] = self.snapshots.prune(
                     name, entries[0].table, snapshot.tables[name], ranges)
-        cursor = self._db.cursor()
+        lease = self._lease()
+        cursor = lease.con
         handle = f"q{next(self._ids)}-".encode() + self._salt.hex().encode()
-        query = RunningQuery(handle, sql, snapshot.step, pa.schema([]), None, cursor, snapshot)
+        query = RunningQuery(handle, sql, snapshot.step, pa.schema([]), None, cursor, snapshot,
+                             lease)
         with self._lock:
             self._running[handle] = query
         try:
-            for name, rows in snapshot.tables.items():
-                cursor.register(name, rows)
             try:
+                self._point(lease, snapshot.tables)
                 # a relation streams its batches (a DB-API result would copy them first)
                 relation = cursor.sql(sql, params=list(params) if params is not None else None)
-                reader = relation.to_arrow_reader(self.batch_rows)
+                query.reader = relation.to_arrow_reader(self.batch_rows)
             except duckdb.InterruptException:
                 raise self._stopped(query, where) from None
             except duckdb.Error as exc:
                 raise duckdb_error(exc, where) from None
+            query.schema = query.reader.schema.with_metadata(
+                {STEP_KEY: str(snapshot.step).encode()})
+            # up to two batches now: DuckDB has run most of a small result's work already
+            # (a scan filling its first batch), and a result that ends within them needs no
+            # cursor past this point (nor a thread to send it: flight.sql.service)
+            for _ in range(2):
+                batch = self._read(query, where)
+                if batch is None:
+                    self._read_whole(query)
+                    break
+                query.ready.append(batch)
         except BaseException as exc:
             self.close(handle)
             self._done(query, exc)
             raise
-        query.reader = reader
-        query.schema = reader.schema.with_metadata({STEP_KEY: str(snapshot.step).encode()})
         return query
 
     def schema_of(self, sql: str, params: Sequence[Any] | None, tree: exp.Expression,
@@ -289,16 +345,12 @@ class QueryRunner:
         failure: BaseException | None = None
         try:
             while True:
-                try:
-                    batch = query.reader.read_next_batch()
-                except StopIteration:
-                    break
-                except (duckdb.InterruptException, pa.ArrowException, OSError) as exc:
-                    if query.stopped is not None:
-                        raise self._stopped(query, where) from None
-                    raise duckdb_error(exc, where) from None
-                except duckdb.Error as exc:
-                    raise duckdb_error(exc, where) from None
+                if query.ready:
+                    batch: pa.RecordBatch | None = query.ready.pop(0)
+                else:
+                    batch = self._read(query, where)
+                    if batch is None:
+                        break
                 if query.stopped is not None:
                     raise self._stopped(query, where)
                 sent = True
@@ -311,6 +363,54 @@ class QueryRunner:
         finally:
             self.close(query.handle)
             self._done(query, failure)
+
+    def _read(self, query: RunningQuery, where: str) -> pa.RecordBatch | None:
+        """The result's next batch from DuckDB; None at its end (or once read whole)."""
+        if query.reader is None:
+            return None
+        try:
+            return query.reader.read_next_batch()
+        except StopIteration:
+            query.finished = True
+            return None
+        except (duckdb.InterruptException, pa.ArrowException, OSError) as exc:
+            if query.stopped is not None:
+                raise self._stopped(query, where) from None
+            raise duckdb_error(exc, where) from None
+        except duckdb.Error as exc:
+            raise duckdb_error(exc, where) from None
+
+    def _read_whole(self, query: RunningQuery) -> None:
+        """A result read to its end by :meth:`start`: its cursor goes back to the pool now
+        (or is closed if the query was interrupted meanwhile)."""
+        with self._lock:  # from here on, _interrupt leaves the cursor alone
+            cursor, query.cursor = query.cursor, None
+            lease, query.lease = query.lease, None
+        reader, query.reader = query.reader, None
+        keep = self._close_reader(reader) and query.stopped is None and lease is not None
+        if keep and lease is not None:
+            self._give_back(lease)
+        elif cursor is not None:
+            self._close_cursor(cursor)
+
+    @staticmethod
+    def _close_reader(reader: Any) -> bool:
+        """Close a result's reader; whether that went cleanly."""
+        if reader is None:
+            return True
+        try:
+            reader.close()
+        except (pa.ArrowException, duckdb.Error):
+            log.debug("closing a query's reader", exc_info=True)
+            return False
+        return True
+
+    @staticmethod
+    def _close_cursor(cursor: duckdb.DuckDBPyConnection) -> None:
+        try:
+            cursor.close()
+        except duckdb.Error:
+            log.debug("closing a query's cursor", exc_info=True)
 
     def get(self, handle: bytes) -> RunningQuery:
         """The running query of ``handle``, to be read once.
@@ -338,15 +438,21 @@ class QueryRunner:
         return True
 
     def close(self, handle: bytes) -> None:
-        """Forget a query and free its result and snapshot."""
+        """Forget a query and free its result and snapshot; its cursor is kept for the next
+        query if it read its result to the end and was never interrupted, else closed."""
         with self._lock:
             query = self._running.pop(handle, None)
-        if query is not None:
-            query.snapshot = None
-            try:
-                query.cursor.close()
-            except duckdb.Error:
-                log.debug("closing a query's cursor", exc_info=True)
+        if query is None:
+            return
+        # out of _running: nothing interrupts it from here on (_interrupt looks there)
+        query.snapshot = None
+        query.ready = []
+        reader, query.reader = query.reader, None
+        keep = self._close_reader(reader) and query.finished and query.stopped is None
+        if keep and query.lease is not None:
+            self._give_back(query.lease)
+        elif query.cursor is not None:
+            self._close_cursor(query.cursor)
 
     def running(self) -> int:
         """Queries started and not yet read to their end."""
@@ -361,16 +467,60 @@ class QueryRunner:
         for q in queries:
             self._interrupt(q, "cancelled")
             self.close(q.handle)
+        with self._idle_lock:  # _closed is set: a query ending later closes its cursor
+            idle, self._idle = self._idle, []
+        for c in idle:
+            c.con.close()
         self._db.close()
 
     # ---------------------------------------------------------------- internals
+    def _lease(self) -> _Cursor:
+        """An idle cursor, or a new one: one query's, until :meth:`close`."""
+        with self._idle_lock:
+            if self._idle:
+                return self._idle.pop()
+        return _Cursor(self._db.cursor())
+
+    @staticmethod
+    def _point(lease: _Cursor, tables: dict[str, pa.Table]) -> None:
+        """Point the cursor's names at ``tables``, registering the names it lacks."""
+        for name, rows in tables.items():
+            key = name.lower()  # DuckDB's names are case-insensitive: one entry per folding
+            held = lease.names.get(key)
+            if held is not None and held[0].equals(rows.schema):
+                held[1].rows = rows
+                continue
+            if held is not None:  # the table was made again with other columns
+                lease.con.unregister(name)
+            source = _Rows(rows)
+            lease.con.register(name, source)
+            lease.names[key] = (rows.schema, source)
+
+    def _give_back(self, lease: _Cursor) -> None:
+        """Keep a cursor whose query ended cleanly, pointing at no rows (or close it)."""
+        for _schema, source in lease.names.values():
+            source.rows = None  # an idle cursor holds no snapshot
+        with self._idle_lock:
+            if (not self._closed.is_set() and len(self._idle) < self.CURSORS_KEPT
+                    and len(lease.names) <= self.NAMES_KEPT):
+                self._idle.append(lease)
+                return
+        self._close_cursor(lease.con)
+
     def _interrupt(self, query: RunningQuery, why: str) -> None:
-        if query.stopped is None:
-            query.stopped = why
-        try:
-            query.cursor.interrupt()
-        except duckdb.Error:
-            log.debug("interrupting a query", exc_info=True)
+        # under the lock, and only while the query runs: once close() took it out of
+        # _running its cursor may serve another query, which this must not stop
+        with self._lock:
+            if self._running.get(query.handle) is not query:
+                return
+            if query.stopped is None:
+                query.stopped = why
+            if query.cursor is None:  # read whole by start: nothing runs, nothing to stop
+                return
+            try:
+                query.cursor.interrupt()
+            except duckdb.Error:
+                log.debug("interrupting a query", exc_info=True)
 
     def _done(self, query: RunningQuery, failure: BaseException | None) -> None:
         if self.on_done is None:

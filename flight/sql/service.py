@@ -65,6 +65,7 @@ from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
 from flight.pb import flight_sql_pb2 as sql
 from flight.pb import table_service_pb2 as tpb
+from flight.rpc.aio import HAND_OFF, HandOff
 from flight.rpc.framing import batch_frames, schema_frame
 from flight.sql import metadata
 from flight.sql.parse import parse_one, statement_kind
@@ -305,8 +306,14 @@ class FlightSqlService:
         return None
 
     # ------------------------------------------------------------------------- DoGet
-    def do_get(self, ticket: bytes, *, read_only: bool) -> Iterator[bytes] | None:
-        """DoGet of a Flight SQL ticket, as frames; ``None`` when it is not one."""
+    def do_get(self, ticket: bytes, *, read_only: bool) -> Iterator[bytes | HandOff] | None:
+        """DoGet of a Flight SQL ticket, as frames; ``None`` when it is not one.
+
+        Runs on the server's event loop until the frames yield :data:`HAND_OFF` (see
+        :mod:`flight.rpc.aio`): what comes before it decodes the ticket and frames a
+        result that is already read (a count, a query's result read whole by
+        :meth:`QueryRunner.start`); reading DuckDB's result or the catalog comes after.
+        """
         cmd = unpack(ticket)
         if cmd is None:
             return None
@@ -320,19 +327,25 @@ class FlightSqlService:
                 return self._frames(table.schema, table.to_batches() or [], None)
             query = self.runner.get(handle)
             return self._query_frames(query)
+        return self._metadata_frames(cmd, read_only=read_only)
+
+    def _metadata_frames(self, cmd: Message, *, read_only: bool) -> Iterator[bytes | HandOff]:
+        yield HAND_OFF  # the catalog: the registry's tables
         table = self._metadata(cmd, read_only=read_only)
         if table is None:
             raise ProtocolError(f"Flight SQL: {type(cmd).__name__} is not a DoGet ticket")
-        return self._frames(table.schema, table.to_batches() or [_empty_batch(table.schema)],
-                            None)
+        yield from self._frames(table.schema, table.to_batches() or [_empty_batch(table.schema)],
+                                None)
 
     def _frames(self, schema: pa.Schema, batches: Any, meta: bytes | None) -> Iterator[bytes]:
         yield schema_frame(schema)
         yield from batch_frames(schema, batches, first_metadata=meta)
 
-    def _query_frames(self, query: RunningQuery) -> Iterator[bytes]:
+    def _query_frames(self, query: RunningQuery) -> Iterator[bytes | HandOff]:
         meta = pb.UpdateMetadata(step=query.step, is_snapshot=True).SerializeToString()
         try:
+            if query.reader is not None:  # DuckDB reads on: not on the event loop
+                yield HAND_OFF
             yield from self._frames(query.schema, self.runner.batches(query), meta)
         finally:
             self.runner.close(query.handle)

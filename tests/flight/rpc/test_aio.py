@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from engine.errors import TableNotFound
-from flight.rpc.aio import AioServer, CallContext, LoopFeed, wake
+from flight.rpc.aio import HAND_OFF, AioServer, CallContext, HandOff, LoopFeed, wake
 
 S = "test.Bridge"
 
@@ -231,3 +231,108 @@ def test_the_loop_gives_way_before_each_response_message(gated):
     gate.open.set()
     reader.join(5)
     assert got == [b"0", b"1", b"2"]
+
+
+# ------------------------------------------------------------------ loop_first methods
+class LoopFirst:
+    """Handlers of methods that start on the loop: where each message was made."""
+
+    def __init__(self) -> None:
+        self.where: list[tuple[bytes, str]] = []
+        self.closed = threading.Event()
+
+    def _note(self, message: bytes) -> bytes:
+        self.where.append((message, threading.current_thread().name))
+        return message
+
+    def split(self, request: bytes, context: CallContext) -> Iterator[bytes | HandOff]:
+        """``request`` messages on the loop, then HAND_OFF, then as many on a thread."""
+        n = int(request)
+        for i in range(n):
+            yield self._note(b"loop%d" % i)
+        yield HAND_OFF
+        for i in range(n):
+            yield self._note(b"thread%d" % i)
+
+    def short(self, request: bytes, context: CallContext) -> Iterator[bytes | HandOff]:
+        yield self._note(b"only")
+
+    def fail_on_loop(self, request: bytes, context: CallContext) -> Iterator[bytes | HandOff]:
+        yield self._note(b"first")
+        raise TableNotFound("no table named 'x'")
+
+    def fail_after(self, request: bytes, context: CallContext) -> Iterator[bytes | HandOff]:
+        yield HAND_OFF
+        self._note(b"failing")
+        raise TableNotFound("no table named 'y'")
+
+    def endless(self, request: bytes, context: CallContext) -> Iterator[bytes | HandOff]:
+        try:
+            while True:
+                yield self._note(b"x" * 1000)
+        finally:
+            self.closed.set()
+
+    def generic(self) -> grpc.GenericRpcHandler:
+        stream = grpc.unary_stream_rpc_method_handler
+        return grpc.method_handlers_generic_handler(S, {
+            "Split": stream(self.split), "Short": stream(self.short),
+            "FailOnLoop": stream(self.fail_on_loop), "FailAfter": stream(self.fail_after),
+            "Endless": stream(self.endless),
+            "Plain": stream(self.split),  # not loop-first: all of it on a thread
+        })
+
+
+@pytest.fixture
+def loop_first() -> Iterator[tuple[LoopFirst, grpc.Channel]]:
+    handlers = LoopFirst()
+
+    def setup(server: grpc.aio.Server) -> int:
+        server.add_generic_rpc_handlers((handlers.generic(),))
+        return int(server.add_insecure_port("127.0.0.1:0"))
+
+    server = AioServer(setup, [], max_calls=8, options=[("grpc.so_reuseport", 0)],
+                       loop_first=[f"/{S}/{m}" for m in ("Split", "Short", "FailOnLoop",
+                                                         "FailAfter", "Endless")])
+    port = server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield handlers, channel
+    finally:
+        channel.close()
+        assert server.stop(1.0)
+
+
+def test_a_loop_first_handler_runs_on_the_loop_until_it_hands_off(loop_first):
+    handlers, ch = loop_first
+    got = list(ch.unary_stream(f"/{S}/Split")(b"3", timeout=10))
+    assert got == [b"loop0", b"loop1", b"loop2", b"thread0", b"thread1", b"thread2"]  # no HAND_OFF
+    where = dict(handlers.where)
+    assert {where[b"loop%d" % i] for i in range(3)} == {"ticktable-grpc-loop"}
+    assert all(where[b"thread%d" % i].startswith("ticktable_") for i in range(3))
+
+    handlers.where.clear()
+    assert list(ch.unary_stream(f"/{S}/Short")(b"", timeout=10)) == [b"only"]
+    assert handlers.where == [(b"only", "ticktable-grpc-loop")]  # never needed a thread
+
+    handlers.where.clear()  # the same handler, not named loop-first: a thread from the start
+    assert list(ch.unary_stream(f"/{S}/Plain")(b"2", timeout=10))[0] == b"loop0"
+    assert all(t.startswith("ticktable_") for _, t in handlers.where)
+
+
+def test_a_loop_first_handler_s_errors_answer_on_either_side_of_the_hand_off(loop_first):
+    _, ch = loop_first
+    for method, name in (("FailOnLoop", "x"), ("FailAfter", "y")):
+        call = ch.unary_stream(f"/{S}/{method}")(b"", timeout=10)
+        with pytest.raises(grpc.RpcError) as failed:
+            list(call)
+        assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+        assert failed.value.details() == f"no table named '{name}'"
+
+
+def test_a_loop_first_handler_is_closed_when_its_client_leaves(loop_first):
+    handlers, ch = loop_first
+    call = ch.unary_stream(f"/{S}/Endless")(b"", timeout=10)
+    next(call)
+    call.cancel()
+    assert handlers.closed.wait(5)  # its finally ran: nothing is left running on the loop

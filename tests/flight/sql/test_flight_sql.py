@@ -136,6 +136,31 @@ def test_queries_parameters_and_arrow_results(conn):
     assert int(table.schema.metadata[b"ticktable.step"]) >= 1  # the step it was taken at
 
 
+def test_results_of_many_batches_and_of_one_both_arrive_whole():
+    """A result past two batches is read on a thread as DoGet sends it; one read whole when
+    its query started is sent from the event loop (flight.rpc.aio's loop_first). Both
+    arrive whole, and the cursor a query leaves for the next one shows each cycle's rows."""
+    graph, srv = _server(max_batch_rows=1000)
+    try:
+        big = srv.registry.create_source("big", pa.schema([("a", pa.int64())]), "append").table
+        big.append(pa.table({"a": pa.array(range(10_000), pa.int64())}))
+        time.sleep(0.1)
+        with _connect(srv) as conn:
+            for rows in range(10_000, 10_003):
+                with conn.cursor() as cur:
+                    cur.execute("SELECT a FROM big ORDER BY a")
+                    assert cur.fetch_arrow_table().column("a").to_pylist() == list(range(rows))
+                assert _rows(conn, f"SELECT a FROM big WHERE a + 0 = {rows - 1}") == [(rows - 1,)]
+                big.append(pa.table({"a": pa.array([rows], pa.int64())}))
+                deadline = time.monotonic() + 5  # a cycle later, the next query sees it
+                while _rows(conn, "SELECT count(*) FROM big") != [(rows + 1,)]:
+                    assert time.monotonic() < deadline
+        assert srv.sql.runner.running() == 0
+    finally:
+        srv.shutdown()
+        graph.stop()
+
+
 def test_pandas_read_sql_and_polars_read_database(conn):
     df = pd.read_sql("SELECT * FROM trades ORDER BY px", conn)
     assert df.to_dict("list") == {"sym": ["a", "b", "a"], "px": [1.0, 2.0, 3.0], "qty": [1, 2, 3]}

@@ -1,0 +1,150 @@
+"""flight.sql.query's kept cursors and results read whole at start: a kept cursor never
+serves a stale snapshot, never serves two queries at once, and is never interrupted for a
+query that has ended."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from engine.errors import QueryCancelled
+from engine.graph import UpdateGraph
+from flight.sql.query import QueryRunner
+from flight.streams.registry import TableRegistry
+
+A = pa.schema([("id", pa.int64()), ("x", pa.float64())])
+
+
+def _rows(start: int, n: int) -> pa.Table:
+    return pa.table({"id": np.arange(start, start + n), "x": np.arange(start, start + n) * 0.5},
+                    schema=A)
+
+
+@pytest.fixture
+def served():
+    graph = UpdateGraph(validate=True)
+    registry = TableRegistry(graph)
+    t = registry.create_source("t", A, "append").table
+    t.append(_rows(0, 100))
+    graph.run_cycle()
+    r = QueryRunner(registry, timeout=30.0, batch_rows=16)  # 16-row batches: 100 rows are 7
+    yield graph, registry, t, r
+    r.shutdown()
+
+
+def _run(r: QueryRunner, sql: str) -> pa.Table:
+    q = r.start(sql)
+    return pa.Table.from_batches(list(r.batches(q)), q.schema)
+
+
+def _idle_names(r: QueryRunner) -> list[dict[str, object]]:
+    return [{k: src.rows for k, (_, src) in c.names.items()} for c in r._idle]
+
+
+def test_a_kept_cursor_sees_the_rows_of_each_cycle(served):
+    graph, _, t, r = served
+    assert _run(r, "SELECT count(*) AS n FROM t").column("n").to_pylist() == [100]
+    assert len(r._idle) == 1
+    kept = r._idle[0]
+    for cycle in range(1, 6):  # each query after a cycle sees that cycle's rows
+        t.append(_rows(100 * cycle, 100))
+        graph.run_cycle()
+        got = _run(r, "SELECT count(*) AS n, max(id) AS top FROM t")
+        assert got.to_pylist() == [{"n": 100 * (cycle + 1), "top": 100 * (cycle + 1) - 1}]
+        assert r._idle == [kept]  # the same cursor, its name registered once
+    assert _idle_names(r) == [{"t": None}]  # an idle cursor holds no snapshot
+
+
+def test_concurrent_queries_each_have_their_own_cursor(served):
+    _, _, _, r = served
+    # results of 7 batches: not read whole at start, so each holds its cursor while read
+    a = r.start("SELECT id FROM t ORDER BY id")
+    b = r.start("SELECT id FROM t WHERE id % 2 = 0 ORDER BY id")
+    assert a.cursor is not None and b.cursor is not None and a.cursor is not b.cursor
+    got_a, got_b = [], []
+    for x, y in itertools.zip_longest(r.batches(a), r.batches(b)):  # interleaved
+        got_a += [x] if x is not None else []
+        got_b += [y] if y is not None else []
+    assert pa.Table.from_batches(got_a).column("id").to_pylist() == list(range(100))
+    assert pa.Table.from_batches(got_b).column("id").to_pylist() == list(range(0, 100, 2))
+    assert len(r._idle) == 2
+
+
+def test_queries_on_threads_agree_with_their_snapshot(served):
+    graph, _, t, r = served
+    errors: list[BaseException] = []
+
+    def reader(seed: int) -> None:
+        try:
+            for i in range(30):
+                q = r.start(f"SELECT count(*) AS n, sum(id) AS s FROM t WHERE id >= {seed + i}")
+                got = pa.Table.from_batches(list(r.batches(q))).to_pylist()[0]
+                rows = 100 * q.step  # the rows at the query's step: 100 per cycle
+                lo = seed + i
+                assert got["n"] == rows - lo
+                assert got["s"] == sum(range(lo, rows))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in (0, 7, 13)]
+    for th in threads:
+        th.start()
+    for c in range(2, 12):  # cycles while they read: each cycle adds 100 rows
+        t.append(_rows(100 * (c - 1), 100))
+        graph.run_cycle()
+    for th in threads:
+        th.join(60)
+    assert not errors, errors[0]
+    assert len(r._idle) <= r.CURSORS_KEPT
+
+
+def test_a_table_made_again_with_other_columns_is_registered_again(served):
+    graph, registry, _, r = served
+    assert _run(r, "SELECT count(*) AS n FROM t").column("n").to_pylist() == [100]
+    registry.drop("t")
+    t = registry.create_source("t", pa.schema([("name", pa.string())]), "append").table
+    t.append(pa.table({"name": ["a", "b"]}))
+    graph.run_cycle()
+    assert _run(r, "SELECT * FROM t ORDER BY name").to_pylist() == [{"name": "a"}, {"name": "b"}]
+    assert len(r._idle) == 1
+
+
+def test_a_cancelled_query_s_cursor_is_closed_not_kept(served):
+    _, _, _, r = served
+    q = r.start("SELECT id FROM t")  # 7 batches: still reading
+    assert q.reader is not None
+    read = r.batches(q)
+    next(read)
+    assert r.cancel(q.handle)
+    with pytest.raises(QueryCancelled):
+        list(read)
+    assert r._idle == []  # interrupted: never given to another query
+    assert _run(r, "SELECT count(*) AS n FROM t").column("n").to_pylist() == [100]
+
+
+def test_a_result_read_whole_at_start_frees_its_cursor_and_still_answers_a_cancel(served):
+    _, _, _, r = served
+    q = r.start("SELECT count(*) AS n FROM t")
+    assert q.reader is None and q.cursor is None and len(q.ready) == 1  # read whole
+    assert len(r._idle) == 1
+    # another query runs on the freed cursor while the first result waits for its DoGet
+    assert _run(r, "SELECT max(id) AS m FROM t").column("m").to_pylist() == [99]
+    assert r.cancel(q.handle)  # it still stops the first result from being sent ...
+    with pytest.raises(QueryCancelled):
+        list(r.batches(q))
+    b = r.start("SELECT id FROM t WHERE id < 3")  # ... and interrupts nothing that runs now
+    assert pa.Table.from_batches(list(r.batches(b))).column("id").to_pylist() == [0, 1, 2]
+    assert not r.cancel(q.handle)  # ended: nothing to cancel
+
+
+def test_an_empty_result_read_whole_at_start_is_one_batch_of_no_rows(served):
+    _, _, _, r = served
+    q = r.start("SELECT id, x FROM t WHERE id < 0")
+    assert q.reader is None
+    batches = list(r.batches(q))
+    assert len(batches) == 1 and batches[0].num_rows == 0
+    assert batches[0].schema.names == ["id", "x"]
