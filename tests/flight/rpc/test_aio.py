@@ -100,17 +100,21 @@ class Handlers:
         })
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[Handlers, grpc.Channel]]:
-    handlers = Handlers()
+def _serve(handlers: Any, **kw: Any) -> tuple[AioServer, grpc.Channel]:
+    """An :class:`AioServer` of ``handlers.generic()`` on a free port, and a channel to it."""
 
     def setup(server: grpc.aio.Server) -> int:
         server.add_generic_rpc_handlers((handlers.generic(),))
         return int(server.add_insecure_port("127.0.0.1:0"))
 
-    server = AioServer(setup, [], max_calls=8, options=[("grpc.so_reuseport", 0)])
-    port = server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    server = AioServer(setup, [], max_calls=8, options=[("grpc.so_reuseport", 0)], **kw)
+    return server, grpc.insecure_channel(f"127.0.0.1:{server.start()}")
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Handlers, grpc.Channel]]:
+    handlers = Handlers()
+    server, channel = _serve(handlers)
     try:
         yield handlers, channel
     finally:
@@ -286,16 +290,8 @@ class LoopFirst:
 @pytest.fixture
 def loop_first() -> Iterator[tuple[LoopFirst, grpc.Channel]]:
     handlers = LoopFirst()
-
-    def setup(server: grpc.aio.Server) -> int:
-        server.add_generic_rpc_handlers((handlers.generic(),))
-        return int(server.add_insecure_port("127.0.0.1:0"))
-
-    server = AioServer(setup, [], max_calls=8, options=[("grpc.so_reuseport", 0)],
-                       loop_first=[f"/{S}/{m}" for m in ("Split", "Short", "FailOnLoop",
-                                                         "FailAfter", "Endless")])
-    port = server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    server, channel = _serve(handlers, loop_first=[
+        f"/{S}/{m}" for m in ("Split", "Short", "FailOnLoop", "FailAfter", "Endless")])
     try:
         yield handlers, channel
     finally:

@@ -19,6 +19,7 @@ import pytest
 from google.protobuf import any_pb2
 
 from engine.graph import UpdateGraph
+from engine.sources import AppendOnlyTable
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
 from flight.pb import flight_sql_pb2 as sqlpb
@@ -59,6 +60,15 @@ def _connect(srv: TicktableServer, token: str = TOKEN) -> flightsql.Connection:
 def conn(server: TicktableServer) -> Iterator[flightsql.Connection]:
     with _connect(server) as c:
         yield c
+
+
+def _big(srv: TicktableServer, rows: int) -> AppendOnlyTable:
+    """An append table ``big`` of one int64 column ``a`` holding ``0 .. rows-1``, applied."""
+    big = srv.registry.create_source("big", pa.schema([("a", pa.int64())]), "append").table
+    assert isinstance(big, AppendOnlyTable)
+    big.append(pa.table({"a": pa.array(range(rows), pa.int64())}))
+    time.sleep(0.1)  # the server's cycles apply it
+    return big
 
 
 def _rows(conn: flightsql.Connection, query: str, params: tuple[object, ...] | None = None
@@ -142,9 +152,7 @@ def test_results_of_many_batches_and_of_one_both_arrive_whole():
     arrive whole, and the cursor a query leaves for the next one shows each cycle's rows."""
     graph, srv = _server(max_batch_rows=1000)
     try:
-        big = srv.registry.create_source("big", pa.schema([("a", pa.int64())]), "append").table
-        big.append(pa.table({"a": pa.array(range(10_000), pa.int64())}))
-        time.sleep(0.1)
+        big = _big(srv, 10_000)
         with _connect(srv) as conn:
             for rows in range(10_000, 10_003):
                 with conn.cursor() as cur:
@@ -202,9 +210,7 @@ def test_a_join_reads_both_tables_at_one_step(server, conn):
 def test_cycles_run_while_a_query_runs_and_the_timeout_stops_it():
     graph, srv = _server(sql_timeout=1.0)
     try:
-        big = srv.registry.create_source("big", pa.schema([("a", pa.int64())]), "append").table
-        big.append(pa.table({"a": pa.array(range(3_000_000), pa.int64())}))
-        time.sleep(0.1)
+        _big(srv, 3_000_000)
         before = graph.step
         t0 = time.monotonic()
         with _connect(srv) as conn, pytest.raises(adbc_driver_manager.Error) as raised:
@@ -485,9 +491,7 @@ def test_views_are_journaled_as_sql_and_rebuilt_after_a_restart(tmp_path):
 def test_a_query_past_the_memory_limit_is_refused_and_the_server_serves_on():
     graph, srv = _server(sql_memory_mb=40)
     try:
-        big = srv.registry.create_source("big", pa.schema([("a", pa.int64())]), "append").table
-        big.append(pa.table({"a": pa.array(range(3_000_000), pa.int64())}))
-        time.sleep(0.1)
+        _big(srv, 3_000_000)
         with _connect(srv) as conn:
             with pytest.raises(adbc_driver_manager.Error) as raised:
                 _rows(conn, "SELECT string_agg(a::VARCHAR, ',') FROM big")
