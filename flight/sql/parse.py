@@ -120,6 +120,11 @@ def _parse_one(text: str) -> exp.Expression:
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?")
 
 
+#: Longer texts have no shape (a long ``INSERT ... VALUES`` text is written once, and kept
+#: shapes hold their texts)
+_SHAPED_CHARS = 4096
+
+
 class _Shape:
     """A text with its plain literals cut out (``key``) and those literals: each one's
     offset in the text, value (a string's quotes and doubled quotes removed) and kind."""
@@ -132,9 +137,12 @@ class _Shape:
 
 
 def _shape(text: str) -> _Shape | None:
-    """``text``'s shape (see the module docstring); None when it has no literal, or one that
-    is not a plain ``'...'`` string or decimal number as sqlglot keeps it (an ``E'...'``
-    string, ``$$...$$``, ``.5``, ``1_000``, ``1e3``, ...), or DuckDB cannot tokenize it."""
+    """``text``'s shape (see the module docstring); None when it is longer than
+    :data:`_SHAPED_CHARS`, has no literal, or one that is not a plain ``'...'`` string or
+    decimal number as sqlglot keeps it (an ``E'...'`` string, ``$$...$$``, ``.5``,
+    ``1_000``, ``1e3``, ...), or DuckDB cannot tokenize it."""
+    if len(text) > _SHAPED_CHARS:
+        return None
     try:
         tokens = duckdb.tokenize(text)
     except (duckdb.Error, RuntimeError, ValueError):

@@ -132,7 +132,8 @@ def test_a_shape_is_kept_only_when_its_literals_are_the_tree_s():
         parse_one(text)
         assert _SHAPES.tree(_shape(text)) is None, text
     for text in ("SELECT E'a' FROM t", "SELECT $$a$$ FROM t", "SELECT 1e3 FROM t", "SELECT x FROM t",
-                 "SELECT .5 FROM t", "SELECT 1_000 FROM t"):
+                 "SELECT .5 FROM t", "SELECT 1_000 FROM t",
+                 "INSERT INTO t VALUES " + ", ".join(f"({i}, 'x')" for i in range(500))):
         assert _shape(text) is None, text
 
 
