@@ -6,12 +6,28 @@ several statements is refused (one statement per query, so a query is one thing 
 time and cancel). :func:`statement_kind` says what the statement is, and
 :func:`tables_of` which tables it reads (not the names of its own CTEs).
 :func:`parse_condition` parses what may follow ``WHERE`` alone (a mirror's filter).
+
+**Shapes.** Clients send the same text with other literals again and again (a point lookup
+with a new id each time), and sqlglot's parse costs 0.1-0.5 ms of Python per text. A text's
+*shape* is the text with its plain literals (``'...'`` strings and decimal numbers, as
+DuckDB's tokenizer finds them: a C++ call of about a microsecond) cut out. The first text of
+a shape is parsed in full, and kept as the shape's template when each of its literals is
+one ``Literal`` node of the tree, at the literal's place in the text, with the literal's
+value, where the parser takes a literal as it is (an operand of a comparison, ``IN``, ...:
+``_OPAQUE``), and no other ``Literal`` node exists (a literal the parser reads, as in
+``INTERVAL '1 day'``, a function's unit or ``'a' 'b'``, leaves its shape uncached). A later text of that shape is
+the template's copy with its literals' values set: the tree a full parse would give, since
+the parser saw the same tokens but for those literals' values, which it copies into their
+nodes without looking at them. DuckDB still runs the text itself, never the tree.
 """
 
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 
+import duckdb
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
@@ -69,6 +85,19 @@ def parse_one(text: str) -> exp.Expression:
     Traceback (most recent call last):
     engine.errors.SqlError: SQL syntax error at line 1, column 9: ...
     """
+    shape = _shape(text)
+    if shape is not None:
+        tree = _SHAPES.tree(shape)
+        if tree is not None:
+            return tree
+    statement = _parse_one(text)
+    if shape is not None:
+        _SHAPES.keep(shape, statement)
+    return statement
+
+
+def _parse_one(text: str) -> exp.Expression:
+    """:func:`parse_one` without the shapes: sqlglot's whole parse."""
     try:
         statements = sqlglot.parse(text, dialect=DIALECT)
     except ParseError as exc:
@@ -84,6 +113,139 @@ def parse_one(text: str) -> exp.Expression:
     if not isinstance(statement, exp.Expression):  # every node the parser builds is one
         raise SqlError(f"SQL text parsed to an unexpected {type(statement).__name__}")
     return statement
+
+
+#: A decimal number that sqlglot keeps as written (it writes ``.5`` as ``0.5`` and ``1_000``
+#: as ``1000``: such a text has no shape)
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?")
+
+
+#: Longer texts have no shape (a long ``INSERT ... VALUES`` text is written once, and kept
+#: shapes hold their texts)
+_SHAPED_CHARS = 4096
+
+
+class _Shape:
+    """A text with its plain literals cut out (``key``) and those literals: each one's
+    offset in the text, value (a string's quotes and doubled quotes removed) and kind."""
+
+    __slots__ = ("key", "literals")
+
+    def __init__(self, key: tuple[str, ...], literals: list[tuple[int, str, bool]]) -> None:
+        self.key = key
+        self.literals = literals
+
+
+def _shape(text: str) -> _Shape | None:
+    """``text``'s shape (see the module docstring); None when it is longer than
+    :data:`_SHAPED_CHARS`, has no literal, or one that is not a plain ``'...'`` string or
+    decimal number as sqlglot keeps it (an ``E'...'`` string, ``$$...$$``, ``.5``,
+    ``1_000``, ``1e3``, ...), or DuckDB cannot tokenize it."""
+    if len(text) > _SHAPED_CHARS:
+        return None
+    try:
+        tokens = duckdb.tokenize(text)
+    except (duckdb.Error, RuntimeError, ValueError):
+        return None
+    parts: list[str] = []
+    literals: list[tuple[int, str, bool]] = []
+    at = 0
+    for i, (start, kind) in enumerate(tokens):
+        name = kind.name
+        if name not in ("string_const", "numeric_const"):
+            continue
+        end = tokens[i + 1][0] if i + 1 < len(tokens) else len(text)
+        raw = text[start:end].rstrip()
+        if name == "string_const":
+            if len(raw) < 2 or raw[0] != "'" or raw[-1] != "'":
+                return None
+            value = raw[1:-1]
+            if "'" in value.replace("''", ""):
+                return None
+            literals.append((start, value.replace("''", "'"), True))
+        else:
+            if not _NUMBER.fullmatch(raw):
+                return None
+            literals.append((start, raw, False))
+        parts.append(text[at:start])
+        parts.append("'" if name == "string_const" else "0")  # a cut: only its kind is kept
+        at = start + len(raw)
+    if not literals:
+        return None  # a text of its own: nothing to gain over the parse
+    parts.append(text[at:])
+    return _Shape(tuple(parts), literals)
+
+
+#: Where the parser takes a literal as it is, whatever its value: an operand of a comparison,
+#: of arithmetic or of ``IN``/``BETWEEN``/``LIKE``, a ``LIMIT``, a selected value. Elsewhere
+#: it may read the value (``INTERVAL '1 day'`` is ``INTERVAL '1' DAY``, a function may take a
+#: string as a unit), so a text with a literal there has no template.
+_OPAQUE = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ,
+           exp.In, exp.Between, exp.Like, exp.ILike, exp.Add, exp.Sub, exp.Mul, exp.Div,
+           exp.Mod, exp.DPipe, exp.And, exp.Or, exp.Limit, exp.Offset, exp.Select, exp.Alias,
+           exp.Tuple)
+
+
+def _opaque(node: exp.Expression) -> bool:
+    """Whether the parser took literal ``node`` as it is (see :data:`_OPAQUE`)."""
+    parent = node.parent
+    while isinstance(parent, (exp.Neg, exp.Paren)):  # -5, (5)
+        parent = parent.parent
+    return type(parent) in _OPAQUE
+
+
+class _Shapes:
+    """Parsed templates by shape (the last :attr:`KEPT` shapes; see the module docstring)."""
+
+    KEPT = 256
+
+    def __init__(self) -> None:
+        # key -> (template, index in template.find_all(exp.Literal) of each literal)
+        self._kept: OrderedDict[tuple[str, ...], tuple[exp.Expression, list[int]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def tree(self, shape: _Shape) -> exp.Expression | None:
+        """The tree of a text of ``shape``; None when the shape has no template."""
+        with self._lock:
+            kept = self._kept.get(shape.key)
+            if kept is None:
+                return None
+            self._kept.move_to_end(shape.key)
+        template, where = kept
+        tree = template.copy()
+        nodes = list(tree.find_all(exp.Literal))
+        for (_start, value, _is_string), i in zip(shape.literals, where, strict=True):
+            nodes[i].set("this", value)
+        return tree
+
+    def keep(self, shape: _Shape, tree: exp.Expression) -> None:
+        """Keep ``tree`` (a text of ``shape``, parsed) as the shape's template, if each of
+        the text's literals is one ``Literal`` node holding its value and no other is."""
+        nodes = list(tree.find_all(exp.Literal))
+        if len(nodes) != len(shape.literals):
+            return
+        at = {}
+        for i, node in enumerate(nodes):
+            start = node.meta.get("start")
+            if not isinstance(start, int) or start in at:
+                return
+            at[start] = i
+        where = []
+        for start, value, is_string in shape.literals:
+            i = at.get(start, -1)
+            if (i < 0 or nodes[i].this != value or bool(nodes[i].is_string) != is_string
+                    or not _opaque(nodes[i])):
+                return
+            where.append(i)
+        template = tree.copy()  # the caller's tree is its own to change
+        with self._lock:
+            self._kept[shape.key] = (template, where)
+            self._kept.move_to_end(shape.key)
+            while len(self._kept) > self.KEPT:
+                self._kept.popitem(last=False)
+
+
+_SHAPES = _Shapes()
 
 
 def parse_condition(text: str) -> exp.Expression:

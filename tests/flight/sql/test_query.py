@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -148,3 +149,30 @@ def test_an_empty_result_read_whole_at_start_is_one_batch_of_no_rows(served):
     batches = list(r.batches(q))
     assert len(batches) == 1 and batches[0].num_rows == 0
     assert batches[0].schema.names == ["id", "x"]
+
+
+def test_a_duckdb_without_submit_runs_the_query_as_a_relation(served):
+    """``_stream`` runs a text once through the connection's ``_submit``; a connection
+    without it (another DuckDB) gives the same batches through its relation."""
+    from flight.sql.query import _stream
+
+    _graph, _registry, t, r = served
+    con = r._db.cursor()
+    try:
+        con.register("t", t.to_arrow())
+
+        class Relational:
+            """The cursor without its ``_submit``."""
+
+            def sql(self, text, params=None):
+                return con.sql(text, params=params)
+
+        text = "SELECT id, x * 2 AS y FROM t WHERE id % 7 = ? ORDER BY id"
+        got = _stream(con, text, [3], 16).read_all()
+        via = _stream(Relational(), text, [3], 16).read_all()
+        assert got.equals(via)
+        assert got.column("id").to_pylist() == list(range(3, 100, 7))
+        with pytest.raises(duckdb.Error):  # one statement: sql() would run all but the last
+            _stream(con, "SELECT 1; SELECT 2", None, 16)
+    finally:
+        con.close()
