@@ -664,6 +664,18 @@ class AggListener:
             self.first_ok[slots[miss]] = True
         return out
 
+    def _old_firsts(self, touched: I64, size_old: I64) -> I64:
+        """The touched groups' first rows before the cycle (previous key space; 0 for a
+        group new this cycle): only groups that had rows are searched (a cycle that
+        makes many groups, as a merge's new rows do, searched each for nothing)."""
+        had = size_old > 0
+        if had.all():
+            return self._first_rows(touched)
+        out = np.zeros(touched.size, dtype=np.int64)
+        if had.any():
+            out[had] = self._first_rows(touched[had])
+        return out
+
     def _keep_firsts(self, shifted: bool, touched: I64, first_new: I64, alive: Mask) -> None:
         """The cycle's end for the first-row cache: a shift forgets every group's cached
         row (moved in the parent), then the touched groups' new first rows are kept (the
@@ -772,7 +784,7 @@ class AggListener:
         size_new = size_old + np.bincount(members.inv, weights=members.sign,
                                           minlength=touched.size).round().astype(np.int64)
         self.size[touched] = size_new
-        first_old = self._first_rows(touched) if self.by else touched  # previous key space
+        first_old = self._old_firsts(touched, size_old) if self.by else touched  # previous key space
         first_new = self._new_firsts(up, members, touched, first_old, size_old > 0) if self.by else touched
         if self.rows is not None:
             self._move_rows(up, cy)
