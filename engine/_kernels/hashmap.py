@@ -102,12 +102,14 @@ class U64Map:
     def _slots(self, h: U64) -> I64:
         """Slot of each key, ``-1`` where absent.
 
-        The first round, and every round while many keys are unresolved, reads one slot
-        per key (most keys end at their home slot, and a batch of a few keys pays no more
-        than that); once at most :data:`_FEW` are left, a round reads a window of
-        :data:`_WINDOW` slots per key (one 2-d gather), so the few keys with long probe
-        chains end in one or two rounds, not one round per slot of their chain. A key resolves at the first slot holding it (a
-        hit) or empty (absent); dead slots are passed.
+        The first round, and every round while more than :data:`_FEW` keys are
+        unresolved, reads one slot per key (most keys end at their home slot, and a batch
+        of a few keys pays no more than that); after it, a round reads a window of
+        :data:`_WINDOW` slots per key (one 2-d gather), so the keys with long probe chains
+        end in one or two rounds, not one round per slot of their chain, unless at most
+        :data:`_FEW_SINGLE` keys are left for the second round (one slot each: a window
+        round costs more calls). A key resolves at the first slot holding it (a hit) or
+        empty (absent); dead slots are passed.
         """
         if h.size <= self.scalar_max:
             return self._slots_few(h)
