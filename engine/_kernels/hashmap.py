@@ -36,15 +36,15 @@ I64 = npt.NDArray[np.int64]
 
 _EMPTY = -1
 _DEAD = -2
-_ONE = np.uint64(1)
 _MIN_BITS = 10
 #: slots a probe round reads per key once at most _FEW keys are left (see U64Map._slots)
 _WINDOW = 8
 _FEW = 256
 #: rounds that read one slot per key whatever is left (a batch of a few keys pays no more)
 _SINGLE_ROUNDS = 2
-_UWINDOW = np.uint64(_WINDOW)
-_STEPS = np.arange(_WINDOW, dtype=np.uint64)
+#: ... and while at most this many keys are left (a window round costs more numpy calls)
+_FEW_SINGLE = 16
+_STEPS = np.arange(_WINDOW, dtype=np.int64)
 
 
 class U64Map:
@@ -78,7 +78,7 @@ class U64Map:
     def _alloc(self, need: int) -> None:
         bits = max(_MIN_BITS, int(np.ceil(np.log2(max(need, 2) * 4))))  # load 1/4 after a rebuild
         self._shift = np.uint64(64 - bits)
-        self._mask = np.uint64((1 << bits) - 1)
+        self._mask = (1 << bits) - 1  # slots are int64: numpy indexes with them without a cast
         self._keys = np.zeros(1 << bits, dtype=np.uint64)
         self._vals = np.full(1 << bits, _EMPTY, dtype=np.int64)
         self._claim = np.zeros(1 << bits, dtype=np.int32)  # scratch for inserts
@@ -92,48 +92,65 @@ class U64Map:
         """Bytes held by the table's arrays."""
         return int(self._keys.nbytes + self._vals.nbytes + self._claim.nbytes)
 
-    def _home(self, h: U64) -> U64:
+    def _home(self, h: U64) -> I64:
         # integer arithmetic on arrays wraps silently (no errstate needed: entering one
-        # costs more than a few keys' probe walks)
-        return (np.asarray(h, dtype=np.uint64) * GOLDEN) >> self._shift
+        # costs more than a few keys' probe walks); the slot fits in int64, and int64
+        # indexes cost a third of what uint64 ones do (numpy casts those on every gather)
+        home: I64 = ((np.asarray(h, dtype=np.uint64) * GOLDEN) >> self._shift).view(np.int64)
+        return home
 
     def _slots(self, h: U64) -> I64:
         """Slot of each key, ``-1`` where absent.
 
-        The first round, and every round while many keys are unresolved, reads one slot
-        per key (most keys end at their home slot, and a batch of a few keys pays no more
-        than that); once at most :data:`_FEW` are left, a round reads a window of
-        :data:`_WINDOW` slots per key (one 2-d gather), so the few keys with long probe
-        chains end in one or two rounds, not one round per slot of their chain. A key resolves at the first slot holding it (a
-        hit) or empty (absent); dead slots are passed.
+        The first round, and every round while more than :data:`_FEW` keys are
+        unresolved, reads one slot per key (most keys end at their home slot, and a batch
+        of a few keys pays no more than that); after it, a round reads a window of
+        :data:`_WINDOW` slots per key (one 2-d gather), so the keys with long probe chains
+        end in one or two rounds, not one round per slot of their chain, unless at most
+        :data:`_FEW_SINGLE` keys are left for the second round (one slot each: a window
+        round costs more calls). A key resolves at the first slot holding it (a hit) or
+        empty (absent); dead slots are passed.
         """
         if h.size <= self.scalar_max:
             return self._slots_few(h)
-        out = np.full(h.size, -1, dtype=np.int64)
-        idx = np.arange(h.size)
+        return self._probe(h, False)
+
+    def _probe(self, h: U64, values: bool) -> I64:
+        """:meth:`_slots` of more than a few keys; with ``values``, each key's value
+        instead of its slot (``-1`` where absent either way).
+
+        The first round reads every key's home slot without compressing anything (most
+        keys end there); the keys left go on from the slot after it."""
+        keys, vals, mask = self._keys, self._vals, self._mask
         s = self._home(h)
-        hh = h
-        single = _SINGLE_ROUNDS
+        v = vals.take(s)
+        hit = (v >= 0) & (keys.take(s) == h)
+        out = np.where(hit, v if values else s, -1)
+        idx = np.flatnonzero(~hit & (v != _EMPTY))
+        if idx.size == 0:
+            return out
+        s, hh = (s[idx] + 1) & mask, h[idx]
+        single = _SINGLE_ROUNDS - 1
         while idx.size:
-            if single or idx.size > _FEW:
+            if (single and idx.size <= _FEW_SINGLE) or idx.size > _FEW:
                 single = max(single - 1, 0)
-                v = self._vals[s]
-                hit = (v >= 0) & (self._keys[s] == hh)
-                out[idx[hit]] = s[hit].astype(np.int64)
+                v = vals.take(s)
+                hit = (v >= 0) & (keys.take(s) == hh)
+                out[idx[hit]] = (v if values else s)[hit]
                 go = ~hit & (v != _EMPTY)
-                idx, s, hh = idx[go], (s[go] + _ONE) & self._mask, hh[go]
+                idx, s, hh = idx[go], (s[go] + 1) & mask, hh[go]
                 continue
-            win = (s[:, None] + _STEPS) & self._mask
-            vw = self._vals[win]
-            hitw = (vw >= 0) & (self._keys[win] == hh[:, None])
+            win = (s[:, None] + _STEPS) & mask
+            vw = vals.take(win)
+            hitw = (vw >= 0) & (keys.take(win) == hh[:, None])
             stop = hitw | (vw == _EMPTY)
             first = stop.argmax(axis=1)
             rows = np.arange(idx.size)
             done = stop[rows, first]
             found = done & hitw[rows, first]
-            out[idx[found]] = win[found, first[found]].astype(np.int64)
+            out[idx[found]] = (vw if values else win)[found, first[found]]
             go = ~done
-            idx, s, hh = idx[go], (s[go] + _UWINDOW) & self._mask, hh[go]
+            idx, s, hh = idx[go], (s[go] + _WINDOW) & mask, hh[go]
         return out
 
     def _slots_few(self, h: U64) -> I64:
@@ -161,10 +178,7 @@ class U64Map:
             vals = self._vals
             return np.array([vals.item(s) if s >= 0 else -1 for s in self._walk_few(h)],
                             dtype=np.int64)
-        s = self._slots(h)
-        out: I64 = self._vals[s]
-        out[s < 0] = -1
-        return out
+        return self._probe(h, True)
 
     def insert(self, h: U64, values: I64) -> None:
         """Add keys known to be absent and distinct among themselves, with their values."""
@@ -193,29 +207,31 @@ class U64Map:
         """
         idx = np.arange(h.size, dtype=np.int32)
         s = self._home(h)
+        keys, vals, claim, mask = self._keys, self._vals, self._claim, self._mask
         single = _SINGLE_ROUNDS
         while idx.size:
-            if single or idx.size > _FEW:
+            if (single and (single == _SINGLE_ROUNDS or idx.size <= _FEW_SINGLE)) or idx.size > _FEW:
                 single = max(single - 1, 0)
-                some = self._vals[s] < 0
-                fs, step = s, _ONE
+                some = vals.take(s) < 0
+                fs, step = s, 1
             else:
-                win = (s[:, None] + _STEPS) & self._mask
-                free = self._vals[win] < 0
+                win = (s[:, None] + _STEPS) & mask
+                free = vals.take(win) < 0
                 first = free.argmax(axis=1)
                 rows = np.arange(idx.size)
-                some, fs, step = free[rows, first], win[rows, first], _UWINDOW
+                some, fs, step = free[rows, first], win[rows, first], _WINDOW
             cand = np.flatnonzero(some)
             fi, cs = idx[cand], fs[cand]
-            self._claim[cs] = fi
-            won = self._claim[cs] == fi
+            claim[cs] = fi
+            won = claim.take(cs) == fi
             ws = cs[won]
-            self._dead -= int(np.count_nonzero(self._vals[ws] == _DEAD))
-            self._keys[ws] = h[fi[won]]
-            self._vals[ws] = values[fi[won]]
+            if self._dead:
+                self._dead -= int(np.count_nonzero(vals.take(ws) == _DEAD))
+            keys[ws] = h[fi[won]]
+            vals[ws] = values[fi[won]]
             if cand.size == idx.size and won.all():
                 return
-            nxt = (s + step) & self._mask  # saw no free slot: after those it read
+            nxt = (s + step) & mask  # saw no free slot: after those it read
             nxt[cand] = cs  # lost its slot: from that slot on (now taken)
             go = np.ones(idx.size, dtype=bool)
             go[cand[won]] = False

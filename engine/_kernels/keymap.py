@@ -97,10 +97,13 @@ class ExactKeyMap:
         ``same`` may be ``None`` only for an exact map; it is called with candidate pairs
         only (equal hashes), once per chain round: almost always once in all.
         """
-        h = np.asarray(h, dtype=np.uint64)
-        cand = self._heads.lookup(h)
+        return self._lookup(np.asarray(h, dtype=np.uint64), same)[0]
+
+    def _lookup(self, h: U64, same: Same | None) -> tuple[I64, I64]:
+        """:meth:`lookup`, and the head id of each probe's hash (``-1``: no entry has it)."""
+        heads = cand = self._heads.lookup(h)
         if self.exact:
-            return cand
+            return cand, heads
         assert same is not None, "an inexact ExactKeyMap needs same() to verify candidates"
         out = np.full(h.size, -1, dtype=np.int64)
         idx = np.flatnonzero(cand >= 0)
@@ -113,7 +116,7 @@ class ExactKeyMap:
             idx, cand = idx[~ok], self._next.lookup(cand[~ok].view(np.uint64))
             more = cand >= 0
             idx, cand = idx[more], cand[more]
-        return out
+        return out, heads
 
     def insert(self, h: U64, ids: I64) -> None:
         """Add entries whose keys are absent from the map and distinct among themselves.
@@ -121,15 +124,18 @@ class ExactKeyMap:
         New keys may share their hash with present ones or with each other: they are
         chained in front of the present entries.
         """
-        h = np.asarray(h, dtype=np.uint64)
-        ids = np.asarray(ids, dtype=np.int64)
+        self._insert(np.asarray(h, dtype=np.uint64), np.asarray(ids, dtype=np.int64), None)
+
+    def _insert(self, h: U64, ids: I64, old: I64 | None) -> None:
+        """:meth:`insert`; ``old``, if given, is each hash's head id now (``-1``: none)."""
         if h.size == 0:
             return
         self.count += h.size
         if self.exact:
             self._heads.insert(h, ids)
             return
-        old = self._heads.lookup(h)
+        if old is None:
+            old = self._heads.lookup(h)
         fresh = old < 0
         if fresh.all():
             order = np.argsort(h)
@@ -223,7 +229,7 @@ class ExactKeyMap:
             Per new id, the first row that has its key (to store key values from).
         """
         h = np.asarray(h, dtype=np.uint64)
-        ids = self.lookup(h, same)
+        ids, heads = self._lookup(h, same)
         miss = np.flatnonzero(ids < 0)
         if miss.size == 0:
             return ids, _EMPTY, _EMPTY
@@ -239,7 +245,7 @@ class ExactKeyMap:
         gid = np.empty(starts.size, dtype=np.int64)
         gid[by_row] = added
         ids[miss[order]] = np.repeat(gid, sizes)
-        self.insert(h[first], added)
+        self._insert(h[first], added, heads[first])  # the heads as the lookup found them
         return ids, added, first
 
 

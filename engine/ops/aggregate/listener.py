@@ -429,6 +429,9 @@ class AggListener:
         # groups' slots, and the shift, for get_prev (see prev_slots_of)
         self._gone_keys, self._gone_slots = _EMPTY_I, _EMPTY_I
         self._shift = RowSetShiftData.empty()
+        # this cycle's added and modified groups (row keys, slots), for its readers (_groups_at)
+        self._recent: tuple[I64, I64] | None = None
+        self._recent_sorted: tuple[I64, I64] | None = None
         self._in_cycle = False
         out = self._process(TableUpdate.of(added=parent.rowset))
         self.initial_rowset = out.added
@@ -586,11 +589,41 @@ class AggListener:
         return self._groups_at(keys)  # a group's row key is its first row's
 
     def _groups_at(self, keys: I64) -> I64:
-        """The group whose first row is at each of ``keys`` (current key space)."""
+        """The group whose first row is at each of ``keys`` (current key space).
+
+        The readers of a cycle's update read its added and modified rows, several times
+        (each reader, current and previous values): those are found among them
+        (:meth:`_recent_groups`, one sorted search), and only other keys in the map (a
+        hashed one probes in rounds)."""
+        recent = self._recent_groups() if keys.size else None
+        if recent is None:
+            return self._mapped_groups(keys)
+        rk, rs = recent
+        pos = np.searchsorted(rk, keys)
+        np.minimum(pos, rk.size - 1, out=pos)
+        out = rs[pos]
+        miss = rk[pos] != keys
+        if miss.any():
+            out[miss] = self._mapped_groups(keys[miss])
+        return out
+
+    def _mapped_groups(self, keys: I64) -> I64:
+        """:meth:`_groups_at` from the map of every group's row key."""
         if self.firsts is not None:
             return self.firsts.lookup(keys)
         assert self.rows is not None
         return self.rows.groups_of(keys)
+
+    def _recent_groups(self) -> tuple[I64, I64] | None:
+        """This cycle's added and modified groups as ``(row keys, slots)`` sorted by key,
+        or None outside a cycle's reads (or when the map is a dense window: one ``take``)."""
+        if self._recent is None or self._recent[0].size == 0:
+            return None
+        if self._recent_sorted is None:
+            k, slots = self._recent
+            o = np.argsort(k)
+            self._recent_sorted = k[o], slots[o]
+        return self._recent_sorted
 
     def prev_slots_of(self, keys: I64) -> I64:
         """The slot of the group at each row key of the previous key space (this cycle's)."""
@@ -607,6 +640,7 @@ class AggListener:
         """The cycle is over: previous row keys are current ones again."""
         self._gone_keys, self._gone_slots = _EMPTY_I, _EMPTY_I
         self._shift = RowSetShiftData.empty()
+        self._recent = self._recent_sorted = None
 
     def _first_rows(self, slots: I64) -> I64:
         """Each group's first parent row key (garbage for a group without rows), in the
@@ -628,6 +662,18 @@ class AggListener:
             out[miss] = found
             self.first_row[slots[miss]] = found
             self.first_ok[slots[miss]] = True
+        return out
+
+    def _old_firsts(self, touched: I64, size_old: I64) -> I64:
+        """The touched groups' first rows before the cycle (previous key space; 0 for a
+        group new this cycle): only groups that had rows are searched (a cycle that
+        makes many groups, as a merge's new rows do, searched each for nothing)."""
+        had = size_old > 0
+        if had.all():
+            return self._first_rows(touched)
+        out = np.zeros(touched.size, dtype=np.int64)
+        if had.any():
+            out[had] = self._first_rows(touched[had])
         return out
 
     def _keep_firsts(self, shifted: bool, touched: I64, first_new: I64, alive: Mask) -> None:
@@ -666,6 +712,7 @@ class AggListener:
         if self.growth is not Growth.ANY:
             self._check_growth(up)
         self.slots.release()  # slots freed last cycle may be reused from now on
+        self._recent = self._recent_sorted = None  # the groups change from here on
         self._in_cycle = True
         try:
             out = self._process(up)
@@ -737,7 +784,7 @@ class AggListener:
         size_new = size_old + np.bincount(members.inv, weights=members.sign,
                                           minlength=touched.size).round().astype(np.int64)
         self.size[touched] = size_new
-        first_old = self._first_rows(touched) if self.by else touched  # previous key space
+        first_old = self._old_firsts(touched, size_old) if self.by else touched  # previous key space
         first_new = self._new_firsts(up, members, touched, first_old, size_old > 0) if self.by else touched
         if self.rows is not None:
             self._move_rows(up, cy)
@@ -800,6 +847,9 @@ class AggListener:
             mod_keys = first_new[np.searchsorted(touched, mod)]
         else:
             mod_keys = self._first_rows(mod)
+        if self._in_cycle and (self.rows is not None or (self.firsts is not None and self.firsts.hashed)):
+            # the rows the readers of this update read: the added and the modified
+            self._recent = np.concatenate((first_new[born], mod_keys)), np.concatenate((touched[born], mod))
         return TableUpdate.of(
             added=RowSet.from_keys(first_new[born]),
             removed=RowSet.from_keys(self._gone_keys, assume_sorted=True),

@@ -14,7 +14,7 @@ class _Clustered(U64Map):
     """Every key's home is one of three slots: long probe chains, tombstones in the way."""
 
     def _home(self, h):
-        return (h % np.uint64(3)) & self._mask
+        return (h % np.uint64(3)).astype(np.int64) & self._mask  # slots are int64
 
 
 class _Scalar(U64Map):
@@ -124,7 +124,7 @@ class _Wrapping(U64Map):
     """Homes in the last 16 slots: chains wrap past the table's end into its start."""
 
     def _home(self, h):
-        return (self._mask - np.uint64(15)) + (h % np.uint64(16))
+        return (self._mask - 15) + (h % np.uint64(16)).astype(np.int64)
 
 
 class _WrappingScalar(_Wrapping):

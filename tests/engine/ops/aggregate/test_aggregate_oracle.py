@@ -334,3 +334,57 @@ def test_oracle_cached_first_rows_with_occasional_shifts(monkeypatch, scan):
         "two keys": _Case(lambda t: agg_by(t, specs, ["Sym", "Qty"]), ["Sym", "Qty"], specs),
     }
     _run_cases(cases, seed=18)
+
+
+@pytest.mark.parametrize("hashed", [False, True])
+def test_oracle_readers_find_the_cycles_groups_as_the_map_does(monkeypatch, hashed):
+    # within a cycle a reader's row keys are looked up among the update's added and
+    # modified groups (one sorted search) before the row-key map: every answer, for the
+    # update's keys, keys of other groups and absent keys, current and previous, is the
+    # map's alone (``hashed``: the maps leave their dense windows at once, so the
+    # add-only source's first rows are read through the search too)
+    from engine._kernels import rowkeymap
+    if hashed:
+        monkeypatch.setattr(rowkeymap, "SPARSE_SLACK", 0)
+        monkeypatch.setattr(aggregate_mod, "FIRSTS_DENSE_RATIO", 0)
+    per_kind = max(1, oracle.cycles(600) // len(oracle.KINDS))
+    for kind in oracle.KINDS:
+        _check_readers(kind, np.random.default_rng([41, hashed, oracle.KINDS.index(kind)]), per_kind)
+
+
+def _check_readers(kind: str, rng: np.random.Generator, cycles: int) -> None:
+    g = UpdateGraph(validate=True)
+    src = oracle.RandomSource(g, kind, rng)
+    t = agg_by(src.table, [agg.sum("Qty", "S"), agg.count("N")], "Sym")
+    lst = t.listener
+    assert isinstance(lst, AggListener)
+    used = 0
+
+    def uncached(read: Any, keys: np.ndarray) -> np.ndarray:
+        saved = lst._recent, lst._recent_sorted
+        lst._recent = lst._recent_sorted = None
+        try:
+            return np.asarray(read(keys))
+        finally:
+            lst._recent, lst._recent_sorted = saved
+
+    def check(up: Any, table: Table) -> None:
+        nonlocal used
+        used += lst._recent_groups() is not None
+        cur, prev = table.rowset.keys(), table.prev_rowset.keys()
+        absent = np.array([int(cur[-1]) + 1 if cur.size else 0, 1 << 45], dtype=np.int64)
+        keys = np.unique(np.concatenate((up.added.keys(), up.modified.keys(),
+                                         rng.choice(cur, min(cur.size, 5)), absent)))
+        assert np.array_equal(lst.slots_of(keys), uncached(lst.slots_of, keys)), (kind, keys)
+        pkeys = np.unique(np.concatenate((up.removed.keys(), up.shifted.unapply_keys(up.modified.keys()),
+                                          rng.choice(prev, min(prev.size, 5)))))
+        if pkeys.size:
+            assert np.array_equal(lst.prev_slots_of(pkeys), uncached(lst.prev_slots_of, pkeys)), (kind, pkeys)
+
+    t.listen(check)
+    for _ in range(cycles):
+        src.step()
+        g.run_cycle()
+        assert t.failure is None
+    dense = lst.firsts is not None and not lst.firsts.hashed  # a take: no search wanted
+    assert used or dense, kind  # the readers' search ran
