@@ -237,7 +237,7 @@ def lowest_bit(m: U64) -> I64:
 
 def highest_bit(m: U64) -> I64:
     """Index of the highest set bit of each (non-zero) word."""
-    e = np.clip(np.frexp(m.astype(np.float64))[1] - 1, 0, 63).astype(np.int64)
+    e = (np.frexp(m.astype(np.float64))[1] - 1).clip(0, 63).astype(np.int64)  # the method: np.clip's wrapper costs more than the clip
     e -= (_ONE << e.astype(np.uint64)) > m  # the float conversion may round up a power of two
     return np.asarray(e, dtype=np.int64)
 

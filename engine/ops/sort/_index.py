@@ -295,24 +295,32 @@ class SortIndex:
         out[tie] = self._narrow(out[tie], b, tie, codes, values, pks)
 
     def _lower_bound(self, q: U64, lo: int, hi: int) -> I64:
-        """First slot in ``[lo, hi)`` whose first code is ``>= q`` (else ``hi``).
+        """First slot in ``[lo, hi)`` whose first code is ``>= q`` (else ``hi``), for
+        sorted ``q``.
 
         Two levels: ``searchsorted`` on the fence (every 64th code, small enough to stay
-        in cache), then six branchless bisection steps inside one block of 64 slots (slots
-        from ``hi`` on count as larger than every code).
+        in cache), then six branchless bisection steps inside one block of 64 slots. The
+        queries above the last code (a suffix, ``q`` sorted) answer ``hi`` at once; for
+        the others a probe at or past ``hi`` reads the last code, which is not below
+        them, so the steps need no bounds test (three numpy calls a step).
         """
         c0 = self._codes[0]
         f0, f1 = (lo + 63) >> 6, (hi + 63) >> 6  # fence entries inside [lo, hi)
         j = np.searchsorted(self._fence[f0:f1], q, side="left")
         # codes before base are < q; the answer is within base .. base + 64
-        base = np.where(j > 0, ((f0 + j - 1) << 6) + 1, lo)
-        top = c0.size - 1
+        out = np.where(j > 0, ((f0 + j - 1) << 6) + 1, lo)
+        cut = int(np.searchsorted(q, c0[hi - 1], side="right"))
+        out[cut:] = hi
+        base, q = out[:cut], q[:cut]
+        last = hi - 1
+        probe = np.empty_like(base)
         for half in (32, 16, 8, 4, 2, 1):
-            probe = base + half - 1
-            below = (probe < hi) & (c0[np.minimum(probe, top)] < q)
-            base = np.where(below, base + half, base)
-        below = (base < hi) & (c0[np.minimum(base, top)] < q)
-        return np.asarray(np.minimum(base + below, hi), dtype=np.int64)
+            np.add(base, half - 1, out=probe)
+            np.minimum(probe, last, out=probe)
+            np.add(base, half, out=base, where=c0.take(probe) < q)
+        np.minimum(base, last, out=probe)
+        base += c0.take(probe) < q
+        return out
 
     def _narrow(self, lo: I64, hi: I64, q: I64, codes: list[U64], values: list[pa.Array],
                 pks: I64, at: I64 | None = None) -> I64:
@@ -455,24 +463,39 @@ class SortIndex:
             old_a, new_a, own_a = old_a[order], new_a[order], own_a[order]
             self._move(old_a, new_a)
             shift = shift_from_runs(old_a, new_a, own_a)
-        self._store(slots, codes, pks)
         # Invariant G outside windows: each new row fills the ghosts between it and the row
         # before it in its group (or the gap's live row before); a block in front of the
         # first row also fills the run up to that row. Pushed runs keep G by themselves
-        # (each ghost still precedes the same row); windows are filled below.
+        # (each ghost still precedes the same row); windows are filled below. The ghosts
+        # before a new row take its codes and parent key from the batch, written with the
+        # rows in one store.
         direct = ~inside[grp]
-        if direct.any():
+        if not direct.any():
+            self._store(slots, codes, pks)
+        else:
             k = np.flatnonzero(direct)
             g = grp[k]
             before = np.where(j[k] > 0, slots[np.maximum(k - 1, 0)], np.where(front[g], -1, p[g]))
             before = np.where(pushing[g] & (j[k] == 0), slots[k] - 1, before)
             n = slots[k] - before - 1
             sel = (before >= 0) & (n > 0)
-            self._copy(expand(before[sel] + 1, n[sel]), np.repeat(slots[k][sel], n[sel]))
+            n_sel = n[sel]
+            ghosts = expand(before[sel] + 1, n_sel)
+            whom = np.repeat(k[sel], n_sel)  # the batch row each ghost copies
             tail = k[(front[g]) & (j[k] == r[k] - 1)]
             n = t[grp[tail]] - slots[tail] - 1
             sel = n > 0
-            self._copy(expand(slots[tail][sel] + 1, n[sel]), np.repeat(t[grp[tail]][sel], n[sel]))
+            if sel.any():  # the run up to the first row copies that row (a survivor)
+                src = np.repeat(t[grp[tail]][sel], n[sel])
+                dst = np.concatenate((slots, ghosts, expand(slots[tail][sel] + 1, n[sel])))
+                w_codes = [np.concatenate((c_, c_[whom], old_c[src]))
+                           for c_, old_c in zip(codes, self._codes, strict=True)]
+                w_pks = np.concatenate((pks, pks[whom], self._redir.pk(src)))
+            else:
+                dst = np.concatenate((slots, ghosts))
+                w_codes = [np.concatenate((c_, c_[whom])) for c_ in codes]
+                w_pks = np.concatenate((pks, pks[whom]))
+            self._store(slots, codes, pks, (dst, w_codes, w_pks))
         if starts.size:
             self._fill_windows(starts, stops, laid, whose)
         return slots, shift
@@ -627,9 +650,12 @@ class SortIndex:
         if dst.size:
             self._put(dst, [c_[src] for c_ in self._codes], self._redir.pk(src))
 
-    def _store(self, slots: I64, codes: list[U64], pks: I64) -> None:
+    def _store(self, slots: I64, codes: list[U64], pks: I64,
+               writes: tuple[I64, list[U64], I64] | None = None) -> None:
+        """Add rows at free ``slots``; ``writes``: the slots, codes and parent keys to
+        write instead of the rows' alone (the rows and ghosts filled with them)."""
         self._grid = None
-        self._put(slots, codes, pks)
+        self._put(*(writes if writes is not None else (slots, codes, pks)))
         self._pks.insert(pks, slots)
         self._live.set(slots)
         self.size += slots.size

@@ -411,6 +411,41 @@ def test_bad_arguments_say_what_is_wrong():
 # building blocks
 
 
+def test_first_code_search_matches_searchsorted_over_the_rows():
+    """``SortIndex._lower_bound`` (fence, then bisection steps without bounds tests) is
+    ``searchsorted`` over the codes between the first and last row (sorted there by
+    Invariant G): sorted queries with ties, codes below the first row, equal to and above
+    the last one, and ranges narrower than a fence block."""
+    rng = np.random.default_rng(7)
+    g = UpdateGraph(validate=True)
+    schema = pa.schema([("Id", pa.int64()), ("Price", pa.float64())])
+    t = g.keyed_table(schema, "Id")
+    # ties in half the rows (50 prices), the other half (and the last rows) distinct
+    prices = np.where(rng.random(5_000) < 0.5, rng.integers(0, 50, 5_000) * 1.0, rng.random(5_000) * 1e4)
+    t.upsert(pa.table({"Id": np.arange(5_000), "Price": prices}, schema=schema))
+    g.run_cycle()
+    s = t.sort("Price")
+    for _ in range(3):  # gaps of every width: removes and inserts between the checks
+        t.delete(pa.table({"Id": rng.choice(5_000, 300, replace=False)}))
+        g.run_cycle()
+        t.upsert(pa.table({"Id": np.arange(5_000), "Price": prices}, schema=schema))
+        g.run_cycle()
+        idx = s.listener.index
+        idx.finish()
+        live = idx.live_slots()
+        first, last = int(live[0]), int(live[-1])
+        c0 = idx._codes[0]
+        c0[last + 1:] = 0  # past the last row codes are stale: the search must not read them
+        for lo, hi in [(first, last + 1), (first, first + 40), (last - 70, last + 1),
+                       (first + 65, last - 200)]:
+            span = c0[lo:hi]
+            pool = np.concatenate((span, span + np.uint64(1), [np.uint64(0), span[-1],
+                                   np.uint64(2**64 - 1)]))
+            q = np.sort(rng.choice(pool, 400))
+            want = lo + np.searchsorted(span, q, side="left")
+            assert idx._lower_bound(q, lo, hi).tolist() == want.tolist(), (lo, hi)
+
+
 def test_live_bits_successor_and_predecessor_match_brute_force():
     rng = np.random.default_rng(3)
     cap = 1 << 14
