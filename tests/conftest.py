@@ -1,5 +1,8 @@
+import faulthandler
 import os
+import sys
 from collections.abc import Iterator
+from typing import TextIO
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -18,6 +21,32 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # Any test that hands Acero a misaligned buffer fails (Arrow reads this at Acero's first
 # check; spawned servers inherit it).
 os.environ.setdefault("ACERO_ALIGNMENT_HANDLING", "error")
+
+
+#: seconds after its start that a test still running is ended from C: every thread's stack is
+#: printed and its process exits (pytest-xdist then names the test, and replaces the worker).
+#: pytest-timeout's signal fails a hung test first (``timeout`` in pyproject.toml: 300 s); this
+#: is for a hang its signal handler cannot break, a deadlock holding the GIL in C
+HARD_LIMIT = 420.0
+_stderr: TextIO | None = None
+
+
+def pytest_configure(config):
+    """Keep a copy of the terminal's stderr: pytest captures fd 2 during each test, and what
+    a process writes there just before it exits would be lost with the capture."""
+    global _stderr
+    _stderr = os.fdopen(os.dup(sys.__stderr__.fileno()), "w")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Arm :data:`HARD_LIMIT` around each test (faulthandler's watchdog is a C thread: it
+    needs no GIL)."""
+    faulthandler.dump_traceback_later(HARD_LIMIT, exit=True, file=_stderr)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_collection_modifyitems(config, items):
