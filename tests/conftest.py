@@ -38,6 +38,13 @@ def pytest_configure(config):
     _stderr = os.fdopen(os.dup(sys.__stderr__.fileno()), "w")
 
 
+def pytest_unconfigure(config):
+    global _stderr
+    if _stderr is not None:
+        _stderr.close()
+        _stderr = None
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Arm :data:`HARD_LIMIT` around each test (faulthandler's watchdog is a C thread: it
