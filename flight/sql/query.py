@@ -131,6 +131,9 @@ class RunningQuery:
     started: float = field(default_factory=time.monotonic)
     stopped: str | None = None  # "cancelled" or "timeout": why DuckDB was interrupted
     taken: bool = False  # its DoGet began: a result is read once
+    #: start() returned: no thread is inside DuckDB with its cursor until a DoGet takes it
+    #: (the reaper drops only such a result: a DuckDB connection is one thread's at a time)
+    waiting: bool = False
     finished: bool = False  # its reader reached the end of the result
 
 
@@ -306,6 +309,8 @@ class QueryRunner:
             self.close(handle)
             self._done(query, exc)
             raise
+        with self._lock:
+            query.waiting = True
         return query
 
     def schema_of(self, sql: str, params: Sequence[Any] | None, tree: exp.Expression,
@@ -442,6 +447,7 @@ class QueryRunner:
                 raise TableNotFound("no query runs under this ticket: it was read already, "
                                     "cancelled, or timed out; run the query again")
             query.taken = True
+            query.waiting = False
         return query
 
     def cancel(self, handle: bytes) -> bool:
@@ -476,13 +482,14 @@ class QueryRunner:
             return len(self._running)
 
     def shutdown(self) -> None:
-        """Stop every query and the database."""
+        """Stop every query and the database. A query some thread is still starting or
+        reading is interrupted, and closed by that thread when DuckDB returns to it."""
         self._closed.set()
         with self._lock:
             queries = list(self._running.values())
         for q in queries:
             self._interrupt(q, "cancelled")
-            self.close(q.handle)
+            self._drop_waiting(q)
         with self._idle_lock:  # _closed is set: a query ending later closes its cursor
             idle, self._idle = self._idle, []
         for c in idle:
@@ -568,8 +575,19 @@ class QueryRunner:
                 late = [q for q in self._running.values() if now - q.started > self.timeout]
             for q in late:
                 self._interrupt(q, "timeout")
-                if not q.taken:  # never read: nobody else will close it
-                    self.close(q.handle)
+                self._drop_waiting(q)  # never read: nobody else will close it
+
+    def _drop_waiting(self, query: RunningQuery) -> None:
+        """Close ``query`` if its result waits for a DoGet (:attr:`RunningQuery.waiting`):
+        taken out of the running ones under the lock, so no DoGet can take it meanwhile.
+        A query that another thread is in (its start, or a DoGet's reads) is left to that
+        thread: closing a DuckDB connection while another thread runs a query on it frees
+        memory under that thread's feet (a heap corruption in a stress run)."""
+        with self._lock:
+            if not query.waiting or self._running.get(query.handle) is not query:
+                return
+            query.waiting = False
+        self.close(query.handle)
 
 
 def _one_table_where(tree: exp.Expression, entries: Sequence[TableEntry],
