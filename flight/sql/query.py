@@ -35,6 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,6 +227,9 @@ class QueryRunner:
     #: one may have registered to be kept
     CURSORS_KEPT = 4
     NAMES_KEPT = 64
+    #: seconds :meth:`shutdown` waits for the threads inside DuckDB (interrupted) to leave
+    #: it before it closes the database; past that the database is left open
+    SHUTDOWN_WAIT = 5.0
 
     def __init__(self, registry: TableRegistry, *, timeout: float = 60.0,
                  memory_limit: str = "2GB", threads: int = 1, batch_rows: int = 65_536) -> None:
@@ -247,6 +251,11 @@ class QueryRunner:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._salt = os.urandom(8)
+        # threads inside a DuckDB call of this database, and whether shutdown refuses more:
+        # closing the database closes every cursor, under any thread still running on one
+        self._inside = 0
+        self._shut = False
+        self._gate = threading.Condition(threading.Lock())
         self._reaper = threading.Thread(target=self._reap, daemon=True, name="ticktable-sql-reaper")
         self._closed = threading.Event()
         self._reaper.start()
@@ -279,7 +288,8 @@ class QueryRunner:
                 name = entries[0].name
                 snapshot.tables[name] = self.snapshots.prune(
                     name, entries[0].table, snapshot.tables[name], ranges)
-        lease = self._lease()
+        with self._duckdb(where):
+            lease = self._lease()
         cursor = lease.con
         handle = f"q{next(self._ids)}-".encode() + self._salt.hex().encode()
         query = RunningQuery(handle, sql, snapshot.step, pa.schema([]), None, cursor, snapshot,
@@ -288,8 +298,9 @@ class QueryRunner:
             self._running[handle] = query
         try:
             try:
-                self._point(lease, snapshot.tables)
-                query.reader = _stream(cursor, sql, params, self.batch_rows)
+                with self._duckdb(where):
+                    self._point(lease, snapshot.tables)
+                    query.reader = _stream(cursor, sql, params, self.batch_rows)
             except duckdb.InterruptException:
                 raise self._stopped(query, where) from None
             except duckdb.Error as exc:
@@ -349,16 +360,17 @@ class QueryRunner:
     def _bound_schema(self, sql: str, params: Sequence[Any] | None, entries: Sequence[TableEntry],
                       where: str) -> pa.Schema:
         """:meth:`schema_of` without the memory: DuckDB binds ``sql`` over empty tables."""
-        cursor = self._db.cursor()
-        try:
-            for e in entries:
-                cursor.register(e.name, e.table.schema.empty_table())
-            relation = cursor.sql(sql, params=list(params) if params is not None else None)
-            return relation.limit(0).to_arrow_table().schema
-        except duckdb.Error as exc:
-            raise duckdb_error(exc, where) from None
-        finally:
-            cursor.close()
+        with self._duckdb(where):
+            cursor = self._db.cursor()
+            try:
+                for e in entries:
+                    cursor.register(e.name, e.table.schema.empty_table())
+                relation = cursor.sql(sql, params=list(params) if params is not None else None)
+                return relation.limit(0).to_arrow_table().schema
+            except duckdb.Error as exc:
+                raise duckdb_error(exc, where) from None
+            finally:
+                cursor.close()
 
     def batches(self, query: RunningQuery, where: str = "query") -> Iterator[pa.RecordBatch]:
         """The result's record batches (at least one: an empty result gives one of no rows)."""
@@ -390,7 +402,8 @@ class QueryRunner:
         if query.reader is None:
             return None
         try:
-            return query.reader.read_next_batch()
+            with self._duckdb(where):
+                return query.reader.read_next_batch()
         except StopIteration:
             query.finished = True
             return None
@@ -408,11 +421,12 @@ class QueryRunner:
             cursor, query.cursor = query.cursor, None
             lease, query.lease = query.lease, None
         reader, query.reader = query.reader, None
-        keep = self._close_reader(reader) and query.stopped is None and lease is not None
-        if keep and lease is not None:
-            self._give_back(lease)
-        elif cursor is not None:
-            self._close_cursor(cursor)
+        with self._duckdb(None):
+            keep = self._close_reader(reader) and query.stopped is None and lease is not None
+            if keep and lease is not None:
+                self._give_back(lease)
+            elif cursor is not None:
+                self._close_cursor(cursor)
 
     @staticmethod
     def _close_reader(reader: Any) -> bool:
@@ -470,11 +484,12 @@ class QueryRunner:
         query.snapshot = None
         query.ready = []
         reader, query.reader = query.reader, None
-        keep = self._close_reader(reader) and query.finished and query.stopped is None
-        if keep and query.lease is not None:
-            self._give_back(query.lease)
-        elif query.cursor is not None:
-            self._close_cursor(query.cursor)
+        with self._duckdb(None):
+            keep = self._close_reader(reader) and query.finished and query.stopped is None
+            if keep and query.lease is not None:
+                self._give_back(query.lease)
+            elif query.cursor is not None:
+                self._close_cursor(query.cursor)
 
     def running(self) -> int:
         """Queries started and not yet read to their end."""
@@ -490,13 +505,40 @@ class QueryRunner:
         for q in queries:
             self._interrupt(q, "cancelled")
             self._drop_waiting(q)
-        with self._idle_lock:  # _closed is set: a query ending later closes its cursor
-            idle, self._idle = self._idle, []
-        for c in idle:
-            c.con.close()
-        self._db.close()
+        with self._gate:  # interrupted, the threads inside DuckDB leave it in milliseconds
+            self._shut = True
+            if not self._gate.wait_for(lambda: self._inside == 0, self.SHUTDOWN_WAIT):
+                log.warning("SQL shutdown: a thread was still inside DuckDB %.0f s after its "
+                            "query was interrupted; the database is left open",
+                            self.SHUTDOWN_WAIT)
+                return
+            # under the gate: a query's thread closing its cursor waits for this
+            with self._idle_lock:  # _closed is set: a query ending later closes its cursor
+                idle, self._idle = self._idle, []
+            for c in idle:
+                c.con.close()
+            self._db.close()  # and every cursor a query not read to its end still holds
 
     # ---------------------------------------------------------------- internals
+    @contextmanager
+    def _duckdb(self, where: str | None) -> Iterator[None]:
+        """Around a call into this database: counted, so :meth:`shutdown` closes it only
+        once no thread is inside (closing it closes every cursor, also one that a thread
+        runs a query on, and frees what that thread uses). After shutdown, a new query's
+        call (``where`` given) is refused; one that closes what a query held goes on
+        (DuckDB refuses it for a closed cursor, harmlessly)."""
+        with self._gate:
+            if self._shut and where is not None:
+                raise QueryCancelled(f"{where}: the server is shutting down")
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._inside -= 1
+                if self._inside == 0:
+                    self._gate.notify_all()
+
     def _lease(self) -> _Cursor:
         """An idle cursor, or a new one: one query's, until :meth:`close`."""
         with self._idle_lock:

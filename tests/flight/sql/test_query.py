@@ -272,3 +272,63 @@ def test_queries_stopped_by_the_timeout_at_any_moment_never_corrupt_the_process(
     assert done.returncode == 0, done.stderr[-3000:]
     seen = dict(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
     assert seen.get("ok", 0) > 10 and seen.get("QueryTimeout", 0) > 10, seen
+
+
+_SHUTDOWN = """
+import faulthandler, random, sys, threading, time
+faulthandler.enable()
+import numpy as np, pyarrow as pa
+from engine.errors import QueryCancelled
+from engine.graph import UpdateGraph
+from flight.sql.query import QueryRunner
+from flight.streams.registry import TableRegistry
+graph = UpdateGraph()
+registry = TableRegistry(graph)
+big = registry.create_source("big", pa.schema([("a", pa.int64())]), "append").table
+big.append(pa.table({"a": np.arange(200_000)}))
+graph.run_cycle()
+rng = random.Random(3)
+seen = {}
+def run(r, n):
+    for _ in range(3):
+        try:
+            q = r.start(f"SELECT x.a, y.a FROM big x, big y WHERE x.a < {n} AND y.a < 50 "
+                        "AND x.a + y.a > 7")
+            sum(b.num_rows for b in r.batches(r.get(q.handle)))
+            kind = "ok"
+        except QueryCancelled:
+            kind = "cancelled"
+        seen[kind] = seen.get(kind, 0) + 1
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    r = QueryRunner(registry, timeout=30)
+    threads = [threading.Thread(target=run, args=(r, rng.randint(100, 20_000))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(rng.random() * 0.02)
+    r.shutdown()  # raises nothing, whatever the queries are doing
+    for t in threads:
+        t.join()
+print(sorted(seen.items()))
+"""
+
+
+def test_a_shutdown_while_queries_run_interrupts_them_and_closes_the_database():
+    """Runners shut down at random moments of two threads' queries: every query ends (read
+    whole, or cancelled), and the database is closed only once no thread is inside DuckDB.
+    Before, closing it under a running query raised DuckDB's "connection is busy" out of
+    the server's shutdown (before the journal was closed)."""
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", _SHUTDOWN, "3"], cwd=root, capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = dict(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
+    assert seen.get("ok", 0) > 5 and seen.get("cancelled", 0) > 5, seen
+
+
+def test_a_query_after_shutdown_is_refused(served):
+    _, _, _, r = served
+    r.shutdown()
+    with pytest.raises(QueryCancelled, match="shutting down"):
+        r.start("SELECT count(*) FROM t")
