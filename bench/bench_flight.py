@@ -52,12 +52,14 @@ Measures:
      then as updates of every key, timed until the cycle that applies the last row ends.
      Server CPU per batch: the server process's CPU seconds from the put's start to its
      last ack over the batches (with the graph running, cycles applying rows meanwhile
-     count; "paused": the put alone). After it, what this machine charges for the first
-     write to memory (``memory_touch_cost``): the servers keep what they ingest, raw does
-     not, so where fresh pages cost many times a rewrite the append figures move with how
-     much of a run's memory is fresh.
+     count; "paused": the put alone). With an old tree, new over old round by round too
+     (each pair seconds apart: the ratio to read on a busy machine). After it, what this
+     machine charges for the first write to memory (``memory_touch_cost``): the servers
+     keep what they ingest, raw does not, so where fresh pages cost many times a rewrite
+     the append figures move with how much of a run's memory is fresh.
 
-Run: python bench/bench_flight.py [--quick] [--old REV | --old none] [--json PATH]
+Run: python bench/bench_flight.py [--quick] [--old REV | --old none | --old-tree PATH]
+     [--json PATH]
 """
 
 from __future__ import annotations
@@ -265,6 +267,11 @@ def bench_ingest(trees: list[tuple[str, str]], append_rows: int, keyed_rows: int
             "x_raw_acked_rounds": [relative(r0["acked_s"], r["acked_s"]) for r0, r in
                                    zip(runs["raw"], rs, strict=False)] if "raw" in labels else [],
             "x_raw_applied": relative(raw_put, med(rs, "applied_s")) if ours else None,
+            # new against old, round by round (each pair a few seconds apart): the ratio to
+            # read when the machine is busy, its spread beside it
+            "x_old_acked_rounds": [relative(r0["acked_s"], r["acked_s"]) for r0, r in
+                                   zip(runs["old"], rs, strict=False)]
+            if label == "new" and "old" in labels else [],
             "cpu_per_batch_us": med(rs, "cpu_per_batch_s") * 1e6,
             "cycle_median_ms": float(np.median(cyc)) if cyc else None,
             "cycle_max_ms": float(np.max(cyc)) if cyc else None,
@@ -350,6 +357,14 @@ def _summary(snap: list[dict[str, Any]], lat: list[dict[str, Any]], app: list[di
                                     f"{r['applied_rows_per_s'] / 1e6:.2f}M applied",
                         "target": "acked >= 0.9x raw",
                         "verdict": _verdict(r["x_raw_acked"] is not None and r["x_raw_acked"] >= 0.9)})
+    for r in app:
+        if r["x_old_acked_rounds"]:
+            x = np.array(r["x_old_acked_rounds"], dtype=float)
+            out.append({"benchmark": "DoPut append, new over old in each round", "server": "new",
+                        "measured": f"median {np.median(x):.2f}, mean {x.mean():.2f}, p1 "
+                                    f"{np.percentile(x, 1):.2f}, p99 {np.percentile(x, 99):.2f} "
+                                    f"({x.size} rounds)",
+                        "target": "before/after", "verdict": ""})
     for r in app:
         out.append({"benchmark": f"DoPut server CPU per {r['batch_rows']:,}-row batch", "server": r["server"],
                     "measured": f"{r['paused_cpu_per_batch_us']:.0f} us (put alone), "
