@@ -31,16 +31,26 @@ def _git(*args: str) -> str:
 
 
 @contextmanager
-def server_trees(old: str) -> Iterator[tuple[list[tuple[str, str]], dict[str, dict[str, Any]]]]:
+def server_trees(old: str, old_tree: str | None = None
+                 ) -> Iterator[tuple[list[tuple[str, str]], dict[str, dict[str, Any]]]]:
     """The trees to serve from, as (label, root), and what each is (for the JSON).
 
-    "old" is a detached worktree of ``old`` in a temporary directory, removed on exit;
-    ``old == "none"`` leaves only "new", this working tree.
+    "old" is a detached worktree of ``old`` in a temporary directory, removed on exit, or
+    the checkout at ``old_tree`` as it is (only read); ``old == "none"`` without
+    ``old_tree`` leaves only "new", this working tree.
     """
     info: dict[str, dict[str, Any]] = {"new": {
         "path": str(ROOT), "commit": _git("rev-parse", "HEAD"),
         "uncommitted_changes": bool(_git("status", "--porcelain", "--", "engine", "flight")),
     }}
+    if old_tree is not None:
+        path = Path(old_tree).resolve()
+        commit = _git("-C", str(path), "rev-parse", "HEAD")
+        info["old"] = {"rev": f"checkout {path}", "commit": commit, "path": str(path),
+                       "uncommitted_changes": bool(_git("-C", str(path), "status", "--porcelain",
+                                                        "--", "engine", "flight"))}
+        yield [("old", str(path)), ("new", str(ROOT))], info
+        return
     if old == "none":
         yield [("new", str(ROOT))], info
         return
@@ -122,6 +132,7 @@ class Servers:
         self.failures = failures
         self.children: dict[str, ServerChild] = {}
         self.clients: dict[str, fl.FlightClient] = {}
+        self.raw_acks = False  # whether the raw server answers each DoPut batch
 
     def start(self, label: str, tree: str | None, **params: Any) -> None:
         """Start server ``label`` from ``tree`` (``None``: raw) and connect to it."""

@@ -5,7 +5,8 @@ of the source tree whose ``engine`` and ``flight`` this process serves: the work
 or a ``git worktree`` of an older revision. It goes first on ``sys.path`` before anything
 imports them, which is why neither this module, bench/_common.py nor bench_flight.py (re-run
 here by ``spawn`` as ``__mp_main__``) imports them at module level. ``tree=None`` is the
-baseline, "raw": a bare ``pyarrow.flight`` server that imports no Ticktable code.
+baseline, "raw": a bare ``pyarrow.flight`` server that imports no Ticktable code (its DoPut
+acknowledges each batch once read, unless started with ``acks=False``).
 
 Protocol: the process sends ``("ok", ready)`` once it serves, then answers each command
 ``(name, *args)`` with ``("ok", result)``; ``("stop",)`` shuts the server down and ends the
@@ -18,6 +19,7 @@ to this process's stderr) and the process waits to be stopped. Every process ans
 from __future__ import annotations
 
 import dataclasses
+import struct
 import sys
 import threading
 import time
@@ -157,18 +159,21 @@ def _cycle_priority(priority: str, graph: Any = None, interval: float = 0.0) -> 
 
 # ---------------------------------------------------------------------------- raw
 class _RawServer(fl.FlightServerBase):  # type: ignore[misc]
-    """The baseline: DoGet streams a prepared table, DoPut only reads the batches."""
+    """The baseline: DoGet streams a prepared table, DoPut reads the batches and (``acks``)
+    answers each with a ``PutResult`` once read, as our server answers each once staged:
+    the same acknowledgement a client of either waits for."""
 
-    def __init__(self) -> None:
+    def __init__(self, acks: bool = True) -> None:
         super().__init__("grpc://127.0.0.1:0")
         self.tables: dict[str, pa.Table] = {}
         self.put_rows = 0
+        self.acks = acks
 
     def do_get(self, context: Any, ticket: fl.Ticket) -> fl.RecordBatchStream:
         return fl.RecordBatchStream(self.tables[ticket.ticket.decode()])
 
     def do_put(self, context: Any, descriptor: fl.FlightDescriptor, reader: Any, writer: Any) -> None:
-        rows = 0
+        rows = index = 0
         while True:
             try:
                 chunk = reader.read_chunk()
@@ -176,6 +181,9 @@ class _RawServer(fl.FlightServerBase):  # type: ignore[misc]
                 break
             if chunk.data is not None:
                 rows += chunk.data.num_rows
+                if self.acks:  # batch index, its rows, rows so far: a PutAck's fields
+                    writer.write(pa.py_buffer(struct.pack("<qqq", index, chunk.data.num_rows, rows)))
+                index += 1
         self.put_rows = rows
 
 
@@ -187,8 +195,8 @@ def _snapshot_rows(sizes: list[int]) -> Iterator[tuple[str, pa.Table]]:
             yield f"snap{n}", batch(rng, np.arange(s, min(n, s + 1_000_000)))
 
 
-def _serve_raw(sizes: list[int]) -> _Section:
-    raw = _RawServer()
+def _serve_raw(sizes: list[int], acks: bool = True) -> _Section:
+    raw = _RawServer(acks)
     parts: dict[str, list[pa.Table]] = {}
     for name, rows in _snapshot_rows(sizes):
         parts.setdefault(name, []).append(rows)

@@ -261,6 +261,25 @@ def test_check_values_sees_slices_maps_and_views_and_skips_other_types():
     check_values("t", pa.table({"s": [big]}), None)  # no limit
 
 
+def test_check_values_takes_a_table_within_the_limit_whole_without_looking_into_it():
+    """A table whose buffers together fit the limit passes at once: no value of it, in a
+    dictionary, a view's data, a list, a struct or a map, can be longer than them."""
+    big = "x" * 11
+    m = pa.array([[("k", big)]], pa.map_(pa.string(), pa.string()))
+    arrays = [pa.array([big]), pa.array([big.encode()], pa.large_binary()),
+              pa.array([big]).dictionary_encode(), pa.array([big * 2], pa.string_view()),
+              pa.array([[big]], pa.list_(pa.string())), m,
+              pa.array([{"s": big}], pa.struct([("s", pa.string())]))]
+    for arr in arrays:
+        table = pa.table({"c": arr})
+        total = table.get_total_buffer_size()
+        longest = 22 if pa.types.is_string_view(arr.type) else 11
+        assert total >= longest, arr.type  # the bound the shortcut relies on
+        check_values("t", table, total)  # within: passes without a look
+        with pytest.raises(LimitExceeded, match="column 'c' holds a value of"):
+            check_values("t", table, 10)  # past it: looked into, and refused
+
+
 
 @settings(max_examples=1500, deadline=None)
 @given(values=st.lists(st.one_of(st.none(), st.text(max_size=12), st.binary(max_size=12)), max_size=30),
