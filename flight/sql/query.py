@@ -24,6 +24,14 @@ stopped by :meth:`QueryRunner.cancel` (Flight's ``CancelFlightInfo``) or by the 
 timeout (``sql_timeout``), which interrupts DuckDB wherever it is. DuckDB runs on the
 calling thread (and its own worker threads, ``sql_threads``) without the graph's lock:
 cycles keep running while a query runs. A result nobody reads is dropped at the timeout.
+
+**One thread in a cursor at a time.** Closing a DuckDB connection while another thread
+runs a query on it frees what that thread is using (a heap corruption, in a stress of
+timeouts at random moments). So other threads only *interrupt* a query (the reaper, a
+cancel, the shutdown); its cursor is closed by the thread running it once DuckDB returns
+to it, and the reaper closes only a result whose start returned and that no DoGet took.
+The shutdown closes the database (and with it every cursor) once no thread is inside a
+call into it.
 """
 
 from __future__ import annotations
