@@ -55,7 +55,15 @@ from engine._kernels.hashing import (
 from engine._kernels.ids import IdAllocator
 from engine._kernels.keymap import ExactKeyMap
 from engine._kernels.rowkeymap import RowKeyMap
-from engine._kernels.rowstore import RowStore
+from engine._kernels.rowstore import (
+    FlatColumn,
+    FlatRowStore,
+    RowStore,
+    flat_columns,
+    flat_equal_at,
+    flat_table,
+    flat_take,
+)
 from engine.differential.indexed import int_key_values
 from engine.differential.trace import Trace
 from engine.differential.version import Antichain, Version
@@ -118,7 +126,10 @@ class Upsert:
         self._reader = trace.reader() if trace is not None else None
         self._exact = exact_hash(self.schema, self.keys)
         # the state: key -> slot, slot -> current record
-        self._records = RowStore(self.schema)
+        # fixed-width columns (numbers, temporals) are kept and compared in numpy
+        self._records: RowStore | FlatRowStore = (
+            FlatRowStore(self.schema) if FlatRowStore.fits(self.schema) else RowStore(self.schema))
+        self._value_at = [self.schema.names.index(n) for n in self.values]
         self._index = _KeyIndex(self.keys, self._exact, self._records)
         self._slots = IdAllocator()
         self.time: int | None = None
@@ -187,37 +198,52 @@ class Upsert:
         heads = win[first]  # per distinct key (in ``win`` order), its first winner
         slot = self._index.lookup(ev, heads, kh[heads])
         found = np.flatnonzero(slot >= 0)
-        live = self._records.get(slot[found])
+        flat = isinstance(self._records, FlatRowStore)
+        evc = flat_columns(ev) if flat else None
+        nl = found.size  # the keys' current records: rows [0, nl) of the source, events after
         live_of_key = np.full(heads.size, -1, dtype=np.int64)
-        live_of_key[found] = np.arange(found.size)
+        live_of_key[found] = np.arange(nl)
 
         # previous state of each winner: the key's current record for its first time,
-        # the key's previous winner after that (``src`` indexes live rows then events)
-        src_tbl = pa.concat_tables([live, ev])
+        # the key's previous winner after that (``prev`` indexes live rows then events)
         prev = np.full(win.size, -1, dtype=np.int64)
         prev[first] = live_of_key
         later = np.flatnonzero(~first)
         before = win[later - 1]
-        prev[later] = np.where(deleted[before], -1, live.num_rows + before)
+        prev[later] = np.where(deleted[before], -1, nl + before)
         had = prev >= 0
         has = ~deleted[win]
         changed = had != has
         both = np.flatnonzero(had & has)
-        if both.size and self.values:
-            changed[both] = ~rows_equal_at(src_tbl.select(self.values), prev[both],
-                                           ev.select(self.values), win[both])
+        if evc is not None:
+            assert isinstance(self._records, FlatRowStore)
+            src = [_flat_concat(a, b) for a, b in zip(self._records.take(slot[found]), evc, strict=True)]
+            if both.size and self.values:
+                same = np.ones(both.size, dtype=bool)
+                for c in self._value_at:
+                    same &= flat_equal_at(src[c], prev[both], evc[c], win[both])
+                changed[both] = ~same
+        else:
+            src_tbl = pa.concat_tables([self._records.get(slot[found]), ev])
+            if both.size and self.values:
+                changed[both] = ~rows_equal_at(src_tbl.select(self.values), prev[both],
+                                               ev.select(self.values), win[both])
         out_retract = np.flatnonzero(changed & had)
         out_insert = np.flatnonzero(changed & has)
 
         # retractions, then insertions; by time when the batch has several
+        rows = np.concatenate((prev[out_retract], nl + win[out_insert]))  # in the source
         t_out = times[win[np.concatenate((out_retract, out_insert))]]
-        data = pa.concat_tables([src_tbl.take(prev[out_retract]), ev.take(win[out_insert])])
         diffs = np.concatenate((np.full(out_retract.size, -1, np.int64), np.ones(out_insert.size, np.int64)))
         if times.min() != times.max():
             order = np.argsort(t_out, kind="stable")
-            data, diffs, t_out = data.take(order), diffs[order], t_out[order]
+            rows, diffs, t_out = rows[order], diffs[order], t_out[order]
+        if evc is not None:
+            data = flat_table(flat_take(src, rows), self.schema)
+        else:
+            data = src_tbl.take(rows)
         out = ZSet(data, diffs, t_out.reshape(-1, 1))
-        self._advance(kh, win, first, slot, changed, deleted, ev)
+        self._advance(kh, win, first, slot, changed, deleted, ev, evc)
         self.time = int(times.max())
         if self._trace is not None:  # published: keep the arrangement current
             assert self._reader is not None
@@ -242,7 +268,8 @@ class Upsert:
         return ZSet(records, np.ones(n, dtype=np.int64), np.full((n, 1), self.time, dtype=np.int64))
 
     def _advance(self, kh: npt.NDArray[np.uint64], win: I64, first: npt.NDArray[np.bool_], slot: I64,
-                 changed: npt.NDArray[np.bool_], deleted: npt.NDArray[np.bool_], ev: pa.Table) -> None:
+                 changed: npt.NDArray[np.bool_], deleted: npt.NDArray[np.bool_], ev: pa.Table,
+                 evc: list[FlatColumn] | None) -> None:
         """The state after the batch: each key's last winner decides (a key that did not
         change in the batch is left as it is)."""
         starts = np.flatnonzero(first)
@@ -265,7 +292,11 @@ class Upsert:
             ids[new] = self._slots.allocate(new.size)
             rows = win[last[put[new]]]
             self._index.insert(ev, rows, kh[rows], ids[new])
-        self._records.put(ids, ev.take(win[last[put]]))
+        if evc is not None:
+            assert isinstance(self._records, FlatRowStore)
+            self._records.put_columns(ids, flat_take(evc, win[last[put]]))
+        else:
+            self._records.put(ids, ev.take(win[last[put]]))
 
     def _split(self, events: pa.Table, time: int | None) -> tuple[pa.Table, I64, npt.NDArray[np.bool_]]:
         """Records, per-event times and delete flags, checked."""
@@ -405,7 +436,7 @@ class _KeyIndex:
     stored with the slot's record decide.
     """
 
-    def __init__(self, keys: tuple[str, ...], exact: bool, records: RowStore) -> None:
+    def __init__(self, keys: tuple[str, ...], exact: bool, records: RowStore | FlatRowStore) -> None:
         self._keys = list(keys)
         self._records = records
         self._map = ExactKeyMap(exact)
@@ -458,6 +489,15 @@ class _KeyIndex:
         _, ids = self._by_value.items()
         self._by_value = None
         self._map.insert(hash_rows(self._records.get(ids, self._keys)), ids)
+
+
+def _flat_concat(a: FlatColumn, b: FlatColumn) -> FlatColumn:
+    """Column ``a``'s values followed by ``b``'s."""
+    values = np.concatenate((a[0], b[0]))
+    if a[1] is None and b[1] is None:
+        return values, None
+    valid = [np.ones(x[0].size, dtype=bool) if x[1] is None else x[1] for x in (a, b)]
+    return values, np.concatenate(valid)
 
 
 def _row_key(row: dict[str, Any]) -> tuple[Any, ...]:

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from engine._kernels.rowstore import FlatRowStore
 from engine.differential import indexed as indexed_module
 from engine.differential import trace as trace_module
 from engine.differential import upsert as upsert_module
@@ -185,7 +186,12 @@ def _random_events(rng, state: dict, keys: list, time: int) -> list:
     return events
 
 
-@pytest.mark.parametrize("keys", ["string", "int", "sparse", "negative"])
+# the flat state (every column fixed-width: kept and compared in numpy): ``s`` is a float
+# column, with nulls
+FLAT_S = {None: None, "x": 0.0, "y": -2.0}  # a null is held as 0.0 in numpy
+
+
+@pytest.mark.parametrize("keys", ["string", "int", "sparse", "negative", "flat", "flat-negative"])
 @pytest.mark.parametrize("publish", ["given", "later", "rebuilt"])
 def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
     """>= 520 random steps (upserts of present keys, repeats, deletes of absent keys, one key
@@ -195,14 +201,18 @@ def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
     the trace is given, its second reader keeps up with the present (it moves to each
     batch's last time before the step) and the upsert rebuilds the trace from its state
     whenever it may (no slack), so the trace is checked against the dictionary after every
-    step while it is rebuilt, merged, rebuilt again."""
+    step while it is rebuilt, merged, rebuilt again. ``flat*``: int keys (dense, or some
+    negative) and a float ``s``, so the state is a :class:`FlatRowStore` of numpy columns."""
     if publish == "rebuilt":
         monkeypatch.setattr(upsert_module, "_REBUILD_SLACK", -(1 << 40))
     rng = np.random.default_rng(23)
     key_type = pa.string() if keys == "string" else pa.int64()
-    schema = pa.schema([("key", key_type), ("n", pa.int64()), ("s", pa.string())])
-    universe = KEYS if keys == "string" else INT_KEYS[keys]
+    flat = keys.startswith("flat")
+    s_type = pa.float64() if flat else pa.string()
+    schema = pa.schema([("key", key_type), ("n", pa.int64()), ("s", s_type)])
+    universe = KEYS if keys == "string" else INT_KEYS[keys.removeprefix("flat-") if keys != "flat" else "int"]
     up = Upsert(schema, "key", trace=Trace(schema, "key") if publish != "later" else None)
+    assert isinstance(up._records, FlatRowStore) == flat
     follower = up.trace.reader() if publish != "later" else None
     rebuilds = 0
     state: dict = {}
@@ -212,10 +222,12 @@ def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
         if follower is None and step == 260:
             follower = up.trace.reader()
         events = _random_events(rng, state, universe, time)
+        if flat:
+            events = [(k, v if v is None else (v[0], FLAT_S.get(v[1], v[1])), t) for k, v, t in events]
         table = pa.table({
             "key": pa.array([e[0] for e in events], key_type),
             "n": pa.array([e[1][0] if e[1] else 0 for e in events], pa.int64()),
-            "s": pa.array([e[1][1] if e[1] else None for e in events], pa.string()),
+            "s": pa.array([e[1][1] if e[1] else None for e in events], s_type),
             DELETE: pa.array([e[1] is None for e in events], pa.bool_()),
             TIME: pa.array([e[2] for e in events], pa.int64()),
         })
