@@ -12,7 +12,11 @@ over a :class:`~engine._kernels.rowstore.RowStore` of records by slot. Finding t
 values of a batch's keys is one probe of that map and one gather, whatever the history:
 the arrangement is not searched. Events of one batch are grouped by key and time, the last
 event per (key, time) wins, and each key's distinct times are walked in order from its
-current record, all vectorized.
+current record, all vectorized. A batch at one time with one integer key column (values
+``>= 0``, mapped by value) is neither hashed nor sorted: its events find their slots
+first, and the last event per slot wins (only new keys' events are sorted). Records of
+fixed-width columns (numbers, temporals) are kept in a
+:class:`~engine._kernels.rowstore.FlatRowStore` and compared and gathered in numpy.
 
 The operator publishes the **arrangement of its output**: a :class:`Trace` of the output
 collection keyed by the key columns, which other operators read
@@ -132,6 +136,9 @@ class Upsert:
         self._value_at = [self.schema.names.index(n) for n in self.values]
         self._index = _KeyIndex(self.keys, self._exact, self._records)
         self._slots = IdAllocator()
+        # per slot, the stamp of its key's last event so far (see _last_by_slot)
+        self._last = np.full(1024, -1, dtype=np.int64)
+        self._stamp = 0
         self.time: int | None = None
         if trace is not None:
             self._load(trace)
@@ -193,10 +200,18 @@ class Upsert:
         if n == 0:
             return ZSet.empty(self.schema, 1)
         self._slots.release()  # slots freed by the last step may be reused from now on
-        kh = hash_rows(ev, self.keys)
-        win, first = self._winners(ev, kh, times)
-        heads = win[first]  # per distinct key (in ``win`` order), its first winner
-        slot = self._index.lookup(ev, heads, kh[heads])
+        values = self._index.values(ev) if times.min() == times.max() else None
+        kh: npt.NDArray[np.uint64] | None
+        if values is not None:  # one time, integer keys >= 0 by value: no hashes, no sort
+            kh = None
+            win, slot = self._last_by_slot(values)
+            first = np.ones(win.size, dtype=bool)
+            heads = win
+        else:
+            kh = hash_rows(ev, self.keys)
+            win, first = self._winners(ev, kh, times)
+            heads = win[first]  # per distinct key (in ``win`` order), its first winner
+            slot = self._index.lookup(ev, heads, kh[heads])
         found = np.flatnonzero(slot >= 0)
         flat = isinstance(self._records, FlatRowStore)
         evc = flat_columns(ev) if flat else None
@@ -267,21 +282,25 @@ class Upsert:
         n = records.num_rows
         return ZSet(records, np.ones(n, dtype=np.int64), np.full((n, 1), self.time, dtype=np.int64))
 
-    def _advance(self, kh: npt.NDArray[np.uint64], win: I64, first: npt.NDArray[np.bool_], slot: I64,
+    def _advance(self, kh: npt.NDArray[np.uint64] | None, win: I64, first: npt.NDArray[np.bool_], slot: I64,
                  changed: npt.NDArray[np.bool_], deleted: npt.NDArray[np.bool_], ev: pa.Table,
                  evc: list[FlatColumn] | None) -> None:
         """The state after the batch: each key's last winner decides (a key that did not
-        change in the batch is left as it is)."""
-        starts = np.flatnonzero(first)
-        last = np.append(starts[1:], win.size) - 1  # per key: its last winner (index in ``win``)
-        touched = np.logical_or.reduceat(changed, starts)
+        change in the batch is left as it is). ``kh`` may be None when the key index maps
+        the keys by value."""
+        if first.all():  # one winner per key
+            last, touched = np.arange(win.size), changed
+        else:
+            starts = np.flatnonzero(first)
+            last = np.append(starts[1:], win.size) - 1  # per key: its last winner (index in ``win``)
+            touched = np.logical_or.reduceat(changed, starts)
         gone = deleted[win[last]]
         drop = np.flatnonzero(touched & gone & (slot >= 0))
         put = np.flatnonzero(touched & ~gone)
         if drop.size:
             ids = slot[drop]
             rows = win[last[drop]]
-            self._index.delete(ev, rows, kh[rows], ids)
+            self._index.delete(ev, rows, None if kh is None else kh[rows], ids)
             self._records.drop(ids)
             self._slots.free(ids)
         if put.size == 0:
@@ -291,7 +310,7 @@ class Upsert:
         if new.size:
             ids[new] = self._slots.allocate(new.size)
             rows = win[last[put[new]]]
-            self._index.insert(ev, rows, kh[rows], ids[new])
+            self._index.insert(ev, rows, None if kh is None else kh[rows], ids[new])
         if evc is not None:
             assert isinstance(self._records, FlatRowStore)
             self._records.put_columns(ids, flat_take(evc, win[last[put]]))
@@ -329,6 +348,39 @@ class Upsert:
             if nulls:
                 raise InvalidKeyError(f"upsert key column {k!r} has {nulls} null value(s)")
         return ev, times, deleted
+
+    def _last_by_slot(self, values: I64) -> tuple[I64, I64]:
+        """One time, keys by value: per distinct key its last event and its slot (-1 for a
+        new key), in no particular order.
+
+        Events of mapped keys find their slots in one lookup; the last event per slot is
+        the largest stamp ``np.maximum.at`` leaves in a scratch array by slot (stamps grow
+        from batch to batch, so the array is never reset). Only the events of new keys are
+        sorted.
+        """
+        n = values.size
+        slot_all = self._index.lookup_values(values)
+        old = np.flatnonzero(slot_all >= 0)
+        stamp = self._stamp + np.arange(n, dtype=np.int64)
+        self._stamp += n
+        if self._last.size < self._slots.end:
+            self._last = np.concatenate((self._last, np.full(max(self._slots.end, 2 * self._last.size)
+                                                             - self._last.size, -1, dtype=np.int64)))
+        at = slot_all[old]
+        np.maximum.at(self._last, at, stamp[old])
+        win_old = old[self._last[at] == stamp[old]]
+        new = np.flatnonzero(slot_all < 0)
+        if new.size == 0:
+            return win_old, slot_all[win_old]
+        vn = values[new]
+        order = np.argsort(vn)  # equal keys together (quicksort: faster than a stable sort)
+        vs = vn[order]
+        starts = np.empty(new.size, dtype=bool)
+        starts[0] = True
+        np.not_equal(vs[1:], vs[:-1], out=starts[1:])
+        win_new = np.maximum.reduceat(new[order], np.flatnonzero(starts))
+        return (np.concatenate((win_old, win_new)),
+                np.concatenate((slot_all[win_old], np.full(win_new.size, -1, dtype=np.int64))))
 
     def _winners(self, ev: pa.Table, kh: npt.NDArray[np.uint64],
                  times: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
@@ -456,6 +508,22 @@ class _KeyIndex:
 
         return same
 
+    def values(self, table: pa.Table) -> I64 | None:
+        """The key values of ``table``'s rows while keys are mapped by value and these
+        are all ``>= 0`` (so :meth:`lookup_values` finds them and inserting them keeps the
+        map), else None."""
+        if self._by_value is None:
+            return None
+        v = int_key_values(table, self._keys)
+        if v is None or (v.size and int(v.min()) < 0):
+            return None
+        return v
+
+    def lookup_values(self, values: I64) -> I64:
+        """Slot of each key value (from :meth:`values`; repeats allowed), -1 if none."""
+        assert self._by_value is not None
+        return self._by_value.lookup(values)
+
     def _values(self, table: pa.Table, rows: I64) -> I64:
         v = int_key_values(table, self._keys)
         assert v is not None
@@ -467,21 +535,24 @@ class _KeyIndex:
             return self._by_value.lookup(self._values(table, rows))
         return self._map.lookup(kh, self._same(table, rows))
 
-    def insert(self, table: pa.Table, rows: I64, kh: npt.NDArray[np.uint64], ids: I64) -> None:
-        """Map the keys of ``rows`` (absent, distinct) to ``ids``, whose records are stored."""
+    def insert(self, table: pa.Table, rows: I64, kh: npt.NDArray[np.uint64] | None, ids: I64) -> None:
+        """Map the keys of ``rows`` (absent, distinct) to ``ids``, whose records are stored
+        (``kh``, their hashes, may be None when the keys are mapped by value, all ``>= 0``)."""
         if self._by_value is not None:
             v = self._values(table, rows)
             if v.size == 0 or int(v.min()) >= 0:
                 self._by_value.insert(v, ids)
                 return
             self._to_general()
+        assert kh is not None
         self._map.insert(kh, ids)
 
-    def delete(self, table: pa.Table, rows: I64, kh: npt.NDArray[np.uint64], ids: I64) -> None:
-        """Unmap the keys of ``rows`` (present, mapped to ``ids``)."""
+    def delete(self, table: pa.Table, rows: I64, kh: npt.NDArray[np.uint64] | None, ids: I64) -> None:
+        """Unmap the keys of ``rows`` (present, mapped to ``ids``; ``kh`` as for :meth:`insert`)."""
         if self._by_value is not None:
             self._by_value.remove(self._values(table, rows))
         else:
+            assert kh is not None
             self._map.delete(kh, ids)
 
     def _to_general(self) -> None:
