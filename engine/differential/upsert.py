@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine._kernels import rowkeymap
 from engine._kernels.arrays import row_for_message
 from engine._kernels.hashing import (
     Same,
@@ -486,6 +487,14 @@ class _KeyIndex:
     map, once and for good. Other keys go to an
     :class:`~engine._kernels.keymap.ExactKeyMap`: the hash finds the slot, the key values
     stored with the slot's record decide.
+
+    A ``RowKeyMap`` turns hashed once and for good when its keys are sparse, which an
+    upsert's first batches often are (10,000 keys drawn from a million). So the index
+    keeps the bounds of every value it inserted, and once the map is hashed and these
+    bounds pass the dense rule for the keys it holds (``4 * count + SPARSE_SLACK``), with
+    the count at least twice what it was when the map was last found hashed (so a map on
+    the rule's edge is not rebuilt over and over: the rebuilds are amortized O(1) per
+    key), it rebuilds the map from its entries, dense.
     """
 
     def __init__(self, keys: tuple[str, ...], exact: bool, records: RowStore | FlatRowStore) -> None:
@@ -494,6 +503,8 @@ class _KeyIndex:
         self._map = ExactKeyMap(exact)
         self._by_value: RowKeyMap | None = RowKeyMap() if int_key_values(
             records.schema.empty_table(), keys) is not None else None
+        self._lo, self._hi = 0, -1  # every value inserted by value lies in [_lo, _hi]
+        self._dense_from = 0  # count from which a hashed map may be rebuilt dense (0: unseen)
 
     def __len__(self) -> int:
         return len(self._by_value) if self._by_value is not None else len(self._map)
@@ -540,8 +551,15 @@ class _KeyIndex:
         (``kh``, their hashes, may be None when the keys are mapped by value, all ``>= 0``)."""
         if self._by_value is not None:
             v = self._values(table, rows)
-            if v.size == 0 or int(v.min()) >= 0:
+            if v.size == 0:
+                return
+            lo = int(v.min())
+            if lo >= 0:
                 self._by_value.insert(v, ids)
+                self._lo, self._hi = (lo, int(v.max())) if self._hi < 0 else (
+                    min(lo, self._lo), max(int(v.max()), self._hi))
+                if self._by_value.hashed:
+                    self._maybe_dense()
                 return
             self._to_general()
         assert kh is not None
@@ -554,6 +572,18 @@ class _KeyIndex:
         else:
             assert kh is not None
             self._map.delete(kh, ids)
+
+    def _maybe_dense(self) -> None:
+        """Rebuild the hashed by-value map dense once its keys are (see the class docstring)."""
+        m = self._by_value
+        assert m is not None
+        if not self._dense_from:
+            self._dense_from = 2 * len(m)
+        elif len(m) >= self._dense_from and self._hi - self._lo + 1 <= 4 * len(m) + rowkeymap.SPARSE_SLACK:
+            keys, slots = m.items()
+            self._by_value = RowKeyMap()
+            self._by_value.insert(keys, slots)
+            self._dense_from = 0
 
     def _to_general(self) -> None:
         assert self._by_value is not None

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from engine._kernels import rowkeymap as rowkeymap_module
 from engine._kernels.rowstore import FlatRowStore
 from engine.differential import indexed as indexed_module
 from engine.differential import trace as trace_module
@@ -144,7 +145,10 @@ KEYS = [f"k{i}" for i in range(25)]
 # integer keys: dense non-negative (the by-value map), sparse (its hashed layout), and
 # some negative (the switch to the general map part-way through)
 INT_KEYS = {"int": list(range(25)), "sparse": [i << 40 for i in range(25)],
-            "negative": list(range(20)) + [-5, -1, -(1 << 50), 7 << 45, 3]}
+            "negative": list(range(20)) + [-5, -1, -(1 << 50), 7 << 45, 3],
+            # with no slack for sparse keys (see the test): the first batches' keys are
+            # sparse in 0..199, the map turns hashed, then is rebuilt dense as keys fill in
+            "densifying": list(range(200))}
 
 
 def _expected(state: dict, events: list) -> Counter:
@@ -191,7 +195,7 @@ def _random_events(rng, state: dict, keys: list, time: int) -> list:
 FLAT_S = {None: None, "x": 0.0, "y": -2.0}  # a null is held as 0.0 in numpy
 
 
-@pytest.mark.parametrize("keys", ["string", "int", "sparse", "negative", "flat", "flat-negative"])
+@pytest.mark.parametrize("keys", ["string", "int", "sparse", "negative", "densifying", "flat", "flat-negative"])
 @pytest.mark.parametrize("publish", ["given", "later", "rebuilt"])
 def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
     """>= 520 random steps (upserts of present keys, repeats, deletes of absent keys, one key
@@ -201,10 +205,14 @@ def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
     the trace is given, its second reader keeps up with the present (it moves to each
     batch's last time before the step) and the upsert rebuilds the trace from its state
     whenever it may (no slack), so the trace is checked against the dictionary after every
-    step while it is rebuilt, merged, rebuilt again. ``flat*``: int keys (dense, or some
+    step while it is rebuilt, merged, rebuilt again. ``densifying``: the key map turns
+    hashed on the first sparse keys and is rebuilt dense as they fill in. ``flat*``: int keys (dense, or some
     negative) and a float ``s``, so the state is a :class:`FlatRowStore` of numpy columns."""
     if publish == "rebuilt":
         monkeypatch.setattr(upsert_module, "_REBUILD_SLACK", -(1 << 40))
+    if keys == "densifying":
+        monkeypatch.setattr(rowkeymap_module, "SPARSE_SLACK", 0)
+    layouts = []
     rng = np.random.default_rng(23)
     key_type = pa.string() if keys == "string" else pa.int64()
     flat = keys.startswith("flat")
@@ -235,6 +243,8 @@ def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
             follower.set_logical_compaction(Antichain([max(time, max(e[2] for e in events))]))
         out = up.step(table)
         up.validate()
+        if keys == "densifying" and (not layouts or layouts[-1] != up._index._by_value.layout):
+            layouts.append(up._index._by_value.layout)
         rebuilds += publish == "rebuilt" and len(up.trace) == len(state) and len(up.trace.batches) == 1
         want = _expected(state, events)
         got = counter(out)
@@ -251,6 +261,7 @@ def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
             if step % 20 == 0 or publish == "rebuilt":
                 assert counter(up.trace.accumulate(at=time - 1), times=False) == live, f"step {step}"
     assert publish != "rebuilt" or rebuilds > 100
+    assert keys != "densifying" or (layouts[-1] == "dense" and "hashed" in layouts)  # rebuilt dense
     up.trace.compact()
     assert len(up.trace) == len(state)        # compaction leaves the live rows only
 
