@@ -291,6 +291,11 @@ class FlatRowStore:
         """Every row held, by ascending id."""
         return self.get(self.ids())
 
+    def columns(self) -> list[FlatColumn]:
+        """Every column's arrays, indexed by id (the store's own: read them, never write;
+        an id holding no row has some value there)."""
+        return list(zip(self._values, self._valid, strict=True))
+
     def take(self, ids: I64, columns: list[str] | None = None) -> list[FlatColumn]:
         """The numpy columns (all, or ``columns``) of the rows of ``ids`` (each holding one)."""
         at = range(len(self._names)) if columns is None else [self._names.index(c) for c in columns]

@@ -202,6 +202,71 @@ class Upsert:
             return ZSet.empty(self.schema, 1)
         self._slots.release()  # slots freed by the last step may be reused from now on
         values = self._index.values(ev) if times.min() == times.max() else None
+        if values is not None and isinstance(self._records, FlatRowStore):
+            out = self._step_flat(ev, values, deleted, int(times[0]))
+        else:
+            out = self._step(ev, times, deleted, values)
+        self.time = int(times.max())
+        if self._trace is not None:  # published: keep the arrangement current
+            assert self._reader is not None
+            # this operator will only ask about the present from now on
+            present = Antichain([Version(self.time)])
+            self._reader.set_logical_compaction(present)
+            if (len(self._trace) + out.num_rows > 2 * len(self._records) + _REBUILD_SLACK
+                    and self._trace.since == present):
+                # the history would outweigh the state and no reader needs it: one sort of
+                # the state (this step's updates applied) replaces the merges that would
+                # compact it, and the insert of this step's updates
+                self._trace.rebuild(self._present())
+            else:
+                self._trace.insert(out)
+        return out
+
+    def _step_flat(self, ev: pa.Table, values: I64, deleted: npt.NDArray[np.bool_], time: int) -> ZSet:
+        """:meth:`step` for one time, keys mapped by value (``values``) and fixed-width
+        records: each key's last event against its stored record, read and written in
+        place in the :class:`FlatRowStore` (no copy of the keys' current records)."""
+        store = self._records
+        assert isinstance(store, FlatRowStore)
+        win, slot = self._last_by_slot(values)
+        evc = flat_columns(ev)
+        had = slot >= 0
+        has = ~deleted[win]
+        changed = had != has
+        both = np.flatnonzero(had & has)
+        if both.size and self.values:
+            held, sb, wb = store.columns(), slot[both], win[both]
+            same = np.ones(both.size, dtype=bool)
+            for c in self._value_at:
+                same &= flat_equal_at(held[c], sb, evc[c], wb)
+            changed[both] = ~same
+        retract = np.flatnonzero(changed & had)
+        insert = np.flatnonzero(changed & has)
+        old = store.take(slot[retract])
+        new = flat_take(evc, win[insert])
+        data = flat_table([_flat_concat(a, b) for a, b in zip(old, new, strict=True)], self.schema)
+        diffs = np.concatenate((np.full(retract.size, -1, np.int64), np.ones(insert.size, np.int64)))
+        out = ZSet(data, diffs, np.full((diffs.size, 1), time, dtype=np.int64))
+        # the state: deleted keys leave, changed ones take their last event's record
+        gone = np.flatnonzero(changed & had & ~has)
+        if gone.size:
+            ids = slot[gone]
+            self._index.delete(ev, win[gone], None, ids)
+            store.drop(ids)
+            self._slots.free(ids)
+        if insert.size:
+            ids = slot[insert]
+            fresh = np.flatnonzero(ids < 0)
+            if fresh.size:
+                ids[fresh] = self._slots.allocate(fresh.size)
+                self._index.insert(ev, win[insert[fresh]], None, ids[fresh])
+            store.put_columns(ids, new)
+        return out
+
+    def _step(self, ev: pa.Table, times: I64, deleted: npt.NDArray[np.bool_], values: I64 | None) -> ZSet:
+        """:meth:`step` in general: several times, or keys by hash, or records through
+        Arrow (``values``: the key values when keys are mapped by value, see
+        :meth:`_KeyIndex.values`)."""
         kh: npt.NDArray[np.uint64] | None
         if values is not None:  # one time, integer keys >= 0 by value: no hashes, no sort
             kh = None
@@ -260,20 +325,6 @@ class Upsert:
             data = src_tbl.take(rows)
         out = ZSet(data, diffs, t_out.reshape(-1, 1))
         self._advance(kh, win, first, slot, changed, deleted, ev, evc)
-        self.time = int(times.max())
-        if self._trace is not None:  # published: keep the arrangement current
-            assert self._reader is not None
-            # this operator will only ask about the present from now on
-            present = Antichain([Version(self.time)])
-            self._reader.set_logical_compaction(present)
-            if (len(self._trace) + out.num_rows > 2 * len(self._records) + _REBUILD_SLACK
-                    and self._trace.since == present):
-                # the history would outweigh the state and no reader needs it: one sort of
-                # the state (this step's updates applied) replaces the merges that would
-                # compact it, and the insert of this step's updates
-                self._trace.rebuild(self._present())
-            else:
-                self._trace.insert(out)
         return out
 
     def _present(self) -> ZSet:
