@@ -376,7 +376,9 @@ class Upsert:
             col = events.column(DELETE)
             if not pa.types.is_boolean(col.type):
                 raise SchemaError(f"column {DELETE!r} must be boolean, got {col.type}")
-            deleted = np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+            if col.null_count:
+                col = col.fill_null(False)
+            deleted = np.asarray(col.to_numpy(zero_copy_only=False), dtype=bool)
         else:
             deleted = np.zeros(n, dtype=bool)
         if TIME in events.column_names:
@@ -413,14 +415,14 @@ class Upsert:
         n = values.size
         slot_all = self._index.lookup_values(values)
         old = np.flatnonzero(slot_all >= 0)
-        stamp = self._stamp + np.arange(n, dtype=np.int64)
+        stamp = old + self._stamp  # event i's stamp is self._stamp + i
         self._stamp += n
         if self._last.size < self._slots.end:
             self._last = np.concatenate((self._last, np.full(max(self._slots.end, 2 * self._last.size)
                                                              - self._last.size, -1, dtype=np.int64)))
         at = slot_all[old]
-        np.maximum.at(self._last, at, stamp[old])
-        win_old = old[self._last[at] == stamp[old]]
+        np.maximum.at(self._last, at, stamp)
+        win_old = old[self._last[at] == stamp]
         new = np.flatnonzero(slot_all < 0)
         if new.size == 0:
             return win_old, slot_all[win_old]

@@ -314,3 +314,11 @@ def test_the_trace_made_later_is_the_state_at_the_present():
         trace.accumulate(at=1)                 # history before the present was never kept
     up.step(_events(["b"], [None]), 3)
     assert trace.accumulate(at=3).to_triples() == [(("a", "q"), None, 1)]
+
+
+def test_a_null_delete_flag_upserts():
+    up = Upsert(NAMES, "first")
+    ev = pa.table({"first": ["a", "b"], "last": ["x", "y"], DELETE: pa.array([None, False], pa.bool_())})
+    assert sorted(up.step(ev, 0).to_triples()) == [(("a", "x"), (0,), 1), (("b", "y"), (0,), 1)]
+    ev = pa.table({"first": ["a", "b"], "last": ["x", "y"], DELETE: pa.array([True, None], pa.bool_())})
+    assert up.step(ev, 1).to_triples() == [(("a", "x"), (1,), -1)]
