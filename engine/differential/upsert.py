@@ -135,6 +135,7 @@ class Upsert:
         self._records: RowStore | FlatRowStore = (
             FlatRowStore(self.schema) if FlatRowStore.fits(self.schema) else RowStore(self.schema))
         self._value_at = [self.schema.names.index(n) for n in self.values]
+        self._key_at = [self.schema.names.index(n) for n in self.keys]
         self._index = _KeyIndex(self.keys, self._exact, self._records)
         self._slots = IdAllocator()
         # per slot, the stamp of its key's last event so far (see _last_by_slot)
@@ -242,7 +243,10 @@ class Upsert:
             changed[both] = ~same
         retract = np.flatnonzero(changed & had)
         insert = np.flatnonzero(changed & has)
-        old = store.take(slot[retract])
+        # a retracted record's key is its event's: only its values are read from the store
+        held, sr, wr = store.columns(), slot[retract], win[retract]
+        old = [(v[wr], None if ok is None else ok[wr]) if c in self._key_at else
+               (held[c][0][sr], None if held[c][1] is None else held[c][1][sr]) for c, (v, ok) in enumerate(evc)]
         new = flat_take(evc, win[insert])
         data = flat_table([_flat_concat(a, b) for a, b in zip(old, new, strict=True)], self.schema)
         diffs = np.concatenate((np.full(retract.size, -1, np.int64), np.ones(insert.size, np.int64)))
@@ -251,7 +255,7 @@ class Upsert:
         gone = np.flatnonzero(changed & had & ~has)
         if gone.size:
             ids = slot[gone]
-            self._index.delete(ev, win[gone], None, ids)
+            self._index.delete_values(values[win[gone]])
             store.drop(ids)
             self._slots.free(ids)
         if insert.size:
@@ -259,7 +263,7 @@ class Upsert:
             fresh = np.flatnonzero(ids < 0)
             if fresh.size:
                 ids[fresh] = self._slots.allocate(fresh.size)
-                self._index.insert(ev, win[insert[fresh]], None, ids[fresh])
+                self._index.insert_values(values[win[insert[fresh]]], ids[fresh])
             store.put_columns(ids, new)
         return out
 
@@ -606,17 +610,30 @@ class _KeyIndex:
             v = self._values(table, rows)
             if v.size == 0:
                 return
-            lo = int(v.min())
-            if lo >= 0:
-                self._by_value.insert(v, ids)
-                self._lo, self._hi = (lo, int(v.max())) if self._hi < 0 else (
-                    min(lo, self._lo), max(int(v.max()), self._hi))
-                if self._by_value.hashed:
-                    self._maybe_dense()
+            if int(v.min()) >= 0:
+                self.insert_values(v, ids)
                 return
             self._to_general()
         assert kh is not None
         self._map.insert(kh, ids)
+
+    def insert_values(self, values: I64, ids: I64) -> None:
+        """:meth:`insert` of key values (from :meth:`values`: keys mapped by value, every
+        value ``>= 0``)."""
+        m = self._by_value
+        assert m is not None
+        if values.size == 0:
+            return
+        m.insert(values, ids)
+        lo, hi = int(values.min()), int(values.max())
+        self._lo, self._hi = (lo, hi) if self._hi < 0 else (min(lo, self._lo), max(hi, self._hi))
+        if m.hashed:
+            self._maybe_dense()
+
+    def delete_values(self, values: I64) -> None:
+        """:meth:`delete` of key values (from :meth:`values`)."""
+        assert self._by_value is not None
+        self._by_value.remove(values)
 
     def delete(self, table: pa.Table, rows: I64, kh: npt.NDArray[np.uint64] | None, ids: I64) -> None:
         """Unmap the keys of ``rows`` (present, mapped to ``ids``; ``kh`` as for :meth:`insert`)."""
