@@ -83,6 +83,9 @@ I64 = npt.NDArray[np.int64]
 # updates the trace may hold beyond twice the state before the state replaces them: a small
 # state is not rebuilt every step
 _REBUILD_SLACK = 4096
+# a batch's integer keys spanning at most 4 * events + this are marked by value (no lookup
+# of every event's slot)
+_DENSE_SLACK = 65536
 
 
 class Upsert:
@@ -140,6 +143,8 @@ class Upsert:
         self._slots = IdAllocator()
         # per slot, the stamp of its key's last event so far (see _last_by_slot)
         self._last = np.full(1024, -1, dtype=np.int64)
+        # per key value less the batch's least, the same for a batch of dense keys
+        self._by_key = np.full(1024, -1, dtype=np.int64)
         self._stamp = 0
         self.time: int | None = None
         if trace is not None:
@@ -411,12 +416,25 @@ class Upsert:
         """One time, keys by value: per distinct key its last event and its slot (-1 for a
         new key), in no particular order.
 
-        Events of mapped keys find their slots in one lookup; the last event per slot is
-        the largest stamp ``np.maximum.at`` leaves in a scratch array by slot (stamps grow
-        from batch to batch, so the array is never reset). Only the events of new keys are
-        sorted.
+        Each event gets a stamp (stamps grow from batch to batch), and the last event per
+        key is the one whose stamp ``np.maximum.at`` leaves in a scratch array (never
+        reset: older batches' stamps are smaller). When the batch's keys are dense the
+        array is by key value (less the batch's least) and only the winners look up their
+        slots. Otherwise every event looks up its slot, mapped keys are marked by slot, and
+        only the events of new keys are sorted.
         """
         n = values.size
+        lo = int(values.min())
+        span = int(values.max()) - lo + 1
+        if span <= 4 * n + _DENSE_SLACK:  # the batch's keys are dense: mark by key value
+            if self._by_key.size < span:
+                self._by_key = np.full(max(span, 2 * self._by_key.size), -1, dtype=np.int64)
+            at = values - lo
+            stamp = np.arange(self._stamp, self._stamp + n, dtype=np.int64)
+            self._stamp += n
+            np.maximum.at(self._by_key, at, stamp)
+            win = np.flatnonzero(self._by_key[at] == stamp)
+            return win, self._index.lookup_values(values[win])
         slot_all = self._index.lookup_values(values)
         old = np.flatnonzero(slot_all >= 0)
         stamp = old + self._stamp  # event i's stamp is self._stamp + i

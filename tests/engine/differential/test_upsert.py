@@ -195,7 +195,8 @@ def _random_events(rng, state: dict, keys: list, time: int) -> list:
 FLAT_S = {None: None, "x": 0.0, "y": -2.0}  # a null is held as 0.0 in numpy
 
 
-@pytest.mark.parametrize("keys", ["string", "int", "sparse", "negative", "densifying", "flat", "flat-negative"])
+@pytest.mark.parametrize("keys", ["string", "int", "sparse", "negative", "densifying", "flat", "flat-negative",
+                                  "flat-sparse"])
 @pytest.mark.parametrize("publish", ["given", "later", "rebuilt"])
 def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
     """>= 520 random steps (upserts of present keys, repeats, deletes of absent keys, one key
@@ -206,8 +207,11 @@ def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
     batch's last time before the step) and the upsert rebuilds the trace from its state
     whenever it may (no slack), so the trace is checked against the dictionary after every
     step while it is rebuilt, merged, rebuilt again. ``densifying``: the key map turns
-    hashed on the first sparse keys and is rebuilt dense as they fill in. ``flat*``: int keys (dense, or some
-    negative) and a float ``s``, so the state is a :class:`FlatRowStore` of numpy columns."""
+    hashed on the first sparse keys and is rebuilt dense as they fill in. ``flat*``: int
+    keys (dense, some negative, or sparse) and a float ``s``, so the state is a
+    :class:`FlatRowStore` of numpy columns. A one-time batch of dense keys finds each
+    key's last event by key value (``int``, ``flat``), of sparse ones by slot
+    (``sparse``, ``flat-sparse``)."""
     if publish == "rebuilt":
         monkeypatch.setattr(upsert_module, "_REBUILD_SLACK", -(1 << 40))
     if keys == "densifying":
