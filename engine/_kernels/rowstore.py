@@ -177,7 +177,8 @@ FlatColumn = tuple[npt.NDArray[np.generic], Mask | None]
 def _numpy_dtype(t: pa.DataType) -> np.dtype | None:
     """The numpy type that holds a fixed-width Arrow type's values, None when there is none."""
     if pa.types.is_integer(t) or (pa.types.is_floating(t) and t != pa.float16()):
-        return np.dtype(t.to_pandas_dtype())
+        dt: np.dtype = np.dtype(t.to_pandas_dtype())
+        return dt
     if pa.types.is_temporal(t) and t.bit_width in (32, 64) and not pa.types.is_interval(t):
         return np.dtype(np.int64 if t.bit_width == 64 else np.int32)
     return None
@@ -218,14 +219,15 @@ def flat_equal_at(a: FlatColumn, i: I64, b: FlatColumn, j: I64) -> Mask:
     """Per pair: value ``i[k]`` of ``a`` equals value ``j[k]`` of ``b``, as
     :func:`~engine._kernels.hashing.values_equal` says (nulls equal nulls, NaN equals NaN)."""
     x, y = a[0][i], b[0][j]
-    eq = x == y
+    eq: Mask = x == y
     if x.dtype.kind == "f":
         eq |= np.isnan(x) & np.isnan(y)
     if a[1] is None and b[1] is None:
         return eq
     xv = np.ones(i.size, dtype=bool) if a[1] is None else a[1][i]
     yv = np.ones(j.size, dtype=bool) if b[1] is None else b[1][j]
-    return (eq & xv & yv) | ~(xv | yv)
+    out: Mask = (eq & xv & yv) | ~(xv | yv)
+    return out
 
 
 class FlatRowStore:
@@ -299,7 +301,7 @@ class FlatRowStore:
     def take(self, ids: I64, columns: list[str] | None = None) -> list[FlatColumn]:
         """The numpy columns (all, or ``columns``) of the rows of ``ids`` (each holding one)."""
         at = range(len(self._names)) if columns is None else [self._names.index(c) for c in columns]
-        return [(self._values[c][ids], None if self._valid[c] is None else self._valid[c][ids]) for c in at]
+        return flat_take([(self._values[c], self._valid[c]) for c in at], ids)
 
     def get(self, ids: I64, columns: list[str] | None = None) -> pa.Table:
         """The rows of ``ids`` (each holding one), in that order; with ``columns``, only those."""

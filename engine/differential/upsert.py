@@ -250,8 +250,8 @@ class Upsert:
         insert = np.flatnonzero(changed & has)
         # a retracted record's key is its event's: only its values are read from the store
         held, sr, wr = store.columns(), slot[retract], win[retract]
-        old = [(v[wr], None if ok is None else ok[wr]) if c in self._key_at else
-               (held[c][0][sr], None if held[c][1] is None else held[c][1][sr]) for c, (v, ok) in enumerate(evc)]
+        old = [flat_take([evc[c]], wr)[0] if c in self._key_at else flat_take([held[c]], sr)[0]
+               for c in range(len(evc))]
         new = flat_take(evc, win[insert])
         data = flat_table([_flat_concat(a, b) for a, b in zip(old, new, strict=True)], self.schema)
         diffs = np.concatenate((np.full(retract.size, -1, np.int64), np.ones(insert.size, np.int64)))
