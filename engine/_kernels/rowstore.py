@@ -192,7 +192,10 @@ def flat_columns(table: pa.Table) -> list[FlatColumn]:
         dt = _numpy_dtype(col.type)
         if dt is None:
             raise TypeError(f"not a fixed-width column: {col.type}")
-        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        if isinstance(col, pa.ChunkedArray):
+            arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+        else:
+            arr = col
         if pa.types.is_temporal(arr.type):
             arr = arr.view(pa.int64() if dt == np.int64 else pa.int32())
         if arr.null_count:
