@@ -300,15 +300,20 @@ def _columns(t: pa.Table) -> str:
 
 
 def _run_plan(st: _State, stages: Sequence[_Project | _Where]) -> None:
-    table = st.data.append_column(_ROW, pa.array(np.arange(st.data.num_rows, dtype=np.int64)))
+    # a filter drops rows: each output row carries its input row (_ROW) to gather the
+    # weights and times by. Projections alone keep every row in order (one thread), so
+    # the weights and times stay as they are.
+    filters = any(isinstance(s, _Where) for s in stages)
+    row = [_ROW] if filters else []
+    table = st.data.append_column(_ROW, pa.array(np.arange(st.data.num_rows, dtype=np.int64))) if filters else st.data
     decls = [acero.Declaration("table_source", acero.TableSourceNodeOptions(table))]
     for s in stages:
         if isinstance(s, _Where):
             decls.append(acero.Declaration("filter", acero.FilterNodeOptions(s.predicate)))
         else:
-            names = [n for n, _ in s.exprs] + [_ROW]
+            names = [n for n, _ in s.exprs] + row
             decls.append(acero.Declaration(
-                "project", acero.ProjectNodeOptions([e for _, e in s.exprs] + [pc.field(_ROW)], names)))
+                "project", acero.ProjectNodeOptions([e for _, e in s.exprs] + [pc.field(c) for c in row], names)))
     try:
         # one thread keeps the output rows in input order
         out = acero.Declaration.from_sequence(decls).to_table(use_threads=False)
@@ -318,6 +323,9 @@ def _run_plan(st: _State, stages: Sequence[_Project | _Where]) -> None:
             else "map " + ", ".join(f"{n}={e}" for n, e in s.exprs) for s in stages
         )
         raise ExpressionError(f"{text} failed on records ({_columns(st.data)}): {exc}") from exc
+    if not filters:
+        st.data = out
+        return
     rows = np.asarray(out.column(_ROW).to_numpy(), dtype=np.int64)
     st.gather(rows, out.drop_columns([_ROW]))
 

@@ -12,7 +12,11 @@ over a :class:`~engine._kernels.rowstore.RowStore` of records by slot. Finding t
 values of a batch's keys is one probe of that map and one gather, whatever the history:
 the arrangement is not searched. Events of one batch are grouped by key and time, the last
 event per (key, time) wins, and each key's distinct times are walked in order from its
-current record, all vectorized.
+current record, all vectorized. A batch at one time with one integer key column (values
+``>= 0``, mapped by value) is neither hashed nor sorted: its events find their slots
+first, and the last event per slot wins (only new keys' events are sorted). Records of
+fixed-width columns (numbers, temporals) are kept in a
+:class:`~engine._kernels.rowstore.FlatRowStore` and compared and gathered in numpy.
 
 The operator publishes the **arrangement of its output**: a :class:`Trace` of the output
 collection keyed by the key columns, which other operators read
@@ -42,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from engine._kernels import rowkeymap
 from engine._kernels.arrays import row_for_message
 from engine._kernels.hashing import (
     Same,
@@ -55,7 +60,15 @@ from engine._kernels.hashing import (
 from engine._kernels.ids import IdAllocator
 from engine._kernels.keymap import ExactKeyMap
 from engine._kernels.rowkeymap import RowKeyMap
-from engine._kernels.rowstore import RowStore
+from engine._kernels.rowstore import (
+    FlatColumn,
+    FlatRowStore,
+    RowStore,
+    flat_columns,
+    flat_equal_at,
+    flat_table,
+    flat_take,
+)
 from engine.differential.indexed import int_key_values
 from engine.differential.trace import Trace
 from engine.differential.version import Antichain, Version
@@ -70,6 +83,9 @@ I64 = npt.NDArray[np.int64]
 # updates the trace may hold beyond twice the state before the state replaces them: a small
 # state is not rebuilt every step
 _REBUILD_SLACK = 4096
+# a batch's integer keys spanning at most 4 * events + this are marked by value (no lookup
+# of every event's slot)
+_DENSE_SLACK = 65536
 
 
 class Upsert:
@@ -118,9 +134,18 @@ class Upsert:
         self._reader = trace.reader() if trace is not None else None
         self._exact = exact_hash(self.schema, self.keys)
         # the state: key -> slot, slot -> current record
-        self._records = RowStore(self.schema)
+        # fixed-width columns (numbers, temporals) are kept and compared in numpy
+        self._records: RowStore | FlatRowStore = (
+            FlatRowStore(self.schema) if FlatRowStore.fits(self.schema) else RowStore(self.schema))
+        self._value_at = [self.schema.names.index(n) for n in self.values]
+        self._key_at = [self.schema.names.index(n) for n in self.keys]
         self._index = _KeyIndex(self.keys, self._exact, self._records)
         self._slots = IdAllocator()
+        # per slot, the stamp of its key's last event so far (see _last_by_slot)
+        self._last = np.full(1024, -1, dtype=np.int64)
+        # per key value less the batch's least, the same for a batch of dense keys
+        self._by_key = np.full(1024, -1, dtype=np.int64)
+        self._stamp = 0
         self.time: int | None = None
         if trace is not None:
             self._load(trace)
@@ -182,42 +207,11 @@ class Upsert:
         if n == 0:
             return ZSet.empty(self.schema, 1)
         self._slots.release()  # slots freed by the last step may be reused from now on
-        kh = hash_rows(ev, self.keys)
-        win, first = self._winners(ev, kh, times)
-        heads = win[first]  # per distinct key (in ``win`` order), its first winner
-        slot = self._index.lookup(ev, heads, kh[heads])
-        found = np.flatnonzero(slot >= 0)
-        live = self._records.get(slot[found])
-        live_of_key = np.full(heads.size, -1, dtype=np.int64)
-        live_of_key[found] = np.arange(found.size)
-
-        # previous state of each winner: the key's current record for its first time,
-        # the key's previous winner after that (``src`` indexes live rows then events)
-        src_tbl = pa.concat_tables([live, ev])
-        prev = np.full(win.size, -1, dtype=np.int64)
-        prev[first] = live_of_key
-        later = np.flatnonzero(~first)
-        before = win[later - 1]
-        prev[later] = np.where(deleted[before], -1, live.num_rows + before)
-        had = prev >= 0
-        has = ~deleted[win]
-        changed = had != has
-        both = np.flatnonzero(had & has)
-        if both.size and self.values:
-            changed[both] = ~rows_equal_at(src_tbl.select(self.values), prev[both],
-                                           ev.select(self.values), win[both])
-        out_retract = np.flatnonzero(changed & had)
-        out_insert = np.flatnonzero(changed & has)
-
-        # retractions, then insertions; by time when the batch has several
-        t_out = times[win[np.concatenate((out_retract, out_insert))]]
-        data = pa.concat_tables([src_tbl.take(prev[out_retract]), ev.take(win[out_insert])])
-        diffs = np.concatenate((np.full(out_retract.size, -1, np.int64), np.ones(out_insert.size, np.int64)))
-        if times.min() != times.max():
-            order = np.argsort(t_out, kind="stable")
-            data, diffs, t_out = data.take(order), diffs[order], t_out[order]
-        out = ZSet(data, diffs, t_out.reshape(-1, 1))
-        self._advance(kh, win, first, slot, changed, deleted, ev)
+        values = self._index.values(ev) if times.min() == times.max() else None
+        if values is not None and isinstance(self._records, FlatRowStore):
+            out = self._step_flat(ev, values, deleted, int(times[0]))
+        else:
+            out = self._step(ev, times, deleted, values)
         self.time = int(times.max())
         if self._trace is not None:  # published: keep the arrangement current
             assert self._reader is not None
@@ -234,6 +228,114 @@ class Upsert:
                 self._trace.insert(out)
         return out
 
+    def _step_flat(self, ev: pa.Table, values: I64, deleted: npt.NDArray[np.bool_], time: int) -> ZSet:
+        """:meth:`step` for one time, keys mapped by value (``values``) and fixed-width
+        records: each key's last event against its stored record, read and written in
+        place in the :class:`FlatRowStore` (no copy of the keys' current records)."""
+        store = self._records
+        assert isinstance(store, FlatRowStore)
+        win, slot = self._last_by_slot(values)
+        evc = flat_columns(ev)
+        had = slot >= 0
+        has = ~deleted[win]
+        changed = had != has
+        both = np.flatnonzero(had & has)
+        if both.size and self.values:
+            held, sb, wb = store.columns(), slot[both], win[both]
+            same = np.ones(both.size, dtype=bool)
+            for c in self._value_at:
+                same &= flat_equal_at(held[c], sb, evc[c], wb)
+            changed[both] = ~same
+        retract = np.flatnonzero(changed & had)
+        insert = np.flatnonzero(changed & has)
+        # a retracted record's key is its event's: only its values are read from the store
+        held, sr, wr = store.columns(), slot[retract], win[retract]
+        old = [flat_take([evc[c]], wr)[0] if c in self._key_at else flat_take([held[c]], sr)[0]
+               for c in range(len(evc))]
+        new = flat_take(evc, win[insert])
+        data = flat_table([_flat_concat(a, b) for a, b in zip(old, new, strict=True)], self.schema)
+        diffs = np.concatenate((np.full(retract.size, -1, np.int64), np.ones(insert.size, np.int64)))
+        out = ZSet(data, diffs, np.full((diffs.size, 1), time, dtype=np.int64))
+        # the state: deleted keys leave, changed ones take their last event's record
+        gone = np.flatnonzero(changed & had & ~has)
+        if gone.size:
+            ids = slot[gone]
+            self._index.delete_values(values[win[gone]])
+            store.drop(ids)
+            self._slots.free(ids)
+        if insert.size:
+            ids = slot[insert]
+            fresh = np.flatnonzero(ids < 0)
+            if fresh.size:
+                ids[fresh] = self._slots.allocate(fresh.size)
+                self._index.insert_values(values[win[insert[fresh]]], ids[fresh])
+            store.put_columns(ids, new)
+        return out
+
+    def _step(self, ev: pa.Table, times: I64, deleted: npt.NDArray[np.bool_], values: I64 | None) -> ZSet:
+        """:meth:`step` in general: several times, or keys by hash, or records through
+        Arrow (``values``: the key values when keys are mapped by value, see
+        :meth:`_KeyIndex.values`)."""
+        kh: npt.NDArray[np.uint64] | None
+        if values is not None:  # one time, integer keys >= 0 by value: no hashes, no sort
+            kh = None
+            win, slot = self._last_by_slot(values)
+            first = np.ones(win.size, dtype=bool)
+            heads = win
+        else:
+            kh = hash_rows(ev, self.keys)
+            win, first = self._winners(ev, kh, times)
+            heads = win[first]  # per distinct key (in ``win`` order), its first winner
+            slot = self._index.lookup(ev, heads, kh[heads])
+        found = np.flatnonzero(slot >= 0)
+        flat = isinstance(self._records, FlatRowStore)
+        evc = flat_columns(ev) if flat else None
+        nl = found.size  # the keys' current records: rows [0, nl) of the source, events after
+        live_of_key = np.full(heads.size, -1, dtype=np.int64)
+        live_of_key[found] = np.arange(nl)
+
+        # previous state of each winner: the key's current record for its first time,
+        # the key's previous winner after that (``prev`` indexes live rows then events)
+        prev = np.full(win.size, -1, dtype=np.int64)
+        prev[first] = live_of_key
+        later = np.flatnonzero(~first)
+        before = win[later - 1]
+        prev[later] = np.where(deleted[before], -1, nl + before)
+        had = prev >= 0
+        has = ~deleted[win]
+        changed = had != has
+        both = np.flatnonzero(had & has)
+        if evc is not None:
+            assert isinstance(self._records, FlatRowStore)
+            src = [_flat_concat(a, b) for a, b in zip(self._records.take(slot[found]), evc, strict=True)]
+            if both.size and self.values:
+                same = np.ones(both.size, dtype=bool)
+                for c in self._value_at:
+                    same &= flat_equal_at(src[c], prev[both], evc[c], win[both])
+                changed[both] = ~same
+        else:
+            src_tbl = pa.concat_tables([self._records.get(slot[found]), ev])
+            if both.size and self.values:
+                changed[both] = ~rows_equal_at(src_tbl.select(self.values), prev[both],
+                                               ev.select(self.values), win[both])
+        out_retract = np.flatnonzero(changed & had)
+        out_insert = np.flatnonzero(changed & has)
+
+        # retractions, then insertions; by time when the batch has several
+        rows = np.concatenate((prev[out_retract], nl + win[out_insert]))  # in the source
+        t_out = times[win[np.concatenate((out_retract, out_insert))]]
+        diffs = np.concatenate((np.full(out_retract.size, -1, np.int64), np.ones(out_insert.size, np.int64)))
+        if times.min() != times.max():
+            order = np.argsort(t_out, kind="stable")
+            rows, diffs, t_out = rows[order], diffs[order], t_out[order]
+        if evc is not None:
+            data = flat_table(flat_take(src, rows), self.schema)
+        else:
+            data = src_tbl.take(rows)
+        out = ZSet(data, diffs, t_out.reshape(-1, 1))
+        self._advance(kh, win, first, slot, changed, deleted, ev, evc)
+        return out
+
     def _present(self) -> ZSet:
         """The current records (in no particular order), each timed at the last time processed."""
         assert self.time is not None
@@ -241,20 +343,25 @@ class Upsert:
         n = records.num_rows
         return ZSet(records, np.ones(n, dtype=np.int64), np.full((n, 1), self.time, dtype=np.int64))
 
-    def _advance(self, kh: npt.NDArray[np.uint64], win: I64, first: npt.NDArray[np.bool_], slot: I64,
-                 changed: npt.NDArray[np.bool_], deleted: npt.NDArray[np.bool_], ev: pa.Table) -> None:
+    def _advance(self, kh: npt.NDArray[np.uint64] | None, win: I64, first: npt.NDArray[np.bool_], slot: I64,
+                 changed: npt.NDArray[np.bool_], deleted: npt.NDArray[np.bool_], ev: pa.Table,
+                 evc: list[FlatColumn] | None) -> None:
         """The state after the batch: each key's last winner decides (a key that did not
-        change in the batch is left as it is)."""
-        starts = np.flatnonzero(first)
-        last = np.append(starts[1:], win.size) - 1  # per key: its last winner (index in ``win``)
-        touched = np.logical_or.reduceat(changed, starts)
+        change in the batch is left as it is). ``kh`` may be None when the key index maps
+        the keys by value."""
+        if first.all():  # one winner per key
+            last, touched = np.arange(win.size), changed
+        else:
+            starts = np.flatnonzero(first)
+            last = np.append(starts[1:], win.size) - 1  # per key: its last winner (index in ``win``)
+            touched = np.logical_or.reduceat(changed, starts)
         gone = deleted[win[last]]
         drop = np.flatnonzero(touched & gone & (slot >= 0))
         put = np.flatnonzero(touched & ~gone)
         if drop.size:
             ids = slot[drop]
             rows = win[last[drop]]
-            self._index.delete(ev, rows, kh[rows], ids)
+            self._index.delete(ev, rows, None if kh is None else kh[rows], ids)
             self._records.drop(ids)
             self._slots.free(ids)
         if put.size == 0:
@@ -264,8 +371,12 @@ class Upsert:
         if new.size:
             ids[new] = self._slots.allocate(new.size)
             rows = win[last[put[new]]]
-            self._index.insert(ev, rows, kh[rows], ids[new])
-        self._records.put(ids, ev.take(win[last[put]]))
+            self._index.insert(ev, rows, None if kh is None else kh[rows], ids[new])
+        if evc is not None:
+            assert isinstance(self._records, FlatRowStore)
+            self._records.put_columns(ids, flat_take(evc, win[last[put]]))
+        else:
+            self._records.put(ids, ev.take(win[last[put]]))
 
     def _split(self, events: pa.Table, time: int | None) -> tuple[pa.Table, I64, npt.NDArray[np.bool_]]:
         """Records, per-event times and delete flags, checked."""
@@ -274,7 +385,9 @@ class Upsert:
             col = events.column(DELETE)
             if not pa.types.is_boolean(col.type):
                 raise SchemaError(f"column {DELETE!r} must be boolean, got {col.type}")
-            deleted = np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+            if col.null_count:
+                col = col.fill_null(False)
+            deleted = np.asarray(col.to_numpy(zero_copy_only=False), dtype=bool)
         else:
             deleted = np.zeros(n, dtype=bool)
         if TIME in events.column_names:
@@ -298,6 +411,52 @@ class Upsert:
             if nulls:
                 raise InvalidKeyError(f"upsert key column {k!r} has {nulls} null value(s)")
         return ev, times, deleted
+
+    def _last_by_slot(self, values: I64) -> tuple[I64, I64]:
+        """One time, keys by value: per distinct key its last event and its slot (-1 for a
+        new key), in no particular order.
+
+        Each event gets a stamp (stamps grow from batch to batch), and the last event per
+        key is the one whose stamp ``np.maximum.at`` leaves in a scratch array (never
+        reset: older batches' stamps are smaller). When the batch's keys are dense the
+        array is by key value (less the batch's least) and only the winners look up their
+        slots. Otherwise every event looks up its slot, mapped keys are marked by slot, and
+        only the events of new keys are sorted.
+        """
+        n = values.size
+        lo = int(values.min())
+        span = int(values.max()) - lo + 1
+        if span <= 4 * n + _DENSE_SLACK:  # the batch's keys are dense: mark by key value
+            if self._by_key.size < span:
+                self._by_key = np.full(max(span, 2 * self._by_key.size), -1, dtype=np.int64)
+            at = values - lo
+            stamp = np.arange(self._stamp, self._stamp + n, dtype=np.int64)
+            self._stamp += n
+            np.maximum.at(self._by_key, at, stamp)
+            win = np.flatnonzero(self._by_key[at] == stamp)
+            return win, self._index.lookup_values(values[win])
+        slot_all = self._index.lookup_values(values)
+        old = np.flatnonzero(slot_all >= 0)
+        stamp = old + self._stamp  # event i's stamp is self._stamp + i
+        self._stamp += n
+        if self._last.size < self._slots.end:
+            self._last = np.concatenate((self._last, np.full(max(self._slots.end, 2 * self._last.size)
+                                                             - self._last.size, -1, dtype=np.int64)))
+        at = slot_all[old]
+        np.maximum.at(self._last, at, stamp)
+        win_old = old[self._last[at] == stamp]
+        new = np.flatnonzero(slot_all < 0)
+        if new.size == 0:
+            return win_old, slot_all[win_old]
+        vn = values[new]
+        order = np.argsort(vn)  # equal keys together (quicksort: faster than a stable sort)
+        vs = vn[order]
+        starts = np.empty(new.size, dtype=bool)
+        starts[0] = True
+        np.not_equal(vs[1:], vs[:-1], out=starts[1:])
+        win_new = np.maximum.reduceat(new[order], np.flatnonzero(starts))
+        return (np.concatenate((win_old, win_new)),
+                np.concatenate((slot_all[win_old], np.full(win_new.size, -1, dtype=np.int64))))
 
     def _winners(self, ev: pa.Table, kh: npt.NDArray[np.uint64],
                  times: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
@@ -403,14 +562,24 @@ class _KeyIndex:
     map, once and for good. Other keys go to an
     :class:`~engine._kernels.keymap.ExactKeyMap`: the hash finds the slot, the key values
     stored with the slot's record decide.
+
+    A ``RowKeyMap`` turns hashed once and for good when its keys are sparse, which an
+    upsert's first batches often are (10,000 keys drawn from a million). So the index
+    keeps the bounds of every value it inserted, and once the map is hashed and these
+    bounds pass the dense rule for the keys it holds (``4 * count + SPARSE_SLACK``), with
+    the count at least twice what it was when the map was last found hashed (so a map on
+    the rule's edge is not rebuilt over and over: the rebuilds are amortized O(1) per
+    key), it rebuilds the map from its entries, dense.
     """
 
-    def __init__(self, keys: tuple[str, ...], exact: bool, records: RowStore) -> None:
+    def __init__(self, keys: tuple[str, ...], exact: bool, records: RowStore | FlatRowStore) -> None:
         self._keys = list(keys)
         self._records = records
         self._map = ExactKeyMap(exact)
         self._by_value: RowKeyMap | None = RowKeyMap() if int_key_values(
             records.schema.empty_table(), keys) is not None else None
+        self._lo, self._hi = 0, -1  # every value inserted by value lies in [_lo, _hi]
+        self._dense_from = 0  # count from which a hashed map may be rebuilt dense (0: unseen)
 
     def __len__(self) -> int:
         return len(self._by_value) if self._by_value is not None else len(self._map)
@@ -425,6 +594,22 @@ class _KeyIndex:
 
         return same
 
+    def values(self, table: pa.Table) -> I64 | None:
+        """The key values of ``table``'s rows while keys are mapped by value and these
+        are all ``>= 0`` (so :meth:`lookup_values` finds them and inserting them keeps the
+        map), else None."""
+        if self._by_value is None:
+            return None
+        v = int_key_values(table, self._keys)
+        if v is None or (v.size and int(v.min()) < 0):
+            return None
+        return v
+
+    def lookup_values(self, values: I64) -> I64:
+        """Slot of each key value (from :meth:`values`; repeats allowed), -1 if none."""
+        assert self._by_value is not None
+        return self._by_value.lookup(values)
+
     def _values(self, table: pa.Table, rows: I64) -> I64:
         v = int_key_values(table, self._keys)
         assert v is not None
@@ -436,28 +621,72 @@ class _KeyIndex:
             return self._by_value.lookup(self._values(table, rows))
         return self._map.lookup(kh, self._same(table, rows))
 
-    def insert(self, table: pa.Table, rows: I64, kh: npt.NDArray[np.uint64], ids: I64) -> None:
-        """Map the keys of ``rows`` (absent, distinct) to ``ids``, whose records are stored."""
+    def insert(self, table: pa.Table, rows: I64, kh: npt.NDArray[np.uint64] | None, ids: I64) -> None:
+        """Map the keys of ``rows`` (absent, distinct) to ``ids``, whose records are stored
+        (``kh``, their hashes, may be None when the keys are mapped by value, all ``>= 0``)."""
         if self._by_value is not None:
             v = self._values(table, rows)
-            if v.size == 0 or int(v.min()) >= 0:
-                self._by_value.insert(v, ids)
+            if v.size == 0:
+                return
+            if int(v.min()) >= 0:
+                self.insert_values(v, ids)
                 return
             self._to_general()
+        assert kh is not None
         self._map.insert(kh, ids)
 
-    def delete(self, table: pa.Table, rows: I64, kh: npt.NDArray[np.uint64], ids: I64) -> None:
-        """Unmap the keys of ``rows`` (present, mapped to ``ids``)."""
+    def insert_values(self, values: I64, ids: I64) -> None:
+        """:meth:`insert` of key values (from :meth:`values`: keys mapped by value, every
+        value ``>= 0``)."""
+        m = self._by_value
+        assert m is not None
+        if values.size == 0:
+            return
+        m.insert(values, ids)
+        lo, hi = int(values.min()), int(values.max())
+        self._lo, self._hi = (lo, hi) if self._hi < 0 else (min(lo, self._lo), max(hi, self._hi))
+        if m.hashed:
+            self._maybe_dense()
+
+    def delete_values(self, values: I64) -> None:
+        """:meth:`delete` of key values (from :meth:`values`)."""
+        assert self._by_value is not None
+        self._by_value.remove(values)
+
+    def delete(self, table: pa.Table, rows: I64, kh: npt.NDArray[np.uint64] | None, ids: I64) -> None:
+        """Unmap the keys of ``rows`` (present, mapped to ``ids``; ``kh`` as for :meth:`insert`)."""
         if self._by_value is not None:
             self._by_value.remove(self._values(table, rows))
         else:
+            assert kh is not None
             self._map.delete(kh, ids)
+
+    def _maybe_dense(self) -> None:
+        """Rebuild the hashed by-value map dense once its keys are (see the class docstring)."""
+        m = self._by_value
+        assert m is not None
+        if not self._dense_from:
+            self._dense_from = 2 * len(m)
+        elif len(m) >= self._dense_from and self._hi - self._lo + 1 <= 4 * len(m) + rowkeymap.SPARSE_SLACK:
+            keys, slots = m.items()
+            self._by_value = RowKeyMap()
+            self._by_value.insert(keys, slots)
+            self._dense_from = 0
 
     def _to_general(self) -> None:
         assert self._by_value is not None
         _, ids = self._by_value.items()
         self._by_value = None
         self._map.insert(hash_rows(self._records.get(ids, self._keys)), ids)
+
+
+def _flat_concat(a: FlatColumn, b: FlatColumn) -> FlatColumn:
+    """Column ``a``'s values followed by ``b``'s."""
+    values = np.concatenate((a[0], b[0]))
+    if a[1] is None and b[1] is None:
+        return values, None
+    valid = [np.ones(x[0].size, dtype=bool) if x[1] is None else x[1] for x in (a, b)]
+    return values, np.concatenate(valid)
 
 
 def _row_key(row: dict[str, Any]) -> tuple[Any, ...]:

@@ -1,13 +1,15 @@
 """RowStore: a few explicit puts, replaces and drops, then random operations against a dict
 (strings with nulls, so rows go through Arrow), with compaction bounding what is held and
-the whole store (``rows``) holding exactly the model's rows."""
+the whole store (``rows``) holding exactly the model's rows; the same for FlatRowStore's
+numpy columns."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 
-from engine._kernels.rowstore import RowStore
+from engine._kernels.hashing import rows_equal, values_equal
+from engine._kernels.rowstore import FlatRowStore, RowStore, flat_columns, flat_equal_at
 
 SCHEMA = pa.schema([("s", pa.string()), ("n", pa.int64())])
 
@@ -61,3 +63,56 @@ def test_random_operations_against_a_dict():
         if probe.size:
             eq = st.equal_at(_rows([model[i] for i in probe.tolist()]), np.arange(probe.size), probe)
             assert eq.all()
+
+
+FLAT = pa.schema([("t", pa.timestamp("us")), ("x", pa.float64()), ("d", pa.date32()), ("i", pa.int32())])
+
+
+def _flat_rows(rows):
+    return pa.table({name: pa.array([r[c] for r in rows], FLAT.field(name).type)
+                     for c, name in enumerate(FLAT.names)})
+
+
+def test_flat_store_random_operations_against_a_dict():
+    """FlatRowStore (numpy columns by id): puts with nulls in any column, replaces and drops
+    against a dict; gets, the whole store and equal_at agree with the model, and its numpy
+    columns compare as Arrow's values_equal does (nulls equal nulls, NaN equals NaN)."""
+    assert FlatRowStore.fits(FLAT) and not FlatRowStore.fits(SCHEMA)
+    rng = np.random.default_rng(7)
+    st = FlatRowStore(FLAT)
+    model: dict[int, tuple] = {}
+
+    def value(c):
+        if rng.random() < 0.15:
+            return None
+        v = int(rng.integers(-3, 3))
+        return [v, [float(v), float("nan")][int(rng.random() < 0.1)], v, v][c]
+
+    for step in range(300):
+        ids = np.unique(rng.integers(0, 3000, int(rng.integers(0, 200))))
+        rng.shuffle(ids)
+        if rng.random() < 0.3:
+            gone = np.array([i for i in ids.tolist() if i in model], dtype=np.int64)
+            st.drop(gone)
+            for i in gone.tolist():
+                del model[i]
+        else:
+            rows = [tuple(value(c) for c in range(4)) for _ in ids]
+            st.put(ids, _flat_rows(rows))
+            model.update(zip(ids.tolist(), rows, strict=True))
+        assert len(st) == len(model) == st.stored
+        probe = np.array(list(model), dtype=np.int64)
+        rng.shuffle(probe)
+        want = _flat_rows([model[i] for i in probe.tolist()])
+        got = st.get(probe)
+        assert got.schema == FLAT and rows_equal(got, want).all(), f"step {step}"
+        assert np.array_equal(st.ids(), np.sort(probe))
+        assert rows_equal(st.rows(), st.get(np.sort(probe))).all()
+        if probe.size:
+            assert st.equal_at(want, np.arange(probe.size), probe).all()
+            other = np.roll(probe, 1)            # another id's row: equal where values agree
+            cols, mine = flat_columns(want), st.take(other)
+            for c, name in enumerate(FLAT.names):
+                expect = values_equal(want.column(name), st.get(other, [name]).column(0))
+                assert np.array_equal(flat_equal_at(cols[c], np.arange(probe.size), mine[c],
+                                                    np.arange(probe.size)), expect), f"step {step} {name}"

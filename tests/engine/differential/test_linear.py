@@ -340,3 +340,17 @@ def test_operators_are_linear(name, s1, s2):
     b = random_batch(np.random.default_rng(s2), 20, times=(1,), time_spread=3)
     assert op(concat(a, b)).equals(concat(op(a), op(b)))
     assert op(a.negate()).equals(op(a).negate())
+
+
+def test_a_projection_keeps_each_row_with_its_weight_and_time():
+    # projections alone run without a row column: the plan must keep every row in order,
+    # over several of Acero's batches (its table source cuts at 32k rows), chunked input too
+    n = 100_003
+    rng = np.random.default_rng(3)
+    k = rng.permutation(n).astype(np.int64)
+    data = pa.concat_tables([pa.table({"K": k[:40_000]}), pa.table({"K": k[40_000:]})])
+    batch = ZSet(data, k * 3 - 7, (k * 5).reshape(-1, 1))
+    out = LinearOperator().map({"M": pc.add(pc.field("K"), 1), "K": "K"})(batch)
+    m = out.data.column("M").to_numpy()
+    assert np.array_equal(m, k + 1) and np.array_equal(out.data.column("K").to_numpy(), k)
+    assert np.array_equal(out.diffs, k * 3 - 7) and np.array_equal(out.times[:, 0], k * 5)

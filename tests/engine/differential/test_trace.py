@@ -492,16 +492,19 @@ def test_merge_policy_keeps_the_spine_tiered_and_the_collection_exact(policy):
     assert len(tr.batches) <= policy.fanout * (policy.level(total) + 2), [len(b) for b in tr.batches]
 
 
-@pytest.mark.parametrize("shape", ["random", "top_ties", "few_values", "key_runs"])
-def test_radix_argsort_is_a_stable_argsort(shape):
-    # three radix passes order the top 48 bits; runs tied there are fixed up by the whole
-    # value: the result must be exactly numpy's stable argsort, ties included
+@pytest.mark.parametrize("shape", ["random", "top_ties", "low_ties", "few_values", "key_runs"])
+def test_packed_argsort_is_a_stable_argsort(shape):
+    # one sort of the values with the row index in their low bits orders the top bits;
+    # runs tied there are fixed up by the whole value: the result must be exactly numpy's
+    # stable argsort, ties included (and past 2**20 rows it is numpy's)
     rng = np.random.default_rng(len(shape))
-    for n in (2_048, 5_000, 40_000):
+    for n in (0, 1, 2, 100, 2_048, 5_000, 40_000, 300_000, (1 << 20) + 5):
         if shape == "random":
             a = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
         elif shape == "top_ties":  # few distinct top 48 bits, random low 16
             a = (rng.integers(0, 50, n, dtype=np.uint64) << np.uint64(16)) | rng.integers(0, 2**16, n, dtype=np.uint64)
+        elif shape == "low_ties":  # values differing only in their low bits, repeats among them
+            a = np.uint64(7 << 40) | rng.integers(0, max(n // 2, 1), n, dtype=np.uint64)
         elif shape == "few_values":
             a = rng.integers(0, 30, n, dtype=np.uint64)
         else:  # order keys: rows of one key share the high 40 bits

@@ -11,6 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from engine._kernels import rowkeymap as rowkeymap_module
+from engine._kernels.rowstore import FlatRowStore
 from engine.differential import indexed as indexed_module
 from engine.differential import trace as trace_module
 from engine.differential import upsert as upsert_module
@@ -143,7 +145,10 @@ KEYS = [f"k{i}" for i in range(25)]
 # integer keys: dense non-negative (the by-value map), sparse (its hashed layout), and
 # some negative (the switch to the general map part-way through)
 INT_KEYS = {"int": list(range(25)), "sparse": [i << 40 for i in range(25)],
-            "negative": list(range(20)) + [-5, -1, -(1 << 50), 7 << 45, 3]}
+            "negative": list(range(20)) + [-5, -1, -(1 << 50), 7 << 45, 3],
+            # with no slack for sparse keys (see the test): the first batches' keys are
+            # sparse in 0..199, the map turns hashed, then is rebuilt dense as keys fill in
+            "densifying": list(range(200))}
 
 
 def _expected(state: dict, events: list) -> Counter:
@@ -185,7 +190,13 @@ def _random_events(rng, state: dict, keys: list, time: int) -> list:
     return events
 
 
-@pytest.mark.parametrize("keys", ["string", "int", "sparse", "negative"])
+# the flat state (every column fixed-width: kept and compared in numpy): ``s`` is a float
+# column, with nulls
+FLAT_S = {None: None, "x": 0.0, "y": -2.0}  # a null is held as 0.0 in numpy
+
+
+@pytest.mark.parametrize("keys", ["string", "int", "sparse", "negative", "densifying", "flat", "flat-negative",
+                                  "flat-sparse"])
 @pytest.mark.parametrize("publish", ["given", "later", "rebuilt"])
 def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
     """>= 520 random steps (upserts of present keys, repeats, deletes of absent keys, one key
@@ -195,14 +206,25 @@ def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
     the trace is given, its second reader keeps up with the present (it moves to each
     batch's last time before the step) and the upsert rebuilds the trace from its state
     whenever it may (no slack), so the trace is checked against the dictionary after every
-    step while it is rebuilt, merged, rebuilt again."""
+    step while it is rebuilt, merged, rebuilt again. ``densifying``: the key map turns
+    hashed on the first sparse keys and is rebuilt dense as they fill in. ``flat*``: int
+    keys (dense, some negative, or sparse) and a float ``s``, so the state is a
+    :class:`FlatRowStore` of numpy columns. A one-time batch of dense keys finds each
+    key's last event by key value (``int``, ``flat``), of sparse ones by slot
+    (``sparse``, ``flat-sparse``)."""
     if publish == "rebuilt":
         monkeypatch.setattr(upsert_module, "_REBUILD_SLACK", -(1 << 40))
+    if keys == "densifying":
+        monkeypatch.setattr(rowkeymap_module, "SPARSE_SLACK", 0)
+    layouts = []
     rng = np.random.default_rng(23)
     key_type = pa.string() if keys == "string" else pa.int64()
-    schema = pa.schema([("key", key_type), ("n", pa.int64()), ("s", pa.string())])
-    universe = KEYS if keys == "string" else INT_KEYS[keys]
+    flat = keys.startswith("flat")
+    s_type = pa.float64() if flat else pa.string()
+    schema = pa.schema([("key", key_type), ("n", pa.int64()), ("s", s_type)])
+    universe = KEYS if keys == "string" else INT_KEYS[keys.removeprefix("flat-") if keys != "flat" else "int"]
     up = Upsert(schema, "key", trace=Trace(schema, "key") if publish != "later" else None)
+    assert isinstance(up._records, FlatRowStore) == flat
     follower = up.trace.reader() if publish != "later" else None
     rebuilds = 0
     state: dict = {}
@@ -212,10 +234,12 @@ def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
         if follower is None and step == 260:
             follower = up.trace.reader()
         events = _random_events(rng, state, universe, time)
+        if flat:
+            events = [(k, v if v is None else (v[0], FLAT_S.get(v[1], v[1])), t) for k, v, t in events]
         table = pa.table({
             "key": pa.array([e[0] for e in events], key_type),
             "n": pa.array([e[1][0] if e[1] else 0 for e in events], pa.int64()),
-            "s": pa.array([e[1][1] if e[1] else None for e in events], pa.string()),
+            "s": pa.array([e[1][1] if e[1] else None for e in events], s_type),
             DELETE: pa.array([e[1] is None for e in events], pa.bool_()),
             TIME: pa.array([e[2] for e in events], pa.int64()),
         })
@@ -223,6 +247,8 @@ def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
             follower.set_logical_compaction(Antichain([max(time, max(e[2] for e in events))]))
         out = up.step(table)
         up.validate()
+        if keys == "densifying" and (not layouts or layouts[-1] != up._index._by_value.layout):
+            layouts.append(up._index._by_value.layout)
         rebuilds += publish == "rebuilt" and len(up.trace) == len(state) and len(up.trace.batches) == 1
         want = _expected(state, events)
         got = counter(out)
@@ -239,6 +265,7 @@ def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
             if step % 20 == 0 or publish == "rebuilt":
                 assert counter(up.trace.accumulate(at=time - 1), times=False) == live, f"step {step}"
     assert publish != "rebuilt" or rebuilds > 100
+    assert keys != "densifying" or (layouts[-1] == "dense" and "hashed" in layouts)  # rebuilt dense
     up.trace.compact()
     assert len(up.trace) == len(state)        # compaction leaves the live rows only
 
@@ -291,3 +318,11 @@ def test_the_trace_made_later_is_the_state_at_the_present():
         trace.accumulate(at=1)                 # history before the present was never kept
     up.step(_events(["b"], [None]), 3)
     assert trace.accumulate(at=3).to_triples() == [(("a", "q"), None, 1)]
+
+
+def test_a_null_delete_flag_upserts():
+    up = Upsert(NAMES, "first")
+    ev = pa.table({"first": ["a", "b"], "last": ["x", "y"], DELETE: pa.array([None, False], pa.bool_())})
+    assert sorted(up.step(ev, 0).to_triples()) == [(("a", "x"), (0,), 1), (("b", "y"), (0,), 1)]
+    ev = pa.table({"first": ["a", "b"], "last": ["x", "y"], DELETE: pa.array([True, None], pa.bool_())})
+    assert up.step(ev, 1).to_triples() == [(("a", "x"), (1,), -1)]
