@@ -221,11 +221,12 @@ def test_the_reaper_leaves_a_query_that_is_starting_to_its_thread():
         r.shutdown()
 
 
-_STRESS = """
+#: what the stress scripts below share: a process with a 200,000-row table ``big``
+_PRELUDE = """
 import faulthandler, random, sys, threading, time
 faulthandler.enable()
 import numpy as np, pyarrow as pa
-from engine.errors import QueryTimeout, TableNotFound
+from engine.errors import QueryCancelled, QueryTimeout, TableNotFound
 from engine.graph import UpdateGraph
 from flight.sql.query import QueryRunner
 from flight.streams.registry import TableRegistry
@@ -234,6 +235,21 @@ registry = TableRegistry(graph)
 big = registry.create_source("big", pa.schema([("a", pa.int64())]), "append").table
 big.append(pa.table({"a": np.arange(200_000)}))
 graph.run_cycle()
+"""
+
+
+def _stress(script: str, seconds: float) -> dict[str, int]:
+    """Run ``script`` after :data:`_PRELUDE` for ``seconds`` in a process of its own (a heap
+    corruption aborts it, not the test's worker); the outcomes it counted and printed."""
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", _PRELUDE + script, str(seconds)], cwd=root,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
+
+
+_STRESS = """
 r = QueryRunner(registry, timeout=0.02)
 stop = threading.Event()
 def churn():  # the GIL changes hands as among a server's threads
@@ -265,28 +281,11 @@ def test_queries_stopped_by_the_timeout_at_any_moment_never_corrupt_the_process(
     thread that takes the GIL: the process ends cleanly. Before the reaper left a starting
     query to its thread, this aborted within seconds in half the runs ("malloc(): mismatching
     next->prev_size"), and a heap corrupted that way can also hang the process."""
-    root = Path(__file__).resolve().parents[3]
-    done = subprocess.run([sys.executable, "-c", _STRESS, "5"], cwd=root, capture_output=True,
-                          text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(root)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = dict(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
+    seen = _stress(_STRESS, 5)
     assert seen.get("ok", 0) > 10 and seen.get("QueryTimeout", 0) > 10, seen
 
 
 _SHUTDOWN = """
-import faulthandler, random, sys, threading, time
-faulthandler.enable()
-import numpy as np, pyarrow as pa
-from engine.errors import QueryCancelled
-from engine.graph import UpdateGraph
-from flight.sql.query import QueryRunner
-from flight.streams.registry import TableRegistry
-graph = UpdateGraph()
-registry = TableRegistry(graph)
-big = registry.create_source("big", pa.schema([("a", pa.int64())]), "append").table
-big.append(pa.table({"a": np.arange(200_000)}))
-graph.run_cycle()
 rng = random.Random(3)
 seen = {}
 def run(r, n):
@@ -318,12 +317,7 @@ def test_a_shutdown_while_queries_run_interrupts_them_and_closes_the_database():
     whole, or cancelled), and the database is closed only once no thread is inside DuckDB.
     Before, closing it under a running query raised DuckDB's "connection is busy" out of
     the server's shutdown (before the journal was closed)."""
-    root = Path(__file__).resolve().parents[3]
-    done = subprocess.run([sys.executable, "-c", _SHUTDOWN, "3"], cwd=root, capture_output=True,
-                          text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(root)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = dict(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
+    seen = _stress(_SHUTDOWN, 3)
     assert seen.get("ok", 0) > 5 and seen.get("cancelled", 0) > 5, seen
 
 
