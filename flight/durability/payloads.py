@@ -53,6 +53,9 @@ ALIGN = 4096
 #: The payload files' directory inside the data dir.
 DIRNAME = "payloads"
 
+#: Payloads per pwritev, below every platform's IOV_MAX (1024 on Linux).
+_MAX_IOV = 512
+
 _NAME = re.compile(r"^(\d{8})\.ipc$")
 
 
@@ -163,31 +166,54 @@ class PayloadWriter:
             self._start()
         assert self._seg is not None
         offsets, at = [], self._end
+        run: list[memoryview] = []   # aligned payloads back to back from run_at: one pwritev
+        run_at = 0
         for payload in payloads:
             view = memoryview(payload).cast("B")
             at = -(-at // ALIGN) * ALIGN
             offsets.append(at)
-            fd = self._fd
             if (self._direct >= 0 and view.nbytes % ALIGN == 0
                     and isinstance(payload, pa.Buffer) and payload.address % ALIGN == 0):
-                fd = self._direct
-            done = 0
-            while done < view.nbytes:  # pwrite may write less than asked
-                try:
-                    done += os.pwrite(fd, view[done:], at + done)
-                except OSError as exc:
-                    if fd != self._direct or exc.errno != errno.EINVAL:
-                        raise
-                    # a filesystem that opens O_DIRECT but refuses its writes: the page cache
-                    log.info("journal: %s refuses O_DIRECT writes (%s); writing through the "
-                             "page cache", segment_path(self._root, self._seg), exc.strerror)
-                    os.close(self._direct)
-                    self._direct = -1
-                fd = self._fd  # after a short write the rest is not aligned
+                if not run:
+                    run_at = at
+                run.append(view)  # its size is a multiple of ALIGN: the next one starts at its end
+                if len(run) == _MAX_IOV:
+                    self._write_direct(run, run_at)
+                    run = []
+            else:
+                self._write_direct(run, run_at)
+                run = []
+                _write_all(self._fd, [view], at)
             at += view.nbytes
+        self._write_direct(run, run_at)
         os.fdatasync(self._fd)
         self._end = at
         return self._seg, offsets
+
+    def _write_direct(self, views: list[memoryview], at: int) -> None:
+        """Write aligned ``views``, back to back from ``at``, with one ``O_DIRECT`` pwritev
+        (falling back to the page cache for what it did not write)."""
+        if not views:
+            return
+        done = 0
+        if self._direct >= 0:
+            try:
+                done = os.pwritev(self._direct, views, at)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                # a filesystem that opens O_DIRECT but refuses its writes: the page cache
+                log.info("journal: %s refuses O_DIRECT writes (%s); writing through the "
+                         "page cache", segment_path(self._root, self._seg or 0), exc.strerror)
+                os.close(self._direct)
+                self._direct = -1
+        for view in views:  # after a short write the rest is not aligned: the page cache
+            if done >= view.nbytes:
+                done -= view.nbytes
+            else:
+                _write_all(self._fd, [view[done:]], at + done)
+                done = 0
+            at += view.nbytes
 
     def rollback(self, mark: tuple[int | None, int]) -> None:
         """Forget what was written after ``mark`` (its COMMIT failed): later writes reuse it."""
@@ -241,6 +267,15 @@ class PayloadWriter:
             direct = -1
         self._seg, self._fd, self._direct, self._end = seg, fd, direct, 0
         self._next_seg = seg + 1
+
+
+def _write_all(fd: int, views: list[memoryview], at: int) -> None:
+    """pwrite ``views`` back to back from ``at``, however many calls it takes."""
+    for view in views:
+        done = 0
+        while done < view.nbytes:  # pwrite may write less than asked
+            done += os.pwrite(fd, view[done:], at + done)
+        at += view.nbytes
 
 
 def open_payloads(root: Path, ends: dict[int, int]) -> PayloadWriter:

@@ -20,7 +20,7 @@ import pytest
 import flight.durability.payloads as journal_payloads
 from engine.errors import JournalCorrupt, JournalUnavailable
 from flight.durability.journal import FILENAME, Journal
-from flight.durability.records import DedupeUpdate, ipc_bytes, read_ipc
+from flight.durability.records import AlignedSlabs, DedupeUpdate, ipc_bytes, read_ipc
 from tests.flight.durability.test_journal import _aligned, _five_records, _marker, _sql, _table
 
 
@@ -100,8 +100,15 @@ def test_a_filesystem_refusing_o_direct_writes_gets_the_page_cache(
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_pwrite(fd, data, offset)
 
+    def refuse_v(fd: int, views: Any, offset: int) -> int:
+        if fd in direct:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwritev(fd, views, offset)
+
+    real_pwritev = os.pwritev
     monkeypatch.setattr(journal_payloads.os, "open", spy_open)
     monkeypatch.setattr(journal_payloads.os, "pwrite", refuse)
+    monkeypatch.setattr(journal_payloads.os, "pwritev", refuse_v)
     t = _table(20_000)
     with Journal.open(tmp_path) as j:
         assert j.append("append", "t", b"", ipc_bytes(t)) == 1
@@ -110,6 +117,79 @@ def test_a_filesystem_refusing_o_direct_writes_gets_the_page_cache(
     monkeypatch.undo()
     with Journal.open(tmp_path) as j:
         assert [read_ipc(r.payload).equals(t) for r in j.records()] == [True, True]
+
+
+def test_a_group_of_aligned_payloads_is_one_pwritev_and_a_short_one_is_finished(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a group's aligned payloads go out back to back in one O_DIRECT pwritev; one that
+    # writes less than asked (here: the first payload and half a page of the second) has
+    # the rest written through the page cache, and every payload reads back whole
+    calls: list[int] = []
+    real_pwritev = os.pwritev
+
+    def short(fd: int, views: Any, offset: int) -> int:
+        calls.append(len(views))
+        first = memoryview(views[0]).nbytes
+        return real_pwritev(fd, [views[0], memoryview(views[1])[:2048]], offset) \
+            if len(views) > 1 and first + 2048 <= sum(memoryview(v).nbytes for v in views) \
+            else real_pwritev(fd, views, offset)
+
+    monkeypatch.setattr(journal_payloads.os, "pwritev", short)
+    tables = [_table(20_000 + i) for i in range(3)]
+    blobs = [ipc_bytes(t) for t in tables]
+    if not all(b.address % journal_payloads.ALIGN == 0 for b in blobs):
+        pytest.skip("no aligned memory")
+    writer = journal_payloads.open_payloads(tmp_path, {})
+    seg, offsets = writer.write(blobs)
+    writer.close()
+    if calls:  # a filesystem with O_DIRECT (tmpfs has none: all through the page cache)
+        assert calls == [3]
+    assert offsets == [0, blobs[0].size, blobs[0].size + blobs[1].size]
+    data = journal_payloads.segment_path(tmp_path, seg).read_bytes()
+    for t, b, off in zip(tables, blobs, offsets, strict=True):
+        assert data[off: off + b.size] == b.to_pybytes()
+        assert read_ipc(data[off: off + b.size]).equals(t)
+
+
+def test_aligned_memory_is_reused_only_when_nothing_refers_to_it() -> None:
+    # a payload's slab goes back into use only once no buffer, view or array read from it
+    # is left: a payload never changes while its record is queued or its rows are read
+    t, other = _table(20_000), _table(20_000).slice(1)
+    slabs = AlignedSlabs(keep_bytes=64 << 20)
+    first = slabs.take(1 << 20)
+    address = first.ctypes.data
+    assert address % journal_payloads.ALIGN == 0
+    first[:] = 7
+    held = pa.py_buffer(first)
+    del first
+    second = slabs.take(1 << 20)  # the first is held (through ``held``): a new slab
+    assert second.ctypes.data != address and set(held.to_pybytes()) == {7}
+    del second
+    view = memoryview(held)
+    del held
+    third = slabs.take(1 << 20)   # still held, through ``view``
+    assert third.ctypes.data != address
+    del view, third
+    fourth = slabs.take(1 << 20)  # nothing refers to it: reused
+    assert fourth.ctypes.data == address
+    del fourth
+    # through ipc_bytes: rows read from a payload keep its memory as it was
+    payload = ipc_bytes(t)
+    rows = read_ipc(payload)
+    del payload
+    for _ in range(5):
+        ipc_bytes(other)
+    assert rows.equals(t)
+
+
+def test_the_pool_keeps_at_most_its_bytes() -> None:
+    slabs = AlignedSlabs(keep_bytes=3 << 20)
+    held = [slabs.take(1 << 20) for _ in range(4)]  # the fourth is past the pool's room
+    assert slabs.held_bytes() <= 3 << 20
+    assert len({h.ctypes.data for h in held}) == 4
+    del held
+    big = slabs.take(2 << 20)  # room made by dropping free slabs
+    assert slabs.held_bytes() <= 3 << 20 and big.size == 2 << 20
 
 
 def test_truncate_deletes_the_payload_files_no_record_refers_to(
