@@ -96,11 +96,15 @@ class Writer(threading.Thread):
             self.errors.append(exc)
 
     def held(self) -> int:
-        """The bytes written once writing stopped (asserts it stays stopped for a second)."""
-        time.sleep(1.0)
-        held = self.written
-        time.sleep(1.0)
-        assert self.written == held, "the writer went on while nothing was taken"
+        """The bytes written once writing stopped: unchanged for a second (on a loaded
+        machine the writer may take a while to reach its limit; 30 s at most)."""
+        deadline = time.monotonic() + 30
+        held, since = self.written, time.monotonic()
+        while held == 0 or time.monotonic() - since < 1.0:  # begun, then stopped
+            assert time.monotonic() < deadline, "the writer went on while nothing was taken"
+            time.sleep(0.05)
+            if self.written != held:
+                held, since = self.written, time.monotonic()
         return held
 
     def finish(self, server: TicktableServer) -> None:
