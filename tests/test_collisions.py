@@ -21,6 +21,7 @@ import pytest
 
 from engine import _keyed
 from engine._kernels import hashing, hashmap, rowkeymap
+from engine._kernels.sortedmap import AdaptiveU64Map
 from engine.differential.dataflow import Dataflow
 from engine.differential.zset import ZSet
 from engine.graph import UpdateGraph
@@ -33,16 +34,21 @@ WORDS = ["a", "b", "ab", "ba", "", "héllo", "x" * 11, "x" * 12, "aaaaaaaaa"]
 CYCLES = 60
 
 
-@pytest.fixture(params=[1, 3], ids=["one-hash", "three-hashes"])
+@pytest.fixture(params=[(1, True), (3, True), (3, False)],
+                ids=["one-hash", "three-hashes", "three-hashes-hashed-heads"])
 def collide(request, monkeypatch):
-    """Every non-exact key hashes to one of ``k`` values (exact keys stay exact)."""
+    """Every non-exact key hashes to one of ``k`` values (exact keys stay exact); the key
+    maps' heads sorted (as while they are small) or hashed."""
     real = hashing.hash_column
-    k = np.uint64(request.param)
+    n, sorted_heads = request.param
+    if not sorted_heads:
+        monkeypatch.setattr(AdaptiveU64Map, "sorted_max", 0)
+    k = np.uint64(n)
     monkeypatch.setattr(hashing, "hash_column", lambda col, name="?": real(col, name) % k)
     probe = pa.table({"s": WORDS, "n": list(range(len(WORDS)))})
-    assert np.unique(_keyed._key_hashes(probe, ["s"])).size <= request.param  # the patch reaches
-    assert np.unique(hashing.hash_rows(probe, ["s", "n"])).size <= request.param ** 2
-    return request.param
+    assert np.unique(_keyed._key_hashes(probe, ["s"])).size <= n  # the patch reaches
+    assert np.unique(hashing.hash_rows(probe, ["s", "n"])).size <= n ** 2
+    return n
 
 
 def _norm(v: Any) -> Any:
@@ -229,6 +235,7 @@ def test_client_row_index_with_every_key_in_three_home_slots(server, graph, subs
     """A live client view of a keyed table (string keys, whose source map collides too)
     stays equal to the server's table while its row-key map probes long chains."""
     monkeypatch.setattr(rowkeymap, "SPARSE_SLACK", 0)  # the row-key map is hashed at once
+    monkeypatch.setattr(rowkeymap, "SORTED_MAX", 0)  # ... not sorted
     monkeypatch.setattr(hashmap.U64Map, "_home", lambda self, h: (h % np.uint64(3)).astype(np.int64) & self._mask)
     real = hashing.hash_column
     monkeypatch.setattr(hashing, "hash_column", lambda col, name="?": real(col, name) % np.uint64(2))

@@ -11,17 +11,22 @@ Every operation that stores something per parent row needs "which slot holds row
   ``2**REGION_BITS`` keys, for keys that are dense within a few regions: a merge's parent
   ``i`` owns the region ``i << 40`` (:mod:`engine.ops.merge`). A lookup splits its keys by
   region (one sort when they span several) and is one ``take`` per region.
-* **hashed** — the vectorized :class:`~engine._kernels.hashmap.U64Map` with the row key as
-  its own ``uint64`` key, for sparse key spaces (the blocks of a many-to-many join, keys
-  in more than ``MAX_REGIONS`` regions).
+* **sorted** — sparse key spaces (the blocks of a many-to-many join, keys in more than
+  ``MAX_REGIONS`` regions, a merge's keys where its parents' keys are sparse) while they
+  hold at most ``SORTED_MAX`` keys: the keys in sorted arrays
+  (:class:`~engine._kernels.sortedmap.SortedU64Map`), a lookup two ``searchsorted`` calls
+  where a hash map probes in rounds, new keys appended or merged into a small delta.
+* **hashed** — past ``SORTED_MAX`` keys, the vectorized
+  :class:`~engine._kernels.hashmap.U64Map` with the row key as its own ``uint64`` key
+  (lookups ``O(1)`` per key where a search is ``O(log n)`` cache misses).
 
 **The one switch-over rule.** The map is dense while the live keys span at most
 ``4 * count + SPARSE_SLACK`` key positions. It is checked when an insert falls outside the
 window (the window is then refitted to the live keys with an eighth of their span as room
 below and half of it above, so refits are amortized O(1) per key, also for a ring table's
 sliding keys); past it the map turns to regions when its keys lie in 2 to ``MAX_REGIONS``
-regions and each region's keys keep the rule within it, else hashed, once and for good
-(regions turn hashed when a key arrives in one region too many, or one region's keys
+regions and each region's keys keep the rule within it, else sparse (sorted, then hashed
+once it grows past ``SORTED_MAX``), once and for good (regions turn sparse when a key arrives in one region too many, or one region's keys
 spread: a probe per region would cost more than one probe of all the keys). Why 4: the window costs 8
 bytes per key position over about 1.6 times the span, so at most about 52 bytes per live
 key, which is what the hashed map costs (40-80 bytes per entry at its load of 1/4 to 1/2),
@@ -45,8 +50,9 @@ import numpy.typing as npt
 
 from engine._kernels.arrays import shift_keys
 from engine._kernels.hashmap import U64Map
+from engine._kernels.sortedmap import SortedU64Map
 
-__all__ = ["MAX_REGIONS", "REGION_BITS", "SPARSE_SLACK", "RowKeyMap"]
+__all__ = ["MAX_REGIONS", "REGION_BITS", "SORTED_MAX", "SPARSE_SLACK", "RowKeyMap"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -56,6 +62,9 @@ _MIN_WINDOW = 1024
 REGION_BITS = 40
 #: regions a map splits into before it turns hashed (module attribute: tests change it)
 MAX_REGIONS = 64
+#: a sparse map keeps its keys sorted up to this many, then turns into a hash map (module
+#: attribute: tests change it)
+SORTED_MAX = 1 << 18
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
@@ -89,7 +98,7 @@ class RowKeyMap:
         self.count = 0
         self._base = 0
         self._vals: I64 = np.full(0, -1, dtype=np.int64)
-        self._hash: U64Map | None = None
+        self._hash: U64Map | SortedU64Map | None = None  # sparse: sorted, then hashed
         self._regions: dict[int, RowKeyMap] | None = None  # region -> its keys' map
         self._lo, self._hi = 0, -1  # dense: every live key is in [_lo, _hi] (a superset)
 
@@ -98,13 +107,16 @@ class RowKeyMap:
 
     @property
     def hashed(self) -> bool:
-        """True once the map left the one dense window (it never goes back)."""
+        """True once the map left the one dense window (by region, sorted or hashed: it
+        never goes back)."""
         return self._hash is not None or self._regions is not None
 
     @property
     def layout(self) -> str:
-        """``"dense"``, ``"regions"`` or ``"hashed"`` (see the module docstring)."""
-        return "hashed" if self._hash is not None else "regions" if self._regions is not None else "dense"
+        """``"dense"``, ``"regions"``, ``"sorted"`` or ``"hashed"`` (see the module docstring)."""
+        if self._hash is not None:
+            return "sorted" if isinstance(self._hash, SortedU64Map) else "hashed"
+        return "regions" if self._regions is not None else "dense"
 
     # reading -----------------------------------------------------------------------------
     def lookup(self, keys: I64) -> I64:
@@ -134,6 +146,9 @@ class RowKeyMap:
 
     def items(self) -> tuple[I64, I64]:
         """``(keys, values)`` of every entry, keys ascending."""
+        if isinstance(self._hash, SortedU64Map):
+            k, v = self._hash.items()
+            return k.view(np.int64), v
         if self._hash is not None:
             k, v = self._hash.items()
             order = np.argsort(k)
@@ -166,6 +181,8 @@ class RowKeyMap:
         self._fit(keys)
         if self._hash is not None:
             self._hash.insert(keys.view(np.uint64), values)
+            if self._hash.count > SORTED_MAX and isinstance(self._hash, SortedU64Map):
+                self._to_hashed(0)
         elif self._regions is not None:
             self._each_region(keys, values, RowKeyMap.insert)
         else:
@@ -201,6 +218,8 @@ class RowKeyMap:
         if new.any():
             h.insert(u[new], values[new])
         self.count = h.count
+        if h.count > SORTED_MAX and isinstance(h, SortedU64Map):
+            self._to_hashed(0)
 
     def set_values(self, keys: I64, values: I64) -> None:
         """Give keys that are all present now new values (one write, no presence check:
@@ -300,7 +319,7 @@ class RowKeyMap:
                 if live.size:
                     self._each_region(held, vals[live], RowKeyMap.insert)
                 return
-            index = U64Map(self.count + keys.size)
+            index = _sparse(self.count + keys.size)
             if live.size:
                 index.insert((live.astype(np.int64) + base).view(np.uint64), vals[live])
             self._hash, self._vals = index, _EMPTY
@@ -352,16 +371,23 @@ class RowKeyMap:
                 write(sub, keys, values)
             else:
                 write(sub, keys[at], values[at])
-            sparse = sparse or sub._hash is not None
+            sparse = sparse or sub._hash is not None  # sorted or hashed
         if sparse:
             self._to_hashed(0)
 
     def _to_hashed(self, more: int) -> None:
-        """Move every entry of the regions into one hashed map (room for ``more``)."""
+        """Move every entry (of the regions, or of a sorted map grown past ``SORTED_MAX``)
+        into one sparse map: sorted while they are few enough, else hashed (room for
+        ``more``)."""
         k, v = self.items()
         self._regions = None
-        self._hash = U64Map(k.size + more)
+        self._hash = _sparse(k.size + more)
         self._hash.insert(k.view(np.uint64), v)
+
+
+def _sparse(n: int) -> U64Map | SortedU64Map:
+    """An empty sparse map for about ``n`` keys: sorted up to ``SORTED_MAX``, else hashed."""
+    return SortedU64Map() if n <= SORTED_MAX else U64Map(n)
 
 
 def _by_region(keys: I64) -> list[tuple[int, I64 | None]]:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from engine._kernels import rowkeymap
 from engine._kernels.hashing import hash_rows
 from engine._kernels.keymap import ExactKeyMap, IntKeyMap, StoredKeyMap
+from engine._kernels.sortedmap import AdaptiveU64Map, SortedU64Map
 
 SCHEMA = pa.schema([("s", pa.string()), ("n", pa.int64())])
 
@@ -127,8 +128,17 @@ _ops = st.lists(
 
 
 @pytest.mark.parametrize("mode", ["real", "few", "one"])
+@pytest.mark.parametrize("sorted_max", [0, 4, 1 << 18])
 @given(ops=_ops)
-def test_exact_key_map_against_dict(mode, ops):
+def test_exact_key_map_against_dict(mode, sorted_max, ops):
+    # the heads: hashed at once (0), sorted then hashed (4), sorted (with merges, often)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(AdaptiveU64Map, "sorted_max", sorted_max)
+        mp.setattr(SortedU64Map, "delta_min", 2)
+        _exact_key_map_against_dict(mode, ops)
+
+
+def _exact_key_map_against_dict(mode, ops):
     hasher = _hasher(mode)
     m, ids = ExactKeyMap(exact=False), _Ids()
     model: dict[tuple, int] = {}
