@@ -13,10 +13,11 @@ Every operation that stores something per parent row needs "which slot holds row
   region (one sort when they span several) and is one ``take`` per region.
 * **sorted** — sparse key spaces (the blocks of a many-to-many join, keys in more than
   ``MAX_REGIONS`` regions, a merge's keys where its parents' keys are sparse) while they
-  hold at most ``SORTED_MAX`` keys: the keys in sorted arrays
+  hold at most ``SORTED_MAX`` keys and no call passes more than ``SORTED_BATCH``: the keys
+  in sorted arrays
   (:class:`~engine._kernels.sortedmap.SortedU64Map`), a lookup two ``searchsorted`` calls
   where a hash map probes in rounds, new keys appended or merged into a small delta.
-* **hashed** — past ``SORTED_MAX`` keys, the vectorized
+* **hashed** — past ``SORTED_MAX`` keys or ``SORTED_BATCH`` keys a call, the vectorized
   :class:`~engine._kernels.hashmap.U64Map` with the row key as its own ``uint64`` key
   (lookups ``O(1)`` per key where a search is ``O(log n)`` cache misses).
 
@@ -65,6 +66,9 @@ MAX_REGIONS = 64
 #: a sparse map keeps its keys sorted up to this many, then turns into a hash map (module
 #: attribute: tests change it)
 SORTED_MAX = 1 << 18
+#: ... and while no call passes more keys than this: a batch of thousands of random keys
+#: costs a search's cache misses per key where a hash map's probe costs one (tests change it)
+SORTED_BATCH = 2048
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
@@ -119,10 +123,19 @@ class RowKeyMap:
         return "regions" if self._regions is not None else "dense"
 
     # reading -----------------------------------------------------------------------------
+    def _sparse_for(self, n: int) -> U64Map | SortedU64Map:
+        """The sparse map, for a call of ``n`` keys: a sorted one turns hashed first if the
+        call passes more than ``SORTED_BATCH`` keys (once and for good)."""
+        assert self._hash is not None
+        if n > SORTED_BATCH and isinstance(self._hash, SortedU64Map):
+            self._to_hashed(0, hashed=True)
+        assert self._hash is not None
+        return self._hash
+
     def lookup(self, keys: I64) -> I64:
         """Value of each key, ``-1`` where absent."""
         if self._hash is not None:
-            return self._hash.lookup(keys.view(np.uint64))
+            return self._sparse_for(keys.size).lookup(keys.view(np.uint64))
         if self._regions is not None:
             return self._read_regions(keys, RowKeyMap.lookup)
         return self._dense_get(keys - self._base if self._base else keys)
@@ -180,7 +193,7 @@ class RowKeyMap:
             return
         self._fit(keys)
         if self._hash is not None:
-            self._hash.insert(keys.view(np.uint64), values)
+            self._sparse_for(keys.size).insert(keys.view(np.uint64), values)
             if self._hash.count > SORTED_MAX and isinstance(self._hash, SortedU64Map):
                 self._to_hashed(0)
         elif self._regions is not None:
@@ -211,6 +224,7 @@ class RowKeyMap:
             self.count += int(np.count_nonzero(self._vals.take(idx) < 0))
             self._vals[idx] = values
             return
+        h = self._sparse_for(keys.size)
         u = keys.view(np.uint64)
         new = h.lookup(u) < 0
         if not new.all():
@@ -227,7 +241,7 @@ class RowKeyMap:
         if keys.size == 0:
             return
         if self._hash is not None:
-            self._hash.set_values(keys.view(np.uint64), values)
+            self._sparse_for(keys.size).set_values(keys.view(np.uint64), values)
         elif self._regions is not None:
             self._each_region(keys, values, RowKeyMap.set_values)
         else:
@@ -239,6 +253,7 @@ class RowKeyMap:
             return _EMPTY
         h = self._hash
         if h is not None:
+            h = self._sparse_for(keys.size)
             u = keys.view(np.uint64)
             old = h.lookup(u)
             h.delete(u)
@@ -319,7 +334,7 @@ class RowKeyMap:
                 if live.size:
                     self._each_region(held, vals[live], RowKeyMap.insert)
                 return
-            index = _sparse(self.count + keys.size)
+            index = _sparse(self.count + keys.size, keys.size)
             if live.size:
                 index.insert((live.astype(np.int64) + base).view(np.uint64), vals[live])
             self._hash, self._vals = index, _EMPTY
@@ -375,19 +390,20 @@ class RowKeyMap:
         if sparse:
             self._to_hashed(0)
 
-    def _to_hashed(self, more: int) -> None:
-        """Move every entry (of the regions, or of a sorted map grown past ``SORTED_MAX``)
-        into one sparse map: sorted while they are few enough, else hashed (room for
-        ``more``)."""
+    def _to_hashed(self, more: int, *, hashed: bool = False) -> None:
+        """Move every entry (of the regions, or of a sorted map grown past ``SORTED_MAX``
+        or passed a large batch) into one sparse map: sorted while they are few enough and
+        not ``hashed``, else hashed (room for ``more``)."""
         k, v = self.items()
         self._regions = None
-        self._hash = _sparse(k.size + more)
+        self._hash = U64Map(k.size + more) if hashed else _sparse(k.size + more, more)
         self._hash.insert(k.view(np.uint64), v)
 
 
-def _sparse(n: int) -> U64Map | SortedU64Map:
-    """An empty sparse map for about ``n`` keys: sorted up to ``SORTED_MAX``, else hashed."""
-    return SortedU64Map() if n <= SORTED_MAX else U64Map(n)
+def _sparse(n: int, batch: int) -> U64Map | SortedU64Map:
+    """An empty sparse map for about ``n`` keys, arriving ``batch`` at a time: sorted up to
+    ``SORTED_MAX`` keys and ``SORTED_BATCH`` a batch, else hashed."""
+    return SortedU64Map() if n <= SORTED_MAX and batch <= SORTED_BATCH else U64Map(n)
 
 
 def _by_region(keys: I64) -> list[tuple[int, I64 | None]]:

@@ -237,12 +237,14 @@ class SortedU64Map:
 
 
 class AdaptiveU64Map:
-    """A :class:`SortedU64Map` while it holds at most :attr:`sorted_max` entries, then a
+    """A :class:`SortedU64Map` while it holds at most :attr:`sorted_max` entries and no
+    call passes more than :attr:`batch_max` keys, then a
     :class:`~engine._kernels.hashmap.U64Map` (once and for good): the same methods.
 
     For maps that are small in most uses and large in some (a hash -> group map of an
     aggregation with thousands of groups, or a keyed source's millions of keys): searches
-    while they are cheap, probes once a search's cache misses cost more.
+    while they are cheap, probes once a search's cache misses cost more (a large map, or a
+    batch of thousands of random keys: about ten misses per key against one).
 
     Examples
     --------
@@ -254,6 +256,8 @@ class AdaptiveU64Map:
 
     #: entries past which the map turns into a hash map (tests change it)
     sorted_max = 1 << 18
+    #: keys of one call past which it does too (tests change it)
+    batch_max = 2048
 
     __slots__ = ("_map",)
 
@@ -273,26 +277,31 @@ class AdaptiveU64Map:
         """True once the map turned into a hash map."""
         return isinstance(self._map, U64Map)
 
+    def _for(self, n: int, more: int = 0) -> SortedU64Map | U64Map:
+        """The map for a call of ``n`` keys (``more`` of them new): hashed first if the call
+        is too large or the entries would be too many."""
+        m = self._map
+        if isinstance(m, SortedU64Map) and (n > self.batch_max or m.count + more > self.sorted_max):
+            k, v = m.items()
+            self._map = m = U64Map(k.size + more)
+            m.insert(k, v)
+        return m
+
     def lookup(self, h: U64) -> I64:
         """Value per key, ``-1`` where absent."""
-        return self._map.lookup(h)
+        return self._for(np.size(h)).lookup(h)
 
     def insert(self, h: U64, values: I64) -> None:
         """Add keys known to be absent and distinct among themselves, with their values."""
-        m = self._map
-        if isinstance(m, SortedU64Map) and m.count + np.size(h) > self.sorted_max:
-            k, v = m.items()
-            self._map = m = U64Map(k.size + np.size(h))
-            m.insert(k, v)
-        m.insert(h, values)
+        self._for(np.size(h), np.size(h)).insert(h, values)
 
     def delete(self, h: U64) -> None:
         """Remove keys (absent ones are ignored)."""
-        self._map.delete(h)
+        self._for(np.size(h)).delete(h)
 
     def set_values(self, h: U64, values: I64) -> None:
         """Change the values of keys that are present (absent keys are ignored)."""
-        self._map.set_values(h, values)
+        self._for(np.size(h)).set_values(h, values)
 
     def items(self) -> tuple[U64, I64]:
         """``(keys, values)`` of every entry (ascending while sorted)."""

@@ -128,12 +128,14 @@ _ops = st.lists(
 
 
 @pytest.mark.parametrize("mode", ["real", "few", "one"])
-@pytest.mark.parametrize("sorted_max", [0, 4, 1 << 18])
+@pytest.mark.parametrize(("sorted_max", "batch_max"), [(0, 2048), (4, 2048), (1 << 18, 2048), (1 << 18, 5)])
 @given(ops=_ops)
-def test_exact_key_map_against_dict(mode, sorted_max, ops):
-    # the heads: hashed at once (0), sorted then hashed (4), sorted (with merges, often)
+def test_exact_key_map_against_dict(mode, sorted_max, batch_max, ops):
+    # the heads: hashed at once (0), sorted then hashed (4 entries, or a call of 6 keys),
+    # sorted (with merges, often)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(AdaptiveU64Map, "sorted_max", sorted_max)
+        mp.setattr(AdaptiveU64Map, "batch_max", batch_max)
         mp.setattr(SortedU64Map, "delta_min", 2)
         _exact_key_map_against_dict(mode, ops)
 

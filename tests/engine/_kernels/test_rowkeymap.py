@@ -192,15 +192,17 @@ def _two_ranges(present: list[int], cut: int, d1: int, d2: int) -> tuple[list[in
     return b, e, d
 
 
-@pytest.mark.parametrize(("slack", "regions", "sorted_max"),
-                         [(0, 64, 1 << 18), (0, 64, 0), (0, 64, 12), (65536, 64, 1 << 18),
-                          (65536, 3, 1 << 18), (65536, 1, 1 << 18), (65536, 3, 0)])
+@pytest.mark.parametrize(("slack", "regions", "sorted_max", "sorted_batch"),
+                         [(0, 64, 1 << 18, 2048), (0, 64, 0, 2048), (0, 64, 12, 2048),
+                          (0, 64, 1 << 18, 6), (65536, 64, 1 << 18, 2048), (65536, 3, 1 << 18, 2048),
+                          (65536, 1, 1 << 18, 2048), (65536, 3, 0, 2048), (65536, 3, 1 << 18, 6)])
 @given(ops=_ops)
-def test_against_dict(slack, regions, sorted_max, ops):
+def test_against_dict(slack, regions, sorted_max, sorted_batch, ops):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(rowkeymap, "SPARSE_SLACK", slack)  # 0: most maps turn sparse
         mp.setattr(rowkeymap, "MAX_REGIONS", regions)  # 1: never by region; 3: often one too many
         mp.setattr(rowkeymap, "SORTED_MAX", sorted_max)  # 0: sparse is hashed; 12: sorted, then hashed
+        mp.setattr(rowkeymap, "SORTED_BATCH", sorted_batch)  # 6: a larger call turns it hashed
         mp.setattr(SortedU64Map, "delta_min", 2)  # the sorted map's merges and compactions, often
         _run_against_dict(ops)
 
@@ -217,6 +219,22 @@ def test_sparse_turns_hashed_past_sorted_max(monkeypatch):
     m.remove(_a([0, 5, 7]))
     assert m.layout == "hashed"
     _check(m, {9: 5, 11: 6, 1 << 30: 1})
+
+
+def test_sparse_turns_hashed_at_a_large_call(monkeypatch):
+    monkeypatch.setattr(rowkeymap, "SORTED_BATCH", 3)
+    m = RowKeyMap()
+    m.insert(_a([0, 1 << 30]), _a([0, 1]))
+    assert m.layout == "sorted"
+    assert m.lookup(_a([0, 5, 1 << 30])).tolist() == [0, -1, 1]  # 3 keys: still sorted
+    assert m.layout == "sorted"
+    assert m.lookup(_a([0, 5, 6, 1 << 30])).tolist() == [0, -1, -1, 1]  # 4: hashed first
+    assert m.layout == "hashed"
+    m = RowKeyMap()
+    m.insert(_a([0]), _a([0]))
+    m.insert(_a([1 << 30, 1 << 31, 1 << 32, 1 << 33]), _a([1, 2, 3, 4]))  # sparse, and large
+    assert m.layout == "hashed"
+    _check(m, {0: 0, 1 << 30: 1, 1 << 31: 2, 1 << 32: 3, 1 << 33: 4})
 
 
 # SortedU64Map on its own: uint64 keys of the whole range, appends, merges, tombstones
