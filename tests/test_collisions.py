@@ -21,7 +21,6 @@ import pytest
 
 from engine import _keyed
 from engine._kernels import hashing, hashmap, rowkeymap
-from engine._kernels.sortedmap import AdaptiveU64Map
 from engine.differential.dataflow import Dataflow
 from engine.differential.zset import ZSet
 from engine.graph import UpdateGraph
@@ -34,21 +33,16 @@ WORDS = ["a", "b", "ab", "ba", "", "héllo", "x" * 11, "x" * 12, "aaaaaaaaa"]
 CYCLES = 60
 
 
-@pytest.fixture(params=[(1, True), (3, True), (3, False)],
-                ids=["one-hash", "three-hashes", "three-hashes-hashed-heads"])
+@pytest.fixture(params=[1, 3], ids=["one-hash", "three-hashes"])
 def collide(request, monkeypatch):
-    """Every non-exact key hashes to one of ``k`` values (exact keys stay exact); the key
-    maps' heads sorted (as while they are small) or hashed."""
+    """Every non-exact key hashes to one of ``k`` values (exact keys stay exact)."""
     real = hashing.hash_column
-    n, sorted_heads = request.param
-    if not sorted_heads:
-        monkeypatch.setattr(AdaptiveU64Map, "sorted_max", 0)
-    k = np.uint64(n)
+    k = np.uint64(request.param)
     monkeypatch.setattr(hashing, "hash_column", lambda col, name="?": real(col, name) % k)
     probe = pa.table({"s": WORDS, "n": list(range(len(WORDS)))})
-    assert np.unique(_keyed._key_hashes(probe, ["s"])).size <= n  # the patch reaches
-    assert np.unique(hashing.hash_rows(probe, ["s", "n"])).size <= n ** 2
-    return n
+    assert np.unique(_keyed._key_hashes(probe, ["s"])).size <= request.param  # the patch reaches
+    assert np.unique(hashing.hash_rows(probe, ["s", "n"])).size <= request.param ** 2
+    return request.param
 
 
 def _norm(v: Any) -> Any:

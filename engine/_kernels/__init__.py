@@ -8,7 +8,7 @@ pins that.
 * :mod:`engine._kernels.keymap` — the one collision policy: hash, then verify the real
   key values, so two distinct keys never meet;
 * :mod:`engine._kernels.sortedmap` — the same ``uint64 -> int64`` map as sorted arrays
-  (searches instead of probe rounds) for maps of up to a few hundred thousand keys;
+  (searches instead of probe rounds) for sparse row keys, up to about a hundred thousand;
 * :mod:`engine._kernels.rowkeymap` — the one row key -> slot map (dense array while keys
   are dense, sorted arrays, then the hash map when sparse; one switch-over rule), with
   shifts as ranges;

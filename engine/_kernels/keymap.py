@@ -6,10 +6,9 @@ caller's non-negative ``int64`` ids in which a 64-bit hash (:mod:`engine._kernel
 finds candidates and the key values decide. Two distinct keys whose hashes are equal are
 two entries, never one and never an error.
 
-Layout: a map from each hash to the id of its first entry (the *head*: sorted arrays while
-the map is small, a :class:`~engine._kernels.hashmap.U64Map` past that, see
-:class:`~engine._kernels.sortedmap.AdaptiveU64Map`), plus a second one from id to the next
-id with the same hash, holding only the rare chained entries. Every method works on whole batches: a lookup probes all
+Layout: a :class:`~engine._kernels.hashmap.U64Map` from each hash to the id of its first
+entry (the *head*), plus a second one from id to the next id with the same hash, holding
+only the rare chained entries. Every method works on whole batches: a lookup probes all
 hashes at once, verifies all candidates with one call of the caller's ``same``, and walks
 chains only for the rows whose candidate was a different key. Deleting an entry relinks
 its chain, so the other keys sharing its hash stay findable.
@@ -33,7 +32,6 @@ from engine._kernels.hashing import Same, exact_hash, group_equal, rows_equal_at
 from engine._kernels.hashmap import U64Map
 from engine._kernels.rowkeymap import RowKeyMap
 from engine._kernels.rowstore import RowStore
-from engine._kernels.sortedmap import AdaptiveU64Map
 
 __all__ = ["ExactKeyMap", "IntKeyMap", "StoredKeyMap"]
 
@@ -81,9 +79,7 @@ class ExactKeyMap:
 
     def __init__(self, exact: bool) -> None:
         self.exact = exact
-        # hash -> id of its first entry: sorted arrays while small (searches beat probe
-        # rounds for a few hundred thousand entries), then hashed
-        self._heads = AdaptiveU64Map()
+        self._heads = U64Map()  # hash -> id of its first entry
         self._next = U64Map()  # id -> next id with the same hash (chained entries only)
         self.count = 0
 

@@ -12,9 +12,13 @@ merge, amortized ``O(1)`` per key, and no rebuild of a whole table at once as th
 map's growth makes). Deleted keys leave tombstones (value ``-1``) that a later insert of
 the same key revives and the next merge drops.
 
-Lookups cost ``O(log n)`` per key where the hash map's are ``O(1)``: past a few hundred
-thousand entries the hash map wins (cache misses of a binary search in megabytes), so the
-row-key map moves a sorted map that grows past ``rowkeymap.SORTED_MAX`` into a hash map.
+Lookups cost ``O(log n)`` per key where the hash map's are ``O(1)``: a search's cache
+misses grow with the map and with keys spread over it (fresh random keys: slower than the
+hash map from a few hundred; fresh sorted keys, as a table's row sets give: even at about
+60,000 entries; recent keys, as a table's changed rows mostly are: 2x faster at 250,000),
+so the row-key map moves a sorted map into a hash map past ``rowkeymap.SORTED_MAX`` keys or
+``rowkeymap.SORTED_BATCH`` keys in one call, and hash -> id maps of random hashes
+(:mod:`engine._kernels.keymap`) stay hash maps.
 """
 
 from __future__ import annotations
@@ -22,9 +26,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from engine._kernels.hashmap import U64Map
-
-__all__ = ["AdaptiveU64Map", "SortedU64Map"]
+__all__ = ["SortedU64Map"]
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -235,74 +237,3 @@ class SortedU64Map:
         """Remove every entry."""
         self.__init__()  # type: ignore[misc]
 
-
-class AdaptiveU64Map:
-    """A :class:`SortedU64Map` while it holds at most :attr:`sorted_max` entries and no
-    call passes more than :attr:`batch_max` keys, then a
-    :class:`~engine._kernels.hashmap.U64Map` (once and for good): the same methods.
-
-    For maps that are small in most uses and large in some (a hash -> group map of an
-    aggregation with thousands of groups, or a keyed source's millions of keys): searches
-    while they are cheap, probes once a search's cache misses cost more (a large map, or a
-    batch of thousands of random keys: about ten misses per key against one).
-
-    Examples
-    --------
-    >>> m = AdaptiveU64Map()
-    >>> m.insert(np.array([7, 9], dtype=np.uint64), np.array([0, 1]))
-    >>> m.lookup(np.array([9, 8, 7], dtype=np.uint64)).tolist(), m.hashed
-    ([1, -1, 0], False)
-    """
-
-    #: entries past which the map turns into a hash map (tests change it)
-    sorted_max = 1 << 18
-    #: keys of one call past which it does too (tests change it)
-    batch_max = 2048
-
-    __slots__ = ("_map",)
-
-    def __init__(self) -> None:
-        self._map: SortedU64Map | U64Map = SortedU64Map()
-
-    def __len__(self) -> int:
-        return self._map.count
-
-    @property
-    def count(self) -> int:
-        """How many entries the map holds."""
-        return self._map.count
-
-    @property
-    def hashed(self) -> bool:
-        """True once the map turned into a hash map."""
-        return isinstance(self._map, U64Map)
-
-    def _for(self, n: int, more: int = 0) -> SortedU64Map | U64Map:
-        """The map for a call of ``n`` keys (``more`` of them new): hashed first if the call
-        is too large or the entries would be too many."""
-        m = self._map
-        if isinstance(m, SortedU64Map) and (n > self.batch_max or m.count + more > self.sorted_max):
-            k, v = m.items()
-            self._map = m = U64Map(k.size + more)
-            m.insert(k, v)
-        return m
-
-    def lookup(self, h: U64) -> I64:
-        """Value per key, ``-1`` where absent."""
-        return self._for(np.size(h)).lookup(h)
-
-    def insert(self, h: U64, values: I64) -> None:
-        """Add keys known to be absent and distinct among themselves, with their values."""
-        self._for(np.size(h), np.size(h)).insert(h, values)
-
-    def delete(self, h: U64) -> None:
-        """Remove keys (absent ones are ignored)."""
-        self._for(np.size(h)).delete(h)
-
-    def set_values(self, h: U64, values: I64) -> None:
-        """Change the values of keys that are present (absent keys are ignored)."""
-        self._for(np.size(h)).set_values(h, values)
-
-    def items(self) -> tuple[U64, I64]:
-        """``(keys, values)`` of every entry (ascending while sorted)."""
-        return self._map.items()

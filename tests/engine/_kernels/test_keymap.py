@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from engine._kernels import rowkeymap
 from engine._kernels.hashing import hash_rows
 from engine._kernels.keymap import ExactKeyMap, IntKeyMap, StoredKeyMap
-from engine._kernels.sortedmap import AdaptiveU64Map, SortedU64Map
 
 SCHEMA = pa.schema([("s", pa.string()), ("n", pa.int64())])
 
@@ -128,19 +127,8 @@ _ops = st.lists(
 
 
 @pytest.mark.parametrize("mode", ["real", "few", "one"])
-@pytest.mark.parametrize(("sorted_max", "batch_max"), [(0, 2048), (4, 2048), (1 << 18, 2048), (1 << 18, 5)])
 @given(ops=_ops)
-def test_exact_key_map_against_dict(mode, sorted_max, batch_max, ops):
-    # the heads: hashed at once (0), sorted then hashed (4 entries, or a call of 6 keys),
-    # sorted (with merges, often)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(AdaptiveU64Map, "sorted_max", sorted_max)
-        mp.setattr(AdaptiveU64Map, "batch_max", batch_max)
-        mp.setattr(SortedU64Map, "delta_min", 2)
-        _exact_key_map_against_dict(mode, ops)
-
-
-def _exact_key_map_against_dict(mode, ops):
+def test_exact_key_map_against_dict(mode, ops):
     hasher = _hasher(mode)
     m, ids = ExactKeyMap(exact=False), _Ids()
     model: dict[tuple, int] = {}

@@ -193,9 +193,9 @@ def _two_ranges(present: list[int], cut: int, d1: int, d2: int) -> tuple[list[in
 
 
 @pytest.mark.parametrize(("slack", "regions", "sorted_max", "sorted_batch"),
-                         [(0, 64, 1 << 18, 2048), (0, 64, 0, 2048), (0, 64, 12, 2048),
-                          (0, 64, 1 << 18, 6), (65536, 64, 1 << 18, 2048), (65536, 3, 1 << 18, 2048),
-                          (65536, 1, 1 << 18, 2048), (65536, 3, 0, 2048), (65536, 3, 1 << 18, 6)])
+                         [(0, 64, 1 << 17, 2048), (0, 64, 0, 2048), (0, 64, 12, 2048),
+                          (0, 64, 1 << 17, 6), (65536, 64, 1 << 17, 2048), (65536, 3, 1 << 17, 2048),
+                          (65536, 1, 1 << 17, 2048), (65536, 3, 0, 2048), (65536, 3, 1 << 17, 6)])
 @given(ops=_ops)
 def test_against_dict(slack, regions, sorted_max, sorted_batch, ops):
     with pytest.MonkeyPatch.context() as mp:
