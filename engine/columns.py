@@ -526,6 +526,13 @@ class _ArrowStore:
     against 0.12 ms in 2 chunks). No merge makes a chunk of more than ``max_merge`` values:
     the cycle that makes one waits for its whole copy. Past that size chunks just
     accumulate; a gather takes from each chunk it hits.
+
+    With :attr:`defer` set (an append-only table's columns), appends are kept as they came
+    and merged together later, as one append, once more than ``defer`` of them wait or a
+    gather needs the store (:meth:`settle`): a column nobody gathers from (a source's
+    strings that no operator reads) copies each value once per ``defer`` appends instead of
+    at every level, and one that is gathered from every cycle merges as before. Runs of
+    consecutive slots (a cycle's new rows) read the waiting chunks as slices.
     """
 
     #: no merge makes a chunk larger than this (an append larger than it stays whole)
@@ -536,12 +543,16 @@ class _ArrowStore:
     #: and takes once: 3 values of a 4-chunk, 12-value store (a small keyed table's strings)
     #: 40 -> 6 us; 4,096 values in 12 chunks 16 us
     small = 4096
+    #: appends kept unmerged until more than this many wait (0: each merges at once)
+    defer = 0
 
-    def __init__(self, type: pa.DataType, *, null_slot: bool = True) -> None:
+    def __init__(self, type: pa.DataType, *, null_slot: bool = True, defer: int = 0) -> None:
         self.type = type
         # slot 0 is the null default unless told otherwise
         self.chunks: list[pa.Array] = [pa.nulls(1, type)] if null_slot else []
         self.offsets: npt.NDArray[np.int64] = np.array([0, 1] if null_slot else [0], dtype=np.int64)
+        self.defer = defer
+        self._pending = 0  # the last chunks: appends not merged yet
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -566,6 +577,31 @@ class _ArrowStore:
         n = sum(len(c) for c in new)
         if n == 0:
             return start
+        if self.defer:  # kept as it came (realigned if need be), merged later
+            parts = [aligned(c) for c in new if len(c)]
+            self.chunks.extend(parts)
+            self.offsets = np.concatenate((self.offsets, start + np.cumsum([len(c) for c in parts])))
+            self._pending += len(parts)
+            if self._pending > self.defer:
+                self.settle()
+            return start
+        self._merge_in(new, n)
+        return start
+
+    def settle(self) -> None:
+        """Merge the appends kept unmerged (:attr:`defer`), as one append of all of them."""
+        k = self._pending
+        if not k:
+            return
+        self._pending = 0
+        new = self.chunks[-k:]
+        del self.chunks[-k:]
+        self.offsets = self.offsets[: len(self.chunks) + 1]
+        self._merge_in(new, sum(len(c) for c in new))
+
+    def _merge_in(self, new: list[pa.Array], n: int) -> None:
+        """Store the ``n`` values of the chunks ``new`` as one chunk, with the merges by
+        levels they set off (see :meth:`append_run`)."""
         lengths = [len(c) for c in self.chunks]
         last, keep = n, len(self.chunks)  # the new last chunk's length; stored chunks kept
         fan = self.fan_in
@@ -590,7 +626,6 @@ class _ArrowStore:
         # aligned); a concatenation is a new, aligned array
         self.chunks[keep:] = [aligned(parts[0]) if len(parts) == 1 else pa.concat_arrays(parts)]
         self.offsets = np.concatenate(([0], np.cumsum([len(c) for c in self.chunks]))).astype(np.int64)
-        return start
 
     def take(self, slots: npt.NDArray[np.int64]) -> pa.Array:
         if slots.size == 0:
@@ -599,6 +634,8 @@ class _ArrowStore:
         if slots.size == 1 or (int(slots[-1]) - first == slots.size - 1
                                and bool((np.diff(slots) == 1).all())):
             return self._run(first, slots.size)  # e.g. a whole append-only table: slices
+        if self._pending:  # a gather: the waiting appends merge first
+            self.settle()
         if len(self.chunks) == 1:
             return self.chunks[0].take(pa.array(slots))
         if len(self) <= self.small:  # one concatenation of a few values, one take
@@ -722,16 +759,22 @@ def compact_stale(sources: Iterable[ColumnSource], live: int, live_keys: Callabl
             src.compact(keys)
 
 
+#: appends an append-only column keeps unmerged before merging them (``_ArrowStore.defer``)
+APPEND_DEFER = 64
+
+
 class AppendColumnSource(WritableColumnSource):
     """An append-only table's column, any type: row key ``k`` is position ``k`` in Arrow
-    chunks (no slot array, no null slot). Each append is stored as one chunk and chunks
-    merge geometrically (binary counter: ``O(log n)`` chunks, so a gather of random keys
-    takes from a few chunks). Rows never change, so previous values are current values.
+    chunks (no slot array, no null slot). Appends wait as they came (up to
+    :data:`APPEND_DEFER` of them, or until a gather), then merge as one chunk, and chunks
+    merge by levels (``O(log n)`` chunks, so a gather of random keys takes from a few
+    chunks). Rows never change, so previous values are current values.
     """
 
     def __init__(self, type: pa.DataType) -> None:
         self.type = type
-        self._store = _ArrowStore(type, null_slot=False)
+        # a source's column that no operator gathers from merges its appends rarely
+        self._store = _ArrowStore(type, null_slot=False, defer=APPEND_DEFER)
 
     def __len__(self) -> int:
         return len(self._store)

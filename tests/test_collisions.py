@@ -229,6 +229,7 @@ def test_client_row_index_with_every_key_in_three_home_slots(server, graph, subs
     """A live client view of a keyed table (string keys, whose source map collides too)
     stays equal to the server's table while its row-key map probes long chains."""
     monkeypatch.setattr(rowkeymap, "SPARSE_SLACK", 0)  # the row-key map is hashed at once
+    monkeypatch.setattr(rowkeymap, "SORTED_MAX", 0)  # ... not sorted
     monkeypatch.setattr(hashmap.U64Map, "_home", lambda self, h: (h % np.uint64(3)).astype(np.int64) & self._mask)
     real = hashing.hash_column
     monkeypatch.setattr(hashing, "hash_column", lambda col, name="?": real(col, name) % np.uint64(2))

@@ -11,17 +11,23 @@ Every operation that stores something per parent row needs "which slot holds row
   ``2**REGION_BITS`` keys, for keys that are dense within a few regions: a merge's parent
   ``i`` owns the region ``i << 40`` (:mod:`engine.ops.merge`). A lookup splits its keys by
   region (one sort when they span several) and is one ``take`` per region.
-* **hashed** — the vectorized :class:`~engine._kernels.hashmap.U64Map` with the row key as
-  its own ``uint64`` key, for sparse key spaces (the blocks of a many-to-many join, keys
-  in more than ``MAX_REGIONS`` regions).
+* **sorted** — sparse key spaces (the blocks of a many-to-many join, keys in more than
+  ``MAX_REGIONS`` regions, a merge's keys where its parents' keys are sparse) while they
+  hold at most ``SORTED_MAX`` keys and no call passes more than ``SORTED_BATCH``: the keys
+  in sorted arrays
+  (:class:`~engine._kernels.sortedmap.SortedU64Map`), a lookup two ``searchsorted`` calls
+  where a hash map probes in rounds, new keys appended or merged into a small delta.
+* **hashed** — past ``SORTED_MAX`` keys or ``SORTED_BATCH`` keys a call, the vectorized
+  :class:`~engine._kernels.hashmap.U64Map` with the row key as its own ``uint64`` key
+  (lookups ``O(1)`` per key where a search is ``O(log n)`` cache misses).
 
 **The one switch-over rule.** The map is dense while the live keys span at most
 ``4 * count + SPARSE_SLACK`` key positions. It is checked when an insert falls outside the
 window (the window is then refitted to the live keys with an eighth of their span as room
 below and half of it above, so refits are amortized O(1) per key, also for a ring table's
 sliding keys); past it the map turns to regions when its keys lie in 2 to ``MAX_REGIONS``
-regions and each region's keys keep the rule within it, else hashed, once and for good
-(regions turn hashed when a key arrives in one region too many, or one region's keys
+regions and each region's keys keep the rule within it, else sparse (sorted, then hashed
+once it grows past ``SORTED_MAX``), once and for good (regions turn sparse when a key arrives in one region too many, or one region's keys
 spread: a probe per region would cost more than one probe of all the keys). Why 4: the window costs 8
 bytes per key position over about 1.6 times the span, so at most about 52 bytes per live
 key, which is what the hashed map costs (40-80 bytes per entry at its load of 1/4 to 1/2),
@@ -45,8 +51,9 @@ import numpy.typing as npt
 
 from engine._kernels.arrays import shift_keys
 from engine._kernels.hashmap import U64Map
+from engine._kernels.sortedmap import SortedU64Map
 
-__all__ = ["MAX_REGIONS", "REGION_BITS", "SPARSE_SLACK", "RowKeyMap"]
+__all__ = ["MAX_REGIONS", "REGION_BITS", "SORTED_MAX", "SPARSE_SLACK", "RowKeyMap"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -56,6 +63,14 @@ _MIN_WINDOW = 1024
 REGION_BITS = 40
 #: regions a map splits into before it turns hashed (module attribute: tests change it)
 MAX_REGIONS = 64
+#: a sparse map keeps its keys sorted up to this many, then turns into a hash map: lookups
+#: of 300-2,000 fresh sorted keys spread over the map break even with the hash map's at
+#: about 60,000 keys and cost 1.3-1.8x its time at 250,000 (recent keys, as a table's
+#: changed rows mostly are, stay 2x ahead there) (module attribute: tests change it)
+SORTED_MAX = 1 << 17
+#: ... and while no call passes more keys than this: a batch of thousands of random keys
+#: costs a search's cache misses per key where a hash map's probe costs one (tests change it)
+SORTED_BATCH = 2048
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
@@ -89,7 +104,7 @@ class RowKeyMap:
         self.count = 0
         self._base = 0
         self._vals: I64 = np.full(0, -1, dtype=np.int64)
-        self._hash: U64Map | None = None
+        self._hash: U64Map | SortedU64Map | None = None  # sparse: sorted, then hashed
         self._regions: dict[int, RowKeyMap] | None = None  # region -> its keys' map
         self._lo, self._hi = 0, -1  # dense: every live key is in [_lo, _hi] (a superset)
 
@@ -98,19 +113,31 @@ class RowKeyMap:
 
     @property
     def hashed(self) -> bool:
-        """True once the map left the one dense window (it never goes back)."""
+        """True once the map left the one dense window (by region, sorted or hashed: it
+        never goes back)."""
         return self._hash is not None or self._regions is not None
 
     @property
     def layout(self) -> str:
-        """``"dense"``, ``"regions"`` or ``"hashed"`` (see the module docstring)."""
-        return "hashed" if self._hash is not None else "regions" if self._regions is not None else "dense"
+        """``"dense"``, ``"regions"``, ``"sorted"`` or ``"hashed"`` (see the module docstring)."""
+        if self._hash is not None:
+            return "sorted" if isinstance(self._hash, SortedU64Map) else "hashed"
+        return "regions" if self._regions is not None else "dense"
 
     # reading -----------------------------------------------------------------------------
+    def _sparse_for(self, n: int) -> U64Map | SortedU64Map:
+        """The sparse map, for a call of ``n`` keys: a sorted one turns hashed first if the
+        call passes more than ``SORTED_BATCH`` keys (once and for good)."""
+        assert self._hash is not None
+        if n > SORTED_BATCH and isinstance(self._hash, SortedU64Map):
+            self._to_hashed(0, hashed=True)
+        assert self._hash is not None
+        return self._hash
+
     def lookup(self, keys: I64) -> I64:
         """Value of each key, ``-1`` where absent."""
         if self._hash is not None:
-            return self._hash.lookup(keys.view(np.uint64))
+            return self._sparse_for(keys.size).lookup(keys.view(np.uint64))
         if self._regions is not None:
             return self._read_regions(keys, RowKeyMap.lookup)
         return self._dense_get(keys - self._base if self._base else keys)
@@ -134,6 +161,9 @@ class RowKeyMap:
 
     def items(self) -> tuple[I64, I64]:
         """``(keys, values)`` of every entry, keys ascending."""
+        if isinstance(self._hash, SortedU64Map):
+            k, v = self._hash.items()
+            return k.view(np.int64), v
         if self._hash is not None:
             k, v = self._hash.items()
             order = np.argsort(k)
@@ -165,7 +195,9 @@ class RowKeyMap:
             return
         self._fit(keys)
         if self._hash is not None:
-            self._hash.insert(keys.view(np.uint64), values)
+            self._sparse_for(keys.size).insert(keys.view(np.uint64), values)
+            if self._hash.count > SORTED_MAX and isinstance(self._hash, SortedU64Map):
+                self._to_hashed(0)
         elif self._regions is not None:
             self._each_region(keys, values, RowKeyMap.insert)
         else:
@@ -194,6 +226,7 @@ class RowKeyMap:
             self.count += int(np.count_nonzero(self._vals.take(idx) < 0))
             self._vals[idx] = values
             return
+        h = self._sparse_for(keys.size)
         u = keys.view(np.uint64)
         new = h.lookup(u) < 0
         if not new.all():
@@ -201,6 +234,8 @@ class RowKeyMap:
         if new.any():
             h.insert(u[new], values[new])
         self.count = h.count
+        if h.count > SORTED_MAX and isinstance(h, SortedU64Map):
+            self._to_hashed(0)
 
     def set_values(self, keys: I64, values: I64) -> None:
         """Give keys that are all present now new values (one write, no presence check:
@@ -208,7 +243,7 @@ class RowKeyMap:
         if keys.size == 0:
             return
         if self._hash is not None:
-            self._hash.set_values(keys.view(np.uint64), values)
+            self._sparse_for(keys.size).set_values(keys.view(np.uint64), values)
         elif self._regions is not None:
             self._each_region(keys, values, RowKeyMap.set_values)
         else:
@@ -220,6 +255,7 @@ class RowKeyMap:
             return _EMPTY
         h = self._hash
         if h is not None:
+            h = self._sparse_for(keys.size)
             u = keys.view(np.uint64)
             old = h.lookup(u)
             h.delete(u)
@@ -300,7 +336,7 @@ class RowKeyMap:
                 if live.size:
                     self._each_region(held, vals[live], RowKeyMap.insert)
                 return
-            index = U64Map(self.count + keys.size)
+            index = _sparse(self.count + keys.size, keys.size)
             if live.size:
                 index.insert((live.astype(np.int64) + base).view(np.uint64), vals[live])
             self._hash, self._vals = index, _EMPTY
@@ -352,16 +388,24 @@ class RowKeyMap:
                 write(sub, keys, values)
             else:
                 write(sub, keys[at], values[at])
-            sparse = sparse or sub._hash is not None
+            sparse = sparse or sub._hash is not None  # sorted or hashed
         if sparse:
             self._to_hashed(0)
 
-    def _to_hashed(self, more: int) -> None:
-        """Move every entry of the regions into one hashed map (room for ``more``)."""
+    def _to_hashed(self, more: int, *, hashed: bool = False) -> None:
+        """Move every entry (of the regions, or of a sorted map grown past ``SORTED_MAX``
+        or passed a large batch) into one sparse map: sorted while they are few enough and
+        not ``hashed``, else hashed (room for ``more``)."""
         k, v = self.items()
         self._regions = None
-        self._hash = U64Map(k.size + more)
+        self._hash = U64Map(k.size + more) if hashed else _sparse(k.size + more, more)
         self._hash.insert(k.view(np.uint64), v)
+
+
+def _sparse(n: int, batch: int) -> U64Map | SortedU64Map:
+    """An empty sparse map for about ``n`` keys, arriving ``batch`` at a time: sorted up to
+    ``SORTED_MAX`` keys and ``SORTED_BATCH`` a batch, else hashed."""
+    return SortedU64Map() if n <= SORTED_MAX and batch <= SORTED_BATCH else U64Map(n)
 
 
 def _by_region(keys: I64) -> list[tuple[int, I64 | None]]:

@@ -29,6 +29,10 @@ I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
 
 _SLACK = 1024  # dead rows tolerated on top of the live count before a compaction
+#: a store of at most this many rows keeps its levels concatenated for comparisons too, so
+#: that :meth:`RowStore.equal_at` compares in numpy (a join's few right keys, checked
+#: against every left row whose hash meets one, each cycle)
+FLAT_MAX = 65536
 
 
 class RowStore:
@@ -60,6 +64,7 @@ class RowStore:
         self._starts: list[int] = []  # global row of each level's first row
         self._rows = 0
         self._live = 0
+        self._flat: pa.Table | None = None  # the levels concatenated (small stores), until a put
 
     def __len__(self) -> int:
         """Ids that hold a row."""
@@ -125,9 +130,12 @@ class RowStore:
         """Per pair: row ``i[k]`` of ``table`` equals the row of ``ids[k]`` (columns matched
         by position with the stored ``columns``, all of them by default)."""
         rows = self._row[np.asarray(ids, dtype=np.int64)]
-        if len(self._levels) == 1:
-            level = self._levels[0] if columns is None else self._levels[0].select(columns)
-            return rows_equal_at(table, i, level, rows)
+        if len(self._levels) > 1 and self._rows <= FLAT_MAX and self._flat is None:
+            self._flat = pa.concat_tables(self._levels).combine_chunks()
+        if len(self._levels) == 1 or self._flat is not None:
+            level = self._levels[0] if len(self._levels) == 1 else self._flat
+            assert level is not None
+            return rows_equal_at(table, i, level if columns is None else level.select(columns), rows)
         return rows_equal(table.take(i), self._stored(rows, columns))
 
     def put(self, ids: I64, rows: pa.Table) -> None:
@@ -136,6 +144,7 @@ class RowStore:
         if ids.size == 0:
             return
         self._fit(int(ids.max()) + 1)
+        self._flat = None
         self._live += int(np.count_nonzero(self._row[ids] < 0))
         cols = [c.cast(f.type) for c, f in zip(rows.columns, self.schema, strict=True)]
         rows = pa.Table.from_arrays(cols, schema=self.schema).combine_chunks()
@@ -165,6 +174,7 @@ class RowStore:
             kept = self._stored(rows).combine_chunks() if rows.size else self.schema.empty_table()
             self._row[live] = np.arange(live.size, dtype=np.int64)
             self._levels, self._starts = ([kept], [0]) if live.size else ([], [])
+            self._flat = None
             self._rows = self._live = int(live.size)
 
 

@@ -16,7 +16,10 @@ fluent chains like ``a.merge(b).merge(c)`` working; a table *derived* from a mer
 
 Columns are :class:`MergedColumnSource` views that split a batch of keys by region with
 numpy (one ``get`` per parent that owns some of the keys) and put the values back in
-request order with one Arrow ``take``. Per cycle the merge costs the parents' updates
+request order with one Arrow ``take``. A column that every parent reads from one source
+(views of one table passing a column through, as a sliding window's hops do) is a
+:class:`SharedMergedColumnSource` instead: one read of that source at the keys' local
+parts, no split. Per cycle the merge costs the parents' updates
 shifted into their regions: bitmap work, no per-row Python.
 """
 
@@ -29,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine._kernels.rowkeymap import REGION_BITS  # row-key maps split by these regions
-from engine.columns import ColumnSource
+from engine.columns import ColumnSource, RedirectingColumnSource
 from engine.errors import InvalidKeyError, SchemaError
 from engine.rowset import KeyArray, RowSet, RowSetShiftData
 from engine.table import Derivation, Table, derive
@@ -38,7 +41,7 @@ from engine.update import TableUpdate
 if TYPE_CHECKING:
     pass
 
-__all__ = ["REGION_BITS", "MergeListener", "MergedColumnSource", "merge"]
+__all__ = ["REGION_BITS", "MergeListener", "MergedColumnSource", "SharedMergedColumnSource", "merge"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,50 @@ class MergedColumnSource(ColumnSource):
 
     def get_prev(self, keys: KeyArray) -> pa.Array:
         return self._route(keys, prev=True)
+
+
+class _Regions:
+    """A merge's key map for its shared columns: a key's region names the parent, its low
+    bits are the parent's key (one object per merge, so :func:`~engine.columns.read_columns`
+    strips the regions once for all of them)."""
+
+    def __init__(self, parents: int) -> None:
+        self.parents = parents
+
+    def local(self, keys: KeyArray) -> KeyArray:
+        k = np.asarray(keys, dtype=np.int64)
+        if k.size and int(k.max()) >> REGION_BITS >= self.parents:
+            raise InvalidKeyError(f"row key {int(k.max())} is not in a merge region")
+        out: KeyArray = k & _LOCAL_MASK
+        return out
+
+
+class SharedMergedColumnSource(RedirectingColumnSource):
+    """A merge's column whose parents all read one source: row key ``(i << 40) | k`` is the
+    source's ``k`` whatever ``i``, so a batch is one read of the source (no split by
+    region, no gather back into order), and a numpy reader reaches the source's storage."""
+
+    def __init__(self, inner: ColumnSource, regions: _Regions) -> None:
+        self.inner = inner
+        self.type = inner.type
+        self._regions = regions
+
+    @property
+    def translation(self) -> object:
+        return self._regions
+
+    def translate(self, keys: KeyArray) -> KeyArray:
+        return self._regions.local(keys)
+
+    def translate_prev(self, keys: KeyArray) -> KeyArray:
+        return self._regions.local(keys)  # regions never move: a previous key's region is its parent's
+
+
+def _column(parts: list[ColumnSource], type: pa.DataType, regions: _Regions) -> ColumnSource:
+    """The merge's column over the parents' ``parts``: shared when they are one source."""
+    if len(parts) > 1 and all(p is parts[0] for p in parts):
+        return SharedMergedColumnSource(parts[0], regions)
+    return MergedColumnSource(parts, type)
 
 
 def _schema_difference(first: Table, other: Table, position: int) -> str | None:
@@ -160,8 +207,9 @@ def merge(*tables: Table) -> Table:
         for i, t in enumerate(tables):  # one region per parent
             _check_keys(t, t.rowset)
             rowset |= t.rowset.shift(i << REGION_BITS)
+        regions = _Regions(len(tables))
         columns: dict[str, ColumnSource] = {
-            f.name: MergedColumnSource([t.column(f.name) for t in tables], f.type)
+            f.name: _column([t.column(f.name) for t in tables], f.type, regions)
             for f in first.schema
         }
         return Derivation(first.schema, columns, rowset, MergeListener(tables))

@@ -206,16 +206,20 @@ def test_set_new_range_run_writes_consecutive_values_in_blocks():
     assert src.capacity >= 3 + n
 
 
+@pytest.mark.parametrize("defer", [0, 3, None])  # appends merged at once, after 3, the default
 @pytest.mark.parametrize("small", [None, 0])  # 0: every gather takes chunk by chunk
 @pytest.mark.parametrize("max_merge", [None, 64])
 @pytest.mark.parametrize("typ", [pa.int64(), pa.string(), pa.float64()])
 @pytest.mark.parametrize("seed", range(3))
-def test_append_source_reads_equal_the_appended_values(typ, seed, max_merge, small):
+def test_append_source_reads_equal_the_appended_values(typ, seed, max_merge, small, defer):
     # appends of 1 to 200 rows, some as multi-chunk arrays: every read (random gathers, runs
     # across chunks, ranges, previous values) equals the concatenated input; with a small
-    # max_merge, many chunks stop merging and reads cross them
+    # max_merge, many chunks stop merging and reads cross them; with appends deferred, reads
+    # cross the waiting chunks (runs) or merge them first (gathers)
     rng = np.random.default_rng(seed)
     src = AppendColumnSource(typ)
+    if defer is not None:
+        src._store.defer = defer
     if max_merge is not None:
         src._store.max_merge = max_merge
     if small is not None:
@@ -236,10 +240,17 @@ def test_append_source_reads_equal_the_appended_values(typ, seed, max_merge, sma
         src.set_new_range(len(expect), arr)
         expect.extend(vals)
         sizes = [len(c) for c in src._store.chunks]
-        assert sizes == model  # the merges chunk-by-chunk appends and merges would make
         assert {b.address % 8 for c in src._store.chunks for b in c.buffers() if b is not None} <= {0}
+        if src._store.defer:  # up to `defer` waiting chunks after the merged ones
+            waiting = src._store._pending
+            assert waiting <= src._store.defer
+            sizes = sizes[: len(sizes) - waiting]
+        else:
+            assert sizes == model  # the merges chunk-by-chunk appends and merges would make
         levels = [_level(x) for x in sizes]
-        if len(expect) <= cap:  # levels never rise along the chunks; under FAN chunks a level
+        if not sizes:
+            pass
+        elif len(expect) <= cap:  # levels never rise along the chunks; under FAN chunks a level
             assert levels == sorted(levels, reverse=True), sizes
             assert max(levels.count(lv) for lv in set(levels)) < FAN, sizes
         else:  # merges stop at the cap: past it, chunks accumulate
@@ -252,7 +263,45 @@ def test_append_source_reads_equal_the_appended_values(typ, seed, max_merge, sma
         assert src.get_range(a, b).to_pylist() == expect[a:b]
         assert src.get_prev(k).to_pylist() == [expect[i] for i in k]
     if len(expect) <= cap:  # O(FAN log_FAN n) chunks
-        assert len(src._store.chunks) <= (FAN - 1) * (_level(len(expect)) + 1)
+        assert len(src._store.chunks) <= (FAN - 1) * (_level(len(expect)) + 1) + src._store._pending
+
+
+def test_append_source_merges_deferred_appends_once(monkeypatch):
+    # appends wait as they came: no copy until more than `defer` wait, then one merge of
+    # all of them as one append; a gather merges the waiting ones first, a run reads them
+    src = AppendColumnSource(pa.string())
+    src._store.defer = 4
+    calls = []
+    concat = pa.concat_arrays
+
+    def counting(arrays, *a, **k):
+        calls.append([len(x) for x in arrays])
+        return concat(arrays, *a, **k)
+
+    monkeypatch.setattr(pa, "concat_arrays", counting)
+    expect: list[str] = []
+    for i in range(4):
+        vals = [f"v{i}-{j}" for j in range(5)]
+        src.set_new_range(len(expect), pa.array(vals))
+        expect += vals
+    assert calls == [] and [len(c) for c in src._store.chunks] == [5, 5, 5, 5]
+    assert src.get_range(3, 12).to_pylist() == expect[3:12]  # a run: slices, no merge
+    assert src.get(np.arange(4, 16)).to_pylist() == expect[4:16]
+    assert calls == [[1, 5, 5, 1]]  # the run's slices, concatenated: no merge
+    assert src._store._pending == 4
+    calls.clear()
+    vals = [f"w{j}" for j in range(5)]
+    src.set_new_range(len(expect), pa.array(vals))  # a fifth waits: all merge as one append of 25
+    expect += vals
+    assert calls == [[5, 5, 5, 5, 5]]
+    assert [len(c) for c in src._store.chunks] == _merged([], 25, src._store.max_merge)
+    calls.clear()
+    src.set_new_range(len(expect), pa.array(["x", "y"]))
+    expect += ["x", "y"]
+    assert calls == [] and src._store._pending == 1
+    assert src.get(np.array([26, 0, 25])).to_pylist() == [expect[26], expect[0], expect[25]]
+    assert src._store._pending == 0  # the gather merged it (as an append of 2 would)
+    assert [len(c) for c in src._store.chunks] == _merged([25], 2, src._store.max_merge)
 
 
 FAN = 4  # _ArrowStore.fan_in
@@ -285,6 +334,7 @@ def test_an_append_and_the_merges_it_sets_off_are_one_concatenation(monkeypatch)
     # a put's cycle appends several batches; with the chunks it merges into they are copied
     # once, not once to combine the batches and again per merge of the cascade
     src = AppendColumnSource(pa.string())
+    src._store.defer = 0  # each append merges at once
     for n in (16, 16, 16, 4, 4, 4):  # three chunks of level 2, three of level 1 (fan-in 4)
         src.set_new_range(len(src), pa.array([f"v{j}" for j in range(n)]))
     assert [len(c) for c in src._store.chunks] == [16, 16, 16, 4, 4, 4]
@@ -309,6 +359,8 @@ def test_append_source_merges_one_row_appends_into_few_chunks():
     src = AppendColumnSource(pa.int64())
     for i in range(1_000):  # a timer's one row per cycle
         src.set_new_range(i, pa.array([i]))
+    assert len(src._store.chunks) <= 10 + src._store.defer  # merged ones, waiting ones
+    src._store.settle()
     assert len(src._store.chunks) <= 10
     assert src.get_range(0, 1_000).to_pylist() == list(range(1_000))
 

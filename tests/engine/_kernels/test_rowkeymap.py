@@ -1,4 +1,5 @@
-"""engine._kernels.rowkeymap: RowKeyMap against a plain dict, dense and hashed, with shifts."""
+"""engine._kernels.rowkeymap: RowKeyMap against a plain dict, dense, by region, sorted and
+hashed, with shifts; engine._kernels.sortedmap's SortedU64Map against a dict."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from engine._kernels import rowkeymap
 from engine._kernels.rowkeymap import RowKeyMap
+from engine._kernels.sortedmap import SortedU64Map
 
 
 def _a(xs: list[int]) -> npt.NDArray[np.int64]:
@@ -43,7 +45,7 @@ def test_goes_from_dense_to_hash_when_keys_spread():
     m.remove(_a([12]))
     m.put(_a([13]), _a([7]))
     far = _a([1 << 40, (1 << 40) + 5])
-    m.insert(far, _a([1, 2]))  # too sparse for an array: a hash map now
+    m.insert(far, _a([1, 2]))  # too sparse for an array: a map per region now
     assert m.hashed
     assert m.lookup(_a([12, 13, 19, 1 << 40, (1 << 40) + 5, 3])).tolist() == [-1, 7, 109, 1, 2, -1]
     assert m.count == 11
@@ -75,8 +77,8 @@ def test_regions_turn_hashed_past_max_regions(monkeypatch):
     assert m.layout == "regions"
     m.insert(_a([(2 << 40) + 1]), _a([2]))  # three regions: still by region
     assert m.layout == "regions"
-    m.insert(_a([(7 << 40), 2]), _a([3, 4]))  # a fourth: hashed, once and for good
-    assert m.layout == "hashed"
+    m.insert(_a([(7 << 40), 2]), _a([3, 4]))  # a fourth: sparse, once and for good
+    assert m.layout == "sorted"
     _check(m, {1: 0, 2: 4, (1 << 40) + 1: 1, (2 << 40) + 1: 2, 7 << 40: 3})
 
 
@@ -86,11 +88,11 @@ def test_regions_turn_hashed_when_one_region_spreads():
     assert m.layout == "regions"
     far = (1 << 40) + 4 + rowkeymap.SPARSE_SLACK + 10  # region 1 spreads past the rule
     m.put(_a([far, 1]), _a([3, 4]))
-    assert m.layout == "hashed"
+    assert m.layout == "sorted"
     _check(m, {0: 0, 1: 4, 1 << 40: 2, far: 3})
     m = RowKeyMap()
     m.insert(_a([0, 1 << 40, (1 << 40) + 1 + 4 * 3 + rowkeymap.SPARSE_SLACK]), _a([0, 1, 2]))
-    assert m.layout == "hashed"  # sparse within region 1 from the start
+    assert m.layout == "sorted"  # sparse within region 1 from the start
 
 
 def test_the_one_threshold():
@@ -190,13 +192,89 @@ def _two_ranges(present: list[int], cut: int, d1: int, d2: int) -> tuple[list[in
     return b, e, d
 
 
-@pytest.mark.parametrize(("slack", "regions"), [(0, 64), (65536, 64), (65536, 3), (65536, 1)])
+@pytest.mark.parametrize(("slack", "regions", "sorted_max", "sorted_batch"),
+                         [(0, 64, 1 << 17, 2048), (0, 64, 0, 2048), (0, 64, 12, 2048),
+                          (0, 64, 1 << 17, 6), (65536, 64, 1 << 17, 2048), (65536, 3, 1 << 17, 2048),
+                          (65536, 1, 1 << 17, 2048), (65536, 3, 0, 2048), (65536, 3, 1 << 17, 6)])
 @given(ops=_ops)
-def test_against_dict(slack, regions, ops):
+def test_against_dict(slack, regions, sorted_max, sorted_batch, ops):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rowkeymap, "SPARSE_SLACK", slack)  # 0: most maps turn hashed
+        mp.setattr(rowkeymap, "SPARSE_SLACK", slack)  # 0: most maps turn sparse
         mp.setattr(rowkeymap, "MAX_REGIONS", regions)  # 1: never by region; 3: often one too many
+        mp.setattr(rowkeymap, "SORTED_MAX", sorted_max)  # 0: sparse is hashed; 12: sorted, then hashed
+        mp.setattr(rowkeymap, "SORTED_BATCH", sorted_batch)  # 6: a larger call turns it hashed
+        mp.setattr(SortedU64Map, "delta_min", 2)  # the sorted map's merges and compactions, often
         _run_against_dict(ops)
+
+
+def test_sparse_turns_hashed_past_sorted_max(monkeypatch):
+    monkeypatch.setattr(rowkeymap, "SORTED_MAX", 5)
+    m = RowKeyMap()
+    m.insert(_a([0, 1 << 30]), _a([0, 1]))  # sparse in one region
+    assert m.layout == "sorted"
+    m.insert(_a([5, 7, 9]), _a([2, 3, 4]))  # 5 keys: still sorted
+    assert m.layout == "sorted"
+    m.put(_a([9, 11]), _a([5, 6]))  # a sixth: hashed, once and for good
+    assert m.layout == "hashed"
+    m.remove(_a([0, 5, 7]))
+    assert m.layout == "hashed"
+    _check(m, {9: 5, 11: 6, 1 << 30: 1})
+
+
+def test_sparse_turns_hashed_at_a_large_call(monkeypatch):
+    monkeypatch.setattr(rowkeymap, "SORTED_BATCH", 3)
+    m = RowKeyMap()
+    m.insert(_a([0, 1 << 30]), _a([0, 1]))
+    assert m.layout == "sorted"
+    assert m.lookup(_a([0, 5, 1 << 30])).tolist() == [0, -1, 1]  # 3 keys: still sorted
+    assert m.layout == "sorted"
+    assert m.lookup(_a([0, 5, 6, 1 << 30])).tolist() == [0, -1, -1, 1]  # 4: hashed first
+    assert m.layout == "hashed"
+    m = RowKeyMap()
+    m.insert(_a([0]), _a([0]))
+    m.insert(_a([1 << 30, 1 << 31, 1 << 32, 1 << 33]), _a([1, 2, 3, 4]))  # sparse, and large
+    assert m.layout == "hashed"
+    _check(m, {0: 0, 1 << 30: 1, 1 << 31: 2, 1 << 32: 3, 1 << 33: 4})
+
+
+# SortedU64Map on its own: uint64 keys of the whole range, appends, merges, tombstones
+_u64_keys = st.lists(st.one_of(st.integers(0, 40), st.integers(0, (1 << 64) - 1)), max_size=20)
+
+
+@pytest.mark.parametrize("delta_min", [1, 3, 4096])
+@given(ops=st.lists(st.tuples(st.sampled_from(["insert", "append", "delete", "set"]), _u64_keys),
+                    max_size=30))
+def test_sorted_map_against_dict(delta_min, ops):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SortedU64Map, "delta_min", delta_min)
+        m, model = SortedU64Map(), dict[int, int]()
+        counter = 0
+        for op, ks in ops:
+            ks = list(dict.fromkeys(ks))
+            if op == "append":  # keys above every key held: the base's append path
+                top = max(model, default=-1)
+                ks = [top + 1 + k for k in sorted(k % 50 for k in ks) if top + 1 + k < 1 << 64]
+                ks = list(dict.fromkeys(ks))
+            vals = list(range(counter, counter + len(ks)))
+            counter += len(ks)
+            u = np.array(ks, dtype=np.uint64)
+            if op in ("insert", "append"):
+                new = [k not in model for k in ks]
+                m.insert(u[new], np.array(vals, dtype=np.int64)[new])
+                model.update((k, v) for k, v, n in zip(ks, vals, new, strict=True) if n)
+            elif op == "delete":
+                m.delete(u)
+                for k in ks:
+                    model.pop(k, None)
+            else:
+                m.set_values(u, np.array(vals, dtype=np.int64))
+                model.update((k, v) for k, v in zip(ks, vals, strict=True) if k in model)
+            assert len(m) == len(model)
+            keys, got = m.items()
+            assert keys.tolist() == sorted(model)
+            assert got.tolist() == [model[k] for k in sorted(model)]
+            probe = np.array([*ks, 0, 1, 41, (1 << 64) - 1], dtype=np.uint64)
+            assert m.lookup(probe).tolist() == [model.get(int(k), -1) for k in probe.tolist()]
 
 
 def _run_against_dict(ops: list[tuple[str, list[int], int, int]]) -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
+from engine._kernels import rowstore
 from engine._kernels.hashing import rows_equal, values_equal
 from engine._kernels.rowstore import FlatRowStore, RowStore, flat_columns, flat_equal_at
 
@@ -33,7 +35,9 @@ def test_put_replace_drop():
     assert st.rows().to_pylist() == [{"s": "c", "n": 5}] and RowStore(SCHEMA).rows().num_rows == 0
 
 
-def test_random_operations_against_a_dict():
+@pytest.mark.parametrize("flat_max", [0, 1 << 16])  # comparisons by level, or concatenated
+def test_random_operations_against_a_dict(flat_max, monkeypatch):
+    monkeypatch.setattr(rowstore, "FLAT_MAX", flat_max)
     rng = np.random.default_rng(5)
     st = RowStore(SCHEMA)
     model: dict[int, tuple] = {}
@@ -63,6 +67,9 @@ def test_random_operations_against_a_dict():
         if probe.size:
             eq = st.equal_at(_rows([model[i] for i in probe.tolist()]), np.arange(probe.size), probe)
             assert eq.all()
+            other = np.roll(probe, 1)  # against another id's row: equal only where the rows are
+            eq = st.equal_at(_rows([model[i] for i in probe.tolist()]), np.arange(probe.size), other)
+            assert eq.tolist() == [model[a] == model[b] for a, b in zip(probe.tolist(), other.tolist(), strict=True)]
 
 
 FLAT = pa.schema([("t", pa.timestamp("us")), ("x", pa.float64()), ("d", pa.date32()), ("i", pa.int32())])

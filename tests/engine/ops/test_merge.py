@@ -10,7 +10,8 @@ import pytest
 
 from engine.errors import InvalidKeyError, SchemaError
 from engine.graph import UpdateGraph
-from engine.ops.merge import merge
+from engine.ops.aggregate import agg
+from engine.ops.merge import MergedColumnSource, SharedMergedColumnSource, merge
 from engine.ops.snapshot import snapshot
 from engine.rowset import RowSetShiftData
 from engine.update import TableUpdate
@@ -149,6 +150,48 @@ def test_merge_over_a_shifting_source():
         (lambda t: merge(t, t.tail(3)).update(Y=P * 2),
          lambda df: pd.concat([df, df.tail(3)]).assign(Y=lambda d: d.Price * 2)),
     ], seed=43)
+
+
+def _hops(t):
+    # a sliding window's hops: views of one table passing Sym and Price through (one source
+    # in every region: shared columns, read once) beside a computed column per region
+    hops = [t.view("Sym", "Price", W=pc.subtract(pc.field("Qty"), k)) for k in range(3)]
+    m = hops[0].merge(*hops[1:])
+    assert isinstance(m.column("Sym"), SharedMergedColumnSource)
+    assert isinstance(m.column("Price"), SharedMergedColumnSource)
+    assert isinstance(m.column("W"), MergedColumnSource)
+    return m
+
+
+def _hops_df(df):
+    return pd.concat([df[["Sym", "Price"]].assign(W=df.Qty - k) for k in range(3)])
+
+
+def _sum_by(df):
+    return df.groupby(["Sym", "W"], sort=False, dropna=False, as_index=False)["Price"].sum(min_count=0)
+
+
+def test_merge_of_views_of_one_table_shares_columns_oracle():
+    run_oracle(_hops, _hops_df, seed=45)
+    # the readers of the merge's update (an aggregation's keys and values, current and
+    # previous) read the shared columns through the one source
+    run_oracle(lambda t: _hops(t).agg_by([agg.sum("Price", "Price")], by=["Sym", "W"]),
+               lambda df: _sum_by(_hops_df(df)), seed=46)
+
+
+def test_merge_of_views_over_a_shifting_source_shares_columns():
+    run_shifting_oracle([(_hops, _hops_df)], seed=47)
+
+
+def test_shared_merged_column_refuses_keys_beyond_its_regions():
+    g = UpdateGraph(validate=True)
+    t = keyed(g)
+    m = merge(t, t)
+    assert isinstance(m.column("Price"), SharedMergedColumnSource)
+    got = m.rows(np.array([R1, 0], dtype=np.int64), ["Price"]).column(0).to_pylist()
+    assert got == t.rows(np.array([0, 0], dtype=np.int64), ["Price"]).column(0).to_pylist()
+    with pytest.raises(InvalidKeyError, match="not in a merge region"):
+        m.column("Price").get(np.array([R2], dtype=np.int64))
 
 
 def test_merged_column_routes_many_regions():
