@@ -27,11 +27,12 @@ class KeyIndex:
     :class:`~engine._kernels.keymap.ExactKeyMap`: the hash finds the slot, the key values
     stored with the slot's record decide.
 
-    A ``RowKeyMap`` turns hashed once and for good when its keys are sparse, which an
+    A ``RowKeyMap`` turns sparse (sorted, then hashed: :attr:`RowKeyMap.hashed`) once and
+    for good when its keys are sparse, which an
     upsert's first batches often are (10,000 keys drawn from a million). So the index
-    keeps the bounds of every value it inserted, and once the map is hashed and these
+    keeps the bounds of every value it inserted, and once the map is sparse and these
     bounds pass the dense rule for the keys it holds (``4 * count + SPARSE_SLACK``), with
-    the count at least twice what it was when the map was last found hashed (so a map on
+    the count at least twice what it was when the map was last found sparse (so a map on
     the rule's edge is not rebuilt over and over: the rebuilds are amortized O(1) per
     key), it rebuilds the map from its entries, dense.
     """
@@ -43,7 +44,7 @@ class KeyIndex:
         self._by_value: RowKeyMap | None = RowKeyMap() if int_key_values(
             records.schema.empty_table(), keys) is not None else None
         self._lo, self._hi = 0, -1  # every value inserted by value lies in [_lo, _hi]
-        self._dense_from = 0  # count from which a hashed map may be rebuilt dense (0: unseen)
+        self._dense_from = 0  # count from which a sparse map may be rebuilt dense (0: unseen)
 
     def __len__(self) -> int:
         return len(self._by_value) if self._by_value is not None else len(self._map)
@@ -126,7 +127,7 @@ class KeyIndex:
             self._map.delete(kh, ids)
 
     def _maybe_dense(self) -> None:
-        """Rebuild the hashed by-value map dense once its keys are (see the class docstring)."""
+        """Rebuild the sparse by-value map dense once its keys are (see the class docstring)."""
         m = self._by_value
         assert m is not None
         if not self._dense_from:
