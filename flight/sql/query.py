@@ -61,13 +61,14 @@ from engine.errors import (
     TableNotFound,
 )
 from flight.limits import quoted
+from flight.sql import narrow
 from flight.sql.parse import parse_one, statement_kind
 from flight.sql.snapshots import Snapshot, SnapshotCache
 from flight.streams.registry import TableEntry, TableRegistry
 from flight.wire import TableKind
 
 __all__ = ["QueryRunner", "RunningQuery", "duckdb_error", "is_query", "key_points", "named_tables",
-           "value_ranges"]
+           "narrow_plan", "read_columns", "value_ranges"]
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +257,7 @@ class QueryRunner:
         self._idle_lock = threading.Lock()
         self._schemas: OrderedDict[tuple[Any, ...], pa.Schema] = OrderedDict()
         self._schemas_lock = threading.Lock()
+        self._positions = narrow.Positions()  # row positions for narrow passes, shared
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._salt = os.urandom(8)
@@ -287,15 +289,18 @@ class QueryRunner:
             raise SqlError(f"{where}: not a query (SELECT, WITH, VALUES): {_statement(tree)}")
         entries = named_tables(tree, self.registry, where)
         points = key_points(tree, entries, params)
+        first: narrow.NarrowPlan | None = None
         if points is not None:  # a lookup by key: the rows of those keys, not a scan
             snapshot = self.snapshots.take_keys(entries[0].name, entries[0].table, points)
         else:
-            snapshot = self.snapshots.take([(e.name, e.table, None) for e in entries])
+            snapshot = self.snapshots.take([(e.name, e.table, read_columns(tree, entries, e))
+                                            for e in entries])
             ranges = value_ranges(tree, entries, params)
             if ranges is not None:  # the blocks of an append table that can hold its rows
                 name = entries[0].name
                 snapshot.tables[name] = self.snapshots.prune(
                     name, entries[0].table, snapshot.tables[name], ranges)
+            first = narrow_plan(tree, entries, params)
         with self._duckdb(where):
             lease = self._lease()
         cursor = lease.con
@@ -307,18 +312,28 @@ class QueryRunner:
         try:
             try:
                 with self._duckdb(where):
-                    self._point(lease, snapshot.tables)
-                    query.reader = _stream(cursor, sql, params, self.batch_rows)
+                    answer = None
+                    if first is not None:
+                        answer = self._narrow(query, first, snapshot, entries[0].name, params,
+                                              where)
+                    if answer is None:
+                        self._point(lease, snapshot.tables)
+                        query.reader = _stream(cursor, sql, params, self.batch_rows)
             except duckdb.InterruptException:
                 raise self._stopped(query, where) from None
             except duckdb.Error as exc:
                 raise duckdb_error(exc, where) from None
-            query.schema = query.reader.schema.with_metadata(
-                {STEP_KEY: str(snapshot.step).encode()})
+            if answer is not None:  # the narrow pass's rows are the answer: no reader
+                query.schema = answer.schema.with_metadata({STEP_KEY: str(snapshot.step).encode()})
+                query.ready = answer.to_batches(max_chunksize=self.batch_rows)
+                self._read_whole(query)
+            else:
+                query.schema = query.reader.schema.with_metadata(
+                    {STEP_KEY: str(snapshot.step).encode()})
             # up to two batches now: DuckDB has run most of a small result's work already
             # (a scan filling its first batch), and a result that ends within them needs no
             # cursor past this point (nor a thread to send it: flight.sql.service)
-            for _ in range(2):
+            for _ in range(2 if answer is None else 0):
                 batch = self._read(query, where)
                 if batch is None:
                     self._read_whole(query)
@@ -331,6 +346,65 @@ class QueryRunner:
         with self._lock:
             query.waiting = True
         return query
+
+    def _narrow(self, query: RunningQuery, first: narrow.NarrowPlan, snapshot: Snapshot,
+                name: str, params: Sequence[Any] | None, where: str) -> pa.Table | None:
+        """Run ``first``, the narrow pass (:mod:`flight.sql.narrow`), over table ``name``
+        of ``snapshot``: if its ``WHERE`` keeps few enough rows, the snapshot's table becomes
+        those rows, and for a ``SELECT *`` they are returned as the answer (in the schema
+        DuckDB gives ``SELECT *`` over the table; ``None`` when the types differ from it).
+        Called inside a DuckDB call of the query's (interrupted as the query)."""
+        lease = query.lease
+        rows = snapshot.tables[name]
+        n = rows.num_rows
+        if lease is None or n < narrow.MIN_ROWS or n >= 2**32:
+            return None
+        self._point(lease, {narrow.NARROW_TABLE: narrow.narrow_table(rows, first.columns,
+                                                                      self._positions)})
+        try:
+            reader = _stream(lease.con, first.text(n), params, self.batch_rows)
+            try:
+                found = reader.read_all()
+            finally:
+                reader.close()
+        except (duckdb.Error, pa.ArrowException, OSError):
+            if query.stopped is not None:
+                raise self._stopped(query, where) from None
+            # the query itself says what is wrong, over the whole table
+            log.debug("a narrow pass failed: %s", first.sql, exc_info=True)
+            return None
+        if found.num_rows > narrow.cap(n):
+            return None
+        kept = snapshot.tables[name] = narrow.take_rows(rows, found.column(0))
+        if not first.star:
+            return None
+        star = self._star_schema(name, rows.schema, where)
+        if [(f.name, f.type) for f in star] != [(f.name, f.type) for f in kept.schema]:
+            return None  # DuckDB's SELECT * gives other types: it answers
+        return pa.Table.from_arrays(kept.columns, schema=star)
+
+    def _star_schema(self, name: str, schema: pa.Schema, where: str) -> pa.Schema:
+        """The schema of DuckDB's answer to ``SELECT * FROM name`` over a table of
+        ``schema`` (remembered as :meth:`schema_of`'s are)."""
+        key = ("*", name, schema)
+        with self._schemas_lock:
+            star = self._schemas.get(key)
+            if star is not None:
+                self._schemas.move_to_end(key)
+                return star
+        cursor = self._db.cursor()
+        try:
+            cursor.register("t", schema.empty_table())
+            star = cursor.sql("SELECT * FROM t").limit(0).to_arrow_table().schema
+        except duckdb.Error as exc:
+            raise duckdb_error(exc, where) from None
+        finally:
+            cursor.close()
+        with self._schemas_lock:
+            self._schemas[key] = star
+            while len(self._schemas) > self.SCHEMAS_KEPT:
+                self._schemas.popitem(last=False)
+        return star
 
     def schema_of(self, sql: str, params: Sequence[Any] | None, tree: exp.Expression,
                   where: str = "query") -> pa.Schema:
@@ -665,6 +739,39 @@ def _one_table_where(tree: exp.Expression, entries: Sequence[TableEntry],
     param = (params[0] if params is not None and len(params) == 1 and len(holders) == 1
              and holders[0].this is None else _NO_PARAM)
     return where.this, {table.name, table.alias_or_name}, param
+
+
+def read_columns(tree: exp.Expression, entries: Sequence[TableEntry],
+                 entry: TableEntry) -> list[str] | None:
+    """The columns of ``entry`` a query reads, when it reads that one table and not all of
+    its columns (its snapshot then holds only those: DuckDB converts every column of an
+    Arrow stream it scans); ``None`` for all of them."""
+    if len(entries) != 1 or not isinstance(tree, exp.Select):
+        return None
+    source = tree.args.get("from") or tree.args.get("from_")
+    table = source.this if source is not None else None
+    if not isinstance(table, exp.Table) or sum(1 for _ in tree.find_all(exp.Table)) != 1:
+        return None
+    schema = entry.table.schema
+    read = narrow.read_columns(tree, {table.name, table.alias_or_name}, schema)
+    if read is None or not read or len(read) == len(schema):
+        return None
+    return [n for n in schema.names if n in read]
+
+
+def narrow_plan(tree: exp.Expression, entries: Sequence[TableEntry],
+                params: Sequence[Any] | None = None) -> narrow.NarrowPlan | None:
+    """The narrow pass (:mod:`flight.sql.narrow`) of a query of :func:`key_points`'s
+    shape over any kind of table; ``None`` for another shape or a ``WHERE`` it cannot run."""
+    shape = _one_table_where(tree, entries, params)
+    if shape is None:
+        return None
+    where, names, _param = shape
+    source = tree.args.get("from") or tree.args.get("from_")
+    table = source.this if source is not None else None
+    if not isinstance(table, exp.Table):
+        return None
+    return narrow.plan(tree, table, where, names, entries[0].table.schema)
 
 
 def _terms(where: exp.Expression) -> list[exp.Expression]:

@@ -103,16 +103,20 @@ class SnapshotCache:
     def _read(self, name: str, table: Table, columns: tuple[str, ...]) -> pa.Table:
         with self._lock:
             kept = self._kept.get(name)
-        if (kept is not None and kept.table is table and kept.last_step == table.last_step
-                and set(columns) <= set(kept.columns)):
+        if kept is not None and (kept.table is not table or kept.last_step != table.last_step):
+            kept = None
+        if kept is not None and set(columns) <= set(kept.columns):
             return kept.rows.select(list(columns))
-        rows = table.to_arrow(columns, lock=False)
+        wanted = columns
+        if kept is not None:  # the same rows, more columns: keep what the kept snapshot had too
+            wanted = tuple(c for c in table.column_names if c in set(columns) | set(kept.columns))
+        rows = table.to_arrow(wanted, lock=False)
         with self._lock:
             self._kept.pop(name, None)
-            self._kept[name] = _Kept(table, table.last_step, columns, rows)
+            self._kept[name] = _Kept(table, table.last_step, wanted, rows)
             while len(self._kept) > self.max_tables:
                 self._kept.pop(next(iter(self._kept)))
-        return rows
+        return rows.select(list(columns)) if wanted != columns else rows
 
     def prune(self, name: str, table: Table, rows: pa.Table,
               ranges: Mapping[str, Sequence[tuple[int, int]]]) -> pa.Table:
