@@ -19,6 +19,13 @@ snapshot (a name whose schema changed is registered again). A cursor serves one 
 time; one whose query was interrupted (cancel, timeout) or left unread is closed, never
 kept, so an interrupt can never reach a later query, and an idle cursor holds no rows.
 
+**What a query's snapshot holds.** A query of one table gets only the columns it reads
+(DuckDB converts every column of an Arrow stream it scans); a lookup by a keyed table's
+keys gets those rows through the key index (:func:`key_points`); an append table is cut
+to the blocks its zone maps allow (:func:`value_ranges`); and a selective ``WHERE`` finds
+its rows over its own columns first (:mod:`flight.sql.narrow`), the query then running
+over just those rows (for ``SELECT * ... WHERE``, those rows are the answer).
+
 A :class:`RunningQuery` holds the DuckDB result and streams it in record batches; it is
 stopped by :meth:`QueryRunner.cancel` (Flight's ``CancelFlightInfo``) or by the server's
 timeout (``sql_timeout``), which interrupts DuckDB wherever it is. DuckDB runs on the
@@ -258,6 +265,10 @@ class QueryRunner:
         self._schemas: OrderedDict[tuple[Any, ...], pa.Schema] = OrderedDict()
         self._schemas_lock = threading.Lock()
         self._positions = narrow.Positions()  # row positions for narrow passes, shared
+        #: narrow passes (their text) whose WHERE kept more rows than the cap, and the
+        #: table's rows then: a pass that gave up is not run again until the table doubles
+        #: (a WHERE keeping the newest rows would scan most of the table each time)
+        self._broad: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._salt = os.urandom(8)
@@ -359,6 +370,10 @@ class QueryRunner:
         n = rows.num_rows
         if lease is None or n < narrow.MIN_ROWS or n >= 2**32:
             return None
+        with self._schemas_lock:
+            broad = self._broad.get(first.sql)
+        if broad is not None and n < 2 * broad:
+            return None  # this WHERE kept more than the cap last time: not again so soon
         self._point(lease, {narrow.NARROW_TABLE: narrow.narrow_table(rows, first.columns,
                                                                       self._positions)})
         try:
@@ -374,7 +389,14 @@ class QueryRunner:
             log.debug("a narrow pass failed: %s", first.sql, exc_info=True)
             return None
         if found.num_rows > narrow.cap(n):
+            with self._schemas_lock:  # remembered until the table doubles
+                self._broad[first.sql] = n
+                self._broad.move_to_end(first.sql)
+                while len(self._broad) > self.SCHEMAS_KEPT:
+                    self._broad.popitem(last=False)
             return None
+        with self._schemas_lock:
+            self._broad.pop(first.sql, None)
         kept = snapshot.tables[name] = narrow.take_rows(rows, found.column(0))
         if not first.star:
             return None

@@ -147,6 +147,27 @@ def test_the_pass_keeps_few_rows_and_gives_up_past_its_cap(runner, monkeypatch):
     assert narrow.cap(n) < n - 6
 
 
+def test_a_pass_that_gave_up_waits_for_the_table_to_double(runner, monkeypatch):
+    graph, registry, r, rng = runner
+    runs: list[str] = []
+    import flight.sql.query as query_module
+    stream = query_module._stream
+    monkeypatch.setattr(query_module, "_stream", lambda c, q, *a: runs.append(q) or stream(c, q, *a))
+    t = registry.get("t").table
+    sql = "SELECT * FROM t WHERE id + 0 > 5 ORDER BY id"
+    _check(registry, r, sql)
+    assert len(runs) == 2  # the pass, given up, then the query
+    _check(registry, r, sql)
+    assert len(runs) == 3  # the query alone
+    _check(registry, r, "SELECT * FROM t WHERE id + 0 = 5")  # another WHERE runs its pass
+    assert len(runs) == 4
+    size = t.size
+    t.append(_rows(rng, size, size))
+    graph.run_cycle()
+    _check(registry, r, sql)
+    assert len(runs) == 6  # the table doubled: the pass runs again
+
+
 def test_a_star_s_rows_are_its_answer_in_duckdb_s_types(runner, monkeypatch):
     graph, registry, r, rng = runner
     odd = pa.schema([("id", pa.int64()), ("ls", pa.large_string()),
