@@ -15,7 +15,7 @@ check.
 catalog entry per name, for every query. A cursor whose query read its result to the end
 goes back to an idle pool with its names still registered, each pointing through a
 :class:`_Rows` at nothing: the next query on it points each name it reads at that query's
-snapshot (a name whose schema changed is registered again). A cursor serves one query at a
+snapshot, whatever its columns. A cursor serves one query at a
 time; one whose query was interrupted (cancel, timeout) or left unread is closed, never
 kept, so an interrupt can never reach a later query, and an idle cursor holds no rows.
 
@@ -176,11 +176,13 @@ class _Rows:
 
 @dataclass(eq=False, slots=True)
 class _Cursor:
-    """A DuckDB cursor and the names registered with it (folded to lower case), each with
-    its schema."""
+    """A DuckDB cursor and the names registered with it (folded to lower case), each
+    pointing through its :class:`_Rows` (a query may point a name at rows of other
+    columns: DuckDB reads the schema when it binds each query, so one table's snapshots
+    of other columns, or a table made again, need no new registration, ~0.3 ms)."""
 
     con: duckdb.DuckDBPyConnection
-    names: dict[str, tuple[pa.Schema, _Rows]] = field(default_factory=dict)
+    names: dict[str, _Rows] = field(default_factory=dict)
 
 
 
@@ -311,7 +313,8 @@ class QueryRunner:
                 name = entries[0].name
                 snapshot.tables[name] = self.snapshots.prune(
                     name, entries[0].table, snapshot.tables[name], ranges)
-            first = narrow_plan(tree, entries, params)
+            if len(entries) == 1 and snapshot.tables[entries[0].name].num_rows >= narrow.MIN_ROWS:
+                first = narrow_plan(tree, entries, params)
         with self._duckdb(where):
             lease = self._lease()
         cursor = lease.con
@@ -656,18 +659,16 @@ class QueryRunner:
         for name, rows in tables.items():
             key = name.lower()  # DuckDB's names are case-insensitive: one entry per folding
             held = lease.names.get(key)
-            if held is not None and held[0].equals(rows.schema):
-                held[1].rows = rows
+            if held is not None:  # also for other columns: DuckDB reads the schema at each bind
+                held.rows = rows
                 continue
-            if held is not None:  # the table was made again with other columns
-                lease.con.unregister(name)
             source = _Rows(rows)
             lease.con.register(name, source)
-            lease.names[key] = (rows.schema, source)
+            lease.names[key] = source
 
     def _give_back(self, lease: _Cursor) -> None:
         """Keep a cursor whose query ended cleanly, pointing at no rows (or close it)."""
-        for _schema, source in lease.names.values():
+        for source in lease.names.values():
             source.rows = None  # an idle cursor holds no snapshot
         with self._idle_lock:
             if (not self._closed.is_set() and len(self._idle) < self.CURSORS_KEPT

@@ -49,7 +49,7 @@ def _run(r: QueryRunner, sql: str) -> pa.Table:
 
 
 def _idle_names(r: QueryRunner) -> list[dict[str, object]]:
-    return [{k: src.rows for k, (_, src) in c.names.items()} for c in r._idle]
+    return [{k: src.rows for k, src in c.names.items()} for c in r._idle]
 
 
 def test_a_kept_cursor_sees_the_rows_of_each_cycle(served):
@@ -109,7 +109,7 @@ def test_queries_on_threads_agree_with_their_snapshot(served):
     assert len(r._idle) <= r.CURSORS_KEPT
 
 
-def test_a_table_made_again_with_other_columns_is_registered_again(served):
+def test_a_table_made_again_with_other_columns_is_read_in_its_new_columns(served):
     graph, registry, _, r = served
     assert _run(r, "SELECT count(*) AS n FROM t").column("n").to_pylist() == [100]
     registry.drop("t")
