@@ -371,7 +371,7 @@ class QueryRunner:
         lease = query.lease
         rows = snapshot.tables[name]
         n = rows.num_rows
-        if lease is None or n < narrow.MIN_ROWS or n >= 2**32:
+        if lease is None or n < narrow.MIN_ROWS or n >= 2**32 or not narrow.worth(rows, first):
             return None
         with self._schemas_lock:
             broad = self._broad.get(first.sql)

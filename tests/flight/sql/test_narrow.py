@@ -38,6 +38,8 @@ def runner(monkeypatch):
     monkeypatch.setattr(narrow, "MIN_ROWS", 64)
     monkeypatch.setattr(narrow, "MIN_CAP", 4)
     monkeypatch.setattr(narrow, "CAP_DIVISOR", 16)
+    monkeypatch.setattr(narrow, "MS_AGAIN", 0.0)  # worth running for any table of MIN_ROWS
+    monkeypatch.setattr(narrow, "NS_POSITION", 0.0)
     graph = UpdateGraph(validate=True)
     registry = TableRegistry(graph)
     rng = np.random.default_rng(23)
@@ -232,6 +234,18 @@ def test_a_snapshot_holds_the_columns_a_one_table_query_reads(runner):
         entries = named_tables(tree, registry, "query")
         assert read_columns(tree, entries, entries[0]) == cols, sql
         _check(registry, r, sql)
+
+
+def test_the_pass_runs_where_it_should_save_more_than_it_costs():
+    star = narrow.NarrowPlan(("id",), "", star=True)
+    again = narrow.NarrowPlan(("id",), "", star=False)
+    big = pa.table({"id": np.zeros(4_000_000, np.int64), "y": np.zeros(4_000_000),
+                    "s": pa.nulls(4_000_000, pa.string())})
+    small = big.slice(0, 200_000)
+    assert narrow.worth(big, star) and narrow.worth(big, again)
+    assert narrow.worth(small, star) and not narrow.worth(small, again)  # the second query
+    assert not narrow.worth(big.select(["id", "y"]).slice(0, 1_000_000), again)
+    assert not narrow.worth(big.select(["id"]), star)  # nothing skipped
 
 
 def test_take_rows_keeps_the_table_s_order_across_chunks():
