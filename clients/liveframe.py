@@ -26,7 +26,9 @@ array: a position is a ``searchsorted``):
   whose Arrow arrays are immutable, so a change splices zero-copy slices and the column is
   combined into one chunk once it has :attr:`LiveFrame.STRING_CHUNKS` (until then a take
   of rows from it joins its chunks first, as Arrow does for any chunked column); anything
-  else, such as a categorical, is converted again from Arrow when a change touches it);
+  else, such as a categorical, is converted again from Arrow after any message (a
+  categorical's categories are the dictionaries of the Arrow chunks its rows are in, and
+  any message can move rows between chunks of the client's value log);
 * an integer or boolean column turns ``float64`` or ``object`` while it holds a null (as
   ``to_pandas`` does): its nulls are counted, and it is converted again from Arrow when
   its first null arrives or its last one goes.
@@ -649,8 +651,10 @@ def _large(part: _Part | None) -> pa.ChunkedArray:
 
 
 class _WholeColumn:
-    """Any other column (a categorical, ...): converted again from Arrow when a change
-    touches it."""
+    """Any other column (a categorical, ...): converted again from Arrow after any message,
+    even one that does not touch it (a categorical's categories are the dictionaries of the
+    chunks its rows are in: a modify of another column, or the value log's compaction,
+    moves rows to another chunk)."""
 
     __slots__ = ("name", "owned", "replaced", "values", "_convert")
 
@@ -668,7 +672,7 @@ class _WholeColumn:
         return self._convert
 
     def change(self, sp: _Splice, added: _Part | None, mp: I64, modified: _Part | None) -> None:
-        self._convert = self._convert or sp.moves or modified is not None
+        self._convert = True
 
     def tidy(self) -> None:
         pass

@@ -317,6 +317,17 @@ def test_categorical_and_date_columns():
         assert _same(live, f"cycle {cycle}") is df
 
 
+def test_a_categorical_follows_its_categories_when_other_columns_change():
+    """``to_pandas`` takes a categorical's categories from the dictionaries of the Arrow
+    chunks its rows are in: a modify of another column (or the value log's compaction)
+    moves rows to new chunks, so the categories change though the values do not."""
+    live, table = _start(100, columns=["id", "c", "f"])
+    df = _same(live, "first read")
+    for cycle in range(100):
+        _feed(live, table.step(0, 0, 30, 0.0))
+        assert _same(live, f"cycle {cycle}") is df
+
+
 def test_a_frame_changed_by_its_user_is_rebuilt():
     live, table = _start(100, columns=["id", "f", "s"])
     df = _same(live, "first read")
