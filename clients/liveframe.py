@@ -22,7 +22,10 @@ array: a position is a ``searchsorted``):
   end, growing a large column inside reserved address space without a copy);
 * modified rows are written in their modified columns;
 * each column's kind says how (:class:`_NumpyColumn`: numpy dtypes, ``datetime64`` with or
-  without a time zone, ``timedelta64``; :class:`_StringColumn`: pandas' ``str`` dtype,
+  without a time zone, ``timedelta64``, and pandas' ``str`` dtype of ``python`` storage
+  (what ``to_pandas`` gives under ``pd.options.mode.string_storage = "python"``: an object
+  ndarray under a ``StringArray``, written in place like the others);
+  :class:`_StringColumn`: pandas' ``str`` dtype of ``pyarrow`` storage (the default),
   whose Arrow arrays are immutable, so a change splices zero-copy slices and the column is
   combined into one chunk once it has :attr:`LiveFrame.STRING_CHUNKS` (until then a take
   of rows from it joins its chunks first, as Arrow does for any chunked column); anything
@@ -45,7 +48,8 @@ into the same ``DataFrame`` (as pandas' own ``inplace=True`` methods do).
 pandas internals, all in the last section of this module and checked once by
 :func:`_internals_work` (without them every read rebuilds, as before):
 ``DataFrame._mgr`` and ``_update_inplace``; the block manager's ``blocks``, ``blknos`` and
-``iget_values``; ``Block.refs.has_reference()``. Frames are built with
+``iget_values``; ``Block.refs.has_reference()``; a ``StringArray``'s ``_ndarray`` and
+``_simple_new``. Frames are built with
 ``pandas.api.internals.create_dataframe_from_blocks``, a column replaced with the public
 ``DataFrame.isetitem``.
 
@@ -469,26 +473,33 @@ def _column_of(name: str, values: Any, field: pa.Field, nulls: int) -> _Column:
         return _NumpyColumn(name, values, field, nulls)
     if isinstance(values, pd.arrays.ArrowStringArray):
         return _StringColumn(name, values)
+    if isinstance(values, pd.arrays.StringArray) and values.dtype.storage == "python":
+        return _NumpyColumn(name, values, field, nulls)  # its object ndarray
     return _WholeColumn(name, values)
 
 
 class _NumpyColumn:
     """Values in a numpy buffer with room to grow (``buf[:n]`` are the rows): numpy dtypes,
-    and ``datetime64`` (with or without a time zone) and ``timedelta64`` as their int64.
+    ``datetime64`` (with or without a time zone) and ``timedelta64`` as their int64, and
+    pandas' strings of ``python`` storage (a ``StringArray``) as its object ndarray (Python
+    ``str`` and the dtype's ``na_value``), which unlike Arrow's can be written in place.
 
     An integer or boolean column is ``float64`` or ``object`` while it holds a null
     (``to_pandas``'s rule): ``nulls`` counts them; the first one arriving, or the last one
     going, makes it :meth:`needs_convert`.
     """
 
-    __slots__ = ("name", "owned", "replaced", "dtype", "buf", "n", "_unit", "_direct",
-                 "nullable", "nulls", "_convert")
+    __slots__ = ("name", "owned", "replaced", "dtype", "buf", "n", "_unit", "_strings",
+                 "_direct", "nullable", "nulls", "_convert")
 
     def __init__(self, name: str, values: Any, field: pa.Field, nulls: int) -> None:
         self.name, self.dtype = name, values.dtype
         self._unit: np.dtype[Any] | None = None  # a datetimelike's numpy dtype
+        self._strings = False  # a StringArray of python storage (its object ndarray)
         if isinstance(values, np.ndarray):
             buf = values
+        elif isinstance(values, pd.arrays.StringArray):
+            buf, self._strings = _backing(values), True
         else:  # its int64 (a view: the same memory)
             buf = values.asi8
             kind = "M8" if isinstance(values, pd.arrays.DatetimeArray) else "m8"
@@ -498,7 +509,7 @@ class _NumpyColumn:
         t = field.type
         self.nullable = pa.types.is_integer(t) or pa.types.is_boolean(t)
         # Arrow's to_numpy gives what to_pandas holds for these (no pandas object needed)
-        self._direct = self.nullable or any(is_(t) for is_ in (
+        self._direct = self.nullable or self._strings or any(is_(t) for is_ in (
             pa.types.is_floating, pa.types.is_timestamp, pa.types.is_duration))
         if self.nullable and nulls < 0:
             nulls = int(pd.isna(buf).sum()) if self._holds_nulls() else 0
@@ -556,6 +567,10 @@ class _NumpyColumn:
         dtype (then the column is converted again)."""
         if self._direct:
             v: npt.NDArray[Any] = part.arrow.to_numpy(zero_copy_only=False)
+            if self._strings:  # Python str, None for a null: the dtype's NA
+                if part.arrow.null_count:
+                    v[pd.isna(v)] = self.dtype.na_value
+                return v if v.dtype == object else None
         else:
             assert part.pandas is not None  # (wants_pandas: LiveFrame converted it)
             v = part.pandas.to_numpy()
@@ -573,6 +588,8 @@ class _NumpyColumn:
 
     def block(self, n: int, one_d: bool = False) -> Any:
         rows = self.buf[:n]
+        if self._strings:  # (an extension block: always 1-D)
+            return _wrap(self.dtype, rows)
         if self._unit is not None:
             rows = rows.view(self._unit)
             if isinstance(self.dtype, pd.DatetimeTZDtype):  # pyarrow's own way, no copy
@@ -581,7 +598,10 @@ class _NumpyColumn:
         return rows if one_d else rows[None, :]
 
     def adopt(self, values: Any) -> None:
-        buf = values if isinstance(values, np.ndarray) else values.asi8
+        if self._strings:
+            buf = _backing(values)
+        else:
+            buf = values if isinstance(values, np.ndarray) else values.asi8
         self.buf, self.n, self.owned, self.replaced = buf, buf.size, True, False
 
 
@@ -710,6 +730,19 @@ def _referenced(block: Any) -> bool:
     return bool(block.refs.has_reference())
 
 
+def _backing(strings: Any) -> npt.NDArray[np.object_]:
+    """The object ndarray behind a ``StringArray`` (the memory its block shows)."""
+    values: npt.NDArray[np.object_] = strings._ndarray
+    return values
+
+
+def _wrap(dtype: Any, rows: npt.NDArray[np.object_]) -> Any:
+    """A ``StringArray`` of ``dtype`` over ``rows``, as pandas slices one: no copy, no
+    validation (the rows are ``str`` or the dtype's ``na_value``, written by us)."""
+    string_array: Any = pd.arrays.StringArray
+    return string_array._simple_new(rows, dtype)
+
+
 def _replace(frame: Any, other: pd.DataFrame) -> None:
     """Swap ``other``'s contents into ``frame`` (what pandas' ``inplace=True`` methods do)."""
     frame._update_inplace(other)
@@ -736,8 +769,12 @@ def _internals_work() -> bool:
             shared = _referenced(_block_of(mgr, 0))
             del view
             _replace(df, df.iloc[:2])
+            strings = pd.array(["x", None], dtype=pd.StringDtype("python", na_value=np.nan))
+            back = _backing(strings)
+            again = _wrap(strings.dtype, back[:1])
             _WORKS = (first and shared and np.shares_memory(_values_of(mgr, 0), buf)
-                      and len(df) == 2)
+                      and len(df) == 2 and again.dtype == strings.dtype
+                      and np.shares_memory(_backing(again), back))
         except Exception:  # another pandas: rebuild every time, as before
             log.debug("pandas internals for in-place frames not available", exc_info=True)
             _WORKS = False
