@@ -19,7 +19,9 @@ derived table (shifts).
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -235,6 +237,52 @@ def test_a_splice_moves_the_kept_rows_in_runs():
     parts = ["abcdef", "XY", "D"]
     assert "".join(parts[s][b:b + k] for s, b, k in zip(source, start, length, strict=True)) == "XacDYf"
     assert at.tolist() == [0, 1, 2, 3, 4, 5]
+
+
+class _Tracked:
+    """An object whose references and death a test can watch."""
+
+    __slots__ = ("__weakref__", "name")
+
+    def __init__(self, name: int) -> None:
+        self.name = name
+
+
+def test_a_splice_moves_an_object_buffer_by_its_pointers_with_exact_references():
+    """Random splices of an object buffer (its pointers moved as by ``memmove``, see
+    ``_Splice._move_references``): after each, the rows are the model's, every live object
+    holds exactly the references of its slot and the model's, a removed one is freed, and
+    the spare slots hold ``None``."""
+    rng = np.random.default_rng(11)
+    model = [_Tracked(i) for i in range(50)]
+    buf = np.empty(50, dtype=object)
+    buf[:] = model
+    n, made, gone = 50, 50, []
+    for _ in range(300):
+        removed = np.sort(rng.choice(n, int(rng.integers(0, min(n, 8) + 1)), replace=False))
+        kept = n - removed.size
+        points = np.sort(rng.integers(0, kept + 1, int(rng.integers(0, 8))))
+        sp = liveframe._Splice(n, removed.astype(np.int64), points.astype(np.int64))
+        buf = liveframe._room(buf, sp.n_new)
+        gone += [weakref.ref(model[i]) for i in removed.tolist()]
+        survivors = [o for i, o in enumerate(model) if i not in set(removed.tolist())]
+        new = [_Tracked(made + j) for j in range(points.size)]
+        made += points.size
+        model = survivors
+        for j, p in enumerate(points.tolist()):
+            model.insert(p + j, new[j])
+        sp.move(buf)
+        buf[sp.inserted] = np.array(new + [None], dtype=object)[:-1]
+        del new, survivors
+        n = sp.n_new
+        assert [o.name for o in buf[:n]] == [o.name for o in model]
+        assert all(x is None for x in buf[n:])
+        for o in model:  # its slot, the model and getrefcount's argument (and the loop's)
+            assert sys.getrefcount(o) == 4, o.name
+        assert all(r() is None for r in gone)
+    refs = [weakref.ref(o) for o in model]
+    del model, o, buf
+    assert all(r() is None for r in refs)
 
 
 def test_a_small_update_writes_only_its_rows_into_the_same_frame():
