@@ -27,9 +27,13 @@
    (``to_arrow().to_pandas()`` of the same rows: what ``.df`` cost before) is timed on
    the first --frame-rebuilds of each kind, in the same run. Median, mean and p99 of each,
    the ratio of the medians, and how many reads rebuilt (0: all in place); after each kind
-   the frame is checked equal to the rebuild.
+   the frame is checked equal to the rebuild. ``--string-storage`` sets pandas'
+   ``mode.string_storage`` for the frames (``pyarrow``, pandas' default: the ``Sym`` column
+   is Arrow, spliced and combined; ``python``: Python strings written in place; ``both``:
+   each in turn, fed the same messages).
 
-Run: python bench/bench_live.py [--quick] [--big] [--only frames] [--json PATH]
+Run: python bench/bench_live.py [--quick] [--big] [--only frames] [--string-storage both]
+[--json PATH]
 """
 
 from __future__ import annotations
@@ -285,9 +289,22 @@ def capture_frames(n: int, change: int, updates: int, seed: int,
 
 
 def time_frames(n: int, change: int, updates: int, warmup: int, rebuilds: int,
-                seed: int = 3) -> list[dict[str, Any]]:
-    """``.df`` after each captured message (in place), and the rebuild it replaced."""
+                seed: int = 3, storages: tuple[str, ...] = ("pyarrow",),
+                ) -> list[dict[str, Any]]:
+    """``.df`` after each captured message (in place), and the rebuild it replaced, with
+    each of pandas' string ``storages`` in turn (the same messages)."""
     snapshot, messages = capture_frames(n, change, updates + warmup, seed)
+    rows = []
+    for storage in storages:
+        with pd.option_context("mode.string_storage", storage):
+            rows += _time_frames(n, snapshot, messages, warmup, rebuilds, storage)
+        gc.collect()
+    return rows
+
+
+def _time_frames(n: int, snapshot: Message, messages: list[tuple[str, Message]], warmup: int,
+                 rebuilds: int, storage: str) -> list[dict[str, Any]]:
+    """:func:`time_frames` for one string storage (pandas' option is set by the caller)."""
     live = LiveTable(lambda: None, "t", start=False)  # fed by hand: no reader thread
     live.apply(snapshot.meta, snapshot.added, snapshot.modified)
     t = time.perf_counter_ns()
@@ -323,7 +340,7 @@ def time_frames(n: int, change: int, updates: int, warmup: int, rebuilds: int,
     rows = []
     for kind in FRAME_KINDS:
         df, rb = stats_ms(df_ns[kind]), stats_ms(rebuild_ns[kind])
-        rows.append({"size": n, "update": kind, "first_df_ms": first_ms,
+        rows.append({"size": n, "strings": storage, "update": kind, "first_df_ms": first_ms,
                      **{f"df_{k}": v for k, v in df.items()},
                      **{f"rebuild_{k}": v for k, v in rb.items()},
                      "speedup": rb["median_ms"] / df["median_ms"], "rebuilt": rebuilt[kind]})
@@ -345,6 +362,8 @@ def main() -> None:
     ap.add_argument("--frame-updates", type=int, default=50, help="timed .df reads per kind")
     ap.add_argument("--frame-rebuilds", type=int, default=7,
                     help="timed rebuilds (to_arrow().to_pandas()) per kind")
+    ap.add_argument("--string-storage", choices=["pyarrow", "python", "both"],
+                    default="pyarrow", help="pandas' string storage for the frames")
     ap.add_argument("--only", choices=["apply", "snapshot", "frames"], default=None,
                     help="run this section only")
     ap.add_argument("--quick", action="store_true", help="small run to check it works")
@@ -393,14 +412,17 @@ def main() -> None:
     frame_rows = []
     for n in frame_sizes:
         t = time.perf_counter()
-        frame_rows += time_frames(n, args.change, args.frame_updates, 3, args.frame_rebuilds)
+        storages = (("pyarrow", "python") if args.string_storage == "both"
+                    else (args.string_storage,))
+        frame_rows += time_frames(n, args.change, args.frame_updates, 3, args.frame_rebuilds,
+                                  storages=storages)
         print(f".df after updates of a {n:,}-row table: {time.perf_counter() - t:.1f} s",
               flush=True)
     if frame_rows:
         print_table(f".df after one {args.change}-row update, in place vs rebuilt "
                     f"(to_arrow().to_pandas()), ms: {args.frame_updates} reads and "
                     f"{args.frame_rebuilds} rebuilds per kind", frame_rows,
-                    ["size", "update", "df_median_ms", "df_mean_ms", "df_p99_ms",
+                    ["size", "strings", "update", "df_median_ms", "df_mean_ms", "df_p99_ms",
                      "rebuild_median_ms", "rebuild_mean_ms", "rebuild_p99_ms", "speedup",
                      "rebuilt", "first_df_ms"])
     write_json("bench_live", {"args": vars(args), "apply": rows, "snapshot": snap_rows,

@@ -231,6 +231,14 @@ class LiveTable(Subscription[Update]):
         position in the table: a ``RangeIndex`` without a viewport, else the held positions
         (named ``position``).
 
+        String columns follow pandas' ``mode.string_storage`` option as it is when the frame
+        is built (the first read, and each rebuild): ``"pyarrow"`` (pandas' default) keeps
+        them as Arrow, which cannot be written in place, so a modify of a string column
+        may copy that column; ``"python"`` (``pd.set_option(
+        "mode.string_storage", "python")`` before the first read) holds Python strings,
+        written in place, so such a modify costs only its rows (a build converts each
+        string into a Python object, slower and larger than Arrow's).
+
         To keep a moment, take ``live.df.copy()`` or :meth:`to_arrow`: the frame you hold
         changes at the next read, on whatever thread it happens. What you derive from it (a
         column, a slice, a shallow copy) keeps its values, as pandas' Copy-on-Write promises

@@ -17,16 +17,23 @@ How, per change (positions are ranks of the row keys, kept beside the frame in a
 array: a position is a ``searchsorted``):
 
 * removed and inserted rows move the rows after them: the kept rows are moved as runs, in
-  place (numpy moves overlapping slices as ``memmove`` does), into spare room at the end
-  of each column's buffer (:func:`engine._kernels.grow.grown`: an append writes past the
-  end, growing a large column inside reserved address space without a copy);
+  place (numpy moves overlapping slices as ``memmove`` does; an object column's pointers
+  are moved so too, with its references kept exact: :meth:`_Splice._move_references`),
+  into spare room at the end of each column's buffer (:func:`engine._kernels.grow.grown`:
+  an append writes past the end, growing a large column inside reserved address space
+  without a copy);
 * modified rows are written in their modified columns;
 * each column's kind says how (:class:`_NumpyColumn`: numpy dtypes, ``datetime64`` with or
-  without a time zone, ``timedelta64``; :class:`_StringColumn`: pandas' ``str`` dtype,
+  without a time zone, ``timedelta64``, and pandas' ``str`` dtype of ``python`` storage
+  (what ``to_pandas`` gives under ``pd.options.mode.string_storage = "python"``: an object
+  ndarray under a ``StringArray``, written in place like the others);
+  :class:`_StringColumn`: pandas' ``str`` dtype of ``pyarrow`` storage (the default),
   whose Arrow arrays are immutable, so a change splices zero-copy slices and the column is
   combined into one chunk once it has :attr:`LiveFrame.STRING_CHUNKS` (until then a take
   of rows from it joins its chunks first, as Arrow does for any chunked column); anything
-  else, such as a categorical, is converted again from Arrow when a change touches it);
+  else, such as a categorical, is converted again from Arrow after any message (a
+  categorical's categories are the dictionaries of the Arrow chunks its rows are in, and
+  any message can move rows between chunks of the client's value log);
 * an integer or boolean column turns ``float64`` or ``object`` while it holds a null (as
   ``to_pandas`` does): its nulls are counted, and it is converted again from Arrow when
   its first null arrives or its last one goes.
@@ -43,7 +50,8 @@ into the same ``DataFrame`` (as pandas' own ``inplace=True`` methods do).
 pandas internals, all in the last section of this module and checked once by
 :func:`_internals_work` (without them every read rebuilds, as before):
 ``DataFrame._mgr`` and ``_update_inplace``; the block manager's ``blocks``, ``blknos`` and
-``iget_values``; ``Block.refs.has_reference()``. Frames are built with
+``iget_values``; ``Block.refs.has_reference()``; a ``StringArray``'s ``_ndarray`` and
+``_simple_new``. Frames are built with
 ``pandas.api.internals.create_dataframe_from_blocks``, a column replaced with the public
 ``DataFrame.isetitem``.
 
@@ -57,6 +65,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -305,7 +315,11 @@ class _Splice:
     def move(self, buf: npt.NDArray[Any]) -> None:
         """Move the kept rows within ``buf`` (it holds ``max(n, n_new)`` rows): runs going
         left in order, then runs going right from the last, so none overwrites a run
-        before it moved."""
+        before it moved. An object buffer's pointers are moved instead
+        (:meth:`_move_references`); its other slots are then ``None``."""
+        if buf.dtype == object and _POINTERS:
+            self._move_references(buf)
+            return
         left = self.dst < self.src
         for s, d, k in zip(self.src[left].tolist(), self.dst[left].tolist(),
                            self.length[left].tolist(), strict=True):
@@ -314,6 +328,35 @@ class _Splice:
         for s, d, k in zip(self.src[right].tolist()[::-1], self.dst[right].tolist()[::-1],
                            self.length[right].tolist()[::-1], strict=True):
             buf[d:d + k] = buf[s:s + k]
+
+    def _move_references(self, buf: npt.NDArray[np.object_]) -> None:
+        """:meth:`move` for an object buffer (C-contiguous), as a ``memmove`` of its
+        pointers: numpy's own move takes a reference to each moved object and drops one (at
+        10M rows about ten times a ``memmove``, each object's count being touched).
+
+        References stay exact: each object is held by as many slots as it has references
+        from them. The removed rows' slots and the spare ones in ``[n, n_new)`` are first
+        set to ``None`` through numpy (their objects' references dropped, ``None``'s
+        taken); then the range ``[first, max(n, n_new))`` is rewritten in one numpy call:
+        each kept row's pointer to its new slot, ``None`` to every other slot of the range
+        (the inserted rows', those past ``n_new``), as many as the ``None`` slots it held
+        (the removed and the spare). One call: no signal handler (a KeyboardInterrupt) runs
+        halfway, and a thread reading the buffer meanwhile only ever meets pointers to live
+        objects (a kept row's object at two slots for a moment)."""
+        lo, hi = self.first, max(self.n, self.n_new)
+        if lo >= hi:
+            return
+        buf[self.removed] = None
+        buf[self.n:hi] = None
+        words = _pointers(buf)
+        new = np.empty(hi - lo, dtype=np.intp)
+        moved = self.dst >= lo  # (the runs before ``first`` stay; none straddles it)
+        for s, d, k in zip(self.src[moved].tolist(), self.dst[moved].tolist(),
+                           self.length[moved].tolist(), strict=True):
+            new[d - lo:d - lo + k] = words[s:s + k]
+        new[self.inserted - lo] = id(None)
+        new[self.n_new - lo:] = id(None)
+        words[lo:hi] = new
 
     def pieces(self, modified: I64) -> tuple[I64, I64, I64, I64]:
         """The new rows as pieces ``(source, start, at, length)`` in order: source 0 is
@@ -337,6 +380,19 @@ class _Splice:
         source = np.where(in_mod, 2, src[s])
         begin = np.where(in_mod, m_from[kk] + cuts - m_at[kk], start[s] + cuts - at[s])
         return source, begin, cuts, np.diff(np.append(cuts, self.n_new))
+
+
+_POINTERS = sys.implementation.name == "cpython"  # an object array holds PyObject pointers
+
+
+def _pointers(buf: npt.NDArray[np.object_]) -> npt.NDArray[np.intp]:
+    """The pointers of the C-contiguous object array ``buf``, as a writable ``intp`` array
+    over its memory (it does not keep ``buf`` alive: the caller holds it)."""
+    assert buf.flags.c_contiguous and buf.flags.writeable
+    face = {"data": (buf.__array_interface__["data"][0], False), "shape": buf.shape,
+            "typestr": np.dtype(np.intp).str, "version": 3}
+    words: npt.NDArray[np.intp] = np.asarray(types.SimpleNamespace(__array_interface__=face))
+    return words
 
 
 def _runs(pos: I64) -> tuple[I64, I64, I64]:
@@ -467,26 +523,33 @@ def _column_of(name: str, values: Any, field: pa.Field, nulls: int) -> _Column:
         return _NumpyColumn(name, values, field, nulls)
     if isinstance(values, pd.arrays.ArrowStringArray):
         return _StringColumn(name, values)
+    if isinstance(values, pd.arrays.StringArray) and values.dtype.storage == "python":
+        return _NumpyColumn(name, values, field, nulls)  # its object ndarray
     return _WholeColumn(name, values)
 
 
 class _NumpyColumn:
     """Values in a numpy buffer with room to grow (``buf[:n]`` are the rows): numpy dtypes,
-    and ``datetime64`` (with or without a time zone) and ``timedelta64`` as their int64.
+    ``datetime64`` (with or without a time zone) and ``timedelta64`` as their int64, and
+    pandas' strings of ``python`` storage (a ``StringArray``) as its object ndarray (Python
+    ``str`` and the dtype's ``na_value``), which unlike Arrow's can be written in place.
 
     An integer or boolean column is ``float64`` or ``object`` while it holds a null
     (``to_pandas``'s rule): ``nulls`` counts them; the first one arriving, or the last one
     going, makes it :meth:`needs_convert`.
     """
 
-    __slots__ = ("name", "owned", "replaced", "dtype", "buf", "n", "_unit", "_direct",
-                 "nullable", "nulls", "_convert")
+    __slots__ = ("name", "owned", "replaced", "dtype", "buf", "n", "_unit", "_strings",
+                 "_direct", "nullable", "nulls", "_convert")
 
     def __init__(self, name: str, values: Any, field: pa.Field, nulls: int) -> None:
         self.name, self.dtype = name, values.dtype
         self._unit: np.dtype[Any] | None = None  # a datetimelike's numpy dtype
+        self._strings = False  # a StringArray of python storage (its object ndarray)
         if isinstance(values, np.ndarray):
             buf = values
+        elif isinstance(values, pd.arrays.StringArray):
+            buf, self._strings = _backing(values), True
         else:  # its int64 (a view: the same memory)
             buf = values.asi8
             kind = "M8" if isinstance(values, pd.arrays.DatetimeArray) else "m8"
@@ -496,7 +559,7 @@ class _NumpyColumn:
         t = field.type
         self.nullable = pa.types.is_integer(t) or pa.types.is_boolean(t)
         # Arrow's to_numpy gives what to_pandas holds for these (no pandas object needed)
-        self._direct = self.nullable or any(is_(t) for is_ in (
+        self._direct = self.nullable or self._strings or any(is_(t) for is_ in (
             pa.types.is_floating, pa.types.is_timestamp, pa.types.is_duration))
         if self.nullable and nulls < 0:
             nulls = int(pd.isna(buf).sum()) if self._holds_nulls() else 0
@@ -554,6 +617,10 @@ class _NumpyColumn:
         dtype (then the column is converted again)."""
         if self._direct:
             v: npt.NDArray[Any] = part.arrow.to_numpy(zero_copy_only=False)
+            if self._strings:  # Python str, None for a null: the dtype's NA
+                if part.arrow.null_count:
+                    v[pd.isna(v)] = self.dtype.na_value
+                return v if v.dtype == object else None
         else:
             assert part.pandas is not None  # (wants_pandas: LiveFrame converted it)
             v = part.pandas.to_numpy()
@@ -571,6 +638,8 @@ class _NumpyColumn:
 
     def block(self, n: int, one_d: bool = False) -> Any:
         rows = self.buf[:n]
+        if self._strings:  # (an extension block: always 1-D)
+            return _wrap(self.dtype, rows)
         if self._unit is not None:
             rows = rows.view(self._unit)
             if isinstance(self.dtype, pd.DatetimeTZDtype):  # pyarrow's own way, no copy
@@ -579,7 +648,10 @@ class _NumpyColumn:
         return rows if one_d else rows[None, :]
 
     def adopt(self, values: Any) -> None:
-        buf = values if isinstance(values, np.ndarray) else values.asi8
+        if self._strings:
+            buf = _backing(values)
+        else:
+            buf = values if isinstance(values, np.ndarray) else values.asi8
         self.buf, self.n, self.owned, self.replaced = buf, buf.size, True, False
 
 
@@ -649,8 +721,10 @@ def _large(part: _Part | None) -> pa.ChunkedArray:
 
 
 class _WholeColumn:
-    """Any other column (a categorical, ...): converted again from Arrow when a change
-    touches it."""
+    """Any other column (a categorical, ...): converted again from Arrow after any message,
+    even one that does not touch it (a categorical's categories are the dictionaries of the
+    chunks its rows are in: a modify of another column, or the value log's compaction,
+    moves rows to another chunk)."""
 
     __slots__ = ("name", "owned", "replaced", "values", "_convert")
 
@@ -668,7 +742,7 @@ class _WholeColumn:
         return self._convert
 
     def change(self, sp: _Splice, added: _Part | None, mp: I64, modified: _Part | None) -> None:
-        self._convert = self._convert or sp.moves or modified is not None
+        self._convert = True
 
     def tidy(self) -> None:
         pass
@@ -706,6 +780,19 @@ def _referenced(block: Any) -> bool:
     return bool(block.refs.has_reference())
 
 
+def _backing(strings: Any) -> npt.NDArray[np.object_]:
+    """The object ndarray behind a ``StringArray`` (the memory its block shows)."""
+    values: npt.NDArray[np.object_] = strings._ndarray
+    return values
+
+
+def _wrap(dtype: Any, rows: npt.NDArray[np.object_]) -> Any:
+    """A ``StringArray`` of ``dtype`` over ``rows``, as pandas slices one: no copy, no
+    validation (the rows are ``str`` or the dtype's ``na_value``, written by us)."""
+    string_array: Any = pd.arrays.StringArray
+    return string_array._simple_new(rows, dtype)
+
+
 def _replace(frame: Any, other: pd.DataFrame) -> None:
     """Swap ``other``'s contents into ``frame`` (what pandas' ``inplace=True`` methods do)."""
     frame._update_inplace(other)
@@ -732,8 +819,12 @@ def _internals_work() -> bool:
             shared = _referenced(_block_of(mgr, 0))
             del view
             _replace(df, df.iloc[:2])
+            strings = pd.array(["x", None], dtype=pd.StringDtype("python", na_value=np.nan))
+            back = _backing(strings)
+            again = _wrap(strings.dtype, back[:1])
             _WORKS = (first and shared and np.shares_memory(_values_of(mgr, 0), buf)
-                      and len(df) == 2)
+                      and len(df) == 2 and again.dtype == strings.dtype
+                      and np.shares_memory(_backing(again), back))
         except Exception:  # another pandas: rebuild every time, as before
             log.debug("pandas internals for in-place frames not available", exc_info=True)
             _WORKS = False

@@ -19,7 +19,9 @@ derived table (shifts).
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -90,8 +92,9 @@ class _Table:
             return bool(r.random() < 0.5)
         if column == "f":
             return float("nan") if r.random() < 0.03 else float(r.integers(10**6)) / 8
-        if column == "s":
-            return "é" * int(r.integers(0, 3)) + f"s{int(r.integers(1000))}"
+        if column == "s":  # empty, ASCII and not
+            k = int(r.integers(0, 6))
+            return "" if k == 0 else ("", "é", "éé", "日本", "🙂")[k - 1] + f"s{int(r.integers(1000))}"
         if column in "tn":
             return dt.datetime(2026, 3, 29, tzinfo=dt.UTC if column == "t" else None) + \
                 dt.timedelta(microseconds=int(r.integers(-10**12, 10**12)))
@@ -204,7 +207,17 @@ def _buffer(live: LiveTable, column: str) -> np.ndarray:
     """The numpy memory behind ``column``'s block (what the frame shows)."""
     j = list(live.df.columns).index(column)
     values = live.df._mgr.iget_values(j)
+    if isinstance(values, pd.arrays.StringArray):  # python storage: its object ndarray
+        return values._ndarray
     return values if isinstance(values, np.ndarray) else values.asi8
+
+
+@pytest.fixture
+def storage(request: pytest.FixtureRequest) -> Any:
+    """pandas' string storage (``mode.string_storage``) for the test: ``to_pandas`` and so
+    the frame hold strings as Arrow (``pyarrow``, the default) or Python objects."""
+    with pd.option_context("mode.string_storage", request.param):
+        yield request.param
 
 
 # ------------------------------------------------------------------ examples
@@ -224,6 +237,52 @@ def test_a_splice_moves_the_kept_rows_in_runs():
     parts = ["abcdef", "XY", "D"]
     assert "".join(parts[s][b:b + k] for s, b, k in zip(source, start, length, strict=True)) == "XacDYf"
     assert at.tolist() == [0, 1, 2, 3, 4, 5]
+
+
+class _Tracked:
+    """An object whose references and death a test can watch."""
+
+    __slots__ = ("__weakref__", "name")
+
+    def __init__(self, name: int) -> None:
+        self.name = name
+
+
+def test_a_splice_moves_an_object_buffer_by_its_pointers_with_exact_references():
+    """Random splices of an object buffer (its pointers moved as by ``memmove``, see
+    ``_Splice._move_references``): after each, the rows are the model's, every live object
+    holds exactly the references of its slot and the model's, a removed one is freed, and
+    the spare slots hold ``None``."""
+    rng = np.random.default_rng(11)
+    model = [_Tracked(i) for i in range(50)]
+    buf = np.empty(50, dtype=object)
+    buf[:] = model
+    n, made, gone = 50, 50, []
+    for _ in range(300):
+        removed = np.sort(rng.choice(n, int(rng.integers(0, min(n, 8) + 1)), replace=False))
+        kept = n - removed.size
+        points = np.sort(rng.integers(0, kept + 1, int(rng.integers(0, 8))))
+        sp = liveframe._Splice(n, removed.astype(np.int64), points.astype(np.int64))
+        buf = liveframe._room(buf, sp.n_new)
+        gone += [weakref.ref(model[i]) for i in removed.tolist()]
+        survivors = [o for i, o in enumerate(model) if i not in set(removed.tolist())]
+        new = [_Tracked(made + j) for j in range(points.size)]
+        made += points.size
+        model = survivors
+        for j, p in enumerate(points.tolist()):
+            model.insert(p + j, new[j])
+        sp.move(buf)
+        buf[sp.inserted] = np.array(new + [None], dtype=object)[:-1]
+        del new, survivors
+        n = sp.n_new
+        assert [o.name for o in buf[:n]] == [o.name for o in model]
+        assert all(x is None for x in buf[n:])
+        for o in model:  # its slot, the model and getrefcount's argument (and the loop's)
+            assert sys.getrefcount(o) == 4, o.name
+        assert all(r() is None for r in gone)
+    refs = [weakref.ref(o) for o in model]
+    del model, o, buf
+    assert all(r() is None for r in refs)
 
 
 def test_a_small_update_writes_only_its_rows_into_the_same_frame():
@@ -267,7 +326,61 @@ def test_appends_write_into_spare_room():
     assert live.df.s.array._pa_array.num_chunks <= LiveFrame.STRING_CHUNKS
 
 
-def test_what_was_derived_from_the_frame_keeps_its_values():
+@pytest.mark.parametrize("storage", ["python"], indirect=True)
+def test_python_strings_are_written_in_place(storage):
+    """With pandas' ``python`` string storage a string column is an object ndarray under a
+    ``StringArray`` (``str`` dtype, NaN for a null), as ``to_pandas`` gives: a modify writes
+    its rows into the same buffer, an append lands in spare room."""
+    live, table = _start(2000, columns=["id", "s", "f"])
+    df = _same(live, "first read")
+    assert df["s"].dtype == pd.StringDtype("python", na_value=np.nan)
+    before = _buffer(live, "s").copy()
+    memory = _buffer(live, "s").__array_interface__["data"][0]
+    rebuilds = live._frames.rebuilds
+    message = table.step(0, 0, 7, 0.0)
+    while "s" not in {c.column for c in message[0].modified}:
+        _feed(live, message)
+        message = table.step(0, 0, 7, 0.0)
+    _feed(live, message)
+    assert _same(live, "after 7 modifies") is df and live._frames.rebuilds == rebuilds
+    now = _buffer(live, "s")
+    assert now.__array_interface__["data"][0] == memory  # the same buffer, written in place
+    keys = np.array(sorted(table.rows))
+    written = np.searchsorted(keys, BitMap64.deserialize(message[0].modified_data_rows).to_array())
+    differ = np.flatnonzero(~pd.isna(now) & (now != before) | (pd.isna(now) != pd.isna(before)))
+    assert set(differ.tolist()) <= set(written.tolist())
+    _feed(live, table.step(0, 5, 0, 0.0, at_end=True))
+    _same(live, "first append (the column moves to a buffer with room)")
+    memory = _buffer(live, "s").__array_interface__["data"][0]
+    for cycle in range(10):
+        _feed(live, table.step(0, 5, 2, 0.0, at_end=True))
+        _same(live, f"append {cycle}")
+        assert _buffer(live, "s").__array_interface__["data"][0] == memory
+    for cycle in range(10):  # removes and inserts in the middle: moved in place
+        _feed(live, table.step(3, 3, 4, 0.3))
+        _same(live, f"splice {cycle}")
+    assert live._frames.rebuilds == rebuilds
+
+
+def test_the_string_storage_is_the_one_at_the_last_build():
+    """pandas' option is read when the frame is (re)built: changed later, it takes effect at
+    the next rebuild (a snapshot here); until then the frame keeps its storage."""
+    live, table = _start(100, columns=["id", "s"])
+    df = _same(live, "first read")
+    assert df["s"].dtype.storage == "pyarrow"
+    with pd.option_context("mode.string_storage", "python"):
+        _feed(live, table.step(1, 1, 3, 0.0))
+        assert live.df is df and df["s"].dtype.storage == "pyarrow"
+        _feed(live, table.snapshot())
+        assert _same(live, "rebuilt") is df and df["s"].dtype.storage == "python"
+        _feed(live, table.step(1, 1, 3, 0.0))
+        assert _same(live, "in place") is df and live._frames.rebuilds == 2
+    _feed(live, table.step(1, 1, 3, 0.0))
+    assert live.df is df and df["s"].dtype.storage == "python"
+
+
+@pytest.mark.parametrize("storage", ["pyarrow", "python"], indirect=True)
+def test_what_was_derived_from_the_frame_keeps_its_values(storage):
     """pandas' Copy-on-Write: a column, a slice, a shallow copy taken before a read keep the
     values of their moment; the frame itself is current (and still the same object)."""
     live, table = _start(500, columns=["id", "i", "f", "s", "t", "n"])
@@ -314,6 +427,17 @@ def test_categorical_and_date_columns():
     assert [str(x) for x in df.dtypes] == ["int64", "category", "object", "str"]
     for cycle in range(10):  # changes of length, then modifies only
         _feed(live, table.step(2, 3, 5, 0.3) if cycle < 5 else table.step(0, 0, 5, 0.0))
+        assert _same(live, f"cycle {cycle}") is df
+
+
+def test_a_categorical_follows_its_categories_when_other_columns_change():
+    """``to_pandas`` takes a categorical's categories from the dictionaries of the Arrow
+    chunks its rows are in: a modify of another column (or the value log's compaction)
+    moves rows to new chunks, so the categories change though the values do not."""
+    live, table = _start(100, columns=["id", "c", "f"])
+    df = _same(live, "first read")
+    for cycle in range(100):
+        _feed(live, table.step(0, 0, 30, 0.0))
         assert _same(live, f"cycle {cycle}") is df
 
 
@@ -436,38 +560,48 @@ def test_a_frame_that_lost_its_row_keys_rebuilds(caplog):
 
 
 # ------------------------------------------------------------------ the property
-@pytest.mark.parametrize(("seed", "gather"), [(1, False), (2, True), (3, False)])
-def test_random_messages_read_at_random(monkeypatch, seed, gather):
+def _random_message(rng: np.random.Generator, table: _Table,
+                    ) -> tuple[pb.UpdateMetadata, pa.Table, pa.Table]:
+    """One random message: now and then a snapshot, a fill of an int/bool column's nulls,
+    an empty message (changing how often nulls come); else removes, inserts (anywhere or at
+    the end), modifies of some columns and shifts, now and then a large change."""
+    roll = rng.random()
+    if roll < 0.01:
+        return table.snapshot()
+    if roll < 0.04:
+        return table.fill_nulls(str(rng.choice(["i", "b"])))
+    if roll < 0.06:
+        table.p_null = float(rng.choice([0.0, 0.02, 0.3]))
+        return table.step(0, 0, 0, 0.0)  # empty
+    big = rng.random() < 0.03
+    return table.step(int(rng.integers(0, 30 if big else 6)),
+                      int(rng.integers(0, 30 if big else 6)),
+                      int(rng.integers(0, 30 if big else 12)), 0.3,
+                      at_end=rng.random() < 0.3)
+
+
+@pytest.mark.parametrize(("seed", "gather", "storage"), [
+    (1, False, "pyarrow"), (2, True, "pyarrow"), (3, False, "pyarrow"),
+    (4, False, "python"), (5, False, "python")], indirect=["storage"])
+def test_random_messages_read_at_random(monkeypatch, seed, gather, storage):
     """Random messages (removes, inserts, appends, modifies of some columns, shifts, nulls,
     empty messages, now and then a snapshot or a large change that rebuilds); ``live.df``
     read after 0 to 6 of them equals ``to_arrow().to_pandas()``, always the same object,
     and most reads are applied in place. Lowered limits: string columns combine often, a
     rebuild needs changes of more than 100 rows; a string column's change is a gather
-    (``gather``) or spliced slices."""
+    (``gather``) or spliced slices (Arrow strings), or written in place (``python``
+    strings, an object ndarray)."""
     monkeypatch.setattr(LiveFrame, "REBUILD_MIN", 100)
     monkeypatch.setattr(LiveFrame, "STRING_CHUNKS", 12)
     monkeypatch.setattr(liveframe._StringColumn, "GATHER_RATIO", 10**9 if gather else 0)
     rng = np.random.default_rng(seed)
     live, table = _start(int(rng.integers(60, 200)), seed=seed)
     df = _same(live, f"seed {seed} first read")
+    assert df["s"].dtype.storage == storage
     reads = messages = 0
     due = int(rng.integers(0, 7))
     while messages < 600:
-        roll = rng.random()
-        if roll < 0.01:
-            message = table.snapshot()
-        elif roll < 0.04:
-            message = table.fill_nulls(str(rng.choice(["i", "b"])))
-        elif roll < 0.06:
-            table.p_null = float(rng.choice([0.0, 0.02, 0.3]))
-            message = table.step(0, 0, 0, 0.0)  # empty
-        else:
-            big = rng.random() < 0.03
-            message = table.step(int(rng.integers(0, 30 if big else 6)),
-                                 int(rng.integers(0, 30 if big else 6)),
-                                 int(rng.integers(0, 30 if big else 12)), 0.3,
-                                 at_end=rng.random() < 0.3)
-        _feed(live, message)
+        _feed(live, _random_message(rng, table))
         messages += 1
         if due == 0:
             assert _same(live, f"seed {seed} message {messages}") is df
@@ -477,6 +611,22 @@ def test_random_messages_read_at_random(monkeypatch, seed, gather):
             due -= 1
     assert reads > 130
     assert live._frames.rebuilds < reads / 4  # mostly in place
+
+
+@pytest.mark.parametrize(("seed", "storage"), [(6, "python"), (7, "python")],
+                         indirect=["storage"])
+def test_python_strings_read_after_every_message(monkeypatch, seed, storage):
+    """pandas' ``python`` string storage, ``live.df`` read after each of 1,500 random
+    messages (as above): equal to ``to_arrow().to_pandas()`` every time, mostly in place."""
+    monkeypatch.setattr(LiveFrame, "REBUILD_MIN", 100)
+    rng = np.random.default_rng(seed)
+    live, table = _start(int(rng.integers(60, 200)), seed=seed)
+    df = _same(live, f"seed {seed} first read")
+    assert df["s"].dtype == pd.StringDtype("python", na_value=np.nan)
+    for message in range(1500):
+        _feed(live, _random_message(rng, table))
+        assert _same(live, f"seed {seed} message {message}") is df
+    assert live._frames.rebuilds < 1500 / 20  # mostly in place
 
 
 # ------------------------------------------------------------------ through a server
@@ -498,8 +648,9 @@ def _rows(rng: np.random.Generator, keys: np.ndarray) -> pa.Table:
     }, schema=E2E)
 
 
-@pytest.mark.parametrize("seed", [5])
-def test_through_a_server(server: TicktableServer, graph: UpdateGraph, subscribe, seed):
+@pytest.mark.parametrize(("seed", "storage"), [(5, "pyarrow"), (8, "python")],
+                         indirect=["storage"])
+def test_through_a_server(server: TicktableServer, graph: UpdateGraph, subscribe, seed, storage):
     """A keyed table and the same sorted by ``v`` (inserts and removes anywhere, shifts),
     written at random for 120 cycles: both views, read after a random number of cycles,
     equal the server's rows converted from scratch, in the same frame, mostly in place."""
