@@ -150,7 +150,7 @@ def plan(tree: exp.Expression, table: exp.Table, where: exp.Expression, names: s
     sql = (f'SELECT {alias}."{POSITION}" FROM "{NARROW_TABLE}" AS {alias} '
            f"WHERE {where.sql(dialect='duckdb')} LIMIT __TICKTABLE_LIMIT__")
     ordered = tuple(n for n in schema.names if n in filtered)
-    return NarrowPlan(ordered, sql, _star_only(tree, names))
+    return NarrowPlan(ordered, sql, _star_only(tree, {table.alias_or_name}))
 
 
 #: The parts a ``SELECT * FROM table WHERE ...`` has (any other, set, is a clause).
@@ -158,8 +158,9 @@ _STAR_PARTS = frozenset({"expressions", "from", "from_", "where"})
 
 
 def _star_only(tree: exp.Expression, names: set[str]) -> bool:
-    """Whether ``tree`` is ``SELECT * FROM table WHERE ...`` (or ``table.*``) and nothing
-    more: no clause, no ``EXCLUDE``/``REPLACE``/``RENAME`` on the star."""
+    """Whether ``tree`` is ``SELECT * FROM table WHERE ...`` (or ``name.*``, ``name`` the
+    table's name in scope: its alias if it has one) and nothing more: no clause, no
+    ``EXCLUDE``/``REPLACE``/``RENAME`` on the star."""
     if not isinstance(tree, exp.Select) or len(tree.expressions) != 1:
         return False
     if any(v for k, v in tree.args.items() if k not in _STAR_PARTS):

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from engine.errors import QueryCancelled
+from engine.errors import QueryCancelled, SqlError
 from engine.graph import UpdateGraph
 from flight.sql import narrow
 from flight.sql.parse import parse_one
@@ -195,6 +195,10 @@ def test_a_star_s_rows_are_its_answer_in_duckdb_s_types(runner, monkeypatch):
     assert spy.kept == 3 and len(runs) == 4
     _check(registry, r, "SELECT * FROM t WHERE id + 0 = 17 LIMIT 1")  # a clause: DuckDB answers
     assert spy.kept == 4 and len(runs) == 6
+    _check(registry, r, "SELECT a.* FROM t AS a WHERE id + 0 = 17")
+    assert spy.kept == 5 and len(runs) == 7
+    with pytest.raises(SqlError, match='table "t" not found'):  # out of scope: DuckDB says so
+        _run(r, "SELECT t.* FROM t AS a WHERE id + 0 = 17")
 
 
 def test_a_failing_pass_leaves_the_error_to_the_query(runner):
