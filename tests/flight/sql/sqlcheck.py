@@ -112,3 +112,21 @@ def check_view(view: Table, sql: str, sources: Mapping[str, Table], order: Seque
     want = duck_answer(sql, {n: t.to_arrow() for n, t in sources.items()})
     problem = mismatch(view.to_arrow(), want, order, limited)
     assert problem is None, f"{sql}: {problem}"
+
+
+def check_query(registry: Any, runner: Any, sql: str, params: list[Any] | None = None) -> None:
+    """``runner``'s answer to ``sql`` (a :class:`~flight.sql.query.QueryRunner` over
+    ``registry``'s tables) equals DuckDB's over the whole tables: the same schema, and the
+    same rows (as sequences under a top-level ``ORDER BY``, else as multisets)."""
+    from flight.sql.parse import parse_one
+
+    query = runner.start(sql, params)
+    got = pa.Table.from_batches(list(runner.batches(query)), query.schema)
+    want = duck_answer(sql, {n: registry.get(n).table.to_arrow() for n in registry.names()}, params)
+    assert got.num_rows == want.num_rows, sql
+    assert got.schema.equals(want.schema), (sql, got.schema, want.schema)
+    if parse_one(sql).args.get("order") is not None:  # the result's order, not a window's
+        assert got.to_pylist() == want.to_pylist(), sql
+    else:
+        assert mismatch(got, want) is None, sql
+

@@ -16,7 +16,7 @@ from flight.sql import narrow
 from flight.sql.parse import parse_one
 from flight.sql.query import QueryRunner, named_tables, narrow_plan, read_columns
 from flight.streams.registry import TableRegistry
-from tests.flight.sql.sqlcheck import duck_answer, mismatch
+from tests.flight.sql.sqlcheck import check_query
 
 A = pa.schema([("id", pa.int64()), ("g", pa.int64()), ("x", pa.float64()), ("s", pa.string()),
                ("Mixed", pa.int32())])
@@ -76,15 +76,7 @@ def _run(r: QueryRunner, sql: str, params: list | None = None) -> pa.Table:
     return pa.Table.from_batches(list(r.batches(q)), q.schema)
 
 
-def _check(registry: TableRegistry, r: QueryRunner, sql: str, params: list | None = None) -> None:
-    got = _run(r, sql, params)
-    want = duck_answer(sql, {n: registry.get(n).table.to_arrow() for n in registry.names()}, params)
-    assert got.num_rows == want.num_rows, sql
-    assert got.schema.equals(want.schema), (sql, got.schema, want.schema)
-    if parse_one(sql).args.get("order") is not None:  # the result's order, not a window's
-        assert got.to_pylist() == want.to_pylist(), sql
-    else:
-        assert mismatch(got, want) is None, sql
+_check = check_query
 
 
 NARROWED = [  # (query, the WHERE's columns)

@@ -13,7 +13,7 @@ from flight.sql.parse import parse_one
 from flight.sql.query import QueryRunner, named_tables, value_ranges
 from flight.sql.snapshots import SnapshotCache
 from flight.streams.registry import TableRegistry
-from tests.flight.sql.sqlcheck import duck_answer, mismatch
+from tests.flight.sql.sqlcheck import check_query
 
 A = pa.schema([("id", pa.int64()), ("g", pa.int64()), ("small", pa.int8()), ("u", pa.uint64()),
                ("x", pa.float64()), ("s", pa.string())])
@@ -75,14 +75,7 @@ def _scanned(r: QueryRunner, sql: str, params: list | None = None) -> int:
     return seen[0] if seen else -1
 
 
-def _check(registry: TableRegistry, r: QueryRunner, sql: str, params: list | None = None) -> None:
-    got = _run(r, sql, params)
-    expected = duck_answer(sql, {n: registry.get(n).table.to_arrow() for n in registry.names()}, params)
-    assert got.num_rows == expected.num_rows, sql
-    if "ORDER BY" in sql:
-        assert got.to_pylist() == expected.to_pylist(), sql
-    else:
-        assert mismatch(got, expected) is None, sql
+_check = check_query
 
 
 PRUNED = [  # (query, at most this many rows scanned of the 816)
