@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator, Sequence
 from concurrent import futures
-from typing import Any
+from typing import Any, TypeVarTuple
 
 import grpc
 
@@ -430,8 +431,11 @@ class _Pipe(LoopQueue):
         self.finish(error)
 
 
-def _after_give_way(give_way: Callable[[], None], callback: Callable[..., Any],
-                    *args: Any) -> None:
+_Ts = TypeVarTuple("_Ts")
+
+
+def _after_give_way(give_way: Callable[[], None], callback: Callable[..., object],
+                    *args: object) -> None:
     give_way()
     callback(*args)
 
@@ -459,17 +463,19 @@ class _GivingWayLoop(asyncio.SelectorEventLoop):
         super().__init__()
         self._give_way = give_way
 
-    def call_soon(self, callback: Callable[..., Any], *args: Any,
-                  context: Any = None) -> asyncio.Handle:
+    def call_soon(self, callback: Callable[[*_Ts], object], *args: *_Ts,
+                  context: contextvars.Context | None = None) -> asyncio.Handle:
         return super().call_soon(_after_give_way, self._give_way, callback, *args,
                                  context=context)
 
-    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any,
-                             context: Any = None) -> asyncio.Handle:
+    def call_soon_threadsafe(self, callback: Callable[[*_Ts], object],
+                             *args: *_Ts,
+                             context: contextvars.Context | None = None) -> asyncio.Handle:
         return super().call_soon_threadsafe(_after_give_way, self._give_way, callback, *args,
                                             context=context)
 
-    def add_reader(self, fd: Any, callback: Callable[..., Any], *args: Any) -> None:
+    def add_reader(self, fd: Any, callback: Callable[[*_Ts], Any],
+                   *args: *_Ts) -> None:
         super().add_reader(fd, _after_give_way, self._give_way, callback, *args)
 
 
