@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator, Sequence
 from concurrent import futures
-from typing import Any
+from typing import Any, TypeVarTuple
 
 import grpc
 
@@ -430,8 +431,52 @@ class _Pipe(LoopQueue):
         self.finish(error)
 
 
-def _never_wait() -> None:
-    pass
+_Ts = TypeVarTuple("_Ts")
+
+
+def _after_give_way(give_way: Callable[[], None], callback: Callable[..., object],
+                    *args: object) -> None:
+    give_way()
+    callback(*args)
+
+
+class _GivingWayLoop(asyncio.SelectorEventLoop):
+    """An event loop that calls ``give_way`` before each callback it runs: a task's step,
+    a future's done callback, a ``call_soon_threadsafe`` callback, a reader's callback
+    (gRPC's completion queue).
+
+    For a loop that shares the GIL with work that must go first (the server's update
+    cycles, :meth:`engine.graph.UpdateGraph.give_way`). Every time a cycle lets go of the
+    GIL (a numpy or Arrow call, a lock) the loop takes it, and the cycle waits for the loop
+    to let go again. Giving way only before each response message (as the bridge did) left
+    the steps in between: with a thousand streams, gRPC's completions of their writes (one
+    callback for hundreds of them), each stream's next wait, and the writes themselves
+    (gRPC sends on the calling thread, the GIL held) took the GIL in the middle of cycles,
+    and the loop's thread, sharing its core with the clients, could be preempted holding
+    it. Between two callbacks the loop holds none of the handlers' locks, so waiting there
+    never holds up a cycle that needs one (and a cycle never waits for the loop: it hands
+    it work with ``call_soon_threadsafe``). Between cycles the wait is one
+    ``Event.is_set``.
+    """
+
+    def __init__(self, give_way: Callable[[], None]) -> None:
+        super().__init__()
+        self._give_way = give_way
+
+    def call_soon(self, callback: Callable[[*_Ts], object], *args: *_Ts,
+                  context: contextvars.Context | None = None) -> asyncio.Handle:
+        return super().call_soon(_after_give_way, self._give_way, callback, *args,
+                                 context=context)
+
+    def call_soon_threadsafe(self, callback: Callable[[*_Ts], object],
+                             *args: *_Ts,
+                             context: contextvars.Context | None = None) -> asyncio.Handle:
+        return super().call_soon_threadsafe(_after_give_way, self._give_way, callback, *args,
+                                            context=context)
+
+    def add_reader(self, fd: Any, callback: Callable[[*_Ts], Any],
+                   *args: *_Ts) -> None:
+        super().add_reader(fd, _after_give_way, self._give_way, callback, *args)
 
 
 class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -448,10 +493,6 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         Request messages read ahead of a request-streaming handler.
     write_ahead
         Response messages a streaming handler may have waiting to be written.
-    give_way
-        Called on the loop before each response message is written: it may block (without
-        the GIL) to let other work go first, as the server's update cycles do
-        (:meth:`engine.graph.UpdateGraph.give_way`). ``None``: never waits.
     loop_first
         Full names of unary-request, streaming-response methods (``/package.Service/Method``)
         whose handlers start on the loop and yield :data:`HAND_OFF` before anything that may
@@ -460,13 +501,11 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, interceptors: Sequence[grpc.ServerInterceptor],
                  pool: futures.ThreadPoolExecutor, *, read_ahead: int = 2,
-                 write_ahead: int = 4, give_way: Callable[[], None] | None = None,
-                 loop_first: Collection[str] = ()) -> None:
+                 write_ahead: int = 4, loop_first: Collection[str] = ()) -> None:
         self._interceptors = list(interceptors)
         self._pool = pool
         self._read_ahead = read_ahead
         self._write_ahead = write_ahead
-        self._give_way = give_way or _never_wait
         self._loop_first = frozenset(loop_first)
 
     async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
@@ -517,7 +556,7 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def _stream(self, behavior: Callable[[Any, Any], Generator[Any, None, None]],
                 streaming: bool, loop_first: bool = False) -> Any:
-        pool, depth, give_way = self._pool, self._write_ahead, self._give_way
+        pool, depth = self._pool, self._write_ahead
         loop_first = loop_first and not streaming
 
         async def run(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
@@ -536,7 +575,6 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                         if isinstance(item, LoopFeed):  # drained below, as a thread's
                             pipe.put(item)  # the pipe is empty: this never waits
                             break
-                        give_way()
                         yield item
                     else:
                         return
@@ -559,12 +597,10 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                         feed = item.drain()
                         try:
                             async for message in feed:
-                                give_way()
                                 yield message
                         finally:
                             await feed.aclose()  # type: ignore[attr-defined]
                     else:
-                        give_way()
                         yield item
             finally:
                 pipe.close()
@@ -607,7 +643,10 @@ class AioServer:
     options
         gRPC channel arguments.
     give_way
-        Called on the loop before each response message (see :class:`Bridge`).
+        Called on the loop's thread before each callback the loop runs (and so before each
+        response message is written): it may block, without the GIL, to let other work go
+        first, as the server's update cycles do (:meth:`engine.graph.UpdateGraph.give_way`;
+        the module's ``_GivingWayLoop``). ``None``: never waits.
     loop_first
         Methods whose handlers start on the loop (see :class:`Bridge`).
     """
@@ -619,14 +658,13 @@ class AioServer:
                  loop_first: Collection[str] = ()) -> None:
         self._pool = futures.ThreadPoolExecutor(max_workers=max_calls,
                                                 thread_name_prefix="ticktable")
-        self._loop = asyncio.new_event_loop()
+        self._loop = asyncio.new_event_loop() if give_way is None else _GivingWayLoop(give_way)
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="ticktable-grpc-loop")
         self._stopped = threading.Event()
         self._server: grpc.aio.Server | None = None
         self._setup = setup
-        self._interceptors = [Bridge(interceptors, self._pool, give_way=give_way,
-                                     loop_first=loop_first)]
+        self._interceptors = [Bridge(interceptors, self._pool, loop_first=loop_first)]
         self._max_calls = max_calls
         self._options = list(options)
         self.port = 0

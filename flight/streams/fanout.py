@@ -411,10 +411,13 @@ class FanOut:
         return self._write(generation, *current)
 
     def _write(self, generation: int, start: int, msg: Encoded) -> bool:
-        """Write ``msg`` to every member at ``start``; False if retired meanwhile."""
+        """Write ``msg`` to every member at ``start``, giving way to a cycle before each
+        (:meth:`~engine.graph.UpdateGraph.give_way`, as the loop does between runs);
+        False if retired meanwhile."""
         with self._cond:
             members = list(self._members)
         for m in members:
+            self.graph.give_way()
             with self._cond:
                 if generation != self._generation:
                     return False

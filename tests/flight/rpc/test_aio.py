@@ -189,18 +189,30 @@ class Gate:
         self.open.wait()
 
 
+class Stamped(Handlers):
+    """Handlers whose streams' messages carry, as gRPC serializes each to send it (on the
+    loop), how many times the gate had been called by then."""
+
+    def __init__(self, gate: Gate) -> None:
+        super().__init__()
+        self.gate = gate
+
+    def _stamp(self, message: bytes) -> bytes:
+        return b"%s@%d" % (message, self.gate.calls)
+
+    def generic(self) -> grpc.GenericRpcHandler:
+        stream = grpc.unary_stream_rpc_method_handler
+        return grpc.method_handlers_generic_handler(S, {
+            "Echo": grpc.unary_unary_rpc_method_handler(self.echo),
+            "Count": stream(self.count, response_serializer=self._stamp),
+            "Feed": stream(self.feed, response_serializer=self._stamp),
+        })
+
+
 @pytest.fixture
 def gated() -> Iterator[tuple[Gate, grpc.Channel]]:
-    gate, handlers = Gate(), Handlers()
-
-    def setup(server: grpc.aio.Server) -> int:
-        server.add_generic_rpc_handlers((handlers.generic(),))
-        return int(server.add_insecure_port("127.0.0.1:0"))
-
-    server = AioServer(setup, [], max_calls=8, options=[("grpc.so_reuseport", 0)],
-                       give_way=gate)
-    port = server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    gate = Gate()
+    server, channel = _serve(Stamped(gate), give_way=gate)
     try:
         yield gate, channel
     finally:
@@ -209,32 +221,42 @@ def gated() -> Iterator[tuple[Gate, grpc.Channel]]:
         assert server.stop(1.0)
 
 
-def test_the_loop_gives_way_before_each_response_message(gated):
-    """``give_way`` runs on the loop's thread before every message a stream sends, the
-    handler's own and a loop feed's, and no message goes out while it waits."""
+def _unstamped(messages: list[bytes]) -> tuple[list[bytes], list[int]]:
+    pairs = [m.rsplit(b"@", 1) for m in messages]
+    return [m for m, _ in pairs], [int(n) for _, n in pairs]
+
+
+def test_the_loop_gives_way_before_each_callback_and_so_each_message(gated):
+    """``give_way`` runs on the loop's thread before every callback the loop runs: between
+    any two messages a stream sends (the handler's own and a loop feed's) it ran at least
+    once, and no message goes out while it waits."""
     gate, ch = gated
-    assert list(ch.unary_stream(f"/{S}/Count")(b"40", timeout=10)) == [b"%d" % i for i in range(40)]
-    assert gate.calls == 40
-    assert list(ch.unary_stream(f"/{S}/Feed")(b"25", timeout=10))[-1] == b"tail"
-    assert gate.calls == 40 + 27  # head, 25 fed, tail
+    got, stamps = _unstamped(list(ch.unary_stream(f"/{S}/Count")(b"40", timeout=10)))
+    assert got == [b"%d" % i for i in range(40)]
+    assert all(a < b for a, b in zip(stamps, stamps[1:], strict=False))
+    got, stamps = _unstamped(list(ch.unary_stream(f"/{S}/Feed")(b"25", timeout=10)))
+    assert got == [b"head", *[b"f%d" % i for i in range(25)], b"tail"]
+    assert all(a < b for a, b in zip(stamps, stamps[1:], strict=False))
     assert gate.threads == {"ticktable-grpc-loop"}
-    assert ch.unary_unary(f"/{S}/Echo")(b"u", timeout=5) == b"U"  # unary answers: no wait
-    assert gate.calls == 67
+    before = gate.calls
+    assert ch.unary_unary(f"/{S}/Echo")(b"u", timeout=5) == b"U"
+    assert gate.calls > before  # every call goes through the loop's callbacks
 
     gate.open.clear()
+    shut_at = gate.calls
     call = ch.unary_stream(f"/{S}/Count")(b"3", timeout=10)
-    got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.extend(call), daemon=True)
+    got_: list[bytes] = []
+    reader = threading.Thread(target=lambda: got_.extend(call), daemon=True)
     reader.start()
     deadline = time.monotonic() + 5
-    while gate.calls == 67 and time.monotonic() < deadline:
+    while gate.calls == shut_at and time.monotonic() < deadline:
         time.sleep(0.005)
-    assert gate.calls == 68  # the loop waits before the first message ...
+    assert gate.calls == shut_at + 1  # the loop waits before its next callback ...
     reader.join(0.3)
-    assert reader.is_alive() and got == []  # ... and nothing was sent meanwhile
+    assert reader.is_alive() and got_ == []  # ... and nothing was sent meanwhile
     gate.open.set()
     reader.join(5)
-    assert got == [b"0", b"1", b"2"]
+    assert _unstamped(got_)[0] == [b"0", b"1", b"2"]
 
 
 # ------------------------------------------------------------------ loop_first methods

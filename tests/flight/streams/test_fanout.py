@@ -390,3 +390,62 @@ def test_a_build_failing_after_the_cycle_ends_its_members_and_the_server_goes_on
         assert late.view.to_arrow().equals(t.to_arrow())
     (fresh,) = _fanouts(server, "t").values()
     assert fresh is not fan and fresh.loop_messages > 0
+
+
+class _Logged:
+    """A member that logs its writes into a log shared with the graph's ``give_way``."""
+
+    def __init__(self, log: list[tuple[str, int]], i: int) -> None:
+        self.log, self.i, self.sequence = log, i, 0
+        self.written = threading.Event()
+
+    def write_shared(self, msg) -> None:
+        self.log.append(("write", self.i))
+        self.sequence = msg.sequence
+        self.written.set()
+
+    def ready(self) -> bool:
+        return True
+
+    def on_detached(self, exc) -> None:
+        pass
+
+    def on_stalled(self) -> None:
+        pass
+
+    def on_table_failure(self, exc) -> None:
+        pass
+
+
+def test_the_fanout_thread_gives_way_before_each_members_write(monkeypatch):
+    """Without an event loop, the fan-out's thread writes every member itself: it gives way
+    to a cycle (``UpdateGraph.give_way``) before each member's write, as the loop does
+    between runs of members, so a thousand writes do not take the GIL from a cycle."""
+    from engine.graph import UpdateGraph
+    from flight.streams.codec import DeltaCodec
+    from flight.streams.fanout import FanOut
+    from flight.streams.registry import Publisher
+
+    g = UpdateGraph()
+    kv = pa.schema([("k", pa.int64()), ("v", pa.float64())])
+    t = g.keyed_table(kv, "k")
+    t.upsert(pa.table({"k": [1, 2], "v": [1.0, 2.0]}, schema=kv))
+    g.run_cycle()
+    publisher = Publisher(t)
+    log: list[tuple[str, int]] = []
+    monkeypatch.setattr(g, "give_way", lambda: log.append(("give_way", -1)))
+    codec = DeltaCodec(t, epoch=publisher.epoch, format=pb.DELTA_FORMAT_UPDATES,
+                       columns=t.column_names, viewport=None, batch_rows=100)
+    fan = FanOut(g, publisher, "key", codec, held=None, max_pending=8, stall_seconds=5.0,
+                 name="t")
+    members = [_Logged(log, i) for i in range(5)]
+    with g.shared_lock():
+        assert all(fan.join(m) for m in members)
+    t.upsert(pa.table({"k": [2, 3], "v": [5.0, 6.0]}, schema=kv))
+    g.run_cycle()
+    assert all(m.written.wait(10) for m in members)
+    writes = [i for i, entry in enumerate(log) if entry[0] == "write"]
+    assert [log[i][1] for i in writes] == list(range(5))
+    assert all(i > 0 and log[i - 1][0] == "give_way" for i in writes)
+    for m in members:
+        fan.leave(m)
