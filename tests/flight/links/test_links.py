@@ -371,6 +371,8 @@ def test_bad_mirror_specs_and_writes_into_a_mirror_are_refused(servers):
         b.srv.mirror(f"{a.location}/t=taken")
     link = b.srv.mirror(f"{a.location}/t")
     link.wait_table(10)
+    # the table exists once its snapshot arrived; its row once the mirror's cycle applied it
+    _until(lambda: len(link.table.rowset) == 1, what="the mirror's first row")
     with pytest.raises(TableExists, match="already mirrors"):
         b.srv.mirror(f"{a.location}/t")
     import ticktable as tt
