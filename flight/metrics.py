@@ -26,6 +26,11 @@ metric                                      type         what
 ``ticktable_sql_queries_total``             counter      Flight SQL queries by ``outcome``: ``ok``,
                                                          ``error``, ``timeout``, ``cancelled``
 ``ticktable_sql_query_seconds``             histogram    a query, from its start to its last batch
+``ticktable_sql_held_bytes``                gauge        what the SQL runner holds between queries
+                                                         (``what``: ``snapshots``, ``positions``)
+``ticktable_sql_narrow_passes_total``       counter      selective scans' first passes
+                                                         (:mod:`flight.sql.narrow`) by ``outcome``:
+                                                         ``kept``, ``gave_up``, ``failed``
 ``ticktable_mirror_in_sync``                gauge        per mirror (``table``): 1 while its link
                                                          is in sync (:mod:`flight.links`), else 0
 ``ticktable_mirror_out_of_sync_seconds``    gauge        per mirror: how long it has not been in
@@ -133,6 +138,37 @@ class _Tables(Collector):
                                     value=journal.size_bytes())
 
 
+class SqlRunner(Protocol):
+    """What :class:`Metrics` reads of the SQL runner (:class:`flight.sql.query.QueryRunner`)."""
+
+    narrow_passes: collections.Counter[str]
+
+    def held(self) -> dict[str, int]: ...
+
+
+class _Sql(Collector):
+    """The SQL runner's held bytes and narrow passes, read at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        runner = self._metrics.sql_runner
+        if runner is None:
+            return
+        held = GaugeMetricFamily("ticktable_sql_held_bytes",
+                                 "Bytes the SQL runner holds between queries.", labels=["what"])
+        for what, nbytes in runner.held().items():
+            held.add_metric([what], nbytes)
+        passes = CounterMetricFamily("ticktable_sql_narrow_passes",
+                                     "Selective scans' first passes over their WHERE's columns.",
+                                     labels=["outcome"])
+        for outcome in ("kept", "gave_up", "failed"):
+            passes.add_metric([outcome], runner.narrow_passes[outcome])
+        yield held
+        yield passes
+
+
 class _Mirrors(Collector):
     """Per mirror, its link's status (:meth:`flight.links.Link.status`), read at scrape time."""
 
@@ -223,6 +259,9 @@ class Metrics:
                                      buckets=_SQL_BUCKETS, registry=r)
         r.register(_Tables(server))
         r.register(_Mirrors(server))
+        #: the SQL runner whose held bytes and narrow passes are served (the server sets it)
+        self.sql_runner: SqlRunner | None = None
+        r.register(_Sql(self))
         self._flushes: collections.deque[float] = collections.deque(maxlen=1000)
         self._flush_count = 0
         self._http: Any = None

@@ -490,6 +490,7 @@ class TicktableServer:
             self.metrics = Metrics(self)
             self.durability.on_put = self.metrics.on_put
             self.sql.runner.on_done = self.metrics.on_query
+            self.metrics.sql_runner = self.sql.runner
             if self.durability.journal is not None:
                 self.durability.journal.on_flush = self.metrics.on_flush
             # a mirror's columns and filter are checked before the port is bound: a bad

@@ -43,6 +43,7 @@ call into it.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -271,6 +272,9 @@ class QueryRunner:
         #: table's rows then: a pass that gave up is not run again until the table doubles
         #: (a WHERE keeping the newest rows would scan most of the table each time)
         self._broad: OrderedDict[str, int] = OrderedDict()
+        #: narrow passes by outcome: "kept" (the query ran over their rows), "gave_up" (past
+        #: the cap: over the whole table), "failed" (DuckDB refused the pass)
+        self.narrow_passes: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._salt = os.urandom(8)
@@ -390,8 +394,10 @@ class QueryRunner:
                 raise self._stopped(query, where) from None
             # the query itself says what is wrong, over the whole table
             log.debug("a narrow pass failed: %s", first.sql, exc_info=True)
+            self.narrow_passes["failed"] += 1
             return None
         if found.num_rows > narrow.cap(n):
+            self.narrow_passes["gave_up"] += 1
             with self._schemas_lock:  # remembered until the table doubles
                 self._broad[first.sql] = n
                 self._broad.move_to_end(first.sql)
@@ -400,6 +406,7 @@ class QueryRunner:
             return None
         with self._schemas_lock:
             self._broad.pop(first.sql, None)
+        self.narrow_passes["kept"] += 1
         kept = snapshot.tables[name] = narrow.take_rows(rows, found.column(0))
         if not first.star:
             return None
@@ -430,6 +437,12 @@ class QueryRunner:
             while len(self._schemas) > self.SCHEMAS_KEPT:
                 self._schemas.popitem(last=False)
         return star
+
+    def held(self) -> dict[str, int]:
+        """Bytes the runner holds between queries: the kept snapshots (shared by queries
+        while their tables do not change; a keyed table's is a copy) and the narrow passes'
+        shared position range."""
+        return {"snapshots": self.snapshots.kept_bytes(), "positions": self._positions.nbytes}
 
     def schema_of(self, sql: str, params: Sequence[Any] | None, tree: exp.Expression,
                   where: str = "query") -> pa.Schema:

@@ -202,6 +202,35 @@ def test_flight_sql_queries_are_counted_by_outcome(served):
     assert m[("ticktable_sql_query_seconds_count", ())] == 4
 
 
+def test_the_sql_runner_s_held_bytes_and_narrow_passes_are_served(served, monkeypatch):
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    from flight.sql import narrow
+
+    monkeypatch.setattr(narrow, "MIN_ROWS", 64)  # a small table takes the narrow pass
+    monkeypatch.setattr(narrow, "MIN_CAP", 4)
+    monkeypatch.setattr(narrow, "NS_POSITION", 0.0)
+    graph, srv = served
+    n = 2000
+    srv.registry.create_source("t", KV, "append").table.append(
+        pa.table({"k": pa.array(range(n), pa.int64()), "v": pa.array([0.5] * n)}))
+    graph.run_cycle()
+    m = _scrape(srv.metrics_port)
+    assert m[("ticktable_sql_held_bytes", (("what", "snapshots"),))] == 0
+    assert m[("ticktable_sql_narrow_passes_total", (("outcome", "kept"),))] == 0
+    with flightsql.connect(srv.location, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SELECT * FROM t WHERE k + 0 = 7")  # one row: kept
+        assert cur.fetchall() == [(7, 0.5)]
+        cur.execute("SELECT * FROM t WHERE k + 0 > 3")  # past the cap: gave up
+        assert len(cur.fetchall()) == n - 4
+    m = _scrape(srv.metrics_port)
+    assert m[("ticktable_sql_narrow_passes_total", (("outcome", "kept"),))] == 1
+    assert m[("ticktable_sql_narrow_passes_total", (("outcome", "gave_up"),))] == 1
+    assert m[("ticktable_sql_narrow_passes_total", (("outcome", "failed"),))] == 0
+    assert m[("ticktable_sql_held_bytes", (("what", "snapshots"),))] >= n * 16  # t, kept
+    assert m[("ticktable_sql_held_bytes", (("what", "positions"),))] >= n * 4
+
+
 def _until(test, timeout=15.0):
     """Whether ``test()`` held within ``timeout`` seconds (a link's state changes on its
     own thread, with backoff)."""
