@@ -34,7 +34,7 @@ from sqlglot.errors import ParseError, TokenError
 
 from engine.errors import SqlError
 
-__all__ = ["DIALECT", "parse_condition", "parse_one", "statement_kind", "tables_of"]
+__all__ = ["DIALECT", "parse_condition", "parse_one", "shape_key", "statement_kind", "tables_of"]
 
 #: The dialect every text is parsed in: the one the queries run in.
 DIALECT = "duckdb"
@@ -174,6 +174,14 @@ def _shape(text: str) -> _Shape | None:
         return None  # a text of its own: nothing to gain over the parse
     parts.append(text[at:])
     return _Shape(tuple(parts), literals)
+
+
+def shape_key(text: str) -> tuple[str, ...] | None:
+    """``text`` with its plain literals cut out (each cut keeps only whether it was a
+    string or a number): equal for two texts that differ only in those literals' values;
+    None for a text without a shape (see :func:`_shape`)."""
+    shape = _shape(text)
+    return None if shape is None else shape.key
 
 
 #: Where the parser takes a literal as it is, whatever its value: an operand of a comparison,

@@ -70,7 +70,7 @@ from engine.errors import (
 )
 from flight.limits import quoted
 from flight.sql import narrow
-from flight.sql.parse import parse_one, statement_kind
+from flight.sql.parse import parse_one, shape_key, statement_kind
 from flight.sql.snapshots import Snapshot, SnapshotCache
 from flight.streams.registry import TableEntry, TableRegistry
 from flight.wire import TableKind
@@ -452,7 +452,12 @@ class QueryRunner:
         Remembered per text, parameter count and named tables' schemas (the last
         :attr:`SCHEMAS_KEPT`) when no parameter has a value (a prepare's NULLs): binding
         costs about a millisecond of DuckDB, and a DB-API cursor (pandas ``read_sql``, BI
-        tools polling the same query) prepares each text it runs. A table made again with
+        tools polling the same query) prepares each text it runs. Texts that differ only in
+        literals whose values cannot change a result's types (each under a ``WHERE``,
+        ``HAVING``, ``QUALIFY``, ``ORDER BY``, ``LIMIT`` or ``OFFSET`` of its ``SELECT``:
+        ``WHERE id = 5`` and ``WHERE id = 6``) share one entry (:func:`~flight.sql.parse.
+        shape_key`); a literal elsewhere (``SELECT round(x, 2)``, ``SELECT 2**40``) keeps
+        its text its own. A table made again with
         other columns is another key.
 
         Raises what :meth:`start` raises for a text that does not bind.
@@ -463,7 +468,11 @@ class QueryRunner:
         if params is not None and any(p is not None for p in params):
             # a value's type can change the result's (DuckDB binds 1 as INTEGER, 2**40 as BIGINT)
             return self._bound_schema(sql, params, entries, where)
-        key = (sql, None if params is None else len(params),
+        text: Any = sql
+        if _literals_cannot_type(tree):  # a point lookup's new id: the same schema
+            shape = shape_key(sql)
+            text = sql if shape is None else shape
+        key = (text, None if params is None else len(params),
                tuple((e.name, e.table.schema) for e in entries))
         with self._schemas_lock:
             schema = self._schemas.get(key)
@@ -808,6 +817,24 @@ def narrow_plan(tree: exp.Expression, entries: Sequence[TableEntry],
     if not isinstance(table, exp.Table):
         return None
     return narrow.plan(tree, table, where, names, entries[0].table.schema)
+
+
+#: Clauses whose literals cannot change the types of the ``SELECT`` they belong to.
+_UNTYPED = (exp.Where, exp.Having, exp.Qualify, exp.Order, exp.Limit, exp.Offset)
+
+
+def _literals_cannot_type(tree: exp.Expression) -> bool:
+    """Whether every literal of ``tree`` sits in a clause of :data:`_UNTYPED` of the
+    nearest ``SELECT`` above it (so its value cannot change the result's schema)."""
+    for literal in tree.find_all(exp.Literal):
+        node: Any = literal.parent
+        while node is not None and not isinstance(node, _UNTYPED):
+            if isinstance(node, (exp.Select, exp.Query)):
+                return False  # reached a SELECT from its columns (or another part)
+            node = node.parent
+        if node is None:
+            return False
+    return True
 
 
 def _terms(where: exp.Expression) -> list[exp.Expression]:

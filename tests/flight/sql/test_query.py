@@ -20,6 +20,7 @@ import pytest
 
 from engine.errors import QueryCancelled, QueryTimeout, TableNotFound
 from engine.graph import UpdateGraph
+from flight.sql.parse import parse_one
 from flight.sql.query import QueryRunner
 from flight.streams.registry import TableRegistry
 
@@ -228,6 +229,7 @@ faulthandler.enable()
 import numpy as np, pyarrow as pa
 from engine.errors import QueryCancelled, QueryTimeout, TableNotFound
 from engine.graph import UpdateGraph
+from flight.sql.parse import parse_one
 from flight.sql.query import QueryRunner
 from flight.streams.registry import TableRegistry
 graph = UpdateGraph()
@@ -336,3 +338,29 @@ def test_a_query_after_shutdown_is_refused(served):
     r.shutdown()
     with pytest.raises(QueryCancelled, match="shutting down"):
         r.start("SELECT count(*) FROM t")
+
+
+def test_texts_differing_in_untyped_literals_share_one_prepared_schema(served, monkeypatch):
+    """A DB-API cursor prepares each new text: a point lookup with a new literal in its
+    WHERE binds once per shape, a literal that can type the result keeps its text's own."""
+    graph, registry, _, r = served
+    binds: list[str] = []
+    bound = r._bound_schema
+
+    def counting(sql, *args):
+        binds.append(sql)
+        return bound(sql, *args)
+
+    monkeypatch.setattr(r, "_bound_schema", counting)
+    for i in range(5):
+        sql = f"SELECT * FROM t WHERE id + 0 = {i} ORDER BY id LIMIT {i + 1}"
+        assert r.schema_of(sql, None, parse_one(sql)) == _run(r, sql).schema.remove_metadata()
+    assert len(binds) == 1
+    for text in ("SELECT 1 AS v FROM t", "SELECT 10000000000 AS v FROM t"):  # INTEGER, BIGINT
+        r.schema_of(text, None, parse_one(text))
+    assert len(binds) == 3
+    assert r.schema_of("SELECT 10000000000 AS v FROM t", None,
+                       parse_one("SELECT 10000000000 AS v FROM t")).field("v").type == pa.int64()
+    assert r.schema_of("SELECT 1 AS v FROM t", None,
+                       parse_one("SELECT 1 AS v FROM t")).field("v").type == pa.int32()
+
