@@ -564,7 +564,7 @@ class QueryRunner:
             return True
         try:
             reader.close()
-        except (pa.ArrowException, duckdb.Error):
+        except (pa.ArrowException, duckdb.Error, OSError):  # an interrupted stream's error
             log.debug("closing a query's reader", exc_info=True)
             return False
         return True
@@ -743,8 +743,11 @@ class QueryRunner:
             with self._lock:
                 late = [q for q in self._running.values() if now - q.started > self.timeout]
             for q in late:
-                self._interrupt(q, "timeout")
-                self._drop_waiting(q)  # never read: nobody else will close it
+                try:
+                    self._interrupt(q, "timeout")
+                    self._drop_waiting(q)  # never read: nobody else will close it
+                except Exception:  # the reaper must outlive any one query's failure
+                    log.exception("SQL reaper: stopping query %s", q.handle.decode())
 
     def _drop_waiting(self, query: RunningQuery) -> None:
         """Close ``query`` if its result waits for a DoGet (:attr:`RunningQuery.waiting`):
