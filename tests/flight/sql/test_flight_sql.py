@@ -67,7 +67,10 @@ def _big(srv: TicktableServer, rows: int) -> AppendOnlyTable:
     big = srv.registry.create_source("big", pa.schema([("a", pa.int64())]), "append").table
     assert isinstance(big, AppendOnlyTable)
     big.append(pa.table({"a": pa.array(range(rows), pa.int64())}))
-    time.sleep(0.1)  # the server's cycles apply it
+    deadline = time.monotonic() + 30  # a cycle of the server's applies it
+    while big.size != rows:
+        assert time.monotonic() < deadline, f"{rows} rows not applied in 30 s"
+        time.sleep(0.01)
     return big
 
 
