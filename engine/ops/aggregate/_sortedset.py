@@ -693,10 +693,10 @@ class RowKeySet(_Sorted):
         if self._flat:
             if groups.size:
                 self._flat_grow(int(groups.max()) + 1)
-            hi = self._f_hi[groups]
-            found = hi >= 0
-            val = hi if largest else self._f_lo[groups]
-            return np.where(found, val, 0).view(np.uint64), found
+            last = self._f_hi[groups]
+            held: Mask = last >= 0
+            ends: U64 = np.where(held, last if largest else self._f_lo[groups], 0).view(np.uint64)
+            return ends, held
         if self._t_n and (groups.size > self.SCAN_GROUPS or self._t_n > self.SCAN_MAX):
             self._flush()
         val, found = super()._extreme(groups, largest)
