@@ -132,10 +132,12 @@ class ExactKeyMap:
         """
         self._insert(np.asarray(h, dtype=np.uint64), np.asarray(ids, dtype=np.int64), None)
 
-    def _insert(self, h: U64, ids: I64, old: I64 | None, ends: I64 | None = None) -> None:
+    def _insert(self, h: U64, ids: I64, old: I64 | None, ends: I64 | None = None,
+                distinct: bool = False) -> None:
         """:meth:`insert`; ``old``, if given, is each hash's head id now (``-1``: none),
         and ``ends`` where the heads' map would put each absent hash (from the lookup
-        that found ``old``, the map unchanged since)."""
+        that found ``old``, the map unchanged since); ``distinct``: the hashes ``h`` are
+        known to differ from each other (no sort to find out)."""
         if h.size == 0:
             return
         self.count += h.size
@@ -149,9 +151,10 @@ class ExactKeyMap:
             old = self._heads.lookup(h)
         fresh = old < 0
         if fresh.all():
-            order = np.argsort(h)
-            hs = h[order]
-            if hs.size < 2 or bool((hs[1:] != hs[:-1]).all()):  # the common case
+            if not distinct:
+                hs = np.sort(h)
+                distinct = hs.size < 2 or bool((hs[1:] != hs[:-1]).all())
+            if distinct:  # the common case
                 if ends is None:
                     self._heads.insert(h, ids)
                 else:
@@ -252,6 +255,8 @@ class ExactKeyMap:
             order, starts = group_equal(h[miss], None)
         else:
             order, starts = group_equal(h[miss], lambda i, j: same_batch(miss[i], miss[j]))
+        head_h = h[miss[order[starts]]]  # each new key's hash, ascending when no two share one
+        distinct = head_h.size < 2 or bool((head_h[1:] > head_h[:-1]).all())
         sizes = np.diff(np.append(starts, order.size))
         first_pos = np.minimum.reduceat(order, starts)
         by_row = np.argsort(first_pos)  # groups in order of their first row
@@ -260,7 +265,7 @@ class ExactKeyMap:
         gid = np.empty(starts.size, dtype=np.int64)
         gid[by_row] = added
         ids[miss[order]] = np.repeat(gid, sizes)
-        self._insert(h[first], added, heads[first], ends[first])  # as the lookup found them
+        self._insert(h[first], added, heads[first], ends[first], distinct)  # as the lookup found them
         return ids, added, first
 
 
