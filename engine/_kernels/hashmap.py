@@ -115,9 +115,10 @@ class U64Map:
             return self._slots_few(h)
         return self._probe(h, False)
 
-    def _probe(self, h: U64, values: bool) -> I64:
+    def _probe(self, h: U64, values: bool, ends: I64 | None = None) -> I64:
         """:meth:`_slots` of more than a few keys; with ``values``, each key's value
-        instead of its slot (``-1`` where absent either way).
+        instead of its slot (``-1`` where absent either way). With ``ends`` (``-1`` per
+        key), an absent key's entry there becomes the empty slot its probe ended at.
 
         The first round reads every key's home slot without compressing anything (most
         keys end there); the keys left go on from the slot after it."""
@@ -126,6 +127,9 @@ class U64Map:
         v = vals.take(s)
         hit = (v >= 0) & (keys.take(s) == h)
         out = np.where(hit, v if values else s, -1)
+        if ends is not None:
+            empty = v == _EMPTY
+            ends[empty] = s[empty]
         idx = np.flatnonzero(~hit & (v != _EMPTY))
         if idx.size == 0:
             return out
@@ -137,6 +141,9 @@ class U64Map:
                 v = vals.take(s)
                 hit = (v >= 0) & (keys.take(s) == hh)
                 out[idx[hit]] = (v if values else s)[hit]
+                if ends is not None:
+                    empty = v == _EMPTY
+                    ends[idx[empty]] = s[empty]
                 go = ~hit & (v != _EMPTY)
                 idx, s, hh = idx[go], (s[go] + 1) & mask, hh[go]
                 continue
@@ -149,6 +156,9 @@ class U64Map:
             done = stop[rows, first]
             found = done & hitw[rows, first]
             out[idx[found]] = (vw if values else win)[found, first[found]]
+            if ends is not None:
+                end = done & ~found
+                ends[idx[end]] = win[end, first[end]]
             go = ~done
             idx, s, hh = idx[go], (s[go] + _WINDOW) & mask, hh[go]
         return out
@@ -179,6 +189,45 @@ class U64Map:
             return np.array([vals.item(s) if s >= 0 else -1 for s in self._walk_few(h)],
                             dtype=np.int64)
         return self._probe(h, True)
+
+    def lookup_ends(self, h: U64) -> tuple[I64, I64]:
+        """:meth:`lookup`, and for each absent key the empty slot its probe ended at
+        (``-1`` for present keys): where :meth:`insert_at` puts it."""
+        h = np.asarray(h, dtype=np.uint64)
+        ends = np.full(h.size, -1, dtype=np.int64)
+        if h.size <= self.scalar_max:
+            return self.lookup(h), ends  # no ends: insert_at probes for these few
+        return self._probe(h, True, ends), ends
+
+    def insert_at(self, h: U64, values: I64, ends: I64) -> None:
+        """:meth:`insert` of keys absent and distinct, given the ``ends`` a
+        :meth:`lookup_ends` of them returned, with no change to the map since.
+
+        Each key takes the empty slot its probe ended at (lookups of it walk from its home
+        past occupied and dead slots to there): one round, no probing. Keys sharing an
+        end slot, keys without one (``-1``), and every key when the table must grow, are
+        placed as :meth:`insert` places them."""
+        h = np.asarray(h, dtype=np.uint64)
+        if h.size == 0:
+            return
+        values = np.asarray(values, dtype=np.int64)
+        if 2 * (self.count + self._dead + h.size) > self._vals.size:
+            self.insert(h, values)
+            return
+        idx = np.arange(h.size, dtype=np.int32)
+        has = ends >= 0
+        cs, fi = (ends, idx) if has.all() else (ends[has], idx[has])
+        claim = self._claim
+        claim[cs] = fi
+        won = claim.take(cs) == fi
+        ws, wi = cs[won], fi[won]
+        self._keys[ws] = h[wi]
+        self._vals[ws] = values[wi]
+        self.count += h.size
+        if ws.size < h.size:
+            rest = np.ones(h.size, dtype=bool)
+            rest[wi] = False
+            self._place(h[rest], values[rest])
 
     def insert(self, h: U64, values: I64) -> None:
         """Add keys known to be absent and distinct among themselves, with their values."""

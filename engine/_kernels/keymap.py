@@ -99,9 +99,15 @@ class ExactKeyMap:
         """
         return self._lookup(np.asarray(h, dtype=np.uint64), same)[0]
 
-    def _lookup(self, h: U64, same: Same | None) -> tuple[I64, I64]:
-        """:meth:`lookup`, and the head id of each probe's hash (``-1``: no entry has it)."""
-        heads = cand = self._heads.lookup(h)
+    def _lookup(self, h: U64, same: Same | None, ends: I64 | None = None) -> tuple[I64, I64]:
+        """:meth:`lookup`, and the head id of each probe's hash (``-1``: no entry has it).
+        With ``ends``, the heads' map writes there where each absent hash would go
+        (:meth:`U64Map.lookup_ends`)."""
+        if ends is None:
+            heads = cand = self._heads.lookup(h)
+        else:
+            heads, ends[:] = self._heads.lookup_ends(h)
+            cand = heads
         if self.exact:
             return cand, heads
         assert same is not None, "an inexact ExactKeyMap needs same() to verify candidates"
@@ -126,22 +132,33 @@ class ExactKeyMap:
         """
         self._insert(np.asarray(h, dtype=np.uint64), np.asarray(ids, dtype=np.int64), None)
 
-    def _insert(self, h: U64, ids: I64, old: I64 | None) -> None:
-        """:meth:`insert`; ``old``, if given, is each hash's head id now (``-1``: none)."""
+    def _insert(self, h: U64, ids: I64, old: I64 | None, ends: I64 | None = None,
+                distinct: bool = False) -> None:
+        """:meth:`insert`; ``old``, if given, is each hash's head id now (``-1``: none),
+        and ``ends`` where the heads' map would put each absent hash (from the lookup
+        that found ``old``, the map unchanged since); ``distinct``: the hashes ``h`` are
+        known to differ from each other (no sort to find out)."""
         if h.size == 0:
             return
         self.count += h.size
         if self.exact:
-            self._heads.insert(h, ids)
+            if ends is None:
+                self._heads.insert(h, ids)
+            else:
+                self._heads.insert_at(h, ids, ends)
             return
         if old is None:
             old = self._heads.lookup(h)
         fresh = old < 0
         if fresh.all():
-            order = np.argsort(h)
-            hs = h[order]
-            if hs.size < 2 or bool((hs[1:] != hs[:-1]).all()):  # the common case
-                self._heads.insert(h, ids)
+            if not distinct:
+                hs = np.sort(h)
+                distinct = hs.size < 2 or bool((hs[1:] != hs[:-1]).all())
+            if distinct:  # the common case
+                if ends is None:
+                    self._heads.insert(h, ids)
+                else:
+                    self._heads.insert_at(h, ids, ends)
                 return
         order = np.argsort(h, kind="stable")
         hs, is_, olds = h[order], ids[order], old[order]
@@ -229,7 +246,8 @@ class ExactKeyMap:
             Per new id, the first row that has its key (to store key values from).
         """
         h = np.asarray(h, dtype=np.uint64)
-        ids, heads = self._lookup(h, same)
+        ends = np.empty(h.size, dtype=np.int64)
+        ids, heads = self._lookup(h, same, ends)
         miss = np.flatnonzero(ids < 0)
         if miss.size == 0:
             return ids, _EMPTY, _EMPTY
@@ -237,6 +255,8 @@ class ExactKeyMap:
             order, starts = group_equal(h[miss], None)
         else:
             order, starts = group_equal(h[miss], lambda i, j: same_batch(miss[i], miss[j]))
+        head_h = h[miss[order[starts]]]  # each new key's hash, ascending when no two share one
+        distinct = head_h.size < 2 or bool((head_h[1:] > head_h[:-1]).all())
         sizes = np.diff(np.append(starts, order.size))
         first_pos = np.minimum.reduceat(order, starts)
         by_row = np.argsort(first_pos)  # groups in order of their first row
@@ -245,7 +265,7 @@ class ExactKeyMap:
         gid = np.empty(starts.size, dtype=np.int64)
         gid[by_row] = added
         ids[miss[order]] = np.repeat(gid, sizes)
-        self._insert(h[first], added, heads[first])  # the heads as the lookup found them
+        self._insert(h[first], added, heads[first], ends[first], distinct)  # as the lookup found them
         return ids, added, first
 
 

@@ -315,6 +315,8 @@ class RowKeyMap:
             r_lo, r_hi = k_lo >> REGION_BITS, k_hi >> REGION_BITS
             if r_lo == r_hi and (r_lo in self._regions or len(self._regions) < MAX_REGIONS):
                 return
+            if len(self._regions) + r_hi - r_lo + 1 <= MAX_REGIONS:  # room for any of them
+                return
             new = set(np.unique(keys >> REGION_BITS).tolist())
             if len(self._regions.keys() | new) > MAX_REGIONS:  # one region too many: hashed
                 self._to_hashed(keys.size)

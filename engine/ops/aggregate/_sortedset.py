@@ -73,8 +73,22 @@ _IN_DELTA = -2  # RowKeySet's position of an entry in the delta (found by a sear
 _TAIL = -3  # RowKeySet's position of tail entry t: _TAIL - t
 
 
+#: :func:`lex_order` tries one sort of a packed key from this many pairs on
+PACK_MIN = 64
+
+
 def lex_order(g: I64, v: U64) -> I64:
-    """Permutation sorting pairs by ``(g, v)`` (two argsorts beat ``lexsort`` on small batches)."""
+    """Stable permutation sorting pairs by ``(g, v)`` (``g`` non-negative).
+
+    When the groups' bits and the values' span fit in 62 bits (small slots, values close
+    together: counts, prices, times), one sort of ``g << bits | (v - min(v))`` (a radix
+    sort from :data:`~engine._kernels.arrays.RADIX_MIN` on); else two stable argsorts,
+    which beat ``lexsort`` on small batches."""
+    if g.size >= PACK_MIN:
+        low = v.min()
+        bits = int(v.max() - low).bit_length()
+        if bits + int(g.max()).bit_length() <= 62:
+            return key_order((g << bits) | (v - low).view(np.int64))
     o = np.argsort(v, kind="stable")
     return o[np.argsort(g[o], kind="stable")]
 
@@ -525,6 +539,13 @@ class RowKeySet(_Sorted):
     does a merge. So a parent's changes cost their own size until someone asks for many
     groups' first or last rows (the aggregation's first-row cache asks for few, rarely),
     not the delta's.
+
+    Until the first remove or shift the set is *flat*: the map holds each row key's group
+    and each group's smallest and largest row key are kept by group (a minimum and a
+    maximum per insert, a ``take`` per query), with no entries, tail or merges at all. A
+    parent whose rows only arrive and change values (a count over appended rows, a merge
+    of views of one) keeps it flat for good; the first remove or shift builds the entries
+    from the map (``O(n)``, once) and the set goes on as above.
     """
 
     #: a query for at most this many groups may scan the tail ...
@@ -547,9 +568,35 @@ class RowKeySet(_Sorted):
         self._t_live = np.zeros(1024, dtype=bool)
         self._t_n = 0  # tail entries, live or not
         self._t_dead = 0
+        # flat (see the class docstring): the map holds groups, not entry ids; each
+        # group's smallest and largest row key (none: the int64 maximum and -1)
+        self._flat = True
+        self._f_lo = np.full(16, np.iinfo(np.int64).max, dtype=np.int64)
+        self._f_hi = np.full(16, -1, dtype=np.int64)
 
     def __len__(self) -> int:
+        if self._flat:
+            return self._map.count
         return super().__len__() + self._t_n - self._t_dead
+
+    def _flat_grow(self, cap: int) -> None:
+        if cap > self._f_lo.size:
+            cap = max(cap, 2 * self._f_lo.size)
+            self._f_lo = _grow(self._f_lo, cap, np.iinfo(np.int64).max)
+            self._f_hi = _grow(self._f_hi, cap, -1)
+
+    def _unflatten(self) -> None:
+        """Leave the flat layout: every row becomes an entry of the tail (the next query
+        or merge sorts them in), mapped by entry id."""
+        self._flat = False
+        keys, g = self._map.items()
+        self._f_lo = self._f_hi = _EMPTY_I
+        if keys.size == 0:
+            return
+        ids = self._alloc(keys.size)
+        self._eg[ids] = g
+        self._map.set_values(keys, ids)
+        self._append_tail(g, keys, ids)
 
     def _should_merge(self) -> bool:
         live = self._b_v.size - self._dead
@@ -577,6 +624,8 @@ class RowKeySet(_Sorted):
 
     def groups_of(self, keys: I64) -> I64:
         """The group of each row key (``-1`` where absent)."""
+        if self._flat:
+            return self._map.lookup(keys)
         ids = self._map.lookup(keys)
         return np.where(ids >= 0, self._eg[np.maximum(ids, 0)], -1)
 
@@ -584,9 +633,19 @@ class RowKeySet(_Sorted):
         """Add row ``keys`` (absent, distinct) to groups ``g`` (appended to the tail)."""
         if keys.size == 0:
             return
+        if self._flat:
+            self._map.insert(keys, g)
+            self._flat_grow(int(g.max()) + 1)
+            np.minimum.at(self._f_lo, g, keys)
+            np.maximum.at(self._f_hi, g, keys)
+            return
         ids = self._alloc(keys.size)
         self._eg[ids] = g
         self._map.insert(keys, ids)
+        self._append_tail(g, keys, ids)
+
+    def _append_tail(self, g: I64, keys: I64, ids: I64) -> None:
+        """Append entries ``ids`` (row ``keys`` in groups ``g``, mapped) to the tail."""
         start, end = self._t_n, self._t_n + keys.size
         if end > self._t_g.size:
             self._t_g, self._t_k = _grow(self._t_g, end), _grow(self._t_k, end)
@@ -631,6 +690,13 @@ class RowKeySet(_Sorted):
 
     def _extreme(self, groups: I64, largest: bool, where: I64 | None = None) -> tuple[U64, Mask]:
         assert where is None, "a RowKeySet answers values only"
+        if self._flat:
+            if groups.size:
+                self._flat_grow(int(groups.max()) + 1)
+            last = self._f_hi[groups]
+            held: Mask = last >= 0
+            ends: U64 = np.where(held, last if largest else self._f_lo[groups], 0).view(np.uint64)
+            return ends, held
         if self._t_n and (groups.size > self.SCAN_GROUPS or self._t_n > self.SCAN_MAX):
             self._flush()
         val, found = super()._extreme(groups, largest)
@@ -659,6 +725,8 @@ class RowKeySet(_Sorted):
         """Remove row ``keys`` (present, distinct)."""
         if keys.size == 0:
             return
+        if self._flat:
+            self._unflatten()
         ids = self._ids(keys, "removed")
         self._map.remove(keys)
         self._drop(ids, keys)
@@ -669,6 +737,8 @@ class RowKeySet(_Sorted):
         in one search."""
         if keys.size == 0:
             return _EMPTY_I
+        if self._flat:
+            self._unflatten()
         ids = self._map.remove(keys)
         held = ids >= 0
         if held.all():
@@ -710,6 +780,8 @@ class RowKeySet(_Sorted):
         """Row keys ``prev[i]`` (present) are now ``cur[i]``; relative order is unchanged."""
         if prev.size == 0:
             return
+        if self._flat:
+            self._unflatten()
         ids = self._ids(prev, "shifted")
         c = cur.view(np.uint64)
         self._map.move(prev, cur)

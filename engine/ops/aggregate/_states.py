@@ -488,10 +488,26 @@ class Moments:
 
 
 class OrderStats:
-    """Min, max and (option ``ranks``) quantiles of one numeric column per group."""
+    """Min, max and (option ``ranks``) quantiles of one numeric column per group.
+
+    The values live in a :class:`ValueMultiset`. Without ``ranks`` it is *lazy*: a cycle's
+    events wait in a log, and each group's min and max (for the ends asked about before)
+    are carried by slot from the events alone, which decides them unless a value at the
+    current end leaves without a value reaching it joining: a group's new max is the
+    largest value joining it when that reaches its old max (the joining values are held
+    after the cycle), else its old max when no leaving value is its old max. Only a group
+    those rules cannot decide (its max left) is asked of the multiset, which takes the
+    log first; so does :attr:`set`, and the log is folded in once it passes
+    ``max(PENDING_MIN, len(multiset))`` events (memory stays ``O(live values)``, and each
+    fold is one batch where every cycle's update was one). Over add-mostly data (counts
+    that grow, prices that rise) no group's end is ever asked of the multiset.
+    """
 
     arrow: ClassVar[bool] = False
     holds_rows: ClassVar[bool] = False
+
+    #: the lazy log is folded into the multiset past this many events (or its size)
+    PENDING_MIN = 4096
 
     @classmethod
     def create(cls, types: Sequence[pa.DataType], options: frozenset[str],
@@ -502,10 +518,41 @@ class OrderStats:
 
     def __init__(self, dtype: np.dtype[Any], ranks: bool = False) -> None:
         self.dtype = dtype
-        self.set = ValueMultiset(ranks)
+        self.ranks = ranks
+        self._set = ValueMultiset(ranks)
         # the last min (False) and max (True) asked since the values last changed, by slots:
         # std heals from the min and max of the very groups min and max then ask for
         self._ends: dict[bool, tuple[I64, U64, Mask]] = {}
+        # lazy (no ranks): events not yet in the multiset, valid values per slot, and each
+        # end asked about so far (max: True) by slot, where ``_end_ok`` says it is current
+        self._pend: list[tuple[I64, U64, I64]] = []
+        self._npend = 0
+        self._n = np.zeros(16, dtype=np.int64)
+        self._end_val: dict[bool, U64] = {}
+        self._end_ok: dict[bool, Mask] = {}
+
+    @property
+    def set(self) -> ValueMultiset:
+        """The multiset of every group's values, current (the lazy log folded in)."""
+        self._fold()
+        return self._set
+
+    def _fold(self) -> None:
+        """Fold the lazy log into the multiset."""
+        if not self._pend:
+            return
+        g, v, d = (np.concatenate(parts) for parts in zip(*self._pend, strict=True))
+        self._pend, self._npend = [], 0
+        self._set.update(g, v, d)
+
+    def _grow(self, cap: int) -> None:
+        if cap <= self._n.size:
+            return
+        cap = max(cap, 2 * self._n.size)
+        self._n = grown_to(self._n, cap)
+        for largest in self._end_val:  # new slots: unknown ends
+            self._end_val[largest] = grown_to(self._end_val[largest], cap)
+            self._end_ok[largest] = grown_to(self._end_ok[largest], cap)
 
     def apply(self, ev: Events, minus: Sequence[NumPair], plus: Sequence[NumPair]) -> I64:
         self._ends.clear()
@@ -514,18 +561,74 @@ class OrderStats:
         (minus_v,), (plus_v,) = minus, plus
         vals = np.concatenate((minus_v[0], plus_v[0]))
         ok = np.concatenate((valid_mask(*minus_v), valid_mask(*plus_v)))
-        if ok.all():
-            self.set.update(ev.slots, encode(vals), ev.sign)
-        else:
-            self.set.update(ev.slots[ok], encode(vals[ok]), ev.sign[ok])
+        every = bool(ok.all())
+        g = ev.slots if every else ev.slots[ok]
+        enc = encode(vals if every else vals[ok])
+        sign = ev.sign if every else ev.sign[ok]
+        if self.ranks:
+            self._set.update(g, enc, sign)
+            return ev.touched
+        if g.size:
+            self._carry(ev.touched, ev.inv if every else ev.inv[ok], enc, sign)
+            self._pend.append((g, enc, sign))
+            self._npend += g.size
+            if self._npend > max(self.PENDING_MIN, len(self._set)):
+                self._fold()
         return ev.touched
+
+    def _carry(self, touched: I64, inv: I64, enc: U64, sign: I64) -> None:
+        """Carry the valid-value counts and the known ends of ``touched`` through a
+        cycle's valid events (``inv`` indexes ``touched``; minus events have sign -1)."""
+        self._grow(int(touched[-1]) + 1)
+        nt = touched.size
+        n_old = self._n[touched]
+        n_new = n_old + np.bincount(inv, weights=sign, minlength=nt).round().astype(np.int64)
+        if (n_new < 0).any():
+            raise UpdateInvariantError("A1", "a value was removed from a group that does not hold it")
+        self._n[touched] = n_new
+        if not self._end_val:
+            return
+        joins = sign > 0
+        j_inv, j_enc = inv[joins], enc[joins]
+        l_inv, l_enc = inv[~joins], enc[~joins]
+        has = np.zeros(nt, dtype=bool)
+        has[j_inv] = True
+        new = n_old == 0
+        for largest, val in self._end_val.items():
+            okf = self._end_ok[largest]
+            cur = val[touched]
+            known = okf[touched]
+            best = np.full(nt, 0 if largest else np.iinfo(np.uint64).max, dtype=np.uint64)
+            (np.maximum if largest else np.minimum).at(best, j_inv, j_enc)
+            reach = has & ((best >= cur) if largest else (best <= cur))
+            lost = np.zeros(nt, dtype=bool)  # a leaving value at the known end
+            lost[l_inv[(l_enc >= cur[l_inv]) if largest else (l_enc <= cur[l_inv])]] = True
+            take = new | (known & reach)
+            val[touched] = np.where(take, best, cur)
+            okf[touched] = take | (known & ~lost) | (n_new == 0)
 
     def _end(self, slots: I64, largest: bool) -> NumPair:
         last = self._ends.get(largest)
         if last is not None and last[0].size == slots.size and np.array_equal(last[0], slots):
             enc, found = last[1], last[2]
+        elif self.ranks:
+            enc, found = self._set.max_of(slots) if largest else self._set.min_of(slots)
+            self._ends[largest] = (slots.copy(), enc, found)
         else:
-            enc, found = self.set.max_of(slots) if largest else self.set.min_of(slots)
+            if slots.size:
+                self._grow(int(slots.max()) + 1)
+            if largest not in self._end_val:  # asked for the first time: carried from now on
+                self._end_val[largest] = np.zeros(self._n.size, dtype=np.uint64)
+                self._end_ok[largest] = np.zeros(self._n.size, dtype=bool)
+            val, okf = self._end_val[largest], self._end_ok[largest]
+            miss = np.flatnonzero(~okf[slots])
+            if miss.size:  # ends the events could not decide: the multiset's
+                ask = np.unique(slots[miss])
+                held = self.set
+                got, _ = held.max_of(ask) if largest else held.min_of(ask)
+                val[ask] = got
+                okf[ask] = True
+            enc, found = val[slots], self._n[slots] > 0
             self._ends[largest] = (slots.copy(), enc, found)
         return decode(enc, self.dtype), found.copy()
 

@@ -371,6 +371,9 @@ class AggListener:
     #: a batch of at least this many rows is interned one row per distinct key (see
     #: :meth:`_distinct_rows`); below it, deduplicating costs more than it saves
     DISTINCT_MIN = 32
+    #: after a batch found mostly distinct, this many batches skip the search (a merge's
+    #: new rows, new groups nearly all: the sort found nothing to save, cycle after cycle)
+    DISTINCT_SKIP = 7
     #: a batch of at most this many rows checks its string, binary or integer group keys
     #: against the groups' as Python values (:func:`few_rows_equal`), not by Arrow
     FEW_KEYS = 16
@@ -421,6 +424,7 @@ class AggListener:
         if by and not self.exact_key and all(isinstance(c, NumpyColumnSource) for c in stored_keys):
             self._numpy_keys = [c for c in stored_keys if isinstance(c, NumpyColumnSource)]
         self.index = ExactKeyMap(exact=not by)
+        self._distinct_skip = 0  # batches left that skip _distinct_rows' search
         self.null_slot = -1  # the group of the null key, for an exact key column
         self.size = np.zeros(16, dtype=np.int64)
         self.slot_hash = np.zeros(16, dtype=np.uint64)
@@ -503,11 +507,16 @@ class AggListener:
     def _distinct_rows(self, h: U64, same_batch: Same | None) -> tuple[I64 | None, I64]:
         """``(rep, inv)``: one row per distinct key (``rep``, in row order) and each row's
         position in ``rep``, when the batch repeats keys; ``(None, _)`` when it does not,
-        is small, or two of its keys share a hash (the map's chains sort those out).
+        is small, or two of its keys share a hash (the map's chains sort those out), and
+        for :attr:`DISTINCT_SKIP` batches after one that was mostly distinct (either way
+        the map interns the same keys: this only saves work).
 
         A batch of a cycle often holds many rows per group (bids of a hot auction): the
         hash map then probes and verifies each group once, not each row."""
         if h.size < self.DISTINCT_MIN:
+            return None, _EMPTY_I
+        if self._distinct_skip:
+            self._distinct_skip -= 1
             return None, _EMPTY_I
         o = np.argsort(h)  # equal hashes in any order: each run's first row is its minimum
         hs = h[o]
@@ -516,6 +525,7 @@ class AggListener:
         np.not_equal(hs[1:], hs[:-1], out=head[1:])
         starts = np.flatnonzero(head)
         if 2 * starts.size > h.size:  # mostly distinct: the map's work is the same either way
+            self._distinct_skip = self.DISTINCT_SKIP
             return None, _EMPTY_I
         first = np.minimum.reduceat(o, starts)
         inv = np.empty(h.size, dtype=np.int64)

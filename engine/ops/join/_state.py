@@ -57,7 +57,7 @@ from engine._kernels.hashing import hash_columns
 from engine._kernels.ids import IdAllocator
 from engine._kernels.keymap import StoredKeyMap
 from engine._kernels.rowkeymap import RowKeyMap
-from engine.columns import NumpyColumnSource
+from engine.columns import NumpyColumnSource, read_columns
 from engine.errors import SchemaError
 from engine.ops.join._groupindex import GroupIndex
 from engine.ops.join._keys import key_kind, key_table, key_type
@@ -320,7 +320,8 @@ class JoinState:
         return new_g
 
     def _key_rows(self, table: Table, cols: list[str], keys: KeyArray) -> tuple[pa.Table, Mask]:
-        return key_table([table.column(c).get(keys) for c in cols], self.key_names)
+        # one translation of ``keys`` for every key column reading through the same map
+        return key_table(read_columns([table.column(c) for c in cols], keys), self.key_names)
 
     # the cycle ------------------------------------------------------------------------------------
     def begin(self) -> None:

@@ -157,3 +157,36 @@ def test_large_batches_against_dict(cls, seed):
         probe = rng.choice(universe, 1_000, replace=False)
         assert m.lookup(probe).tolist() == [model.get(k, -1) for k in probe.tolist()]
         assert len(m) == len(model)
+
+
+@pytest.mark.parametrize(("cls", "seed"), [
+    *((c, s) for c in (U64Map, _Clustered, _Wrapping, _Vectorized) for s in range(3)), (_Scalar, 0)])
+def test_lookup_ends_then_insert_at_against_dict(cls, seed):
+    # an intern's two halves: lookup_ends of a batch of present and absent keys, then
+    # insert_at of the absent ones where their probes ended (shared end slots, tombstones
+    # in the chains, batches that make the table grow, batches of a few keys without ends)
+    rng = np.random.default_rng([seed, 7])
+    m, model = cls(), {}
+    universe = rng.choice(2**62, 4_000, replace=False).astype(np.uint64)
+    for step in range(40):
+        n = int(rng.choice([1, 5, 40, 300, 900]))
+        ks = rng.choice(universe, n, replace=False)
+        if step % 4 == 3:
+            m.delete(ks)
+            for k in ks.tolist():
+                model.pop(k, None)
+            continue
+        vals, ends = m.lookup_ends(ks)
+        assert vals.tolist() == [model.get(k, -1) for k in ks.tolist()]
+        assert (ends[vals >= 0] == -1).all()
+        held = ends >= 0
+        assert (m._vals[ends[held]] == -1).all()  # each end is an empty slot
+        new = vals < 0
+        nv = np.arange(step * 1_000, step * 1_000 + int(new.sum()))
+        m.insert_at(ks[new], nv, ends[new])
+        model.update(zip(ks[new].tolist(), nv.tolist(), strict=True))
+        probe = rng.choice(universe, 1_000, replace=False)
+        assert m.lookup(probe).tolist() == [model.get(k, -1) for k in probe.tolist()]
+        assert len(m) == len(model)
+    keys, vals = m.items()
+    assert dict(zip(keys.tolist(), vals.tolist(), strict=True)) == model

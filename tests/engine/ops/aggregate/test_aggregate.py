@@ -565,18 +565,28 @@ def test_value_multiset_matches_a_counter_model(monkeypatch, merge_min):
         assert len(ms) == sum(len(c) for c in model.values())
 
 
+@pytest.mark.parametrize("inserts_first", [0, 60])
 @pytest.mark.parametrize("scan", [0, 40, 1 << 30])
 @pytest.mark.parametrize("merge_min", [2, 4096])
-def test_row_key_set_follows_shifts(monkeypatch, merge_min, scan):
+def test_row_key_set_follows_shifts(monkeypatch, merge_min, scan, inserts_first):
     # scan: the tail is sorted into the delta before every query (0); queries of 4 groups
     # scan it up to 40 entries, those of 12 sort it in (40); or only merges sort it in
-    # (huge: every query scans it)
+    # (huge: every query scans it). inserts_first: that many steps only insert, anywhere
+    # (the flat layout), before the first remove or shift builds the entries
     monkeypatch.setattr(_Sorted, "MERGE_MIN", merge_min)
     monkeypatch.setattr(RowKeySet, "SCAN_MAX", scan)
     monkeypatch.setattr(RowKeySet, "SCAN_GROUPS", 4 if scan == 40 else scan)
-    rng = np.random.default_rng(merge_min + scan)
+    rng = np.random.default_rng([merge_min, scan, inserts_first])
     ms, group = RowKeySet(), {}
-    for _ in range(200):
+    for step in range(200):
+        if step < inserts_first:  # keys anywhere below 5,000 not held yet
+            free = np.setdiff1d(np.arange(5_000), np.fromiter(group, dtype=np.int64, count=len(group)))
+            add = rng.choice(free, int(rng.integers(0, 40)), replace=False).astype(np.int64)
+            ag = rng.integers(0, 10, add.size)
+            ms.insert_keys(ag, add)
+            group.update(zip(add.tolist(), ag.tolist(), strict=True))
+            _check_row_key_set(ms, group, rng)
+            continue
         keys = np.array(sorted(group), dtype=np.int64)
         gone = np.sort(rng.choice(keys, min(keys.size, int(rng.integers(0, 20))), replace=False)) if keys.size else keys
         assert ms.groups_of(gone).tolist() == [group.pop(k) for k in gone.tolist()]
@@ -592,13 +602,20 @@ def test_row_key_set_follows_shifts(monkeypatch, merge_min, scan):
         ag = rng.integers(0, 10, add.size)
         ms.insert_keys(ag, add)
         group.update(zip(add.tolist(), ag.tolist(), strict=True))
-        members = defaultdict(list)
-        for k, gg in group.items():
-            members[gg].append(k)
-        assert len(ms) == len(group)
-        for qs in (np.arange(12), rng.integers(0, 12, 4)):  # every group; a few, repeated
-            (lo, f1), (hi, _) = ms.min_of(qs), ms.max_of(qs)
-            for i, q in enumerate(qs.tolist()):
-                assert bool(f1[i]) == bool(members.get(q))
-                if members.get(q):
-                    assert (int(lo[i]), int(hi[i])) == (min(members[q]), max(members[q]))
+        _check_row_key_set(ms, group, rng)
+
+
+def _check_row_key_set(ms: RowKeySet, group: dict[int, int], rng: np.random.Generator) -> None:
+    """``ms`` holds exactly ``group`` (row key -> group): size, groups, first and last rows."""
+    members = defaultdict(list)
+    for k, gg in group.items():
+        members[gg].append(k)
+    assert len(ms) == len(group)
+    keys = np.fromiter(group, dtype=np.int64, count=len(group))
+    assert ms.groups_of(np.append(keys, 10**7)).tolist() == [*group.values(), -1]
+    for qs in (np.arange(12), rng.integers(0, 12, 4)):  # every group; a few, repeated
+        (lo, f1), (hi, _) = ms.min_of(qs), ms.max_of(qs)
+        for i, q in enumerate(qs.tolist()):
+            assert bool(f1[i]) == bool(members.get(q))
+            if members.get(q):
+                assert (int(lo[i]), int(hi[i])) == (min(members[q]), max(members[q]))

@@ -27,6 +27,7 @@ from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
 from engine.ops.aggregate import listener as aggregate_mod
 from engine.ops.aggregate._sortedset import RowKeySet, _Sorted
+from engine.ops.aggregate._states import OrderStats
 from engine.ops.aggregate.listener import Agg, AggListener, agg_by, count_by, first_by, last_by
 from engine.table import Table
 from tests.engine.ops.aggregate.test_aggregate import _jitter
@@ -296,10 +297,13 @@ def test_oracle_string_keys_verified_when_hashes_collide(monkeypatch, few):
     _run_cases(cases, seed=16 + bool(few))
 
 
-def test_oracle_min_max_first_last_with_constant_merges_and_parent_shifts(monkeypatch):
+@pytest.mark.parametrize("pending_min", [1, OrderStats.PENDING_MIN])
+def test_oracle_min_max_first_last_with_constant_merges_and_parent_shifts(monkeypatch, pending_min):
     # the LSM merges after every few changes (base, tombstones and delta all in play), and
-    # the second parent shifts its row keys every cycle
+    # the second parent shifts its row keys every cycle; min and max fold their log into
+    # the multiset every cycle (1) or when an end leaves (the default)
     monkeypatch.setattr(_Sorted, "MERGE_MIN", 3)
+    monkeypatch.setattr(OrderStats, "PENDING_MIN", pending_min)
     specs = [agg.min("Price", "Lo"), agg.max("Price", "Hi"), agg.first("Qty", "F"), agg.last("Key", "L"),
              agg.sum("Qty", "S")]
     cases = {

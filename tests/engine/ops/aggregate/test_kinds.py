@@ -32,7 +32,7 @@ from engine.ops.aggregate import agg
 from engine.ops.aggregate._bits import Fenwick
 from engine.ops.aggregate._kinds import KINDS, Max
 from engine.ops.aggregate._sortedset import ValueMultiset, _Sorted
-from engine.ops.aggregate._states import Moments, OrderStats
+from engine.ops.aggregate._states import Events, Moments, OrderStats
 from engine.ops.aggregate.listener import Agg, agg_by
 from engine.ops.aggregate.spec import make_agg
 from tests.engine.ops.aggregate.test_aggregate import (
@@ -275,6 +275,73 @@ def test_value_multiset_ranks_match_a_sorted_model(monkeypatch, merge_min):
         qk = np.array([k for xs in sorted_of.values() for k in range(len(xs))], dtype=np.int64)
         want = [x for xs in sorted_of.values() for x in xs]
         assert ms.kth(qg, qk).tolist() == want
+
+
+@pytest.mark.parametrize("pending_min", [1, 40, 4096])
+@pytest.mark.parametrize("rising", [True, False])
+def test_lazy_order_stats_match_a_counter_model(monkeypatch, pending_min, rising):
+    # OrderStats without ranks carries min and max through the events and asks the
+    # multiset (the log folded in) only where they cannot tell: rows join, leave, change
+    # value (rising: mostly upwards, as counts do) and move between groups; values are
+    # null or NaN now and then; min and max are asked of a few groups at a time (some
+    # first asked late, some never), and the log folds after every event (1), now and
+    # then (40), or only when a query needs it (4096)
+    monkeypatch.setattr(OrderStats, "PENDING_MIN", pending_min)
+    rng = np.random.default_rng([pending_min, rising])
+    st = OrderStats(np.dtype(np.float64))
+    rows: dict[int, tuple[int, float | None]] = {}  # row -> (group, value; None: null)
+    new_row = 0
+
+    def draw(n: int) -> list[float | None]:
+        v = rng.integers(0, 30, n).astype(float)
+        return [None if r < 0.05 else (math.nan if r < 0.1 else x) for x, r in zip(v.tolist(), rng.random(n).tolist(), strict=True)]
+
+    for step in range(300):
+        minus: list[tuple[int, int, float | None]] = []
+        plus: list[tuple[int, int, float | None]] = []
+        held = list(rows)
+        for r in rng.choice(held, min(len(held), int(rng.integers(0, 12))), replace=False).tolist() if held else []:
+            g, v = rows[r]
+            roll = rng.random()
+            if roll < (0.03 if rising else 0.3):  # leaves
+                minus.append((r, g, v))
+                del rows[r]
+                continue
+            ng = int(rng.integers(0, 16)) if roll < (0.06 if rising else 0.5) else g
+            if rising and v is not None and not math.isnan(v):
+                nv: float | None = v + float(rng.integers(0, 4))
+            else:
+                nv = draw(1)[0]
+            minus.append((r, g, v))
+            plus.append((r, ng, nv))
+            rows[r] = (ng, nv)
+        for v in draw(int(rng.integers(0, 10))):
+            g = int(rng.integers(0, 16))
+            plus.append((new_row, g, v))
+            rows[new_row] = (g, v)
+            new_row += 1
+
+        def pair(evs: list[tuple[int, int, float | None]]) -> tuple[np.ndarray, np.ndarray]:
+            vals = np.array([0.0 if v is None else v for _, _, v in evs], dtype=np.float64)
+            return vals, np.array([v is not None for _, _, v in evs], dtype=bool)
+
+        ev = Events(np.array([r for r, _, _ in minus], dtype=np.int64), np.array([g for _, g, _ in minus], dtype=np.int64),
+                    np.array([r for r, _, _ in plus], dtype=np.int64), np.array([g for _, g, _ in plus], dtype=np.int64))
+        st.apply(ev, [pair(minus)], [pair(plus)])
+        values: dict[int, list[float]] = defaultdict(list)
+        for g, v in rows.values():
+            if v is not None and not math.isnan(v):
+                values[g].append(v)
+        for largest in (True, False):
+            if step < 40 and not largest:
+                continue  # min asked first only later: carried from then on
+            qs = rng.choice(12, int(rng.integers(0, 6)), replace=True).astype(np.int64)
+            got, found = st.max(qs) if largest else st.min(qs)
+            for i, q in enumerate(qs.tolist()):
+                assert bool(found[i]) == bool(values.get(q)), (step, q)
+                if values.get(q):
+                    assert got[i] == (max if largest else min)(values[q]), (step, q, largest)
+    assert len(st.set) == len({(g, v) for g, v in rows.values() if v is not None and not math.isnan(v)})
 
 
 # the oracle -------------------------------------------------------------------------------
