@@ -149,6 +149,11 @@ class SortIndex:
         # the survivors the last insert moved, (old slots, new slots), both sorted: the
         # members of the previous rows that its shift moves, and where (unless relaid)
         self.moves: tuple[I64, I64] = (_EMPTY, _EMPTY)
+        # the last insert's slots for its rows, sorted, and the slots removed since the
+        # insert or finish before it, sorted, when a bulk merge had them (else None)
+        self.placed_sorted: I64 | None = None
+        self.removed_sorted: I64 | None = None
+        self._gone_mark = 0  # entries of _gone that predate the current removes
 
     # reading ---------------------------------------------------------------------------
     def slots_of(self, pks: I64) -> I64:
@@ -224,6 +229,13 @@ class SortIndex:
         self.moved = 0
         self.relaid = False
         self.moves = (_EMPTY, _EMPTY)
+        self.placed_sorted = self.removed_sorted = None
+        try:
+            return self._insert(pks, known)
+        finally:
+            self._gone_mark = len(self._gone)
+
+    def _insert(self, pks: I64, known: tuple[list[U64], list[pa.Array]] | None) -> tuple[I64, RowSetShiftData]:
         if pks.size == 0:
             self._refill()
             return _EMPTY, RowSetShiftData.empty()
@@ -238,6 +250,7 @@ class SortIndex:
         pks_o = pks[order]
         if self.size >= max(BULK_MIN, 1) and pks.size * BULK_RATIO >= self.size:
             slots, shift = self._merge(codes, values, pks_o)
+            self.placed_sorted = slots  # rows in key order take ascending slots
             out = np.empty(pks.size, dtype=np.int64)
             out[order] = slots
             return out, shift
@@ -251,7 +264,9 @@ class SortIndex:
 
     def finish(self) -> None:
         """Restore invariant G after removes and repoints (when nothing was inserted)."""
+        self.placed_sorted = self.removed_sorted = None
         self._refill()
+        self._gone_mark = len(self._gone)
 
     # search -----------------------------------------------------------------------------
     def _search(self, codes: list[U64], values: list[pa.Array], pks: I64, lo: int, hi: int) -> I64:
@@ -720,6 +735,8 @@ class SortIndex:
         # them, cheaper than a scan of the mostly set flags); the survivor after the j-th
         # removed row (in layout order) has index at[j] - j
         at = sort_keys(gone)
+        if self._gone_mark == 0:  # all of them removed since the last insert or finish
+            self.removed_sorted = at * SPACING + front
         at -= np.arange(at.size, dtype=np.int64)
         return surv, at
 
