@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -81,6 +82,7 @@ __all__ = ["SortIndex"]
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
+T = TypeVar("T", bound=np.generic)
 
 _ONE = np.uint64(1)
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -111,6 +113,24 @@ def _shift_at(old: I64, new: I64, breaks: I64) -> RowSetShiftData:
     ends = np.append(starts[1:] - 1, n - 1)
     nz = d != 0
     return RowSetShiftData.from_arrays(old[starts[nz]], old[ends[nz]], d[nz])
+
+
+def _lay_out(out: npt.NDArray[T], front: int, end: int, *parts: tuple[I64, npt.NDArray[T]],
+             zeroed: bool) -> npt.NDArray[T]:
+    """``out`` with rows at slots ``front, front + SPACING, ... < end`` (``parts``: positions
+    among them and values), the ghosts before each row holding its value (Invariant G) and
+    zeros elsewhere (``zeroed``: ``out`` is zero already); written in place."""
+    rows = out[front:end:SPACING]  # a strided view: the rows are written once, then copied
+    for at, values in parts:
+        rows[at] = values
+    for back in range(1, SPACING):
+        out[front - back : end - back : SPACING] = rows
+    if zeroed:
+        out[front - SPACING + 1 : front] = 0  # nothing before the first row
+    else:
+        out[:front] = 0
+        out[end - SPACING + 1 :] = 0
+    return out
 
 
 # the index ------------------------------------------------------------------------------
@@ -771,23 +791,16 @@ class SortIndex:
         surv_new = front + SPACING * at_surv
         cap = pow2_at_least(end + 64)
         old_pk = self._redir.pk(surv)
-        merged = np.empty(n, dtype=np.uint64)
         for j, c_ in enumerate(self._codes):
-            merged[at_surv] = surv_c0 if j == 0 and surv_c0 is not None else c_.take(surv)
-            merged[at_new] = codes[j]
-            fresh = np.zeros(cap, dtype=np.uint64)
-            for back in range(SPACING):  # Invariant G: the ghosts before each row hold its values
-                fresh[front - back : end - back : SPACING] = merged
-            fresh[front - SPACING + 1 : front] = 0  # nothing before the first row
-            self._codes[j] = fresh
-        merged_pk = np.empty(n, dtype=np.int64)
-        merged_pk[at_surv] = old_pk
-        merged_pk[at_new] = pks
-        pk = np.zeros(cap, dtype=np.int64)
-        for back in range(SPACING):
-            pk[front - back : end - back : SPACING] = merged_pk
-        pk[front - SPACING + 1 : front] = 0
-        self._redir.replace(pk)
+            kept = surv_c0 if j == 0 and surv_c0 is not None else c_.take(surv)
+            # the survivors' codes are read: an array of the right size is written over
+            # (no fresh array to fault in and zero), else a new one
+            same = c_.size == cap
+            self._codes[j] = _lay_out(c_ if same else np.zeros(cap, dtype=np.uint64), front, end,
+                                      (at_surv, kept), (at_new, codes[j]), zeroed=not same)
+        # a new array: the old one serves the cycle's previous values
+        self._redir.replace(_lay_out(np.zeros(cap, dtype=np.int64), front, end, (at_surv, old_pk),
+                                     (at_new, pks), zeroed=True))
         self._fence = self._codes[0][::64].copy()
         self._live = LiveBits.from_step(cap, front, end, SPACING)
         self.capacity = cap
