@@ -534,6 +534,24 @@ def test_codes_order_like_the_values(values, descending):
             assert got == sign * want, (a, b, descending)
 
 
+@pytest.mark.parametrize("pks_sorted", [False, True])
+@pytest.mark.parametrize("distinct", [3, 50, 10**6])
+def test_a_batch_orders_by_key_then_parent_key(pks_sorted, distinct):
+    # one key column: ties (few distinct values) or none, parent keys in any order or
+    # ascending (pks_sorted), values with nulls; the order of a lexsort by (key, parent key)
+    rng = np.random.default_rng(distinct)
+    enc = KeyEncoder("x", pa.float64(), False)
+    for n in (0, 1, 2, 17, 3000):
+        vals = rng.integers(0, distinct, n).astype(float)
+        values = pa.array(vals, mask=rng.random(n) < 0.1)
+        pks = rng.choice(10 * n + 1, n, replace=False).astype(np.int64)
+        if pks_sorted:
+            pks.sort()
+        codes = enc.encode(values)
+        got = sort_keys.order_batch([enc], [values], [codes], pks, pks_sorted=pks_sorted)
+        assert got.tolist() == np.lexsort((pks, codes)).tolist()
+
+
 @pytest.mark.parametrize("descending", [False, True])
 def test_a_few_floats_encode_as_a_batch_does(descending, monkeypatch):
     # value by value (up to FEW_FLOATS) or vectorized: the same codes, for float64 and
