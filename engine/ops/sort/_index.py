@@ -156,7 +156,8 @@ class SortIndex:
         self.capacity = 64
         self._codes: list[U64] = [np.zeros(64, dtype=np.uint64) for _ in self.encoders]
         self._fence = np.zeros(1, dtype=np.uint64)  # codes[0] at every 64th slot
-        self._live = LiveBits(64)
+        self._live_bits = LiveBits(64)
+        self._unset: list[I64] = []  # removed slots whose live bits are not cleared yet
         self._pks = RowKeyMap()
         self._events: list[I64] = []
         # (front, end) of the last full layout while only removes followed it (its rows
@@ -174,6 +175,21 @@ class SortIndex:
         self.placed_sorted: I64 | None = None
         self.removed_sorted: I64 | None = None
         self._gone_mark = 0  # entries of _gone that predate the current removes
+
+    @property
+    def _live(self) -> LiveBits:
+        """Which slots hold a row. Removes after a full layout defer clearing their bits
+        to the first read (:meth:`remove`): a bulk merge lays the bits out anew without
+        reading them, so it never pays for the clears."""
+        if self._unset:
+            unset = self._unset
+            self._unset = []
+            self._live_bits.clear(np.concatenate(unset) if len(unset) > 1 else unset[0])
+        return self._live_bits
+
+    @_live.setter
+    def _live(self, bits: LiveBits) -> None:
+        self._live_bits, self._unset = bits, []
 
     # reading ---------------------------------------------------------------------------
     def slots_of(self, pks: I64) -> I64:
@@ -215,11 +231,13 @@ class SortIndex:
         if (slots < 0).any():  # the table fails: the half-applied state is never read
             bad = pks[slots < 0][:10].tolist()
             raise UpdateInvariantError("I1", f"sort: parent removed or re-keyed rows it never had: {bad}")
-        self._live.clear(slots)
         self.size -= slots.size
         self._events.append(slots)
         if self._grid is not None:
             self._gone.append(slots)
+            self._unset.append(slots)  # cleared when the bits are read next (see _live)
+        else:
+            self._live.clear(slots)
         return slots
 
     def repoint(self, prev_pks: I64, cur_pks: I64) -> None:
@@ -736,7 +754,8 @@ class SortIndex:
             stop = np.searchsorted(c0, q0[tie], side="right")
             before[tie] = self._narrow(before[tie], stop, tie, codes, values, pks, at=surv)
         n = self.size + pks.size
-        room = max(MIN_FRONT, min(self._live.first(), n // 4))
+        first = int(surv[0]) if surv.size else -1  # the live bits' first(), not read
+        room = max(MIN_FRONT, min(first, n // 4))
         return self._relayout(codes, pks, before, room, surv, c0, breaks)
 
     def _grid_survivors(self) -> tuple[I64, I64]:

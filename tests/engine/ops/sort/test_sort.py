@@ -478,6 +478,23 @@ def test_live_bits_successor_and_predecessor_match_brute_force():
             assert np.array_equal(bits.count(level, w), want)
 
 
+def test_live_bits_of_a_layout_are_those_of_its_slots():
+    # from_step writes whole words for a step dividing 64; any step, edges inside one
+    # word or many, a range to the capacity's end or past it, and an empty range
+    rng = np.random.default_rng(5)
+    cases = [(256, 0, 256, 1), (256, 63, 65, 2), (256, 5, 6, 2), (256, 10, 10, 2), (256, 0, 300, 2),
+             (512, 64, 128, 64), (512, 1, 512, 3), (512, 127, 129, 4)]
+    for _ in range(300):
+        cap = 64 << int(rng.integers(0, 5))
+        start = int(rng.integers(0, cap))
+        cases.append((cap, start, int(rng.integers(start, cap + 70)), int(rng.choice([1, 2, 3, 4, 8, 5, 32, 64]))))
+    for cap, start, stop, step in cases:
+        got = LiveBits.from_step(cap, start, stop, step)
+        want = LiveBits.from_slots(cap, np.arange(start, min(stop, cap), step))
+        assert got.all_live().tolist() == want.all_live().tolist(), (cap, start, stop, step)
+        assert [lv.tolist() for lv in got._levels] == [lv.tolist() for lv in want._levels], (cap, start, stop, step)
+
+
 def test_live_bits_set_and_clear_a_few_slots_as_integers(monkeypatch):
     """The plain-integer path (up to ``FEW`` slots) leaves the words and summary levels
     exactly as the vectorized one does."""
