@@ -304,6 +304,7 @@ def test_oracle_one_string_key_grouped_by_its_dictionary(monkeypatch, collide, d
     # every key hashes to one of three values, so the stored keys decide; the path is
     # taken (counted), and batches with nulls (no where) take the hash path beside it
     monkeypatch.setattr(AggListener, "DISTINCT_MIN", distinct_min)
+    monkeypatch.setattr(AggListener, "CODED_MIN", distinct_min)
     oracle.share_cycles(monkeypatch, 2)
     if collide:
         real = aggregate_mod.hash_columns
