@@ -347,10 +347,12 @@ class KeyedTable(SourceTable):
             return None
         keys_t = keys_t.combine_chunks()
         h = _key_hashes(keys_t, self.keys)
+        held_sorted = False  # the held keys' last writes come in row-key order
         if self._index.exact:  # looked up first: a held key's writes share its row key
             found = self._index.lookup(h, None)  # exact keys need no verification
             last = _last_writes(h, found)
             found = found[last]
+            held_sorted = True
         else:
             if h.size <= FEW_KEYS and len(set(h.tolist())) == h.size:
                 last = np.arange(h.size)  # a few writes, distinct hashes: distinct keys
@@ -366,15 +368,16 @@ class KeyedTable(SourceTable):
 
         # deletes of present keys -> removed
         del_sel = ~up_mask & (found >= 0)
-        removed_keys = sort_keys(found[del_sel])
+        removed_keys = found[del_sel] if held_sorted else sort_keys(found[del_sel])
         self._index.delete(h[del_sel], found[del_sel])
         self._row_keys.free(removed_keys)
 
         # upserts of present keys -> modifies where a value really changed
         mod_sel = up_mask & (found >= 0)
         mod_keys, mod_rows = found[mod_sel], rows[mod_sel]
-        order = distinct_key_order(mod_keys, self._row_keys.end)  # one row key per written key
-        mod_keys, mod_rows = mod_keys[order], mod_rows[order]
+        if not held_sorted:  # one row key per written key: a permutation sorts them
+            order = distinct_key_order(mod_keys, self._row_keys.end)
+            mod_keys, mod_rows = mod_keys[order], mod_rows[order]
         changed_any = np.zeros(mod_keys.size, dtype=bool)
         changed_cols: list[str] = []
         if mod_keys.size:
@@ -452,26 +455,29 @@ def _last_of_groups(order: npt.NDArray[np.int64], starts: npt.NDArray[np.int64])
 
 
 def _last_writes(h: npt.NDArray[np.uint64], found: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """The last write per key in staging order, for exact keys already looked up.
+    """The last write per key (positions in staging order), for exact keys already looked
+    up: first those of held keys, in order of their row keys, then those of absent keys,
+    in staging order.
 
     Writes of a held key (``found >= 0``) share its row key: a stable sort of the row keys
     (radix passes, :func:`~engine._kernels.arrays.key_order`) puts them together in
-    staging order, cheaper than sorting the 64-bit hashes of every write. Only the writes
+    staging order, cheaper than sorting the 64-bit hashes of every write, and leaves the
+    held keys sorted (the modified and removed rows need no second sort). Only the writes
     of absent keys are grouped by hash.
     """
-    mark = np.zeros(h.size, dtype=bool)
     held = np.flatnonzero(found >= 0)
+    parts = []
     if held.size:
         o = key_order(found[held])
         rk = found[held][o]
         end = np.ones(o.size, dtype=bool)
         np.not_equal(rk[1:], rk[:-1], out=end[:-1])
-        mark[held[o[end]]] = True
+        parts.append(held[o[end]])
     new = np.flatnonzero(found < 0)
     if new.size:
         order, starts = group_equal(h[new], None)
-        mark[new[_last_of_groups(order, starts)]] = True
-    return np.flatnonzero(mark)
+        parts.append(new[_last_of_groups(order, starts)])
+    return np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else held
 
 
 def _numeric_changes(src: WritableColumnSource, col: pa.ChunkedArray, keys: KeyArray, rows: KeyArray,

@@ -543,6 +543,9 @@ class _ArrowStore:
     #: and takes once: 3 values of a 4-chunk, 12-value store (a small keyed table's strings)
     #: 40 -> 6 us; 4,096 values in 12 chunks 16 us
     small = 4096
+    #: a gather of at least this many slots checks whether they ascend (a pass over them),
+    #: which saves a search per slot and a second take (module tests lower it)
+    ordered_min = 256
     #: appends kept unmerged until more than this many wait (0: each merges at once)
     defer = 0
 
@@ -640,6 +643,15 @@ class _ArrowStore:
             return self.chunks[0].take(pa.array(slots))
         if len(self) <= self.small:  # one concatenation of a few values, one take
             return pa.concat_arrays(self.chunks).take(pa.array(slots))
+        if slots.size >= self.ordered_min and bool((slots[1:] >= slots[:-1]).all()):
+            # ascending slots (rows read in row-key order whose values were never rewritten,
+            # e.g. a keyed source's strings): each chunk's are one run of them, cut at the
+            # chunk bounds, and the parts are already in order (no search per slot, no
+            # sort, no take back into order: 100k strings of 1M in 7 chunks 1.4 -> 0.5 ms)
+            bounds = np.searchsorted(slots, self.offsets).tolist()
+            parts = [self.chunks[c].take(pa.array(slots[bounds[c]:bounds[c + 1]] - self.offsets[c]))
+                     for c in range(len(self.chunks)) if bounds[c + 1] > bounds[c]]
+            return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
         which = np.searchsorted(self.offsets, slots, side="right") - 1
         if which.min() == which.max():
             c = int(which[0])

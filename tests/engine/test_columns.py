@@ -392,3 +392,33 @@ def test_arrow_source_python_values_of_a_few_keys(few, monkeypatch):
         model.update(zip(keys.tolist(), vals, strict=True))
         ask = rng.choice(np.array(sorted(model)), int(rng.integers(0, 20)))
         assert src.get_pylist(ask) == [model[k] for k in ask.tolist()]
+
+
+@pytest.mark.parametrize("ordered_min", [0, 1 << 30])
+@pytest.mark.parametrize("type_", [pa.string(), pa.int64()])
+def test_store_gathers_ascending_and_other_slots_alike(ordered_min, type_, monkeypatch):
+    # ascending slots are cut at the chunk bounds (ordered_min 0), any slots go through
+    # the search per slot (1 << 30): the same values, nulls included, across chunks of
+    # several sizes, repeated slots, runs, a chunk not hit, one chunk hit, and empty
+    monkeypatch.setattr(_ArrowStore, "ordered_min", ordered_min)
+    monkeypatch.setattr(_ArrowStore, "small", 0)  # never the one-concatenation shortcut
+    rng = np.random.default_rng(11)
+    store = _ArrowStore(type_)
+    model: list = [None]
+    for n in (50, 7, 20, 1, 13, 30):
+        vals = [None if rng.random() < 0.2 else (f"v{len(model) + i}" if type_ == pa.string() else len(model) + i)
+                for i in range(n)]
+        store.append(pa.array(vals, type_))
+        model += vals
+    assert len(store.chunks) > 2
+    for _ in range(200):
+        k = int(rng.integers(0, 40))
+        slots = rng.integers(0, len(model), k)
+        if rng.random() < 0.6:
+            slots = np.sort(slots)
+        if rng.random() < 0.2:  # one chunk only
+            c = int(rng.integers(0, len(store.chunks)))
+            slots = np.sort(rng.integers(store.offsets[c], store.offsets[c + 1], k))
+        got = store.take(slots.astype(np.int64))
+        assert got.type == type_
+        assert got.to_pylist() == [model[s] for s in slots.tolist()]

@@ -222,6 +222,38 @@ def _in_sorted(sorted_set: I64, values: I64) -> Mask:
     return found
 
 
+def _coded_keys(arrays: list[pa.Array], by: Sequence[str]) -> tuple[U64, I64, I64] | None:
+    """For one string or binary key column without nulls, its distinct keys by a
+    dictionary encoding (Arrow's, exact): ``(hashes, rep, inv)`` as
+    :meth:`AggListener._distinct_rows` gives them (``rep`` one row per distinct key, in row
+    order; ``inv`` each row's position in ``rep``), with each row's hash, the distinct
+    keys alone hashed. None for other keys (hashed row by row, then grouped by hash).
+
+    A cycle's rows repeat a few thousand keys (symbols): one pass of Arrow's hash table
+    does what a hash of every row, a sort of the hashes and a check of every row against
+    its representative did."""
+    if len(arrays) != 1:
+        return None
+    arr = arrays[0]
+    t = arr.type
+    if arr.null_count or not (pa.types.is_string(t) or pa.types.is_large_string(t)
+                              or pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+        return None
+    enc = arr.dictionary_encode()
+    inv = np.asarray(enc.indices.to_numpy(), dtype=np.int64)
+    nd = len(enc.dictionary)
+    # the dictionary is in order of first appearance: a key's first row is where the
+    # running maximum of the indices grows (checked, not assumed)
+    grows = np.empty(inv.size, dtype=bool)
+    grows[0] = True
+    run = np.maximum.accumulate(inv)
+    np.greater(run[1:], run[:-1], out=grows[1:])
+    rep = np.flatnonzero(grows)
+    if rep.size != nd or not (inv[rep] == np.arange(nd)).all():
+        return None
+    return hash_columns([enc.dictionary], by, nd)[inv], rep, inv
+
+
 def _at(same: Same | None, rows: I64, both: bool) -> Same | None:
     """``same`` over the batch's ``rows`` only: position ``i`` stands for row ``rows[i]``
     (in the second argument too when ``both``: a ``same_batch``)."""
@@ -374,6 +406,10 @@ class AggListener:
     #: after a batch found mostly distinct, this many batches skip the search (a merge's
     #: new rows, new groups nearly all: the sort found nothing to save, cycle after cycle)
     DISTINCT_SKIP = 7
+    #: from this many rows on, one string or binary key column without nulls is grouped
+    #: by its dictionary encoding (:func:`_coded_keys`): 25,000 rows of 1,000 symbols
+    #: (hash, sort, check) 1.6 -> 0.7 ms; at 750 rows its fixed cost loses 40 us (tests lower it)
+    CODED_MIN = 4096
     #: a batch of at most this many rows checks its string, binary or integer group keys
     #: against the groups' as Python values (:func:`few_rows_equal`), not by Arrow
     FEW_KEYS = 16
@@ -480,10 +516,15 @@ class AggListener:
         if keys.size == 0:
             return _EMPTY_I
         arrays = self._key_arrays(keys, prev=False)
-        h = hash_columns(arrays, self.by, keys.size)
+        coded = _coded_keys(arrays, self.by) if keys.size >= self.CODED_MIN else None
         pairs = self._key_pairs(arrays)
         same, same_batch = self._same_as_group(arrays, pairs), self._same_in_batch(arrays, pairs)
-        rep, inv = self._distinct_rows(h, same_batch)
+        rep: I64 | None
+        if coded is not None:
+            h, rep, inv = coded
+        else:
+            h = hash_columns(arrays, self.by, keys.size)
+            rep, inv = self._distinct_rows(h, same_batch)
         if rep is None:
             slots, fresh, rows = self.index.intern(h, same, same_batch, self._alloc)
         else:  # the map sees one row per distinct key, in row order

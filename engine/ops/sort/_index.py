@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -81,6 +82,7 @@ __all__ = ["SortIndex"]
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
+T = TypeVar("T", bound=np.generic)
 
 _ONE = np.uint64(1)
 _EMPTY = np.empty(0, dtype=np.int64)
@@ -113,6 +115,24 @@ def _shift_at(old: I64, new: I64, breaks: I64) -> RowSetShiftData:
     return RowSetShiftData.from_arrays(old[starts[nz]], old[ends[nz]], d[nz])
 
 
+def _lay_out(out: npt.NDArray[T], front: int, end: int, *parts: tuple[I64, npt.NDArray[T]],
+             zeroed: bool) -> npt.NDArray[T]:
+    """``out`` with rows at slots ``front, front + SPACING, ... < end`` (``parts``: positions
+    among them and values), the ghosts before each row holding its value (Invariant G) and
+    zeros elsewhere (``zeroed``: ``out`` is zero already); written in place."""
+    rows = out[front:end:SPACING]  # a strided view: the rows are written once, then copied
+    for at, values in parts:
+        rows[at] = values
+    for back in range(1, SPACING):
+        out[front - back : end - back : SPACING] = rows
+    if zeroed:
+        out[front - SPACING + 1 : front] = 0  # nothing before the first row
+    else:
+        out[:front] = 0
+        out[end - SPACING + 1 :] = 0
+    return out
+
+
 # the index ------------------------------------------------------------------------------
 class SortIndex:
     """Parent rows kept in sort order on gapped slots (see the module docstring).
@@ -136,7 +156,8 @@ class SortIndex:
         self.capacity = 64
         self._codes: list[U64] = [np.zeros(64, dtype=np.uint64) for _ in self.encoders]
         self._fence = np.zeros(1, dtype=np.uint64)  # codes[0] at every 64th slot
-        self._live = LiveBits(64)
+        self._live_bits = LiveBits(64)
+        self._unset: list[I64] = []  # removed slots whose live bits are not cleared yet
         self._pks = RowKeyMap()
         self._events: list[I64] = []
         # (front, end) of the last full layout while only removes followed it (its rows
@@ -149,6 +170,26 @@ class SortIndex:
         # the survivors the last insert moved, (old slots, new slots), both sorted: the
         # members of the previous rows that its shift moves, and where (unless relaid)
         self.moves: tuple[I64, I64] = (_EMPTY, _EMPTY)
+        # the last insert's slots for its rows, sorted, and the slots removed since the
+        # insert or finish before it, sorted, when a bulk merge had them (else None)
+        self.placed_sorted: I64 | None = None
+        self.removed_sorted: I64 | None = None
+        self._gone_mark = 0  # entries of _gone that predate the current removes
+
+    @property
+    def _live(self) -> LiveBits:
+        """Which slots hold a row. Removes after a full layout defer clearing their bits
+        to the first read (:meth:`remove`): a bulk merge lays the bits out anew without
+        reading them, so it never pays for the clears."""
+        if self._unset:
+            unset = self._unset
+            self._unset = []
+            self._live_bits.clear(np.concatenate(unset) if len(unset) > 1 else unset[0])
+        return self._live_bits
+
+    @_live.setter
+    def _live(self, bits: LiveBits) -> None:
+        self._live_bits, self._unset = bits, []
 
     # reading ---------------------------------------------------------------------------
     def slots_of(self, pks: I64) -> I64:
@@ -190,11 +231,13 @@ class SortIndex:
         if (slots < 0).any():  # the table fails: the half-applied state is never read
             bad = pks[slots < 0][:10].tolist()
             raise UpdateInvariantError("I1", f"sort: parent removed or re-keyed rows it never had: {bad}")
-        self._live.clear(slots)
         self.size -= slots.size
         self._events.append(slots)
         if self._grid is not None:
             self._gone.append(slots)
+            self._unset.append(slots)  # cleared when the bits are read next (see _live)
+        else:
+            self._live.clear(slots)
         return slots
 
     def repoint(self, prev_pks: I64, cur_pks: I64) -> None:
@@ -224,6 +267,13 @@ class SortIndex:
         self.moved = 0
         self.relaid = False
         self.moves = (_EMPTY, _EMPTY)
+        self.placed_sorted = self.removed_sorted = None
+        try:
+            return self._insert(pks, known)
+        finally:
+            self._gone_mark = len(self._gone)
+
+    def _insert(self, pks: I64, known: tuple[list[U64], list[pa.Array]] | None) -> tuple[I64, RowSetShiftData]:
         if pks.size == 0:
             self._refill()
             return _EMPTY, RowSetShiftData.empty()
@@ -238,6 +288,7 @@ class SortIndex:
         pks_o = pks[order]
         if self.size >= max(BULK_MIN, 1) and pks.size * BULK_RATIO >= self.size:
             slots, shift = self._merge(codes, values, pks_o)
+            self.placed_sorted = slots  # rows in key order take ascending slots
             out = np.empty(pks.size, dtype=np.int64)
             out[order] = slots
             return out, shift
@@ -251,7 +302,9 @@ class SortIndex:
 
     def finish(self) -> None:
         """Restore invariant G after removes and repoints (when nothing was inserted)."""
+        self.placed_sorted = self.removed_sorted = None
         self._refill()
+        self._gone_mark = len(self._gone)
 
     # search -----------------------------------------------------------------------------
     def _search(self, codes: list[U64], values: list[pa.Array], pks: I64, lo: int, hi: int) -> I64:
@@ -701,7 +754,8 @@ class SortIndex:
             stop = np.searchsorted(c0, q0[tie], side="right")
             before[tie] = self._narrow(before[tie], stop, tie, codes, values, pks, at=surv)
         n = self.size + pks.size
-        room = max(MIN_FRONT, min(self._live.first(), n // 4))
+        first = int(surv[0]) if surv.size else -1  # the live bits' first(), not read
+        room = max(MIN_FRONT, min(first, n // 4))
         return self._relayout(codes, pks, before, room, surv, c0, breaks)
 
     def _grid_survivors(self) -> tuple[I64, I64]:
@@ -720,6 +774,8 @@ class SortIndex:
         # them, cheaper than a scan of the mostly set flags); the survivor after the j-th
         # removed row (in layout order) has index at[j] - j
         at = sort_keys(gone)
+        if self._gone_mark == 0:  # all of them removed since the last insert or finish
+            self.removed_sorted = at * SPACING + front
         at -= np.arange(at.size, dtype=np.int64)
         return surv, at
 
@@ -754,23 +810,16 @@ class SortIndex:
         surv_new = front + SPACING * at_surv
         cap = pow2_at_least(end + 64)
         old_pk = self._redir.pk(surv)
-        merged = np.empty(n, dtype=np.uint64)
         for j, c_ in enumerate(self._codes):
-            merged[at_surv] = surv_c0 if j == 0 and surv_c0 is not None else c_.take(surv)
-            merged[at_new] = codes[j]
-            fresh = np.zeros(cap, dtype=np.uint64)
-            for back in range(SPACING):  # Invariant G: the ghosts before each row hold its values
-                fresh[front - back : end - back : SPACING] = merged
-            fresh[front - SPACING + 1 : front] = 0  # nothing before the first row
-            self._codes[j] = fresh
-        merged_pk = np.empty(n, dtype=np.int64)
-        merged_pk[at_surv] = old_pk
-        merged_pk[at_new] = pks
-        pk = np.zeros(cap, dtype=np.int64)
-        for back in range(SPACING):
-            pk[front - back : end - back : SPACING] = merged_pk
-        pk[front - SPACING + 1 : front] = 0
-        self._redir.replace(pk)
+            kept = surv_c0 if j == 0 and surv_c0 is not None else c_.take(surv)
+            # the survivors' codes are read: an array of the right size is written over
+            # (no fresh array to fault in and zero), else a new one
+            same = c_.size == cap
+            self._codes[j] = _lay_out(c_ if same else np.zeros(cap, dtype=np.uint64), front, end,
+                                      (at_surv, kept), (at_new, codes[j]), zeroed=not same)
+        # a new array: the old one serves the cycle's previous values
+        self._redir.replace(_lay_out(np.zeros(cap, dtype=np.int64), front, end, (at_surv, old_pk),
+                                     (at_new, pks), zeroed=True))
         self._fence = self._codes[0][::64].copy()
         self._live = LiveBits.from_step(cap, front, end, SPACING)
         self.capacity = cap

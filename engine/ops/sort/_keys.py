@@ -32,7 +32,6 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine._kernels.arrays import key_order
 from engine.errors import SchemaError
 
 __all__ = ["KeyEncoder", "MAX_CODE", "encoder_for", "order_batch", "as_arrow"]
@@ -245,20 +244,18 @@ def order_batch(encoders: Sequence[KeyEncoder], values: Sequence[pa.Array], code
         return np.arange(pks.size, dtype=np.int64)
     ranks = [enc.rank(v, c) for enc, v, c in zip(reversed(encoders), reversed(values), reversed(codes), strict=True)]
     if len(ranks) == 1:
-        if pks_sorted:
-            return _stable_argsort(ranks[0])
-        # into parent-key order first (a radix sort), then a stable sort of the one key:
-        # a lexsort of two 64-bit keys costs several times more
-        by_pk = np.asarray(key_order(pks), dtype=np.int64)
-        return by_pk[_stable_argsort(ranks[0][by_pk])]
+        # a sort of the one key, then of its tied runs by parent key: neither a radix sort
+        # into parent-key order first nor a lexsort of two 64-bit keys
+        return _argsort_ties_by(ranks[0], None if pks_sorted else pks)
     return np.lexsort(ranks if pks_sorted else [pks, *ranks]).astype(np.int64)
 
 
-def _stable_argsort(k: npt.NDArray[Any]) -> I64:
-    """``argsort(k, kind="stable")``, faster on mostly distinct keys.
+def _argsort_ties_by(k: npt.NDArray[Any], tiebreak: I64 | None) -> I64:
+    """The permutation sorting ``k``, ties by ``tiebreak`` (distinct), or by position
+    where it is None (``argsort(k, kind="stable")``), faster on mostly distinct keys.
 
     numpy's stable sort of 64-bit keys is a timsort; a quicksort, then a sort of the tied
-    runs only by position, does less work when few keys tie (figures: bench/README.md).
+    runs only, does less work when few keys tie (figures: bench/README.md).
     """
     order = np.argsort(k).astype(np.int64)
     ks = k[order]
@@ -268,6 +265,7 @@ def _stable_argsort(k: npt.NDArray[Any]) -> I64:
     in_run = np.concatenate((tie, [False])) | np.concatenate(([False], tie))
     run = np.cumsum(np.concatenate(([True], ~tie)))  # run id of each sorted position
     sub = np.flatnonzero(in_run)
-    fix = np.argsort(run[sub] * order.size + order[sub])  # distinct keys: any sort is stable
+    by = order[sub] if tiebreak is None else tiebreak[order[sub]]
+    fix = np.lexsort((by, run[sub]))  # distinct within a run: any sort is stable
     order[sub] = order[sub][fix]
     return order

@@ -97,12 +97,26 @@ class LiveBits:
 
     @classmethod
     def from_step(cls, capacity: int, start: int, stop: int, step: int) -> LiveBits:
-        """The slots ``range(start, stop, step)`` live (a full layout)."""
+        """The slots ``range(start, stop, step)`` live (a full layout).
+
+        A step dividing 64 sets the same bits in every word the range covers: the words
+        are written whole (no flag per slot to pack)."""
         out = cls.__new__(cls)
         out.capacity = capacity
-        flags = np.zeros(capacity, dtype=bool)
-        flags[start:stop:step] = True
-        out._levels = _levels_for(np.packbits(flags, bitorder="little").view(np.uint64))
+        stop = min(stop, capacity)
+        if 64 % step or start >= stop:
+            flags = np.zeros(capacity, dtype=bool)
+            flags[start:stop:step] = True
+            out._levels = _levels_for(np.packbits(flags, bitorder="little").view(np.uint64))
+            return out
+        last = start + (stop - 1 - start) // step * step  # the range's last slot
+        pattern = sum(1 << b for b in range(start % step, 64, step))  # slot 64w + b: b = start mod step
+        words = np.zeros(capacity // 64, dtype=np.uint64)
+        w0, w1 = start >> 6, last >> 6
+        words[w0 : w1 + 1] = pattern
+        words[w0] &= np.uint64((pattern >> (start & 63)) << (start & 63))
+        words[w1] &= np.uint64(pattern & ((2 << (last & 63)) - 1))
+        out._levels = _levels_for(words)
         return out
 
     def grow(self, capacity: int) -> None:

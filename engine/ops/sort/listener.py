@@ -257,12 +257,15 @@ class SortListener:
         else:
             idx.finish()
             slots_new, shift = _EMPTY, RowSetShiftData.empty()
-        gone = sorted_unique(np.concatenate(removed))
+        gone = idx.removed_sorted  # the removed rows are distinct rows: distinct slots
+        if gone is None:
+            gone = sorted_unique(np.concatenate(removed))
         modified = sorted_unique(shift.apply_keys(stay)) if stay.size else _EMPTY
         log.debug("sort %r: +%d -%d ~%d, %d moved", self.result.name, slots_new.size, gone.size,
                   modified.size, idx.moved)
         return TableUpdate.of(
-            added=RowSet.from_keys(sort_keys(slots_new), assume_sorted=True),
+            added=RowSet.from_keys(sort_keys(slots_new) if idx.placed_sorted is None else idx.placed_sorted,
+                                   assume_sorted=True),
             removed=RowSet.from_keys(gone, assume_sorted=True),
             modified=RowSet.from_keys(modified, assume_sorted=True),
             shifted=shift,

@@ -297,6 +297,54 @@ def test_oracle_string_keys_verified_when_hashes_collide(monkeypatch, few):
     _run_cases(cases, seed=16 + bool(few))
 
 
+@pytest.mark.parametrize("distinct_min", [AggListener.DISTINCT_MIN, 2])
+@pytest.mark.parametrize("collide", [False, True])
+def test_oracle_one_string_key_grouped_by_its_dictionary(monkeypatch, collide, distinct_min):
+    # a batch of one string key without nulls (a where drops the null symbols) finds its
+    # distinct keys by a dictionary encoding, and only they are hashed; with ``collide``
+    # every key hashes to one of three values, so the stored keys decide; the path is
+    # taken (counted), and batches with nulls (no where) take the hash path beside it
+    monkeypatch.setattr(AggListener, "DISTINCT_MIN", distinct_min)
+    monkeypatch.setattr(AggListener, "CODED_MIN", distinct_min)
+    oracle.share_cycles(monkeypatch, 2)
+    if collide:
+        real = aggregate_mod.hash_columns
+        monkeypatch.setattr(aggregate_mod, "hash_columns",
+                            lambda arrays, names=None, num_rows=None: real(arrays, names, num_rows) % np.uint64(3))
+    coded = aggregate_mod._coded_keys
+    taken = []
+
+    def counting(arrays, by):
+        out = coded(arrays, by)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(aggregate_mod, "_coded_keys", counting)
+    valid = pc.is_valid(pc.field("Sym"))
+    cases = {
+        "no null symbols": _Case(lambda t: agg_by(t.where(valid), STRING_KEYS, "Sym"), ["Sym"], STRING_KEYS,
+                                 where=valid),
+        "with nulls": _Case(lambda t: agg_by(t, STRING_KEYS, "Sym"), ["Sym"], STRING_KEYS),
+    }
+    _run_cases(cases, seed=18 + collide, max_rows=400)
+    assert any(taken) and not all(taken)
+
+
+def test_coded_keys_are_the_distinct_keys_in_row_order():
+    rng = np.random.default_rng(4)
+    syms = np.array(["", "a", "b", "ab", "a\x00", "é", "S0001", "S0002"], dtype=object)
+    for n in (1, 2, 50, 3000):
+        for t in (pa.string(), pa.large_string(), pa.binary()):
+            vals = syms[rng.integers(0, syms.size, n)]
+            arr = pa.array([v.encode() for v in vals] if t == pa.binary() else vals.tolist(), t)
+            h, rep, inv = aggregate_mod._coded_keys([arr], ["Sym"])
+            assert rep.tolist() == sorted({v: i for i, v in reversed(list(enumerate(vals.tolist())))}.values())
+            assert arr.take(pa.array(rep[inv])).equals(arr)
+            assert h.tolist() == aggregate_mod.hash_columns([arr], ["Sym"], n).tolist()
+    assert aggregate_mod._coded_keys([pa.array(["a", None] * 20)], ["Sym"]) is None  # nulls: hashed
+    assert aggregate_mod._coded_keys([pa.array(np.arange(40))], ["Key"]) is None  # not a string
+
+
 @pytest.mark.parametrize("pending_min", [1, OrderStats.PENDING_MIN])
 def test_oracle_min_max_first_last_with_constant_merges_and_parent_shifts(monkeypatch, pending_min):
     # the LSM merges after every few changes (base, tombstones and delta all in play), and

@@ -478,6 +478,23 @@ def test_live_bits_successor_and_predecessor_match_brute_force():
             assert np.array_equal(bits.count(level, w), want)
 
 
+def test_live_bits_of_a_layout_are_those_of_its_slots():
+    # from_step writes whole words for a step dividing 64; any step, edges inside one
+    # word or many, a range to the capacity's end or past it, and an empty range
+    rng = np.random.default_rng(5)
+    cases = [(256, 0, 256, 1), (256, 63, 65, 2), (256, 5, 6, 2), (256, 10, 10, 2), (256, 0, 300, 2),
+             (512, 64, 128, 64), (512, 1, 512, 3), (512, 127, 129, 4)]
+    for _ in range(300):
+        cap = 64 << int(rng.integers(0, 5))
+        start = int(rng.integers(0, cap))
+        cases.append((cap, start, int(rng.integers(start, cap + 70)), int(rng.choice([1, 2, 3, 4, 8, 5, 32, 64]))))
+    for cap, start, stop, step in cases:
+        got = LiveBits.from_step(cap, start, stop, step)
+        want = LiveBits.from_slots(cap, np.arange(start, min(stop, cap), step))
+        assert got.all_live().tolist() == want.all_live().tolist(), (cap, start, stop, step)
+        assert [lv.tolist() for lv in got._levels] == [lv.tolist() for lv in want._levels], (cap, start, stop, step)
+
+
 def test_live_bits_set_and_clear_a_few_slots_as_integers(monkeypatch):
     """The plain-integer path (up to ``FEW`` slots) leaves the words and summary levels
     exactly as the vectorized one does."""
@@ -532,6 +549,24 @@ def test_codes_order_like_the_values(values, descending):
             if got == 0 and not enc.exact and enc.ambiguous(codes[i:i + 1])[0]:
                 got = int(enc.compare(values.slice(i, 1), values.slice(j, 1))[0])  # sort order too
             assert got == sign * want, (a, b, descending)
+
+
+@pytest.mark.parametrize("pks_sorted", [False, True])
+@pytest.mark.parametrize("distinct", [3, 50, 10**6])
+def test_a_batch_orders_by_key_then_parent_key(pks_sorted, distinct):
+    # one key column: ties (few distinct values) or none, parent keys in any order or
+    # ascending (pks_sorted), values with nulls; the order of a lexsort by (key, parent key)
+    rng = np.random.default_rng(distinct)
+    enc = KeyEncoder("x", pa.float64(), False)
+    for n in (0, 1, 2, 17, 3000):
+        vals = rng.integers(0, distinct, n).astype(float)
+        values = pa.array(vals, mask=rng.random(n) < 0.1)
+        pks = rng.choice(10 * n + 1, n, replace=False).astype(np.int64)
+        if pks_sorted:
+            pks.sort()
+        codes = enc.encode(values)
+        got = sort_keys.order_batch([enc], [values], [codes], pks, pks_sorted=pks_sorted)
+        assert got.tolist() == np.lexsort((pks, codes)).tolist()
 
 
 @pytest.mark.parametrize("descending", [False, True])
