@@ -227,7 +227,9 @@ def test_periodic_mode_stops_cleanly():
 def test_early_cycles_never_push_the_periodic_schedule_out():
     """200 writes each asking for an early cycle, then a write that asks for nothing: the
     next periodic cycle still comes within two intervals (the grid did not move)."""
-    interval = 0.2  # the old loop pushed the grid one interval per early cycle: 40 s here
+    # the old loop pushed the grid one interval per early cycle: 100 s here; an interval
+    # of 0.5 s leaves room for a loaded machine's thread wake-ups (0.2 s once took past 0.4)
+    interval = 0.5
     graph = UpdateGraph()
     t = graph.append_only_table(pa.schema([("x", pa.int64())]))
     graph.start(interval)
