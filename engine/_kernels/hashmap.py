@@ -199,7 +199,9 @@ class U64Map:
         (``-1`` for present keys): where :meth:`insert_at` puts it."""
         h = np.asarray(h, dtype=np.uint64)
         if h.size <= self.scalar_max:  # a few keys: their chains walked as plain integers
-            vals, out, end = self._vals, [], []
+            vals = self._vals
+            out: list[int] = []
+            end: list[int] = []
             for s in self._walk_few(h, end):
                 out.append(vals.item(s) if s >= 0 else -1)
             return np.array(out, dtype=np.int64), np.array(end, dtype=np.int64)
