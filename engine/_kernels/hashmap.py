@@ -167,8 +167,10 @@ class U64Map:
         """:meth:`_slots` of a few keys: each one's probe chain walked with plain integers."""
         return np.array(self._walk_few(h), dtype=np.int64)
 
-    def _walk_few(self, h: U64) -> list[int]:
-        """Slot of each of a few keys (``-1``: absent), walked as Python integers."""
+    def _walk_few(self, h: U64, ends: list[int] | None = None) -> list[int]:
+        """Slot of each of a few keys (``-1``: absent), walked as Python integers; with
+        ``ends``, each key's end slot is appended to it (the empty slot where an absent
+        key's walk stopped, ``-1`` for a present key)."""
         keys, vals = self._keys, self._vals
         mask = int(self._mask)
         out = []
@@ -177,6 +179,8 @@ class U64Map:
                 v = vals.item(s)
                 if v == _EMPTY or (v >= 0 and keys.item(s) == k):
                     out.append(s if v >= 0 else -1)
+                    if ends is not None:
+                        ends.append(-1 if v >= 0 else s)
                     break
                 s = (s + 1) & mask
         return out
@@ -194,9 +198,14 @@ class U64Map:
         """:meth:`lookup`, and for each absent key the empty slot its probe ended at
         (``-1`` for present keys): where :meth:`insert_at` puts it."""
         h = np.asarray(h, dtype=np.uint64)
+        if h.size <= self.scalar_max:  # a few keys: their chains walked as plain integers
+            vals = self._vals
+            out: list[int] = []
+            end: list[int] = []
+            for s in self._walk_few(h, end):
+                out.append(vals.item(s) if s >= 0 else -1)
+            return np.array(out, dtype=np.int64), np.array(end, dtype=np.int64)
         ends = np.full(h.size, -1, dtype=np.int64)
-        if h.size <= self.scalar_max:
-            return self.lookup(h), ends  # no ends: insert_at probes for these few
         return self._probe(h, True, ends), ends
 
     def insert_at(self, h: U64, values: I64, ends: I64) -> None:
@@ -213,6 +222,11 @@ class U64Map:
         values = np.asarray(values, dtype=np.int64)
         if 2 * (self.count + self._dead + h.size) > self._vals.size:
             self.insert(h, values)
+            return
+        if h.size == 1 and ends[0] >= 0:  # one key (a cycle's one new key): no claim round
+            at = int(ends[0])
+            self._keys[at], self._vals[at] = h[0], values[0]
+            self.count += 1
             return
         idx = np.arange(h.size, dtype=np.int32)
         has = ends >= 0

@@ -251,6 +251,11 @@ class ExactKeyMap:
         miss = np.flatnonzero(ids < 0)
         if miss.size == 0:
             return ids, _EMPTY, _EMPTY
+        if miss.size == 1:  # one new key (a few changed rows): nothing to group
+            added = np.asarray(new_ids(1), dtype=np.int64)
+            ids[miss] = added
+            self._insert(h[miss], added, heads[miss], ends[miss], True)
+            return ids, added, miss
         if self.exact or same_batch is None:
             order, starts = group_equal(h[miss], None)
         else:
@@ -393,8 +398,8 @@ class StoredKeyMap:
         if added.size:
             self._fit(int(added.max()) + 1)
             self._hash[added] = h[first]
-            if not self.exact:
-                self._keys.put(added, keys.take(first))
+            if not self.exact:  # one new key (a few changed rows): a slice, not a take
+                self._keys.put(added, keys.slice(int(first[0]), 1) if first.size == 1 else keys.take(first))
         return ids, added
 
     def delete(self, ids: I64) -> None:

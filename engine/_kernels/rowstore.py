@@ -146,7 +146,8 @@ class RowStore:
         self._fit(int(ids.max()) + 1)
         self._flat = None
         self._live += int(np.count_nonzero(self._row[ids] < 0))
-        cols = [c.cast(f.type) for c, f in zip(rows.columns, self.schema, strict=True)]
+        cols = [c if c.type == f.type else c.cast(f.type)
+                for c, f in zip(rows.columns, self.schema, strict=True)]
         rows = pa.Table.from_arrays(cols, schema=self.schema).combine_chunks()
         self._row[ids] = np.arange(self._rows, self._rows + rows.num_rows, dtype=np.int64)
         self._levels.append(rows)
@@ -329,7 +330,8 @@ class FlatRowStore:
 
     def put(self, ids: I64, rows: pa.Table) -> None:
         """Store ``rows[k]`` as the row of ``ids[k]`` (distinct ids), replacing any it held."""
-        cols = [c.cast(f.type) for c, f in zip(rows.columns, self.schema, strict=True)]
+        cols = [c if c.type == f.type else c.cast(f.type)
+                for c, f in zip(rows.columns, self.schema, strict=True)]
         self.put_columns(np.asarray(ids, dtype=np.int64),
                          flat_columns(pa.Table.from_arrays(cols, schema=self.schema)))
 

@@ -217,6 +217,26 @@ def test_bitmap_from_ranges(ranges, high):
                 assert got.range_cardinality(s, e) == e - s
 
 
+@given(ranges=st.lists(st.tuples(st.integers(0, 70_000), st.integers(0, 140_000)), max_size=8),
+       high=st.sampled_from([0, 1 << 32, (1 << 40) - 70_000]))
+def test_bitmap_from_ranges_few_equals_serialized(ranges, high):
+    # up to FEW_RANGES ranges are added one by one: the same bitmap as the serialized path
+    from engine._kernels import arrays
+
+    starts, stops, at = [], [], high
+    for gap, length in ranges:
+        starts.append(at + gap)
+        stops.append(at + gap + length)
+        at += gap + length
+    few = bitmap_from_ranges(_a(starts), _a(stops))
+    saved = arrays.FEW_RANGES
+    arrays.FEW_RANGES = -1
+    try:
+        assert few == bitmap_from_ranges(_a(starts), _a(stops))
+    finally:
+        arrays.FEW_RANGES = saved
+
+
 # the numeric view ---------------------------------------------------------------------------
 _TYPES = [pa.int8(), pa.uint16(), pa.int32(), pa.int64(), pa.uint64(), pa.float16(), pa.float32(),
           pa.float64(), pa.timestamp("us"), pa.timestamp("ns", tz="UTC"), pa.date32(), pa.date64(),

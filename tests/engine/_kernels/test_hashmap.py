@@ -164,7 +164,8 @@ def test_large_batches_against_dict(cls, seed):
 def test_lookup_ends_then_insert_at_against_dict(cls, seed):
     # an intern's two halves: lookup_ends of a batch of present and absent keys, then
     # insert_at of the absent ones where their probes ended (shared end slots, tombstones
-    # in the chains, batches that make the table grow, batches of a few keys without ends)
+    # in the chains, batches that make the table grow, a few keys walked as integers, one key
+    # placed at its end slot directly)
     rng = np.random.default_rng([seed, 7])
     m, model = cls(), {}
     universe = rng.choice(2**62, 4_000, replace=False).astype(np.uint64)

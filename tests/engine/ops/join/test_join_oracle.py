@@ -592,3 +592,59 @@ def test_oracle_agg_over_insert_only_join(monkeypatch, running, by):
                     seed=17 + len(by), n_cycles=cycles(150), kinds=("append",), max_rows=60)
     assert not broken, broken[:3]
     assert seen["shifts"] and seen["inside"], seen
+
+
+# small right updates: one or two right rows a cycle ---------------------------------------------
+class SmallRightDriver(RightDriver):
+    """:class:`RightDriver` changing at most two right rows a cycle (q5's window tops: one
+    re-keyed to a new key now and then), so the join's right side interns one new key at a
+    time and builds outputs of a few rows (the few-key intern, the few-range bitmaps)."""
+
+    def step(self):
+        r = self.rng
+        rows = dict(self.rows)
+        ids = list(rows)
+        upserts, deletes = {}, []
+        for _ in range(int(r.integers(0, 3))):
+            act = r.random()
+            rid = int(r.choice(ids)) if ids else -1
+            if rid in upserts or rid in deletes:
+                continue
+            if rid >= 0 and act < 0.5:  # re-key to a (usually) new key
+                pool = self._free_keys(rows) if self.mode != "many" else range(len(self.all_keys))
+                pool = list(pool)
+                if pool:
+                    upserts[rid] = (int(r.choice(pool)), *rows[rid][1:])
+                    rows[rid] = upserts[rid]
+            elif rid >= 0 and act < 0.6:
+                upserts[rid] = (rows[rid][0], *self._vals())
+                rows[rid] = upserts[rid]
+            elif rid >= 0 and act < 0.75:
+                rows.pop(rid)
+                deletes.append(rid)
+            elif len(rows) < self.max_rows:
+                pool = self._free_keys(rows) if self.mode != "many" else range(len(self.all_keys))
+                pool = list(pool)
+                if pool:
+                    nid = self._new_id()
+                    while nid in rows or nid in deletes:
+                        nid = self._new_id()
+                    upserts[nid] = (int(r.choice(pool)), *self._vals())
+                    rows[nid] = upserts[nid]
+        self._write(upserts, deletes)
+
+
+@pytest.mark.parametrize("how", ["natural", "join", "outer"])
+def test_oracle_small_right_updates_two_keys(how):
+    """A two-column key (stored and verified, not exact) whose right side changes by one or
+    two rows a cycle, as q5's per-window top: each new key is interned alone."""
+    dom = [(s, q) for s in SYMS[:4] for q in range(-5, 15)]
+    mode = "unique" if how == "natural" else "many"
+    verb = {"natural": natural_join, "join": join, "outer": left_outer_join}[how]
+    run_join_oracle(
+        lambda lt, r: verb(lt, r, ["Sym", "Qty"]),
+        lambda lt, r: expected_join(lt, r, ["Sym", "Qty"], ["Sym", "Qty"], OUT,
+                                    "inner" if how == "join" else "left"),
+        right=lambda g, rng: [SmallRightDriver(g, rng, ["Sym", "Qty"], dom, mode, 30)],
+        seed=31, n_cycles=cycles(600), max_rows=60,
+    )
