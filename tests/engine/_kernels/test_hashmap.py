@@ -131,6 +131,18 @@ class _WrappingScalar(_Wrapping):
     scalar_max = 1 << 30
 
 
+def _delete(m: U64Map, model: dict[int, int], ks: np.ndarray) -> None:
+    m.delete(ks)
+    for k in ks.tolist():
+        model.pop(k, None)
+
+
+def _check(m: U64Map, model: dict[int, int], probe: np.ndarray) -> None:
+    """Every probed key's value (or -1) and the size equal the model's."""
+    assert m.lookup(probe).tolist() == [model.get(k, -1) for k in probe.tolist()]
+    assert len(m) == len(model)
+
+
 # the scalar walk of clustered or wrapping homes follows chains thousands of slots long in
 # Python for 1,000-key probes (in use it serves at most ``scalar_max`` = 8 keys): one seed
 @pytest.mark.parametrize(("cls", "seed"), [
@@ -146,17 +158,13 @@ def test_large_batches_against_dict(cls, seed):
         n = int(rng.choice([1, 7, 100, 300, 900]))
         ks = rng.choice(universe, n, replace=False)
         if step % 3 == 2:
-            m.delete(ks)
-            for k in ks.tolist():
-                model.pop(k, None)
+            _delete(m, model, ks)
         else:
             new = np.array([k for k in ks.tolist() if k not in model], dtype=np.uint64)
             vals = np.arange(step * 1_000, step * 1_000 + new.size)
             m.insert(new, vals)
             model.update(zip(new.tolist(), vals.tolist(), strict=True))
-        probe = rng.choice(universe, 1_000, replace=False)
-        assert m.lookup(probe).tolist() == [model.get(k, -1) for k in probe.tolist()]
-        assert len(m) == len(model)
+        _check(m, model, rng.choice(universe, 1_000, replace=False))
 
 
 @pytest.mark.parametrize(("cls", "seed"), [
@@ -173,9 +181,7 @@ def test_lookup_ends_then_insert_at_against_dict(cls, seed):
         n = int(rng.choice([1, 5, 40, 300, 900]))
         ks = rng.choice(universe, n, replace=False)
         if step % 4 == 3:
-            m.delete(ks)
-            for k in ks.tolist():
-                model.pop(k, None)
+            _delete(m, model, ks)
             continue
         vals, ends = m.lookup_ends(ks)
         assert vals.tolist() == [model.get(k, -1) for k in ks.tolist()]
@@ -186,8 +192,6 @@ def test_lookup_ends_then_insert_at_against_dict(cls, seed):
         nv = np.arange(step * 1_000, step * 1_000 + int(new.sum()))
         m.insert_at(ks[new], nv, ends[new])
         model.update(zip(ks[new].tolist(), nv.tolist(), strict=True))
-        probe = rng.choice(universe, 1_000, replace=False)
-        assert m.lookup(probe).tolist() == [model.get(k, -1) for k in probe.tolist()]
-        assert len(m) == len(model)
+        _check(m, model, rng.choice(universe, 1_000, replace=False))
     keys, vals = m.items()
     assert dict(zip(keys.tolist(), vals.tolist(), strict=True)) == model

@@ -261,6 +261,14 @@ NUMERIC_KEYS = [agg.count("N"), agg.sum("Key", "S"), agg.max("Key", "Hi"), agg.f
                 agg.mean("Qty", "M")]
 
 
+def _collide_hashes(monkeypatch) -> None:
+    """Every key hashes to one of three values: most groups share a hash, so the stored
+    keys decide."""
+    real = aggregate_mod.hash_columns
+    monkeypatch.setattr(aggregate_mod, "hash_columns",
+                        lambda arrays, names=None, num_rows=None: real(arrays, names, num_rows) % np.uint64(3))
+
+
 @pytest.mark.parametrize("distinct_min", [AggListener.DISTINCT_MIN, 2])
 @pytest.mark.parametrize("collide", [False, True])
 def test_oracle_numeric_keys_verified_in_numpy(monkeypatch, collide, distinct_min):
@@ -271,9 +279,7 @@ def test_oracle_numeric_keys_verified_in_numpy(monkeypatch, collide, distinct_mi
     monkeypatch.setattr(AggListener, "DISTINCT_MIN", distinct_min)
     oracle.share_cycles(monkeypatch, 2)
     if collide:
-        real = aggregate_mod.hash_columns
-        monkeypatch.setattr(aggregate_mod, "hash_columns",
-                            lambda arrays, names=None, num_rows=None: real(arrays, names, num_rows) % np.uint64(3))
+        _collide_hashes(monkeypatch)
     cases = {"numeric keys": _Case(lambda t: agg_by(t, NUMERIC_KEYS, ["Price", "Qty"]), ["Price", "Qty"],
                                    NUMERIC_KEYS)}
     _run_cases(cases, seed=14 + collide)
@@ -289,9 +295,7 @@ def test_oracle_string_keys_verified_when_hashes_collide(monkeypatch, few):
     # huge) or by Arrow (never)
     monkeypatch.setattr(AggListener, "FEW_KEYS", few)
     oracle.share_cycles(monkeypatch, 2)
-    real = aggregate_mod.hash_columns
-    monkeypatch.setattr(aggregate_mod, "hash_columns",
-                        lambda arrays, names=None, num_rows=None: real(arrays, names, num_rows) % np.uint64(3))
+    _collide_hashes(monkeypatch)
     cases = {"string and integer keys": _Case(lambda t: agg_by(t, STRING_KEYS, ["Sym", "Qty"]), ["Sym", "Qty"],
                                               STRING_KEYS)}
     _run_cases(cases, seed=16 + bool(few))
@@ -308,9 +312,7 @@ def test_oracle_one_string_key_grouped_by_its_dictionary(monkeypatch, collide, d
     monkeypatch.setattr(AggListener, "CODED_MIN", distinct_min)
     oracle.share_cycles(monkeypatch, 2)
     if collide:
-        real = aggregate_mod.hash_columns
-        monkeypatch.setattr(aggregate_mod, "hash_columns",
-                            lambda arrays, names=None, num_rows=None: real(arrays, names, num_rows) % np.uint64(3))
+        _collide_hashes(monkeypatch)
     coded = aggregate_mod._coded_keys
     taken = []
 
