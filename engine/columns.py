@@ -22,6 +22,7 @@ previous values cost memory only for what changed, and :meth:`end_cycle` drops t
 from __future__ import annotations
 
 import bisect
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -533,6 +534,10 @@ class _ArrowStore:
     strings that no operator reads) copies each value once per ``defer`` appends instead of
     at every level, and one that is gathered from every cycle merges as before. Runs of
     consecutive slots (a cycle's new rows) read the waiting chunks as slices.
+
+    Readers share the graph's lock, and a gather merges the waiting appends: every read
+    and every change of the chunks holds the store's own lock, so a run read on one thread
+    never meets the chunk list another thread's gather is merging.
     """
 
     #: no merge makes a chunk larger than this (an append larger than it stays whole)
@@ -556,6 +561,7 @@ class _ArrowStore:
         self.offsets: npt.NDArray[np.int64] = np.array([0, 1] if null_slot else [0], dtype=np.int64)
         self.defer = defer
         self._pending = 0  # the last chunks: appends not merged yet
+        self._lock = threading.RLock()  # the chunks' changes and reads (class docstring)
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -575,32 +581,34 @@ class _ArrowStore:
         the stored chunks they take and ``values``' own chunks, so each value is copied
         once per append: not once to combine an append of several chunks, again per merge.
         """
-        start = len(self)
         new = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
         n = sum(len(c) for c in new)
-        if n == 0:
+        with self._lock:
+            start = len(self)
+            if n == 0:
+                return start
+            if self.defer:  # kept as it came (realigned if need be), merged later
+                parts = [aligned(c) for c in new if len(c)]
+                self.chunks.extend(parts)
+                self.offsets = np.concatenate((self.offsets,
+                                               start + np.cumsum([len(c) for c in parts])))
+                self._pending += len(parts)
+                if self._pending > self.defer:
+                    self.settle()
+                return start
+            self._merge_in(new, n)
             return start
-        if self.defer:  # kept as it came (realigned if need be), merged later
-            parts = [aligned(c) for c in new if len(c)]
-            self.chunks.extend(parts)
-            self.offsets = np.concatenate((self.offsets, start + np.cumsum([len(c) for c in parts])))
-            self._pending += len(parts)
-            if self._pending > self.defer:
-                self.settle()
-            return start
-        self._merge_in(new, n)
-        return start
 
     def settle(self) -> None:
         """Merge the appends kept unmerged (:attr:`defer`), as one append of all of them."""
-        k = self._pending
-        if not k:
-            return
-        self._pending = 0
-        new = self.chunks[-k:]
-        del self.chunks[-k:]
-        self.offsets = self.offsets[: len(self.chunks) + 1]
-        self._merge_in(new, sum(len(c) for c in new))
+        with self._lock:
+            k = self._pending
+            if not k:
+                return
+            self._pending = 0
+            new = self.chunks[-k:]
+            del self.chunks[-k:]  # the offsets stay whole until the merge's (same length)
+            self._merge_in(new, sum(len(c) for c in new))
 
     def _merge_in(self, new: list[pa.Array], n: int) -> None:
         """Store the ``n`` values of the chunks ``new`` as one chunk, with the merges by
@@ -633,6 +641,10 @@ class _ArrowStore:
     def take(self, slots: npt.NDArray[np.int64]) -> pa.Array:
         if slots.size == 0:
             return pa.array([], type=self.type)
+        with self._lock:
+            return self._take(slots)
+
+    def _take(self, slots: npt.NDArray[np.int64]) -> pa.Array:
         first = int(slots[0])
         if slots.size == 1 or (int(slots[-1]) - first == slots.size - 1
                                and bool((np.diff(slots) == 1).all())):
@@ -668,12 +680,13 @@ class _ArrowStore:
 
     def pylist(self, slots: list[int]) -> list[Any]:
         """Python values at ``slots``, one scalar read each (callers bound ``len(slots)``)."""
-        offsets = self.offsets.tolist()
-        out = []
-        for s in slots:  # at most _FEW_SCALARS (ArrowColumnSource.get_pylist)
-            c = bisect.bisect_right(offsets, s) - 1
-            out.append(self.chunks[c][s - offsets[c]].as_py())
-        return out
+        with self._lock:
+            offsets = self.offsets.tolist()
+            out = []
+            for s in slots:  # at most _FEW_SCALARS (ArrowColumnSource.get_pylist)
+                c = bisect.bisect_right(offsets, s) - 1
+                out.append(self.chunks[c][s - offsets[c]].as_py())
+            return out
 
     def _run(self, first: int, n: int) -> pa.Array:
         """Slots ``first .. first + n - 1``: chunk slices, no gather."""
@@ -693,7 +706,8 @@ class _ArrowStore:
 
     def run_chunked(self, first: int, n: int) -> pa.ChunkedArray:
         """Slots ``first .. first + n - 1`` as a chunked array of chunk slices (no copy)."""
-        return pa.chunked_array(self._slices(first, n), type=self.type)
+        with self._lock:
+            return pa.chunked_array(self._slices(first, n), type=self.type)
 
 
 class ArrowColumnSource(WritableColumnSource):

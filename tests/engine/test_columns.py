@@ -422,3 +422,61 @@ def test_store_gathers_ascending_and_other_slots_alike(ordered_min, type_, monke
         got = store.take(slots.astype(np.int64))
         assert got.type == type_
         assert got.to_pylist() == [model[s] for s in slots.tolist()]
+
+
+
+def _two_readers(round_: int) -> list[BaseException]:
+    """One thread gathers (merging 40 waiting appends) while another reads runs and a
+    gather of the same column; what either raised."""
+    import threading
+
+    src = AppendColumnSource(pa.string())
+    src._store.defer = 64
+    expect: list[str] = []
+    for i in range(40):  # 40 appends wait, unmerged
+        vals = [f"r{round_}-{i}-{j}" for j in range(3)]
+        src.set_new_range(len(expect), pa.array(vals))
+        expect += vals
+    n = len(expect)
+    start = threading.Barrier(2)
+    failures: list[BaseException] = []
+
+    def gather() -> None:
+        start.wait()
+        try:
+            assert src.get(np.arange(0, n, 2)).to_pylist() == expect[0::2]
+        except BaseException as exc:
+            failures.append(exc)
+
+    def runs() -> None:
+        start.wait()
+        try:
+            for _ in range(20):
+                assert src.get(np.arange(n - 7, n)).to_pylist() == expect[-7:]
+                assert src.get_range(1, n).to_pylist() == expect[1:]
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=gather), threading.Thread(target=runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert src._store._pending == 0
+    return failures
+
+
+def test_append_source_reads_on_two_threads_while_a_gather_merges_the_waiting_appends():
+    # readers share the graph's lock: one reader's gather merges the appends that wait
+    # (settle) while another reads runs of the same column; every read sees whole values
+    # (a run read across the merge once indexed past the shortened chunk list: IndexError)
+    import sys
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads take turns as often as the interpreter can
+    try:
+        for round_ in range(60):
+            failures = _two_readers(round_)
+            assert not failures, f"round {round_}: {failures[0]!r}"
+    finally:
+        sys.setswitchinterval(switch)
