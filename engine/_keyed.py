@@ -417,11 +417,18 @@ class KeyedTable(SourceTable):
             self._index.insert(h[add_sel], added_keys)
             order = np.argsort(added_keys)
             added_keys, add_rows = added_keys[order], add_rows[order]
-            new_rows = data.take(pa.array(add_rows))
+            # the usual append: rows that follow each other in the staged data (a slice, no
+            # take) onto row keys that follow each other (sorted and distinct: their ends tell)
+            consecutive = n_add == 1 or bool((np.diff(add_rows) == 1).all())
+            new_rows = data.slice(int(add_rows[0]), n_add) if consecutive else data.take(pa.array(add_rows))
+            run = int(added_keys[-1]) - int(added_keys[0]) == n_add - 1
             for name, src in self._storage.items():
                 # reused keys were freed in an earlier cycle: no previous value to keep
                 src.ensure_capacity(self._row_keys.end)
-                src.set(added_keys, new_rows.column(name))
+                if run:  # slice writes, nothing saved as previous
+                    src.set_new_range(int(added_keys[0]), new_rows.column(name))
+                else:
+                    src.set(added_keys, new_rows.column(name))
         return TableUpdate.of(
             added=RowSet.from_keys(added_keys, assume_sorted=True),
             removed=RowSet.from_keys(removed_keys, assume_sorted=True),

@@ -229,6 +229,68 @@ def test_many_random_cycles_each_source_kind():
     run_oracle(lambda t: t, lambda df: df, seed=7, n_cycles=3000)
 
 
+def test_keyed_adds_written_as_runs_or_by_key_keep_values_and_previous_values(monkeypatch):
+    """Random cycles of a keyed table against a dict model: new keys arrive as a clean
+    append (consecutive staged rows onto consecutive row keys: a slice written as a new
+    range), or interleaved with modifies, repeated within the batch, after deletes (row
+    keys reused, staged rows apart: a take written key by key); each cycle's current rows
+    and the previous values of its modified and removed rows match the model. Both ways
+    of writing the adds are taken (counted)."""
+    g = UpdateGraph(validate=True)
+    t = g.keyed_table(KV, "k")
+    rng = np.random.default_rng(29)
+    runs = []
+    real = _keyed.KeyedTable._compute_update
+
+    def counting(self):
+        out = real(self)
+        if out is not None and out.added:
+            k = out.added.keys()
+            runs.append(int(k[-1]) - int(k[0]) == k.size - 1)
+        return out
+
+    monkeypatch.setattr(_keyed.KeyedTable, "_compute_update", counting)
+    seen = []
+    t.listen(lambda u, tb: seen.append((u, {c: tb.rows(u.removed.keys(), [c], prev=True).column(c).to_pylist()
+                                            for c in ("k", "s", "v")},
+                                        {c: tb.rows(u.modified.keys(), [c], prev=True).column(c).to_pylist()
+                                         for c in ("k", "s", "v")})))
+    model: dict[int, tuple[str | None, float]] = {}
+    next_key = 0
+    for cycle in range(300):
+        before = dict(model)
+        shape = rng.integers(0, 4)
+        held = np.array(sorted(model), dtype=np.int64)
+        n = int(rng.integers(1, 30))
+        fresh = np.arange(next_key, next_key + n)
+        next_key += n
+        if shape == 0 or held.size == 0:  # a clean append
+            ks = fresh
+        elif shape == 1:  # new keys interleaved with modifies
+            ks = rng.permutation(np.concatenate((fresh, rng.choice(held, min(held.size, 10), replace=False))))
+        else:  # new keys written twice (last wins), and modifies
+            ks = np.concatenate((fresh, rng.choice(fresh, n // 2 + 1), rng.choice(held, min(held.size, 5))))
+        ss = [None if x < 0.1 else f"s{int(x * 40)}" for x in rng.random(ks.size)]
+        vs = rng.integers(0, 50, ks.size).astype(float)
+        t.upsert(pa.table({"k": ks, "s": pa.array(ss, pa.string()), "v": vs}))
+        for k, s_, v in zip(ks.tolist(), ss, vs.tolist(), strict=True):
+            model[k] = (s_, v)
+        if shape >= 2 and held.size:
+            dels = rng.choice(held, min(held.size, int(rng.integers(0, 12))), replace=False)
+            t.delete({"k": dels})
+            for d in dels.tolist():
+                model.pop(d, None)
+        seen.clear()
+        g.run_cycle()
+        got = t.to_arrow().to_pylist()
+        assert {r["k"]: (r["s"], r["v"]) for r in got} == model, cycle
+        for _, removed, modified in seen:
+            for cols in (removed, modified):
+                for k, s_, v in zip(cols["k"], cols["s"], cols["v"], strict=True):
+                    assert before[k] == (s_, v), (cycle, k)
+    assert any(runs) and not all(runs)
+
+
 def test_keyed_large_batch_vectorized_equivalence():
     """A 50k-row upsert with duplicates and deletes matches a pandas last-wins model."""
     g = UpdateGraph(validate=True)

@@ -413,6 +413,9 @@ class AggListener:
     #: a batch of at most this many rows checks its string, binary or integer group keys
     #: against the groups' as Python values (:func:`few_rows_equal`), not by Arrow
     FEW_KEYS = 16
+    #: a cycle's modified groups are united by one flag per slot while the slots number
+    #: at most this many per changed value (:meth:`_modified`; tests set 0: sorted)
+    FLAG_SLOTS = 16
 
     def __init__(self, parent: Table, by: list[str], aggs: list[Agg], schema: pa.Schema) -> None:
         self.parent = parent
@@ -888,16 +891,11 @@ class AggListener:
         gone, born = had & ~stays, has & ~stays
         o = np.argsort(first_old[gone])
         self._gone_keys, self._gone_slots = first_old[gone][o], touched[gone][o]
-        rekeyed = touched[had & born]
-        if rekeyed.size:  # an add at its new key, not a modify
-            kept = {n: m[~_in_sorted(rekeyed, m)] for n, m in changed.items()}
-            changed = {n: m for n, m in kept.items() if m.size}
         self._shift = self._out_shift(up, self._gone_keys)
-        mod = _union(changed.values())
-        if touched.size and _in_sorted(touched, mod).all():  # the usual case: no second search
-            mod_keys = first_new[np.searchsorted(touched, mod)]
-        else:
-            mod_keys = self._first_rows(mod)
+        mod, changed = self._modified(touched[had & born], changed)
+        # the touched groups' first rows are cached by now (_keep_firsts); groups whose
+        # values changed while their rows stayed (modifies in place) were cached before
+        mod_keys = self._first_rows(mod)
         if self._in_cycle and (self.rows is not None or (self.firsts is not None and self.firsts.hashed)):
             # the rows the readers of this update read: the added and the modified
             self._recent = np.concatenate((first_new[born], mod_keys)), np.concatenate((touched[born], mod))
@@ -908,6 +906,31 @@ class AggListener:
             shifted=self._shift,
             modified_columns=changed.keys(),
         )
+
+    def _modified(self, rekeyed: I64, changed: dict[str, I64]) -> tuple[I64, dict[str, I64]]:
+        """The groups modified at a key they keep (sorted slots): those whose value some
+        aggregation changed (``changed``: sorted slots per aggregation), less the
+        ``rekeyed`` ones (an add at their new key, not a modify); and ``changed`` without
+        the aggregations left with no such group.
+
+        While the slots number at most :attr:`FLAG_SLOTS` per changed value, one flag per
+        slot unites them (writes and one scan); above, the changes are concatenated and
+        sorted (``np.unique``)."""
+        total = sum(m.size for m in changed.values())
+        if total == 0:
+            return _EMPTY_I, changed
+        if self.slots.end > self.FLAG_SLOTS * total:  # many groups, few changed: sort
+            if rekeyed.size:
+                kept = {n: m[~_in_sorted(rekeyed, m)] for n, m in changed.items()}
+                changed = {n: m for n, m in kept.items() if m.size}
+            return _union(changed.values()), changed
+        flags = np.zeros(self.slots.end, dtype=bool)
+        for m in changed.values():
+            flags[m] = True
+        if rekeyed.size:
+            flags[rekeyed] = False
+            changed = {n: m for n, m in changed.items() if flags[m].any()}
+        return np.flatnonzero(flags), changed
 
     def _out_shift(self, up: TableUpdate, gone: I64) -> RowSetShiftData:
         """The parent's shift ranges that move a row of the result that keeps its key

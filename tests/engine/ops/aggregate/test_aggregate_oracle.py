@@ -257,6 +257,24 @@ def test_oracle_keys_zero_keys_first_last_count_and_chains(monkeypatch, distinct
     _run_cases(cases, seed=12)
 
 
+@pytest.mark.parametrize("flag_slots", [0, 1 << 30])
+def test_oracle_modified_groups_by_flags_and_by_sort(monkeypatch, flag_slots):
+    # a cycle's modified groups (less those re-keyed) are united by one flag per slot
+    # (``flag_slots`` huge: every cycle) or by sorting the aggregations' changes (0: every
+    # cycle); the where makes first rows leave (re-keyed groups), modifies in place change
+    # values of groups no row joins or leaves
+    monkeypatch.setattr(AggListener, "FLAG_SLOTS", flag_slots)
+    oracle.share_cycles(monkeypatch, 2)
+    chain = [agg.sum("Qty", "S"), agg.mean("Price", "M"), agg.count("N"), agg.first("Key", "F")]
+    cases = {
+        "where": _Case(lambda t: agg_by(t.where(pc.field("Price") > 40), chain, "Sym"), ["Sym"], chain,
+                       where=pc.field("Price") > 40),
+        "two keys": _Case(lambda t: agg_by(t, chain, ["Sym", "Qty"]), ["Sym", "Qty"], chain),
+        "count_by": _Case(lambda t: count_by(t, "Rows", "Sym"), ["Sym"], [agg.count("Rows")]),
+    }
+    _run_cases(cases, seed=18 + bool(flag_slots))
+
+
 NUMERIC_KEYS = [agg.count("N"), agg.sum("Key", "S"), agg.max("Key", "Hi"), agg.first("Sym", "F"),
                 agg.mean("Qty", "M")]
 
