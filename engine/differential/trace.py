@@ -101,8 +101,8 @@ def _merge(parts: Sequence[IndexedZSet], since: Antichain, at: I64 | None = None
     src = _merged_order(parts)
     both = concat(*(p.batch for p in parts))
     assert both.times is not None
-    order_key = np.concatenate([p.order_key for p in parts])[src]
-    rec_hash = np.concatenate([p.rec_hash for p in parts])[src]
+    order_key = np.concatenate([p.order_key for p in parts]).take(src)
+    rec_hash = np.concatenate([p.rec_hash for p in parts]).take(src)
     pair = np.flatnonzero((order_key[1:] == order_key[:-1]) & (rec_hash[1:] == rec_hash[:-1]))
     times: I64 | None = None
     if at is None:
@@ -127,25 +127,27 @@ def _merge(parts: Sequence[IndexedZSet], since: Antichain, at: I64 | None = None
             pair = pair[key_hash[a] == key_hash[b]]
         else:
             pair = pair[same_rows(both.data, a, b)]
-    diffs = both.diffs[src]
+    diffs = both.diffs.take(src)
     if pair.size == 0:  # nothing to consolidate: a reordering
         out = ZSet(both.data.take(src), diffs, times if times is not None else _at_rows(at, src.size))
-        return IndexedZSet(parts[0].keys, out, key_hash[src], rec_hash, order_key)
+        return IndexedZSet(parts[0].keys, out, key_hash.take(src), rec_hash, order_key)
     # each run of equal updates becomes its first row, weighted by the run's sum
     starts, _ = _runs(pair)
     diffs[pair[starts]] += np.add.reduceat(diffs[pair + 1], starts)
     keep_mask = diffs != 0
     keep_mask[pair + 1] = False
     keep = np.flatnonzero(keep_mask)
-    rows = src[keep]
-    out = ZSet(both.data.take(rows), diffs[keep], times[keep] if times is not None else _at_rows(at, keep.size))
-    return IndexedZSet(parts[0].keys, out, key_hash[rows], rec_hash[keep], order_key[keep])
+    rows = src.take(keep)
+    out = ZSet(both.data.take(rows), diffs.take(keep), times[keep] if times is not None else _at_rows(at, keep.size))
+    return IndexedZSet(parts[0].keys, out, key_hash.take(rows), rec_hash.take(keep), order_key.take(keep))
 
 
 def _at_rows(at: I64 | None, n: int) -> I64:
     """``n`` rows of times at the version ``at`` (a merge that skipped the times, see :func:`_merge`)."""
     assert at is not None
-    return np.tile(at, (n, 1))
+    out = np.empty((n, at.size), dtype=np.int64)
+    out[:] = at
+    return out
 
 
 def _runs(pair: I64) -> tuple[I64, I64]:
