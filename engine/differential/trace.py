@@ -403,7 +403,7 @@ class Trace:
         latest = times.max(axis=0)
         self._upper = latest if self._upper is None else np.maximum(self._upper, latest)
         ib = batch if isinstance(batch, IndexedZSet) and batch.keys == self.keys \
-            else IndexedZSet.build(z, self.keys)
+            else IndexedZSet.build(z, self.keys, one_time=bool((times.min(axis=0) == latest).all()))
         self._spine.append(ib)
         # size-tiered: the last `fanout` batches merge once they are all of one size class
         fan, level = self.policy.fanout, self.policy.level
