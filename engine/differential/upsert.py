@@ -450,15 +450,28 @@ class Upsert:
         new = np.flatnonzero(slot_all < 0)
         if new.size == 0:
             return win_old, slot_all[win_old]
-        vn = values[new]
-        order = np.argsort(vn)  # equal keys together (quicksort: faster than a stable sort)
-        vs = vn[order]
-        starts = np.empty(new.size, dtype=bool)
-        starts[0] = True
-        np.not_equal(vs[1:], vs[:-1], out=starts[1:])
-        win_new = np.maximum.reduceat(new[order], np.flatnonzero(starts))
+        vn = values.take(new)
+        bits = max(1, (new.size - 1).bit_length())
+        if lo + span - 1 < 1 << (63 - bits):
+            # each new event's key over its index among them: one sort of plain integers
+            # puts equal keys together, each key's last event at the end of its run
+            packed = vn << bits
+            packed |= np.arange(new.size, dtype=np.int64)
+            packed.sort()
+            last = np.empty(new.size, dtype=bool)
+            last[-1] = True
+            top = packed >> bits
+            np.not_equal(top[1:], top[:-1], out=last[:-1])
+            win_new = new.take(packed[last] & ((1 << bits) - 1))
+        else:
+            order = np.argsort(vn)  # equal keys together (quicksort: faster than a stable sort)
+            vs = vn.take(order)
+            starts = np.empty(new.size, dtype=bool)
+            starts[0] = True
+            np.not_equal(vs[1:], vs[:-1], out=starts[1:])
+            win_new = np.maximum.reduceat(new.take(order), np.flatnonzero(starts))
         return (np.concatenate((win_old, win_new)),
-                np.concatenate((slot_all[win_old], np.full(win_new.size, -1, dtype=np.int64))))
+                np.concatenate((slot_all.take(win_old), np.full(win_new.size, -1, dtype=np.int64))))
 
     def _winners(self, ev: pa.Table, kh: npt.NDArray[np.uint64],
                  times: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
