@@ -159,13 +159,16 @@ class RowKeyMap:
         out[ok] = vals[idx[ok]]
         return out
 
-    def items(self) -> tuple[I64, I64]:
-        """``(keys, values)`` of every entry, keys ascending."""
+    def items(self, ordered: bool = True) -> tuple[I64, I64]:
+        """``(keys, values)`` of every entry, keys ascending (in no particular order when
+        not ``ordered``: a hashed map's entries are not sorted then)."""
         if isinstance(self._hash, SortedU64Map):
             k, v = self._hash.items()
             return k.view(np.int64), v
         if self._hash is not None:
             k, v = self._hash.items()
+            if not ordered:
+                return k.view(np.int64), v
             order = np.argsort(k)
             return k[order].view(np.int64), v[order]
         if self._regions is not None:  # regions in key order: keys ascending

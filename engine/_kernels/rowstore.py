@@ -226,20 +226,20 @@ def flat_table(cols: list[FlatColumn], schema: pa.Schema) -> pa.Table:
 
 def flat_take(cols: list[FlatColumn], rows: I64) -> list[FlatColumn]:
     """The columns' values at ``rows``."""
-    return [(v[rows], None if ok is None else ok[rows]) for v, ok in cols]
+    return [(v.take(rows), None if ok is None else ok.take(rows)) for v, ok in cols]
 
 
 def flat_equal_at(a: FlatColumn, i: I64, b: FlatColumn, j: I64) -> Mask:
     """Per pair: value ``i[k]`` of ``a`` equals value ``j[k]`` of ``b``, as
     :func:`~engine._kernels.hashing.values_equal` says (nulls equal nulls, NaN equals NaN)."""
-    x, y = a[0][i], b[0][j]
+    x, y = a[0].take(i), b[0].take(j)
     eq: Mask = x == y
     if x.dtype.kind == "f":
         eq |= np.isnan(x) & np.isnan(y)
     if a[1] is None and b[1] is None:
         return eq
-    xv = np.ones(i.size, dtype=bool) if a[1] is None else a[1][i]
-    yv = np.ones(j.size, dtype=bool) if b[1] is None else b[1][j]
+    xv = np.ones(i.size, dtype=bool) if a[1] is None else a[1].take(i)
+    yv = np.ones(j.size, dtype=bool) if b[1] is None else b[1].take(j)
     out: Mask = (eq & xv & yv) | ~(xv | yv)
     return out
 

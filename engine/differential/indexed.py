@@ -279,11 +279,13 @@ def argsort_u64(a: U64) -> I64:
     low = np.uint64((1 << b) - 1)
     packed = (a & ~low) | np.arange(n, dtype=np.uint64)
     packed.sort()
-    perm = (packed & low).astype(np.int64)
-    s = a.take(perm)
-    shift = np.uint64(b)
-    tie = (s[1:] >> shift) == (s[:-1] >> shift)
-    if (tie & (s[1:] < s[:-1])).any():  # a tied run out of order in the low bits
+    top = packed >> np.uint64(b)
+    tie = top[1:] == top[:-1]  # the sorted top bits: no gather of the values
+    perm: I64 = np.bitwise_and(packed, low, out=packed).view(np.int64)
+    if not tie.any():
+        return perm
+    at = np.flatnonzero(tie)
+    if (a.take(perm.take(at + 1)) < a.take(perm.take(at))).any():  # a tied run out of order in the low bits
         pos = np.flatnonzero(np.concatenate((tie, [False])) | np.concatenate(([False], tie)))
         sub = perm.take(pos)
         perm[pos] = sub.take(np.argsort(a.take(sub), kind="stable"))

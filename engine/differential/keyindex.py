@@ -133,7 +133,7 @@ class KeyIndex:
         if not self._dense_from:
             self._dense_from = 2 * len(m)
         elif len(m) >= self._dense_from and self._hi - self._lo + 1 <= 4 * len(m) + rowkeymap.SPARSE_SLACK:
-            keys, slots = m.items()
+            keys, slots = m.items(ordered=False)
             self._by_value = RowKeyMap()
             self._by_value.insert(keys, slots)
             self._dense_from = 0

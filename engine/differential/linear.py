@@ -24,6 +24,7 @@ Null handling: a filter keeps a record only where its predicate is true (null is
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -76,6 +77,64 @@ class Expansion:
 class _Project:
     exprs: tuple[tuple[str, pc.Expression], ...]
     columns: tuple[str, ...] | None = None   # set when every output is an input column by name
+    # set when every output is an input column by name or an _IntOp: computed in numpy
+    simple: tuple[str | _IntOp, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _IntOp:
+    """``column op scalar``: one of Arrow's unchecked integer ``add``, ``subtract``,
+    ``multiply`` and ``divide`` of a column by an int64 scalar, which numpy computes with
+    the same result on a null-free int64 column (both wrap on overflow; ``divide``
+    truncates toward zero, and only a divisor ``> 0`` is taken: Arrow's errors and its
+    ``INT64_MIN / -1`` stay with Arrow)."""
+
+    column: str
+    op: str
+    scalar: int
+
+    def __call__(self, data: pa.Table) -> pa.Array | None:
+        """The result on ``data``, or None when the column is missing, is not a null-free
+        int64 column, or the divisor is not positive (the expression then goes to Acero)."""
+        if self.column not in data.schema.names:
+            return None
+        col = data.column(self.column)
+        if col.type != pa.int64() or col.null_count or (self.op == "divide" and self.scalar <= 0):
+            return None
+        a = np.asarray(col.to_numpy(), dtype=np.int64)
+        k = self.scalar
+        if self.op == "add":
+            return pa.array(a + k)
+        if self.op == "subtract":
+            return pa.array(a - k)
+        if self.op == "multiply":
+            return pa.array(a * k)
+        q = a // k  # floor; truncation differs for a negative dividend not a multiple of k
+        if a.size and int(a.min()) < 0:
+            q += (a < 0) & (a % k != 0)
+        return pa.array(q)
+
+
+_INT_OP = re.compile(r"(add|subtract|multiply|divide)\((.+), (-?[0-9]+)\)")
+
+
+def _simple(e: pc.Expression) -> str | _IntOp | None:
+    """``e`` as a column name or an :class:`_IntOp` when it is one of those exactly.
+
+    The expression's text proposes the candidate, which must then be equal to ``e``
+    (``Expression.equals``: same function, field reference and typed scalar), so a
+    look-alike (a nested field, an int32 scalar, a checked function) is never taken for one.
+    """
+    text = str(e)
+    if pc.field(text).equals(e):
+        return text
+    m = _INT_OP.fullmatch(text)
+    if m is None:
+        return None
+    op, column, k = m.group(1), m.group(2), int(m.group(3))
+    if not -(1 << 63) <= k < (1 << 63):
+        return None
+    return _IntOp(column, op, k) if getattr(pc, op)(pc.field(column), pc.scalar(k)).equals(e) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +273,9 @@ class LinearOperator:
             if name in (DIFF, TIME, _ROW):
                 raise ExpressionError(f"map cannot make a column named {name!r} (reserved)")
         renames = tuple(e for e in f.values() if isinstance(e, str))
-        return self._then(_Project(exprs, renames if len(renames) == len(exprs) else None))
+        simple = tuple(_simple(e) for _, e in exprs)
+        return self._then(_Project(exprs, renames if len(renames) == len(exprs) else None,
+                                   None if None in simple else simple))  # type: ignore[arg-type]
 
     def filter(self, predicate: pc.Expression | MaskFn) -> LinearOperator:
         """Keep the records for which ``predicate`` is true (a boolean expression, or a
@@ -286,7 +347,8 @@ class LinearOperator:
                 run = stages[i:j]
                 if all(isinstance(s, _Project) and s.columns is not None for s in run):
                     _select(st, run)  # type: ignore[arg-type]
-                else:
+                elif not (all(isinstance(s, _Project) and s.simple is not None for s in run)
+                          and _compute(st, run)):  # type: ignore[arg-type]
                     _run_plan(st, run)  # type: ignore[arg-type]
                 i = j
                 continue
@@ -328,6 +390,23 @@ def _run_plan(st: _State, stages: Sequence[_Project | _Where]) -> None:
         return
     rows = np.asarray(out.column(_ROW).to_numpy(), dtype=np.int64)
     st.gather(rows, out.drop_columns([_ROW]))
+
+
+def _compute(st: _State, stages: Sequence[_Project]) -> bool:
+    """Projections of columns and :class:`_IntOp` s in numpy (an Acero plan costs more to
+    set up than these take on a step's batch, and Arrow's integer ``divide`` several times
+    numpy's); False, with ``st`` untouched, when one of them does not fit the records."""
+    data = st.data
+    for s in stages:
+        assert s.simple is not None
+        cols: list[pa.Array | pa.ChunkedArray | None] = [
+            (data.column(x) if x in data.schema.names else None) if isinstance(x, str) else x(data)
+            for x in s.simple]
+        if any(c is None for c in cols):
+            return False
+        data = pa.Table.from_arrays(cols, names=[n for n, _ in s.exprs])
+    st.data = data
+    return True
 
 
 def _select(st: _State, stages: Sequence[_Project]) -> None:

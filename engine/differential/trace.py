@@ -89,33 +89,37 @@ def _merged_order(parts: Sequence[IndexedZSet]) -> I64:
     return np.argsort(np.concatenate([p.order_key for p in parts]), kind="stable")
 
 
-def _merge(parts: Sequence[IndexedZSet], since: Antichain) -> IndexedZSet:
+def _merge(parts: Sequence[IndexedZSet], since: Antichain, at: I64 | None = None) -> IndexedZSet:
     """Merge indexed batches (in arrival order), advance times by ``since``, consolidate.
 
     Equal records are neighbours in order-key order; only the neighbouring pairs whose
     hashes agree (``pair``: rows ``i`` and ``i + 1``) are examined further, so the passes
     over every row are the gathers and the two comparisons that find those pairs.
+    ``at``, when given, is the one version every row's time advances to (``since`` is that
+    version and no row is later): the times are then neither gathered nor compared.
     """
     src = _merged_order(parts)
     both = concat(*(p.batch for p in parts))
     assert both.times is not None
-    order_key = np.concatenate([p.order_key for p in parts])[src]
-    rec_hash = np.concatenate([p.rec_hash for p in parts])[src]
-    times = both.times[src]
-    if since:
-        times = advance_times(times, since)
+    order_key = np.concatenate([p.order_key for p in parts]).take(src)
+    rec_hash = np.concatenate([p.rec_hash for p in parts]).take(src)
     pair = np.flatnonzero((order_key[1:] == order_key[:-1]) & (rec_hash[1:] == rec_hash[:-1]))
-    # runs of 3+ equal records may hold several times in any order: sort those rows by
-    # time inside their run, so that equal (record, time) rows become neighbours
-    starts, counts = _runs(pair)
-    long = counts >= 2
-    if long.any():
-        pos, run = expand_with_owner(pair[starts[long]], counts[long] + 1)
-        o = np.lexsort(tuple(times[pos, j] for j in range(times.shape[1] - 1, -1, -1)) + (run,))
-        src[pos] = src[pos[o]]
-        times[pos] = times[pos[o]]
-    if pair.size:
-        pair = pair[(times[pair] == times[pair + 1]).all(axis=1)]
+    times: I64 | None = None
+    if at is None:
+        times = both.times[src]
+        if since:
+            times = advance_times(times, since)
+        # runs of 3+ equal records may hold several times in any order: sort those rows by
+        # time inside their run, so that equal (record, time) rows become neighbours
+        starts, counts = _runs(pair)
+        long = counts >= 2
+        if long.any():
+            pos, run = expand_with_owner(pair[starts[long]], counts[long] + 1)
+            o = np.lexsort(tuple(times[pos, j] for j in range(times.shape[1] - 1, -1, -1)) + (run,))
+            src[pos] = src[pos[o]]
+            times[pos] = times[pos[o]]
+        if pair.size:
+            pair = pair[(times[pair] == times[pair + 1]).all(axis=1)]
     key_hash = np.concatenate([p.key_hash for p in parts])
     if pair.size:  # confirm: equal hashes are proof only when the record hash is exact
         a, b = src[pair], src[pair + 1]
@@ -123,19 +127,27 @@ def _merge(parts: Sequence[IndexedZSet], since: Antichain) -> IndexedZSet:
             pair = pair[key_hash[a] == key_hash[b]]
         else:
             pair = pair[same_rows(both.data, a, b)]
-    diffs = both.diffs[src]
+    diffs = both.diffs.take(src)
     if pair.size == 0:  # nothing to consolidate: a reordering
-        out = ZSet(both.data.take(src), diffs, times)
-        return IndexedZSet(parts[0].keys, out, key_hash[src], rec_hash, order_key)
+        out = ZSet(both.data.take(src), diffs, times if times is not None else _at_rows(at, src.size))
+        return IndexedZSet(parts[0].keys, out, key_hash.take(src), rec_hash, order_key)
     # each run of equal updates becomes its first row, weighted by the run's sum
     starts, _ = _runs(pair)
     diffs[pair[starts]] += np.add.reduceat(diffs[pair + 1], starts)
     keep_mask = diffs != 0
     keep_mask[pair + 1] = False
     keep = np.flatnonzero(keep_mask)
-    rows = src[keep]
-    out = ZSet(both.data.take(rows), diffs[keep], times[keep])
-    return IndexedZSet(parts[0].keys, out, key_hash[rows], rec_hash[keep], order_key[keep])
+    rows = src.take(keep)
+    out = ZSet(both.data.take(rows), diffs.take(keep), times[keep] if times is not None else _at_rows(at, keep.size))
+    return IndexedZSet(parts[0].keys, out, key_hash.take(rows), rec_hash.take(keep), order_key.take(keep))
+
+
+def _at_rows(at: I64 | None, n: int) -> I64:
+    """``n`` rows of times at the version ``at`` (a merge that skipped the times, see :func:`_merge`)."""
+    assert at is not None
+    out = np.empty((n, at.size), dtype=np.int64)
+    out[:] = at
+    return out
 
 
 def _runs(pair: I64) -> tuple[I64, I64]:
@@ -391,16 +403,25 @@ class Trace:
         latest = times.max(axis=0)
         self._upper = latest if self._upper is None else np.maximum(self._upper, latest)
         ib = batch if isinstance(batch, IndexedZSet) and batch.keys == self.keys \
-            else IndexedZSet.build(z, self.keys)
+            else IndexedZSet.build(z, self.keys, one_time=bool((times.min(axis=0) == latest).all()))
         self._spine.append(ib)
         # size-tiered: the last `fanout` batches merge once they are all of one size class
         fan, level = self.policy.fanout, self.policy.level
         while len(self._spine) >= fan and level(len(self._spine[-fan])) <= level(len(self._spine[-1])):
             parts = self._spine[-fan:]
             del self._spine[-fan:]
-            merged = _merge(parts, self.since)
+            merged = _merge(parts, self.since, self._one_version())
             if len(merged):
                 self._spine.append(merged)
+
+    def _one_version(self) -> I64 | None:
+        """The compaction frontier's coordinates when it is one version and no update
+        stored is later: every stored time then advances to it (see :func:`_merge`)."""
+        frontier = self.since
+        if len(frontier) != 1 or self._upper is None:
+            return None
+        at = np.asarray(frontier.elements[0].coords, dtype=np.int64)
+        return at if bool((self._upper <= at).all()) else None
 
     def _checked_times(self, z: ZSet) -> I64:
         """``z``'s times, once its columns and version dimension are found to be the trace's."""
@@ -469,7 +490,7 @@ class Trace:
             only = parts[0]
             parts = [only, IndexedZSet(only.keys, ZSet.empty(self.schema, self.dims), only.key_hash[:0],
                                        only.rec_hash[:0], only.order_key[:0])]
-        merged = _merge(parts, self.since)
+        merged = _merge(parts, self.since, self._one_version())
         self._spine = [merged] if len(merged) else []
 
     # reading ------------------------------------------------------------------------

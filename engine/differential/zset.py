@@ -248,7 +248,8 @@ class ZSet:
     def take(self, rows: npt.ArrayLike) -> ZSet:
         """The rows at ``rows`` (int indices), in that order."""
         idx = np.asarray(rows, dtype=np.int64)
-        return ZSet(take_rows(self.data, idx), self.diffs.take(idx), None if self.times is None else self.times[idx])
+        return ZSet(take_rows(self.data, idx), self.diffs.take(idx),
+                    None if self.times is None else self.times.take(idx, axis=0))
 
     def filter(self, mask: npt.NDArray[np.bool_]) -> ZSet:
         """The rows where ``mask`` is true."""

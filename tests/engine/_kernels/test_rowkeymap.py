@@ -22,6 +22,8 @@ def _check(m: RowKeyMap, model: dict[int, int]) -> None:
     keys, vals = m.items()
     assert keys.tolist() == sorted(model)
     assert vals.tolist() == [model[k] for k in sorted(model)]
+    keys, vals = m.items(ordered=False)  # the same entries, in any order
+    assert keys.size == len(model) and dict(zip(keys.tolist(), vals.tolist(), strict=True)) == model
     assert m.count == len(m) == len(model)
 
 

@@ -453,6 +453,59 @@ def test_compaction_leaves_each_record_and_time_once(records, dims):
             assert (Counter() if got is None else counter(got.batch)) == want, f"step {step}"
 
 
+@pytest.mark.parametrize("records", ["Sym", "kv"])
+def test_merges_at_the_present_match_the_history(records, monkeypatch):
+    """A writer that moves its reader to each batch's time before inserting it (as the
+    upsert does) lets merges skip the times: every stored time advances to that one
+    version. A second reader, now and then held a few versions back, makes the merges
+    between advance and keep the times. The collection at every version a reader may ask
+    about, the stored times, and the compacted batch stay exact either way."""
+    rng = np.random.default_rng({"Sym": 51, "kv": 52}[records])
+    schema, key_col = (KV, "k") if records == "kv" else (SCHEMA, records)
+    tr = Trace(schema, key_col, policy=SMALL_BATCHES)
+    writer = tr.reader()
+    held = None
+    merges = Counter()
+    real = trace_module._merge
+
+    def spy(parts, since, at=None):
+        merges[at is not None] += 1
+        return real(parts, since, at)
+
+    monkeypatch.setattr(trace_module, "_merge", spy)
+    history: Counter = Counter()
+    for t in range(400):
+        if held is None and rng.random() < 0.05:
+            held = tr.reader()
+        elif held is not None and rng.random() < 0.15:
+            held.close()
+            held = None
+        writer.set_logical_compaction(Antichain([t]))
+        n = int(rng.integers(0, 40))
+        batch = _kv_batch(rng, n, (t,), 0) if records == "kv" else \
+            random_batch(rng, n, times=(t,), time_spread=0, keys=6)
+        tr.insert(batch)
+        history.update(counter(batch))
+        stored = tr.to_zset()
+        assert stored.times is not None and bool((stored.times <= t).all()), f"step {t}: a time in the future"
+        lo = tr.since.elements[0][0]
+        for at in {lo, t}:
+            want: Counter = Counter()
+            for (rec, tt), w in history.items():
+                if tt[0] <= at:
+                    want[(rec, None)] += w
+            got = counter(tr.accumulate(at=at), times=False)
+            assert got == Counter({x: w for x, w in want.items() if w}), f"step {t} at {at}"
+    assert merges[True] > 20 and merges[False] > 5, merges
+    if held is not None:
+        held.close()
+    tr.compact()
+    rows = tr.to_zset()
+    assert rows.times is not None and bool((rows.times == 399).all())
+    live = counter(rows, times=False)
+    assert rows.num_rows == len(live), "the compacted batch holds a record twice"
+
+
 def test_merge_policy_size_classes():
     p = MergePolicy(fanout=8, base=64)
     assert [p.level(n) for n in (0, 1, 64, 511, 512, 4095, 4096)] == [0, 0, 0, 0, 1, 1, 2]

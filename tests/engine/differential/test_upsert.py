@@ -148,7 +148,9 @@ INT_KEYS = {"int": list(range(25)), "sparse": [i << 40 for i in range(25)],
             "negative": list(range(20)) + [-5, -1, -(1 << 50), 7 << 45, 3],
             # with no slack for sparse keys (see the test): the first batches' keys are
             # sparse in 0..199, the map turns hashed, then is rebuilt dense as keys fill in
-            "densifying": list(range(200))}
+            "densifying": list(range(200)),
+            # sparse and too big to pack with an event's index into an int64: sorted apart
+            "huge": [(1 << 62) + (i << 40) for i in range(25)]}
 
 
 def _expected(state: dict, events: list) -> Counter:
@@ -196,7 +198,7 @@ FLAT_S = {None: None, "x": 0.0, "y": -2.0}  # a null is held as 0.0 in numpy
 
 
 @pytest.mark.parametrize("keys", ["string", "int", "sparse", "negative", "densifying", "flat", "flat-negative",
-                                  "flat-sparse"])
+                                  "flat-sparse", "flat-huge"])
 @pytest.mark.parametrize("publish", ["given", "later", "rebuilt"])
 def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
     """>= 520 random steps (upserts of present keys, repeats, deletes of absent keys, one key
@@ -211,7 +213,8 @@ def test_upsert_oracle_over_random_steps(keys, publish, monkeypatch):
     keys (dense, some negative, or sparse) and a float ``s``, so the state is a
     :class:`FlatRowStore` of numpy columns. A one-time batch of dense keys finds each
     key's last event by key value (``int``, ``flat``), of sparse ones by slot
-    (``sparse``, ``flat-sparse``)."""
+    (``sparse``, ``flat-sparse``), new keys by one sort of each key over its event's index
+    or, for keys too big for that (``flat-huge``), by an argsort of the keys."""
     if publish == "rebuilt":
         monkeypatch.setattr(upsert_module, "_REBUILD_SLACK", -(1 << 40))
     if keys == "densifying":
