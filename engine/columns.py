@@ -21,7 +21,6 @@ previous values cost memory only for what changed, and :meth:`end_cycle` drops t
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -510,6 +509,21 @@ def _gather(values: npt.NDArray[Any], keys: KeyArray) -> npt.NDArray[Any]:
 _FEW_SCALARS = 16
 
 
+def _keepable(chunks: list[pa.Array], keep_bytes: int) -> bool:
+    """Whether waiting ``chunks`` may stay as they came: ``keep_bytes`` or more on average,
+    and none a small slice of a larger buffer (kept, it would hold the whole buffer)."""
+    used = [c.nbytes for c in chunks]
+    if sum(used) < keep_bytes * len(chunks):
+        return False
+    for c, u in zip(chunks, used, strict=True):
+        # what keeping the chunk holds: its buffers whole (a sliced array's are), or the
+        # buffer each is a view of (a column of a decoded Flight body: the whole body)
+        held = sum(b.size if b.parent is None else b.parent.size for b in c.buffers() if b is not None)
+        if held > 2 * u + keep_bytes:
+            return False
+    return True
+
+
 def _level(n: int, fan: int) -> int:
     """The level of a chunk of ``n`` values: ``floor(log_fan(n))`` (``fan`` a power of 2)."""
     return (max(n, 1).bit_length() - 1) // (fan.bit_length() - 1)
@@ -535,6 +549,16 @@ class _ArrowStore:
     at every level, and one that is gathered from every cycle merges as before. Runs of
     consecutive slots (a cycle's new rows) read the waiting chunks as slices.
 
+    Until the first gather, waiting appends that are large (:attr:`keep_bytes` on average,
+    none a small slice of a larger buffer) are not merged when they settle but kept as
+    they came, each a chunk of its own: a source's column that no operator gathers from
+    (q5's bid URLs) is never copied, where each settle copied it into fresh memory (page
+    faults cost more than the copy). The chunks' overhead is bounded by their size, and
+    appends stay ``O(1)`` however many chunks there are (:attr:`offsets` grows in a
+    reserve). The first gather merges every chunk kept so far by levels, as appends of up
+    to ``max_merge`` values (each value copied about once more), and from then on the
+    store merges as above.
+
     Readers share the graph's lock, and a gather merges the waiting appends: every read
     and every change of the chunks holds the store's own lock, so a run read on one thread
     never meets the chunk list another thread's gather is merging.
@@ -553,14 +577,25 @@ class _ArrowStore:
     ordered_min = 256
     #: appends kept unmerged until more than this many wait (0: each merges at once)
     defer = 0
+    #: before the first gather, waiting appends of at least this many bytes on average are
+    #: kept as they came when they settle (no copy): a chunk's own overhead (its Python and
+    #: Arrow objects, under a kilobyte) stays a small part of it. 64 appends of 920 URLs,
+    #: 4 MB, were copied in 0.4-10 ms depending on whether the allocator had the pages
+    keep_bytes = 8 << 10
 
     def __init__(self, type: pa.DataType, *, null_slot: bool = True, defer: int = 0) -> None:
         self.type = type
         # slot 0 is the null default unless told otherwise
         self.chunks: list[pa.Array] = [pa.nulls(1, type)] if null_slot else []
-        self.offsets: npt.NDArray[np.int64] = np.array([0, 1] if null_slot else [0], dtype=np.int64)
+        # chunk c holds slots offsets[c] .. offsets[c + 1] - 1; ``offsets`` is a view of
+        # the start of ``_offsets``, which has room to append ends without a copy
+        self._offsets = np.zeros(64, dtype=np.int64)
+        self.offsets: npt.NDArray[np.int64] = self._offsets[:0]
+        self._push_ends(np.array([0, 1] if null_slot else [0], dtype=np.int64))
         self.defer = defer
         self._pending = 0  # the last chunks: appends not merged yet
+        self._gathered = False  # a gather has read the store: settles merge from then on
+        self._kept = 0  # chunks kept as they came at a settle, never merged (class docstring)
         self._lock = threading.RLock()  # the chunks' changes and reads (class docstring)
 
     def __len__(self) -> int:
@@ -590,8 +625,10 @@ class _ArrowStore:
             if self.defer:  # kept as it came (realigned if need be), merged later
                 parts = [aligned(c) for c in new if len(c)]
                 self.chunks.extend(parts)
-                self.offsets = np.concatenate((self.offsets,
-                                               start + np.cumsum([len(c) for c in parts])))
+                if len(parts) == 1:
+                    self._push_ends(np.array([start + n], dtype=np.int64))
+                else:
+                    self._push_ends(start + np.cumsum([len(c) for c in parts]))
                 self._pending += len(parts)
                 if self._pending > self.defer:
                     self.settle()
@@ -599,44 +636,87 @@ class _ArrowStore:
             self._merge_in(new, n)
             return start
 
+    def _push_ends(self, ends: npt.NDArray[np.int64]) -> None:
+        """Append chunk ends to :attr:`offsets` (amortized: the reserve doubles when full)."""
+        n, m = self.offsets.size, ends.size
+        if n + m > self._offsets.size:
+            grown = np.zeros(max(2 * self._offsets.size, n + m), dtype=np.int64)
+            grown[:n] = self.offsets
+            self._offsets = grown
+        self._offsets[n : n + m] = ends
+        self.offsets = self._offsets[: n + m]
+
     def settle(self) -> None:
-        """Merge the appends kept unmerged (:attr:`defer`), as one append of all of them."""
+        """Merge the appends kept unmerged (:attr:`defer`), as one append of all of them;
+        before the first gather, large ones are kept as they came (class docstring)."""
         with self._lock:
             k = self._pending
             if not k:
                 return
             self._pending = 0
             new = self.chunks[-k:]
+            if not self._gathered and _keepable(new, self.keep_bytes):
+                self._kept += k  # each stays a chunk of its own: no copy
+                return
             del self.chunks[-k:]  # the offsets stay whole until the merge's (same length)
             self._merge_in(new, sum(len(c) for c in new))
+
+    def _first_gather(self) -> None:
+        """Before the first gather: merge the chunks kept as they came (by levels, as
+        appends of at most ``max_merge`` values) and the waiting ones; settles merge from
+        now on."""
+        self._gathered = True
+        if not self._kept:
+            self.settle()
+            return
+        old = self.chunks
+        self.chunks, self._pending, self._kept = [], 0, 0
+        self.offsets = self._offsets[:0]
+        self._push_ends(np.zeros(1, dtype=np.int64))
+        group: list[pa.Array] = []
+        n = 0
+        for c in old:  # one pass over the chunks, each copied once here
+            if group and n + len(c) > self.max_merge:
+                self._merge_in(group, n)
+                group, n = [], 0
+            group.append(c)
+            n += len(c)
+        if group:
+            self._merge_in(group, n)
 
     def _merge_in(self, new: list[pa.Array], n: int) -> None:
         """Store the ``n`` values of the chunks ``new`` as one chunk, with the merges by
         levels they set off (see :meth:`append_run`)."""
-        lengths = [len(c) for c in self.chunks]
+        offs = self.offsets  # the stored chunks' bounds: offs[:len(chunks) + 1]
+
+        def length(c: int) -> int:  # read from the end only: no pass over every chunk
+            return int(offs[c + 1] - offs[c])
+
         last, keep = n, len(self.chunks)  # the new last chunk's length; stored chunks kept
         fan = self.fan_in
         while keep >= 1:
             level = _level(last, fan)
-            if _level(lengths[keep - 1], fan) < level:  # a smaller chunk before a larger append
-                if last + lengths[keep - 1] > self.max_merge:
+            if _level(length(keep - 1), fan) < level:  # a smaller chunk before a larger append
+                if last + length(keep - 1) > self.max_merge:
                     break
                 keep -= 1
-                last += lengths[keep]
+                last += length(keep)
                 continue
             # fan - 1 stored chunks of the new last chunk's level: the fan merge into one
             j = keep
-            while j >= 1 and keep - j < fan - 1 and _level(lengths[j - 1], fan) == level:
+            while j >= 1 and keep - j < fan - 1 and _level(length(j - 1), fan) == level:
                 j -= 1
-            if keep - j < fan - 1 or last + sum(lengths[j:keep]) > self.max_merge:
+            if keep - j < fan - 1 or last + int(offs[keep] - offs[j]) > self.max_merge:
                 break
-            last += sum(lengths[j:keep])
+            last += int(offs[keep] - offs[j])
             keep = j
         parts = [*self.chunks[keep:], *(c for c in new if len(c))]
         # one part is kept as it is, realigned if need be (a decoded Flight body may not be
         # aligned); a concatenation is a new, aligned array
         self.chunks[keep:] = [aligned(parts[0]) if len(parts) == 1 else pa.concat_arrays(parts)]
-        self.offsets = np.concatenate(([0], np.cumsum([len(c) for c in self.chunks]))).astype(np.int64)
+        base = int(offs[keep])
+        self.offsets = self._offsets[: keep + 1]  # the kept chunks' bounds, then the new end
+        self._push_ends(np.array([base + last], dtype=np.int64))
 
     def take(self, slots: npt.NDArray[np.int64]) -> pa.Array:
         if slots.size == 0:
@@ -649,7 +729,9 @@ class _ArrowStore:
         if slots.size == 1 or (int(slots[-1]) - first == slots.size - 1
                                and bool((np.diff(slots) == 1).all())):
             return self._run(first, slots.size)  # e.g. a whole append-only table: slices
-        if self._pending:  # a gather: the waiting appends merge first
+        if not self._gathered:  # the first gather: the chunks kept so far merge
+            self._first_gather()
+        elif self._pending:  # a gather: the waiting appends merge first
             self.settle()
         if len(self.chunks) == 1:
             return self.chunks[0].take(pa.array(slots))
@@ -681,12 +763,10 @@ class _ArrowStore:
     def pylist(self, slots: list[int]) -> list[Any]:
         """Python values at ``slots``, one scalar read each (callers bound ``len(slots)``)."""
         with self._lock:
-            offsets = self.offsets.tolist()
-            out = []
-            for s in slots:  # at most _FEW_SCALARS (ArrowColumnSource.get_pylist)
-                c = bisect.bisect_right(offsets, s) - 1
-                out.append(self.chunks[c][s - offsets[c]].as_py())
-            return out
+            at = (np.searchsorted(self.offsets, slots, side="right") - 1).tolist()
+            offsets = self.offsets[at].tolist()
+            # at most _FEW_SCALARS (ArrowColumnSource.get_pylist)
+            return [self.chunks[c][s - o].as_py() for s, c, o in zip(slots, at, offsets, strict=True)]
 
     def _run(self, first: int, n: int) -> pa.Array:
         """Slots ``first .. first + n - 1``: chunk slices, no gather."""

@@ -246,6 +246,7 @@ def highest_bit(m: U64) -> I64:
 DENSE_MIN = 8192   # from this many keys, at least one in 64 of their span: built from bit words
 SMALL_MAX = 32     # up to this many keys: built from a list of Python integers (tests change it)
 FEW_RANGES = 8     # up to this many ranges: added one by one (tests change it)
+FEW_KEYS = 8       # up to this many unsorted keys: bitmap_of builds from their list (tests change it)
 _CONTAINER = 1 << 16  # keys per Roaring container
 _ARRAY_MAX = 4096     # a container of more keys is a bitmap of 2**16 bits
 _NO_RUN_COOKIE = 12346  # portable Roaring: array and bitmap containers only, offsets always
@@ -362,6 +363,10 @@ def bitmap_of(keys: I64, span: int = 0) -> BitMap64:
     """
     if keys.size == 0:
         return BitMap64()
+    if keys.size <= FEW_KEYS:  # a cycle's few changed rows: one C call, no sort or search
+        few = keys.tolist()
+        if min(few) >= 0:
+            return BitMap64(few)
     if span and keys.size * 8 > span:
         mark = np.zeros(span, dtype=bool)
         mark[keys] = True

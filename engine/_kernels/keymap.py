@@ -31,7 +31,7 @@ import pyarrow as pa
 from engine._kernels.hashing import Same, exact_hash, group_equal, rows_equal_at
 from engine._kernels.hashmap import U64Map
 from engine._kernels.rowkeymap import RowKeyMap
-from engine._kernels.rowstore import RowStore
+from engine._kernels.rowstore import FlatRowStore, RowStore
 
 __all__ = ["ExactKeyMap", "IntKeyMap", "StoredKeyMap"]
 
@@ -352,11 +352,15 @@ class IntKeyMap:
 
 
 class StoredKeyMap:
-    """An :class:`ExactKeyMap` that keeps its own copy of each distinct key, in Arrow.
+    """An :class:`ExactKeyMap` that keeps its own copy of each distinct key.
 
     For callers that store no key values (joins). Ids are the caller's and should be
     dense (small non-negative integers, reused after deletes): the keys live in a
-    :class:`~engine._kernels.rowstore.RowStore` indexed by id. An exact key stores nothing.
+    :class:`~engine._kernels.rowstore.RowStore` indexed by id, or a
+    :class:`~engine._kernels.rowstore.FlatRowStore` (numpy) when every key column is
+    fixed-width: storing one key is then a scatter per column and checking candidates a
+    gather and a compare, where Arrow levels concatenated a table each. An exact key
+    stores nothing.
 
     Parameters
     ----------
@@ -371,7 +375,8 @@ class StoredKeyMap:
         self.exact = exact_hash(schema)
         self.map = ExactKeyMap(self.exact)
         self._hash = np.zeros(1024, dtype=np.uint64)  # id -> hash
-        self._keys = RowStore(schema)
+        self._keys: RowStore | FlatRowStore = (
+            FlatRowStore(schema) if FlatRowStore.fits(schema) else RowStore(schema))
 
     def __len__(self) -> int:
         return len(self.map)

@@ -325,8 +325,17 @@ class FlatRowStore:
 
     def equal_at(self, table: pa.Table, i: I64, ids: I64, columns: list[str] | None = None) -> Mask:
         """Per pair: row ``i[k]`` of ``table`` equals the row of ``ids[k]`` (columns matched
-        by position with the stored ``columns``, all of them by default)."""
-        return rows_equal(table.take(i), self.get(ids, columns))
+        by position with the stored ``columns``, all of them by default). Compared in numpy
+        (:func:`flat_equal_at`) when ``table``'s columns are fixed-width too."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not all(_numpy_dtype(c.type) is not None for c in table.columns):
+            return rows_equal(table.take(i), self.get(ids, columns))
+        i = np.asarray(i, dtype=np.int64)
+        at = range(len(self._names)) if columns is None else [self._names.index(c) for c in columns]
+        out = np.ones(i.size, dtype=bool)
+        for c, col in zip(at, flat_columns(table), strict=True):  # one pass per column
+            out &= flat_equal_at(col, i, (self._values[c], self._valid[c]), ids)
+        return out
 
     def put(self, ids: I64, rows: pa.Table) -> None:
         """Store ``rows[k]`` as the row of ``ids[k]`` (distinct ids), replacing any it held."""

@@ -304,6 +304,110 @@ def test_append_source_merges_deferred_appends_once(monkeypatch):
     assert [len(c) for c in src._store.chunks] == _merged([25], 2, src._store.max_merge)
 
 
+def test_append_source_keeps_large_appends_as_they_came_until_the_first_gather(monkeypatch):
+    # a column nobody gathers from: large waiting appends settle without a copy, each a
+    # chunk of its own, read as runs and ranges; the first gather merges them by levels
+    # (one copy), and from then on settles merge as before
+    src = AppendColumnSource(pa.string())
+    src._store.defer, src._store.keep_bytes = 3, 40
+    calls = []
+    concat = pa.concat_arrays
+
+    def counting(arrays, *a, **k):
+        calls.append([len(x) for x in arrays])
+        return concat(arrays, *a, **k)
+
+    monkeypatch.setattr(pa, "concat_arrays", counting)
+    expect: list[str] = []
+    for i in range(30):
+        vals = [f"value-{i}-{j}-" + "x" * 20 for j in range(4)]  # ~100 bytes: kept
+        src.set_new_range(len(expect), pa.array(vals))
+        expect += vals
+    assert calls == [] and [len(c) for c in src._store.chunks] == [4] * 30
+    assert src._store._kept == 28 and src._store._pending == 2
+    assert src.get_range(5, 113).to_pylist() == expect[5:113]  # slices of the chunks
+    assert src.get(np.arange(0, 120)).to_pylist() == expect    # a run, not a gather
+    calls.clear()
+    k = np.array([119, 0, 57, 58, 3])
+    assert src.get(k).to_pylist() == [expect[i] for i in k]    # the first gather
+    assert calls == [[4] * 30]  # one concatenation: every value copied once
+    assert [len(c) for c in src._store.chunks] == _merged([], 120, src._store.max_merge)
+    assert src._store._kept == 0 and src._store._gathered
+    calls.clear()
+    for i in range(4):  # gathered: waiting appends merge again, however large
+        vals = [f"more-{i}-{j}-" + "y" * 30 for j in range(4)]
+        src.set_new_range(len(expect), pa.array(vals))
+        expect += vals
+    assert calls == [[4, 4, 4, 4]]
+    assert src.get(np.arange(len(expect))[::-3]).to_pylist() == expect[::-3]
+
+
+def test_append_source_merges_small_or_sliced_appends_before_the_first_gather():
+    # appends below keep_bytes on average merge at their settle; so does a small slice of
+    # a larger array (kept, it would hold the whole array) and a column of a larger buffer
+    src = AppendColumnSource(pa.string())
+    src._store.defer, src._store.keep_bytes = 2, 200
+    big = pa.array(["z" * 50] * 100)
+    for part in ([f"s{i}" for i in range(5)], big.slice(10, 5), big.slice(20, 5)):
+        src.set_new_range(len(src), pa.array(part) if isinstance(part, list) else part)
+    assert src._store._kept == 0 and len(src._store.chunks) == 1
+    body = pa.py_buffer(b"\0" * 100_000)  # a decoded message's columns: views of its body
+    offsets = pa.py_buffer(np.arange(0, 1010, 10, dtype=np.int32).tobytes())
+    view = pa.Array.from_buffers(pa.string(), 100, [None, offsets, body.slice(0, 1000)])
+    for _ in range(3):
+        src.set_new_range(len(src), view)
+    assert src._store._kept == 0
+    for _ in range(3):
+        src.set_new_range(len(src), pa.array(["w" * 400] * 3))  # 1,200 bytes each: kept
+    assert src._store._kept == 3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_append_source_with_kept_chunks_reads_equal_the_appended_values(seed):
+    # appends of 1 to 200 values (some multi-chunk, some slices of a larger array) with
+    # every settle keeping what it may (keep_bytes 0): runs, ranges and Python values
+    # each cycle equal the input; gathers come rarely, the first merging the kept chunks,
+    # after which the chunks keep the levels' shape
+    rng = np.random.default_rng(seed)
+    src = AppendColumnSource(pa.string())
+    src._store.defer, src._store.keep_bytes = int(rng.integers(0, 5)), 0
+    src._store.max_merge = [64, 1 << 21][seed % 2]  # 64: the first gather merges in groups
+    store = src._store
+    expect: list = []
+    gathered = False
+    for step in range(300):
+        n = int(rng.choice([1, 2, 5, 30, 70, 200]))
+        vals = [None if rng.random() < 0.1 else f"s{step}-{j}" for j in range(n)]
+        arr = pa.array(vals, pa.string())
+        if n >= 4 and rng.random() < 0.3:
+            cut = int(rng.integers(1, n))
+            arr = pa.chunked_array([arr.slice(0, cut), arr.slice(cut)], type=pa.string())
+        elif rng.random() < 0.2:
+            arr = pa.array(["pad"] * 3 + vals + ["pad"], pa.string()).slice(3, n)
+        src.set_new_range(len(expect), arr)
+        expect.extend(vals)
+        assert int(store.offsets[-1]) == len(expect) == len(src)
+        assert np.array_equal(np.diff(store.offsets), [len(c) for c in store.chunks])
+        a = int(rng.integers(0, len(expect)))
+        b = int(rng.integers(a, len(expect) + 1))
+        assert src.get_range(a, b).to_pylist() == expect[a:b], f"step {step}"
+        assert src.get(np.arange(a, b)).to_pylist() == expect[a:b], f"step {step}"
+        few = rng.integers(0, len(expect), 5)
+        assert store.pylist(few.tolist()) == [expect[i] for i in few], f"step {step}"
+        if rng.random() < 0.02 or (step == 250 and not gathered):
+            k = rng.integers(0, len(expect), int(rng.integers(1, 60)))
+            assert src.get(k).to_pylist() == [expect[i] for i in k], f"step {step}"
+            gathered = True
+            assert store._kept == 0
+        if not gathered:
+            assert store._pending <= store.defer
+        elif len(expect) <= store.max_merge:
+            sizes = [len(c) for c in store.chunks][: len(store.chunks) - store._pending]
+            levels = [_level(x) for x in sizes]
+            assert levels == sorted(levels, reverse=True), (step, sizes)
+    assert gathered
+
+
 FAN = 4  # _ArrowStore.fan_in
 
 
@@ -425,13 +529,16 @@ def test_store_gathers_ascending_and_other_slots_alike(ordered_min, type_, monke
 
 
 
-def _two_readers(round_: int) -> list[BaseException]:
-    """One thread gathers (merging 40 waiting appends) while another reads runs and a
-    gather of the same column; what either raised."""
+def _two_readers(round_: int, keep_bytes: int | None = None) -> list[BaseException]:
+    """One thread gathers (merging 40 waiting appends, or with ``keep_bytes`` 0 the chunks
+    kept as they came) while another reads runs and a gather of the same column; what
+    either raised."""
     import threading
 
     src = AppendColumnSource(pa.string())
-    src._store.defer = 64
+    src._store.defer = 64 if keep_bytes is None else 4
+    if keep_bytes is not None:
+        src._store.keep_bytes = keep_bytes
     expect: list[str] = []
     for i in range(40):  # 40 appends wait, unmerged
         vals = [f"r{round_}-{i}-{j}" for j in range(3)]
@@ -466,7 +573,8 @@ def _two_readers(round_: int) -> list[BaseException]:
     return failures
 
 
-def test_append_source_reads_on_two_threads_while_a_gather_merges_the_waiting_appends():
+@pytest.mark.parametrize("keep_bytes", [None, 0])  # 0: the first gather merges kept chunks
+def test_append_source_reads_on_two_threads_while_a_gather_merges_the_waiting_appends(keep_bytes):
     # readers share the graph's lock: one reader's gather merges the appends that wait
     # (settle) while another reads runs of the same column; every read sees whole values
     # (a run read across the merge once indexed past the shortened chunk list: IndexError)
@@ -476,7 +584,7 @@ def test_append_source_reads_on_two_threads_while_a_gather_merges_the_waiting_ap
     sys.setswitchinterval(1e-6)  # the threads take turns as often as the interpreter can
     try:
         for round_ in range(60):
-            failures = _two_readers(round_)
+            failures = _two_readers(round_, keep_bytes)
             assert not failures, f"round {round_}: {failures[0]!r}"
     finally:
         sys.setswitchinterval(switch)

@@ -298,13 +298,18 @@ class JoinState:
         """``(gid, pending code, hash)`` per left key row: the gid of its key or ``-1``; for
         a non-null key without a group its :func:`_pending_code` (else ``-1``); the key hash
         (0 for a null key)."""
+        if valid.all():  # no null key (the common case): no scatter into full-size arrays
+            h = hash_columns(keys.columns)
+            if not len(self.gids):
+                return np.full(h.size, -1, dtype=np.int64), _pending_code(h), h
+            g = self.gids.lookup(keys, h)
+            return g, np.where(g < 0, _pending_code(h), -1), h
         g = np.full(keys.num_rows, -1, dtype=np.int64)
         code = np.full(keys.num_rows, -1, dtype=np.int64)
         h = np.zeros(keys.num_rows, dtype=np.uint64)
         if not valid.any():
             return g, code, h
-        if not valid.all():
-            keys = keys.filter(pa.array(valid))
+        keys = keys.filter(pa.array(valid))
         hv = hash_columns(keys.columns)
         gv = self.gids.lookup(keys, hv) if len(self.gids) else np.full(hv.size, -1, dtype=np.int64)
         g[valid], h[valid] = gv, hv

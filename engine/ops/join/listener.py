@@ -314,12 +314,30 @@ class JoinListener:
                     f"match_bits={self.bits} allows; pass more bits, or match_bits=None"
                 )
             need = (top - 1).bit_length() + 1  # grow with room to spare (amortized)
-        if st.left.rowset and st.left.rowset.last() >= 1 << (63 - need):
-            raise InvalidKeyError(
-                f"{self.name}: left row key {st.left.rowset.last()} is too large for "
-                f"{need} match bits (left keys must be below 2**{63 - need})"
-            )
+        self._check_left_keys(need)
         return need
+
+    def _check_left_keys(self, bits: int) -> None:
+        """Raise InvalidKeyError when a left row key leaves no room for ``bits`` match bits."""
+        left = self.state.left.rowset
+        if left and left.last() >= 1 << (63 - bits):
+            raise InvalidKeyError(
+                f"{self.name}: left row key {left.last()} is too large for "
+                f"{bits} match bits (left keys must be below 2**{63 - bits})"
+            )
+
+    def _unmatched(self, d: Delta, lu: TableUpdate | None) -> bool:
+        """Whether the cycle cannot change an inner join's rows: no right group changed,
+        no left row moved (shift) or changed group, and every left row added, removed or
+        modified has no group before or after (so no output row). A left key that meets
+        no right key (most of q5's re-keyed counts) then costs its lookup only."""
+        if self.outer or d.changed.size or d.rvm_slots.size or d.regroup_slots.size:
+            return False
+        if lu is not None and lu.shifted:
+            return False
+        g = self.state.l_gid_now
+        return not ((d.removed_gid >= 0).any() or (g[d.added_slots] >= 0).any()
+                    or (g[d.modified_slots] >= 0).any())
 
     def _rekey(self, bits: int) -> TableUpdate:
         """The shift moving every row from ``R = self.bits`` to ``bits`` match bits (O(rows))."""
@@ -331,6 +349,9 @@ class JoinListener:
     def on_update(self, lu: TableUpdate | None, ru: TableUpdate | None) -> TableUpdate | None:
         st = self.state
         d = st.apply(lu, ru)
+        if self._unmatched(d, lu):
+            self._check_left_keys(self.bits)  # as needed_bits does every cycle
+            return None  # silent: no output row is added, removed, modified or moved
         need = self.needed_bits(np.concatenate((d.changed, st.l_gid_now[d.added_slots], d.regroup_new)))
         rekey = self._rekey(need) if need > self.bits else None
         up = self._update(d, lu)

@@ -141,13 +141,22 @@ def test_shift_keys_and_inverse(keys, ranges):
     assert back.tolist() == keys
 
 
+@pytest.mark.parametrize("few", [None, 0, 1 << 30])  # FEW_KEYS: as set, never, always
 @given(keys=st.lists(st.integers(0, 1 << 40), max_size=40), span=st.booleans())
-def test_bitmaps(keys, span):
-    k = _a(keys)
-    assert list(bitmap_from_sorted(_a(sorted(set(keys))))) == sorted(set(keys))
-    small = [x % 500 for x in keys] * 3  # many repeats in a small span: the mark array
-    assert list(bitmap_of(_a(small), 500 if span else 0)) == sorted(set(small))
-    assert list(bitmap_of(k)) == sorted(set(keys))
+def test_bitmaps(few, keys, span):
+    from engine._kernels import arrays
+
+    saved = arrays.FEW_KEYS
+    arrays.FEW_KEYS = saved if few is None else few
+    try:
+        k = _a(keys)
+        assert list(bitmap_from_sorted(_a(sorted(set(keys))))) == sorted(set(keys))
+        small = [x % 500 for x in keys] * 3  # many repeats in a small span: the mark array
+        assert list(bitmap_of(_a(small), 500 if span else 0)) == sorted(set(small))
+        assert list(bitmap_of(k)) == sorted(set(keys))
+        assert list(bitmap_of(k[::-1])) == sorted(set(keys))  # unsorted, repeats
+    finally:
+        arrays.FEW_KEYS = saved
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine._kernels import rowkeymap
+from engine._kernels import rowkeymap, rowstore
 from engine._kernels.hashing import hash_rows
 from engine._kernels.keymap import ExactKeyMap, IntKeyMap, StoredKeyMap
 
@@ -219,3 +219,51 @@ def test_stored_key_map_exact_key_stores_nothing():
     got, added = m.intern(t, hash_rows(t), _Ids())
     assert got.tolist() == [0, 1, 0] and added.tolist() == [0, 1]
     assert m._keys.stored == 0
+
+
+FLAT_SCHEMA = pa.schema([("n", pa.int64()), ("x", pa.float64())])
+_flat_key = st.tuples(st.one_of(st.none(), st.integers(-3, 3)),
+                      st.sampled_from([None, 0.0, -0.0, 1.5, float("nan")]))
+_flat_ops = st.lists(
+    st.tuples(st.sampled_from(["intern", "delete", "lookup"]), st.lists(_flat_key, max_size=12)),
+    max_size=20,
+)
+
+
+def _canon(key):
+    """A fixed-width key as the map compares it: -0.0 is 0.0, NaN equals NaN, nulls equal."""
+    n, x = key
+    return n, None if x is None else ("nan" if x != x else x + 0.0)
+
+
+@pytest.mark.parametrize("mode", ["real", "few", "one"])
+@given(ops=_flat_ops)
+def test_stored_key_map_of_fixed_width_keys_against_dict(mode, ops):
+    """Fixed-width key columns are stored in numpy (FlatRowStore) and checked there: nulls,
+    NaN and -0.0 as Arrow compares them, colliding hashes held apart."""
+    hasher = _hasher(mode)
+    m, ids = StoredKeyMap(FLAT_SCHEMA), _Ids()
+    assert isinstance(m._keys, rowstore.FlatRowStore)
+    model: dict[tuple, int] = {}
+
+    def table(keys):
+        return pa.table({"n": pa.array([k[0] for k in keys], pa.int64()),
+                         "x": pa.array([k[1] for k in keys], pa.float64())}, schema=FLAT_SCHEMA)
+
+    for op, keys in ops:
+        t = table(keys)
+        h = hasher(t)
+        canon = [_canon(k) for k in keys]
+        if op == "intern":
+            got, added = m.intern(t, h, ids)
+            for k, i in zip(canon, got.tolist(), strict=True):
+                model.setdefault(k, i)
+            assert got.tolist() == [model[k] for k in canon]
+        elif op == "delete":
+            present = list(dict.fromkeys(k for k in canon if k in model))
+            gone = np.array([model.pop(k) for k in present], dtype=np.int64)
+            m.delete(gone)
+            ids.free += gone.tolist()
+        else:
+            assert m.lookup(t, h).tolist() == [model.get(k, -1) for k in canon]
+        assert len(m) == len(model)

@@ -118,6 +118,11 @@ def test_flat_store_random_operations_against_a_dict():
         if probe.size:
             assert st.equal_at(want, np.arange(probe.size), probe).all()
             other = np.roll(probe, 1)            # another id's row: equal where values agree
+            assert np.array_equal(st.equal_at(want, np.arange(probe.size), other),
+                                  rows_equal(want, st.get(other))), f"step {step}"
+            wide = want.set_column(3, "i", want.column(3).cast(pa.int64()))  # another int width
+            assert np.array_equal(st.equal_at(wide, np.arange(probe.size), other),
+                                  rows_equal(want, st.get(other))), f"step {step}"
             cols, mine = flat_columns(want), st.take(other)
             for c, name in enumerate(FLAT.names):
                 expect = values_equal(want.column(name), st.get(other, [name]).column(0))

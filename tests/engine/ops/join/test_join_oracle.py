@@ -648,3 +648,50 @@ def test_oracle_small_right_updates_two_keys(how):
         right=lambda g, rng: [SmallRightDriver(g, rng, ["Sym", "Qty"], dom, mode, 30)],
         seed=31, n_cycles=cycles(600), max_rows=60,
     )
+
+
+# q5's shape: counts joined with their group's top count ------------------------------------------
+def _counts_and_tops(t):
+    """Counts per (Sym, W = Qty & 7) in order of each group's first row, and the join of
+    each count with its W's highest count on (W, num == maxn), from scratch."""
+    groups: dict[tuple, int] = {}
+    for sym, qty in zip(t.column("Sym").to_pylist(), t.column("Qty").to_pylist(), strict=True):
+        key = (sym, qty & 7)
+        groups[key] = groups.get(key, 0) + 1
+    top: dict[int, int] = {}
+    for (_, w), n in groups.items():
+        top[w] = max(top.get(w, 0), n)
+    rows = [(*k, n) for k, n in groups.items() if n == top[k[1]]]
+    return pa.table({"Sym": pa.array([r[0] for r in rows], pa.string()),
+                     "W": pa.array([r[1] for r in rows], pa.int64()),
+                     "num": pa.array([r[2] for r in rows], pa.int64())})
+
+
+def test_oracle_counts_joined_with_their_top(monkeypatch):
+    """q5's join: every count that changes re-keys its left row to a new (W, num), most
+    to keys no right row has (cycles in which the join is silent), while the right side,
+    each W's top, moves by a row or two now and then (a left row meeting the new top).
+    Append-only (counts only rise, as q5's), then keyed and ring sources (counts fall,
+    groups go, rows shift)."""
+    from engine.ops.join.listener import JoinListener
+
+    seen = {"silent": 0, "other": 0}
+    unmatched = JoinListener._unmatched
+
+    def counting(self, d, lu):
+        out = unmatched(self, d, lu)
+        seen["silent" if out else "other"] += 1
+        return out
+
+    monkeypatch.setattr(JoinListener, "_unmatched", counting)
+
+    def build(lt):
+        counts = lt.update(W=pc.bit_wise_and(pc.field("Qty"), 7)).count_by("num", by=["Sym", "W"])
+        top = counts.agg_by([agg.max("num", "maxn")], by="W")
+        return join(counts, top, ["W", "num=maxn"], [])
+
+    run_join_oracle(build, _counts_and_tops, right=lambda g, rng: [], seed=41,
+                    n_cycles=cycles(600), kinds=("append",), max_rows=1000)
+    assert seen["silent"] > 50 and seen["other"] > 50, seen
+    run_join_oracle(build, _counts_and_tops, right=lambda g, rng: [], seed=43,
+                    n_cycles=cycles(400), kinds=("keyed", "ring"), max_rows=150)
