@@ -183,6 +183,9 @@ RUNNING_OVER_INSERTS = True
 #: whether an aggregation with a ``by`` over an add-only parent keeps only each group's
 #: first row (its row key) instead of every row's group (tests switch it off likewise)
 FIRSTS_OVER_APPENDS = True
+#: whether the row-key set stays flat through removes (:class:`RowKeySet`'s
+#: ``flat_removes``; tests switch it off to drive the same oracle through its entries)
+FLAT_REMOVES = True
 #: the first rows' map stays dense while groups hold up to about this many rows on
 #: average: the result's reads look rows up there once per column and reader, and a
 #: hashed lookup is probe rounds where a dense one is a take (tests set 0: hashed)
@@ -446,7 +449,9 @@ class AggListener:
         self.firsts: RowKeyMap | None = None
         if by and not reads_rows and self.growth is Growth.APPENDS and FIRSTS_OVER_APPENDS:
             self.firsts = RowKeyMap(dense_ratio=FIRSTS_DENSE_RATIO)
-        self.rows = RowKeySet() if (by and self.firsts is None) or reads_rows else None
+        # rows leaving groups keep the set flat (a group's first row is searched again only
+        # when it leaves, by a scan of the gap to its next row: RowKeySet's docstring)
+        self.rows = RowKeySet(flat_removes=FLAT_REMOVES) if (by and self.firsts is None) or reads_rows else None
         # each group's first row by slot: over an add-only parent the truth; over the
         # row-key set a cache of its answers where ``first_ok`` (see :meth:`_first_rows`)
         self.first_row = np.zeros(16 if by else 0, dtype=np.int64)
