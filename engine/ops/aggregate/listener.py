@@ -93,7 +93,10 @@ How a cycle runs (every step is numpy over the changed rows, no loop per row or 
    it; min/max/median/percentile (and std/var, see below) keep a per-group sorted multiset
    of values, median/percentile with a rank tree over it, and a per-group sorted set of
    parent row keys that follows the parent's shifts (``engine.ops.aggregate._sortedset``)
-   gives every group's first row (its row key) and first/last; sorted_first/last keep
+   gives every group's first row (its row key) and first/last (until the parent shifts,
+   or its scans cost more than the changes paid for, it is only a map from row key to
+   group with each group's bounds: a first row that leaves is found by a scan of the gap
+   to the group's next row, see :class:`RowKeySet`); sorted_first/last keep
    their own rows in order of their order column (``engine.ops.aggregate._ordered``).
    Over an insert-only parent (:attr:`~engine.table.Table.insert_only`: no row is ever
    removed or modified, as in an inner join of append-only tables) min/max keep one
