@@ -159,6 +159,14 @@ class RowKeyMap:
         out[ok] = vals[idx[ok]]
         return out
 
+    def window(self) -> tuple[int, I64] | None:
+        """``(base, values)`` of the dense layout, for scans: ``values[k - base]`` is key
+        ``k``'s value (``-1``: absent) and every key outside ``[base, base + len(values))``
+        is absent; None in the other layouts. A view to read, never to write."""
+        if self._hash is not None or self._regions is not None:
+            return None
+        return self._base, self._vals
+
     def items(self, ordered: bool = True) -> tuple[I64, I64]:
         """``(keys, values)`` of every entry, keys ascending (in no particular order when
         not ``ordered``: a hashed map's entries are not sorted then)."""

@@ -548,15 +548,42 @@ class RowKeySet(_Sorted):
     parent whose rows only arrive and change values (a count over appended rows, a merge
     of views of one) keeps it flat for good; the first remove or shift builds the entries
     from the map (``O(n)``, once) and the set goes on as above.
+
+    With ``flat_removes`` a remove keeps the set flat too: it only unmaps the keys, and
+    each group's smallest and largest row keys become *bounds* (no live key of the group
+    lies outside them). A query checks a bound in the map (one ``take``: the group still
+    holds that key) and only where it does not, *scans* the map's dense window from the
+    bound inwards for the group's first live key (slices of twice the mean gap between a
+    group's rows, doubling), which tightens the bound. So a row leaving costs
+    an unmap, and a lost first row the gap to the group's next one: a group of ``m`` rows
+    spread over ``n`` keys, ``n / m`` keys on average (W1's 500 rows a group over a
+    million keys: ~2,000 keys, a few microseconds). Scans are paid for by changes: each
+    insert or remove credits :attr:`SCAN_CREDIT` keys of scanning (the balance capped at
+    four keys per row plus :attr:`SCAN_SLACK`, about what rebuilding the entries costs),
+    and a query that would overdraw the balance, or finds the map no longer dense (a
+    hashed map cannot be scanned), builds the entries and goes on as above; so does a
+    shift. The scans' cost is thus amortized ``O(1)`` keys per change, as the merges'
+    is, and a parent whose rows leave groups at random keeps no sorted entries at all.
     """
 
     #: a query for at most this many groups may scan the tail ...
     SCAN_GROUPS = 8
     #: ... while it holds at most this many entries
     SCAN_MAX = 16384
+    #: ``flat_removes``: a scan looks at twice the mean gap between a group's rows first, at
+    #: least this many keys per group, then twice as many each round (a slice is charged
+    #: its length, at least this many: its fixed cost)
+    SCAN_WIDTH = 1024
+    #: ... where the first slice is this many mean gaps between a group's rows (tests set 0)
+    SCAN_GAPS = 2
+    #: ... and each insert or remove of a key pays for this many keys of scanning
+    SCAN_CREDIT = 32
+    #: ... on top of a first balance of this many (the balance's cap: 4 per row plus this)
+    SCAN_SLACK = 1 << 16
 
-    def __init__(self) -> None:
+    def __init__(self, flat_removes: bool = False) -> None:
         super().__init__()
+        self.flat_removes = flat_removes
         self._map = RowKeyMap()  # row key -> entry id (dense while the parent's keys are)
         self._eg = np.zeros(1024, dtype=np.int64)  # entry -> group
         # entry -> base position, or _IN_DELTA, or _TAIL - its tail position
@@ -575,6 +602,8 @@ class RowKeySet(_Sorted):
         self._flat = True
         self._f_lo = np.full(16, np.iinfo(np.int64).max, dtype=np.int64)
         self._f_hi = np.full(16, -1, dtype=np.int64)
+        self._loose = False  # flat, after a remove: f_lo and f_hi are bounds (see the class docstring)
+        self._budget = self.SCAN_SLACK  # keys the flat layout's scans may still look at
 
     def __len__(self) -> int:
         if self._flat:
@@ -640,6 +669,8 @@ class RowKeySet(_Sorted):
             self._flat_grow(int(g.max()) + 1)
             np.minimum.at(self._f_lo, g, keys)
             np.maximum.at(self._f_hi, g, keys)
+            if self._loose:
+                self._credit(keys.size)
             return
         ids = self._alloc(keys.size)
         self._eg[ids] = g
@@ -690,15 +721,87 @@ class RowKeySet(_Sorted):
         (self._d_ids,) = self._delta_insert(g, v, self._coarse(g, v), None, (self._d_ids, ids[o]))
         self._epos[ids] = _IN_DELTA
 
+    def _credit(self, n: int) -> None:
+        """``n`` keys inserted or removed while flat and loose pay for later scans."""
+        self._budget = min(self._budget + self.SCAN_CREDIT * n, 4 * self._map.count + self.SCAN_SLACK)
+
+    def _flat_remove(self, keys: I64) -> I64:
+        """Unmap row ``keys`` (distinct) of the flat layout, which stays flat: each
+        group's smallest and largest keys become bounds. Returns the groups (``-1``: absent)."""
+        groups = self._map.remove(keys)
+        self._loose = True
+        self._credit(keys.size)
+        return groups
+
+    def _flat_extreme(self, groups: I64, largest: bool) -> tuple[U64, Mask] | None:
+        """:meth:`_extreme` in the flat layout; None where a scan it needs is not possible
+        or not paid for (the caller builds the entries and asks them)."""
+        if groups.size:
+            self._flat_grow(int(groups.max()) + 1)
+        ends = (self._f_hi if largest else self._f_lo)[groups]
+        held: Mask = self._f_hi[groups] >= 0
+        if self._loose and groups.size:  # bounds: is each still its group's key?
+            at = np.flatnonzero(held)
+            stale = at[self._map.lookup(ends[at]) != groups[at]]
+            if stale.size:
+                g = groups[stale]
+                if not self._scan(np.unique(g) if g.size > 1 else g, largest):
+                    return None
+                ends = (self._f_hi if largest else self._f_lo)[groups]
+                held = self._f_hi[groups] >= 0
+        return np.where(held, ends, 0).view(np.uint64), held
+
+    def _scan(self, g: I64, largest: bool) -> bool:
+        """Tighten the bound of each group of ``g`` (distinct, each with a bound its map
+        entry no longer confirms) to the group's first (``largest``: last) live key, or
+        mark the group empty, by scanning the dense window from the bound inwards: slices
+        of twice the mean gap between a group's rows (window keys * groups / rows), at
+        least :attr:`SCAN_WIDTH` keys, doubling (a scan mostly ends in one), each charged
+        its length, at least :attr:`SCAN_WIDTH` (its fixed cost). False, with
+        some groups maybe tightened (their bounds stay bounds), where the map is not dense
+        or a slice would overdraw the balance."""
+        win = self._map.window()
+        if win is None:
+            return False
+        base, vals = win
+        groups = int(np.count_nonzero(self._f_hi >= 0))
+        first = max(self.SCAN_WIDTH, self.SCAN_GAPS * vals.size * groups // max(1, self._map.count))
+        # window positions [lo, hi]: every live key lies in the window
+        los = np.maximum(self._f_lo[g] - base, 0).tolist()
+        his = np.minimum(self._f_hi[g] - base, vals.size - 1).tolist()
+        for grp, lo, hi in zip(g.tolist(), los, his, strict=True):
+            width, key = first, -1
+            while lo <= hi:
+                a, b = (max(lo, hi - width + 1), hi + 1) if largest else (lo, min(hi + 1, lo + width))
+                cost = max(self.SCAN_WIDTH, b - a)
+                if cost > self._budget:
+                    return False
+                self._budget -= cost
+                m = vals[a:b] == grp
+                at = b - a - 1 - int(m[::-1].argmax()) if largest else int(m.argmax())
+                if m[at]:
+                    key = base + a + at
+                    break
+                if largest:
+                    hi = a - 1
+                else:
+                    lo = b
+                width *= 2
+            if key < 0:  # no live key left: the group is empty
+                self._f_lo[grp], self._f_hi[grp] = np.iinfo(np.int64).max, -1
+            elif largest:
+                self._f_hi[grp] = key
+            else:
+                self._f_lo[grp] = key
+        return True
+
     def _extreme(self, groups: I64, largest: bool, where: I64 | None = None) -> tuple[U64, Mask]:
         assert where is None, "a RowKeySet answers values only"
         if self._flat:
-            if groups.size:
-                self._flat_grow(int(groups.max()) + 1)
-            last = self._f_hi[groups]
-            held: Mask = last >= 0
-            ends: U64 = np.where(held, last if largest else self._f_lo[groups], 0).view(np.uint64)
-            return ends, held
+            flat = self._flat_extreme(groups, largest)
+            if flat is not None:
+                return flat
+            self._unflatten()
         if self._t_n and (groups.size > self.SCAN_GROUPS or self._t_n > self.SCAN_MAX):
             self._flush()
         val, found = super()._extreme(groups, largest)
@@ -727,6 +830,11 @@ class RowKeySet(_Sorted):
         """Remove row ``keys`` (present, distinct)."""
         if keys.size == 0:
             return
+        if self._flat and self.flat_removes:
+            absent = self._flat_remove(keys) < 0
+            if absent.any():
+                raise UpdateInvariantError("A1", f"removed row keys {keys[absent][:10].tolist()} are in no group")
+            return
         if self._flat:
             self._unflatten()
         ids = self._ids(keys, "removed")
@@ -739,6 +847,8 @@ class RowKeySet(_Sorted):
         in one search."""
         if keys.size == 0:
             return _EMPTY_I
+        if self._flat and self.flat_removes:
+            return self._flat_remove(keys)
         if self._flat:
             self._unflatten()
         ids = self._map.remove(keys)

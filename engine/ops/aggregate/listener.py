@@ -93,7 +93,10 @@ How a cycle runs (every step is numpy over the changed rows, no loop per row or 
    it; min/max/median/percentile (and std/var, see below) keep a per-group sorted multiset
    of values, median/percentile with a rank tree over it, and a per-group sorted set of
    parent row keys that follows the parent's shifts (``engine.ops.aggregate._sortedset``)
-   gives every group's first row (its row key) and first/last; sorted_first/last keep
+   gives every group's first row (its row key) and first/last (until the parent shifts,
+   or its scans cost more than the changes paid for, it is only a map from row key to
+   group with each group's bounds: a first row that leaves is found by a scan of the gap
+   to the group's next row, see :class:`RowKeySet`); sorted_first/last keep
    their own rows in order of their order column (``engine.ops.aggregate._ordered``).
    Over an insert-only parent (:attr:`~engine.table.Table.insert_only`: no row is ever
    removed or modified, as in an inner join of append-only tables) min/max keep one
@@ -183,6 +186,9 @@ RUNNING_OVER_INSERTS = True
 #: whether an aggregation with a ``by`` over an add-only parent keeps only each group's
 #: first row (its row key) instead of every row's group (tests switch it off likewise)
 FIRSTS_OVER_APPENDS = True
+#: whether the row-key set stays flat through removes (:class:`RowKeySet`'s
+#: ``flat_removes``; tests switch it off to drive the same oracle through its entries)
+FLAT_REMOVES = True
 #: the first rows' map stays dense while groups hold up to about this many rows on
 #: average: the result's reads look rows up there once per column and reader, and a
 #: hashed lookup is probe rounds where a dense one is a take (tests set 0: hashed)
@@ -446,7 +452,9 @@ class AggListener:
         self.firsts: RowKeyMap | None = None
         if by and not reads_rows and self.growth is Growth.APPENDS and FIRSTS_OVER_APPENDS:
             self.firsts = RowKeyMap(dense_ratio=FIRSTS_DENSE_RATIO)
-        self.rows = RowKeySet() if (by and self.firsts is None) or reads_rows else None
+        # rows leaving groups keep the set flat (a group's first row is searched again only
+        # when it leaves, by a scan of the gap to its next row: RowKeySet's docstring)
+        self.rows = RowKeySet(flat_removes=FLAT_REMOVES) if (by and self.firsts is None) or reads_rows else None
         # each group's first row by slot: over an add-only parent the truth; over the
         # row-key set a cache of its answers where ``first_ok`` (see :meth:`_first_rows`)
         self.first_row = np.zeros(16 if by else 0, dtype=np.int64)

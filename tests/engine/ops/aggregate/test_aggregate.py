@@ -605,6 +605,62 @@ def test_row_key_set_follows_shifts(monkeypatch, merge_min, scan, inserts_first)
         _check_row_key_set(ms, group, rng)
 
 
+@pytest.mark.parametrize("budget", ["ample", "small slices", "runs out", "none", "hashed"])
+def test_row_key_set_stays_flat_through_removes_by_scans(monkeypatch, budget):
+    # flat_removes: removes only unmap keys, queries check each group's bound in the map
+    # and scan the dense window from it (slices of 8 keys at least, doubling) where the
+    # group lost that key. "ample": every scan is paid for, the set stays flat for good
+    # ("small slices": too, its scans in slices of 1, 2, 4, ... keys from the bound);
+    # "runs out": a few scans, then one would overdraw and the entries are built from the
+    # map mid-run; "none": the first scan builds them; "hashed": the map is never dense,
+    # so the first scan does. Keys are reused across groups, groups empty and refill;
+    # every answer against a dict model, and the last fifth of the steps shift rows too
+    from engine._kernels import rowkeymap
+    small = budget == "small slices"
+    monkeypatch.setattr(RowKeySet, "SCAN_WIDTH", 1 if small else 8)
+    monkeypatch.setattr(RowKeySet, "SCAN_GAPS", 0 if small else 2)
+    if small:
+        budget = "ample"
+    monkeypatch.setattr(RowKeySet, "SCAN_CREDIT", {"ample": 1 << 20, "runs out": 8}.get(budget, 0))
+    monkeypatch.setattr(RowKeySet, "SCAN_SLACK", {"ample": 1 << 20, "runs out": 100_000}.get(budget, 0))
+    if budget == "hashed":
+        monkeypatch.setattr(rowkeymap, "SPARSE_SLACK", 0)
+    rng = np.random.default_rng(["ample", "runs out", "none", "hashed"].index(budget) + 4 * small)
+    ms, group = RowKeySet(flat_removes=True), {}
+    scans = []
+    real_scan = RowKeySet._scan
+
+    def spy(self, g, largest):
+        ok = real_scan(self, g, largest)
+        scans.append(ok)
+        return ok
+    monkeypatch.setattr(RowKeySet, "_scan", spy)
+    for step in range(250):
+        keys = np.array(sorted(group), dtype=np.int64)
+        gone = rng.choice(keys, min(keys.size, int(rng.integers(0, 30))), replace=False) if keys.size else keys
+        want = [group.pop(k) for k in gone.tolist()]
+        if step % 2:
+            assert ms.discard_keys(np.append(gone, 10**6)).tolist() == [*want, -1]
+        else:
+            ms.remove_keys(gone)
+        if step >= 200 and group and rng.random() < 0.5:  # order-preserving moves
+            keys = np.array(sorted(group), dtype=np.int64)
+            new = keys + np.cumsum(rng.integers(0, 3, keys.size))
+            mv = new != keys
+            ms.shift(keys[mv], new[mv])
+            group = {n: group[k] for k, n in zip(keys.tolist(), new.tolist(), strict=True)}
+        free = np.setdiff1d(np.arange(3_000), np.fromiter(group, dtype=np.int64, count=len(group)))
+        add = rng.choice(free, int(rng.integers(0, 30)), replace=False).astype(np.int64)
+        ag = rng.integers(0, 10, add.size)  # groups of ~30 rows over 3,000 keys: gaps of ~100
+        ms.insert_keys(ag, add)
+        group.update(zip(add.tolist(), ag.tolist(), strict=True))
+        _check_row_key_set(ms, group, rng)
+        if step == 199:  # before any shift: flat for good only when every scan was paid for
+            assert ms._flat == (budget == "ample"), budget
+    assert True in scans if budget in ("ample", "runs out") else True not in scans
+    assert (False in scans) == (budget != "ample")
+
+
 def _check_row_key_set(ms: RowKeySet, group: dict[int, int], rng: np.random.Generator) -> None:
     """``ms`` holds exactly ``group`` (row key -> group): size, groups, first and last rows."""
     members = defaultdict(list)

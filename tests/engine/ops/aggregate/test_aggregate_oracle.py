@@ -408,6 +408,40 @@ def test_oracle_cached_first_rows_with_occasional_shifts(monkeypatch, scan):
     _run_cases(cases, seed=18)
 
 
+@pytest.mark.parametrize("flat", ["scans", "scans run out", "entries"])
+def test_oracle_row_key_set_flat_through_removes(monkeypatch, flat):
+    # the listener's row-key set stays flat through removes (FLAT_REMOVES): rows leaving
+    # groups are only unmapped, and a group's lost first (or last) row is found by scans
+    # of the map from its bound, in slices of 2, 4, 8, ... keys. "scans": every
+    # scan is paid for, the sets stay flat (no shifts here); "scans run out": a small
+    # balance, so sets scan for a while, then build their entries mid-run and go on as
+    # sorted sets; "entries": the first remove builds them (the sorted sets throughout)
+    monkeypatch.setattr(aggregate_mod, "FLAT_REMOVES", flat != "entries")
+    monkeypatch.setattr(RowKeySet, "SCAN_WIDTH", 2)
+    monkeypatch.setattr(RowKeySet, "SCAN_GAPS", 0)
+    monkeypatch.setattr(RowKeySet, "SCAN_CREDIT", 1 << 20 if flat == "scans" else 4)
+    monkeypatch.setattr(RowKeySet, "SCAN_SLACK", 1 << 20 if flat == "scans" else 256)
+    oracle.share_cycles(monkeypatch, 3)
+    scans: list[bool] = []
+    real_scan = RowKeySet._scan
+
+    def spy(self, g, largest):
+        ok = real_scan(self, g, largest)
+        scans.append(ok)
+        return ok
+    monkeypatch.setattr(RowKeySet, "_scan", spy)
+    specs = [agg.count("N"), agg.sum("Qty", "S"), agg.mean("Price", "M"), agg.first("Key", "F"),
+             agg.last("Price", "L")]
+    cases = {
+        "where": _Case(lambda t: agg_by(t.where(pc.field("Price") > 40), specs, "Sym"), ["Sym"], specs,
+                       where=pc.field("Price") > 40),
+        "two keys": _Case(lambda t: agg_by(t, specs[:3], ["Sym", "Qty"]), ["Sym", "Qty"], specs[:3]),
+        "last_by": _Case(lambda t: last_by(t, "Qty"), ["Qty"], [agg.last(c) for c in ("Sym", "Key", "Price")]),
+    }
+    _run_cases(cases, seed=31)
+    assert (True in scans) == (flat != "entries") and (False in scans) == (flat == "scans run out")
+
+
 @pytest.mark.parametrize("hashed", [False, True])
 def test_oracle_readers_find_the_cycles_groups_as_the_map_does(monkeypatch, hashed):
     # within a cycle a reader's row keys are looked up among the update's added and
