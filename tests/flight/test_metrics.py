@@ -111,14 +111,15 @@ def test_the_stats_action_shows_the_numbers_of_the_metrics_endpoint(served):
     graph.run_cycle()
     with pytest.raises(KeyError):
         tc.snapshot("nope")
-    # the cycle's marker record is flushed after run_cycle returns (nobody waits for it):
-    # read both once the journal's flush count has settled
+    # the cycle's marker record is appended and flushed after run_cycle returns (nobody
+    # waits for it): read both once the journal's bytes and flush count agree between them
     deadline = time.monotonic() + 10
     while True:
         st = tc.stats()
         m = _scrape(srv.metrics_port)
-        flushes = m[("ticktable_journal_flush_seconds_count", ())]
-        if st.attrs["journal_flushes"] == flushes or time.monotonic() > deadline:
+        settled = (st.attrs["journal_flushes"] == m[("ticktable_journal_flush_seconds_count", ())]
+                   and st.attrs["journal_bytes"] == m[("ticktable_journal_bytes", ())])
+        if settled or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     (row,) = st[st["name"] == "t"].to_dict("records")
