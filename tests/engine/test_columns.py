@@ -266,12 +266,9 @@ def test_append_source_reads_equal_the_appended_values(typ, seed, max_merge, sma
         assert len(src._store.chunks) <= (FAN - 1) * (_level(len(expect)) + 1) + src._store._pending
 
 
-def test_append_source_merges_deferred_appends_once(monkeypatch):
-    # appends wait as they came: no copy until more than `defer` wait, then one merge of
-    # all of them as one append; a gather merges the waiting ones first, a run reads them
-    src = AppendColumnSource(pa.string())
-    src._store.defer = 4
-    calls = []
+def _count_concats(monkeypatch) -> list[list[int]]:
+    """Record each ``pa.concat_arrays`` call from now on as its arrays' lengths."""
+    calls: list[list[int]] = []
     concat = pa.concat_arrays
 
     def counting(arrays, *a, **k):
@@ -279,6 +276,15 @@ def test_append_source_merges_deferred_appends_once(monkeypatch):
         return concat(arrays, *a, **k)
 
     monkeypatch.setattr(pa, "concat_arrays", counting)
+    return calls
+
+
+def test_append_source_merges_deferred_appends_once(monkeypatch):
+    # appends wait as they came: no copy until more than `defer` wait, then one merge of
+    # all of them as one append; a gather merges the waiting ones first, a run reads them
+    src = AppendColumnSource(pa.string())
+    src._store.defer = 4
+    calls = _count_concats(monkeypatch)
     expect: list[str] = []
     for i in range(4):
         vals = [f"v{i}-{j}" for j in range(5)]
@@ -310,14 +316,7 @@ def test_append_source_keeps_large_appends_as_they_came_until_the_first_gather(m
     # (one copy), and from then on settles merge as before
     src = AppendColumnSource(pa.string())
     src._store.defer, src._store.keep_bytes = 3, 40
-    calls = []
-    concat = pa.concat_arrays
-
-    def counting(arrays, *a, **k):
-        calls.append([len(x) for x in arrays])
-        return concat(arrays, *a, **k)
-
-    monkeypatch.setattr(pa, "concat_arrays", counting)
+    calls = _count_concats(monkeypatch)
     expect: list[str] = []
     for i in range(30):
         vals = [f"value-{i}-{j}-" + "x" * 20 for j in range(4)]  # ~100 bytes: kept
@@ -442,14 +441,7 @@ def test_an_append_and_the_merges_it_sets_off_are_one_concatenation(monkeypatch)
     for n in (16, 16, 16, 4, 4, 4):  # three chunks of level 2, three of level 1 (fan-in 4)
         src.set_new_range(len(src), pa.array([f"v{j}" for j in range(n)]))
     assert [len(c) for c in src._store.chunks] == [16, 16, 16, 4, 4, 4]
-    calls = []
-    concat = pa.concat_arrays
-
-    def counting(arrays, *a, **k):
-        calls.append([len(x) for x in arrays])
-        return concat(arrays, *a, **k)
-
-    monkeypatch.setattr(pa, "concat_arrays", counting)
+    calls = _count_concats(monkeypatch)
     batches = pa.chunked_array([pa.array(["a", "b", None]), pa.array(["c", "d", "e", "f"])])
     src.set_new_range(len(src), batches)
     # 7 values (level 1) make the fourth chunk of level 1: the four merge into 19 values

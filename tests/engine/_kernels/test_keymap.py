@@ -170,6 +170,25 @@ def test_exact_key_map_against_dict(mode, ops):
         assert m.lookup(hasher(t), same_all).tolist() == [model[k] for k in everything]
 
 
+def _step_against_dict(m, ids, model, op, t, keys, hasher):
+    """One ``op`` ("intern", "delete" or "lookup") of table ``t`` on ``m`` and on ``model``,
+    the dict from each row's key as compared (``keys``) to its id; checks both agree."""
+    h = hasher(t)
+    if op == "intern":
+        got, added = m.intern(t, h, ids)
+        for k, i in zip(keys, got.tolist(), strict=True):
+            model.setdefault(k, i)
+        assert got.tolist() == [model[k] for k in keys]
+    elif op == "delete":
+        present = list(dict.fromkeys(k for k in keys if k in model))
+        gone = np.array([model.pop(k) for k in present], dtype=np.int64)
+        m.delete(gone)
+        ids.free += gone.tolist()
+    else:
+        assert m.lookup(t, h).tolist() == [model.get(k, -1) for k in keys]
+    assert len(m) == len(model)
+
+
 @pytest.mark.parametrize("mode", ["real", "few", "one"])
 @given(ops=_ops)
 def test_stored_key_map_against_dict(mode, ops):
@@ -177,21 +196,7 @@ def test_stored_key_map_against_dict(mode, ops):
     m, ids = StoredKeyMap(SCHEMA), _Ids()
     model: dict[tuple, int] = {}
     for op, keys in ops:
-        t = _table(keys)
-        h = hasher(t)
-        if op == "intern":
-            got, added = m.intern(t, h, ids)
-            for k, i in zip(keys, got.tolist(), strict=True):
-                model.setdefault(k, i)
-            assert got.tolist() == [model[k] for k in keys]
-        elif op == "delete":
-            present = list(dict.fromkeys(k for k in keys if k in model))
-            gone = np.array([model.pop(k) for k in present], dtype=np.int64)
-            m.delete(gone)
-            ids.free += gone.tolist()
-        else:
-            assert m.lookup(t, h).tolist() == [model.get(k, -1) for k in keys]
-        assert len(m) == len(model)
+        _step_against_dict(m, ids, model, op, _table(keys), keys, hasher)
     if model:
         keys = list(model)
         assert m.lookup(_table(keys), hasher(_table(keys))).tolist() == list(model.values())
@@ -251,19 +256,4 @@ def test_stored_key_map_of_fixed_width_keys_against_dict(mode, ops):
                          "x": pa.array([k[1] for k in keys], pa.float64())}, schema=FLAT_SCHEMA)
 
     for op, keys in ops:
-        t = table(keys)
-        h = hasher(t)
-        canon = [_canon(k) for k in keys]
-        if op == "intern":
-            got, added = m.intern(t, h, ids)
-            for k, i in zip(canon, got.tolist(), strict=True):
-                model.setdefault(k, i)
-            assert got.tolist() == [model[k] for k in canon]
-        elif op == "delete":
-            present = list(dict.fromkeys(k for k in canon if k in model))
-            gone = np.array([model.pop(k) for k in present], dtype=np.int64)
-            m.delete(gone)
-            ids.free += gone.tolist()
-        else:
-            assert m.lookup(t, h).tolist() == [model.get(k, -1) for k in canon]
-        assert len(m) == len(model)
+        _step_against_dict(m, ids, model, op, table(keys), [_canon(k) for k in keys], hasher)

@@ -605,6 +605,20 @@ def test_row_key_set_follows_shifts(monkeypatch, merge_min, scan, inserts_first)
         _check_row_key_set(ms, group, rng)
 
 
+def _spy_scans(monkeypatch) -> list[bool]:
+    """Record each ``RowKeySet._scan`` from now on: whether it found the group's end."""
+    scans: list[bool] = []
+    real_scan = RowKeySet._scan
+
+    def spy(self, g, largest):
+        ok = real_scan(self, g, largest)
+        scans.append(ok)
+        return ok
+
+    monkeypatch.setattr(RowKeySet, "_scan", spy)
+    return scans
+
+
 @pytest.mark.parametrize("budget", ["ample", "small slices", "runs out", "none", "hashed"])
 def test_row_key_set_stays_flat_through_removes_by_scans(monkeypatch, budget):
     # flat_removes: removes only unmap keys, queries check each group's bound in the map
@@ -627,14 +641,7 @@ def test_row_key_set_stays_flat_through_removes_by_scans(monkeypatch, budget):
         monkeypatch.setattr(rowkeymap, "SPARSE_SLACK", 0)
     rng = np.random.default_rng(["ample", "runs out", "none", "hashed"].index(budget) + 4 * small)
     ms, group = RowKeySet(flat_removes=True), {}
-    scans = []
-    real_scan = RowKeySet._scan
-
-    def spy(self, g, largest):
-        ok = real_scan(self, g, largest)
-        scans.append(ok)
-        return ok
-    monkeypatch.setattr(RowKeySet, "_scan", spy)
+    scans = _spy_scans(monkeypatch)
     for step in range(250):
         keys = np.array(sorted(group), dtype=np.int64)
         gone = rng.choice(keys, min(keys.size, int(rng.integers(0, 30))), replace=False) if keys.size else keys

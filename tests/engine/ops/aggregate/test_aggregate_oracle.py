@@ -30,7 +30,7 @@ from engine.ops.aggregate._sortedset import RowKeySet, _Sorted
 from engine.ops.aggregate._states import OrderStats
 from engine.ops.aggregate.listener import Agg, AggListener, agg_by, count_by, first_by, last_by
 from engine.table import Table
-from tests.engine.ops.aggregate.test_aggregate import _jitter
+from tests.engine.ops.aggregate.test_aggregate import _jitter, _spy_scans
 from tests.replay import ReplayChecker
 
 SCHEMA = oracle.SCHEMA
@@ -422,14 +422,7 @@ def test_oracle_row_key_set_flat_through_removes(monkeypatch, flat):
     monkeypatch.setattr(RowKeySet, "SCAN_CREDIT", 1 << 20 if flat == "scans" else 4)
     monkeypatch.setattr(RowKeySet, "SCAN_SLACK", 1 << 20 if flat == "scans" else 256)
     oracle.share_cycles(monkeypatch, 3)
-    scans: list[bool] = []
-    real_scan = RowKeySet._scan
-
-    def spy(self, g, largest):
-        ok = real_scan(self, g, largest)
-        scans.append(ok)
-        return ok
-    monkeypatch.setattr(RowKeySet, "_scan", spy)
+    scans = _spy_scans(monkeypatch)
     specs = [agg.count("N"), agg.sum("Qty", "S"), agg.mean("Price", "M"), agg.first("Key", "F"),
              agg.last("Price", "L")]
     cases = {
