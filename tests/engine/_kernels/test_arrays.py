@@ -207,15 +207,22 @@ def test_bitmap_from_words_skips_empty_containers():
     assert list(bitmap_from_words(np.zeros(1024, dtype=np.uint64))) == []
 
 
-@given(ranges=st.lists(st.tuples(st.integers(0, 70_000), st.integers(0, 140_000)), max_size=10),
-       high=st.sampled_from([0, 1 << 32, (1 << 40) - 70_000]))
-def test_bitmap_from_ranges(ranges, high):
-    # sorted, disjoint (possibly touching or empty) half-open ranges, some crossing 2**16
+def _laid_out(ranges, high):
+    """``(starts, stops)`` of sorted, disjoint half-open ranges from ``(gap, length)`` pairs,
+    the first starting ``high`` + its gap past 0."""
     starts, stops, at = [], [], high
     for gap, length in ranges:
         starts.append(at + gap)
         stops.append(at + gap + length)
         at += gap + length
+    return starts, stops
+
+
+@given(ranges=st.lists(st.tuples(st.integers(0, 70_000), st.integers(0, 140_000)), max_size=10),
+       high=st.sampled_from([0, 1 << 32, (1 << 40) - 70_000]))
+def test_bitmap_from_ranges(ranges, high):
+    # sorted, disjoint (possibly touching or empty) half-open ranges, some crossing 2**16
+    starts, stops = _laid_out(ranges, high)
     want = [x for s, e in zip(starts, stops, strict=True) for x in range(s, e)]
     got = bitmap_from_ranges(_a(starts), _a(stops))
     assert len(got) == len(want)
@@ -232,11 +239,7 @@ def test_bitmap_from_ranges_few_equals_serialized(ranges, high):
     # up to FEW_RANGES ranges are added one by one: the same bitmap as the serialized path
     from engine._kernels import arrays
 
-    starts, stops, at = [], [], high
-    for gap, length in ranges:
-        starts.append(at + gap)
-        stops.append(at + gap + length)
-        at += gap + length
+    starts, stops = _laid_out(ranges, high)
     few = bitmap_from_ranges(_a(starts), _a(stops))
     saved = arrays.FEW_RANGES
     arrays.FEW_RANGES = -1
