@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.errors import Overloaded, ProtocolError, SchemaError
+from engine.errors import Overloaded, ProtocolError, SchemaError, TableFailed, TableNotFound
 from engine.rowset import RowSet
 from engine.update import TableUpdate
 from flight.errors import again
@@ -394,12 +394,30 @@ class Subscription:
         with self.graph.shared_lock():
             missed = publisher.missed_since(self.sequence)
             publisher.subscribe(self)
+            ended = self._ended_meanwhile()
             with self._cond:  # nothing pending: the fan-out had every update since joining
+                if ended is not None and self._failure is None:
+                    self._failure = ended
                 if missed is None:  # the history no longer reaches back: start over
                     self._resnapshot = True
                 for e in missed or ():
                     self._pending.append(e)
         return True
+
+    def _ended_meanwhile(self) -> BaseException | None:
+        """Under the shared lock, just subscribed again: the failure or drop of the table
+        since this stream left its fan-out. Out of the fan-out and not yet back with the
+        publisher, it was a sink of neither when a cycle told theirs; it would otherwise
+        join a new fan-out and wait for updates a failed table never sends."""
+        if self._closed:  # the server is shutting down: that is what the stream ends with
+            return None
+        if self.table.closed:
+            return TableNotFound(f"table {self.entry.name!r} was dropped")
+        try:
+            self.table.check_alive()
+        except TableFailed as exc:
+            return exc
+        return None
 
     def write_shared(self, msg: Encoded) -> None:
         """The fan-out's thread writes ``msg`` to this stream (see flight/streams/fanout.py)."""

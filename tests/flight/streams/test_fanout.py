@@ -449,3 +449,50 @@ def test_the_fanout_thread_gives_way_before_each_members_write(monkeypatch):
     assert all(i > 0 and log[i - 1][0] == "give_way" for i in writes)
     for m in members:
         fan.leave(m)
+
+
+def test_a_failure_while_a_member_steps_out_of_its_fan_out_still_ends_its_stream(
+        server, client, graph, monkeypatch):
+    """A member leaves its fan-out (a change from its client, a stall) and subscribes to the
+    publisher again: a cycle failing the table between those two is told to neither. The
+    stream must still end with the failure, not wait in a new fan-out for updates that never
+    come (a links test hung so in CI: the mirror gave up while its subscriber stepped out to
+    send the link's new status)."""
+    t = server.registry.create_source("t", KV, "keyed", keys=["k"]).table
+    t.upsert(pa.table({"k": [1, 2], "s": ["a", "b"], "v": [1.0, 2.0]}, schema=KV))
+    graph.run_cycle()
+    s = Sub(client, "t")
+    s.read()
+    assert _wait_for(lambda: sum(f.members for f in _fanouts(server, "t").values()) == 1)
+    real_leave, failed = fanout_module.FanOut.leave, threading.Event()
+
+    def broken() -> None:
+        raise ValueError("the origin is gone")
+
+    def leave_then_fail(self, member) -> None:
+        real_leave(self, member)  # out of the fan-out, not yet back with the publisher
+        if not failed.is_set():
+            failed.set()
+            monkeypatch.setattr(t, "_compute_update", broken)
+            graph.run_cycle()  # the table fails now: told to no sink of this stream
+            assert t.failure is not None
+
+    monkeypatch.setattr(fanout_module.FanOut, "leave", leave_then_fail)
+    s.change()  # an empty change: the member steps out to answer it
+    ended: list[BaseException] = []
+
+    def read_to_the_end() -> None:
+        try:
+            for _ in range(100):
+                s.read()
+        except Exception as exc:
+            ended.append(exc)
+
+    th = threading.Thread(target=read_to_the_end, daemon=True)
+    th.start()
+    th.join(20)
+    assert failed.is_set()
+    assert not th.is_alive(), "the stream never heard of its table's failure"
+    assert len(ended) == 1 and isinstance(ended[0], pa.ArrowInvalid), ended  # as DoGet answers
+    text = str(ended[0])
+    assert "FAILED_PRECONDITION" in text and "table 't' failed: the origin is gone" in text
