@@ -12,6 +12,12 @@ committing a batch that way takes several times what writing it to a payload fil
 :func:`flight.durability.records.ipc_bytes` laid out in aligned, padded memory is written
 with ``O_DIRECT`` (DMA from that memory, no copy into the page cache, a fraction of the
 CPU), any other through the page cache.
+A :class:`Framed` payload (a received message's body between a small head and tail,
+not copied) is placed so that its body's address and file offset agree modulo
+:data:`ALIGN`: the body's whole pages go out with ``O_DIRECT`` straight from where they
+are, its partial first and last pages, the head and the tail through the page cache
+(no page is written both ways). Such a payload starts wherever that puts it, not at a
+multiple of :data:`ALIGN`.
 Filesystems without ``O_DIRECT`` (tmpfs) get the page cache for all.
 
 The database stays the single source of truth and the commit point:
@@ -36,6 +42,7 @@ import logging
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +64,30 @@ DIRNAME = "payloads"
 _MAX_IOV = 512
 
 _NAME = re.compile(r"^(\d{8})\.ipc$")
+
+
+@dataclass(frozen=True, slots=True)
+class Framed:
+    """A payload in three pieces, written (and checksummed) back to back as one.
+
+    ``body`` is the bulk, left where it is (the body of a record batch's IPC message as
+    received: copying it into aligned memory for ``O_DIRECT`` would cost more than its
+    write); ``head`` and ``tail`` are small. Like any payload handed to the journal, none
+    of the pieces may change until its record's future is done.
+    """
+
+    head: bytes
+    body: memoryview
+    tail: bytes
+
+    @property
+    def nbytes(self) -> int:
+        """The payload's size."""
+        return len(self.head) + self.body.nbytes + len(self.tail)
+
+    def pieces(self) -> tuple[Any, Any, Any]:
+        """The three pieces, in order."""
+        return self.head, self.body, self.tail
 
 
 def segment_path(root: Path, seg: int) -> Path:
@@ -169,6 +200,13 @@ class PayloadWriter:
         run: list[memoryview] = []   # aligned payloads back to back from run_at: one pwritev
         run_at = 0
         for payload in payloads:
+            if isinstance(payload, Framed):
+                self._write_direct(run, run_at)
+                run = []
+                at = self._write_framed(payload, at)
+                offsets.append(at)
+                at += payload.nbytes
+                continue
             view = memoryview(payload).cast("B")
             at = -(-at // ALIGN) * ALIGN
             offsets.append(at)
@@ -189,6 +227,24 @@ class PayloadWriter:
         os.fdatasync(self._fd)
         self._end = at
         return self._seg, offsets
+
+    def _write_framed(self, payload: Framed, end: int) -> int:
+        """Write ``payload`` at the first offset from ``end`` where its body's address and
+        offset agree modulo :data:`ALIGN`; return that offset. The body's whole pages go
+        out with ``O_DIRECT``, the rest (in pages of their own) through the page cache."""
+        body = payload.body.cast("B")
+        address = pa.py_buffer(body).address
+        at = end + (address - end - len(payload.head)) % ALIGN
+        start = at + len(payload.head)  # the body's offset: == address modulo ALIGN
+        lo = -address % ALIGN                             # body bytes before its first page
+        hi = max(lo, (address + body.nbytes) // ALIGN * ALIGN - address)  # ... after its last
+        if self._direct < 0 or hi == lo:
+            _write_all(self._fd, [memoryview(payload.head), body, memoryview(payload.tail)], at)
+            return at
+        _write_all(self._fd, [memoryview(payload.head), body[:lo]], at)
+        self._write_direct([body[lo:hi]], start + lo)
+        _write_all(self._fd, [body[hi:], memoryview(payload.tail)], start + hi)
+        return at
 
     def _write_direct(self, views: list[memoryview], at: int) -> None:
         """Write aligned ``views``, back to back from ``at``, with one ``O_DIRECT`` pwritev
