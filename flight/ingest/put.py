@@ -252,7 +252,7 @@ class PutHandler:
         for index, item in enumerate(batches):
             batch, message = _received(item)
             parts = check_batch(entry, kind, batch, max_value_bytes=self.max_value_bytes,
-                                message=message)
+                                message=None if self.staging.synchronous else message)
             if staged:
                 self.staging.hold(request.write_id, slot, parts, batch.num_rows)
             else:
@@ -429,13 +429,13 @@ def check_batch(entry: TableEntry, kind: PutMode, batch: pa.RecordBatch | pa.Tab
     check_values(name, data, max_value_bytes)
     if kind in (PutMode.APPEND, PutMode.DELETE):
         rows = table.check_batch(data, kind)
-        return [Part(name, rows, message=_as_received(message, rows, batch))]
+        return [Part(name, rows, message=_as_received(message, rows, data, batch))]
     if kind == PutMode.UPSERT:
         data, marker = _reserved(data, DELETE)
         flags = None if marker is None else _bool_column(name, marker, DELETE)
         rows = table.check_batch(data, PutMode.UPSERT)
         if flags is None or not flags.any():  # the keyed table itself is last-wins
-            return [Part(name, rows, message=_as_received(message, rows, batch))]
+            return [Part(name, rows, message=_as_received(message, rows, data, batch))]
         return _split_upsert_delete(name, rows, flags)
     # diff
     data, weights = _reserved(data, DIFF)
@@ -449,12 +449,15 @@ def check_batch(entry: TableEntry, kind: PutMode, batch: pa.RecordBatch | pa.Tab
     return [Part(name, rows, diffs)]
 
 
-def _as_received(message: IpcMessage | None, rows: CheckedBatch,
+def _as_received(message: IpcMessage | None, rows: CheckedBatch, checked: pa.Table,
                  batch: pa.RecordBatch | pa.Table) -> IpcMessage | None:
     """``message`` if ``rows`` are ``batch``'s columns as they came (the same types and
-    buffers, in order, none added or removed): then the message holds exactly the rows."""
+    buffers, in order, none added or removed): then the message holds exactly the rows.
+    ``checked``: the table that went to the table's check, made of ``batch``'s columns."""
     if message is None or not isinstance(batch, pa.RecordBatch):
         return None
+    if rows.data is checked and checked.num_columns == batch.num_columns:
+        return message  # the check kept the very table it was given: batch's columns
     data = rows.data
     if data.num_columns != batch.num_columns or data.num_rows != batch.num_rows:
         return None

@@ -313,7 +313,10 @@ def test_received_batches_are_journaled_as_they_came_and_replay_exactly(
     marked = rows(25_000, 20_000)
     marked = marked.append_column("__delete", pa.array(np.arange(20_000) % 3 == 0))
     assert _do_put(a.server.location, "kv", [marked]) == 20_000
+    unmarked = rows(50_000, 20_000).append_column("__delete", pa.array(np.zeros(20_000, bool)))
+    assert _do_put(a.server.location, "kv", [unmarked]) == 20_000  # the marker column dropped
     assert kinds[3:5] == ["Framed", "Framed"] and "Framed" not in kinds[5:]
+    assert kinds[-1] == "Buffer"
     a.graph.run_cycle()
     before = a.state("log"), a.state("kv")
     assert len(before[0][1]) == 70_000 and len(before[1][1]) > 0
