@@ -94,6 +94,8 @@ def _serve(conn: Any, data_dir: str | None, interval: float) -> None:
                 cond.wait_for(lambda rows=rows: applied["touched"] >= rows, 300)
                 hit = next((t for t, c in applied["at"] if c >= rows), None)
             conn.send(hit)
+        elif cmd[0] == "threads":  # native id -> name (Python's names are not the OS's)
+            conn.send({t.native_id: t.name for t in threading.enumerate()})
         elif cmd[0] == "size":
             conn.send(server.registry.get(cmd[1]).table.size)
         elif cmd[0] == "stop":

@@ -43,17 +43,23 @@ from flight.pb import flight_pb2 as pb  # noqa: E402
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _thread_cpu(pid: int) -> collections.Counter[str]:
-    """Seconds of CPU per thread name (digits stripped) of process ``pid``."""
+def _thread_cpu(pid: int, names: dict[int, str] | None = None) -> collections.Counter[str]:
+    """Seconds of CPU per thread name (digits stripped) of process ``pid``: its Python
+    name where ``names`` (native id -> name) has it; ``"all"``, the process's total (threads
+    that ended count there only)."""
     out: collections.Counter[str] = collections.Counter()
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except FileNotFoundError:
             continue
-        name = stat[stat.index("(") + 1: stat.rindex(")")].rstrip("0123456789-_ ")
+        name = (names or {}).get(int(tid)) or stat[stat.index("(") + 1: stat.rindex(")")]
+        name = name.rstrip("0123456789-_ ")
         fields = stat[stat.rindex(")") + 2:].split()
         out[name] += (int(fields[11]) + int(fields[12])) / _TICK
+    fields = Path(f"/proc/{pid}/stat").read_text()
+    fields = fields[fields.rindex(")") + 2:]
+    out["all"] = (int(fields.split()[11]) + int(fields.split()[12])) / _TICK
     return out
 
 
@@ -77,9 +83,12 @@ def server(rounds: int) -> None:
                 name = f"a{i}"
                 srv.create(name, "append")
                 srv.call("watch", name)
-                f0, c0, t0 = _faults(srv.proc.pid), _thread_cpu(srv.proc.pid), time.perf_counter()
+                names = srv.call("threads")
+                f0, t0 = _faults(srv.proc.pid), time.perf_counter()
+                c0 = _thread_cpu(srv.proc.pid, names)
                 srv.put(name, app, pb.PUT_MODE_APPEND)
-                t1, c1, f1 = time.perf_counter(), _thread_cpu(srv.proc.pid), _faults(srv.proc.pid)
+                t1 = time.perf_counter()
+                c1, f1 = _thread_cpu(srv.proc.pid, names), _faults(srv.proc.pid)
                 srv.call("wait", rows)
                 srv.drop(name)
                 if i:
@@ -97,8 +106,9 @@ def server(rounds: int) -> None:
     for mode in servers:
         w = np.array(wall[mode])
         threads = {k: round(v * 1e6) for k, v in cpu[mode].most_common() if v * 1e6 >= 5}
+        total = threads.pop("all", 0)
         print(f"  {mode}: {rows / np.median(w) / 1e6:.1f}M rows/s (mean {rows / w.mean() / 1e6:.1f}); "
-              f"server CPU {sum(threads.values())} us/batch {threads}; "
+              f"server CPU {total} us/batch, threads alive at the end {threads}; "
               f"{np.median(faults[mode]):.0f} page faults/batch")
 
 

@@ -84,7 +84,17 @@ from engine.graph import UpdateGraph
 from engine.sources import ReplicaTable, SourceTable
 from flight.durability.checkpoint import read_checkpoint, write_checkpoint
 from flight.durability.journal import Journal
-from flight.durability.records import Blob, Chain, Record, ipc_bytes, read_ipc
+from flight.durability.payloads import EXTERNAL_MIN_BYTES
+from flight.durability.records import (
+    Blob,
+    Chain,
+    Framed,
+    Payload,
+    Record,
+    ipc_bytes,
+    payload_size,
+    read_ipc,
+)
 from flight.ingest.parts import Part
 from flight.ingest.staging import StagingArea
 from flight.pb import flight_pb2 as pb
@@ -118,8 +128,20 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text)
 
 
-def encode_parts(parts: list[Part]) -> tuple[list[dict[str, Any]], Blob]:
-    """Parts as JSON descriptions and one payload of concatenated IPC streams."""
+def encode_parts(parts: list[Part]) -> tuple[list[dict[str, Any]], Payload]:
+    """Parts as JSON descriptions and one payload of concatenated IPC streams.
+
+    One part that keeps the IPC message its rows came in (:attr:`Part.message`) and is
+    bound for a payload file is that message's stream as it is, in pieces
+    (:class:`~flight.durability.records.Framed`): its rows are not serialized again.
+    """
+    message = parts[0].message if len(parts) == 1 else None
+    if message is not None and parts[0].diffs is None:
+        p = parts[0]
+        framed = Framed(*message.stream_pieces(p.data.schema))
+        if framed.nbytes >= EXTERNAL_MIN_BYTES:
+            return [{"table": p.table, "kind": p.kind.value, "bytes": framed.nbytes,
+                     "diffs": False}], framed
     metas, blobs = [], []
     for p in parts:  # one IPC stream per part
         data = p.data
@@ -222,14 +244,14 @@ class Durability:
         self._gate.release()
 
     # the write path -----------------------------------------------------------------------
-    def _record(self, kind: RecordKind, table: str | None, meta: dict[str, Any], payload: Blob,
+    def _record(self, kind: RecordKind, table: str | None, meta: dict[str, Any], payload: Payload,
                 apply: Callable[[int], T]) -> T:
         """Journal, then apply in journal order; in memory, apply at once."""
         if self.journal is None:
             return apply(0)
         return self._submit(kind, table, meta, payload, apply, None).result()
 
-    def _submit(self, kind: RecordKind, table: str | None, meta: dict[str, Any], payload: Blob,
+    def _submit(self, kind: RecordKind, table: str | None, meta: dict[str, Any], payload: Payload,
                 apply: Callable[[int], T], chain: Chain | None) -> Future[T]:
         """Queue a record; the future is the apply's result once durable and applied."""
         assert self.journal is not None
@@ -250,7 +272,7 @@ class Durability:
         # not durable (the apply never ran): the journal's error is the answer
         done.add_done_callback(lambda f: None if out.done() or f.exception() is None
                                else out.set_exception(f.exception()))
-        self._since_bytes += memoryview(payload).nbytes + 64
+        self._since_bytes += payload_size(payload) + 64
         return out
 
     @property

@@ -68,7 +68,16 @@ from flight.durability import journal_files as _fmt
 from flight.durability import payloads as _payloads
 from flight.durability.journal_files import FILENAME as FILENAME
 from flight.durability.journal_files import VERSION as VERSION
-from flight.durability.records import Blob, Chain, DedupeUpdate, JournalStats, Record
+from flight.durability.records import (
+    Blob,
+    Chain,
+    DedupeUpdate,
+    Framed,
+    JournalStats,
+    Payload,
+    Record,
+    payload_size,
+)
 
 __all__ = [
     "FILENAME",
@@ -91,7 +100,7 @@ class _Pending:
     kind: str
     table: str | None
     meta: Blob
-    payload: Blob
+    payload: Payload  # a Framed one is always bound for a payload file
     body_crc: int
     nbytes: int
     apply: Callable[[int], object] | None
@@ -163,7 +172,7 @@ class Journal:
         return self._path
 
     # writes ------------------------------------------------------------------------------
-    def append(self, kind: str, table: str | None, meta: Blob, payload: Blob = b"", *,
+    def append(self, kind: str, table: str | None, meta: Blob, payload: Payload = b"", *,
                apply: Callable[[int], object] | None = None,
                dedupe: DedupeUpdate | None = None) -> int:
         """Journal one record and return its seq once it is durable (and applied).
@@ -202,7 +211,7 @@ class Journal:
                                "use append_nowait")
         return self._submit(kind, table, meta, payload, apply, dedupe)[1].result()
 
-    def submit(self, kind: str, table: str | None, meta: Blob, payload: Blob = b"", *,
+    def submit(self, kind: str, table: str | None, meta: Blob, payload: Payload = b"", *,
                apply: Callable[[int], object] | None = None,
                dedupe: DedupeUpdate | None = None, chain: Chain | None = None) -> Future[int]:
         """Queue one record and return at once: a future of its seq, done once it is durable
@@ -219,7 +228,7 @@ class Journal:
         """
         return self._submit(kind, table, meta, payload, apply, dedupe, chain)[1]
 
-    def append_nowait(self, kind: str, table: str | None, meta: Blob, payload: Blob = b"", *,
+    def append_nowait(self, kind: str, table: str | None, meta: Blob, payload: Payload = b"", *,
                       apply: Callable[[int], object] | None = None,
                       dedupe: DedupeUpdate | None = None) -> int:
         """Queue a record nobody waits for (cycle markers) and return its seq at once.
@@ -344,12 +353,14 @@ class Journal:
         finally:
             conn.close()
 
-    def _submit(self, kind: str, table: str | None, meta: Blob, payload: Blob,
+    def _submit(self, kind: str, table: str | None, meta: Blob, payload: Payload,
                 apply: Callable[[int], object] | None,
                 dedupe: DedupeUpdate | None,
                 chain: Chain | None = None) -> tuple[int, Future[int]]:
         # the body CRC is the expensive part: computed here, on the writer's thread
-        size = memoryview(payload).nbytes
+        size = payload_size(payload)
+        if isinstance(payload, Framed) and size < _payloads.EXTERNAL_MIN_BYTES:
+            payload = b"".join(payload.pieces())  # stored inline: SQLite takes bytes
         body = _fmt.body_crc(meta, payload, external=size >= _payloads.EXTERNAL_MIN_BYTES)
         nbytes = memoryview(meta).nbytes + size
         future: Future[int] = Future()
@@ -499,7 +510,7 @@ class Journal:
     def _write_payloads(self, group: list[_Pending]) -> dict[int, tuple[int, int, int]] | None:
         """Write the group's large payloads to a payload file, durably: ``seq -> (seg, off,
         size)``; or fail the group and return None."""
-        big = [p for p in group if memoryview(p.payload).nbytes >= _payloads.EXTERNAL_MIN_BYTES]
+        big = [p for p in group if payload_size(p.payload) >= _payloads.EXTERNAL_MIN_BYTES]
         if not big:
             return {}
         try:
@@ -509,7 +520,7 @@ class Journal:
             full, reason = _payloads.classify(exc, file)
             self._fail(group, JournalFull if full else JournalUnavailable, reason, file)
             return None
-        return {p.seq: (seg, off, memoryview(p.payload).nbytes)
+        return {p.seq: (seg, off, payload_size(p.payload))
                 for p, off in zip(big, offsets, strict=True)}
 
     def _fail(self, group: list[_Pending], cls: type[JournalUnavailable], reason: str,

@@ -105,15 +105,18 @@ class transaction:
 
 
 def body_crc(meta: Any, payload: Any, *, external: bool) -> int:
-    """The CRC of a record's ``meta`` then ``payload`` (bytes-like).
+    """The CRC of a record's ``meta`` then ``payload`` (bytes-like, or
+    :class:`~flight.durability.payloads.Framed`: over its pieces in order).
 
     A payload in a payload file: CRC32C (``google-crc32c``, in hardware where the CPU has
     it: several times faster than zlib's CRC32 on the writer's thread). An inline payload:
     zlib's CRC32, as format version 1 wrote it.
     """
     if external:
-        return int(google_crc32c.extend(google_crc32c.value(_bytes_like(meta)),
-                                        _bytes_like(payload)))
+        value = google_crc32c.value(_bytes_like(meta))
+        for piece in (payload.pieces() if isinstance(payload, _payloads.Framed) else (payload,)):
+            value = google_crc32c.extend(value, _bytes_like(piece))
+        return int(value)
     return zlib.crc32(payload, zlib.crc32(meta))
 
 

@@ -12,6 +12,13 @@ committing a batch that way takes several times what writing it to a payload fil
 :func:`flight.durability.records.ipc_bytes` laid out in aligned, padded memory is written
 with ``O_DIRECT`` (DMA from that memory, no copy into the page cache, a fraction of the
 CPU), any other through the page cache.
+A :class:`Framed` payload (a received message's body between a small head and tail,
+not copied) is placed so that its body's address and file offset agree modulo
+:data:`ALIGN`: the body's whole pages go out with ``O_DIRECT`` straight from where they
+are, its partial first and last pages, with the head and the tail, from a page or two
+copied into aligned memory (zeros around them). Such a payload starts wherever that puts
+it in its first page, not at a multiple of :data:`ALIGN`; a group's ``O_DIRECT`` pages
+are back to back, written with one ``pwritev``.
 Filesystems without ``O_DIRECT`` (tmpfs) get the page cache for all.
 
 The database stays the single source of truth and the commit point:
@@ -36,9 +43,11 @@ import logging
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 log = logging.getLogger(__name__)
@@ -57,6 +66,30 @@ DIRNAME = "payloads"
 _MAX_IOV = 512
 
 _NAME = re.compile(r"^(\d{8})\.ipc$")
+
+
+@dataclass(frozen=True, slots=True)
+class Framed:
+    """A payload in three pieces, written (and checksummed) back to back as one.
+
+    ``body`` is the bulk, left where it is (the body of a record batch's IPC message as
+    received: copying it into aligned memory for ``O_DIRECT`` would cost more than its
+    write); ``head`` and ``tail`` are small. Like any payload handed to the journal, none
+    of the pieces may change until its record's future is done.
+    """
+
+    head: bytes
+    body: memoryview
+    tail: bytes
+
+    @property
+    def nbytes(self) -> int:
+        """The payload's size."""
+        return len(self.head) + self.body.nbytes + len(self.tail)
+
+    def pieces(self) -> tuple[Any, Any, Any]:
+        """The three pieces, in order."""
+        return self.head, self.body, self.tail
 
 
 def segment_path(root: Path, seg: int) -> Path:
@@ -166,29 +199,61 @@ class PayloadWriter:
             self._start()
         assert self._seg is not None
         offsets, at = [], self._end
-        run: list[memoryview] = []   # aligned payloads back to back from run_at: one pwritev
-        run_at = 0
+        run: list[memoryview] = []   # aligned views back to back from run_at: one pwritev
+        run_at = run_end = 0
         for payload in payloads:
-            view = memoryview(payload).cast("B")
-            at = -(-at // ALIGN) * ALIGN
-            offsets.append(at)
-            if (self._direct >= 0 and view.nbytes % ALIGN == 0
-                    and isinstance(payload, pa.Buffer) and payload.address % ALIGN == 0):
-                if not run:
-                    run_at = at
-                run.append(view)  # its size is a multiple of ALIGN: the next one starts at its end
-                if len(run) == _MAX_IOV:
+            placed = self._placed(payload, at) if self._direct >= 0 else None
+            if placed is not None:  # O_DIRECT: its pages, from a page boundary
+                off, first, views = placed
+                if run and (first != run_end or len(run) + len(views) > _MAX_IOV):
                     self._write_direct(run, run_at)
                     run = []
-            else:
-                self._write_direct(run, run_at)
-                run = []
-                _write_all(self._fd, [view], at)
-            at += view.nbytes
+                if not run:
+                    run_at = run_end = first
+                run += views
+                run_end += sum(v.nbytes for v in views)
+                offsets.append(off)
+                at = off + _size(payload)
+                continue
+            self._write_direct(run, run_at)
+            run = []
+            if not isinstance(payload, Framed):
+                at = -(-at // ALIGN) * ALIGN
+            offsets.append(at)
+            pieces = payload.pieces() if isinstance(payload, Framed) else (payload,)
+            _write_all(self._fd, [memoryview(v).cast("B") for v in pieces], at)
+            at += _size(payload)
         self._write_direct(run, run_at)
         os.fdatasync(self._fd)
         self._end = at
         return self._seg, offsets
+
+    @staticmethod
+    def _placed(payload: Any, end: int) -> tuple[int, int, list[memoryview]] | None:
+        """Where ``payload`` goes with ``O_DIRECT`` after ``end``: its offset, and the
+        page-aligned views to write from a page boundary; ``None`` if it cannot.
+
+        An aligned ``pyarrow.Buffer`` of whole pages starts at the next page. A
+        :class:`Framed` payload's body is placed where its address and offset agree
+        modulo :data:`ALIGN`, so that its whole pages are written from where they are;
+        its partial first and last pages, with the head and tail, are copied into
+        aligned memory of their own (zeros before the head and after the tail).
+        """
+        first = -(-end // ALIGN) * ALIGN
+        if not isinstance(payload, Framed):
+            if (isinstance(payload, pa.Buffer) and payload.address % ALIGN == 0
+                    and payload.size % ALIGN == 0):
+                return first, first, [memoryview(payload).cast("B")]
+            return None
+        body = payload.body.cast("B")
+        address = pa.py_buffer(body).address
+        off = first + (address - len(payload.head) - first) % ALIGN
+        lo = -address % ALIGN                                     # body bytes before a page
+        hi = (address + body.nbytes) // ALIGN * ALIGN - address   # ... up to its last page
+        if hi <= lo:  # no whole page of the body: all of it copied
+            return off, first, [_bounce(off - first, payload.head, body, payload.tail)]
+        return off, first, [_bounce(off - first, payload.head, body[:lo]), body[lo:hi],
+                            _bounce(0, body[hi:], payload.tail)]
 
     def _write_direct(self, views: list[memoryview], at: int) -> None:
         """Write aligned ``views``, back to back from ``at``, with one ``O_DIRECT`` pwritev
@@ -267,6 +332,24 @@ class PayloadWriter:
             direct = -1
         self._seg, self._fd, self._direct, self._end = seg, fd, direct, 0
         self._next_seg = seg + 1
+
+
+def _size(payload: Any) -> int:
+    return payload.nbytes if isinstance(payload, Framed) else memoryview(payload).nbytes
+
+
+def _bounce(zeros: int, *pieces: Any) -> memoryview:
+    """``zeros`` zero bytes, then ``pieces``, in page-aligned memory padded with zeros to
+    whole pages."""
+    n = zeros + sum(memoryview(p).nbytes for p in pieces)
+    raw = np.zeros(-(-n // ALIGN) * ALIGN + ALIGN, np.uint8)
+    out = raw[-raw.ctypes.data % ALIGN:][: -(-n // ALIGN) * ALIGN]
+    at = zeros
+    for p in pieces:
+        view = np.frombuffer(p, np.uint8)
+        out[at: at + view.size] = view
+        at += view.size
+    return out.data
 
 
 def _write_all(fd: int, views: list[memoryview], at: int) -> None:

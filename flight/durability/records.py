@@ -3,7 +3,9 @@
 :mod:`flight.durability.journal` is the API and the group commit; this module holds the values that
 cross that API and the encoding of a record's payload:
 
-* :data:`Blob`, the bytes-like values a record's ``meta`` and ``payload`` may be;
+* :data:`Blob`, the bytes-like values a record's ``meta`` and ``payload`` may be, and
+  :data:`Payload`, a ``Blob`` or a :class:`~flight.durability.payloads.Framed` payload in
+  pieces (:func:`payload_size`);
 * :class:`DedupeUpdate`, idempotency state written in the same transaction as its record;
 * :class:`Chain`, one writer's records, which become durable as a prefix;
 * :class:`Record`, a durable record as :meth:`~flight.durability.journal.Journal.records` reads it;
@@ -41,20 +43,31 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from flight.durability import payloads as _payloads
+from flight.durability.payloads import Framed as Framed
 
 __all__ = [
     "AlignedSlabs",
     "Blob",
     "Chain",
     "DedupeUpdate",
+    "Framed",
     "JournalStats",
+    "Payload",
     "Record",
     "ipc_bytes",
+    "payload_size",
     "read_ipc",
 ]
 
 #: Bytes-like values the journal stores: ``bytes``, ``memoryview``, ``pyarrow.Buffer``, ...
 Blob: TypeAlias = "bytes | bytearray | memoryview | pa.Buffer"
+#: A record's payload: a ``Blob``, or a large one in pieces (written without joining them).
+Payload: TypeAlias = "Blob | Framed"
+
+
+def payload_size(payload: Payload) -> int:
+    """The bytes of ``payload``."""
+    return payload.nbytes if isinstance(payload, Framed) else memoryview(payload).nbytes
 
 
 @dataclass(frozen=True, slots=True)

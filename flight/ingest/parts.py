@@ -47,6 +47,7 @@ from engine.differential.resolve import KeyedWrites, resolve_triples
 from engine.differential.zset import ZSet
 from engine.errors import InputError, TableFailed
 from engine.sources import CheckedBatch, KeyedTable, SourceTable
+from flight.rpc.framing import IpcMessage
 from flight.streams.registry import TableEntry, TableRegistry
 from flight.wire import PutMode
 
@@ -69,11 +70,16 @@ class Part:
         rows are checked as an ``upsert``'s.
     diffs
         The weight per row of a ``diff`` part; ``None`` for any other.
+    message
+        The IPC message the rows were decoded from, when the check kept them as they came
+        (the same buffers, in the table's schema): the journal writes its bytes rather than
+        serializing the rows again. ``None`` for any other part.
     """
 
     table: str
     rows: CheckedBatch
     diffs: I64 | None = None
+    message: IpcMessage | None = None
 
     @property
     def kind(self) -> PutMode:

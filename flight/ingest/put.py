@@ -52,6 +52,7 @@ from flight.ingest.parts import Part
 from flight.ingest.value_sizes import check_values
 from flight.limits import limit_text
 from flight.pb import flight_pb2 as pb
+from flight.rpc.framing import Chunk, IpcMessage
 from flight.rpc.requests import check_metadata_size, parse, table_name
 from flight.streams.registry import TableEntry, TableRegistry
 from flight.wire import DELETE, DIFF, TIME, PutMode, TableKind
@@ -168,7 +169,7 @@ class PutHandler:
             request = parse(pb.PutRequest(), meta.to_pybytes(), "DoPut")
         yield from self.acks(name, request, self._batches(name, reader, first))
 
-    def _batches(self, name: str, reader: Any, first: Any) -> Iterator[pa.RecordBatch]:
+    def _batches(self, name: str, reader: Any, first: Any) -> Iterator[pa.RecordBatch | Chunk]:
         limit = self.max_batch_bytes
         chunk = first
         while True:
@@ -180,13 +181,15 @@ class PutHandler:
                     raise LimitExceeded(f"DoPut into {name!r}: record batch of {size} "
                                         f"bytes exceeds {limit_text('max_put_batch_bytes', limit)}"
                                         f"; send smaller batches")
-                yield chunk.data
+                yield chunk if isinstance(chunk, Chunk) and chunk.message is not None \
+                    else chunk.data
             try:
                 chunk = reader.read_chunk()
             except StopIteration:
                 return
 
-    def put(self, table_name: str, request: pb.PutRequest, batches: Iterable[pa.RecordBatch],
+    def put(self, table_name: str, request: pb.PutRequest,
+            batches: Iterable[pa.RecordBatch | Chunk],
             ack: Callable[[pb.PutAck], None]) -> int:
         """:meth:`acks`, each passed to ``ack``; returns the number of rows received."""
         total = 0
@@ -196,7 +199,7 @@ class PutHandler:
         return total
 
     def acks(self, table_name: str, request: pb.PutRequest,
-             batches: Iterable[pa.RecordBatch]) -> Iterator[pb.PutAck]:
+             batches: Iterable[pa.RecordBatch | Chunk]) -> Iterator[pb.PutAck]:
         """Check, stage and acknowledge a decoded stream: one ack per batch, in order.
 
         Each batch is checked, then staged into the table (no ``write_id``: visible after
@@ -215,7 +218,8 @@ class PutHandler:
         request
             The stream's first ``app_metadata``: mode and optional stage slot.
         batches
-            The stream's record batches.
+            The stream's record batches, or decoded :class:`~flight.rpc.framing.Chunk` s
+            (a batch with the IPC message it came from, which a journal may write as it is).
 
         Yields
         ------
@@ -245,8 +249,10 @@ class PutHandler:
             return
         slot = (int(request.partition), int(request.attempt))
         total = 0
-        for index, batch in enumerate(batches):
-            parts = check_batch(entry, kind, batch, max_value_bytes=self.max_value_bytes)
+        for index, item in enumerate(batches):
+            batch, message = _received(item)
+            parts = check_batch(entry, kind, batch, max_value_bytes=self.max_value_bytes,
+                                message=None if self.staging.synchronous else message)
             if staged:
                 self.staging.hold(request.write_id, slot, parts, batch.num_rows)
             else:
@@ -257,7 +263,7 @@ class PutHandler:
                             staged=staged)
 
     def _pipelined(self, entry: TableEntry, kind: PutMode,
-                   batches: Iterable[pa.RecordBatch]) -> Iterator[pb.PutAck]:
+                   batches: Iterable[pa.RecordBatch | Chunk]) -> Iterator[pb.PutAck]:
         """Check and submit each batch without waiting; acknowledge in order as each lands.
 
         A reader thread takes the client's batches while this generator waits for whichever
@@ -275,7 +281,7 @@ class PutHandler:
         flight_: deque[tuple[Future[None], int, int, float]] = deque()
         in_flight = acked = total = 0
         cond = threading.Condition()
-        incoming: deque[pa.RecordBatch] = deque()
+        incoming: deque[pa.RecordBatch | Chunk] = deque()
         ended: list[BaseException | None] = []  # [error or None] once the client's stream ended
         stop = threading.Event()
 
@@ -322,15 +328,16 @@ class PutHandler:
                     while not (flight_ and flight_[0][0].done()) and not ended and (
                             not incoming or not room()):
                         cond.wait()
-                    batch = incoming.popleft() if incoming and room() else None
+                    item = incoming.popleft() if incoming and room() else None
                     finished = not incoming and bool(ended)
                     cond.notify_all()
                 while flight_ and flight_[0][0].done():
                     yield ack_head()
-                if batch is not None:
+                if item is not None:
+                    batch, message = _received(item)
                     try:
                         parts = check_batch(entry, kind, batch,
-                                            max_value_bytes=self.max_value_bytes)
+                                            max_value_bytes=self.max_value_bytes, message=message)
                         nbytes = self._admit(entry, parts, lambda: sum(
                             n for f, _, n, _ in list(flight_) if not f.done()))
                     except Exception:
@@ -365,6 +372,14 @@ class PutHandler:
         return nbytes
 
 
+def _received(item: pa.RecordBatch | Chunk) -> tuple[pa.RecordBatch, IpcMessage | None]:
+    """A batch and the IPC message it came from, if known."""
+    if isinstance(item, Chunk):
+        assert item.data is not None, "only a chunk holding a batch is passed on"
+        return item.data, item.message
+    return item, None
+
+
 # checking batches ---------------------------------------------------------------------------
 def check_mode(entry: TableEntry, mode: int) -> PutMode:
     """The write kind for ``mode`` on ``entry``, or an InputError saying which mode fits."""
@@ -389,12 +404,15 @@ def check_mode(entry: TableEntry, mode: int) -> PutMode:
 
 
 def check_batch(entry: TableEntry, kind: PutMode, batch: pa.RecordBatch | pa.Table, *,
-                max_value_bytes: int | None = None) -> list[Part]:
+                max_value_bytes: int | None = None,
+                message: IpcMessage | None = None) -> list[Part]:
     """Check one batch and turn it into parts to stage together (nothing is staged here).
 
     This takes what the mode adds to the rows (the ``__delete`` marker, the ``__diff``
     weight, a ``__time`` column) and checks value sizes; the rows are checked once, by the
     table (:meth:`~engine.sources.SourceTable.check_batch`), and staged as checked.
+    ``message`` is the IPC message ``batch`` was decoded from: a part whose rows are the
+    batch's own columns, unchanged, keeps it (:attr:`Part.message`).
 
     Raises
     ------
@@ -410,13 +428,14 @@ def check_batch(entry: TableEntry, kind: PutMode, batch: pa.RecordBatch | pa.Tab
     data = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     check_values(name, data, max_value_bytes)
     if kind in (PutMode.APPEND, PutMode.DELETE):
-        return [Part(name, table.check_batch(data, kind))]
+        rows = table.check_batch(data, kind)
+        return [Part(name, rows, message=_as_received(message, rows, data, batch))]
     if kind == PutMode.UPSERT:
         data, marker = _reserved(data, DELETE)
         flags = None if marker is None else _bool_column(name, marker, DELETE)
         rows = table.check_batch(data, PutMode.UPSERT)
-        if flags is None or not flags.any():
-            return [Part(name, rows)]  # the keyed table itself is last-wins
+        if flags is None or not flags.any():  # the keyed table itself is last-wins
+            return [Part(name, rows, message=_as_received(message, rows, data, batch))]
         return _split_upsert_delete(name, rows, flags)
     # diff
     data, weights = _reserved(data, DIFF)
@@ -428,6 +447,33 @@ def check_batch(entry: TableEntry, kind: PutMode, batch: pa.RecordBatch | pa.Tab
     rows = table.check_batch(data, PutMode.UPSERT)  # refuses a repeated __diff too
     assert diffs is not None
     return [Part(name, rows, diffs)]
+
+
+def _as_received(message: IpcMessage | None, rows: CheckedBatch, checked: pa.Table,
+                 batch: pa.RecordBatch | pa.Table) -> IpcMessage | None:
+    """``message`` if ``rows`` are ``batch``'s columns as they came (the same types and
+    buffers, in order, none added or removed): then the message holds exactly the rows.
+    ``checked``: the table that went to the table's check, made of ``batch``'s columns."""
+    if message is None or not isinstance(batch, pa.RecordBatch):
+        return None
+    if rows.data is checked and checked.num_columns == batch.num_columns:
+        return message  # the check kept the very table it was given: batch's columns
+    data = rows.data
+    if data.num_columns != batch.num_columns or data.num_rows != batch.num_rows:
+        return None
+    for column, sent in zip(data.columns, batch.columns, strict=True):
+        if column.num_chunks != 1:
+            return None
+        kept = column.chunk(0)
+        if (kept.type != sent.type or kept.offset != sent.offset
+                or kept.null_count != sent.null_count
+                or _addresses(kept.buffers()) != _addresses(sent.buffers())):
+            return None
+    return message
+
+
+def _addresses(buffers: list[pa.Buffer | None]) -> list[tuple[int, int] | None]:
+    return [None if b is None else (b.address, b.size) for b in buffers]
 
 
 def _reserved(data: pa.Table, column: str) -> tuple[pa.Table, pa.ChunkedArray | None]:

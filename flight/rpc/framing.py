@@ -37,6 +37,7 @@ from engine.errors import ProtocolError
 __all__ = [
     "Chunk",
     "IpcDecoder",
+    "IpcMessage",
     "ParsedFlightData",
     "batch_frames",
     "descriptor_of",
@@ -322,12 +323,39 @@ def _valid_ascii_strings(a: pa.Array) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class IpcMessage:
+    """A record batch's IPC message as received: its header (the flatbuffer ``Message``)
+    and its body (``bodyLength`` bytes), slices of the received bytes, not copied.
+
+    The batch decoded from it points into ``body``; with a schema it is again an IPC stream
+    (:meth:`stream_pieces`), which the journal writes without serializing the rows again.
+    """
+
+    header: memoryview
+    body: memoryview
+
+    def stream_pieces(self, schema: pa.Schema) -> tuple[bytes, memoryview, bytes]:
+        """An IPC stream of ``schema`` holding just this message, in three pieces: the
+        schema message with this message's framing and header, ``body``, and the
+        end-of-stream marker."""
+        pad = (-len(self.header)) % 8
+        head = b"".join((schema.serialize().to_pybytes(), _CONTINUATION,
+                         struct.pack("<i", len(self.header) + pad), self.header, _ZEROS[:pad]))
+        return head, self.body, _END_OF_STREAM
+
+
+_END_OF_STREAM = _CONTINUATION + _ZEROS[:4]
+
+
+@dataclass(frozen=True, slots=True)
 class Chunk:
     """One decoded message of a stream: a record batch or ``None``, and its ``app_metadata``
-    (the shape of pyarrow's ``FlightStreamChunk``)."""
+    (the shape of pyarrow's ``FlightStreamChunk``); ``message``, the batch's IPC message
+    when the batch's buffers are slices of its body (no dictionaries)."""
 
     data: pa.RecordBatch | None
     app_metadata: pa.Buffer | None
+    message: IpcMessage | None = None
 
 
 class IpcDecoder:
@@ -413,7 +441,8 @@ class IpcDecoder:
                     continue
                 raise ProtocolError(f"{self._where}: a record batch before the schema")
             try:
-                return Chunk(self._batch(msg.header, msg.body), meta)
+                batch, message = self._batch(msg.header, msg.body)
+                return Chunk(batch, meta, message)
             except _NeedMore:  # a dictionary: the batch using it follows
                 continue
 
@@ -433,10 +462,11 @@ class IpcDecoder:
                                 f"({_first_line(exc)})") from exc
         return schema
 
-    def _batch(self, header: memoryview, body: memoryview | None) -> pa.RecordBatch:
+    def _batch(self, header: memoryview,
+               body: memoryview | None) -> tuple[pa.RecordBatch, IpcMessage | None]:
         assert self.schema is not None
         if _has_dictionaries(self.schema):
-            return self._dictionary_batch(header, body)
+            return self._dictionary_batch(header, body), None
         m = self._decode(header, body)
         if m.type != "record batch":
             raise ProtocolError(f"{self._where}: expected a record batch, got a {m.type} "
@@ -449,7 +479,9 @@ class IpcDecoder:
         except _ARROW_READ_ERRORS as exc:
             raise ProtocolError(f"{self._where}: malformed record batch "
                                 f"({_first_line(exc)})") from exc
-        return batch
+        # the body as Arrow read it: bodyLength bytes (a longer body's rest is not the batch's)
+        return batch, IpcMessage(header, (body if body is not None else memoryview(b""))[
+            : m.body.size])
 
     def _dictionary_batch(self, header: memoryview, body: memoryview | None) -> pa.RecordBatch:
         """The general path: dictionaries are kept and replayed as one IPC stream."""

@@ -258,3 +258,68 @@ def test_writes_are_acknowledged_while_a_cycle_runs_and_go_to_the_next_one(tmp_p
         assert entry.table.to_arrow().column("v").to_pylist() == [2.0]
     finally:
         server.shutdown()
+
+
+def _do_put(location: str, name: str, batches: list[pa.RecordBatch]) -> int:
+    """One DoPut stream through pyarrow's client; the rows acknowledged."""
+    import pyarrow.flight as fl
+
+    client = fl.connect(location)
+    writer, reader = client.do_put(fl.FlightDescriptor.for_path(name), batches[0].schema)
+    for b in batches:
+        writer.write_batch(b)
+    writer.done_writing()
+    acked = 0
+    while (ack := reader.read()) is not None:
+        put_ack = pb.PutAck()
+        put_ack.ParseFromString(ack.to_pybytes())
+        acked = put_ack.total_rows
+    writer.close()
+    client.close()
+    return acked
+
+
+def test_received_batches_are_journaled_as_they_came_and_replay_exactly(
+        nodes, data_dir, monkeypatch):
+    # a batch the check keeps as it came is journaled as its received IPC message (no
+    # serialization); one the check changes (a cast, a delete marker) is serialized as
+    # checked; after a crash both replay to the same rows, order and row keys
+    import flight.durability.durable as durable_module
+
+    kinds: list[str] = []
+    real = durable_module.encode_parts
+
+    def spy(parts):
+        metas, payload = real(parts)
+        kinds.append(type(payload).__name__)
+        return metas, payload
+
+    monkeypatch.setattr(durable_module, "encode_parts", spy)
+    a = start(nodes, data_dir)
+    a.client.create_table("log", KV, "append")
+    a.client.create_table("kv", KV, "keyed", keys=["k"])
+    rng = np.random.default_rng(7)
+
+    def rows(start: int, n: int, key: pa.DataType | None = None) -> pa.RecordBatch:
+        return pa.record_batch([pa.array(np.arange(start, start + n), key or pa.int64()),
+                                pa.array([f"s{i % 97}" for i in range(n)]),
+                                pa.array(rng.normal(size=n))], names=["k", "s", "v"])
+
+    assert _do_put(a.server.location, "log", [rows(0, 20_000), rows(20_000, 30_000)]) == 50_000
+    assert kinds == ["Framed", "Framed"]
+    assert _do_put(a.server.location, "log", [rows(50_000, 20_000, pa.int32())]) == 20_000
+    assert kinds[2:] == ["Buffer"]  # cast to the table's int64: serialized as checked
+    assert _do_put(a.server.location, "kv", [rows(0, 20_000), rows(10_000, 20_000)]) == 40_000
+    marked = rows(25_000, 20_000)
+    marked = marked.append_column("__delete", pa.array(np.arange(20_000) % 3 == 0))
+    assert _do_put(a.server.location, "kv", [marked]) == 20_000
+    unmarked = rows(50_000, 20_000).append_column("__delete", pa.array(np.zeros(20_000, bool)))
+    assert _do_put(a.server.location, "kv", [unmarked]) == 20_000  # the marker column dropped
+    assert kinds[3:5] == ["Framed", "Framed"] and "Framed" not in kinds[5:]
+    assert kinds[-1] == "Buffer"
+    a.graph.run_cycle()
+    before = a.state("log"), a.state("kv")
+    assert len(before[0][1]) == 70_000 and len(before[1][1]) > 0
+    a.stop(crash=True)
+    b = start(nodes, data_dir)
+    assert (b.state("log"), b.state("kv")) == before

@@ -20,7 +20,7 @@ import pytest
 import flight.durability.payloads as journal_payloads
 from engine.errors import JournalCorrupt, JournalUnavailable
 from flight.durability.journal import FILENAME, Journal
-from flight.durability.records import AlignedSlabs, DedupeUpdate, ipc_bytes, read_ipc
+from flight.durability.records import AlignedSlabs, DedupeUpdate, Framed, ipc_bytes, read_ipc
 from tests.flight.durability.test_journal import _aligned, _five_records, _marker, _sql, _table
 
 
@@ -149,6 +149,107 @@ def test_a_group_of_aligned_payloads_is_one_pwritev_and_a_short_one_is_finished(
     for t, b, off in zip(tables, blobs, offsets, strict=True):
         assert data[off: off + b.size] == b.to_pybytes()
         assert read_ipc(data[off: off + b.size]).equals(t)
+
+
+def _framed_cases() -> tuple[bytes, list[Framed]]:
+    """Framed payloads whose bodies are slices of one buffer at every kind of alignment:
+    page-aligned, one byte past, one byte short of a page, a head longer than a page,
+    and a body shorter than a page (nothing of it written from where it is)."""
+    memory = _marker(0, 1 << 20)
+    view = memoryview(memory)
+    start = -pa.py_buffer(memory).address % journal_payloads.ALIGN  # the first aligned byte
+    cuts = [(start, 200_000, 300), (start + 1, 150_001, 57), (start + 4095, 70_000, 1),
+            (start + 8, 80_000, 5000), (start + 300_000, 100, 2)]
+    return memory, [Framed(b"H" * head, view[at: at + n], b"\xff\xff\xff\xff\0\0\0\0")
+                    for at, n, head in cuts]
+
+
+def test_framed_payloads_go_out_with_o_direct_from_where_they_are(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a framed payload's body is placed where its address and file offset agree modulo
+    # ALIGN: its whole pages are written from the caller's memory (no copy), the rest from
+    # aligned pages of its own; framed and aligned payloads back to back are one pwritev,
+    # an unaligned payload between them goes through the page cache; all read back whole
+    memory, framed = _framed_cases()
+    lo, hi = pa.py_buffer(memory).address, pa.py_buffer(memory).address + len(memory)
+    aligned = ipc_bytes(_table(20_000))
+    payloads: list[Any] = [framed[0], framed[1], aligned, framed[2], _marker(9, 70_000),
+                           framed[3], framed[4]]
+    calls: list[tuple[int, list[tuple[int, int]]]] = []
+    real_pwritev = os.pwritev
+
+    def spy(fd: int, views: Any, offset: int) -> int:
+        calls.append((offset, [(pa.py_buffer(v).address, memoryview(v).nbytes) for v in views]))
+        return real_pwritev(fd, views, offset)
+
+    monkeypatch.setattr(journal_payloads.os, "pwritev", spy)
+    writer = journal_payloads.open_payloads(tmp_path, {})
+    seg, offsets = writer.write(payloads)
+    writer.close()
+    data = journal_payloads.segment_path(tmp_path, seg).read_bytes()
+    for payload, off in zip(payloads, offsets, strict=True):
+        whole = (b"".join(bytes(p) for p in payload.pieces()) if isinstance(payload, Framed)
+                 else bytes(payload))
+        assert data[off: off + len(whole)] == whole
+    assert offsets == sorted(offsets)
+    if not calls:
+        pytest.skip("no O_DIRECT here (tmpfs): all through the page cache")
+    assert len(calls) == 2  # the unaligned payload splits the group's run in two
+    for offset, views in calls:
+        assert offset % journal_payloads.ALIGN == 0
+        assert all(a % journal_payloads.ALIGN == 0 and n % journal_payloads.ALIGN == 0
+                   for a, n in views)
+    from_memory = [n for _, views in calls for a, n in views if lo <= a < hi]
+    whole_pages = []  # each body's whole pages, from where they were (the short one has none)
+    for f in framed:
+        a, n, page = pa.py_buffer(f.body).address, f.body.nbytes, journal_payloads.ALIGN
+        if (a + n) // page * page > -(-a // page) * page:
+            whole_pages.append((a + n) // page * page - -(-a // page) * page)
+    assert from_memory == whole_pages and len(whole_pages) == 4
+    for payload, off in zip(payloads, offsets, strict=True):
+        if isinstance(payload, Framed):  # the body at an offset agreeing with its address
+            body = pa.py_buffer(payload.body).address
+            assert (off + len(payload.head) - body) % journal_payloads.ALIGN == 0
+
+
+def test_framed_payloads_through_the_journal_and_a_refusing_filesystem(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the CRC covers the pieces in order (checked at open), with O_DIRECT and without it
+    _, framed = _framed_cases()
+    with Journal.open(tmp_path / "a") as j:
+        seqs = [j.append("append", "t", b"m", p) for p in framed]
+    monkeypatch.setattr(journal_payloads.os, "pwritev", _refuse_direct(monkeypatch))
+    with Journal.open(tmp_path / "b") as j:
+        assert [j.append("append", "t", b"m", p) for p in framed] == seqs
+    monkeypatch.undo()
+    for root in (tmp_path / "a", tmp_path / "b"):
+        with Journal.open(root) as j:
+            assert [r.payload for r in j.records()] == [
+                b"".join(bytes(x) for x in p.pieces()) for p in framed]
+    # a byte of a body's page written from the caller's memory, damaged: caught at open
+    _damage_payload(tmp_path / "a", bytes(framed[0].body[180_000:180_026]))
+    with pytest.raises(JournalCorrupt):
+        Journal.open(tmp_path / "a")
+
+
+def _refuse_direct(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A pwritev that answers EINVAL on O_DIRECT descriptors (opened from now on)."""
+    direct: set[int] = set()
+    real_open, real_pwritev = os.open, os.pwritev
+
+    def spy_open(path: Any, flags: int, *args: Any) -> int:
+        fd = real_open(path, flags, *args)
+        if flags & os.O_DIRECT:
+            direct.add(fd)
+        return fd
+
+    def refuse(fd: int, views: Any, offset: int) -> int:
+        if fd in direct:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwritev(fd, views, offset)
+
+    monkeypatch.setattr(journal_payloads.os, "open", spy_open)
+    return refuse
 
 
 def test_aligned_memory_is_reused_only_when_nothing_refers_to_it() -> None:
