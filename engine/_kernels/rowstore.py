@@ -344,13 +344,21 @@ class FlatRowStore:
         self.put_columns(np.asarray(ids, dtype=np.int64),
                          flat_columns(pa.Table.from_arrays(cols, schema=self.schema)))
 
-    def put_columns(self, ids: I64, cols: list[FlatColumn]) -> None:
-        """:meth:`put` of numpy columns (the schema's types, by position)."""
+    def put_columns(self, ids: I64, cols: list[FlatColumn], fresh: I64 | None = None) -> None:
+        """:meth:`put` of numpy columns (the schema's types, by position). ``fresh``, when
+        given, says which of ``ids`` (by position) hold no row now: every other one holds
+        one, so only these are marked held (and the store's size checked by them)."""
         if ids.size == 0:
             return
-        self._fit(int(ids.max()) + 1)
-        self._live += ids.size - int(np.count_nonzero(self._held[ids]))
-        self._held[ids] = True
+        if fresh is None:
+            self._fit(int(ids.max()) + 1)
+            self._live += ids.size - int(np.count_nonzero(self._held[ids]))
+            self._held[ids] = True
+        elif fresh.size:
+            new = ids.take(fresh)
+            self._fit(int(new.max()) + 1)
+            self._live += new.size
+            self._held[new] = True
         for c, (v, ok) in enumerate(cols):
             self._values[c][ids] = v
             if ok is not None and self._valid[c] is None:

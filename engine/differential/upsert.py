@@ -207,7 +207,7 @@ class Upsert:
         if values is not None and isinstance(self._records, FlatRowStore):
             out = self._step_flat(ev, values, deleted, first)
         else:
-            out = self._step(ev, times, deleted, values)
+            out = self._step(ev, np.full(n, first, dtype=np.int64) if times is None else times, deleted, values)
         self.time = last
         if self._trace is not None:  # published: keep the arrangement current
             assert self._reader is not None
@@ -227,7 +227,9 @@ class Upsert:
     def _step_flat(self, ev: pa.Table, values: I64, deleted: npt.NDArray[np.bool_], time: int) -> ZSet:
         """:meth:`step` for one time, keys mapped by value (``values``) and fixed-width
         records: each key's last event against its stored record, read and written in
-        place in the :class:`FlatRowStore` (no copy of the keys' current records)."""
+        place in the :class:`FlatRowStore` (no copy of the keys' current records). Each
+        output column is one array, filled by two gathers (retractions from the store,
+        insertions from the events), whose second half is also what the state takes."""
         store = self._records
         assert isinstance(store, FlatRowStore)
         win, slot = self._last_by_slot(values)
@@ -236,23 +238,23 @@ class Upsert:
         has = ~deleted.take(win)
         changed = had != has
         both = np.flatnonzero(had & has)
+        held = store.columns()
         if both.size and self.values:
-            held, sb, wb = store.columns(), slot.take(both), win.take(both)
-            same = np.ones(both.size, dtype=bool)
-            for c in self._value_at:
+            sb, wb = slot.take(both), win.take(both)
+            same = flat_equal_at(held[self._value_at[0]], sb, evc[self._value_at[0]], wb)
+            for c in self._value_at[1:]:
                 same &= flat_equal_at(held[c], sb, evc[c], wb)
             changed[both] = ~same
         retract = np.flatnonzero(changed & had)
         insert = np.flatnonzero(changed & has)
         # a retracted record's key is its event's: only its values are read from the store
-        held, sr, wr = store.columns(), slot.take(retract), win.take(retract)
-        old = [flat_take([evc[c]], wr)[0] if c in self._key_at else flat_take([held[c]], sr)[0]
-               for c in range(len(evc))]
-        new = flat_take(evc, win.take(insert))
-        data = flat_table([_flat_concat(a, b) for a, b in zip(old, new, strict=True)], self.schema)
-        diffs = np.ones(retract.size + insert.size, np.int64)
-        diffs[:retract.size] = -1
-        out = ZSet(data, diffs, np.full((diffs.size, 1), time, dtype=np.int64))
+        sr, wr, wi = slot.take(retract), win.take(retract), win.take(insert)
+        r = retract.size
+        cols = [_gather_two(evc[c] if c in self._key_at else held[c], wr if c in self._key_at else sr, evc[c], wi)
+                for c in range(len(evc))]
+        diffs = np.ones(r + insert.size, np.int64)
+        diffs[:r] = -1
+        out = ZSet(flat_table(cols, self.schema), diffs, np.full((diffs.size, 1), time, dtype=np.int64))
         # the state: deleted keys leave, changed ones take their last event's record
         gone = np.flatnonzero(had & ~has)  # a deleted key changes
         if gone.size:
@@ -265,8 +267,8 @@ class Upsert:
             fresh = np.flatnonzero(ids < 0)
             if fresh.size:
                 ids[fresh] = self._slots.allocate(fresh.size)
-                self._index.insert_values(values.take(win.take(insert.take(fresh))), ids.take(fresh))
-            store.put_columns(ids, new)
+                self._index.insert_values(values.take(wi.take(fresh)), ids.take(fresh))
+            store.put_columns(ids, [(v[r:], None if ok is None else ok[r:]) for v, ok in cols], fresh)
         return out
 
     def _step(self, ev: pa.Table, times: I64, deleted: npt.NDArray[np.bool_], values: I64 | None) -> ZSet:
@@ -376,18 +378,16 @@ class Upsert:
             self._records.put(ids, ev.take(win[last[put]]))
 
     def _split(self, events: pa.Table, time: int | None
-               ) -> tuple[pa.Table, I64, npt.NDArray[np.bool_], tuple[int, int]]:
-        """Records, per-event times, delete flags and the least and greatest time (both 0
-        for no events), checked."""
+               ) -> tuple[pa.Table, I64 | None, npt.NDArray[np.bool_], tuple[int, int]]:
+        """Records, per-event times (None when every event is at ``time``), delete flags and
+        the least and greatest time (both 0 for no events), checked."""
         n = events.num_rows
         names = events.schema.names  # a fraction of Table.column_names' cost
         if DELETE in names:
             col = events.column(DELETE)
             if not pa.types.is_boolean(col.type):
                 raise SchemaError(f"column {DELETE!r} must be boolean, got {col.type}")
-            if col.null_count:
-                col = col.fill_null(False)
-            deleted = np.asarray(col.to_numpy(zero_copy_only=False), dtype=bool)
+            deleted = _bools(col)
         else:
             deleted = np.zeros(n, dtype=bool)
         if TIME in names:
@@ -397,7 +397,7 @@ class Upsert:
             times = np.asarray(tcol.to_numpy(), dtype=np.int64)
             bounds = (int(times.min()), int(times.max())) if n else (0, 0)
         elif time is not None:
-            times = np.full(n, int(time), dtype=np.int64)
+            times = None  # one time: the flat step needs no array of it
             bounds = (int(time), int(time))
         else:
             raise InputError(f"upsert events need a time: pass time= or a {TIME!r} column")
@@ -565,6 +565,36 @@ class Upsert:
             "U2", f"upsert state and trace differ: {held.num_rows} trace records, {mine.num_rows} in the "
             f"state; only in the trace: {only_t}; only in the state: {only_s}"
         )
+
+
+def _bools(col: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+    """A boolean column as numpy, nulls false: the bits unpacked by numpy (a third of
+    Arrow's conversion) when the column is one chunk."""
+    if col.null_count:
+        col = col.fill_null(False)
+    if col.num_chunks != 1:
+        return np.asarray(col.to_numpy(zero_copy_only=False), dtype=bool)
+    arr = col.chunk(0)
+    n, off = len(arr), arr.offset
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    bits = np.frombuffer(arr.buffers()[1], dtype=np.uint8)
+    return np.unpackbits(bits, count=off + n, bitorder="little")[off:].view(bool)
+
+
+def _gather_two(a: FlatColumn, i: I64, b: FlatColumn, j: I64) -> FlatColumn:
+    """``a``'s values at ``i`` followed by ``b``'s at ``j``, gathered into one array."""
+    values = np.empty(i.size + j.size, dtype=a[0].dtype)
+    np.take(a[0], i, out=values[:i.size])
+    np.take(b[0], j, out=values[i.size:])
+    if a[1] is None and b[1] is None:
+        return values, None
+    valid = np.ones(values.size, dtype=bool)
+    if a[1] is not None:
+        np.take(a[1], i, out=valid[:i.size])
+    if b[1] is not None:
+        np.take(b[1], j, out=valid[i.size:])
+    return values, valid
 
 
 def _flat_concat(a: FlatColumn, b: FlatColumn) -> FlatColumn:
