@@ -11,6 +11,8 @@ previous values cost memory only for what changed, and :meth:`end_cycle` drops t
 * :class:`ArrowColumnSource` — every other type (strings first of all): values live in
   append-only Arrow chunks, a dense int64 *slot* array maps row key -> value, and
   compaction at cycle end drops values no row points at. Gathers are Arrow ``take``.
+  *Coded* (a keyed source's strings and binaries): each distinct value stored once, so a
+  row's slot is its value's code and readers compare or group by codes.
 * :class:`AppendColumnSource` — an append-only table's variable-width column: Arrow chunks
   merged geometrically, row key = position (no slot array).
 * :class:`RemappedColumnSource` — a view of another source through a vectorized key map
