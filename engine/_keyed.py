@@ -37,9 +37,12 @@ from engine._kernels.ids import IdAllocator
 from engine._kernels.keymap import ExactKeyMap, IntKeyMap
 from engine._source import SourceTable, TableLike, conform
 from engine.columns import (
+    ArrowColumnSource,
     NumpyColumnSource,
     WritableColumnSource,
+    codable,
     compact_stale,
+    make_column_source,
 )
 from engine.errors import InvalidKeyError, SchemaError
 from engine.rowset import KeyArray, RowSet
@@ -107,6 +110,14 @@ class KeyedTable(SourceTable):
     """
 
     write_kinds = ("upsert", "delete")
+
+    @staticmethod
+    def _new_column(type: pa.DataType) -> WritableColumnSource:
+        # strings and binaries coded (ArrowColumnSource's docstring): a modify compares
+        # codes, and readers group by them, while the column's values are few
+        if codable(type):
+            return ArrowColumnSource(type, coded=True)
+        return make_column_source(type)
 
     def __init__(self, graph: UpdateGraph, schema: Any, keys: list[str] | str, *, name: str | None = None) -> None:
         super().__init__(graph, schema, name=name)
@@ -380,6 +391,9 @@ class KeyedTable(SourceTable):
             mod_keys, mod_rows = mod_keys[order], mod_rows[order]
         changed_any = np.zeros(mod_keys.size, dtype=bool)
         changed_cols: list[str] = []
+        # a coded column's staged values by code, each column looked up once for the
+        # modifies and the adds (ArrowColumnSource.encode)
+        codes: dict[str, npt.NDArray[np.int64]] = {}
         if mod_keys.size:
             assert data is not None
             take: pa.Array | None = None  # mod_rows for Arrow, made once if needed
@@ -394,6 +408,18 @@ class KeyedTable(SourceTable):
                         self.graph.track(src)
                         assert isinstance(src, NumpyColumnSource)
                         src.set_numpy(mod_keys[diff], new_np[diff])
+                    continue
+                coded = src.encode(data.column(name)) if isinstance(src, ArrowColumnSource) else None
+                if coded is not None:  # codes: equal codes are equal values
+                    assert isinstance(src, ArrowColumnSource)
+                    codes[name] = coded
+                    new_codes = coded[mod_rows]
+                    diff = new_codes != src.codes(mod_keys)
+                    if diff.any():
+                        changed_cols.append(name)
+                        changed_any |= diff
+                        self.graph.track(src)
+                        src.set_codes(mod_keys[diff], new_codes[diff])
                     continue
                 if take is None:
                     take = pa.array(mod_rows)
@@ -425,7 +451,14 @@ class KeyedTable(SourceTable):
             for name, src in self._storage.items():
                 # reused keys were freed in an earlier cycle: no previous value to keep
                 src.ensure_capacity(self._row_keys.end)
-                if run:  # slice writes, nothing saved as previous
+                coded = codes.get(name)
+                if coded is not None:  # looked up above: written by code
+                    assert isinstance(src, ArrowColumnSource)
+                    if run:
+                        src.set_new_range_codes(int(added_keys[0]), coded[add_rows])
+                    else:
+                        src.set_codes(added_keys, coded[add_rows])
+                elif run:  # slice writes, nothing saved as previous
                     src.set_new_range(int(added_keys[0]), new_rows.column(name))
                 else:
                     src.set(added_keys, new_rows.column(name))

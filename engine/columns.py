@@ -11,6 +11,8 @@ previous values cost memory only for what changed, and :meth:`end_cycle` drops t
 * :class:`ArrowColumnSource` — every other type (strings first of all): values live in
   append-only Arrow chunks, a dense int64 *slot* array maps row key -> value, and
   compaction at cycle end drops values no row points at. Gathers are Arrow ``take``.
+  *Coded* (a keyed source's strings and binaries): each distinct value stored once, so a
+  row's slot is its value's code and readers compare or group by codes.
 * :class:`AppendColumnSource` — an append-only table's variable-width column: Arrow chunks
   merged geometrically, row key = position (no slot array).
 * :class:`RemappedColumnSource` — a view of another source through a vectorized key map
@@ -43,6 +45,7 @@ __all__ = [
     "RedirectingColumnSource",
     "RemappedColumnSource",
     "WritableColumnSource",
+    "codable",
     "make_column_source",
     "numpy_storage_dtype",
     "read_columns",
@@ -790,31 +793,111 @@ class _ArrowStore:
             return pa.chunked_array(self._slices(first, n), type=self.type)
 
 
+#: a coded :class:`ArrowColumnSource` keeps at most this many distinct values (and its
+#: null); a write that would pass it leaves the column uncoded for good. Each coded write
+#: looks its values up in all of them (Arrow's ``index_in`` builds its hash set per call),
+#: so a write costs ``O(distinct + written)``: 2,000 strings among 1,000 ~60 us, among
+#: 4,096 ~240 us, among 65,536 ~5 ms (one of the 2-core VM's slower days)
+CODED_MAX = 4096
+
+
+def codable(type: pa.DataType) -> bool:
+    """Whether an :class:`ArrowColumnSource` of ``type`` can be coded (strings, binaries)."""
+    return bool(pa.types.is_string(type) or pa.types.is_large_string(type)
+                or pa.types.is_binary(type) or pa.types.is_large_binary(type))
+
+
 class ArrowColumnSource(WritableColumnSource):
     """Any Arrow type, values in append-only chunks and a slot per row key.
 
     Overwriting a row appends its new value and repoints the slot, so previous values
     are still in the store for the rest of the cycle; :meth:`end_cycle` compacts the
     store when more than half of it is unreachable.
+
+    ``coded`` (strings and binaries, :func:`codable`): the store holds each distinct value
+    once (slot 0 the null), so a row's slot is its value's *code*: equal codes are equal
+    values, exactly. A write looks its values up among the stored ones (:meth:`encode`)
+    and appends only those not held yet; readers compare and group by codes
+    (:meth:`codes`: a keyed source's modified rows, ``agg_by``'s groups) instead of
+    gathering, hashing and comparing strings. Past :data:`CODED_MAX` distinct values the
+    column stops coding (its slots stay valid, no longer distinct); :attr:`code_epoch`
+    changes whenever a code may stop standing for the value it stood for (the column
+    stops coding, or a compaction renumbers the store), so a reader's map of codes is
+    valid while the epoch it was built in lasts.
     """
 
-    def __init__(self, type: pa.DataType, capacity: int = 0) -> None:
+    def __init__(self, type: pa.DataType, capacity: int = 0, *, coded: bool = False) -> None:
         self.type = type
         self._store = _ArrowStore(type)
         self._slots = NumpyColumnSource(pa.int64(), capacity)
         self._live = 0
+        #: coded: every stored value as one array (slot order, slot 0 the null) and the
+        #: lookup options over it; None when not coded
+        self._dict: pa.Array | None = None
+        self._lookup: pc.SetLookupOptions | None = None
+        self.code_epoch = 0
+        if coded and codable(type):
+            self._set_dict(pa.nulls(1, type))
+
+    def _set_dict(self, values: pa.Array) -> None:
+        self._dict = values
+        self._lookup = pc.SetLookupOptions(value_set=values, skip_nulls=False)  # null -> slot 0
+
+    @property
+    def coded(self) -> bool:
+        """Whether slots are codes now (equal slots, equal values; class docstring)."""
+        return self._dict is not None
+
+    def codes(self, keys: KeyArray) -> npt.NDArray[np.int64]:
+        """The codes (slots) of the current values at ``keys``; meaningful while :attr:`coded`."""
+        out: npt.NDArray[np.int64] = self._slots.get_numpy(keys)[0]
+        return out
+
+    def encode(self, values: pa.Array | pa.ChunkedArray) -> npt.NDArray[np.int64] | None:
+        """The codes of ``values``, storing those not held yet; None when the column is
+        not coded, or stops coding here (they would pass :data:`CODED_MAX`). Codes are
+        slots: write them with :meth:`set_codes` or :meth:`set_new_range_codes`."""
+        if self._dict is None:
+            return None
+        if values.type != self.type:
+            values = _as_typed_array(values, self.type)
+        found = pc.call_function("index_in", [values], self._lookup)
+        if found.null_count:  # values not held yet (a null value finds slot 0)
+            new = pc.unique(values.filter(found.is_null()))
+            if len(self._dict) + len(new) > CODED_MAX + 1:
+                self._uncode()
+                return None
+            new = _as_array(new)
+            start = self._store.append_run(new)
+            assert start == len(self._dict), (start, len(self._dict))
+            self._set_dict(pa.concat_arrays([self._dict, new]))
+            found = pc.call_function("index_in", [values], self._lookup)
+        codes = found.to_numpy()
+        out: npt.NDArray[np.int64] = codes.astype(np.int64)
+        return out
+
+    def _uncode(self) -> None:
+        """Stop coding: later writes append their values as an uncoded column's do."""
+        self._dict = self._lookup = None
+        self.code_epoch += 1
 
     def ensure_capacity(self, n: int) -> None:
         self._slots.ensure_capacity(n)
 
+    def _take(self, slots: npt.NDArray[np.int64]) -> pa.Array:
+        d = self._dict
+        if d is not None:  # every value in one array: one take, no chunks to cross
+            return d.take(pa.array(slots)) if slots.size else pa.array([], type=self.type)
+        return self._store.take(slots)
+
     def get(self, keys: KeyArray) -> pa.Array:
-        return self._store.take(self._slots.get_numpy(keys)[0])
+        return self._take(self._slots.get_numpy(keys)[0])
 
     def get_prev(self, keys: KeyArray) -> pa.Array:
-        return self._store.take(self._slots.get_prev_numpy(keys)[0])
+        return self._take(self._slots.get_prev_numpy(keys)[0])
 
     def get_range(self, start: int, stop: int) -> pa.Array:
-        return self._store.take(self._slots._values[start:stop])
+        return self._take(self._slots._values[start:stop])
 
     def get_pylist(self, keys: KeyArray) -> list[Any]:
         # a few values read one by one: no gather, no Arrow array to convert back
@@ -825,13 +908,29 @@ class ArrowColumnSource(WritableColumnSource):
     def set(self, keys: KeyArray, values: pa.Array | pa.ChunkedArray) -> None:
         if keys.size == 0:
             return
+        codes = self.encode(values)
+        if codes is not None:
+            self._slots.set_numpy(keys, codes)
+            return
         slots = self._store.append(_as_typed_array(values, self.type))
         self._slots.set_numpy(keys, slots)
 
+    def set_codes(self, keys: KeyArray, codes: npt.NDArray[np.int64]) -> None:
+        """Write values by their codes (:meth:`encode`'s, this epoch's) at ``keys``."""
+        self._slots.set_numpy(keys, codes)
+
     def set_new_range(self, start: int, values: pa.Array | pa.ChunkedArray) -> None:
         if len(values):
+            codes = self.encode(values)
+            if codes is not None:
+                self._slots.set_new_range_numpy(start, codes)
+                return
             first = self._store.append_run(_as_typed_array(values, self.type))
             self._slots.set_new_range_run(start, first, len(values))
+
+    def set_new_range_codes(self, start: int, codes: npt.NDArray[np.int64]) -> None:
+        """:meth:`set_new_range` of values by their codes (:meth:`encode`'s, this epoch's)."""
+        self._slots.set_new_range_numpy(start, codes)
 
     def move(self, src: KeyArray, dst: KeyArray) -> None:
         if src.size:
@@ -851,6 +950,13 @@ class ArrowColumnSource(WritableColumnSource):
         """Rewrite the store to hold only the values of ``live_keys`` (outside a cycle)."""
         values = self.get(live_keys)
         self._store = _ArrowStore(self.type)
+        if self._dict is not None:  # renumbered: codes of the last epoch mean nothing now
+            self._set_dict(pa.nulls(1, self.type))
+            self.code_epoch += 1
+            codes = self.encode(values)
+            if codes is not None:
+                self._slots.set_numpy(live_keys, codes)
+                return
         self._slots.set_numpy(live_keys, self._store.append(values))
 
 

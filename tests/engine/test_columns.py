@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+import engine.columns as columns_mod
 from engine.columns import (
     AppendColumnSource,
     ArrowColumnSource,
@@ -580,3 +581,84 @@ def test_append_source_reads_on_two_threads_while_a_gather_merges_the_waiting_ap
             assert not failures, f"round {round_}: {failures[0]!r}"
     finally:
         sys.setswitchinterval(switch)
+
+
+@pytest.mark.parametrize("type_", [pa.string(), pa.large_binary()])
+@pytest.mark.parametrize("coded_max", [4096, 6])
+def test_coded_source_reads_as_a_model_and_codes_are_values(type_, coded_max, monkeypatch):
+    # a coded ArrowColumnSource against a dict model over 300 random steps of writes (set,
+    # set_new_range, encode + set_codes, moves), with nulls, previous values within each
+    # cycle, and compactions between them; while coded, equal codes are equal values and
+    # the store holds each value once. coded_max 6: the column stops coding partway
+    monkeypatch.setattr(columns_mod, "CODED_MAX", coded_max)
+    rng = np.random.default_rng(7)
+    alphabet = [None, "", "a", "b", "ab", "é", "a\x00", "S0001", "S0002", "zz"]
+
+    def arr(vals):
+        return pa.array([v.encode() if v is not None and type_ == pa.large_binary() else v for v in vals],
+                        type_)
+
+    src = ArrowColumnSource(type_, coded=True)
+    model: dict[int, object] = {}
+    end = 0
+    coded_steps = uncoded_steps = 0
+    for step in range(300):
+        src.begin_cycle()
+        before = dict(model)
+        for _ in range(int(rng.integers(1, 4))):
+            op = rng.integers(0, 4)
+            vals = [alphabet[i] for i in rng.integers(0, len(alphabet) - (0 if step > 150 else 4),
+                                                      int(rng.integers(1, 9)))]
+            if op == 0 or not model:  # new rows
+                src.set_new_range(end, arr(vals))
+                model.update({end + i: v for i, v in enumerate(vals)})
+                end += len(vals)
+                src.ensure_capacity(end)
+            elif op == 1:
+                keys = rng.choice(np.array(sorted(model)), min(len(vals), len(model)), replace=False)
+                src.set(keys, arr(vals[: keys.size]))
+                model.update({int(k): v for k, v in zip(keys.tolist(), vals, strict=False)})
+            elif op == 2:
+                keys = rng.choice(np.array(sorted(model)), min(len(vals), len(model)), replace=False)
+                codes = src.encode(arr(vals[: keys.size]))
+                if codes is None:
+                    src.set(keys, arr(vals[: keys.size]))
+                else:
+                    src.set_codes(keys, codes)
+                model.update({int(k): v for k, v in zip(keys.tolist(), vals, strict=False)})
+            else:
+                keys = np.array(sorted(model))
+                a, b = rng.choice(keys, 2)
+                src.move(np.array([a]), np.array([b]))
+                model[int(b)] = model[int(a)]
+        keys = np.array(sorted(model), dtype=np.int64)
+        got = src.get(keys).to_pylist()
+        assert got == [arr([model[k]]).to_pylist()[0] for k in keys.tolist()], step
+        old = np.array(sorted(before), dtype=np.int64)
+        if old.size:
+            assert src.get_prev(old).to_pylist() == arr([before[k] for k in old.tolist()]).to_pylist(), step
+        if src.coded:
+            coded_steps += 1
+            codes = src.codes(keys)
+            values = src.get(keys).to_pylist()
+            by_code = dict(zip(codes.tolist(), values, strict=True))
+            assert len(set(by_code.values())) == len(by_code)  # distinct codes, distinct values
+            assert all(by_code[c] == v for c, v in zip(codes.tolist(), values, strict=True))
+            assert len(src._store) == len(set(map(repr, src._dict.to_pylist())))  # each value once
+        else:
+            uncoded_steps += 1
+        src.end_cycle()
+        if step % 40 == 39:  # compaction, a new epoch when coded
+            epoch = src.code_epoch
+            was = src.coded
+            src.compact(keys)
+            assert src.code_epoch == epoch + (1 if was else 0)
+            assert src.get(keys).to_pylist() == [arr([model[k]]).to_pylist()[0] for k in keys.tolist()]
+    assert coded_steps and (uncoded_steps if coded_max < 10 else not uncoded_steps), (coded_steps, uncoded_steps)
+
+
+def test_a_source_made_uncoded_or_of_other_types_is_not_coded():
+    assert not ArrowColumnSource(pa.list_(pa.int64()), coded=True).coded
+    assert not ArrowColumnSource(pa.string()).coded
+    src = ArrowColumnSource(pa.string(), coded=True)
+    assert src.coded and src.encode(pa.array(["a", None, "a", "b"])).tolist() == [1, 0, 1, 2]

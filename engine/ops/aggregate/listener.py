@@ -165,10 +165,12 @@ from engine.columns import (
     NumpyColumnSource,
     RedirectingColumnSource,
     WritableColumnSource,
+    codable,
     compact_stale,
     make_column_source,
 )
 from engine.errors import SchemaError, TableFailed, UpdateInvariantError
+from engine.ops.aggregate._codes import CodedGroups
 from engine.ops.aggregate._keys import fetch, fetch_numpy, numpy_of, pairs_equal
 from engine.ops.aggregate._kinds import KINDS, Growth, Need, Refresh, Values, build_states
 from engine.ops.aggregate._sortedset import RowKeySet
@@ -400,6 +402,10 @@ class _Live(NamedTuple):
     existed: I64 | None
 
 
+#: group one string or binary key read from a coded column by its codes (tests switch it off)
+CODED_GROUPS = True
+
+
 class AggListener:
     """Keeps the result of :func:`agg_by` equal to a recomputation, one cycle at a time:
     same rows, same order (groups by first row), same values."""
@@ -471,6 +477,9 @@ class AggListener:
         if by and not self.exact_key and all(isinstance(c, NumpyColumnSource) for c in stored_keys):
             self._numpy_keys = [c for c in stored_keys if isinstance(c, NumpyColumnSource)]
         self.index = ExactKeyMap(exact=not by)
+        # one string or binary key read from a coded column: groups by code (_codes.py)
+        self.codes = (CodedGroups() if CODED_GROUPS and len(by) == 1
+                      and codable(parent.schema.field(by[0]).type) else None)
         self._distinct_skip = 0  # batches left that skip _distinct_rows' search
         self.null_slot = -1  # the group of the null key, for an exact key column
         self.size = np.zeros(16, dtype=np.int64)
@@ -523,9 +532,24 @@ class AggListener:
     def _assign(self, keys: I64) -> I64:
         """Slots of rows (current key space and values); new groups get slots, in order of
         their first row (so keys follow the parent's row order). Exact: a hash finds the
-        group, its stored key values decide."""
+        group, its stored key values decide; or a coded key's code, mapped from an earlier
+        such answer (:class:`CodedGroups`)."""
         if keys.size == 0:
             return _EMPTY_I
+        if self.codes is not None:
+            found = self.codes.lookup(self.parent.column(self.by[0]), keys)
+            if found is not None:
+                slots, codes = found
+                miss = np.flatnonzero(slots < 0)
+                if miss.size:  # in row order: new groups still take slots by first row
+                    got = self._assign_values(keys[miss])
+                    slots[miss] = got
+                    self.codes.learn(codes[miss], got)
+                return slots
+        return self._assign_values(keys)
+
+    def _assign_values(self, keys: I64) -> I64:
+        """:meth:`_assign` by the key values: hashed, then verified."""
         arrays = self._key_arrays(keys, prev=False)
         coded = _coded_keys(arrays, self.by) if keys.size >= self.CODED_MIN else None
         pairs = self._key_pairs(arrays)
@@ -877,6 +901,8 @@ class AggListener:
             if self.null_slot >= 0 and (dead == self.null_slot).any():
                 self.null_slot = -1
             self.slots.free(dead)
+            if self.codes is not None:
+                self.codes.forget(dead)
         if self.by:
             return self._rekey(up, touched, had, has, first_old, first_new, changed)
         return TableUpdate.of(  # the one group's row key is its slot

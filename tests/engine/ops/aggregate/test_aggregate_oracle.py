@@ -22,10 +22,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+import engine.columns as columns_mod
 import tests.oracle as oracle
 from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
 from engine.ops.aggregate import listener as aggregate_mod
+from engine.ops.aggregate._codes import CodedGroups
 from engine.ops.aggregate._sortedset import RowKeySet, _Sorted
 from engine.ops.aggregate._states import OrderStats
 from engine.ops.aggregate.listener import Agg, AggListener, agg_by, count_by, first_by, last_by
@@ -487,3 +489,57 @@ def _check_readers(kind: str, rng: np.random.Generator, cycles: int) -> None:
         assert t.failure is None
     dense = lst.firsts is not None and not lst.firsts.hashed  # a take: no search wanted
     assert used or dense, kind  # the readers' search ran
+
+
+@pytest.mark.parametrize("way", ["codes", "uncoded midway", "compacted", "values"])
+def test_oracle_groups_by_a_coded_key(monkeypatch, way):
+    # a keyed source stores Sym coded (engine.columns.ArrowColumnSource): agg_by maps each
+    # code to its group (CodedGroups) and hashes and verifies only the rows of codes it has
+    # not mapped; groups die (deletes, Sym modified, the table emptied) and their slots
+    # are reused. "uncoded midway": rare symbols push the column past CODED_MAX after
+    # some cycles (the map is dropped, values decide from then on); "compacted": the
+    # store compacts whenever most of it is unreachable, renumbering the codes (a new
+    # epoch: the map starts again); "values": the map switched off
+    oracle.share_cycles(monkeypatch, 4)
+    if way == "uncoded midway":
+        rare = [f"R{i}" for i in range(24)]
+        monkeypatch.setattr(oracle, "SYMS", np.array(list(oracle.SYMS) * 40 + rare, dtype=object))
+        monkeypatch.setattr(columns_mod, "CODED_MAX", 14)
+    elif way == "compacted":
+        monkeypatch.setattr(columns_mod.ArrowColumnSource, "needs_compaction",
+                            lambda self, live: len(self._store) > 2 * max(live, 2))
+    elif way == "values":
+        monkeypatch.setattr(aggregate_mod, "CODED_GROUPS", False)
+    seen = {"coded": 0, "uncoded": 0, "hits": 0, "learnt": 0, "epochs": set()}
+    lookup, learn = CodedGroups.lookup, CodedGroups.learn
+
+    def counting_lookup(self, column, keys):
+        out = lookup(self, column, keys)
+        seen["coded" if out is not None else "uncoded"] += 1
+        if out is not None:
+            seen["hits"] += int((out[0] >= 0).sum())
+            seen["epochs"].add((id(self._source), self._epoch))
+        return out
+
+    def counting_learn(self, codes, slots):
+        seen["learnt"] += slots.size
+        return learn(self, codes, slots)
+
+    monkeypatch.setattr(CodedGroups, "lookup", counting_lookup)
+    monkeypatch.setattr(CodedGroups, "learn", counting_learn)
+    high = pc.field("Price") > 40
+    cases = {
+        "by Sym": _Case(lambda t: agg_by(t, STRING_KEYS, "Sym"), ["Sym"], STRING_KEYS),
+        "by Sym over a where": _Case(lambda t: agg_by(t.where(high), STRING_KEYS, "Sym"), ["Sym"], STRING_KEYS,
+                                     where=high),
+        "first_by Sym": _Case(lambda t: first_by(t, "Sym"), ["Sym"], [agg.first(c, c) for c in ("Key", "Price", "Qty")]),
+    }
+    _run_cases(cases, seed=41, kinds=("keyed",), max_rows=200)
+    if way == "values":
+        assert seen["coded"] == seen["uncoded"] == 0
+        return
+    assert seen["coded"] and seen["hits"] and seen["learnt"], seen
+    if way == "uncoded midway":
+        assert seen["uncoded"], seen
+    if way == "compacted":
+        assert len(seen["epochs"]) > 5, seen
