@@ -86,29 +86,7 @@ def test_a_payload_bound_for_a_file_is_page_aligned_and_padded(tmp_path: Path) -
 def test_a_filesystem_refusing_o_direct_writes_gets_the_page_cache(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # some filesystems open O_DIRECT but answer EINVAL to its writes: fall back, lose nothing
-    direct: set[int] = set()
-    real_open, real_pwrite = os.open, os.pwrite
-
-    def spy_open(path: Any, flags: int, *args: Any) -> int:
-        fd = real_open(path, flags, *args)
-        if flags & os.O_DIRECT:
-            direct.add(fd)
-        return fd
-
-    def refuse(fd: int, data: Any, offset: int) -> int:
-        if fd in direct:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_pwrite(fd, data, offset)
-
-    def refuse_v(fd: int, views: Any, offset: int) -> int:
-        if fd in direct:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_pwritev(fd, views, offset)
-
-    real_pwritev = os.pwritev
-    monkeypatch.setattr(journal_payloads.os, "open", spy_open)
-    monkeypatch.setattr(journal_payloads.os, "pwrite", refuse)
-    monkeypatch.setattr(journal_payloads.os, "pwritev", refuse_v)
+    direct = _refuse_direct(monkeypatch)
     t = _table(20_000)
     with Journal.open(tmp_path) as j:
         assert j.append("append", "t", b"", ipc_bytes(t)) == 1
@@ -218,7 +196,7 @@ def test_framed_payloads_through_the_journal_and_a_refusing_filesystem(
     _, framed = _framed_cases()
     with Journal.open(tmp_path / "a") as j:
         seqs = [j.append("append", "t", b"m", p) for p in framed]
-    monkeypatch.setattr(journal_payloads.os, "pwritev", _refuse_direct(monkeypatch))
+    _refuse_direct(monkeypatch)
     with Journal.open(tmp_path / "b") as j:
         assert [j.append("append", "t", b"m", p) for p in framed] == seqs
     monkeypatch.undo()
@@ -232,10 +210,11 @@ def test_framed_payloads_through_the_journal_and_a_refusing_filesystem(
         Journal.open(tmp_path / "a")
 
 
-def _refuse_direct(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A pwritev that answers EINVAL on O_DIRECT descriptors (opened from now on)."""
+def _refuse_direct(monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """``pwrite`` and ``pwritev`` answering EINVAL on O_DIRECT descriptors opened from now
+    on (some filesystems open O_DIRECT but refuse its writes); returns those descriptors."""
     direct: set[int] = set()
-    real_open, real_pwritev = os.open, os.pwritev
+    real_open, real_pwrite, real_pwritev = os.open, os.pwrite, os.pwritev
 
     def spy_open(path: Any, flags: int, *args: Any) -> int:
         fd = real_open(path, flags, *args)
@@ -243,13 +222,17 @@ def _refuse_direct(monkeypatch: pytest.MonkeyPatch) -> Any:
             direct.add(fd)
         return fd
 
-    def refuse(fd: int, views: Any, offset: int) -> int:
-        if fd in direct:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_pwritev(fd, views, offset)
+    def refusing(real: Any) -> Any:
+        def write(fd: int, data: Any, offset: int) -> int:
+            if fd in direct:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real(fd, data, offset)
+        return write
 
     monkeypatch.setattr(journal_payloads.os, "open", spy_open)
-    return refuse
+    monkeypatch.setattr(journal_payloads.os, "pwrite", refusing(real_pwrite))
+    monkeypatch.setattr(journal_payloads.os, "pwritev", refusing(real_pwritev))
+    return direct
 
 
 def test_aligned_memory_is_reused_only_when_nothing_refers_to_it() -> None:
