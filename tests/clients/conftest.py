@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -15,6 +14,7 @@ from clients.live import LiveTable
 from clients.wire import Endpoint
 from engine.graph import UpdateGraph
 from flight.server import ServerConfig, TicktableServer
+from tests.frames import assert_frame_same
 
 KV = pa.schema([("k", pa.int64()), ("s", pa.string()), ("v", pa.float64())])
 
@@ -40,7 +40,7 @@ def assert_view(live: LiveTable, want_table: pa.Table, ranges: list[tuple[int, i
     want, pos = rows_at(want_table, ranges)
     got = live.df
     try:
-        pd.testing.assert_frame_equal(got.reset_index(drop=True), want.to_pandas())
+        assert_frame_same(got.reset_index(drop=True), want.to_pandas())
         assert got.index.tolist() == pos.tolist(), "index is not the rows' positions"
     except AssertionError as exc:
         raise AssertionError(f"{context}: {live!r} differs from the server\n"

@@ -35,6 +35,7 @@ from flight import substrait
 from flight.pb import flight_pb2 as pb
 from flight.server import ServerConfig, TicktableServer
 from tests.clients.conftest import KV, Gate, assert_view, kv, rows_at
+from tests.frames import assert_frame_same
 from tests.oracle import SCHEMA, RandomSource
 
 
@@ -58,7 +59,7 @@ def frame(rows: list[tuple[int, str, float]], columns: tuple[str, ...] = ("k", "
 
 
 def same(got: pd.DataFrame, want: pd.DataFrame) -> None:
-    pd.testing.assert_frame_equal(got.reset_index(drop=True), want.reset_index(drop=True))
+    assert_frame_same(got.reset_index(drop=True), want.reset_index(drop=True))
 
 
 # ------------------------------------------------------------------ examples

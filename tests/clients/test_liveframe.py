@@ -36,6 +36,7 @@ from clients.liveframe import LiveFrame
 from engine.graph import UpdateGraph
 from flight.pb import flight_pb2 as pb
 from flight.server import TicktableServer
+from tests.frames import assert_frame_same
 
 TZ = "Europe/Paris"
 SCHEMA = pa.schema([
@@ -63,8 +64,7 @@ def _live(**options: Any) -> LiveTable:
 def _same(live: LiveTable, context: str) -> pd.DataFrame:
     """``live.df`` equals the held rows converted from scratch; returns it."""
     got = live.df
-    want = live.to_arrow().to_pandas()
-    pd.testing.assert_frame_equal(got, want, obj=context)
+    assert_frame_same(got, live.to_arrow().to_pandas(), obj=context)
     return got
 
 
@@ -678,9 +678,9 @@ def test_through_a_server(server: TicktableServer, graph: UpdateGraph, subscribe
                 publisher = server.registry.get("src" if table is src else "board").publisher
                 assert publisher is not None and live.wait_for(sequence=publisher.sequence)
                 assert live.df is frame
-                pd.testing.assert_frame_equal(frame, live.to_arrow().to_pandas())
-                pd.testing.assert_frame_equal(frame, table.to_arrow().to_pandas(),
-                                              obj=f"seed {seed} cycle {cycle} {live.table}")
+                assert_frame_same(frame, live.to_arrow().to_pandas())
+                assert_frame_same(frame, table.to_arrow().to_pandas(),
+                                  obj=f"seed {seed} cycle {cycle} {live.table}")
     assert reads > 30
     for live, _ in views:
         assert live._frames.rebuilds <= 3, live
