@@ -171,9 +171,9 @@ class U64Map:
         """Slot of each of a few keys (``-1``: absent), walked as Python integers; with
         ``ends``, each key's end slot is appended to it (the empty slot where an absent
         key's walk stopped, ``-1`` for a present key)."""
-        # memoryviews of the (contiguous) arrays: indexing one gives a Python int in half
+        # the (contiguous) arrays' memoryviews: indexing one gives a Python int in half
         # the time ``ndarray.item`` takes
-        keys, vals = memoryview(self._keys), memoryview(self._vals)
+        keys, vals = self._keys.data, self._vals.data
         mask, empty = int(self._mask), _EMPTY
         out = []
         for k, s in zip(h.tolist(), self._home(h).tolist(), strict=True):  # <= scalar_max keys
