@@ -84,7 +84,9 @@ class RandomSource:
             "Qty": pa.array(r.integers(-5, 100, n), pa.int64()),
         })
 
-    def step(self) -> None:
+    def step(self, cur: pa.Table | None = None) -> None:
+        """One cycle's writes. ``cur`` is the source's rows now (``table.to_arrow()``) when
+        the caller has them already: a keyed source reads them to pick its modifies."""
         r = self.rng
         roll = r.random()
         if roll < 0.1:
@@ -96,7 +98,8 @@ class RandomSource:
             self.table.append(self._rows(int(r.integers(0, 12))))
             return
         t = self.table
-        cur = t.to_arrow()
+        if cur is None:
+            cur = t.to_arrow()
         existing = cur.column("Key").to_numpy()
         if roll < 0.13 and existing.size:
             t.delete(pa.table({"Key": existing}))  # empty the table
@@ -176,15 +179,18 @@ def run_oracle(
         src = RandomSource(g, kind, rng, max_rows)
         result = build(src.table)
         replay = ReplayChecker(result)
+        src_now = None  # the source's rows after the last cycle: the next step reads them
         for c in range(per_kind):
-            src.step()
+            src.step(src_now)
             g.run_cycle()
             ctx = f"seed={seed} kind={kind} cycle={c}"
             if result.failure is not None:
                 raise AssertionError(f"{ctx}: result failed") from result.failure
-            check(result.to_pandas(), expected(src.table.to_pandas()), ctx)
+            # one snapshot of each table per cycle, shared by the checks (nothing runs between)
+            got, src_now = result.to_arrow(), src.table.to_arrow()
+            check(got.to_pandas(), expected(src_now.to_pandas()), ctx)
             try:
-                replay.check()
+                replay.check(got)
             except AssertionError:
                 print(f"REPLAY MISMATCH {ctx}")
                 raise

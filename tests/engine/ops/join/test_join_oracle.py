@@ -246,9 +246,9 @@ class PrevChecker:
         self.snap()
         table.listen(self._on_update)
 
-    def snap(self):
+    def snap(self, data=None):
         self.keys = self.table.rowset.keys().copy()
-        self.data = self.table.to_arrow()
+        self.data = self.table.to_arrow() if data is None else data
 
     def _on_update(self, up, table):
         if not np.array_equal(table.prev_rowset.keys(), self.keys):
@@ -260,9 +260,10 @@ class PrevChecker:
                 if not got.column(c).equals(self.data.column(c)):
                     self.errors.append(f"get_prev of column {c!r} differs from last cycle")
 
-    def check(self, ctx):
+    def check(self, ctx, data=None):
+        """``data`` is ``table.to_arrow()`` when the caller read it already this cycle."""
         assert not self.errors, f"{ctx}: {self.errors[:3]}"
-        self.snap()
+        self.snap(data)
 
 
 def run_join_oracle(build, expected, *, right, seed=0, n_cycles=None, kinds=("append", "keyed", "ring"),
@@ -287,22 +288,25 @@ def run_join_oracle(build, expected, *, right, seed=0, n_cycles=None, kinds=("ap
         g.run_cycle()
         result = build(src.table, *(d.table for d in drivers))
         replay, prev = ReplayChecker(result), PrevChecker(result)
+        src_now = None  # the source's rows after the last cycle: its next step reads them
         for c in range(per_kind):
-            src.step()
+            src.step(src_now)
             for d in drivers:
                 d.step()
             g.run_cycle()
             ctx = f"seed={seed} kind={kind} cycle={c}"
             if result.failure is not None:
                 raise AssertionError(f"{ctx}: result failed") from result.failure
-            want = expected(src.table.to_arrow(), *(d.table.to_arrow() for d in drivers))
-            assert_same_arrow(result.to_arrow(), want, ctx)
+            # one snapshot of each table per cycle, shared by the checks (nothing runs between)
+            src_now, got = src.table.to_arrow(), result.to_arrow()
+            want = expected(src_now, *(d.table.to_arrow() for d in drivers))
+            assert_same_arrow(got, want, ctx)
             try:
-                replay.check()
+                replay.check(got)
             except AssertionError:
                 print(f"REPLAY MISMATCH {ctx}")
                 raise
-            prev.check(ctx)
+            prev.check(ctx, got)
 
 
 def _drivers(key_cols, domain, mode, extra=(), n=1, max_rows=40):
