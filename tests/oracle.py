@@ -182,9 +182,10 @@ def run_oracle(
             ctx = f"seed={seed} kind={kind} cycle={c}"
             if result.failure is not None:
                 raise AssertionError(f"{ctx}: result failed") from result.failure
-            check(result.to_pandas(), expected(src.table.to_pandas()), ctx)
+            out = result.to_arrow()  # one snapshot for the comparison and the replay check
+            check(out.to_pandas(), expected(src.table.to_pandas()), ctx)
             try:
-                replay.check()
+                replay.check(out)
             except AssertionError:
                 print(f"REPLAY MISMATCH {ctx}")
                 raise

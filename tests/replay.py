@@ -54,10 +54,13 @@ class ReplayChecker:
             keys, data = keys[order], data.take(pa.array(order))
         self.keys, self.data = keys, data
 
-    def check(self) -> None:
-        """Assert the replica equals the table now (keys and values)."""
+    def check(self, snapshot: pa.Table | None = None) -> None:
+        """Assert the replica equals the table now (keys and values).
+
+        ``snapshot``: the table's ``to_arrow()`` taken since its last cycle, when the caller
+        has one (then it is not read a second time)."""
         assert np.array_equal(self.keys, self.table.rowset.keys()), "replica keys differ"
-        expect = self.table.to_arrow()
+        expect = self.table.to_arrow() if snapshot is None else snapshot
         got = self.data.combine_chunks()
         if not got.equals(expect.combine_chunks()):
             for c in expect.column_names:
