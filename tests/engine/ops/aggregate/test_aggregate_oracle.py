@@ -143,11 +143,20 @@ def _expected_arrow(tbl: pa.Table, by: list[str], specs: list[Agg]) -> list[tupl
     res = tbl.group_by(keys, use_threads=False).aggregate([(c, f, opts_of.get((c, f))) for c, f in uniq])
     res = res.take(pc.sort_indices(res.column("_row_min")))
     names = by + [f"{c}_{f}" for c, f, _ in wanted]
-    return _plain_rows(list(zip(*(res.column(n).to_pylist() for n in names), strict=True)))
+    return _plain_rows(res, names)
 
 
-def _plain_rows(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    return [tuple(None if isinstance(v, float) and v != v else v for v in r) for r in rows]
+def _plain_rows(tbl: pa.Table, names: list[str]) -> list[tuple[Any, ...]]:
+    """The rows of ``tbl``'s columns ``names`` as tuples, NaN as None (as :func:`_norm`
+    does): NaN becomes a null in Arrow, one vectorized pass per float column, so the
+    Python values are the plain ones ``to_pylist`` gives."""
+    cols = []
+    for n in names:
+        col = tbl.column(n)
+        if pa.types.is_floating(col.type) and pc.any(pc.is_nan(col)).as_py():
+            col = pc.if_else(pc.is_nan(col), pa.scalar(None, col.type), col)
+        cols.append(col.to_pylist())
+    return list(zip(*cols, strict=True))
 
 
 class _Case:
@@ -161,7 +170,7 @@ class _Case:
 
     def rows(self, out: pa.Table) -> list[tuple[Any, ...]]:
         """The result's rows, comparable with :meth:`expected`."""
-        return _plain_rows(list(zip(*(out.column(n).to_pylist() for n in out.column_names), strict=True)))
+        return _plain_rows(out, out.column_names)
 
 
 def _run_cases(cases: dict[str, _Case], seed: int, kinds: tuple[str, ...] = oracle.KINDS,
@@ -193,13 +202,14 @@ def _run_cases(cases: dict[str, _Case], seed: int, kinds: tuple[str, ...] = orac
                 t = tables[name]
                 if t.failure is not None:
                     raise AssertionError(f"{ctx}: result failed") from t.failure
-                got = case.rows(t.to_arrow())
+                out = t.to_arrow()  # one snapshot for the comparison and the replay check
+                got = case.rows(out)
                 want = case.expected(tbl)
                 if not _same_rows(got, want):
                     print(f"MISMATCH {ctx}\n--- incremental ---\n{got}\n--- recomputed ---\n{want}")
                     raise AssertionError(f"{ctx}: incremental and recomputed results differ")
                 try:
-                    replays[name].check()
+                    replays[name].check(out)
                 except AssertionError:
                     print(f"REPLAY MISMATCH {ctx}")
                     raise

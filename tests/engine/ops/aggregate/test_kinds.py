@@ -357,20 +357,23 @@ NEW = [agg.var("Price", "V"), agg.var("Qty", "VQ"), agg.abs_sum("Qty", "AQ"), ag
 
 def _pandas(df: pd.DataFrame, by: list[str], specs: list[Agg]) -> pd.DataFrame:
     """Recomputation with pandas: ``var``, ``median``, ``quantile(p)``, ``abs().sum()``, and
-    the weighted kinds as masked products (rows with value and weight), null without rows."""
+    the weighted kinds as masked products (rows with value and weight), null without rows.
+    The helper columns are numpy's, added in one frame (pandas' ``assign`` and ``where``
+    per column cost more than the group reductions themselves)."""
     cols = by + [s.name for s in specs]
     if df.empty:
         return pd.DataFrame({c: [] for c in cols})
-    extra: dict[str, pd.Series] = {} if by else {"_all": pd.Series(0, index=df.index)}
+    extra: dict[str, Any] = {} if by else {"_all": np.zeros(len(df), dtype=np.int64)}
     for i, s in enumerate(specs):
         if s.kind == "abs_sum":
-            extra[f"_a{i}"] = df[s.column].abs()
+            extra[f"_a{i}"] = np.abs(df[s.column].to_numpy())
         elif s.weight is not None:
-            ok = df[s.column].notna() & df[s.weight].notna()
-            extra[f"_xw{i}"] = (df[s.column] * df[s.weight]).where(ok, 0)
-            extra[f"_w{i}"] = df[s.weight].where(ok, 0)
+            x, w = df[s.column].to_numpy(), df[s.weight].to_numpy()
+            ok = ~(pd.isna(x) | pd.isna(w))
+            extra[f"_xw{i}"], extra[f"_w{i}"] = np.where(ok, x * w, 0), np.where(ok, w, 0)
             extra[f"_n{i}"] = ok.astype(np.int64)
-    grouped = df.assign(**extra).groupby(by or ["_all"], dropna=False, sort=False)
+    frame = pd.concat([df, pd.DataFrame(extra, index=df.index)], axis=1) if extra else df
+    grouped = frame.groupby(by or ["_all"], dropna=False, sort=False)
     out = {}
     for i, s in enumerate(specs):
         col = grouped[s.column] if s.column is not None else None
