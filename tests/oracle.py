@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from pandas.api.types import is_object_dtype
 
 from engine.graph import UpdateGraph
 from engine.table import Table
+from tests.frames import identical
 from tests.replay import ReplayChecker
 
 SCHEMA = pa.schema([("Sym", pa.string()), ("Key", pa.int64()), ("Price", pa.float64()), ("Qty", pa.int64())])
@@ -135,24 +135,13 @@ class RandomSource:
 def assert_same(got: pd.DataFrame, want: pd.DataFrame, context: str) -> None:
     got = got.reset_index(drop=True)
     want = want.reset_index(drop=True)
-    if _identical(got, want):  # assert_frame_equal would pass: skip its cost (~1 ms a frame)
+    if identical(got, want):  # assert_frame_equal would pass: skip its cost (~1 ms a frame)
         return
     try:
         pd.testing.assert_frame_equal(got, want, check_dtype=False, check_index_type=False)
     except AssertionError:
         print(f"MISMATCH {context}\n--- incremental ---\n{got}\n--- recomputed ---\n{want}")
         raise
-
-
-def _identical(got: pd.DataFrame, want: pd.DataFrame) -> bool:
-    """Equal in every way ``assert_frame_equal`` looks at, and more strictly: the same column
-    labels (type, dtype, names), flags and dtypes, and ``DataFrame.equals`` (exact values, NA
-    where NA). Object columns never pass: ``equals`` takes None for NaN there, which
-    ``assert_frame_equal`` does not."""
-    return (type(got.columns) is type(want.columns) and got.columns.dtype == want.columns.dtype
-            and got.columns.names == want.columns.names and got.flags == want.flags
-            and list(got.dtypes) == list(want.dtypes)
-            and not any(map(is_object_dtype, got.dtypes)) and got.equals(want))
 
 
 def run_oracle(
