@@ -9,6 +9,9 @@ from hypothesis import HealthCheck, settings
 
 from bench.ports import HeldPort
 
+#: failures named the moment they happen, and a clock line with the tests in flight
+pytest_plugins = ("tests.watch", "pytester")
+
 settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=200,
     suppress_health_check=[HealthCheck.too_slow],
