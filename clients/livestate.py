@@ -144,6 +144,15 @@ class _Frozen:
                     for c, f in zip(self.chunks, self.schema, strict=True)]
         else:  # a few scattered rows: take from the chunks they live in
             cid = np.searchsorted(self.offsets, slots, side="right") - 1
+            used = np.unique(cid)
+            if int(self.sizes[used].sum()) <= 8 * n + 4096:
+                # small chunks: join just those (one concatenation per column, O(their
+                # rows)) and gather once, not one take per chunk and column
+                at = np.cumsum(self.sizes[used]) - self.sizes[used]  # each one's first row
+                idx = pa.array(slots - self.offsets[cid] + at[np.searchsorted(used, cid)])
+                picked = used.tolist()
+                cols = [pa.concat_arrays([c[i] for i in picked]).take(idx) for c in self.chunks]
+                return pa.Table.from_arrays(cols, schema=self.schema)
             order = np.argsort(cid, kind="stable")
             cs = cid[order]
             cuts = np.flatnonzero(np.diff(cs)) + 1

@@ -196,6 +196,36 @@ def test_value_log_drop_head_keeps_frozen_views(monkeypatch):
         store.drop_head(len(store) + 1)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_frozen_take_equals_a_gather_over_the_whole_log(monkeypatch, seed):
+    """Every way a view reads its slots (runs as slices, one gather over all chunks, a
+    gather from the few small chunks the slots live in joined, a take per large chunk) gives
+    the rows a gather over the whole log gives, in the order asked, nulls included."""
+    monkeypatch.setattr(_Store, "_SMALL", 1)  # keep every chunk apart
+    rng = np.random.default_rng(seed)
+    store = _Store(KV)
+    for size in rng.choice([1, 2, 5, 40, 300, 9_000], size=30):
+        keys = list(range(store.end, store.end + int(size)))
+        strs = [None if k % 7 == 0 else f"s{k}" for k in keys]
+        store.append(kv(keys, [float(k) for k in keys], strs), np.array(keys))
+    view = store.frozen()
+    n = store.end
+    whole = view.take(np.arange(n)).combine_chunks()
+    small = np.flatnonzero(np.repeat(view.sizes < 100, view.sizes))  # slots in small chunks
+    cases = {
+        "runs": np.arange(n // 3, n // 3 + 500),
+        "many scattered": rng.choice(n, n // 4, replace=False),
+        "few scattered": rng.choice(n, 20, replace=False),
+        "few in small chunks": rng.choice(small, min(30, small.size), replace=False),
+        "one": rng.choice(n, 1),
+        "repeated": np.repeat(rng.choice(small, 3), 4),
+    }
+    for name, slots in cases.items():
+        got = view.take(slots)
+        assert got.schema == KV, name
+        assert got.equals(whole.take(pa.array(slots))), name
+
+
 def test_compaction_starts_past_the_trigger_and_moves_only_live_rows(monkeypatch):
     """100 rows (key ``2i`` at slot ``i``). Nine messages modify the rows at slots 10..99:
     90 dead slots, not more than the 100 live, so nothing is cleaned. The tenth modifies
