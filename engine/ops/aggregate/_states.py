@@ -235,6 +235,12 @@ class CompensatedSum:
         return self.hi[slots] + self.lo[slots]
 
 
+#: finite terms larger than this (in magnitude) are summed apart, scaled by ``2**-_SCALE``:
+#: the sum of up to ``2**120`` smaller terms cannot overflow, nor can the scaled ones'
+_HUGE = 2.0**900
+_SCALE = 600
+
+
 class GroupSum:
     """The sum of one column's current terms per group, as summing them afresh would give it.
 
@@ -243,15 +249,19 @@ class GroupSum:
     ``-inf`` and NaN terms counted apart, so a term that leaves leaves no trace and a sum
     reads as IEEE arithmetic over the current terms would: NaN if a term is NaN or both
     infinities are present, else the infinity present, else the compensated finite sum.
+    Finite terms above ``2**900`` are summed apart, scaled by ``2**-600`` (exactly), so
+    finite terms whose sum passes float64's range read as that infinity while they are
+    present and leave no trace when they go (a running sum would hold ``inf - inf``).
     A caller resets a group that lost its last term (:meth:`reset`: exact zeros).
     """
 
-    __slots__ = ("is_float", "exact", "finite", "pinf", "ninf", "nan")
+    __slots__ = ("is_float", "exact", "finite", "huge", "pinf", "ninf", "nan")
 
     def __init__(self, is_float: bool) -> None:
         self.is_float = is_float
         self.exact = np.zeros(16, dtype=np.int64)
         self.finite = CompensatedSum()
+        self.huge = CompensatedSum()  # the terms above _HUGE, times 2**-_SCALE
         self.pinf = np.zeros(16, dtype=np.int64)
         self.ninf = np.zeros(16, dtype=np.int64)
         self.nan = np.zeros(16, dtype=np.int64)
@@ -260,6 +270,7 @@ class GroupSum:
         """Room for slots ``[0, cap)``."""
         self.exact = grown_to(self.exact, cap)
         self.finite.ensure(cap)
+        self.huge.ensure(cap)
         self.pinf = grown_to(self.pinf, cap)
         self.ninf = grown_to(self.ninf, cap)
         self.nan = grown_to(self.nan, cap)
@@ -279,12 +290,19 @@ class GroupSum:
             self.pinf[touched] += signed_counts(inv, sign, ok & (x == np.inf), nt)
             self.ninf[touched] += signed_counts(inv, sign, ok & (x == -np.inf), nt)
             self.nan[touched] += signed_counts(inv, sign, ok & np.isnan(x), nt)
-        self.finite.add(touched, np.bincount(inv, weights=np.where(fin, x * sign, 0.0), minlength=nt))
+        terms = np.where(fin, x * sign, 0.0)
+        huge = np.abs(terms) > _HUGE
+        if huge.any():
+            self.huge.add(touched, np.bincount(inv, weights=np.where(
+                huge, np.ldexp(terms, -_SCALE), 0.0), minlength=nt))
+            terms[huge] = 0.0
+        self.finite.add(touched, np.bincount(inv, weights=terms, minlength=nt))
         return fin
 
     def reset(self, slots: I64) -> None:
         self.exact[slots] = 0
         self.finite.reset(slots)
+        self.huge.reset(slots)
         self.pinf[slots] = 0
         self.ninf[slots] = 0
         self.nan[slots] = 0
@@ -299,6 +317,10 @@ class GroupSum:
         p, m = self.pinf[slots] > 0, self.ninf[slots] > 0
         nan = (self.nan[slots] > 0) | (p & m)
         out = self.finite.value(slots)
+        big = self.huge.value(slots)
+        if big.any():
+            with np.errstate(over="ignore"):  # past float64's range: that infinity
+                out = np.ldexp(big, _SCALE) + out
         return np.where(nan, np.nan, np.where(p, np.inf, np.where(m, -np.inf, out)))
 
 
@@ -365,8 +387,12 @@ class Moments:
         fin = self.total.add(touched, inv, sign, vals, ok)
         if self.want_std:
             nfin_new = n_new - self.total.infinities(touched)
-            self._apply_spread(touched, inv, sign, vals.astype(np.float64), fin, nm, nfin_old, nfin_new)
-            self._heal(touched, nfin_new)
+            # finite values whose squares (or differences) pass float64's range make the
+            # running sums non-finite: _heal recomputes those groups from their values
+            with np.errstate(over="ignore", invalid="ignore"):
+                self._apply_spread(touched, inv, sign, vals.astype(np.float64), fin, nm, nfin_old,
+                                   nfin_new)
+                self._heal(touched, nfin_new)
         empty = touched[n_new == 0]
         if empty.size:  # exact zeros for a group that lost its last value
             self.total.reset(empty)
@@ -442,7 +468,8 @@ class Moments:
         self.mag[f] = 0.0
         t = t[~flat]
         qk = np.maximum(self.qk.value(t), 0.0)
-        bad = t[8.0 * np.finfo(np.float64).eps * self.mag[t] > self.TOLERANCE * qk]
+        broken = ~(np.isfinite(qk) & np.isfinite(self.sk.value(t)) & np.isfinite(self.mag[t]))
+        bad = t[broken | (8.0 * np.finfo(np.float64).eps * self.mag[t] > self.TOLERANCE * qk)]
         if bad.size:
             self._recompute(bad)
 
@@ -478,7 +505,8 @@ class Moments:
         nf = np.maximum(nfin, 2).astype(np.float64)
         sk = self.sk.value(slots)
         qk = self.qk.value(slots)
-        var = np.maximum(qk - sk * sk / nf, 0.0) / (nf - 1.0)
+        with np.errstate(over="ignore", invalid="ignore"):  # squares past float64's range
+            var = np.maximum(qk - sk * sk / nf, 0.0) / (nf - 1.0)
         return np.where(nfin < n, np.nan, var), n > 1
 
     def std(self, slots: I64) -> NumPair:

@@ -335,6 +335,37 @@ def test_infinities_are_counted_apart():
     assert _rows(r)[0] == {"Sym": "A", "S": 1.5, "M": 1.5, "Hi": 1.5}
 
 
+def test_finite_terms_past_float64s_range_read_as_infinity_and_leave_no_trace():
+    """Found by the server's fuzzer (a view summing huge doubles): two finite terms whose sum
+    passes float64's range left ``inf - inf`` (NaN) in the running sum's residue, for good.
+    Now the sum reads +inf (or -inf) while they are there, and exact sums after they go;
+    std and var of values whose squares overflow give no error, and recover the same way."""
+    g = UpdateGraph(validate=True)
+    src = _keyed(g, [("A", 1, 1.5, 0), ("B", 2, 2.0, 0), ("B", 3, 4.0, 0)])
+    r = agg_by(src, [agg.sum("Price", "S"), agg.mean("Price", "M"), agg.std("Price", "SD"),
+                     agg.var("Price", "V")], by="Sym")
+    big = 1.7e308
+    src.upsert(_batch([("A", 4, big, 0), ("A", 5, big, 0), ("B", 6, -big, 0), ("B", 7, -big, 0)]))
+    g.run_cycle()
+    a, b = _rows(r)
+    assert (a["S"], a["M"], b["S"], b["M"]) == (math.inf, math.inf, -math.inf, -math.inf)
+    src.delete(pa.table({"Key": [5]}))  # one huge term left in A: back in range, exactly
+    g.run_cycle()
+    assert _rows(r)[0]["S"] == big + 1.5 and _rows(r)[0]["M"] == (big + 1.5) / 2
+    src.upsert(_batch([("A", 5, -big, 0)]))  # +big and -big cancel exactly
+    g.run_cycle()
+    assert _rows(r)[0]["S"] == 1.5
+    src.delete(pa.table({"Key": [4, 5, 6, 7]}))
+    g.run_cycle()
+    assert _rows(r) == [{"Sym": "A", "S": 1.5, "M": 1.5, "SD": None, "V": None},
+                        {"Sym": "B", "S": 6.0, "M": 3.0, "SD": math.sqrt(2.0), "V": 2.0}]
+    src.upsert(_batch([("B", 8, 1e300, 0)]))  # a square past the range, then gone again
+    g.run_cycle()
+    src.delete(pa.table({"Key": [8]}))
+    g.run_cycle()
+    assert _rows(r)[1] == {"Sym": "B", "S": 6.0, "M": 3.0, "SD": math.sqrt(2.0), "V": 2.0}
+
+
 def test_integer_sums_are_exact():
     g = UpdateGraph(validate=True)
     big = 2 ** 60
