@@ -48,11 +48,20 @@ def pytest_unconfigure(config):
         _stderr = None
 
 
+def hard_limit(item: pytest.Item) -> float:
+    """:data:`HARD_LIMIT`, or for a test given a longer ``timeout`` mark (pytest-timeout's),
+    that timeout plus the same two minutes' margin."""
+    mark = item.get_closest_marker("timeout")
+    if mark is None or not mark.args:
+        return HARD_LIMIT
+    return max(HARD_LIMIT, float(mark.args[0]) + 120.0)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Arm :data:`HARD_LIMIT` around each test (faulthandler's watchdog is a C thread: it
     needs no GIL)."""
-    faulthandler.dump_traceback_later(HARD_LIMIT, exit=True, file=_stderr)
+    faulthandler.dump_traceback_later(hard_limit(item), exit=True, file=_stderr)
     try:
         yield
     finally:

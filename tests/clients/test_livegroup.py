@@ -174,7 +174,10 @@ def test_first_group_has_every_table_at_one_step(world, client, graph):
     assert not group.connected and not any(group[n].connected for n in NAMES)
 
 
-@pytest.mark.slow  # about a minute on two shared cores (make test runs it too)
+# about two minutes on two shared cores (make test runs it too), four on a slow day: its hang
+# guards are sized for that, not the suite's five minutes
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_ten_thousand_callbacks_never_see_a_mix(server, graph):
     """The issue's check: a writer updates a source every cycle (and with it a where and an
     agg_by of it) and a second source every third; a LiveGroup of the four counts 10,000
@@ -191,7 +194,7 @@ def test_ten_thousand_callbacks_never_see_a_mix(server, graph):
             group = client.subscribe_many(NAMES, on_update=checker, start=False)
             holder.append(group)
             group.start()
-            assert checker.done.wait(240), f"{checker.callbacks} callbacks in 240 s"
+            assert checker.done.wait(780), f"{checker.callbacks} callbacks in 780 s"
         seconds = time.perf_counter() - t0
         # the writer stopped after a cycle that changed orders: the views equal snapshots
         assert group.wait_for(step=graph.step, timeout=30)

@@ -339,6 +339,7 @@ def test_a_restarted_stream_applies_a_replayed_micro_batch_once(spark, server, s
     assert sorted(df["value"]) == values.tolist()
 
 
+@pytest.mark.timeout(720)  # two JVMs side by side: a minute on two shared cores, four slow
 def test_examples_run_against_a_server(server):
     """Both example scripts, as users run them (each starts its own Spark), side by side."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -349,7 +350,7 @@ def test_examples_run_against_a_server(server):
                                     ("spark_streaming.py", ["--seconds", "2"], "ticks")]}
     for table, proc in runs.items():
         try:
-            out, err = proc.communicate(timeout=240)
+            out, err = proc.communicate(timeout=600)
         finally:
             proc.kill()
         assert proc.returncode == 0, err[-3000:]

@@ -347,7 +347,10 @@ SORTED = [agg.sorted_first("Qty", "Price", "QLoP"), agg.sorted_last("Qty", "Pric
           agg.sorted_last("Price", "Sym", "PHiS"), agg.sorted_first("LS", "Key", "LSLoK")]
 
 
-def test_oracle_sorted_first_last_keyed_append_ring():
+@pytest.mark.parametrize("kind", oracle.KINDS)
+def test_oracle_sorted_first_last_keyed_append_ring(monkeypatch, kind):
+    # one source kind per test (each the third of the cycles it had when one test ran all three)
+    oracle.share_cycles(monkeypatch, len(oracle.KINDS))
     above = pc.field("Price") > 30
     cases = {
         "by sym": _SortedRef(lambda t: agg_by(_derived(t), SORTED, "Sym"), ["Sym"], SORTED),
@@ -355,7 +358,7 @@ def test_oracle_sorted_first_last_keyed_append_ring():
         "two keys": _SortedRef(lambda t: agg_by(_derived(t), SORTED[:6], ["Sym", "Qty"]), ["Sym", "Qty"], SORTED[:6]),
         "where": _SortedRef(lambda t: agg_by(_derived(t).where(above), SORTED, "Sym"), ["Sym"], SORTED, where=above),
     }
-    _run_cases(cases, seed=51)
+    _run_cases(cases, seed=51, kinds=(kind,))
 
 
 @pytest.mark.parametrize("merge_min", [3, 64])
