@@ -36,5 +36,12 @@ def test_watch_names_failures_and_tests_in_flight(pytester: pytest.Pytester,
     assert "(call, " in err[failed[0]] and "AssertionError: the numbers differ" in err[failed[0]]
     # written while the run goes on: a later clock line counts it, with the hanging test named
     later = [line for line in err[failed[0]:] if line.startswith("[watch ")
-             and "of 2 done, 1 failed; running: test_inner.py::test_hangs (0:0" in line]
+             and "of 2 done, 1 failed; load " in line
+             and "running: test_inner.py::test_hangs (0:0" in line]
     assert later, err
+    # the last line is written as the run ends, with nothing running; the first line after
+    # test_hangs ended (that one, or a clock line just before it) names it the slowest
+    assert "2 of 2 done, 1 failed" in err[-1] and "running: nothing" in err[-1], err
+    assert any("slowest since the last line: test_inner.py::test_hangs (4." in line
+               for line in err), err
+    assert all("; load " in line for line in err if "done," in line)

@@ -7,9 +7,11 @@ pytest-xdist, which hears every worker's start and report) writes:
 
 * ``[watch 12:34] FAILED <nodeid> (call, 3.2 s): <last line of the error>`` as soon as a test
   fails, so a cut-off log still names it;
-* every :data:`TICK` seconds, ``[watch 10:00] 1,234 of 2,273 done, 0 failed; running: <nodeid>
-  (1:02), ...``: the pace of the run, and the tests in flight with how long each has run, so a
-  test that hangs is named while it hangs.
+* every :data:`TICK` seconds, ``[watch 10:00] 1,234 of 2,273 done, 0 failed; load 2.1/2.3/2.0;
+  running: <nodeid> (1:02), ...; slowest since the last line: <nodeid> (41.1 s)``: the pace of
+  the run, the machine's load average (a load far above the workers' count says the machine
+  was shared), the tests in flight with how long each has run (a test that hangs is named
+  while it hangs), and the longest test since the line before.
 
 ``TICKTABLE_WATCH_TICK`` sets the tick in seconds (``0`` turns the clock line off).
 """
@@ -44,6 +46,7 @@ class Watch:
         self._done = 0
         self._failed = 0
         self._total: int | None = None
+        self._slowest: tuple[str, float] = ("", 0.0)  # the longest call since the last line
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._fd = os.dup(2)
@@ -54,9 +57,11 @@ class Watch:
             self._thread.start()
 
     def stop(self) -> None:
+        """End the clock, with a last line (the run's end: its pace and longest test)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            self._write(self.status())
         os.close(self._fd)
 
     def _write(self, text: str) -> None:
@@ -76,9 +81,15 @@ class Watch:
         with self._lock:
             running = sorted(self._running.items(), key=lambda kv: kv[1])
             done, failed, total = self._done, self._failed, self._total
+            slowest, self._slowest = self._slowest, ("", 0.0)
         of = f" of {total:,}" if total is not None else ""
         flight = ", ".join(f"{nodeid} ({_clock(now - t0)})" for nodeid, t0 in running)
-        return f"{done:,}{of} done, {failed} failed; running: {flight or 'nothing'}"
+        load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+        line = (f"{done:,}{of} done, {failed} failed; load {load}; running: "
+                f"{flight or 'nothing'}")
+        if slowest[0]:
+            line += f"; slowest since the last line: {slowest[0]} ({slowest[1]:.1f} s)"
+        return line
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -101,6 +112,9 @@ class Watch:
             last = lines[0].strip() if lines else ""
             self._write(f"FAILED {report.nodeid} ({report.when}, {report.duration:.1f} s): "
                         f"{last[:300]}")
+        if report.when == "call" and report.duration > self._slowest[1]:
+            with self._lock:
+                self._slowest = (report.nodeid, report.duration)
         if report.when == "teardown":
             with self._lock:
                 self._running.pop(report.nodeid, None)
