@@ -366,6 +366,54 @@ def test_finite_terms_past_float64s_range_read_as_infinity_and_leave_no_trace():
     assert _rows(r)[1] == {"Sym": "B", "S": 6.0, "M": 3.0, "SD": math.sqrt(2.0), "V": 2.0}
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_sums_over_huge_and_small_terms_against_exact_arithmetic(seed):
+    """Random upserts and deletes of small values and values near float64's limit (1,500
+    cycles, ``validate`` on every update): each group's sum equals its current values summed
+    exactly (``fractions.Fraction``) and rounded once: that infinity when the exact sum is
+    past float64's range, else within 1e-9 (small values are multiples of 1/4 below 1,000, so
+    cancelled huge terms leave them exact); mean is sum / count; nothing fails."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng([seed, 77])
+    huge = [1.5e308, -1.5e308, 1e308, -1e308, 2.0**1000, -(2.0**1000)]
+    g = UpdateGraph(validate=True)
+    src = _keyed(g, [])
+    r = agg_by(src, [agg.sum("Price", "S"), agg.mean("Price", "M"), agg.count("N")], by="Sym")
+    held: dict[int, tuple[str, float]] = {}
+    top = Fraction(np.finfo(np.float64).max)
+    for cycle in range(1_500):
+        keys = rng.choice(40, int(rng.integers(1, 6)), replace=False)
+        rows = []
+        for k in keys.tolist():
+            px = float(rng.choice(huge)) if rng.random() < 0.15 else rng.integers(-4000, 4000) / 4
+            rows.append(("ABC"[int(rng.integers(0, 3))], k, px, 0))
+        src.upsert(_batch(rows))
+        held.update({k: (s, px) for s, k, px, _ in rows})
+        if rng.random() < 0.4 and held:
+            gone = rng.choice(sorted(held), min(len(held), int(rng.integers(1, 4))), replace=False)
+            src.delete(pa.table({"Key": pa.array(gone, pa.int64())}))
+            for k in gone.tolist():
+                del held[k]
+        g.run_cycle()
+        got = {row["Sym"]: row for row in _rows(r)}
+        want: dict[str, list[float]] = defaultdict(list)
+        for s, px in held.values():
+            want[s].append(px)
+        assert sorted(got) == sorted(want), (seed, cycle)
+        for s, values in want.items():
+            exact = sum((Fraction(v) for v in values), Fraction(0))
+            total = (math.inf if exact > 0 else -math.inf) if abs(exact) > top else float(exact)
+            row = got[s]
+            ctx = (seed, cycle, s, values)
+            assert row["N"] == len(values), ctx
+            if math.isinf(total):
+                assert row["S"] == total and row["M"] == total, ctx
+            else:
+                assert row["S"] == pytest.approx(total, rel=1e-12, abs=1e-9), ctx
+                assert row["M"] == pytest.approx(total / len(values), rel=1e-12, abs=1e-9), ctx
+
+
 def test_integer_sums_are_exact():
     g = UpdateGraph(validate=True)
     big = 2 ** 60
