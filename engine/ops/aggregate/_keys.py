@@ -98,9 +98,12 @@ def numpy_of(arr: pa.Array) -> NumPair:
 
 def valid_mask(values: npt.NDArray[Any], valid: Mask | None) -> Mask:
     """Rows an aggregation counts: not null and, for floats, not NaN (pandas semantics)."""
-    ok = np.ones(values.size, dtype=bool) if valid is None else valid.copy()
-    if values.dtype.kind == "f":
-        ok &= ~np.isnan(values)
+    if values.dtype.kind != "f":
+        return np.ones(values.size, dtype=bool) if valid is None else valid.copy()
+    ok = np.isnan(values)
+    np.logical_not(ok, out=ok)
+    if valid is not None:
+        ok &= valid
     return ok
 
 

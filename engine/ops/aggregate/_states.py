@@ -76,6 +76,10 @@ Mask = npt.NDArray[np.bool_]
 NumPair = tuple[npt.NDArray[Any], Mask | None]
 
 _EMPTY_I = np.empty(0, dtype=np.int64)
+#: -1 then +1, each ``_SIGNS_HALF`` times: the signs of a cycle's events are a slice of it
+_SIGNS_HALF = 4096
+_SIGNS = np.repeat(np.array([-1, 1], dtype=np.int64), _SIGNS_HALF)
+_SIGNS.flags.writeable = False
 
 
 class State(Protocol):
@@ -121,9 +125,13 @@ class Events:
         self.minus_keys, self.plus_keys = minus_keys, plus_keys
         self.shifted = shifted
         self.slots = np.concatenate((minus_slots, plus_slots))
-        self.nm = minus_slots.size
-        self.sign = np.ones(self.slots.size, dtype=np.int64)
-        self.sign[: self.nm] = -1
+        self.nm = nm = minus_slots.size
+        n = self.slots.size
+        if nm <= _SIGNS_HALF and n - nm <= _SIGNS_HALF:  # a read-only view: no allocation
+            self.sign = _SIGNS[_SIGNS_HALF - nm : _SIGNS_HALF - nm + n]
+        else:
+            self.sign = np.ones(n, dtype=np.int64)
+            self.sign[:nm] = -1
         self.touched, self.inv = _unique_slots(self.slots)
 
     def split(self) -> tuple[I64, I64]:
@@ -159,8 +167,22 @@ class Cycle:
         return self._events[stay]
 
 
+#: up to this many events, :func:`_unique_slots` works on Python integers (tests change it)
+FEW_EVENTS = 32
+
+
 def _unique_slots(slots: I64) -> tuple[I64, I64]:
-    """``np.unique(slots, return_inverse=True)``; by counting when slots are dense (O(n))."""
+    """``np.unique(slots, return_inverse=True)``; by counting when slots are dense (O(n)),
+    as Python integers when they are few (``np.unique``'s fixed cost is ~20 us)."""
+    if slots.size <= FEW_EVENTS:
+        if slots.size == 0:
+            return _EMPTY_I, _EMPTY_I
+        vals = slots.tolist()
+        u = sorted(set(vals))
+        if len(u) == 1:
+            return np.array(u, dtype=np.int64), np.zeros(slots.size, dtype=np.int64)
+        pos = {v: i for i, v in enumerate(u)}
+        return np.array(u, dtype=np.int64), np.array([pos[v] for v in vals], dtype=np.int64)
     if slots.size < 256:
         return np.unique(slots, return_inverse=True)
     top = int(slots.max()) + 1

@@ -482,6 +482,7 @@ class AggListener:
                       and codable(parent.schema.field(by[0]).type) else None)
         self._distinct_skip = 0  # batches left that skip _distinct_rows' search
         self.null_slot = -1  # the group of the null key, for an exact key column
+        self._one = -1  # without a ``by``: the one group's slot, once interned
         self.size = np.zeros(16, dtype=np.int64)
         self.slot_hash = np.zeros(16, dtype=np.uint64)
         self.slots = IdAllocator()  # a freed slot is reused from the next cycle on
@@ -519,6 +520,8 @@ class AggListener:
             return _EMPTY_I
         if self.rows is not None:  # the row-key structure knows every row's group
             slots = self.rows.groups_of(keys)
+        elif not self.by:  # the one group, when it has rows
+            slots = np.full(keys.size, self._one if self._one >= 0 and self.size[self._one] else -1)
         else:
             arrays = self._key_arrays(keys, True)
             slots = self.index.lookup(hash_columns(arrays, self.by, keys.size),
@@ -536,6 +539,10 @@ class AggListener:
         such answer (:class:`CodedGroups`)."""
         if keys.size == 0:
             return _EMPTY_I
+        if not self.by:  # one group: interned by one row while it has no rows, then known
+            if self._one < 0 or self.size[self._one] == 0:
+                self._one = int(self._assign_values(keys[:1])[0])
+            return np.full(keys.size, self._one)
         if self.codes is not None:
             found = self.codes.lookup(self.parent.column(self.by[0]), keys)
             if found is not None:

@@ -25,6 +25,7 @@ import pytest
 import engine.columns as columns_mod
 import tests.oracle as oracle
 from engine.graph import UpdateGraph
+from engine.ops.aggregate import _states as states_mod
 from engine.ops.aggregate import agg
 from engine.ops.aggregate import listener as aggregate_mod
 from engine.ops.aggregate._codes import CodedGroups
@@ -101,6 +102,10 @@ def _close_enough(got: pd.DataFrame, want: pd.DataFrame, context: str) -> None:
 ALL = [agg.sum("Qty", "S"), agg.count("N"), agg.mean("Price", "M"), agg.std("Price", "SD"),
        agg.min("Price", "Lo"), agg.max("Qty", "HiQ"), agg.first("Sym", "FS"), agg.last("Price", "L"),
        agg.count_distinct("Price", "CD")]
+
+
+#: the aggregations that keep no row keys of their groups
+RUNNING = [a for a in ALL if a.kind not in ("first", "last")]
 
 
 def test_oracle_agg_by_every_aggregation_by_sym():
@@ -248,11 +253,17 @@ def test_arrow_recomputation_agrees_with_pandas():
                 assert _same_rows(_expected_arrow(tbl, by, ALL), want), (kind, step, by)
 
 
+@pytest.mark.parametrize("small", [False, True])
 @pytest.mark.parametrize("distinct_min", [AggListener.DISTINCT_MIN, 2])
-def test_oracle_keys_zero_keys_first_last_count_and_chains(monkeypatch, distinct_min):
+def test_oracle_keys_zero_keys_first_last_count_and_chains(monkeypatch, distinct_min, small):
     # distinct_min=2: nearly every batch is interned one row per distinct key
     monkeypatch.setattr(AggListener, "DISTINCT_MIN", distinct_min)
-    oracle.share_cycles(monkeypatch, 2)
+    # a cycle's events: touched groups as Python integers and signs as a view of a shared
+    # array, at any size (small), or by np.unique / bincount and signs allocated (not small)
+    monkeypatch.setattr(states_mod, "FEW_EVENTS", 1 << 30 if small else 0)
+    if not small:
+        monkeypatch.setattr(states_mod, "_SIGNS_HALF", 0)
+    oracle.share_cycles(monkeypatch, 4)
     two = [agg.count("N"), agg.sum("Price", "S"), agg.std("Qty", "SD"), agg.max("Price", "Hi"),
            agg.first("Key", "F"), agg.count_distinct("Sym", "CD")]
     chain = [agg.sum("Qty", "S"), agg.mean("Price", "M"), agg.max("Price", "Hi"), agg.last("Key", "L"),
@@ -260,6 +271,8 @@ def test_oracle_keys_zero_keys_first_last_count_and_chains(monkeypatch, distinct
     cases = {
         "two keys": _Case(lambda t: agg_by(t, two, ["Sym", "Qty"]), ["Sym", "Qty"], two),
         "zero keys": _Case(lambda t: agg_by(t, ALL), [], ALL),
+        # no first/last: the one group's rows are not kept, removed rows find it by its slot
+        "zero keys, no rows": _Case(lambda t: agg_by(t, RUNNING), [], RUNNING),
         "first_by": _Case(lambda t: first_by(t, "Sym"), ["Sym"], [agg.first(c) for c in ("Key", "Price", "Qty")]),
         "last_by": _Case(lambda t: last_by(t, "Qty"), ["Qty"], [agg.last(c) for c in ("Sym", "Key", "Price")]),
         "count_by": _Case(lambda t: count_by(t, "Rows", "Sym"), ["Sym"], [agg.count("Rows")]),
