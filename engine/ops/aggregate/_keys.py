@@ -100,7 +100,7 @@ def valid_mask(values: npt.NDArray[Any], valid: Mask | None) -> Mask:
     """Rows an aggregation counts: not null and, for floats, not NaN (pandas semantics)."""
     if values.dtype.kind != "f":
         return np.ones(values.size, dtype=bool) if valid is None else valid.copy()
-    ok = np.isnan(values)
+    ok: Mask = np.isnan(values)
     np.logical_not(ok, out=ok)
     if valid is not None:
         ok &= valid
