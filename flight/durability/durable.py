@@ -97,6 +97,7 @@ from flight.durability.records import (
 )
 from flight.ingest.parts import Part
 from flight.ingest.staging import StagingArea
+from flight.links.spec import MirrorSpec, held_by
 from flight.pb import flight_pb2 as pb
 from flight.streams.registry import TableEntry, TableRegistry
 from flight.wire import DIFF, ROW_KEY, PutMode, RecordKind, TableKind
@@ -214,6 +215,11 @@ class Durability:
         self._derived: list[tuple[str, bytes]] = []  # durable derived tables, in order
         self._derive: Callable[[bytes], str] | None = None
         self._mirrors: dict[str, dict[str, Any]] = {}  # mirror name -> its spec, in order
+        # a remembered mirror holds its name, also through a replay (before its link
+        # starts): a creation it refused stays refused. Off while a checkpoint or a record
+        # of an older journal (no "claims" in its meta) is replayed: those were accepted
+        self._claims_on = True
+        registry.claims.append(self._claim)
         self._holds: dict[str, set[int]] = {}  # write id -> seqs of its held batches
         self._checkpointer: threading.Thread | None = None
         self._stop = threading.Event()
@@ -372,7 +378,8 @@ class Durability:
                      capacity: int, if_not_exists: bool) -> TableEntry:
         """Create a durable source table (see :meth:`TableRegistry.create_source`)."""
         meta = {"schema": _b64(schema.serialize().to_pybytes()), "kind": kind, "keys": keys,
-                "capacity": capacity, "if_not_exists": if_not_exists, "limits": self._limits()}
+                "capacity": capacity, "if_not_exists": if_not_exists, "limits": self._limits(),
+                "claims": True}
         return self._record(RecordKind.CREATE, name, meta, b"", lambda seq: self._create(name, meta))
 
     def _create(self, name: str, meta: dict[str, Any]) -> TableEntry:
@@ -432,7 +439,8 @@ class Durability:
             self.registry.get(name).durable = True
             return name
 
-        return self._record(RecordKind.DERIVE, None, {"request": _b64(request), "limits": self._limits()},
+        return self._record(RecordKind.DERIVE, None, {"request": _b64(request), "limits": self._limits(),
+                                                          "claims": True},
                             b"", run)
 
     def _limits(self) -> dict[str, int | None]:
@@ -564,8 +572,12 @@ class Durability:
         if self.graph.running:
             raise RuntimeError("recover before the update graph runs periodically")
         t0 = time.perf_counter()
-        with self._limited({}):  # what the checkpoint holds was accepted
-            start, rows, records, n, cycles = self._recover_records()
+        self._claims_on = False  # what the checkpoint holds was accepted
+        try:
+            with self._limited({}):  # likewise
+                start, rows, records, n, cycles = self._recover_records()
+        finally:
+            self._claims_on = True
         self._applied = self._marked = max([start, *(r.seq for r in records)])
         open_ids = self.staging.open_write_ids()
         if open_ids:  # journaled: a later replay drops them here too, before later commits
@@ -655,6 +667,13 @@ class Durability:
         self._derived.append((built, request))
         self.registry.get(built).durable = True
 
+    def _claim(self, name: str, kind: str) -> str | None:
+        """See :attr:`TableRegistry.claims`: a mirror's name is its own."""
+        spec = self._mirrors.get(name)
+        if spec is None or kind == TableKind.MIRROR or not self._claims_on:
+            return None
+        return held_by(name, MirrorSpec.from_json(spec).origin)
+
     def _remember_mirror(self, name: str, spec: dict[str, Any]) -> None:
         """Replay of a ``mirror`` record: remembered, its link started after recovery (a
         table of another kind under its name refuses it again, as it refused the link)."""
@@ -665,11 +684,14 @@ class Durability:
     def _replay(self, rec: Record) -> None:
         """Apply one journal record again, as its write did (refusals repeat, and are skipped)."""
         meta = json.loads(rec.meta) if rec.meta else {}
+        self._claims_on = bool(meta.get("claims"))  # checked when written (absent before)
         try:
             with self._limited(meta.get("limits", {})):  # none in older journals
                 self._dispatch(rec, meta)
         except Exception as exc:  # the write was refused the first time too
             log.debug("replay of record %d (%s) refused again: %s", rec.seq, rec.kind, exc)
+        finally:
+            self._claims_on = False
 
     def _dispatch(self, rec: Record, meta: dict[str, Any]) -> None:
         kind = rec.kind

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from engine.errors import TableExists
 from engine.sources import ReplicaTable
 from flight.links.link import Link, LinkGaveUp
-from flight.links.spec import MirrorSpec, parse_mirror
+from flight.links.spec import MirrorSpec, held_by, parse_mirror
 from flight.pb import flight_pb2 as pb
 from flight.wire import TableKind
 
@@ -50,6 +50,7 @@ class Links:
         self._links: dict[str, Link] = {}
         self._lock = threading.Lock()
         self.registry.on_drop.append(self._dropped)
+        self.registry.claims.append(self._claim)
 
     def add(self, spec: MirrorSpec) -> Link:
         """Start mirroring ``spec``'s table as ``spec.name``.
@@ -63,7 +64,9 @@ class Links:
             If the name is taken by a table that is not a mirror, or by another mirror.
         """
         name = spec.name
-        with self._lock:
+        # the registry's lock first (its order everywhere): no table takes the name between
+        # the check and the link holding it (see _claim)
+        with self.registry.lock, self._lock:
             restored = self._free(spec)
             link = Link(self.registry.graph, spec, table=restored, on_table=self._register,
                         on_status=self._status_changed,
@@ -91,6 +94,16 @@ class Links:
             raise TableExists(f"table {name!r} already exists (a {entry.kind} table); "
                               f"mirror {spec.origin} under another name (URI/TABLE=LOCAL)")
         return entry.table
+
+    def _claim(self, name: str, kind: str) -> str | None:
+        """A mirror holds its name from its start: before its origin's first answer
+        registers its table (of kind ``mirror``), no other table may take the name (asked
+        under the registry's lock, see :attr:`TableRegistry.claims`)."""
+        if kind == TableKind.MIRROR:
+            return None
+        with self._lock:
+            link = self._links.get(name)
+        return None if link is None else held_by(name, link.spec.origin)
 
     def forget(self, name: str) -> bool:
         """Stop mirror ``name`` and forget it, with its table if it has one (a mirror whose
@@ -162,3 +175,4 @@ class Links:
             link = self._links.pop(name, None)
         if link is not None:
             link.close()
+

@@ -48,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from engine.errors import InputError, ProtocolError, TableFailed, quoted
+from engine.errors import InputError, ProtocolError, TableFailed, TicktableError, quoted
 from engine.graph import UpdateGraph
 from engine.priority import set_thread_priority
 from engine.rowset import RowSet, RowSetShiftData
@@ -372,7 +372,12 @@ class Link:
             table.source = self
             self.table = table
             if self.on_table is not None:
-                self.on_table(table)
+                try:
+                    self.on_table(table)
+                except TicktableError as exc:  # no room for one more table here: no mirror
+                    self.table = None
+                    self._give_up(f"its table cannot be registered here: {one_line(exc)}")
+                    raise LinkGaveUp(self._detail) from None
             self._settled.set()
         elif not self.table.schema.equals(schema):
             self._give_up(f"the origin's schema changed to ({schema}); it was "

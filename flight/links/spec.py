@@ -18,7 +18,7 @@ import pyarrow.flight as fl
 
 from engine.errors import ExpressionError, InputError, SchemaError, SqlError, quoted
 
-__all__ = ["MIRROR_OPTIONS", "MirrorSpec", "encode_filter", "one_line", "origin_schema",
+__all__ = ["MIRROR_OPTIONS", "MirrorSpec", "encode_filter", "held_by", "one_line", "origin_schema",
            "parse_mirror"]
 
 #: The subscription's receive window: fixed, as the Python client's (clients/wire.py), so a
@@ -263,6 +263,13 @@ def _mirror_options(spec: MirrorSpec, query: str, text: str) -> MirrorSpec:
         except SqlError as exc:
             raise SqlError(f"{what}: filter {where!r}: {exc}") from exc
     return replace(spec, columns=columns, where=where)
+
+
+def held_by(name: str, origin: str) -> str:
+    """What a table's creation is told when a mirror of ``origin`` holds ``name`` (a mirror
+    holds its name from its start: :attr:`flight.streams.registry.TableRegistry.claims`)."""
+    return (f"table {name!r} is taken by a mirror of {origin} that waits for its origin's "
+            f"first answer; drop the mirror or pick another name")
 
 
 def origin_schema(spec: MirrorSpec, timeout: float) -> pa.Schema:

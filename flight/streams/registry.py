@@ -385,6 +385,16 @@ class TableRegistry:
         self._entries: dict[str, TableEntry] = {}
         self._lock = threading.RLock()
         self.on_drop: list[Callable[[str], None]] = []
+        #: ``claim(name, kind)``: why no table of ``kind`` may take ``name`` though no table
+        #: holds it (a mirror holds its name from its start, before its origin's first
+        #: answer registers its table), or None; asked under :attr:`lock` before a new name
+        #: is taken
+        self.claims: list[Callable[[str, str], str | None]] = []
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while a name is checked and taken: whoever claims names holds it too."""
+        return self._lock
 
     def get(self, name: str) -> TableEntry:
         """The entry called ``name``.
@@ -440,6 +450,10 @@ class TableRegistry:
                 self._check_limits(name, table.schema, new=False)
                 self.drop(name)
             else:
+                for claim in self.claims:
+                    why = claim(name, kind)
+                    if why is not None:
+                        raise TableExists(why)
                 self._check_limits(name, table.schema, new=True)
             table.name = name
             entry = TableEntry(name, table, kind, list(keys or []), list(parents or []))
@@ -500,6 +514,10 @@ class TableRegistry:
             if existing is not None:
                 raise TableExists(f"table {name!r} already exists; drop it first or pass "
                                   f"if_not_exists")
+            for claim in self.claims:  # before a table is made for nothing
+                why = claim(name, kind)
+                if why is not None:
+                    raise TableExists(why)
             self._check_limits(name, schema, new=True)  # before a ring allocates its capacity
             table: Table
             with self.graph.exclusive_lock():

@@ -42,10 +42,10 @@ def test_the_page_lists_the_tables_and_keeps_them_current(web, prices, page):
     assert row.locator("td").all_inner_texts()[:3] == ["prices", "keyed", f"{N:,}"]
     prices.push("extra", pa.table({"a": [1, 2, 3]}))
     extra = page.locator('#tables tr[data-table="extra"] td:nth-child(3)')
-    extra.wait_for(timeout=3000)
+    extra.wait_for(timeout=10_000)
     assert extra.inner_text() == "3"
     prices.drop_table("extra")
-    page.locator('#tables tr[data-table="extra"]').wait_for(state="detached", timeout=3000)
+    page.locator('#tables tr[data-table="extra"]').wait_for(state="detached", timeout=10_000)
 
 
 @pytest.mark.parametrize("feed", FEEDS)
@@ -94,11 +94,12 @@ def test_a_removed_row_disappears(web, prices, page, feed):
     wait_cells(page, "prices", f"c.rows.some((r) => r[0] === '{sym}')")
     before = len(web.registry.get("prices").table.rowset)
     prices.push("prices", pa.table({"sym": [sym]}), mode="delete")
-    wait_cells(page, "prices", f"c.rows.length > 5 && !c.rows.some((r) => r[0] === '{sym}')",
-               timeout=2000)
+    # waits that only bound a hang (the suite runs on loaded machines): what is asserted is
+    # that the row goes and the count follows, not how fast
+    wait_cells(page, "prices", f"c.rows.length > 5 && !c.rows.some((r) => r[0] === '{sym}')")
     page.wait_for_function(
         "([n]) => document.querySelector('section.grid[data-table=\"prices\"] .rows')"
-        "?.dataset.rows === String(n)", arg=[before - 1], timeout=3000)
+        "?.dataset.rows === String(n)", arg=[before - 1], timeout=10_000)
 
 
 def test_an_unknown_table_in_the_url_says_so(web, prices, page):
@@ -354,8 +355,7 @@ def test_a_sql_view_is_listed_and_shown_live(web, prices, page):
         assert cells(page, "cheap")["head"] == ["sym", "px2"]
         prices.push("prices", pa.table({"sym": ["Q00001"], "px": [0.375], "n": [2]},
                                        schema=SCHEMA), mode="upsert")
-        wait_cells(page, "cheap", "c.rows.some((r) => r[0] === 'Q00001' && r[1] === '0.75')",
-                   timeout=3000)
+        wait_cells(page, "cheap", "c.rows.some((r) => r[0] === 'Q00001' && r[1] === '0.75')")
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "web-sql-view.png"))
     finally:

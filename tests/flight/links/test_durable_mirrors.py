@@ -11,6 +11,7 @@ SIGKILL while a writer keeps changing ``A``.
 
 from __future__ import annotations
 
+import base64
 import random
 import threading
 import time
@@ -27,6 +28,7 @@ import pytest
 import ticktable as tt
 from bench.crash import ServerProcess
 from bench.ports import HeldPort
+from engine.errors import TableExists
 from engine.graph import UpdateGraph
 from engine.sources import KeyedTable, ReplicaTable
 from flight.pb import flight_pb2 as pb
@@ -303,15 +305,43 @@ def test_a_dropped_mirror_stays_dropped(origin, mirrors, tmp_path):
     b.synced(origin)
 
 
-def test_a_remembered_mirror_whose_name_was_taken_does_not_stop_the_start(mirrors, tmp_path,
-                                                                           caplog):
-    # a mirror that never reached its origin holds no table: its name could be taken
+def test_a_name_a_mirror_holds_stays_refused_after_a_restart(mirrors, tmp_path):
+    # a mirror that never reached its origin holds no table, but its name: a creation of
+    # that name is refused, and the refusal (journaled: the journal keeps what was asked)
+    # is a refusal again in the replay, before the mirror's link starts
     data = tmp_path / "b"
     b = _start(mirrors, data).run()
     with HeldPort() as nobody:  # refused: the origin never answers
         b.server.mirror(f"grpc://127.0.0.1:{nobody.port}/t")
+        with pytest.raises(TableExists, match="'t' is taken by a mirror of grpc://127.0.0.1"):
+            b.server.durability.create_table("t", KV, "keyed", keys=["k"], capacity=0,
+                                             if_not_exists=False)
+        b.stop(crash=True)
+        b = _start(mirrors, data)
+        assert "t" not in b.server.registry.names()
+        assert [link.spec.name for link in b.server.links.links()] == ["t"]
+        assert b.server.links.forget("t")  # the name is free with the mirror gone
         b.server.durability.create_table("t", KV, "keyed", keys=["k"], capacity=0,
                                          if_not_exists=False)
+        b.stop(crash=True)
+        b = _start(mirrors, data)
+    assert b.server.registry.get("t").kind == TableKind.KEYED and b.server.links.links() == []
+
+
+def test_a_remembered_mirror_whose_name_was_taken_does_not_stop_the_start(mirrors, tmp_path,
+                                                                           caplog):
+    # a journal written before mirrors held their names from their start: a mirror that
+    # never reached its origin, then a table created under its name (a record without
+    # "claims", as such a server wrote it): the table is restored, the mirror is not
+    data = tmp_path / "b"
+    b = _start(mirrors, data).run()
+    with HeldPort() as nobody:  # refused: the origin never answers
+        b.server.mirror(f"grpc://127.0.0.1:{nobody.port}/t")
+        durability = b.server.durability
+        meta = {"schema": base64.b64encode(KV.serialize().to_pybytes()).decode(), "kind": "keyed",
+                "keys": ["k"], "capacity": 0, "if_not_exists": False, "limits": durability._limits()}
+        b.server.registry.claims.clear()  # as before: nothing held the name
+        durability._record(RecordKind.CREATE, "t", meta, b"", lambda seq: durability._create("t", meta))
         b.stop(crash=True)
         b = _start(mirrors, data)
     assert b.server.registry.get("t").kind == TableKind.KEYED and b.server.links.links() == []

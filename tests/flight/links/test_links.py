@@ -21,7 +21,7 @@ from engine.graph import UpdateGraph
 from engine.ops.aggregate import agg
 from engine.table import Table
 from engine.update import TableUpdate, compose
-from flight.links import Link, parse_mirror
+from flight.links import Link, LinkGaveUp, parse_mirror
 from flight.pb import flight_pb2 as pb
 from flight.server import ServerConfig, TicktableServer
 from flight.streams.decoder import ReferenceView, StreamEnded, read_message
@@ -406,16 +406,21 @@ def test_mirror_of_follows_every_table_of_the_origin_and_its_creates_and_drops(s
     server uses for a table of its own is left alone."""
     a, t = _origin(servers)
     u = a.srv.registry.create_source("u", KV, TableKind.APPEND).table
-    a.srv.registry.create_source("mine", KV, TableKind.APPEND)
     rng = np.random.default_rng(4)
     _write(t, rng)
     u.append(pa.table({"k": [1, 2], "v": [1.0, 2.0], "s": ["a", "b"]}, schema=KV))
     b = Server(mirror_of=[a.location])
     servers.append(b)
     own = b.srv.registry.create_source("mine", KV, TableKind.KEYED, keys=["k"]).table
+    # the origin's table of that name comes after this server's own: a listing after it
+    # leaves this server's alone (before, its follower could mirror the name first: a
+    # mirror holds its name from its start, see the next test)
+    a.srv.registry.create_source("mine", KV, TableKind.APPEND)
     (follower,) = b.srv.followers
     follower.poll = 0.05
-    _until(lambda: {"t", "u"} <= set(b.srv.registry.names()), what="the first mirrors")
+    seen = follower.listings
+    _until(lambda: {"t", "u"} <= set(b.srv.registry.names()) and follower.listings > seen + 1,
+           what="the first mirrors")
     assert b.srv.registry.get("mine").table is own and b.srv.links.get("mine") is None
     for name in ("t", "u"):
         _settle(a, b.srv.links.get(name))
@@ -429,6 +434,42 @@ def test_mirror_of_follows_every_table_of_the_origin_and_its_creates_and_drops(s
     _until(lambda: "u" not in b.srv.registry.names() and b.srv.links.get("u") is None,
            what="a table dropped at the origin")
     assert b.srv.registry.get("t").kind == TableKind.MIRROR and follower.listings > 3
+
+
+def test_a_mirror_holds_its_name_before_its_origin_answers(servers, held_port):
+    """A mirror's table is registered at its origin's first answer, but its name is taken
+    from its start: a table of that name made meanwhile (here or by a client) is refused
+    with the mirror named, and the name is free again once the mirror is dropped. (Before,
+    the local table won and the link streamed into a replica nobody could see.)"""
+    import ticktable as tt
+
+    b = Server()
+    servers.append(b)
+    link = b.srv.mirror(f"grpc://127.0.0.1:{held_port.port}/t=pending")  # nothing answers there
+    assert "pending" not in b.srv.registry.names() and link.table is None
+    with pytest.raises(TableExists, match=r"'pending' is taken by a mirror of grpc://127\.0\.0\.1"):
+        b.srv.registry.create_source("pending", KV, TableKind.APPEND)
+    with tt.connect(b.location) as client:
+        with pytest.raises(pa.ArrowException, match="already exists error, with message: table 'pending' is taken by a mirror") as err:
+            client.create_table("pending", KV, kind="append")
+        assert "Traceback" not in str(err.value)
+        client.create_table("other", KV, kind="append")  # the server serves the rest
+        assert b.srv.links.forget("pending")
+        client.create_table("pending", KV, kind="append")
+    assert b.srv.registry.get("pending").kind == TableKind.APPEND and b.srv.links.get("pending") is None
+
+
+def test_a_mirror_whose_table_finds_no_room_gives_up_with_the_limit_named(servers):
+    """The origin answers but this server holds ``max_tables`` already: the link gives up
+    saying so (``wait_table`` raises it at once), and leaves no replica behind."""
+    a, _ = _origin(servers)
+    b = Server(max_tables=1)
+    servers.append(b)
+    b.srv.registry.create_source("full", KV, TableKind.APPEND)
+    link = b.srv.mirror(f"{a.location}/t")
+    with pytest.raises(LinkGaveUp, match="cannot be registered here: cannot create table 't'.*max_tables"):
+        link.wait_table(10)
+    assert link.state == "gave up" and link.table is None and b.srv.registry.names() == ["full"]
 
 
 def test_an_embedded_graph_mirrors_a_remote_table(servers):
