@@ -45,6 +45,9 @@ class _SharedLock:
 
     New readers wait while a writer waits, so snapshots cannot starve the cycle; when a
     writer leaves, the readers already waiting go first, so cycles cannot starve readers.
+    A thread that holds the shared side takes it again without waiting (a read inside a
+    read: ``with graph.shared_lock(): table.to_arrow()``); waiting there for a writer that
+    waits for this very reader would hang both.
     """
 
     def __init__(self) -> None:
@@ -54,27 +57,44 @@ class _SharedLock:
         self._reader_turn = False
         self._writer: int | None = None
         self._writers_waiting = 0
+        self._depth = threading.local()  # this thread's holds of the shared side
+
+    def _again(self) -> bool:
+        """Take the shared side once more if this thread holds it already."""
+        depth = getattr(self._depth, "n", 0)
+        if depth:
+            self._depth.n = depth + 1
+        return bool(depth)
 
     def acquire_shared(self) -> None:
+        if self._again():
+            return
         with self._cond:
             self._readers_waiting += 1
             while self._writer is not None or (self._writers_waiting and not self._reader_turn):
                 self._cond.wait()
             self._readers_waiting -= 1
             self._readers += 1
+            self._depth.n = 1
             if self._readers_waiting == 0:
                 self._reader_turn = False
                 self._cond.notify_all()
 
     def try_acquire_shared(self) -> bool:
         """Take the shared side if that needs no wait: no cycle runs or waits to run."""
+        if self._again():
+            return True
         with self._cond:
             if self._writer is not None or self._writers_waiting or self._reader_turn:
                 return False
             self._readers += 1
+            self._depth.n = 1
             return True
 
     def release_shared(self) -> None:
+        self._depth.n -= 1
+        if self._depth.n:
+            return
         with self._cond:
             self._readers -= 1
             if self._readers == 0:

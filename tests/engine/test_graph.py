@@ -289,6 +289,44 @@ def test_shared_lock_if_free_never_waits():
     assert seen == [True]
 
 
+def test_a_reader_takes_the_lock_again_while_a_cycle_waits_for_it():
+    """A read inside a read (``with graph.shared_lock(): table.to_arrow()``) while a cycle
+    waits for the lock: the inner read must not queue behind the cycle, which waits for the
+    outer one (before, both hung: a durable restart test hung so, 1 run in 12 under load).
+    Then the cycle runs, once the outer read let go."""
+    g = UpdateGraph()
+    t = g.append_only_table(pa.schema([("x", pa.int64())]))
+    t.append(pa.table({"x": [1, 2, 3]}))
+    g.run_cycle()
+    t.append(pa.table({"x": [4]}))
+    holding, read, cycled = threading.Event(), threading.Event(), threading.Event()
+    got: list[int] = []
+
+    def reader() -> None:
+        with g.shared_lock():
+            holding.set()
+            end = time.monotonic() + 10  # until the cycle waits for this reader
+            while not g._lock._writers_waiting and time.monotonic() < end:
+                time.sleep(0.001)
+            got.append(len(t.to_arrow()))  # takes the shared lock again
+            with g.shared_lock_if_free() as free:  # and this one says it holds it
+                assert free
+            read.set()
+
+    th = threading.Thread(target=reader, daemon=True)
+    th.start()
+    assert holding.wait(10)
+    cy = threading.Thread(target=lambda: (g.run_cycle(), cycled.set()), daemon=True)
+    cy.start()
+    assert read.wait(20), "the inner read queued behind the cycle waiting for the outer one"
+    assert got == [3] and cycled.wait(20) and t.size == 4
+    th.join(5)
+    cy.join(5)
+    with g.shared_lock():  # the lock is whole again: readers and cycles as before
+        assert len(t.to_arrow()) == 4
+    g.run_cycle()
+
+
 def test_call_after_cycle_runs_once_after_the_lock_is_let_go(caplog):
     """A callback asked for in a cycle runs after it, once, finding the lock free; one that
     raises is logged and the others still run; under an outer exclusive lock it runs still
