@@ -215,10 +215,11 @@ class Durability:
         self._derived: list[tuple[str, bytes]] = []  # durable derived tables, in order
         self._derive: Callable[[bytes], str] | None = None
         self._mirrors: dict[str, dict[str, Any]] = {}  # mirror name -> its spec, in order
-        # a remembered mirror holds its name, also through a replay (before its link
-        # starts): a creation it refused stays refused. Off while a checkpoint or a record
-        # of an older journal (no "claims" in its meta) is replayed: those were accepted
-        self._claims_on = True
+        # in a replay a remembered mirror holds its name, as its link (not started yet)
+        # did: a creation it refused stays refused. Only for records written so ("claims"
+        # in their meta; an older journal's were accepted, and the table that took a
+        # mirror's name must be dropped, which forgets the mirror, before another can)
+        self._claims_on = False
         registry.claims.append(self._claim)
         self._holds: dict[str, set[int]] = {}  # write id -> seqs of its held batches
         self._checkpointer: threading.Thread | None = None
@@ -572,12 +573,8 @@ class Durability:
         if self.graph.running:
             raise RuntimeError("recover before the update graph runs periodically")
         t0 = time.perf_counter()
-        self._claims_on = False  # what the checkpoint holds was accepted
-        try:
-            with self._limited({}):  # likewise
-                start, rows, records, n, cycles = self._recover_records()
-        finally:
-            self._claims_on = True
+        with self._limited({}):  # what the checkpoint holds was accepted
+            start, rows, records, n, cycles = self._recover_records()
         self._applied = self._marked = max([start, *(r.seq for r in records)])
         open_ids = self.staging.open_write_ids()
         if open_ids:  # journaled: a later replay drops them here too, before later commits
@@ -668,7 +665,8 @@ class Durability:
         self.registry.get(built).durable = True
 
     def _claim(self, name: str, kind: str) -> str | None:
-        """See :attr:`TableRegistry.claims`: a mirror's name is its own."""
+        """See :attr:`TableRegistry.claims`: in a replay, a remembered mirror's name is its
+        own (live, its link holds it: :class:`flight.links.Links`)."""
         spec = self._mirrors.get(name)
         if spec is None or kind == TableKind.MIRROR or not self._claims_on:
             return None

@@ -175,4 +175,3 @@ class Links:
             link = self._links.pop(name, None)
         if link is not None:
             link.close()
-
