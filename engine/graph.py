@@ -101,6 +101,10 @@ class _SharedLock:
                 self._cond.notify_all()
 
     def acquire_exclusive(self) -> None:
+        if getattr(self._depth, "n", 0):  # it would wait for this very thread's read
+            raise RuntimeError("this thread holds the graph's shared lock (a read): a cycle or "
+                               "a change of tables inside it would wait for itself; do it "
+                               "after the read")
         with self._cond:
             self._writers_waiting += 1
             while self._writer is not None or self._readers or self._reader_turn:

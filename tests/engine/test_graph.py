@@ -327,6 +327,24 @@ def test_a_reader_takes_the_lock_again_while_a_cycle_waits_for_it():
     g.run_cycle()
 
 
+def test_a_cycle_or_a_dag_change_inside_a_read_is_an_error_not_a_hang():
+    """Taking the exclusive side while this thread reads would wait for itself: it raises,
+    and the lock is whole afterwards."""
+    g = UpdateGraph()
+    t = g.append_only_table(pa.schema([("x", pa.int64())]))
+    t.append(pa.table({"x": [1]}))
+    with g.shared_lock():
+        with pytest.raises(RuntimeError, match="holds the graph's shared lock"):
+            g.run_cycle()
+        with pytest.raises(RuntimeError, match="holds the graph's shared lock"):
+            with g.exclusive_lock():  # as a server's table creation or drop takes it
+                pass
+    g.run_cycle()
+    assert t.size == 1
+    with g.exclusive_lock():
+        assert t.size == 1
+
+
 def test_call_after_cycle_runs_once_after_the_lock_is_let_go(caplog):
     """A callback asked for in a cycle runs after it, once, finding the lock free; one that
     raises is logged and the others still run; under an outer exclusive lock it runs still
