@@ -450,10 +450,7 @@ class TableRegistry:
                 self._check_limits(name, table.schema, new=False)
                 self.drop(name)
             else:
-                for claim in self.claims:
-                    why = claim(name, kind)
-                    if why is not None:
-                        raise TableExists(why)
+                self._check_claims(name, kind)
                 self._check_limits(name, table.schema, new=True)
             table.name = name
             entry = TableEntry(name, table, kind, list(keys or []), list(parents or []))
@@ -514,10 +511,7 @@ class TableRegistry:
             if existing is not None:
                 raise TableExists(f"table {name!r} already exists; drop it first or pass "
                                   f"if_not_exists")
-            for claim in self.claims:  # before a table is made for nothing
-                why = claim(name, kind)
-                if why is not None:
-                    raise TableExists(why)
+            self._check_claims(name, kind)  # before a table is made for nothing
             self._check_limits(name, schema, new=True)  # before a ring allocates its capacity
             table: Table
             with self.graph.exclusive_lock():
@@ -533,6 +527,13 @@ class TableRegistry:
                                          f"({_columns(schema)}) do not fit in the server's "
                                          f"memory; use a smaller capacity") from exc
                 return self.add(name, table, kind, keys=keys)
+
+    def _check_claims(self, name: str, kind: str) -> None:
+        """Raise TableExists if a claim holds ``name`` against a table of ``kind`` (:attr:`claims`)."""
+        for claim in self.claims:
+            why = claim(name, kind)
+            if why is not None:
+                raise TableExists(why)
 
     def _check_limits(self, name: str, schema: pa.Schema, *, new: bool) -> None:
         """Refuse a table of more than ``max_columns`` columns, or a new one past ``max_tables``."""
