@@ -13,6 +13,7 @@ query resumes where it stopped, a replayed micro-batch being applied only once.
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 import threading
 
@@ -50,7 +51,9 @@ def main() -> None:
                     help="run this long after the first rows arrive, then stop (0: run until "
                          "interrupted)")
     ap.add_argument("--rows-per-second", type=int, default=100)
-    ap.add_argument("--checkpoint", default=None, help="checkpoint folder (default: a new one)")
+    ap.add_argument("--checkpoint", default=None,
+                    help="checkpoint folder, kept to resume from (default: a new one, removed "
+                         "at the end)")
     ap.add_argument("--master", default="local[2]")
     args = ap.parse_args()
 
@@ -80,6 +83,8 @@ def main() -> None:
     print(f"stopped after batch {progress.get('batchId')}; {args.table!r} holds "
           f"{back.count()} rows")
     spark.stop()
+    if args.checkpoint is None:  # nobody can resume from a folder only this run knew
+        shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -340,9 +340,10 @@ def test_a_restarted_stream_applies_a_replayed_micro_batch_once(spark, server, s
 
 
 @pytest.mark.timeout(720)  # two JVMs side by side: a minute on two shared cores, four slow
-def test_examples_run_against_a_server(server):
-    """Both example scripts, as users run them (each starts its own Spark), side by side."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def test_examples_run_against_a_server(server, tmp_path):
+    """Both example scripts, as users run them (each starts its own Spark), side by side;
+    the streaming one removes the checkpoint folder it made for itself."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
     runs = {table: subprocess.Popen(
         [sys.executable, str(ROOT / "examples" / script), "--uri", server.location, *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
@@ -356,6 +357,8 @@ def test_examples_run_against_a_server(server):
         assert proc.returncode == 0, err[-3000:]
         size = server.registry.get(table).table.size
         assert size > 0 and f"holds {size} rows" in out, out
+    assert f"(checkpoint {tmp_path}{os.sep}ticktable-ckpt-" in out, out  # the last: streaming's
+    assert not list(tmp_path.glob("ticktable-ckpt-*"))
 
 
 def test_readme_spark_snippet_runs_as_written(spark, server):
