@@ -27,7 +27,9 @@ How messages cross:
   window reaches back to the handler);
 * a :class:`LoopFeed` a handler yields is drained by the loop itself: writers on any
   thread put messages on it and the loop writes them, with no handler thread in between
-  (a subscription's :class:`~flight.rpc.flight_service.FrameQueue`).
+  (a subscription's :class:`~flight.rpc.flight_service.FrameQueue`). The handler is
+  suspended meanwhile, on no thread, and goes on (on a thread) once the feed is drained or
+  the call ended: a thousand subscriptions hold no thousand waiting handler threads.
 
 Short calls on the loop. A response-streaming method named in ``Bridge(loop_first=...)``
 (DoGet) starts on the loop: its handler runs there, message by message, until it yields
@@ -56,7 +58,7 @@ import grpc
 from flight.errors import again, grpc_status
 
 __all__ = ["END", "HAND_OFF", "AioServer", "Bridge", "CallContext", "CallEnded", "HandOff",
-           "LoopFeed", "LoopQueue", "QueueClosed", "wake"]
+           "LoopFeed", "LoopQueue", "QueueClosed", "Requests", "wake"]
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +147,8 @@ class CallContext:
     def __init__(self, context: grpc.aio.ServicerContext, loop: asyncio.AbstractEventLoop) -> None:
         self.aio = context
         self.loop = loop
+        #: a request-streaming call's messages, as the handler was given them (None: unary)
+        self.requests: Requests | None = None
         self._ended = threading.Event()
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], None]] = []
@@ -268,7 +272,7 @@ class _Ended:
         self.error = error
 
 
-class _Requests:
+class Requests:
     """A call's request messages for a handler's thread, read ahead on the loop."""
 
     def __init__(self, context: grpc.aio.ServicerContext, loop: asyncio.AbstractEventLoop,
@@ -279,6 +283,7 @@ class _Requests:
         self._items: collections.deque[Any] = collections.deque()
         self._cond = threading.Condition()
         self._space: asyncio.Future[None] | None = None
+        self._arrived: Callable[[], None] | None = None
         self._task = loop.create_task(self._read())
         context.add_done_callback(lambda _c: self._task.cancel())
 
@@ -300,6 +305,9 @@ class _Requests:
                 with self._cond:
                     self._items.append(message)
                     self._cond.notify()
+                    arrived = self._arrived
+                if arrived is not None:
+                    arrived()
         except asyncio.CancelledError:
             end = _Ended(CallEnded("the call ended"))
         except Exception as exc:  # the call ended while reading
@@ -308,6 +316,26 @@ class _Requests:
             with self._cond:
                 self._items.append(end)
                 self._cond.notify()
+                arrived, self._arrived = self._arrived, None  # the last: let go of its reader
+            if arrived is not None:
+                arrived()
+
+    def watch(self, arrived: Callable[[], None]) -> None:
+        """Call ``arrived`` after each message, and after the end, is read (on the loop,
+        holding no lock; it must not block), and now (on this thread) if one waits: a
+        reader then takes messages only when :meth:`ready` says some wait, and no thread
+        of its own waits for them."""
+        with self._cond:
+            waiting = bool(self._items)
+            if not (waiting and isinstance(self._items[-1], _Ended)):  # else none follows
+                self._arrived = arrived
+        if waiting:
+            arrived()
+
+    def ready(self) -> bool:
+        """Whether ``next`` would return (or end) at once."""
+        with self._cond:
+            return bool(self._items)
 
     def __iter__(self) -> Iterator[Any]:
         return self
@@ -403,6 +431,8 @@ class LoopQueue:
 class _Pipe(LoopQueue):
     """A handler thread's response messages, drained by the loop (see module doc)."""
 
+    suspended: Generator[Any, None, None] | None = None
+
     def pump(self, behavior: Callable[[Any, Any], Generator[Any, None, None]], request: Any,
              context: CallContext) -> None:
         """Run a response-streaming handler on this thread, putting what it yields."""
@@ -415,20 +445,51 @@ class _Pipe(LoopQueue):
 
     def resume(self, gen: Generator[Any, None, None]) -> None:
         """Run the rest of a response-streaming handler on this thread, putting what it
-        yields (a :data:`HAND_OFF` is not sent)."""
+        yields (a :data:`HAND_OFF` is not sent). At a :class:`LoopFeed` the handler is
+        suspended, holding no thread, until the loop has drained the feed
+        (:meth:`take_suspended`)."""
         error: BaseException | None = None
+        handed = False  # to the loop, suspended: not closed here
         try:
             try:
                 for item in gen:
-                    if item is not HAND_OFF:
-                        self.put(item)
+                    if item is HAND_OFF:
+                        continue
+                    if isinstance(item, LoopFeed):
+                        handed = self.suspend(gen, item)
+                        if handed:
+                            return
+                        raise QueueClosed
+                    self.put(item)
             finally:
-                gen.close()
+                if not handed:
+                    gen.close()
         except QueueClosed:
             pass
         except BaseException as exc:
             error = exc
         self.finish(error)
+
+    def suspend(self, gen: Generator[Any, None, None], feed: LoopFeed) -> bool:
+        """Put ``feed`` and keep ``gen`` for the loop to resume once it has drained it (the
+        two together, so the loop never takes the feed without the handler). False, and
+        nothing kept, once the pipe is closed."""
+        with self._cond:
+            while len(self._items) >= self._depth and not self._closed:
+                if _running_loop() is self.loop:
+                    raise RuntimeError("a full pipe was put to on its own event loop")
+                self._cond.wait()
+            if self._closed:
+                return False
+            self.suspended = gen
+            self._add(feed)
+            return True
+
+    def take_suspended(self) -> Generator[Any, None, None] | None:
+        """The handler suspended at the feed the loop took (see :meth:`suspend`), once."""
+        with self._cond:
+            gen, self.suspended = self.suspended, None
+            return gen
 
 
 _Ts = TypeVarTuple("_Ts")
@@ -538,7 +599,7 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         loop = asyncio.get_running_loop()
         ctx = CallContext(context, loop)
         if streaming:
-            request = _Requests(context, loop, self._read_ahead)
+            request = ctx.requests = Requests(context, loop, self._read_ahead)
         return request, ctx
 
     def _unary(self, behavior: Callable[[Any, Any], Any], streaming: bool) -> Any:
@@ -573,7 +634,8 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                         if item is HAND_OFF:
                             break
                         if isinstance(item, LoopFeed):  # drained below, as a thread's
-                            pipe.put(item)  # the pipe is empty: this never waits
+                            pipe.suspend(gen, item)  # the pipe is empty: this never waits
+                            gen = None
                             break
                         yield item
                     else:
@@ -587,7 +649,8 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     if gen is not None:
                         gen.close()
                     raise
-                loop.run_in_executor(pool, pipe.resume, gen)
+                if gen is not None:
+                    loop.run_in_executor(pool, pipe.resume, gen)
             try:
                 while True:
                     item = await pipe.get()
@@ -600,10 +663,19 @@ class Bridge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                                 yield message
                         finally:
                             await feed.aclose()  # type: ignore[attr-defined]
+                        # the handler, suspended while the loop wrote its feed, goes on
+                        suspended = pipe.take_suspended()
+                        if suspended is not None:
+                            loop.run_in_executor(pool, pipe.resume, suspended)
                     else:
                         yield item
             finally:
                 pipe.close()
+                # a handler still suspended (the call ended while its feed was written) ends
+                # on a thread: its finally clauses release what it holds
+                suspended = pipe.take_suspended()
+                if suspended is not None:
+                    loop.run_in_executor(pool, pipe.resume, suspended)
             # taken out of the pipe: its traceback holds the handler's frames, one of which
             # holds the pipe, a cycle that would keep everything the handler held (batches,
             # tables) until the cyclic garbage collector ran

@@ -37,7 +37,10 @@ full, and the generator's thread while the bridge's short pipe is. A subscriptio
 messages are written by its sender (or its table's fan-out thread) into a
 :class:`FrameQueue` that the event loop drains itself, so a delta reaches the wire without
 waking a handler thread, and a writer blocks when the client stops reading: the
-transport's own flow control is what detects a slow reader.
+transport's own flow control is what detects a slow reader. No thread waits for a stream a
+fan-out writes: its handler is suspended while the loop drains the queue, its sender parks
+(:meth:`Subscription.run <flight.streams.subscription.Subscription.run>`) and its reader of
+the client's messages runs only while some wait (:class:`_ChangeReader`).
 """
 
 from __future__ import annotations
@@ -59,7 +62,16 @@ from flight.errors import abort, grpc_status
 from flight.limits import quoted
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
-from flight.rpc.aio import END, HAND_OFF, CallContext, HandOff, LoopFeed, LoopQueue, QueueClosed
+from flight.rpc.aio import (
+    END,
+    HAND_OFF,
+    CallContext,
+    HandOff,
+    LoopFeed,
+    LoopQueue,
+    QueueClosed,
+    Requests,
+)
 from flight.rpc.framing import (
     IpcDecoder,
     batch_frames,
@@ -197,7 +209,8 @@ class _Stream(Protocol):
     """A subscription's server side: one table's (:class:`Subscription`) or a group's
     (:class:`~flight.streams.group.GroupSubscription`)."""
 
-    def run(self, writer: FrameQueue, context: _Context) -> None: ...
+    def run(self, writer: FrameQueue, context: _Context,
+            resume: Callable[[], None] | None = None) -> bool: ...
 
     def send_end(self, writer: FrameQueue, error: str) -> None: ...
 
@@ -217,8 +230,9 @@ class FrameQueue(LoopFeed):
 
     ``write_frames`` blocks while ``depth`` messages wait (the loop waits in gRPC while
     the client's flow-control window is full), and raises once the call is over. The
-    handler yields the queue (the bridge drains it on the loop, :mod:`flight.rpc.aio`) and
-    then waits in :meth:`wait` for the end.
+    handler yields the queue (the bridge drains it on the loop, :mod:`flight.rpc.aio`,
+    while the handler is suspended on no thread) and then, resumed, takes the end's error
+    in :meth:`wait`.
     """
 
     def __init__(self, context: CallContext, depth: int = 4) -> None:
@@ -271,6 +285,133 @@ class FrameQueue(LoopFeed):
                 raise error
             finally:
                 del error
+
+
+class _Sender:
+    """Runs a subscription's sender on a thread: :meth:`Subscription.run
+    <flight.streams.subscription.Subscription.run>`, again after each time it parked
+    (:meth:`resume`), and the stream's end once it is over."""
+
+    def __init__(self, sub: _Stream, out: FrameQueue, context: _Context,
+                 release: Callable[[], None], name: str) -> None:
+        self._sub = sub
+        self._out = out
+        self._context = context
+        self._release = release
+        self._name = name
+
+    def resume(self) -> None:
+        """Run the sender on a new thread (the first time, and each time a parked stream
+        has work again)."""
+        threading.Thread(target=self._send, daemon=True, name=f"ticktable-sub-{self._name}").start()
+
+    def _send(self) -> None:
+        sub, out = self._sub, self._out
+        parked = False
+        try:
+            parked = sub.run(out, self._context, self.resume)
+            if not parked:
+                out.close()
+        except _Gone:
+            out.close()
+        except Exception as exc:
+            # the stream ends from our side: tell the client to finish writing
+            if not self._context.is_cancelled():
+                try:
+                    sub.send_end(out, grpc_status(exc)[1])
+                except Exception:
+                    log.debug("could not send end of stream", exc_info=True)
+            out.close(exc)
+        finally:
+            if not parked:
+                sub.close()
+                self._release()
+
+
+class _ChangeReader:
+    """A subscription's reader of its client's messages (subscription changes), on a thread
+    only while some wait: :meth:`arrived` (each message's arrival, on the event loop)
+    starts one unless one runs, and it ends once none waits. A thousand quiet subscribers
+    hold no thousand threads waiting for messages that rarely come."""
+
+    def __init__(self, decoder: IpcDecoder, sub: _Stream, limit: int, name: str,
+                 requests: Requests | None) -> None:
+        self._decoder = decoder
+        self._requests = requests
+        self._sub = sub
+        self._limit = limit
+        self._name = name
+        self._lock = threading.Lock()
+        self._running = False
+        self._again = False  # a message arrived while the thread was reading
+        self._done = False
+
+    def start(self) -> None:
+        """Read from now on (``requests`` None: the call is not the bridge's, so a thread
+        of its own waits for the messages)."""
+        if self._requests is None:
+            threading.Thread(target=self._read_all, daemon=True,
+                             name=f"ticktable-sub-in-{self._name}").start()
+        else:
+            self._requests.watch(self.arrived)
+
+    def arrived(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            if self._running:
+                self._again = True
+                return
+            self._running = True
+        threading.Thread(target=self._drain, daemon=True,
+                         name=f"ticktable-sub-in-{self._name}").start()
+
+    def _drain(self) -> None:
+        requests = self._requests
+        assert requests is not None
+        while True:
+            while requests.ready():
+                if not self._read_one():
+                    with self._lock:
+                        self._done, self._running = True, False
+                        self._requests = None  # they hold arrived: a cycle through self
+                    return
+            with self._lock:
+                if not self._again:
+                    self._running = False
+                    return
+                self._again = False
+
+    def _read_all(self) -> None:
+        while self._read_one():
+            pass
+
+    def _read_one(self) -> bool:
+        """Read and apply one message; False once no more are read (the client finished
+        writing or left, or sent a bad message: the stream is told)."""
+        sub = self._sub
+        try:
+            chunk = self._decoder.read_chunk()
+        except StopIteration:
+            return False  # the client is done writing; keep sending
+        except ProtocolError as exc:
+            sub.on_table_failure(exc)
+            return False
+        except Exception:
+            sub.close()  # the client went away
+            return False
+        try:
+            meta = chunk.app_metadata
+            if meta is None or meta.size > self._limit:
+                raise ProtocolError("subscription changes need metadata within the limit")
+            msg = parse(pb.ClientMessage(), meta.to_pybytes(), "subscription change")
+            if msg.WhichOneof("body") != "change":
+                raise ProtocolError("expected a subscription change")
+            sub.change(msg.change)
+        except ProtocolError as exc:
+            sub.on_table_failure(exc)
+            return False
+        return True
 
 
 # ----------------------------------------------------------------------------- service
@@ -549,61 +690,19 @@ class FlightService:
     def _serve(self, sub: _Stream, decoder: IpcDecoder, context: grpc.ServicerContext,
                release: Callable[[], None], name: str) -> Iterator[bytes | LoopFeed]:
         """Run a subscription's sender and its reader of client messages on threads of their
-        own; the event loop writes what the sender queues."""
+        own; the event loop writes what the sender queues. A sender whose stream a fan-out
+        writes parks (:meth:`Subscription.run`): its thread ends, and a new one takes the
+        stream up again when it has work of its own."""
         out = FrameQueue(cast(CallContext, context))  # flight.rpc.aio runs every handler
-        ctx = _Context(cast(CallContext, context))
-
-        def send() -> None:
-            try:
-                sub.run(out, ctx)
-                out.close()
-            except _Gone:
-                out.close()
-            except Exception as exc:
-                # the stream ends from our side: tell the client to finish writing
-                if context.is_active():
-                    try:
-                        sub.send_end(out, grpc_status(exc)[1])
-                    except Exception:
-                        log.debug("could not send end of stream", exc_info=True)
-                out.close(exc)
-            finally:
-                sub.close()
-                release()
-
-        threading.Thread(target=self._read_changes, args=(decoder, sub), daemon=True,
-                         name=f"ticktable-sub-in-{name}").start()
-        threading.Thread(target=send, daemon=True, name=f"ticktable-sub-{name}").start()
+        _ChangeReader(decoder, sub, self.server.config.max_metadata_bytes, name,
+                      cast(CallContext, context).requests).start()
+        _Sender(sub, out, _Context(cast(CallContext, context)), release, name).resume()
         try:
             yield out  # the event loop writes its frames (flight.rpc.aio.LoopFeed)
             out.wait()
         finally:
             sub.close()
 
-    def _read_changes(self, decoder: IpcDecoder, sub: _Stream) -> None:
-        limit = self.server.config.max_metadata_bytes
-        while True:
-            try:
-                chunk = decoder.read_chunk()
-            except StopIteration:
-                return  # the client is done writing; keep sending
-            except ProtocolError as exc:
-                sub.on_table_failure(exc)
-                return
-            except Exception:
-                sub.close()  # the client went away
-                return
-            try:
-                meta = chunk.app_metadata
-                if meta is None or meta.size > limit:
-                    raise ProtocolError("subscription changes need metadata within the limit")
-                msg = parse(pb.ClientMessage(), meta.to_pybytes(), "subscription change")
-                if msg.WhichOneof("body") != "change":
-                    raise ProtocolError("expected a subscription change")
-                sub.change(msg.change)
-            except ProtocolError as exc:
-                sub.on_table_failure(exc)
-                return
 
     # -------------------------------------------------------------------- actions
     def list_actions(self, request: fpb.Empty,

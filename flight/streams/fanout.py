@@ -6,8 +6,8 @@ sender thread per subscriber, each waking for every update and taking the graph'
 lock to build its own copy (50 subscribers: 50 readers holding off the next cycle and 50
 threads contending for the GIL), such subscribers *join* a :class:`FanOut`: one sink of
 the table's publisher and one thread, which per update takes the shared lock once, builds
-one message and writes it to every member's stream in turn. The members' own handler
-threads only wait.
+one message and writes it to every member's stream in turn. The members' own senders
+park, on no thread (:meth:`~flight.streams.subscription.Subscription.run`).
 
 Exactness. A message covers the updates ``(start, end]`` (composed, like a slow
 subscriber's, when the fan-out fell behind: Barrage's batching) with the values at
@@ -18,9 +18,9 @@ its last message at the publisher's current sequence, and only while the fan-out
 nothing pending either: from then on every update reaches it through the fan-out.
 
 Leaving. A member leaves (client gone, subscription change, shutdown, table failure) or
-is *detached* (its write failed, or it stalled). Its handler then subscribes to the
-publisher again and catches up on its own from its last sent sequence with the
-publisher's history (:meth:`~flight.streams.registry.Publisher.missed_since`: one composed delta,
+is *detached* (its write failed, or it stalled). Its sender, taken up again on a thread,
+then subscribes to the publisher again and catches up on its own from its last sent
+sequence with the publisher's history (:meth:`~flight.streams.registry.Publisher.missed_since`: one composed delta,
 or a snapshot when the history no longer reaches back). The fan-out never writes to a
 member after it left: :meth:`FanOut.leave` waits for a write in flight to that member.
 

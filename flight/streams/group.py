@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from engine.errors import Overloaded, ProtocolError
 from flight.errors import again
@@ -221,8 +221,13 @@ class GroupSubscription:
             self._cond.notify()
 
     # ---------------------------------------------------------------- the sender
-    def run(self, writer: StreamWriter, context: CallState) -> None:
-        """Send the first group (every table), then one group per step with changes."""
+    def run(self, writer: StreamWriter, context: CallState,
+            resume: Callable[[], None] | None = None) -> bool:
+        """Send the first group (every table), then one group per step with changes.
+
+        Returns False once the stream is over: a group never parks (no fan-out writes it;
+        ``resume`` is never called, see :meth:`Subscription.run
+        <flight.streams.subscription.Subscription.run>`)."""
         writer.write_frames((schema_frame(self.schema),))
         with self.graph.shared_lock():
             for m in self.members:
@@ -241,7 +246,7 @@ class GroupSubscription:
                                or any(m.pending for m in self.members)):
                         self._cond.wait(self.options.poll_seconds)
                         if context.is_cancelled():
-                            return
+                            return False
                     if self._failure is not None:
                         raise again(self._failure)  # a copy: see Subscription.run
                     if self._closed:

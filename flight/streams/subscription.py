@@ -3,7 +3,7 @@
 Threads and locks. The update cycle calls :meth:`Subscription.on_table_update` (through the
 table's :class:`~flight.streams.registry.Publisher`), which only queues the update in the
 stream's :class:`~flight.streams.pending.PendingUpdates`: the cycle never waits on a client.
-The DoExchange handler thread runs :meth:`Subscription.run`: it waits for pending updates
+The stream's sender thread runs :meth:`Subscription.run`: it waits for pending updates
 (or a subscription change), takes the graph's *shared* lock, takes what is pending as one
 composed update, has the stream's :class:`~flight.streams.codec.DeltaCodec` read the values
 of the rows it must send from the table's current state, releases the lock and writes.
@@ -13,9 +13,12 @@ consistent step.
 Fan-out. A stream holding every row (no viewport) of an ``UPDATES`` subscription is, once
 caught up, handed to the :class:`~flight.streams.fanout.FanOut` of its columns: one thread that
 per update builds one message under the shared lock and writes it to every such stream.
-Its handler thread then only waits, and takes the stream back (catching up from the
-publisher's history) when its client changes the subscription, stalls or leaves; a
-stalled stream joins again once caught up, after a back-off.
+Its sender then *parks*: its thread ends, and none waits for the stream. A new one takes
+the stream back (catching up from the publisher's history) when its client changes the
+subscription, stalls or leaves, or the table fails (:meth:`Subscription.run`'s
+``resume``); a stalled stream joins again once caught up, after a back-off. A thousand
+subscribers of one table are thus no thousand threads (each with its conditions and
+events: objects the cyclic collector walks, issue #39), only the fan-out's.
 
 Slow consumers. While the handler is blocked writing to a slow client, updates pile up in
 the pending queue; past ``max_pending`` they are composed in the cycle (exact
@@ -226,6 +229,8 @@ class Subscription:
         self._detach_error: BaseException | None = None
         self._fanout_stalls = 0
         self._rejoin_after = 0.0  # (monotonic) no joining a fan-out before this
+        self._resume: Callable[[], None] | None = None  # set while parked (run)
+        self._last_sent = 0.0
         self.sequence = 0
         self.step = 0
         self.messages = 0
@@ -254,6 +259,9 @@ class Subscription:
         with self._cond:
             self._failure = exc
             self._cond.notify()
+            resume = self._unpark()
+        if resume is not None:
+            resume()
 
     # ---------------------------------------------------------------- client input
     def change(self, change: pb.SubscriptionChange) -> None:
@@ -272,15 +280,50 @@ class Subscription:
                     del self._change.viewport[:]
                     self._change.viewport.extend(change.viewport)
             self._cond.notify()
+            resume = self._unpark()
+        if resume is not None:
+            resume()
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify()
+            resume = self._unpark()
+        if resume is not None:
+            resume()
+
+    def _unpark(self) -> Callable[[], None] | None:
+        """Under ``_cond``, once the stream has work of its own: the parked stream's
+        ``resume``, to call once the lock is let go (None: not parked)."""
+        resume, self._resume = self._resume, None
+        return resume
 
     # ------------------------------------------------------------------- the sender
-    def run(self, writer: StreamWriter, context: CallState) -> None:
-        """Send the first message (snapshot or resume), then every update until closed."""
+    def run(self, writer: StreamWriter, context: CallState,
+            resume: Callable[[], None] | None = None) -> bool:
+        """Send the first message (snapshot or resume), then every update until closed.
+
+        With ``resume``, a stream that a fan-out writes *parks*: ``run`` returns True and
+        no thread waits for it. ``resume`` is called (once, on whichever thread notices:
+        the client's change, the call's end, the fan-out letting go, a failure, a close;
+        never under a lock of this stream) when the stream has work of its own again, and
+        must then call ``run`` again on a thread, with the same arguments: it goes on
+        where it parked. Without ``resume`` the thread waits in the fan-out. Returns False
+        once the stream is over (raises what ended it).
+        """
+        if self._writer is None:  # the first call: the schema and the first message
+            self._start(writer, context)
+        parked = False
+        try:
+            parked = self._serve(writer, context, resume)
+            return parked
+        finally:
+            if not parked:
+                if self._fanout is not None:
+                    self._fanout.leave(self)
+                self.publisher.unsubscribe(self)
+
+    def _start(self, writer: StreamWriter, context: CallState) -> None:
         publisher = self.publisher
         context.add_callback(self._wake)  # a stream in a fan-out waits for it, not a timer
         writer.write_frames((schema_frame(self.schema),))
@@ -291,42 +334,47 @@ class Subscription:
         self._writer = writer
         try:
             self._send(writer, first)
-            del first  # the snapshot: held here it would stay for the stream's whole life
-            last_sent = time.monotonic()
-            while True:
-                if self._fanout is None and self._may_share():
-                    self._join_fanout()
-                if self._fanout is not None:
-                    if not self._wait_in_fanout(context):
-                        return
-                    continue
-                with self._cond:
-                    while not (self._pending or self._change or self._failure or self._closed
-                               or self._resnapshot):
-                        self._cond.wait(self.options.poll_seconds)
-                        if context.is_cancelled():
-                            return
-                    if self._failure is not None:
-                        # a copy: the raised one's traceback holds this frame, which holds
-                        # self, which holds _failure (a cycle only the cyclic collector frees,
-                        # and with it the table a drop released)
-                        raise again(self._failure)
-                    if self._closed:
-                        raise Overloaded("the server is shutting down; reconnect to another or later")
-                wait = last_sent + self.min_interval - time.monotonic()
-                if wait > 0:
-                    time.sleep(wait)
-                with self.graph.shared_lock():
-                    with self._cond:
-                        change, self._change = self._change, None
-                    out = self._next_message(change)
-                if out is not None:
-                    self._send(writer, out)
-                    last_sent = time.monotonic()
-        finally:
-            if self._fanout is not None:
-                self._fanout.leave(self)
+        except BaseException:
             publisher.unsubscribe(self)
+            raise
+        # the snapshot is not kept: held it would stay for the stream's whole life
+        self._last_sent = time.monotonic()
+
+    def _serve(self, writer: StreamWriter, context: CallState,
+               resume: Callable[[], None] | None) -> bool:
+        """The loop of :meth:`run` after the first message; True: parked in a fan-out."""
+        while True:
+            if self._fanout is None and self._may_share():
+                self._join_fanout()
+            if self._fanout is not None:
+                if resume is not None and self._park(context, resume):
+                    return True
+                if not self._wait_in_fanout(context):
+                    return False
+                continue
+            with self._cond:
+                while not (self._pending or self._change or self._failure or self._closed
+                           or self._resnapshot):
+                    self._cond.wait(self.options.poll_seconds)
+                    if context.is_cancelled():
+                        return False
+                if self._failure is not None:
+                    # a copy: the raised one's traceback holds this frame, which holds
+                    # self, which holds _failure (a cycle only the cyclic collector frees,
+                    # and with it the table a drop released)
+                    raise again(self._failure)
+                if self._closed:
+                    raise Overloaded("the server is shutting down; reconnect to another or later")
+            wait = self._last_sent + self.min_interval - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            with self.graph.shared_lock():
+                with self._cond:
+                    change, self._change = self._change, None
+                out = self._next_message(change)
+            if out is not None:
+                self._send(writer, out)
+                self._last_sent = time.monotonic()
 
     # -------------------------------------------------------------- the fan-out
     def _may_share(self) -> bool:
@@ -365,6 +413,17 @@ class Subscription:
                       max_pending=self.options.max_pending,
                       stall_seconds=self.options.stall_seconds, name=self.entry.name,
                       loop=None if self._writer is None else self._writer.loop)
+
+    def _park(self, context: CallState, resume: Callable[[], None]) -> bool:
+        """Leave the stream to its fan-out with no thread waiting (True), unless it has
+        work of its own already; the events :meth:`_wait_in_fanout` waits for call
+        ``resume`` instead (:meth:`_unpark`)."""
+        with self._cond:
+            if (self._detached or self._change or self._failure or self._closed
+                    or context.is_cancelled()):
+                return False
+            self._resume = resume
+            return True
 
     def _wait_in_fanout(self, context: CallState) -> bool:
         """While the fan-out writes this stream: wait until it must be on its own again,
@@ -432,6 +491,9 @@ class Subscription:
         """The call ended (on the event loop): a waiting handler looks again."""
         with self._cond:
             self._cond.notify_all()
+            resume = self._unpark()
+        if resume is not None:
+            resume()
 
     def on_stalled(self) -> None:
         with self._cond:
@@ -445,6 +507,9 @@ class Subscription:
             self._detached = True
             self._detach_error = exc
             self._cond.notify()
+            resume = self._unpark()
+        if resume is not None:
+            resume()
 
     # ------------------------------------------------------- building messages
     def _first_message(self) -> Encoded:

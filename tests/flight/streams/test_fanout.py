@@ -331,6 +331,88 @@ def test_members_handlers_wait_without_polling_and_leave_when_their_client_does(
         s.close()
 
 
+def _server_threads_in_streams() -> list[str]:
+    """The threads (but the event loop's) now running a subscription's server code: a
+    handler, a sender, a reader of the client's messages."""
+    import sys
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    found = []
+    for ident, frame in sys._current_frames().items():
+        if names.get(ident) == "ticktable-grpc-loop":
+            continue
+        f = frame
+        while f is not None:
+            if f.f_code.co_filename.endswith(("flight/streams/subscription.py",
+                                               "flight/rpc/flight_service.py")):
+                found.append(f"{names.get(ident)} in {f.f_code.co_name}")
+                break
+            f = f.f_back
+    return found
+
+
+def test_streams_in_a_fan_out_hold_no_thread_and_take_one_up_when_they_have_work(
+        server, client, graph):
+    """20 streams a fan-out writes: no handler, sender or reader thread waits for any of
+    them (each held three before: a thousand subscribers were three thousand threads the
+    collector walked, issue #39). A client's change, a failure and the client's leaving
+    each take its stream up again on a thread, which catches up exactly and parks again or
+    ends the stream."""
+    t = server.registry.create_source("t", KV, "keyed", keys=["k"]).table
+    rng = np.random.default_rng(15)
+
+    def step() -> None:
+        keys = rng.integers(0, 200, 40)
+        t.upsert(pa.table({"k": pa.array(keys, pa.int64()),
+                           "s": pa.array([f"s{k}" for k in keys], pa.string()),
+                           "v": pa.array(rng.random(40), pa.float64())}))
+        graph.run_cycle()
+
+    step()
+    subs = [Sub(client, "t") for _ in range(20)]
+    for s in subs:
+        s.read()
+    assert _wait_for(lambda: sum(f.members for f in _fanouts(server, "t").values()) == 20)
+    assert _wait_for(lambda: not _server_threads_in_streams()), _server_threads_in_streams()
+    publisher = server.registry.get("t").publisher
+    assert publisher is not None
+    for _ in range(5):
+        step()
+        for s in subs:
+            _until(s, publisher.sequence)
+            assert s.view.to_arrow().equals(t.to_arrow())
+    # a change takes one stream out: it answers on a thread of its own, then parks again
+    subs[0].change(set_viewport=True, has_viewport=True, viewport=vp((0, 5)))
+    while subs[0].view.viewport != [(0, 5)]:
+        subs[0].read()
+    step()
+    _until(subs[0], publisher.sequence)
+    assert subs[0].view.to_arrow().equals(viewport_rows(t.to_arrow(), [(0, 5)]))
+    subs[0].change(set_viewport=True, has_viewport=False)
+    while subs[0].view.viewport is not None:
+        subs[0].read()
+    assert _wait_for(lambda: sum(f.members for f in _fanouts(server, "t").values()) == 20)
+    assert _wait_for(lambda: not _server_threads_in_streams()), _server_threads_in_streams()
+    # a client leaving: its parked stream is taken up and ended, the others go on
+    n = len(server.subscriptions)
+    subs.pop().close()
+    assert _wait_for(lambda: len(server.subscriptions) == n - 1)
+    step()
+    for s in subs:
+        _until(s, publisher.sequence)
+        assert s.view.to_arrow().equals(t.to_arrow())
+    # a drop: every parked stream is told, NOT_FOUND
+    assert server.registry.drop("t")
+    graph.run_cycle()
+    for s in subs:
+        with pytest.raises(pa.ArrowKeyError, match="table 't' was dropped"):
+            while True:
+                s.read()
+        s.close()
+    assert _wait_for(lambda: len(server.subscriptions) == n - 20)
+    assert _wait_for(lambda: not _server_threads_in_streams()), _server_threads_in_streams()
+
+
 def test_min_interval_subscriber_stays_on_its_own(server, client, graph):
     """A stream asking for a minimum interval is not written per update by a fan-out."""
     t = server.registry.create_source("t", SCHEMA, "keyed", keys=["Key"]).table
