@@ -24,15 +24,16 @@ from bench._flight_servers import ServerChild, Servers
 
 # ---------------------------------------------------------------------------- 2. latency
 def _memory_mib(pid: int | None = None) -> dict[str, float]:
-    """A process's resident memory now and its peak (``VmRSS``, ``VmHWM``) in MiB; ``{}``
-    where there is no ``/proc``."""
+    """A process's resident memory now and its peak (``VmRSS``, ``VmHWM``) in MiB, and its
+    threads (``Threads``); ``{}`` where there is no ``/proc``."""
     try:
         with open(f"/proc/{pid or 'self'}/status") as f:
             lines = f.read().splitlines()
     except OSError:
         return {}
-    kb = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in lines) if k in ("VmRSS", "VmHWM")}
-    return {"rss": kb["VmRSS"] / 1024, "peak": kb["VmHWM"] / 1024}
+    kb = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in lines)
+          if k in ("VmRSS", "VmHWM", "Threads")}
+    return {"rss": kb["VmRSS"] / 1024, "peak": kb["VmHWM"] / 1024, "threads": kb["Threads"]}
 
 
 class _Subscriber:
@@ -201,6 +202,7 @@ def _latency_run(child: ServerChild, n_subs: int, cycles: int, warmup: int, keep
         while subs[0].last_step < 0 and time.monotonic() < deadline:
             time.sleep(0.01)  # every snapshot decoded
         server_ready = _memory_mib(child.proc.pid)
+        gc_objects, gc_ms = child.call("gc")  # before the timed run
         cpu0, wall0 = os.times(), time.perf_counter()
         res = child.call("run", warmup + cycles)
         last = res["last_step"]
@@ -268,6 +270,9 @@ def _latency_run(child: ServerChild, n_subs: int, cycles: int, warmup: int, keep
         # the server process lives through every subscriber count: its peak is so far
         "server_rss_ready_mib": server_ready.get("rss"), "server_rss_after_mib": server_after.get("rss"),
         "server_peak_mib": server_after.get("peak"), "client_proc_peak_mib": client_peak or None,
+        "server_threads_ready": server_ready.get("threads"),
+        "server_threads_after": server_after.get("threads"),
+        "server_gc_objects": gc_objects, "server_full_gc_ms": gc_ms,
         **{f"sender_{k}": v for k, v in res["sender"].items()},
         "_lat_ns": lat_ns, "_write_ns": write_ns,  # pooled over rounds by _pooled
     }, subs[0]

@@ -53,6 +53,7 @@ def serve(conn: Any, tree: str | None, section: str, params: dict[str, Any]) -> 
     else:
         conn.send(("ok", sec.ready))
     commands: dict[str, Callable[..., Any]] = {"cpu": time.process_time, "threads": thread_cpu,
+                                                "gc": gc_census,
                                                 **(sec.commands if sec else {})}
     while True:
         name, *args = conn.recv()
@@ -70,6 +71,17 @@ def serve(conn: Any, tree: str | None, section: str, params: dict[str, Any]) -> 
         conn.send(("error", _failure(exc)))
     else:
         conn.send(("ok", "bye"))
+
+
+def gc_census() -> tuple[int, float]:
+    """The objects the cyclic collector tracks in this process, and the milliseconds one full
+    collection of them takes now."""
+    import gc
+
+    tracked = len(gc.get_objects())
+    t0 = time.perf_counter()
+    gc.collect()
+    return tracked, (time.perf_counter() - t0) * 1e3
 
 
 def thread_cpu() -> dict[str, tuple[float, int]]:

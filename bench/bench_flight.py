@@ -468,9 +468,12 @@ def main() -> None:
                     ["subscribers", "server", "delivered", "server_cpu_s", "driver_cpu_s", "cpu_per_msg_us",
                      "serve_cpu_per_msg_us", "server_cpu_cores", "client_cpu_cores"])
         print_table("    memory (MiB): the server once every snapshot was decoded, after the run, its "
-                    "peak so far; the largest client process's peak", lat,
+                    "peak so far; the largest client process's peak; the server's threads then, the "
+                    "objects its collector tracks and one full collection's ms (once every "
+                    "snapshot was decoded)", lat,
                     ["subscribers", "server", "server_rss_ready_mib", "server_rss_after_mib",
-                     "server_peak_mib", "client_proc_peak_mib"])
+                     "server_peak_mib", "client_proc_peak_mib", "server_threads_ready",
+                     "server_threads_after", "server_gc_objects", "server_full_gc_ms"])
         print_table("    profile: server builds (own = per subscriber, shared = per fan-out) and per-stream "
                     "writes (wall ms incl. GIL waits)", lat,
                     ["subscribers", "server", "sender_messages", "sender_own_builds", "sender_build_median_ms",
