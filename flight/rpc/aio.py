@@ -48,6 +48,7 @@ import asyncio
 import collections
 import contextvars
 import logging
+import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator, Sequence
 from concurrent import futures
@@ -58,7 +59,7 @@ import grpc
 from flight.errors import again, grpc_status
 
 __all__ = ["END", "HAND_OFF", "AioServer", "Bridge", "CallContext", "CallEnded", "HandOff",
-           "LoopFeed", "LoopQueue", "QueueClosed", "Requests", "wake"]
+           "LoopFeed", "LoopQueue", "QueueClosed", "Requests", "spawn", "wake"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,54 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+class _Spawner:
+    """Starts threads for an event loop, which must not wait for them (see :func:`spawn`)."""
+
+    _lock = threading.Lock()
+    _queue: queue.SimpleQueue[tuple[Callable[[], object], str]] = queue.SimpleQueue()
+    _thread: threading.Thread | None = None
+
+    @classmethod
+    def ready(cls) -> None:
+        """Start the starter thread unless it runs (best not on a loop: this waits for it)."""
+        with cls._lock:
+            if cls._thread is None:
+                cls._thread = threading.Thread(target=cls._run, daemon=True,
+                                               name="ticktable-thread-starter")
+                cls._thread.start()
+
+    @classmethod
+    def submit(cls, target: Callable[[], object], name: str) -> None:
+        """Have the starter thread start ``target`` on a thread of its own."""
+        cls.ready()
+        cls._queue.put((target, name))
+
+    @classmethod
+    def _run(cls) -> None:
+        while True:
+            target, name = cls._queue.get()
+            try:
+                threading.Thread(target=target, daemon=True, name=name).start()
+            except RuntimeError:  # the interpreter is shutting down: nobody waits any more
+                log.debug("could not start thread %s", name, exc_info=True)
+            # not held here until the next one comes: a sender's target holds its stream,
+            # and with it a table a drop must free at once
+            del target
+
+
+def spawn(target: Callable[[], object], name: str) -> None:
+    """Run ``target`` on a new daemon thread named ``name``.
+
+    On an event loop's thread the thread is started by another one: ``Thread.start`` waits
+    until the new thread runs, and beside a busy Python thread (a cycle) that is two
+    switch intervals, ~10 ms of a loop that writes every stream. Elsewhere it is started
+    at once."""
+    if _running_loop() is None:
+        threading.Thread(target=target, daemon=True, name=name).start()
+        return
+    _Spawner.submit(target, name)
 
 
 class _Waker:
@@ -730,6 +779,7 @@ class AioServer:
                  loop_first: Collection[str] = ()) -> None:
         self._pool = futures.ThreadPoolExecutor(max_workers=max_calls,
                                                 thread_name_prefix="ticktable")
+        _Spawner.ready()  # here, so that the loop never waits for it (spawn)
         self._loop = asyncio.new_event_loop() if give_way is None else _GivingWayLoop(give_way)
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="ticktable-grpc-loop")

@@ -71,6 +71,7 @@ from flight.rpc.aio import (
     LoopQueue,
     QueueClosed,
     Requests,
+    spawn,
 )
 from flight.rpc.framing import (
     IpcDecoder,
@@ -303,7 +304,7 @@ class _Sender:
     def resume(self) -> None:
         """Run the sender on a new thread (the first time, and each time a parked stream
         has work again)."""
-        threading.Thread(target=self._send, daemon=True, name=f"ticktable-sub-{self._name}").start()
+        spawn(self._send, f"ticktable-sub-{self._name}")  # may be on the event loop
 
     def _send(self) -> None:
         sub, out = self._sub, self._out
@@ -363,8 +364,7 @@ class _ChangeReader:
                 self._again = True
                 return
             self._running = True
-        threading.Thread(target=self._drain, daemon=True,
-                         name=f"ticktable-sub-in-{self._name}").start()
+        spawn(self._drain, f"ticktable-sub-in-{self._name}")  # on the event loop
 
     def _drain(self) -> None:
         requests = self._requests

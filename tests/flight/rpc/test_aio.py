@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from engine.errors import TableNotFound
-from flight.rpc.aio import HAND_OFF, AioServer, CallContext, HandOff, LoopFeed, wake
+from flight.rpc.aio import HAND_OFF, AioServer, CallContext, HandOff, LoopFeed, spawn, wake
 
 S = "test.Bridge"
 
@@ -19,15 +19,17 @@ S = "test.Bridge"
 class Feed(LoopFeed):
     """Messages another thread writes; the loop drains them (a FrameQueue in miniature)."""
 
-    def __init__(self, context: CallContext, n: int) -> None:
+    def __init__(self, context: CallContext, n: int, hold: threading.Event | None = None) -> None:
         self.loop = context.loop
         self.items: list[bytes | None] = []
         self.lock = threading.Lock()
         self.waiter: Any = None
-        threading.Thread(target=self._write, args=(n,), daemon=True).start()
+        threading.Thread(target=self._write, args=(n, hold), daemon=True).start()
 
-    def _write(self, n: int) -> None:
+    def _write(self, n: int, hold: threading.Event | None) -> None:
         for i in range(n + 1):
+            if i == n and hold is not None:
+                hold.wait()  # the last item, which ends the feed, waits for the test
             with self.lock:
                 self.items.append(None if i == n else b"f%d" % i)
                 waiter, self.waiter = self.waiter, None
@@ -53,6 +55,8 @@ class Handlers:
         self.ended = threading.Event()
         self.after_end: dict[str, Any] = {}
         self.threads: set[str] = set()
+        self.hold = threading.Event()
+        self.resumed_on = ""
 
     def echo(self, request: bytes, context: CallContext) -> bytes:
         self.threads.add(threading.current_thread().name)
@@ -88,6 +92,15 @@ class Handlers:
         yield Feed(context, int(request))
         yield b"tail"
 
+    def held_feed(self, request: bytes, context: CallContext) -> Iterator[bytes | LoopFeed]:
+        try:
+            yield b"head"
+            yield Feed(context, 3, self.hold)
+            self.resumed_on = threading.current_thread().name
+            yield b"tail"
+        finally:
+            self.ended.set()
+
     def generic(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(S, {
             "Echo": grpc.unary_unary_rpc_method_handler(self.echo),
@@ -97,6 +110,7 @@ class Handlers:
             "Total": grpc.stream_unary_rpc_method_handler(self.total),
             "Forever": grpc.unary_stream_rpc_method_handler(self.forever),
             "Feed": grpc.unary_stream_rpc_method_handler(self.feed),
+            "HeldFeed": grpc.unary_stream_rpc_method_handler(self.held_feed),
         })
 
 
@@ -155,6 +169,82 @@ def test_a_loop_feed_is_written_between_the_handlers_messages(served):
     _, ch = served
     got = list(ch.unary_stream(f"/{S}/Feed")(b"300", timeout=10))
     assert got == [b"head", *[b"f%d" % i for i in range(300)], b"tail"]
+
+
+def _threads_in(function: str) -> list[str]:
+    """The threads now running ``function`` (anywhere on their stacks)."""
+    import sys
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    found = []
+    for ident, frame in sys._current_frames().items():
+        f = frame
+        while f is not None and f.f_code.co_name != function:
+            f = f.f_back
+        if f is not None:
+            found.append(names.get(ident, str(ident)))
+    return found
+
+
+def test_a_handler_waits_on_no_thread_while_the_loop_writes_its_feed(served):
+    """A handler that yielded a feed is suspended, holding no thread, until the loop has
+    drained the feed; then it goes on, on a thread of the server."""
+    handlers, ch = served
+    call = ch.unary_stream(f"/{S}/HeldFeed")(b"", timeout=10)
+    got = [next(call) for _ in range(4)]  # head and the feed's three, its end held back
+    assert got == [b"head", b"f0", b"f1", b"f2"]
+    time.sleep(0.2)
+    # the handler did not go on past its feed, and no thread waits in it meanwhile
+    assert handlers.resumed_on == "" and not handlers.ended.is_set()
+    assert _threads_in("held_feed") == []
+    handlers.hold.set()
+    assert list(call) == [b"tail"]
+    assert handlers.ended.wait(5)
+    assert handlers.resumed_on.startswith("ticktable")  # a thread of the server's pool
+
+
+def test_a_handler_suspended_at_its_feed_ends_when_its_client_leaves(served):
+    """The call ends while the loop writes a suspended handler's feed: the handler is
+    resumed on a thread and runs to its end (what it yields next goes nowhere; its finally
+    clauses release what it holds), without waiting for the feed's own end."""
+    handlers, ch = served
+    call = ch.unary_stream(f"/{S}/HeldFeed")(b"", timeout=10)
+    assert [next(call) for _ in range(4)] == [b"head", b"f0", b"f1", b"f2"]
+    call.cancel()
+    assert handlers.ended.wait(5)
+    assert handlers.resumed_on.startswith("ticktable")
+    assert not handlers.hold.is_set()  # the feed never ended
+    handlers.hold.set()
+    assert ch.unary_unary(f"/{S}/Echo")(b"x", timeout=5) == b"X"  # the server goes on
+
+
+def test_spawn_on_an_event_loop_leaves_the_start_to_another_thread(monkeypatch):
+    """``Thread.start`` waits until the new thread runs (two switch intervals beside a busy
+    Python thread): on an event loop, ``spawn`` has another thread start it."""
+    import asyncio
+
+    starters: list[str] = []
+    start = threading.Thread.start
+
+    def recorded(self: threading.Thread) -> None:
+        starters.append(threading.current_thread().name)
+        start(self)
+
+    ran = threading.Event()
+
+    async def on_loop() -> str:
+        spawn(ran.set, "spawned-on-loop")
+        return threading.current_thread().name
+
+    spawn(lambda: None, "warm")  # off a loop: started here, at once
+    monkeypatch.setattr(threading.Thread, "start", recorded)
+    loop_thread = asyncio.run(on_loop())
+    assert ran.wait(5)
+    assert starters and loop_thread not in starters
+    assert starters == ["ticktable-thread-starter"]
+    starters.clear()
+    spawn(lambda: None, "off-loop")
+    assert starters == [threading.current_thread().name]
 
 
 def test_a_cancelled_stream_ends_its_handler_and_runs_its_callbacks(served):
