@@ -20,7 +20,7 @@ subscription, stalls or leaves, or the table fails (:meth:`Subscription.run`'s
 subscribers of one table are thus no thousand threads (each with its conditions and
 events: objects the cyclic collector walks, issue #39), only the fan-out's.
 
-Slow consumers. While the handler is blocked writing to a slow client, updates pile up in
+Slow consumers. While the sender is blocked writing to a slow client, updates pile up in
 the pending queue; past ``max_pending`` they are composed in the cycle (exact
 :func:`~engine.update.compose`), so a subscriber costs at most ``max_pending`` updates of
 memory (each bounded by the table's size) and still converges: it just receives fewer,
