@@ -335,10 +335,10 @@ class _ChangeReader:
     starts one unless one runs, and it ends once none waits. A thousand quiet subscribers
     hold no thousand threads waiting for messages that rarely come."""
 
-    def __init__(self, decoder: IpcDecoder, sub: _Stream, limit: int, name: str,
-                 requests: Requests | None) -> None:
+    def __init__(self, decoder: IpcDecoder, requests: Requests, sub: _Stream, limit: int,
+                 name: str) -> None:
         self._decoder = decoder
-        self._requests = requests
+        self._requests: Requests | None = requests
         self._sub = sub
         self._limit = limit
         self._name = name
@@ -346,17 +346,10 @@ class _ChangeReader:
         self._running = False
         self._again = False  # a message arrived while the thread was reading
         self._done = False
-
-    def start(self) -> None:
-        """Read from now on (``requests`` None: the call is not the bridge's, so a thread
-        of its own waits for the messages)."""
-        if self._requests is None:
-            threading.Thread(target=self._read_all, daemon=True,
-                             name=f"ticktable-sub-in-{self._name}").start()
-        else:
-            self._requests.watch(self.arrived)
+        requests.watch(self.arrived)  # from now on
 
     def arrived(self) -> None:
+        """A message arrived (``Requests.watch``, on the event loop): read it on a thread."""
         with self._lock:
             if self._done:
                 return
@@ -368,7 +361,7 @@ class _ChangeReader:
 
     def _drain(self) -> None:
         requests = self._requests
-        assert requests is not None
+        assert requests is not None  # let go only once done, and then no drain starts
         while True:
             while requests.ready():
                 if not self._read_one():
@@ -381,10 +374,6 @@ class _ChangeReader:
                     self._running = False
                     return
                 self._again = False
-
-    def _read_all(self) -> None:
-        while self._read_one():
-            pass
 
     def _read_one(self) -> bool:
         """Read and apply one message; False once no more are read (the client finished
@@ -694,8 +683,9 @@ class FlightService:
         writes parks (:meth:`Subscription.run`): its thread ends, and a new one takes the
         stream up again when it has work of its own."""
         out = FrameQueue(cast(CallContext, context))  # flight.rpc.aio runs every handler
-        _ChangeReader(decoder, sub, self.server.config.max_metadata_bytes, name,
-                      cast(CallContext, context).requests).start()
+        requests = cast(CallContext, context).requests
+        assert requests is not None  # a request-streaming call: the bridge reads its messages
+        _ChangeReader(decoder, requests, sub, self.server.config.max_metadata_bytes, name)
         _Sender(sub, out, _Context(cast(CallContext, context)), release, name).resume()
         try:
             yield out  # the event loop writes its frames (flight.rpc.aio.LoopFeed)
