@@ -1,3 +1,5 @@
+import asyncio
+import contextlib
 import faulthandler
 import os
 import sys
@@ -66,6 +68,53 @@ def pytest_runtest_protocol(item, nextitem):
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+WEB = "tests/web/"
+
+
+@contextlib.contextmanager
+def _no_borrowed_loop(item: pytest.Item) -> Iterator[None]:
+    """Outside tests/web, no event loop runs in the main thread while ``item`` runs.
+
+    The web tests' session-scoped ``browser`` is Playwright's sync API: its event loop runs
+    in a greenlet of the main thread and stays the thread's running loop from the first web
+    test to the worker's end. A later test calling ``asyncio.run`` in that worker failed
+    ("cannot be called from a running event loop"): five tests of tests/clients and
+    tests/flight/rpc whenever a worker ran a web test first (``make test``'s order runs
+    tests/web last; ``pytest tests/web tests/clients`` did not). The loop is put aside for
+    a test outside tests/web and put back after it.
+    """
+    loop = asyncio._get_running_loop()
+    if loop is None or item.nodeid.startswith(WEB):
+        yield
+        return
+    asyncio._set_running_loop(None)
+    try:
+        yield
+    finally:
+        asyncio._set_running_loop(loop)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _no_borrowed_loop(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _no_borrowed_loop(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    if nextitem is None:  # the session's fixtures end here: the browser's with its loop
+        yield
+        return
+    with _no_borrowed_loop(item):
+        yield
 
 
 def pytest_collection_modifyitems(config, items):
