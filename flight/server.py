@@ -65,7 +65,6 @@ from flight.pb import flight_pb2 as pb
 from flight.rpc.aio import AioServer
 from flight.rpc.call_log import CallLog
 from flight.rpc.requests import parse
-from flight.sql.service import FlightSqlService
 from flight.streams.filtered import FilteredTables
 from flight.streams.per_client import SubscriptionsPerClient
 from flight.streams.registry import TableRegistry, quoted
@@ -73,6 +72,7 @@ from flight.streams.subscription import Subscriber, SubscriptionOptions
 from flight.wire import TableKind, action_named
 
 if TYPE_CHECKING:
+    from flight.sql.service import FlightSqlService
     from flight.web.link import WebProcess
 
 __all__ = ["ServerConfig", "TicktableServer"]
@@ -428,13 +428,39 @@ class TicktableServer:
         self._port: int | None = None
         self.metrics_port: int | None = None
         self.web: WebProcess | None = None
-        self.sql = FlightSqlService(self, version=_version(), timeout=cfg.sql_timeout,
-                                    memory_mb=cfg.sql_memory_mb)
+        #: the Flight SQL service, built by the first call that needs it (:attr:`sql`)
+        self._sql: FlightSqlService | None = None
+        self._sql_lock = threading.Lock()
         self.links = Links(self)
         self.followers: list[OriginFollower] = []
         self._mirrors = [self._mirror_spec(m) for m in cfg.mirrors]  # bad text: refused now
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def sql(self) -> FlightSqlService:
+        """The server's Flight SQL service (:mod:`flight.sql`), built on first use: by the
+        first Flight SQL call, or the recovery of a SQL view. A server that never serves
+        SQL does not import or start the SQL engine (sqlglot, DuckDB: ~0.3 s of a start)."""
+        sql = self._sql
+        if sql is not None:
+            return sql
+        with self._sql_lock:
+            if self._sql is None:
+                from flight.sql.service import FlightSqlService
+
+                cfg = self.config
+                sql = FlightSqlService(self, version=_version(), timeout=cfg.sql_timeout,
+                                       memory_mb=cfg.sql_memory_mb)
+                if self.metrics is not None:
+                    self._sql_metrics(sql, self.metrics)
+                self._sql = sql
+            return self._sql
+
+    @staticmethod
+    def _sql_metrics(sql: FlightSqlService, metrics: Metrics) -> None:
+        sql.runner.on_done = metrics.on_query
+        metrics.sql_runner = sql.runner
+
     @property
     def scheme(self) -> str:
         return "grpc+tls" if self.config.tls_cert else "grpc"
@@ -478,8 +504,8 @@ class TicktableServer:
         if self.durability.durable and self.recovery is None:
             from flight.rpc.table_service import derived_builder
 
-            self.durability.set_deriver(derived_builder(self.registry,
-                                                        views=self.sql.build_view))
+            self.durability.set_deriver(derived_builder(
+                self.registry, views=lambda request: self.sql.build_view(request)))
             try:
                 self.recovery = self.durability.recover()
             except BaseException:
@@ -489,8 +515,8 @@ class TicktableServer:
             # counted always (the stats action shows them); served over HTTP on request
             self.metrics = Metrics(self)
             self.durability.on_put = self.metrics.on_put
-            self.sql.runner.on_done = self.metrics.on_query
-            self.metrics.sql_runner = self.sql.runner
+            if self._sql is not None:  # built by the recovery of a view
+                self._sql_metrics(self._sql, self.metrics)
             if self.durability.journal is not None:
                 self.durability.journal.on_flush = self.metrics.on_flush
             # a mirror's columns and filter are checked before the port is bound: a bad
@@ -620,7 +646,9 @@ class TicktableServer:
                           self.config.shutdown_timeout + 5.0)
             self._grpc = None
         self.staging.stop()
-        self.sql.close()
+        with self._sql_lock:
+            if self._sql is not None:
+                self._sql.close()
         self.durability.close()
         if self.metrics is not None:
             self.metrics.close()
@@ -729,8 +757,9 @@ class TicktableServer:
                 self._subs[id(sub)] = sub
             else:
                 self._subs.pop(id(sub), None)
-        if delta > 0:
-            self.sql.subscribed(sub.entry.name)  # a temporary view goes when they all leave
+        sql = self._sql  # no SQL service yet: no temporary view either
+        if delta > 0 and sql is not None:
+            sql.subscribed(sub.entry.name)  # a temporary view goes when they all leave
 
     @property
     def subscriptions(self) -> list[Subscriber]:

@@ -46,7 +46,7 @@ from engine.errors import PermissionDenied, Unauthenticated
 from flight.errors import abort
 from flight.pb import flight_sql_pb2 as sql
 from flight.rpc.framing import descriptor_of, parse_flight_data
-from flight.sql.service import SQL_ACTION_TYPES, unpack
+from flight.sql.commands import SQL_ACTION_TYPES, unpack
 from flight.wire import ACTIONS
 
 __all__ = ["READ_ACTIONS", "READ_METHODS", "BearerTokenInterceptor", "bearer_header",

@@ -82,7 +82,7 @@ from flight.rpc.framing import (
     schema_frame,
 )
 from flight.rpc.requests import check_metadata_size, parse, table_name
-from flight.sql.service import SQL_ACTION_TYPES
+from flight.sql.commands import SQL_ACTION_TYPES, unpack
 from flight.streams.group import GroupSubscription, check_group_request
 from flight.streams.per_client import client_of
 from flight.streams.subscription import Subscription
@@ -487,8 +487,10 @@ class FlightService:
                context: grpc.ServicerContext) -> Iterator[bytes | HandOff]:
         # starts on the event loop (flight.rpc.aio's loop_first): HAND_OFF before any work
         # that may block; Flight SQL's frames say themselves when theirs begins
-        frames = self.server.sql.do_get(ticket.ticket, read_only=self.server.read_only(context))
-        if frames is not None:  # a Flight SQL ticket (flight.sql)
+        if unpack(ticket.ticket) is not None:  # a Flight SQL ticket (flight.sql)
+            # (told apart here: a plain ticket does not build the server's SQL service)
+            frames = self.server.sql.do_get(ticket.ticket, read_only=self.server.read_only(context))
+            assert frames is not None
             yield from frames
             return
         yield HAND_OFF  # a table's snapshot: the graph's lock

@@ -5,7 +5,10 @@ Reading order, in the order a call travels:
 - :mod:`flight.sql.service`: :class:`~flight.sql.service.FlightSqlService`, the Flight SQL
   commands of GetFlightInfo, GetSchema, DoGet, DoPut and DoAction (the transport,
   :mod:`flight.rpc.flight_service`, hands it the calls that carry one); writes go through
-  DoPut's staged path, views through the durable door.
+  DoPut's staged path, views through the durable door. The server builds it on the first
+  call that needs it (:attr:`flight.server.TicktableServer.sql`).
+- :mod:`flight.sql.commands`: the commands on the wire (``pack``, ``unpack``) and Flight
+  SQL's action types, for the transport and the token check (no SQL engine imported).
 - :mod:`flight.sql.parse`: text to one sqlglot statement (syntax errors with line and
   column), the tables it reads, its kind.
 - :mod:`flight.sql.query`: a query run by DuckDB, locked down, over one-step snapshots;

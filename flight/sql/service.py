@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pyarrow as pa
-from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError, Message
 from sqlglot import exp
 
@@ -68,20 +67,15 @@ from flight.pb import table_service_pb2 as tpb
 from flight.rpc.aio import HAND_OFF, HandOff
 from flight.rpc.framing import batch_frames, schema_frame
 from flight.sql import metadata
+from flight.sql.commands import SQL_ACTION_TYPES, pack, unpack
 from flight.sql.parse import parse_one, statement_kind
 from flight.sql.query import QueryRunner, RunningQuery, check_params, is_query
 from flight.sql.views import CompiledView, compile_view
 from flight.wire import PutMode, TableKind
 
-__all__ = ["SQL_ACTION_TYPES", "FlightSqlService", "SqlHost", "unpack"]
+__all__ = ["SQL_ACTION_TYPES", "FlightSqlService", "SqlHost", "pack", "unpack"]
 
 log = logging.getLogger(__name__)
-
-_PREFIX = "type.googleapis.com/arrow.flight.protocol.sql."
-
-#: The DoAction types Flight SQL adds (all allowed to the read token: a prepared update
-#: still needs a DoPut to run, which the read token may not make).
-SQL_ACTION_TYPES = ("CreatePreparedStatement", "ClosePreparedStatement", "CancelFlightInfo")
 
 _COUNT_SCHEMA = pa.schema([pa.field("count", pa.int64())])
 
@@ -105,51 +99,6 @@ class SqlHost(Protocol):
     def commit(self, req: pb.CommitRequest) -> pb.CommitResult: ...
 
     def abort(self, req: pb.AbortRequest) -> None: ...
-
-
-def pack(message: Message) -> bytes:
-    """``message`` in a serialized ``google.protobuf.Any``."""
-    out = any_pb2.Any()
-    out.Pack(message)
-    return out.SerializeToString()
-
-
-_COMMANDS: dict[str, type[Message]] = {m.DESCRIPTOR.name: m for m in (
-    sql.CommandGetSqlInfo, sql.CommandGetXdbcTypeInfo, sql.CommandGetCatalogs,
-    sql.CommandGetDbSchemas, sql.CommandGetTables, sql.CommandGetTableTypes,
-    sql.CommandGetPrimaryKeys, sql.CommandGetExportedKeys, sql.CommandGetImportedKeys,
-    sql.CommandGetCrossReference, sql.CommandStatementQuery, sql.CommandPreparedStatementQuery,
-    sql.CommandStatementUpdate, sql.CommandPreparedStatementUpdate, sql.CommandStatementIngest,
-    sql.TicketStatementQuery, sql.ActionCreatePreparedStatementRequest,
-    sql.ActionClosePreparedStatementRequest)}
-
-
-def unpack(raw: bytes) -> Message | None:
-    """The Flight SQL message in a serialized ``Any``; ``None`` when ``raw`` is not one.
-
-    Raises
-    ------
-    ProtocolError
-        For an ``Any`` of a Flight SQL type this server does not take, or a body that does
-        not parse.
-    """
-    holder = any_pb2.Any()
-    try:
-        holder.ParseFromString(raw)
-    except (DecodeError, ValueError):
-        return None
-    if not holder.type_url.startswith(_PREFIX):
-        return None
-    name = holder.type_url[len(_PREFIX):]
-    cls = _COMMANDS.get(name)
-    if cls is None:
-        raise ProtocolError(f"Flight SQL: {quoted(name)} is not supported by Ticktable")
-    out = cls()
-    try:
-        out.ParseFromString(holder.value)
-    except DecodeError as exc:
-        raise ProtocolError(f"Flight SQL: {name} does not parse: {exc}") from None
-    return out
 
 
 @dataclass(eq=False)
