@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
+from os import PathLike
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -264,7 +264,7 @@ class ServerConfig:
     stage_ttl: float = 600.0
     end_grace_seconds: float = 10.0
     shutdown_timeout: float = 30.0
-    data_dir: Path | None = None
+    data_dir: str | PathLike[str] | None = None
     checkpoint_bytes: int = 512 << 20
     checkpoint_seconds: float = 300.0
     max_calls: int = 1000

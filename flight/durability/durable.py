@@ -67,6 +67,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -200,15 +201,15 @@ class Durability:
     """
 
     def __init__(self, graph: UpdateGraph, registry: TableRegistry, staging: StagingArea, *,
-                 data_dir: Path | None = None, checkpoint_bytes: int = 512 << 20,
+                 data_dir: str | os.PathLike[str] | None = None, checkpoint_bytes: int = 512 << 20,
                  checkpoint_seconds: float = 300.0) -> None:
         self.graph = graph
         self.registry = registry
         self.staging = staging
-        self.data_dir = data_dir
+        self.data_dir = Path(data_dir) if data_dir is not None else None
         self.checkpoint_bytes = checkpoint_bytes
         self.checkpoint_seconds = checkpoint_seconds
-        self.journal: Journal | None = Journal.open(data_dir) if data_dir is not None else None
+        self.journal: Journal | None = Journal.open(self.data_dir) if self.data_dir is not None else None
         self._gate = threading.RLock()  # held around every apply and every cycle
         self._applied = 0               # last journal seq applied (under the gate)
         self._marked = 0                # last position written as a cycle marker

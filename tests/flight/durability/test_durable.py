@@ -126,6 +126,21 @@ def test_restart_restores_rows_order_row_keys_and_derived_tables(nodes, data_dir
     assert c.server.recovery is not None and c.server.recovery.records >= 6
 
 
+def test_a_data_dir_given_as_text_works_like_a_path(nodes, data_dir):
+    # ServerConfig(data_dir="...") as a user writes it: start failed in recovery ("str / str")
+    a = start(nodes, str(data_dir))  # type: ignore[arg-type]
+    a.client.create_table("kv", KV, "keyed", keys=["k"])
+    a.client.push("kv", pd.DataFrame({"k": [1, 2], "s": ["a", "b"], "v": [0.5, 1.5]}), mode="upsert")
+    before = a.state("kv")
+    a.stop(crash=True)  # the journal alone, then a checkpoint at the clean stop below
+    b = start(nodes, str(data_dir))  # type: ignore[arg-type]
+    assert b.state("kv") == before and b.server.recovery is not None and b.server.recovery.records
+    b.stop()
+    c = start(nodes, str(data_dir))  # type: ignore[arg-type]
+    assert c.state("kv") == before and c.server.recovery is not None
+    assert c.server.recovery.records == 0  # every record in the checkpoint
+
+
 def test_replay_hands_out_the_same_row_keys_as_the_live_cycles(nodes, data_dir):
     # keys freed in a cycle are reused from the next one: replay must cut cycles alike
     a = start(nodes, data_dir)
