@@ -138,6 +138,10 @@ class _Tables(Collector):
                                     value=journal.size_bytes())
 
 
+#: what :meth:`SqlRunner.held` counts (:meth:`flight.sql.query.QueryRunner.held`)
+SQL_HELD = ("snapshots", "positions")
+
+
 class SqlRunner(Protocol):
     """What :class:`Metrics` reads of the SQL runner (:class:`flight.sql.query.QueryRunner`)."""
 
@@ -154,17 +158,19 @@ class _Sql(Collector):
 
     def collect(self) -> Iterator[Any]:
         runner = self._metrics.sql_runner
-        if runner is None:
-            return
+        # before the first SQL call the server has no runner (its SQL service is built on
+        # first use): nothing held, no pass, and the series are there from the start
+        counts = runner.narrow_passes if runner is not None else collections.Counter[str]()
         held = GaugeMetricFamily("ticktable_sql_held_bytes",
                                  "Bytes the SQL runner holds between queries.", labels=["what"])
-        for what, nbytes in runner.held().items():
+        for what, nbytes in (runner.held() if runner is not None
+                             else dict.fromkeys(SQL_HELD, 0)).items():
             held.add_metric([what], nbytes)
         passes = CounterMetricFamily("ticktable_sql_narrow_passes",
                                      "Selective scans' first passes over their WHERE's columns.",
                                      labels=["outcome"])
         for outcome in ("kept", "gave_up", "failed"):
-            passes.add_metric([outcome], runner.narrow_passes[outcome])
+            passes.add_metric([outcome], counts[outcome])
         yield held
         yield passes
 

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.graph import UpdateGraph
+from flight.metrics import SQL_HELD
 from flight.server import ServerConfig, TicktableServer
 
 KV = pa.schema([("k", pa.int64()), ("v", pa.float64())])
@@ -230,6 +231,7 @@ def test_the_sql_runner_s_held_bytes_and_narrow_passes_are_served(served, monkey
     assert m[("ticktable_sql_narrow_passes_total", (("outcome", "failed"),))] == 0
     assert m[("ticktable_sql_held_bytes", (("what", "snapshots"),))] >= n * 16  # t, kept
     assert m[("ticktable_sql_held_bytes", (("what", "positions"),))] >= n * 4
+    assert tuple(srv.sql.runner.held()) == SQL_HELD  # the series served before the first call
 
 
 def _until(test, timeout=15.0):
