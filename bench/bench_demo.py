@@ -1,8 +1,8 @@
 """bench_demo: the CPU of one cycle of ``make run``'s demo, whole and per table (issue #39 item 7).
 
-The demo of ``ticktable/cli.py``: a keyed ``quotes`` table of 8 symbols with 1-3 rows
-upserted a cycle (``_ticker``), ``board = quotes.update(Spread=...).sort("Bid",
-descending=True)`` and ``stats = quotes.agg_by(...)`` (``_demo_tables``). After a warm-up,
+The demo of ``ticktable/_demo.py`` (``make run``): a keyed ``quotes`` table of 8 symbols with 1-3 rows
+upserted a cycle (``ticktable._demo.ticker``), ``board = quotes.update(Spread=...).sort("Bid",
+descending=True)`` and ``stats = quotes.agg_by(...)`` (``demo_tables``). After a warm-up,
 each cycle (the tick that stages the rows, then ``graph.run_cycle()``) is timed by the
 thread's CPU (``time.thread_time_ns``: what this thread spent, whatever else runs), and so
 is each table's part of it: the source's update and each listener. The goal is a cycle of
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import print_table, stats_ms, write_json  # noqa: E402
 from engine.graph import UpdateGraph  # noqa: E402
-from ticktable.cli import QUOTES, _demo_tables, _ticker  # noqa: E402
+from ticktable._demo import QUOTES, demo_tables, ticker  # noqa: E402
 
 
 class _Part:
@@ -49,8 +49,8 @@ class _Part:
 def run(cycles: int, warmup: int, seed: int) -> list[dict[str, Any]]:
     g = UpdateGraph()
     quotes = g.keyed_table(QUOTES, "Sym", name="quotes")
-    tick = _ticker(quotes, seed)
-    board, stats = _demo_tables(quotes)
+    tick = ticker(quotes, seed)
+    board, stats = demo_tables(quotes)
     select = board.listener.parent
     parts = {"source (keyed)": _Part(quotes, "_compute_update"),
              "update(Spread)": _Part(select.listener, "on_update"),

@@ -15,13 +15,15 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
-from clients.client import Client, connect
 from engine.errors import TicktableError
 from flight.wire import PUT_MODES, PutMode
+
+if TYPE_CHECKING:  # imported by the commands that run: the parser is built without them
+    import pyarrow as pa
+
+    from clients.client import Client
 
 __all__ = ["add_commands", "read_file_batches", "statements"]
 
@@ -29,6 +31,8 @@ DEFAULT_URI = "grpc://127.0.0.1:8815"
 
 
 def _client(args: argparse.Namespace) -> Client:
+    from clients.client import connect
+
     return connect(args.uri, token=args.token or None)
 
 
@@ -41,6 +45,7 @@ def _errors(fn: Any) -> Any:
     """Report a server's refusal or an unreachable server as one line, exit code 1."""
 
     def run(args: argparse.Namespace) -> int:
+        import pyarrow as pa
         import pyarrow.flight as fl
 
         try:
@@ -171,6 +176,7 @@ def read_file_batches(path: str, batch_rows: int = 1 << 17) -> tuple[pa.Schema, 
         reader = pcsv.open_csv(p, parse_options=parse)
         return reader.schema, iter(reader), None
     if suffix in (".arrow", ".feather", ".ipc", ".arrows"):
+        import pyarrow as pa
         import pyarrow.ipc as ipc
 
         try:

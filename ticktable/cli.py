@@ -18,93 +18,13 @@ import os
 import signal
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from engine.errors import InputError, TicktableError
-from engine.graph import UpdateGraph
-from engine.ops.aggregate import agg
 from engine.priority import PRIORITIES
-from engine.sources import KeyedTable
-from engine.table import Table
-from engine.update import TableUpdate
 
 T = TypeVar("T")
-
-SYMS = np.array(["AAPL", "MSFT", "GOOG", "AMZN", "META", "NVDA", "IBM", "ORCL"], dtype=object)
-
-
-QUOTES = pa.schema([("Sym", pa.string()), ("Bid", pa.float64()), ("Ask", pa.float64()),
-                    ("Size", pa.int64())])
-
-
-def _ticker(quotes: KeyedTable, seed: int | None) -> Callable[[], None]:
-    """A function that upserts a few random quotes (the demo's market data)."""
-    rng = np.random.default_rng(seed)
-    mid = dict(zip(SYMS.tolist(), rng.uniform(50, 500, SYMS.size), strict=False))
-
-    def tick() -> None:
-        n = int(rng.integers(1, 4))
-        syms = rng.choice(SYMS, n, replace=False)
-        bids = []
-        for s in syms:  # demo data generator: a handful of symbols per tick
-            mid[s] *= 1 + rng.normal(0, 0.002)
-            bids.append(round(mid[s], 2))
-        bid = np.array(bids)
-        quotes.upsert({"Sym": syms, "Bid": bid, "Ask": np.round(bid * 1.001, 2),
-                       "Size": rng.integers(1, 50, n) * 100})
-
-    return tick
-
-
-def _demo_tables(quotes: Table) -> tuple[Table, Table]:
-    board = quotes.update(Spread=pc.field("Ask") - pc.field("Bid")).sort("Bid", descending=True)
-    stats = quotes.agg_by([agg.count("Symbols"), agg.mean("Bid", "MeanBid"),
-                           agg.max("Size", "MaxSize")])
-    return board, stats
-
-
-def _demo(args: argparse.Namespace) -> int:
-    graph = UpdateGraph(validate=args.validate)
-    quotes = graph.keyed_table(QUOTES, "Sym", name="quotes")
-    tick = _ticker(quotes, args.seed)
-
-    # derived live tables: each cycle they get one precise update from the quotes' update
-    board, stats = _demo_tables(quotes)
-
-    seen: list[TableUpdate] = []
-
-    def show(step: int) -> None:
-        # a terminal listener: runs once every table of the cycle has updated
-        if not seen:
-            return
-        update = seen.pop()
-        print(f"\nstep {step}: +{len(update.added)} added, ~{len(update.modified)} modified "
-              f"({', '.join(sorted(update.modified_columns)) or '-'}), -{len(update.removed)} removed, "
-              f"{len(update.shifted)} shifted range(s)")
-        print(board.to_pandas().to_string(index=False))
-        print(stats.to_pandas().to_string(index=False))
-
-    board.listen(lambda update, table: seen.append(update))
-    graph.add_terminal_listener(show)
-    print("ticktable demo: a live 'quotes' table updated every "
-          f"{args.interval:g}s (Ctrl-C to stop)")
-    cycles = 0
-    try:
-        while args.cycles is None or cycles < args.cycles:
-            tick()
-            graph.run_cycle()
-            cycles += 1
-            time.sleep(args.interval)
-    except KeyboardInterrupt:
-        pass
-    return 0
 
 
 def _read(path: str | None, flag: str) -> bytes | None:
@@ -141,9 +61,17 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from ticktable._demo import run
+
+    return run(args)
+
+
 def _serve(args: argparse.Namespace) -> int:
+    from engine.graph import UpdateGraph
     from flight.server import ServerConfig, TicktableServer
     from flight.wire import TableKind
+    from ticktable._demo import QUOTES, demo_tables, ticker
 
     token = args.token or os.environ.get("TICKTABLE_TOKEN") or None
     graph = UpdateGraph()
@@ -187,8 +115,8 @@ def _serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     if args.demo:
         quotes = server.registry.create_source("quotes", QUOTES, TableKind.KEYED, keys=["Sym"])
-        tick = _ticker(quotes.table, args.seed)  # type: ignore[arg-type]
-        board, stats = _demo_tables(quotes.table)
+        tick = ticker(quotes.table, args.seed)  # type: ignore[arg-type]
+        board, stats = demo_tables(quotes.table)
         server.registry.add("board", board, TableKind.DERIVED, parents=["quotes"])
         server.registry.add("stats", stats, TableKind.DERIVED, parents=["quotes"])
 

@@ -138,6 +138,21 @@ def test_tail_shows_the_newest_rows_and_the_rate(running: TicktableServer) -> No
     assert ids[-1] >= sizes[-1] - 10  # the newest rows, not the first ones
 
 
+def test_health_loads_neither_the_engine_nor_the_clients(running: TicktableServer) -> None:
+    # the container's HEALTHCHECK runs it every 10 s: it took 1.2 s of CPU when the package
+    # imported every client and the engine (pandas, pyarrow, numpy) first
+    heavy = ("pandas", "pyarrow", "numpy", "engine.graph", "clients.client", "flight.server",
+             "duckdb")
+    code = (f"import sys\nfrom ticktable.cli import main\n"
+            f"rc = main(['health', '--port', '{running.port}'])\n"
+            f"print(rc, sorted(m for m in {heavy!r} if m in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [f"127.0.0.1:{running.port}: SERVING", "0 []"]
+
+
 def test_health_command(running: TicktableServer) -> None:
     out = cli("health", "--port", str(running.port))  # health shares Flight's port
     assert out.returncode == 0, out.stderr
