@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 __all__ = ["KeyLookup", "KeyedTable"]
 
 FEW_KEYS = 16  # up to this many keys are compared as Python values (module attribute: tests change it)
+_NO_KEYS = np.empty(0, dtype=np.int64)
+_NO_KEYS.flags.writeable = False
 
 
 def _key_hashes(t: pa.Table, keys: list[str]) -> npt.NDArray[np.uint64]:
@@ -342,21 +344,32 @@ class KeyedTable(SourceTable):
         pending = self._take_pending()
         if not pending:
             return None
-        # all staged writes as one table of (keys, op, row in the upsert data); last wins
-        ups = [b for kind, b in pending if kind == "upsert"]
-        data = pa.concat_tables(ups) if ups else None
-        key_parts, is_up, row_of = [], [], []
-        offset = 0
-        for kind, b in pending:  # one step per staged batch
-            key_parts.append(b.select(self.keys))
-            up = kind == "upsert"
-            is_up.append(np.full(b.num_rows, up))
-            row_of.append(np.arange(offset, offset + b.num_rows) if up else np.full(b.num_rows, -1))
-            offset += b.num_rows if up else 0
-        keys_t = pa.concat_tables(key_parts)
+        # all staged writes as one table of (keys, op, row in the upsert data); last wins.
+        # ``up_all``: every write an upsert, at its own row (no op or row arrays to build)
+        data: pa.Table | None
+        if len(pending) == 1:  # the usual cycle: one staged batch, used as it is
+            kind, data = pending[0]
+            up_all = kind == "upsert"
+            if not up_all:
+                data = None
+            keys_t = pending[0][1].select(self.keys)
+        else:
+            ups = [b for kind, b in pending if kind == "upsert"]
+            data = pa.concat_tables(ups) if ups else None
+            up_all = len(ups) == len(pending)
+            key_parts, is_up, row_of = [], [], []
+            offset = 0
+            for kind, b in pending:  # one step per staged batch
+                key_parts.append(b.select(self.keys))
+                up = kind == "upsert"
+                is_up.append(np.full(b.num_rows, up))
+                row_of.append(np.arange(offset, offset + b.num_rows) if up else np.full(b.num_rows, -1))
+                offset += b.num_rows if up else 0
+            keys_t = pa.concat_tables(key_parts)
         if keys_t.num_rows == 0:
             return None
-        keys_t = keys_t.combine_chunks()
+        if any(c.num_chunks != 1 for c in keys_t.columns):
+            keys_t = keys_t.combine_chunks()
         h = _key_hashes(keys_t, self.keys)
         held_sorted = False  # the held keys' last writes come in row-key order
         if self._index.exact:  # looked up first: a held key's writes share its row key
@@ -374,17 +387,24 @@ class KeyedTable(SourceTable):
             written = keys_t if last.size == h.size else keys_t.take(pa.array(last))  # last is sorted
             found = self._index.lookup(h[last], self._same_as_held(written))
         h = h[last]
-        up_mask = np.concatenate(is_up)[last]
-        rows = np.concatenate(row_of)[last]
+        present = found >= 0
+        if up_all:
+            up_mask, rows = None, last  # every write an upsert of the staged row it is at
+            removed_keys = _NO_KEYS
+        elif len(pending) == 1:  # deletes alone
+            up_mask, rows = np.zeros(last.size, dtype=bool), np.full(last.size, -1)
+        else:
+            up_mask = np.concatenate(is_up)[last]
+            rows = np.concatenate(row_of)[last]
 
-        # deletes of present keys -> removed
-        del_sel = ~up_mask & (found >= 0)
-        removed_keys = found[del_sel] if held_sorted else sort_keys(found[del_sel])
-        self._index.delete(h[del_sel], found[del_sel])
-        self._row_keys.free(removed_keys)
+        if up_mask is not None:  # deletes of present keys -> removed
+            del_sel = ~up_mask & present
+            removed_keys = found[del_sel] if held_sorted else sort_keys(found[del_sel])
+            self._index.delete(h[del_sel], found[del_sel])
+            self._row_keys.free(removed_keys)
 
         # upserts of present keys -> modifies where a value really changed
-        mod_sel = up_mask & (found >= 0)
+        mod_sel = present if up_mask is None else up_mask & present
         mod_keys, mod_rows = found[mod_sel], rows[mod_sel]
         if not held_sorted:  # one row key per written key: a permutation sorts them
             order = distinct_key_order(mod_keys, self._row_keys.end)
@@ -434,8 +454,8 @@ class KeyedTable(SourceTable):
         modified = mod_keys[changed_any]
 
         # upserts of absent keys -> added, on reused or fresh row keys
-        add_sel = up_mask & (found < 0)
-        n_add = int(add_sel.sum())
+        add_sel = ~present if up_mask is None else up_mask & ~present
+        n_add = int(np.count_nonzero(add_sel))
         added_keys = self._row_keys.allocate(n_add)
         if n_add:
             assert data is not None
