@@ -794,11 +794,16 @@ class _ArrowStore:
 
 
 #: a coded :class:`ArrowColumnSource` keeps at most this many distinct values (and its
-#: null); a write that would pass it leaves the column uncoded for good. Each coded write
-#: looks its values up in all of them (Arrow's ``index_in`` builds its hash set per call),
-#: so a write costs ``O(distinct + written)``: 2,000 strings among 1,000 ~60 us, among
-#: 4,096 ~240 us, among 65,536 ~5 ms (one of the 2-core VM's slower days)
+#: null); a write that would pass it leaves the column uncoded for good. A write of more
+#: than :data:`FEW_ENCODE` values looks them up in all of them (Arrow's ``index_in`` builds
+#: its hash set per call), so it costs ``O(distinct + written)``: 2,000 strings among 1,000
+#: ~60 us, among 4,096 ~240 us, among 65,536 ~5 ms (one of the 2-core VM's slower days)
 CODED_MAX = 4096
+
+#: a coded write of at most this many values looks each up in a dict of the stored
+#: values: ``O(written)``, whatever the number of distinct values (a cycle's few writes
+#: into a column of thousands of names pay for their own values, not the dictionary's)
+FEW_ENCODE = 64
 
 
 def codable(type: pa.DataType) -> bool:
@@ -835,13 +840,23 @@ class ArrowColumnSource(WritableColumnSource):
         #: lookup options over it; None when not coded
         self._dict: pa.Array | None = None
         self._lookup: pc.SetLookupOptions | None = None
+        self._py: list[Any] | None = None  # coded: the stored values as Python values
+        self._code_of: dict[Any, int] = {}  # coded: code (slot) per stored Python value
         self.code_epoch = 0
         if coded and codable(type):
             self._set_dict(pa.nulls(1, type))
 
-    def _set_dict(self, values: pa.Array) -> None:
+    def _set_dict(self, values: pa.Array, added: pa.Array | None = None) -> None:
+        """Code by ``values``; ``added``: the values it has past the current dictionary."""
         self._dict = values
         self._lookup = pc.SetLookupOptions(value_set=values, skip_nulls=False)  # null -> slot 0
+        if added is None or self._py is None:
+            self._py = values.to_pylist()
+            self._code_of = {v: i for i, v in enumerate(self._py)}
+        else:  # the new values only: a growing dictionary costs what it grows by
+            new = added.to_pylist()
+            self._code_of.update(zip(new, range(len(self._py), len(self._py) + len(new)), strict=True))
+            self._py.extend(new)
 
     @property
     def coded(self) -> bool:
@@ -861,6 +876,8 @@ class ArrowColumnSource(WritableColumnSource):
             return None
         if values.type != self.type:
             values = _as_typed_array(values, self.type)
+        if len(values) <= FEW_ENCODE:
+            return self._encode_few(values.to_pylist())
         found = pc.call_function("index_in", [values], self._lookup)
         if found.null_count:  # values not held yet (a null value finds slot 0)
             new = pc.unique(values.filter(found.is_null()))
@@ -870,15 +887,33 @@ class ArrowColumnSource(WritableColumnSource):
             new = _as_array(new)
             start = self._store.append_run(new)
             assert start == len(self._dict), (start, len(self._dict))
-            self._set_dict(pa.concat_arrays([self._dict, new]))
+            self._set_dict(pa.concat_arrays([self._dict, new]), new)
             found = pc.call_function("index_in", [values], self._lookup)
         codes = found.to_numpy()
         out: npt.NDArray[np.int64] = codes.astype(np.int64)
         return out
 
+    def _encode_few(self, values: list[Any]) -> npt.NDArray[np.int64] | None:
+        """:meth:`encode` of a few values, each looked up in ``_code_of``."""
+        code_of = self._code_of
+        codes = [code_of.get(v, -1) for v in values]  # a null is slot 0's None
+        if -1 in codes:  # values not held yet: stored once each, in order of first sight
+            new = list(dict.fromkeys(v for v, c in zip(values, codes, strict=True) if c < 0))
+            assert self._dict is not None
+            if len(self._dict) + len(new) > CODED_MAX + 1:
+                self._uncode()
+                return None
+            added = pa.array(new, type=self.type)
+            start = self._store.append_run(added)
+            assert start == len(self._dict), (start, len(self._dict))
+            self._set_dict(pa.concat_arrays([self._dict, added]), added)
+            codes = [code_of[v] for v in values]
+        return np.array(codes, dtype=np.int64)
+
     def _uncode(self) -> None:
         """Stop coding: later writes append their values as an uncoded column's do."""
-        self._dict = self._lookup = None
+        self._dict = self._lookup = self._py = None
+        self._code_of = {}
         self.code_epoch += 1
 
     def ensure_capacity(self, n: int) -> None:
@@ -903,7 +938,11 @@ class ArrowColumnSource(WritableColumnSource):
         # a few values read one by one: no gather, no Arrow array to convert back
         if keys.size > _FEW_SCALARS:
             return super().get_pylist(keys)
-        return self._store.pylist(self._slots.get_numpy(keys)[0].tolist())
+        slots = self._slots.get_numpy(keys)[0].tolist()
+        py = self._py
+        if py is not None:  # coded: every value held as a Python value too
+            return [py[s] for s in slots]
+        return self._store.pylist(slots)
 
     def set(self, keys: KeyArray, values: pa.Array | pa.ChunkedArray) -> None:
         if keys.size == 0:

@@ -585,12 +585,16 @@ def test_append_source_reads_on_two_threads_while_a_gather_merges_the_waiting_ap
 
 @pytest.mark.parametrize("type_", [pa.string(), pa.large_binary()])
 @pytest.mark.parametrize("coded_max", [4096, 6])
-def test_coded_source_reads_as_a_model_and_codes_are_values(type_, coded_max, monkeypatch):
+@pytest.mark.parametrize("few_encode", [columns_mod.FEW_ENCODE, 4, 0])
+def test_coded_source_reads_as_a_model_and_codes_are_values(type_, coded_max, few_encode, monkeypatch):
     # a coded ArrowColumnSource against a dict model over 300 random steps of writes (set,
     # set_new_range, encode + set_codes, moves), with nulls, previous values within each
     # cycle, and compactions between them; while coded, equal codes are equal values and
-    # the store holds each value once. coded_max 6: the column stops coding partway
+    # the store holds each value once. coded_max 6: the column stops coding partway.
+    # few_encode: writes of 1-8 values are looked up in the column's dict (64), in Arrow's
+    # index_in (0), or either by their size (4), against one dictionary
     monkeypatch.setattr(columns_mod, "CODED_MAX", coded_max)
+    monkeypatch.setattr(columns_mod, "FEW_ENCODE", few_encode)
     rng = np.random.default_rng(7)
     alphabet = [None, "", "a", "b", "ab", "é", "a\x00", "S0001", "S0002", "zz"]
 
@@ -634,6 +638,8 @@ def test_coded_source_reads_as_a_model_and_codes_are_values(type_, coded_max, mo
         keys = np.array(sorted(model), dtype=np.int64)
         got = src.get(keys).to_pylist()
         assert got == [arr([model[k]]).to_pylist()[0] for k in keys.tolist()], step
+        few = rng.choice(keys, min(keys.size, 12), replace=False)  # read as Python values
+        assert src.get_pylist(few) == [arr([model[k]]).to_pylist()[0] for k in few.tolist()], step
         old = np.array(sorted(before), dtype=np.int64)
         if old.size:
             assert src.get_prev(old).to_pylist() == arr([before[k] for k in old.tolist()]).to_pylist(), step
@@ -645,6 +651,8 @@ def test_coded_source_reads_as_a_model_and_codes_are_values(type_, coded_max, mo
             assert len(set(by_code.values())) == len(by_code)  # distinct codes, distinct values
             assert all(by_code[c] == v for c, v in zip(codes.tolist(), values, strict=True))
             assert len(src._store) == len(set(map(repr, src._dict.to_pylist())))  # each value once
+            assert src._py == src._dict.to_pylist()  # the dict's values, by code
+            assert src._code_of == {v: i for i, v in enumerate(src._py)}
         else:
             uncoded_steps += 1
         src.end_cycle()
