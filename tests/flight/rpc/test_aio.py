@@ -79,13 +79,18 @@ class Handlers:
     def forever(self, request: bytes, context: CallContext) -> Iterator[bytes]:
         context.add_callback(self.ended.set)
         i = 0
-        while context.is_active():
-            yield b"%d" % i
-            i += 1
-            time.sleep(0.001)
-        # the call is over: gRPC has freed it, and asking must not crash the process
-        self.after_end = {"peer": context.peer(), "active": context.is_active(),
-                          "metadata": dict(context.invocation_metadata())}
+        try:
+            while context.is_active():
+                yield b"%d" % i
+                i += 1
+                time.sleep(0.001)
+        finally:
+            # the handler ends either way: it sees the call inactive, or (its next message
+            # refused once the call ended) it is closed at its yield; once the call's end
+            # callbacks ran, gRPC has freed the call, and asking must not crash the process
+            self.ended.wait(10)
+            self.after_end = {"peer": context.peer(), "active": context.is_active(),
+                              "metadata": dict(context.invocation_metadata())}
 
     def feed(self, request: bytes, context: CallContext) -> Iterator[bytes | LoopFeed]:
         yield b"head"
