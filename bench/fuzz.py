@@ -74,7 +74,8 @@ class Tally:
 
     def add(self, case: fz.Case, answer: fj.Answer) -> None:
         family = case.method.rsplit("/", 1)[1]
-        problems = fj.violations(answer)
+        sent = b"".join(case.request) if isinstance(case.request, list) else case.request
+        problems = fj.violations(answer, sent)
         with self.lock:
             self.cases += 1
             self.codes[answer.code] += 1

@@ -267,7 +267,8 @@ def unexplained(live: Live, case: fz.Case, answer: fj.Answer,
     leaving out what a :data:`KNOWN` bug explains."""
     known_refs = {m.group(1) for r in records if known_record(r, case)
                   for m in [_REF.search(r.getMessage())] if m}
-    problems = fj.violations(answer)
+    sent = b"".join(case.request) if isinstance(case.request, list) else case.request
+    problems = fj.violations(answer, sent)
     if problems == ["status INTERNAL"] and any(ref in answer.details for ref in known_refs):
         problems = []
     return problems + [r.getMessage() for r in records
