@@ -172,6 +172,9 @@ class PartWriter:
             valid change of its table; nothing is staged.
         TableNotFound
             If a table of the parts was dropped.
+        InputError
+            If a table of the parts was dropped and created again as a derived table (a
+            DIFF part's: as a table without keys); nothing is staged.
         """
         if not parts:
             return self.graph.step
@@ -181,6 +184,16 @@ class PartWriter:
             for e in entries.values():
                 if e.table.failure is not None:  # check all before staging any
                     raise TableFailed(f"table {e.name!r} failed: {e.table.failure}")
+            for p in parts:  # a name dropped and created again since the write was held
+                e = entries[p.table]
+                want = KeyedTable if p.kind == PutMode.DIFF else SourceTable
+                if not isinstance(e.table, want):
+                    what = "a keyed table" if want is KeyedTable else "a source table"
+                    article = "an" if e.kind[:1] in ("a", "e", "i", "o", "u") else "a"
+                    raise InputError(
+                        f"table {e.name!r} is {article} {e.kind} table now, not {what} as when write "
+                        f"{write_id!r} was staged (it was dropped and created again); nothing "
+                        f"of the write was committed")
             diff_tables = sorted({p.table for p in parts if p.kind == PutMode.DIFF})
             mixed = [n for n in diff_tables
                      if any(p.table == n and p.kind != PutMode.DIFF for p in parts)]

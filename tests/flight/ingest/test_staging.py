@@ -68,6 +68,39 @@ def test_commit_of_an_unwritten_slot_names_it_and_keeps_the_write(env):
     assert len(env.rows("a")) == 1
 
 
+def test_a_commit_into_a_name_created_again_as_another_kind_is_refused_naming_it(env):
+    # a fuzz run (seed 4902, 100,000 cases) hit this as INTERNAL (AssertionError: append): a
+    # write held under a name that was then dropped and created again as a derived table
+    import pyarrow.compute as pc
+
+    env.create("base", "append")
+    env.create("t", "append")
+    env.put("t", APPEND, kv([1], ["x"], [1]), write_id="w")
+    env.registry.drop("t")
+    base = env.registry.get("base").table
+    with env.graph.exclusive_lock():
+        env.registry.add("t", base.where(pc.field("v") > pc.scalar(0.0)), "derived",
+                         parents=["base"])
+    with pytest.raises(InputError, match=r"^table 't' is a derived table now, not a source "
+                                         r"table as when write 'w' was staged \(it was dropped "
+                                         r"and created again\); nothing of the write was "
+                                         r"committed$"):
+        env.commit("w", all_slots=True)
+    env.put("base", APPEND, kv([2], ["y"], [2]))
+    env.graph.run_cycle()
+    assert env.rows("t") == [row(2, "y", 2.0)]  # the derived table goes on as it was
+
+    # a DIFF part needs its keyed table: the name came back as a table without keys
+    env.create("k")
+    env.put("k", DIFF, diff([1], ["x"], [1], [1]), write_id="d")
+    env.registry.drop("k")
+    env.create("k", "append")
+    with pytest.raises(InputError, match=r"^table 'k' is an append table now, not a keyed table"):
+        env.commit("d", all_slots=True)
+    env.graph.run_cycle()
+    assert env.rows("k") == []
+
+
 def test_unknown_write_is_not_found_and_retried_commit_is_not_reapplied(env):
     env.create("a", "append")
     assert env.commit("empty").rows == 0  # naming no slot: an empty write, whatever its id
