@@ -190,8 +190,9 @@ class PartWriter:
                 if not isinstance(e.table, want):
                     what = "a keyed table" if want is KeyedTable else "a source table"
                     article = "an" if e.kind[:1] in ("a", "e", "i", "o", "u") else "a"
+                    now = "a view" if e.kind == "view" else f"{article} {e.kind} table"
                     raise InputError(
-                        f"table {e.name!r} is {article} {e.kind} table now, not {what} as when write "
+                        f"table {e.name!r} is {now} now, not {what} as when write "
                         f"{write_id!r} was staged (it was dropped and created again); nothing "
                         f"of the write was committed")
             diff_tables = sorted({p.table for p in parts if p.kind == PutMode.DIFF})

@@ -540,3 +540,39 @@ def test_get_schema_runs_nothing_and_never_writes(server):
     assert server.sql.runner.running() == 0
     assert schema_of("INSERT INTO trades VALUES ('z', 1.0, 1)").names == ["count"]
     assert len(server.registry.get("trades").table.rowset) == 3  # nothing inserted
+
+
+def test_a_staged_write_committed_into_its_name_now_a_view_is_refused_naming_it(server, conn):
+    """The race the fuzz found (seed 4902) over the real wire: a write staged into ``t``,
+    ``t`` dropped and created again as a live view (ADBC), then the commit. The commit is
+    INVALID_ARGUMENT naming the table and the write (it was INTERNAL), nothing of it lands,
+    and the view and the server go on."""
+    from clients.client import connect
+
+    opts = fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    with connect(server.location, token=TOKEN) as tt, fl.connect(server.location) as c:
+        tt.create_table("t", TRADES, "append")
+        w, r = c.do_put(fl.FlightDescriptor.for_path("t"), TRADES, opts)
+        rows = pa.record_batch({"sym": ["z"], "px": [9.0], "qty": [9]}, schema=TRADES)
+        req = pb.PutRequest(mode=pb.PUT_MODE_APPEND, write_id="w", partition=0, attempt=0)
+        w.write_with_metadata(rows, pa.py_buffer(req.SerializeToString()))
+        ack = pb.PutAck()
+        ack.ParseFromString(r.read().to_pybytes())
+        assert ack.staged and ack.rows == 1
+        w.done_writing()
+        w.close()
+        tt.drop_table("t")
+        with conn.cursor() as cur:
+            cur.execute("CREATE VIEW t AS SELECT sym, qty FROM trades WHERE qty > 1")
+        commit = fl.Action("commit", pb.CommitRequest(write_id="w", all_slots=True).SerializeToString())
+        with pytest.raises(pa.ArrowInvalid, match=r"table 't' is a view now, not a source table as "
+                                                  r"when write 'w' was staged \(it was dropped and "
+                                                  r"created again\); nothing of the write was "
+                                                  r"committed"):
+            list(c.do_action(commit, opts))
+        tt.push("trades", pa.table({"sym": ["c"], "px": [4.0], "qty": [4]}, schema=TRADES))
+        deadline = time.monotonic() + 10  # the view follows trades, without the staged row
+        while sorted(_rows(conn, "SELECT qty FROM t")) != [(2,), (3,), (4,)]:
+            assert time.monotonic() < deadline, _rows(conn, "SELECT * FROM t")
+            time.sleep(0.02)
+        assert sorted(_rows(conn, "SELECT sym, qty FROM t")) == [("a", 3), ("b", 2), ("c", 4)]
