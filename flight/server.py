@@ -22,6 +22,7 @@ import collections
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from os import PathLike
 from typing import TYPE_CHECKING, Any
@@ -483,11 +484,18 @@ class TicktableServer:
         two-port server)."""
         return self.port
 
-    def start(self) -> TicktableServer:
+    def start(self, prepare: Callable[[TicktableServer], None] | None = None) -> TicktableServer:
         """Recover durable tables, bind the port and serve in the background.
 
         With a ``data_dir``, the last acknowledged state comes back first (call this before
         ``graph.start``): see :meth:`flight.durability.durable.Durability.recover`.
+
+        Parameters
+        ----------
+        prepare
+            Called with the server after the recovery and before the port is bound: tables
+            it registers are there from the first answer (the health check's SERVING
+            included), as ``ticktable serve --demo``'s are. If it raises, nothing is served.
 
         Returns
         -------
@@ -522,6 +530,8 @@ class TicktableServer:
             # a mirror's columns and filter are checked before the port is bound: a bad
             # one stops the start, with nothing served
             self._mirrors = [self._checked(spec) for spec in self._mirrors]
+            if prepare is not None:
+                prepare(self)
             self._grpc, self._port = self._serve()
             if cfg.metrics_port is not None:
                 self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.host)

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -106,19 +107,26 @@ def _serve(args: argparse.Namespace) -> int:
                           web_sched=args.web_sched, mirrors=list(args.mirror or []),
                           mirror_of=list(args.mirror_of or []),
                           mirror_token=mirror_token, mirror_give_up=args.mirror_give_up, **sql)
+    ticks: list[Callable[[], None]] = []
+
+    def demo(server: TicktableServer) -> None:
+        """The demo's tables, before the port is bound: a client (or a health check) that
+        gets an answer finds all three."""
+        quotes = server.registry.create_source("quotes", QUOTES, TableKind.KEYED, keys=["Sym"])
+        board, stats = demo_tables(quotes.table)
+        server.registry.add("board", board, TableKind.DERIVED, parents=["quotes"])
+        server.registry.add("stats", stats, TableKind.DERIVED, parents=["quotes"])
+        ticks.append(ticker(quotes.table, args.seed))  # type: ignore[arg-type]
+
     try:
-        server = TicktableServer(graph, config).start()
+        server = TicktableServer(graph, config).start(demo if args.demo else None)
     except TicktableError as exc:  # damaged data, a port in use...: one line, no traceback
         print(f"ticktable serve: {exc}", file=sys.stderr)
         return 2
 
     stop = threading.Event()
     if args.demo:
-        quotes = server.registry.create_source("quotes", QUOTES, TableKind.KEYED, keys=["Sym"])
-        tick = ticker(quotes.table, args.seed)  # type: ignore[arg-type]
-        board, stats = demo_tables(quotes.table)
-        server.registry.add("board", board, TableKind.DERIVED, parents=["quotes"])
-        server.registry.add("stats", stats, TableKind.DERIVED, parents=["quotes"])
+        (tick,) = ticks
 
         def ticking() -> None:
             while not stop.wait(args.interval):

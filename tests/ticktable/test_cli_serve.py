@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -67,6 +68,50 @@ def test_serve_demo_subprocess(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_serve_demo_answers_nothing_before_its_tables_are_there(tmp_path):
+    """The first answer, a health check's SERVING included, comes with the demo's three
+    tables. A fresh clone's CI once saw SERVING and then only ``quotes``: the port was bound
+    before ``board`` and ``stats`` were made (tests/ticktable/test_docker.py). Here their
+    making is slowed by 1.5 s, so a health check polled from the start lands in that gap
+    if it exists."""
+    from bench.ports import HeldPort
+
+    held = HeldPort()
+    slow = ("import time, ticktable._demo as d; make = d.demo_tables; "
+            "d.demo_tables = lambda q: (time.sleep(1.5), make(q))[1]; "
+            "from ticktable.cli import main; raise SystemExit(main(__import__('sys').argv[1:]))")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", slow, "serve", "--port", str(held.port), "--demo", "--in-memory",
+         "--http-port", "-1", "--interval", "0.05"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        with grpc.insecure_channel(f"127.0.0.1:{held.port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            while True:  # what an orchestrator does: ask until SERVING
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline, "no SERVING in 60 s"
+                try:
+                    status = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                except grpc.RpcError:
+                    time.sleep(0.01)
+                    continue
+                if status.status == health_pb2.HealthCheckResponse.SERVING:
+                    break
+        with fl.connect(f"grpc://127.0.0.1:{held.port}") as client:
+            names = sorted(f.descriptor.path[0].decode() for f in client.list_flights())
+        assert names == ["board", "quotes", "stats"]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        held.close()
 
 
 def test_serve_help_lists_every_option():

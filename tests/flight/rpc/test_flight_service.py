@@ -248,6 +248,51 @@ def test_the_port_is_exclusive_and_in_use_is_one_error(server):
         s.close()
 
 
+def test_prepare_runs_after_recovery_and_before_the_port_is_bound(tmp_path):
+    """``start(prepare)``: the recovered tables are there for it, no client can connect
+    while it runs, what it registers is in the first answer; if it raises, nothing is
+    served and the data dir is free for the next start."""
+    from bench.ports import HeldPort
+    from clients.client import connect
+
+    first = TicktableServer(UpdateGraph(), ServerConfig(data_dir=tmp_path)).start()
+    first.registry.create_source("kept", KV, "keyed", keys=["k"])  # not journaled: gone
+    with connect(first.location) as client:  # journaled
+        client.create_table("durable", KV, "append")
+    first.shutdown()
+
+    seen: list[object] = []
+    with HeldPort() as held:
+        def prepare(srv: TicktableServer) -> None:
+            seen.append(sorted(srv.registry.names()))
+            with socket.socket() as probe:  # nothing listens yet
+                seen.append(probe.connect_ex(("127.0.0.1", held.port)))
+            srv.registry.create_source("made", KV, "keyed", keys=["k"])
+
+        srv = TicktableServer(UpdateGraph(), ServerConfig(port=held.port, data_dir=tmp_path)
+                              ).start(prepare)
+        try:
+            assert seen[0] == ["durable"] and seen[1] != 0
+            with fl.connect(srv.location) as c:
+                assert sorted(f.descriptor.path[0].decode() for f in c.list_flights()) == [
+                    "durable", "made"]
+        finally:
+            srv.shutdown()
+
+        def fails(srv: TicktableServer) -> None:
+            raise ValueError("no demo today")
+
+        with pytest.raises(ValueError, match="no demo today"):
+            TicktableServer(UpdateGraph(), ServerConfig(port=held.port, data_dir=tmp_path)).start(fails)
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", held.port)) != 0
+        again = TicktableServer(UpdateGraph(), ServerConfig(port=held.port, data_dir=tmp_path)).start()
+        try:
+            assert sorted(again.registry.names()) == ["durable"]
+        finally:
+            again.shutdown()
+
+
 def test_shutdown_ends_open_streams_within_its_grace(graph):
     srv = TicktableServer(graph, ServerConfig(shutdown_timeout=1.0)).start()
     srv.registry.create_source("t", KV, "keyed", keys=["k"])
