@@ -164,6 +164,17 @@ class NaturalJoinListener:
             if hit.any():
                 mods.append(d.regroup_keys[hit])
                 cols |= self.right_out
+            # the same right row before and after: it moved groups along with the left row
+            # (a swap of keys on both sides), and this cycle may have changed its values too
+            vm = ru.modified_columns & st.joins_src if ru is not None and ru.modified else ()
+            same = np.flatnonzero(~hit & (m1 >= 0)) if vm else _EMPTY
+            if same.size:
+                rk = st.r_rkey.get_numpy(m1[same])[0]
+                same = same[ru.modified.contains_all(rk)]  # type: ignore[union-attr]
+                if same.size:
+                    mods.append(d.regroup_keys[same])
+                    for c in vm:
+                        cols |= self.out_of.get(c, set())
         if d.changed.size:
             m0 = st.first_match(d.changed, prev=True)
             m1 = st.first_match(d.changed)

@@ -125,6 +125,34 @@ def test_natural_join_right_row_replaced_and_keys_swapped():
     assert _col(nj, "V") == ["b", "c", None]
 
 
+@pytest.mark.parametrize("how", ["natural", "exact", "join", "left_outer"])
+def test_a_left_row_following_its_right_row_to_a_new_key_gets_the_right_row_s_new_values(how):
+    """Left row 1 moves GOOG -> IBM in the cycle in which its right row 47 moves GOOG -> IBM
+    too (a swap with 46) and changes its value: the same right row matches before and after,
+    with a new value, so the row is modified in V. A seed hunt of the join oracle found this
+    (the natural join's update left the row out: a subscriber kept 4.0)."""
+    from tests.replay import ReplayChecker
+
+    g = UpdateGraph(validate=True)
+    left = g.keyed_table({"Id": pa.int64(), "Sym": pa.string()}, "Id")
+    right = g.keyed_table({"RId": pa.int64(), "Sym": pa.string(), "V": pa.float64()}, "RId")
+    left.upsert({"Id": [1, 2], "Sym": ["GOOG", "AAPL"]})  # no other left row holds IBM
+    right.upsert({"RId": [45, 46, 47], "Sym": ["AAPL", "IBM", "GOOG"], "V": [1.0, 15.0, 4.0]})
+    g.run_cycle()
+    make = {"natural": natural_join, "exact": exact_join, "join": join,
+            "left_outer": left_outer_join}[how]
+    out = make(left, right, "Sym", joins=["RId", "V"])
+    replay, ups = ReplayChecker(out), _Updates(out)
+    left.upsert({"Id": [1], "Sym": ["IBM"]})
+    right.upsert({"RId": [46, 47], "Sym": ["GOOG", "IBM"], "V": [15.0, 33.0]})
+    u = ups.last(g)
+    rows = sorted(out.to_arrow().to_pylist(), key=lambda r: (r["Id"], r["RId"]))
+    assert rows == [{"Id": 1, "Sym": "IBM", "RId": 47, "V": 33.0},
+                    {"Id": 2, "Sym": "AAPL", "RId": 45, "V": 1.0}]
+    assert u is not None
+    replay.check()  # the rows the update names, read now, equal the table
+
+
 def test_null_keys_never_match():
     g = UpdateGraph(validate=True)
     left = g.append_only_table({"S": pa.string(), "X": pa.int64()})
