@@ -36,6 +36,18 @@ HARD_LIMIT = 420.0
 _stderr: TextIO | None = None
 
 
+#: a seed hunt (tests/seeds.py): every seeded ``np.random.default_rng`` mixed with this number
+SEED_MIX = os.environ.get("TICKTABLE_SEED_MIX", "")
+if SEED_MIX:
+    from tests.seeds import install
+
+    install(int(SEED_MIX))
+
+
+def pytest_report_header(config):
+    return f"seed mix: TICKTABLE_SEED_MIX={SEED_MIX}" if SEED_MIX else None
+
+
 def pytest_configure(config):
     """Keep a copy of the terminal's stderr: pytest captures fd 2 during each test, and what
     a process writes there just before it exits would be lost with the capture."""

@@ -8,7 +8,8 @@ update of every table, and after each cycle checks that
 * the derived table equals ``expected(source.to_pandas())`` recomputed from scratch, and
 * a :class:`ReplayChecker` rebuilt from the derived table's updates equals it.
 
-It prints the seed, kind and cycle before it asserts. ``TICKTABLE_CYCLES`` scales the runs.
+It prints the seed, kind and cycle before it asserts. ``TICKTABLE_CYCLES`` scales the runs;
+``TICKTABLE_SEED_MIX=N`` runs them over other random cycles (tests/seeds.py).
 An append-only source stops growing at four times ``max_rows``; its kind ends after the
 first empty cycle over the full table (:attr:`RandomSource.exhausted`).
 """
