@@ -6,6 +6,12 @@ The oracles draw their random cycles from fixed seeds, so every run checks the s
 same tests over other cycles, reproducible by the same ``N``. The run's header names it.
 A hunt over the oracles found a join bug the usual seeds never reach (bench/README.md,
 "Other seeds").
+
+A few tests also assert what their own seed's cycles covered (e.g. the sort's
+``test_oracle_merged_batches_by_price``: a merge of 30 rows or more among them); under
+another mix such an assertion can fail with nothing wrong in the engine. Read a failure's
+assertion before taking it for a bug: a mismatch or a replay difference is one, a coverage
+count short of its mark is not.
 """
 
 from __future__ import annotations
