@@ -674,7 +674,9 @@ def test_oracle_long_strings_after_update(placement):
     """Values sharing a 7+ byte prefix: every comparison goes back to the strings."""
 
     def expected(df: pd.DataFrame) -> pd.DataFrame:
-        df = df.assign(L=df.Sym.map(lambda s: "instrument/" + s if isinstance(s, str) else None))
+        # null stays null as to_pandas gives it (a one-row table of a null Sym too: a map to
+        # None made an object column [None] there, not the string column's NaN)
+        df = df.assign(L="instrument/" + df.Sym)
         return sorted_frame(["L", "Qty"], [True, False])(df)
 
     run_oracle(lambda t: checked(t.update(L=LONG).sort(["L", "Qty"], [True, False])), expected,
