@@ -172,6 +172,8 @@ def _replay(state: dict[int, dict[Any, Any]], u: Update) -> None:
 
 
 def _as_frame(state: dict[int, dict[Any, Any]]) -> pd.DataFrame:
+    if not state:  # no rows to infer types from: the schema's (a frame of records: object)
+        return SCHEMA.empty_table().to_pandas()
     return pd.DataFrame([state[k] for k in sorted(state)], columns=SCHEMA.names)
 
 
