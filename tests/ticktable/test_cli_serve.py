@@ -25,6 +25,21 @@ from flight.streams.decoder import ReferenceView, read_message
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """Stop a server as a service manager does (SIGTERM); its output, once it exited 0."""
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    return out, err
+
+
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """Kill a server a failed test left running."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def test_serve_demo_subprocess(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
@@ -60,14 +75,10 @@ def test_serve_demo_subprocess(tmp_path):
                                                           timeout=5)
         assert status.status == health_pb2.HealthCheckResponse.SERVING
         client.close()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0, err
+        out, err = _stop(proc)
         assert "ticktable stopped" in out
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
 
 
 def test_serve_demo_answers_nothing_before_its_tables_are_there(tmp_path):
@@ -104,13 +115,9 @@ def test_serve_demo_answers_nothing_before_its_tables_are_there(tmp_path):
         with fl.connect(f"grpc://127.0.0.1:{held.port}") as client:
             names = sorted(f.descriptor.path[0].decode() for f in client.list_flights())
         assert names == ["board", "quotes", "stats"]
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0, err
+        _, err = _stop(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
         held.close()
 
 
@@ -193,13 +200,9 @@ def test_serve_limit_flags_reach_the_server(tmp_path):
             w.write_batch(pa.record_batch({"s": ["b"]}))
             w.close()
         client.close()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0, err
+        _, err = _stop(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
     bad = subprocess.run([sys.executable, "-m", "ticktable.cli", "serve", "--max-tables", "0"],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
     assert bad.returncode == 2 and "--max-tables: must be at least 1, got 0" in bad.stderr
@@ -248,16 +251,13 @@ def test_serve_with_metrics_json_logs_and_a_read_token(tmp_path):
         text = urllib.request.urlopen(metrics.group(1), timeout=10).read().decode()
         assert 'ticktable_errors_total{code="PERMISSION_DENIED"} 1.0' in text
         client.close()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        _, err = _stop(proc)
         lines = [json.loads(line) for line in err.splitlines() if line.strip()]
         denied = [r for r in lines if "PERMISSION_DENIED" in r["message"]]
         assert denied and denied[0]["logger"] == "ticktable.calls" and denied[0]["level"] == "INFO"
         assert "127.0.0.1" in denied[0]["message"] and "DoAction" in denied[0]["message"]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
 
 
 @pytest.mark.parametrize("args, env, line", [
@@ -355,11 +355,7 @@ def test_serve_cycle_priority(flags):
         client = fl.connect(m.group(1))  # and it serves
         assert list(client.list_flights()) == []
         client.close()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0, err
+        out, err = _stop(proc)
         assert "Traceback" not in err
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
