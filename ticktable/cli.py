@@ -18,7 +18,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -107,8 +106,6 @@ def _serve(args: argparse.Namespace) -> int:
                           web_sched=args.web_sched, mirrors=list(args.mirror or []),
                           mirror_of=list(args.mirror_of or []),
                           mirror_token=mirror_token, mirror_give_up=args.mirror_give_up, **sql)
-    ticks: list[Callable[[], None]] = []
-
     def demo(server: TicktableServer) -> None:
         """The demo's tables, before the port is bound: a client (or a health check) that
         gets an answer finds all three."""
@@ -116,7 +113,6 @@ def _serve(args: argparse.Namespace) -> int:
         board, stats = demo_tables(quotes.table)
         server.registry.add("board", board, TableKind.DERIVED, parents=["quotes"])
         server.registry.add("stats", stats, TableKind.DERIVED, parents=["quotes"])
-        ticks.append(ticker(quotes.table, args.seed))  # type: ignore[arg-type]
 
     try:
         server = TicktableServer(graph, config).start(demo if args.demo else None)
@@ -126,7 +122,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
     if args.demo:
-        (tick,) = ticks
+        tick = ticker(server.registry.get("quotes").table, args.seed)  # type: ignore[arg-type]
 
         def ticking() -> None:
             while not stop.wait(args.interval):
