@@ -154,11 +154,15 @@ def run_oracle(
     kinds: tuple[str, ...] = KINDS,
     max_rows: int = 120,
     compare: Callable[[pd.DataFrame, pd.DataFrame, str], None] | None = None,
+    step: Callable[[RandomSource, pa.Table | None, int], None] | None = None,
 ) -> None:
     """Check ``build(source)`` against ``expected(source_df)`` over random cycles of each kind.
 
     ``compare(got, want, context)`` replaces the ordered comparison for results whose row
     order depends on history (aggregations keep a group's row key for its life).
+    ``step(source, rows, cycle)`` writes a cycle instead of ``source.step(rows)`` (``rows``:
+    the source's rows now, or None), for a test whose cycles must include a shape whatever
+    the seed (it calls ``source.step(rows)`` for the cycles it leaves random).
     """
     check = compare if compare is not None else assert_same
     total = n_cycles if n_cycles is not None else cycles()
@@ -171,7 +175,10 @@ def run_oracle(
         replay = ReplayChecker(result)
         src_now = None  # the source's rows after the last cycle: the next step reads them
         for c in range(per_kind):
-            src.step(src_now)
+            if step is None:
+                src.step(src_now)
+            else:
+                step(src, src_now, c)
             g.run_cycle()
             ctx = f"seed={seed} kind={kind} cycle={c}"
             if result.failure is not None:

@@ -24,7 +24,7 @@ from engine.ops.sort._slots import LiveBits, Redirection
 from engine.rowset import RowSet, RowSetShiftData
 from engine.table import Table
 from engine.update import TableUpdate
-from tests.oracle import assert_same, run_oracle, share_cycles
+from tests.oracle import RandomSource, assert_same, run_oracle, share_cycles
 from tests.replay import ReplayChecker
 from tests.shifting import run_shifting_oracle
 
@@ -693,10 +693,26 @@ def test_oracle_parent_that_shifts(placement):
     placement()
 
 
+def _whole_table_price_modifies(src: RandomSource, rows: pa.Table | None, c: int) -> None:
+    """The random cycles, but every 40th cycle of a keyed source grows it to 40 rows and
+    the next gives each row a new price: merges of 40 modified rows or more, whatever the
+    seed (the random writer's whole-table modifies can all fall on small tables)."""
+    t = src.table
+    if src.kind != "keyed" or c % 40 < 38:
+        src.step(rows)
+    elif c % 40 == 38:
+        if t.size < 40:
+            t.upsert(src._rows(40 - t.size))
+    else:
+        cur = t.to_arrow() if rows is None else rows
+        keys = cur.column("Key").to_numpy()
+        t.upsert(RandomSource._mix(cur, src._rows(keys.size, keys), "Price"))
+
+
 def test_oracle_merged_batches_by_price(merges):
     run_oracle(lambda t: checked(t.sort("Price")), sorted_frame(["Price"], [False]), seed=31,
-               n_cycles=1200)
-    assert len(merges) > 300 and max(merges) >= 30  # whole-table modifies among them
+               n_cycles=1200, step=_whole_table_price_modifies)
+    assert len(merges) > 300 and max(merges) >= 40  # whole-table modifies among them
     assert merges.grid > 30  # and merges right after a merge
 
 
