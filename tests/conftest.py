@@ -2,6 +2,7 @@ import asyncio
 import contextlib
 import faulthandler
 import os
+import random
 import sys
 from collections.abc import Iterator
 from typing import TextIO
@@ -44,8 +45,16 @@ if SEED_MIX:
     install(int(SEED_MIX))
 
 
+#: a test-order hunt: every test but Spark's (still first) in an order drawn from this number,
+#: the same in every xdist worker; for state a test leaves behind that a later one trips on
+TEST_ORDER = os.environ.get("TICKTABLE_TEST_ORDER", "")
+
+
 def pytest_report_header(config):
-    return f"seed mix: TICKTABLE_SEED_MIX={SEED_MIX}" if SEED_MIX else None
+    lines = [f"seed mix: TICKTABLE_SEED_MIX={SEED_MIX}"] if SEED_MIX else []
+    if TEST_ORDER:
+        lines.append(f"test order: TICKTABLE_TEST_ORDER={TEST_ORDER}")
+    return lines or None
 
 
 def pytest_configure(config):
@@ -140,11 +149,14 @@ def pytest_collection_modifyitems(config, items):
     keeps that hazard out of the run. Under pytest-xdist (``make test``: ``-n auto --dist
     loadgroup``) they are one group: one worker, one JVM, its first tests (the group is made
     by :func:`pytest_xdist_make_scheduler`).
+
+    With ``TICKTABLE_TEST_ORDER=N`` the other tests follow in an order drawn from ``N``.
     """
     spark = [item for item in items if "/tests/spark/" in str(item.path)]
-    if spark:
-        rest = [item for item in items if "/tests/spark/" not in str(item.path)]
-        items[:] = spark + rest
+    rest = [item for item in items if "/tests/spark/" not in str(item.path)]
+    if TEST_ORDER:
+        random.Random(int(TEST_ORDER)).shuffle(rest)
+    items[:] = spark + rest
 
 
 @pytest.hookimpl(optionalhook=True)
