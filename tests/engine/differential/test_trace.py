@@ -475,7 +475,9 @@ def test_merges_at_the_present_match_the_history(records, monkeypatch):
     monkeypatch.setattr(trace_module, "_merge", spy)
     history: Counter = Counter()
     for t in range(400):
-        if held is None and rng.random() < 0.05:
+        # held now and then at random, and every 50th version whatever the seed: the merges
+        # that keep the times are then there under any TICKTABLE_SEED_MIX (tests/seeds.py)
+        if held is None and (rng.random() < 0.05 or t % 50 == 25):
             held = tr.reader()
         elif held is not None and rng.random() < 0.15:
             held.close()
