@@ -116,7 +116,7 @@ def _sql_info_values(version: str, read_only: bool, timeout_ms: int) -> dict[int
         info.FLIGHT_SQL_SERVER_TRANSACTION_TIMEOUT: 0,
         info.SQL_DDL_CATALOG: False,
         info.SQL_DDL_SCHEMA: False,
-        info.SQL_DDL_TABLE: not read_only,  # CREATE VIEW / DROP VIEW
+        info.SQL_DDL_TABLE: not read_only,  # CREATE / DROP TABLE and VIEW
         info.SQL_IDENTIFIER_CASE: int(sql.SQL_CASE_SENSITIVITY_CASE_INSENSITIVE),
         info.SQL_IDENTIFIER_QUOTE_CHAR: '"',
         info.SQL_QUOTED_IDENTIFIER_CASE: int(sql.SQL_CASE_SENSITIVITY_CASE_INSENSITIVE),

@@ -332,7 +332,8 @@ def statement_kind(statement: exp.Expression) -> str:
     -------
     str
         ``"select"`` (also a set operation: ``UNION``, ...), ``"create_view"``,
-        ``"insert"``, ``"delete"``, ``"drop_view"``, or ``"other"``.
+        ``"create_table"``, ``"insert"``, ``"update"``, ``"delete"``, ``"drop_view"``,
+        ``"drop_table"``, or ``"other"``.
 
     Examples
     --------
@@ -341,14 +342,16 @@ def statement_kind(statement: exp.Expression) -> str:
     """
     if isinstance(statement, exp.Query):
         return "select"
-    if isinstance(statement, exp.Create) and str(statement.args.get("kind", "")).upper() == "VIEW":
-        return "create_view"
+    if isinstance(statement, (exp.Create, exp.Drop)):
+        kind = str(statement.args.get("kind", "")).upper()
+        if kind in ("VIEW", "TABLE"):
+            return f"{'create' if isinstance(statement, exp.Create) else 'drop'}_{kind.lower()}"
     if isinstance(statement, exp.Insert):
         return "insert"
+    if isinstance(statement, exp.Update):
+        return "update"
     if isinstance(statement, exp.Delete):
         return "delete"
-    if isinstance(statement, exp.Drop) and str(statement.args.get("kind", "")).upper() == "VIEW":
-        return "drop_view"
     return "other"
 
 
@@ -362,8 +365,9 @@ def tables_of(statement: exp.Expression) -> list[str]:
     """The names of the tables ``statement`` reads, in order of appearance, once each.
 
     Names defined by the statement's own ``WITH`` (CTEs) are not tables and are left out;
-    the target of ``CREATE VIEW``, ``INSERT`` and ``DROP`` is written, not read, and left
-    out too (a ``DELETE`` reads its table: its ``WHERE`` runs over it). A qualified name
+    the target of ``CREATE VIEW``, ``CREATE TABLE``, ``INSERT`` and ``DROP`` is written, not
+    read, and left out too (``DELETE`` and ``UPDATE`` read their table: their ``WHERE`` runs
+    over it). A qualified name
     (``db.t``) is given as written.
 
     Examples
@@ -373,8 +377,8 @@ def tables_of(statement: exp.Expression) -> list[str]:
     """
     ctes = {c.alias_or_name for c in statement.find_all(exp.CTE)}
     target = statement.this if isinstance(statement, (exp.Create, exp.Insert)) else None
-    if isinstance(statement, exp.Insert) and isinstance(target, exp.Schema):
-        target = target.this  # INSERT INTO t (a, b) ...
+    if isinstance(target, exp.Schema):
+        target = target.this  # INSERT INTO t (a, b) ..., CREATE TABLE t (a INT, ...)
     if isinstance(statement, exp.Drop):
         return []
     names: list[str] = []

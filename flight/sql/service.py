@@ -17,8 +17,9 @@ GetFlightInfo(StatementQuery)   parses, snapshots at one step and starts the que
 GetFlightInfo(PreparedQuery)    the same with the statement's bound parameters
 GetSchema(cmd)                  the command's result schema
 DoGet(ticket)                   the result, in record batches; the first carries the step
-DoPut(StatementUpdate)          ``INSERT``, ``DELETE``, ``CREATE VIEW``, ``DROP VIEW``;
-                                answers ``DoPutUpdateResult``
+DoPut(StatementUpdate)          ``INSERT``, ``UPDATE``, ``DELETE``, ``CREATE TABLE``,
+                                ``DROP TABLE``, ``CREATE VIEW``, ``DROP VIEW``; answers
+                                ``DoPutUpdateResult``
 DoPut(StatementIngest)          bulk ingestion (create, append, replace), atomic
 DoPut(PreparedQuery)            binds parameters; answers ``DoPutPreparedStatementResult``
 DoPut(PreparedUpdate)           runs the update once per parameter row, atomically
@@ -29,8 +30,15 @@ DoAction                        ``CreatePreparedStatement``, ``ClosePreparedStat
 Writes take DoPut's path (:meth:`flight.ingest.put.PutHandler.acks`): the rows are checked
 by the table, held as one staged write and committed, so a statement's rows become visible
 in one cycle, are journaled before the answer on a durable server, and a bad row applies
-nothing. ``INSERT`` into a keyed table upserts by key. ``DELETE`` needs a keyed table: its
-``WHERE`` is evaluated by DuckDB over a snapshot, and the keys it selects are deleted.
+nothing. ``INSERT`` into a keyed table upserts by key. ``DELETE`` and ``UPDATE`` need a keyed
+table: DuckDB evaluates the ``WHERE`` (and an update's ``SET``) over a snapshot, and the keys
+it selects are deleted, or their rows upserted whole with the new values. Statements that
+write run one at a time, each over a snapshot that holds what the one before it wrote (two
+``UPDATE t SET n = n + 1`` make ``n + 2``); a DoPut to the same keys between an update's
+snapshot and its commit is overwritten, as by any later upsert. ``CREATE TABLE`` makes a
+source table (keyed by its ``PRIMARY KEY``, else append-only) through the journal, as the
+``create_table`` action does; :mod:`flight.sql.ddl` says what each of these statements may
+hold.
 
 A read-only call (the read token) may query, prepare and bind parameters, nothing else.
 """
@@ -48,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from google.protobuf.message import DecodeError, Message
 from sqlglot import exp
 
@@ -68,6 +77,7 @@ from flight.rpc.aio import HAND_OFF, HandOff
 from flight.rpc.framing import batch_frames, schema_frame
 from flight.sql import metadata
 from flight.sql.commands import SQL_ACTION_TYPES, pack, unpack
+from flight.sql.ddl import drop_targets, table_definition, table_name, update_query
 from flight.sql.parse import parse_one, statement_kind
 from flight.sql.query import QueryRunner, RunningQuery, check_params, is_query
 from flight.sql.views import CompiledView, compile_view
@@ -143,6 +153,8 @@ class FlightSqlService:
         #: made, and whether it ever had a subscriber; :meth:`_sweep` drops them
         self._temporary: dict[str, list[Any]] = {}
         self._lock = threading.Lock()
+        #: held by each statement that writes, from its snapshot to its commit
+        self._writing = threading.Lock()
         server.registry.on_drop.append(self._dropped)
         self._closed = threading.Event()
         self._sweeper = threading.Thread(target=self._sweep_forever, daemon=True,
@@ -391,10 +403,15 @@ class FlightSqlService:
         """Run an update statement (once per parameter row); returns the rows it changed."""
         tree = parse_one(text) if tree is None else tree
         kind = statement_kind(tree)
-        if kind == "insert":
-            return self._insert(tree, params)
-        if kind == "delete":
-            return self._delete(tree, params)
+        if kind in ("insert", "update", "delete", "create_table"):
+            run = {"insert": self._insert, "update": self._update, "delete": self._delete,
+                   "create_table": self._create_table}[kind]
+            with self._writing:  # one at a time: each reads what the one before it wrote
+                return run(tree, params)
+        if kind == "drop_table":
+            if params:
+                raise SqlError("DROP TABLE takes no parameters")
+            return self._drop_table(tree)
         if kind == "create_view":
             if params:
                 raise SqlError("CREATE VIEW takes no parameters")
@@ -408,7 +425,8 @@ class FlightSqlService:
             raise SqlError("a query returns rows: run it with CommandStatementQuery "
                            "(DB-API execute), not as an update")
         raise SqlError(f"{tree.key.upper()}: not supported; Ticktable runs SELECT, INSERT, "
-                       f"DELETE (keyed tables), CREATE VIEW and DROP VIEW")
+                       f"UPDATE and DELETE (keyed tables), CREATE and DROP TABLE, CREATE and "
+                       f"DROP VIEW")
 
     def _start(self, text: str, params: Sequence[Any] | None, *,
                tree: exp.Expression | None = None, where: str = "query") -> RunningQuery:
@@ -451,17 +469,8 @@ class FlightSqlService:
         unknown = [n for n in names if n not in schema.names]
         if unknown:
             raise SqlError(f"{where}: no column(s) {unknown}; columns: {', '.join(schema.names)}")
-        arrays = []
-        for f in schema:
-            if f.name in names:
-                col = rows.column(names.index(f.name))
-                try:
-                    arrays.append(col.cast(f.type))
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise SqlError(f"{where}: column {quoted(f.name)}: {col.type} values do "
-                                   f"not fit {f.type}: {exc}") from None
-            else:
-                arrays.append(pa.nulls(rows.num_rows, f.type))
+        arrays = [_fit(rows.column(names.index(f.name)), f, where) if f.name in names
+                  else pa.nulls(rows.num_rows, f.type) for f in schema]
         table = pa.Table.from_arrays(arrays, schema=schema)
         mode = PutMode.UPSERT if entry.kind == TableKind.KEYED else PutMode.APPEND
         return self._write(entry.name, mode, table.to_batches())
@@ -484,6 +493,96 @@ class FlightSqlService:
         if rows.num_rows == 0:
             return 0
         return self._write(entry.name, PutMode.DELETE, rows.to_batches())
+
+    def _update(self, tree: exp.Expression, params: list[list[Any]]) -> int:
+        assert isinstance(tree, exp.Update)
+        entry = self.server.registry.get(table_name(tree.this, "UPDATE"))
+        where = f"UPDATE {quoted(entry.name)}"
+        if entry.kind != TableKind.KEYED:
+            raise SqlError(f"{where}: rows are updated by key: UPDATE takes a keyed table, "
+                           f"and {quoted(entry.name)} is {entry.kind}")
+        schema = entry.table.schema
+        select, order = update_query(tree, entry.name, schema.names, entry.keys)
+        rows = self._rows(select.sql(dialect="duckdb"), params, where)
+        if rows.num_rows == 0:
+            return 0
+        if len(params) > 1:  # each parameter row reads the table as it was before them all
+            keys = rows.select(list(range(len(entry.keys)))).rename_columns(entry.keys)
+            counts = keys.group_by(entry.keys).aggregate([([], "count_all")])
+            twice = counts.filter(pc.greater(counts.column("count_all"), 1))
+            if twice.num_rows:
+                key = tuple(twice.column(k)[0].as_py() for k in entry.keys)
+                raise SqlError(f"{where}: {twice.num_rows} row(s) matched by more than one "
+                               f"parameter row (key {key}); each parameter row reads the "
+                               f"table as it was before the statement: run them one by one")
+        arrays = [_fit(rows.column(order.index(f.name)), f, where) for f in schema]
+        return self._write(entry.name, PutMode.UPSERT,
+                           pa.Table.from_arrays(arrays, schema=schema).to_batches())
+
+    def _create_table(self, tree: exp.Expression, params: list[list[Any]]) -> int:
+        assert isinstance(tree, exp.Create)
+        d = table_definition(tree)
+        where = f"CREATE TABLE {quoted(d.name)}"
+        registry, durability = self.server.registry, self.server.durability
+        exists = d.name in registry.names()
+        if d.query is None:
+            if params:
+                raise SqlError(f"{where}: takes no parameters")
+            columns = d.columns_query()
+            schema = self.runner.schema_of(columns.sql(dialect="duckdb"), None, columns,
+                                           where=where)
+            if exists and d.replace:
+                self._replace(d.name, where)
+            durability.create_table(d.name, schema, TableKind.KEYED if d.keys else TableKind.APPEND,
+                                    keys=d.keys, capacity=0, if_not_exists=d.if_not_exists)
+            return 0
+        if exists and d.if_not_exists:
+            return 0  # as DuckDB: the table is left as it is, nothing is written
+        if exists and not d.replace:
+            raise TableExists(f"{where}: table {quoted(d.name)} already exists; use CREATE OR "
+                              f"REPLACE TABLE, INSERT INTO or DROP TABLE first")
+        rows = self._rows(d.query.sql(dialect="duckdb"), params, where)
+        if exists:
+            self._replace(d.name, where)
+        durability.create_table(d.name, rows.schema, TableKind.APPEND, keys=[], capacity=0,
+                                if_not_exists=False)
+        try:
+            return self._write(d.name, PutMode.APPEND, rows.to_batches()) if rows.num_rows else 0
+        except BaseException:  # the statement made nothing: the table goes again
+            try:
+                durability.drop_table(d.name)
+            except Exception:
+                log.debug("dropping %r after its rows were refused", d.name, exc_info=True)
+            raise
+
+    def _replace(self, name: str, where: str) -> None:
+        """``CREATE OR REPLACE TABLE``: drop the source table ``name`` first."""
+        entry = self.server.registry.get(name)
+        if not entry.is_source:
+            raise SqlError(f"{where}: {quoted(name)} is a {entry.kind} table, not a source "
+                           f"table; drop it first")
+        self.server.durability.drop_table(name)
+
+    def _drop_table(self, tree: exp.Expression) -> int:
+        assert isinstance(tree, exp.Drop)
+        registry = self.server.registry
+        names = [n for n in dict.fromkeys(drop_targets(tree))
+                 if n in registry.names() or not tree.args.get("exists")]
+        entries = {n: registry.get(n) for n in names}  # NOT_FOUND before anything is dropped
+        for name, entry in entries.items():
+            if entry.kind == TableKind.VIEW:
+                raise SqlError(f"DROP TABLE: {quoted(name)} is a view; DROP VIEW drops it")
+            readers = sorted(c for c in entry.children
+                             if c in registry.names() and c not in entries)
+            if readers:
+                raise SqlError(f"DROP TABLE: {quoted(name)} is read by {readers}; drop them "
+                               f"first")
+        left = list(entries)
+        while left:  # a table that reads another goes before it
+            name = next(n for n in left if not any(c in left for c in entries[n].children))
+            self.server.durability.drop_table(name)
+            left.remove(name)
+        return 0
 
     def _write(self, table: str, mode: PutMode, batches: Sequence[pa.RecordBatch]) -> int:
         """DoPut's path: check and hold every batch under one write id, then commit it."""
@@ -677,9 +776,24 @@ class FlightSqlService:
         entry = registry.get(name)
         if entry.kind != TableKind.VIEW:
             raise SqlError(f"DROP VIEW: {quoted(name)} is a {entry.kind} table, not a view; "
-                           f"drop it with the drop_table action")
+                           f"DROP TABLE drops it")
         self._drop(name)  # closes its operations (_dropped)
         return 0
+
+
+def _fit(col: pa.ChunkedArray, f: pa.Field, where: str) -> pa.ChunkedArray:
+    """``col`` cast to ``f``'s type, value by value: an integer column into a decimal one
+    goes through the widest decimal of its scale (Arrow asks a direct cast for room for any
+    integer, ``DECIMAL(8, 2)`` has none for an INTEGER's: ``9`` fits, ``10**7`` does not)."""
+    try:
+        if pa.types.is_integer(col.type) and pa.types.is_decimal(f.type):
+            wide = (pa.decimal128(38, f.type.scale) if f.type.precision <= 38
+                    else pa.decimal256(76, f.type.scale))
+            col = col.cast(wide)
+        return col.cast(f.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SqlError(f"{where}: column {quoted(f.name)}: {col.type} values do not fit "
+                       f"{f.type}: {exc}") from None
 
 
 def _empty_batch(schema: pa.Schema) -> pa.RecordBatch:

@@ -17,8 +17,12 @@ from flight.sql.parse import parse_one, statement_kind, tables_of
     ("INSERT INTO t VALUES (1)", "insert"),
     ("DELETE FROM t WHERE k = 1", "delete"),
     ("DROP VIEW v", "drop_view"),
-    ("DROP TABLE t", "other"),
-    ("CREATE TABLE t (k INT)", "other"),
+    ("DROP TABLE t", "drop_table"),
+    ("CREATE TABLE t (k INT)", "create_table"),
+    ("CREATE TABLE t AS SELECT 1", "create_table"),
+    ("UPDATE t SET a = 1 WHERE k = 2", "update"),
+    ("CREATE SCHEMA s", "other"),
+    ("DROP SCHEMA s", "other"),
 ])
 def test_statement_kind(text, kind):
     assert statement_kind(parse_one(text)) == kind
@@ -31,6 +35,9 @@ def test_statement_kind(text, kind):
     ("CREATE VIEW v AS SELECT * FROM a", ["a"]),
     ("INSERT INTO t (k) SELECT k FROM u", ["u"]),
     ("DELETE FROM t WHERE k IN (SELECT k FROM z)", ["t", "z"]),
+    ("UPDATE t SET a = (SELECT max(a) FROM y) WHERE k IN (SELECT k FROM z)", ["t", "y", "z"]),
+    ("CREATE TABLE t (k INT)", []),
+    ("CREATE TABLE t AS SELECT * FROM u", ["u"]),
     ("DROP VIEW v", []),
     ("SELECT 1", []),
 ])

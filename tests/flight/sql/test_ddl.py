@@ -1,0 +1,324 @@
+"""CREATE TABLE, DROP TABLE and UPDATE over Flight SQL, through ADBC's driver (a client
+nobody here wrote) against a real server; the durable case through ``ticktable serve``
+killed with SIGKILL."""
+
+from __future__ import annotations
+
+import decimal
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import adbc_driver_flightsql.dbapi as flightsql
+import adbc_driver_manager
+import pyarrow as pa
+import pytest
+
+from engine.graph import UpdateGraph
+from flight.server import ServerConfig, TicktableServer
+from flight.wire import TableKind
+
+TOKEN, READ = "full-token", "read-token"
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def server() -> Iterator[TicktableServer]:
+    graph = UpdateGraph(validate=True)
+    srv = TicktableServer(graph, ServerConfig(token=TOKEN, read_token=READ,
+                                              max_value_bytes=1000)).start()
+    graph.start(0.02)
+    yield srv
+    srv.shutdown()
+    graph.stop()
+
+
+def _connect(location: str, token: str | None = TOKEN) -> flightsql.Connection:
+    kwargs = {"adbc.flight.sql.authorization_header": f"Bearer {token}"} if token else {}
+    return flightsql.connect(location, autocommit=True, db_kwargs=kwargs)
+
+
+@pytest.fixture
+def conn(server: TicktableServer) -> Iterator[flightsql.Connection]:
+    with _connect(server.location) as c:
+        yield c
+
+
+def _run(conn: flightsql.Connection, statement: str, params: object = None) -> list[tuple]:
+    with conn.cursor() as cur:
+        cur.execute(statement, params)
+        return list(cur.fetchall())
+
+
+def _refused(conn: flightsql.Connection, statement: str, *words: str) -> str:
+    with pytest.raises(adbc_driver_manager.Error) as raised:
+        _run(conn, statement)
+    message = str(raised.value)
+    assert all(w in message for w in words), message
+    assert "Traceback" not in message and "internal error" not in message.lower(), message
+    return message
+
+
+# ---------------------------------------------------------------------------- CREATE TABLE
+def test_create_table_keyed_by_its_primary_key_or_append_only(server, conn):
+    assert _run(conn, "CREATE TABLE accounts (id BIGINT, region VARCHAR NOT NULL, "
+                      "balance DECIMAL(12, 2), opened TIMESTAMPTZ, day DATE, note TEXT, "
+                      "PRIMARY KEY (id, region))") == [(0,)]
+    assert _run(conn, "CREATE TABLE events (at TIMESTAMP, what VARCHAR NULL, n INTEGER)") == [(0,)]
+    accounts, events = server.registry.get("accounts"), server.registry.get("events")
+    assert (accounts.kind, accounts.keys) == (TableKind.KEYED, ["id", "region"])
+    assert (events.kind, events.keys) == (TableKind.APPEND, [])
+    assert conn.adbc_get_table_schema("accounts") == pa.schema([
+        ("id", pa.int64()), ("region", pa.string()), ("balance", pa.decimal128(12, 2)),
+        ("opened", pa.timestamp("us", "Etc/UTC")), ("day", pa.date32()), ("note", pa.string())])
+    assert conn.adbc_get_table_schema("events") == pa.schema([
+        ("at", pa.timestamp("us")), ("what", pa.string()), ("n", pa.int32())])
+    # the primary key as ADBC's catalog call reports it, and the kind GetTables lists
+    objects = conn.adbc_get_objects(depth="tables").read_all().to_pylist()
+    tables = {t["table_name"]: t["table_type"] for c in objects for s in c["catalog_db_schemas"]
+              for t in s["db_schema_tables"]}
+    assert tables["accounts"] != tables["events"]
+    _run(conn, "INSERT INTO accounts VALUES (1, 'eu', 10.50, NULL, DATE '2026-01-02', 'a'), "
+               "(1, 'us', 3, NULL, NULL, NULL), (1, 'eu', 11.25, NULL, NULL, 'b')")  # upserts
+    _run(conn, "INSERT INTO events VALUES (TIMESTAMP '2026-01-01 10:00:00', 'x', 1), "
+               "(TIMESTAMP '2026-01-01 10:00:00', 'x', 1)")  # appends: both rows
+    assert _run(conn, "SELECT id, region, balance, note FROM accounts ORDER BY region") == [
+        (1, "eu", decimal.Decimal("11.25"), "b"), (1, "us", decimal.Decimal("3.00"), None)]
+    assert _run(conn, "SELECT count(*) FROM events") == [(2,)]
+    with pytest.raises(adbc_driver_manager.Error, match="null"):  # a key refuses nulls
+        _run(conn, "INSERT INTO accounts (id, balance) VALUES (2, 1)")
+    assert _run(conn, "SELECT count(*) FROM accounts") == [(2,)]
+
+
+@pytest.mark.parametrize("statement, code, words", [
+    ("CREATE TABLE t (a INT DEFAULT 1)", "INVALID_ARGUMENT", "DEFAULT 1 is not supported"),
+    ("CREATE TABLE t (a INT UNIQUE)", "INVALID_ARGUMENT", "UNIQUE is not supported"),
+    ("CREATE TABLE t (a INT CHECK (a > 0))", "INVALID_ARGUMENT", "CHECK (a > 0)"),
+    ("CREATE TABLE t (a INT, UNIQUE (a))", "INVALID_ARGUMENT", "UNIQUE (a) is not supported"),
+    ("CREATE TABLE t (a INT REFERENCES trades (k))", "INVALID_ARGUMENT", "REFERENCES"),
+    ("CREATE TABLE t (k INT PRIMARY KEY, a INT NOT NULL)", "INVALID_ARGUMENT",
+     "NOT NULL on column(s) ['a'] that are not keys"),
+    ("CREATE TEMPORARY TABLE t (a INT)", "INVALID_ARGUMENT", "temporary tables"),
+    ("CREATE TABLE t (a INT, a BIGINT)", "INVALID_ARGUMENT", "column 'a' is defined twice"),
+    ("CREATE TABLE t (a INT, PRIMARY KEY (b))", "INVALID_ARGUMENT", "PRIMARY KEY names no column"),
+    ("CREATE TABLE t (a INT PRIMARY KEY, b INT, PRIMARY KEY (b))", "INVALID_ARGUMENT",
+     "more than one PRIMARY KEY"),
+    ("CREATE TABLE t (a INT[] PRIMARY KEY)", "INVALID_ARGUMENT", "'a'"),
+    ("CREATE TABLE t (a NOSUCHTYPE)", "INVALID_ARGUMENT", "NOSUCHTYPE"),
+    ("CREATE TABLE other.t (a INT)", "INVALID_ARGUMENT", "one schema, 'main'"),
+    ("CREATE TABLE t (a INT) AS SELECT 1 AS a", "INVALID_ARGUMENT", "not both"),
+    ("CREATE TABLE t AS SELECT * FROM nope", "NOT_FOUND", "no table 'nope'"),
+    ("CREATE TABLE trades (a INT)", "ALREADY_EXISTS", "'trades'"),
+])
+def test_create_table_refuses_a_rule_it_would_not_keep_by_name(server, conn, statement, code,
+                                                               words):
+    server.registry.create_source("trades", pa.schema([("k", pa.int64())]), "append")
+    _refused(conn, statement, code, words)
+    assert sorted(server.registry.names()) == ["trades"]  # nothing made
+
+
+def test_if_not_exists_and_or_replace(server, conn):
+    _run(conn, "CREATE TABLE t (k BIGINT PRIMARY KEY, v DOUBLE)")
+    _run(conn, "INSERT INTO t VALUES (1, 1.5)")
+    assert _run(conn, "CREATE TABLE IF NOT EXISTS t (k BIGINT PRIMARY KEY, v DOUBLE)") == [(0,)]
+    assert _run(conn, "SELECT * FROM t") == [(1, 1.5)]  # the same table, rows kept
+    _refused(conn, "CREATE TABLE IF NOT EXISTS t (k BIGINT, v DOUBLE)", "ALREADY_EXISTS",
+             "keyed", "drop it first")
+    _run(conn, "CREATE OR REPLACE TABLE t (k BIGINT, w VARCHAR)")
+    assert conn.adbc_get_table_schema("t").names == ["k", "w"]
+    assert server.registry.get("t").kind == TableKind.APPEND
+    assert _run(conn, "SELECT count(*) FROM t") == [(0,)]
+    _run(conn, "CREATE VIEW v AS SELECT k FROM t")
+    _refused(conn, "CREATE OR REPLACE TABLE v (a INT)", "'v' is a view table, not a source")
+    _refused(conn, "CREATE OR REPLACE TABLE t (a INT)", "derived tables ['v']")
+    assert conn.adbc_get_table_schema("t").names == ["k", "w"]
+
+
+def test_create_table_as_select_copies_the_rows_at_one_step(server, conn):
+    _run(conn, "CREATE TABLE q (sym VARCHAR PRIMARY KEY, bid DOUBLE)")
+    _run(conn, "INSERT INTO q VALUES ('a', 1.5), ('b', 2.5), ('c', 9.0)")
+    assert _run(conn, "CREATE TABLE cheap AS SELECT sym, bid * 2 AS twice FROM q WHERE bid < ?",
+                (5,)) == [(2,)]
+    cheap = server.registry.get("cheap")
+    assert (cheap.kind, cheap.table.schema) == (TableKind.APPEND, pa.schema(
+        [("sym", pa.string()), ("twice", pa.float64())]))
+    _run(conn, "INSERT INTO q VALUES ('d', 0.5)")  # a copy: it does not follow q
+    assert _run(conn, "SELECT * FROM cheap ORDER BY sym") == [("a", 3.0), ("b", 5.0)]
+    assert _run(conn, "CREATE TABLE IF NOT EXISTS cheap AS SELECT sym, bid FROM q") == [(0,)]
+    assert _run(conn, "SELECT count(*) FROM cheap") == [(2,)]
+    _refused(conn, "CREATE TABLE cheap AS SELECT 1 AS x", "ALREADY_EXISTS", "OR REPLACE")
+    assert _run(conn, "CREATE OR REPLACE TABLE cheap AS SELECT sym FROM q WHERE bid > 2") == [(2,)]
+    assert _run(conn, "SELECT * FROM cheap ORDER BY sym") == [("b",), ("c",)]
+    assert _run(conn, "CREATE TABLE none AS SELECT sym FROM q WHERE false") == [(0,)]
+    assert conn.adbc_get_table_schema("none").names == ["sym"]
+    # rows the table refuses (a value over the server's 1,000-byte limit): nothing is left
+    _refused(conn, "CREATE TABLE long AS SELECT repeat('x', 5000) AS s", "1000")
+    assert "long" not in server.registry.names()
+
+
+def test_integers_go_into_a_decimal_column_when_each_value_fits(conn):
+    """Arrow casts an INTEGER column to DECIMAL(8, 2) only with room for any integer (12
+    digits); a value is what must fit, as in DuckDB."""
+    _run(conn, "CREATE TABLE prices (id BIGINT PRIMARY KEY, px DECIMAL(8, 2))")
+    _run(conn, "INSERT INTO prices VALUES (1, 9)")
+    _run(conn, "INSERT INTO prices VALUES (?, ?)", (2, 123456))
+    _run(conn, "UPDATE prices SET px = 7 WHERE id = 1")
+    assert _run(conn, "SELECT * FROM prices ORDER BY id") == [
+        (1, decimal.Decimal("7.00")), (2, decimal.Decimal("123456.00"))]
+    _refused(conn, "INSERT INTO prices VALUES (3, 1000000)", "INVALID_ARGUMENT", "column 'px'",
+             "do not fit decimal128(8, 2)")
+    _refused(conn, "UPDATE prices SET px = 1000000 WHERE id = 2", "do not fit decimal128(8, 2)")
+    assert _run(conn, "SELECT count(*), max(px) FROM prices") == [(2, decimal.Decimal("123456.00"))]
+
+
+# ---------------------------------------------------------------------------------- UPDATE
+@pytest.fixture
+def accounts(conn) -> None:
+    _run(conn, "CREATE TABLE accounts (id BIGINT PRIMARY KEY, owner VARCHAR, balance DOUBLE, "
+               "n INTEGER)")
+    _run(conn, "CREATE TABLE vip (id BIGINT)")
+    _run(conn, "INSERT INTO accounts VALUES (1, 'ann', 10, 0), (2, 'bob', 20, 0), "
+               "(3, 'cy', 30, 0), (4, NULL, NULL, 0)")
+    _run(conn, "INSERT INTO vip VALUES (2), (3)")
+
+
+def _accounts(conn: flightsql.Connection) -> list[tuple]:
+    return _run(conn, "SELECT * FROM accounts ORDER BY id")
+
+
+def test_update_sets_expressions_over_the_rows_its_where_selects(conn, accounts):
+    assert _run(conn, "UPDATE accounts SET balance = balance * 1.5, owner = upper(owner) "
+                      "WHERE id IN (SELECT id FROM vip)") == [(2,)]
+    assert _run(conn, "UPDATE accounts AS a SET n = a.n + ? WHERE a.balance < ?",
+                (7, 40)) == [(2,)]  # parameters in the statement's order: SET, then WHERE
+    assert _run(conn, "UPDATE accounts SET owner = 'nobody' WHERE id > 100") == [(0,)]
+    assert _accounts(conn) == [(1, "ann", 10.0, 7), (2, "BOB", 30.0, 7), (3, "CY", 45.0, 0),
+                               (4, None, None, 0)]
+    assert _run(conn, "UPDATE accounts SET n = 1") == [(4,)]  # no WHERE: every row
+    assert [r[3] for r in _accounts(conn)] == [1, 1, 1, 1]
+    with conn.cursor() as cur:  # executemany: one write, each row over the table before it
+        cur.executemany("UPDATE accounts SET n = n + ? WHERE id = ?", [(10, 1), (20, 2)])
+    assert [r[3] for r in _accounts(conn)] == [11, 21, 1, 1]
+    with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error,
+                                             match=r"more than one parameter row \(key \(1,\)\)"):
+        cur.executemany("UPDATE accounts SET n = n + ? WHERE id = ?", [(1, 1), (1, 1)])
+    assert [r[3] for r in _accounts(conn)] == [11, 21, 1, 1]
+
+
+@pytest.mark.parametrize("statement, words", [
+    ("UPDATE accounts SET id = 9 WHERE id = 1", "SET of key column 'id'"),
+    ("UPDATE accounts SET nope = 1", "no column 'nope'"),
+    ("UPDATE accounts SET n = 1, n = 2", "column 'n' is SET twice"),
+    ("UPDATE accounts SET n = 1 FROM vip WHERE vip.id = accounts.id", "FROM is not supported"),
+    ("UPDATE accounts SET n = 1 RETURNING *", "RETURNING is not supported"),
+    ("UPDATE vip SET id = 1", "UPDATE takes a keyed table, and 'vip' is append"),
+    ("UPDATE accounts SET n = 'many'", "'n'"),  # DuckDB cannot cast: nothing written
+    ("UPDATE accounts SET n = 1e12", "do not fit int32"),  # one value overflows: none written
+    ("UPDATE accounts SET n = nope + 1", "nope"),
+])
+def test_update_refuses_by_name_and_writes_nothing(conn, accounts, statement, words):
+    before = _accounts(conn)
+    _refused(conn, statement, "INVALID_ARGUMENT", words)
+    assert _accounts(conn) == before
+
+
+def test_concurrent_updates_each_read_what_the_one_before_wrote(server, conn):
+    """Two clients each add 1 to one row 25 times: 50, as if run one after the other (an
+    update computed over a snapshot taken before the other's commit would lose some)."""
+    _run(conn, "CREATE TABLE counters (k BIGINT PRIMARY KEY, n BIGINT)")
+    _run(conn, "INSERT INTO counters VALUES (1, 0)")
+    errors: list[BaseException] = []
+
+    def bump() -> None:
+        try:
+            with _connect(server.location) as own:
+                for _ in range(25):
+                    assert _run(own, "UPDATE counters SET n = n + 1 WHERE k = 1") == [(1,)]
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=bump) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert _run(conn, "SELECT n FROM counters") == [(50,)]
+
+
+# ------------------------------------------------------------------------------ DROP TABLE
+def test_drop_table(server, conn):
+    for name in ("a", "b", "c"):
+        _run(conn, f"CREATE TABLE {name} (k BIGINT)")
+    _run(conn, "CREATE VIEW va AS SELECT k FROM a")
+    _refused(conn, "DROP TABLE va", "INVALID_ARGUMENT", "'va' is a view; DROP VIEW drops it")
+    _refused(conn, "DROP TABLE b, a", "INVALID_ARGUMENT", "'a' is read by ['va']")
+    _refused(conn, "DROP TABLE b, nope", "NOT_FOUND", "nope")
+    _refused(conn, "DROP TABLE a CASCADE", "INVALID_ARGUMENT", "CASCADE")
+    _refused(conn, "DROP VIEW b", "DROP TABLE drops it")
+    assert sorted(server.registry.names()) == ["a", "b", "c", "va"]  # nothing dropped
+    assert _run(conn, "DROP TABLE IF EXISTS b, nope") == [(0,)]
+    _run(conn, "DROP VIEW va")
+    _run(conn, "DROP TABLE a, c")
+    assert server.registry.names() == []
+    _refused(conn, "SELECT * FROM a", "NOT_FOUND")
+
+
+def test_the_read_token_may_not_create_drop_or_update(server, conn):
+    _run(conn, "CREATE TABLE t (k BIGINT PRIMARY KEY, v BIGINT)")
+    _run(conn, "INSERT INTO t VALUES (1, 1)")
+    with _connect(server.location, READ) as reader:
+        for statement in ("CREATE TABLE u (a INT)", "CREATE TABLE u AS SELECT 1 AS a",
+                          "DROP TABLE t", "UPDATE t SET v = 2"):
+            _refused(reader, statement, "PermissionDenied", "full token")
+        assert _run(reader, "SELECT * FROM t") == [(1, 1)]
+    assert sorted(server.registry.names()) == ["t"]
+
+
+# ------------------------------------------------------------------------------ durability
+def _serve(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for var in ("TICKTABLE_TOKEN", "TICKTABLE_READ_TOKEN", "TICKTABLE_PORT"):
+        env.pop(var, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ticktable.cli", "serve", "--port", "0", "--data-dir",
+         str(data_dir), "--http-port", "-1", "--interval", "0.02", "--cycle-priority", "normal"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    m = re.fullmatch(r"ticktable serving Flight at (grpc://[\d.]+:\d+)\n", proc.stdout.readline())
+    if not m:
+        proc.kill()
+        raise AssertionError(proc.communicate(timeout=30)[1])
+    return proc, m.group(1)
+
+
+def test_tables_made_updated_and_dropped_by_sql_survive_a_sigkill(tmp_path):
+    proc, uri = _serve(tmp_path)
+    try:
+        with _connect(uri, None) as conn:
+            _run(conn, "CREATE TABLE kept (id BIGINT PRIMARY KEY, v DECIMAL(8, 2))")
+            _run(conn, "INSERT INTO kept VALUES (1, 1.25), (2, 2.50)")
+            _run(conn, "UPDATE kept SET v = v + 1 WHERE id = 2")
+            _run(conn, "CREATE TABLE gone (x INT)")
+            _run(conn, "CREATE TABLE copy AS SELECT id FROM kept")
+            _run(conn, "DROP TABLE gone")  # each statement answered once journaled
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    proc, uri = _serve(tmp_path)
+    try:
+        with _connect(uri, None) as conn:
+            assert _run(conn, "SELECT * FROM kept ORDER BY id") == [
+                (1, decimal.Decimal("1.25")), (2, decimal.Decimal("3.50"))]
+            assert _run(conn, "SELECT * FROM copy ORDER BY id") == [(1,), (2,)]
+            _refused(conn, "SELECT * FROM gone", "NOT_FOUND")
+            _run(conn, "INSERT INTO kept VALUES (1, 9)")  # still keyed: an upsert
+            assert _run(conn, "SELECT count(*), max(v) FROM kept") == [(2, decimal.Decimal("9.00"))]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
