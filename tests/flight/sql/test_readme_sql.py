@@ -4,6 +4,7 @@ server, its URI swapped in."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from engine.graph import UpdateGraph
@@ -26,6 +27,13 @@ def test_readme_flight_sql_snippet(capsys) -> None:
         assert "0   A   17" in out and "1   B    8" in out  # pandas
         assert "│ 4   │" in out  # polars: count(*) of orders
         assert server.registry.get("per_sym").kind == "view"
+        limits = server.registry.get("limits")
+        assert (limits.kind, limits.keys) == ("keyed", ["sym"])
+        want = [{"sym": "A", "max_qty": 20}, {"sym": "B", "max_qty": 10}]
+        deadline = time.monotonic() + 10  # the UPDATE was answered before its cycle
+        while sorted(limits.table.to_arrow().to_pylist(), key=str) != want:
+            assert time.monotonic() < deadline, limits.table.to_arrow().to_pylist()
+            time.sleep(0.01)
     finally:
         server.shutdown()
         graph.stop()
