@@ -500,6 +500,10 @@ _WRITE_SQL = (
     "CREATE VIEW {c} AS SELECT s, sum(v) AS t FROM {w} GROUP BY s",
     "CREATE OR REPLACE VIEW {c} AS SELECT k FROM {w} WHERE v > {n}", "DROP VIEW {c}",
     "DROP VIEW IF EXISTS {c}", "INSERT INTO {w} VALUES (?, ?, ?)", "UPDATE {w} SET v = 1",
+    "UPDATE {w} SET v = v + {n}, s = upper(s) WHERE k < {n}", "UPDATE {w} SET v = ? WHERE k = ?",
+    "UPDATE {w} SET k = 1", "CREATE TABLE {c} (k BIGINT PRIMARY KEY, s VARCHAR, v DOUBLE)",
+    "CREATE TABLE IF NOT EXISTS {c} AS SELECT * FROM {w} WHERE k < {n}",
+    "CREATE OR REPLACE TABLE {c} (a INT DEFAULT 1)", "DROP TABLE {c}", "DROP TABLE IF EXISTS {c}",
 )
 
 

@@ -210,9 +210,11 @@ def test_oracle_random_cycles(server, graph, subscribe, monkeypatch, seed):
     views = [(full, src.table, None, "src"), (some, src.table, ["Key", "Price"], "src"),
              (window, board, None, "board"), (ordered, board, None, "board")]
     cycles = 260
+    sizes = []  # the sorted table's, every cycle: the views were checked over rows
     for cycle in range(cycles):
         src.step()
         graph.run_cycle()
+        sizes.append(board.size)
         if cycle in (60, 200):  # a broken stream: resumed from the server's history
             for live in (full, window, ordered):
                 live._drop_connection()
@@ -248,7 +250,8 @@ def test_oracle_random_cycles(server, graph, subscribe, monkeypatch, seed):
         assert not was[name], f"{name}: no update reached sequences {sorted(was[name])[:10]}"
     assert full.reconnects == 2 and window.reconnects == 2 and some.reconnects == 0
     assert resumed.count("deltas") == 2 and "snapshot" not in resumed
-    assert src.table.size > 0 and board.size > 0
+    # not an empty table's views: rows in most cycles (the last may have none, by the seed)
+    assert sum(1 for n in sizes if n > 0) > cycles // 2 and max(sizes) > 20, sizes
 
 
 def test_resume_by_snapshot_when_history_is_gone(graph, lives):

@@ -306,7 +306,7 @@ def test_log_stays_bounded_and_each_message_cleans_within_its_budget(monkeypatch
     budget = max(LiveState.COMPACT_MIN, LiveState.COMPACT_FACTOR * m)
     bound = 2 * rows + slack + budget + (rows // LiveState.COMPACT_FACTOR if pattern == "newest"
                                          else 0)
-    sizes = []
+    sizes, cleans = [], []
     for i in range(600):
         newest = None
         if pattern == "newest":  # the rows whose slots are the newest
@@ -318,7 +318,11 @@ def test_log_stays_bounded_and_each_message_cleans_within_its_budget(monkeypatch
         cleaned, moved = state.compacted_slots - slots0, state.compacted_rows - rows0
         assert moved <= cleaned <= max(LiveState.COMPACT_MIN, LiveState.COMPACT_FACTOR * work)
         sizes.append(len(state.store))
+        cleans.append(cleaned)
         assert len(state.store) <= bound, f"message {i}: {len(state.store)} slots > {bound}"
     _check(state, model, pattern)
     assert state.compacted_slots > 10 * rows  # it ran, over many passes
-    assert max(sizes[300:]) >= 2 * rows + slack  # and the trigger was reached (not idle)
+    # and the trigger (dead slots past the live ones plus the slack) was reached in the
+    # steady state: the sizes after each message may all lie below it (a clean right
+    # after the trigger, of dead head slots), the cleans may not
+    assert sum(1 for c in cleans[300:] if c) >= 10, (max(sizes[300:]), cleans[300:])
