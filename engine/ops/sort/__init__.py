@@ -6,9 +6,11 @@ slot space), :mod:`._room` (where it finds room when new rows do not fit their g
 :mod:`._slots` (its vectorized building blocks).
 """
 
+from engine.ops.sort._keys import SORTABLE as SORTABLE
+from engine.ops.sort._keys import sortable as sortable
 from engine.ops.sort.listener import RedirectedColumnSource as RedirectedColumnSource
 from engine.ops.sort.listener import SortedTable as SortedTable
 from engine.ops.sort.listener import SortListener as SortListener
 from engine.ops.sort.listener import sort as sort
 
-__all__ = ["RedirectedColumnSource", "SortListener", "SortedTable", "sort"]
+__all__ = ["SORTABLE", "RedirectedColumnSource", "SortListener", "SortedTable", "sort", "sortable"]

@@ -7,7 +7,8 @@ whose unsigned order is the sort order, so numpy compares whole batches at once
 * **null is the largest value** (NaN counts as null): nulls come last in an ascending
   column and first in a descending one (pandas ``na_position="last"`` / ``"first"``);
 * ``-0.0`` equals ``0.0``; strings and binaries compare bytewise (UTF-8 code point order,
-  as Python and Arrow do);
+  as Python and Arrow do); a ``decimal128`` of up to 18 digits compares by its unscaled
+  value (exact: one scale per column);
 * descending is the bitwise complement of the ascending code (so nulls flip to first).
 
 Codes are *exact* (equal codes mean equal sort values) except in two places, where
@@ -34,7 +35,8 @@ import pyarrow.compute as pc
 
 from engine.errors import SchemaError
 
-__all__ = ["KeyEncoder", "MAX_CODE", "encoder_for", "order_batch", "as_arrow"]
+__all__ = ["KeyEncoder", "MAX_CODE", "SORTABLE", "as_arrow", "encoder_for", "order_batch",
+           "sortable"]
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -68,6 +70,33 @@ def _fixed(arr: pa.Array, dtype: Any) -> npt.NDArray[Any]:
     if buf is None or n == 0:
         return np.zeros(n, dtype=dtype)
     return np.frombuffer(buf, dtype=dtype, count=arr.offset + n)[arr.offset :]
+
+
+#: A decimal of up to this many digits sorts by its unscaled value, an int64 (|v| < 10**18).
+_DECIMAL_DIGITS = 18
+#: The types a sort key may have, in words.
+SORTABLE = (f"sortable types are integers, floats, decimals of up to {_DECIMAL_DIGITS} digits, "
+            f"booleans, strings, binaries, dates, times, timestamps and durations")
+
+
+def sortable(t: pa.DataType) -> bool:
+    """Whether a column of type ``t`` can be a sort key (:data:`SORTABLE`)."""
+    try:
+        KeyEncoder("", t, False)
+    except SchemaError:
+        return False
+    return True
+
+
+def _decimal_units(arr: pa.Array) -> npt.NDArray[np.int64]:
+    """A ``decimal128`` array's unscaled values (``1.25`` of scale 2 is 125) as int64, the
+    low word of each 16-byte two's complement value: exact while they fit 63 bits."""
+    buf = arr.buffers()[1]
+    n = len(arr)
+    if buf is None or n == 0:
+        return np.zeros(n, dtype=np.int64)
+    words = np.frombuffer(buf, dtype="<i8", count=2 * (arr.offset + n))
+    return np.ascontiguousarray(words[2 * arr.offset :: 2])
 
 
 def _float_codes_few(arr: pa.Array, descending: bool) -> U64:
@@ -138,17 +167,16 @@ class KeyEncoder:
         elif pa.types.is_date32(t) or pa.types.is_time32(t):
             self._kind = "int"
             self._view = pa.int32()
+        elif pa.types.is_decimal128(t) and t.precision <= _DECIMAL_DIGITS:
+            self._kind = "decimal"
         elif pa.types.is_string(t) or pa.types.is_binary(t):
             self._kind = "str"
         elif (pa.types.is_large_string(t) or pa.types.is_large_binary(t)
               or pa.types.is_string_view(t) or pa.types.is_binary_view(t)):
             self._kind = "large_str"
         else:
-            raise SchemaError(
-                f"cannot sort by column {column!r} of type {t}: sortable types are integers, "
-                f"floats, booleans, strings, binaries, dates, times, timestamps and durations "
-                f"(cast the column first, e.g. with update())"
-            )
+            raise SchemaError(f"cannot sort by column {column!r} of type {t}: {SORTABLE} (cast "
+                              f"the column first, e.g. with update())")
         width = (self._view if self._view is not None else t).bit_width if self._kind in ("int", "uint") else 0
         #: whether two equal codes can hide different values (strings, 64-bit integers)
         self.exact = self._kind not in ("str", "large_str") and width != 64
@@ -177,6 +205,8 @@ class KeyEncoder:
             codes = _fixed(arr, arr.type.to_pandas_dtype()).astype(np.int64).view(np.uint64) ^ _SIGN
         elif kind == "uint":
             codes = _fixed(arr, arr.type.to_pandas_dtype()).astype(np.uint64)
+        elif kind == "decimal":
+            codes = _decimal_units(arr).view(np.uint64) ^ _SIGN
         else:
             codes = _string_codes(arr, large=kind == "large_str")
         if valid is not None:

@@ -7,6 +7,8 @@ and which it shifts.
 
 from __future__ import annotations
 
+import decimal
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -534,6 +536,9 @@ def test_redirection_keeps_values_of_the_cycle_start():
     pa.array([True, None, False], pa.bool_()),
     pa.array([5, None, 0, 255], pa.uint8()),
     pa.array([0, None, -10**15], pa.timestamp("us")),
+    pa.array([decimal.Decimal(v) if v else None for v in (
+        "1.25", "", "-7.50", "0", "0.01", "-0.01", "9999999999999999.99", "-9999999999999999.99")],
+        pa.decimal128(18, 2)),
 ])
 def test_codes_order_like_the_values(values, descending):
     enc = KeyEncoder("x", values.type, descending)
@@ -668,6 +673,26 @@ def test_oracle_sort_then_head_and_where():
 
 LONG = pc.Expression._call("binary_join_element_wise",
                            [pc.scalar("instrument/"), pc.field("Sym"), pc.scalar("")])
+
+
+def test_oracle_by_a_decimal_column(placement):
+    """A ``decimal128`` key sorts by its unscaled value: ``Qty`` as ``DECIMAL(12, 2)`` (its
+    negative values too) orders the rows as ``Qty`` does, ties by ``Price``."""
+    cents = pc.field("Qty").cast(pa.int32()).cast(pa.decimal128(12, 2))  # int32: room for it
+
+    def sorted_by_cents(t: Table) -> Table:
+        return checked(t.update(D=cents).sort(["D", "Price"], [True, False])).view(*t.column_names)
+
+    run_oracle(sorted_by_cents, sorted_frame(["Qty", "Price"], [True, False]), seed=31,
+               n_cycles=CHAIN_CYCLES)
+    placement()
+
+
+def test_a_decimal_wider_than_18_digits_is_refused_by_name():
+    g = UpdateGraph()
+    t = g.append_only_table(pa.schema([("d", pa.decimal128(19, 2))]), name="wide")
+    with pytest.raises(SchemaError, match=r"column 'd' of type decimal128\(19, 2\).*up to 18 digits"):
+        t.sort("d")
 
 
 def test_oracle_long_strings_after_update(placement):
