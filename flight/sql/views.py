@@ -28,12 +28,15 @@ global aggregate            ``agg_by`` with no key, natural-joined onto a one-ro
 ``DISTINCT``                ``agg_by`` with no aggregation, keyed by every output column
 ``UNION ALL`` / ``UNION``   ``merge`` (then ``DISTINCT``)
 ``ORDER BY``                ``sort`` on each key's null flag, then the key: nulls last unless
-                            ``NULLS FIRST``, for ``ASC`` and ``DESC`` alike (DuckDB's default)
+                            ``NULLS FIRST``, for ``ASC`` and ``DESC`` alike (DuckDB's default);
+                            a key of a type the sort does not take (a decimal of more than
+                            18 digits, a list) is refused by its text
 ``LIMIT n [OFFSET m]``      ``head(n)`` / ``slice(m, m + n)``, after an ``ORDER BY`` only
 ==========================  ===================================================================
 
 Expressions: columns (qualified or not), literals, ``+ - *`` (overflow fails the view, as
-it fails DuckDB's query), ``/`` (float division, as DuckDB's), comparisons, ``AND``/``OR``/
+it fails DuckDB's query), ``/`` (float division of integers and decimals, as DuckDB's),
+comparisons, ``AND``/``OR``/
 ``NOT``, ``IN (list)``, ``BETWEEN``, ``IS [NOT] NULL``, ``[NOT] [I]LIKE``, ``CASE``,
 ``COALESCE``, ``CAST`` to integers, floats, ``VARCHAR`` (not from floats: the formats
 differ) and ``BOOLEAN`` (floats to integers round half to even, as DuckDB's), ``upper``,
@@ -57,7 +60,10 @@ the columns are so already). Integer, float, string and boolean outputs take Duc
 types; where DuckDB answers in a type the engine does not compute, the view keeps the
 engine's: ``sum`` of integers is int64 (DuckDB: HUGEINT,
 ``decimal128(38, 0)`` in Arrow; the engine's wraps on overflow), a decimal literal
-(``1.5``) is float64 (DuckDB: DECIMAL).
+(``1.5``) is float64 (DuckDB: DECIMAL) unless beside a decimal column, where a number
+literal is a decimal of its own digits (``px * 1.5`` and ``px > 1`` over a
+``DECIMAL(10, 2)``: Arrow's results, whose precision may differ from DuckDB's, of equal
+values).
 
 Known differences (no clause to refuse; they depend on the data): the engine's
 aggregates skip NaN, where DuckDB's ``sum``/``avg``/``max`` give NaN and its ``median``
@@ -66,6 +72,7 @@ sorts NaN last; ``count(DISTINCT x)`` does not count NaN.
 
 from __future__ import annotations
 
+import decimal
 import itertools
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -82,6 +89,7 @@ from engine.expr import bind
 from engine.graph import UpdateGraph
 from engine.ops.aggregate.spec import Agg
 from engine.ops.snapshot import static_table
+from engine.ops.sort import SORTABLE, sortable
 from flight.sql.parse import DIALECT, parse_condition, parse_one, tables_of
 
 if TYPE_CHECKING:
@@ -340,6 +348,32 @@ _CAST = {
 }
 _AGGS = (exp.Count, exp.Sum, exp.Min, exp.Max, exp.Avg, exp.Stddev, exp.StddevSamp,
          exp.Variance, exp.Median, exp.PercentileCont)
+
+
+def _exact(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_decimal(t)
+
+
+def _number_literal(node: exp.Expression) -> pa.Scalar | None:
+    """A number literal (``12``, ``-0.05``, ``1e3``) as the decimal scalar of its digits, or
+    None for anything else."""
+    negative = isinstance(node, exp.Neg)
+    inner = node.this if negative else node
+    if not isinstance(inner, exp.Literal) or inner.is_string:
+        return None
+    try:
+        value = decimal.Decimal(inner.this)
+    except decimal.InvalidOperation:
+        return None
+    if not value.is_finite():
+        return None
+    _, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    scale = max(0, -exponent)
+    precision = max(1, len(digits) + max(0, exponent), scale)
+    if precision > 38:
+        return None
+    return pa.scalar(-value if negative else value, pa.decimal128(precision, scale))
 
 
 def _is_agg(node: exp.Expr) -> bool:
@@ -787,7 +821,7 @@ class _Compiler:
             table, names = self.projection(table, picks, None if orders else final)
             return self.order_limit(table, names, node, final)
         # ORDER BY may read what the SELECT list does not keep: sort before projecting
-        keys: list[tuple[str, bool, bool]] = []
+        keys: list[tuple[str, bool, bool, str]] = []
         for o in orders:
             target = o.this
             ref = self.output_ref(target, names)
@@ -797,7 +831,8 @@ class _Compiler:
                 col = _fresh("__sql_key", taken)
                 taken.add(col)
                 exprs[col] = self.expr(target, _Scope(scope.rel, "ORDER BY", scope.special, scope.groups))
-            keys.append((col, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
+            keys.append((col, bool(o.args.get("desc")), bool(o.args.get("nulls_first")),
+                         target.sql(dialect=DIALECT)))
         table = self.sort(self.made(scope.rel.table.view(**exprs)), keys, taken)
         table = self.limit(table, node)
         return self.projection(table, [(n, pc.field(h)) for n, h in zip(names, hidden, strict=True)], final)
@@ -879,7 +914,8 @@ class _Compiler:
                 if ref is None:
                     raise self.refuse(f"ORDER BY {o.this.sql(dialect=DIALECT)} (after DISTINCT or "
                                       f"UNION, order by output columns)")
-                keys.append((names[ref], bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
+                keys.append((names[ref], bool(o.args.get("desc")), bool(o.args.get("nulls_first")),
+                             o.this.sql(dialect=DIALECT)))
             table = self.sort(table, keys, set(names))
             table = self.limit(table, node)
             return self.projection(table, [(n, pc.field(n)) for n in names], final)
@@ -887,8 +923,9 @@ class _Compiler:
             self.limit(table, node)  # refuses
         return table, names
 
-    def sort(self, table: Table, keys: list[tuple[str, bool, bool]], taken: set[str]) -> Table:
-        """``table`` sorted on ``(column, descending, nulls_first)`` keys, SQL's nulls order.
+    def sort(self, table: Table, keys: list[tuple[str, bool, bool, str]], taken: set[str]) -> Table:
+        """``table`` sorted on ``(column, descending, nulls_first, SQL text)`` keys, SQL's nulls
+        order; a key of a type the engine cannot sort is refused by its text.
 
         The engine's sort puts nulls (and NaN) last ascending and first descending; sorting
         on each key's null flag first puts them where SQL says, and NaN (not null) as the
@@ -897,7 +934,10 @@ class _Compiler:
         flags: dict[str, pc.Expression] = {}
         by: list[str] = []
         desc: list[bool] = []
-        for col, d, nulls_first in keys:
+        for col, d, nulls_first, text in keys:
+            t = table.schema.field(col).type
+            if not sortable(t):
+                raise self.refuse(f"ORDER BY {text} (of type {t}; {SORTABLE})")
             flag = _fresh("__sql_null", taken | set(flags))
             flags[flag] = pc.is_null(pc.field(col))
             by += [flag, col]
@@ -945,6 +985,18 @@ class _Compiler:
         self.typed(e, scope, node)
         return e
 
+    def _operands(self, left: exp.Expression, right: exp.Expression, scope: _Scope
+                  ) -> list[pc.Expression]:
+        """Two operands of one operator. A number literal beside a decimal is a decimal of its
+        own digits, as DuckDB types it (``1.5`` is ``DECIMAL(2, 1)``): Arrow would cast an
+        int64 literal to ``DECIMAL(10, 2)`` only with room for any int64, and fail."""
+        sub = [self._expr(left, scope), self._expr(right, scope)]
+        for i, node in enumerate((left, right)):
+            literal = _number_literal(node)
+            if literal is not None and pa.types.is_decimal(self.typed(sub[1 - i], scope, node)):
+                sub[i] = pc.scalar(literal)
+        return sub
+
     def _expr(self, node: exp.Expression, scope: _Scope) -> pc.Expression:  # noqa: C901, PLR0911, PLR0912
         key = node.sql(dialect=DIALECT)
         if key in scope.special:
@@ -972,7 +1024,7 @@ class _Compiler:
             return pc.scalar(None)
         if isinstance(node, exp.Neg):
             return pc.negate_checked(self._expr(node.this, scope))
-        sub = [self._expr(a, scope) for a in (node.this, node.expression)] if isinstance(
+        sub = self._operands(node.this, node.expression, scope) if isinstance(
             node, exp.Binary) else []
         if type(node) in _ARITH:
             return _ARITH[type(node)](*sub)
@@ -980,10 +1032,10 @@ class _Compiler:
             return _COMPARE[type(node)](*sub)
         if isinstance(node, exp.Div):
             a, b = sub
-            ints = [pa.types.is_integer(self.typed(x, scope, node)) for x in sub]
-            if any(ints):  # DuckDB's / divides as floats
-                a = a.cast(pa.float64()) if ints[0] else a
-                b = b.cast(pa.float64()) if ints[1] else b
+            exact = [_exact(self.typed(x, scope, node)) for x in sub]
+            if any(exact):  # DuckDB's / divides integers and decimals as floats
+                a = a.cast(pa.float64()) if exact[0] else a
+                b = b.cast(pa.float64()) if exact[1] else b
             return pc.divide(a, b)
         if isinstance(node, exp.And):
             return pc.and_kleene(*sub)
@@ -998,15 +1050,13 @@ class _Compiler:
                 raise self.refuse(f"IS {node.expression.sql(dialect=DIALECT)}")
             return pc.is_null(self._expr(node.this, scope))
         if isinstance(node, exp.In):
-            x = self._expr(node.this, scope)
-            terms = [pc.equal(x, self._expr(v, scope)) for v in node.expressions]
+            terms = [pc.equal(*self._operands(node.this, v, scope)) for v in node.expressions]
             return _fold(pc.or_kleene, terms)
         if isinstance(node, exp.Between):
             if node.args.get("symmetric"):
                 raise self.refuse("BETWEEN SYMMETRIC")
-            x = self._expr(node.this, scope)
-            return pc.and_kleene(pc.greater_equal(x, self._expr(node.args["low"], scope)),
-                                 pc.less_equal(x, self._expr(node.args["high"], scope)))
+            return pc.and_kleene(pc.greater_equal(*self._operands(node.this, node.args["low"], scope)),
+                                 pc.less_equal(*self._operands(node.this, node.args["high"], scope)))
         if isinstance(node, (exp.Like, exp.ILike)):
             pattern = node.expression
             if node.args.get("escape") or not (isinstance(pattern, exp.Literal) and pattern.is_string) \

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import decimal
+
 import pyarrow as pa
 import pytest
 
@@ -105,6 +107,52 @@ def test_shape_equals_duckdb_every_cycle(graph, sql, order, limited):
     for _ in cycles(g, tables):
         check_view(view, sql, tables, order, limited)
         replay.check()
+
+
+DEC = pa.schema([("id", pa.int64()), ("px", pa.decimal128(10, 2)), ("q", pa.int64())])
+DECIMAL_SHAPES = [
+    ("SELECT id, px FROM m WHERE px > 1", ()),
+    ("SELECT id, px * 2 AS p2, px + 1 AS p1, px - 0.05 AS p3, px * 1.5 AS p4, -px AS neg, "
+     "2 * px AS p5, 1 - px AS p6 FROM m", ()),
+    ("SELECT id, px / 2 AS half, px / q AS ratio FROM m", ()),
+    ("SELECT id FROM m WHERE px BETWEEN 1 AND 2.5 OR px IN (10, 0.5) OR px = -1.5", ()),
+    ("SELECT id, CASE WHEN px >= 10 THEN 'big' ELSE 'small' END AS size FROM m", ()),
+    ("SELECT id, px > q AS gt, px + q AS s FROM m", ()),
+    ("SELECT px, count(*) AS n FROM m GROUP BY px", ()),
+    ("SELECT id, px FROM m ORDER BY px DESC, id", ("px", "id")),
+    ("SELECT id, px FROM m ORDER BY px NULLS FIRST, id LIMIT 3", ("px", "id")),
+]
+
+
+@pytest.mark.parametrize(("sql", "order"), DECIMAL_SHAPES, ids=[s for s, _ in DECIMAL_SHAPES])
+def test_decimal_columns_beside_number_literals_as_duckdb_types_them(sql, order):
+    """A literal beside a DECIMAL(10, 2) is a decimal of its digits (Arrow refused ``px > 1``:
+    it would cast the int64 to DECIMAL(10, 2) with room for any int64); division is a
+    double's; a decimal of up to 18 digits sorts."""
+    D = decimal.Decimal
+    g = UpdateGraph(validate=True)
+    m = g.keyed_table(DEC, "id", name="m")
+    m.upsert(pa.table({"id": [1, 2, 3, 4], "px": [D("1.25"), D("2.50"), None, D("10.00")],
+                       "q": [1, 2, 3, 0]}, schema=DEC))
+    g.run_cycle()
+    view = compile_view(sql, lookup({"m": m})).table
+    replay = ReplayChecker(view)
+    for ids, px, q in (([2, 5], ["0.50", "-1.50"], [5, 7]), ([1, 4], ["2.50", None], [2, 2]),
+                       ([6], ["99999999.99"], [1])):
+        check_view(view, sql, {"m": m}, order, "LIMIT" in sql)
+        replay.check()
+        m.upsert(pa.table({"id": ids, "px": [D(p) if p else None for p in px], "q": q},
+                          schema=DEC))
+        g.run_cycle()
+    check_view(view, sql, {"m": m}, order, "LIMIT" in sql)
+
+
+def test_order_by_a_decimal_wider_than_18_digits_is_refused_by_its_text():
+    g = UpdateGraph()
+    w = g.keyed_table(pa.schema([("id", pa.int64()), ("w", pa.decimal128(30, 2))]), "id", name="w")
+    with pytest.raises(SqlError, match=r"^CREATE VIEW: ORDER BY w \(of type decimal128\(30, 2\); "
+                                       r"sortable types are .* decimals of up to 18 digits"):
+        compile_view("SELECT id FROM w ORDER BY w DESC", lookup({"w": w}))
 
 
 def test_names_and_types_are_duckdbs(graph):
