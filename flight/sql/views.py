@@ -21,7 +21,10 @@ SQL                         operation
                             which shares its state; floats a count of non-null values, as the
                             mean skips NaN), ``min``/``max`` (fixed-width types), ``avg``/
                             ``mean``, ``stddev``/``stddev_samp``, ``variance``/``var_samp``,
-                            ``median``, ``quantile_cont(x, p)``, ``count(DISTINCT x)``
+                            ``median``, ``quantile_cont(x, p)``, ``count(DISTINCT x)``. Of a
+                            decimal of up to 18 digits: ``sum``/``min``/``max`` exactly, over
+                            its unscaled int64, in DuckDB's decimal types; ``avg``, ``stddev``
+                            and ``variance`` as doubles (DuckDB's); not ``median``/quantiles
 global aggregate            ``agg_by`` with no key, natural-joined onto a one-row static table
                             so that an empty input gives SQL's one row (``count`` 0, others null)
 ``HAVING``                  ``where`` on the aggregated table
@@ -74,6 +77,7 @@ from __future__ import annotations
 
 import decimal
 import itertools
+import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -244,6 +248,17 @@ _DUCK_TYPES: dict[str, pa.DataType] = {
 }
 
 
+def _duck_type(text: str) -> pa.DataType | None:
+    """The Arrow type of a DuckDB type the engine computes (``DECIMAL(p, s)`` too), or None."""
+    m = _DECIMAL.fullmatch(text.upper().replace(" ", ""))
+    if m:
+        return pa.decimal128(int(m.group(1)), int(m.group(2)))
+    return _DUCK_TYPES.get(text.upper())
+
+
+_DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
+
+
 #: the statement's output as DuckDB describes it: names, and types where the engine has them
 _Output = list[tuple[str, pa.DataType | None]]
 
@@ -273,8 +288,7 @@ def _duckdb_schema(text: str, sources: dict[str, Table], prefix: str) -> _Output
         for n, t in sources.items():
             con.register(n, t.schema.empty_table())
         rel = con.sql(text)
-        return [(c, _DUCK_TYPES.get(str(ty).upper()))
-                for c, ty in zip(rel.columns, rel.types, strict=True)]
+        return [(c, _duck_type(str(ty))) for c, ty in zip(rel.columns, rel.types, strict=True)]
     except duckdb.Error as exc:
         raise SqlError(f"{prefix}: {str(exc).splitlines()[0]}") from exc
     finally:
@@ -348,6 +362,10 @@ _CAST = {
 }
 _AGGS = (exp.Count, exp.Sum, exp.Min, exp.Max, exp.Avg, exp.Stddev, exp.StddevSamp,
          exp.Variance, exp.Median, exp.PercentileCont)
+
+
+#: ``sum``/``min``/``max`` of a decimal of up to this many digits run over its unscaled int64
+_UNIT_DIGITS = 18
 
 
 def _exact(t: pa.DataType) -> bool:
@@ -755,6 +773,16 @@ class _Compiler:
         col = column(arg)
         ctype = rel.table.schema.field(col).type if col in rel.table.schema.names else \
             _type_of(pre[col], rel.table.schema)
+        if pa.types.is_decimal(ctype):
+            if kind in ("sum", "min", "max"):
+                return self.decimal_agg(key, kind, col, ctype, out, aggs, pre, taken)
+            if kind in ("median", "percentile"):
+                raise self.refuse(f"aggregate {key} over {ctype} (DuckDB answers in the "
+                                  f"column's decimal type, rounded)")
+            double = _fresh("__sql_double", taken)  # DuckDB answers these as DOUBLE
+            taken.add(double)
+            pre[double] = pc.field(col).cast(pa.float64())
+            col, ctype = double, pa.float64()
         if kind in ("min", "max") and not (pa.types.is_integer(ctype) or pa.types.is_floating(ctype)
                                            or pa.types.is_boolean(ctype) or pa.types.is_temporal(ctype)):
             raise self.refuse(f"aggregate {key} over {ctype} (the engine's min/max take "
@@ -785,6 +813,35 @@ class _Compiler:
         aggs.append(Agg("sum", nn, cnt))
         null = pa.scalar(None, pa.float64())
         return pc.if_else(pc.greater(pc.field(cnt), 0), pc.field(out), pc.scalar(null))
+
+    def decimal_agg(self, key: str, kind: str, col: str, ctype: pa.DataType, out: str,
+                    aggs: list[Agg], pre: dict[str, pc.Expression], taken: set[str]
+                    ) -> pc.Expression:
+        """``sum``, ``min`` or ``max`` of a decimal column of up to 18 digits, exactly: the
+        engine's integer aggregate over its unscaled values (``1.25`` of scale 2 is 125),
+        turned back into a decimal of that scale (DuckDB's sum is ``DECIMAL(38, s)``: the
+        final projection widens it; an int64 sum wraps past 18 digits, as integer sums do)."""
+        if not pa.types.is_decimal128(ctype) or ctype.precision > _UNIT_DIGITS:
+            raise self.refuse(f"aggregate {key} over {ctype} (exact over decimals of up to "
+                              f"{_UNIT_DIGITS} digits)")
+        scale = ctype.scale
+        units = _fresh("__sql_units", taken)
+        taken.add(units)
+        shift = pa.scalar(decimal.Decimal(10) ** scale, pa.decimal128(scale + 1, 0))
+        pre[units] = pc.multiply_checked(pc.field(col), pc.scalar(shift)).cast(pa.int64())
+        aggs.append(Agg(kind, units, out))
+        value = pc.field(out).cast(pa.decimal128(19, 0))  # an int64's 19 digits
+        if scale:
+            unit = pa.scalar(decimal.Decimal(1).scaleb(-scale), pa.decimal128(scale, scale))
+            value = pc.multiply_checked(value, pc.scalar(unit))
+        if kind != "sum":
+            return value
+        # the engine's sum of no values is 0; SQL's is null: the mean is null exactly there
+        mean = _fresh("__sql_mean", taken)
+        taken.add(mean)
+        aggs.append(Agg("mean", units, mean))
+        null = pa.scalar(None, pa.decimal128(19 + (scale + 1 if scale else 0), scale))
+        return pc.if_else(pc.is_valid(pc.field(mean)), value, pc.scalar(null))
 
     @staticmethod
     def select_item(node: exp.Expression, items: list[tuple[str, exp.Expression]], rel: _Rel

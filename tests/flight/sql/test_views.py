@@ -10,7 +10,7 @@ import pytest
 from engine.errors import SqlError, TableNotFound
 from engine.graph import UpdateGraph
 from flight.sql.views import compile_view
-from tests.flight.sql.sqlcheck import check_view
+from tests.flight.sql.sqlcheck import check_view, duck_answer
 from tests.replay import ReplayChecker
 
 A = pa.schema([("id", pa.int64()), ("k", pa.int64()), ("x", pa.float64()), ("s", pa.string()),
@@ -109,7 +109,8 @@ def test_shape_equals_duckdb_every_cycle(graph, sql, order, limited):
         replay.check()
 
 
-DEC = pa.schema([("id", pa.int64()), ("px", pa.decimal128(10, 2)), ("q", pa.int64())])
+DEC = pa.schema([("id", pa.int64()), ("g", pa.string()), ("px", pa.decimal128(10, 2)),
+                 ("q", pa.int64())])
 DECIMAL_SHAPES = [
     ("SELECT id, px FROM m WHERE px > 1", ()),
     ("SELECT id, px * 2 AS p2, px + 1 AS p1, px - 0.05 AS p3, px * 1.5 AS p4, -px AS neg, "
@@ -121,6 +122,10 @@ DECIMAL_SHAPES = [
     ("SELECT px, count(*) AS n FROM m GROUP BY px", ()),
     ("SELECT id, px FROM m ORDER BY px DESC, id", ("px", "id")),
     ("SELECT id, px FROM m ORDER BY px NULLS FIRST, id LIMIT 3", ("px", "id")),
+    ("SELECT g, sum(px) AS s, min(px) AS lo, max(px) AS hi, avg(px) AS a, count(px) AS c, "
+     "stddev(px) AS sd FROM m GROUP BY g", ()),
+    ("SELECT sum(px) AS s, max(px) AS hi, variance(px) AS v, count(DISTINCT px) AS d FROM m", ()),
+    ("SELECT g, sum(px) AS s FROM m GROUP BY g HAVING sum(px) > 3 OR min(px) < 0", ()),
 ]
 
 
@@ -132,19 +137,32 @@ def test_decimal_columns_beside_number_literals_as_duckdb_types_them(sql, order)
     D = decimal.Decimal
     g = UpdateGraph(validate=True)
     m = g.keyed_table(DEC, "id", name="m")
-    m.upsert(pa.table({"id": [1, 2, 3, 4], "px": [D("1.25"), D("2.50"), None, D("10.00")],
-                       "q": [1, 2, 3, 0]}, schema=DEC))
+    m.upsert(pa.table({"id": [1, 2, 3, 4], "g": ["a", "a", "b", None],
+                       "px": [D("1.25"), D("2.50"), None, D("10.00")], "q": [1, 2, 3, 0]},
+                      schema=DEC))
     g.run_cycle()
     view = compile_view(sql, lookup({"m": m})).table
     replay = ReplayChecker(view)
     for ids, px, q in (([2, 5], ["0.50", "-1.50"], [5, 7]), ([1, 4], ["2.50", None], [2, 2]),
-                       ([6], ["99999999.99"], [1])):
+                       ([], [], []), ([6], ["99999999.99"], [1])):
         check_view(view, sql, {"m": m}, order, "LIMIT" in sql)
         replay.check()
-        m.upsert(pa.table({"id": ids, "px": [D(p) if p else None for p in px], "q": q},
-                          schema=DEC))
+        if ids:
+            m.upsert(pa.table({"id": ids, "g": ["b"] * len(ids),
+                               "px": [D(p) if p else None for p in px], "q": q}, schema=DEC))
+        else:  # every row gone: sums of no values are null, as DuckDB's
+            m.delete(pa.table({"id": [1, 2, 3, 4, 5]}))
         g.run_cycle()
     check_view(view, sql, {"m": m}, order, "LIMIT" in sql)
+    want = duck_answer(sql, {"m": m.to_arrow()}).schema
+    assert view.schema.types == want.types  # decimals in DuckDB's precision and scale
+
+
+def test_median_of_a_decimal_is_refused():
+    """DuckDB's median of a DECIMAL(10, 2) is a DECIMAL(10, 2), rounded (0.875 -> 0.87)."""
+    m = UpdateGraph().keyed_table(DEC, "id", name="m")
+    with pytest.raises(SqlError, match=r"MEDIAN\(px\) over decimal128\(10, 2\)"):
+        compile_view("SELECT median(px) FROM m", lookup({"m": m}))
 
 
 def test_order_by_a_decimal_wider_than_18_digits_is_refused_by_its_text():
