@@ -1,4 +1,4 @@
-"""CREATE TABLE, DROP TABLE and UPDATE: what each statement asks of the server's source tables.
+"""CREATE TABLE, DROP TABLE, UPDATE and INSERT's clauses: what each asks of the source tables.
 
 The functions here read a parsed statement (:func:`flight.sql.parse.parse_one`) and say
 what it means for Ticktable, refusing with :class:`~engine.errors.SqlError` what it cannot
@@ -16,6 +16,11 @@ keep; :class:`~flight.sql.service.FlightSqlService` does it (the journal, DoPut'
 * ``UPDATE t SET c = expr, ... [WHERE ...]`` needs a keyed table: DuckDB computes every
   matched row's new values over a snapshot (:func:`update_query`), and the rows are upserted
   whole by key.
+* ``INSERT`` into a keyed table replaces the row of each key it writes (an upsert). Its
+  clauses that mean that are taken (``INSERT OR REPLACE``; ``ON CONFLICT [(keys)] DO UPDATE
+  SET`` every other column ``= excluded.<column>``); those that mean something else are
+  refused (``ON CONFLICT DO NOTHING``, ``INSERT OR IGNORE``, a ``DO UPDATE`` of some columns
+  or with a ``WHERE``, ``RETURNING``, ``DEFAULT VALUES``): :func:`insert_clauses`.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from engine.errors import SqlError
 from flight.limits import quoted
 from flight.sql.metadata import SCHEMA_NAME
 
-__all__ = ["TableDefinition", "drop_targets", "table_definition", "table_name", "update_query"]
+__all__ = ["TableDefinition", "drop_targets", "insert_clauses", "table_definition", "table_name",
+           "update_query"]
 
 
 @dataclass(frozen=True)
@@ -195,3 +201,45 @@ def update_query(tree: exp.Update, name: str, columns: list[str], keys: list[str
     if cond is not None:
         select = select.where(cond.this.copy())
     return select, order
+
+
+def insert_clauses(tree: exp.Insert, name: str, keyed: bool, columns: list[str],
+                   keys: list[str]) -> bool:
+    """Check an ``INSERT``'s clauses (see the module docstring); returns whether it matches
+    the query's columns to the table's by name (``BY NAME``) rather than by position."""
+    where = f"INSERT INTO {quoted(name)}"
+    for clause, label in (("returning", "RETURNING"), ("default", "DEFAULT VALUES")):
+        if tree.args.get(clause):
+            raise SqlError(f"{where}: {label} is not supported")
+    hint = ("an INSERT into a keyed table replaces the row of its key; to keep the rows "
+            "already there, insert only new keys (WHERE ... NOT IN (SELECT key FROM t))")
+    alternative = str(tree.args.get("alternative") or "").upper()
+    if alternative and (alternative != "REPLACE" or not keyed):
+        raise SqlError(f"{where}: INSERT OR {alternative} is not supported"
+                       + (f" ({hint})" if keyed else " (the table has no key)"))
+    conflict = tree.args.get("conflict")
+    if conflict is not None:
+        text = conflict.sql(dialect="duckdb")
+        if not keyed:
+            raise SqlError(f"{where}: {text}: the table has no key")
+        action = str(conflict.args.get("action") or "").upper()
+        if action != "DO UPDATE" or conflict.args.get("where") is not None:
+            raise SqlError(f"{where}: {text} is not supported ({hint})")
+        target = [c.this.name if isinstance(c, exp.Ordered) else c.name
+                  for c in conflict.args.get("conflict_keys") or []]
+        if target and sorted(target) != sorted(keys):
+            raise SqlError(f"{where}: {text}: the conflict target must be the key "
+                           f"({', '.join(keys)})")
+        sets: set[str] = set()
+        for item in conflict.expressions:
+            left, right = (item.this, item.expression) if isinstance(item, exp.EQ) else (None, None)
+            if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)
+                    and right.table.lower() == "excluded" and right.name == left.name):
+                raise SqlError(f"{where}: {text}: only SET c = excluded.c is supported (an "
+                               f"upsert writes the new row whole)")
+            sets.add(left.name)
+        rest = [c for c in columns if c not in keys and c not in sets]
+        if rest:
+            raise SqlError(f"{where}: {text}: an upsert replaces every column; SET {rest} "
+                           f"= excluded.<column> too, or they would keep old values")
+    return bool(tree.args.get("by_name"))

@@ -77,7 +77,13 @@ from flight.rpc.aio import HAND_OFF, HandOff
 from flight.rpc.framing import batch_frames, schema_frame
 from flight.sql import metadata
 from flight.sql.commands import SQL_ACTION_TYPES, pack, unpack
-from flight.sql.ddl import drop_targets, table_definition, table_name, update_query
+from flight.sql.ddl import (
+    drop_targets,
+    insert_clauses,
+    table_definition,
+    table_name,
+    update_query,
+)
 from flight.sql.parse import parse_one, statement_kind
 from flight.sql.query import QueryRunner, RunningQuery, check_params, is_query
 from flight.sql.views import CompiledView, compile_view
@@ -455,6 +461,10 @@ class FlightSqlService:
             raise SqlError("INSERT: name a table of the server")
         entry = self.server.registry.get(target.name)
         where = f"INSERT INTO {quoted(entry.name)}"
+        schema = entry.table.schema
+        assert isinstance(tree, exp.Insert)
+        by_name = insert_clauses(tree, entry.name, entry.kind == TableKind.KEYED, schema.names,
+                                 entry.keys)
         source = tree.expression
         if source is None:
             raise SqlError(f"{where}: VALUES or SELECT expected")
@@ -462,7 +472,8 @@ class FlightSqlService:
         if isinstance(source, exp.Values):  # a query of its own only inside FROM
             text = f"SELECT * FROM ({text})"
         rows = self._rows(text, params, where)
-        schema = entry.table.schema
+        if by_name:
+            columns = rows.column_names
         names = columns if columns is not None else schema.names[:rows.num_columns]
         if len(names) != rows.num_columns:
             raise SqlError(f"{where}: {rows.num_columns} values for {len(names)} columns")

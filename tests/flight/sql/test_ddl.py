@@ -176,6 +176,41 @@ def test_integers_go_into_a_decimal_column_when_each_value_fits(conn):
     assert _run(conn, "SELECT count(*), max(px) FROM prices") == [(2, decimal.Decimal("123456.00"))]
 
 
+def test_insert_takes_the_clauses_that_mean_an_upsert_and_refuses_the_others(conn):
+    """Silently ignored before: ON CONFLICT DO NOTHING overwrote the row it should have
+    kept, and BY NAME matched the columns by position."""
+    _run(conn, "CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR, n INTEGER)")
+    _run(conn, "CREATE TABLE log (v VARCHAR, n INTEGER)")
+    _run(conn, "INSERT INTO kv VALUES (1, 'a', 1), (2, 'b', 2)")
+    _run(conn, "INSERT OR REPLACE INTO kv VALUES (1, 'A', 10)")
+    _run(conn, "INSERT INTO kv VALUES (2, 'B', 20), (3, 'c', 3) "
+               "ON CONFLICT (k) DO UPDATE SET v = excluded.v, n = EXCLUDED.n")
+    _run(conn, "INSERT INTO kv BY NAME SELECT 30 AS n, 'C' AS v, 3 AS k")
+    _run(conn, "INSERT INTO log BY NAME SELECT 7 AS n, 'x' AS v")
+    assert _run(conn, "SELECT * FROM kv ORDER BY k") == [(1, "A", 10), (2, "B", 20), (3, "C", 30)]
+    assert _run(conn, "SELECT * FROM log") == [("x", 7)]
+    for statement, words in [
+        ("INSERT INTO kv VALUES (1, 'z', 0) ON CONFLICT DO NOTHING", "DO NOTHING is not supported"),
+        ("INSERT OR IGNORE INTO kv VALUES (1, 'z', 0)", "INSERT OR IGNORE is not supported"),
+        ("INSERT INTO kv VALUES (1, 'z', 0) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+         "SET ['n'] = excluded.<column> too"),
+        ("INSERT INTO kv VALUES (1, 'z', 0) ON CONFLICT (v) DO UPDATE SET n = excluded.n",
+         "the conflict target must be the key (k)"),
+        ("INSERT INTO kv VALUES (1, 'z', 0) ON CONFLICT DO UPDATE SET v = 'q', n = excluded.n",
+         "only SET c = excluded.c"),
+        ("INSERT INTO kv VALUES (1, 'z', 0) ON CONFLICT DO UPDATE SET v = excluded.v, "
+         "n = excluded.n WHERE kv.n > 5", "is not supported"),
+        ("INSERT INTO kv VALUES (4, 'd', 4) RETURNING *", "RETURNING is not supported"),
+        ("INSERT INTO kv DEFAULT VALUES", "DEFAULT VALUES is not supported"),
+        ("INSERT OR REPLACE INTO log VALUES ('y', 1)", "the table has no key"),
+        ("INSERT INTO log VALUES ('y', 1) ON CONFLICT DO NOTHING", "the table has no key"),
+        ("INSERT INTO kv BY NAME SELECT 4 AS k, 'd' AS nope", "no column(s) ['nope']"),
+    ]:
+        _refused(conn, statement, "INVALID_ARGUMENT", words)
+    assert _run(conn, "SELECT * FROM kv ORDER BY k") == [(1, "A", 10), (2, "B", 20), (3, "C", 30)]
+    assert _run(conn, "SELECT count(*) FROM log") == [(1,)]
+
+
 # ---------------------------------------------------------------------------------- UPDATE
 @pytest.fixture
 def accounts(conn) -> None:
