@@ -414,6 +414,11 @@ class FlightSqlService:
                    "create_table": self._create_table}[kind]
             with self._writing:  # one at a time: each reads what the one before it wrote
                 return run(tree, params)
+        if isinstance(tree, exp.TruncateTable):  # TRUNCATE t: DELETE FROM t, table by table
+            if params:
+                raise SqlError("TRUNCATE takes no parameters")
+            with self._writing:
+                return sum(self._delete(exp.Delete(this=t), []) for t in tree.expressions)
         if kind == "drop_table":
             if params:
                 raise SqlError("DROP TABLE takes no parameters")
@@ -430,9 +435,10 @@ class FlightSqlService:
         if kind == "select":
             raise SqlError("a query returns rows: run it with CommandStatementQuery "
                            "(DB-API execute), not as an update")
-        raise SqlError(f"{tree.key.upper()}: not supported; Ticktable runs SELECT, INSERT, "
-                       f"UPDATE and DELETE (keyed tables), CREATE and DROP TABLE, CREATE and "
-                       f"DROP VIEW")
+        word = str(tree.this).split()[0] if isinstance(tree, exp.Command) else tree.key
+        raise SqlError(f"{word.upper()}: not supported; Ticktable runs SELECT, INSERT, "
+                       f"UPDATE, DELETE and TRUNCATE (keyed tables), CREATE and DROP TABLE, "
+                       f"CREATE and DROP VIEW")
 
     def _start(self, text: str, params: Sequence[Any] | None, *,
                tree: exp.Expression | None = None, where: str = "query") -> RunningQuery:
@@ -495,9 +501,16 @@ class FlightSqlService:
         if entry.kind != TableKind.KEYED:
             raise SqlError(f"{where}: rows are deleted by key: DELETE takes a keyed table, "
                            f"and {quoted(entry.name)} is {entry.kind}")
-        keys = ", ".join(exp.to_identifier(k).sql(dialect="duckdb") for k in entry.keys)
+        for clause, label in (("returning", "RETURNING"), ("limit", "LIMIT"), ("order", "ORDER BY")):
+            if tree.args.get(clause):
+                raise SqlError(f"{where}: {label} is not supported")
+        using = tree.args.get("using") or []  # DELETE FROM t USING u WHERE t.k = u.k
+        qualifier = target.alias_or_name
+        keys = ", ".join(exp.column(k, table=qualifier if using else None, quoted=True)
+                         .sql(dialect="duckdb") for k in entry.keys)
+        sources = ", ".join(t.sql(dialect="duckdb") for t in [target, *using])
         cond = tree.args.get("where")
-        select = f"SELECT DISTINCT {keys} FROM {target.sql(dialect='duckdb')}"
+        select = f"SELECT DISTINCT {keys} FROM {sources}"
         if cond is not None:
             select += " " + cond.sql(dialect="duckdb")
         rows = self._rows(select, params, where)

@@ -211,6 +211,22 @@ def test_insert_takes_the_clauses_that_mean_an_upsert_and_refuses_the_others(con
     assert _run(conn, "SELECT count(*) FROM log") == [(1,)]
 
 
+def test_delete_using_another_table_and_truncate(conn):
+    _run(conn, "CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR)")
+    _run(conn, "CREATE TABLE gone (id BIGINT)")
+    _run(conn, "CREATE TABLE log (v VARCHAR)")
+    _run(conn, "INSERT INTO kv VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd')")
+    _run(conn, "INSERT INTO gone VALUES (2), (3), (3), (9)")
+    assert _run(conn, "DELETE FROM kv AS x USING gone WHERE x.k = gone.id") == [(2,)]
+    assert _run(conn, "SELECT k FROM kv ORDER BY k") == [(1,), (4,)]
+    for statement, words in [("DELETE FROM kv WHERE k = 1 RETURNING *", "RETURNING is not"),
+                             ("TRUNCATE log", "DELETE takes a keyed table, and 'log' is append"),
+                             ("VACUUM", "VACUUM: not supported")]:
+        _refused(conn, statement, "INVALID_ARGUMENT", words)
+    assert _run(conn, "TRUNCATE kv") == [(2,)]
+    assert _run(conn, "SELECT count(*) FROM kv") == [(0,)]
+
+
 # ---------------------------------------------------------------------------------- UPDATE
 @pytest.fixture
 def accounts(conn) -> None:
