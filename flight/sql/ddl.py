@@ -155,12 +155,15 @@ def drop_targets(tree: exp.Drop) -> list[str]:
 
 
 def update_query(tree: exp.Update, name: str, columns: list[str], keys: list[str]
-                 ) -> tuple[exp.Select, list[str]]:
-    """The query that computes an ``UPDATE``'s rows, and the order of its columns.
+                 ) -> tuple[exp.Select, list[str], list[str]]:
+    """The query that computes an ``UPDATE``'s rows, the order of its first columns (the new
+    row) and the columns whose old values follow them.
 
     Its columns are the keys, then each ``SET`` expression in the statement's order, then the
     table's other columns, so that its parameters (``?``) come in the statement's order too
-    (``SET`` before ``WHERE``). Each matched row comes once: the table is keyed.
+    (``SET`` before ``WHERE``); then the ``SET`` columns' values as read (qualified: a table's
+    column, not the alias before it), so that the old row is the one the new was computed
+    from. Each matched row comes once: the table is keyed.
 
     Raises
     ------
@@ -196,11 +199,15 @@ def update_query(tree: exp.Update, name: str, columns: list[str], keys: list[str
     order = [*keys, *sets, *(c for c in columns if c not in keys and c not in sets)]
     items = [exp.alias_(sets[c].copy(), c, quoted=True) if c in sets else exp.column(c, quoted=True)
              for c in order]
+    qualifier = alias or name
+    olds = list(sets)
+    items += [exp.alias_(exp.column(c, table=qualifier, quoted=True), f"__old_{i}", quoted=True)
+              for i, c in enumerate(olds)]
     select = exp.select(*items).from_(target.copy())
     cond = tree.args.get("where")
     if cond is not None:
         select = select.where(cond.this.copy())
-    return select, order
+    return select, order, olds
 
 
 def insert_clauses(tree: exp.Insert, name: str, keyed: bool, columns: list[str],

@@ -31,11 +31,14 @@ Writes take DoPut's path (:meth:`flight.ingest.put.PutHandler.acks`): the rows a
 by the table, held as one staged write and committed, so a statement's rows become visible
 in one cycle, are journaled before the answer on a durable server, and a bad row applies
 nothing. ``INSERT`` into a keyed table upserts by key. ``DELETE`` and ``UPDATE`` need a keyed
-table: DuckDB evaluates the ``WHERE`` (and an update's ``SET``) over a snapshot, and the keys
-it selects are deleted, or their rows upserted whole with the new values. Statements that
-write run one at a time, each over a snapshot that holds what the one before it wrote (two
-``UPDATE t SET n = n + 1`` make ``n + 2``); a DoPut to the same keys between an update's
-snapshot and its commit is overwritten, as by any later upsert. ``CREATE TABLE`` makes a
+table: DuckDB evaluates the ``WHERE`` (and an update's ``SET``) over a snapshot, and the rows
+it selects are written as a DIFF (DoPut's differential mode): ``-1`` of each row as read,
+``+1`` of its new values. The commit checks each retracted row against the table (the
+writes staged before it included), so a write to those keys between the snapshot and the
+commit makes the statement read and compute again (:attr:`FlightSqlService.ATTEMPTS`
+times, then UNAVAILABLE): no acknowledged write is overwritten by values computed before
+it. Statements that write run one at a time, each over a snapshot that holds what the one
+before it wrote (two ``UPDATE t SET n = n + 1`` make ``n + 2``). ``CREATE TABLE`` makes a
 source table (keyed by its ``PRIMARY KEY``, else append-only) through the journal, as the
 ``create_table`` action does; :mod:`flight.sql.ddl` says what each of these statements may
 hold.
@@ -51,10 +54,11 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from google.protobuf.message import DecodeError, Message
@@ -62,6 +66,7 @@ from sqlglot import exp
 
 from engine.errors import (
     InputError,
+    Overloaded,
     PermissionDenied,
     ProtocolError,
     SqlError,
@@ -87,7 +92,7 @@ from flight.sql.ddl import (
 from flight.sql.parse import parse_one, statement_kind
 from flight.sql.query import QueryRunner, RunningQuery, check_params, is_query
 from flight.sql.views import CompiledView, compile_view
-from flight.wire import PutMode, TableKind
+from flight.wire import DIFF, PutMode, TableKind
 
 __all__ = ["SQL_ACTION_TYPES", "FlightSqlService", "SqlHost", "pack", "unpack"]
 
@@ -496,52 +501,62 @@ class FlightSqlService:
         target = tree.this
         if not isinstance(target, exp.Table) or not isinstance(target.this, exp.Identifier):
             raise SqlError("DELETE: name a table of the server")
-        entry = self.server.registry.get(target.name)
-        where = f"DELETE FROM {quoted(entry.name)}"
-        if entry.kind != TableKind.KEYED:
-            raise SqlError(f"{where}: rows are deleted by key: DELETE takes a keyed table, "
-                           f"and {quoted(entry.name)} is {entry.kind}")
+        name = target.name
         for clause, label in (("returning", "RETURNING"), ("limit", "LIMIT"), ("order", "ORDER BY")):
             if tree.args.get(clause):
-                raise SqlError(f"{where}: {label} is not supported")
+                raise SqlError(f"DELETE FROM {quoted(name)}: {label} is not supported")
         using = tree.args.get("using") or []  # DELETE FROM t USING u WHERE t.k = u.k
-        qualifier = target.alias_or_name
-        keys = ", ".join(exp.column(k, table=qualifier if using else None, quoted=True)
-                         .sql(dialect="duckdb") for k in entry.keys)
         sources = ", ".join(t.sql(dialect="duckdb") for t in [target, *using])
+        # the rows as read, whole: the write retracts them (a row changed since is not deleted)
+        select = f"SELECT DISTINCT {exp.to_identifier(target.alias_or_name).sql(dialect='duckdb')}.* FROM {sources}"
         cond = tree.args.get("where")
-        select = f"SELECT DISTINCT {keys} FROM {sources}"
         if cond is not None:
             select += " " + cond.sql(dialect="duckdb")
-        rows = self._rows(select, params, where)
-        if rows.num_rows == 0:
-            return 0
-        return self._write(entry.name, PutMode.DELETE, rows.to_batches())
+
+        def build() -> tuple[pa.Table, int]:  # each attempt: the table may be another now
+            entry = self.server.registry.get(name)
+            where = f"DELETE FROM {quoted(entry.name)}"
+            if entry.kind != TableKind.KEYED:
+                raise SqlError(f"{where}: rows are deleted by key: DELETE takes a keyed table, "
+                               f"and {quoted(entry.name)} is {entry.kind}")
+            rows = self._rows(select, params, where)
+            schema = entry.table.schema
+            if len(params) > 1 and rows.num_rows:  # a row two parameter rows selected, once
+                rows = rows.group_by(rows.column_names, use_threads=False).aggregate([])
+            old = [_fit(rows.column(i), f, where) for i, f in enumerate(schema)]
+            return _diff(schema, None, old), rows.num_rows
+
+        return self._retract(name, f"DELETE FROM {quoted(name)}", build)
 
     def _update(self, tree: exp.Expression, params: list[list[Any]]) -> int:
         assert isinstance(tree, exp.Update)
-        entry = self.server.registry.get(table_name(tree.this, "UPDATE"))
-        where = f"UPDATE {quoted(entry.name)}"
-        if entry.kind != TableKind.KEYED:
-            raise SqlError(f"{where}: rows are updated by key: UPDATE takes a keyed table, "
-                           f"and {quoted(entry.name)} is {entry.kind}")
-        schema = entry.table.schema
-        select, order = update_query(tree, entry.name, schema.names, entry.keys)
-        rows = self._rows(select.sql(dialect="duckdb"), params, where)
-        if rows.num_rows == 0:
-            return 0
-        if len(params) > 1:  # each parameter row reads the table as it was before them all
-            keys = rows.select(list(range(len(entry.keys)))).rename_columns(entry.keys)
-            counts = keys.group_by(entry.keys).aggregate([([], "count_all")])
-            twice = counts.filter(pc.greater(counts.column("count_all"), 1))
-            if twice.num_rows:
-                key = tuple(twice.column(k)[0].as_py() for k in entry.keys)
-                raise SqlError(f"{where}: {twice.num_rows} row(s) matched by more than one "
-                               f"parameter row (key {key}); each parameter row reads the "
-                               f"table as it was before the statement: run them one by one")
-        arrays = [_fit(rows.column(order.index(f.name)), f, where) for f in schema]
-        return self._write(entry.name, PutMode.UPSERT,
-                           pa.Table.from_arrays(arrays, schema=schema).to_batches())
+        name = table_name(tree.this, "UPDATE")
+
+        def build() -> tuple[pa.Table, int]:  # each attempt: the table may be another now
+            entry = self.server.registry.get(name)
+            where = f"UPDATE {quoted(entry.name)}"
+            if entry.kind != TableKind.KEYED:
+                raise SqlError(f"{where}: rows are updated by key: UPDATE takes a keyed table, "
+                               f"and {quoted(entry.name)} is {entry.kind}")
+            schema = entry.table.schema
+            select, order, olds = update_query(tree, entry.name, schema.names, entry.keys)
+            rows = self._rows(select.sql(dialect="duckdb"), params, where)
+            if len(params) > 1 and rows.num_rows:  # each row reads the table as before them all
+                keys = rows.select(list(range(len(entry.keys)))).rename_columns(entry.keys)
+                counts = keys.group_by(entry.keys).aggregate([([], "count_all")])
+                twice = counts.filter(pc.greater(counts.column("count_all"), 1))
+                if twice.num_rows:
+                    key = tuple(twice.column(k)[0].as_py() for k in entry.keys)
+                    raise SqlError(f"{where}: {twice.num_rows} row(s) matched by more than one "
+                                   f"parameter row (key {key}); each parameter row reads the "
+                                   f"table as it was before the statement: run them one by one")
+            new = [_fit(rows.column(order.index(f.name)), f, where) for f in schema]
+            old = [rows.column(len(order) + olds.index(f.name)) if f.name in olds
+                   else new[i] for i, f in enumerate(schema)]
+            old = [_fit(c, f, where) for c, f in zip(old, schema, strict=True)]
+            return _diff(schema, new, old), rows.num_rows
+
+        return self._retract(name, f"UPDATE {quoted(name)}", build)
 
     def _create_table(self, tree: exp.Expression, params: list[list[Any]]) -> int:
         assert isinstance(tree, exp.Create)
@@ -608,8 +623,13 @@ class FlightSqlService:
             left.remove(name)
         return 0
 
-    def _write(self, table: str, mode: PutMode, batches: Sequence[pa.RecordBatch]) -> int:
-        """DoPut's path: check and hold every batch under one write id, then commit it."""
+    def _write(self, table: str, mode: PutMode, batches: Sequence[pa.RecordBatch], *,
+               conflict: bool = False) -> int:
+        """DoPut's path: check and hold every batch under one write id, then commit it.
+
+        With ``conflict``, a commit refused as input (a DIFF that is no longer a valid change
+        of the table: another write changed a row it retracts) raises :class:`_Conflict`,
+        once the write is aborted."""
         write_id = f"sql-{uuid.uuid4().hex}"
         request = pb.PutRequest(mode=mode.proto, write_id=write_id)
         try:
@@ -623,9 +643,42 @@ class FlightSqlService:
             raise
         # answered once journaled and staged for the next cycle, as DoPut answers; a query
         # waits for that cycle (see _start), so whoever is answered reads what it wrote
-        result = self.server.durability.commit(
-            pb.CommitRequest(write_id=write_id, all_slots=True), wait=False)
+        try:
+            result = self.server.durability.commit(
+                pb.CommitRequest(write_id=write_id, all_slots=True), wait=False)
+        except InputError as exc:  # the write stays open: abort it
+            try:
+                self.server.abort(pb.AbortRequest(write_id=write_id))
+            except Exception:
+                log.debug("aborting write %s", write_id, exc_info=True)
+            if conflict:
+                raise _Conflict(str(exc)) from exc
+            raise
         return int(result.rows)
+
+    #: Times an UPDATE or DELETE reads and writes again when other writes changed its rows.
+    ATTEMPTS = 10
+
+    def _retract(self, table: str, where: str, build: Callable[[], tuple[pa.Table, int]]) -> int:
+        """Write the DIFF ``build()`` makes (and the count it answers), again from a new
+        snapshot each time a write between its snapshot and its commit changed a row it
+        retracts: an UPDATE or DELETE is a change of the rows it read, never of rows it
+        did not see (a DoPut to its keys in between is neither lost nor undone)."""
+        last: _Conflict | None = None
+        for _ in range(self.ATTEMPTS):
+            diff, count = build()
+            if diff.num_rows == 0:
+                return count
+            try:
+                self._write(table, PutMode.DIFF, diff.to_batches(), conflict=True)
+                return count
+            except _Conflict as exc:
+                last = exc
+                log.info("%s: rows changed since its snapshot (%s); again", where, exc)
+                # what changed them may be staged but not yet applied: read after a cycle
+                self.server.staging.wait_applied(self.server.registry.graph.step + 1)
+        raise Overloaded(f"{where}: other writes changed the rows it reads {self.ATTEMPTS} times "
+                         f"in a row; nothing was written, run it again (the last: {last})")
 
     # ------------------------------------------------------------------------ ingest
     def ingest(self, cmd: sql.CommandStatementIngest, batches: Iterator[pa.RecordBatch]) -> int:
@@ -803,6 +856,22 @@ class FlightSqlService:
                            f"DROP TABLE drops it")
         self._drop(name)  # closes its operations (_dropped)
         return 0
+
+
+class _Conflict(Exception):
+    """A DIFF write's commit found a row it retracts changed since its snapshot."""
+
+
+def _diff(schema: pa.Schema, new: list[pa.ChunkedArray] | None, old: list[pa.ChunkedArray]
+          ) -> pa.Table:
+    """The triples that change rows ``old`` into ``new`` (columns of ``schema``): ``-1`` of
+    each old row and ``+1`` of each new one (``new`` None: a delete of the old rows)."""
+    wide = schema.append(pa.field(DIFF, pa.int64()))
+    n = len(old[0]) if old else 0
+    parts = [pa.Table.from_arrays([*old, pa.array(np.full(n, -1, np.int64))], schema=wide)]
+    if new is not None:
+        parts.append(pa.Table.from_arrays([*new, pa.array(np.ones(n, np.int64))], schema=wide))
+    return pa.concat_tables(parts)
 
 
 def _fit(col: pa.ChunkedArray, f: pa.Field, where: str) -> pa.ChunkedArray:

@@ -19,6 +19,7 @@ import adbc_driver_manager
 import pyarrow as pa
 import pytest
 
+import ticktable as tt
 from engine.graph import UpdateGraph
 from flight.server import ServerConfig, TicktableServer
 from flight.wire import TableKind
@@ -300,6 +301,66 @@ def test_concurrent_updates_each_read_what_the_one_before_wrote(server, conn):
         t.join(120)
     assert not errors, errors
     assert _run(conn, "SELECT n FROM counters") == [(50,)]
+
+
+def test_an_update_or_delete_never_undoes_a_write_it_did_not_read(server, conn):
+    """A client pushes key 1 with v = 1, 2, 3, ... while SQL updates (and deletes, then
+    re-inserts) that row. An UPDATE computed from a snapshot taken before a push and
+    committed after it would write the old v back: every cycle's v is checked to never go
+    down. (Each statement's rows are retracted as read: a row changed since is a conflict,
+    and the statement reads again.)"""
+    _run(conn, "CREATE TABLE acct (k BIGINT PRIMARY KEY, v BIGINT, n BIGINT)")
+    _run(conn, "INSERT INTO acct VALUES (1, 0, 0)")
+    table = server.registry.get("acct").table
+    seen: list[int] = []
+    table.listen(lambda update, t: seen.extend(t.to_arrow().column("v").to_pylist()))
+    stop = threading.Event()
+    pushed: list[int] = []
+
+    def pushing() -> None:
+        with tt.connect(server.location, token=TOKEN) as client:
+            while not stop.is_set():
+                v = len(pushed) + 1
+                client.push("acct", pa.table({"k": [1], "v": [v], "n": [0]}), mode="upsert")
+                pushed.append(v)
+
+    writer = threading.Thread(target=pushing)
+    writer.start()
+    try:
+        for i in range(40):
+            _run(conn, "UPDATE acct SET n = n + 1 WHERE k = 1")
+            if i % 10 == 9:  # a row deleted as read, and none deleted that was not
+                _run(conn, "DELETE FROM acct WHERE k = 1 AND v < 0")
+    finally:
+        stop.set()
+        writer.join(60)
+    assert len(pushed) > 20, pushed  # the writes really ran beside the statements
+    assert seen == sorted(seen), [(a, b) for a, b in zip(seen, seen[1:], strict=False) if b < a][:5]
+    assert _run(conn, "SELECT v FROM acct") == [(pushed[-1],)]  # the last push, acknowledged
+
+
+def test_a_statement_whose_rows_keep_changing_gives_up_unavailable(server, conn, monkeypatch):
+    """Every commit finds its rows changed (a stand-in for writers that never stop): after
+    ``ATTEMPTS`` reads the statement answers UNAVAILABLE (retry later), nothing written."""
+    from flight.sql import service as sql_service
+
+    _run(conn, "CREATE TABLE acct (k BIGINT PRIMARY KEY, v BIGINT)")
+    _run(conn, "INSERT INTO acct VALUES (1, 0)")
+    calls = []
+    real = sql_service.FlightSqlService._write
+
+    def conflicting(self, table, mode, batches, *, conflict=False):
+        if not conflict:
+            return real(self, table, mode, batches)
+        calls.append(table)
+        raise sql_service._Conflict("the row changed")
+
+    monkeypatch.setattr(sql_service.FlightSqlService, "_write", conflicting)
+    for statement in ("UPDATE acct SET v = 5", "DELETE FROM acct WHERE k = 1"):
+        _refused(conn, statement, "Unavailable", "other writes changed the rows it reads 10 "
+                 "times in a row; nothing was written, run it again (the last: the row changed)")
+    assert calls == ["acct"] * 20
+    assert _run(conn, "SELECT * FROM acct") == [(1, 0)]
 
 
 # ------------------------------------------------------------------------------ DROP TABLE
