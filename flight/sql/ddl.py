@@ -16,11 +16,11 @@ keep; :class:`~flight.sql.service.FlightSqlService` does it (the journal, DoPut'
 * ``UPDATE t SET c = expr, ... [WHERE ...]`` needs a keyed table: DuckDB computes every
   matched row's new values over a snapshot (:func:`update_query`), and the rows are upserted
   whole by key.
-* ``INSERT`` into a keyed table replaces the row of each key it writes (an upsert). Its
-  clauses that mean that are taken (``INSERT OR REPLACE``; ``ON CONFLICT [(keys)] DO UPDATE
-  SET`` every other column ``= excluded.<column>``); those that mean something else are
-  refused (``ON CONFLICT DO NOTHING``, ``INSERT OR IGNORE``, a ``DO UPDATE`` of some columns
-  or with a ``WHERE``, ``RETURNING``, ``DEFAULT VALUES``): :func:`insert_clauses`.
+* ``INSERT`` into a keyed table replaces the row of each key it writes (an upsert; also
+  ``INSERT OR REPLACE``). ``ON CONFLICT DO NOTHING`` and ``INSERT OR IGNORE`` keep the rows
+  of keys the table holds; ``ON CONFLICT [(keys)] DO UPDATE SET c = excluded.c, ...`` takes
+  those columns from the new row and keeps the others. Refused: a ``DO UPDATE`` of other
+  values or with a ``WHERE``, ``RETURNING``, ``DEFAULT VALUES`` (:func:`insert_clauses`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from engine.errors import SqlError
 from flight.limits import quoted
 from flight.sql.metadata import SCHEMA_NAME
 
-__all__ = ["TableDefinition", "drop_targets", "insert_clauses", "table_definition", "table_name",
-           "update_query"]
+__all__ = ["InsertPlan", "TableDefinition", "drop_targets", "insert_clauses", "table_definition",
+           "table_name", "update_query"]
 
 
 @dataclass(frozen=True)
@@ -210,43 +210,61 @@ def update_query(tree: exp.Update, name: str, columns: list[str], keys: list[str
     return select, order, olds
 
 
+@dataclass(frozen=True)
+class InsertPlan:
+    """What an ``INSERT``'s clauses ask for (:func:`insert_clauses`)."""
+
+    #: the query's columns match the table's by name (``BY NAME``), not by position
+    by_name: bool
+    #: for a row whose key the table holds: None, replace it (an upsert: also ``INSERT OR
+    #: REPLACE`` and a ``DO UPDATE`` of every column); ``()``, keep it (``DO NOTHING``,
+    #: ``INSERT OR IGNORE``); else the columns it takes from the new row (``DO UPDATE SET
+    #: c = excluded.c`` of some columns), the others keeping their values
+    on_conflict: tuple[str, ...] | None
+
+
 def insert_clauses(tree: exp.Insert, name: str, keyed: bool, columns: list[str],
-                   keys: list[str]) -> bool:
-    """Check an ``INSERT``'s clauses (see the module docstring); returns whether it matches
-    the query's columns to the table's by name (``BY NAME``) rather than by position."""
+                   keys: list[str]) -> InsertPlan:
+    """Read and check an ``INSERT``'s clauses (see the module docstring)."""
     where = f"INSERT INTO {quoted(name)}"
     for clause, label in (("returning", "RETURNING"), ("default", "DEFAULT VALUES")):
         if tree.args.get(clause):
             raise SqlError(f"{where}: {label} is not supported")
-    hint = ("an INSERT into a keyed table replaces the row of its key; to keep the rows "
-            "already there, insert only new keys (WHERE ... NOT IN (SELECT key FROM t))")
+    by_name = bool(tree.args.get("by_name"))
     alternative = str(tree.args.get("alternative") or "").upper()
-    if alternative and (alternative != "REPLACE" or not keyed):
-        raise SqlError(f"{where}: INSERT OR {alternative} is not supported"
-                       + (f" ({hint})" if keyed else " (the table has no key)"))
     conflict = tree.args.get("conflict")
-    if conflict is not None:
-        text = conflict.sql(dialect="duckdb")
-        if not keyed:
-            raise SqlError(f"{where}: {text}: the table has no key")
-        action = str(conflict.args.get("action") or "").upper()
-        if action != "DO UPDATE" or conflict.args.get("where") is not None:
-            raise SqlError(f"{where}: {text} is not supported ({hint})")
-        target = [c.this.name if isinstance(c, exp.Ordered) else c.name
-                  for c in conflict.args.get("conflict_keys") or []]
-        if target and sorted(target) != sorted(keys):
-            raise SqlError(f"{where}: {text}: the conflict target must be the key "
-                           f"({', '.join(keys)})")
-        sets: set[str] = set()
-        for item in conflict.expressions:
-            left, right = (item.this, item.expression) if isinstance(item, exp.EQ) else (None, None)
-            if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)
-                    and right.table.lower() == "excluded" and right.name == left.name):
-                raise SqlError(f"{where}: {text}: only SET c = excluded.c is supported (an "
-                               f"upsert writes the new row whole)")
-            sets.add(left.name)
-        rest = [c for c in columns if c not in keys and c not in sets]
-        if rest:
-            raise SqlError(f"{where}: {text}: an upsert replaces every column; SET {rest} "
-                           f"= excluded.<column> too, or they would keep old values")
-    return bool(tree.args.get("by_name"))
+    if (alternative or conflict is not None) and not keyed:
+        clause = (f"INSERT OR {alternative}" if conflict is None
+                  else conflict.sql(dialect="duckdb"))
+        raise SqlError(f"{where}: {clause}: the table has no key")
+    if alternative == "IGNORE":
+        return InsertPlan(by_name, ())
+    if alternative and alternative != "REPLACE":
+        raise SqlError(f"{where}: INSERT OR {alternative} is not supported")
+    if conflict is None:
+        return InsertPlan(by_name, None)
+    text = conflict.sql(dialect="duckdb")
+    target = [c.this.name if isinstance(c, exp.Ordered) else c.name
+              for c in conflict.args.get("conflict_keys") or []]
+    if target and sorted(target) != sorted(keys):
+        raise SqlError(f"{where}: {text}: the conflict target must be the key "
+                       f"({', '.join(keys)})")
+    action = str(conflict.args.get("action") or "").upper()
+    if action == "DO NOTHING":
+        return InsertPlan(by_name, ())
+    if action != "DO UPDATE" or conflict.args.get("where") is not None:
+        raise SqlError(f"{where}: {text} is not supported")
+    sets: list[str] = []
+    for item in conflict.expressions:
+        left, right = (item.this, item.expression) if isinstance(item, exp.EQ) else (None, None)
+        if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)
+                and right.table.lower() == "excluded" and right.name == left.name):
+            raise SqlError(f"{where}: {text}: only SET c = excluded.c is supported")
+        if left.name not in columns:
+            raise SqlError(f"{where}: {text}: no column {quoted(left.name)}")
+        if left.name in keys:
+            raise SqlError(f"{where}: {text}: SET of key column {quoted(left.name)}")
+        sets.append(left.name)
+    if set(sets) >= set(columns) - set(keys):
+        return InsertPlan(by_name, None)  # every column from the new row: an upsert
+    return InsertPlan(by_name, tuple(sets))

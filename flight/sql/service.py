@@ -474,8 +474,8 @@ class FlightSqlService:
         where = f"INSERT INTO {quoted(entry.name)}"
         schema = entry.table.schema
         assert isinstance(tree, exp.Insert)
-        by_name = insert_clauses(tree, entry.name, entry.kind == TableKind.KEYED, schema.names,
-                                 entry.keys)
+        plan = insert_clauses(tree, entry.name, entry.kind == TableKind.KEYED, schema.names,
+                              entry.keys)
         source = tree.expression
         if source is None:
             raise SqlError(f"{where}: VALUES or SELECT expected")
@@ -483,7 +483,7 @@ class FlightSqlService:
         if isinstance(source, exp.Values):  # a query of its own only inside FROM
             text = f"SELECT * FROM ({text})"
         rows = self._rows(text, params, where)
-        if by_name:
+        if plan.by_name:
             columns = rows.column_names
         names = columns if columns is not None else schema.names[:rows.num_columns]
         if len(names) != rows.num_columns:
@@ -494,8 +494,43 @@ class FlightSqlService:
         arrays = [_fit(rows.column(names.index(f.name)), f, where) if f.name in names
                   else pa.nulls(rows.num_rows, f.type) for f in schema]
         table = pa.Table.from_arrays(arrays, schema=schema)
+        if plan.on_conflict is not None:
+            return self._merge(entry, table, plan.on_conflict, where)
         mode = PutMode.UPSERT if entry.kind == TableKind.KEYED else PutMode.APPEND
         return self._write(entry.name, mode, table.to_batches())
+
+    def _merge(self, entry: Any, rows: pa.Table, take: tuple[str, ...], where: str) -> int:
+        """``INSERT ... ON CONFLICT``: the new keys' rows inserted; a held key's row kept
+        (``take`` empty) or given the columns ``take`` from its new row. Written as a DIFF
+        against the rows a lookup finds (the staged writes included), again if one changes
+        before the commit; answers the rows inserted or changed."""
+        keys = entry.keys
+        with_index = rows.append_column("__sql_i", pa.array(np.arange(rows.num_rows)))
+        first = with_index.group_by(keys, use_threads=False).aggregate([("__sql_i", "min")])
+        if first.num_rows < rows.num_rows:
+            if take:
+                raise SqlError(f"{where}: ON CONFLICT DO UPDATE meets one key twice in its rows; "
+                               f"a row may be updated once per statement")
+            rows = rows.take(pa.array(np.sort(first.column("__sql_i_min").to_numpy())))  # the first
+        table = entry.table
+
+        def build() -> tuple[pa.Table, int]:
+            found = table.lookup(rows.select(keys), staged=True)
+            hit = found.found
+            fresh = rows.filter(pa.array(~hit))
+            new = [fresh.column(i) for i in range(fresh.num_columns)]
+            if not take or not hit.any():
+                return _diff(rows.schema, new, None), fresh.num_rows
+            old = found.rows.take(pa.array(found.position[hit]))
+            theirs = rows.filter(pa.array(hit))
+            changed = [theirs.column(f.name) if f.name in take else old.column(f.name)
+                       for f in rows.schema]
+            both = [pa.chunked_array(a.chunks + b.chunks, a.type) for a, b in
+                    zip(new, changed, strict=True)]
+            olds = [old.column(f.name) for f in rows.schema]
+            return _diff(rows.schema, both, olds), rows.num_rows
+
+        return self._retract(entry.name, where, build)
 
     def _delete(self, tree: exp.Expression, params: list[list[Any]]) -> int:
         target = tree.this
@@ -862,14 +897,18 @@ class _Conflict(Exception):
     """A DIFF write's commit found a row it retracts changed since its snapshot."""
 
 
-def _diff(schema: pa.Schema, new: list[pa.ChunkedArray] | None, old: list[pa.ChunkedArray]
-          ) -> pa.Table:
+def _diff(schema: pa.Schema, new: list[pa.ChunkedArray] | None,
+          old: list[pa.ChunkedArray] | None) -> pa.Table:
     """The triples that change rows ``old`` into ``new`` (columns of ``schema``): ``-1`` of
-    each old row and ``+1`` of each new one (``new`` None: a delete of the old rows)."""
+    each old row and ``+1`` of each new one (``new`` None: a delete of the old rows; ``old``
+    None: an insert of the new). They pair by key, not by position."""
     wide = schema.append(pa.field(DIFF, pa.int64()))
-    n = len(old[0]) if old else 0
-    parts = [pa.Table.from_arrays([*old, pa.array(np.full(n, -1, np.int64))], schema=wide)]
+    parts = []
+    if old is not None:
+        n = len(old[0]) if old else 0
+        parts.append(pa.Table.from_arrays([*old, pa.array(np.full(n, -1, np.int64))], schema=wide))
     if new is not None:
+        n = len(new[0]) if new else 0
         parts.append(pa.Table.from_arrays([*new, pa.array(np.ones(n, np.int64))], schema=wide))
     return pa.concat_tables(parts)
 

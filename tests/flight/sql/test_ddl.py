@@ -177,39 +177,52 @@ def test_integers_go_into_a_decimal_column_when_each_value_fits(conn):
     assert _run(conn, "SELECT count(*), max(px) FROM prices") == [(2, decimal.Decimal("123456.00"))]
 
 
-def test_insert_takes_the_clauses_that_mean_an_upsert_and_refuses_the_others(conn):
-    """Silently ignored before: ON CONFLICT DO NOTHING overwrote the row it should have
+def test_insert_on_conflict_keeps_or_updates_the_held_rows_as_it_says(conn):
+    """Silently upserted before: ON CONFLICT DO NOTHING overwrote the row it should have
     kept, and BY NAME matched the columns by position."""
     _run(conn, "CREATE TABLE kv (k BIGINT PRIMARY KEY, v VARCHAR, n INTEGER)")
     _run(conn, "CREATE TABLE log (v VARCHAR, n INTEGER)")
     _run(conn, "INSERT INTO kv VALUES (1, 'a', 1), (2, 'b', 2)")
-    _run(conn, "INSERT OR REPLACE INTO kv VALUES (1, 'A', 10)")
-    _run(conn, "INSERT INTO kv VALUES (2, 'B', 20), (3, 'c', 3) "
-               "ON CONFLICT (k) DO UPDATE SET v = excluded.v, n = EXCLUDED.n")
-    _run(conn, "INSERT INTO kv BY NAME SELECT 30 AS n, 'C' AS v, 3 AS k")
+    assert _run(conn, "INSERT INTO kv VALUES (1, 'z', 0), (3, 'c', 3), (3, 'x', 9) "
+                      "ON CONFLICT DO NOTHING") == [(1,)]  # the first row of a new key
+    assert _run(conn, "INSERT OR IGNORE INTO kv VALUES (2, 'z', 0), (4, 'd', 4)") == [(1,)]
+    assert _accounts_of(conn, "kv") == [(1, "a", 1), (2, "b", 2), (3, "c", 3), (4, "d", 4)]
+    # some columns from the new row, the others kept; a new key's row whole
+    assert _run(conn, "INSERT INTO kv VALUES (1, 'A', 100), (5, 'e', 5) "
+                      "ON CONFLICT (k) DO UPDATE SET v = excluded.v") == [(2,)]
+    _run(conn, "INSERT OR REPLACE INTO kv VALUES (2, 'B', 20)")
+    _run(conn, "INSERT INTO kv VALUES (3, 'C', 30) ON CONFLICT DO UPDATE SET v = excluded.v, "
+               "n = EXCLUDED.n")  # every column: an upsert
+    _run(conn, "INSERT INTO kv BY NAME SELECT 40 AS n, 'D' AS v, 4 AS k")
     _run(conn, "INSERT INTO log BY NAME SELECT 7 AS n, 'x' AS v")
-    assert _run(conn, "SELECT * FROM kv ORDER BY k") == [(1, "A", 10), (2, "B", 20), (3, "C", 30)]
+    assert _accounts_of(conn, "kv") == [(1, "A", 1), (2, "B", 20), (3, "C", 30), (4, "D", 40),
+                                        (5, "e", 5)]
     assert _run(conn, "SELECT * FROM log") == [("x", 7)]
     for statement, words in [
-        ("INSERT INTO kv VALUES (1, 'z', 0) ON CONFLICT DO NOTHING", "DO NOTHING is not supported"),
-        ("INSERT OR IGNORE INTO kv VALUES (1, 'z', 0)", "INSERT OR IGNORE is not supported"),
-        ("INSERT INTO kv VALUES (1, 'z', 0) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
-         "SET ['n'] = excluded.<column> too"),
+        ("INSERT INTO kv VALUES (1, 'z', 0), (1, 'y', 0) ON CONFLICT DO UPDATE SET v = excluded.v",
+         "meets one key twice"),
         ("INSERT INTO kv VALUES (1, 'z', 0) ON CONFLICT (v) DO UPDATE SET n = excluded.n",
          "the conflict target must be the key (k)"),
-        ("INSERT INTO kv VALUES (1, 'z', 0) ON CONFLICT DO UPDATE SET v = 'q', n = excluded.n",
+        ("INSERT INTO kv VALUES (1, 'z', 0) ON CONFLICT DO UPDATE SET v = 'q'",
          "only SET c = excluded.c"),
-        ("INSERT INTO kv VALUES (1, 'z', 0) ON CONFLICT DO UPDATE SET v = excluded.v, "
-         "n = excluded.n WHERE kv.n > 5", "is not supported"),
-        ("INSERT INTO kv VALUES (4, 'd', 4) RETURNING *", "RETURNING is not supported"),
+        ("INSERT INTO kv VALUES (1, 'z', 0) ON CONFLICT DO UPDATE SET k = excluded.k",
+         "SET of key column 'k'"),
+        ("INSERT INTO kv VALUES (1, 'z', 0) ON CONFLICT DO UPDATE SET v = excluded.v "
+         "WHERE kv.n > 5", "is not supported"),
+        ("INSERT INTO kv VALUES (6, 'f', 6) RETURNING *", "RETURNING is not supported"),
         ("INSERT INTO kv DEFAULT VALUES", "DEFAULT VALUES is not supported"),
         ("INSERT OR REPLACE INTO log VALUES ('y', 1)", "the table has no key"),
         ("INSERT INTO log VALUES ('y', 1) ON CONFLICT DO NOTHING", "the table has no key"),
         ("INSERT INTO kv BY NAME SELECT 4 AS k, 'd' AS nope", "no column(s) ['nope']"),
     ]:
         _refused(conn, statement, "INVALID_ARGUMENT", words)
-    assert _run(conn, "SELECT * FROM kv ORDER BY k") == [(1, "A", 10), (2, "B", 20), (3, "C", 30)]
+    assert _accounts_of(conn, "kv") == [(1, "A", 1), (2, "B", 20), (3, "C", 30), (4, "D", 40),
+                                        (5, "e", 5)]
     assert _run(conn, "SELECT count(*) FROM log") == [(1,)]
+
+
+def _accounts_of(conn: flightsql.Connection, table: str) -> list[tuple]:
+    return _run(conn, f"SELECT * FROM {table} ORDER BY 1")
 
 
 def test_delete_using_another_table_and_truncate(conn):
@@ -304,8 +317,8 @@ def test_concurrent_updates_each_read_what_the_one_before_wrote(server, conn):
 
 
 def test_an_update_or_delete_never_undoes_a_write_it_did_not_read(server, conn):
-    """A client pushes key 1 with v = 1, 2, 3, ... while SQL updates (and deletes, then
-    re-inserts) that row. An UPDATE computed from a snapshot taken before a push and
+    """A client pushes key 1 with v = 1, 2, 3, ... while SQL updates that row (and deletes it
+    where it no longer matches, inserts it unless held, updates one column of it). An UPDATE computed from a snapshot taken before a push and
     committed after it would write the old v back: every cycle's v is checked to never go
     down. (Each statement's rows are retracted as read: a row changed since is a conflict,
     and the statement reads again.)"""
@@ -329,8 +342,11 @@ def test_an_update_or_delete_never_undoes_a_write_it_did_not_read(server, conn):
     try:
         for i in range(40):
             _run(conn, "UPDATE acct SET n = n + 1 WHERE k = 1")
-            if i % 10 == 9:  # a row deleted as read, and none deleted that was not
-                _run(conn, "DELETE FROM acct WHERE k = 1 AND v < 0")
+            if i % 10 == 9:  # none deleted that does not match as it is, none kept that
+                _run(conn, "DELETE FROM acct WHERE k = 1 AND v < 0")  # is not the newest
+                _run(conn, "INSERT INTO acct VALUES (1, -1, -1) ON CONFLICT DO NOTHING")
+                _run(conn, "INSERT INTO acct VALUES (1, -1, 5) ON CONFLICT DO UPDATE SET n = "
+                           "excluded.n")
     finally:
         stop.set()
         writer.join(60)
