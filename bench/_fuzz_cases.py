@@ -504,6 +504,10 @@ _WRITE_SQL = (
     "UPDATE {w} SET k = 1", "CREATE TABLE {c} (k BIGINT PRIMARY KEY, s VARCHAR, v DOUBLE)",
     "CREATE TABLE IF NOT EXISTS {c} AS SELECT * FROM {w} WHERE k < {n}",
     "CREATE OR REPLACE TABLE {c} (a INT DEFAULT 1)", "DROP TABLE {c}", "DROP TABLE IF EXISTS {c}",
+    "INSERT INTO {w} VALUES ({n}, 's', 1.5) ON CONFLICT DO NOTHING",
+    "INSERT INTO {w} VALUES ({n}, 't', 2.5), ({n}, 'u', 3.5) ON CONFLICT (k) DO UPDATE SET "
+    "s = excluded.s", "INSERT OR IGNORE INTO {w} SELECT * FROM {w}", "TRUNCATE {c}",
+    "DELETE FROM {w} USING {w} AS o WHERE {w}.k = o.k + {n} RETURNING *",
 )
 
 

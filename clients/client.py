@@ -157,7 +157,7 @@ class Client:
     * The rule, by what the failed call may have done. A read (:meth:`tables`,
       :meth:`schema`, :meth:`stats`, :meth:`snapshot`, :meth:`sql` of a query) is retried
       after any UNAVAILABLE. A write (:meth:`create_table`, :meth:`drop_table`, :meth:`sql`
-      of an ``INSERT``, ``DELETE``, ``CREATE VIEW``, ``DROP VIEW`` or anything else that is
+      of an ``INSERT``, ``UPDATE``, ``DELETE``, ``CREATE`` or ``DROP`` or anything else that is
       not a query) is retried only when gRPC never sent it: "failed to connect to all
       addresses" (refused, reset before HTTP/2 was up) or a name that did not resolve. A
       write that failed once sent (the connection broke, the server was shutting down) is
@@ -710,9 +710,10 @@ class Client:
         the same server step; the step is in the result: ``df.attrs["step"]`` for pandas,
         the schema metadata ``b"ticktable.step"`` for Arrow (a polars frame has no place
         for it: ask for Arrow, then ``polars.from_arrow``). An update statement
-        (``INSERT``, ``DELETE`` on a keyed table, ``CREATE VIEW``, ``DROP VIEW``) runs at
-        once, its rows visible in one cycle, and returns one row: ``count``, the rows it
-        changed (0 for a view); it has no step (``attrs["step"]`` is ``None``).
+        (``INSERT``; ``UPDATE``, ``DELETE`` and ``TRUNCATE`` on a keyed table; ``CREATE``
+        and ``DROP TABLE``; ``CREATE`` and ``DROP VIEW``) runs at once, its rows visible in
+        one cycle, and returns one row: ``count``, the rows it changed (0 for a table or a
+        view made or dropped); it has no step (``attrs["step"]`` is ``None``).
 
         Parameters
         ----------

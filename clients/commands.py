@@ -295,8 +295,8 @@ def add_commands(sub: Any) -> None:
 
     sql = sub.add_parser("sql", help="run SQL on the server and print the result",
                          description="Run QUERY over Arrow Flight SQL and print its rows as a "
-                                     "table; an update (INSERT, DELETE, CREATE VIEW, DROP "
-                                     "VIEW) prints the rows it changed. Without QUERY, or "
+                                     "table; an update (INSERT, UPDATE, DELETE, CREATE or DROP "
+                                     "TABLE or VIEW) prints the rows it changed. Without QUERY, or "
                                      "with '-', run the statements read from stdin: "
                                      "separated by ';', or one per line when there is no "
                                      "';'. The first failure stops, in one line, exit "
