@@ -43,7 +43,13 @@ comparisons, ``AND``/``OR``/
 ``NOT``, ``IN (list)``, ``BETWEEN``, ``IS [NOT] NULL``, ``[NOT] [I]LIKE``, ``CASE``,
 ``COALESCE``, ``CAST`` to integers, floats, ``VARCHAR`` (not from floats: the formats
 differ) and ``BOOLEAN`` (floats to integers round half to even, as DuckDB's), ``upper``,
-``lower``, ``length``, ``abs``, ``||``.
+``lower``, ``length``, ``abs``, ``||``. Times and dates: ``TIMESTAMP '...'``, ``DATE
+'...'`` and ``TIMESTAMPTZ '...'`` literals (ISO 8601), ``+``/``-`` of an ``INTERVAL`` of
+fixed length (weeks down to microseconds; months and years are refused), ``CAST`` between
+dates and timestamps, ``date_trunc`` (microsecond to year; a date's is a timestamp, as
+DuckDB's), ``extract`` of year, quarter, month, day, hour, minute, second, dow, isodow,
+doy, week and epoch, and the functions of those names (``year(x)``, ``epoch(x)``...), as
+DuckDB computes them in its session's zone, UTC: a column zoned elsewhere is refused.
 
 Refused, with the clause named: ``RIGHT``/``FULL``/``CROSS``/``NATURAL``/``ASOF`` joins,
 join conditions other than equalities of columns, window functions, subqueries in
@@ -75,6 +81,7 @@ sorts NaN last; ``count(DISTINCT x)`` does not count NaN.
 
 from __future__ import annotations
 
+import datetime
 import decimal
 import itertools
 import re
@@ -363,6 +370,32 @@ _CAST = {
 _AGGS = (exp.Count, exp.Sum, exp.Min, exp.Max, exp.Avg, exp.Stddev, exp.StddevSamp,
          exp.Variance, exp.Median, exp.PercentileCont)
 
+
+def _when(t: pa.DataType) -> bool:
+    return bool(pa.types.is_timestamp(t) or pa.types.is_date(t))
+
+
+_UTC = ("UTC", "Etc/UTC", "+00:00", "Z", "utc")
+#: date_trunc's units (DuckDB's, without a plural s) as floor_temporal's
+_FLOOR = {"microsecond": "microsecond", "millisecond": "millisecond", "second": "second",
+          "minute": "minute", "hour": "hour", "day": "day", "week": "week", "month": "month",
+          "quarter": "quarter", "year": "year"}
+_INTERVAL_SECONDS = {"microsecond": 1e-6, "us": 1e-6, "millisecond": 1e-3, "ms": 1e-3,
+                     "second": 1.0, "sec": 1.0, "minute": 60.0, "min": 60.0, "hour": 3600.0,
+                     "day": 86400.0, "week": 604800.0}
+#: sqlglot's part functions (``year(x)``...) and extract's parts, as DuckDB numbers them
+_PARTS: dict[type[exp.Expression], str] = {
+    exp.Year: "year", exp.Quarter: "quarter", exp.Month: "month", exp.Day: "day",
+    exp.Hour: "hour", exp.Minute: "minute", exp.Second: "second", exp.DayOfWeek: "dow",
+    exp.DayOfWeekIso: "isodow", exp.DayOfYear: "doy", exp.Week: "week"}
+_EXTRACT: dict[str, Callable[[pc.Expression], pc.Expression]] = {
+    "year": pc.year, "quarter": pc.quarter, "month": pc.month, "day": pc.day,
+    "hour": pc.hour, "minute": pc.minute, "second": pc.second,
+    "dow": lambda x: pc.day_of_week(x, count_from_zero=True, week_start=7),  # Sunday 0
+    "dayofweek": lambda x: pc.day_of_week(x, count_from_zero=True, week_start=7),
+    "isodow": lambda x: pc.day_of_week(x, count_from_zero=False, week_start=1),  # Monday 1
+    "doy": pc.day_of_year, "dayofyear": pc.day_of_year, "week": pc.iso_week}
+_TIME_OF_DAY = ("hour", "minute", "second")
 
 #: ``sum``/``min``/``max`` of a decimal of up to this many digits run over its unscaled int64
 _UNIT_DIGITS = 18
@@ -1084,6 +1117,14 @@ class _Compiler:
         sub = self._operands(node.this, node.expression, scope) if isinstance(
             node, exp.Binary) else []
         if type(node) in _ARITH:
+            types = [self.typed(x, scope, node) for x in sub]
+            if any(_when(t) for t in types) and not (
+                    isinstance(node, (exp.Add, exp.Sub)) and _when(types[0])
+                    and pa.types.is_duration(types[1])
+                    or isinstance(node, exp.Add) and _when(types[1])
+                    and pa.types.is_duration(types[0])):
+                raise self.refuse(f"{key} (a time takes + or - of an INTERVAL of fixed length; "
+                                  f"the difference of two is an INTERVAL in DuckDB)")
             return _ARITH[type(node)](*sub)
         if type(node) in _COMPARE:
             return _COMPARE[type(node)](*sub)
@@ -1134,11 +1175,116 @@ class _Compiler:
             return pc.utf8_length(self._expr(node.this, scope)).cast(pa.int64())
         if isinstance(node, exp.Abs):
             return pc.abs_checked(self._expr(node.this, scope))
+        when = self.temporal(node, scope, key)
+        if when is not None:
+            return when
         if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
             return self.cast(node, scope)
         if isinstance(node, exp.Func):
             raise self.refuse(f"function {key}")
         raise self.refuse(f"expression {key}")
+
+    def temporal(self, node: exp.Expression, scope: _Scope, key: str) -> pc.Expression | None:
+        """Times and dates: ``TIMESTAMP '...'``, ``DATE '...'`` and ``TIMESTAMPTZ '...'``
+        literals, ``INTERVAL`` of fixed length, ``CAST`` between dates and timestamps,
+        ``date_trunc``, ``extract`` and its functions (``year(x)``...), ``epoch(x)``; None
+        for anything else. As DuckDB computes them in UTC (its session's time zone here): a
+        zoned column of another zone is refused."""
+        if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal) and node.this.is_string:
+            to = node.args["to"].this
+            text = node.this.this
+            try:
+                if to == exp.DataType.Type.DATE:
+                    return pc.scalar(pa.scalar(datetime.date.fromisoformat(text), pa.date32()))
+                if to in (exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPNTZ):
+                    value = datetime.datetime.fromisoformat(text)
+                    if value.tzinfo is None:
+                        return pc.scalar(pa.scalar(value, pa.timestamp("us")))
+                if to == exp.DataType.Type.TIMESTAMPTZ:
+                    value = datetime.datetime.fromisoformat(text)
+                    if value.tzinfo is None:
+                        value = value.replace(tzinfo=datetime.UTC)
+                    return pc.scalar(pa.scalar(value.astimezone(datetime.UTC),
+                                               pa.timestamp("us", "UTC")))
+            except ValueError:
+                raise self.refuse(f"{key} (a time written other than in ISO 8601)") from None
+            return None
+        if isinstance(node, exp.Interval):
+            return pc.scalar(pa.scalar(self.interval(node, key), pa.duration("us")))
+        if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
+            to = node.args["to"]
+            target = {exp.DataType.Type.DATE: pa.date32(),
+                      exp.DataType.Type.TIMESTAMP: pa.timestamp("us"),
+                      exp.DataType.Type.TIMESTAMPNTZ: pa.timestamp("us")}.get(to.this)
+            if target is None:
+                return None
+            x = self.zoned(node.this, scope, key)
+            have = self.typed(x, scope, node.this)
+            if not _when(have) or to.expressions:
+                raise self.refuse(f"{key} (CAST to a date or time from a date or time)")
+            return x.cast(target)
+        if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
+            given = node.args.get("unit")
+            unit = (given.name if isinstance(given, exp.Expression) else str(given or "")).lower()
+            floor = _FLOOR.get(unit.rstrip("s"))
+            if floor is None:
+                raise self.refuse(f"{key} (date_trunc to {unit!r})")
+            x = self.zoned(node.this, scope, key)
+            if pa.types.is_date(self.typed(x, scope, node.this)):  # DuckDB: a timestamp
+                x = x.cast(pa.timestamp("us"))
+            return pc.floor_temporal(x, unit=floor)
+        part: str | None = None
+        if isinstance(node, exp.Extract):
+            part = node.this.name.lower()
+            arg = node.expression
+        elif type(node) in _PARTS:
+            part, arg = _PARTS[type(node)], node.this
+        elif isinstance(node, exp.TimeToUnix):
+            part, arg = "epoch", node.this
+        if part is None:
+            return None
+        x = self.zoned(arg, scope, key)
+        have = self.typed(x, scope, arg)
+        if not _when(have):
+            raise self.refuse(f"{key} (of a {have}: a date or time is expected)")
+        if part == "epoch":  # seconds, as a double
+            if pa.types.is_date(have):
+                x, have = x.cast(pa.timestamp("us")), pa.timestamp("us")
+            per_second = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}[have.unit]
+            return pc.divide(x.cast(pa.int64()).cast(pa.float64()), pc.scalar(float(per_second)))
+        get = _EXTRACT.get(part)
+        if get is None or (pa.types.is_date(have) and part in _TIME_OF_DAY):
+            raise self.refuse(f"{key} (extract of {part!r})")
+        return get(x)
+
+    def zoned(self, node: exp.Expression, scope: _Scope, key: str) -> pc.Expression:
+        """``node``'s value, refused if it is zoned in another zone than UTC (DuckDB's
+        session zone, in which it reads the parts of a zoned time)."""
+        x = self._expr(node, scope)
+        t = self.typed(x, scope, node)
+        if pa.types.is_timestamp(t) and t.tz is not None and t.tz not in _UTC:
+            raise self.refuse(f"{key} (a time zoned in {t.tz}; DuckDB reads it in UTC)")
+        return x
+
+    def interval(self, node: exp.Interval, key: str) -> datetime.timedelta:
+        """An ``INTERVAL`` of fixed length (weeks down to microseconds) as a timedelta."""
+        text = node.this.name if isinstance(node.this, exp.Expression) else str(node.this)
+        unit = node.args.get("unit")
+        words = f"{text} {unit.name if isinstance(unit, exp.Expression) else unit or ''}".split()
+        if not words or len(words) % 2:
+            raise self.refuse(f"{key} (an interval of numbers and units)")
+        total = datetime.timedelta()
+        for number, name in zip(words[::2], words[1::2], strict=True):
+            seconds = _INTERVAL_SECONDS.get(name.lower().rstrip("s"))
+            try:
+                amount = float(number)
+            except ValueError:
+                amount = float("nan")
+            if seconds is None or amount != amount:
+                raise self.refuse(f"{key} (an interval of fixed length: weeks, days, hours, "
+                                  f"minutes, seconds, milliseconds, microseconds)")
+            total += datetime.timedelta(seconds=amount * seconds)
+        return total
 
     def case(self, node: exp.Case, scope: _Scope) -> pc.Expression:
         operand = node.this

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import decimal
 
 import pyarrow as pa
@@ -171,6 +172,82 @@ def test_order_by_a_decimal_wider_than_18_digits_is_refused_by_its_text():
     with pytest.raises(SqlError, match=r"^CREATE VIEW: ORDER BY w \(of type decimal128\(30, 2\); "
                                        r"sortable types are .* decimals of up to 18 digits"):
         compile_view("SELECT id FROM w ORDER BY w DESC", lookup({"w": w}))
+
+
+TIMES = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us")), ("ns", pa.timestamp("ns")),
+                   ("z", pa.timestamp("ms", "UTC")), ("d", pa.date32()), ("px", pa.float64())])
+TIME_SHAPES = [
+    "SELECT date_trunc('minute', ts) AS m, count(*) AS n, sum(px) AS s FROM t GROUP BY m",
+    "SELECT id, date_trunc('hour', ns) AS h, date_trunc('day', z) AS dz, "
+    "date_trunc('month', d) AS md, date_trunc('week', ts) AS w, date_trunc('quarter', ts) AS q, "
+    "date_trunc('year', d) AS y, date_trunc('second', ts) AS sec FROM t",
+    "SELECT id, ts + INTERVAL 1 DAY AS a, ts - INTERVAL '5 minutes' AS b, "
+    "ns + INTERVAL '1 hour 30 minutes' AS c, d + INTERVAL 2 WEEKS AS e, "
+    "INTERVAL 90 SECONDS + z AS f, ts + INTERVAL '250 milliseconds' AS g FROM t",
+    "SELECT id, extract(year FROM d) AS y, year(ts) AS y2, month(ts) AS mo, day(d) AS dd, "
+    "hour(ts) AS h, minute(ns) AS mi, second(z) AS s, quarter(d) AS q, dayofweek(ts) AS dow, "
+    "isodow(ts) AS idow, dayofyear(d) AS doy, week(ts) AS wk, extract(epoch FROM ts) AS ep, "
+    "epoch(z) AS ez, epoch(d) AS ed FROM t",
+    "SELECT id FROM t WHERE ts > TIMESTAMP '2026-03-08 02:00:00' OR d >= DATE '2025-01-01' "
+    "OR z < TIMESTAMPTZ '2020-01-01 00:00:00+00' OR ns BETWEEN TIMESTAMP '2026-01-01' "
+    "AND TIMESTAMP '2026-12-31 23:59:59.5'",
+    "SELECT id, CAST(ts AS DATE) AS day, CAST(d AS TIMESTAMP) AS midnight FROM t",
+    "SELECT CAST(ts AS DATE) AS day, max(px) AS hi FROM t GROUP BY day ORDER BY day",
+]
+
+
+@pytest.mark.parametrize("sql", TIME_SHAPES)
+def test_times_and_dates_as_duckdb_computes_them(sql):
+    """Time literals, fixed INTERVALs, date_trunc, extract and its functions, epoch and
+    CAST between dates and times, over timestamps of three units (one zoned in UTC) and
+    dates, nulls and a leap day among them: DuckDB's answers, every cycle, replayed."""
+    g = UpdateGraph(validate=True)
+    t = g.keyed_table(TIMES, "id", name="t")
+    base = datetime.datetime(2026, 3, 8, 1, 59, 30, 123456)
+
+    def rows(ids, minutes, days, px):
+        ts = [None if m is None else base + datetime.timedelta(minutes=m) for m in minutes]
+        return pa.table({"id": ids, "ts": ts, "ns": ts,
+                         "z": [None if v is None else v.replace(tzinfo=datetime.UTC) for v in ts],
+                         "d": [None if n is None else datetime.date(2024, 2, 29)
+                               + datetime.timedelta(days=n) for n in days], "px": px},
+                        schema=TIMES)
+
+    t.upsert(rows([1, 2, 3, 4], [0, 1.75, None, -600000], [0, None, 700, -30],
+                  [1.0, 2.0, 3.0, None]))
+    g.run_cycle()
+    view = compile_view(sql, lookup({"t": t})).table
+    replay = ReplayChecker(view)
+    order = ("day",) if "ORDER BY" in sql else ()
+    for change in (rows([2, 5], [0.5, 90], [1, 365], [5.0, 6.0]), None,
+                   rows([6, 1], [525600, 44640], [None, 10000], [7.0, -1.0])):
+        check_view(view, sql, {"t": t}, order)
+        replay.check()
+        if change is None:
+            t.delete(pa.table({"id": [1, 3]}))
+        else:
+            t.upsert(change)
+        g.run_cycle()
+    check_view(view, sql, {"t": t}, order)
+
+
+@pytest.mark.parametrize(("sql", "clause"), [
+    ("SELECT ts + INTERVAL 1 MONTH FROM t", "an interval of fixed length"),
+    ("SELECT ts - ns FROM t", "the difference of two is an INTERVAL"),
+    ("SELECT ts + 1 FROM t", "a time takes + or - of an INTERVAL"),
+    ("SELECT date_trunc('decade', ts) FROM t", "date_trunc to 'decade'"),
+    ("SELECT hour(d) FROM t", "extract of 'hour'"),
+    ("SELECT year(px) FROM t", "a date or time is expected"),
+    ("SELECT id FROM t WHERE ts > TIMESTAMP 'last tuesday'", "ISO 8601"),
+    ("SELECT epoch_ms(ts) FROM t", "function EPOCH_MS(ts)"),
+    ("SELECT year(tokyo) FROM t", "a time zoned in Asia/Tokyo"),
+])
+def test_a_time_expression_that_does_not_map_is_refused_by_name(sql, clause):
+    schema = TIMES.append(pa.field("tokyo", pa.timestamp("us", "Asia/Tokyo")))
+    t = UpdateGraph().keyed_table(schema, "id", name="t")
+    with pytest.raises(SqlError, match="^CREATE VIEW") as info:
+        compile_view(sql, lookup({"t": t}))
+    assert clause in str(info.value)
 
 
 def test_names_and_types_are_duckdbs(graph):
