@@ -47,7 +47,7 @@ differ) and ``BOOLEAN`` (floats to integers round half to even, as DuckDB's), ``
 '...'`` and ``TIMESTAMPTZ '...'`` literals (ISO 8601), ``+``/``-`` of an ``INTERVAL`` of
 fixed length (weeks down to microseconds; months and years are refused), ``CAST`` between
 dates and timestamps, ``date_trunc`` (microsecond to year; a date's is a timestamp, as
-DuckDB's), ``extract`` of year, quarter, month, day, hour, minute, second, dow, isodow,
+DuckDB's), ``time_bucket(INTERVAL, x)`` of a width that divides a day or of a week, ``extract`` of year, quarter, month, day, hour, minute, second, dow, isodow,
 doy, week and epoch, and the functions of those names (``year(x)``, ``epoch(x)``...), as
 DuckDB computes them in its session's zone, UTC: a column zoned elsewhere is refused.
 
@@ -376,6 +376,10 @@ def _when(t: pa.DataType) -> bool:
 
 
 _UTC = ("UTC", "Etc/UTC", "+00:00", "Z", "utc")
+#: the coarsest unit a time_bucket width is a whole number of (floor_temporal's multiple
+#: is an int32): (unit, microseconds)
+_BUCKET_UNITS = (("day", 86_400 * 10**6), ("hour", 3_600 * 10**6), ("minute", 60 * 10**6),
+                 ("second", 10**6), ("millisecond", 1_000), ("microsecond", 1))
 #: date_trunc's units (DuckDB's, without a plural s) as floor_temporal's
 _FLOOR = {"microsecond": "microsecond", "millisecond": "millisecond", "second": "second",
           "minute": "minute", "hour": "hour", "day": "day", "week": "week", "month": "month",
@@ -1233,6 +1237,24 @@ class _Compiler:
             if pa.types.is_date(self.typed(x, scope, node.this)):  # DuckDB: a timestamp
                 x = x.cast(pa.timestamp("us"))
             return pc.floor_temporal(x, unit=floor)
+        if isinstance(node, exp.DateBin):  # time_bucket(INTERVAL, x)
+            width = node.this
+            if not isinstance(width, exp.Interval) or len(node.expressions) or node.args.get("zone"):
+                raise self.refuse(f"{key} (time_bucket of an INTERVAL and a time, no origin)")
+            micros = round(self.interval(width, key).total_seconds() * 1e6)
+            day, week = 86_400 * 10**6, 7 * 86_400 * 10**6
+            # DuckDB counts buckets from 2000-01-03 (a Monday), Arrow's floor from 1970-01-01:
+            # the same buckets where the width divides a day, or is a week (Mondays both)
+            if micros <= 0 or (day % micros and micros != week):
+                raise self.refuse(f"{key} (time_bucket of a width that divides a day, or of a "
+                                  f"week)")
+            x = self.zoned(node.expression, scope, key)
+            if micros == week:
+                return pc.floor_temporal(x, unit="week", week_starts_monday=True)
+            if pa.types.is_date(self.typed(x, scope, node.expression)):
+                return x  # a date's bucket of at most a day is its date (DuckDB's: a DATE)
+            unit, size = next((u, n) for u, n in _BUCKET_UNITS if micros % n == 0)
+            return pc.floor_temporal(x, multiple=micros // size, unit=unit)  # an int32
         part: str | None = None
         if isinstance(node, exp.Extract):
             part = node.this.name.lower()

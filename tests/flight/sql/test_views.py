@@ -193,6 +193,10 @@ TIME_SHAPES = [
     "AND TIMESTAMP '2026-12-31 23:59:59.5'",
     "SELECT id, CAST(ts AS DATE) AS day, CAST(d AS TIMESTAMP) AS midnight FROM t",
     "SELECT CAST(ts AS DATE) AS day, max(px) AS hi FROM t GROUP BY day ORDER BY day",
+    "SELECT time_bucket(INTERVAL '15 minutes', ts) AS b, count(*) AS n FROM t GROUP BY b",
+    "SELECT id, time_bucket(INTERVAL 1 WEEK, d) AS w, time_bucket(INTERVAL 250 MILLISECONDS, ns) "
+    "AS ms, time_bucket(INTERVAL '1 day', z) AS dz, time_bucket(INTERVAL 3 HOURS, ts) AS h3, "
+    "time_bucket(INTERVAL 6 HOURS, d) AS d6 FROM t",
 ]
 
 
@@ -240,6 +244,8 @@ def test_times_and_dates_as_duckdb_computes_them(sql):
     ("SELECT year(px) FROM t", "a date or time is expected"),
     ("SELECT id FROM t WHERE ts > TIMESTAMP 'last tuesday'", "ISO 8601"),
     ("SELECT epoch_ms(ts) FROM t", "function EPOCH_MS(ts)"),
+    ("SELECT time_bucket(INTERVAL 7 MINUTES, ts) FROM t", "a width that divides a day"),
+    ("SELECT time_bucket(INTERVAL 2 DAYS, ts) FROM t", "a width that divides a day"),
     ("SELECT year(tokyo) FROM t", "a time zoned in Asia/Tokyo"),
 ])
 def test_a_time_expression_that_does_not_map_is_refused_by_name(sql, clause):
