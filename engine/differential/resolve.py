@@ -30,14 +30,40 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from engine._kernels.arrays import row_for_message
-from engine._kernels.hashing import exact_hash, group_equal, hash_rows, rows_equal, same_rows
+from engine._kernels.hashing import (
+    exact_hash,
+    group_equal,
+    hash_column,
+    hash_rows,
+    rows_equal,
+    same_rows,
+)
 from engine.differential.zset import ZSet
-from engine.errors import InputError
+from engine.errors import InputError, SchemaError
 from engine.sources import KeyedTable, conform
 
-__all__ = ["KeyedWrites", "resolve_triples"]
+__all__ = ["KeyedWrites", "resolve_triples", "takes_triples"]
 
 I64 = npt.NDArray[np.int64]
+
+
+def takes_triples(schema: pa.Schema) -> bool:
+    """Whether triples can carry rows of ``schema``: their records are hashed and compared
+    (:mod:`engine._kernels.hashing`), which nested values (lists, structs, maps) cannot be.
+
+    Examples
+    --------
+    >>> takes_triples(pa.schema([("k", pa.int64()), ("v", pa.string())]))
+    True
+    >>> takes_triples(pa.schema([("k", pa.int64()), ("v", pa.list_(pa.int64()))]))
+    False
+    """
+    try:
+        for f in schema:
+            hash_column(pa.array([], f.type), f.name)
+    except SchemaError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
