@@ -99,6 +99,8 @@ def parse_one(text: str) -> exp.Expression:
 def _parse_one(text: str) -> exp.Expression:
     """:func:`parse_one` without the shapes: sqlglot's whole parse."""
     try:
+        if "?::" in text:
+            text = _placeholder_casts(text)
         statements = sqlglot.parse(text, dialect=DIALECT)
     except ParseError as exc:
         raise SqlError(_parse_message(exc)) from exc
@@ -113,6 +115,16 @@ def _parse_one(text: str) -> exp.Expression:
     if not isinstance(statement, exp.Expression):  # every node the parser builds is one
         raise SqlError(f"SQL text parsed to an unexpected {type(statement).__name__}")
     return statement
+
+
+def _placeholder_casts(text: str) -> str:
+    """``?::INTEGER`` (a parameter cast, in DuckDB) as ``? ::INTEGER``: sqlglot's tokenizer
+    reads ``?::`` as one operator (another dialect's try-cast) and the parse fails."""
+    tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
+    cuts = [t.start + 1 for t in tokens if t.token_type == sqlglot.TokenType.QDCOLON]
+    for at in reversed(cuts):
+        text = f"{text[:at]} {text[at:]}"
+    return text
 
 
 #: A decimal number that sqlglot keeps as written (it writes ``.5`` as ``0.5`` and ``1_000``

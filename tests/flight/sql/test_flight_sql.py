@@ -149,6 +149,12 @@ def test_queries_parameters_and_arrow_results(conn):
     assert int(table.schema.metadata[b"ticktable.step"]) >= 1  # the step it was taken at
 
 
+def test_a_parameter_cast_runs(conn):
+    """``?::TYPE``, as pandas and BI tools write a typed parameter (sqlglot alone refused it)."""
+    assert _rows(conn, "SELECT ?::INTEGER + 1 AS n", (41,)) == [(42,)]
+    assert _rows(conn, "SELECT count(*) FROM trades WHERE qty > ?::BIGINT", (1,)) == [(2,)]
+
+
 def test_results_of_many_batches_and_of_one_both_arrive_whole():
     """A result past two batches is read on a thread as DoGet sends it; one read whole when
     its query started is sent from the event loop (flight.rpc.aio's loop_first). Both

@@ -170,3 +170,11 @@ def test_errors_of_a_text_are_the_whole_parse_s_whatever_its_shape():
         parse_one("SELECT * FROM t WHERE id = 5; SELECT 7")
     with pytest.raises(SqlError, match="SQL syntax error at line 1"):
         parse_one("SELECT * FROM t WHERE id = = 5")
+
+
+def test_a_parameter_cast_parses_as_duckdb_reads_it():
+    """sqlglot's tokenizer reads ``?::`` as one operator (another dialect's try-cast)."""
+    assert parse_one("SELECT ?::INTEGER + 1").sql(dialect="duckdb") == "SELECT CAST(? AS INT) + 1"
+    tree = parse_one("SELECT x FROM t WHERE ts > ?::TIMESTAMP AND s = '?::x'")
+    assert tree.sql(dialect="duckdb") == (
+        "SELECT x FROM t WHERE ts > CAST(? AS TIMESTAMP) AND s = '?::x'")
