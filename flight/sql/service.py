@@ -549,6 +549,17 @@ class FlightSqlService:
         cond = tree.args.get("where")
         if cond is not None:
             select += " " + cond.sql(dialect="duckdb")
+        elif not using:  # every row, whatever its values: by key, no row to check
+            entry = self.server.registry.get(name)
+            where = f"DELETE FROM {quoted(entry.name)}"
+            if entry.kind != TableKind.KEYED:
+                raise SqlError(f"{where}: rows are deleted by key: DELETE takes a keyed table, "
+                               f"and {quoted(entry.name)} is {entry.kind}")
+            keys = ", ".join(exp.to_identifier(k).sql(dialect="duckdb") for k in entry.keys)
+            rows = self._rows(f"SELECT {keys} FROM {target.sql(dialect='duckdb')}", [], where)
+            if rows.num_rows:
+                self._write(entry.name, PutMode.DELETE, rows.to_batches())
+            return rows.num_rows
 
         def build() -> tuple[pa.Table, int]:  # each attempt: the table may be another now
             entry = self.server.registry.get(name)
