@@ -67,15 +67,18 @@ def _to_arrow(data: TableLike) -> pa.Table:
 def conform(table_name: str, schema: pa.Schema, data: TableLike, columns: list[str] | None = None) -> pa.Table:
     """Check ``data`` against ``schema`` (or its ``columns``) and return it in schema order.
 
-    Column order may differ; types are cast when the cast is safe (no overflow or loss).
+    Column order may differ; types are cast when the cast is safe (no overflow or loss). A
+    field of ``schema`` that is not nullable (``NOT NULL``) takes no null.
 
     Raises
     ------
     SchemaError
-        Naming a repeated column, or the missing, unexpected or mistyped columns.
+        Naming a repeated column, or the missing, unexpected or mistyped columns, or a
+        column declared not nullable that holds nulls.
     """
     t = _to_arrow(data)
     if columns is None and t.schema.equals(schema, check_metadata=True):
+        _not_null(table_name, schema, t)
         return t  # already conformed (rows read from a table of this schema, say)
     want = columns if columns is not None else schema.names
     have = t.column_names
@@ -105,7 +108,19 @@ def conform(table_name: str, schema: pa.Schema, data: TableLike, columns: list[s
                     f"expected {ftype} ({exc})"
                 ) from exc
         arrays.append(col)
-    return pa.Table.from_arrays(arrays, schema=pa.schema([schema.field(n) for n in want]))
+    out = pa.Table.from_arrays(arrays, schema=pa.schema([schema.field(n) for n in want]))
+    _not_null(table_name, schema, out)
+    return out
+
+
+def _not_null(table_name: str, schema: pa.Schema, t: pa.Table) -> None:
+    """Refuse nulls in the columns of ``t`` that ``schema`` declares not nullable."""
+    for f in schema:
+        if not f.nullable and f.name in t.column_names:
+            n = t.column(f.name).null_count
+            if n:
+                raise SchemaError(f"table {quoted(table_name)}: column {quoted(f.name)} is NOT "
+                                  f"NULL and the rows hold {n} null(s)")
 
 
 @dataclass(frozen=True, slots=True)

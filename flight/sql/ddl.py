@@ -8,9 +8,10 @@ keep; :class:`~flight.sql.service.FlightSqlService` does it (the journal, DoPut'
   keyed table of those keys, or an append-only table without one. Column types are DuckDB's
   (``BIGINT``, ``VARCHAR``, ``DECIMAL(10,2)``, ``TIMESTAMPTZ``, ...), mapped to Arrow the way
   a query's results are: a ``CAST(NULL AS type)`` per column, bound by DuckDB
-  (:meth:`TableDefinition.columns_query`). A constraint Ticktable does not check (``DEFAULT``,
-  ``UNIQUE``, ``CHECK``, ``REFERENCES``, ``NOT NULL`` on a column that is not a key) is
-  refused, named: a table never claims a rule it does not keep.
+  (:meth:`TableDefinition.columns_query`). ``NOT NULL`` (and a key) makes the column's Arrow
+  field not nullable, which every write into the table is checked against. A constraint
+  Ticktable does not check (``DEFAULT``, ``UNIQUE``, ``CHECK``, ``REFERENCES``) is refused,
+  named: a table never claims a rule it does not keep.
 * ``CREATE TABLE t AS SELECT ...`` makes an append-only table of the query's result schema and
   writes its rows: a copy at one step, not a live view (``CREATE VIEW`` is that).
 * ``UPDATE t SET c = expr, ... [WHERE ...]`` needs a keyed table: DuckDB computes every
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
 from sqlglot import exp
 
 from engine.errors import SqlError
@@ -46,6 +48,8 @@ class TableDefinition:
     columns: list[tuple[str, exp.DataType]]
     #: the primary key's columns (a keyed table), or none (append-only)
     keys: list[str]
+    #: the columns declared ``NOT NULL`` (keys are, whether declared or not)
+    not_null: list[str]
     #: ``AS SELECT ...``: the rows to copy, and the columns they come with
     query: exp.Query | None
     if_not_exists: bool
@@ -56,6 +60,12 @@ class TableDefinition:
         schema (nothing is read)."""
         return exp.select(*(exp.alias_(exp.cast(exp.null(), kind), name, quoted=True)
                             for name, kind in self.columns))
+
+    def schema(self, bound: pa.Schema) -> pa.Schema:
+        """``bound`` (the columns query's schema) with the ``NOT NULL`` columns and the keys
+        not nullable."""
+        strict = set(self.not_null) | set(self.keys)
+        return pa.schema([f.with_nullable(False) if f.name in strict else f for f in bound])
 
 
 def table_name(table: exp.Expression, where: str) -> str:
@@ -77,7 +87,7 @@ def table_definition(tree: exp.Create) -> TableDefinition:
     SqlError
         A temporary table, table properties, a constraint Ticktable does not keep, a column
         named twice, a primary key given twice or naming no column of the table, or column
-        definitions together with ``AS SELECT``.
+        definitions together with ``AS SELECT``, ``NOT NULL`` on no column.
     """
     target = tree.this
     schema = target if isinstance(target, exp.Schema) else None
@@ -117,14 +127,15 @@ def table_definition(tree: exp.Create) -> TableDefinition:
                 else:
                     raise SqlError(f"{where}: column {quoted(col)}: "
                                    f"{constraint.sql(dialect='duckdb')} is not supported "
-                                   f"(Ticktable keeps a primary key, nothing else)")
+                                   f"(Ticktable keeps a primary key and NOT NULL, nothing "
+                                   f"else)")
         elif isinstance(item, exp.PrimaryKey):
             if keys:
                 raise SqlError(f"{where}: more than one PRIMARY KEY")
             keys = [e.name for e in item.expressions]
         else:
             raise SqlError(f"{where}: {item.sql(dialect='duckdb')} is not supported "
-                           f"(Ticktable keeps a primary key, nothing else)")
+                           f"(Ticktable keeps a primary key and NOT NULL, nothing else)")
     if query is not None and columns:
         raise SqlError(f"{where}: give the columns or AS SELECT, not both (the query's "
                        f"columns are the table's)")
@@ -135,11 +146,7 @@ def table_definition(tree: exp.Create) -> TableDefinition:
     if unknown:
         raise SqlError(f"{where}: PRIMARY KEY names no column {unknown}; columns: "
                        f"{', '.join(names)}")
-    loose = [c for c in not_null if c not in keys]
-    if loose:
-        raise SqlError(f"{where}: NOT NULL on column(s) {loose} that are not keys is not "
-                       f"supported (Ticktable refuses nulls in key columns only)")
-    return TableDefinition(name, columns, keys, query, bool(tree.args.get("exists")),
+    return TableDefinition(name, columns, keys, not_null, query, bool(tree.args.get("exists")),
                            bool(tree.args.get("replace")))
 
 

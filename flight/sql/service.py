@@ -616,8 +616,8 @@ class FlightSqlService:
             if params:
                 raise SqlError(f"{where}: takes no parameters")
             columns = d.columns_query()
-            schema = self.runner.schema_of(columns.sql(dialect="duckdb"), None, columns,
-                                           where=where)
+            schema = d.schema(self.runner.schema_of(columns.sql(dialect="duckdb"), None,
+                                                    columns, where=where))
             if exists and d.replace:
                 self._replace(d.name, where)
             durability.create_table(d.name, schema, TableKind.KEYED if d.keys else TableKind.APPEND,

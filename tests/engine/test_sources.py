@@ -131,6 +131,25 @@ def test_null_keys_and_bad_deletes_are_refused():
     assert t.size == 0
 
 
+def test_a_column_that_is_not_nullable_takes_no_null_from_any_write():
+    """A field declared not nullable (SQL's NOT NULL) is checked by every write, whatever
+    the nullability the batch's own schema declares; a refused write stages nothing."""
+    g = UpdateGraph(validate=True)
+    schema = pa.schema([("k", pa.int64()), pa.field("s", pa.string(), nullable=False),
+                        ("v", pa.float64())])
+    keyed, log = g.keyed_table(schema, "k"), g.append_only_table(schema)
+    for write in (keyed.upsert, log.append):
+        write(pa.table({"k": [1], "s": ["a"], "v": [None]}, schema=schema))  # v may be null
+        with pytest.raises(SchemaError, match=r"column 's' is NOT NULL and the rows hold 2 null"):
+            write({"k": [2, 3, 4], "s": ["b", None, None], "v": [1.0, 2.0, 3.0]})
+        with pytest.raises(SchemaError, match="column 's' is NOT NULL"):  # declared, not held
+            write(pa.table({"k": [5], "s": pa.array([None], pa.string()), "v": [0.0]},
+                           schema=schema))
+    g.run_cycle()
+    assert keyed.to_arrow().to_pylist() == log.to_arrow().to_pylist() == [
+        {"k": 1, "s": "a", "v": None}]
+
+
 def test_a_write_is_checked_once_and_staged_as_checked(monkeypatch):
     g = UpdateGraph(validate=True)
     t = g.keyed_table(KV, "k")

@@ -76,7 +76,8 @@ def test_create_table_keyed_by_its_primary_key_or_append_only(server, conn):
     assert (accounts.kind, accounts.keys) == (TableKind.KEYED, ["id", "region"])
     assert (events.kind, events.keys) == (TableKind.APPEND, [])
     assert conn.adbc_get_table_schema("accounts") == pa.schema([
-        ("id", pa.int64()), ("region", pa.string()), ("balance", pa.decimal128(12, 2)),
+        pa.field("id", pa.int64(), nullable=False), pa.field("region", pa.string(), nullable=False),
+        ("balance", pa.decimal128(12, 2)),
         ("opened", pa.timestamp("us", "Etc/UTC")), ("day", pa.date32()), ("note", pa.string())])
     assert conn.adbc_get_table_schema("events") == pa.schema([
         ("at", pa.timestamp("us")), ("what", pa.string()), ("n", pa.int32())])
@@ -95,6 +96,10 @@ def test_create_table_keyed_by_its_primary_key_or_append_only(server, conn):
     with pytest.raises(adbc_driver_manager.Error, match="null"):  # a key refuses nulls
         _run(conn, "INSERT INTO accounts (id, balance) VALUES (2, 1)")
     assert _run(conn, "SELECT count(*) FROM accounts") == [(2,)]
+    # NOT NULL (and a key) is a field that is not nullable: GetTables says so, writes keep it
+    schema = conn.adbc_get_table_schema("accounts")
+    assert [f.name for f in schema if not f.nullable] == ["id", "region"]
+    assert all(f.nullable for f in conn.adbc_get_table_schema("events"))
 
 
 @pytest.mark.parametrize("statement, code, words", [
@@ -103,8 +108,6 @@ def test_create_table_keyed_by_its_primary_key_or_append_only(server, conn):
     ("CREATE TABLE t (a INT CHECK (a > 0))", "INVALID_ARGUMENT", "CHECK (a > 0)"),
     ("CREATE TABLE t (a INT, UNIQUE (a))", "INVALID_ARGUMENT", "UNIQUE (a) is not supported"),
     ("CREATE TABLE t (a INT REFERENCES trades (k))", "INVALID_ARGUMENT", "REFERENCES"),
-    ("CREATE TABLE t (k INT PRIMARY KEY, a INT NOT NULL)", "INVALID_ARGUMENT",
-     "NOT NULL on column(s) ['a'] that are not keys"),
     ("CREATE TEMPORARY TABLE t (a INT)", "INVALID_ARGUMENT", "temporary tables"),
     ("CREATE TABLE t (a INT, a BIGINT)", "INVALID_ARGUMENT", "column 'a' is defined twice"),
     ("CREATE TABLE t (a INT, PRIMARY KEY (b))", "INVALID_ARGUMENT", "PRIMARY KEY names no column"),
@@ -122,6 +125,30 @@ def test_create_table_refuses_a_rule_it_would_not_keep_by_name(server, conn, sta
     server.registry.create_source("trades", pa.schema([("k", pa.int64())]), "append")
     _refused(conn, statement, code, words)
     assert sorted(server.registry.names()) == ["trades"]  # nothing made
+
+
+def test_not_null_is_kept_by_every_write(server, conn):
+    """A NOT NULL column refuses nulls from SQL, from ADBC's ingest and from a plain DoPut
+    (the table's check), naming the column; nothing of the refused write lands."""
+    import pyarrow.flight as fl
+
+    _run(conn, "CREATE TABLE orders (id BIGINT, sym VARCHAR NOT NULL, qty INTEGER)")
+    _run(conn, "INSERT INTO orders VALUES (1, 'A', 5)")
+    _refused(conn, "INSERT INTO orders VALUES (2, NULL, 1), (3, 'B', 1)", "INVALID_ARGUMENT",
+             "column 'sym' is NOT NULL and the rows hold 1 null(s)")
+    _refused(conn, "INSERT INTO orders (id, qty) VALUES (4, 1)", "column 'sym' is NOT NULL")
+    with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error, match="'sym' is NOT NULL"):
+        cur.adbc_ingest("orders", pa.table({"id": [5], "sym": pa.array([None], pa.string()),
+                                            "qty": pa.array([1], pa.int32())}), mode="append")
+    client = fl.connect(server.location)
+    options = fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+    rows = pa.table({"id": [6], "sym": pa.array([None], pa.string()), "qty": pa.array([1], pa.int32())})
+    writer, _ = client.do_put(fl.FlightDescriptor.for_path("orders"), rows.schema, options)
+    with pytest.raises(pa.ArrowInvalid, match="'sym' is NOT NULL"):  # INVALID_ARGUMENT
+        writer.write_table(rows)
+        writer.close()
+    client.close()
+    assert _run(conn, "SELECT * FROM orders") == [(1, "A", 5)]
 
 
 def test_if_not_exists_and_or_replace(server, conn):
