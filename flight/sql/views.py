@@ -43,7 +43,11 @@ comparisons, ``AND``/``OR``/
 ``NOT``, ``IN (list)``, ``BETWEEN``, ``IS [NOT] NULL``, ``[NOT] [I]LIKE``, ``CASE``,
 ``COALESCE``, ``CAST`` to integers, floats, ``VARCHAR`` (not from floats: the formats
 differ) and ``BOOLEAN`` (floats to integers round half to even, as DuckDB's), ``upper``,
-``lower``, ``length``, ``abs``, ``||``. Times and dates: ``TIMESTAMP '...'``, ``DATE
+``lower``, ``length``, ``abs``, ``||``, ``NULLIF``, ``GREATEST``/``LEAST`` (nulls skipped),
+``starts_with``/``ends_with``/``contains`` and ``replace`` of constant strings,
+``trim``/``ltrim``/``rtrim`` (spaces, or constant characters), ``concat`` (of strings and
+integers, a null as an empty string), ``left``/``right`` of a constant length,
+``floor``/``ceil`` (a double's, as DuckDB's, of an integer too). Times and dates: ``TIMESTAMP '...'``, ``DATE
 '...'`` and ``TIMESTAMPTZ '...'`` literals (ISO 8601), ``+``/``-`` of an ``INTERVAL`` of
 fixed length (weeks down to microseconds; months and years are refused), ``CAST`` between
 dates and timestamps, ``date_trunc`` (microsecond to year; a date's is a timestamp, as
@@ -369,6 +373,18 @@ _CAST = {
 }
 _AGGS = (exp.Count, exp.Sum, exp.Min, exp.Max, exp.Avg, exp.Stddev, exp.StddevSamp,
          exp.Variance, exp.Median, exp.PercentileCont)
+
+
+def _string_literal(node: exp.Expression | None) -> str | None:
+    return node.this if isinstance(node, exp.Literal) and node.is_string else None
+
+
+def _int_literal(node: exp.Expression | None) -> int | None:
+    negative = isinstance(node, exp.Neg)
+    inner = node.this if negative and node is not None else node
+    if isinstance(inner, exp.Literal) and not inner.is_string and inner.this.isdigit():
+        return -int(inner.this) if negative else int(inner.this)
+    return None
 
 
 def _when(t: pa.DataType) -> bool:
@@ -1182,6 +1198,9 @@ class _Compiler:
         when = self.temporal(node, scope, key)
         if when is not None:
             return when
+        text = self.function(node, scope, key)
+        if text is not None:
+            return text
         if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
             return self.cast(node, scope)
         if isinstance(node, exp.Func):
@@ -1278,6 +1297,83 @@ class _Compiler:
         if get is None or (pa.types.is_date(have) and part in _TIME_OF_DAY):
             raise self.refuse(f"{key} (extract of {part!r})")
         return get(x)
+
+    def function(self, node: exp.Expression, scope: _Scope, key: str) -> pc.Expression | None:
+        """``NULLIF``, ``GREATEST``/``LEAST``, ``starts_with``/``ends_with``/``contains`` and
+        ``replace`` of constant strings, ``trim``/``ltrim``/``rtrim``, ``concat``,
+        ``left``/``right`` of a constant length, ``floor``/``ceil``, as DuckDB computes them;
+        None for another node."""
+        if isinstance(node, exp.Nullif):
+            a = self._expr(node.this, scope)
+            null = pc.scalar(pa.scalar(None, self.typed(a, scope, node.this)))
+            same = pc.coalesce(pc.equal(*self._operands(node.this, node.expression, scope)),
+                               pc.scalar(False))
+            return pc.if_else(same, null, a)
+        if isinstance(node, (exp.Greatest, exp.Least)):  # nulls skipped, as DuckDB's
+            nodes = [node.this, *node.expressions]
+            args = [x for x, a in ((self._expr(a, scope), a) for a in nodes)
+                    if not pa.types.is_null(self.typed(x, scope, a))]  # a NULL: skipped
+            if not args:
+                return pc.scalar(None)
+            pick = pc.max_element_wise if isinstance(node, exp.Greatest) else pc.min_element_wise
+            return pick(*args, skip_nulls=True)
+        if isinstance(node, (exp.StartsWith, exp.EndsWith, exp.Contains)):
+            pattern = _string_literal(node.expression)
+            if pattern is None:
+                raise self.refuse(f"{key} (of a constant string)")
+            x = self._expr(node.this, scope)
+            if isinstance(node, exp.StartsWith):
+                return pc.starts_with(x, pattern)
+            if isinstance(node, exp.EndsWith):
+                return pc.ends_with(x, pattern)
+            return pc.match_substring(x, pattern)
+        if isinstance(node, exp.Replace):
+            old, new = _string_literal(node.expression), _string_literal(node.args.get("replacement"))
+            if not old or new is None:  # DuckDB's replace of '' leaves the string
+                raise self.refuse(f"{key} (of constant, non-empty strings)")
+            return pc.replace_substring(self._expr(node.this, scope), old, new)
+        if isinstance(node, exp.Trim):
+            chars = " " if node.expression is None else _string_literal(node.expression)
+            if chars is None or node.args.get("collation"):
+                raise self.refuse(f"{key} (of constant characters)")
+            where = str(node.args.get("position") or "BOTH").upper()
+            trim = {"LEADING": pc.utf8_ltrim, "TRAILING": pc.utf8_rtrim}.get(where, pc.utf8_trim)
+            if not chars:
+                return self._expr(node.this, scope)
+            return trim(self._expr(node.this, scope), chars)
+        if isinstance(node, exp.Concat):  # nulls as empty strings, integers as their digits
+            parts = []
+            for a in node.expressions:
+                x = self._expr(a, scope)
+                t = self.typed(x, scope, a)
+                if pa.types.is_integer(t):
+                    x = x.cast(pa.string())
+                elif not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)):
+                    raise self.refuse(f"{key} (of strings and integers)")
+                parts.append(x.cast(pa.string()))
+            return pc.binary_join_element_wise(*parts, "", null_handling="replace",
+                                               null_replacement="")
+        if isinstance(node, (exp.Left, exp.Right)):
+            n = _int_literal(node.expression)
+            if n is None:
+                raise self.refuse(f"{key} (of a constant length)")
+            x = self._expr(node.this, scope)
+            if n == 0:
+                return pc.if_else(pc.is_null(x), x, pc.scalar(""))
+            if isinstance(node, exp.Left):
+                return pc.utf8_slice_codeunits(x, 0, n)
+            return pc.utf8_slice_codeunits(x, -n)
+        if isinstance(node, (exp.Floor, exp.Ceil)):
+            if node.args.get("decimals") is not None or node.args.get("to") is not None:
+                raise self.refuse(f"{key} (of one argument)")
+            x = self._expr(node.this, scope)
+            t = self.typed(x, scope, node.this)
+            if pa.types.is_integer(t):
+                x = x.cast(pa.float64())  # DuckDB's floor of an integer is a DOUBLE
+            elif not pa.types.is_floating(t):
+                raise self.refuse(f"{key} (of a {t}: an integer or a float)")
+            return pc.floor(x) if isinstance(node, exp.Floor) else pc.ceil(x)
+        return None
 
     def zoned(self, node: exp.Expression, scope: _Scope, key: str) -> pc.Expression:
         """``node``'s value, refused if it is zoned in another zone than UTC (DuckDB's

@@ -97,6 +97,16 @@ SHAPES = [
     ("WITH big AS (SELECT * FROM a WHERE n > 1) SELECT k, count(*) FROM big GROUP BY k", (), False),
     ("SELECT t.k, t.c FROM (SELECT k, count(*) AS c FROM a GROUP BY k) AS t WHERE t.c > 1", (),
      False),
+    ("SELECT id, nullif(k, 2) AS nk, nullif(s, 'a') AS ns, greatest(k, n) AS g, least(x, 1.0) "
+     "AS l, greatest(k, n, 3) AS g3, least(x, NULL) AS ln FROM a", (), False),
+    ("SELECT id, starts_with(s, 'd') AS sw, ends_with(s, 'a') AS ew, contains(s, 'B') AS c, "
+     "replace(s, 'a', 'xy') AS r, trim(concat('  ', s, ' ')) AS t, ltrim(s, 'd') AS lt, "
+     "rtrim(concat(s, '  ')) AS rt FROM a", (), False),
+    ("SELECT id, concat(s, '-', k) AS c, left(s, 1) AS l1, right(s, 1) AS r1, left(s, -1) AS lm, "
+     "right(s, -1) AS rm, left(s, 0) AS l0, right(s, 5) AS r5 FROM a", (), False),
+    ("SELECT id, floor(x) AS f, ceil(x) AS c, floor(n) AS fn, ceil(-x) AS cn FROM a", (), False),
+    ("SELECT greatest(k, 2) AS g, count(*) AS n FROM a WHERE starts_with(s, 'a') OR s IS NULL "
+     "GROUP BY g", (), False),
 ]
 
 
@@ -334,6 +344,11 @@ REFUSED = [
     ("SELECT CAST(x AS VARCHAR) FROM a", "CAST(x AS TEXT)"),
     ("SELECT 1", "SELECT without FROM"),
     ("SELECT k FROM a GROUP BY ALL", "GROUP BY ALL"),
+    ("SELECT replace(s, s, 'x') FROM a", "REPLACE(s, s, 'x') (of constant, non-empty strings)"),
+    ("SELECT left(s, k) FROM a", "LEFT(s, k) (of a constant length)"),
+    ("SELECT concat(s, x) FROM a", "CONCAT(s, x) (of strings and integers)"),
+    ("SELECT floor(s) FROM a", "FLOOR(s) (of a string: an integer or a float)"),
+    ("SELECT starts_with(s, s) FROM a", "STARTS_WITH(s, s) (of a constant string)"),
 ]
 
 
