@@ -15,8 +15,9 @@ keep; :class:`~flight.sql.service.FlightSqlService` does it (the journal, DoPut'
 * ``CREATE TABLE t AS SELECT ...`` makes an append-only table of the query's result schema and
   writes its rows: a copy at one step, not a live view (``CREATE VIEW`` is that).
 * ``UPDATE t SET c = expr, ... [WHERE ...]`` needs a keyed table: DuckDB computes every
-  matched row's new values over a snapshot (:func:`update_query`), and the rows are upserted
-  whole by key.
+  matched row's new values over a snapshot (:func:`update_query`, which also reads the
+  values they replace), and the service writes them as a DIFF of the rows as read (a row
+  changed since makes it read again).
 * ``INSERT`` into a keyed table replaces the row of each key it writes (an upsert; also
   ``INSERT OR REPLACE``). ``ON CONFLICT DO NOTHING`` and ``INSERT OR IGNORE`` keep the rows
   of keys the table holds; ``ON CONFLICT [(keys)] DO UPDATE SET c = excluded.c, ...`` takes
