@@ -550,11 +550,7 @@ class FlightSqlService:
         if cond is not None:
             select += " " + cond.sql(dialect="duckdb")
         elif not using:  # every row, whatever its values: by key, no row to check
-            entry = self.server.registry.get(name)
-            where = f"DELETE FROM {quoted(entry.name)}"
-            if entry.kind != TableKind.KEYED:
-                raise SqlError(f"{where}: rows are deleted by key: DELETE takes a keyed table, "
-                               f"and {quoted(entry.name)} is {entry.kind}")
+            entry, where = self._keyed(name, "DELETE FROM", "deleted")
             keys = ", ".join(exp.to_identifier(k).sql(dialect="duckdb") for k in entry.keys)
             rows = self._rows(f"SELECT {keys} FROM {target.sql(dialect='duckdb')}", [], where)
             if rows.num_rows:
@@ -562,11 +558,7 @@ class FlightSqlService:
             return rows.num_rows
 
         def build() -> tuple[pa.Table, int]:  # each attempt: the table may be another now
-            entry = self.server.registry.get(name)
-            where = f"DELETE FROM {quoted(entry.name)}"
-            if entry.kind != TableKind.KEYED:
-                raise SqlError(f"{where}: rows are deleted by key: DELETE takes a keyed table, "
-                               f"and {quoted(entry.name)} is {entry.kind}")
+            entry, where = self._keyed(name, "DELETE FROM", "deleted")
             rows = self._rows(select, params, where)
             schema = entry.table.schema
             if len(params) > 1 and rows.num_rows:  # a row two parameter rows selected, once
@@ -576,16 +568,23 @@ class FlightSqlService:
 
         return self._retract(name, f"DELETE FROM {quoted(name)}", build)
 
+    def _keyed(self, name: str, verb: str, done: str) -> tuple[Any, str]:
+        """The keyed table ``name`` and the statement's name for messages (``UPDATE 't'``),
+        or SqlError: ``verb`` (``DELETE FROM``) takes a keyed table, its rows are ``done``
+        by key."""
+        entry = self.server.registry.get(name)
+        where = f"{verb} {quoted(entry.name)}"
+        if entry.kind != TableKind.KEYED:
+            raise SqlError(f"{where}: rows are {done} by key: {verb.split()[0]} takes a keyed "
+                           f"table, and {quoted(entry.name)} is {entry.kind}")
+        return entry, where
+
     def _update(self, tree: exp.Expression, params: list[list[Any]]) -> int:
         assert isinstance(tree, exp.Update)
         name = table_name(tree.this, "UPDATE")
 
         def build() -> tuple[pa.Table, int]:  # each attempt: the table may be another now
-            entry = self.server.registry.get(name)
-            where = f"UPDATE {quoted(entry.name)}"
-            if entry.kind != TableKind.KEYED:
-                raise SqlError(f"{where}: rows are updated by key: UPDATE takes a keyed table, "
-                               f"and {quoted(entry.name)} is {entry.kind}")
+            entry, where = self._keyed(name, "UPDATE", "updated")
             schema = entry.table.schema
             select, order, olds = update_query(tree, entry.name, schema.names, entry.keys)
             rows = self._rows(select.sql(dialect="duckdb"), params, where)
