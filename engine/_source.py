@@ -203,6 +203,7 @@ class SourceTable(Table):
         self._pending_lock = threading.RLock()
         self._taken: list[tuple[str, pa.Table]] | None = None  # see _take_for_cycle
         self._writer: int | None = None  # thread holding write_lock()
+        self._stages = 0  # see stages
         self._serial = next(_serials)
 
     # writes: checked once, then staged -----------------------------------------------
@@ -282,6 +283,18 @@ class SourceTable(Table):
             for b in checked:
                 self._pending.append((b.kind, b.data))
                 self._pending_bytes += b.data.get_total_buffer_size()
+            self._stages += 1
+
+    @property
+    def stages(self) -> int:
+        """How many times writes were staged into this table (:meth:`stage_all` calls).
+
+        The rows the table will hold once what is staged is applied (``lookup(staged=True)``
+        of a keyed table) change only when this does: a cycle applying the staged writes
+        does not change them. A check made against them stays true while this is unchanged,
+        so it can be made without holding the table (and confirmed by this under its lock).
+        """
+        return self._stages
 
     @staticmethod
     def _new_column(type: pa.DataType) -> WritableColumnSource:

@@ -442,3 +442,60 @@ def test_a_staged_diff_is_checked_against_writes_staged_before_its_commit(env):
     with pytest.raises(InputError, match=r"retracts a row key \{'k': 1\} does not hold.*; "
                                          r"nothing of write 'bad' was committed"):
         env.commit("bad", all_slots=True)
+
+
+def test_a_commit_resolves_its_diff_while_cycles_go_on(env, monkeypatch):
+    """The DIFF of a commit is resolved before the commit's critical section: a cycle run
+    from another thread while it resolves completes (it would wait for the graph's lock,
+    and this test for it, were the resolve inside). What it resolved is what is staged."""
+    from flight.ingest import parts as ingest_parts
+
+    env.create("k")
+    env.put("k", UPSERT, kv([1, 2], ["a", "b"], [1, 2]))
+    env.graph.run_cycle()
+    env.put("k", DIFF, diff([1, 1, 2], ["a", "z", "b"], [1, 9, 2], [-1, 1, -1]), write_id="w")
+    ran: list[bool] = []
+    real = ingest_parts._resolve
+
+    def resolving(table, parts, refused):
+        if not ran:  # the first resolve: the early one
+            cycle = threading.Thread(target=env.graph.run_cycle, daemon=True)
+            cycle.start()
+            cycle.join(10)
+            ran.append(not cycle.is_alive())
+        return real(table, parts, refused)
+
+    monkeypatch.setattr(ingest_parts, "_resolve", resolving)
+    res = env.commit("w", all_slots=True)
+    assert ran == [True]  # one resolve, and a cycle completed inside it
+    assert res.applied
+    env.graph.run_cycle()
+    assert env.keyed("k") == {1: row(1, "z", 9.0)}
+
+
+def test_a_write_staged_after_the_early_resolve_is_seen_by_the_commit(env, monkeypatch):
+    """A write staged into the table between the early resolve and the commit's critical
+    section makes the commit resolve again: here the DIFF retracts a row that write
+    changed, so the commit is refused and that write stands."""
+    from flight.ingest import parts as ingest_parts
+
+    env.create("k")
+    env.put("k", UPSERT, kv([1], ["a"], [1]))
+    env.graph.run_cycle()
+    env.put("k", DIFF, diff([1, 1], ["a", "b"], [1, 2], [-1, 1]), write_id="w")
+    calls: list[int] = []
+    real = ingest_parts._resolve
+
+    def resolving(table, parts, refused):
+        calls.append(table.stages)
+        out = real(table, parts, refused)
+        if len(calls) == 1:  # right after the early resolve: another writer of key 1
+            env.put("k", UPSERT, kv([1], ["c"], [3]))
+        return out
+
+    monkeypatch.setattr(ingest_parts, "_resolve", resolving)
+    with pytest.raises(InputError, match=r"retracts a row key \{'k': 1\} does not hold"):
+        env.commit("w", all_slots=True)
+    assert calls == [calls[0], calls[0] + 1]  # resolved again, one write staged since
+    env.graph.run_cycle()
+    assert env.keyed("k") == {1: row(1, "c", 3.0)}
