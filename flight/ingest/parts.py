@@ -124,7 +124,9 @@ class PartWriter:
         """Stage the parts of one batch into ``entry``'s table for its next cycle, atomically.
 
         A DIFF part is resolved against the table's rows with the writes staged before it
-        folded in, and staged under the table's write lock; no cycle is run.
+        folded in, and staged under the table's write lock; no cycle is run. It is resolved
+        before taking the lock (cycles go on meanwhile) and again under it only if a write
+        was staged into the table since (:attr:`~engine.sources.SourceTable.stages`).
 
         Raises
         ------
@@ -137,8 +139,16 @@ class PartWriter:
         table = entry.table
         if any(p.kind == PutMode.DIFF for p in parts):
             assert isinstance(table, KeyedTable) and len(parts) == 1, "diff is one keyed part"
+            refused = "nothing of the batch was applied"
+            stamp = table.stages
+            try:
+                early: KeyedWrites | None = _resolve(table, parts, refused)
+            except InputError:
+                early = None  # resolved again under the lock, which raises if it still holds
             with table.write_lock():
-                _resolve(table, parts, "nothing of the batch was applied").stage(table)
+                if early is None or table.stages != stamp:
+                    early = _resolve(table, parts, refused)
+                early.stage(table)
         else:  # the table's own staging lock makes them atomic: one cycle takes them all
             assert isinstance(table, SourceTable) and all(p.diffs is None for p in parts)
             table.stage_all([p.rows for p in parts])

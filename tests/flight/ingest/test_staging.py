@@ -499,3 +499,38 @@ def test_a_write_staged_after_the_early_resolve_is_seen_by_the_commit(env, monke
     assert calls == [calls[0], calls[0] + 1]  # resolved again, one write staged since
     env.graph.run_cycle()
     assert env.keyed("k") == {1: row(1, "c", 3.0)}
+
+
+def test_a_diff_put_resolves_while_cycles_go_on_and_sees_a_write_staged_meanwhile(env, monkeypatch):
+    """A DIFF batch without a write id is resolved before the table's write lock (a cycle
+    run from another thread inside that resolve completes), and again under the lock when
+    a write was staged into the table meanwhile (here one that makes the batch invalid)."""
+    from flight.ingest import parts as ingest_parts
+
+    env.create("k")
+    env.put("k", UPSERT, kv([1, 2], ["a", "b"], [1, 2]))
+    env.graph.run_cycle()
+    real = ingest_parts._resolve
+    calls: list[int] = []
+    cycled: list[bool] = []
+
+    def resolving(table, parts, refused):
+        calls.append(table.stages)
+        if len(calls) == 1:
+            cycle = threading.Thread(target=env.graph.run_cycle, daemon=True)
+            cycle.start()
+            cycle.join(10)
+            cycled.append(not cycle.is_alive())
+        out = real(table, parts, refused)
+        if len(calls) == 2:  # the second batch's early resolve: another writer of key 2
+            env.put("k", UPSERT, kv([2], ["c"], [3]))
+        return out
+
+    monkeypatch.setattr(ingest_parts, "_resolve", resolving)
+    env.put("k", DIFF, diff([1, 1], ["a", "z"], [1, 9], [-1, 1]))  # resolved once, early
+    assert cycled == [True] and len(calls) == 1
+    with pytest.raises(InputError, match=r"retracts a row key \{'k': 2\} does not hold"):
+        env.put("k", DIFF, diff([2], ["b"], [2], [-1]))
+    assert calls[1:] == [calls[1], calls[1] + 1]  # the stale early resolve was not taken
+    env.graph.run_cycle()
+    assert env.keyed("k") == {1: row(1, "z", 9.0), 2: row(2, "c", 3.0)}
