@@ -184,6 +184,8 @@ class RecordKind(StrEnum):
     """The ``create_table`` action."""
     DROP = "drop"
     """The ``drop_table`` action (or the TableService's ``DropTable``)."""
+    RENAME = "rename"
+    """A pending table filled takes its name (``CREATE TABLE ... AS``, a replacing ingest)."""
     DERIVE = "derive"
     """A derived table built through the TableService."""
     MIRROR = "mirror"

@@ -35,6 +35,13 @@ through these methods are not durable. A creation or held batch is replayed unde
 limits it was journaled with (:mod:`flight.limits`), the checkpoint under none, so a
 restart with other limits refuses nothing that was accepted and accepts nothing refused.
 
+A table created with rows or replacing another (``CREATE TABLE ... AS``, ADBC's ingest) is
+first a *pending* table (:func:`~flight.streams.registry.pending_name`): created, filled and
+committed as any table is, then given its name by one ``rename`` record, which drops the
+table it replaces in the same step. Recovery drops the pending tables left (their
+``rename`` never became durable), journaled as drops; so after a crash the name holds the
+old table or the new one, whole.
+
 What the clock or a restart decides is journaled too, as a ``forget`` record: the writes
 expired after ``stage_ttl`` (and the finished write ids forgotten then), and the open
 writes recovery drops. A replay cannot decide these again, and without the record it
@@ -100,7 +107,7 @@ from flight.ingest.parts import Part
 from flight.ingest.staging import StagingArea
 from flight.links.spec import MirrorSpec, held_by
 from flight.pb import flight_pb2 as pb
-from flight.streams.registry import TableEntry, TableRegistry
+from flight.streams.registry import PENDING_PREFIX, TableEntry, TableRegistry, is_pending
 from flight.wire import DIFF, ROW_KEY, PutMode, RecordKind, TableKind
 
 __all__ = ["Durability", "RecoveryReport"]
@@ -377,20 +384,45 @@ class Durability:
                             lambda seq: self.staging.forget(writes, committed, aborted, dropped))
 
     def create_table(self, name: str, schema: pa.Schema, kind: str, *, keys: list[str],
-                     capacity: int, if_not_exists: bool) -> TableEntry:
-        """Create a durable source table (see :meth:`TableRegistry.create_source`)."""
+                     capacity: int, if_not_exists: bool, pending_for: str | None = None
+                     ) -> TableEntry:
+        """Create a durable source table (see :meth:`TableRegistry.create_source`).
+
+        With ``pending_for``, ``name`` is a pending table's
+        (:func:`~flight.streams.registry.pending_name`) that is to be ``pending_for`` once
+        filled (:meth:`rename`); its messages name it so. A restart drops it if it was not
+        renamed."""
+        if is_pending(name) != (pending_for is not None):
+            raise InputError(f"bad table name {name!r}: names starting with {PENDING_PREFIX!r} "
+                             f"are the server's own (tables being filled)")
         meta = {"schema": _b64(schema.serialize().to_pybytes()), "kind": kind, "keys": keys,
                 "capacity": capacity, "if_not_exists": if_not_exists, "limits": self._limits(),
                 "claims": True}
+        if pending_for is not None:
+            meta["shows_as"] = pending_for
         return self._record(RecordKind.CREATE, name, meta, b"", lambda seq: self._create(name, meta))
 
     def _create(self, name: str, meta: dict[str, Any]) -> TableEntry:
         schema = pa.ipc.read_schema(pa.py_buffer(_unb64(meta["schema"])))
         entry = self.registry.create_source(name, schema, meta["kind"], keys=list(meta["keys"]),
                                             capacity=int(meta["capacity"]),
-                                            if_not_exists=bool(meta["if_not_exists"]))
+                                            if_not_exists=bool(meta["if_not_exists"]),
+                                            pending=is_pending(name))
+        if meta.get("shows_as"):
+            entry.table.name = meta["shows_as"]
         entry.durable = True
         return entry
+
+    def rename(self, pending: str, name: str, *, replace: bool) -> TableEntry:
+        """The pending table ``pending``, filled, takes the name ``name``, in one journal
+        record (see :meth:`TableRegistry.rename`): after a crash, either it has the name
+        and every row committed into it, or the table that had the name is as it was."""
+        meta = {"to": name, "replace": replace, "claims": True}
+        return self._record(RecordKind.RENAME, pending, meta, b"",
+                            lambda seq: self._rename(pending, meta))
+
+    def _rename(self, pending: str, meta: dict[str, Any]) -> TableEntry:
+        return self.registry.rename(pending, meta["to"], replace=bool(meta["replace"]))
 
     def drop_table(self, name: str) -> bool:
         """Drop a table (see :meth:`TableRegistry.drop`)."""
@@ -583,6 +615,11 @@ class Durability:
                          b"", lambda seq: self.staging.drop_open())
         dropped = len(open_ids)
         self._holds.clear()
+        for e in self.registry.entries_in_order():  # filled, never renamed: never seen
+            if is_pending(e.name):
+                log.info("dropping %r, being filled as %r when the server stopped", e.name,
+                         e.table.name)
+                self.drop_table(e.name)
         report = RecoveryReport(start, len(self.registry.entries()), rows, n, cycles, dropped,
                                 time.perf_counter() - t0)
         log.info("recovered: checkpoint at %d, %d table(s), %d rows, %d journal record(s) in "
@@ -717,6 +754,9 @@ class Durability:
         elif kind == RecordKind.DROP:
             assert rec.table is not None
             self._drop(rec.table)
+        elif kind == RecordKind.RENAME:
+            assert rec.table is not None
+            self._rename(rec.table, meta)
         elif kind == RecordKind.DERIVE:
             self._rebuild(_unb64(meta["request"]), "?")
         elif kind == RecordKind.MIRROR:

@@ -35,6 +35,7 @@ from sqlglot import exp
 from engine.errors import SqlError
 from flight.limits import quoted
 from flight.sql.metadata import SCHEMA_NAME
+from flight.sql.query import ROW_COLUMN
 
 __all__ = ["InsertPlan", "TableDefinition", "drop_targets", "insert_clauses", "table_definition",
            "table_name", "update_query"]
@@ -163,15 +164,14 @@ def drop_targets(tree: exp.Drop) -> list[str]:
 
 
 def update_query(tree: exp.Update, name: str, columns: list[str], keys: list[str]
-                 ) -> tuple[exp.Select, list[str], list[str]]:
-    """The query that computes an ``UPDATE``'s rows, the order of its first columns (the new
-    row) and the columns whose old values follow them.
+                 ) -> tuple[exp.Select, list[str]]:
+    """The query that computes an ``UPDATE``'s rows, and the columns it sets.
 
-    Its columns are the keys, then each ``SET`` expression in the statement's order, then the
-    table's other columns, so that its parameters (``?``) come in the statement's order too
-    (``SET`` before ``WHERE``); then the ``SET`` columns' values as read (qualified: a table's
-    column, not the alias before it), so that the old row is the one the new was computed
-    from. Each matched row comes once: the table is keyed.
+    Its columns are the matched row's position in the table's snapshot (``row``, read
+    through ``QueryRunner.start(rows_of=...)``: the row itself is taken from the snapshot,
+    exactly as held), then each ``SET`` expression in the statement's order, so that its
+    parameters (``?``) come in the statement's order too (``SET`` before ``WHERE``). Each
+    matched row comes once: the table is keyed.
 
     Raises
     ------
@@ -204,18 +204,13 @@ def update_query(tree: exp.Update, name: str, columns: list[str], keys: list[str
         sets[col] = item.expression
     if not sets:
         raise SqlError(f"{where}: SET column = value expected")
-    order = [*keys, *sets, *(c for c in columns if c not in keys and c not in sets)]
-    items = [exp.alias_(sets[c].copy(), c, quoted=True) if c in sets else exp.column(c, quoted=True)
-             for c in order]
-    qualifier = alias or name
-    olds = list(sets)
-    items += [exp.alias_(exp.column(c, table=qualifier, quoted=True), f"__old_{i}", quoted=True)
-              for i, c in enumerate(olds)]
+    items = [exp.column(ROW_COLUMN, table=alias or name, quoted=True),
+             *(exp.alias_(e.copy(), c, quoted=True) for c, e in sets.items())]
     select = exp.select(*items).from_(target.copy())
     cond = tree.args.get("where")
     if cond is not None:
         select = select.where(cond.this.copy())
-    return select, order, olds
+    return select, list(sets)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 from sqlglot import exp
 
@@ -75,13 +76,19 @@ from flight.sql.snapshots import Snapshot, SnapshotCache
 from flight.streams.registry import TableEntry, TableRegistry
 from flight.wire import TableKind
 
-__all__ = ["QueryRunner", "RunningQuery", "duckdb_error", "is_query", "key_points", "named_tables",
-           "narrow_plan", "read_columns", "value_ranges"]
+__all__ = ["ROW_COLUMN", "QueryRunner", "RunningQuery", "duckdb_error", "is_query", "key_points",
+           "named_tables", "narrow_plan", "read_columns", "value_ranges"]
 
 log = logging.getLogger(__name__)
 
 #: The schema metadata key of a result's step (also in FlightInfo.app_metadata).
 STEP_KEY = b"ticktable.step"
+
+#: The column a query started with ``rows_of`` (:meth:`QueryRunner.start`) reads beside
+#: that table's own: each row's position in the query's snapshot of the table, so that the
+#: caller takes the rows from the snapshot as held (DuckDB holds some values less exactly
+#: than Arrow: intervals and times to the microsecond).
+ROW_COLUMN = "__sql_row"
 
 
 def duckdb_error(exc: Exception, where: str) -> Exception:
@@ -289,8 +296,13 @@ class QueryRunner:
 
     # ------------------------------------------------------------------ running
     def start(self, sql: str, params: Sequence[Any] | None = None, *,
-              tree: exp.Expression | None = None, where: str = "query") -> RunningQuery:
+              tree: exp.Expression | None = None, where: str = "query",
+              rows_of: str | None = None) -> RunningQuery:
         """Parse, snapshot and start ``sql``; its batches are read with :meth:`batches`.
+
+        With ``rows_of`` (a table the query names), that table's snapshot holds every
+        column, and the query may read its :data:`ROW_COLUMN`: a row's position in
+        ``query.snapshot.tables[rows_of]``.
 
         Raises
         ------
@@ -305,19 +317,24 @@ class QueryRunner:
         if not is_query(tree):
             raise SqlError(f"{where}: not a query (SELECT, WITH, VALUES): {_statement(tree)}")
         entries = named_tables(tree, self.registry, where)
+        if rows_of is not None and ROW_COLUMN in self.registry.get(rows_of).table.schema.names:
+            raise SqlError(f"{where}: table {quoted(rows_of)} has a column {ROW_COLUMN!r}, a "
+                           f"name the server's statements use; rename it")
         points = key_points(tree, entries, params)
         first: narrow.NarrowPlan | None = None
         if points is not None:  # a lookup by key: the rows of those keys, not a scan
             snapshot = self.snapshots.take_keys(entries[0].name, entries[0].table, points)
         else:
-            snapshot = self.snapshots.take([(e.name, e.table, read_columns(tree, entries, e))
-                                            for e in entries])
+            snapshot = self.snapshots.take([
+                (e.name, e.table, None if e.name == rows_of else read_columns(tree, entries, e))
+                for e in entries])
             ranges = value_ranges(tree, entries, params)
             if ranges is not None:  # the blocks of an append table that can hold its rows
                 name = entries[0].name
                 snapshot.tables[name] = self.snapshots.prune(
                     name, entries[0].table, snapshot.tables[name], ranges)
-            if len(entries) == 1 and snapshot.tables[entries[0].name].num_rows >= narrow.MIN_ROWS:
+            if (len(entries) == 1 and rows_of is None
+                    and snapshot.tables[entries[0].name].num_rows >= narrow.MIN_ROWS):
                 first = narrow_plan(tree, entries, params)
         with self._duckdb(where):
             lease = self._lease()
@@ -335,7 +352,12 @@ class QueryRunner:
                         answer = self._narrow(query, first, snapshot, entries[0].name, params,
                                               where)
                     if answer is None:
-                        self._point(lease, snapshot.tables)
+                        tables = snapshot.tables
+                        if rows_of is not None:
+                            held = tables[rows_of]
+                            tables = {**tables, rows_of: held.append_column(
+                                ROW_COLUMN, pa.array(np.arange(held.num_rows, dtype=np.int64)))}
+                        self._point(lease, tables)
                         query.reader = _stream(cursor, sql, params, self.batch_rows)
             except duckdb.InterruptException:
                 raise self._stopped(query, where) from None

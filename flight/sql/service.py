@@ -55,7 +55,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -92,8 +92,9 @@ from flight.sql.ddl import (
     update_query,
 )
 from flight.sql.parse import parse_one, statement_kind
-from flight.sql.query import QueryRunner, RunningQuery, check_params, is_query
+from flight.sql.query import ROW_COLUMN, QueryRunner, RunningQuery, check_params, is_query
 from flight.sql.views import CompiledView, compile_view
+from flight.streams.registry import pending_name
 from flight.wire import DIFF, PutMode, TableKind
 
 __all__ = ["SQL_ACTION_TYPES", "FlightSqlService", "SqlHost", "pack", "unpack"]
@@ -454,6 +455,26 @@ class FlightSqlService:
         self.server.staging.wait_committed()
         return self.runner.start(text, params, tree=tree, where=where)
 
+    def _held_rows(self, select: str, params: list[list[Any]], where: str, name: str
+                   ) -> tuple[pa.Table, pa.Table]:
+        """The rows of a query whose first column is :data:`ROW_COLUMN` of table ``name``,
+        once per parameter row (once without), and the rows of ``name`` those positions
+        are, taken from the query's snapshot: exactly as held, whatever DuckDB makes of
+        their values."""
+        answers, held = [], []
+        rows: list[list[Any] | None] = list(params) or [None]
+        for row in rows:
+            self.server.staging.wait_committed()
+            query = self.runner.start(select, row, where=where, rows_of=name)
+            assert query.snapshot is not None
+            snapshot = query.snapshot.tables[name]
+            answer = pa.Table.from_batches(list(self.runner.batches(query, where)), query.schema)
+            answers.append(answer)
+            held.append(snapshot.take(answer.column(0)))
+        if len(answers) == 1:
+            return answers[0], held[0]
+        return pa.concat_tables(answers), pa.concat_tables(held)
+
     def _rows(self, select: str, params: list[list[Any]], where: str) -> pa.Table:
         """The rows of a query, once per parameter row (once without), concatenated."""
         parts = []
@@ -507,13 +528,12 @@ class FlightSqlService:
         against the rows a lookup finds (the staged writes included), again if one changes
         before the commit; answers the rows inserted or changed."""
         keys = entry.keys
-        with_index = rows.append_column("__sql_i", pa.array(np.arange(rows.num_rows)))
-        first = with_index.group_by(keys, use_threads=False).aggregate([("__sql_i", "min")])
-        if first.num_rows < rows.num_rows:
+        first = _first_of_each(rows.select(keys))
+        if len(first) < rows.num_rows:
             if take:
                 raise SqlError(f"{where}: ON CONFLICT DO UPDATE meets one key twice in its rows; "
                                f"a row may be updated once per statement")
-            rows = rows.take(pa.array(np.sort(first.column("__sql_i_min").to_numpy())))  # the first
+            rows = rows.take(first)
         table = entry.table
 
         def build() -> tuple[pa.Table, int]:
@@ -545,7 +565,8 @@ class FlightSqlService:
         using = tree.args.get("using") or []  # DELETE FROM t USING u WHERE t.k = u.k
         sources = ", ".join(t.sql(dialect="duckdb") for t in [target, *using])
         # the rows as read, whole: the write retracts them (a row changed since is not deleted)
-        select = f"SELECT DISTINCT {exp.to_identifier(target.alias_or_name).sql(dialect='duckdb')}.* FROM {sources}"
+        row = exp.column(ROW_COLUMN, table=target.alias_or_name, quoted=True)
+        select = f"SELECT DISTINCT {row.sql(dialect='duckdb')} FROM {sources}"
         cond = tree.args.get("where")
         if cond is not None:
             select += " " + cond.sql(dialect="duckdb")
@@ -559,12 +580,11 @@ class FlightSqlService:
 
         def build() -> tuple[pa.Table, int]:  # each attempt: the table may be another now
             entry, where = self._keyed(name, "DELETE FROM", "deleted")
-            rows = self._rows(select, params, where)
-            schema = entry.table.schema
+            _, rows = self._held_rows(select, params, where, entry.name)
             if len(params) > 1 and rows.num_rows:  # a row two parameter rows selected, once
-                rows = rows.group_by(rows.column_names, use_threads=False).aggregate([])
-            old = [_fit(rows.column(i), f, where) for i, f in enumerate(schema)]
-            return _diff(schema, None, old), rows.num_rows
+                rows = rows.take(_first_of_each(rows.select(entry.keys)))
+            schema = entry.table.schema
+            return _diff(schema, None, [rows.column(f.name) for f in schema]), rows.num_rows
 
         return self._retract(name, f"DELETE FROM {quoted(name)}", build)
 
@@ -586,22 +606,21 @@ class FlightSqlService:
         def build() -> tuple[pa.Table, int]:  # each attempt: the table may be another now
             entry, where = self._keyed(name, "UPDATE", "updated")
             schema = entry.table.schema
-            select, order, olds = update_query(tree, entry.name, schema.names, entry.keys)
-            rows = self._rows(select.sql(dialect="duckdb"), params, where)
+            select, sets = update_query(tree, entry.name, schema.names, entry.keys)
+            rows, old = self._held_rows(select.sql(dialect="duckdb"), params, where, entry.name)
             if len(params) > 1 and rows.num_rows:  # each row reads the table as before them all
-                keys = rows.select(list(range(len(entry.keys)))).rename_columns(entry.keys)
-                counts = keys.group_by(entry.keys).aggregate([([], "count_all")])
-                twice = counts.filter(pc.greater(counts.column("count_all"), 1))
-                if twice.num_rows:
+                keys = old.select(entry.keys)
+                if len(_first_of_each(keys)) < keys.num_rows:
+                    counts = keys.group_by(entry.keys).aggregate([([], "count_all")])
+                    twice = counts.filter(pc.greater(counts.column("count_all"), 1))
                     key = tuple(twice.column(k)[0].as_py() for k in entry.keys)
                     raise SqlError(f"{where}: {twice.num_rows} row(s) matched by more than one "
                                    f"parameter row (key {key}); each parameter row reads the "
                                    f"table as it was before the statement: run them one by one")
-            new = [_fit(rows.column(order.index(f.name)), f, where) for f in schema]
-            old = [rows.column(len(order) + olds.index(f.name)) if f.name in olds
-                   else new[i] for i, f in enumerate(schema)]
-            old = [_fit(c, f, where) for c, f in zip(old, schema, strict=True)]
-            return _diff(schema, new, old), rows.num_rows
+            held = [old.column(f.name) for f in schema]
+            new = [_fit(rows.column(1 + sets.index(f.name)), f, where) if f.name in sets
+                   else held[i] for i, f in enumerate(schema)]
+            return _diff(schema, new, held), rows.num_rows
 
         return self._retract(name, f"UPDATE {quoted(name)}", build)
 
@@ -609,45 +628,61 @@ class FlightSqlService:
         assert isinstance(tree, exp.Create)
         d = table_definition(tree)
         where = f"CREATE TABLE {quoted(d.name)}"
-        registry, durability = self.server.registry, self.server.durability
-        exists = d.name in registry.names()
+        exists = d.name in self.server.registry.names()
         if d.query is None:
             if params:
                 raise SqlError(f"{where}: takes no parameters")
             columns = d.columns_query()
             schema = d.schema(self.runner.schema_of(columns.sql(dialect="duckdb"), None,
                                                     columns, where=where))
+            kind = TableKind.KEYED if d.keys else TableKind.APPEND
             if exists and d.replace:
-                self._replace(d.name, where)
-            durability.create_table(d.name, schema, TableKind.KEYED if d.keys else TableKind.APPEND,
-                                    keys=d.keys, capacity=0, if_not_exists=d.if_not_exists)
+                self._check_replaceable(d.name, where)
+                return self._fill(d.name, schema, kind, d.keys, None, replace=True)
+            self.server.durability.create_table(d.name, schema, kind, keys=d.keys, capacity=0,
+                                                if_not_exists=d.if_not_exists)
             return 0
         if exists and d.if_not_exists:
             return 0  # as DuckDB: the table is left as it is, nothing is written
         if exists and not d.replace:
             raise TableExists(f"{where}: table {quoted(d.name)} already exists; use CREATE OR "
                               f"REPLACE TABLE, INSERT INTO or DROP TABLE first")
-        rows = self._rows(d.query.sql(dialect="duckdb"), params, where)
         if exists:
-            self._replace(d.name, where)
-        durability.create_table(d.name, rows.schema, TableKind.APPEND, keys=[], capacity=0,
-                                if_not_exists=False)
-        try:
-            return self._write(d.name, PutMode.APPEND, rows.to_batches()) if rows.num_rows else 0
-        except BaseException:  # the statement made nothing: the table goes again
-            try:
-                durability.drop_table(d.name)
-            except Exception:
-                log.debug("dropping %r after its rows were refused", d.name, exc_info=True)
-            raise
+            self._check_replaceable(d.name, where)
+        rows = self._rows(d.query.sql(dialect="duckdb"), params, where)
+        return self._fill(d.name, rows.schema, TableKind.APPEND, [],
+                          rows.to_batches() if rows.num_rows else None, replace=d.replace)
 
-    def _replace(self, name: str, where: str) -> None:
-        """``CREATE OR REPLACE TABLE``: drop the source table ``name`` first."""
+    def _check_replaceable(self, name: str, where: str) -> None:
+        """``CREATE OR REPLACE TABLE`` replaces source tables only."""
         entry = self.server.registry.get(name)
         if not entry.is_source:
             raise SqlError(f"{where}: {quoted(name)} is a {entry.kind} table, not a source "
                            f"table; drop it first")
-        self.server.durability.drop_table(name)
+
+    def _fill(self, name: str, schema: pa.Schema, kind: str, keys: list[str],
+              batches: Iterable[pa.RecordBatch] | None, *, replace: bool) -> int:
+        """A new table ``name`` with the rows of ``batches``, taking the place of the one
+        of that name with ``replace``: filled as a pending table (journaled and committed
+        as any write), then renamed in one step, so that no reader, and no restart after
+        a crash, sees it empty, half filled, or the old table gone and the new one not
+        there. A refused row leaves everything as it was."""
+        durability = self.server.durability
+        pending = pending_name()
+        durability.create_table(pending, schema, kind, keys=keys, capacity=0,
+                                if_not_exists=False, pending_for=name)
+        try:
+            mode = PutMode.UPSERT if kind == TableKind.KEYED else PutMode.APPEND
+            rows = 0 if batches is None else self._write(pending, mode, batches)
+            durability.rename(pending, name, replace=replace)
+            return rows
+        except BaseException:
+            try:
+                durability.drop_table(pending)
+            except Exception:
+                log.debug("dropping %r (for %r) after it was refused", pending, name,
+                          exc_info=True)
+            raise
 
     def _drop_table(self, tree: exp.Expression) -> int:
         assert isinstance(tree, exp.Drop)
@@ -670,7 +705,7 @@ class FlightSqlService:
             left.remove(name)
         return 0
 
-    def _write(self, table: str, mode: PutMode, batches: Sequence[pa.RecordBatch], *,
+    def _write(self, table: str, mode: PutMode, batches: Iterable[pa.RecordBatch], *,
                conflict: bool = False) -> int:
         """DoPut's path: check and hold every batch under one write id, then commit it.
 
@@ -759,22 +794,22 @@ class FlightSqlService:
         if exists and opts.if_exists == Opts.TABLE_EXISTS_OPTION_FAIL:
             raise TableExists(f"{where}: table {quoted(name)} already exists (mode 'create': "
                               f"use 'append' or 'replace')")
-        if exists and opts.if_exists == Opts.TABLE_EXISTS_OPTION_REPLACE:
-            self.server.durability.drop_table(name)
-            exists = False
-        if not exists:
-            if opts.if_not_exist == Opts.TABLE_NOT_EXIST_OPTION_FAIL:
+        replace = exists and opts.if_exists == Opts.TABLE_EXISTS_OPTION_REPLACE
+        if replace:
+            self._check_replaceable(name, where)
+        if not exists or replace:  # filled before it is seen: see _fill
+            if opts.if_not_exist == Opts.TABLE_NOT_EXIST_OPTION_FAIL and not exists:
                 raise TableNotFound(f"{where}: no table {quoted(name)} (mode 'append')")
             keys = [k for k in cmd.options.get("ticktable.keys", "").split(",") if k]
             kind = TableKind.KEYED if keys else TableKind.APPEND
-            self.server.durability.create_table(name, first.schema, kind, keys=keys, capacity=0,
-                                                if_not_exists=False)
+            return self._fill(name, first.schema, kind, keys, itertools.chain((first,), batches),
+                              replace=replace)
         entry = registry.get(name)
         if entry.kind not in (TableKind.APPEND, TableKind.KEYED, TableKind.RING):
             raise SqlError(f"{where}: {quoted(name)} is a {entry.kind} table; ingest writes "
                            f"into source tables")
         mode = PutMode.UPSERT if entry.kind == TableKind.KEYED else PutMode.APPEND
-        return self._write(name, mode, itertools.chain((first,), batches))  # type: ignore[arg-type]
+        return self._write(name, mode, itertools.chain((first,), batches))
 
     # ------------------------------------------------------------------------- views
     def create_view(self, tree: exp.Expression) -> str:
@@ -932,6 +967,13 @@ def _diff(schema: pa.Schema, new: list[pa.ChunkedArray] | None,
         n = len(new[0]) if new else 0
         parts.append(pa.Table.from_arrays([*new, pa.array(np.ones(n, np.int64))], schema=wide))
     return pa.concat_tables(parts)
+
+
+def _first_of_each(keys: pa.Table) -> pa.Array:
+    """The positions of the first row of each distinct key of ``keys``, in order."""
+    index = keys.append_column("__sql_i", pa.array(np.arange(keys.num_rows, dtype=np.int64)))
+    first = index.group_by(keys.column_names, use_threads=False).aggregate([("__sql_i", "min")])
+    return pa.array(np.sort(first.column("__sql_i_min").to_numpy()))
 
 
 def _fit(col: pa.ChunkedArray, f: pa.Field, where: str) -> pa.ChunkedArray:

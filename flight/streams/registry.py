@@ -14,6 +14,12 @@ from the table's current state, under the graph's shared lock.
 The seam to the consumers is typed: a publisher feeds :class:`UpdateSink` s (a
 subscription's stream, a fan-out, a web feed) and keeps, per key, the fan-outs its
 subscribers share (:meth:`Publisher.fanout`).
+
+A *pending* table (:func:`pending_name`) is one being filled before it takes its name: the
+server creates it under a name of its own, writes its rows, then renames it in one step
+(:meth:`TableRegistry.rename`), so a ``CREATE TABLE ... AS SELECT`` or a replacing ingest is
+never seen, nor left behind by a crash, half done. Pending tables are in no listing
+(:meth:`TableRegistry.names`, :meth:`TableRegistry.entries`); recovery drops those left.
 """
 
 from __future__ import annotations
@@ -46,14 +52,28 @@ from flight.limits import limit_text, quoted
 from flight.pb import flight_pb2 as pb
 from flight.wire import SOURCE_KINDS, TableKind
 
-__all__ = ["MAX_RING_CAPACITY", "HistoryEntry", "Publisher", "TableEntry", "TableRegistry",
-           "UpdateSink", "quoted"]
+__all__ = ["MAX_RING_CAPACITY", "PENDING_PREFIX", "HistoryEntry", "Publisher", "TableEntry",
+           "TableRegistry", "UpdateSink", "is_pending", "pending_name", "quoted"]
 
 log = logging.getLogger(__name__)
 
 
 #: Largest ring capacity: a ring allocates every column for its capacity when it is created.
 MAX_RING_CAPACITY = 1 << 30
+
+#: The start of a pending table's name (:func:`pending_name`); no other name may start so.
+PENDING_PREFIX = "__pending__:"
+
+
+def pending_name() -> str:
+    """A new name for a pending table (see the module's docstring)."""
+    return f"{PENDING_PREFIX}{uuid.uuid4().hex}"
+
+
+def is_pending(name: str) -> bool:
+    """Whether ``name`` is a pending table's."""
+    return name.startswith(PENDING_PREFIX)
+
 
 #: Delta messages a publisher holds at one sequence for streams to share (Publisher.delta),
 #: and their bytes at most.
@@ -406,13 +426,14 @@ class TableRegistry:
         """
         entry = self._entries.get(name)
         if entry is None:
-            have = ", ".join(sorted(dict(self._entries))) or "none"
+            have = ", ".join(self.names()) or "none"
             raise TableNotFound(f"no table {quoted(name)} (tables: {have}); create it "
                                 f"first (create_table) or check the name")
         return entry
 
     def names(self) -> list[str]:
-        return sorted(dict(self._entries))
+        """The tables' names, sorted (pending tables' not among them)."""
+        return sorted(n for n in dict(self._entries) if not is_pending(n))
 
     def holds(self, entry: TableEntry) -> bool:
         """Whether ``entry`` is still the registry's table of its name (not dropped or
@@ -420,28 +441,32 @@ class TableRegistry:
         return self._entries.get(entry.name) is entry
 
     def entries(self) -> list[TableEntry]:
+        """The entries by name (pending tables' not among them)."""
         entries = dict(self._entries)
-        return [entries[n] for n in sorted(entries)]
+        return [entries[n] for n in sorted(entries) if not is_pending(n)]
 
     def entries_in_order(self) -> list[TableEntry]:
-        """Every entry in creation order (a table comes after the tables it derives from)."""
+        """Every entry in creation order (a table comes after the tables it derives from),
+        pending tables' too."""
         return list(dict(self._entries).values())
 
     def add(self, name: str, table: Table, kind: str, *, keys: list[str] | None = None,
-            parents: list[str] | None = None, replace: bool = False) -> TableEntry:
-        """Expose ``table`` as ``name``.
+            parents: list[str] | None = None, replace: bool = False,
+            pending: bool = False) -> TableEntry:
+        """Expose ``table`` as ``name`` (a :func:`pending_name` only with ``pending``).
 
         Raises
         ------
         TableExists
             If the name is taken and ``replace`` is false.
         InputError
-            If the name is empty, too long or holds control characters.
+            If the name is empty, too long, holds control characters or is a pending
+            table's without ``pending``.
         LimitExceeded
             If the table has more than ``max_columns`` columns, or is new and the registry
             holds ``max_tables`` already.
         """
-        _check_name(name)
+        _check_name(name, pending=pending)
         with self._lock:
             if name in self._entries:
                 if not replace:
@@ -464,8 +489,9 @@ class TableRegistry:
 
     def create_source(self, name: str, schema: pa.Schema, kind: str, *,
                       keys: list[str] | None = None, capacity: int = 0,
-                      if_not_exists: bool = False) -> TableEntry:
-        """Create a source table writers can push into.
+                      if_not_exists: bool = False, pending: bool = False) -> TableEntry:
+        """Create a source table writers can push into (a pending one with ``pending``:
+        ``name`` is then a :func:`pending_name`).
 
         Raises
         ------
@@ -474,7 +500,8 @@ class TableRegistry:
             schema, kind or keys.
         InputError
             Unknown kind, missing keys for a keyed table, or a ring capacity outside
-            ``1..MAX_RING_CAPACITY`` (or one the server cannot allocate).
+            ``1..MAX_RING_CAPACITY`` (or one the server cannot allocate); a pending
+            table's name without ``pending``.
         SchemaError
             If column names repeat, or ``keys`` repeat, name columns that are not in
             ``schema`` or columns of a type keys cannot have (lists, structs, maps, unions,
@@ -483,7 +510,7 @@ class TableRegistry:
             If ``schema`` has more than ``max_columns`` columns, or the registry holds
             ``max_tables`` already.
         """
-        _check_name(name)
+        _check_name(name, pending=pending)
         if kind not in SOURCE_KINDS:
             raise InputError(f"unknown table kind {kind!r} for {name!r}; use one of "
                              f"{tuple(k.value for k in SOURCE_KINDS)}")
@@ -526,7 +553,43 @@ class TableRegistry:
                         raise InputError(f"ring table {name!r}: {capacity} rows of "
                                          f"({_columns(schema)}) do not fit in the server's "
                                          f"memory; use a smaller capacity") from exc
-                return self.add(name, table, kind, keys=keys)
+                return self.add(name, table, kind, keys=keys, pending=pending)
+
+    def rename(self, name: str, to: str, *, replace: bool = False) -> TableEntry:
+        """Give the pending source table ``name`` the name ``to``, in one step: a reader
+        finds the table ``to`` was, or this one with all its rows, never neither.
+
+        With ``replace``, a source table called ``to`` is dropped in the same step.
+
+        Raises
+        ------
+        TableNotFound
+            If there is no table ``name``.
+        TableExists
+            If ``to`` is taken and ``replace`` is false (or a claim holds it).
+        InputError
+            If ``to`` is a derived table, or has derived tables; or is no name a table may
+            take.
+        """
+        _check_name(to)
+        with self._lock:
+            entry = self.get(name)
+            assert is_pending(name) and entry.is_source, name
+            existing = self._entries.get(to)
+            if existing is not None:
+                if not replace:
+                    raise TableExists(f"table {to!r} already exists; drop it first or pick "
+                                      f"another name")
+                if not existing.is_source:
+                    raise InputError(f"table {to!r} is a {existing.kind} table, not a source "
+                                     f"table; drop it first")
+                self.drop(to)  # refuses a table others derive from
+            else:
+                self._check_claims(to, entry.kind)
+            del self._entries[name]
+            entry.name = entry.table.name = to
+            self._entries[to] = entry
+            return entry
 
     def _check_claims(self, name: str, kind: str) -> None:
         """Raise TableExists if a claim holds ``name`` against a table of ``kind`` (:attr:`claims`)."""
@@ -582,10 +645,13 @@ def _columns(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
-def _check_name(name: str) -> None:
+def _check_name(name: str, *, pending: bool = False) -> None:
     if not name or len(name) > 200 or not name.isprintable():
         raise InputError(f"bad table name {quoted(name)}: use 1-200 characters, none of them "
                          f"control characters")
+    if is_pending(name) != pending:
+        raise InputError(f"bad table name {quoted(name)}: names starting with "
+                         f"{PENDING_PREFIX!r} are the server's own (tables being filled)")
 
 
 def _check_columns(name: str, schema: pa.Schema, keys: list[str]) -> None:

@@ -21,6 +21,8 @@ from engine.graph import UpdateGraph
 from engine.rowset import RowSet
 from flight.pb import flight_pb2 as pb
 from flight.server import ServerConfig, TicktableServer
+from flight.streams.registry import is_pending, pending_name
+from flight.wire import TableKind
 
 KV = pa.schema([("k", pa.int64()), ("s", pa.string()), ("v", pa.float64())])
 
@@ -192,6 +194,41 @@ def test_commits_and_batch_ids_survive_open_writes_do_not(nodes, data_dir):
     with pytest.raises(tt.errors.InputError, match="no slot"):
         b.server.action("commit", pb.CommitRequest(write_id="open",
                                                    slots=[pb.StageSlot()]).SerializeToString())
+
+
+def test_a_table_filled_but_never_renamed_is_gone_after_a_restart(nodes, data_dir):
+    """A pending table (CREATE TABLE ... AS, a replacing ingest) takes its name in one
+    journaled step: renamed before the crash, it is the table after the restart; not yet
+    renamed (its rows committed, and in a checkpoint or only in the journal), it is
+    dropped and the table of that name is as it was. A second restart agrees."""
+    a = start(nodes, data_dir)
+    a.client.create_table("kv", KV, "keyed", keys=["k"])
+    srv = a.server
+
+    def fill(name: str, ks: list[int]) -> str:
+        pending = pending_name()
+        srv.durability.create_table(pending, KV, TableKind.APPEND, keys=[], capacity=0,
+                                    if_not_exists=False, pending_for=name)
+        srv.puts.put(pending, pb.PutRequest(mode=pb.PUT_MODE_APPEND, write_id=pending),
+                     pa.table({"k": ks, "s": ["x"] * len(ks), "v": [1.0] * len(ks)},
+                              schema=KV).to_batches(), lambda ack: None)
+        srv.durability.commit(pb.CommitRequest(write_id=pending, all_slots=True))
+        return pending
+
+    srv.durability.rename(fill("kv", [2, 3]), "kv", replace=True)  # kv: 2, 3, append-only
+    fill("kv", [9])
+    assert srv.durability.checkpoint() is not None  # holds the pending table and its row
+    fill("other", [5])
+    assert [r["k"] for r in a.state("kv")[1]] == [2, 3]
+    assert a.server.registry.names() == ["kv"]
+    a.stop(crash=True)
+    for _ in range(2):
+        b = start(nodes, data_dir)
+        assert b.server.registry.names() == ["kv"]
+        assert not [e.name for e in b.server.registry.entries_in_order() if is_pending(e.name)]
+        assert sorted(r["k"] for r in b.state("kv")[1]) == [2, 3]
+        assert b.server.registry.get("kv").kind == TableKind.APPEND
+        b.stop(crash=True)
 
 
 def test_in_memory_keeps_nothing(nodes, tmp_path):
