@@ -563,10 +563,17 @@ class FlightService:
         if first is None:
             return  # the client closed without sending anything: nothing to do
         # the table, from the first message's descriptor, so that every refusal names it
-        where = _put_where(descriptor_of(parse_flight_data(first).descriptor))
+        head = descriptor_of(parse_flight_data(first).descriptor)
+        where = _put_where(head)
         decoder = IpcDecoder(itertools.chain((first,), messages), where)
         schema = decoder.read_schema()
         if schema is None:
+            if head is not None and head.descriptor_type == flight.DescriptorType.CMD:
+                # a Flight SQL statement sent as a descriptor and no data (arrow-go's
+                # ExecuteUpdate, JDBC's executeUpdate): it still gets its DoPutUpdateResult
+                for meta in self.server.sql.do_put(head.command, iter(()),
+                                                   read_only=self.server.read_only(context)):
+                    yield put_result(meta)
             return
         for column, n in collections.Counter(schema.names).items():
             if n > 1:  # pyarrow could not tell the columns apart when conforming them

@@ -398,6 +398,28 @@ def test_bad_and_hostile_sql_is_refused_in_one_line(conn, query, code, words):
     assert _rows(conn, "SELECT count(*) FROM trades") == [(3,)]  # serving on, nothing changed
 
 
+def _execute_update(conn: flightsql.Connection, statement: str) -> int:
+    """ADBC's ``ExecuteUpdate``: a ``CommandStatementUpdate`` DoPut of a descriptor and no
+    data, as JDBC's ``executeUpdate`` sends it too (DB-API's ``execute`` runs a query)."""
+    with conn.cursor() as cur:
+        cur.adbc_statement.set_sql_query(statement)
+        return cur.adbc_statement.execute_update()
+
+
+def test_execute_update_answers_its_count(conn):
+    assert _execute_update(conn, "CREATE TABLE u (k BIGINT PRIMARY KEY, n BIGINT)") == 0
+    assert _execute_update(conn, "INSERT INTO u VALUES (1, 0), (2, 0), (3, 0)") == 3
+    assert _execute_update(conn, "UPDATE u SET n = n + k WHERE k > 1") == 2
+    assert _execute_update(conn, "DELETE FROM u WHERE k = 3") == 1
+    assert _rows(conn, "SELECT * FROM u ORDER BY k") == [(1, 0), (2, 2)]
+    for statement, words in (("SELECT 1", "a query returns rows"),
+                             ("SELEC 1", "line 1, column 7"),
+                             ("UPDATE nope SET n = 1", "no table 'nope'")):
+        with pytest.raises(adbc_driver_manager.Error) as raised:
+            _execute_update(conn, statement)
+        assert words in str(raised.value) and "EOF" not in str(raised.value), raised.value
+
+
 def test_the_read_token_may_query_but_not_write(server):
     with _connect(server, READ) as conn:
         assert _rows(conn, "SELECT count(*) FROM trades WHERE qty > ?", (0,)) == [(3,)]
@@ -413,6 +435,10 @@ def test_the_read_token_may_query_but_not_write(server):
         with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error,
                                                  match="PermissionDenied"):
             cur.executemany("INSERT INTO trades VALUES (?, ?, ?)", [("x", 1.0, 1)])
+        with conn.cursor() as cur, pytest.raises(adbc_driver_manager.Error,
+                                                 match="PermissionDenied"):
+            cur.adbc_statement.set_sql_query("DELETE FROM quotes")
+            cur.adbc_statement.execute_update()
     with _connect(server) as conn:
         assert _rows(conn, "SELECT count(*) FROM trades") == [(3,)]
     with _connect(server, "wrong") as conn, pytest.raises(adbc_driver_manager.Error,
