@@ -22,7 +22,8 @@ _PREFIX = "type.googleapis.com/arrow.flight.protocol.sql."
 
 #: The DoAction types Flight SQL adds (all allowed to the read token: a prepared update
 #: still needs a DoPut to run, which the read token may not make).
-SQL_ACTION_TYPES = ("CreatePreparedStatement", "ClosePreparedStatement", "CancelFlightInfo")
+SQL_ACTION_TYPES = ("CreatePreparedStatement", "ClosePreparedStatement", "CancelFlightInfo",
+                    "SetSessionOptions", "GetSessionOptions", "CloseSession")
 
 
 def pack(message: Message) -> bytes:

@@ -360,6 +360,9 @@ class FlightSqlService:
     # ----------------------------------------------------------------------- DoAction
     def action(self, kind: str, body: bytes) -> Iterator[bytes]:
         """A Flight SQL DoAction: the ``Result`` bodies to send."""
+        if kind in ("SetSessionOptions", "GetSessionOptions", "CloseSession"):
+            yield _session(kind, body)
+            return
         if kind == "CancelFlightInfo":
             req = fpb.CancelFlightInfoRequest()
             try:
@@ -1002,6 +1005,33 @@ def _durations(col: pa.ChunkedArray, to: pa.DataType) -> pa.ChunkedArray:
             raise pa.ArrowInvalid(f"an interval of {v.months} month(s) is no duration")
         out.append(None if v is None else v.days * 86_400 * 10**9 + v.nanoseconds)
     return pa.chunked_array([pa.array(out, pa.int64()).cast(pa.duration("ns")).cast(to)])
+
+
+def _session(kind: str, body: bytes) -> bytes:
+    """The session actions (a ``Result`` body). Ticktable keeps no session: ``schema`` is
+    ``main`` and there is no catalog, whoever asks (ADBC's ``adbc_current_db_schema`` reads
+    the option ``schema``); setting either to what it is succeeds and changes nothing,
+    another value is ``INVALID_VALUE``, another option ``INVALID_NAME``."""
+    if kind == "CloseSession":  # nothing held: closed as soon as asked
+        return fpb.CloseSessionResult(status=fpb.CloseSessionResult.CLOSED).SerializeToString()
+    if kind == "GetSessionOptions":
+        out = fpb.GetSessionOptionsResult()
+        out.session_options["schema"].string_value = metadata.SCHEMA_NAME
+        return out.SerializeToString()
+    req = fpb.SetSessionOptionsRequest()
+    try:
+        req.ParseFromString(body)
+    except DecodeError as exc:
+        raise ProtocolError(f"SetSessionOptions: the body does not parse: {exc}") from None
+    result = fpb.SetSessionOptionsResult()
+    Errors = fpb.SetSessionOptionsResult
+    for name, value in req.session_options.items():
+        given = value.string_value if value.WhichOneof("option_value") == "string_value" else None
+        if name not in ("schema", "catalog"):
+            result.errors[name].value = Errors.INVALID_NAME
+        elif given not in ((metadata.SCHEMA_NAME,) if name == "schema" else (None, "")):
+            result.errors[name].value = Errors.INVALID_VALUE
+    return result.SerializeToString()
 
 
 def _empty_batch(schema: pa.Schema) -> pa.RecordBatch:

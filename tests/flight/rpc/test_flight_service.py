@@ -161,7 +161,8 @@ def test_flight_table_service_health_and_reflection_share_one_port(server, clien
     assert client.get_schema(fl.FlightDescriptor.for_path("t")).schema == KV
     assert [a.type for a in client.list_actions()] == [
         "create_table", "drop_table", "commit", "abort", "stats",
-        "CreatePreparedStatement", "ClosePreparedStatement", "CancelFlightInfo"]
+        "CreatePreparedStatement", "ClosePreparedStatement", "CancelFlightInfo",
+        "SetSessionOptions", "GetSessionOptions", "CloseSession"]
     stats = pb.Stats.FromString(next(iter(client.do_action(fl.Action("stats", b"")))).body
                                 .to_pybytes())
     assert stats.table_service_port == server.port

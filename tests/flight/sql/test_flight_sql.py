@@ -420,6 +420,40 @@ def test_execute_update_answers_its_count(conn):
         assert words in str(raised.value) and "EOF" not in str(raised.value), raised.value
 
 
+def test_session_options_say_the_one_schema_and_change_nothing(server):
+    """ADBC reads its current schema from the session option ``schema``; setting it to
+    ``main`` is accepted, to another is refused naming the option; CloseSession (sent by
+    the driver as it closes) is answered, not an unknown action. The read token may."""
+    with _connect(server, READ) as conn:
+        assert conn.adbc_current_db_schema == "main"
+        with pytest.raises(adbc_driver_manager.Error, match="current catalog not supported"):
+            conn.adbc_current_catalog  # noqa: B018  (no catalogs: the driver says so)
+        option = adbc_driver_manager.ConnectionOptions.CURRENT_DB_SCHEMA.value
+        conn.adbc_connection.set_options(**{option: "main"})
+        with pytest.raises(adbc_driver_manager.Error, match="'schema' \\(invalid value\\)"):
+            conn.adbc_connection.set_options(**{option: "other"})
+        assert conn.adbc_current_db_schema == "main"
+    client = fl.connect(server.location)
+    options = fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {READ}".encode())])
+    request = fpb.SetSessionOptionsRequest()
+    request.session_options["catalog"].string_value = ""
+    request.session_options["x"].bool_value = True
+    request.session_options["schema"].int64_value = 1
+    result = fpb.SetSessionOptionsResult()
+    result.ParseFromString(next(iter(client.do_action(
+        fl.Action("SetSessionOptions", request.SerializeToString()), options))).body.to_pybytes())
+    assert {k: v.value for k, v in result.errors.items()} == {
+        "x": fpb.SetSessionOptionsResult.INVALID_NAME,
+        "schema": fpb.SetSessionOptionsResult.INVALID_VALUE}
+    closed = fpb.CloseSessionResult()
+    closed.ParseFromString(next(iter(client.do_action(fl.Action("CloseSession", b""),
+                                                      options))).body.to_pybytes())
+    assert closed.status == fpb.CloseSessionResult.CLOSED
+    assert {"SetSessionOptions", "GetSessionOptions", "CloseSession"} <= {
+        a.type for a in client.list_actions(options)}
+    client.close()
+
+
 def test_the_read_token_may_query_but_not_write(server):
     with _connect(server, READ) as conn:
         assert _rows(conn, "SELECT count(*) FROM trades WHERE qty > ?", (0,)) == [(3,)]
