@@ -342,10 +342,13 @@ class FlightSqlService:
         if read_only:
             raise _read_only(f"run {type(cmd).__name__}")
         if isinstance(cmd, sql.CommandStatementUpdate):
-            for _ in batches:  # a statement takes no batches; read what the client sent
+            # run and answered at once: a client may wait for the answer before it closes
+            # its side (flightsql-dbapi's execute_update does); what it sends is read after
+            yield sql.DoPutUpdateResult(record_count=self.update(cmd.query, [])).SerializeToString()
+            for _ in batches:  # a statement takes no batches
                 pass
-            count = self.update(cmd.query, [])
-        elif isinstance(cmd, sql.CommandPreparedStatementUpdate):
+            return
+        if isinstance(cmd, sql.CommandPreparedStatementUpdate):
             prepared = self._prepared_of(cmd.prepared_statement_handle)
             rows = []
             for batch in batches:
