@@ -18,4 +18,8 @@ Reading order, in the order a call travels:
 - :mod:`flight.sql.metadata`: the metadata commands' answers (SqlInfo, tables, keys, types).
 - :mod:`flight.sql.views`: a ``SELECT`` compiled to the engine's incremental operations: a
   live view, or a refusal naming the clause.
+- :mod:`flight.sql.expressions`: the view's scalar expressions as pyarrow expressions (the
+  view compiler's base), times, decimals and functions among them.
+- :mod:`flight.sql.ddl`: what CREATE TABLE, UPDATE and INSERT's clauses ask for (the
+  service writes it).
 """

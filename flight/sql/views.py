@@ -37,23 +37,7 @@ global aggregate            ``agg_by`` with no key, natural-joined onto a one-ro
 ``LIMIT n [OFFSET m]``      ``head(n)`` / ``slice(m, m + n)``, after an ``ORDER BY`` only
 ==========================  ===================================================================
 
-Expressions: columns (qualified or not), literals, ``+ - *`` (overflow fails the view, as
-it fails DuckDB's query), ``/`` (float division of integers and decimals, as DuckDB's),
-comparisons, ``AND``/``OR``/
-``NOT``, ``IN (list)``, ``BETWEEN``, ``IS [NOT] NULL``, ``[NOT] [I]LIKE``, ``CASE``,
-``COALESCE``, ``CAST`` to integers, floats, ``VARCHAR`` (not from floats: the formats
-differ) and ``BOOLEAN`` (floats to integers round half to even, as DuckDB's), ``upper``,
-``lower``, ``length``, ``abs``, ``||``, ``NULLIF``, ``GREATEST``/``LEAST`` (nulls skipped),
-``starts_with``/``ends_with``/``contains`` and ``replace`` of constant strings,
-``trim``/``ltrim``/``rtrim`` (spaces, or constant characters), ``concat`` (of strings and
-integers, a null as an empty string), ``left``/``right`` of a constant length,
-``floor``/``ceil`` (a double's, as DuckDB's, of an integer too). Times and dates: ``TIMESTAMP '...'``, ``DATE
-'...'`` and ``TIMESTAMPTZ '...'`` literals (ISO 8601), ``+``/``-`` of an ``INTERVAL`` of
-fixed length (weeks down to microseconds; months and years are refused), ``CAST`` between
-dates and timestamps, ``date_trunc`` (microsecond to year; a date's is a timestamp, as
-DuckDB's), ``time_bucket(INTERVAL, x)`` of a width that divides a day or of a week, ``extract`` of year, quarter, month, day, hour, minute, second, dow, isodow,
-doy, week and epoch, and the functions of those names (``year(x)``, ``epoch(x)``...), as
-DuckDB computes them in its session's zone, UTC: a column zoned elsewhere is refused.
+Expressions: :mod:`flight.sql.expressions` compiles them (its docstring lists what maps).
 
 Refused, with the clause named: ``RIGHT``/``FULL``/``CROSS``/``NATURAL``/``ASOF`` joins,
 join conditions other than equalities of columns, window functions, subqueries in
@@ -85,17 +69,15 @@ sorts NaN last; ``count(DISTINCT x)`` does not count NaN.
 
 from __future__ import annotations
 
-import datetime
 import decimal
 import itertools
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.acero as acero
 import pyarrow.compute as pc
 from sqlglot import exp
 
@@ -105,6 +87,7 @@ from engine.graph import UpdateGraph
 from engine.ops.aggregate.spec import Agg
 from engine.ops.snapshot import static_table
 from engine.ops.sort import SORTABLE, sortable
+from flight.sql.expressions import Col, Expressions, Rel, Scope, is_agg, type_of
 from flight.sql.parse import DIALECT, parse_condition, parse_one, tables_of
 
 if TYPE_CHECKING:
@@ -246,8 +229,8 @@ def compile_condition(text: str, schema: pa.Schema, *, table: str, prefix: str) 
     # the compiler reads columns from a table: an empty one that never updates, on a graph
     # of its own (nothing runs it)
     empty = static_table(UpdateGraph(), schema.empty_table(), name=table)
-    rel = _Rel(empty, [_Col(None, f.name, f.name) for f in schema])
-    return _Compiler({table: empty}, prefix).predicate(node, _Scope(rel, "condition"))
+    rel = Rel(empty, [Col(None, f.name, f.name) for f in schema])
+    return _Compiler({table: empty}, prefix).predicate(node, Scope(rel, "condition"))
 
 
 # what DuckDB says the output is -----------------------------------------------------------------
@@ -306,38 +289,6 @@ def _duckdb_schema(text: str, sources: dict[str, Table], prefix: str) -> _Output
         con.close()
 
 
-# the relation being built ---------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class _Col:
-    """A column SQL can name: ``qualifier.name``, held in the engine column ``internal``.
-
-    ``merged`` marks the right side's copy of a ``USING`` column: reachable qualified only,
-    not by its bare name and not in ``*``.
-    """
-
-    qualifier: str | None
-    name: str
-    internal: str
-    merged: bool = False
-
-
-@dataclass(slots=True)
-class _Rel:
-    """A FROM clause so far: a table and the columns SQL can name in it."""
-
-    table: Table
-    cols: list[_Col]
-
-    def find(self, node: exp.Column) -> list[_Col]:
-        """The columns ``node`` may mean (DuckDB: names match case-insensitively)."""
-        q, n = node.table, node.name
-        hits = [c for c in self.cols if c.name == n and (c.qualifier == q if q else not c.merged)]
-        if not hits:
-            hits = [c for c in self.cols if c.name.lower() == n.lower()
-                    and ((c.qualifier or "").lower() == q.lower() if q else not c.merged)]
-        return hits
-
-
 def _fresh(base: str, taken: Iterable[str]) -> str:
     """``base``, or ``base_2``, ``base_3``... whichever is not in ``taken``."""
     used = set(taken)
@@ -346,128 +297,11 @@ def _fresh(base: str, taken: Iterable[str]) -> str:
     return next(f"{base}_{i}" for i in itertools.count(2) if f"{base}_{i}" not in used)
 
 
-def _type_of(e: pc.Expression, schema: pa.Schema) -> pa.DataType:
-    """The type ``e`` has over ``schema`` (one evaluation on no rows; none for a column)."""
-    for f in schema:
-        if e.equals(pc.field(f.name)):
-            return f.type
-    decl = acero.Declaration.from_sequence([
-        acero.Declaration("table_source", acero.TableSourceNodeOptions(schema.empty_table())),
-        acero.Declaration("project", acero.ProjectNodeOptions([e], ["out"])),
-    ])
-    return decl.to_table(use_threads=False).schema.field(0).type
-
-
-# expressions ------------------------------------------------------------------------------------
-_COMPARE: dict[type[exp.Expression], Callable[..., pc.Expression]] = {
-    exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater, exp.GTE: pc.greater_equal,
-    exp.LT: pc.less, exp.LTE: pc.less_equal}
-_ARITH: dict[type[exp.Expression], Callable[..., pc.Expression]] = {
-    exp.Add: pc.add_checked, exp.Sub: pc.subtract_checked, exp.Mul: pc.multiply_checked}
-_CAST = {
-    exp.DataType.Type.BOOLEAN: pa.bool_(), exp.DataType.Type.TINYINT: pa.int8(),
-    exp.DataType.Type.SMALLINT: pa.int16(), exp.DataType.Type.INT: pa.int32(),
-    exp.DataType.Type.BIGINT: pa.int64(), exp.DataType.Type.FLOAT: pa.float32(),
-    exp.DataType.Type.DOUBLE: pa.float64(), exp.DataType.Type.VARCHAR: pa.string(),
-    exp.DataType.Type.TEXT: pa.string(),
-}
-_AGGS = (exp.Count, exp.Sum, exp.Min, exp.Max, exp.Avg, exp.Stddev, exp.StddevSamp,
-         exp.Variance, exp.Median, exp.PercentileCont)
-
-
-def _string_literal(node: exp.Expression | None) -> str | None:
-    return node.this if isinstance(node, exp.Literal) and node.is_string else None
-
-
-def _int_literal(node: exp.Expression | None) -> int | None:
-    negative = isinstance(node, exp.Neg)
-    inner = node.this if negative and node is not None else node
-    if isinstance(inner, exp.Literal) and not inner.is_string and inner.this.isdigit():
-        return -int(inner.this) if negative else int(inner.this)
-    return None
-
-
-def _when(t: pa.DataType) -> bool:
-    return bool(pa.types.is_timestamp(t) or pa.types.is_date(t))
-
-
-_UTC = ("UTC", "Etc/UTC", "+00:00", "Z", "utc")
-#: the coarsest unit a time_bucket width is a whole number of (floor_temporal's multiple
-#: is an int32): (unit, microseconds)
-_BUCKET_UNITS = (("day", 86_400 * 10**6), ("hour", 3_600 * 10**6), ("minute", 60 * 10**6),
-                 ("second", 10**6), ("millisecond", 1_000), ("microsecond", 1))
-#: date_trunc's units (DuckDB's, without a plural s) as floor_temporal's
-_FLOOR = {"microsecond": "microsecond", "millisecond": "millisecond", "second": "second",
-          "minute": "minute", "hour": "hour", "day": "day", "week": "week", "month": "month",
-          "quarter": "quarter", "year": "year"}
-_INTERVAL_SECONDS = {"microsecond": 1e-6, "us": 1e-6, "millisecond": 1e-3, "ms": 1e-3,
-                     "second": 1.0, "sec": 1.0, "minute": 60.0, "min": 60.0, "hour": 3600.0,
-                     "day": 86400.0, "week": 604800.0}
-#: sqlglot's part functions (``year(x)``...) and extract's parts, as DuckDB numbers them
-_PARTS: dict[type[exp.Expression], str] = {
-    exp.Year: "year", exp.Quarter: "quarter", exp.Month: "month", exp.Day: "day",
-    exp.Hour: "hour", exp.Minute: "minute", exp.Second: "second", exp.DayOfWeek: "dow",
-    exp.DayOfWeekIso: "isodow", exp.DayOfYear: "doy", exp.Week: "week"}
-_EXTRACT: dict[str, Callable[[pc.Expression], pc.Expression]] = {
-    "year": pc.year, "quarter": pc.quarter, "month": pc.month, "day": pc.day,
-    "hour": pc.hour, "minute": pc.minute, "second": pc.second,
-    "dow": lambda x: pc.day_of_week(x, count_from_zero=True, week_start=7),  # Sunday 0
-    "dayofweek": lambda x: pc.day_of_week(x, count_from_zero=True, week_start=7),
-    "isodow": lambda x: pc.day_of_week(x, count_from_zero=False, week_start=1),  # Monday 1
-    "doy": pc.day_of_year, "dayofyear": pc.day_of_year, "week": pc.iso_week}
-_TIME_OF_DAY = ("hour", "minute", "second")
-
 #: ``sum``/``min``/``max`` of a decimal of up to this many digits run over its unscaled int64
 _UNIT_DIGITS = 18
 
 
-def _exact(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_decimal(t)
-
-
-def _number_literal(node: exp.Expression) -> pa.Scalar | None:
-    """A number literal (``12``, ``-0.05``, ``1e3``) as the decimal scalar of its digits, or
-    None for anything else."""
-    negative = isinstance(node, exp.Neg)
-    inner = node.this if negative else node
-    if not isinstance(inner, exp.Literal) or inner.is_string:
-        return None
-    try:
-        value = decimal.Decimal(inner.this)
-    except decimal.InvalidOperation:
-        return None
-    if not value.is_finite():
-        return None
-    _, digits, exponent = value.as_tuple()
-    assert isinstance(exponent, int)
-    scale = max(0, -exponent)
-    precision = max(1, len(digits) + max(0, exponent), scale)
-    if precision > 38:
-        return None
-    return pa.scalar(-value if negative else value, pa.decimal128(precision, scale))
-
-
-def _is_agg(node: exp.Expr) -> bool:
-    return isinstance(node, exp.AggFunc) or (
-        isinstance(node, exp.Anonymous) and str(node.this).lower() == "mean")
-
-
-@dataclass(slots=True)
-class _Scope:
-    """What an expression may read: a relation's columns, or (after GROUP BY) the groups and
-    aggregates, which ``special`` maps by their SQL text."""
-
-    rel: _Rel
-    clause: str
-    special: dict[str, pc.Expression] = field(default_factory=dict)
-    groups: dict[str, str] | None = None  # after GROUP BY: internal column -> group column
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self.rel.table.schema
-
-
-class _Compiler:
+class _Compiler(Expressions):
     """Compiles one statement; the methods build engine tables as they go."""
 
     def __init__(self, sources: dict[str, Table], prefix: str) -> None:
@@ -481,13 +315,6 @@ class _Compiler:
         """Record ``table`` as built by this compile; return it."""
         self.created.append(table)
         return table
-
-    # errors -------------------------------------------------------------------------------------
-    def refuse(self, clause: str) -> SqlError:
-        return SqlError(f"{self.prefix}: {clause} does not map to an incremental operation")
-
-    def error(self, message: str) -> SqlError:
-        return SqlError(f"{self.prefix}: {message}")
 
     # queries ------------------------------------------------------------------------------------
     def query(self, node: exp.Expression, final: _Output | None = None) -> tuple[Table, list[str]]:
@@ -571,23 +398,23 @@ class _Compiler:
             rel = self.join(rel, j)
         where = node.args.get("where")
         if where is not None:
-            scope = _Scope(rel, "WHERE")
-            rel = _Rel(self.made(rel.table.where(self.predicate(where.this, scope))), rel.cols)
+            scope = Scope(rel, "WHERE")
+            rel = Rel(self.made(rel.table.where(self.predicate(where.this, scope))), rel.cols)
         items = self.items(node.expressions, rel)
         group = node.args.get("group")
         having = node.args.get("having")
         order = node.args.get("order")
         orders = list(order.expressions) if order is not None else []
-        is_agg = group is not None or having is not None or any(
-            _is_agg(n) for e in [x for _, x in items] + orders for n in e.walk()
+        grouped = group is not None or having is not None or any(
+            is_agg(n) for e in [x for _, x in items] + orders for n in e.walk()
             if isinstance(n, exp.Expression) and not n.find_ancestor(exp.Window))
-        if is_agg:
+        if grouped:
             scope = self.aggregate(rel, group, items, having, orders)
         else:
-            scope = _Scope(rel, "SELECT")
+            scope = Scope(rel, "SELECT")
         return self.project(scope, items, orders, node, distinct is not None, final)
 
-    def items(self, expressions: list[exp.Expression], rel: _Rel
+    def items(self, expressions: list[exp.Expression], rel: Rel
               ) -> list[tuple[str, exp.Expression]]:
         """The SELECT list with ``*`` expanded: (output name, expression)."""
         out: list[tuple[str, exp.Expression]] = []
@@ -610,7 +437,7 @@ class _Compiler:
         return out
 
     # FROM and JOIN ------------------------------------------------------------------------------
-    def from_item(self, node: exp.Expression) -> _Rel:
+    def from_item(self, node: exp.Expression) -> Rel:
         if isinstance(node, exp.Table):
             extra = [k for k, v in node.args.items() if v and k not in ("this", "db", "catalog", "alias")]
             if extra or not node.name:
@@ -619,18 +446,18 @@ class _Compiler:
             alias = node.alias or node.name
             if full in self.ctes:
                 t, names = self.ctes[full]
-                return _Rel(t, [_Col(alias, n, n) for n in names])
+                return Rel(t, [Col(alias, n, n) for n in names])
             source = self.sources.get(full)
             if source is None:  # a WITH name read inside its own definition
                 raise self.refuse(f"FROM {full} inside the WITH clause that defines {full}")
-            return _Rel(source, [_Col(alias, n, n) for n in source.column_names])
+            return Rel(source, [Col(alias, n, n) for n in source.column_names])
         if isinstance(node, exp.Subquery):
             t, names = self.query(node.this)
             sub_alias = node.alias or None
-            return _Rel(t, [_Col(sub_alias, n, n) for n in names])
+            return Rel(t, [Col(sub_alias, n, n) for n in names])
         raise self.refuse(f"FROM {node.sql(dialect=DIALECT)}")
 
-    def join(self, left: _Rel, j: exp.Join) -> _Rel:
+    def join(self, left: Rel, j: exp.Join) -> Rel:
         side = str(j.args.get("side") or "").upper()
         kind = str(j.args.get("kind") or "").upper()
         method = str(j.args.get("method") or "").upper()
@@ -647,7 +474,7 @@ class _Compiler:
         for c in right.table.column_names:
             renamed[c] = _fresh(c, taken)
             taken.add(renamed[c])
-        pairs: list[tuple[_Col, _Col]] = []
+        pairs: list[tuple[Col, Col]] = []
         merged: set[str] = set()
         if using:
             for ident in using:
@@ -670,9 +497,9 @@ class _Compiler:
         joins = [f"{renamed[c]}={c}" for c in right.table.column_names]
         op = left.table.left_outer_join if side == "LEFT" else left.table.join
         table = self.made(op(right.table, on_spec, joins))
-        cols = left.cols + [_Col(c.qualifier, c.name, renamed[c.internal],
+        cols = left.cols + [Col(c.qualifier, c.name, renamed[c.internal],
                                  c.merged or c.internal in merged) for c in right.cols]
-        return _Rel(table, cols)
+        return Rel(table, cols)
 
     def conjuncts(self, node: exp.Expression) -> list[exp.Expression]:
         while isinstance(node, exp.Paren):
@@ -681,7 +508,7 @@ class _Compiler:
             return self.conjuncts(node.this) + self.conjuncts(node.expression)
         return [node]
 
-    def equality(self, term: exp.Expression, left: _Rel, right: _Rel) -> tuple[_Col, _Col]:
+    def equality(self, term: exp.Expression, left: Rel, right: Rel) -> tuple[Col, Col]:
         text = term.sql(dialect=DIALECT)
         if not (isinstance(term, exp.EQ) and isinstance(term.this, exp.Column)
                 and isinstance(term.expression, exp.Column)):
@@ -694,26 +521,14 @@ class _Compiler:
             return self.one(lb, b.sql(), left, "ON"), self.one(ra, a.sql(), right, "ON")
         for c, hits in ((a, la + ra), (b, lb + rb)):
             if not hits:
-                raise self.unknown(c, _Rel(left.table, left.cols + right.cols))
+                raise self.unknown(c, Rel(left.table, left.cols + right.cols))
         raise self.refuse(f"join condition {text} (each side must name a column of one side)")
 
-    def one(self, hits: list[_Col], what: str, rel: _Rel, clause: str) -> _Col:
-        if len(hits) == 1:
-            return hits[0]
-        if not hits:
-            raise self.unknown(exp.column(what), rel)
-        raise self.error(f"{clause}: column reference {what!r} is ambiguous (could be "
-                         f"{', '.join(f'{c.qualifier}.{c.name}' for c in hits)})")
-
-    def unknown(self, node: exp.Column, rel: _Rel) -> SqlError:
-        have = ", ".join(f"{c.qualifier}.{c.name}" if c.qualifier else c.name for c in rel.cols)
-        return self.error(f"column {node.sql(dialect=DIALECT)!r} does not exist (columns: {have})")
-
     # GROUP BY -----------------------------------------------------------------------------------
-    def aggregate(self, rel: _Rel, group: exp.Group | None, items: list[tuple[str, exp.Expression]],
-                  having: exp.Having | None, orders: list[exp.Expression]) -> _Scope:
+    def aggregate(self, rel: Rel, group: exp.Group | None, items: list[tuple[str, exp.Expression]],
+                  having: exp.Having | None, orders: list[exp.Expression]) -> Scope:
         """Build ``agg_by`` (and HAVING); the scope the SELECT list is compiled in after it."""
-        base = _Scope(rel, "GROUP BY")
+        base = Scope(rel, "GROUP BY")
         taken = set(rel.table.column_names)
         pre: dict[str, pc.Expression] = {}  # hidden inputs computed on the rows
         by: list[str] = []
@@ -742,7 +557,7 @@ class _Compiler:
         nodes += [n for e in ([having.this] if having is not None else []) + orders
                   for n in e.find_all(exp.AggFunc, exp.Anonymous)]
         for n in nodes:
-            if not _is_agg(n) or n.sql(dialect=DIALECT) in post:
+            if not is_agg(n) or n.sql(dialect=DIALECT) in post:
                 continue
             if n.find_ancestor(exp.Window):
                 continue
@@ -778,16 +593,16 @@ class _Compiler:
             for key, e in post.items():
                 if key in counts:
                     special[key] = pc.coalesce(e, pc.scalar(0))
-        scope = _Scope(_Rel(table, rel.cols), "SELECT", special, groups)
+        scope = Scope(Rel(table, rel.cols), "SELECT", special, groups)
         if having is not None:
             scope.clause = "HAVING"
             table = self.made(table.where(self.predicate(having.this, scope)))
-            scope = _Scope(_Rel(table, rel.cols), "SELECT", special, groups)
+            scope = Scope(Rel(table, rel.cols), "SELECT", special, groups)
         return scope
 
     def agg(self, n: exp.Expr, key: str, out: str, column: Callable[[exp.Expression], str],
             aggs: list[Agg], pre: dict[str, pc.Expression], taken: set[str], counts: set[str],
-            rel: _Rel) -> pc.Expression:
+            rel: Rel) -> pc.Expression:
         """Append the Agg(s) computing aggregate ``n`` to ``aggs``; its value over their outputs."""
         if isinstance(n, exp.Count):
             arg = n.this
@@ -825,7 +640,7 @@ class _Compiler:
             raise self.refuse(f"aggregate {key}{why}")
         col = column(arg)
         ctype = rel.table.schema.field(col).type if col in rel.table.schema.names else \
-            _type_of(pre[col], rel.table.schema)
+            type_of(pre[col], rel.table.schema)
         if pa.types.is_decimal(ctype):
             if kind in ("sum", "min", "max"):
                 return self.decimal_agg(key, kind, col, ctype, out, aggs, pre, taken)
@@ -897,7 +712,7 @@ class _Compiler:
         return pc.if_else(pc.is_valid(pc.field(mean)), value, pc.scalar(null))
 
     @staticmethod
-    def select_item(node: exp.Expression, items: list[tuple[str, exp.Expression]], rel: _Rel
+    def select_item(node: exp.Expression, items: list[tuple[str, exp.Expression]], rel: Rel
                     ) -> exp.Expression | None:
         """The SELECT item ``node`` refers to (``GROUP BY 1``; an alias that is no column)."""
         if isinstance(node, exp.Literal) and not node.is_string:
@@ -909,7 +724,7 @@ class _Compiler:
         return None
 
     # SELECT list, DISTINCT, ORDER BY, LIMIT ------------------------------------------------------
-    def project(self, scope: _Scope, items: list[tuple[str, exp.Expression]],
+    def project(self, scope: Scope, items: list[tuple[str, exp.Expression]],
                 orders: list[exp.Expression], node: exp.Select, distinct: bool,
                 final: _Output | None) -> tuple[Table, list[str]]:
         names: list[str] = []
@@ -940,7 +755,7 @@ class _Compiler:
             else:
                 col = _fresh("__sql_key", taken)
                 taken.add(col)
-                exprs[col] = self.expr(target, _Scope(scope.rel, "ORDER BY", scope.special, scope.groups))
+                exprs[col] = self.expr(target, Scope(scope.rel, "ORDER BY", scope.special, scope.groups))
             keys.append((col, bool(o.args.get("desc")), bool(o.args.get("nulls_first")),
                          target.sql(dialect=DIALECT)))
         table = self.sort(self.made(scope.rel.table.view(**exprs)), keys, taken)
@@ -963,7 +778,7 @@ class _Compiler:
         exprs = [e for _, e in picks]
         if final is not None and _fits(final, len(names)):
             names = [c for c, _ in final]
-            exprs = [e if want is None or _type_of(e, parent.schema) == want else e.cast(want)
+            exprs = [e if want is None or type_of(e, parent.schema) == want else e.cast(want)
                      for e, (_, want) in zip(exprs, final, strict=True)]
         have = parent.column_names
         same = [e.equals(pc.field(n)) for n, e in zip(names, exprs, strict=True)]
@@ -1075,381 +890,6 @@ class _Compiler:
         raise self.refuse(f"{what} {e.sql(dialect=DIALECT)} (a constant row count maps)")
 
     # expressions --------------------------------------------------------------------------------
-    def predicate(self, node: exp.Expression, scope: _Scope) -> pc.Expression:
-        e = self.expr(node, scope)
-        t = self.typed(e, scope, node)
-        if not pa.types.is_boolean(t) and not pa.types.is_null(t):
-            raise self.error(f"{scope.clause} {node.sql(dialect=DIALECT)} is {t}, not a boolean")
-        return e
-
-    def typed(self, e: pc.Expression, scope: _Scope, node: exp.Expression) -> pa.DataType:
-        try:
-            return _type_of(e, scope.schema)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError) as exc:
-            raise self.error(f"{scope.clause} {node.sql(dialect=DIALECT)}: {str(exc).splitlines()[0]}"
-                             ) from exc
-
-    def expr(self, node: exp.Expression, scope: _Scope) -> pc.Expression:
-        """``node`` as a pyarrow expression over ``scope``'s table (checked: it binds)."""
-        e = self._expr(node, scope)
-        self.typed(e, scope, node)
-        return e
-
-    def _operands(self, left: exp.Expression, right: exp.Expression, scope: _Scope
-                  ) -> list[pc.Expression]:
-        """Two operands of one operator. A number literal beside a decimal is a decimal of its
-        own digits, as DuckDB types it (``1.5`` is ``DECIMAL(2, 1)``): Arrow would cast an
-        int64 literal to ``DECIMAL(10, 2)`` only with room for any int64, and fail."""
-        sub = [self._expr(left, scope), self._expr(right, scope)]
-        for i, node in enumerate((left, right)):
-            literal = _number_literal(node)
-            if literal is not None and pa.types.is_decimal(self.typed(sub[1 - i], scope, node)):
-                sub[i] = pc.scalar(literal)
-        return sub
-
-    def _expr(self, node: exp.Expression, scope: _Scope) -> pc.Expression:  # noqa: C901, PLR0911, PLR0912
-        key = node.sql(dialect=DIALECT)
-        if key in scope.special:
-            return scope.special[key]
-        if isinstance(node, exp.Paren):
-            return self._expr(node.this, scope)
-        if isinstance(node, exp.Column):
-            return self.column(node, scope)
-        if isinstance(node, exp.Window):
-            raise self.refuse(f"window function {node.this.sql(dialect=DIALECT)}")
-        if isinstance(node, (exp.Subquery, exp.Exists)) or (isinstance(node, exp.In) and node.args.get("query")):
-            raise self.refuse(f"subquery in an expression ({key})")
-        if isinstance(node, exp.Filter):
-            raise self.refuse(f"FILTER clause ({key})")
-        if _is_agg(node):
-            raise self.error(f"aggregate {key} is not allowed in {scope.clause}")
-        if isinstance(node, exp.Literal):
-            if node.is_string:
-                return pc.scalar(node.this)
-            text = node.this
-            return pc.scalar(int(text) if text.lstrip("-").isdigit() else float(text))
-        if isinstance(node, exp.Boolean):
-            return pc.scalar(bool(node.this))
-        if isinstance(node, exp.Null):
-            return pc.scalar(None)
-        if isinstance(node, exp.Neg):
-            return pc.negate_checked(self._expr(node.this, scope))
-        sub = self._operands(node.this, node.expression, scope) if isinstance(
-            node, exp.Binary) else []
-        if type(node) in _ARITH:
-            types = [self.typed(x, scope, node) for x in sub]
-            if any(_when(t) for t in types) and not (
-                    isinstance(node, (exp.Add, exp.Sub)) and _when(types[0])
-                    and pa.types.is_duration(types[1])
-                    or isinstance(node, exp.Add) and _when(types[1])
-                    and pa.types.is_duration(types[0])):
-                raise self.refuse(f"{key} (a time takes + or - of an INTERVAL of fixed length; "
-                                  f"the difference of two is an INTERVAL in DuckDB)")
-            return _ARITH[type(node)](*sub)
-        if type(node) in _COMPARE:
-            return _COMPARE[type(node)](*sub)
-        if isinstance(node, exp.Div):
-            a, b = sub
-            exact = [_exact(self.typed(x, scope, node)) for x in sub]
-            if any(exact):  # DuckDB's / divides integers and decimals as floats
-                a = a.cast(pa.float64()) if exact[0] else a
-                b = b.cast(pa.float64()) if exact[1] else b
-            return pc.divide(a, b)
-        if isinstance(node, exp.And):
-            return pc.and_kleene(*sub)
-        if isinstance(node, exp.Or):
-            return pc.or_kleene(*sub)
-        if isinstance(node, exp.DPipe):
-            return pc.binary_join_element_wise(*sub, "")
-        if isinstance(node, exp.Not):
-            return pc.invert(self._expr(node.this, scope))
-        if isinstance(node, exp.Is):
-            if not isinstance(node.expression, exp.Null):
-                raise self.refuse(f"IS {node.expression.sql(dialect=DIALECT)}")
-            return pc.is_null(self._expr(node.this, scope))
-        if isinstance(node, exp.In):
-            terms = [pc.equal(*self._operands(node.this, v, scope)) for v in node.expressions]
-            return _fold(pc.or_kleene, terms)
-        if isinstance(node, exp.Between):
-            if node.args.get("symmetric"):
-                raise self.refuse("BETWEEN SYMMETRIC")
-            return pc.and_kleene(pc.greater_equal(*self._operands(node.this, node.args["low"], scope)),
-                                 pc.less_equal(*self._operands(node.this, node.args["high"], scope)))
-        if isinstance(node, (exp.Like, exp.ILike)):
-            pattern = node.expression
-            if node.args.get("escape") or not (isinstance(pattern, exp.Literal) and pattern.is_string) \
-                    or "\\" in pattern.this:
-                raise self.refuse(f"{key} (LIKE takes a constant pattern without escapes)")
-            e = pc.match_like(self._expr(node.this, scope), pattern.this,
-                              ignore_case=isinstance(node, exp.ILike))
-            return pc.invert(e) if node.args.get("negate") else e
-        if isinstance(node, exp.Case):
-            return self.case(node, scope)
-        if isinstance(node, exp.Coalesce):
-            return pc.coalesce(*[self._expr(a, scope) for a in [node.this, *node.expressions]])
-        if isinstance(node, exp.Upper):
-            return pc.utf8_upper(self._expr(node.this, scope))
-        if isinstance(node, exp.Lower):
-            return pc.utf8_lower(self._expr(node.this, scope))
-        if isinstance(node, exp.Length):
-            return pc.utf8_length(self._expr(node.this, scope)).cast(pa.int64())
-        if isinstance(node, exp.Abs):
-            return pc.abs_checked(self._expr(node.this, scope))
-        when = self.temporal(node, scope, key)
-        if when is not None:
-            return when
-        text = self.function(node, scope, key)
-        if text is not None:
-            return text
-        if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
-            return self.cast(node, scope)
-        if isinstance(node, exp.Func):
-            raise self.refuse(f"function {key}")
-        raise self.refuse(f"expression {key}")
-
-    def temporal(self, node: exp.Expression, scope: _Scope, key: str) -> pc.Expression | None:
-        """Times and dates: ``TIMESTAMP '...'``, ``DATE '...'`` and ``TIMESTAMPTZ '...'``
-        literals, ``INTERVAL`` of fixed length, ``CAST`` between dates and timestamps,
-        ``date_trunc``, ``extract`` and its functions (``year(x)``...), ``epoch(x)``; None
-        for anything else. As DuckDB computes them in UTC (its session's time zone here): a
-        zoned column of another zone is refused."""
-        if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal) and node.this.is_string:
-            to = node.args["to"].this
-            text = node.this.this
-            try:
-                if to == exp.DataType.Type.DATE:
-                    return pc.scalar(pa.scalar(datetime.date.fromisoformat(text), pa.date32()))
-                if to in (exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPNTZ):
-                    value = datetime.datetime.fromisoformat(text)
-                    if value.tzinfo is None:
-                        return pc.scalar(pa.scalar(value, pa.timestamp("us")))
-                if to == exp.DataType.Type.TIMESTAMPTZ:
-                    value = datetime.datetime.fromisoformat(text)
-                    if value.tzinfo is None:
-                        value = value.replace(tzinfo=datetime.UTC)
-                    return pc.scalar(pa.scalar(value.astimezone(datetime.UTC),
-                                               pa.timestamp("us", "UTC")))
-            except ValueError:
-                raise self.refuse(f"{key} (a time written other than in ISO 8601)") from None
-            return None
-        if isinstance(node, exp.Interval):
-            return pc.scalar(pa.scalar(self.interval(node, key), pa.duration("us")))
-        if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
-            to = node.args["to"]
-            target = {exp.DataType.Type.DATE: pa.date32(),
-                      exp.DataType.Type.TIMESTAMP: pa.timestamp("us"),
-                      exp.DataType.Type.TIMESTAMPNTZ: pa.timestamp("us")}.get(to.this)
-            if target is None:
-                return None
-            x = self.zoned(node.this, scope, key)
-            have = self.typed(x, scope, node.this)
-            if not _when(have) or to.expressions:
-                raise self.refuse(f"{key} (CAST to a date or time from a date or time)")
-            return x.cast(target)
-        if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
-            given = node.args.get("unit")
-            unit = (given.name if isinstance(given, exp.Expression) else str(given or "")).lower()
-            floor = _FLOOR.get(unit.rstrip("s"))
-            if floor is None:
-                raise self.refuse(f"{key} (date_trunc to {unit!r})")
-            x = self.zoned(node.this, scope, key)
-            if pa.types.is_date(self.typed(x, scope, node.this)):  # DuckDB: a timestamp
-                x = x.cast(pa.timestamp("us"))
-            return pc.floor_temporal(x, unit=floor)
-        if isinstance(node, exp.DateBin):  # time_bucket(INTERVAL, x)
-            width = node.this
-            if not isinstance(width, exp.Interval) or len(node.expressions) or node.args.get("zone"):
-                raise self.refuse(f"{key} (time_bucket of an INTERVAL and a time, no origin)")
-            micros = round(self.interval(width, key).total_seconds() * 1e6)
-            day, week = 86_400 * 10**6, 7 * 86_400 * 10**6
-            # DuckDB counts buckets from 2000-01-03 (a Monday), Arrow's floor from 1970-01-01:
-            # the same buckets where the width divides a day, or is a week (Mondays both)
-            if micros <= 0 or (day % micros and micros != week):
-                raise self.refuse(f"{key} (time_bucket of a width that divides a day, or of a "
-                                  f"week)")
-            x = self.zoned(node.expression, scope, key)
-            if micros == week:
-                return pc.floor_temporal(x, unit="week", week_starts_monday=True)
-            if pa.types.is_date(self.typed(x, scope, node.expression)):
-                return x  # a date's bucket of at most a day is its date (DuckDB's: a DATE)
-            unit, size = next((u, n) for u, n in _BUCKET_UNITS if micros % n == 0)
-            return pc.floor_temporal(x, multiple=micros // size, unit=unit)  # an int32
-        part: str | None = None
-        if isinstance(node, exp.Extract):
-            part = node.this.name.lower()
-            arg = node.expression
-        elif type(node) in _PARTS:
-            part, arg = _PARTS[type(node)], node.this
-        elif isinstance(node, exp.TimeToUnix):
-            part, arg = "epoch", node.this
-        if part is None:
-            return None
-        x = self.zoned(arg, scope, key)
-        have = self.typed(x, scope, arg)
-        if not _when(have):
-            raise self.refuse(f"{key} (of a {have}: a date or time is expected)")
-        if part == "epoch":  # seconds, as a double
-            if pa.types.is_date(have):
-                x, have = x.cast(pa.timestamp("us")), pa.timestamp("us")
-            per_second = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}[have.unit]
-            return pc.divide(x.cast(pa.int64()).cast(pa.float64()), pc.scalar(float(per_second)))
-        get = _EXTRACT.get(part)
-        if get is None or (pa.types.is_date(have) and part in _TIME_OF_DAY):
-            raise self.refuse(f"{key} (extract of {part!r})")
-        return get(x)
-
-    def function(self, node: exp.Expression, scope: _Scope, key: str) -> pc.Expression | None:
-        """``NULLIF``, ``GREATEST``/``LEAST``, ``starts_with``/``ends_with``/``contains`` and
-        ``replace`` of constant strings, ``trim``/``ltrim``/``rtrim``, ``concat``,
-        ``left``/``right`` of a constant length, ``floor``/``ceil``, as DuckDB computes them;
-        None for another node."""
-        if isinstance(node, exp.Nullif):
-            a = self._expr(node.this, scope)
-            null = pc.scalar(pa.scalar(None, self.typed(a, scope, node.this)))
-            same = pc.coalesce(pc.equal(*self._operands(node.this, node.expression, scope)),
-                               pc.scalar(False))
-            return pc.if_else(same, null, a)
-        if isinstance(node, (exp.Greatest, exp.Least)):  # nulls skipped, as DuckDB's
-            nodes = [node.this, *node.expressions]
-            args = [x for x, a in ((self._expr(a, scope), a) for a in nodes)
-                    if not pa.types.is_null(self.typed(x, scope, a))]  # a NULL: skipped
-            if not args:
-                return pc.scalar(None)
-            pick = pc.max_element_wise if isinstance(node, exp.Greatest) else pc.min_element_wise
-            return pick(*args, skip_nulls=True)
-        if isinstance(node, (exp.StartsWith, exp.EndsWith, exp.Contains)):
-            pattern = _string_literal(node.expression)
-            if pattern is None:
-                raise self.refuse(f"{key} (of a constant string)")
-            x = self._expr(node.this, scope)
-            if isinstance(node, exp.StartsWith):
-                return pc.starts_with(x, pattern)
-            if isinstance(node, exp.EndsWith):
-                return pc.ends_with(x, pattern)
-            return pc.match_substring(x, pattern)
-        if isinstance(node, exp.Replace):
-            old, new = _string_literal(node.expression), _string_literal(node.args.get("replacement"))
-            if not old or new is None:  # DuckDB's replace of '' leaves the string
-                raise self.refuse(f"{key} (of constant, non-empty strings)")
-            return pc.replace_substring(self._expr(node.this, scope), old, new)
-        if isinstance(node, exp.Trim):
-            chars = " " if node.expression is None else _string_literal(node.expression)
-            if chars is None or node.args.get("collation"):
-                raise self.refuse(f"{key} (of constant characters)")
-            where = str(node.args.get("position") or "BOTH").upper()
-            trim = {"LEADING": pc.utf8_ltrim, "TRAILING": pc.utf8_rtrim}.get(where, pc.utf8_trim)
-            if not chars:
-                return self._expr(node.this, scope)
-            return trim(self._expr(node.this, scope), chars)
-        if isinstance(node, exp.Concat):  # nulls as empty strings, integers as their digits
-            parts = []
-            for a in node.expressions:
-                x = self._expr(a, scope)
-                t = self.typed(x, scope, a)
-                if pa.types.is_integer(t):
-                    x = x.cast(pa.string())
-                elif not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)):
-                    raise self.refuse(f"{key} (of strings and integers)")
-                parts.append(x.cast(pa.string()))
-            return pc.binary_join_element_wise(*parts, "", null_handling="replace",
-                                               null_replacement="")
-        if isinstance(node, (exp.Left, exp.Right)):
-            n = _int_literal(node.expression)
-            if n is None:
-                raise self.refuse(f"{key} (of a constant length)")
-            x = self._expr(node.this, scope)
-            if n == 0:
-                return pc.if_else(pc.is_null(x), x, pc.scalar(""))
-            if isinstance(node, exp.Left):
-                return pc.utf8_slice_codeunits(x, 0, n)
-            return pc.utf8_slice_codeunits(x, -n)
-        if isinstance(node, (exp.Floor, exp.Ceil)):
-            if node.args.get("decimals") is not None or node.args.get("to") is not None:
-                raise self.refuse(f"{key} (of one argument)")
-            x = self._expr(node.this, scope)
-            t = self.typed(x, scope, node.this)
-            if pa.types.is_integer(t):
-                x = x.cast(pa.float64())  # DuckDB's floor of an integer is a DOUBLE
-            elif not pa.types.is_floating(t):
-                raise self.refuse(f"{key} (of a {t}: an integer or a float)")
-            return pc.floor(x) if isinstance(node, exp.Floor) else pc.ceil(x)
-        return None
-
-    def zoned(self, node: exp.Expression, scope: _Scope, key: str) -> pc.Expression:
-        """``node``'s value, refused if it is zoned in another zone than UTC (DuckDB's
-        session zone, in which it reads the parts of a zoned time)."""
-        x = self._expr(node, scope)
-        t = self.typed(x, scope, node)
-        if pa.types.is_timestamp(t) and t.tz is not None and t.tz not in _UTC:
-            raise self.refuse(f"{key} (a time zoned in {t.tz}; DuckDB reads it in UTC)")
-        return x
-
-    def interval(self, node: exp.Interval, key: str) -> datetime.timedelta:
-        """An ``INTERVAL`` of fixed length (weeks down to microseconds) as a timedelta."""
-        text = node.this.name if isinstance(node.this, exp.Expression) else str(node.this)
-        unit = node.args.get("unit")
-        words = f"{text} {unit.name if isinstance(unit, exp.Expression) else unit or ''}".split()
-        if not words or len(words) % 2:
-            raise self.refuse(f"{key} (an interval of numbers and units)")
-        total = datetime.timedelta()
-        for number, name in zip(words[::2], words[1::2], strict=True):
-            seconds = _INTERVAL_SECONDS.get(name.lower().rstrip("s"))
-            try:
-                amount = float(number)
-            except ValueError:
-                amount = float("nan")
-            if seconds is None or amount != amount:
-                raise self.refuse(f"{key} (an interval of fixed length: weeks, days, hours, "
-                                  f"minutes, seconds, milliseconds, microseconds)")
-            total += datetime.timedelta(seconds=amount * seconds)
-        return total
-
-    def case(self, node: exp.Case, scope: _Scope) -> pc.Expression:
-        operand = node.this
-        x = self._expr(operand, scope) if operand is not None else None
-        default = node.args.get("default")
-        acc = self._expr(default, scope) if default is not None else pc.scalar(None)
-        for branch in reversed(node.args.get("ifs") or []):
-            cond = self._expr(branch.this, scope)
-            if x is not None:
-                cond = pc.equal(x, cond)
-            acc = pc.if_else(pc.coalesce(cond, pc.scalar(False)), self._expr(branch.args["true"], scope), acc)
-        return acc
-
-    def cast(self, node: exp.Cast, scope: _Scope) -> pc.Expression:
-        to = node.args["to"]
-        target = _CAST.get(to.this) if isinstance(to, exp.DataType) else None
-        if target is None or to.expressions:
-            raise self.refuse(f"{node.sql(dialect=DIALECT)} (CAST to {to.sql(dialect=DIALECT)})")
-        x = self._expr(node.this, scope)
-        have = self.typed(x, scope, node.this)
-        if pa.types.is_floating(have) and pa.types.is_string(target):
-            raise self.refuse(f"{node.sql(dialect=DIALECT)} (floats print differently)")
-        if pa.types.is_floating(have) and pa.types.is_integer(target):
-            x = pc.round(x, round_mode="half_to_even")  # DuckDB rounds, pyarrow would truncate
-        return x.cast(target)
-
-    def column(self, node: exp.Column, scope: _Scope) -> pc.Expression:
-        if node.args.get("db") or node.args.get("catalog"):
-            raise self.refuse(f"column {node.sql(dialect=DIALECT)}")
-        hits = scope.rel.find(node)
-        c = self.one(hits, node.sql(dialect=DIALECT), scope.rel, scope.clause)
-        if scope.groups is not None:
-            if c.internal not in scope.groups:
-                raise self.error(f"column {node.sql(dialect=DIALECT)!r} must appear in the GROUP BY "
-                                 f"clause or be used in an aggregate function")
-            return pc.field(scope.groups[c.internal])
-        return pc.field(c.internal)
-
-
 def _fits(final: _Output, n: int) -> bool:
     """Whether ``final`` can name ``n`` columns: as many names, each once."""
     return len(final) == n and len({c for c, _ in final}) == n
-
-
-def _fold(op: Callable[[pc.Expression, pc.Expression], pc.Expression],
-          terms: Sequence[pc.Expression]) -> pc.Expression:
-    acc = terms[0]
-    for t in terms[1:]:
-        acc = op(acc, t)
-    return acc
