@@ -719,19 +719,21 @@ def test_oracle_parent_that_shifts(placement):
 
 
 def _whole_table_price_modifies(src: RandomSource, rows: pa.Table | None, c: int) -> None:
-    """The random cycles, but every 40th cycle of a keyed source grows it to 40 rows and
-    the next gives each row a new price: merges of 40 modified rows or more, whatever the
-    seed (the random writer's whole-table modifies can all fall on small tables)."""
+    """The random cycles, but every 40th cycle of a keyed source grows it to 48 rows and
+    the next negates every price (a null becomes a number): the order reverses, so a merge
+    moves 40 rows or more, whatever the seed (the random writer's whole-table modifies can
+    all fall on small tables, and a row given a new price may keep its place)."""
     t = src.table
     if src.kind != "keyed" or c % 40 < 38:
         src.step(rows)
     elif c % 40 == 38:
-        if t.size < 40:
-            t.upsert(src._rows(40 - t.size))
+        if t.size < 48:
+            t.upsert(src._rows(48 - t.size))
     else:
         cur = t.to_arrow() if rows is None else rows
-        keys = cur.column("Key").to_numpy()
-        t.upsert(RandomSource._mix(cur, src._rows(keys.size, keys), "Price"))
+        price = cur.column("Price")
+        moved = pc.fill_null(pc.negate(price), pa.array(src.rng.integers(1, 5, cur.num_rows) * 2.5))
+        t.upsert(cur.set_column(cur.schema.get_field_index("Price"), "Price", moved))
 
 
 def test_oracle_merged_batches_by_price(merges):
