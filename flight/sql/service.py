@@ -250,7 +250,9 @@ class FlightSqlService:
                 raise _read_only(f"run {tree.key.upper()}")
             count = self.update(text, [list(params)] if params else [], tree=tree)
             ticket = pack(sql.TicketStatementQuery(statement_handle=b"count:%d" % count))
-            return self._info(descriptor, _COUNT_SCHEMA, ticket, total=1)
+            # total_records: the rows it changed, as DB-API's rowcount means for a statement
+            # that writes (ADBC reads it as ExecuteQuery's rows affected); the result holds it
+            return self._info(descriptor, _COUNT_SCHEMA, ticket, total=count)
         query = self._start(text, params, tree=tree)
         ticket = pack(sql.TicketStatementQuery(statement_handle=query.handle))
         return self._info(descriptor, query.schema, ticket, step=query.step)

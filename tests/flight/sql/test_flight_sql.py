@@ -406,6 +406,19 @@ def _execute_update(conn: flightsql.Connection, statement: str) -> int:
         return cur.adbc_statement.execute_update()
 
 
+def test_rowcount_is_the_rows_a_statement_changed(conn):
+    """PEP 249: after ``execute`` of a statement that writes, ``rowcount`` is the rows it
+    affected (ADBC reads the FlightInfo's ``total_records``); the result row holds it too."""
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE rc (k BIGINT PRIMARY KEY, n BIGINT)")
+        cur.execute("INSERT INTO rc VALUES (1, 0), (2, 0), (3, 0), (4, 0)")
+        assert cur.rowcount == 4 and cur.fetchall() == [(4,)]
+        cur.execute("UPDATE rc SET n = 1 WHERE k < 4")
+        assert cur.rowcount == 3 and cur.fetchall() == [(3,)]
+        cur.execute("DELETE FROM rc WHERE k > 10")
+        assert cur.rowcount == 0 and cur.fetchall() == [(0,)]
+
+
 def test_execute_update_answers_its_count(conn):
     assert _execute_update(conn, "CREATE TABLE u (k BIGINT PRIMARY KEY, n BIGINT)") == 0
     assert _execute_update(conn, "INSERT INTO u VALUES (1, 0), (2, 0), (3, 0)") == 3
