@@ -564,8 +564,25 @@ def case_sql(rnd: random.Random) -> Case:
                     .SerializeToString(), "sql")
     if c < 0.7:
         kind = rnd.choice(("CreatePreparedStatement", "ClosePreparedStatement",
-                           "CancelFlightInfo"))
-        if kind == "CreatePreparedStatement":
+                           "CancelFlightInfo", "SetSessionOptions", "GetSessionOptions",
+                           "CloseSession"))
+        if kind == "SetSessionOptions":
+            options = fpb.SetSessionOptionsRequest()
+            for name in rnd.sample(("schema", "catalog", "x", ""), rnd.randint(0, 3)):
+                value = options.session_options[name]
+                pick = rnd.randint(0, 4)
+                if pick == 0:
+                    value.string_value = rnd.choice(("main", "", "other", "\x00"))
+                elif pick == 1:
+                    value.bool_value = True
+                elif pick == 2:
+                    value.int64_value = _int(rnd)
+                elif pick == 3:
+                    value.string_list_value.values.extend(["main", "x"])
+            body = options.SerializeToString()
+        elif kind in ("GetSessionOptions", "CloseSession"):
+            body = rnd.choice((b"", rnd.randbytes(rnd.randint(1, 8))))
+        elif kind == "CreatePreparedStatement":
             body = _any(sqlpb.ActionCreatePreparedStatementRequest(
                 query=_sql_text(rnd, write=rnd.random() < 0.3)))
         elif kind == "ClosePreparedStatement":
@@ -598,6 +615,8 @@ def case_sql(rnd: random.Random) -> Case:
     except (pa.ArrowException, ValueError):
         frames = []
     msgs = [frame(descriptor=d, header=_schema_header(schema)), *frames]
+    if rnd.random() < 0.15:  # the descriptor alone, as ADBC's ExecuteUpdate sends it
+        msgs = [frame(descriptor=d)]
     return Case(FLIGHT + "DoPut", "ss", mutate_frames(rnd, msgs, _foreign(rnd)) if rnd.random() < 0.2 else msgs,
                 "sql")
 
