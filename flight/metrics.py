@@ -60,7 +60,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from engine.errors import TableNotFound
 from engine.sources import SourceTable
+from flight.streams.registry import is_pending
 
 if TYPE_CHECKING:
     from engine.graph import UpdateGraph
@@ -286,15 +288,27 @@ class Metrics:
                 if n:
                     self.changes.labels(e.name).inc(n)
 
+    def _label(self, table: str) -> str:
+        """The ``table`` label of a write: a pending table's is the name it is filled for
+        (:func:`~flight.streams.registry.pending_name`: a new one per statement would be a
+        new series each time)."""
+        if not is_pending(table):
+            return table
+        try:
+            return self.server.registry.get(table).table.name
+        except TableNotFound:  # dropped meanwhile
+            return "(pending)"
+
     def on_put(self, table: str, rows: int, nbytes: int) -> None:
         """A DoPut batch was accepted."""
-        self.put_rows.labels(table).inc(rows)
-        self.put_bytes.labels(table).inc(nbytes)
+        label = self._label(table)
+        self.put_rows.labels(label).inc(rows)
+        self.put_bytes.labels(label).inc(nbytes)
 
     def on_put_wait(self, table: str, seconds: float) -> None:
         """A DoPut batch waited ``seconds`` for room in its table's backlog
         (:mod:`flight.ingest.backlog`), then was admitted or refused."""
-        self.put_waits.labels(table).inc()
+        self.put_waits.labels(self._label(table)).inc()
         self.put_wait_seconds.observe(seconds)
 
     def on_error(self, code: str) -> None:

@@ -204,6 +204,22 @@ def test_flight_sql_queries_are_counted_by_outcome(served):
     assert m[("ticktable_sql_query_seconds_count", ())] == 4
 
 
+def test_a_table_filled_before_it_takes_its_name_is_counted_under_that_name(served):
+    """CREATE TABLE ... AS and a replacing ingest write into a table under a pending name
+    first: their rows count under the table's own name, not one new series per statement."""
+    import adbc_driver_flightsql.dbapi as flightsql
+
+    graph, srv = served
+    with flightsql.connect(srv.location, autocommit=True) as conn, conn.cursor() as cur:
+        for _ in range(2):
+            cur.adbc_ingest("loaded", pa.table({"k": [1, 2, 3], "v": [0.5] * 3}), mode="replace")
+        graph.run_cycle()
+        cur.execute("CREATE TABLE copy AS SELECT * FROM loaded WHERE k > 1")
+    m = _scrape(srv.metrics_port)
+    puts = {labels: v for (name, labels), v in m.items() if name == "ticktable_put_rows_total"}
+    assert puts == {(("table", "loaded"),): 6, (("table", "copy"),): 2}
+
+
 def test_the_sql_runner_s_held_bytes_and_narrow_passes_are_served(served, monkeypatch):
     import adbc_driver_flightsql.dbapi as flightsql
 
