@@ -88,7 +88,7 @@ class Backlog:
                         why = ("the server is shutting down" if self._closed else
                                f"still over it after {self.wait_seconds:g} s")
                         raise BacklogFull(
-                            f"table {quoted(name)}: {pending} bytes of writes wait for its next "
+                            f"table {quoted(table.name)}: {pending} bytes of writes wait for its next "
                             f"cycle and this batch adds {nbytes}, past "
                             f"{limit_text('max_pending_bytes', limit)}, {why}; cycles are "
                             f"behind: {RETRY_LATER}")

@@ -425,14 +425,15 @@ def check_batch(entry: TableEntry, kind: PutMode, batch: pa.RecordBatch | pa.Tab
     """
     name, table = entry.name, entry.table
     assert isinstance(table, SourceTable), "check_mode lets only source tables through"
+    shown = table.name  # messages name the table as its user does (a pending table's too)
     data = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-    check_values(name, data, max_value_bytes)
+    check_values(shown, data, max_value_bytes)
     if kind in (PutMode.APPEND, PutMode.DELETE):
         rows = table.check_batch(data, kind)
         return [Part(name, rows, message=_as_received(message, rows, data, batch))]
     if kind == PutMode.UPSERT:
         data, marker = _reserved(data, DELETE)
-        flags = None if marker is None else _bool_column(name, marker, DELETE)
+        flags = None if marker is None else _bool_column(shown, marker, DELETE)
         rows = table.check_batch(data, PutMode.UPSERT)
         if flags is None or not flags.any():  # the keyed table itself is last-wins
             return [Part(name, rows, message=_as_received(message, rows, data, batch))]
@@ -440,9 +441,9 @@ def check_batch(entry: TableEntry, kind: PutMode, batch: pa.RecordBatch | pa.Tab
     # diff
     data, weights = _reserved(data, DIFF)
     if weights is None and DIFF not in data.column_names:
-        raise SchemaError(f"table {name!r}: a PUT_MODE_DIFF batch needs an int64 weight column "
+        raise SchemaError(f"table {shown!r}: a PUT_MODE_DIFF batch needs an int64 weight column "
                           f"{DIFF!r} (has: {data.column_names})")
-    diffs = None if weights is None else _int_column(name, weights, DIFF)
+    diffs = None if weights is None else _int_column(shown, weights, DIFF)
     data, _ = _reserved(data, TIME)
     rows = table.check_batch(data, PutMode.UPSERT)  # refuses a repeated __diff too
     assert diffs is not None

@@ -49,7 +49,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from engine.errors import InputError, LimitExceeded, Overloaded, WriteNotFound
+from engine.errors import InputError, LimitExceeded, Overloaded, TableNotFound, WriteNotFound
 from engine.graph import UpdateGraph
 from flight.ingest.parts import Part, PartWriter
 from flight.limits import limit_text, quoted
@@ -182,7 +182,7 @@ class StagingArea:
             limit = self.max_staged_bytes_per_write
             held = write.nbytes if write is not None else 0
             if limit is not None and held + nbytes > limit:  # the writer's doing: not Overloaded
-                into = f" into table {quoted(parts[0].table)}" if parts else ""
+                into = f" into table {quoted(self._shown(parts[0].table))}" if parts else ""
                 raise LimitExceeded(
                     f"write {quoted(write_id)}{into}: a batch of {nbytes} bytes would make it "
                     f"hold {held + nbytes} bytes uncommitted, above "
@@ -326,6 +326,14 @@ class StagingArea:
             if request.has_batch:
                 self._stream_batches[request.stream_id] = request.batch_id
         return result, len(chosen)
+
+    def _shown(self, name: str) -> str:
+        """Table ``name`` as its messages name it: a pending table by the name it is filled
+        for (:func:`~flight.streams.registry.pending_name`)."""
+        try:
+            return self.registry.get(name).table.name
+        except TableNotFound:
+            return name
 
     def _unknown(self, write_id: str, request: pb.CommitRequest) -> str:
         """Why a commit of ``write_id``, which the server does not know, is refused."""

@@ -197,7 +197,9 @@ def test_a_replacement_whose_rows_are_refused_leaves_the_table_as_it_was(server,
     limit, a null in a NOT NULL field) leave the old table, with its rows, and no other."""
     _run(conn, "CREATE TABLE t (k BIGINT PRIMARY KEY, s VARCHAR)")
     _run(conn, "INSERT INTO t VALUES (1, 'a'), (2, 'b')")
-    _refused(conn, "CREATE OR REPLACE TABLE t AS SELECT 3 AS k, repeat('x', 5000) AS s", "1000")
+    message = _refused(conn, "CREATE OR REPLACE TABLE t AS SELECT 3 AS k, repeat('x', 5000) AS s",
+                       "table 't'", "1000")
+    assert "__pending__" not in message  # named as the user names it, not as it is filled
     schema = pa.schema([("k", pa.int64()), ("s", pa.string(), False)])
     refused = pa.table({"k": [3, 4], "s": ["c", None]}, schema=schema)  # NOT NULL, one null
     with conn.cursor() as cur:
@@ -205,6 +207,9 @@ def test_a_replacement_whose_rows_are_refused_leaves_the_table_as_it_was(server,
             cur.adbc_ingest("t", refused, mode="replace")
         with pytest.raises(adbc_driver_manager.Error, match="'s' is NOT NULL"):
             cur.adbc_ingest("fresh", refused, mode="create")
+        with pytest.raises(adbc_driver_manager.Error, match="table 'fresh': column 's' holds a "
+                                                            "value of 5000 bytes"):
+            cur.adbc_ingest("fresh", pa.table({"s": ["x" * 5000]}), mode="create")
     assert _run(conn, "SELECT * FROM t ORDER BY k") == [(1, "a"), (2, "b")]
     assert server.registry.get("t").kind == TableKind.KEYED
     assert sorted(server.registry.names()) == ["t"]
@@ -213,6 +218,19 @@ def test_a_replacement_whose_rows_are_refused_leaves_the_table_as_it_was(server,
         assert cur.adbc_ingest("t", pa.table({"k": [7], "s": ["z"]}), mode="replace") == 1
     assert _run(conn, "SELECT * FROM t") == [(7, "z")]
     assert server.registry.get("t").kind == TableKind.APPEND  # replaced, not upserted into
+
+
+def test_a_write_too_big_to_hold_names_the_table_being_made():
+    graph = UpdateGraph()
+    srv = TicktableServer(graph, ServerConfig(max_staged_bytes_per_write=10_000)).start()
+    try:
+        with _connect(srv.location, None) as c, c.cursor() as cur, pytest.raises(
+                adbc_driver_manager.Error, match="into table 'big': a batch of"):
+            cur.adbc_ingest("big", pa.table({"k": range(10_000)}), mode="create")
+        assert srv.registry.names() == []
+        assert srv.registry.entries_in_order() == []  # the pending table went too
+    finally:
+        srv.shutdown()
 
 
 def test_a_table_being_filled_is_listed_nowhere_and_its_name_is_the_servers(server, conn):
