@@ -417,7 +417,7 @@ class Durability:
         """The pending table ``pending``, filled, takes the name ``name``, in one journal
         record (see :meth:`TableRegistry.rename`): after a crash, either it has the name
         and every row committed into it, or the table that had the name is as it was."""
-        meta = {"to": name, "replace": replace, "claims": True}
+        meta = {"to": name, "replace": replace, "claims": True, "limits": self._limits()}
         return self._record(RecordKind.RENAME, pending, meta, b"",
                             lambda seq: self._rename(pending, meta))
 

@@ -476,7 +476,8 @@ class TableRegistry:
                 self.drop(name)
             else:
                 self._check_claims(name, kind)
-                self._check_limits(name, table.schema, new=True)
+                if not pending:  # a pending table is checked when it takes its name (rename)
+                    self._check_limits(name, table.schema, new=True)
             table.name = name
             entry = TableEntry(name, table, kind, list(keys or []), list(parents or []))
             entry.publisher = Publisher(table, history_updates=self.history_updates,
@@ -539,7 +540,10 @@ class TableRegistry:
                 raise TableExists(f"table {name!r} already exists; drop it first or pass "
                                   f"if_not_exists")
             self._check_claims(name, kind)  # before a table is made for nothing
-            self._check_limits(name, schema, new=True)  # before a ring allocates its capacity
+            if not pending:  # before a ring allocates its capacity; a pending table is
+                # checked when it takes its name (rename): a replacement at the limit is not
+                # refused for the moment both tables exist
+                self._check_limits(name, schema, new=True)
             table: Table
             with self.graph.exclusive_lock():
                 if kind == TableKind.APPEND:
@@ -567,6 +571,9 @@ class TableRegistry:
             If there is no table ``name``.
         TableExists
             If ``to`` is taken and ``replace`` is false (or a claim holds it).
+        LimitExceeded
+            If the table has more than ``max_columns`` columns, or ``to`` is new and the
+            registry holds ``max_tables`` tables already (pending ones not counted).
         InputError
             If ``to`` is a derived table, or has derived tables; or is no name a table may
             take.
@@ -576,6 +583,7 @@ class TableRegistry:
             entry = self.get(name)
             assert is_pending(name) and entry.is_source, name
             existing = self._entries.get(to)
+            self._check_limits(to, entry.table.schema, new=existing is None)
             if existing is not None:
                 if not replace:
                     raise TableExists(f"table {to!r} already exists; drop it first or pick "
@@ -604,9 +612,12 @@ class TableRegistry:
             raise LimitExceeded(f"table {quoted(name)} would have {len(schema)} columns, above "
                                 f"{limit_text('max_columns', self.max_columns)}; use fewer "
                                 f"columns or split the table")
-        if new and self.max_tables is not None and len(self._entries) >= self.max_tables:
+        if not new or self.max_tables is None:
+            return
+        held = sum(1 for n in self._entries if not is_pending(n))  # pending ones: at rename
+        if held >= self.max_tables:
             raise LimitExceeded(f"cannot create table {quoted(name)}: the server holds "
-                                f"{len(self._entries)} tables, "
+                                f"{held} tables, "
                                 f"{limit_text('max_tables', self.max_tables)}; drop tables "
                                 f"no longer needed")
 

@@ -80,7 +80,8 @@ def test_list_actions_is_the_table(durable):
     with fl.connect(durable.location) as c:
         listed = [(a.type, a.description) for a in c.list_actions(READ)]
     sql_actions = [("CreatePreparedStatement", "Flight SQL"), ("ClosePreparedStatement", "Flight SQL"),
-                   ("CancelFlightInfo", "Flight SQL")]
+                   ("CancelFlightInfo", "Flight SQL"), ("SetSessionOptions", "Flight SQL"),
+                   ("GetSessionOptions", "Flight SQL"), ("CloseSession", "Flight SQL")]
     assert listed == [(a.name, a.description) for a in ACTIONS] + sql_actions
     assert listed[:5] == [("create_table", "CreateTableRequest -> empty"),  # as they always were
                           ("drop_table", "DropTableRequest -> empty"),

@@ -231,6 +231,30 @@ def test_a_table_filled_but_never_renamed_is_gone_after_a_restart(nodes, data_di
         b.stop(crash=True)
 
 
+def test_a_replacement_at_the_table_limit_is_made_and_a_new_table_refused_for_good(
+        nodes, data_dir):
+    """``max_tables`` counts a pending table when it takes its name: a ``CREATE OR REPLACE``
+    at the limit is made (both tables exist for a moment), a new table is refused, naming
+    it, and a restart under the same or no limit agrees (the rename is journaled with its
+    limits, as a creation is)."""
+    import adbc_driver_flightsql.dbapi as flightsql
+    import adbc_driver_manager
+
+    a = start(nodes, data_dir, max_tables=1)
+    with flightsql.connect(a.server.location, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE t AS SELECT 1 AS x")
+        cur.execute("CREATE OR REPLACE TABLE t AS SELECT 2 AS x")
+        with pytest.raises(adbc_driver_manager.Error, match="cannot create table 'u'.*max_tables"):
+            cur.execute("CREATE TABLE u AS SELECT 3 AS x")
+    assert a.server.registry.names() == ["t"] and len(a.server.registry.entries_in_order()) == 1
+    a.stop(crash=True)
+    for config in ({"max_tables": 1}, {}):
+        b = start(nodes, data_dir, **config)
+        assert b.server.registry.names() == ["t"]
+        assert b.state("t")[1] == [{"x": 2}]
+        b.stop(crash=True)
+
+
 def test_in_memory_keeps_nothing(nodes, tmp_path):
     graph = UpdateGraph()
     server = TicktableServer(graph, ServerConfig()).start()
