@@ -570,7 +570,7 @@ class FlightService:
         if schema is None:
             if head is not None and head.descriptor_type == flight.DescriptorType.CMD:
                 # a Flight SQL statement sent as a descriptor and no data (arrow-go's
-                # ExecuteUpdate, JDBC's executeUpdate): it still gets its DoPutUpdateResult
+                # ExecuteUpdate, under ADBC's driver): it still gets its DoPutUpdateResult
                 for meta in self.server.sql.do_put(head.command, iter(()),
                                                    read_only=self.server.read_only(context)):
                     yield put_result(meta)

@@ -400,7 +400,7 @@ def test_bad_and_hostile_sql_is_refused_in_one_line(conn, query, code, words):
 
 def _execute_update(conn: flightsql.Connection, statement: str) -> int:
     """ADBC's ``ExecuteUpdate``: a ``CommandStatementUpdate`` DoPut of a descriptor and no
-    data, as JDBC's ``executeUpdate`` sends it too (DB-API's ``execute`` runs a query)."""
+    data (DB-API's ``execute`` runs a query instead)."""
     with conn.cursor() as cur:
         cur.adbc_statement.set_sql_query(statement)
         return cur.adbc_statement.execute_update()
