@@ -4,6 +4,8 @@ path forced off (the other oracles run it on: it is the default)."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,8 +16,11 @@ from engine.errors import ExpressionError
 from tests.oracle import run_oracle
 
 SCHEMA = pa.schema([("i", pa.int64()), ("j", pa.int32()), ("x", pa.float64()), ("y", pa.float64()),
-                    ("s", pa.string()), ("b", pa.bool_()), ("c", pa.bool_())])
-I, J, X, Y, S, B, C = (pc.field(n) for n in SCHEMA.names)  # noqa: E741
+                    ("s", pa.string()), ("b", pa.bool_()), ("c", pa.bool_()), ("t", pa.timestamp("us")),
+                    ("d", pa.date32())])
+I, J, X, Y, S, B, C, T, D = (pc.field(n) for n in SCHEMA.names)  # noqa: E741
+#: 2024-03-04 01:59:00.123456, and the same instant in other units and zones
+AT = dt.datetime(2024, 3, 4, 1, 59, 0, 123456)
 
 DIRECT = [
     X - Y, I * 2, I + J, X * 2.5, X / Y, I / J, I * X, pc.negate_checked(I), pc.abs(X),
@@ -24,17 +29,39 @@ DIRECT = [
     B == True,  # noqa: E712  (a comparison with a literal true)
     S == "é",
     pc.is_null(X),  # no options given: the function's defaults, as in the plan
+    # calls with options, printed as "{name=value, ...}" and passed back as keywords
+    X.is_null(), pc.is_null(X, nan_is_null=True), I.cast(pa.float64()), I.cast(pa.string()),
+    X.cast(pa.int64(), safe=False), X.cast(pa.int32()), I.cast(pa.decimal128(22, 2)),
+    I.cast(pa.timestamp("ns")), I.cast(pa.timestamp("ms", tz="UTC")), J.cast(pa.int8()),
+    pc.round(X, 1), pc.round(Y, ndigits=1, round_mode="half_up"), pc.round(X * 3.5, -1),
+    pc.utf8_slice_codeunits(S, 0, 2), pc.match_substring(S, "a"),
+    pc.match_substring(S, "A", ignore_case=True),
+    pc.if_else(I < 2, S, pc.binary_join_element_wise(pc.scalar("p:"), S, I.cast(pa.string()), "/")),
+    # typed null literals, printed "null[double]" (what SQL's CASE and aggregations make)
+    pc.if_else(X > 1, X, pa.scalar(None, pa.float64())), pc.if_else(B, I, pa.scalar(None, pa.int64())),
+    pc.if_else(B, S, pa.scalar(None, pa.string())),
+    pc.if_else(C, I.cast(pa.timestamp("us")), pa.scalar(None, pa.timestamp("us"))),
+    pc.if_else(C, J.cast(pa.decimal128(19, 0)), pa.scalar(None, pa.decimal128(19, 0))),
+    X == pc.scalar(None),  # "null[null]": a null of the null type
+    # date and timestamp literals: a timestamp's unit is its fraction's digits, "Z" is UTC
+    T < pc.scalar(pa.scalar(AT, pa.timestamp("us"))), T >= pc.scalar(pa.scalar(AT, pa.timestamp("ns"))),
+    T > pc.scalar(pa.scalar(AT.replace(microsecond=0), pa.timestamp("s"))),
+    T.cast(pa.timestamp("us", tz="UTC")) < pc.scalar(pa.scalar(AT, pa.timestamp("ms", tz="UTC"))),
+    T < pc.scalar(pa.scalar(dt.datetime(1969, 12, 31, 23, 59, 59, 999999), pa.timestamp("us"))),
+    D == pc.scalar(dt.date(2024, 3, 4)), D < pc.scalar(dt.date(1969, 7, 20)),
+    pc.if_else(T < pc.scalar(pa.scalar(AT, pa.timestamp("us"))), D, pa.scalar(None, pa.date32())),
 ]
 NOT_DIRECT = [
     X * 2.0,                                  # prints "2": the int literal rebuilds another expression
     I * pc.scalar(pa.scalar(2, pa.int32())),  # likewise: the literal's type is not printed
-    X.is_null(),                              # a call with options
-    I.isin([1, 2]),
+    I.isin([1, 2]),                           # an option holding an array
+    pc.match_substring(S, 'a"b'),             # an option's string prints unescaped
     pc.scalar(1) + pc.scalar(2),              # constant: for the plan (it folds constants)
     I + (pc.scalar(1) + pc.scalar(2)),
-    X == pc.scalar(None),
-    I.cast(pa.float64()),
     S == "a\nb",                              # a newline prints escaped: "\\n" reads as "n"
+    # another zone prints as "Z" too: it reads back as UTC, another expression
+    T.cast(pa.timestamp("us", tz="Europe/Paris")) < pc.scalar(pa.scalar(AT, pa.timestamp("us", tz="Europe/Paris"))),
+    pc.add_checked(T, pc.scalar(pa.scalar(5, pa.duration("us")))),  # a duration prints as 5
 ]
 
 
@@ -69,6 +96,11 @@ def random_columns(rng: np.random.Generator, n: int) -> dict[str, pa.Array | pa.
                       mask=nulls()),
         "b": pa.array(rng.random(n) < 0.5, mask=nulls()),
         "c": pa.array(rng.random(n) < 0.5, mask=nulls()),
+        # around AT, and around the epoch (before and after it)
+        "t": pa.array(np.where(rng.random(n) < 0.5, 1_709_517_540_123_456, 0)
+                      + rng.integers(-3, 4, n) * 500_000, pa.timestamp("us"), mask=nulls()),
+        "d": pa.array(np.where(rng.random(n) < 0.5, 19_786, -165) + rng.integers(-2, 3, n),
+                      pa.int32(), mask=nulls()).cast(pa.date32()),
     }
     if n > 2 and rng.random() < 0.5:  # chunked inputs, chunked differently
         cols["x"] = pa.chunked_array([cols["x"].slice(0, 1), cols["x"].slice(1)])
