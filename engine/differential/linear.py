@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.acero as acero
 import pyarrow.compute as pc
 
+from engine import expr as _expr
 from engine.differential.zset import DIFF, TIME, ZSet
 from engine.errors import ExpressionError, InputError
 
@@ -348,7 +349,7 @@ class LinearOperator:
                 if all(isinstance(s, _Project) and s.columns is not None for s in run):
                     _select(st, run)  # type: ignore[arg-type]
                 elif not (all(isinstance(s, _Project) and s.simple is not None for s in run)
-                          and _compute(st, run)):  # type: ignore[arg-type]
+                          and _compute(st, run)) and not _direct(st, run):  # type: ignore[arg-type]
                     _run_plan(st, run)  # type: ignore[arg-type]
                 i = j
                 continue
@@ -390,6 +391,65 @@ def _run_plan(st: _State, stages: Sequence[_Project | _Where]) -> None:
         return
     rows = np.asarray(out.column(_ROW).to_numpy(), dtype=np.int64)
     st.gather(rows, out.drop_columns([_ROW]))
+
+
+#: each expression stage's binding to the schemas it met: (stage, schema) by (id(stage), schema),
+#: the stage kept so that its id is not another's; bounded by the stages and schemas a
+#: process makes (a dataflow's operators meet one schema each)
+_BOUND: dict[tuple[int, pa.Schema], tuple[object, list[_expr.BoundExpression] | None]] = {}
+_BOUND_MAX = 4096
+
+
+def _bound(stage: _Project | _Where, schema: pa.Schema) -> list[_expr.BoundExpression] | None:
+    """The stage's expressions bound to ``schema`` when each has a direct tree
+    (:mod:`engine.expr`), else None (also when they do not bind: the plan says why)."""
+    key = (id(stage), schema)
+    hit = _BOUND.get(key)
+    if hit is not None and hit[0] is stage:
+        return hit[1]
+    exprs = [stage.predicate] if isinstance(stage, _Where) else [e for _, e in stage.exprs]
+    try:
+        bound: list[_expr.BoundExpression] | None = [
+            _expr.bind(e, schema, table_name="records", what="expression") for e in exprs]
+    except ExpressionError:
+        bound = None
+    if bound is not None and (any(b.direct is None for b in bound) or (
+            isinstance(stage, _Where) and bound[0].type != pa.bool_())):
+        bound = None  # the plan refuses a predicate that is not boolean, naming it
+    if len(_BOUND) >= _BOUND_MAX:
+        _BOUND.clear()
+    _BOUND[key] = (stage, bound)
+    return bound
+
+
+def _direct(st: _State, stages: Sequence[_Project | _Where]) -> bool:
+    """The stages by calling their expressions' functions on the columns (``engine.expr``'s
+    direct path: a plan costs more to set up than a step's batch takes); False, with ``st``
+    untouched, when an expression has no direct tree or fails (the plan then runs and
+    reports the failure its own way). Off with ``engine.expr.DIRECT`` (tests run the plan)."""
+    if not _expr.DIRECT:
+        return False
+    data, rows = st.data, None
+    for s in stages:
+        bound = _bound(s, data.schema)
+        if bound is None:
+            return False
+        cols = {n: data.column(n) for n in data.schema.names}
+        try:
+            if isinstance(s, _Where):
+                keep = np.flatnonzero(_expr.predicate_mask(bound[0], cols, data.num_rows))
+                data = data.take(keep)
+                rows = keep if rows is None else rows[keep]
+            else:
+                out = [_expr.evaluate(b, cols, data.num_rows) for b in bound]
+                data = pa.Table.from_arrays(out, names=[n for n, _ in s.exprs])
+        except ExpressionError:
+            return False
+    if rows is None:
+        st.data = data
+    else:
+        st.gather(rows, data)
+    return True
 
 
 def _compute(st: _State, stages: Sequence[_Project]) -> bool:

@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine import expr as _expr
+from engine.differential import linear
 from engine.differential.linear import Expansion, LinearOperator
 from engine.differential.zset import ZSet, concat, minus, plus
 from engine.errors import ExpressionError, InputError
@@ -221,6 +223,11 @@ OPS["fused"] = (
 )
 
 
+#: the operators with expression stages: their oracle runs again through Acero's plan
+#: (the direct path, engine.expr's, is the default)
+EXPRESSIONS = ["map_expr", "filter_expr", "fused"]
+
+
 def _model_at(model: Model, records: dict, collection: Counter, at: int) -> Counter:
     """The model applied from scratch to ``collection`` (the input at version ``at``)."""
     out: Counter = Counter()
@@ -420,3 +427,27 @@ def test_look_alike_expressions_go_to_arrow():
               pc.divide(pc.field(("a", "b")), pc.scalar(2)), pc.add(pc.field("v"), pc.scalar(1.5)),
               pc.divide(pc.field("v"), pc.scalar(100)).cast(pa.int32())):
         assert LinearOperator().map({"a": e}).stages[0].simple is None, str(e)
+
+
+@pytest.mark.parametrize("name", EXPRESSIONS)
+def test_expression_stages_through_the_plan_oracle(name, monkeypatch):
+    monkeypatch.setattr(_expr, "DIRECT", False)
+    test_operator_oracle_over_random_versions(name)
+
+
+def test_expression_stages_take_the_direct_path_and_leave_the_plan_for_the_rest(monkeypatch):
+    plans = []
+    real = linear._run_plan
+    monkeypatch.setattr(linear, "_run_plan", lambda st, run: plans.append(len(run)) or real(st, run))
+    batch = random_batch(np.random.default_rng(3), 40, times=(0,))
+    op = LinearOperator().filter(pc.field("K") > 2).map(
+        {"S": pc.utf8_upper(pc.field("Sym")), "K": pc.multiply(pc.field("K"), 2)})
+    got = counter(op(batch), times=False)
+    assert plans == []  # the filter and the map called their functions on the columns
+    want: Counter = Counter()
+    for (sym, k, _), _, d in batch.to_triples():
+        if k is not None and k > 2:
+            want[(key((None if sym is None else sym.upper(), k * 2)), None)] += d
+    assert got == Counter({r: w for r, w in want.items() if w})
+    LinearOperator().filter(pc.field("Sym").isin(["a", "b"]))(batch)  # an array option: a plan
+    assert plans == [1]
