@@ -171,7 +171,8 @@ class _Case:
         self.build, self.by, self.specs, self.where = build, by, specs, where
 
     def expected(self, tbl: pa.Table) -> list[tuple[Any, ...]]:
-        return _expected_arrow(tbl if self.where is None else tbl.filter(self.where), self.by, self.specs)
+        return _expected_arrow(tbl if self.where is None else oracle.arrow_filter(tbl, self.where), self.by,
+                              self.specs)
 
     def rows(self, out: pa.Table) -> list[tuple[Any, ...]]:
         """The result's rows, comparable with :meth:`expected`."""

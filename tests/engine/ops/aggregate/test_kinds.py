@@ -22,7 +22,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pytest
 
 import tests.oracle as oracle
@@ -494,7 +493,7 @@ class _Reference(_Case):
 
     def expected(self, tbl: pa.Table) -> list[tuple[Any, ...]]:
         if self.with_r:
-            tbl = ds.dataset(tbl).to_table(columns={**{c: pc.field(c) for c in tbl.column_names}, "R": R})
+            tbl = oracle.arrow_project(tbl, {**{c: pc.field(c) for c in tbl.column_names}, "R": R})
         groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
         for row in tbl.to_pylist():
             groups[tuple(row[k] for k in self.by)].append(row)

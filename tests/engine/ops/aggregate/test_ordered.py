@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pytest
 
 import tests.oracle as oracle
@@ -286,8 +285,7 @@ class _Sources:
 
     def __init__(self, source: pa.Table) -> None:
         self.source = source
-        self.table = ds.dataset(source).to_table(
-            columns={**{c: pc.field(c) for c in source.column_names}, **EXTRA})
+        self.table = oracle.arrow_project(source, {**{c: pc.field(c) for c in source.column_names}, **EXTRA})
         self._ranked: dict[str, np.ndarray] = {}
         self._where: dict[str, np.ndarray] = {}
 
@@ -316,7 +314,7 @@ class _Sources:
             return np.ones(self.table.num_rows, dtype=bool)
         key = str(cond)
         if key not in self._where:
-            kept = ds.dataset(self.table).to_table(columns={"keep": cond}).column("keep")
+            kept = oracle.arrow_project(self.table, {"keep": cond}).column("keep")
             self._where[key] = kept.fill_null(False).to_numpy(zero_copy_only=False)
         return self._where[key]
 
