@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import threading
 import time
@@ -41,6 +42,22 @@ def _fail(msg: str) -> int:
     return 1
 
 
+_FLIGHT_PREFIX = re.compile(r"^Flight returned (?P<status>[a-z ]+?) error, with message: ")
+
+
+def server_message(exc: BaseException) -> str:
+    """A server's refusal in one line as the gRPC status and the server's own words
+    (``NOT_FOUND: no table 'nope'``), without pyarrow's "Flight returned ... error, with
+    message:" and gRPC's debug context."""
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    text = text.splitlines()[0] if text else type(exc).__name__
+    text = text.split(". gRPC client debug context:")[0].split(". Detail:")[0]
+    m = _FLIGHT_PREFIX.match(text)
+    if m is None:
+        return text
+    return f"{m.group('status').upper().replace(' ', '_')}: {text[m.end():]}"
+
+
 def _errors(fn: Any) -> Any:
     """Report a server's refusal or an unreachable server as one line, exit code 1."""
 
@@ -52,14 +69,17 @@ def _errors(fn: Any) -> Any:
             code: int = fn(args)
             return code
         except KeyError as exc:
-            return _fail(str(exc.args[0]) if exc.args else "no such table")
+            return _fail(server_message(exc) if exc.args else "no such table")
         except fl.FlightUnavailableError as exc:
-            return _fail(f"cannot reach a server at {args.uri} ({str(exc).splitlines()[0]}); "
+            why = server_message(exc).removeprefix("UNAVAILABLE: ")
+            if why.startswith("failed to connect to all addresses"):  # gRPC's long form
+                why = f"failed to connect: {why.rsplit(': ', 1)[-1]}"
+            return _fail(f"cannot reach a server at {args.uri} ({why}); "
                          f"start one with 'ticktable serve' or pass --uri")
         except fl.FlightUnauthenticatedError:
             return _fail("the server wants a token: pass --token or set TICKTABLE_TOKEN")
         except (pa.ArrowException, fl.FlightError, OSError, ValueError, TicktableError) as exc:
-            return _fail(str(exc).splitlines()[0])
+            return _fail(server_message(exc))
 
     return run
 
@@ -236,9 +256,17 @@ def _sql(args: argparse.Namespace) -> int:
         todo = [args.query] if args.query.strip() else []
     if not todo:
         return _fail("no SQL statement given (pass QUERY, or statements on stdin)")
+    import pyarrow.flight as fl
+
     with _client(args) as client:
         for i, statement in enumerate(todo):
-            result = client.sql(statement)
+            try:
+                result = client.sql(statement)
+            except (KeyError, OSError, ValueError, TicktableError) as exc:
+                if len(todo) == 1 or isinstance(exc, (fl.FlightUnavailableError, fl.FlightUnauthenticatedError)):
+                    raise
+                # which of the statements read from stdin failed (the ones before it ran)
+                return _fail(f"statement {i + 1} of {len(todo)}: {server_message(exc)}")
             if i:
                 print()
             if len(result.columns) and len(result):

@@ -137,7 +137,7 @@ def _lookup(registry: TableRegistry, name: str) -> TableEntry:
     folded = [n for n in names if n.lower() == name.lower()]  # SQL folds unquoted names
     if len(folded) == 1:
         return registry.get(folded[0])
-    raise TableNotFound(f"no table {quoted(name)}; tables: {', '.join(sorted(names)[:20])}")
+    raise TableNotFound(f"no table {quoted(name)}; tables: {', '.join(sorted(names)[:20]) or '(none)'}")
 
 
 @dataclass(eq=False)

@@ -83,17 +83,18 @@ def test_sql_runs_the_statements_on_stdin(uri: str) -> None:
 
 
 def test_a_bad_query_exits_1_with_one_line(uri: str) -> None:
+    # the status and the server's words, not pyarrow's "Flight returned ... error, with message:"
     for query, message in (("SELECT id\nFROM trades WHERE WHERE",
-                            "SQL syntax error at line 2, column "),
-                           ("SELECT * FROM nope", "no table 'nope'")):
+                            "ticktable: INVALID_ARGUMENT: SQL syntax error at line 2, column "),
+                           ("SELECT * FROM nope", "ticktable: NOT_FOUND: no table 'nope'; tables: ")):
         out = cli("sql", "--uri", uri, query)
         assert out.returncode == 1 and out.stdout == ""
-        assert out.stderr.startswith("ticktable: ") and out.stderr.count("\n") == 1, out.stderr
-        assert message in out.stderr
-    # the first failing statement stops the rest
+        assert out.stderr.startswith(message) and out.stderr.count("\n") == 1, out.stderr
+    # the first failing statement stops the rest, and is named
     out = cli("sql", "--uri", uri, stdin="SELECT 1 AS a; SELECT * FROM nope; SELECT 3 AS c")
     assert out.returncode == 1 and out.stdout.split() == ["a", "1"]
-    assert out.stderr.count("\n") == 1 and "no table 'nope'" in out.stderr
+    assert out.stderr.startswith("ticktable: statement 2 of 3: NOT_FOUND: no table 'nope'; ")
+    assert out.stderr.count("\n") == 1, out.stderr
     for args, stdin in (((), " ;\n"), ((" ",), None)):
         nothing = cli("sql", "--uri", uri, *args, stdin=stdin)
         assert (nothing.returncode, nothing.stderr) == (
@@ -103,7 +104,8 @@ def test_a_bad_query_exits_1_with_one_line(uri: str) -> None:
 def test_an_unreachable_server_is_one_line() -> None:
     out = cli("sql", "--uri", "grpc://127.0.0.1:1", "SELECT 1")
     assert out.returncode == 1 and out.stderr.count("\n") == 1
-    assert out.stderr.startswith("ticktable: cannot reach a server at grpc://127.0.0.1:1")
+    assert out.stderr == ("ticktable: cannot reach a server at grpc://127.0.0.1:1 (failed to connect: "
+                          "Connection refused); start one with 'ticktable serve' or pass --uri\n")
 
 
 def test_serve_sql_flags_reach_the_server(uri: str) -> None:
