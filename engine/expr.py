@@ -350,13 +350,14 @@ def _rebuild(node: _Node) -> pc.Expression:
 
 
 def _reads_columns(node: _Node) -> bool:
-    """Whether every call in ``node`` has an argument that is not a literal."""
+    """Whether ``node`` reads a column, so that its value is an array of the rows (a call of
+    literals only, ``cast(2, {to_type=double})`` inside it, is computed as a scalar; a whole
+    constant expression is the plan's, which folds it)."""
     if isinstance(node, str):
         return True
     if isinstance(node, pa.Scalar):
         return False
-    return any(not isinstance(a, pa.Scalar) for a in node.args) and all(
-        _reads_columns(a) for a in node.args if not isinstance(a, pa.Scalar))
+    return any(_reads_columns(a) for a in node.args)
 
 
 def _run(node: _Node, columns: Mapping[str, pa.Array | pa.ChunkedArray]) -> Any:

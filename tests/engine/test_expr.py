@@ -43,6 +43,9 @@ DIRECT = [
     pc.if_else(C, I.cast(pa.timestamp("us")), pa.scalar(None, pa.timestamp("us"))),
     pc.if_else(C, J.cast(pa.decimal128(19, 0)), pa.scalar(None, pa.decimal128(19, 0))),
     X == pc.scalar(None),  # "null[null]": a null of the null type
+    # calls of literals inside one that reads a column: computed as scalars
+    I + (pc.scalar(1) + pc.scalar(2)), X / pc.scalar(2).cast(pa.float64()),
+    pc.if_else(B, pc.scalar(" ").cast(pa.string()), S),
     # date and timestamp literals: a timestamp's unit is its fraction's digits, "Z" is UTC
     T < pc.scalar(pa.scalar(AT, pa.timestamp("us"))), T >= pc.scalar(pa.scalar(AT, pa.timestamp("ns"))),
     T > pc.scalar(pa.scalar(AT.replace(microsecond=0), pa.timestamp("s"))),
@@ -57,8 +60,8 @@ NOT_DIRECT = [
     I.isin([1, 2]),                           # an option holding an array
     pc.match_substring(S, 'a"b'),             # an option's string prints unescaped
     pc.scalar(1) + pc.scalar(2),              # constant: for the plan (it folds constants)
-    I + (pc.scalar(1) + pc.scalar(2)),
     S == "a\nb",                              # a newline prints escaped: "\\n" reads as "n"
+    pc.multiply_checked(I, pc.scalar(2**62) + 2**62),  # a constant part that overflows: the plan's
     # another zone prints as "Z" too: it reads back as UTC, another expression
     T.cast(pa.timestamp("us", tz="Europe/Paris")) < pc.scalar(pa.scalar(AT, pa.timestamp("us", tz="Europe/Paris"))),
     pc.add_checked(T, pc.scalar(pa.scalar(5, pa.duration("us")))),  # a duration prints as 5

@@ -245,6 +245,48 @@ def test_times_and_dates_as_duckdb_computes_them(sql):
     check_view(view, sql, {"t": t}, order)
 
 
+#: views whose expressions have options (casts), typed nulls (CASE without ELSE, the
+#: aggregation wrappers) and time literals: each cycle evaluates them without an Acero plan
+NO_PLAN = [
+    "SELECT id, CAST(id AS VARCHAR) AS p, CAST(id AS DOUBLE) / 2 AS h FROM t",
+    "SELECT id, CASE WHEN px > 2 THEN px END AS hi, "
+    "CASE WHEN px IS NULL THEN 'none' ELSE 'some' END AS what FROM t",
+    "SELECT CAST(ts AS DATE) AS day, avg(px) AS a, sum(px) AS s, count(px) AS n FROM t GROUP BY day",
+    "SELECT id, px FROM t WHERE ts >= TIMESTAMP '2026-03-08 02:00:00' AND d < DATE '2030-01-01'",
+    "SELECT id, upper(CAST(id AS VARCHAR) || s2) AS u "
+    "FROM (SELECT id, px, CAST(id AS VARCHAR) AS s2 FROM t) WHERE CAST(px AS INTEGER) > 1",
+]
+
+
+def test_casts_cases_aggregates_and_time_filters_cycle_without_a_plan(monkeypatch):
+    """engine.expr's direct path reads what these views compile to: no cycle builds an Acero
+    plan (f22d2aa built 13 a cycle for them), and each equals DuckDB."""
+    from engine import expr as _expr
+
+    g = UpdateGraph(validate=True)
+    t = g.keyed_table(TIMES, "id", name="t")
+    base = datetime.datetime(2026, 3, 8, 1, 59, 30)
+
+    def rows(i: int, px: float | None) -> pa.Table:
+        ts = base + datetime.timedelta(minutes=i)
+        return pa.table({"id": [i], "ts": [ts], "ns": [ts], "z": [None], "d": [
+            datetime.date(2024, 2, 29) + datetime.timedelta(days=400 * i)], "px": [px]}, schema=TIMES)
+
+    t.upsert(rows(0, 1.5))
+    g.run_cycle()
+    views = [compile_view(sql, lookup({"t": t})).table for sql in NO_PLAN]
+    plans: list[str] = []
+    real = _expr._project
+    monkeypatch.setattr(_expr, "_project", lambda table, exprs: plans.extend(map(str, exprs))
+                        or real(table, exprs))
+    for i, px in enumerate([2.5, None, 4.0, -1.0], start=1):
+        t.upsert(rows(i, px))
+        g.run_cycle()
+        for sql, view in zip(NO_PLAN, views, strict=True):
+            check_view(view, sql, {"t": t}, ())
+    assert plans == []
+
+
 @pytest.mark.parametrize(("sql", "clause"), [
     ("SELECT ts + INTERVAL 1 MONTH FROM t", "an interval of fixed length"),
     ("SELECT ts - ns FROM t", "the difference of two is an INTERVAL"),
