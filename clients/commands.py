@@ -71,10 +71,9 @@ def _errors(fn: Any) -> Any:
         except KeyError as exc:
             return _fail(server_message(exc) if exc.args else "no such table")
         except fl.FlightUnavailableError as exc:
-            why = server_message(exc).removeprefix("UNAVAILABLE: ")
-            if why.startswith("failed to connect to all addresses"):  # gRPC's long form
-                why = f"failed to connect: {why.rsplit(': ', 1)[-1]}"
-            return _fail(f"cannot reach a server at {args.uri} ({why}); "
+            from clients.failover import _reason
+
+            return _fail(f"cannot reach a server at {args.uri} ({_reason(exc)}); "
                          f"start one with 'ticktable serve' or pass --uri")
         except fl.FlightUnauthenticatedError:
             return _fail("the server wants a token: pass --token or set TICKTABLE_TOKEN")

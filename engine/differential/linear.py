@@ -441,8 +441,8 @@ def _direct(st: _State, stages: Sequence[_Project | _Where]) -> bool:
                 data = data.take(keep)
                 rows = keep if rows is None else rows[keep]
             else:
-                out = [_expr.evaluate(b, cols, data.num_rows) for b in bound]
-                data = pa.Table.from_arrays(out, names=[n for n, _ in s.exprs])
+                data = pa.Table.from_arrays(_expr.evaluate_many(bound, cols, data.num_rows),
+                                            names=[n for n, _ in s.exprs])
         except ExpressionError:
             return False
     if rows is None:
