@@ -71,9 +71,9 @@ def _errors(fn: Any) -> Any:
         except KeyError as exc:
             return _fail(server_message(exc) if exc.args else "no such table")
         except fl.FlightUnavailableError as exc:
-            from clients.failover import _reason
+            from clients.failover import unreachable_reason
 
-            return _fail(f"cannot reach a server at {args.uri} ({_reason(exc)}); "
+            return _fail(f"cannot reach a server at {args.uri} ({unreachable_reason(exc)}); "
                          f"start one with 'ticktable serve' or pass --uri")
         except fl.FlightUnauthenticatedError:
             return _fail("the server wants a token: pass --token or set TICKTABLE_TOKEN")

@@ -35,7 +35,7 @@ import pyarrow.flight as fl
 
 from clients.wire import Endpoint
 
-__all__ = ["NEVER_SENT", "Attempt", "Rotation", "Server", "Servers", "split_uris"]
+__all__ = ["NEVER_SENT", "Attempt", "Rotation", "Server", "Servers", "split_uris", "unreachable_reason"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,7 +92,7 @@ def _never_sent(exc: BaseException) -> bool:
     return any(words in str(exc) for words in NEVER_SENT)
 
 
-def _reason(exc: BaseException) -> str:
+def unreachable_reason(exc: BaseException) -> str:
     """Why a server did not answer, in a few words: gRPC's message without its prefix,
     its debug context or the server's traceback."""
     text = str(exc).split(". gRPC client debug context:")[0].split(". Detail:")[0]
@@ -326,10 +326,10 @@ class Servers:
                 if not attempt.retries(exc):
                     raise
                 failure = exc
-                tried.append(f"{attempt.server.location} ({_reason(exc)})")
+                tried.append(f"{attempt.server.location} ({unreachable_reason(exc)})")
                 if i + 1 < len(servers):  # (after the last, the error says it all)
                     log.warning("%s: %s is unavailable (%s); trying the next server", what,
-                                attempt.server.location, _reason(exc))
+                                attempt.server.location, unreachable_reason(exc))
                 continue
             if index != self._active:
                 self._active = index
