@@ -8,6 +8,10 @@ Why these choices (``bench/bench_library.py`` measures the calls):
   path*: columns, literals including typed nulls such as ``null[double]``, calls, and calls
   with printed options such as ``cast(x, {to_type=string, ...})`` or ``round(x, {ndigits=2,
   round_mode=HALF_TO_EVEN})``); a few microseconds a call instead of a plan's ~0.2-0.5 ms.
+  The text does not show a literal's type (``2.0`` prints ``2``, a decimal or a duration
+  a bare number): where the tree read from it does not rebuild the expression, its literals
+  are taken, in order, from the expression's serialized form (:func:`_literals`), which
+  holds each as a typed scalar.
   Anything else goes through one Acero plan, ``table_source -> project``, with
   ``use_threads=False`` so the output keeps row order. A plan has a fixed cost plus the
   kernels; ``pyarrow.dataset`` costs more per call and ``Table.filter(expr)`` returns rows,
@@ -39,7 +43,7 @@ Why these choices (``bench/bench_library.py`` measures the calls):
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, cast
 
@@ -171,7 +175,7 @@ class _Cast:
 _Node: TypeAlias = "str | pa.Scalar | _Call"
 
 _TOKEN = re.compile(r"""\s*(?:(?P<time>\d{4}-\d\d-\d\d(?: \d\d:\d\d:\d\d(?:\.\d+)?Z?)?)"""
-                    r"""|(?P<num>-?\d+(?:\.\d*)?(?:e[+-]?\d+)?)|(?P<str>"(?:[^"\\]|\\.)*")"""
+                    r"""|(?P<num>-?(?:\d+(?:\.\d*)?(?:e[+-]?\d+)?|inf\b|nan\b))|(?P<str>"(?:[^"\\]|\\.)*")"""
                     r"""|(?P<opts>\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\})"""
                     r"""|(?P<null>null\[(?:[^\[\]]|\[[^\[\]]*\])*\])"""
                     r"""|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>==|!=|<=|>=|<|>|[(),]))""")
@@ -335,10 +339,42 @@ def _parse(toks: list[tuple[str, str]], i: int) -> tuple[_Node, int]:
     if kind == "time":  # a date32 "2024-03-04", a timestamp "2024-03-04 01:59:00.000000[Z]"
         return _time_literal(tok), i + 1
     if kind == "num":
-        return pa.scalar(float(tok) if any(c in tok for c in ".e") else int(tok)), i + 1
+        return pa.scalar(float(tok) if any(c in tok for c in ".ein") else int(tok)), i + 1
     if kind == "str":
         return pa.scalar(re.sub(r"\\(.)", r"\1", tok[1:-1])), i + 1
     raise _NoTree(tok)
+
+
+def _literals(expr: pc.Expression) -> list[pa.Scalar] | None:
+    """``expr``'s literals with their types, in the order ``str(expr)`` prints them, or None.
+
+    The text prints ``2.0`` as ``2`` and a decimal or a duration as a bare number; the
+    expression's serialized form (what pickling it writes: an Arrow IPC file with a
+    one-row column per literal and per options, named in the tree's order) holds each
+    literal as a scalar of its type. Options are struct columns with a ``_type_name``."""
+    try:
+        batch = pa.ipc.open_file(expr.__reduce__()[1][0]).read_all()
+    except (pa.ArrowException, IndexError, TypeError, ValueError):
+        return None
+    out = []
+    for column in batch.columns:
+        t = column.type
+        if pa.types.is_struct(t) and t.get_field_index("_type_name") >= 0:
+            continue  # a call's options
+        out.append(column[0])
+    return out
+
+
+def _retyped(node: _Node, literals: Iterator[pa.Scalar]) -> _Node:
+    """``node`` with its literals, in order, taken from ``literals``."""
+    if isinstance(node, str):
+        return node
+    if isinstance(node, pa.Scalar):
+        value = next(literals, None)
+        if value is None:
+            raise _NoTree("literals")
+        return value
+    return _Call(node.function, tuple(_retyped(a, literals) for a in node.args))
 
 
 def _rebuild(node: _Node) -> pc.Expression:
@@ -373,8 +409,16 @@ def _direct_tree(expr: pc.Expression, text: str, schema: pa.Schema, type: pa.Dat
     try:
         toks = _tokens(text)
         node, end = _parse(toks, 0)
-        if end != len(toks) or not _reads_columns(node) or not _rebuild(node).equals(expr):
+        if end != len(toks) or not _reads_columns(node):
             return None
+        if not _rebuild(node).equals(expr):  # a literal's type is not in the text
+            literals = _literals(expr)
+            if literals is None:
+                return None
+            rest = iter(literals)
+            node = _retyped(node, rest)
+            if next(rest, None) is not None or not _rebuild(node).equals(expr):
+                return None
         empty = {f.name: pa.array([], type=f.type) for f in schema}
         if not _single(pa.chunked_array([_run(node, empty)]), type).type.equals(type):
             return None

@@ -5,6 +5,7 @@ path forced off (the other oracles run it on: it is the default)."""
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 
 import numpy as np
 import pyarrow as pa
@@ -53,18 +54,20 @@ DIRECT = [
     T < pc.scalar(pa.scalar(dt.datetime(1969, 12, 31, 23, 59, 59, 999999), pa.timestamp("us"))),
     D == pc.scalar(dt.date(2024, 3, 4)), D < pc.scalar(dt.date(1969, 7, 20)),
     pc.if_else(T < pc.scalar(pa.scalar(AT, pa.timestamp("us"))), D, pa.scalar(None, pa.date32())),
+    # literals whose type the text does not show ("2", "5", "inf", "a\nb" escaped), taken
+    # from the expression's serialized form
+    X * 2.0, I * pc.scalar(pa.scalar(2, pa.int32())), S == "a\nb", X * float("inf"),
+    J.cast(pa.float32()) - pc.scalar(pa.scalar(0.1, pa.float32())), X > float("-inf"),
+    pc.add_checked(T, pc.scalar(pa.scalar(5, pa.duration("us")))),
+    I.cast(pa.decimal128(22, 2)) > pc.scalar(pa.scalar(decimal.Decimal("1.25"))),
+    pc.if_else(B, I.cast(pa.decimal128(10, 0)), pc.scalar(pa.scalar(0, pa.decimal128(10, 0)))),
+    T.cast(pa.timestamp("us", tz="Europe/Paris")) < pc.scalar(pa.scalar(AT, pa.timestamp("us", tz="Europe/Paris"))),
 ]
 NOT_DIRECT = [
-    X * 2.0,                                  # prints "2": the int literal rebuilds another expression
-    I * pc.scalar(pa.scalar(2, pa.int32())),  # likewise: the literal's type is not printed
     I.isin([1, 2]),                           # an option holding an array
     pc.match_substring(S, 'a"b'),             # an option's string prints unescaped
     pc.scalar(1) + pc.scalar(2),              # constant: for the plan (it folds constants)
-    S == "a\nb",                              # a newline prints escaped: "\\n" reads as "n"
     pc.multiply_checked(I, pc.scalar(2**62) + 2**62),  # a constant part that overflows: the plan's
-    # another zone prints as "Z" too: it reads back as UTC, another expression
-    T.cast(pa.timestamp("us", tz="Europe/Paris")) < pc.scalar(pa.scalar(AT, pa.timestamp("us", tz="Europe/Paris"))),
-    pc.add_checked(T, pc.scalar(pa.scalar(5, pa.duration("us")))),  # a duration prints as 5
 ]
 
 
@@ -80,6 +83,18 @@ def test_direct_tree_for_simple_expressions(e):
 @pytest.mark.parametrize("e", NOT_DIRECT, ids=str)
 def test_no_direct_tree_when_it_would_not_rebuild_the_expression(e):
     assert bound(e).direct is None
+
+
+def test_a_column_named_like_a_literal_is_left_to_the_plan():
+    """``inf + 1`` reads column ``inf``: the expression has one literal, the tree read from
+    its text two: no direct tree, and the plan's answer."""
+    schema = pa.schema([("inf", pa.float64()), ("nan", pa.float64())])
+    cols = {"inf": pa.array([1.5, None]), "nan": pa.array([2.0, 3.0])}
+    for e, want in ((pc.field("inf") + 1.0, [2.5, None]),
+                    (pc.field("nan") * pc.field("inf"), [3.0, None])):
+        b = _expr.bind(e, schema, table_name="t", what="test")
+        assert b.direct is None
+        assert _expr.evaluate(b, {c: cols[c] for c in b.inputs}, 2).to_pylist() == want
 
 
 def random_columns(rng: np.random.Generator, n: int) -> dict[str, pa.Array | pa.ChunkedArray]:
