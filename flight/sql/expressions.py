@@ -16,7 +16,11 @@ differ) and ``BOOLEAN`` (floats to integers round half to even, as DuckDB's), ``
 ``starts_with``/``ends_with``/``contains`` and ``replace`` of constant strings,
 ``trim``/``ltrim``/``rtrim`` (spaces, or constant characters), ``concat`` (of strings and
 integers, a null as an empty string), ``left``/``right`` of a constant length,
-``floor``/``ceil`` (a double's, as DuckDB's, of an integer too). Times and dates: ``TIMESTAMP '...'``, ``DATE
+``floor``/``ceil`` (a double's, as DuckDB's, of an integer too), ``substr``/``substring``
+of a constant start and length (DuckDB's counting: from 1, negative from the end),
+``round(x[, n])`` of a constant ``n`` (ties away from zero; a float's in double as DuckDB
+computes it, a decimal's to ``DECIMAL(width, n)``), ``trunc``, ``sign``, ``%`` and ``//``
+of integers and floats. Times and dates: ``TIMESTAMP '...'``, ``DATE
 '...'`` and ``TIMESTAMPTZ '...'`` literals (ISO 8601), ``+``/``-`` of an ``INTERVAL`` of
 fixed length (weeks down to microseconds; months and years are refused), ``CAST`` between
 dates and timestamps, ``date_trunc`` (microsecond to year; a date's is a timestamp, as
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -146,6 +151,10 @@ _EXTRACT: dict[str, Callable[[pc.Expression], pc.Expression]] = {
     "isodow": lambda x: pc.day_of_week(x, count_from_zero=False, week_start=1),  # Monday 1
     "doy": pc.day_of_year, "dayofyear": pc.day_of_year, "week": pc.iso_week}
 _TIME_OF_DAY = ("hour", "minute", "second")
+#: the largest constant start or length a substring takes, and its open end
+_SUBSTR_MAX, _SUBSTR_END = 2**31 - 1, 2**62
+#: the most digits a round takes (DuckDB's INTEGER)
+_ROUND_MAX = 2**31 - 1
 
 def _exact(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_decimal(t)
@@ -344,6 +353,9 @@ class Expressions:
         text = self.function(node, scope, key)
         if text is not None:
             return text
+        number = self.numeric(node, scope, key)
+        if number is not None:
+            return number
         if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
             return self.cast(node, scope)
         if isinstance(node, exp.Func):
@@ -506,6 +518,8 @@ class Expressions:
             if isinstance(node, exp.Left):
                 return pc.utf8_slice_codeunits(x, 0, n)
             return pc.utf8_slice_codeunits(x, -n)
+        if isinstance(node, exp.Substring):
+            return self.substring(node, scope, key)
         if isinstance(node, (exp.Floor, exp.Ceil)):
             if node.args.get("decimals") is not None or node.args.get("to") is not None:
                 raise self.refuse(f"{key} (of one argument)")
@@ -517,6 +531,109 @@ class Expressions:
                 raise self.refuse(f"{key} (of a {t}: an integer or a float)")
             return pc.floor(x) if isinstance(node, exp.Floor) else pc.ceil(x)
         return None
+
+    def substring(self, node: exp.Substring, scope: Scope, key: str) -> pc.Expression:
+        """``substr(s, start[, length])`` of constant integers, as DuckDB counts: from 1 (0 is
+        the place before the first character), a negative start from the end, a negative
+        length the characters before the start; code points, not bytes."""
+        start, length = _int_literal(node.args.get("start")), node.args.get("length")
+        n = None if length is None else _int_literal(length)
+        if start is None or (length is not None and n is None) or abs(start) > _SUBSTR_MAX \
+                or (n is not None and abs(n) > _SUBSTR_MAX):
+            raise self.refuse(f"{key} (of a constant start and length, each within "
+                              f"{_SUBSTR_MAX:,})")
+        x = self._expr(node.this, scope)
+        t = self.typed(x, scope, node.this)
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            raise self.refuse(f"{key} (of a {t}: a string)")
+        # pyarrow's slice: a negative place counts from the end, both are clamped to the string
+        empty = pc.if_else(pc.is_null(x), x, pc.scalar(""))
+        if n == 0 or (start == 0 and n is not None and n <= 1):
+            return empty
+        if start >= 0:  # the first character is 1; 0, the place before it, takes one less
+            lo = max(start - 1, 0)
+            n = None if n is None else n - 1 if start == 0 else n
+            if n is None:
+                return pc.utf8_slice_codeunits(x, lo, _SUBSTR_END)
+            if n > 0:
+                return pc.utf8_slice_codeunits(x, lo, lo + n)
+            return pc.utf8_slice_codeunits(x, max(lo + n, 0), lo) if lo > 0 else empty
+        if n is None:  # from the end
+            return pc.utf8_slice_codeunits(x, start, _SUBSTR_END)
+        if n > 0:
+            return pc.utf8_slice_codeunits(x, start, start + n if start + n < 0 else _SUBSTR_END)
+        return pc.utf8_slice_codeunits(x, start + n, start)
+
+    def numeric(self, node: exp.Expression, scope: Scope, key: str) -> pc.Expression | None:
+        """``round(x[, n])`` of a constant ``n``, ``trunc``, ``sign``, ``%`` and ``//``, as
+        DuckDB computes them; None for another node."""
+        if isinstance(node, exp.Round):
+            return self.round(node, scope, key)
+        if isinstance(node, (exp.Mod, exp.IntDiv)):
+            sub = self._operands(node.this, node.expression, scope)
+            types = [self.typed(x, scope, node) for x in sub]
+            if not all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in types):
+                raise self.refuse(f"{key} (of integers and floats)")
+            # DuckDB's // divides floats as /, and integers truncating, as pyarrow's divide
+            return pc.remainder(*sub) if isinstance(node, exp.Mod) else pc.divide(*sub)
+        if isinstance(node, (exp.Trunc, exp.Sign)):
+            if node.args.get("decimals") is not None:
+                raise self.refuse(f"{key} (of one argument)")
+            x = self._expr(node.this, scope)
+            t = self.typed(x, scope, node.this)
+            if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
+                raise self.refuse(f"{key} (of a {t}: an integer or a float)")
+            if isinstance(node, exp.Trunc):
+                return x if pa.types.is_integer(t) else pc.trunc(x)
+            sign = pc.sign(x)
+            if pa.types.is_floating(t):  # DuckDB's sign of NaN is 0
+                sign = pc.if_else(pc.is_nan(x), pc.scalar(pa.scalar(0, t)), sign)
+            return sign.cast(pa.int8())
+        return None
+
+    def round(self, node: exp.Round, scope: Scope, key: str) -> pc.Expression:
+        """DuckDB's ``round``: half away from zero; a float's as ``round(x * 10^n) / 10^n`` in
+        double (``x`` itself where that is not finite, or 0 for a negative ``n`` and a finite
+        ``x``); a decimal's to
+        ``DECIMAL(width, max(n, 0))``; an integer's to a multiple of ``10^-n``."""
+        decimals = node.args.get("decimals")
+        n = 0 if decimals is None else _int_literal(decimals)
+        if n is None or abs(n) > _ROUND_MAX:
+            raise self.refuse(f"{key} (to a constant number of digits, within {_ROUND_MAX})")
+        x = self._expr(node.this, scope)
+        t = self.typed(x, scope, node.this)
+        half = "half_towards_infinity"  # away from zero, as C's round
+        if pa.types.is_integer(t):
+            if n >= 0:
+                return x
+            top = 2 ** (t.bit_width - pa.types.is_signed_integer(t)) - 1
+            if 10 ** -n <= top:
+                return pc.round(x, ndigits=n, round_mode=half)
+            if 10 ** -n // 2 <= top:  # an int64 to 19 digits: DuckDB's may overflow
+                raise self.refuse(f"{key} (an {t} to {-n} digits left of its point)")
+            return pc.if_else(pc.is_null(x), x, pc.scalar(pa.scalar(0, t)))  # every value rounds to 0
+        if pa.types.is_decimal(t):
+            if n >= t.scale:
+                return x
+            if n < 0 and -n > t.precision - t.scale:  # DuckDB's: no digit left
+                return pc.if_else(pc.is_null(x), pc.scalar(pa.scalar(None, pa.decimal128(t.precision, 0))),
+                                  pc.scalar(pa.scalar(0, pa.decimal128(t.precision, 0))))
+            wide = x.cast(pa.decimal128(t.precision + 1, t.scale)) if t.precision < 38 else x
+            return pc.round(wide, ndigits=n, round_mode=half).cast(
+                pa.decimal128(t.precision, max(n, 0)))
+        if not pa.types.is_floating(t):
+            raise self.refuse(f"{key} (of a {t}: a number)")
+        if decimals is None:
+            return pc.round(x, ndigits=0, round_mode=half)
+        f = x if t == pa.float64() else x.cast(pa.float64())
+        scale = pc.scalar(math.inf if abs(n) > 308 else 10.0 ** abs(n))  # C's pow(10, n)
+        if n >= 0:
+            r = pc.divide(pc.round(pc.multiply(f, scale), ndigits=0, round_mode=half), scale)
+            r = pc.if_else(pc.is_finite(r), r, f)
+        else:
+            r = pc.multiply(pc.round(pc.divide(f, scale), ndigits=0, round_mode=half), scale)
+            r = pc.if_else(pc.is_finite(r), r, pc.if_else(pc.is_finite(f), pc.scalar(0.0), f))
+        return r if t == pa.float64() else r.cast(t)
 
     def zoned(self, node: exp.Expression, scope: Scope, key: str) -> pc.Expression:
         """``node``'s value, refused if it is zoned in another zone than UTC (DuckDB's

@@ -107,6 +107,9 @@ class Grammar:
             lambda: f"hour({p}Ts) BETWEEN {int(self.r.integers(0, 12))} AND {int(self.r.integers(12, 24))}",
             lambda: f"{self.pick(('starts_with', 'contains', 'ends_with'))}({p}Sym, '{self.pick(('A', 'O', 'M', 'L'))}')",
             lambda: f"greatest({p}Qty, {int(self.r.integers(0, 50))}) < {int(self.r.integers(0, 100))}",
+            lambda: f"{p}Qty % {int(self.r.integers(2, 6))} = 0",
+            lambda: f"round({p}Price, 1) > {int(self.r.integers(0, 100))}",
+            lambda: f"substr({p}Sym, 2, 1) {self.pick(('<', '>='))} 'M'",
         ]
         roll = self.r.random()
         if depth < 2 and roll < 0.2:
@@ -146,6 +149,11 @@ class Grammar:
             f"replace({p}Sym, 'A', 'a')", f"left({p}Sym, 2)", f"right({p}Sym, 1)",
             f"concat({p}Sym, '-', {p}Qty)", f"floor({p}Price / 3)", f"ceil({p}Price / 4)",
             f"trim(concat(' ', {p}Sym, ' '))", f"nullif({p}Sym, 'IBM')",
+            f"round({p}Price, {self.pick((-1, 0, 1, 2))})", f"round({p}Price / 3)",
+            f"round({p}Amt, {self.pick((-1, 0, 1))})", f"round({p}Qty, -1)",
+            f"substr({p}Sym, {self.pick((-3, 0, 1, 2))}, {self.pick((-1, 1, 2, 5))})",
+            f"substring({p}Sym, {self.pick((-2, 2))})", f"{p}Qty % 7", f"{p}Price % 3",
+            f"{p}Qty // 4", f"trunc({p}Price / 3)", f"sign({p}Qty - 50)",
         ])
 
     def agg(self, q: str = "") -> str:
