@@ -9,9 +9,9 @@ Why these choices (``bench/bench_library.py`` measures the calls):
   with printed options such as ``cast(x, {to_type=string, ...})`` or ``round(x, {ndigits=2,
   round_mode=HALF_TO_EVEN})``); a few microseconds a call instead of a plan's ~0.2-0.5 ms.
   The text does not show a literal's type (``2.0`` prints ``2``, a decimal or a duration
-  a bare number): where the tree read from it does not rebuild the expression, its literals
-  are taken, in order, from the expression's serialized form (:func:`_literals`), which
-  holds each as a typed scalar.
+  a bare number) nor an option holding an array (``is_in``): where the tree read from it
+  does not rebuild the expression, its literals and options are taken, in order, from the
+  expression's serialized form (:class:`_Serialized`), which holds each with its type.
   Anything else goes through one Acero plan, ``table_source -> project``, with
   ``use_threads=False`` so the output keeps row order. A plan has a fixed cost plus the
   kernels; ``pyarrow.dataset`` costs more per call and ``Table.filter(expr)`` returns rows,
@@ -43,7 +43,7 @@ Why these choices (``bench/bench_library.py`` measures the calls):
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, cast
 
@@ -169,6 +169,18 @@ class _Cast:
         if isinstance(arg, pc.Expression):
             return arg.cast(options=self.options)
         return pc.cast(arg, options=self.options)
+
+
+@dataclass(frozen=True, slots=True)
+class _Given:
+    """A ``pyarrow.compute`` wrapper called with an options object (read from the
+    expression's serialized form): ``function(*args, options=options)``."""
+
+    function: Callable[..., Any]
+    options: pc.FunctionOptions
+
+    def __call__(self, *args: Any) -> Any:
+        return self.function(*args, options=self.options)
 
 
 # a column name (str), a literal (pa.Scalar) or a call
@@ -300,18 +312,19 @@ def _with_options(name: str, block: str) -> Callable[..., Any]:
     return _WithOptions(_function(name), tuple(options))
 
 
-def _parse(toks: list[tuple[str, str]], i: int) -> tuple[_Node, int]:
-    """One node from ``toks[i:]`` and the index after it."""
+def _parse(toks: list[tuple[str, str]], i: int, found: _Serialized | None = None) -> tuple[_Node, int]:
+    """One node from ``toks[i:]`` and the index after it; its literals and options taken
+    from ``found`` when given, else read from the text."""
     if i >= len(toks):
         raise _NoTree("end")
     kind, tok = toks[i]
     nxt = toks[i + 1][1] if i + 1 < len(toks) else ""
     if kind == "op" and tok == "(":
-        left, i = _parse(toks, i + 1)
+        left, i = _parse(toks, i + 1, found)
         if i >= len(toks) or toks[i][1] not in _INFIX:
             raise _NoTree("operator")
         op = _INFIX[toks[i][1]]
-        right, i = _parse(toks, i + 1)
+        right, i = _parse(toks, i + 1, found)
         if i >= len(toks) or toks[i][1] != ")":
             raise _NoTree(")")
         return _Call(_function(op), (left, right)), i + 1
@@ -321,8 +334,9 @@ def _parse(toks: list[tuple[str, str]], i: int) -> tuple[_Node, int]:
         i += 2
         while True:
             if i + 1 < len(toks) and toks[i][0] == "opts" and args and toks[i + 1][1] == ")":
-                return _Call(_with_options(name, toks[i][1]), tuple(args)), i + 2
-            arg, i = _parse(toks, i)
+                call = _with_options(name, toks[i][1]) if found is None else found.call_options(name)
+                return _Call(call, tuple(args)), i + 2
+            arg, i = _parse(toks, i, found)
             args.append(arg)
             if i < len(toks) and toks[i][1] == ",":
                 i += 1
@@ -330,6 +344,9 @@ def _parse(toks: list[tuple[str, str]], i: int) -> tuple[_Node, int]:
             if i < len(toks) and toks[i][1] == ")":
                 return _Call(_function(name), tuple(args)), i + 1
             raise _NoTree("arguments")
+    if found is not None and (kind in ("null", "time", "num", "str")
+                              or kind == "name" and tok in ("true", "false")):
+        return found.literal(), i + 1
     if kind == "name":
         if tok in ("true", "false"):
             return pa.scalar(tok == "true"), i + 1
@@ -345,36 +362,58 @@ def _parse(toks: list[tuple[str, str]], i: int) -> tuple[_Node, int]:
     raise _NoTree(tok)
 
 
-def _literals(expr: pc.Expression) -> list[pa.Scalar] | None:
-    """``expr``'s literals with their types, in the order ``str(expr)`` prints them, or None.
+@dataclass(slots=True)
+class _Serialized:
+    """``expr``'s literals and options as its serialized form holds them, each with its
+    type, handed out in the order ``str(expr)`` prints them.
 
-    The text prints ``2.0`` as ``2`` and a decimal or a duration as a bare number; the
-    expression's serialized form (what pickling it writes: an Arrow IPC file with a
-    one-row column per literal and per options, named in the tree's order) holds each
-    literal as a scalar of its type. Options are struct columns with a ``_type_name``."""
-    try:
-        batch = pa.ipc.open_file(expr.__reduce__()[1][0]).read_all()
-    except (pa.ArrowException, IndexError, TypeError, ValueError):
-        return None
-    out = []
-    for column in batch.columns:
-        t = column.type
-        if pa.types.is_struct(t) and t.get_field_index("_type_name") >= 0:
-            continue  # a call's options
-        out.append(column[0])
-    return out
+    The text prints ``2.0`` as ``2``, a decimal or a duration as a bare number, and an
+    option holding an array (``is_in``'s ``value_set``) in a form not read back; the
+    serialized form (what pickling an expression writes: an Arrow IPC file with a one-row
+    column per literal and per call's options, in the tree's order) holds each literal as a
+    typed scalar and each options as a struct ``FunctionOptions.deserialize`` reads."""
 
+    literals: list[pa.Scalar]
+    options: list[pc.FunctionOptions]
+    used_literals: int = 0
+    used_options: int = 0
 
-def _retyped(node: _Node, literals: Iterator[pa.Scalar]) -> _Node:
-    """``node`` with its literals, in order, taken from ``literals``."""
-    if isinstance(node, str):
-        return node
-    if isinstance(node, pa.Scalar):
-        value = next(literals, None)
-        if value is None:
+    @classmethod
+    def of(cls, expr: pc.Expression) -> _Serialized | None:
+        try:
+            batch = pa.ipc.open_file(expr.__reduce__()[1][0]).read_all()
+            literals, options = [], []
+            for name, column in zip(batch.column_names, batch.columns, strict=True):
+                t = column.type
+                if pa.types.is_struct(t) and t.get_field_index("_type_name") >= 0:
+                    sink = pa.BufferOutputStream()
+                    one = pa.table({name: column})
+                    with pa.ipc.new_file(sink, one.schema) as writer:
+                        writer.write_table(one)
+                    options.append(pc.FunctionOptions.deserialize(sink.getvalue()))
+                else:
+                    literals.append(column[0])
+        except (pa.ArrowException, IndexError, TypeError, ValueError):
+            return None
+        return cls(literals, options)
+
+    def literal(self) -> pa.Scalar:
+        if self.used_literals >= len(self.literals):
             raise _NoTree("literals")
-        return value
-    return _Call(node.function, tuple(_retyped(a, literals) for a in node.args))
+        self.used_literals += 1
+        return self.literals[self.used_literals - 1]
+
+    def call_options(self, name: str) -> Callable[..., Any]:
+        if self.used_options >= len(self.options):
+            raise _NoTree("options")
+        self.used_options += 1
+        options = self.options[self.used_options - 1]
+        if isinstance(options, pc.CastOptions):
+            return _Cast(options)
+        return _Given(_function(name), options)
+
+    def all_used(self) -> bool:
+        return self.used_literals == len(self.literals) and self.used_options == len(self.options)
 
 
 def _rebuild(node: _Node) -> pc.Expression:
@@ -408,17 +447,20 @@ def _direct_tree(expr: pc.Expression, text: str, schema: pa.Schema, type: pa.Dat
     """The tree of ``expr`` when the direct path gives exactly what the plan gives, else None."""
     try:
         toks = _tokens(text)
-        node, end = _parse(toks, 0)
-        if end != len(toks) or not _reads_columns(node):
+        try:
+            node, end = _parse(toks, 0)
+            read = end == len(toks) and _rebuild(node).equals(expr)
+        except _NoTree:
+            read = False
+        if not read:  # a literal's type or an option is not in the text
+            found = _Serialized.of(expr)
+            if found is None:
+                return None
+            node, end = _parse(toks, 0, found)
+            if end != len(toks) or not found.all_used() or not _rebuild(node).equals(expr):
+                return None
+        if not _reads_columns(node):
             return None
-        if not _rebuild(node).equals(expr):  # a literal's type is not in the text
-            literals = _literals(expr)
-            if literals is None:
-                return None
-            rest = iter(literals)
-            node = _retyped(node, rest)
-            if next(rest, None) is not None or not _rebuild(node).equals(expr):
-                return None
         empty = {f.name: pa.array([], type=f.type) for f in schema}
         if not _single(pa.chunked_array([_run(node, empty)]), type).type.equals(type):
             return None

@@ -62,9 +62,11 @@ DIRECT = [
     I.cast(pa.decimal128(22, 2)) > pc.scalar(pa.scalar(decimal.Decimal("1.25"))),
     pc.if_else(B, I.cast(pa.decimal128(10, 0)), pc.scalar(pa.scalar(0, pa.decimal128(10, 0)))),
     T.cast(pa.timestamp("us", tz="Europe/Paris")) < pc.scalar(pa.scalar(AT, pa.timestamp("us", tz="Europe/Paris"))),
+    # options holding arrays, likewise
+    I.isin([1, 2]), S.isin(["a", "é", None]), pc.is_in(J, pa.array([0, None], pa.int32()), skip_nulls=True),
+    pc.index_in(S, pa.array(["A", "a\nb"])), ~X.isin([0.5, -1.0]),
 ]
 NOT_DIRECT = [
-    I.isin([1, 2]),                           # an option holding an array
     pc.match_substring(S, 'a"b'),             # an option's string prints unescaped
     pc.scalar(1) + pc.scalar(2),              # constant: for the plan (it folds constants)
     pc.multiply_checked(I, pc.scalar(2**62) + 2**62),  # a constant part that overflows: the plan's

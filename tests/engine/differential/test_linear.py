@@ -449,5 +449,8 @@ def test_expression_stages_take_the_direct_path_and_leave_the_plan_for_the_rest(
         if k is not None and k > 2:
             want[(key((None if sym is None else sym.upper(), k * 2)), None)] += d
     assert got == Counter({r: w for r, w in want.items() if w})
-    LinearOperator().filter(pc.field("Sym").isin(["a", "b"]))(batch)  # an array option: a plan
+    LinearOperator().filter(pc.field("Sym").isin(["a", "b"]))(batch)  # an array option, direct
+    assert plans == []
+    # an option's string with a quote prints unescaped: not read back, a plan
+    LinearOperator().filter(pc.match_substring(pc.field("Sym"), 'a"b'))(batch)
     assert plans == [1]
