@@ -3,8 +3,8 @@
 ``engine.expr`` evaluates an expression by calling its ``pyarrow.compute`` functions on the
 columns when it can rebuild the expression from its text (the direct path), and through
 one Acero ``table_source -> project`` plan otherwise. This bench runs ops whose expressions
-have options (``cast``, ``round``), typed null literals (SQL's ``CASE ... ELSE NULL``) and
-timestamp literals, each way in the same process, in turns (``engine.expr.DIRECT`` on,
+have options (``cast``, ``round``), typed null literals (SQL's ``CASE ... ELSE NULL``),
+timestamp literals, float literals and ``isin``, each way in the same process, in turns (``engine.expr.DIRECT`` on,
 then off, round by round), and reports the thread CPU of each op per cycle:
 
 * ``update``/``where`` on a keyed table of --rows rows, --change rows upserted a cycle
@@ -52,6 +52,9 @@ OPS: dict[str, Callable[[Table], Table]] = {
         F("Ts") >= pc.scalar(pa.scalar(dt.datetime(2024, 3, 4, 1, 59), pa.timestamp("us")))),
     "update(CASE .. ELSE NULL)": lambda t: t.update(
         Hi=pc.if_else(F("Price") > 50, F("Price"), pa.scalar(None, pa.float64()))),
+    # literals the text does not type (2.0 prints "2") and an option holding an array
+    "update(Price * 2.0 + 0.5)": lambda t: t.update(P2=F("Price") * 2.0 + 0.5),
+    "where(Sym.isin([...]))": lambda t: t.where(F("Sym").isin(["A", "C"])),
 }
 LINEAR = LinearOperator().filter(F("K") > 2).map(
     {"S": pc.utf8_upper(F("Sym")), "K2": F("K").cast(pa.float64()), "X": "X"})
