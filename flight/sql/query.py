@@ -50,7 +50,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,8 +103,10 @@ def duckdb_error(exc: Exception, where: str) -> Exception:
     return SqlError(f"{where}: {text}")
 
 
-def named_tables(tree: exp.Expression, registry: TableRegistry, where: str) -> list[TableEntry]:
-    """The registry's tables a statement reads, refusing table functions and qualified names.
+def named_tables(tree: exp.Expression, registry: TableRegistry, where: str,
+                 given: Collection[str] = ()) -> list[TableEntry]:
+    """The registry's tables a statement reads (not the CTEs, nor the tables named in
+    ``given``), refusing table functions and qualified names.
 
     Raises
     ------
@@ -122,7 +124,7 @@ def named_tables(tree: exp.Expression, registry: TableRegistry, where: str) -> l
         if t.args.get("db") is not None or t.args.get("catalog") is not None:
             raise SqlError(f"{where}: {t.sql(dialect='duckdb')[:80]}: qualified names are not "
                            f"allowed: name a table of the server as it is listed")
-        if t.name in ctes:
+        if t.name in ctes or t.name in given:
             continue
         entry = _lookup(registry, t.name)
         if entry not in out:
@@ -297,12 +299,15 @@ class QueryRunner:
     # ------------------------------------------------------------------ running
     def start(self, sql: str, params: Sequence[Any] | None = None, *,
               tree: exp.Expression | None = None, where: str = "query",
-              rows_of: str | None = None) -> RunningQuery:
+              rows_of: str | None = None, given: Mapping[str, pa.Table] | None = None
+              ) -> RunningQuery:
         """Parse, snapshot and start ``sql``; its batches are read with :meth:`batches`.
 
         With ``rows_of`` (a table the query names), that table's snapshot holds every
         column, and the query may read its :data:`ROW_COLUMN`: a row's position in
-        ``query.snapshot.tables[rows_of]``.
+        ``query.snapshot.tables[rows_of]``. ``given`` names rows of the server's own (a
+        statement's parameter rows, under a name no user table can have) the query reads
+        beside the tables.
 
         Raises
         ------
@@ -316,7 +321,7 @@ class QueryRunner:
         tree = parse_one(sql) if tree is None else tree
         if not is_query(tree):
             raise SqlError(f"{where}: not a query (SELECT, WITH, VALUES): {_statement(tree)}")
-        entries = named_tables(tree, self.registry, where)
+        entries = named_tables(tree, self.registry, where, given or ())
         if rows_of is not None and ROW_COLUMN in self.registry.get(rows_of).table.schema.names:
             raise SqlError(f"{where}: table {quoted(rows_of)} has a column {ROW_COLUMN!r}, a "
                            f"name the server's statements use; rename it")
@@ -352,7 +357,7 @@ class QueryRunner:
                         answer = self._narrow(query, first, snapshot, entries[0].name, params,
                                               where)
                     if answer is None:
-                        tables = snapshot.tables
+                        tables = snapshot.tables if not given else {**snapshot.tables, **given}
                         if rows_of is not None:
                             held = tables[rows_of]
                             tables = {**tables, rows_of: held.append_column(

@@ -22,7 +22,8 @@ DoPut(StatementUpdate)          ``INSERT``, ``UPDATE``, ``DELETE``, ``CREATE TAB
                                 ``DoPutUpdateResult``
 DoPut(StatementIngest)          bulk ingestion (create, append, replace), atomic
 DoPut(PreparedQuery)            binds parameters; answers ``DoPutPreparedStatementResult``
-DoPut(PreparedUpdate)           runs the update once per parameter row, atomically
+DoPut(PreparedUpdate)           runs the update once per parameter row, atomically (as one
+                                query over the rows where it can: an executemany)
 DoAction                        ``CreatePreparedStatement``, ``ClosePreparedStatement``,
                                 ``CancelFlightInfo``
 ==============================  ===========================================================
@@ -55,7 +56,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -64,6 +65,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from google.protobuf.message import DecodeError, Message
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
+from sqlglot.tokenizer_core import TokenType
 
 from engine.differential.resolve import takes_triples
 from engine.errors import (
@@ -94,7 +97,7 @@ from flight.sql.ddl import (
 from flight.sql.parse import parse_one, statement_kind
 from flight.sql.query import ROW_COLUMN, QueryRunner, RunningQuery, check_params, is_query
 from flight.sql.views import CompiledView, compile_view
-from flight.streams.registry import pending_name
+from flight.streams.registry import PENDING_PREFIX, pending_name
 from flight.wire import DIFF, PutMode, TableKind
 
 __all__ = ["SQL_ACTION_TYPES", "FlightSqlService", "SqlHost", "pack", "unpack"]
@@ -131,6 +134,91 @@ class _Prepared:
     text: str
     tree: exp.Expression
     params: list[list[Any]] = field(default_factory=list)
+
+
+#: the name a statement's parameter rows take in its query (no user table has it)
+PARAM_ROWS = f"{PENDING_PREFIX}parameters"
+_ROWS_ALIAS = "__ticktable_rows"  # their alias there
+_DUCK = Dialect.get_or_raise("duckdb")
+
+
+def _values_of_rows(values: exp.Expression, params: list[list[Any]]
+                    ) -> tuple[str, dict[str, pa.Table]] | None:
+    """``VALUES`` run once per parameter row (an ``executemany``) as one query over the
+    rows: each ``?`` becomes the row's column of its place, and the ``VALUES`` a
+    ``LATERAL`` of each row (so DuckDB types its columns as it types ``VALUES``), in the
+    rows' order and the tuples' within each. None where that is not what the rows would
+    give one by one: a subquery, ``$n`` parameters, a count of ``?`` other than the rows'
+    width, or rows pyarrow cannot make columns of.
+
+    The rows' types are pyarrow's of their values (an int64 column of integers, where one
+    by one DuckDB binds a small integer as an INTEGER and a large one as a BIGINT)."""
+    if not isinstance(values, exp.Values) or values.find(exp.Subquery, exp.Parameter,
+                                                         exp.Column) is not None:
+        return None
+    rows = _param_rows(params)
+    if rows is None or not values.expressions:
+        return None
+    width = rows.num_columns - 1
+    places = iter(range(width))
+
+    def column(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Placeholder) and node.args.get("this") is None:  # a ?
+            k = next(places, None)
+            return node if k is None else exp.column(f"p{k}", table=_ROWS_ALIAS)
+        return node
+
+    tuples = []
+    for t, row in enumerate(values.expressions):
+        if not isinstance(row, exp.Tuple):
+            return None
+        exprs = [e.copy().transform(column) for e in row.expressions]
+        if any(e.find(exp.Placeholder) is not None for e in exprs):
+            return None  # more ? than the rows are wide
+        tuples.append(f"({t}, {', '.join(e.sql(dialect='duckdb') for e in exprs)})")
+    if next(places, None) is not None:
+        return None  # fewer ? than the rows are wide
+    names = [f"col{i}" for i in range(len(values.expressions[0].expressions))]
+    sql = (f"SELECT {', '.join(f'__v.{n}' for n in names)} FROM \"{PARAM_ROWS}\" AS {_ROWS_ALIAS}, "
+           f"LATERAL (VALUES {', '.join(tuples)}) AS __v(__t, {', '.join(names)}) "
+           f"ORDER BY {_ROWS_ALIAS}.__n, __v.__t")
+    return sql, {PARAM_ROWS: rows}
+
+
+def _param_rows(params: list[list[Any]]) -> pa.Table | None:
+    """Parameter rows as a table: ``__n`` their order, ``p<k>`` the values of place ``k``
+    (None where pyarrow cannot make a column of them, or the rows differ in width)."""
+    width = len(params[0])
+    if any(len(r) != width for r in params):
+        return None
+    try:
+        return pa.table({"__n": pa.array(range(len(params)), pa.int64()),
+                         **{f"p{k}": pa.array([r[k] for r in params]) for k in range(width)}})
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None
+
+
+def _select_of_rows(select: str, params: list[list[Any]]) -> tuple[str, dict[str, pa.Table]] | None:
+    """A query run once per parameter row (an ``executemany`` of UPDATE or DELETE) as one
+    query over the rows: the ``?`` in ``select``'s text, in their order, become the row's
+    columns, and the query a ``LATERAL`` of each row; its answer holds each row's answer,
+    in the rows' order. None for ``$n`` parameters, or a count of ``?`` other than the
+    rows' width."""
+    rows = _param_rows(params)
+    if rows is None:
+        return None
+    places = [t for t in _DUCK.tokenize(select) if t.token_type in (TokenType.PLACEHOLDER,
+                                                                     TokenType.PARAMETER)]
+    if len(places) != rows.num_columns - 1 or any(t.text != "?" for t in places):
+        return None
+    parts, at = [], 0
+    for k, t in enumerate(places):
+        parts += [select[at:t.start], f"{_ROWS_ALIAS}.p{k}"]
+        at = t.end + 1
+    inner = "".join([*parts, select[at:]])
+    sql = (f"SELECT __s.* FROM \"{PARAM_ROWS}\" AS {_ROWS_ALIAS}, LATERAL ({inner}) AS __s "
+           f"ORDER BY {_ROWS_ALIAS}.__n")
+    return sql, {PARAM_ROWS: rows}
 
 
 def _placeholders(tree: exp.Expression) -> int:
@@ -457,11 +545,12 @@ class FlightSqlService:
                        f"CREATE and DROP VIEW")
 
     def _start(self, text: str, params: Sequence[Any] | None, *,
-               tree: exp.Expression | None = None, where: str = "query") -> RunningQuery:
+               tree: exp.Expression | None = None, where: str = "query",
+               given: Mapping[str, pa.Table] | None = None) -> RunningQuery:
         """Start a query once every write answered before it is visible (an INSERT or an
         ingest is answered when journaled, before the cycle that applies it)."""
         self.server.staging.wait_committed()
-        return self.runner.start(text, params, tree=tree, where=where)
+        return self.runner.start(text, params, tree=tree, where=where, given=given)
 
     def _held_rows(self, select: str, params: list[list[Any]], where: str, name: str
                    ) -> tuple[pa.Table, pa.Table]:
@@ -469,6 +558,15 @@ class FlightSqlService:
         once per parameter row (once without), and the rows of ``name`` those positions
         are, taken from the query's snapshot: exactly as held, whatever DuckDB makes of
         their values."""
+        batched = _select_of_rows(select, params) if len(params) > 1 else None
+        if batched is not None:  # executemany: one query over the parameter rows
+            sql, given = batched
+            self.server.staging.wait_committed()
+            query = self.runner.start(sql, None, where=where, rows_of=name, given=given)
+            assert query.snapshot is not None
+            snapshot = query.snapshot.tables[name]
+            answer = pa.Table.from_batches(list(self.runner.batches(query, where)), query.schema)
+            return answer, snapshot.take(answer.column(0))
         answers, held = [], []
         rows: list[list[Any] | None] = list(params) or [None]
         for row in rows:
@@ -513,7 +611,13 @@ class FlightSqlService:
         text = source.sql(dialect="duckdb")
         if isinstance(source, exp.Values):  # a query of its own only inside FROM
             text = f"SELECT * FROM ({text})"
-        rows = self._rows(text, params, where)
+        batched = _values_of_rows(source, params) if len(params) > 1 else None
+        if batched is not None:  # executemany: one query over the parameter rows
+            sql, given = batched
+            query = self._start(sql, None, where=where, given=given)
+            rows = pa.Table.from_batches(list(self.runner.batches(query, where)), query.schema)
+        else:
+            rows = self._rows(text, params, where)
         if plan.by_name:
             columns = rows.column_names
         names = columns if columns is not None else schema.names[:rows.num_columns]
