@@ -49,6 +49,10 @@ Measures:
      CPU per ingest while it sends (ADBC's Go driver runs in it), ``server_cpu_ms`` the
      server process's until the rows are applied: where each path's time goes.
 
+  5. ``executemany`` (DB-API's batch: one DoPut of every parameter row) through ADBC of
+     --executemany-rows rows: INSERT into an append and a keyed table, UPDATE and DELETE by
+     key, against ``adbc_ingest`` of the same rows; each runs as one query over the rows.
+
 Then pyinstrument over the server's SQL service (GetFlightInfo's and DoGet's work, gRPC
 left out) for the live group-by and point lookup, an excerpt printed.
 
@@ -493,6 +497,53 @@ def bench_ingest(rows: int, batch_rows: int, repeat: int, interval: float, prior
     return out
 
 
+# ---------------------------------------------------------------------------- 5. executemany
+def bench_executemany(sizes: list[int], repeat: int, interval: float, priority: str) -> list[dict[str, Any]]:
+    """DB-API ``executemany`` through ADBC (one DoPut of every parameter row, then the
+    statement): INSERT into an append and a keyed table, UPDATE and DELETE of the keyed
+    one's rows by key, against ``adbc_ingest`` of the same rows (the bulk path)."""
+    server = ServerProcess()
+    times: dict[tuple[str, int], list[float]] = {}
+    try:
+        server.call("start", interval, priority)
+        con = _adbc(server.location)
+        cur = con.cursor()
+        base = 0
+        for r in range(repeat + 1):  # the first round warms up and is dropped
+            for n in sizes:
+                a, k, g = f"em_a_{r}_{n}", f"em_k_{r}_{n}", f"em_g_{r}_{n}"
+                cur.execute(f"CREATE TABLE {a} (id BIGINT, sym VARCHAR, px DOUBLE)")
+                cur.execute(f"CREATE TABLE {k} (id BIGINT PRIMARY KEY, sym VARCHAR, px DOUBLE)")
+                rows = [(base + i, f"s{i % 7}", i * 0.5) for i in range(n)]
+                table = pa.table({"id": pa.array([x[0] for x in rows], pa.int64()),
+                                  "sym": [x[1] for x in rows], "px": [x[2] for x in rows]})
+                steps: list[tuple[str, Any, tuple[Any, ...]]] = [
+                    ("INSERT, append table", cur.executemany, (f"INSERT INTO {a} VALUES (?, ?, ?)", rows)),
+                    ("INSERT, keyed table", cur.executemany, (f"INSERT INTO {k} VALUES (?, ?, ?)", rows)),
+                    ("UPDATE by key", cur.executemany, (f"UPDATE {k} SET px = px + ? WHERE id = ?",
+                                                       [(1.0, x[0]) for x in rows])),
+                    ("DELETE by key", cur.executemany, (f"DELETE FROM {k} WHERE id = ?",
+                                                       [(x[0],) for x in rows])),
+                    ("adbc_ingest (bulk)", cur.adbc_ingest, (g, table, "create"))]
+                for what, call, call_args in steps:
+                    t0 = time.perf_counter()
+                    call(*call_args)
+                    if r:
+                        times.setdefault((what, n), []).append(time.perf_counter() - t0)
+                base += n
+        cur.close()
+        con.close()
+    finally:
+        server.close()
+    out = []
+    for (what, n), ts in times.items():
+        ingest = float(np.median(times[("adbc_ingest (bulk)", n)]))
+        med = float(np.median(ts))
+        out.append({"statement": what, "rows": n, "p50_ms": 1e3 * med, "mean_ms": 1e3 * float(np.mean(ts)),
+                    "max_ms": 1e3 * max(ts), "rows_per_s": n / med, "x_ingest": ingest / med})
+    return out
+
+
 # ---------------------------------------------------------------------------- main
 def _verdict(v: float | None, ok: bool) -> str:
     return "n/a" if v is None else ("PASS" if ok else "MISS")
@@ -560,8 +611,10 @@ def main() -> None:
     ap.add_argument("--ingest-batch-rows", type=int, default=65_536)
     ap.add_argument("--ingest-repeat", type=int, default=5)
     ap.add_argument("--profile-repeat", type=int, default=5, help="queries per profile (0: none)")
-    ap.add_argument("--sections", nargs="+", choices=("queries", "cycles", "views", "ingest"),
-                    default=["queries", "cycles", "views", "ingest"])
+    ap.add_argument("--sections", nargs="+",
+                    choices=("queries", "cycles", "views", "ingest", "executemany"),
+                    default=["queries", "cycles", "views", "ingest", "executemany"])
+    ap.add_argument("--executemany-rows", type=int, nargs="+", default=[1_000, 10_000])
     ap.add_argument("--json", default=None, help="output path (default bench/results/bench_sql.json)")
     if ap.parse_args().quick:  # smaller defaults; a size given on the command line still wins
         ap.set_defaults(rows=1_000_000, repeat=10, cycle_seconds=5.0, view_rows=200_000, view_cycles=50,
@@ -624,6 +677,14 @@ def main() -> None:
                 ["path", "rows", "batch_rows", "acked_rows_per_s", "applied_rows_per_s", "x_doput_acked",
                  "x_doput_applied", "client_cpu_ms", "server_cpu_ms", "acked_s_rounds"])
 
+    many: list[dict[str, Any]] = []
+    if "executemany" in args.sections:
+        many = bench_executemany(args.executemany_rows, args.ingest_repeat, args.interval,
+                                 args.cycle_priority)
+    print_table(f"5. DB-API executemany through ADBC (median of {args.ingest_repeat}); x_ingest = "
+                "adbc_ingest of the same rows / executemany, by time", many,
+                ["statement", "rows", "p50_ms", "mean_ms", "max_ms", "rows_per_s", "x_ingest"])
+
     for title, text in profiles.items():
         print(f"\n== profile: server SQL service, {title}, {args.profile_repeat} queries (pyinstrument)")
         print(text)
@@ -635,7 +696,7 @@ def main() -> None:
     write_json("bench_sql_quick" if args.quick else "bench_sql", {
         "args": vars(args), "cycle_priority": got_priority, "load_start": load, "load_end": load_end,
         "queries": queries, "checks": checks, "cycles": cycles, "views": views, "ingest": ingest,
-        "profiles": profiles, "summary": summary}, args.json)
+        "executemany": many, "profiles": profiles, "summary": summary}, args.json)
 
 
 if __name__ == "__main__":

@@ -146,8 +146,9 @@ def _values_of_rows(values: exp.Expression, params: list[list[Any]]
                     ) -> tuple[str, dict[str, pa.Table]] | None:
     """``VALUES`` run once per parameter row (an ``executemany``) as one query over the
     rows: each ``?`` becomes the row's column of its place, and the ``VALUES`` a
-    ``LATERAL`` of each row (so DuckDB types its columns as it types ``VALUES``), in the
-    rows' order and the tuples' within each. None where that is not what the rows would
+    ``LATERAL`` of each row (so DuckDB types its columns as it types ``VALUES``; one tuple,
+    a projection of the rows: the same types), in the rows' order and the tuples' within
+    each. None where that is not what the rows would
     give one by one: a subquery, ``$n`` parameters, a count of ``?`` other than the rows'
     width, or rows pyarrow cannot make columns of.
 
@@ -168,17 +169,23 @@ def _values_of_rows(values: exp.Expression, params: list[list[Any]]
             return node if k is None else exp.column(f"p{k}", table=_ROWS_ALIAS)
         return node
 
-    tuples = []
+    tuples: list[str] = []
+    texts: list[list[str]] = []
     for t, row in enumerate(values.expressions):
         if not isinstance(row, exp.Tuple):
             return None
         exprs = [e.copy().transform(column) for e in row.expressions]
         if any(e.find(exp.Placeholder) is not None for e in exprs):
             return None  # more ? than the rows are wide
-        tuples.append(f"({t}, {', '.join(e.sql(dialect='duckdb') for e in exprs)})")
+        texts.append([e.sql(dialect="duckdb") for e in exprs])
+        tuples.append(f"({t}, {', '.join(texts[-1])})")
     if next(places, None) is not None:
         return None  # fewer ? than the rows are wide
     names = [f"col{i}" for i in range(len(values.expressions[0].expressions))]
+    if len(tuples) == 1:  # one tuple: its columns are its expressions' types, as a projection's
+        items = ", ".join(f"{e} AS {n}" for e, n in zip(texts[0], names, strict=True))
+        return (f"SELECT {items} FROM \"{PARAM_ROWS}\" AS {_ROWS_ALIAS} ORDER BY {_ROWS_ALIAS}.__n",
+                {PARAM_ROWS: rows})
     sql = (f"SELECT {', '.join(f'__v.{n}' for n in names)} FROM \"{PARAM_ROWS}\" AS {_ROWS_ALIAS}, "
            f"LATERAL (VALUES {', '.join(tuples)}) AS __v(__t, {', '.join(names)}) "
            f"ORDER BY {_ROWS_ALIAS}.__n, __v.__t")
