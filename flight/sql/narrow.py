@@ -37,8 +37,8 @@ import numpy as np
 import pyarrow as pa
 from sqlglot import exp
 
-__all__ = ["MIN_ROWS", "POSITION", "NarrowPlan", "Positions", "plan", "read_columns", "take_rows",
-           "worth"]
+__all__ = ["MIN_ROWS", "POSITION", "NarrowPlan", "Positions", "plan", "read_columns", "star_only",
+           "take_rows", "worth"]
 
 #: The narrow pass runs for tables of at least this many rows: below it, DuckDB's second
 #: query (its parse, bind and plan, ~0.3 ms) costs more than the columns it skips.
@@ -150,14 +150,14 @@ def plan(tree: exp.Expression, table: exp.Table, where: exp.Expression, names: s
     sql = (f'SELECT {alias}."{POSITION}" FROM "{NARROW_TABLE}" AS {alias} '
            f"WHERE {where.sql(dialect='duckdb')} LIMIT __TICKTABLE_LIMIT__")
     ordered = tuple(n for n in schema.names if n in filtered)
-    return NarrowPlan(ordered, sql, _star_only(tree, {table.alias_or_name}))
+    return NarrowPlan(ordered, sql, star_only(tree, {table.alias_or_name}))
 
 
 #: The parts a ``SELECT * FROM table WHERE ...`` has (any other, set, is a clause).
 _STAR_PARTS = frozenset({"expressions", "from", "from_", "where"})
 
 
-def _star_only(tree: exp.Expression, names: set[str]) -> bool:
+def star_only(tree: exp.Expression, names: set[str]) -> bool:
     """Whether ``tree`` is ``SELECT * FROM table WHERE ...`` (or ``name.*``, ``name`` the
     table's name in scope: its alias if it has one) and nothing more: no clause, no
     ``EXCLUDE``/``REPLACE``/``RENAME`` on the star."""

@@ -325,10 +325,14 @@ class QueryRunner:
         if rows_of is not None and ROW_COLUMN in self.registry.get(rows_of).table.schema.names:
             raise SqlError(f"{where}: table {quoted(rows_of)} has a column {ROW_COLUMN!r}, a "
                            f"name the server's statements use; rename it")
-        points = key_points(tree, entries, params)
+        pinned: list[bool] = []
+        points = key_points(tree, entries, params, pinned)
         first: narrow.NarrowPlan | None = None
+        answered_by_keys = False
         if points is not None:  # a lookup by key: the rows of those keys, not a scan
             snapshot = self.snapshots.take_keys(entries[0].name, entries[0].table, points)
+            answered_by_keys = (rows_of is None and not given and pinned == [True]
+                                and narrow.star_only(tree, _names_in_scope(tree)))
         else:
             snapshot = self.snapshots.take([
                 (e.name, e.table, None if e.name == rows_of else read_columns(tree, entries, e))
@@ -356,6 +360,9 @@ class QueryRunner:
                     if first is not None:
                         answer = self._narrow(query, first, snapshot, entries[0].name, params,
                                               where)
+                    elif answered_by_keys:  # SELECT * FROM t WHERE <keys>: the rows found
+                        answer = self._as_star(entries[0].name, snapshot.tables[entries[0].name],
+                                               where)
                     if answer is None:
                         tables = snapshot.tables if not given else {**snapshot.tables, **given}
                         if rows_of is not None:
@@ -437,10 +444,15 @@ class QueryRunner:
         kept = snapshot.tables[name] = narrow.take_rows(rows, found.column(0))
         if not first.star:
             return None
+        return self._as_star(name, kept, where)
+
+    def _as_star(self, name: str, rows: pa.Table, where: str) -> pa.Table | None:
+        """``rows`` of table ``name`` as DuckDB's answer to ``SELECT *`` over them (its
+        schema), or None when DuckDB would give other types (it answers then)."""
         star = self._star_schema(name, rows.schema, where)
-        if [(f.name, f.type) for f in star] != [(f.name, f.type) for f in kept.schema]:
-            return None  # DuckDB's SELECT * gives other types: it answers
-        return pa.Table.from_arrays(kept.columns, schema=star)
+        if [(f.name, f.type) for f in star] != [(f.name, f.type) for f in rows.schema]:
+            return None
+        return pa.Table.from_arrays(rows.columns, schema=star)
 
     def _star_schema(self, name: str, schema: pa.Schema, where: str) -> pa.Schema:
         """The schema of DuckDB's answer to ``SELECT * FROM name`` over a table of
@@ -789,6 +801,12 @@ class QueryRunner:
         self.close(query.handle)
 
 
+def _names_in_scope(tree: exp.Expression) -> set[str]:
+    """The name a one-table ``SELECT``'s table goes by (its alias, if it has one)."""
+    source = tree.args.get("from") or tree.args.get("from_")
+    return {source.this.alias_or_name} if source is not None else set()
+
+
 def _one_table_where(tree: exp.Expression, entries: Sequence[TableEntry],
                      params: Sequence[Any] | None) -> tuple[exp.Expression, set[str], Any] | None:
     """For a ``SELECT`` whose answer depends only on the rows of its one table that its
@@ -880,7 +898,8 @@ def _own_column(node: exp.Expression, names: set[str]) -> str | None:
 
 
 def key_points(tree: exp.Expression, entries: Sequence[TableEntry],
-               params: Sequence[Any] | None = None) -> pa.Table | None:
+               params: Sequence[Any] | None = None, pinned: list[bool] | None = None
+               ) -> pa.Table | None:
     """The keys a query looks up, when its answer depends on no other rows of its table.
 
     That is a ``SELECT`` whose only table (named once: no join, no subquery reading it) is a
@@ -890,7 +909,8 @@ def key_points(tree: exp.Expression, entries: Sequence[TableEntry],
     what it answers over the whole table; DuckDB still applies the whole ``WHERE`` to them.
     A query's one ``?`` parameter counts as a literal of its bound value. ``None``
     otherwise (and for a value of another kind than its key's type, which the scan compares
-    as DuckDB casts it).
+    as DuckDB casts it). ``pinned``, when given, gets whether the ``WHERE`` is those pins
+    and nothing else (each term pins a key: then the rows of the keys are what it keeps).
     """
     shape = _one_table_where(tree, entries, params)
     if shape is None or entries[0].kind != TableKind.KEYED:
@@ -917,6 +937,9 @@ def key_points(tree: exp.Expression, entries: Sequence[TableEntry],
             values[name] = got
     if set(values) != keys:
         return None
+    if pinned is not None:  # every term of the WHERE pins a key: the rows are the answer
+        pinned.append(len(_terms(where)) == len(values) == sum(
+            1 for t in _terms(where) if isinstance(t, (exp.EQ, exp.In))))
     if len(entry.keys) > 1 and any(len(v) != 1 for v in values.values()):
         return None  # one value per key column of a composite key
     columns = {k: list(dict.fromkeys(values[k])) for k in entry.keys}
