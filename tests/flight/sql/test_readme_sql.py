@@ -29,7 +29,8 @@ def test_readme_flight_sql_snippet(capsys) -> None:
         assert server.registry.get("per_sym").kind == "view"
         limits = server.registry.get("limits")
         assert (limits.kind, limits.keys) == ("keyed", ["sym"])
-        want = [{"sym": "A", "max_qty": 20}, {"sym": "B", "max_qty": 10}]
+        want = [{"sym": "A", "max_qty": 20}, {"sym": "B", "max_qty": 10}, {"sym": "C", "max_qty": 8},
+                {"sym": "D", "max_qty": 9}]
         deadline = time.monotonic() + 10  # the UPDATE was answered before its cycle
         while sorted(limits.table.to_arrow().to_pylist(), key=str) != want:
             assert time.monotonic() < deadline, limits.table.to_arrow().to_pylist()
