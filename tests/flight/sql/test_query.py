@@ -394,3 +394,16 @@ def test_the_reaper_outlives_a_failure_while_stopping_a_query(served, caplog):
     assert failed and "SQL reaper: stopping query" in caplog.text
     assert r._reaper.is_alive()
 
+
+
+def test_parameter_rows_are_read_by_place_whatever_their_names():
+    """A bound batch's columns are parameters by place: two of one name stay two (rows as
+    dicts kept one of them), and a batch of rows without columns binds rows of nothing."""
+    from flight.sql.query import check_params
+
+    batch = pa.record_batch([pa.array([1, 2]), pa.array(["a", None]), pa.array([0.5, 1.5])],
+                            names=["p", "p", ""])
+    assert check_params(batch, "prepared update parameters") == [[1, "a", 0.5], [2, None, 1.5]]
+    assert check_params(pa.table({"x": pa.array([], pa.int64())}), "w") == []
+    assert check_params(pa.record_batch([], schema=pa.schema([])), "w") == []
+    assert check_params(None, "w") == []
