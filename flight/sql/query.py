@@ -331,8 +331,9 @@ class QueryRunner:
         answered_by_keys = False
         if points is not None:  # a lookup by key: the rows of those keys, not a scan
             snapshot = self.snapshots.take_keys(entries[0].name, entries[0].table, points)
-            answered_by_keys = (rows_of is None and not given and pinned == [True]
-                                and narrow.star_only(tree, _names_in_scope(tree)))
+            answered_by_keys = rows_of is None and not given and pinned == [True] and (
+                narrow.star_only(tree, _names_in_scope(tree))
+                or _columns_only(tree, _names_in_scope(tree)) is not None)
         else:
             snapshot = self.snapshots.take([
                 (e.name, e.table, None if e.name == rows_of else read_columns(tree, entries, e))
@@ -361,8 +362,8 @@ class QueryRunner:
                         answer = self._narrow(query, first, snapshot, entries[0].name, params,
                                               where)
                     elif answered_by_keys:  # SELECT * FROM t WHERE <keys>: the rows found
-                        answer = self._as_star(entries[0].name, snapshot.tables[entries[0].name],
-                                               where)
+                        answer = self._as_selected(sql, tree, params, entries[0].name,
+                                                   snapshot.tables[entries[0].name], where)
                     if answer is None:
                         tables = snapshot.tables if not given else {**snapshot.tables, **given}
                         if rows_of is not None:
@@ -445,6 +446,29 @@ class QueryRunner:
         if not first.star:
             return None
         return self._as_star(name, kept, where)
+
+    def _as_selected(self, sql: str, tree: exp.Expression, params: Sequence[Any] | None,
+                     name: str, rows: pa.Table, where: str) -> pa.Table | None:
+        """``rows`` of table ``name`` as DuckDB's answer to ``SELECT *`` or ``SELECT`` of
+        its columns (named as DuckDB names them, in its schema), or None when DuckDB would
+        give other types or the columns are not plainly the table's (it answers then)."""
+        if narrow.star_only(tree, _names_in_scope(tree)):
+            return self._as_star(name, rows, where)
+        columns = _columns_only(tree, _names_in_scope(tree))
+        if columns is None:
+            return None
+        found = []
+        for c in columns:  # DuckDB's names are case-insensitive
+            hits = [f for f in rows.column_names if f.lower() == c.lower()]
+            if len(hits) != 1:
+                return None
+            found.append(rows.column(hits[0]))
+        # the parameters are in the WHERE: their values cannot change the answer's types
+        nulls = None if params is None else [None] * len(params)
+        want = self.schema_of(sql, nulls, tree, where)
+        if [f.type for f in want] != [a.type for a in found]:
+            return None
+        return pa.Table.from_arrays(found, schema=want)
 
     def _as_star(self, name: str, rows: pa.Table, where: str) -> pa.Table | None:
         """``rows`` of table ``name`` as DuckDB's answer to ``SELECT *`` over them (its
@@ -799,6 +823,23 @@ class QueryRunner:
                 return
             query.waiting = False
         self.close(query.handle)
+
+
+def _columns_only(tree: exp.Expression, names: set[str]) -> list[str] | None:
+    """The table's columns a ``SELECT c, d AS e FROM table WHERE ...`` (and nothing more)
+    lists, in order, or None for another shape."""
+    if not isinstance(tree, exp.Select) or any(
+            v for k, v in tree.args.items() if k not in ("expressions", "from", "from_", "where")):
+        return None
+    out = []
+    for e in tree.expressions:
+        column = _own_column(e.this if isinstance(e, exp.Alias) else e, names)
+        if column is None or isinstance(e.find(exp.Star), exp.Star):
+            return None
+        out.append(column)
+    if len({e.alias_or_name.lower() for e in tree.expressions}) < len(out):
+        return None  # two outputs of one name: DuckDB's binder and its result name them apart
+    return out or None
 
 
 def _names_in_scope(tree: exp.Expression) -> set[str]:

@@ -104,16 +104,19 @@ def test_a_lookup_by_key_answers_what_the_scan_answers_without_copying(runner, s
 BY_KEYS = {"SELECT * FROM t WHERE id = 7", "SELECT * FROM t WHERE id = -3",
            "SELECT * FROM t WHERE 7 = id", "SELECT * FROM t WHERE id = 999999",
            "SELECT * FROM t AS q WHERE q.id IN (1, 5, 5, 1949, 123456)",
-           "SELECT * FROM c WHERE a = 'k3' AND b = 0"}
+           "SELECT * FROM c WHERE a = 'k3' AND b = 0", "SELECT v FROM c WHERE a = 'nope' AND b = 1"}
 
 
 @pytest.mark.parametrize(("sql", "params"), [(s, None) for s in LOOKUPS] + [
     ("SELECT * FROM t WHERE id = ?", [42]), ("SELECT q.* FROM t AS q WHERE q.id = ?", [-50]),
-    ("SELECT * FROM c WHERE b = ? AND a = 'k4'", [0])])
+    ("SELECT * FROM c WHERE b = ? AND a = 'k4'", [0]),
+    ("SELECT S, x AS price, q.g, id FROM t AS q WHERE q.id = ?", [7]),
+    ("SELECT v, v, a AS \"B\" FROM c WHERE b = ? AND a = 'k4'", [0])])
 def test_select_star_of_pinned_keys_is_the_rows_found_in_duckdbs_types(runner, monkeypatch, sql,
                                                                        params):
-    """``SELECT * FROM t WHERE <key> = v [AND ...]``, every term a key's pin and nothing
-    more, answers the rows the key index found, in the schema DuckDB gives (no DuckDB query:
+    """``SELECT * FROM t WHERE <key> = v [AND ...]`` (or ``SELECT`` of its columns), every
+    term a key's pin and nothing more, answers the rows the key index found, in the schema
+    and names DuckDB gives (no DuckDB query:
     its parse, bind and run were ~1.4 ms of a 3 ms GetFlightInfo); any other shape still
     runs in DuckDB. Both equal DuckDB's answer over the whole table, names and types too."""
     from flight.sql import query as _query
@@ -126,7 +129,7 @@ def test_select_star_of_pinned_keys_is_the_rows_found_in_duckdbs_types(runner, m
     got = pa.Table.from_batches(list(r.batches(q := r.start(sql, params))), q.schema)
     expected = duck_answer(sql, {n: registry.get(n).table.to_arrow() for n in registry.names()},
                            params)
-    assert (runs == []) == (sql in BY_KEYS or params is not None), runs
+    assert (runs == []) == (sql in BY_KEYS or params is not None and "v, v" not in sql), runs
     assert [(f.name, f.type) for f in got.schema] == [(f.name, f.type) for f in expected.schema]
     if "ORDER BY" in sql:
         assert got.to_pylist() == expected.to_pylist()
