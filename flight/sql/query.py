@@ -557,8 +557,14 @@ class QueryRunner:
             try:
                 for e in entries:
                     cursor.register(e.name, e.table.schema.empty_table())
-                relation = cursor.sql(sql, params=list(params) if params is not None else None)
-                return relation.limit(0).to_arrow_table().schema
+                # the query itself over no rows: a relation's limit(0) would make it a
+                # subquery, whose binder renames two outputs of one name (v, v_1) where the
+                # query's answer keeps both names (v, v)
+                reader = _stream(cursor, sql, params, 1024)
+                try:
+                    return reader.schema
+                finally:
+                    reader.close()
             except duckdb.Error as exc:
                 raise duckdb_error(exc, where) from None
             finally:
@@ -837,8 +843,6 @@ def _columns_only(tree: exp.Expression, names: set[str]) -> list[str] | None:
         if column is None or isinstance(e.find(exp.Star), exp.Star):
             return None
         out.append(column)
-    if len({e.alias_or_name.lower() for e in tree.expressions}) < len(out):
-        return None  # two outputs of one name: DuckDB's binder and its result name them apart
     return out or None
 
 

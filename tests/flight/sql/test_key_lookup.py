@@ -124,12 +124,13 @@ def test_select_star_of_pinned_keys_is_the_rows_found_in_duckdbs_types(runner, m
     graph, registry, r = runner
     runs: list[str] = []
     real = _query._stream
+    list(r.batches(r.start(sql, params)))  # a text's schema is bound once (DuckDB, no rows)
     monkeypatch.setattr(_query, "_stream", lambda cursor, text, *a: runs.append(text)
                         or real(cursor, text, *a))
     got = pa.Table.from_batches(list(r.batches(q := r.start(sql, params))), q.schema)
     expected = duck_answer(sql, {n: registry.get(n).table.to_arrow() for n in registry.names()},
                            params)
-    assert (runs == []) == (sql in BY_KEYS or params is not None and "v, v" not in sql), runs
+    assert (runs == []) == (sql in BY_KEYS or params is not None), runs
     assert [(f.name, f.type) for f in got.schema] == [(f.name, f.type) for f in expected.schema]
     if "ORDER BY" in sql:
         assert got.to_pylist() == expected.to_pylist()

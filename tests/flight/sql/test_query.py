@@ -407,3 +407,20 @@ def test_parameter_rows_are_read_by_place_whatever_their_names():
     assert check_params(pa.table({"x": pa.array([], pa.int64())}), "w") == []
     assert check_params(pa.record_batch([], schema=pa.schema([])), "w") == []
     assert check_params(None, "w") == []
+
+
+@pytest.mark.parametrize(("sql", "params", "typed"), [
+    ("SELECT id, id, x AS id FROM t", None, 0),  # outputs of one name
+    ("SELECT x, x + 1, count(*) OVER () FROM t WHERE id > ?", [None], 0),
+    ("SELECT * FROM t AS a JOIN t AS b USING (id)", None, 0),
+    ("SELECT ? AS p, id FROM t", [None], 1),  # a NULL parameter's column: its type unknown
+])
+def test_a_prepared_texts_schema_is_the_schema_of_its_answer(served, sql, params, typed):
+    """What a prepare reports as the dataset schema (bound over empty tables) is the schema
+    the query's answer comes in, names included (a subquery's binder made ``id, id_1``)."""
+    graph, registry, t, r = served
+    bound = r.schema_of(sql, params, parse_one(sql))
+    q = r.start(sql, [1] if params else None)
+    answer = pa.Table.from_batches(list(r.batches(q)), q.schema)
+    assert bound.names == answer.schema.names
+    assert bound.types[typed:] == answer.schema.types[typed:]
