@@ -361,7 +361,7 @@ class QueryRunner:
                     if first is not None:
                         answer = self._narrow(query, first, snapshot, entries[0].name, params,
                                               where)
-                    elif answered_by_keys:  # SELECT * FROM t WHERE <keys>: the rows found
+                    elif answered_by_keys:  # SELECT *|columns FROM t WHERE <keys>: rows found
                         answer = self._as_selected(sql, tree, params, entries[0].name,
                                                    snapshot.tables[entries[0].name], where)
                     if answer is None:

@@ -148,9 +148,9 @@ def _values_of_rows(values: exp.Expression, params: list[list[Any]]
     rows: each ``?`` becomes the row's column of its place, and the ``VALUES`` a
     ``LATERAL`` of each row (so DuckDB types its columns as it types ``VALUES``; one tuple,
     a projection of the rows: the same types), in the rows' order and the tuples' within
-    each. None where that is not what the rows would
-    give one by one: a subquery, ``$n`` parameters, a count of ``?`` other than the rows'
-    width, or rows pyarrow cannot make columns of.
+    each. None where that is not what the rows would give one by one: a subquery, a
+    column, ``$n`` parameters, a count of ``?`` other than the rows' width, or rows pyarrow
+    cannot make columns of.
 
     The rows' types are pyarrow's of their values (an int64 column of integers, where one
     by one DuckDB binds a small integer as an INTEGER and a large one as a BIGINT)."""
