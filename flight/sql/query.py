@@ -162,6 +162,9 @@ class RunningQuery:
     #: (the reaper drops only such a result: a DuckDB connection is one thread's at a time)
     waiting: bool = False
     finished: bool = False  # its reader reached the end of the result
+    #: output positions that are a table's duration column, DuckDB's INTERVALs given back
+    #: as that duration type (:func:`duration_outputs`)
+    durations: dict[int, pa.DataType] = field(default_factory=dict)
 
 
 class _Rows:
@@ -381,7 +384,9 @@ class QueryRunner:
                 query.ready = answer.to_batches(max_chunksize=self.batch_rows)
                 self._read_whole(query)
             else:
-                query.schema = query.reader.schema.with_metadata(
+                query.durations = _restorable(duration_outputs(tree, entries),
+                                              query.reader.schema)
+                query.schema = restore_durations(query.reader.schema, query.durations).with_metadata(
                     {STEP_KEY: str(snapshot.step).encode()})
             # up to two batches now: DuckDB has run most of a small result's work already
             # (a scan filling its first batch), and a result that ends within them needs no
@@ -530,7 +535,7 @@ class QueryRunner:
         entries = named_tables(tree, self.registry, where)
         if params is not None and any(p is not None for p in params):
             # a value's type can change the result's (DuckDB binds 1 as INTEGER, 2**40 as BIGINT)
-            return self._bound_schema(sql, params, entries, where)
+            return self._bound_schema(sql, params, tree, entries, where)
         text: Any = sql
         if _literals_cannot_type(tree):  # a point lookup's new id: the same schema
             shape = shape_key(sql)
@@ -542,14 +547,15 @@ class QueryRunner:
             if schema is not None:
                 self._schemas.move_to_end(key)
                 return schema
-        schema = self._bound_schema(sql, params, entries, where)
+        schema = self._bound_schema(sql, params, tree, entries, where)
         with self._schemas_lock:
             self._schemas[key] = schema
             while len(self._schemas) > self.SCHEMAS_KEPT:
                 self._schemas.popitem(last=False)
         return schema
 
-    def _bound_schema(self, sql: str, params: Sequence[Any] | None, entries: Sequence[TableEntry],
+    def _bound_schema(self, sql: str, params: Sequence[Any] | None, tree: exp.Expression,
+                      entries: Sequence[TableEntry],
                       where: str) -> pa.Schema:
         """:meth:`schema_of` without the memory: DuckDB binds ``sql`` over empty tables."""
         with self._duckdb(where):
@@ -562,7 +568,8 @@ class QueryRunner:
                 # query's answer keeps both names (v, v)
                 reader = _stream(cursor, sql, params, 1024)
                 try:
-                    return reader.schema
+                    return restore_durations(reader.schema, _restorable(
+                        duration_outputs(tree, entries), reader.schema))
                 finally:
                     reader.close()
             except duckdb.Error as exc:
@@ -601,7 +608,8 @@ class QueryRunner:
             return None
         try:
             with self._duckdb(where):
-                return query.reader.read_next_batch()
+                batch = query.reader.read_next_batch()
+            return restore_durations(batch, query.durations) if query.durations else batch
         except StopIteration:
             query.finished = True
             return None
@@ -829,6 +837,94 @@ class QueryRunner:
                 return
             query.waiting = False
         self.close(query.handle)
+
+
+def duration_outputs(tree: exp.Expression, entries: Sequence[TableEntry]) -> dict[int, pa.DataType]:
+    """The output positions of a ``SELECT`` that are a named table's duration column as it
+    is (``*``, ``t.*``, ``d``, ``t.d AS x``), with that column's type.
+
+    DuckDB reads an Arrow duration as an INTERVAL, and answers it as one (a month-day-nano
+    interval: pandas sees objects); a column read as it is, its values an interval of no
+    months or days, goes back to the type the table holds (to DuckDB's microsecond). Every
+    other output (an expression, an aggregate) is DuckDB's. A ``*`` of several tables, a
+    ``*`` with ``EXCLUDE``/``REPLACE`` or a set operation give nothing."""
+    if not isinstance(tree, exp.Select):
+        return {}
+    by_name = {e.name: e for e in entries}
+    sources: dict[str, TableEntry] = {}  # alias or name -> the table it is
+    parts = [tree.args.get("from") or tree.args.get("from_"),
+             *(j for j in tree.args.get("joins") or [])]
+    direct = True
+    for part in parts:
+        node = part.this if part is not None else None
+        if isinstance(node, exp.Table) and node.name in by_name:
+            sources[node.alias_or_name] = by_name[node.name]
+        else:
+            direct = False  # a subquery, a CTE or a table function among the sources
+    if not sources:
+        return {}
+    only = next(iter(sources.values())) if direct and len(sources) == 1 else None
+    out: dict[int, pa.DataType] = {}
+    at = 0
+    for e in tree.expressions:
+        target = e.this if isinstance(e, exp.Alias) else e
+        star = target.this if isinstance(target, exp.Column) else target
+        if isinstance(star, exp.Star):
+            if any(star.args.values()):
+                return {}
+            table = sources.get(target.table) if isinstance(target, exp.Column) and target.table \
+                else only
+            if table is None:
+                return {}
+            for f in table.table.schema:
+                if pa.types.is_duration(f.type):
+                    out[at] = f.type
+                at += 1
+            continue
+        if isinstance(target, exp.Column) and not target.args.get("db"):
+            if target.table:
+                tables = [sources[target.table]] if target.table in sources else []
+            else:
+                tables = list(sources.values()) if direct else []
+            hits = [f for t in tables for f in t.table.schema if f.name.lower() == target.name.lower()]
+            if len(hits) == 1 and pa.types.is_duration(hits[0].type):
+                out[at] = hits[0].type
+        at += 1
+    return out
+
+
+def _restorable(durations: dict[int, pa.DataType], schema: pa.Schema) -> dict[int, pa.DataType]:
+    """Those of ``durations`` DuckDB answered as month-day-nano intervals."""
+    return {i: t for i, t in durations.items()
+            if i < len(schema) and pa.types.is_interval(schema.field(i).type)}
+
+
+def restore_durations(data: Any, durations: dict[int, pa.DataType]) -> Any:
+    """``data`` (a schema or a batch) with the intervals at ``durations``' positions as
+    those duration types: each interval's days and nanoseconds (its months are none for a
+    duration DuckDB read), in the duration's unit."""
+    if not durations:
+        return data
+    if isinstance(data, pa.Schema):
+        for i, t in durations.items():
+            data = data.set(i, data.field(i).with_type(t))
+        return data
+    columns = list(data.columns)
+    for i, t in durations.items():
+        columns[i] = _interval_as(columns[i], t)
+    return pa.RecordBatch.from_arrays(columns, schema=restore_durations(data.schema, durations))
+
+
+_MDN = np.dtype([("months", "<i4"), ("days", "<i4"), ("nanos", "<i8")])
+_NS_PER = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+
+
+def _interval_as(column: pa.Array, t: pa.DataType) -> pa.Array:
+    values = np.frombuffer(column.buffers()[1], _MDN, count=len(column) + column.offset)[column.offset:]
+    nanos = values["days"].astype(np.int64) * 86_400_000_000_000 + values["nanos"]
+    data = nanos // _NS_PER[t.unit]
+    valid = column.is_valid().to_numpy(zero_copy_only=False) if column.null_count else None
+    return pa.array(data, t, mask=None if valid is None else ~valid)
 
 
 def _columns_only(tree: exp.Expression, names: set[str]) -> list[str] | None:

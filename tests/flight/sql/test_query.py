@@ -424,3 +424,49 @@ def test_a_prepared_texts_schema_is_the_schema_of_its_answer(served, sql, params
     answer = pa.Table.from_batches(list(r.batches(q)), q.schema)
     assert bound.names == answer.schema.names
     assert bound.types[typed:] == answer.schema.types[typed:]
+
+
+D = pa.schema([("id", pa.int64()), ("s", pa.duration("s")), ("ms", pa.duration("ms")),
+               ("us", pa.duration("us")), ("ns", pa.duration("ns"))])
+
+
+@pytest.mark.parametrize(("sql", "durations"), [
+    ("SELECT * FROM d", {"s": "s", "ms": "ms", "us": "us", "ns": "ns"}),
+    ("SELECT d.* FROM d WHERE id > 1", {"s": "s", "ms": "ms", "us": "us", "ns": "ns"}),
+    ("SELECT ns AS lat, id, q.us FROM d AS q", {"lat": "ns", "us": "us"}),
+    ("SELECT ns, count(*) AS n FROM d GROUP BY ns", {"ns": "ns"}),
+    ("SELECT d.ms, e.id FROM d JOIN d AS e USING (id)", {"ms": "ms"}),
+    ("SELECT ns * 2 AS twice, max(us) AS hi FROM d GROUP BY ns", {}),  # DuckDB's INTERVALs
+    ("SELECT ns FROM d UNION ALL SELECT ns FROM d", {}),
+    ("SELECT * EXCLUDE (id) FROM d", {}),
+])
+def test_a_duration_column_read_as_it_is_comes_back_a_duration(sql, durations):
+    """DuckDB reads an Arrow duration as an INTERVAL and answers one (pandas sees objects);
+    an output that is a table's duration column as it is comes back in the table's type,
+    to DuckDB's microsecond, in the answer and in a prepare's schema alike. Other outputs
+    stay DuckDB's INTERVALs."""
+    graph = UpdateGraph(validate=True)
+    registry = TableRegistry(graph)
+    t = registry.create_source("d", D, "keyed", keys=["id"]).table
+    ns = [1_500, -2_000_000_001, None, 90061 * 10**9 + 7]  # a day and more: DuckDB's days
+    t.upsert(pa.table({"id": [1, 2, 3, 4], "s": [1, -2, None, 90061], "ms": [1, -2001, None, 5],
+                       "us": [2, -3, None, 86_400_000_001], "ns": ns}, schema=D))
+    graph.run_cycle()
+    r = QueryRunner(registry, timeout=30.0)
+    try:
+        q = r.start(sql)
+        got = pa.Table.from_batches(list(r.batches(q)), q.schema)
+        prepared = r.schema_of(sql, None, parse_one(sql))
+    finally:
+        r.shutdown()
+    assert prepared.names == got.schema.names and prepared.types == got.schema.types
+    for name in got.column_names:
+        if name in durations:
+            assert got.schema.field(name).type == pa.duration(durations[name]), name
+        else:
+            assert not pa.types.is_duration(got.schema.field(name).type), name
+    if "lat" in durations:  # to the microsecond, nulls kept, a day and more too
+        want = [None if v is None else int(v / 1000) * 1000 for v in ns]  # toward zero
+        assert sorted(got.column("lat").cast(pa.int64()).to_pylist(), key=str) == sorted(want, key=str)
+    if sql == "SELECT * FROM d":
+        assert got.sort_by("id").select(["s", "ms", "us"]).equals(t.to_arrow().sort_by("id").select(["s", "ms", "us"]))
