@@ -839,15 +839,23 @@ class QueryRunner:
         self.close(query.handle)
 
 
+def _restored(t: pa.DataType) -> bool:
+    """A column type DuckDB answers as another, that a column read as it is gets back: a
+    duration (DuckDB's INTERVAL) and a zoned timestamp (DuckDB's is in microseconds, zoned
+    in ``Etc/UTC``)."""
+    return pa.types.is_duration(t) or (pa.types.is_timestamp(t) and t.tz is not None)
+
+
 def duration_outputs(tree: exp.Expression, entries: Sequence[TableEntry]) -> dict[int, pa.DataType]:
-    """The output positions of a ``SELECT`` that are a named table's duration column as it
-    is (``*``, ``t.*``, ``d``, ``t.d AS x``), with that column's type.
+    """The output positions of a ``SELECT`` that are a named table's duration or zoned
+    timestamp column as it is (``*``, ``t.*``, ``d``, ``t.d AS x``), with that column's type.
 
     DuckDB reads an Arrow duration as an INTERVAL, and answers it as one (a month-day-nano
-    interval: pandas sees objects); a column read as it is, its values an interval of no
-    months or days, goes back to the type the table holds (to DuckDB's microsecond). Every
-    other output (an expression, an aggregate) is DuckDB's. A ``*`` of several tables, a
-    ``*`` with ``EXCLUDE``/``REPLACE`` or a set operation give nothing."""
+    interval: pandas sees objects), and a timestamp zoned in ``Europe/Paris`` as one zoned in
+    ``Etc/UTC`` (the same instants; a unit of seconds or milliseconds as microseconds); a
+    column read as it is goes back to the type the table holds (a duration to DuckDB's
+    microsecond). Every other output (an expression, an aggregate) is DuckDB's. A ``*`` of
+    several tables, a ``*`` with ``EXCLUDE``/``REPLACE`` or a set operation give nothing."""
     if not isinstance(tree, exp.Select):
         return {}
     by_name = {e.name: e for e in entries}
@@ -877,7 +885,7 @@ def duration_outputs(tree: exp.Expression, entries: Sequence[TableEntry]) -> dic
             if table is None:
                 return {}
             for f in table.table.schema:
-                if pa.types.is_duration(f.type):
+                if _restored(f.type):
                     out[at] = f.type
                 at += 1
             continue
@@ -887,22 +895,29 @@ def duration_outputs(tree: exp.Expression, entries: Sequence[TableEntry]) -> dic
             else:
                 tables = list(sources.values()) if direct else []
             hits = [f for t in tables for f in t.table.schema if f.name.lower() == target.name.lower()]
-            if len(hits) == 1 and pa.types.is_duration(hits[0].type):
+            if len(hits) == 1 and _restored(hits[0].type):
                 out[at] = hits[0].type
         at += 1
     return out
 
 
 def _restorable(durations: dict[int, pa.DataType], schema: pa.Schema) -> dict[int, pa.DataType]:
-    """Those of ``durations`` DuckDB answered as month-day-nano intervals."""
-    return {i: t for i, t in durations.items()
-            if i < len(schema) and pa.types.is_interval(schema.field(i).type)}
+    """Those of ``durations`` DuckDB answered as another type of the same kind: a
+    month-day-nano interval for a duration, a zoned timestamp for a zoned timestamp."""
+    out = {}
+    for i, t in durations.items():
+        got = schema.field(i).type if i < len(schema) else None
+        if got is not None and got != t and (
+                pa.types.is_duration(t) and pa.types.is_interval(got)
+                or pa.types.is_timestamp(t) and pa.types.is_timestamp(got) and got.tz is not None):
+            out[i] = t
+    return out
 
 
 def restore_durations(data: Any, durations: dict[int, pa.DataType]) -> Any:
-    """``data`` (a schema or a batch) with the intervals at ``durations``' positions as
-    those duration types: each interval's days and nanoseconds (its months are none for a
-    duration DuckDB read), in the duration's unit."""
+    """``data`` (a schema or a batch) with the columns at ``durations``' positions as those
+    types: an interval's days and nanoseconds (its months are none for a duration DuckDB
+    read) in the duration's unit; a timestamp in the table's zone and unit."""
     if not durations:
         return data
     if isinstance(data, pa.Schema):
@@ -911,7 +926,9 @@ def restore_durations(data: Any, durations: dict[int, pa.DataType]) -> Any:
         return data
     columns = list(data.columns)
     for i, t in durations.items():
-        columns[i] = _interval_as(columns[i], t)
+        # a timestamp: the same instants in the table's zone and unit (exact: they came from it)
+        columns[i] = _interval_as(columns[i], t) if pa.types.is_duration(t) else \
+            columns[i].cast(t, safe=False)
     return pa.RecordBatch.from_arrays(columns, schema=restore_durations(data.schema, durations))
 
 

@@ -470,3 +470,44 @@ def test_a_duration_column_read_as_it_is_comes_back_a_duration(sql, durations):
         assert sorted(got.column("lat").cast(pa.int64()).to_pylist(), key=str) == sorted(want, key=str)
     if sql == "SELECT * FROM d":
         assert got.sort_by("id").select(["s", "ms", "us"]).equals(t.to_arrow().sort_by("id").select(["s", "ms", "us"]))
+
+
+Z = pa.schema([("id", pa.int64()), ("paris", pa.timestamp("us", tz="Europe/Paris")),
+               ("tokyo", pa.timestamp("s", tz="Asia/Tokyo")), ("utc", pa.timestamp("ns", tz="UTC")),
+               ("plain", pa.timestamp("ms"))])
+
+
+@pytest.mark.parametrize(("sql", "kept"), [
+    ("SELECT * FROM z", ["paris", "tokyo", "utc", "plain"]),
+    ("SELECT tokyo AS t, paris, id FROM z WHERE id > 1", ["t", "paris"]),
+    ("SELECT paris + INTERVAL 1 HOUR AS later, max(utc) AS hi FROM z GROUP BY paris", []),
+])
+def test_a_zoned_timestamp_read_as_it_is_keeps_its_zone_and_unit(sql, kept):
+    """DuckDB answers a timestamp zoned in Europe/Paris as one zoned in Etc/UTC (seconds as
+    microseconds): read as it is, it comes back in the table's zone and unit, the same
+    instants; an expression over it is DuckDB's."""
+    graph = UpdateGraph(validate=True)
+    registry = TableRegistry(graph)
+    t = registry.create_source("z", Z, "keyed", keys=["id"]).table
+    t.upsert(pa.table({"id": [1, 2, 3], "paris": [1_700_000_000_123_456, None, -5],
+                       "tokyo": [1_700_000_000, 86_400, None], "utc": [1, None, 10**18 + 7],
+                       "plain": [1_700_000_000_123, 0, None]}, schema=Z))
+    graph.run_cycle()
+    r = QueryRunner(registry, timeout=30.0)
+    try:
+        q = r.start(sql)
+        got = pa.Table.from_batches(list(r.batches(q)), q.schema)
+        prepared = r.schema_of(sql, None, parse_one(sql))
+    finally:
+        r.shutdown()
+    assert prepared.names == got.schema.names and prepared.types == got.schema.types
+    source = {"t": "tokyo", "paris": "paris", "tokyo": "tokyo", "utc": "utc", "plain": "plain"}
+    held = t.to_arrow()
+    for name in got.column_names:
+        if name in kept:
+            assert got.schema.field(name).type == Z.field(source[name]).type, name
+            want = held.filter(pa.compute.greater(held.column("id"), 1)) if "id > 1" in sql else held
+            assert sorted(got.column(name).cast(pa.int64()).to_pylist(), key=str) == sorted(
+                want.column(source[name]).cast(pa.int64()).to_pylist(), key=str), name
+        elif pa.types.is_timestamp(got.schema.field(name).type):
+            assert got.schema.field(name).type.tz in (None, "Etc/UTC", "UTC"), name
