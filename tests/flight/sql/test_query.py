@@ -426,6 +426,25 @@ def test_a_prepared_texts_schema_is_the_schema_of_its_answer(served, sql, params
     assert bound.types[typed:] == answer.schema.types[typed:]
 
 
+def _answer_as_prepared(sql: str, name: str, rows: pa.Table) -> tuple:
+    """A keyed table ``name`` of ``rows`` and the answer to ``sql`` over it, checked to come
+    in the schema a prepare of ``sql`` reports."""
+    graph = UpdateGraph(validate=True)
+    registry = TableRegistry(graph)
+    t = registry.create_source(name, rows.schema, "keyed", keys=["id"]).table
+    t.upsert(rows)
+    graph.run_cycle()
+    r = QueryRunner(registry, timeout=30.0)
+    try:
+        q = r.start(sql)
+        got = pa.Table.from_batches(list(r.batches(q)), q.schema)
+        prepared = r.schema_of(sql, None, parse_one(sql))
+    finally:
+        r.shutdown()
+    assert prepared.names == got.schema.names and prepared.types == got.schema.types
+    return t, got
+
+
 D = pa.schema([("id", pa.int64()), ("s", pa.duration("s")), ("ms", pa.duration("ms")),
                ("us", pa.duration("us")), ("ns", pa.duration("ns"))])
 
@@ -445,21 +464,10 @@ def test_a_duration_column_read_as_it_is_comes_back_a_duration(sql, durations):
     an output that is a table's duration column as it is comes back in the table's type,
     to DuckDB's microsecond, in the answer and in a prepare's schema alike. Other outputs
     stay DuckDB's INTERVALs."""
-    graph = UpdateGraph(validate=True)
-    registry = TableRegistry(graph)
-    t = registry.create_source("d", D, "keyed", keys=["id"]).table
     ns = [1_500, -2_000_000_001, None, 90061 * 10**9 + 7]  # a day and more: DuckDB's days
-    t.upsert(pa.table({"id": [1, 2, 3, 4], "s": [1, -2, None, 90061], "ms": [1, -2001, None, 5],
-                       "us": [2, -3, None, 86_400_000_001], "ns": ns}, schema=D))
-    graph.run_cycle()
-    r = QueryRunner(registry, timeout=30.0)
-    try:
-        q = r.start(sql)
-        got = pa.Table.from_batches(list(r.batches(q)), q.schema)
-        prepared = r.schema_of(sql, None, parse_one(sql))
-    finally:
-        r.shutdown()
-    assert prepared.names == got.schema.names and prepared.types == got.schema.types
+    t, got = _answer_as_prepared(sql, "d", pa.table(
+        {"id": [1, 2, 3, 4], "s": [1, -2, None, 90061], "ms": [1, -2001, None, 5],
+         "us": [2, -3, None, 86_400_000_001], "ns": ns}, schema=D))
     for name in got.column_names:
         if name in durations:
             assert got.schema.field(name).type == pa.duration(durations[name]), name
@@ -486,21 +494,10 @@ def test_a_zoned_timestamp_read_as_it_is_keeps_its_zone_and_unit(sql, kept):
     """DuckDB answers a timestamp zoned in Europe/Paris as one zoned in Etc/UTC (seconds as
     microseconds): read as it is, it comes back in the table's zone and unit, the same
     instants; an expression over it is DuckDB's."""
-    graph = UpdateGraph(validate=True)
-    registry = TableRegistry(graph)
-    t = registry.create_source("z", Z, "keyed", keys=["id"]).table
-    t.upsert(pa.table({"id": [1, 2, 3], "paris": [1_700_000_000_123_456, None, -5],
-                       "tokyo": [1_700_000_000, 86_400, None], "utc": [1, None, 10**18 + 7],
-                       "plain": [1_700_000_000_123, 0, None]}, schema=Z))
-    graph.run_cycle()
-    r = QueryRunner(registry, timeout=30.0)
-    try:
-        q = r.start(sql)
-        got = pa.Table.from_batches(list(r.batches(q)), q.schema)
-        prepared = r.schema_of(sql, None, parse_one(sql))
-    finally:
-        r.shutdown()
-    assert prepared.names == got.schema.names and prepared.types == got.schema.types
+    t, got = _answer_as_prepared(sql, "z", pa.table(
+        {"id": [1, 2, 3], "paris": [1_700_000_000_123_456, None, -5],
+         "tokyo": [1_700_000_000, 86_400, None], "utc": [1, None, 10**18 + 7],
+         "plain": [1_700_000_000_123, 0, None]}, schema=Z))
     source = {"t": "tokyo", "paris": "paris", "tokyo": "tokyo", "utc": "utc", "plain": "plain"}
     held = t.to_arrow()
     for name in got.column_names:
