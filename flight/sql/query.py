@@ -421,22 +421,20 @@ class QueryRunner:
             broad = self._broad.get(first.sql)
         if broad is not None and n < 2 * broad:
             return None  # this WHERE kept more than the cap last time: not again so soon
-        self._point(lease, {narrow.NARROW_TABLE: narrow.narrow_table(rows, first.columns,
-                                                                      self._positions)})
-        try:
-            reader = _stream(lease.con, first.text(n), params, self.batch_rows)
-            try:
-                found = reader.read_all()
-            finally:
-                reader.close()
-        except (duckdb.Error, pa.ArrowException, OSError):
-            if query.stopped is not None:
-                raise self._stopped(query, where) from None
-            # the query itself says what is wrong, over the whole table
-            log.debug("a narrow pass failed: %s", first.sql, exc_info=True)
-            self.narrow_passes["failed"] += 1
-            return None
-        if found.num_rows > narrow.cap(n):
+        found = None if first.terms is None else narrow.scan(
+            rows, first.terms, narrow.cap(n), lambda: query.stopped is not None)
+        if query.stopped is not None:
+            raise self._stopped(query, where)
+        if found is not None:
+            self.narrow_passes["numpy"] += 1
+        else:
+            found = self._duckdb_pass(lease, first, rows, params)
+            if found is None:
+                if query.stopped is not None:
+                    raise self._stopped(query, where)
+                self.narrow_passes["failed"] += 1
+                return None
+        if len(found) > narrow.cap(n):
             self.narrow_passes["gave_up"] += 1
             with self._schemas_lock:  # remembered until the table doubles
                 self._broad[first.sql] = n
@@ -447,10 +445,26 @@ class QueryRunner:
         with self._schemas_lock:
             self._broad.pop(first.sql, None)
         self.narrow_passes["kept"] += 1
-        kept = snapshot.tables[name] = narrow.take_rows(rows, found.column(0))
+        kept = snapshot.tables[name] = narrow.take_rows(rows, found)
         if not first.star:
             return None
         return self._as_star(name, kept, where)
+
+    def _duckdb_pass(self, lease: _Cursor, first: narrow.NarrowPlan, rows: pa.Table,
+                     params: Sequence[Any] | None) -> pa.ChunkedArray | None:
+        """The narrow pass's positions, by DuckDB; ``None`` when it failed (the query itself
+        then says what is wrong, over the whole table) or was interrupted."""
+        self._point(lease, {narrow.NARROW_TABLE: narrow.narrow_table(rows, first.columns,
+                                                                      self._positions)})
+        try:
+            reader = _stream(lease.con, first.text(rows.num_rows), params, self.batch_rows)
+            try:
+                return reader.read_all().column(0)
+            finally:
+                reader.close()
+        except (duckdb.Error, pa.ArrowException, OSError):
+            log.debug("a narrow pass failed: %s", first.sql, exc_info=True)
+            return None
 
     def _as_selected(self, sql: str, tree: exp.Expression, params: Sequence[Any] | None,
                      name: str, rows: pa.Table, where: str) -> pa.Table | None:
@@ -1017,12 +1031,13 @@ def narrow_plan(tree: exp.Expression, entries: Sequence[TableEntry],
     shape = _one_table_where(tree, entries, params)
     if shape is None:
         return None
-    where, names, _param = shape
+    where, names, param = shape
     source = tree.args.get("from") or tree.args.get("from_")
     table = source.this if source is not None else None
     if not isinstance(table, exp.Table):
         return None
-    return narrow.plan(tree, table, where, names, entries[0].table.schema)
+    return narrow.plan(tree, table, where, names, entries[0].table.schema,
+                       () if param is _NO_PARAM else (param,))
 
 
 #: Clauses whose literals cannot change the types of the ``SELECT`` they belong to.
