@@ -294,6 +294,9 @@ class Term:
 
 _OPS: dict[type[exp.Expression], str] = {exp.EQ: "=", exp.NEQ: "<>", exp.GT: ">",
                                          exp.GTE: ">=", exp.LT: "<", exp.LTE: "<="}
+#: Rows :func:`scan` takes at a time (a longer chunk in slices): its masks stay in cache.
+SCAN_ROWS = 1 << 20
+
 _ARITH: dict[type[exp.Expression], str] = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*"}
 _FLIPPED = {"=": "=", "<>": "<>", ">": "<", ">=": "<=", "<": ">", "<=": ">="}
 _UFUNCS: dict[str, Callable[..., Any]] = {
@@ -462,7 +465,7 @@ def scan(rows: pa.Table, where: Sequence[Term], limit: int,
     columns = list(dict.fromkeys(t.column for t in where))
     found: list[npt.NDArray[np.int64]] = []
     total = offset = 0
-    for batch in rows.select(columns).to_batches():
+    for batch in rows.select(columns).to_batches(max_chunksize=SCAN_ROWS):
         if stopped():
             return None
         n = batch.num_rows
@@ -503,7 +506,15 @@ def _mask(term: Term, values: pa.Array) -> npt.NDArray[np.bool_] | None:
         return np.asarray(got.to_numpy(zero_copy_only=False), dtype=bool)
     raw: npt.NDArray[Any] = np.frombuffer(values.buffers()[1], dtype=values.type.to_pandas_dtype(),
                                           count=values.offset + n)[values.offset:]
-    data = raw if term.arith is None else _arith(raw, *term.arith)
+    value = term.values[0]
+    if term.arith is None:
+        data: npt.NDArray[Any] | None = raw
+    elif not _fits(raw, *term.arith):
+        return None  # DuckDB raises, or answers otherwise: its to say
+    elif term.arith[0] != "*" and term.op != "in":  # no value overflows: compare col with v -+ k
+        data, value = raw, value - term.arith[1] if term.arith[0] == "+" else value + term.arith[1]
+    else:
+        data = _arith(raw, *term.arith)
     if data is None:
         return None
     if term.op == "in":
@@ -512,7 +523,7 @@ def _mask(term: Term, values: pa.Array) -> npt.NDArray[np.bool_] | None:
         mask = np.isin(data, np.array(wanted, dtype=data.dtype)) if wanted else \
             np.zeros(n, dtype=bool)
     else:
-        mask = _UFUNCS[term.op](data, term.values[0])
+        mask = _UFUNCS[term.op](data, value)
         if data.dtype.kind == "f" and term.op in (">", ">="):  # DuckDB: NaN above all
             mask |= np.isnan(data)
     if values.null_count:
@@ -520,19 +531,22 @@ def _mask(term: Term, values: pa.Array) -> npt.NDArray[np.bool_] | None:
     return np.asarray(mask, dtype=bool)
 
 
-def _arith(data: npt.NDArray[Any], sign: str, k: int) -> npt.NDArray[np.int64] | None:
-    """``data`` (int64) plus, minus or times ``k``; ``None`` when a value could overflow
-    (the chunk's least and greatest, null slots among them, decide: the ends of a
-    monotonic function)."""
-    if not data.size:
-        return data
-    ends = (int(data.min()), int(data.max()))
-    f: Callable[[int], int] = {"+": lambda v: v + k, "-": lambda v: v - k,
-                               "*": lambda v: v * k}[sign]
-    if any(not _INT64[0] <= f(v) <= _INT64[1] for v in ends):
-        return None
-    if sign == "+":
-        return data + k if k else data
-    if sign == "-":
-        return data - k if k else data
-    return data * k
+def _fits(data: npt.NDArray[Any], sign: str, k: int) -> bool:
+    """Whether ``data`` (int64) plus, minus or times ``k`` stays in int64 for every value
+    (null slots among them): decided by the chunk's least or greatest value, or both, the
+    ends of a monotonic function; one reduction for a sum or a difference."""
+    if not data.size or k == 0 or (sign == "*" and k == 1):
+        return True
+    if sign != "*":
+        up = (k > 0) == (sign == "+")
+        end = int(data.max()) if up else int(data.min())
+        moved = end + k if sign == "+" else end - k
+        return _INT64[0] <= moved <= _INT64[1]
+    return all(_INT64[0] <= int(v) * k <= _INT64[1] for v in (data.min(), data.max()))
+
+
+def _arith(data: npt.NDArray[Any], sign: str, k: int) -> npt.NDArray[np.int64]:
+    """``data`` (int64) plus, minus or times ``k``, which :func:`_fits`."""
+    if k == 0:
+        return np.zeros_like(data) if sign == "*" else data
+    return data + k if sign == "+" else data - k if sign == "-" else data * k
