@@ -27,7 +27,7 @@ from engine.errors import ProtocolError
 from flight.errors import abort
 from flight.metrics import Metrics
 
-__all__ = ["CallLog"]
+__all__ = ["CallLog", "quiet"]
 
 
 class _Undecodable:
@@ -79,6 +79,17 @@ _QUIET = "/grpc.health.v1.Health/"
 # a client's long-lived streams: their start and end are INFO (a subscriber or writer joined
 # or left); every other call is DEBUG unless it fails
 _STREAMS = frozenset({"DoExchange", "DoPut"})
+# a DoPut's start is logged once its handler has read the first message (at its first
+# answer, or its end): by then it has said whether the call is a client's query parameters
+# (:func:`quiet`), two lines a parametrized query otherwise
+_DEFERRED = frozenset({"DoPut"})
+_quiet: set[int] = set()  # id() of the contexts of calls :func:`quiet` marked
+
+
+def quiet(context: grpc.ServicerContext) -> None:
+    """Log the call of ``context`` at DEBUG, not INFO (a Flight SQL statement's parameters
+    bound through DoPut: part of a query, not a writer joining)."""
+    _quiet.add(id(context))
 
 
 class CallLog(grpc.ServerInterceptor):  # type: ignore[misc]
@@ -127,26 +138,45 @@ class CallLog(grpc.ServerInterceptor):  # type: ignore[misc]
     def _stream(self, method: str, behavior: Callable[[Any, Any], Iterator[Any]],
                 streaming: bool) -> Callable[[Any, Any], Iterator[Any]]:
         def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            t0 = self._start(method, context)
+            deferred = method in _DEFERRED
+            t0 = time.monotonic() if deferred else self._start(method, context)
+            answers: Iterator[Any] | None = None
             try:
-                yield from behavior(_checked(method, request, context, streaming), context)
+                answers = behavior(_checked(method, request, context, streaming), context)
+                for answer in answers:
+                    if deferred:
+                        deferred = False
+                        self._start(method, context)
+                    yield answer
             except _Malformed as exc:  # from a stream of requests, in a handler not ours
                 abort(context, exc)
             finally:
-                self._end(method, context, t0)
+                close = getattr(answers, "close", None)  # as yield from would
+                answers = None
+                try:
+                    if close is not None:
+                        close()
+                finally:
+                    if deferred:
+                        self._start(method, context)
+                    self._end(method, context, t0)
+                    _quiet.discard(id(context))
 
         return run
 
     def _start(self, method: str, context: grpc.ServicerContext) -> float:
-        log.log(logging.INFO if method in _STREAMS else logging.DEBUG, "call %s from %s",
-                method, context.peer())
+        log.log(self._level(method, context), "call %s from %s", method, context.peer())
         return time.monotonic()
+
+    @staticmethod
+    def _level(method: str, context: grpc.ServicerContext) -> int:
+        return logging.INFO if method in _STREAMS and id(context) not in _quiet else logging.DEBUG
 
     def _end(self, method: str, context: grpc.ServicerContext, t0: float) -> None:
         code = context.code()
         seconds = time.monotonic() - t0
         if code is None or code == grpc.StatusCode.OK:
-            level = logging.INFO if method in _STREAMS else logging.DEBUG
+            level = self._level(method, context)
             if not context.is_active() and method in _STREAMS:
                 # gRPC answers a message past its receive limit itself, and the handler
                 # sees the end of the client's messages as if the client had left; the

@@ -62,6 +62,7 @@ from flight.errors import abort, grpc_status
 from flight.limits import quoted
 from flight.pb import arrow_flight_pb2 as fpb
 from flight.pb import flight_pb2 as pb
+from flight.pb import flight_sql_pb2 as sql
 from flight.rpc.aio import (
     END,
     HAND_OFF,
@@ -73,6 +74,7 @@ from flight.rpc.aio import (
     Requests,
     spawn,
 )
+from flight.rpc.call_log import quiet
 from flight.rpc.framing import (
     IpcDecoder,
     batch_frames,
@@ -177,6 +179,15 @@ def _put_where(descriptor: flight.FlightDescriptor | None) -> str:
     raw = descriptor.path[0]
     name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
     return f"DoPut into {quoted(name)}"
+
+
+def _sql_command(raw: bytes) -> object:
+    """The Flight SQL command in a descriptor's bytes, or ``None`` (its errors are the SQL
+    service's to answer)."""
+    try:
+        return unpack(raw)
+    except ProtocolError:
+        return None
 
 
 def _batches(decoder: IpcDecoder) -> Iterator[pa.RecordBatch]:
@@ -581,6 +592,8 @@ class FlightService:
                                   f"names must be unique")
         descriptor = decoder.descriptor
         if descriptor is not None and descriptor.descriptor_type == flight.DescriptorType.CMD:
+            if isinstance(_sql_command(descriptor.command), sql.CommandPreparedStatementQuery):
+                quiet(context)  # a query's parameters: logged as the query's other calls
             results = self.server.sql.do_put(descriptor.command, _batches(decoder),
                                              read_only=self.server.read_only(context))
             for meta in results:  # Flight SQL (flight.sql)

@@ -655,3 +655,28 @@ def test_a_staged_write_committed_into_its_name_now_a_view_is_refused_naming_it(
             assert time.monotonic() < deadline, _rows(conn, "SELECT * FROM t")
             time.sleep(0.02)
         assert sorted(_rows(conn, "SELECT sym, qty FROM t")) == [("a", 3), ("b", 2), ("c", 4)]
+
+
+def test_a_querys_parameters_are_not_logged_as_a_writer_joining(conn, caplog):
+    """A parametrized query binds its parameters through a DoPut: logged at DEBUG like the
+    query's other calls, while an ingest's and an INSERT's DoPut keep their two INFO lines."""
+    import logging
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.name == "ticktable.calls" and r.levelno == logging.INFO]
+
+    with caplog.at_level(logging.DEBUG, logger="ticktable.calls"), conn.cursor() as cur:
+        for px in (1.0, 2.0, 3.0):
+            cur.execute("SELECT qty FROM trades WHERE px = ?", (px,))
+            assert cur.fetchall() == [(int(px),)]
+        assert lines() == []
+        debug = [r.getMessage() for r in caplog.records if r.name == "ticktable.calls"
+                 and r.levelno == logging.DEBUG and "call DoPut" in r.getMessage()]
+        assert len(debug) == 6, debug  # still there, a start and an end each
+        cur.adbc_ingest("trades", pa.table({"sym": ["c"], "px": [4.0], "qty": [4]},
+                                           schema=TRADES), mode="append")
+        cur.executemany("INSERT INTO trades VALUES (?, ?, ?)", [("d", 5.0, 5), ("e", 6.0, 6)])
+    got = lines()
+    assert len(got) == 4 and all("call DoPut from" in m for m in got), got
+    assert [("done in" in m) for m in got] == [False, True, False, True], got
