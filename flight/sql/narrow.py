@@ -41,6 +41,7 @@ a parameter outside the ``WHERE``; and a table of fewer than :data:`MIN_ROWS` ro
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -303,6 +304,10 @@ _UFUNCS: dict[str, Callable[..., Any]] = {
     "=": np.equal, "<>": np.not_equal, ">": np.greater, ">=": np.greater_equal,
     "<": np.less, "<=": np.less_equal}
 _INT64 = (-(2**63), 2**63 - 1)
+#: A number literal's text, as the pass reads it (ASCII digits; nothing else is taken).
+_INTEGER = re.compile(r"[0-9]+")
+_DECIMAL = re.compile(r"[0-9]+\.[0-9]*|\.[0-9]+")
+_EXPONENT = re.compile(r"([0-9]+\.?[0-9]*|\.[0-9]+)[eE][+-]?[0-9]+")
 #: Integers a double holds exactly: DuckDB's cast of an integer literal to DOUBLE is then
 #: the number itself.
 _EXACT_IN_DOUBLE = 2**53
@@ -435,24 +440,17 @@ def _value(node: Any, kind: str, params: Sequence[Any]) -> Any:
     if node.is_string:
         return str(node.this) if kind == "str" and not negative else None
     text = str(node.this)
-    if kind == "int":
-        if not text.isdigit():
-            return None
+    if _INTEGER.fullmatch(text):
         number = -int(text) if negative else int(text)
-        return number if _INT64[0] <= number <= _INT64[1] else None
-    if kind != "float":
+        if kind == "int":
+            return number if _INT64[0] <= number <= _INT64[1] else None
+        return float(number) if kind == "float" and abs(number) <= _EXACT_IN_DOUBLE else None
+    decimal = _DECIMAL.fullmatch(text)
+    if kind != "float" or not (decimal or _EXPONENT.fullmatch(text)):
         return None
-    if text.isdigit():
-        return float(-int(text) if negative else int(text)) if int(text) <= _EXACT_IN_DOUBLE \
-            else None
-    if "e" not in text.lower():  # a DECIMAL: its digits (and so its scale) few enough
-        digits = text.replace(".", "", 1)
-        if not digits.isdigit() or len(digits) > _DECIMAL_DIGITS:
-            return None
-    try:
-        double = float(text)
-    except ValueError:
+    if decimal and len(text) - 1 > _DECIMAL_DIGITS:  # a DECIMAL: its digits few enough
         return None
+    double = float(text)
     return (-double if negative else double) if np.isfinite(double) else None
 
 
