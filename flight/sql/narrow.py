@@ -19,7 +19,8 @@ number to come back with. So the server does it in two passes, both DuckDB's:
 
 **The pass without DuckDB** (:func:`terms`, :func:`scan`). A ``WHERE`` whose every top-level
 ``AND`` term compares a column (an integer column plus, minus or times an integer literal)
-with literals, ``= <> < <= > >=``, ``BETWEEN`` or ``IN``, is evaluated by numpy chunk by
+with literals, ``= <> < <= > >=``, ``BETWEEN`` or ``IN``, or is ``IS [NOT] NULL``, is
+evaluated by numpy chunk by
 chunk (a 1M-row chunk stays in cache: ~2.5x DuckDB's one-thread scan of 10M rows), exactly as
 DuckDB evaluates it: nulls fail every term; a double's NaN is greater than every number (so
 it passes ``>``, ``>=`` and ``<>``); integers compare with integer literals only, exactly,
@@ -284,7 +285,8 @@ def take_rows(rows: pa.Table, found: pa.Array | pa.ChunkedArray | npt.NDArray[np
 @dataclass(frozen=True, slots=True)
 class Term:
     """One top-level ``AND`` term of a ``WHERE``, as :func:`scan` evaluates it:
-    ``column [arith] op values``. ``op`` is one of ``= <> < <= > >=`` (one value) or ``in``;
+    ``column [arith] op values``. ``op`` is one of ``= <> < <= > >=`` (one value), ``in``,
+    or ``null`` / ``notnull`` (no value: ``IS [NOT] NULL``, for a column of any type);
     ``arith``, for a ``BIGINT`` column only, is ``("+" | "-" | "*", k)``."""
 
     column: str
@@ -355,6 +357,15 @@ def _conjuncts(node: Any) -> Iterator[exp.Expression]:
 
 def _term(node: exp.Expression, names: set[str], fold: dict[str, str | None],
           schema: pa.Schema, params: Sequence[Any]) -> list[Term] | None:
+    negated = isinstance(node, exp.Not)
+    inner = node.this.unnest() if negated else node
+    if isinstance(inner, exp.Is) and isinstance(inner.expression, exp.Null):
+        column = inner.this.unnest()  # col IS [NOT] NULL: a column of any type
+        if not isinstance(column, exp.Column) or isinstance(column.this, exp.Star) or (
+                column.table and column.table not in names) or column.args.get("db"):
+            return None
+        name = fold.get(column.name.lower())
+        return None if name is None else [Term(name, "notnull" if negated else "null", ())]
     op = _OPS.get(type(node))
     if op is not None:
         left, right = node.this, node.expression
@@ -489,6 +500,11 @@ def scan(rows: pa.Table, where: Sequence[Term], limit: int,
 def _mask(term: Term, values: pa.Array) -> npt.NDArray[np.bool_] | None:
     """Which values of one chunk ``term`` keeps (``None``: it cannot say, see :func:`scan`)."""
     n = len(values)
+    if term.op in ("null", "notnull"):  # NaN is not NULL
+        if not values.null_count:
+            return np.full(n, term.op == "notnull")
+        valid = np.asarray(values.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        return valid if term.op == "notnull" else ~valid
     if values.null_count == n:
         return np.zeros(n, dtype=bool)
     if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):

@@ -370,7 +370,9 @@ def _numpy_term(rng: np.random.Generator) -> tuple[str, list]:
     lit = lambda: lits[int(rng.integers(0, len(lits)))]  # noqa: E731
     if col in ("s", "ls"):
         op = ["=", "<>"][int(rng.integers(0, 2))]
-    shape = int(rng.integers(0, 6))
+    shape = int(rng.integers(0, 7))
+    if shape == 6:
+        return f"{col} IS {'NOT ' if rng.random() < 0.5 else ''}NULL", []
     if col == "big" and shape == 0:  # arithmetic: BIGINT only
         side = ["big + 5", "big - 5", "big * 2", "3 + big", "(big + 0)", "big * -1", "big * 0",
                 "big - -7"][int(rng.integers(0, 8))]
@@ -445,7 +447,8 @@ def test_the_numpy_pass_keeps_exactly_the_rows_duckdb_keeps():
     "s = 3",
     "big = NULL",
     "big IN (1, NULL)",
-    "d IS NULL",
+    "d IS DISTINCT FROM 3",
+    "big + 1 IS NULL",
     "abs(big) = 3",
     "big = $1",
     "big = big",
