@@ -507,7 +507,10 @@ def _mask(term: Term, values: pa.Array) -> npt.NDArray[np.bool_] | None:
         return valid if term.op == "notnull" else ~valid
     if values.null_count == n:
         return np.zeros(n, dtype=bool)
-    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+    kind = _kind(values.type)  # the chunk's own type (a snapshot's, as the schema's)
+    if kind is None or (term.arith is not None and values.type != pa.int64()):
+        return None
+    if kind == "str":
         if term.op == "in":
             got = pc.is_in(values, value_set=pa.array(term.values, values.type))
         elif term.op in ("=", "<>"):

@@ -421,8 +421,13 @@ class QueryRunner:
             broad = self._broad.get(first.sql)
         if broad is not None and n < 2 * broad:
             return None  # this WHERE kept more than the cap last time: not again so soon
-        found = None if first.terms is None else narrow.scan(
-            rows, first.terms, narrow.cap(n), lambda: query.stopped is not None)
+        found = None
+        if first.terms is not None:
+            try:
+                found = narrow.scan(rows, first.terms, narrow.cap(n),
+                                    lambda: query.stopped is not None)
+            except (pa.ArrowException, ValueError, TypeError, OverflowError):
+                log.debug("the numpy pass failed: %s", first.sql, exc_info=True)  # DuckDB's
         if query.stopped is not None:
             raise self._stopped(query, where)
         if found is not None:

@@ -512,3 +512,23 @@ def test_a_cancel_during_the_numpy_pass_stops_the_query(runner, monkeypatch):
         list(r.batches(q))
     monkeypatch.setattr(narrow, "_mask", mask)
     assert _run(r, "SELECT * FROM t WHERE id + 0 = 3").num_rows == 1
+
+
+def test_the_numpy_pass_leaves_a_chunk_of_another_type_or_a_failure_to_duckdb(runner, monkeypatch):
+    graph, registry, r, _ = runner
+    tree = parse_one("SELECT * FROM w WHERE s = 's1' AND big + 1 > 3 AND d IS NULL")
+    terms = narrow.terms(tree.args["where"].this, {"w"}, TRICKY)
+    assert terms is not None
+    rows = pa.table({"s": pa.array(["s1", "s2"]).dictionary_encode(), "big": [1, 5],
+                     "d": [None, 1.0]})
+    assert narrow.scan(rows, terms, 10) is None  # a dictionary where the schema said string
+    rows = rows.set_column(0, "s", pa.array(["s1", "s2"]))
+    assert narrow.scan(rows, terms, 10).tolist() == []  # d is null in row 0, big + 1 > 3 in 1
+    assert narrow.scan(rows.set_column(1, "big", pa.array([3, 5], pa.int32())), terms, 10) is None
+
+    def failing(term, values):
+        raise pa.ArrowInvalid("no")
+
+    monkeypatch.setattr(narrow, "_mask", failing)
+    _check(registry, r, "SELECT * FROM t WHERE id + 0 = 17")  # DuckDB's pass answers
+    assert r.narrow_passes["numpy"] == 0 and r.narrow_passes["kept"] == 1
