@@ -58,6 +58,15 @@ def _run(conn: flightsql.Connection, statement: str, params: object = None) -> l
         return list(cur.fetchall())
 
 
+def _applied(conn: flightsql.Connection, table: str, rows: int) -> None:
+    """Wait for a cycle to apply rows written into ``table`` in this process (a query waits
+    for writes answered through the server, not for these)."""
+    deadline = time.monotonic() + 30
+    while _run(conn, f"SELECT count(*) FROM {table}") != [(rows,)]:
+        assert time.monotonic() < deadline, f"{rows} rows of {table} not applied in 30 s"
+        time.sleep(0.01)
+
+
 def _refused(conn: flightsql.Connection, statement: str, *words: str) -> str:
     with pytest.raises(adbc_driver_manager.Error) as raised:
         _run(conn, statement)
@@ -558,7 +567,7 @@ def test_update_and_delete_retract_rows_of_every_column_type_as_they_are_held(se
         "ns": [datetime.datetime(2026, 1, 1, 12, 0, 0, 1, tzinfo=datetime.UTC)] * 3,
         "f": [float("nan"), -0.0, 1e300], "dec": [decimal.Decimal("1.5"), None, None],
         "n": [0, 0, 0]}, schema=schema))
-    _run(conn, "SELECT count(*) FROM odd")  # the rows applied
+    _applied(conn, "odd", 3)
     assert _run(conn, "UPDATE odd SET n = n + k") == [(3,)]
     assert _run(conn, "DELETE FROM odd WHERE k = 2") == [(1,)]
     assert _run(conn, "SELECT k, n FROM odd ORDER BY k") == [(1, 1), (3, 3)]
@@ -580,7 +589,7 @@ def test_update_and_delete_keep_what_duckdb_cannot_hold_exactly(server, conn):
                                                           pa.duration("ns")),
                            "at": pa.array([1, 3_600_000_000_123, 999], pa.time64("ns")),
                            "n": [0, 0, 0]}, schema=schema))
-    _run(conn, "SELECT count(*) FROM lat")  # the rows applied
+    _applied(conn, "lat", 3)
     assert _run(conn, "UPDATE lat SET n = n + k WHERE k < 3") == [(2,)]
     assert _run(conn, "UPDATE lat AS l SET n = 10 * l.k WHERE l.lat > INTERVAL 1 SECOND") == [(1,)]
     assert _run(conn, "DELETE FROM lat WHERE k = 3") == [(1,)]
