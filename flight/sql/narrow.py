@@ -5,12 +5,13 @@ DuckDB scans a registered Arrow table column by column, all of each column the q
 ``SELECT * FROM t WHERE sym = 'AAPL'`` over a 10M-row table of 20 columns converts 20
 columns of 10M values to keep a few rows. A mature scan reads the filter's columns first and
 the rest only for the rows kept. DuckDB's own tables do that; its Arrow scan has no row
-number to come back with. So the server does it in two passes, both DuckDB's:
+number to come back with. So the server does it in two passes:
 
-1. **The narrow pass.** The query's table, cut to the columns its ``WHERE`` reads plus a
+1. **The narrow pass.** The positions of the rows the ``WHERE`` keeps, at most ``cap + 1``:
+   found by numpy when the ``WHERE`` is of a shape it evaluates exactly as DuckDB (below),
+   else by DuckDB, scanning the query's table cut to the columns its ``WHERE`` reads plus a
    column of row positions (:class:`Positions`: one shared ``uint32`` range, sliced
-   zero-copy), is scanned by ``SELECT position FROM table WHERE <the query's WHERE> LIMIT
-   cap + 1``: the positions of the rows the ``WHERE`` keeps.
+   zero-copy) with ``SELECT position FROM table WHERE <the query's WHERE> LIMIT cap + 1``.
 2. **The query.** If no more than ``cap`` rows were kept, the table is replaced, for this
    query, by exactly those rows (:func:`take_rows`, in the table's order), and the query
    runs as written over them. Otherwise it runs over the whole table as before: a
