@@ -202,21 +202,23 @@ def test_a_failing_pass_leaves_the_error_to_the_query(runner):
     assert _run(r, "SELECT * FROM t WHERE id % 1000 = 3").num_rows == 1  # the runner goes on
 
 
-def test_a_cancel_during_the_pass_stops_the_query(runner, monkeypatch):
+@pytest.mark.parametrize("step, where", [("narrow_table", "id % 1000 = 3"),  # DuckDB's pass
+                                         ("_mask", "id + 0 = 3")])  # numpy's, between slices
+def test_a_cancel_during_the_pass_stops_the_query(runner, monkeypatch, step, where):
     graph, registry, r, _ = runner
-    make = narrow.narrow_table
+    real = getattr(narrow, step)
 
-    def cancelling(rows, columns, positions):
+    def cancelling(*args):
         for handle in list(r._running):
             r.cancel(handle)
-        return make(rows, columns, positions)
+        return real(*args)
 
-    monkeypatch.setattr(narrow, "narrow_table", cancelling)
+    monkeypatch.setattr(narrow, step, cancelling)
     with pytest.raises(QueryCancelled):
-        q = r.start("SELECT * FROM t WHERE id % 1000 = 3")
+        q = r.start(f"SELECT * FROM t WHERE {where}")
         list(r.batches(q))
-    monkeypatch.setattr(narrow, "narrow_table", make)
-    assert _run(r, "SELECT * FROM t WHERE id % 1000 = 3").num_rows == 1
+    monkeypatch.setattr(narrow, step, real)
+    assert _run(r, f"SELECT * FROM t WHERE {where}").num_rows == 1
 
 
 def test_a_snapshot_holds_the_columns_a_one_table_query_reads(runner):
@@ -495,23 +497,6 @@ def test_an_overflow_is_duckdb_s_to_raise(runner):
     assert r.narrow_passes["numpy"] == 0
     _check(registry, r, "SELECT * FROM huge WHERE v - 1 = 4")  # no overflow: numpy's
     assert r.narrow_passes["numpy"] == 1
-
-
-def test_a_cancel_during_the_numpy_pass_stops_the_query(runner, monkeypatch):
-    graph, registry, r, _ = runner
-    mask = narrow._mask
-
-    def cancelling(term, values):
-        for handle in list(r._running):
-            r.cancel(handle)
-        return mask(term, values)
-
-    monkeypatch.setattr(narrow, "_mask", cancelling)
-    with pytest.raises(QueryCancelled):
-        q = r.start("SELECT * FROM t WHERE id + 0 = 3")
-        list(r.batches(q))
-    monkeypatch.setattr(narrow, "_mask", mask)
-    assert _run(r, "SELECT * FROM t WHERE id + 0 = 3").num_rows == 1
 
 
 def test_the_numpy_pass_leaves_a_chunk_of_another_type_or_a_failure_to_duckdb(runner, monkeypatch):
