@@ -26,8 +26,9 @@ import grpc
 from engine.errors import ProtocolError
 from flight.errors import abort
 from flight.metrics import Metrics
+from flight.rpc.quiet import forget, is_quiet
 
-__all__ = ["CallLog", "quiet"]
+__all__ = ["CallLog"]
 
 
 class _Undecodable:
@@ -81,15 +82,8 @@ _QUIET = "/grpc.health.v1.Health/"
 _STREAMS = frozenset({"DoExchange", "DoPut"})
 # a DoPut's start is logged once its handler has read the first message (at its first
 # answer, or its end): by then it has said whether the call is a client's query parameters
-# (:func:`quiet`), two lines a parametrized query otherwise
+# (:func:`flight.rpc.quiet.quiet`), two lines a parametrized query otherwise
 _DEFERRED = frozenset({"DoPut"})
-_quiet: set[int] = set()  # id() of the contexts of calls :func:`quiet` marked
-
-
-def quiet(context: grpc.ServicerContext) -> None:
-    """Log the call of ``context`` at DEBUG, not INFO (a Flight SQL statement's parameters
-    bound through DoPut: part of a query, not a writer joining)."""
-    _quiet.add(id(context))
 
 
 class CallLog(grpc.ServerInterceptor):  # type: ignore[misc]
@@ -160,7 +154,7 @@ class CallLog(grpc.ServerInterceptor):  # type: ignore[misc]
                     if deferred:
                         self._start(method, context)
                     self._end(method, context, t0)
-                    _quiet.discard(id(context))
+                    forget(context)
 
         return run
 
@@ -170,7 +164,7 @@ class CallLog(grpc.ServerInterceptor):  # type: ignore[misc]
 
     @staticmethod
     def _level(method: str, context: grpc.ServicerContext) -> int:
-        return logging.INFO if method in _STREAMS and id(context) not in _quiet else logging.DEBUG
+        return logging.INFO if method in _STREAMS and not is_quiet(context) else logging.DEBUG
 
     def _end(self, method: str, context: grpc.ServicerContext, t0: float) -> None:
         code = context.code()

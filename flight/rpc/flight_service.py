@@ -74,7 +74,6 @@ from flight.rpc.aio import (
     Requests,
     spawn,
 )
-from flight.rpc.call_log import quiet
 from flight.rpc.framing import (
     IpcDecoder,
     batch_frames,
@@ -83,6 +82,7 @@ from flight.rpc.framing import (
     put_result,
     schema_frame,
 )
+from flight.rpc.quiet import quiet
 from flight.rpc.requests import check_metadata_size, parse, table_name
 from flight.sql.commands import SQL_ACTION_TYPES, unpack
 from flight.streams.group import GroupSubscription, check_group_request
