@@ -320,6 +320,10 @@ _EXACT_IN_DOUBLE = 2**53
 _DECIMAL_DIGITS = 15
 
 
+#: The Python type of a term's values, by the kind of its column (see :func:`_value`).
+_PYTHON: dict[str, type] = {"int": int, "float": float, "str": str}
+
+
 def _kind(type_: pa.DataType) -> str | None:
     """How :func:`scan` compares a column of ``type_``: ``int``, ``float`` (DOUBLE) or
     ``str``; ``None`` for any other type (its terms are DuckDB's)."""
@@ -509,8 +513,9 @@ def _mask(term: Term, values: pa.Array) -> npt.NDArray[np.bool_] | None:
     if values.null_count == n:
         return np.zeros(n, dtype=bool)
     kind = _kind(values.type)  # the chunk's own type (a snapshot's, as the schema's)
-    if kind is None or (term.arith is not None and values.type != pa.int64()):
-        return None
+    if kind is None or (term.arith is not None and values.type != pa.int64()) or any(
+            type(v) is not _PYTHON[kind] for v in term.values):
+        return None  # not the kind the term was read for
     if kind == "str":
         if term.op == "in":
             got = pc.is_in(values, value_set=pa.array(term.values, values.type))

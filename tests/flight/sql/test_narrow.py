@@ -510,6 +510,9 @@ def test_the_numpy_pass_leaves_a_chunk_of_another_type_or_a_failure_to_duckdb(ru
     rows = rows.set_column(0, "s", pa.array(["s1", "s2"]))
     assert narrow.scan(rows, terms, 10).tolist() == []  # d is null in row 0, big + 1 > 3 in 1
     assert narrow.scan(rows.set_column(1, "big", pa.array([3, 5], pa.int32())), terms, 10) is None
+    assert narrow.scan(rows.set_column(1, "big", pa.array([3.0, 5.0])), terms, 10) is None
+    floats = narrow.terms(parse_one("SELECT * FROM w WHERE d > 2").args["where"].this, {"w"}, TRICKY)
+    assert floats is not None and narrow.scan(pa.table({"d": [1, 3]}), floats, 10) is None
 
     def failing(term, values):
         raise pa.ArrowInvalid("no")
