@@ -20,8 +20,8 @@ number to come back with. So the server does it in two passes:
 
 **The pass without DuckDB** (:func:`terms`, :func:`scan`). A ``WHERE`` whose every top-level
 ``AND`` term compares a column (an integer column plus, minus or times an integer literal)
-with literals, ``= <> < <= > >=``, ``BETWEEN`` or ``IN``, or is ``IS [NOT] NULL``, is
-evaluated by numpy chunk by
+with literals, ``= <> < <= > >=``, ``BETWEEN``, ``IN`` (or an ``OR`` of equalities of one
+column), or is ``IS [NOT] NULL``, is evaluated by numpy chunk by
 chunk (a 1M-row chunk stays in cache: ~2.5x DuckDB's one-thread scan of 10M rows), exactly as
 DuckDB evaluates it: nulls fail every term; a double's NaN is greater than every number (so
 it passes ``>``, ``>=`` and ``<>``); integers compare with integer literals only, exactly,
@@ -360,6 +360,15 @@ def _conjuncts(node: Any) -> Iterator[exp.Expression]:
         yield node
 
 
+def _disjuncts(node: Any) -> Iterator[exp.Expression]:
+    node = node.unnest()
+    if isinstance(node, exp.Or):
+        yield from _disjuncts(node.this)
+        yield from _disjuncts(node.expression)
+    else:
+        yield node
+
+
 def _term(node: exp.Expression, names: set[str], fold: dict[str, str | None],
           schema: pa.Schema, params: Sequence[Any]) -> list[Term] | None:
     negated = isinstance(node, exp.Not)
@@ -391,6 +400,15 @@ def _term(node: exp.Expression, names: set[str], fold: dict[str, str | None],
             return None
         return [Term(operand[0], ">=", (low,), operand[2]),
                 Term(operand[0], "<=", (high,), operand[2])]
+    if isinstance(node, exp.Or):  # col = a OR col = b ...: col IN (a, b, ...)
+        pins = [_term(d, names, fold, schema, params) for d in _disjuncts(node)]
+        if any(p is None or len(p) != 1 or p[0].op not in ("=", "in") for p in pins):
+            return None
+        firsts = [p[0] for p in pins if p is not None]
+        if len({(t.column, t.arith) for t in firsts}) != 1:
+            return None
+        return [Term(firsts[0].column, "in", tuple(v for t in firsts for v in t.values),
+                     firsts[0].arith)]
     if (isinstance(node, exp.In) and not node.args.get("query") and not node.args.get("unnest")
             and not node.args.get("field") and node.expressions):
         operand = _operand(node.this, names, fold, schema)

@@ -372,7 +372,10 @@ def _numpy_term(rng: np.random.Generator) -> tuple[str, list]:
     lit = lambda: lits[int(rng.integers(0, len(lits)))]  # noqa: E731
     if col in ("s", "ls"):
         op = ["=", "<>"][int(rng.integers(0, 2))]
-    shape = int(rng.integers(0, 7))
+    shape = int(rng.integers(0, 8))
+    if shape == 7:  # an OR of equalities of one column: an IN
+        side = "(big + 5)" if col == "big" and rng.random() < 0.3 else col
+        return "(" + " OR ".join(f"{side} = {lit()}" for _ in range(int(rng.integers(2, 4)))) + ")", []
     if shape == 6:
         return f"{col} IS {'NOT ' if rng.random() < 0.5 else ''}NULL", []
     if col == "big" and shape == 0:  # arithmetic: BIGINT only
@@ -455,7 +458,9 @@ def test_the_numpy_pass_keeps_exactly_the_rows_duckdb_keeps():
     "big = $1",
     "big = big",
     "NOT big = 3",
-    "big = 3 OR big = 4",
+    "big = 3 OR i32 = 4",  # an OR of two columns
+    "big = 3 OR big > 4",
+    "(big + 1 = 3 OR big = 4)",
     "CAST(big AS DOUBLE) > 2",
     "big BETWEEN SYMMETRIC 5 AND 1",
 ])
