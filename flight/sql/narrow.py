@@ -343,7 +343,7 @@ def terms(where: exp.Expression, names: set[str], schema: pa.Schema,
     query's one ``?``, when it has one."""
     fold = _fold(schema)
     out: list[Term] = []
-    for node in _conjuncts(where):
+    for node in _flat(where):
         got = _term(node, names, fold, schema, params)
         if got is None:
             return None
@@ -351,20 +351,12 @@ def terms(where: exp.Expression, names: set[str], schema: pa.Schema,
     return tuple(out) or None
 
 
-def _conjuncts(node: Any) -> Iterator[exp.Expression]:
+def _flat(node: Any, joiner: type[exp.Connector] = exp.And) -> Iterator[exp.Expression]:
+    """The terms ``joiner`` (``AND``, ``OR``) joins in ``node``, parentheses undone."""
     node = node.unnest()
-    if isinstance(node, exp.And):
-        yield from _conjuncts(node.this)
-        yield from _conjuncts(node.expression)
-    else:
-        yield node
-
-
-def _disjuncts(node: Any) -> Iterator[exp.Expression]:
-    node = node.unnest()
-    if isinstance(node, exp.Or):
-        yield from _disjuncts(node.this)
-        yield from _disjuncts(node.expression)
+    if isinstance(node, joiner):
+        yield from _flat(node.this, joiner)
+        yield from _flat(node.expression, joiner)
     else:
         yield node
 
@@ -401,7 +393,7 @@ def _term(node: exp.Expression, names: set[str], fold: dict[str, str | None],
         return [Term(operand[0], ">=", (low,), operand[2]),
                 Term(operand[0], "<=", (high,), operand[2])]
     if isinstance(node, exp.Or):  # col = a OR col = b ...: col IN (a, b, ...)
-        pins = [_term(d, names, fold, schema, params) for d in _disjuncts(node)]
+        pins = [_term(d, names, fold, schema, params) for d in _flat(node, exp.Or)]
         if any(p is None or len(p) != 1 or p[0].op not in ("=", "in") for p in pins):
             return None
         firsts = [p[0] for p in pins if p is not None]
